@@ -1,0 +1,166 @@
+# kvd — top-level build.
+#
+# Every subsystem folder is compiled into its own static archive from the
+# .c files it holds, so adding a source file needs no edit here:
+#
+#   kvmm/*.c            -> build/libkvmm.a
+#   ipc/*.c             -> build/libipc.a
+#   kernels/*.c, kernels/cpu/*.c -> build/libkernels.a
+#   daemon/*.c (except main.c), daemon/model/*.c -> build/libkvdcore.a
+#   client/*.c (except kvctl.c) -> build/libkvclient.{a,so}
+#   daemon/main.c       -> build/bin/kvd
+#   client/kvctl.c      -> build/bin/kvctl
+#   tests/unit/test_*.c -> build/tests/test_*   (cmocka, one per module)
+#   tests/tools/*.c     -> build/tests/<name>   (drivers used by scripted tests)
+#   bench/*.c           -> build/bench/<name>
+#
+# The CUDA plug-in (kernels/cuda) is built when nvcc is found.
+
+CC      ?= gcc
+PREFIX  ?= /usr/local
+DESTDIR ?=
+BUILD   ?= build
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA_HOME ?= /usr/local/cuda
+
+PKGS    := liburing libsystemd inih
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null)
+
+WARN    := -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -Wstrict-prototypes
+OPT     ?= -O2 -g
+SAN     ?=
+CFLAGS_ALL := -std=c11 -D_GNU_SOURCE $(OPT) $(SAN) $(WARN) -fPIC -pthread \
+              -I. -Ikernels -Ikvmm -Iipc -Idaemon -Idaemon/model -Iclient $(PKG_CFLAGS) $(EXTRA_CFLAGS)
+LDFLAGS_ALL := $(SAN) -pthread $(EXTRA_LDFLAGS)
+LIBS_ALL := $(PKG_LIBS) -lm -ldl
+
+KVMM_SRC    := $(wildcard kvmm/*.c)
+IPC_SRC     := $(wildcard ipc/*.c)
+KERNELS_SRC := $(wildcard kernels/*.c kernels/cpu/*.c)
+CORE_SRC    := $(filter-out daemon/main.c,$(wildcard daemon/*.c daemon/model/*.c))
+CLIENT_SRC  := $(filter-out client/kvctl.c,$(wildcard client/*.c))
+TEST_SRC    := $(wildcard tests/unit/test_*.c)
+TOOL_SRC    := $(wildcard tests/tools/*.c)
+BENCH_SRC   := $(wildcard bench/*.c)
+FUZZ_SRC    := $(wildcard tests/fuzz/fuzz_*.c)
+CUDA_SRC    := $(wildcard kernels/cuda/*.cu)
+
+obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+
+LIBKVMM    := $(BUILD)/libkvmm.a
+LIBIPC     := $(BUILD)/libipc.a
+LIBKERNELS := $(BUILD)/libkernels.a
+LIBCORE    := $(BUILD)/libkvdcore.a
+LIBCLIENT_A  := $(BUILD)/libkvclient.a
+LIBCLIENT_SO := $(BUILD)/libkvclient.so
+KVCLIENT_SOVERSION := 0
+CORE_LIBS  := $(LIBCORE) $(LIBKERNELS) $(LIBKVMM) $(LIBIPC)
+
+TESTS  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(TEST_SRC))
+TOOLS  := $(patsubst tests/tools/%.c,$(BUILD)/tests/%,$(TOOL_SRC))
+BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
+BINS   := $(if $(wildcard daemon/main.c),$(BUILD)/bin/kvd) $(if $(wildcard client/kvctl.c),$(BUILD)/bin/kvctl)
+CLIENT_LIBS := $(if $(CLIENT_SRC),$(LIBCLIENT_A) $(LIBCLIENT_SO) $(BUILD)/kvclient.pc)
+CUDA_PLUGIN := $(if $(and $(NVCC),$(CUDA_SRC)),$(BUILD)/lib/libkvd-cuda.so)
+
+.PHONY: all test run stop install clean bench setup asan fuzz check-units
+all: $(BINS) $(CLIENT_LIBS) $(TESTS) $(TOOLS) $(BENCHES) $(CUDA_PLUGIN)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+
+$(LIBKVMM): $(call obj,$(KVMM_SRC))
+$(LIBIPC): $(call obj,$(IPC_SRC))
+$(LIBKERNELS): $(call obj,$(KERNELS_SRC))
+$(LIBCORE): $(call obj,$(CORE_SRC))
+$(LIBCLIENT_A): $(call obj,$(CLIENT_SRC)) $(call obj,$(IPC_SRC))
+$(BUILD)/lib%.a:
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^ $(if $^,,/dev/null)
+
+# The shared client library exports only KVC_EXPORT symbols.
+$(LIBCLIENT_SO): $(call obj,$(CLIENT_SRC)) $(call obj,$(IPC_SRC))
+	$(CC) -shared -Wl,-soname,libkvclient.so.$(KVCLIENT_SOVERSION) $(LDFLAGS_ALL) -o $@ $^ -lm
+
+$(BUILD)/kvclient.pc: client/kvclient.pc.in
+	sed -e 's|@PREFIX@|$(PREFIX)|g' $< > $@
+
+$(BUILD)/bin/kvd: $(call obj,daemon/main.c) $(CORE_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIBS_ALL)
+
+$(BUILD)/bin/kvctl: $(call obj,client/kvctl.c) $(LIBCLIENT_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ -lm
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(CORE_LIBS) $(if $(CLIENT_SRC),$(LIBCLIENT_A))
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(CMOCKA_LIBS) $(LIBS_ALL)
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/tools/%.o $(CORE_LIBS) $(if $(CLIENT_SRC),$(LIBCLIENT_A))
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIBS_ALL)
+
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(CORE_LIBS) $(if $(CLIENT_SRC),$(LIBCLIENT_A))
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIBS_ALL)
+
+# CUDA plug-in: sm_80 and sm_90 cubins plus sm_90 PTX; kvd dlopen()s it.
+NVCC_FLAGS := -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+              -gencode arch=compute_90,code=compute_90 -Xcompiler -fPIC,-Wall,-Werror -I. -Ikernels -Ikvmm
+$(BUILD)/obj/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
+$(BUILD)/lib/libkvd-cuda.so: $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CUDA_SRC))
+	@mkdir -p $(dir $@)
+	$(NVCC) -shared -o $@ $^ -L$(CUDA_HOME)/lib64 -Xlinker -rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart
+
+setup:
+	scripts/setup
+
+test: setup
+	$(MAKE) all
+	tests/run.sh
+
+# Unit tests under AddressSanitizer and UBSan, in a separate build tree.
+asan:
+	$(MAKE) BUILD=build-asan OPT="-O1 -g" SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
+	    CUDA_SRC= $(patsubst $(BUILD)/%,build-asan/%,$(TESTS))
+	BUILD=build-asan tests/run.sh --unit-only
+
+bench: setup
+	$(MAKE) all
+	scripts/bench
+
+run: setup
+	$(MAKE) all
+	scripts/run
+
+stop:
+	scripts/stop
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include \
+	    $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)/etc/kvd
+	$(if $(BINS),install -m 0755 $(BINS) $(DESTDIR)$(PREFIX)/bin/)
+	$(if $(CUDA_PLUGIN),install -d $(DESTDIR)$(PREFIX)/lib/kvd && install -m 0755 $(CUDA_PLUGIN) $(DESTDIR)$(PREFIX)/lib/kvd/)
+	$(if $(CLIENT_LIBS),install -m 0644 $(LIBCLIENT_A) $(DESTDIR)$(PREFIX)/lib/ && \
+	    install -m 0755 $(LIBCLIENT_SO) $(DESTDIR)$(PREFIX)/lib/libkvclient.so.$(KVCLIENT_SOVERSION) && \
+	    ln -sf libkvclient.so.$(KVCLIENT_SOVERSION) $(DESTDIR)$(PREFIX)/lib/libkvclient.so && \
+	    install -m 0644 client/kvclient.h $(DESTDIR)$(PREFIX)/include/ && \
+	    install -m 0644 $(BUILD)/kvclient.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/)
+	$(if $(wildcard etc/kvd.conf),install -m 0644 etc/kvd.conf $(DESTDIR)/etc/kvd/kvd.conf)
+	$(if $(wildcard systemd/*.service),install -d $(DESTDIR)$(PREFIX)/lib/systemd/system && \
+	    install -m 0644 systemd/*.service systemd/*.socket $(DESTDIR)$(PREFIX)/lib/systemd/system/)
+	$(if $(wildcard systemd/kvd.sysusers),install -d $(DESTDIR)$(PREFIX)/lib/sysusers.d && \
+	    install -m 0644 systemd/kvd.sysusers $(DESTDIR)$(PREFIX)/lib/sysusers.d/kvd.conf)
+	$(if $(wildcard systemd/kvd.tmpfiles),install -d $(DESTDIR)$(PREFIX)/lib/tmpfiles.d && \
+	    install -m 0644 systemd/kvd.tmpfiles $(DESTDIR)$(PREFIX)/lib/tmpfiles.d/kvd.conf)
+
+clean:
+	rm -rf build build-asan

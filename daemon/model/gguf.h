@@ -1,0 +1,133 @@
+/*
+ * daemon/model/gguf.h — a read-only, bounds-checked GGUF (v2, v3) reader.
+ *
+ * The file is mmap()ed once; gguf_open() walks the header, the metadata
+ * key/value section and the tensor directory, validating every count, length
+ * and offset against named limits and the mapping size before anything
+ * points into it. After a successful open every accessor is a lookup into
+ * already-validated tables and can never read past the mapping.
+ *
+ * Strings in GGUF are length-prefixed, not NUL-terminated: accessors hand
+ * out (pointer, length) pairs into the mapping. Keys and tensor names are
+ * copied and NUL-terminated at open time.
+ *
+ * A gguf_file is immutable after open and may be read from any thread.
+ */
+#ifndef KVD_GGUF_H
+#define KVD_GGUF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Limits on what a file may claim; anything beyond is rejected as hostile. */
+#define GGUF_MAX_KV            (1u << 16)  /* metadata entries */
+#define GGUF_MAX_TENSORS       (1u << 16)
+#define GGUF_MAX_KEY_LEN       (1u << 16)  /* key or tensor name, bytes */
+#define GGUF_MAX_ARRAY_LEN     (1u << 24)  /* elements in one metadata array */
+#define GGUF_MAX_DIMS          4
+#define GGUF_DEFAULT_ALIGNMENT 32
+
+enum gguf_vtype {
+	GGUF_VT_UINT8 = 0,
+	GGUF_VT_INT8 = 1,
+	GGUF_VT_UINT16 = 2,
+	GGUF_VT_INT16 = 3,
+	GGUF_VT_UINT32 = 4,
+	GGUF_VT_INT32 = 5,
+	GGUF_VT_FLOAT32 = 6,
+	GGUF_VT_BOOL = 7,
+	GGUF_VT_STRING = 8,
+	GGUF_VT_ARRAY = 9,
+	GGUF_VT_UINT64 = 10,
+	GGUF_VT_INT64 = 11,
+	GGUF_VT_FLOAT64 = 12,
+};
+
+/* ggml tensor types as numbered in GGUF. Only some are computable by kvd
+ * (see kernels/backend.h); the rest are named so errors can say which. */
+enum ggml_dtype {
+	GGML_DT_F32 = 0, GGML_DT_F16 = 1, GGML_DT_Q4_0 = 2, GGML_DT_Q4_1 = 3,
+	GGML_DT_Q5_0 = 6, GGML_DT_Q5_1 = 7, GGML_DT_Q8_0 = 8, GGML_DT_Q8_1 = 9,
+	GGML_DT_Q2_K = 10, GGML_DT_Q3_K = 11, GGML_DT_Q4_K = 12, GGML_DT_Q5_K = 13,
+	GGML_DT_Q6_K = 14, GGML_DT_Q8_K = 15, GGML_DT_BF16 = 30,
+	GGML_DT_COUNT = 40, /* exclusive bound on known type ids */
+};
+
+struct gguf_tensor {
+	const char *name;      /* NUL-terminated copy */
+	uint32_t n_dims;
+	uint64_t ne[GGUF_MAX_DIMS]; /* ne[0] is the innermost (row length); unused dims are 1 */
+	uint32_t type;         /* enum ggml_dtype */
+	uint64_t offset;       /* relative to the data section */
+	uint64_t nbytes;
+	const void *data;      /* inside the mapping, aligned to the file's alignment */
+};
+
+struct gguf_file;
+
+/*
+ * Open and validate `path`. On failure returns -errno (-ENOENT, -EACCES as
+ * from open(2); -EBADMSG for a malformed or truncated file; -EOVERFLOW for
+ * a count or size beyond the limits above; -ENOMEM) and writes one line into
+ * err (if errlen > 0) of the form "<path>: <problem>", e.g.
+ * "model.gguf: tensor 'blk.3.attn_q.weight' data ends at 1234 past file size 1000".
+ * *ret is set only on success.
+ */
+int gguf_open(const char *path, struct gguf_file **ret, char *err, size_t errlen);
+
+/* Unmap and free; accepts NULL; returns NULL. */
+struct gguf_file *gguf_close(struct gguf_file *f);
+
+uint32_t gguf_version(const struct gguf_file *f);
+const char *gguf_path(const struct gguf_file *f);
+uint32_t gguf_alignment(const struct gguf_file *f);
+/* The whole mapping, for callers that need its bounds. */
+const void *gguf_map_base(const struct gguf_file *f);
+size_t gguf_map_size(const struct gguf_file *f);
+
+/* Metadata. Keys are looked up by exact name. Index-returning functions
+ * return >= 0 or -ENOENT. */
+int gguf_n_kv(const struct gguf_file *f);
+int gguf_find_key(const struct gguf_file *f, const char *key);
+const char *gguf_key_name(const struct gguf_file *f, int idx);
+enum gguf_vtype gguf_kv_type(const struct gguf_file *f, int idx);
+
+/*
+ * Typed getters by key. Return 0 and store the value, -ENOENT when the key
+ * is absent, -EINVAL when its type does not convert losslessly (any integer
+ * type is accepted for u32/i32/u64 when the value fits; float32 or float64
+ * for f32; bool for bool). *ret is untouched on failure.
+ */
+int gguf_get_u32(const struct gguf_file *f, const char *key, uint32_t *ret);
+int gguf_get_i32(const struct gguf_file *f, const char *key, int32_t *ret);
+int gguf_get_u64(const struct gguf_file *f, const char *key, uint64_t *ret);
+int gguf_get_f32(const struct gguf_file *f, const char *key, float *ret);
+int gguf_get_bool(const struct gguf_file *f, const char *key, int *ret);
+/* String value: pointer into the mapping (not NUL-terminated) and length. */
+int gguf_get_str(const struct gguf_file *f, const char *key, const char **ret, size_t *ret_len);
+
+/*
+ * Arrays. gguf_get_arr returns 0 with the element type and count, -ENOENT,
+ * or -EINVAL when the key is not an array. Elements are read by index;
+ * out-of-range indexes or a wrong element type return -EINVAL (-ERANGE for
+ * an index past the end). Nested arrays are rejected at open time.
+ */
+int gguf_get_arr(const struct gguf_file *f, const char *key, enum gguf_vtype *ret_type, uint64_t *ret_n);
+int gguf_arr_str(const struct gguf_file *f, const char *key, uint64_t i, const char **ret, size_t *ret_len);
+int gguf_arr_i32(const struct gguf_file *f, const char *key, uint64_t i, int32_t *ret); /* any int type that fits */
+int gguf_arr_f32(const struct gguf_file *f, const char *key, uint64_t i, float *ret);
+
+/* Tensors. */
+int gguf_n_tensors(const struct gguf_file *f);
+const struct gguf_tensor *gguf_tensor_at(const struct gguf_file *f, int i);
+/* NULL when not found. */
+const struct gguf_tensor *gguf_find_tensor(const struct gguf_file *f, const char *name);
+
+/* Elements per block and bytes per block of a ggml type; 0 when unknown. */
+uint32_t ggml_dtype_block_elems(uint32_t type);
+uint32_t ggml_dtype_block_bytes(uint32_t type);
+/* "q4_1", "f32", ... or "type<N>" for ids it does not know (static storage
+ * for known ids; unknown ids return "unknown"). */
+const char *ggml_dtype_name(uint32_t type);
+
+#endif /* KVD_GGUF_H */

@@ -1,0 +1,190 @@
+/*
+ * kernels/backend.h — the one interface between kvd's engine and a compute
+ * backend (the CPU backend in kernels/cpu, the CUDA plug-in in kernels/cuda).
+ *
+ * A backend is a const table of function pointers plus an opaque context,
+ * in the manner of ggml's backends and SQLite's VFS: the engine never knows
+ * which device computes. Backends see the KV cache only as a *paged view*:
+ * a pool base pointer, a page layout, and for every sequence of a batch an
+ * int array mapping its logical pages to physical pages. They never include
+ * kvmm, and kvmm never includes them.
+ *
+ * Errors are negative errno values. Contexts are not thread safe: one engine
+ * thread drives a backend; a backend may use its own worker threads inside.
+ */
+#ifndef KVD_BACKEND_H
+#define KVD_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVD_BACKEND_ABI_VERSION 1
+
+/* Weight storage types; the numeric values are ggml's, as stored in GGUF. */
+enum kvd_wtype {
+	KVD_WTYPE_F32 = 0,
+	KVD_WTYPE_F16 = 1,
+	KVD_WTYPE_Q4_0 = 2,
+	KVD_WTYPE_Q4_1 = 3,
+	KVD_WTYPE_Q8_0 = 8,
+	KVD_WTYPE_BF16 = 30,
+};
+
+/* A 2-D weight matrix as stored: `rows` rows of `cols` elements each, rows
+ * contiguous, row r at data + r * row_bytes. Quantized rows hold cols/32
+ * blocks. `data` points into the model mapping and is not owned. */
+struct kvd_tensor {
+	const void *data;
+	enum kvd_wtype type;
+	int64_t cols;
+	int64_t rows;
+	size_t row_bytes;
+};
+
+enum kvd_rope_style {
+	KVD_ROPE_NORM = 0, /* rotate pairs (2i, 2i+1): Llama GGUF layout */
+	KVD_ROPE_NEOX = 1, /* rotate pairs (i, i + d/2) */
+};
+
+/* Hyper-parameters of a Llama-family model. */
+struct kvd_hparams {
+	int32_t n_vocab;
+	int32_t n_embd;
+	int32_t n_layer;
+	int32_t n_head;
+	int32_t n_head_kv;
+	int32_t head_dim;   /* n_embd / n_head unless the file says otherwise */
+	int32_t n_ff;
+	int32_t n_ctx_train;
+	float rms_eps;
+	float rope_theta;
+	enum kvd_rope_style rope_style;
+};
+
+struct kvd_layer_weights {
+	struct kvd_tensor attn_norm; /* F32 vector of n_embd (rows = 1) */
+	struct kvd_tensor wq, wk, wv, wo;
+	struct kvd_tensor ffn_norm;
+	struct kvd_tensor w_gate, w_up, w_down;
+};
+
+struct kvd_model_weights {
+	struct kvd_hparams hp;
+	struct kvd_tensor tok_embd;    /* n_vocab rows of n_embd */
+	struct kvd_tensor output_norm; /* F32 vector */
+	struct kvd_tensor output;      /* n_vocab rows; equals tok_embd when tied */
+	struct kvd_layer_weights *layers; /* n_layer entries */
+};
+
+/*
+ * KV page layout. A page holds `block_size` consecutive tokens of one
+ * sequence for every layer, K and V, stored as IEEE half floats:
+ *
+ *   page + layer * layer_stride + 0            : K[block_size][kv_dim]
+ *   page + layer * layer_stride + v_offset     : V[block_size][kv_dim]
+ *
+ * with kv_dim = n_head_kv * head_dim, row (token) stride kv_dim * 2 bytes,
+ * and page_bytes = n_layer * layer_stride. One page is one contiguous swap
+ * unit. kvd_kv_layout_init() fills the fields from the hyper-parameters.
+ */
+struct kvd_kv_layout {
+	uint32_t block_size;
+	uint32_t n_layer;
+	uint32_t kv_dim;
+	size_t token_stride; /* bytes between consecutive tokens' K rows */
+	size_t v_offset;     /* bytes from a layer's K block to its V block */
+	size_t layer_stride; /* bytes between layers inside a page */
+	size_t page_bytes;
+};
+
+static inline void kvd_kv_layout_init(struct kvd_kv_layout *l, const struct kvd_hparams *hp,
+				      uint32_t block_size)
+{
+	l->block_size = block_size;
+	l->n_layer = (uint32_t)hp->n_layer;
+	l->kv_dim = (uint32_t)(hp->n_head_kv * hp->head_dim);
+	l->token_stride = (size_t)l->kv_dim * 2;
+	l->v_offset = l->token_stride * block_size;
+	l->layer_stride = 2 * l->v_offset;
+	l->page_bytes = l->layer_stride * l->n_layer;
+}
+
+/* The pool as the backend sees it: page p starts at base + p * page_bytes. */
+struct kvd_paged_view {
+	void *base;
+	uint32_t n_pages;
+	struct kvd_kv_layout layout;
+};
+
+/*
+ * One sequence's share of a batch step: `n_tokens` new tokens at positions
+ * pos0 .. pos0 + n_tokens - 1. Positions < pos0 are already in the KV cache.
+ * `pages` covers at least pos0 + n_tokens positions; logical page i holds
+ * positions [i * block_size, (i + 1) * block_size). The backend writes the new
+ * tokens' K/V into those pages and attends over positions 0 .. its own.
+ *
+ * logits: NULL for none; else n_vocab floats for the last new token, or, when
+ * all_logits is set, n_tokens * n_vocab floats (one row per new token).
+ */
+struct kvd_batch_seq {
+	const int32_t *tokens;
+	int32_t n_tokens;
+	int32_t pos0;
+	const int32_t *pages;
+	int32_t n_pages;
+	int32_t all_logits;
+	float *logits;
+};
+
+struct kvd_batch {
+	int32_t n_seqs;
+	const struct kvd_batch_seq *seqs;
+};
+
+struct kvd_backend_config {
+	int n_threads;       /* worker threads; <= 0 means one per online CPU */
+	int device;          /* accelerator index, ignored by the CPU backend */
+};
+
+/*
+ * The backend table. Every slot is required unless marked optional.
+ *
+ * init:        create a context. Returns 0 or -errno (-ENODEV: no device).
+ * load:        bind the model's weights. The tensors stay valid until
+ *              destroy; a device backend copies them, the CPU one reads in place.
+ * attach_kv:   tell the backend where the KV pool is. Called once after load.
+ * forward:     run one step over a batch (prefill chunks and decodes mixed).
+ *              The result for each sequence is bit-identical whatever the
+ *              other sequences in the batch, the chunking of its prompt and
+ *              the physical placement of its pages (CPU backend; device
+ *              backends state their tolerance).
+ * page_copy:   copy the first n_tokens token rows of every layer, K and V,
+ *              from page src to page dst (copy-on-write).
+ * page_read:   optional; copy a whole page to host memory (swap-out) when the
+ *              pool is not host-addressable.
+ * page_write:  optional; the reverse (swap-in).
+ * destroy:     free the context; accepts NULL.
+ */
+struct kvd_backend_ops {
+	const char *name;
+	int version; /* KVD_BACKEND_ABI_VERSION */
+	int (*init)(const struct kvd_backend_config *cfg, void **ret_ctx);
+	int (*load)(void *ctx, const struct kvd_model_weights *w);
+	int (*attach_kv)(void *ctx, const struct kvd_paged_view *view);
+	int (*forward)(void *ctx, const struct kvd_batch *batch);
+	int (*page_copy)(void *ctx, uint32_t dst, uint32_t src, uint32_t n_tokens);
+	int (*page_read)(void *ctx, uint32_t page, void *host_dst);
+	int (*page_write)(void *ctx, uint32_t page, const void *host_src);
+	void (*destroy)(void *ctx);
+};
+
+/* The CPU backend, always built. */
+extern const struct kvd_backend_ops kvd_cpu_backend;
+
+/* Bytes of one row of `cols` elements of type t, or 0 if t is unsupported
+ * or cols is not a multiple of the type's block. */
+size_t kvd_wtype_row_bytes(enum kvd_wtype t, int64_t cols);
+/* Name of a weight type ("q4_1"), or "unknown". */
+const char *kvd_wtype_name(enum kvd_wtype t);
+
+#endif /* KVD_BACKEND_H */
