@@ -32,7 +32,7 @@ WARN    := -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -Wstrict-prototy
 OPT     ?= -O2 -g
 SAN     ?=
 CFLAGS_ALL := -std=c11 -D_GNU_SOURCE $(OPT) $(SAN) $(WARN) -fPIC -pthread \
-              -I. -Ikernels -Ikvmm -Iipc -Idaemon -Idaemon/model -Iclient $(PKG_CFLAGS) $(EXTRA_CFLAGS)
+              -I. -Ikernels -Ikvmm -Iipc -Idaemon/model -Iclient $(PKG_CFLAGS) $(EXTRA_CFLAGS)
 LDFLAGS_ALL := $(SAN) -pthread $(EXTRA_LDFLAGS)
 LIBS_ALL := $(PKG_LIBS) -lm -ldl
 
@@ -62,7 +62,7 @@ TESTS  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 TOOLS  := $(patsubst tests/tools/%.c,$(BUILD)/tests/%,$(TOOL_SRC))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 BINS   := $(if $(wildcard daemon/main.c),$(BUILD)/bin/kvd) $(if $(wildcard client/kvctl.c),$(BUILD)/bin/kvctl)
-CLIENT_LIBS := $(if $(CLIENT_SRC),$(LIBCLIENT_A) $(LIBCLIENT_SO) $(BUILD)/kvclient.pc)
+CLIENT_LIBS := $(if $(CLIENT_SRC),$(LIBCLIENT_A) $(LIBCLIENT_SO) $(if $(wildcard client/kvclient.pc.in),$(BUILD)/kvclient.pc))
 CUDA_PLUGIN := $(if $(and $(NVCC),$(CUDA_SRC)),$(BUILD)/lib/libkvd-cuda.so)
 
 .PHONY: all test run stop install clean bench setup asan fuzz check-units
@@ -81,7 +81,7 @@ $(LIBCORE): $(call obj,$(CORE_SRC))
 $(LIBCLIENT_A): $(call obj,$(CLIENT_SRC)) $(call obj,$(IPC_SRC))
 $(BUILD)/lib%.a:
 	@mkdir -p $(dir $@)
-	rm -f $@ && ar rcs $@ $^ $(if $^,,/dev/null)
+	rm -f $@ && $(if $^,ar rcs $@ $^,printf '!<arch>\n' > $@)
 
 # The shared client library exports only KVC_EXPORT symbols.
 $(LIBCLIENT_SO): $(call obj,$(CLIENT_SRC)) $(call obj,$(IPC_SRC))

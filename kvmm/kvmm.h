@@ -165,7 +165,306 @@ struct kvmm_stats {
 	uint64_t pages_evicted;      /* cached pages reclaimed */
 	uint64_t cow_copies;
 	uint64_t swap_out_pages, swap_in_pages;
+	/* (additions) */
+	uint32_t pages_demoted;      /* of pages_swapped: demoted prefix pages */
+	uint32_t swap_slots;         /* capacity of the swap file, in pages */
+	uint32_t seqs_swapped;       /* of seqs_live: swapped out */
 };
 void kvmm_get_stats(const struct kvmm *m, struct kvmm_stats *ret);
+
+
+/* ==========================================================================
+ * Additions to the contract above. Everything below extends it; nothing
+ * above changes meaning.
+ * ========================================================================== */
+
+#include <sys/uio.h>
+
+/* Undefined cases of the calls above, as kvmm resolves them:
+ *  - kvmm_plan/kvmm_commit: a sequence named twice in one step is -EINVAL;
+ *    a length past UINT32_MAX tokens is -EOVERFLOW; n_tokens 0 is a no-op;
+ *    tokens may be NULL, but then the pages it fills are never indexed.
+ *  - kvmm_seq_fork of a swapped-out parent is -ENOENT (as kvmm_plan).
+ *  - kvmm_seq_publish of a swapped-out sequence is -ENOENT.
+ *  - kvmm_seq_swap_out of a swapped-out sequence and kvmm_seq_swap_in of a
+ *    resident one are -EALREADY; without a swap store both are -ENODEV.
+ *  - kvmm_seq_pages of a swapped-out sequence gives its table with -1 for
+ *    every page that is in the swap file.
+ *  - kvmm_prefix_attach on a swapped-out sequence is -EBUSY.
+ *  - max_seqs 0 means KVMM_MAX_SEQS.
+ *  - page_ops.read and .write are both set (a device pool: kvmm maps no host
+ *    pool, kvmm_pool_base() is NULL and page_ops.copy is required) or both
+ *    NULL (a host pool in a memfd).
+ *  - Pages are handed out lowest first from a fresh pool (shuffle_seed 0)
+ *    and last-freed first after that, which keeps hot pages in cache.
+ *  - Cached prefix pages are reclaimed by commit/attach/swap-in only when the
+ *    free list is empty; the colder page goes first, and a page is never
+ *    reclaimed before its cached descendants in the index (tails before
+ *    heads). Reclaiming a page drops the index entries below it, which no
+ *    lookup could reach any more.
+ *  - kvmm_seq_publish may replace a just-completed page of the sequence by an
+ *    identical page already in the index (same tokens after the same
+ *    prefix), freeing the duplicate; the page table changes accordingly.
+ *  - A failed kvmm_commit (copy callback error) may still have reclaimed
+ *    cached pages to make room; the sequences are unchanged.
+ */
+
+/* ---- pool and metadata ---------------------------------------------------- */
+
+/* The memfd holding a host pool (page p at offset p * page_bytes), or -1 for
+ * a device pool. Owned by kvmm; dup() it to keep it. */
+int kvmm_pool_fd(const struct kvmm *m);
+/* 1 when the host pool got MFD_HUGETLB pages, 0 when it uses normal pages
+ * (with MADV_HUGEPAGE asked for). */
+int kvmm_pool_hugetlb(const struct kvmm *m);
+
+/*
+ * The metadata memfd: a header, the pool counters and ledger (struct
+ * kvmm_stats and struct kvmm_ledger) under a sequence lock, and one 32-bit
+ * state word per page (refcount and flags, see KVMM_PAGE_*). It is sealed
+ * against resizing and against new writable mappings (F_SEAL_FUTURE_WRITE),
+ * so any process handed this fd (SCM_RIGHTS) can map it read-only and no
+ * one but kvmm can change it. Owned by kvmm; dup() it to keep it.
+ */
+int kvmm_stats_fd(const struct kvmm *m);
+
+/* Bits of a page state word in the metadata memfd. */
+#define KVMM_PAGE_REF_MASK 0x00ffffffu /* sequences referencing the page */
+#define KVMM_PAGE_INDEXED  0x01000000u /* the page is in the prefix index */
+#define KVMM_PAGE_FREE     0x02000000u /* on the free list */
+
+/* Refcount of a page (sequences mapping it), 0 for free, cached or out of
+ * range. For tests and tools. */
+uint32_t kvmm_page_refcount(const struct kvmm *m, uint32_t page);
+
+/* ---- ledger ---------------------------------------------------------------- */
+
+/* Pool-wide counters, cumulative since kvmm_create() unless said otherwise. */
+struct kvmm_ledger {
+	uint64_t seqs_created;
+	uint64_t seqs_finished;
+	/* Tokens of finished sequences, by kind (see kvmm_seq_set_prompt_tokens). */
+	uint64_t prompt_tokens;
+	uint64_t generated_tokens;
+	uint64_t retained_tokens;      /* left in the prefix index at the finish */
+	uint64_t shared_prefix_tokens; /* taken from the prefix cache (all seqs) */
+	/* Now: KV held for sequences, and what of it holds tokens. */
+	uint64_t kv_bytes_allocated;   /* referenced pages * page_bytes */
+	uint64_t kv_bytes_useful;      /* tokens written into them * token bytes */
+	uint64_t pages_allocated;      /* handed out (new pages and CoW copies) */
+	uint64_t cow_copies;
+	/* Cached prefix pages leaving memory, by cause. */
+	uint64_t pages_evicted_reclaim;  /* dropped to satisfy an allocation */
+	uint64_t pages_evicted_explicit; /* dropped by kvmm_cache_evict() */
+	uint64_t pages_evicted_orphan;   /* dropped with an ancestor (unreachable) */
+	uint64_t pages_demoted;          /* written to swap, kept in the index */
+	uint64_t pages_promoted;         /* read back from swap on a prefix hit */
+	uint64_t demoted_dropped;        /* swap-tier entries dropped for room */
+	uint64_t pages_deduplicated;     /* publish found an identical page */
+	/* Sequence swap (preemption). */
+	uint64_t swap_out_seqs, swap_in_seqs;
+	uint64_t swap_out_pages, swap_in_pages;
+	uint64_t swap_in_remapped_pages; /* came back from the cache, no read */
+	uint64_t swap_write_bytes, swap_read_bytes; /* all swap I/O */
+	uint64_t swap_write_ns, swap_read_ns;
+	uint64_t swap_errors;            /* failed page transfers */
+	/* Steps and the KV they read: every step reads each growing sequence's
+	 * whole KV once (decode attention), (len + n_tokens) * token bytes. */
+	uint64_t steps;
+	uint64_t kv_read_bytes_total;
+	uint64_t kv_read_bytes_last_step;
+	/* Reported by the scheduler (kvmm_seq_add_time). */
+	uint64_t mem_wait_ns, compute_ns;
+};
+/* Fill *ret with the pool ledger. */
+void kvmm_get_ledger(const struct kvmm *m, struct kvmm_ledger *ret);
+
+/*
+ * Read the statistics and the ledger from a metadata memfd (kvmm_stats_fd),
+ * from any process, without disturbing the owner: the fd is mapped read-only
+ * and the sequence lock retried until a consistent copy is read. Either
+ * output may be NULL. Returns 0, -EBADF/-EINVAL for an fd that is not kvmm
+ * metadata (bad magic, version or size), -EAGAIN when no consistent copy
+ * could be read (an owner that died while updating), or mmap's error.
+ */
+int kvmm_stats_read_fd(int fd, struct kvmm_stats *ret_stats, struct kvmm_ledger *ret_ledger);
+
+/* One sequence's ledger; kvmm_seq_finish() returns the last one. */
+struct kvmm_seq_record {
+	uint32_t seq;
+	uint32_t len_tokens;           /* K/V slots held */
+	uint32_t prompt_tokens;
+	uint32_t generated_tokens;
+	uint32_t shared_prefix_tokens; /* from the prefix cache */
+	uint32_t retained_tokens;      /* left in the prefix index (at finish) */
+	uint32_t pages;                /* page table length now */
+	uint32_t pages_peak;
+	uint64_t kv_bytes_allocated;   /* pages * page_bytes */
+	uint64_t kv_bytes_useful;      /* len_tokens * token bytes */
+	uint32_t slack_tokens;         /* pages * block_size - len_tokens */
+	uint32_t pages_allocated;      /* new pages and CoW copies, lifetime */
+	uint32_t cow_copies;
+	uint32_t swap_outs, swap_ins;
+	uint32_t swap_out_pages, swap_in_pages, swap_in_remapped_pages;
+	uint32_t swap_errors;
+	uint64_t swap_bytes, swap_ns;
+	uint64_t steps;
+	uint64_t kv_read_bytes;        /* over its steps, as in kvmm_ledger */
+	uint64_t mem_wait_ns, compute_ns;
+	uint64_t lifetime_ns;          /* creation to now / to the finish */
+};
+
+/* Tokens at positions < n_prompt_tokens are the prompt, later ones are
+ * generated (ledger only). Until called, every token counts as prompt.
+ * -ENOENT for an unknown id. */
+int kvmm_seq_set_prompt_tokens(struct kvmm *m, uint32_t seq, uint32_t n_prompt_tokens);
+/* Add time the sequence spent waiting for KV memory and in compute (ledger
+ * only; the scheduler measures both). -ENOENT for an unknown id. */
+int kvmm_seq_add_time(struct kvmm *m, uint32_t seq, uint64_t mem_wait_ns, uint64_t compute_ns);
+/* The ledger of a live sequence so far. -ENOENT for an unknown id. */
+int kvmm_seq_ledger(const struct kvmm *m, uint32_t seq, struct kvmm_seq_record *ret);
+/* kvmm_seq_free(), filling *ret_record (may be NULL) with the sequence's
+ * final ledger, for the per-request ledger log. -ENOENT for an unknown id. */
+int kvmm_seq_finish(struct kvmm *m, uint32_t seq, struct kvmm_seq_record *ret_record);
+/* Format a record as one line of JSON (no newline) into buf. Returns the
+ * length, or -ENOBUFS when size is too small (buf then holds a prefix). */
+int kvmm_seq_record_json(const struct kvmm_seq_record *r, char *buf, size_t size);
+
+/* ---- cache tiers ------------------------------------------------------------ */
+
+/*
+ * Drop up to n_pages cached (unreferenced, indexed) pages to the free list,
+ * coldest first and tails before heads. A dropped page takes its cached
+ * descendants with it, so *ret_dropped may exceed n_pages by a few.
+ * Returns 0.
+ */
+int kvmm_cache_evict(struct kvmm *m, uint32_t n_pages, uint32_t *ret_dropped);
+/*
+ * Demote up to n_pages of the coldest cached pages to the swap file: each is
+ * written (many in flight), freed, and stays in the prefix index, so a later
+ * hit reads it back (promotion) instead of recomputing it. Makes room in the
+ * swap file by dropping its coldest demoted entries; never touches swapped
+ * sequences' slots. Meant for the scheduler to call ahead of pressure; the
+ * allocation paths themselves never write. Returns 0 and the count demoted
+ * (0 without a swap store); on an I/O error the pages whose write failed
+ * stay cached in memory, the others are demoted, and the error is returned.
+ */
+int kvmm_cache_demote(struct kvmm *m, uint32_t n_pages, uint32_t *ret_demoted);
+
+/* ---- swap storage interface -------------------------------------------------- */
+
+/*
+ * kvmm reaches its swap file only through this interface (in the manner of
+ * SQLite's VFS), so tests can put a fault-injecting layer in between. An
+ * implementation embeds struct kvmm_swap_io first in its own struct.
+ * All transfers are whole pages to slot offsets; buffers, offsets and lengths
+ * are multiples of io->align.
+ */
+#define KVMM_SWAP_IO_VERSION 1
+#define KVMM_SWAP_QUEUE_DEPTH 32 /* transfers in flight in the io_uring store */
+
+enum { KVMM_IO_READ = 0, KVMM_IO_WRITE = 1 };
+
+struct kvmm_io_req {
+	uint32_t op;       /* KVMM_IO_READ or KVMM_IO_WRITE */
+	int32_t buf_index; /* registered buffer containing buf, or -1 */
+	void *buf;
+	size_t len;
+	uint64_t offset;   /* bytes into the store */
+	int64_t result;    /* out: bytes transferred, or -errno */
+};
+
+struct kvmm_swap_io;
+struct kvmm_swap_io_ops {
+	int version;      /* KVMM_SWAP_IO_VERSION */
+	const char *name;
+	/* Perform the n transfers, in any order and overlapping, and set every
+	 * request's result. A short transfer is reported as such (result <
+	 * len); kvmm treats it as -EIO. Returns 0 when every result is set, or
+	 * a negative errno when the store itself failed (results then all
+	 * hold that error). */
+	int (*rw)(struct kvmm_swap_io *io, struct kvmm_io_req *reqs, uint32_t n);
+	/* Optional: buffers kvmm will transfer from/to (buf_index refers to
+	 * them); the store may pin them. Failure is not an error for kvmm, which
+	 * then passes buf_index -1. */
+	int (*register_buffers)(struct kvmm_swap_io *io, const struct iovec *iov, uint32_t n);
+	/* Close and free the store. */
+	void (*destroy)(struct kvmm_swap_io *io);
+};
+
+#define KVMM_SWAP_DIRECT    0x1u /* file opened O_DIRECT */
+#define KVMM_SWAP_FIXEDBUFS 0x2u /* buffers registered with the kernel */
+
+struct kvmm_swap_io {
+	const struct kvmm_swap_io_ops *ops;
+	uint64_t size_bytes; /* usable bytes */
+	uint32_t align;      /* required alignment, a power of two */
+	uint32_t flags;      /* KVMM_SWAP_* */
+};
+
+/* Flags of kvmm_swap_io_uring_open(). */
+#define KVMM_SWAP_OPEN_NO_DIRECT 0x1u /* do not try O_DIRECT */
+#define KVMM_SWAP_OPEN_UNLINK    0x2u /* unlink the path once open (anonymous) */
+
+/*
+ * The swap file: created mode 0600 if missing, preallocated to bytes with
+ * fallocate() (ftruncate where the file system refuses), opened O_DIRECT
+ * where the file system allows it (tmpfs and some others refuse it: the file
+ * is then used through the page cache and KVMM_SWAP_DIRECT stays clear), and
+ * driven by an io_uring of KVMM_SWAP_QUEUE_DEPTH entries with the file and
+ * (when the memlock limit allows) the buffers registered. Returns 0,
+ * -EINVAL for bytes 0, or the error of open/fallocate/io_uring_queue_init.
+ */
+int kvmm_swap_io_uring_open(const char *path, uint64_t bytes, uint32_t flags, struct kvmm_swap_io **ret);
+/* A store in anonymous memory (tests, benchmarks of kvmm alone). */
+int kvmm_swap_io_mem_new(uint64_t bytes, struct kvmm_swap_io **ret);
+
+/* Fault injection. Requests that match ops_mask are counted; after `after`
+ * of them pass, the next ones fail (count of them, or all when count is 0):
+ * error < 0 reports that errno (writes are not performed; reads are, and the
+ * buffer is then scribbled over), error == KVMM_IO_FAULT_SHORT transfers
+ * half the length (aligned down) and reports that. */
+#define KVMM_IO_FAULT_SHORT 1
+struct kvmm_io_fault {
+	uint64_t after;
+	uint32_t ops_mask; /* (1 << KVMM_IO_READ) | (1 << KVMM_IO_WRITE); 0: both */
+	uint32_t count;
+	int error;
+};
+/* Wrap inner (which the wrapper then owns, also on failure) in a layer that
+ * injects faults when armed. Passes everything through until armed. */
+int kvmm_swap_io_fault_new(struct kvmm_swap_io *inner, struct kvmm_swap_io **ret);
+/* Arm (f non-NULL) or disarm (NULL) a fault layer. -EINVAL if io is not one. */
+int kvmm_swap_io_fault_arm(struct kvmm_swap_io *io, const struct kvmm_io_fault *f);
+/* Faults injected so far by a fault layer (0 for other stores). */
+uint64_t kvmm_swap_io_fault_count(const struct kvmm_swap_io *io);
+/* Destroy a store not handed to kvmm; accepts NULL; returns NULL. */
+struct kvmm_swap_io *kvmm_swap_io_free(struct kvmm_swap_io *io);
+
+/*
+ * kvmm_create() with an explicit swap store instead of cfg->swap_path (which
+ * is then ignored); io may be NULL for kvmm_create()'s behaviour. On success
+ * kvmm owns io and frees it in kvmm_destroy(); on failure the caller still
+ * owns it. Slots are page_bytes rounded up to io->align.
+ */
+int kvmm_create_with_io(const struct kvmm_config *cfg, struct kvmm_swap_io *io, struct kvmm **ret);
+
+/* Swap slots in the store, and how many hold nothing. */
+uint32_t kvmm_swap_slots(const struct kvmm *m);
+uint32_t kvmm_swap_slots_free(const struct kvmm *m);
+
+/* ---- checking ------------------------------------------------------------------ */
+
+/*
+ * Verify every internal invariant (free list, refcounts against page tables,
+ * LRU lists, index tree and hash chains, swap slots, counters). Returns 0, or
+ * -EUCLEAN with a description of the first violation in why (may be NULL).
+ * O(pages + slots + mapped pages): for tests and debugging.
+ */
+int kvmm_check(const struct kvmm *m, char *why, size_t why_size);
+/* Tests only: keep just the low `bits` bits (1..64) of prefix keys, so that
+ * hash collisions are common and the token comparison is exercised. Call
+ * before anything is published. -EINVAL for bits outside 1..64. */
+int kvmm_debug_set_hash_bits(struct kvmm *m, unsigned bits);
 
 #endif /* KVD_KVMM_H */

@@ -12,6 +12,10 @@
  * copied and NUL-terminated at open time.
  *
  * A gguf_file is immutable after open and may be read from any thread.
+ * The mapping is MAP_PRIVATE of a file kvd expects nobody to truncate while
+ * it is open (a shrunk file would fault on access, as with any mmap).
+ *
+ * Only little-endian GGUF files are read (big-endian ones are rejected).
  */
 #ifndef KVD_GGUF_H
 #define KVD_GGUF_H
@@ -23,6 +27,7 @@
 #define GGUF_MAX_KV            (1u << 16)  /* metadata entries */
 #define GGUF_MAX_TENSORS       (1u << 16)
 #define GGUF_MAX_KEY_LEN       (1u << 16)  /* key or tensor name, bytes */
+#define GGUF_MAX_STRING_LEN    (1u << 24)  /* one string value or array element, bytes */
 #define GGUF_MAX_ARRAY_LEN     (1u << 24)  /* elements in one metadata array */
 #define GGUF_MAX_DIMS          4
 #define GGUF_DEFAULT_ALIGNMENT 32
@@ -67,17 +72,32 @@ struct gguf_file;
 
 /*
  * Open and validate `path`. On failure returns -errno (-ENOENT, -EACCES as
- * from open(2); -EBADMSG for a malformed or truncated file; -EOVERFLOW for
- * a count or size beyond the limits above; -ENOMEM) and writes one line into
- * err (if errlen > 0) of the form "<path>: <problem>", e.g.
+ * from open(2); -EISDIR for a directory, -EINVAL for another non-regular
+ * file; -EBADMSG for a malformed or truncated file; -EPROTONOSUPPORT for a
+ * GGUF version other than 2 or 3, or a big-endian file; -ENOTSUP for a
+ * tensor of a ggml type kvd cannot size (an id below GGML_DT_COUNT without a
+ * block size here; ids at or above it are -EBADMSG); -EOVERFLOW for a count,
+ * length or size beyond the limits above; -ENOMEM) and writes one line into
+ * err (if errlen > 0, truncated to fit) of the form "<path>: <problem>", e.g.
  * "model.gguf: tensor 'blk.3.attn_q.weight' data ends at 1234 past file size 1000".
  * *ret is set only on success.
+ *
+ * Beyond the limits, open also rejects: duplicate keys or tensor names,
+ * keys or names containing a NUL byte, unknown value types, nested arrays,
+ * a general.alignment that is not a uint32 power of two, tensors with 0 or
+ * more than GGUF_MAX_DIMS dimensions, a zero dimension, ne[0] not a
+ * multiple of the type's block, an offset not a multiple of the alignment,
+ * and data not entirely inside the file. Each check happens before any
+ * allocation sized by the value checked. Cost: one pass over the metadata
+ * (string arrays get an offset table so element access is O(1)); tensor
+ * data is not touched.
  */
 int gguf_open(const char *path, struct gguf_file **ret, char *err, size_t errlen);
 
 /* Unmap and free; accepts NULL; returns NULL. */
 struct gguf_file *gguf_close(struct gguf_file *f);
 
+/* Accessors below take a file returned by gguf_open (never NULL). */
 uint32_t gguf_version(const struct gguf_file *f);
 const char *gguf_path(const struct gguf_file *f);
 uint32_t gguf_alignment(const struct gguf_file *f);
@@ -85,8 +105,10 @@ uint32_t gguf_alignment(const struct gguf_file *f);
 const void *gguf_map_base(const struct gguf_file *f);
 size_t gguf_map_size(const struct gguf_file *f);
 
-/* Metadata. Keys are looked up by exact name. Index-returning functions
- * return >= 0 or -ENOENT. */
+/* Metadata. Keys are looked up by exact name (hash table, O(1)); indexes
+ * follow file order. Index-returning functions return >= 0 or -ENOENT.
+ * gguf_key_name returns NULL and gguf_kv_type (enum gguf_vtype)-1 for an
+ * index out of range. */
 int gguf_n_kv(const struct gguf_file *f);
 int gguf_find_key(const struct gguf_file *f, const char *key);
 const char *gguf_key_name(const struct gguf_file *f, int idx);
@@ -117,17 +139,18 @@ int gguf_arr_str(const struct gguf_file *f, const char *key, uint64_t i, const c
 int gguf_arr_i32(const struct gguf_file *f, const char *key, uint64_t i, int32_t *ret); /* any int type that fits */
 int gguf_arr_f32(const struct gguf_file *f, const char *key, uint64_t i, float *ret);
 
-/* Tensors. */
+/* Tensors, in file order. gguf_tensor_at returns NULL for i out of range. */
 int gguf_n_tensors(const struct gguf_file *f);
 const struct gguf_tensor *gguf_tensor_at(const struct gguf_file *f, int i);
 /* NULL when not found. */
 const struct gguf_tensor *gguf_find_tensor(const struct gguf_file *f, const char *name);
 
-/* Elements per block and bytes per block of a ggml type; 0 when unknown. */
+/* Elements per block and bytes per block of a ggml type; 0 when unknown.
+ * Sizes follow ggml's block structs (ggml-common.h); Q8_1 is 36 bytes
+ * (two fp16 + 32 int8), as in current ggml. */
 uint32_t ggml_dtype_block_elems(uint32_t type);
 uint32_t ggml_dtype_block_bytes(uint32_t type);
-/* "q4_1", "f32", ... or "type<N>" for ids it does not know (static storage
- * for known ids; unknown ids return "unknown"). */
+/* "q4_1", "f32", ...: static storage; ids it does not know return "unknown". */
 const char *ggml_dtype_name(uint32_t type);
 
 #endif /* KVD_GGUF_H */

@@ -8,6 +8,20 @@
  * from `seed`: the same seed and the same logits give the same tokens.
  * temperature == 0 means greedy (argmax, lowest id on ties).
  *
+ * Semantics, so results can be reproduced elsewhere:
+ *   - repetition penalty (llama.cpp's): each distinct id among the last
+ *     repeat_last_n history tokens has its logit l replaced by
+ *     l > 0 ? l / repeat_penalty : l * repeat_penalty;
+ *   - candidates are ordered by logit, ties by lower id; top_k == 1 is
+ *     therefore exactly greedy, whatever the temperature;
+ *   - top-p keeps the shortest prefix of that order whose softmax mass
+ *     (over the top-k survivors, after temperature) reaches top_p;
+ *   - min-p keeps tokens with p >= min_p * p_max;
+ *   - the PRNG is xoshiro256** seeded through splitmix64(seed); each draw
+ *     uses one 64-bit output (53 bits as a double in [0, 1)).
+ * NaN logits count as -inf. Cost per token: O(n_vocab) plus
+ * O(n_vocab log top_k) worst case for top-k (a heap), no allocation.
+ *
  * A kvd_sampler belongs to one sequence; not thread safe.
  */
 #ifndef KVD_SAMPLER_H
@@ -18,6 +32,7 @@
 
 #define KVD_SAMPLER_MAX_STOPS    8     /* stop strings per request */
 #define KVD_SAMPLER_MAX_STOP_LEN 256   /* bytes per stop string */
+#define KVD_SAMPLER_MAX_VOCAB    (1 << 20)
 
 struct kvd_sampler_params {
 	float temperature;    /* 0 = greedy; default 0.8 */
@@ -32,18 +47,22 @@ struct kvd_sampler_params {
 /* Fill the defaults listed above (seed 0). */
 void kvd_sampler_params_default(struct kvd_sampler_params *p);
 /* 0, or -EINVAL naming nothing: temperature < 0, top_p <= 0, min_p >= 1,
- * repeat_penalty <= 0 are rejected. */
+ * repeat_penalty <= 0, repeat_last_n < 0, and NaN in any float field are
+ * rejected. */
 int kvd_sampler_params_check(const struct kvd_sampler_params *p);
 
 struct kvd_sampler;
-/* NULL on out of memory (or invalid params: check them first). */
+/* NULL on out of memory (or invalid params: check them first; or n_vocab
+ * outside 1 .. KVD_SAMPLER_MAX_VOCAB). Copies *p. Memory: about 12 bytes per
+ * vocabulary entry. */
 struct kvd_sampler *kvd_sampler_new(const struct kvd_sampler_params *p, int32_t n_vocab);
 struct kvd_sampler *kvd_sampler_free(struct kvd_sampler *s);
 
 /*
  * Pick the next token from logits[n_vocab]. `history` holds the sequence's
  * tokens so far (prompt and generated), used by the repetition penalty.
- * The logits array is not modified. Returns a token id >= 0.
+ * The logits array is not modified. History ids outside [0, n_vocab) are
+ * ignored. Returns a token id in [0, n_vocab).
  */
 int32_t kvd_sampler_sample(struct kvd_sampler *s, const float *logits, const int32_t *history, size_t n_history);
 
@@ -51,6 +70,10 @@ int32_t kvd_sampler_sample(struct kvd_sampler *s, const float *logits, const int
  * Stop strings: the generated text is fed as it streams; kvd_stop_feed
  * reports when one of the strings has appeared and how much of the text
  * must be held back because it could be the start of a stop string.
+ * The result does not depend on how the text is split into chunks: the
+ * stop that completes first (earliest end; on a tie, the one starting
+ * first) wins, exactly as if the text had been fed one byte at a time.
+ * A kvd_stop is plain data (no allocation, nothing to free).
  */
 struct kvd_stop {
 	uint32_t n;
@@ -59,16 +82,21 @@ struct kvd_stop {
 	char tail[KVD_SAMPLER_MAX_STOP_LEN]; /* held-back text */
 	uint32_t n_tail;
 };
-/* -E2BIG for too many or too long strings, -EINVAL for an empty one. */
+/* Copies the n strings (n == 0: nothing ever stops; text passes through).
+ * -E2BIG for too many or too long strings, -EINVAL for an empty one or
+ * strs NULL with n > 0; st is untouched on failure. */
 int kvd_stop_init(struct kvd_stop *st, const char *const *strs, size_t n);
 /*
  * Feed `len` new bytes. Writes to out the bytes that are now certain to be
  * emitted (cap must be >= len + KVD_SAMPLER_MAX_STOP_LEN) and sets *ret_hit
  * when a stop string completed (the output then ends just before it).
- * Returns the number of bytes written.
+ * Returns the number of bytes written; out[0 .. cap) may be used as
+ * scratch beyond that. After a hit the held-back text is dropped, the
+ * state is as after init, and the caller is expected to stop feeding.
  */
 size_t kvd_stop_feed(struct kvd_stop *st, const char *text, size_t len, char *out, size_t cap, int *ret_hit);
-/* End of generation without a hit: release the held-back bytes. */
+/* End of generation without a hit: release the held-back bytes (at most
+ * KVD_SAMPLER_MAX_STOP_LEN - 1; cap must hold them) and clear them. */
 size_t kvd_stop_flush(struct kvd_stop *st, char *out, size_t cap);
 
 #endif /* KVD_SAMPLER_H */

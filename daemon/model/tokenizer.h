@@ -4,8 +4,10 @@
  *
  * Supported: byte-level BPE (tokenizer.ggml.model = "gpt2") with the
  * pre-tokenizer the file names (tokenizer.ggml.pre: "smollm", "llama-bpe",
- * "gpt2", "default", ...), and SentencePiece-style BPE ("llama"). Special
- * and control tokens are matched verbatim in text when parse_special is set.
+ * "gpt2", "default", "qwen2", "falcon", ... — the regexes llama.cpp uses
+ * for these names, done by hand), and SentencePiece-style BPE ("llama":
+ * token scores, U+2581 for spaces, <0xXX> byte fallback). Token ids match
+ * llama.cpp's for valid UTF-8; invalid UTF-8 is kept byte for byte.
  *
  * A kvd_tokenizer is immutable after creation and may be used from any
  * number of threads at once. A kvd_detok (streaming decoder) belongs to one
@@ -34,9 +36,13 @@ struct kvd_tokenizer;
 /*
  * Build the tokenizer from the file's metadata. Returns 0, -ENOTSUP for an
  * unknown tokenizer model or pre-tokenizer, -EBADMSG for inconsistent
- * metadata (missing tokens array, merge naming an unknown token, ids out of
- * range), -ENOMEM. On failure writes "<path>: <problem>" into err.
+ * metadata (missing tokens array, merge naming an unknown token or one
+ * whose result is not a token, ids out of range, a vocabulary over
+ * 4M tokens or a token over 4096 bytes), -ENOMEM. On failure writes
+ * "<path>: <problem>" into err. *ret is set only on success.
  * The tokenizer copies what it needs; the file may be closed afterwards.
+ * A missing tokenizer.ggml.pre means "default"; a missing or unrecognised
+ * chat template is not an error (see kvd_chat_render).
  */
 int kvd_tokenizer_from_gguf(const struct gguf_file *f, struct kvd_tokenizer **ret, char *err, size_t errlen);
 
@@ -46,49 +52,76 @@ struct kvd_tokenizer *kvd_tokenizer_free(struct kvd_tokenizer *t);
 int32_t kvd_tokenizer_n_vocab(const struct kvd_tokenizer *t);
 int32_t kvd_tokenizer_bos(const struct kvd_tokenizer *t); /* -1 if none */
 int32_t kvd_tokenizer_eos(const struct kvd_tokenizer *t); /* -1 if none */
-/* True for end-of-generation tokens (EOS, EOT, <|im_end|>, <|endoftext|> ...). */
+/* End-of-turn token: tokenizer.ggml.eot_token_id, else the first of
+ * <|eot_id|>, <|im_end|>, <|end|>, <end_of_turn>, <|endoftext|> ... that the
+ * vocabulary has; -1 if none. */
+int32_t kvd_tokenizer_eot(const struct kvd_tokenizer *t);
+/* True for end-of-generation tokens: EOS, EOT, EOM and every token spelled
+ * <|eot_id|>, <|im_end|>, <|end|>, <end_of_turn>, <|endoftext|>, <|eom_id|>,
+ * <|end_of_text|>, <EOT>, <end_of_utterance>. False for ids out of range. */
 int kvd_tokenizer_is_eog(const struct kvd_tokenizer *t, int32_t id);
 /* True when the file asks for BOS to be prepended (tokenizer.ggml.add_bos_token). */
 int kvd_tokenizer_add_bos(const struct kvd_tokenizer *t);
 /* Token type (KVD_TOKEN_*), or 0 for an id out of range. */
 int kvd_tokenizer_token_type(const struct kvd_tokenizer *t, int32_t id);
+/* The token's text as the vocabulary spells it (byte-level or U+2581
+ * form, not NUL-terminated), owned by t; NULL for an id out of range. */
+const char *kvd_tokenizer_token_text(const struct kvd_tokenizer *t, int32_t id, size_t *ret_len);
+/* The most bytes kvd_token_to_bytes() gives for any token. */
+size_t kvd_tokenizer_max_token_bytes(const struct kvd_tokenizer *t);
 
 /*
  * Tokenize text[0..len). With add_bos the BOS token is prepended (if the
- * model has one). With parse_special, special/control token texts such as
- * "<|im_start|>" are matched as single tokens; without it they are plain text.
+ * model has one). With parse_special, the texts of CONTROL (and UNKNOWN)
+ * tokens such as "<|im_start|>" are matched as single tokens; without it
+ * they are plain text. USER tokens are always matched, as llama.cpp does.
+ * Matching is leftmost-longest; the raw text between matches is
+ * pre-tokenized and merged separately. (SPM: a space is prepended to raw
+ * text at the start and after each special token when the file's
+ * add_space_prefix, default true, says so.)
  * Writes at most max_out ids and returns the total number of tokens the text
  * needs (which may exceed max_out: call again with a larger buffer), or
- * -E2BIG when len > KVD_TOKENIZE_MAX_BYTES, -ENOMEM.
- * Invalid UTF-8 is tokenized byte-wise, never rejected.
+ * -E2BIG when len > KVD_TOKENIZE_MAX_BYTES, -EINVAL for NULL text with
+ * len > 0 or NULL out with max_out > 0, -ENOMEM. Memory: O(len) scratch,
+ * freed before returning.
+ * Invalid UTF-8 is tokenized byte-wise, never rejected: each invalid byte is
+ * classified like U+FFFD by the pre-tokenizer but keeps its own byte token,
+ * so decoding gives the input back.
  */
 int kvd_tokenize(const struct kvd_tokenizer *t, const char *text, size_t len, int add_bos,
 		 int parse_special, int32_t *out, size_t max_out);
 
 /*
- * The bytes a token stands for (byte-level BPE decoded to raw bytes; control
- * tokens give their text only when render_special is set, else nothing).
- * Returns the number of bytes (written up to buflen), or -EINVAL for an id
- * out of range.
+ * The bytes a token stands for (byte-level BPE decoded to raw bytes, SPM
+ * U+2581 as a space and <0xXX> as its byte; CONTROL and UNKNOWN tokens give
+ * their text only when render_special is set, else nothing; USER tokens
+ * their text). Returns the number of bytes (written up to buflen, not
+ * NUL-terminated), or -EINVAL for an id out of range.
  */
 int kvd_token_to_bytes(const struct kvd_tokenizer *t, int32_t id, int render_special, char *buf, size_t buflen);
 
 /*
  * Streaming decoder: feeds tokens one at a time and emits only complete
- * UTF-8 characters, holding back a partial character until the token that
- * finishes it arrives. Invalid sequences are emitted as U+FFFD.
+ * UTF-8 characters, holding back a partial character (at most 3 bytes)
+ * until the token that finishes it arrives. Invalid sequences (RFC 3629:
+ * overlongs, surrogates and values past U+10FFFF included) are emitted as
+ * one U+FFFD per maximal invalid subpart. CONTROL tokens emit nothing.
  */
 struct kvd_detok {
 	unsigned char pending[8];
 	uint32_t n_pending;
 };
 void kvd_detok_init(struct kvd_detok *d);
-/* Append the text of `id` to out (capacity cap >= 64 always suffices for
- * one token plus held bytes: callers pass at least KVD_DETOK_MIN_CAP).
- * Returns bytes written or -EINVAL / -ENOBUFS. */
+/* Write the text `id` completes to out (not NUL-terminated). Output is at
+ * most 3 * (kvd_tokenizer_max_token_bytes(t) + 3) bytes; KVD_DETOK_MIN_CAP
+ * covers every vocabulary whose tokens are at most 167 bytes (SmolLM2's
+ * longest is 162). Returns bytes written, -EINVAL for an id out of range,
+ * or -ENOBUFS when cap is too small, leaving d unchanged. */
 #define KVD_DETOK_MIN_CAP 512
 int kvd_detok_push(const struct kvd_tokenizer *t, struct kvd_detok *d, int32_t id, char *out, size_t cap);
-/* Emit whatever is held at end of stream (as U+FFFD if incomplete). */
+/* Emit whatever is held at end of stream (one U+FFFD when something is
+ * held: it can only be an incomplete character) and reset d. Returns bytes
+ * written (0 or 3) or -ENOBUFS when cap < 3. */
 int kvd_detok_flush(struct kvd_detok *d, char *out, size_t cap);
 
 /* ---- chat template ----------------------------------------------------- */
@@ -100,14 +133,21 @@ struct kvd_chat_msg {
 
 /*
  * Render messages with the model's chat template (tokenizer.chat_template).
- * Recognised families: ChatML (<|im_start|>role\n...<|im_end|>\n), Llama-3
- * (<|start_header_id|>), Llama-2 ([INST]), Zephyr (<|user|>). A model
- * without a template gets ChatML. With add_assistant the prompt ends where
- * the assistant's reply begins. Returns the length of the rendered text
- * (written NUL-terminated when it fits in cap, like snprintf) or -ENOTSUP
- * for a template it cannot render, -EINVAL for a bad role.
- * For ChatML the default system message of the model's template (if any)
- * is used when messages carry no system turn.
+ * The family is recognised from the template text, as llama.cpp does:
+ * ChatML (<|im_start|>role\n...<|im_end|>\n), Llama-3
+ * (<|start_header_id|>, content trimmed), Llama-2 ([INST], with its
+ * <<SYS>> / strip / BOS-inside variants), Zephyr (<|user|> and
+ * <|assistant|>). A model without a template gets ChatML. The BOS token is
+ * never rendered: tokenize with add_bos = kvd_tokenizer_add_bos(t) and
+ * parse_special = 1. With add_assistant the prompt ends where the
+ * assistant's reply begins (Llama-2 always ends after [/INST]).
+ * Returns the length of the rendered text (written like snprintf: at most
+ * cap - 1 bytes and a NUL when cap > 0; out may be NULL when cap is 0),
+ * -ENOTSUP for a template it cannot render, -EINVAL for a role other than
+ * system/user/assistant or a NULL role or content.
+ * For ChatML, when the template spells a default system message as a plain
+ * literal ("<|im_start|>system\n...<|im_end|>"), it is rendered first
+ * whenever there are messages and the first is not a system turn.
  */
 int kvd_chat_render(const struct kvd_tokenizer *t, const struct kvd_chat_msg *msgs, size_t n_msgs,
 		    int add_assistant, char *out, size_t cap);

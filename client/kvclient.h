@@ -1,0 +1,440 @@
+/*
+ * kvclient.h — libkvclient, the C client library of kvd.
+ *
+ * kvd is a local daemon that keeps one language model loaded and serves
+ * text generation to processes on the same machine. This library connects
+ * to it over a Unix socket, streams generated tokens back through shared
+ * memory, and exposes the daemon's tokenizer, sessions and statistics.
+ *
+ *     #include <kvclient.h>          cc app.c $(pkg-config --cflags --libs kvclient)
+ *
+ *     kvc_client *c;
+ *     int r = kvc_connect(NULL, &c);             // $KVD_SOCKET or /run/kvd/kvd.sock
+ *     if (r < 0) { fprintf(stderr, "kvd: %s\n", kv_strerror(r)); exit(1); }
+ *     struct kvc_gen_params p;
+ *     kvc_gen_params_init(&p);
+ *     p.max_tokens = 64;
+ *     r = kvc_generate(c, "Why is the sky blue?", KVC_NTS, &p, print_token, NULL, NULL);
+ *     kvc_close(c);
+ *
+ * ---- Conventions -------------------------------------------------------
+ *
+ * Errors. Functions returning int return >= 0 on success and a negative
+ * code on failure: either a negative errno value (-ENOMEM, -ECONNRESET,
+ * -ETIMEDOUT, -E2BIG, ...) or one of the kvd codes KVC_ERR_* below.
+ * kv_strerror() turns any code into a message. Output parameters (ret_*)
+ * are written only on success unless a function says otherwise. The
+ * library never prints, never exits, and never raises SIGPIPE.
+ *
+ * Ownership. Handles are created by kvc_connect*() / kvc_request_start()
+ * and released by kvc_close() / kvc_request_finish(), which accept NULL
+ * and return NULL. Memory returned through ret_* pointers of
+ * kvc_tokenize() and kvc_ps() belongs to the caller: release it with
+ * kvc_free(). Pointers inside events and results are owned by the library
+ * and valid only as long as stated.
+ *
+ * Threads. A kvc_client and the kvc_requests made from it form one unit
+ * that must be used by one thread at a time: the library takes no locks.
+ * Different clients are fully independent, so a program that generates
+ * from several threads opens one client per thread (connections are cheap:
+ * one socket and one shared-memory mapping). The single exception is
+ * kvc_cancel(), which may be called at any time from any thread or from a
+ * signal handler, concurrently with anything but kvc_close() of the same
+ * client: it only sends one datagram and is async-signal-safe.
+ *
+ * Blocking. Calls wait for the daemon in poll(); they never spin. A daemon
+ * that exits or crashes is noticed at once (-ECONNRESET), never as a hang.
+ * How long a call waits for a reply or the next token is bounded by
+ * kvc_set_timeout() (default: no bound for generation events, which may
+ * legitimately queue behind other work; the handshake in kvc_connect*() is
+ * bounded by KVC_CONNECT_TIMEOUT_MS). Signals interrupting poll() are
+ * ignored (the wait resumes); use kvc_cancel() from a handler to stop a
+ * generation.
+ *
+ * ABI. Only the functions below are exported from libkvclient.so. Public
+ * structs have a fixed size and end in reserved fields, so later versions
+ * add members without changing their size; callers must initialize
+ * parameter structs with the provided init functions. The library version
+ * is in KVC_VERSION_* (compile time) and kvc_version() (run time).
+ */
+#ifndef KVCLIENT_H
+#define KVCLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define KVC_EXPORT __attribute__((visibility("default")))
+#else
+#define KVC_EXPORT
+#endif
+
+/* ---- version ----------------------------------------------------------- */
+
+#define KVC_VERSION_MAJOR 0
+#define KVC_VERSION_MINOR 1
+#define KVC_VERSION_PATCH 0
+#define KVC_VERSION_STRING "0.1.0"
+/* One number, comparable: (major << 16) | (minor << 8) | patch. */
+#define KVC_VERSION ((KVC_VERSION_MAJOR << 16) | (KVC_VERSION_MINOR << 8) | KVC_VERSION_PATCH)
+
+/* The version of the library actually loaded, as KVC_VERSION. */
+KVC_EXPORT unsigned kvc_version(void);
+/* The same as a string ("0.1.0"); static, never NULL. */
+KVC_EXPORT const char *kvc_version_string(void);
+
+/* ---- error codes (besides negative errno values) -------------------------- */
+
+#define KVC_ERR_VERSION  (-1001) /* the daemon speaks another protocol version */
+#define KVC_ERR_CONTEXT  (-1002) /* prompt + max_tokens exceed the model's context window */
+#define KVC_ERR_SHUTDOWN (-1003) /* the daemon is shutting down */
+#define KVC_ERR_LIMIT    (-1004) /* a per-client limit was reached (too many requests in flight) */
+#define KVC_ERR_ENGINE   (-1005) /* the model or compute backend failed */
+#define KVC_ERR_SESSION  (-1006) /* unknown, expired or busy session */
+#define KVC_ERR_DENIED   (-1007) /* this user or group may not use the daemon */
+
+/*
+ * A message for any code this library returns: negative errno values give
+ * the system's description ("Connection reset by peer"), KVC_ERR_* their
+ * own, 0 "Success", anything else "Unknown error". The string is static
+ * (never NULL, never to be freed) and the function is thread-safe.
+ */
+KVC_EXPORT const char *kv_strerror(int code);
+
+/* ---- connecting --------------------------------------------------------------- */
+
+#define KVC_DEFAULT_SOCKET     "/run/kvd/kvd.sock"
+#define KVC_SOCKET_ENV         "KVD_SOCKET"
+#define KVC_CONNECT_TIMEOUT_MS 10000
+
+typedef struct kvc_client kvc_client;
+typedef struct kvc_request kvc_request;
+
+/*
+ * Connect to the daemon and perform the handshake (protocol version check,
+ * shared-memory setup). path: the socket's path, or "@name" for an
+ * abstract socket; NULL means $KVD_SOCKET when set and non-empty, else
+ * KVC_DEFAULT_SOCKET.
+ *
+ * Returns 0 and the client in *ret. Failures: -ENOENT or -ECONNREFUSED (no
+ * daemon listens there), -EACCES (socket permissions), KVC_ERR_DENIED (the
+ * daemon refused this user), KVC_ERR_VERSION (incompatible daemon),
+ * -ETIMEDOUT (no answer within KVC_CONNECT_TIMEOUT_MS), -EPROTO (the peer
+ * is not a kvd or sent something malformed), -ENAMETOOLONG, -ENOMEM.
+ */
+KVC_EXPORT int kvc_connect(const char *path, kvc_client **ret);
+
+/*
+ * Like kvc_connect() over an already connected SOCK_SEQPACKET socket (from
+ * socketpair(), a supervisor, a test). On success the client owns fd and
+ * closes it in kvc_close(); on failure the caller still owns it. The fd's
+ * O_NONBLOCK flag is set.
+ */
+KVC_EXPORT int kvc_connect_fd(int fd, kvc_client **ret);
+
+/*
+ * Disconnect. Requests still running are cancelled by the disconnection
+ * (the daemon frees their memory at once) and every kvc_request of this
+ * client is freed: their handles become invalid. Accepts NULL; returns NULL.
+ */
+KVC_EXPORT kvc_client *kvc_close(kvc_client *c);
+
+/*
+ * Bound every later wait of this client for a reply or an event to
+ * timeout_ms milliseconds (< 0: wait without bound, the default). A wait
+ * that runs out returns -ETIMEDOUT; the request or call it belonged to is
+ * not cancelled by that. Returns 0.
+ */
+KVC_EXPORT int kvc_set_timeout(kvc_client *c, int timeout_ms);
+
+/* What the daemon said about itself and its model in the handshake. */
+struct kvc_info {
+	unsigned server_version;      /* as KVC_VERSION */
+	char model_name[64];          /* NUL-terminated */
+	uint32_t n_vocab;
+	uint32_t n_ctx;               /* usable context length, tokens */
+	uint32_t block_size;          /* tokens per KV page */
+	uint32_t n_layers;
+	uint32_t n_kv_heads;
+	uint32_t head_dim;
+	uint32_t kv_dtype_bytes;      /* bytes per K or V element */
+	uint32_t max_prompt_bytes;    /* longest prompt or tokenize text accepted */
+	uint32_t max_requests;        /* requests in flight per client */
+	uint32_t max_tokens;          /* largest max_tokens accepted */
+	uint64_t kv_bytes_per_token;  /* 2 * n_layers * n_kv_heads * head_dim * kv_dtype_bytes */
+	uint64_t pool_bytes;          /* KV pool size */
+	uint64_t client_id;           /* the daemon's name for this connection (see kvc_ps) */
+	uint64_t reserved[8];
+};
+/* Valid until kvc_close(); never NULL. */
+KVC_EXPORT const struct kvc_info *kvc_server_info(const kvc_client *c);
+
+/*
+ * The message the daemon attached to the last error it returned to a call
+ * on this client (for example why a tokenize request was refused), or ""
+ * when there was none. Valid until the next call on the client.
+ */
+KVC_EXPORT const char *kvc_last_message(const kvc_client *c);
+
+/* ---- generation parameters --------------------------------------------------- */
+
+#define KVC_GEN_RAW      0x1u /* complete the prompt as given; default: apply the model's chat template */
+#define KVC_GEN_WANT_IDS 0x2u /* events carry token ids (kvc_event.ids) */
+
+#define KVC_SEED_RANDOM  UINT64_MAX /* let the daemon pick the seed */
+#define KVC_NTS          ((size_t)-1) /* "the text is NUL-terminated" as a length */
+
+struct kvc_gen_params {
+	uint32_t max_tokens;      /* tokens to generate at most; default 256 */
+	float temperature;        /* 0 = greedy (deterministic); default 0.8 */
+	float top_p;              /* nucleus mass in (0, 1]; 1 = off; default 0.95 */
+	int32_t top_k;            /* keep the k likeliest; 0 = off; default 40 */
+	float min_p;              /* drop p < min_p * p_max, [0, 1); 0 = off; default 0.05 */
+	float repeat_penalty;     /* > 0; 1 = off (default) */
+	int32_t repeat_last_n;    /* tokens the penalty looks back at; default 64 */
+	uint32_t flags;           /* KVC_GEN_*; default 0 */
+	uint64_t seed;            /* sampling seed; default KVC_SEED_RANDOM */
+	uint64_t session_id;      /* continue this session (kvc_session_open); 0 = none */
+	const char *system;       /* chat system prompt (NUL-terminated) or NULL; not with KVC_GEN_RAW */
+	const char *const *stop;  /* n_stop NUL-terminated stop strings, each 1..256 bytes */
+	size_t n_stop;            /* 0 .. 8 */
+	uint64_t reserved[8];     /* zero */
+};
+
+/* Fill *p with the defaults listed above (and zero the reserved fields). */
+KVC_EXPORT void kvc_gen_params_init(struct kvc_gen_params *p);
+
+/* ---- events and results ---------------------------------------------------------- */
+
+enum kvc_event_type {
+	KVC_EVENT_TOKEN = 1, /* text produced by one or more tokens */
+};
+
+struct kvc_event {
+	int type;                 /* enum kvc_event_type */
+	uint64_t request_id;
+	const char *text;         /* text_len bytes of UTF-8, NUL-terminated for convenience */
+	size_t text_len;          /* may be 0: a partial character is held back until complete */
+	uint32_t index;           /* position of this event's first token in the generation */
+	uint32_t n_tokens;        /* tokens this event covers (>= 1) */
+	const int32_t *ids;       /* n_tokens ids with KVC_GEN_WANT_IDS, else NULL */
+};
+
+enum kvc_finish {
+	KVC_FINISH_EOS = 1,       /* the model ended its answer */
+	KVC_FINISH_LENGTH = 2,    /* max_tokens reached */
+	KVC_FINISH_STOP = 3,      /* a stop string matched (it is not part of the text) */
+	KVC_FINISH_CANCELLED = 4, /* kvc_cancel(), a callback asking to stop, or kvc_request_finish() */
+	KVC_FINISH_ERROR = 5,     /* see error and error_message */
+};
+/* "eos", "length", "stop", "cancelled", "error", or "?"; static. */
+KVC_EXPORT const char *kvc_finish_name(int reason);
+
+struct kvc_result {
+	int finish_reason;        /* enum kvc_finish */
+	int error;                /* 0, or the code with KVC_FINISH_ERROR */
+	char error_message[513];  /* the daemon's explanation, NUL-terminated; "" if none */
+	uint32_t prompt_tokens;   /* prompt length in tokens, after the chat template */
+	uint32_t cached_tokens;   /* of those, reused from the prefix cache or the session */
+	uint32_t generated_tokens;
+	uint64_t queue_ns;        /* arrival -> admission */
+	uint64_t ttft_ns;         /* arrival -> first token (time to first token) */
+	uint64_t decode_ns;       /* first token -> last token */
+	uint64_t total_ns;        /* arrival -> end */
+	uint64_t reserved[8];
+};
+
+/* ---- generation: callback form -------------------------------------------------- */
+
+/*
+ * Called for every event, in order, on the calling thread. Return 0 to go
+ * on; any other value cancels the request: the library tells the daemon,
+ * delivers no further events and kvc_generate() returns -ECANCELED. ev and
+ * what it points to are valid only during the call.
+ */
+typedef int (*kvc_token_fn)(void *userdata, const struct kvc_event *ev);
+
+/*
+ * Generate a continuation of prompt (prompt_len bytes, or KVC_NTS) with
+ * params p (NULL: defaults), calling fn for each event, and return when the
+ * request has ended.
+ *
+ * Returns 0 when the generation finished (end of answer, max_tokens or a
+ * stop string: see ret_result->finish_reason); -ECANCELED when it was
+ * cancelled (fn returned non-zero, or kvc_cancel()); a kvd or errno code
+ * the daemon reported for the request (KVC_ERR_CONTEXT, -EINVAL, ...);
+ * -ECONNRESET when the daemon went away; -ETIMEDOUT (see kvc_set_timeout,
+ * the request is then cancelled); and, before anything is sent, -EINVAL
+ * for bad parameters, -E2BIG for a prompt longer than
+ * kvc_server_info()->max_prompt_bytes or too many/too long stop strings.
+ *
+ * ret_result (may be NULL) is filled whenever the request was sent,
+ * including on errors reported by the daemon and on connection loss
+ * (finish_reason KVC_FINISH_ERROR); untouched when nothing was sent.
+ * Prompts of any size up to the limit are accepted: large ones travel
+ * through shared memory.
+ */
+KVC_EXPORT int kvc_generate(kvc_client *c, const char *prompt, size_t prompt_len, const struct kvc_gen_params *p,
+			    kvc_token_fn fn, void *userdata, struct kvc_result *ret_result);
+
+/* ---- generation: blocking-read form ------------------------------------------------ */
+
+/*
+ * Send a generation request and return at once with its handle; read its
+ * events with kvc_request_next(). Several requests of one client may run
+ * at the same time (up to kvc_server_info()->max_requests); events of each
+ * are queued separately, so they may be read in any order — a request
+ * whose events are not read keeps them in memory until they are.
+ * Errors as for kvc_generate() before sending; *ret untouched on failure.
+ */
+KVC_EXPORT int kvc_request_start(kvc_client *c, const char *prompt, size_t prompt_len,
+				 const struct kvc_gen_params *p, kvc_request **ret);
+
+/*
+ * Wait for the request's next event. Returns 1 with *ret_ev set (valid
+ * until the next call on this request); 0 when the request finished
+ * normally; -ECANCELED when it ended cancelled; another negative code when
+ * it failed (as for kvc_generate) — in those three cases the result is in
+ * kvc_request_result(), and later calls return the same value again.
+ * -ETIMEDOUT leaves the request running: call again to keep waiting.
+ */
+KVC_EXPORT int kvc_request_next(kvc_request *r, const struct kvc_event **ret_ev);
+
+/* The request's id (for kvc_cancel and kvc_ps). */
+KVC_EXPORT uint64_t kvc_request_id(const kvc_request *r);
+
+/* The outcome once kvc_request_next() returned <= 0 (other than
+ * -ETIMEDOUT); NULL before. Valid until kvc_request_finish(). */
+KVC_EXPORT const struct kvc_result *kvc_request_result(const kvc_request *r);
+
+/*
+ * Release the request. If it is still running it is cancelled and its
+ * remaining events are discarded without waiting. Accepts NULL; returns NULL.
+ */
+KVC_EXPORT kvc_request *kvc_request_finish(kvc_request *r);
+
+/*
+ * Ask the daemon to stop request request_id of client c. The request then
+ * ends with KVC_FINISH_CANCELLED (unless it finished first): its reader
+ * sees -ECANCELED. Callable from any thread or signal handler (see
+ * "Threads" above); it does not wait. Returns 0 (also for ids that are
+ * unknown or already finished: the daemon ignores those), -EAGAIN when the
+ * socket buffer is full (rare: retry), -ECONNRESET / -EPIPE when the
+ * connection is gone.
+ */
+KVC_EXPORT int kvc_cancel(kvc_client *c, uint64_t request_id);
+
+/* ---- sessions ---------------------------------------------------------------------- */
+
+/*
+ * A session keeps a conversation's KV cache in the daemon between
+ * requests: pass its id in kvc_gen_params.session_id and each request
+ * continues from the previous one, so only the new text is processed.
+ * idle_timeout_s: close it after that long unused (0: the daemon's
+ * default). Returns 0 and the id; KVC_ERR_LIMIT when this client has too
+ * many sessions; -EOPNOTSUPP when the daemon has no sessions.
+ */
+KVC_EXPORT int kvc_session_open(kvc_client *c, uint32_t idle_timeout_s, uint64_t *ret_session_id);
+/* Close it and free its memory. KVC_ERR_SESSION when unknown or expired. */
+KVC_EXPORT int kvc_session_close(kvc_client *c, uint64_t session_id);
+
+/* ---- tokenizer ------------------------------------------------------------------------ */
+
+#define KVC_TOK_ADD_BOS       0x1u /* prepend the model's BOS token, if it has one */
+#define KVC_TOK_PARSE_SPECIAL 0x2u /* "<|im_start|>" and the like become special tokens */
+
+/*
+ * Tokenize text (len bytes or KVC_NTS) with the model's tokenizer. Returns
+ * 0, an array of *ret_n ids in *ret_ids (free with kvc_free; NULL when
+ * *ret_n is 0). -E2BIG beyond max_prompt_bytes, -ENOMEM.
+ */
+KVC_EXPORT int kvc_tokenize(kvc_client *c, const char *text, size_t len, unsigned flags, int32_t **ret_ids,
+			    size_t *ret_n);
+/* Count the tokens of text without transferring them. */
+KVC_EXPORT int kvc_count_tokens(kvc_client *c, const char *text, size_t len, unsigned flags, size_t *ret_n);
+
+/* ---- statistics ------------------------------------------------------------------------ */
+
+/* KV-cache and scheduler counters. Names match `kvctl stats --json`. */
+struct kvc_stats {
+	uint64_t pages_total;         /* pages in the KV pool */
+	uint64_t pages_free;
+	uint64_t pages_used;          /* referenced by at least one sequence */
+	uint64_t pages_shared;        /* of those, referenced by two or more */
+	uint64_t pages_cached;        /* unreferenced, kept for prefix reuse */
+	uint64_t pages_swapped;       /* pages' worth of content in the swap file */
+	uint64_t page_bytes;
+	uint64_t block_size;          /* tokens per page */
+	uint64_t kv_bytes_per_token;
+	uint64_t pool_bytes;
+	uint64_t tokens_resident;     /* tokens whose K/V are in the pool */
+	uint64_t slack_tokens;        /* unused token slots in partly filled pages */
+	uint64_t prefix_lookups;
+	uint64_t prefix_query_tokens; /* prompt tokens looked up in the prefix cache */
+	uint64_t prefix_hit_tokens;   /* of those, found */
+	uint64_t pages_evicted;
+	uint64_t cow_copies;
+	uint64_t swap_out_pages;
+	uint64_t swap_in_pages;
+	uint64_t swap_bytes;          /* swap file capacity */
+	uint64_t requests_running;
+	uint64_t requests_waiting;
+	uint64_t requests_swapped;
+	uint64_t requests_completed;
+	uint64_t requests_rejected;
+	uint64_t clients;
+	uint64_t sessions;
+	uint64_t prompt_tokens_total;
+	uint64_t generated_tokens_total;
+	uint64_t steps;               /* scheduler steps run */
+	uint64_t uptime_ns;
+	uint64_t reserved[9];
+};
+KVC_EXPORT int kvc_stats(kvc_client *c, struct kvc_stats *ret);
+
+enum kvc_req_state {
+	KVC_REQ_WAITING = 1,
+	KVC_REQ_PREFILL = 2,
+	KVC_REQ_RUNNING = 3,
+	KVC_REQ_SWAPPED = 4,
+	KVC_REQ_UPLOADING = 5,
+};
+/* "waiting", "prefill", "running", "swapped", "uploading", "?"; static. */
+KVC_EXPORT const char *kvc_req_state_name(int state);
+
+/* One live request in the daemon (any client's). */
+struct kvc_ps_entry {
+	uint64_t request_id;          /* the owning client's id for it */
+	uint64_t client_id;           /* that client's kvc_info.client_id */
+	uint64_t session_id;
+	uint64_t age_ns;
+	uint32_t pid;                 /* of the client process */
+	uint32_t uid;
+	uint32_t state;               /* enum kvc_req_state */
+	uint32_t pages;               /* KV pages in its page table */
+	uint32_t pages_shared;        /* of those, shared with other sequences */
+	uint32_t prompt_tokens;
+	uint32_t cached_tokens;
+	uint32_t generated_tokens;
+	uint32_t max_tokens;
+	uint32_t reserved0;
+	uint64_t reserved[4];
+};
+/* The daemon's live requests: *ret_entries (kvc_free) holds *ret_n entries. */
+KVC_EXPORT int kvc_ps(kvc_client *c, struct kvc_ps_entry **ret_entries, size_t *ret_n);
+
+/* Round trip to the daemon; *ret_rtt_ns (may be NULL) gets its duration. */
+KVC_EXPORT int kvc_ping(kvc_client *c, uint64_t *ret_rtt_ns);
+
+/* Release memory returned by this library; accepts NULL. */
+KVC_EXPORT void kvc_free(void *p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVCLIENT_H */

@@ -1,0 +1,359 @@
+/*
+ * daemon/config.c — the key table, value parsers and validation.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <ctype.h>
+#include <grp.h>
+#include <ini.h>
+#include <limits.h>
+#include <pwd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+void kvd_config_defaults(struct kvd_config *c)
+{
+	memset(c, 0, sizeof(*c));
+	snprintf(c->model, sizeof(c->model), "/var/lib/kvd/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+	snprintf(c->backend, sizeof(c->backend), "auto");
+	c->threads = 0;
+	c->pool_fraction = 0.25;
+	c->block_size = 16;
+	c->prefix_caching = 1;
+	c->swap_bytes = 1ull << 30;
+	c->max_num_seqs = 64;
+	c->max_tokens_per_step = 512;
+	c->max_waiting = 1024;
+	c->session_idle_s = 600;
+	snprintf(c->socket, sizeof(c->socket), "/run/kvd/kvd.sock");
+	c->socket_mode = 0660;
+	c->max_clients = 256;
+	c->max_requests_per_client = 16;
+	c->max_prompt_bytes = 1u << 20;
+	c->drain_timeout_s = 10;
+	c->log_level = 6;
+}
+
+int kvd_parse_size(const char *s, uint64_t *ret)
+{
+	char *end;
+	unsigned long long v;
+	unsigned shift = 0;
+
+	while (isspace((unsigned char)*s))
+		s++;
+	if (!isdigit((unsigned char)*s))
+		return -EINVAL;
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno)
+		return -EINVAL;
+	switch (toupper((unsigned char)*end)) {
+	case 0: break;
+	case 'K': shift = 10; end++; break;
+	case 'M': shift = 20; end++; break;
+	case 'G': shift = 30; end++; break;
+	case 'T': shift = 40; end++; break;
+	default: return -EINVAL;
+	}
+	if ((*end == 'i' || *end == 'I') && shift)
+		end++;
+	if ((*end == 'B' || *end == 'b'))
+		end++;
+	if (*end)
+		return -EINVAL;
+	if (shift && v > (ULLONG_MAX >> shift))
+		return -ERANGE;
+	*ret = (uint64_t)v << shift;
+	return 0;
+}
+
+static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *ret)
+{
+	char *end;
+	unsigned long v;
+	if (!isdigit((unsigned char)*s))
+		return -EINVAL;
+	errno = 0;
+	v = strtoul(s, &end, 0);
+	if (errno || *end || v < lo || v > hi)
+		return -EINVAL;
+	*ret = (uint32_t)v;
+	return 0;
+}
+
+static int parse_bool(const char *s, int *ret)
+{
+	if (!strcasecmp(s, "yes") || !strcasecmp(s, "true") || !strcasecmp(s, "on") || !strcmp(s, "1"))
+		*ret = 1;
+	else if (!strcasecmp(s, "no") || !strcasecmp(s, "false") || !strcasecmp(s, "off") || !strcmp(s, "0"))
+		*ret = 0;
+	else
+		return -EINVAL;
+	return 0;
+}
+
+static int copy_str(char *dst, size_t cap, const char *v)
+{
+	if (strlen(v) >= cap)
+		return -ENAMETOOLONG;
+	strcpy(dst, v);
+	return 0;
+}
+
+/* Comma/space separated user names or numeric ids. */
+static int parse_users(const char *v, uid_t *out, size_t *n, char *bad, size_t badlen)
+{
+	char buf[1024], *save = NULL, *tok;
+	if (copy_str(buf, sizeof(buf), v) < 0)
+		return -EINVAL;
+	*n = 0;
+	for (tok = strtok_r(buf, ", \t", &save); tok; tok = strtok_r(NULL, ", \t", &save)) {
+		if (*n == KVD_CONF_MAX_IDS)
+			return -E2BIG;
+		if (isdigit((unsigned char)*tok)) {
+			uint32_t id;
+			if (parse_u32(tok, 0, UINT32_MAX - 1, &id) < 0)
+				goto bad;
+			out[(*n)++] = (uid_t)id;
+		} else {
+			struct passwd *pw = getpwnam(tok);
+			if (!pw)
+				goto bad;
+			out[(*n)++] = pw->pw_uid;
+		}
+		continue;
+bad:
+		snprintf(bad, badlen, "%s", tok);
+		return -ENOENT;
+	}
+	return 0;
+}
+
+static int parse_groups(const char *v, gid_t *out, size_t *n, char *bad, size_t badlen)
+{
+	char buf[1024], *save = NULL, *tok;
+	if (copy_str(buf, sizeof(buf), v) < 0)
+		return -EINVAL;
+	*n = 0;
+	for (tok = strtok_r(buf, ", \t", &save); tok; tok = strtok_r(NULL, ", \t", &save)) {
+		if (*n == KVD_CONF_MAX_IDS)
+			return -E2BIG;
+		if (isdigit((unsigned char)*tok)) {
+			uint32_t id;
+			if (parse_u32(tok, 0, UINT32_MAX - 1, &id) < 0)
+				goto bad;
+			out[(*n)++] = (gid_t)id;
+		} else {
+			struct group *gr = getgrnam(tok);
+			if (!gr)
+				goto bad;
+			out[(*n)++] = gr->gr_gid;
+		}
+		continue;
+bad:
+		snprintf(bad, badlen, "%s", tok);
+		return -ENOENT;
+	}
+	return 0;
+}
+
+static const char *const log_levels[] = {"emerg", "alert", "crit", "err", "warning", "notice", "info", "debug"};
+
+/* Returns 0 or -EINVAL with the reason (without location) in msg. */
+static int set_key(struct kvd_config *c, const char *sec, const char *key, const char *v, char *msg, size_t ml)
+{
+	uint64_t u64;
+	char bad[128];
+	int r;
+
+#define IS(s, k) (!strcmp(sec, s) && !strcmp(key, k))
+	if (IS("model", "path")) {
+		if (!*v || copy_str(c->model, sizeof(c->model), v) < 0)
+			goto bad_value;
+	} else if (IS("engine", "backend")) {
+		if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "cuda")) {
+			snprintf(msg, ml, "backend must be auto, cpu or cuda, not '%s'", v);
+			return -EINVAL;
+		}
+		snprintf(c->backend, sizeof(c->backend), "%s", v);
+	} else if (IS("engine", "threads")) {
+		uint32_t n;
+		if (parse_u32(v, 0, 1024, &n) < 0)
+			goto bad_value;
+		c->threads = (int)n;
+	} else if (IS("kv", "pool_size")) {
+		size_t len = strlen(v);
+		if (len > 1 && v[len - 1] == '%') {
+			char *end;
+			double f = strtod(v, &end);
+			if (end != v + len - 1 || !(f > 0 && f <= 90)) {
+				snprintf(msg, ml, "pool_size percentage must be in (0, 90], not '%s'", v);
+				return -EINVAL;
+			}
+			c->pool_fraction = f / 100.0;
+			c->pool_bytes = 0;
+		} else {
+			if (kvd_parse_size(v, &u64) < 0 || u64 == 0)
+				goto bad_value;
+			c->pool_bytes = u64;
+		}
+	} else if (IS("kv", "block_size")) {
+		uint32_t n;
+		if (parse_u32(v, 1, 1024, &n) < 0)
+			goto bad_value;
+		c->block_size = n;
+	} else if (IS("kv", "prefix_caching")) {
+		if (parse_bool(v, &c->prefix_caching) < 0)
+			goto bad_value;
+	} else if (IS("kv", "swap_file")) {
+		if (copy_str(c->swap_file, sizeof(c->swap_file), v) < 0)
+			goto bad_value;
+	} else if (IS("kv", "swap_size")) {
+		if (kvd_parse_size(v, &u64) < 0)
+			goto bad_value;
+		c->swap_bytes = u64;
+	} else if (IS("scheduler", "max_model_len")) {
+		if (parse_u32(v, 0, 1u << 24, &c->max_model_len) < 0)
+			goto bad_value;
+	} else if (IS("scheduler", "max_num_seqs")) {
+		if (parse_u32(v, 1, 4096, &c->max_num_seqs) < 0)
+			goto bad_value;
+	} else if (IS("scheduler", "max_tokens_per_step")) {
+		if (parse_u32(v, 1, 1u << 16, &c->max_tokens_per_step) < 0)
+			goto bad_value;
+	} else if (IS("scheduler", "max_waiting")) {
+		if (parse_u32(v, 1, 1u << 20, &c->max_waiting) < 0)
+			goto bad_value;
+	} else if (IS("scheduler", "session_idle_timeout")) {
+		if (parse_u32(v, 0, 86400 * 7, &c->session_idle_s) < 0)
+			goto bad_value;
+	} else if (IS("server", "socket")) {
+		if (!*v || copy_str(c->socket, sizeof(c->socket), v) < 0 || strlen(v) >= 108)
+			goto bad_value;
+	} else if (IS("server", "socket_mode")) {
+		char *end;
+		unsigned long m = strtoul(v, &end, 8);
+		if (!*v || *end || m > 0777)
+			goto bad_value;
+		c->socket_mode = (mode_t)m;
+	} else if (IS("server", "socket_group")) {
+		if (copy_str(c->socket_group, sizeof(c->socket_group), v) < 0)
+			goto bad_value;
+	} else if (IS("server", "allowed_users")) {
+		r = parse_users(v, c->allowed_uids, &c->n_allowed_uids, bad, sizeof(bad));
+		if (r == -ENOENT) {
+			snprintf(msg, ml, "unknown user '%s'", bad);
+			return -EINVAL;
+		}
+		if (r < 0)
+			goto bad_value;
+	} else if (IS("server", "allowed_groups")) {
+		r = parse_groups(v, c->allowed_gids, &c->n_allowed_gids, bad, sizeof(bad));
+		if (r == -ENOENT) {
+			snprintf(msg, ml, "unknown group '%s'", bad);
+			return -EINVAL;
+		}
+		if (r < 0)
+			goto bad_value;
+	} else if (IS("server", "max_clients")) {
+		if (parse_u32(v, 1, 65536, &c->max_clients) < 0)
+			goto bad_value;
+	} else if (IS("server", "max_requests_per_client")) {
+		if (parse_u32(v, 1, 4096, &c->max_requests_per_client) < 0)
+			goto bad_value;
+	} else if (IS("server", "max_prompt_bytes")) {
+		if (kvd_parse_size(v, &u64) < 0 || u64 == 0 || u64 > (16u << 20))
+			goto bad_value;
+		c->max_prompt_bytes = u64;
+	} else if (IS("server", "drain_timeout")) {
+		if (parse_u32(v, 0, 3600, &c->drain_timeout_s) < 0)
+			goto bad_value;
+	} else if (IS("log", "level")) {
+		size_t i;
+		for (i = 0; i < sizeof(log_levels) / sizeof(log_levels[0]); i++)
+			if (!strcmp(v, log_levels[i]))
+				break;
+		if (i == sizeof(log_levels) / sizeof(log_levels[0])) {
+			snprintf(msg, ml, "log level must be one of emerg..debug (err, warning, notice, info, debug), not '%s'", v);
+			return -EINVAL;
+		}
+		c->log_level = (int)i;
+	} else if (IS("log", "ledger")) {
+		if (copy_str(c->ledger_log, sizeof(c->ledger_log), v) < 0)
+			goto bad_value;
+	} else {
+		snprintf(msg, ml, "unknown key '%s' in section [%s]", key, sec);
+		return -EINVAL;
+	}
+	return 0;
+#undef IS
+bad_value:
+	snprintf(msg, ml, "bad value '%s' for %s.%s", v, sec, key);
+	return -EINVAL;
+}
+
+struct parse_ctx {
+	struct kvd_config *c;
+	char msg[512];
+};
+
+static int conf_handler(void *user, const char *section, const char *name, const char *value)
+{
+	struct parse_ctx *p = user;
+	if (!name) /* section header alone (INI_CALL_HANDLER_ON_NEW_SECTION) */
+		return 1;
+	return set_key(p->c, section, name, value, p->msg, sizeof(p->msg)) == 0;
+}
+
+int kvd_config_load(struct kvd_config *c, const char *path, char *err, size_t errlen)
+{
+	struct parse_ctx p = {.c = c};
+	FILE *f = fopen(path, "r");
+	int line, saved;
+
+	if (!f) {
+		saved = errno;
+		snprintf(err, errlen, "%s: %s", path, strerror(saved));
+		return -saved;
+	}
+	line = ini_parse_file(f, conf_handler, &p);
+	fclose(f);
+	if (line == 0)
+		return 0;
+	if (!p.msg[0])
+		snprintf(p.msg, sizeof(p.msg), "syntax error");
+	snprintf(err, errlen, "%s:%d: %s", path, line, p.msg);
+	return -EINVAL;
+}
+
+int kvd_config_set(struct kvd_config *c, const char *section, const char *key, const char *value,
+		   const char *origin, char *err, size_t errlen)
+{
+	char msg[512];
+	int r = set_key(c, section, key, value, msg, sizeof(msg));
+	if (r < 0)
+		snprintf(err, errlen, "%s: %s", origin, msg);
+	return r;
+}
+
+int kvd_config_validate(const struct kvd_config *c, char *err, size_t errlen)
+{
+	struct stat st;
+	if (stat(c->model, &st) < 0) {
+		snprintf(err, errlen, "model '%s': %s", c->model, strerror(errno));
+		return -EINVAL;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		snprintf(err, errlen, "model '%s' is not a regular file", c->model);
+		return -EINVAL;
+	}
+	if (c->swap_file[0] && c->swap_bytes == 0) {
+		snprintf(err, errlen, "swap_file is set but swap_size is 0");
+		return -EINVAL;
+	}
+	return 0;
+}

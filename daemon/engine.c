@@ -1,0 +1,219 @@
+/*
+ * daemon/engine.c — one batch step: plan pages, commit, forward, publish.
+ */
+#include "engine.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvmm.h"
+#include "model.h"
+
+#define ENGINE_MAX_ITEMS 4096
+
+struct kvd_engine {
+	struct kvd_model *model;
+	const struct kvd_backend_ops *ops;
+	void *be;
+	struct kvmm *kv;
+	struct kvd_kv_layout layout;
+	/* step scratch */
+	struct kvmm_grow *grow;
+	struct kvd_batch_seq *bseq;
+	size_t cap_items;
+};
+
+static int engine_page_copy(void *ud, uint32_t dst, uint32_t src, uint32_t n_tokens)
+{
+	struct kvd_engine *e = ud;
+	return e->ops->page_copy(e->be, dst, src, n_tokens);
+}
+
+int kvd_engine_open(const struct kvd_engine_config *cfg, struct kvd_engine **ret, char *err, size_t errlen)
+{
+	struct kvd_engine *e;
+	struct kvd_backend_config bc = {0};
+	struct kvmm_config kc = {0};
+	int r;
+
+	if (errlen)
+		err[0] = 0;
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return -ENOMEM;
+	r = kvd_model_load(cfg->model_path, &e->model, err, errlen);
+	if (r < 0)
+		goto fail;
+
+	if (cfg->backend && strcmp(cfg->backend, "cpu") && strcmp(cfg->backend, "auto")) {
+		snprintf(err, errlen, "backend '%s' is not available", cfg->backend);
+		r = -ENODEV;
+		goto fail;
+	}
+	e->ops = &kvd_cpu_backend;
+	bc.n_threads = cfg->n_threads;
+	r = e->ops->init(&bc, &e->be);
+	if (r < 0) {
+		snprintf(err, errlen, "%s backend: cannot start: %s", e->ops->name, strerror(-r));
+		goto fail;
+	}
+	r = e->ops->load(e->be, kvd_model_weights(e->model));
+	if (r < 0) {
+		snprintf(err, errlen, "%s: %s backend rejected the weights: %s", kvd_model_path(e->model), e->ops->name,
+			 strerror(-r));
+		goto fail;
+	}
+
+	kvd_kv_layout_init(&e->layout, kvd_model_hparams(e->model), cfg->block_size ? cfg->block_size : 16);
+	kc.page_bytes = e->layout.page_bytes;
+	kc.block_size = e->layout.block_size;
+	kc.pool_bytes = cfg->kv_pool_bytes;
+	kc.pool_fraction = cfg->kv_pool_fraction > 0 ? cfg->kv_pool_fraction : 0.25;
+	kc.max_seqs = cfg->max_seqs ? cfg->max_seqs : 256;
+	kc.prefix_cache = cfg->prefix_cache;
+	kc.shuffle_seed = cfg->shuffle_seed;
+	kc.swap_path = cfg->swap_path;
+	kc.swap_bytes = cfg->swap_bytes;
+	kc.page_ops.copy = engine_page_copy;
+	kc.page_ops.ud = e;
+	r = kvmm_create(&kc, &e->kv);
+	if (r < 0) {
+		snprintf(err, errlen, "KV pool: cannot create (%llu bytes, pages of %zu bytes): %s",
+			 (unsigned long long)cfg->kv_pool_bytes, e->layout.page_bytes, strerror(-r));
+		goto fail;
+	}
+	struct kvd_paged_view view = {
+		.base = kvmm_pool_base(e->kv),
+		.n_pages = kvmm_n_pages(e->kv),
+		.layout = e->layout,
+	};
+	r = e->ops->attach_kv(e->be, &view);
+	if (r < 0) {
+		snprintf(err, errlen, "%s backend: cannot attach the KV pool: %s", e->ops->name, strerror(-r));
+		goto fail;
+	}
+	*ret = e;
+	return 0;
+fail:
+	kvd_engine_close(e);
+	return r;
+}
+
+struct kvd_engine *kvd_engine_close(struct kvd_engine *e)
+{
+	if (!e)
+		return NULL;
+	kvmm_destroy(e->kv);
+	if (e->ops)
+		e->ops->destroy(e->be);
+	kvd_model_free(e->model);
+	free(e->grow);
+	free(e->bseq);
+	free(e);
+	return NULL;
+}
+
+const struct kvd_model *kvd_engine_model(const struct kvd_engine *e) { return e->model; }
+struct kvmm *kvd_engine_kvmm(struct kvd_engine *e) { return e->kv; }
+const struct kvd_kv_layout *kvd_engine_kv_layout(const struct kvd_engine *e) { return &e->layout; }
+const char *kvd_engine_backend_name(const struct kvd_engine *e) { return e->ops->name; }
+int32_t kvd_engine_n_vocab(const struct kvd_engine *e) { return kvd_model_hparams(e->model)->n_vocab; }
+
+static int ensure_items(struct kvd_engine *e, size_t n)
+{
+	if (n <= e->cap_items)
+		return 0;
+	struct kvmm_grow *g = realloc(e->grow, n * sizeof(*g));
+	if (!g)
+		return -ENOMEM;
+	e->grow = g;
+	struct kvd_batch_seq *b = realloc(e->bseq, n * sizeof(*b));
+	if (!b)
+		return -ENOMEM;
+	e->bseq = b;
+	e->cap_items = n;
+	return 0;
+}
+
+static int check_items(const struct kvd_engine *e, const struct kvd_engine_item *items, size_t n)
+{
+	int32_t n_vocab = kvd_engine_n_vocab(e);
+
+	if (n > ENGINE_MAX_ITEMS)
+		return -E2BIG;
+	for (size_t i = 0; i < n; i++) {
+		if (items[i].n_tokens <= 0 || !items[i].tokens)
+			return -EINVAL;
+		for (int32_t t = 0; t < items[i].n_tokens; t++)
+			if (items[i].tokens[t] < 0 || items[i].tokens[t] >= n_vocab)
+				return -EINVAL;
+		for (size_t j = 0; j < i; j++)
+			if (items[j].seq == items[i].seq)
+				return -EINVAL;
+	}
+	return 0;
+}
+
+int kvd_engine_plan(const struct kvd_engine *e, const struct kvd_engine_item *items, size_t n, uint32_t *ret_pages)
+{
+	struct kvmm_grow g[64];
+	struct kvmm_grow *gp = g;
+	int r = check_items(e, items, n);
+
+	if (r < 0)
+		return r;
+	if (n > 64) {
+		gp = malloc(n * sizeof(*gp));
+		if (!gp)
+			return -ENOMEM;
+	}
+	for (size_t i = 0; i < n; i++)
+		gp[i] = (struct kvmm_grow){items[i].seq, (uint32_t)items[i].n_tokens, items[i].tokens};
+	r = kvmm_plan(e->kv, gp, n, ret_pages);
+	if (gp != g)
+		free(gp);
+	return r;
+}
+
+int kvd_engine_step(struct kvd_engine *e, const struct kvd_engine_item *items, size_t n)
+{
+	int r;
+
+	if (n == 0)
+		return 0;
+	r = check_items(e, items, n);
+	if (r < 0)
+		return r;
+	r = ensure_items(e, n);
+	if (r < 0)
+		return r;
+	for (size_t i = 0; i < n; i++) {
+		e->grow[i] = (struct kvmm_grow){items[i].seq, (uint32_t)items[i].n_tokens, items[i].tokens};
+		e->bseq[i].pos0 = (int32_t)kvmm_seq_len(e->kv, items[i].seq);
+	}
+	r = kvmm_commit(e->kv, e->grow, n);
+	if (r < 0)
+		return r;
+	for (size_t i = 0; i < n; i++) {
+		uint32_t np = 0;
+		const int32_t *pages = kvmm_seq_pages(e->kv, items[i].seq, &np);
+		e->bseq[i].tokens = items[i].tokens;
+		e->bseq[i].n_tokens = items[i].n_tokens;
+		e->bseq[i].pages = pages;
+		e->bseq[i].n_pages = (int32_t)np;
+		e->bseq[i].all_logits = items[i].all_logits;
+		e->bseq[i].logits = items[i].logits;
+	}
+	struct kvd_batch b = {(int32_t)n, e->bseq};
+	r = e->ops->forward(e->be, &b);
+	if (r < 0)
+		return r;
+	for (size_t i = 0; i < n; i++) {
+		r = kvmm_seq_publish(e->kv, items[i].seq);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}

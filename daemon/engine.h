@@ -1,0 +1,73 @@
+/*
+ * daemon/engine.h — where the model, a compute backend and kvmm meet.
+ *
+ * The engine owns one loaded model, one backend context and one kvmm pool
+ * laid out for that model. It runs one batch step at a time: it asks kvmm
+ * for the pages the step needs (planned first, then committed, so a step
+ * never fails halfway for lack of memory), hands the backend a paged view
+ * and each sequence's page table, and, once the forward pass has written the
+ * new tokens' K/V, lets kvmm index the pages that became full.
+ *
+ * Policy (who runs, who waits, who is swapped) is the scheduler's, not the
+ * engine's. One thread drives an engine.
+ */
+#ifndef KVD_ENGINE_H
+#define KVD_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+
+struct kvd_engine;
+struct kvd_model;
+struct kvmm;
+
+struct kvd_engine_config {
+	const char *model_path;
+	const char *backend;     /* "cpu", "cuda" or "auto" (NULL: auto) */
+	int n_threads;           /* <= 0: one per online CPU */
+	uint32_t block_size;     /* tokens per KV page; 0: 16 */
+	uint64_t kv_pool_bytes;  /* 0: kv_pool_fraction of available memory */
+	double kv_pool_fraction; /* 0 with pool_bytes 0: 0.25 */
+	uint32_t max_seqs;       /* 0: 256 */
+	int prefix_cache;
+	uint64_t shuffle_seed;   /* kvmm page placement (tests) */
+	const char *swap_path;   /* NULL: no swap */
+	uint64_t swap_bytes;
+};
+
+/* Load the model, start the backend, create the pool. Returns 0 or -errno
+ * with one line in err. */
+int kvd_engine_open(const struct kvd_engine_config *cfg, struct kvd_engine **ret, char *err, size_t errlen);
+/* Accepts NULL; returns NULL. */
+struct kvd_engine *kvd_engine_close(struct kvd_engine *e);
+
+const struct kvd_model *kvd_engine_model(const struct kvd_engine *e);
+struct kvmm *kvd_engine_kvmm(struct kvd_engine *e);
+const struct kvd_kv_layout *kvd_engine_kv_layout(const struct kvd_engine *e);
+const char *kvd_engine_backend_name(const struct kvd_engine *e);
+int32_t kvd_engine_n_vocab(const struct kvd_engine *e);
+
+/* One sequence's part of a step: tokens appended at its current length.
+ * logits: NULL, or n_vocab floats for the last token (n_tokens * n_vocab
+ * when all_logits). */
+struct kvd_engine_item {
+	uint32_t seq;
+	const int32_t *tokens;
+	int32_t n_tokens;
+	float *logits;
+	int all_logits;
+};
+
+/* Pages the step would need; 0, or -ENOMEM when it does not fit now. */
+int kvd_engine_plan(const struct kvd_engine *e, const struct kvd_engine_item *items, size_t n, uint32_t *ret_pages);
+/*
+ * Run one step. Returns 0; -ENOMEM when the pages are not there (nothing
+ * changed); -EINVAL for bad items (unknown sequence, token out of range,
+ * a sequence twice); or the backend's error, in which case the step's
+ * sequences hold unwritten slots and must be freed by the caller.
+ */
+int kvd_engine_step(struct kvd_engine *e, const struct kvd_engine_item *items, size_t n);
+
+#endif

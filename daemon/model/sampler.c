@@ -1,0 +1,401 @@
+/*
+ * daemon/model/sampler.c — the sampling chain and stop-string matcher
+ * declared in sampler.h.
+ *
+ * Per token the sampler copies the logits once into a candidate array
+ * (value, id) that it owns, so the caller's logits stay untouched and no
+ * allocation happens on the hot path. Everything after that works on that
+ * array in place:
+ *
+ *   penalty   distinct ids of the look-back window are found with an
+ *             epoch-stamped "seen" array (O(window), no clearing per call);
+ *   top-k     a k-element heap over the n candidates, then heapsort of the
+ *             k survivors: O(n log k) worst case, close to O(n) in practice
+ *             since most candidates lose against the heap root at once;
+ *             49152 logits are never fully sorted when top_k is set;
+ *   top-p     without top-k, the same heap selection grows geometrically
+ *             (64, 256, ...) until the sorted prefix holds top_p of the
+ *             mass, so peaked distributions sort only a few dozen entries;
+ *   min-p     a threshold on (l - l_max) / T >= log(min_p), applied as an
+ *             O(n) partition before top-p sorts anything (both keep a
+ *             prefix of the same order, so they commute this way).
+ *
+ * Temperature is applied as (l - l_max) / T after top-k, which selects the
+ * same set as applying it first (positive scaling keeps the order) and keeps
+ * the softmax finite for any T > 0.
+ */
+#include "sampler.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* First prefix sorted when top-p runs without top-k; grows 4x per round. */
+#define TOP_P_FIRST_PREFIX 64
+
+struct cand {
+	float v;    /* logit, later (logit - max) / temperature */
+	int32_t id;
+};
+
+struct kvd_sampler {
+	struct kvd_sampler_params p;
+	int32_t n_vocab;
+	uint64_t rng[4];     /* xoshiro256** state */
+	struct cand *cand;   /* n_vocab entries, scratch for one call */
+	uint32_t *seen;      /* seen[id] == epoch: id already penalised this call */
+	uint32_t epoch;
+};
+
+/* ---- PRNG: xoshiro256** seeded by splitmix64 ---- */
+
+static uint64_t splitmix64(uint64_t *x)
+{
+	uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k)
+{
+	return (x << k) | (x >> (64 - k));
+}
+
+static uint64_t rng_next(uint64_t s[4])
+{
+	uint64_t result = rotl(s[1] * 5, 7) * 9;
+	uint64_t t = s[1] << 17;
+	s[2] ^= s[0];
+	s[3] ^= s[1];
+	s[1] ^= s[2];
+	s[0] ^= s[3];
+	s[2] ^= t;
+	s[3] = rotl(s[3], 45);
+	return result;
+}
+
+/* Uniform in [0, 1) with 53 random bits. */
+static double rng_uniform(uint64_t s[4])
+{
+	return (double)(rng_next(s) >> 11) * 0x1.0p-53;
+}
+
+/* ---- parameters ---- */
+
+void kvd_sampler_params_default(struct kvd_sampler_params *p)
+{
+	*p = (struct kvd_sampler_params){
+		.temperature = 0.8f,
+		.top_k = 40,
+		.top_p = 0.95f,
+		.min_p = 0.05f,
+		.repeat_penalty = 1.0f,
+		.repeat_last_n = 64,
+		.seed = 0,
+	};
+}
+
+int kvd_sampler_params_check(const struct kvd_sampler_params *p)
+{
+	if (!p)
+		return -EINVAL;
+	/* Written so that NaN fails every test. */
+	if (!(p->temperature >= 0) || !isfinite(p->temperature))
+		return -EINVAL;
+	if (!(p->top_p > 0))
+		return -EINVAL;
+	if (!(p->min_p < 1))
+		return -EINVAL;
+	if (!(p->repeat_penalty > 0) || !isfinite(p->repeat_penalty))
+		return -EINVAL;
+	if (p->repeat_last_n < 0)
+		return -EINVAL;
+	return 0;
+}
+
+struct kvd_sampler *kvd_sampler_new(const struct kvd_sampler_params *p, int32_t n_vocab)
+{
+	if (kvd_sampler_params_check(p) < 0 || n_vocab <= 0 || n_vocab > KVD_SAMPLER_MAX_VOCAB)
+		return NULL;
+	struct kvd_sampler *s = calloc(1, sizeof(*s));
+	if (!s)
+		return NULL;
+	s->p = *p;
+	s->n_vocab = n_vocab;
+	s->cand = malloc((size_t)n_vocab * sizeof(*s->cand));
+	s->seen = calloc((size_t)n_vocab, sizeof(*s->seen));
+	if (!s->cand || !s->seen)
+		return kvd_sampler_free(s);
+	uint64_t x = p->seed;
+	for (int i = 0; i < 4; i++)
+		s->rng[i] = splitmix64(&x);
+	return s;
+}
+
+struct kvd_sampler *kvd_sampler_free(struct kvd_sampler *s)
+{
+	if (!s)
+		return NULL;
+	free(s->cand);
+	free(s->seen);
+	free(s);
+	return NULL;
+}
+
+/* ---- candidate order: higher value first, lower id on ties ---- */
+
+static bool better(struct cand a, struct cand b)
+{
+	return a.v > b.v || (a.v == b.v && a.id < b.id);
+}
+
+static void swap_cand(struct cand *a, struct cand *b)
+{
+	struct cand t = *a;
+	*a = *b;
+	*b = t;
+}
+
+static size_t argmax(const struct cand *c, size_t n)
+{
+	size_t b = 0;
+	for (size_t i = 1; i < n; i++)
+		if (better(c[i], c[b]))
+			b = i;
+	return b;
+}
+
+/* Heap whose root is the worst element. */
+static void sift_down(struct cand *h, size_t n, size_t i)
+{
+	for (;;) {
+		size_t w = i, l = 2 * i + 1, r = l + 1;
+		if (l < n && better(h[w], h[l]))
+			w = l;
+		if (r < n && better(h[w], h[r]))
+			w = r;
+		if (w == i)
+			return;
+		swap_cand(&h[i], &h[w]);
+		i = w;
+	}
+}
+
+/* Moves the best k of c[0 .. n) to c[0 .. k), sorted best first; the rest
+ * stay in c[k .. n) in some order. */
+static void select_top_sorted(struct cand *c, size_t n, size_t k)
+{
+	if (k > n)
+		k = n;
+	if (k == 0)
+		return;
+	for (size_t i = k / 2; i-- > 0;)
+		sift_down(c, k, i);
+	for (size_t i = k; i < n; i++) {
+		if (better(c[i], c[0])) {
+			swap_cand(&c[i], &c[0]);
+			sift_down(c, k, 0);
+		}
+	}
+	for (size_t end = k - 1; end > 0; end--) {
+		swap_cand(&c[0], &c[end]);
+		sift_down(c, end, 0);
+	}
+}
+
+/* ---- the chain ---- */
+
+static void apply_penalty(struct kvd_sampler *s, const int32_t *history, size_t n_history)
+{
+	float pen = s->p.repeat_penalty;
+	if (pen == 1.0f || s->p.repeat_last_n <= 0 || n_history == 0 || !history)
+		return;
+	size_t n_look = n_history < (size_t)s->p.repeat_last_n ? n_history : (size_t)s->p.repeat_last_n;
+	if (++s->epoch == 0) {
+		memset(s->seen, 0, (size_t)s->n_vocab * sizeof(*s->seen));
+		s->epoch = 1;
+	}
+	for (size_t j = n_history - n_look; j < n_history; j++) {
+		int32_t t = history[j];
+		if (t < 0 || t >= s->n_vocab || s->seen[t] == s->epoch)
+			continue;
+		s->seen[t] = s->epoch;
+		float *l = &s->cand[t].v; /* candidates are still in id order */
+		*l = *l > 0 ? *l / pen : *l * pen;
+		if (*l > FLT_MAX) /* a penalty below 1 may overflow */
+			*l = FLT_MAX;
+	}
+}
+
+/* Length of the shortest prefix of c[0 .. n) (taken in candidate order)
+ * holding `target` of the mass; sorts as much of c as it needs. */
+static size_t top_p_prefix(struct cand *c, size_t n, bool sorted, double target)
+{
+	size_t k = sorted ? n : (n < TOP_P_FIRST_PREFIX ? n : TOP_P_FIRST_PREFIX);
+	for (;;) {
+		if (!sorted)
+			select_top_sorted(c, n, k);
+		double cum = 0;
+		for (size_t i = 0; i < k; i++) {
+			cum += exp((double)c[i].v);
+			if (cum >= target)
+				return i + 1;
+		}
+		if (k == n)
+			return n;
+		k = k > n / 4 ? n : k * 4;
+	}
+}
+
+int32_t kvd_sampler_sample(struct kvd_sampler *s, const float *logits, const int32_t *history, size_t n_history)
+{
+	const struct kvd_sampler_params *p = &s->p;
+	struct cand *c = s->cand;
+	size_t n = (size_t)s->n_vocab;
+
+	for (size_t i = 0; i < n; i++) {
+		float l = logits[i];
+		if (isnan(l))
+			l = -INFINITY;
+		else if (l > FLT_MAX)
+			l = FLT_MAX; /* keeps l - max finite */
+		c[i] = (struct cand){ l, (int32_t)i };
+	}
+	apply_penalty(s, history, n_history);
+
+	if (p->temperature == 0 || p->top_k == 1)
+		return c[argmax(c, n)].id;
+
+	/* top-k first: temperature does not change the order. */
+	size_t m = n;
+	bool sorted = false;
+	if (p->top_k > 0 && (size_t)p->top_k < n) {
+		select_top_sorted(c, n, (size_t)p->top_k);
+		m = (size_t)p->top_k;
+		sorted = true;
+	}
+	float max = sorted ? c[0].v : c[argmax(c, m)].v;
+	if (max == -INFINITY) /* every logit masked: fall back to greedy */
+		return c[argmax(c, m)].id;
+	for (size_t i = 0; i < m; i++)
+		c[i].v = (c[i].v - max) / p->temperature; /* <= 0; the best is 0 */
+
+	/* The top-p mass is taken over the top-k survivors, before min-p. */
+	double z = 0;
+	if (p->top_p < 1)
+		for (size_t i = 0; i < m; i++)
+			z += exp((double)c[i].v);
+
+	if (p->min_p > 0) {
+		float thr = logf(p->min_p); /* p >= min_p * p_max  <=>  v >= log(min_p) */
+		size_t keep = 0;
+		for (size_t i = 0; i < m; i++)
+			if (c[i].v >= thr)
+				swap_cand(&c[keep++], &c[i]); /* keeps order when sorted */
+		m = keep;
+	}
+	if (p->top_p < 1)
+		m = top_p_prefix(c, m, sorted, (double)p->top_p * z);
+
+	double total = 0;
+	for (size_t i = 0; i < m; i++)
+		total += exp((double)c[i].v);
+	double r = rng_uniform(s->rng) * total, acc = 0;
+	for (size_t i = 0; i < m; i++) {
+		acc += exp((double)c[i].v);
+		if (r < acc)
+			return c[i].id;
+	}
+	return c[m - 1].id; /* rounding left r at the very top */
+}
+
+/* ---- stop strings ---- */
+
+int kvd_stop_init(struct kvd_stop *st, const char *const *strs, size_t n)
+{
+	size_t len[KVD_SAMPLER_MAX_STOPS];
+	if (!st || (n > 0 && !strs))
+		return -EINVAL;
+	if (n > KVD_SAMPLER_MAX_STOPS)
+		return -E2BIG;
+	for (size_t i = 0; i < n; i++) {
+		if (!strs[i])
+			return -EINVAL;
+		len[i] = strnlen(strs[i], KVD_SAMPLER_MAX_STOP_LEN + 1);
+		if (len[i] == 0)
+			return -EINVAL;
+		if (len[i] > KVD_SAMPLER_MAX_STOP_LEN)
+			return -E2BIG;
+	}
+	memset(st, 0, sizeof(*st));
+	st->n = (uint32_t)n;
+	for (size_t i = 0; i < n; i++) {
+		memcpy(st->str[i], strs[i], len[i]);
+		st->len[i] = (uint32_t)len[i];
+	}
+	return 0;
+}
+
+size_t kvd_stop_feed(struct kvd_stop *st, const char *text, size_t len, char *out, size_t cap, int *ret_hit)
+{
+	size_t nb = st->n_tail + len;
+	assert(cap >= nb);
+	(void)cap;
+	if (ret_hit)
+		*ret_hit = 0;
+
+	/* Work on held-back text + new text, laid out in out. No stop lies
+	 * entirely inside the held-back part (it would have hit before), and
+	 * any stop that began before it would be a longer held-back suffix. */
+	memcpy(out, st->tail, st->n_tail);
+	if (len > 0)
+		memcpy(out + st->n_tail, text, len);
+
+	size_t best_end = SIZE_MAX, best_start = 0;
+	for (uint32_t i = 0; i < st->n; i++) {
+		const char *hit = memmem(out, nb, st->str[i], st->len[i]);
+		if (!hit)
+			continue;
+		size_t start = (size_t)(hit - out), end = start + st->len[i];
+		if (end < best_end || (end == best_end && start < best_start)) {
+			best_end = end;
+			best_start = start;
+		}
+	}
+	if (best_end != SIZE_MAX) {
+		st->n_tail = 0;
+		if (ret_hit)
+			*ret_hit = 1;
+		return best_start;
+	}
+
+	/* Hold back the longest suffix that is a proper prefix of a stop. */
+	size_t hold = 0;
+	for (uint32_t i = 0; i < st->n; i++) {
+		size_t k = st->len[i] - 1 < nb ? st->len[i] - 1 : nb;
+		for (; k > hold; k--) {
+			if (out[nb - k] == st->str[i][0] && memcmp(out + nb - k, st->str[i], k) == 0) {
+				hold = k;
+				break;
+			}
+		}
+	}
+	memcpy(st->tail, out + nb - hold, hold);
+	st->n_tail = (uint32_t)hold;
+	return nb - hold;
+}
+
+size_t kvd_stop_flush(struct kvd_stop *st, char *out, size_t cap)
+{
+	size_t n = st->n_tail;
+	assert(cap >= n);
+	(void)cap;
+	memcpy(out, st->tail, n);
+	st->n_tail = 0;
+	return n;
+}

@@ -1,0 +1,724 @@
+/*
+ * daemon/sched.c — continuous batching over the engine.
+ *
+ * Prefill and decode are the same operation here: a request holds its
+ * tokens (history + prompt + generated) and how many of them are already in
+ * its KV (n_computed); each step computes the next chunk toks[n_computed..]
+ * of every running request, a decode being a chunk of one. Logits are asked
+ * for only when a chunk reaches the end of the known tokens, and then the
+ * next token is sampled.
+ *
+ * Requests live in one array ordered by arrival; "youngest" means latest
+ * arrival. Preempted requests keep their place, so they resume before any
+ * request that arrived after them (no starvation).
+ */
+#include "sched.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine.h"
+#include "kvmm.h"
+#include "model.h"
+#include "tokenizer.h"
+
+enum req_state {
+	RS_WAITING = 0,  /* no sequence yet (or dropped for recompute) */
+	RS_RUNNING = 1,  /* resident, in the batch */
+	RS_SWAPPED = 2,  /* preempted to the swap file */
+	RS_SESSION = 3,  /* finished, KV kept for the session's next turn */
+};
+
+struct req {
+	uint64_t id;
+	uint64_t session;
+	uint64_t arrival;
+	enum req_state state;
+	int32_t *toks;
+	uint32_t n_toks, cap_toks;
+	uint32_t n_prompt;       /* tokens of this turn's prompt */
+	uint32_t n_history;      /* tokens before this turn (sessions) */
+	uint32_t n_computed;     /* tokens whose K/V is in the sequence */
+	uint32_t n_generated;
+	uint32_t max_tokens;
+	uint32_t seq;
+	int has_seq;
+	int ignore_eos;
+	int admitted_now;        /* admitted during the step being built */
+	struct kvd_sampler *sampler;
+	struct kvd_stop stop;
+	struct kvd_detok detok;
+	float *logits;
+	struct kvd_request_result res;
+	uint64_t t_submit, t_admit, t_first, t_last, t_used;
+};
+
+struct kvd_sched {
+	struct kvd_sched_config cfg;
+	struct kvd_engine *e;
+	struct kvmm *kv;
+	const struct kvd_tokenizer *tok;
+	struct kvd_sched_events ev;
+	int32_t n_vocab;
+	uint32_t block_size;
+	struct req **reqs; /* by arrival */
+	size_t n_reqs, cap_reqs;
+	uint64_t arrivals;
+	struct kvd_sched_stats st;
+	/* step scratch */
+	struct kvd_engine_item *items;
+	struct req **item_req;
+	size_t cap_items;
+};
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+int kvd_sched_create(const struct kvd_sched_config *cfg, struct kvd_engine *e, const struct kvd_sched_events *ev,
+		     struct kvd_sched **ret)
+{
+	struct kvd_sched *s;
+
+	if (!cfg->max_num_seqs || !cfg->max_tokens_per_step || !cfg->max_model_len)
+		return -EINVAL;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	s->cfg = *cfg;
+	if (!s->cfg.max_waiting)
+		s->cfg.max_waiting = 4096;
+	s->e = e;
+	s->kv = kvd_engine_kvmm(e);
+	s->tok = kvd_model_tokenizer(kvd_engine_model(e));
+	s->ev = *ev;
+	s->n_vocab = kvd_engine_n_vocab(e);
+	s->block_size = kvd_engine_kv_layout(e)->block_size;
+	*ret = s;
+	return 0;
+}
+
+static uint32_t pages_for(const struct kvd_sched *s, uint32_t tokens)
+{
+	return (tokens + s->block_size - 1) / s->block_size;
+}
+
+static void req_free(struct req *r)
+{
+	if (!r)
+		return;
+	kvd_sampler_free(r->sampler);
+	free(r->toks);
+	free(r->logits);
+	free(r);
+}
+
+static void drop_seq(struct kvd_sched *s, struct req *r)
+{
+	if (r->has_seq) {
+		kvmm_seq_free(s->kv, r->seq);
+		r->has_seq = 0;
+	}
+	r->n_computed = 0;
+}
+
+static void remove_at(struct kvd_sched *s, size_t i)
+{
+	memmove(&s->reqs[i], &s->reqs[i + 1], (s->n_reqs - i - 1) * sizeof(*s->reqs));
+	s->n_reqs--;
+}
+
+static struct req *find(const struct kvd_sched *s, uint64_t id, size_t *ret_i)
+{
+	for (size_t i = 0; i < s->n_reqs; i++)
+		if (s->reqs[i]->id == id && s->reqs[i]->state != RS_SESSION) {
+			if (ret_i)
+				*ret_i = i;
+			return s->reqs[i];
+		}
+	return NULL;
+}
+
+static struct req *find_session(const struct kvd_sched *s, uint64_t session, size_t *ret_i)
+{
+	for (size_t i = 0; i < s->n_reqs; i++)
+		if (s->reqs[i]->session == session) {
+			if (ret_i)
+				*ret_i = i;
+			return s->reqs[i];
+		}
+	return NULL;
+}
+
+/* The request is over: report, then keep its KV as a session or drop it. */
+static void finish(struct kvd_sched *s, struct req *r, enum kvd_finish why, int error)
+{
+	size_t i;
+	uint64_t t = now_ns();
+	struct kvmm_seq_record rec;
+
+	r->res.finish = why;
+	r->res.error = error;
+	r->res.generated_tokens = r->n_generated;
+	if (r->t_first)
+		r->res.decode_ns = r->t_last - r->t_first;
+	if (r->t_admit)
+		r->res.queue_ns = r->t_admit - r->t_submit;
+	s->st.requests_done++;
+	if (find(s, r->id, &i))
+		remove_at(s, i);
+	r->res.ledger = NULL;
+	if (r->session && why != KVD_FINISH_ERROR && why != KVD_FINISH_CANCELLED && r->state == RS_RUNNING &&
+	    r->has_seq) {
+		/* keep it: the last sampled token is not computed yet */
+		r->state = RS_SESSION;
+		r->t_used = t;
+		free(r->logits);
+		r->logits = NULL;
+		r->sampler = kvd_sampler_free(r->sampler);
+		s->reqs[s->n_reqs++] = r; /* capacity: it was just removed */
+		if (kvmm_seq_ledger(s->kv, r->seq, &rec) == 0)
+			r->res.ledger = &rec;
+		if (s->ev.on_done)
+			s->ev.on_done(s->ev.ud, r->id, &r->res);
+		r->res.ledger = NULL;
+		return;
+	}
+	if (r->has_seq && !kvmm_seq_is_swapped(s->kv, r->seq) && kvmm_seq_finish(s->kv, r->seq, &rec) == 0) {
+		r->has_seq = 0;
+		r->res.ledger = &rec;
+	}
+	drop_seq(s, r);
+	if (s->ev.on_done)
+		s->ev.on_done(s->ev.ud, r->id, &r->res);
+	req_free(r);
+}
+
+struct kvd_sched *kvd_sched_destroy(struct kvd_sched *s)
+{
+	if (!s)
+		return NULL;
+	while (s->n_reqs) {
+		struct req *r = s->reqs[s->n_reqs - 1];
+		if (r->state == RS_SESSION) {
+			s->n_reqs--;
+			drop_seq(s, r);
+			req_free(r);
+		} else {
+			finish(s, r, KVD_FINISH_CANCELLED, 0);
+		}
+	}
+	free(s->reqs);
+	free(s->items);
+	free(s->item_req);
+	free(s);
+	return NULL;
+}
+
+static int reserve_toks(struct req *r, uint32_t n)
+{
+	if (n <= r->cap_toks)
+		return 0;
+	uint32_t cap = r->cap_toks ? r->cap_toks : 64;
+	while (cap < n)
+		cap *= 2;
+	int32_t *t = realloc(r->toks, (size_t)cap * sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	r->toks = t;
+	r->cap_toks = cap;
+	return 0;
+}
+
+int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt, uint32_t n_prompt,
+		     const struct kvd_request_params *p)
+{
+	struct req *r = NULL, *sess = NULL;
+	size_t si = 0, waiting = 0;
+	uint32_t hist = 0;
+	int rc;
+
+	if (!n_prompt || !p->max_tokens)
+		return -EINVAL;
+	if (kvd_sampler_params_check(&p->sampling) < 0)
+		return -EINVAL;
+	for (uint32_t i = 0; i < n_prompt; i++)
+		if (prompt[i] < 0 || prompt[i] >= s->n_vocab)
+			return -EINVAL;
+	if (find(s, req_id, NULL))
+		return -EEXIST;
+	for (size_t i = 0; i < s->n_reqs; i++)
+		waiting += s->reqs[i]->state == RS_WAITING;
+	if (waiting >= s->cfg.max_waiting)
+		return -EBUSY;
+	if (p->session) {
+		sess = find_session(s, p->session, &si);
+		if (sess && sess->state != RS_SESSION)
+			return -EBUSY; /* a turn of this session is still running */
+		if (sess)
+			hist = sess->n_toks;
+	}
+	if ((uint64_t)hist + n_prompt + p->max_tokens > s->cfg.max_model_len)
+		return -E2BIG;
+	if (pages_for(s, hist + n_prompt + p->max_tokens) > kvmm_n_pages(s->kv))
+		return -ENOSPC;
+	if (s->n_reqs == s->cap_reqs) {
+		size_t cap = s->cap_reqs ? s->cap_reqs * 2 : 64;
+		struct req **nr = realloc(s->reqs, cap * sizeof(*nr));
+		if (!nr)
+			return -ENOMEM;
+		s->reqs = nr;
+		s->cap_reqs = cap;
+	}
+	if (sess) {
+		/* the session's request object becomes this turn */
+		r = sess;
+		remove_at(s, si);
+		memset(&r->res, 0, sizeof(r->res));
+		r->n_history = hist;
+	} else {
+		r = calloc(1, sizeof(*r));
+		if (!r)
+			return -ENOMEM;
+	}
+	rc = reserve_toks(r, hist + n_prompt + p->max_tokens);
+	if (rc < 0)
+		goto fail;
+	r->sampler = kvd_sampler_new(&p->sampling, s->n_vocab);
+	r->logits = malloc((size_t)s->n_vocab * sizeof(float));
+	if (!r->sampler || !r->logits) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	rc = kvd_stop_init(&r->stop, p->stops, p->n_stops);
+	if (rc < 0)
+		goto fail;
+	memcpy(r->toks + hist, prompt, n_prompt * sizeof(*prompt));
+	r->n_toks = hist + n_prompt;
+	r->id = req_id;
+	r->session = p->session;
+	r->n_prompt = n_prompt;
+	r->n_generated = 0;
+	r->max_tokens = p->max_tokens;
+	r->ignore_eos = p->ignore_eos;
+	r->t_submit = now_ns();
+	r->t_admit = r->t_first = r->t_last = 0;
+	r->res.prompt_tokens = n_prompt;
+	r->res.cached_tokens = sess ? r->n_computed : 0;
+	kvd_detok_init(&r->detok);
+	if (!sess || !r->has_seq) {
+		r->state = RS_WAITING; /* (a session whose pages were given up recomputes) */
+	} else {
+		r->state = RS_RUNNING; /* its sequence is resident */
+		r->t_admit = r->t_submit;
+		kvmm_seq_set_prompt_tokens(s->kv, r->seq, r->n_toks);
+	}
+	r->arrival = ++s->arrivals;
+	s->reqs[s->n_reqs++] = r;
+	return 0;
+fail:
+	if (sess) {
+		/* put the session back untouched */
+		r->sampler = kvd_sampler_free(r->sampler);
+		free(r->logits);
+		r->logits = NULL;
+		s->reqs[s->n_reqs++] = r;
+	} else {
+		req_free(r);
+	}
+	return rc;
+}
+
+int kvd_sched_cancel(struct kvd_sched *s, uint64_t req_id)
+{
+	struct req *r = find(s, req_id, NULL);
+	if (!r)
+		return -ENOENT;
+	finish(s, r, KVD_FINISH_CANCELLED, 0);
+	return 0;
+}
+
+int kvd_sched_session_close(struct kvd_sched *s, uint64_t session)
+{
+	size_t i;
+	struct req *r = find_session(s, session, &i);
+	if (!r)
+		return -ENOENT;
+	if (r->state != RS_SESSION)
+		return -EBUSY;
+	remove_at(s, i);
+	drop_seq(s, r);
+	req_free(r);
+	return 0;
+}
+
+int kvd_sched_session_tokens(const struct kvd_sched *s, uint64_t session)
+{
+	struct req *r = find_session(s, session, NULL);
+	if (!r || r->state != RS_SESSION)
+		return -ENOENT;
+	return (int)r->n_toks;
+}
+
+int kvd_sched_session_last_token(const struct kvd_sched *s, uint64_t session)
+{
+	struct req *r = find_session(s, session, NULL);
+	if (!r || r->state != RS_SESSION || !r->n_toks)
+		return -ENOENT;
+	return r->toks[r->n_toks - 1];
+}
+
+void kvd_sched_set_config(struct kvd_sched *s, const struct kvd_sched_config *cfg)
+{
+	if (cfg->max_num_seqs)
+		s->cfg.max_num_seqs = cfg->max_num_seqs;
+	if (cfg->max_tokens_per_step)
+		s->cfg.max_tokens_per_step = cfg->max_tokens_per_step;
+	if (cfg->max_model_len)
+		s->cfg.max_model_len = cfg->max_model_len;
+	if (cfg->max_waiting)
+		s->cfg.max_waiting = cfg->max_waiting;
+	s->cfg.session_idle_s = cfg->session_idle_s;
+}
+
+/* Give up the KV of the least recently used idle session that still holds
+ * pages; its tokens stay, to be recomputed by its next turn. Returns 1 when
+ * one was dropped, 0 when none holds pages. */
+static int reclaim_session(struct kvd_sched *s)
+{
+	struct req *v = NULL;
+	for (size_t i = 0; i < s->n_reqs; i++) {
+		struct req *r = s->reqs[i];
+		if (r->state == RS_SESSION && r->has_seq && (!v || r->t_used < v->t_used))
+			v = r;
+	}
+	if (!v)
+		return 0;
+	drop_seq(s, v);
+	return 1;
+}
+
+void kvd_sched_expire_sessions(struct kvd_sched *s, uint64_t t)
+{
+	if (!s->cfg.session_idle_s)
+		return;
+	for (size_t i = 0; i < s->n_reqs;) {
+		struct req *r = s->reqs[i];
+		if (r->state == RS_SESSION && t - r->t_used > (uint64_t)s->cfg.session_idle_s * 1000000000ull) {
+			remove_at(s, i);
+			drop_seq(s, r);
+			req_free(r);
+			continue;
+		}
+		i++;
+	}
+}
+
+int kvd_sched_idle(const struct kvd_sched *s)
+{
+	for (size_t i = 0; i < s->n_reqs; i++)
+		if (s->reqs[i]->state != RS_SESSION)
+			return 0;
+	return 1;
+}
+
+void kvd_sched_get_stats(const struct kvd_sched *s, struct kvd_sched_stats *ret)
+{
+	struct kvd_sched_stats st = s->st;
+	st.running = st.waiting = st.swapped = st.sessions = 0;
+	for (size_t i = 0; i < s->n_reqs; i++) {
+		switch (s->reqs[i]->state) {
+		case RS_WAITING: st.waiting++; break;
+		case RS_RUNNING: st.running++; break;
+		case RS_SWAPPED: st.swapped++; break;
+		case RS_SESSION: st.sessions++; break;
+		}
+	}
+	*ret = st;
+}
+
+size_t kvd_sched_list(const struct kvd_sched *s, struct kvd_sched_req_info *out, size_t cap)
+{
+	size_t n = 0;
+	uint64_t t = now_ns();
+	for (size_t i = 0; i < s->n_reqs && n < cap; i++) {
+		const struct req *r = s->reqs[i];
+		if (r->state == RS_SESSION)
+			continue;
+		uint32_t np = 0, shared = 0;
+		if (r->has_seq && r->state == RS_RUNNING) {
+			const int32_t *pt = kvmm_seq_pages(s->kv, r->seq, &np);
+			for (uint32_t k = 0; pt && k < np; k++)
+				shared += pt[k] >= 0 && kvmm_page_refcount(s->kv, (uint32_t)pt[k]) > 1;
+		}
+		out[n++] = (struct kvd_sched_req_info){
+			.req_id = r->id,
+			.session = r->session,
+			.state = r->state == RS_WAITING ? 0 : r->state == RS_SWAPPED ? 3 : r->n_computed + 1 < r->n_toks ? 1 : 2,
+			.prompt_tokens = r->n_prompt,
+			.cached_tokens = r->res.cached_tokens,
+			.generated_tokens = r->n_generated,
+			.max_tokens = r->max_tokens,
+			.kv_tokens = r->n_computed,
+			.pages = np,
+			.pages_shared = shared,
+			.age_ns = t - r->t_submit,
+		};
+	}
+	return n;
+}
+
+static int ensure_items(struct kvd_sched *s, size_t n)
+{
+	if (n <= s->cap_items)
+		return 0;
+	struct kvd_engine_item *it = realloc(s->items, n * sizeof(*it));
+	if (!it)
+		return -ENOMEM;
+	s->items = it;
+	struct req **ir = realloc(s->item_req, n * sizeof(*ir));
+	if (!ir)
+		return -ENOMEM;
+	s->item_req = ir;
+	s->cap_items = n;
+	return 0;
+}
+
+/* Give up a running request's pages so others can proceed: swap it out
+ * when there is a swap file, else drop its KV to recompute it later. */
+static void preempt(struct kvd_sched *s, struct req *r)
+{
+	s->st.preemptions++;
+	r->res.preemptions++;
+	if (r->has_seq && kvmm_seq_swap_out(s->kv, r->seq) == 0) {
+		r->state = RS_SWAPPED;
+		r->res.swaps++;
+		return;
+	}
+	drop_seq(s, r);
+	r->state = RS_WAITING;
+}
+
+/* Undo an admission made while building this step. */
+static void unadmit(struct kvd_sched *s, struct req *r)
+{
+	drop_seq(s, r);
+	r->state = RS_WAITING;
+	r->admitted_now = 0;
+	r->t_admit = 0;
+	r->res.cached_tokens = 0;
+}
+
+/* Try to bring swapped requests back, oldest first, while the pool has
+ * their pages plus a margin for the running ones to keep growing. */
+static void resume_swapped(struct kvd_sched *s, uint32_t n_running)
+{
+	for (size_t i = 0; i < s->n_reqs; i++) {
+		struct req *r = s->reqs[i];
+		if (r->state != RS_SWAPPED)
+			continue;
+		uint32_t need = pages_for(s, r->n_computed) + n_running + 1;
+		if (need > kvmm_n_pages(s->kv))
+			need = kvmm_n_pages(s->kv); /* alone it always fits (checked at submit) */
+		if (kvmm_available_pages(s->kv) < need)
+			return; /* keep arrival order: nobody younger jumps ahead */
+		int rc = kvmm_seq_swap_in(s->kv, r->seq);
+		if (rc == -ENOMEM)
+			return;
+		if (rc < 0) {
+			/* its swapped K/V is lost: recompute from the tokens */
+			drop_seq(s, r);
+			r->state = RS_WAITING;
+			continue;
+		}
+		r->state = RS_RUNNING;
+		n_running++;
+	}
+}
+
+/* Sample, detokenize, stop-check and report one new token. */
+static void emit(struct kvd_sched *s, struct req *r)
+{
+	char piece[KVD_DETOK_MIN_CAP + KVD_SAMPLER_MAX_STOP_LEN], out[sizeof(piece) + KVD_SAMPLER_MAX_STOP_LEN];
+	int32_t t = kvd_sampler_sample(r->sampler, r->logits, r->toks, r->n_toks);
+	uint64_t now = now_ns();
+	int hit = 0;
+	size_t n_out = 0;
+
+	r->toks[r->n_toks++] = t;
+	r->n_generated++;
+	s->st.tokens_generated++;
+	if (!r->t_first) {
+		r->t_first = now;
+		r->res.ttft_ns = now - r->t_submit;
+	}
+	r->t_last = now;
+	if (!r->ignore_eos && kvd_tokenizer_is_eog(s->tok, t)) {
+		int n = kvd_detok_flush(&r->detok, piece, sizeof(piece));
+		n_out = kvd_stop_feed(&r->stop, piece, n > 0 ? (size_t)n : 0, out, sizeof(out), &hit);
+		n_out += kvd_stop_flush(&r->stop, out + n_out, sizeof(out) - n_out);
+		if (s->ev.on_token)
+			s->ev.on_token(s->ev.ud, r->id, t, out, n_out);
+		finish(s, r, KVD_FINISH_EOS, 0);
+		return;
+	}
+	int n = kvd_detok_push(s->tok, &r->detok, t, piece, sizeof(piece));
+	if (n < 0)
+		n = 0;
+	if (r->n_generated == r->max_tokens) {
+		int m = kvd_detok_flush(&r->detok, piece + n, sizeof(piece) - (size_t)n);
+		if (m > 0)
+			n += m;
+	}
+	n_out = kvd_stop_feed(&r->stop, piece, (size_t)n, out, sizeof(out), &hit);
+	if (!hit && r->n_generated == r->max_tokens)
+		n_out += kvd_stop_flush(&r->stop, out + n_out, sizeof(out) - n_out);
+	if (s->ev.on_token)
+		s->ev.on_token(s->ev.ud, r->id, t, out, n_out);
+	if (hit)
+		finish(s, r, KVD_FINISH_STOP, 0);
+	else if (r->n_generated == r->max_tokens)
+		finish(s, r, KVD_FINISH_LENGTH, 0);
+}
+
+int kvd_sched_step(struct kvd_sched *s)
+{
+	size_t n_items = 0;
+	uint32_t budget = s->cfg.max_tokens_per_step, n_running = 0;
+	int rc;
+
+	rc = ensure_items(s, s->n_reqs + 1);
+	if (rc < 0)
+		return rc;
+	for (size_t i = 0; i < s->n_reqs; i++)
+		n_running += s->reqs[i]->state == RS_RUNNING;
+	resume_swapped(s, n_running);
+	n_running = 0;
+	for (size_t i = 0; i < s->n_reqs; i++)
+		n_running += s->reqs[i]->state == RS_RUNNING;
+
+	/* pass 1: decodes of running requests, oldest first; pass 2: their
+	 * prefill chunks; pass 3: admissions */
+	for (int pass = 0; pass < 3; pass++) {
+		int blocked = 0; /* a swapped or waiting elder blocks admissions */
+		for (size_t i = 0; i < s->n_reqs && budget > 0; i++) {
+			struct req *r = s->reqs[i];
+			if (pass == 2) {
+				if (r->state == RS_SWAPPED)
+					blocked = 1;
+				if (r->state != RS_WAITING || blocked)
+					continue;
+				if (n_running >= s->cfg.max_num_seqs)
+					break;
+				/* admit: a sequence, and whatever the prefix cache has */
+				if (kvmm_seq_new(s->kv, &r->seq) < 0 &&
+				    (!reclaim_session(s) || kvmm_seq_new(s->kv, &r->seq) < 0))
+					break;
+				r->has_seq = 1;
+				r->n_computed = 0;
+				uint32_t hit = 0;
+				if (kvmm_prefix_attach(s->kv, r->seq, r->toks, r->n_toks, &hit) == 0)
+					r->n_computed = hit;
+				if (!r->res.preemptions)
+					r->res.cached_tokens = hit;
+				r->state = RS_RUNNING;
+				r->admitted_now = 1;
+				r->t_admit = now_ns();
+				kvmm_seq_set_prompt_tokens(s->kv, r->seq, r->n_history + r->n_prompt);
+				n_running++;
+			} else if (r->state != RS_RUNNING) {
+				continue;
+			}
+			uint32_t pending = r->n_toks - r->n_computed;
+			if ((pass == 0) != (pending == 1) && pass != 2)
+				continue;
+			uint32_t take = pending < budget ? pending : budget;
+			s->items[n_items] = (struct kvd_engine_item){
+				.seq = r->seq,
+				.tokens = r->toks + r->n_computed,
+				.n_tokens = (int32_t)take,
+				.logits = take == pending ? r->logits : NULL,
+			};
+			s->item_req[n_items++] = r;
+			budget -= take;
+		}
+	}
+	if (!n_items)
+		return 0;
+
+	/* does it fit? if not, give up the youngest until it does */
+	for (;;) {
+		uint32_t need;
+		rc = kvd_engine_plan(s->e, s->items, n_items, &need);
+		if (rc != -ENOMEM)
+			break;
+		if (reclaim_session(s))
+			continue;
+		size_t v = 0;
+		for (size_t i = 1; i < n_items; i++)
+			if (s->item_req[i]->arrival > s->item_req[v]->arrival)
+				v = i;
+		struct req *victim = s->item_req[v];
+		if (n_items == 1 && !victim->admitted_now) {
+			/* alone and still too big for the whole pool */
+			uint32_t resident = 0;
+			for (size_t i = 0; i < s->n_reqs; i++)
+				resident += s->reqs[i]->state == RS_RUNNING;
+			if (resident <= 1) {
+				finish(s, victim, KVD_FINISH_ERROR, -ENOMEM);
+				return -ENOMEM;
+			}
+		}
+		if (victim->admitted_now)
+			unadmit(s, victim);
+		else
+			preempt(s, victim);
+		s->items[v] = s->items[n_items - 1];
+		s->item_req[v] = s->item_req[n_items - 1];
+		n_items--;
+		if (!n_items) {
+			/* nothing fits: preempt the youngest resident request */
+			struct req *y = NULL;
+			for (size_t i = 0; i < s->n_reqs; i++)
+				if (s->reqs[i]->state == RS_RUNNING && (!y || s->reqs[i]->arrival > y->arrival))
+					y = s->reqs[i];
+			if (y)
+				preempt(s, y);
+			return 0;
+		}
+	}
+	for (size_t i = 0; i < n_items; i++)
+		s->item_req[i]->admitted_now = 0;
+	if (rc < 0)
+		goto fail;
+	uint64_t t0 = now_ns();
+	rc = kvd_engine_step(s->e, s->items, n_items);
+	if (rc < 0)
+		goto fail;
+	uint64_t t1 = now_ns();
+	s->st.steps++;
+	for (size_t i = 0; i < n_items; i++) {
+		struct req *r = s->item_req[i];
+		uint64_t wait = 0;
+		if (!r->res.preemptions && r->n_computed == r->res.cached_tokens && r->t_admit)
+			wait = r->t_admit - r->t_submit; /* first chunk: time queued for memory */
+		kvmm_seq_add_time(s->kv, r->seq, wait, t1 - t0);
+		r->n_computed += (uint32_t)s->items[i].n_tokens;
+		if (r->n_generated == 0 || s->items[i].n_tokens > 1)
+			s->st.tokens_prefilled += (uint64_t)s->items[i].n_tokens;
+	}
+	/* emit after the bookkeeping: emit may finish and free requests */
+	for (size_t i = 0; i < n_items; i++)
+		if (s->items[i].logits)
+			emit(s, s->item_req[i]);
+	return (int)n_items;
+fail:
+	for (size_t i = 0; i < n_items; i++)
+		finish(s, s->item_req[i], KVD_FINISH_ERROR, rc);
+	return rc;
+}

@@ -1,0 +1,156 @@
+/*
+ * daemon/sched.h — iteration-level continuous batching.
+ *
+ * Every step decodes one token for each running sequence and spends the
+ * rest of the per-step token budget on (chunked) prefill of sequences that
+ * are still reading their prompt; finished sequences leave and waiting ones
+ * join at any step. Admission and preemption are decided from kvmm's pages:
+ * a request is admitted when the pages its next chunk needs are available
+ * (prefix-cache hits need none), and when a step does not fit, the youngest
+ * running sequence is preempted — swapped out when a swap file exists,
+ * otherwise dropped and recomputed later — and resumes, before any newer
+ * request is admitted, once enough pages are free again (with a margin, so
+ * it is not swapped straight back out). Outputs do not depend on any of
+ * this: a resumed sequence continues exactly where it stopped.
+ *
+ * The scheduler also samples, detokenizes, applies stop strings and keeps
+ * per-request timing. It reports through callbacks and is driven by one
+ * thread (the daemon's main loop); nothing here blocks.
+ */
+#ifndef KVD_SCHED_H
+#define KVD_SCHED_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sampler.h"
+
+struct kvd_engine;
+struct kvd_sched;
+struct kvmm_seq_record;
+
+struct kvd_sched_config {
+	uint32_t max_num_seqs;        /* running + prefilling at most */
+	uint32_t max_tokens_per_step; /* token budget of one step */
+	uint32_t max_model_len;       /* prompt + max_tokens at most (<= model context) */
+	uint32_t max_waiting;         /* queued requests at most */
+	uint32_t session_idle_s;      /* sessions unused this long are closed; 0: never */
+};
+
+enum kvd_finish {
+	KVD_FINISH_NONE = 0,
+	KVD_FINISH_EOS,
+	KVD_FINISH_LENGTH,
+	KVD_FINISH_STOP,
+	KVD_FINISH_CANCELLED,
+	KVD_FINISH_ERROR,
+};
+
+struct kvd_request_params {
+	struct kvd_sampler_params sampling;
+	uint32_t max_tokens;          /* generated tokens at most (>= 1) */
+	const char *const *stops;     /* stop strings, copied at submit */
+	uint32_t n_stops;
+	int ignore_eos;               /* keep going past end-of-generation tokens */
+	uint64_t session;             /* 0: none; else continue / keep this session */
+};
+
+struct kvd_request_result {
+	enum kvd_finish finish;
+	int error;                    /* negative errno when finish == ERROR */
+	uint32_t prompt_tokens;       /* tokens of this request's prompt */
+	uint32_t cached_tokens;       /* of which came from the prefix cache or session */
+	uint32_t generated_tokens;
+	uint64_t queue_ns;            /* submit -> admitted */
+	uint64_t ttft_ns;             /* submit -> first token */
+	uint64_t decode_ns;           /* first token -> last token */
+	uint32_t preemptions;
+	uint32_t swaps;
+	/* The KV ledger of the request's sequence (kvmm_seq_finish, or the
+	 * live record of a kept session); NULL when it never had one. Valid
+	 * only during on_done. */
+	const struct kvmm_seq_record *ledger;
+};
+
+struct kvd_sched_events {
+	/* A generated token and the text it completes (may be empty while a
+	 * multi-byte character or a possible stop string is held back). Every
+	 * generated token is reported, the end-of-generation one included
+	 * (with whatever text was still held back). Callbacks must not call
+	 * back into the scheduler. */
+	void (*on_token)(void *ud, uint64_t req_id, int32_t token, const char *text, size_t len);
+	/* The request is over; called exactly once per accepted request. */
+	void (*on_done)(void *ud, uint64_t req_id, const struct kvd_request_result *res);
+	void *ud;
+};
+
+struct kvd_sched_stats {
+	uint32_t running;     /* sequences in the batch (decoding or prefilling) */
+	uint32_t waiting;     /* accepted, not admitted yet */
+	uint32_t swapped;     /* preempted, waiting to resume */
+	uint32_t sessions;    /* idle sessions holding KV */
+	uint64_t steps;
+	uint64_t tokens_prefilled;
+	uint64_t tokens_generated;
+	uint64_t preemptions;
+	uint64_t requests_done;
+};
+
+int kvd_sched_create(const struct kvd_sched_config *cfg, struct kvd_engine *e, const struct kvd_sched_events *ev,
+		     struct kvd_sched **ret);
+/* Cancels everything still queued or running (on_done with CANCELLED) and
+ * frees; accepts NULL; returns NULL. */
+struct kvd_sched *kvd_sched_destroy(struct kvd_sched *s);
+
+/*
+ * Queue a request. The prompt is copied. Returns 0; -E2BIG when history +
+ * prompt + max_tokens exceeds max_model_len; -ENOSPC when it could not fit
+ * in the whole KV pool even alone; -EINVAL for an empty prompt, a token
+ * out of range or bad sampling parameters; -EBUSY when the queue is full
+ * or the session is in use; -EEXIST for a duplicate request id; -ENOMEM.
+ * On success on_done will be called exactly once.
+ * With params->session != 0 the sequence is kept after a request that
+ * ends normally (eos, length, stop) under that id, and a later request
+ * naming it continues from there: its prompt is only the new text. A
+ * cancelled or failed turn drops the session. An idle session's KV pages
+ * may be given up under memory pressure; its tokens are kept, and the
+ * next turn recomputes them (through the prefix cache where it can).
+ */
+int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt, uint32_t n_prompt,
+		     const struct kvd_request_params *params);
+/* Cancel a queued or running request (on_done with CANCELLED, its pages
+ * freed at once). -ENOENT if unknown. */
+int kvd_sched_cancel(struct kvd_sched *s, uint64_t req_id);
+/* Drop a session and its pages. -ENOENT, -EBUSY while a request uses it. */
+int kvd_sched_session_close(struct kvd_sched *s, uint64_t session);
+/* Tokens a session holds (history a next turn continues), or -ENOENT when
+ * the scheduler keeps nothing under that id. */
+int kvd_sched_session_tokens(const struct kvd_sched *s, uint64_t session);
+/* The session's last token (what ended the previous turn), -ENOENT. */
+int kvd_sched_session_last_token(const struct kvd_sched *s, uint64_t session);
+/* Apply new limits (SIGHUP). max_model_len may only shrink below the
+ * model's context; running requests keep what they were admitted with. */
+void kvd_sched_set_config(struct kvd_sched *s, const struct kvd_sched_config *cfg);
+
+/* Run one step. Returns the number of sequences that advanced (0: idle),
+ * or a negative errno for an engine failure (affected requests finish with
+ * ERROR; the scheduler stays usable). */
+int kvd_sched_step(struct kvd_sched *s);
+/* True when nothing is queued or running. */
+int kvd_sched_idle(const struct kvd_sched *s);
+void kvd_sched_get_stats(const struct kvd_sched *s, struct kvd_sched_stats *ret);
+/* Expire idle sessions; call from the main loop now and then. */
+void kvd_sched_expire_sessions(struct kvd_sched *s, uint64_t now_ns);
+
+/* Walk live requests (for `kvctl ps`). */
+struct kvd_sched_req_info {
+	uint64_t req_id;
+	uint64_t session;
+	int state;               /* 0 waiting, 1 prefill, 2 decode, 3 swapped */
+	uint32_t prompt_tokens, cached_tokens, generated_tokens, max_tokens, kv_tokens;
+	uint32_t pages, pages_shared;
+	uint64_t age_ns;
+};
+size_t kvd_sched_list(const struct kvd_sched *s, struct kvd_sched_req_info *out, size_t cap);
+
+#endif

@@ -1,0 +1,55 @@
+/*
+ * daemon/server.h — kvd's front: the epoll loop that owns the listening
+ * socket, every client connection (handshake, credentials, per-client
+ * limits, uploads through the shared-memory ring, the token stream back),
+ * the sessions, and the calls into the scheduler between socket events.
+ *
+ * One thread runs everything: kvd_server_run() alternates one scheduler
+ * step with a non-blocking look at the sockets while there is work, and
+ * blocks in epoll_wait() when there is none. It also owns the systemd side
+ * of serving: READY=1, STATUS= lines, watchdog pings and STOPPING=1, and the
+ * signals (SIGTERM/SIGINT drain, SIGHUP asks the owner to reload).
+ */
+#ifndef KVD_SERVER_H
+#define KVD_SERVER_H
+
+#include <stdint.h>
+
+#include "config.h"
+
+struct kvd_engine;
+struct kvd_server;
+
+struct kvd_server_hooks {
+	/* SIGHUP: re-read the configuration and return it in *ret (0), or
+	 * return an error (the running configuration stays). The server then
+	 * applies what can change while running and logs what cannot. */
+	int (*reload)(void *ud, struct kvd_config *ret);
+	void *ud;
+};
+
+/*
+ * Build a server over a loaded engine. listen_fd: a listening
+ * SOCK_SEQPACKET socket (owned by the server from now on, also on
+ * failure); sig_fd: a signalfd for SIGTERM, SIGINT and SIGHUP (owned
+ * likewise). The configuration is copied. Returns 0, -ENOMEM or the
+ * error of epoll/scheduler creation.
+ */
+int kvd_server_create(const struct kvd_config *cfg, struct kvd_engine *e, int listen_fd, int sig_fd,
+		      const struct kvd_server_hooks *hooks, struct kvd_server **ret);
+
+/*
+ * Serve until SIGTERM/SIGINT, then drain: stop accepting, refuse new
+ * requests with IPC_ERR_SHUTDOWN, let running ones finish for up to the
+ * configured drain_timeout, then end the rest (each client gets an
+ * ERROR IPC_ERR_SHUTDOWN as the request's last event). Sends READY=1 on
+ * entry. Returns 0 after a clean drain, or a negative errno when the
+ * loop itself failed.
+ */
+int kvd_server_run(struct kvd_server *srv);
+
+/* Close every connection (requests cancelled) and free; accepts NULL;
+ * returns NULL. The engine stays the caller's. */
+struct kvd_server *kvd_server_free(struct kvd_server *srv);
+
+#endif

@@ -1,0 +1,591 @@
+/*
+ * ipc/frame.c — kvd's message format: the type table (who may send what,
+ * over which transport, with which fixed payload and fds), header
+ * validation, frame building, and the payload decoders that check every
+ * field against the limits in ipc.h.
+ *
+ * Decoders copy fixed structs out with memcpy (payloads need not be
+ * aligned) and return pointers into the caller's buffer for variable
+ * parts. Nothing here allocates.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "ipc.h"
+
+#pragma GCC visibility push(hidden)
+
+/* ---- layout guarantees: explicit sizes, no implicit padding ------------- */
+
+static_assert(sizeof(struct ipc_hdr) == IPC_HDR_BYTES, "ipc_hdr size");
+static_assert(offsetof(struct ipc_hdr, request_id) == 16, "ipc_hdr layout");
+static_assert(sizeof(struct ipc_hello) == 40, "ipc_hello size");
+static_assert(sizeof(struct ipc_welcome) == 176, "ipc_welcome size");
+static_assert(offsetof(struct ipc_welcome, kv_bytes_per_token) == 64, "ipc_welcome layout");
+static_assert(offsetof(struct ipc_welcome, model_name) == 80, "ipc_welcome layout");
+static_assert(sizeof(struct ipc_generate) == 64, "ipc_generate size");
+static_assert(offsetof(struct ipc_generate, seed) == 32, "ipc_generate layout");
+static_assert(offsetof(struct ipc_generate, n_stop) == 56, "ipc_generate layout");
+static_assert(sizeof(struct ipc_prompt_data) == 8, "ipc_prompt_data size");
+static_assert(sizeof(struct ipc_token) == 16, "ipc_token size");
+static_assert(sizeof(struct ipc_done) == 56, "ipc_done size");
+static_assert(offsetof(struct ipc_done, queue_ns) == 24, "ipc_done layout");
+static_assert(sizeof(struct ipc_error) == 8, "ipc_error size");
+static_assert(sizeof(struct ipc_stats) == 40 * 8, "ipc_stats size");
+static_assert(sizeof(struct ipc_tokenize) == 8, "ipc_tokenize size");
+static_assert(sizeof(struct ipc_tokenize_reply) == 16, "ipc_tokenize_reply size");
+static_assert(sizeof(struct ipc_session_open) == 8, "ipc_session_open size");
+static_assert(sizeof(struct ipc_session) == 8, "ipc_session size");
+static_assert(sizeof(struct ipc_ping) == 8, "ipc_ping size");
+static_assert(sizeof(struct ipc_ps_entry) == 72, "ipc_ps_entry size");
+static_assert(offsetof(struct ipc_ps_entry, pid) == 32, "ipc_ps_entry layout");
+static_assert(sizeof(struct ipc_ps_reply) == 8, "ipc_ps_reply size");
+static_assert(IPC_MAX_INLINE_TEXT_BYTES + IPC_MAX_SYSTEM_BYTES +
+		      IPC_MAX_STOP_STRINGS * (2 + IPC_MAX_STOP_BYTES) + sizeof(struct ipc_generate) <=
+	      IPC_MAX_PAYLOAD_BYTES, "a maximal GENERATE fits one frame");
+static_assert(sizeof(struct ipc_token) + IPC_MAX_TOKENS_PER_RECORD * 4 + IPC_MAX_TOKEN_TEXT_BYTES + IPC_HDR_BYTES <=
+		      IPC_RING_MIN_BYTES / 2, "a maximal TOKEN record fits the smallest ring");
+
+/* ---- the type table ------------------------------------------------------- */
+
+struct type_info {
+	const char *name;
+	unsigned where;    /* IPC_FROM_* | IPC_VIA_* allowed */
+	uint32_t fixed;    /* fixed payload struct size */
+	bool variable;     /* payload may extend beyond `fixed` */
+	uint32_t flags;    /* header flag bits the type defines */
+	unsigned n_fds;    /* exact number of fds */
+};
+
+#define C2S_SOCK (IPC_FROM_CLIENT | IPC_VIA_SOCKET)
+#define S2C_SOCK (IPC_FROM_SERVER | IPC_VIA_SOCKET)
+
+static const struct type_info types[IPC_MSG_TYPE_MAX + 1] = {
+	[IPC_MSG_HELLO] = { "HELLO", C2S_SOCK, sizeof(struct ipc_hello), false, 0, 0 },
+	[IPC_MSG_WELCOME] = { "WELCOME", S2C_SOCK, sizeof(struct ipc_welcome), false, 0, 3 },
+	[IPC_MSG_GENERATE] = { "GENERATE", C2S_SOCK, sizeof(struct ipc_generate), true, 0, 0 },
+	[IPC_MSG_PROMPT_DATA] = { "PROMPT_DATA", IPC_FROM_CLIENT | IPC_VIA_RING, sizeof(struct ipc_prompt_data),
+				  true, 0, 0 },
+	[IPC_MSG_TOKEN] = { "TOKEN", IPC_FROM_SERVER | IPC_VIA_RING, sizeof(struct ipc_token), true, 0, 0 },
+	[IPC_MSG_DONE] = { "DONE", IPC_FROM_SERVER | IPC_VIA_RING | IPC_VIA_SOCKET, sizeof(struct ipc_done),
+			   false, 0, 0 },
+	[IPC_MSG_CANCEL] = { "CANCEL", C2S_SOCK, 0, false, 0, 0 },
+	[IPC_MSG_ERROR] = { "ERROR", IPC_FROM_SERVER | IPC_VIA_SOCKET | IPC_VIA_RING, sizeof(struct ipc_error),
+			    true, 0, 0 },
+	[IPC_MSG_STATS] = { "STATS", C2S_SOCK, 0, false, 0, 0 },
+	[IPC_MSG_STATS_REPLY] = { "STATS_REPLY", S2C_SOCK, sizeof(struct ipc_stats), false, 0, 0 },
+	[IPC_MSG_TOKENIZE] = { "TOKENIZE", C2S_SOCK, sizeof(struct ipc_tokenize), true, 0, 0 },
+	[IPC_MSG_TOKENIZE_REPLY] = { "TOKENIZE_REPLY", S2C_SOCK, sizeof(struct ipc_tokenize_reply), true,
+				     IPC_F_MORE, 0 },
+	[IPC_MSG_SESSION_OPEN] = { "SESSION_OPEN", C2S_SOCK, sizeof(struct ipc_session_open), false, 0, 0 },
+	[IPC_MSG_SESSION_OPENED] = { "SESSION_OPENED", S2C_SOCK, sizeof(struct ipc_session), false, 0, 0 },
+	[IPC_MSG_SESSION_CLOSE] = { "SESSION_CLOSE", C2S_SOCK, sizeof(struct ipc_session), false, 0, 0 },
+	[IPC_MSG_SESSION_CLOSED] = { "SESSION_CLOSED", S2C_SOCK, sizeof(struct ipc_session), false, 0, 0 },
+	[IPC_MSG_PING] = { "PING", C2S_SOCK, sizeof(struct ipc_ping), false, 0, 0 },
+	[IPC_MSG_PONG] = { "PONG", S2C_SOCK, sizeof(struct ipc_ping), false, 0, 0 },
+	[IPC_MSG_PS] = { "PS", C2S_SOCK, 0, false, 0, 0 },
+	[IPC_MSG_PS_REPLY] = { "PS_REPLY", S2C_SOCK, sizeof(struct ipc_ps_reply), true, IPC_F_MORE, 0 },
+};
+
+const char *ipc_type_name(uint32_t type)
+{
+	if (type == 0 || type > IPC_MSG_TYPE_MAX || !types[type].name)
+		return "?";
+	return types[type].name;
+}
+
+const char *ipc_finish_name(uint32_t reason)
+{
+	switch (reason) {
+	case IPC_FINISH_EOS: return "eos";
+	case IPC_FINISH_LENGTH: return "length";
+	case IPC_FINISH_STOP: return "stop";
+	case IPC_FINISH_CANCELLED: return "cancelled";
+	case IPC_FINISH_ERROR: return "error";
+	}
+	return "?";
+}
+
+const char *ipc_req_state_name(uint32_t state)
+{
+	switch (state) {
+	case IPC_REQ_WAITING: return "waiting";
+	case IPC_REQ_PREFILL: return "prefill";
+	case IPC_REQ_RUNNING: return "running";
+	case IPC_REQ_SWAPPED: return "swapped";
+	case IPC_REQ_UPLOADING: return "uploading";
+	}
+	return "?";
+}
+
+bool ipc_error_code_valid(int32_t code)
+{
+	if (code <= -1 && code > -IPC_ERR_BASE)
+		return true;
+	return code <= -(IPC_ERR_BASE + 1) && code >= IPC_ERR_LAST;
+}
+
+/* ---- header validation ------------------------------------------------------ */
+
+int ipc_frame_check(const void *buf, size_t n, unsigned n_fds, unsigned from, unsigned via,
+		    struct ipc_hdr *ret_hdr)
+{
+	struct ipc_hdr h;
+
+	assert(from == IPC_FROM_CLIENT || from == IPC_FROM_SERVER);
+	assert(via == IPC_VIA_SOCKET || via == IPC_VIA_RING);
+	if (n < IPC_HDR_BYTES) {
+		if (ret_hdr)
+			memset(ret_hdr, 0, sizeof(*ret_hdr));
+		return -EBADMSG;
+	}
+	memcpy(&h, buf, sizeof(h));
+	if (ret_hdr)
+		*ret_hdr = h;
+	if (h.magic != IPC_MAGIC)
+		return -EBADMSG;
+	if (h.version != IPC_PROTO_VERSION)
+		return -EPROTONOSUPPORT;
+	if (n > IPC_MAX_FRAME_BYTES || h.length > IPC_MAX_PAYLOAD_BYTES)
+		return -E2BIG;
+	if (h.length != n - IPC_HDR_BYTES)
+		return -EBADMSG;
+	if (h.type == 0 || h.type > IPC_MSG_TYPE_MAX || !types[h.type].name)
+		return -ENOMSG;
+	const struct type_info *t = &types[h.type];
+	if (!(t->where & from) || !(t->where & via))
+		return -EPROTO;
+	if (h.flags & ~t->flags)
+		return -EPROTO;
+	if (h.length < t->fixed || (!t->variable && h.length != t->fixed))
+		return -EBADMSG;
+	if (n_fds > t->n_fds)
+		return -ETOOMANYREFS;
+	if (n_fds < t->n_fds)
+		return -EBADMSG;
+	return 0;
+}
+
+ssize_t ipc_frame_build(void *buf, size_t cap, uint16_t type, uint32_t flags, uint64_t request_id,
+			const struct iovec *parts, int n_parts)
+{
+	size_t len = 0;
+
+	for (int i = 0; i < n_parts; i++) {
+		if (parts[i].iov_len > IPC_MAX_PAYLOAD_BYTES - len)
+			return -E2BIG;
+		len += parts[i].iov_len;
+	}
+	if (IPC_HDR_BYTES + len > cap)
+		return -E2BIG;
+	struct ipc_hdr h = {
+		.magic = IPC_MAGIC,
+		.version = IPC_PROTO_VERSION,
+		.type = type,
+		.length = (uint32_t)len,
+		.flags = flags,
+		.request_id = request_id,
+	};
+	uint8_t *p = buf;
+	memcpy(p, &h, sizeof(h));
+	p += sizeof(h);
+	for (int i = 0; i < n_parts; i++) {
+		if (parts[i].iov_len)
+			memcpy(p, parts[i].iov_base, parts[i].iov_len);
+		p += parts[i].iov_len;
+	}
+	return (ssize_t)(IPC_HDR_BYTES + len);
+}
+
+/* ---- decoders ------------------------------------------------------------------ */
+
+static bool nul_terminated_printable(const char *s, size_t cap)
+{
+	size_t i;
+
+	for (i = 0; i < cap && s[i]; i++)
+		if ((unsigned char)s[i] < 0x20 || (unsigned char)s[i] > 0x7e)
+			return false;
+	if (i == cap)
+		return false;
+	for (; i < cap; i++) /* NUL padding, so nothing leaks and compares are exact */
+		if (s[i])
+			return false;
+	return true;
+}
+
+int ipc_decode_hello(const struct ipc_frame *f, struct ipc_hello *ret)
+{
+	struct ipc_hello h;
+
+	assert(f->hdr.type == IPC_MSG_HELLO && f->hdr.length == sizeof(h));
+	memcpy(&h, f->payload, sizeof(h));
+	if (h.capabilities & ~IPC_CAP_ALL)
+		return -EPROTO;
+	if (!nul_terminated_printable(h.client_name, sizeof(h.client_name)))
+		return -EBADMSG;
+	*ret = h;
+	return 0;
+}
+
+int ipc_decode_welcome(const struct ipc_frame *f, struct ipc_welcome *ret)
+{
+	struct ipc_welcome w;
+
+	assert(f->hdr.type == IPC_MSG_WELCOME && f->hdr.length == sizeof(w));
+	memcpy(&w, f->payload, sizeof(w));
+	if (w.capabilities & ~IPC_CAP_ALL)
+		return -EPROTO;
+	if (w.reserved0)
+		return -EPROTO;
+	for (size_t i = 0; i < sizeof(w.reserved) / sizeof(w.reserved[0]); i++)
+		if (w.reserved[i])
+			return -EPROTO;
+	if (!nul_terminated_printable(w.model_name, sizeof(w.model_name)))
+		return -EBADMSG;
+	if (w.max_text_bytes > IPC_MAX_TEXT_BYTES || w.max_gen_tokens > IPC_MAX_GEN_TOKENS)
+		return -E2BIG;
+	if (w.shm_bytes == 0 || w.block_size == 0 || w.max_requests == 0)
+		return -EINVAL;
+	*ret = w;
+	return 0;
+}
+
+static bool in_range(float v, float lo, float hi)
+{
+	return isfinite(v) && v >= lo && v <= hi;
+}
+
+int ipc_decode_generate(const struct ipc_frame *f, struct ipc_generate_msg *ret)
+{
+	struct ipc_generate_msg m;
+	const struct ipc_generate *g = &m.g;
+
+	assert(f->hdr.type == IPC_MSG_GENERATE && f->hdr.length >= sizeof(m.g));
+	memset(&m, 0, sizeof(m));
+	memcpy(&m.g, f->payload, sizeof(m.g));
+	if (g->gen_flags & ~IPC_GEN_ALL)
+		return -EPROTO;
+	if (g->reserved0)
+		return -EPROTO;
+	if (g->max_tokens == 0)
+		return -EINVAL;
+	if (g->max_tokens > IPC_MAX_GEN_TOKENS)
+		return -E2BIG;
+	if (!in_range(g->temperature, 0.0f, IPC_MAX_TEMPERATURE) || !(isfinite(g->top_p) && g->top_p > 0.0f && g->top_p <= 1.0f) ||
+	    !(isfinite(g->min_p) && g->min_p >= 0.0f && g->min_p < 1.0f) ||
+	    !(isfinite(g->repeat_penalty) && g->repeat_penalty > 0.0f && g->repeat_penalty <= IPC_MAX_REPEAT_PENALTY))
+		return -EINVAL;
+	if (g->top_k < 0 || g->top_k > IPC_MAX_TOP_K || g->repeat_last_n < 0 || g->repeat_last_n > IPC_MAX_REPEAT_LAST_N)
+		return -EINVAL;
+	if (g->n_stop > IPC_MAX_STOP_STRINGS || g->system_bytes > IPC_MAX_SYSTEM_BYTES || g->prompt_bytes > IPC_MAX_TEXT_BYTES)
+		return -E2BIG;
+	if (g->stop_bytes > IPC_MAX_STOP_STRINGS * (2 + IPC_MAX_STOP_BYTES))
+		return -E2BIG;
+	if (g->system_bytes && (g->gen_flags & IPC_GEN_RAW))
+		return -EINVAL; /* a system prompt needs the chat template */
+	bool in_ring = g->gen_flags & IPC_GEN_PROMPT_IN_RING;
+	if (!in_ring && g->prompt_bytes > IPC_MAX_INLINE_TEXT_BYTES)
+		return -E2BIG;
+	if (in_ring && g->prompt_bytes == 0)
+		return -EINVAL;
+	/* All sizes are bounded above, so this sum cannot overflow. */
+	uint64_t expect = (uint64_t)sizeof(m.g) + g->system_bytes + g->stop_bytes + (in_ring ? 0 : g->prompt_bytes);
+	if (expect != f->hdr.length)
+		return -EBADMSG;
+
+	const char *p = (const char *)f->payload + sizeof(m.g);
+	m.system = p;
+	p += g->system_bytes;
+	const char *stop_end = p + g->stop_bytes;
+	for (unsigned i = 0; i < g->n_stop; i++) {
+		uint16_t len;
+		if (stop_end - p < 2)
+			return -EBADMSG;
+		memcpy(&len, p, 2);
+		p += 2;
+		if (len == 0)
+			return -EINVAL;
+		if (len > IPC_MAX_STOP_BYTES)
+			return -E2BIG;
+		if (stop_end - p < len)
+			return -EBADMSG;
+		m.stop[i] = p;
+		m.stop_len[i] = len;
+		p += len;
+	}
+	if (p != stop_end)
+		return -EBADMSG;
+	m.prompt = in_ring ? NULL : p;
+	*ret = m;
+	return 0;
+}
+
+ssize_t ipc_encode_generate(void *buf, size_t cap, uint64_t request_id, const struct ipc_generate_msg *m)
+{
+	struct ipc_generate g = m->g;
+	uint16_t lens[IPC_MAX_STOP_STRINGS];
+	struct iovec iov[2 + 2 * IPC_MAX_STOP_STRINGS + 1];
+	int n = 0;
+
+	if (g.n_stop > IPC_MAX_STOP_STRINGS)
+		return -E2BIG;
+	g.stop_bytes = 0;
+	for (unsigned i = 0; i < g.n_stop; i++)
+		g.stop_bytes += 2u + m->stop_len[i];
+	iov[n++] = (struct iovec){ (void *)&g, sizeof(g) };
+	if (g.system_bytes)
+		iov[n++] = (struct iovec){ (void *)m->system, g.system_bytes };
+	for (unsigned i = 0; i < g.n_stop; i++) {
+		lens[i] = m->stop_len[i];
+		iov[n++] = (struct iovec){ &lens[i], 2 };
+		iov[n++] = (struct iovec){ (void *)m->stop[i], m->stop_len[i] };
+	}
+	if (!(g.gen_flags & IPC_GEN_PROMPT_IN_RING) && g.prompt_bytes) {
+		if (g.prompt_bytes > IPC_MAX_INLINE_TEXT_BYTES)
+			return -E2BIG;
+		iov[n++] = (struct iovec){ (void *)m->prompt, g.prompt_bytes };
+	}
+	ssize_t len = ipc_frame_build(buf, cap, IPC_MSG_GENERATE, 0, request_id, iov, n);
+	if (len < 0)
+		return len;
+
+	/* Check our own output exactly as the server will. */
+	struct ipc_frame f = { .payload = (const uint8_t *)buf + IPC_HDR_BYTES };
+	int r = ipc_frame_check(buf, (size_t)len, 0, IPC_FROM_CLIENT, IPC_VIA_SOCKET, &f.hdr);
+	if (r < 0)
+		return r;
+	struct ipc_generate_msg check;
+	r = ipc_decode_generate(&f, &check);
+	return r < 0 ? r : len;
+}
+
+int ipc_decode_prompt_data(const struct ipc_frame *f, struct ipc_prompt_data_msg *ret)
+{
+	struct ipc_prompt_data d;
+
+	assert(f->hdr.type == IPC_MSG_PROMPT_DATA && f->hdr.length >= sizeof(d));
+	memcpy(&d, f->payload, sizeof(d));
+	if (d.bytes == 0)
+		return -EBADMSG;
+	if (d.bytes != f->hdr.length - sizeof(d))
+		return -EBADMSG;
+	if (d.offset >= IPC_MAX_TEXT_BYTES || d.bytes > IPC_MAX_TEXT_BYTES - d.offset)
+		return -E2BIG;
+	ret->offset = d.offset;
+	ret->bytes = d.bytes;
+	ret->data = (const char *)f->payload + sizeof(d);
+	return 0;
+}
+
+int ipc_decode_token(const struct ipc_frame *f, struct ipc_token_msg *ret)
+{
+	struct ipc_token t;
+
+	assert(f->hdr.type == IPC_MSG_TOKEN && f->hdr.length >= sizeof(t));
+	memcpy(&t, f->payload, sizeof(t));
+	if (t.n_tokens == 0 || (t.n_ids != 0 && t.n_ids != t.n_tokens))
+		return -EBADMSG;
+	if (t.n_tokens > IPC_MAX_TOKENS_PER_RECORD || t.text_bytes > IPC_MAX_TOKEN_TEXT_BYTES)
+		return -E2BIG;
+	if (t.index > IPC_MAX_GEN_TOKENS || t.n_tokens > IPC_MAX_GEN_TOKENS - t.index)
+		return -E2BIG;
+	if ((uint64_t)sizeof(t) + 4ull * t.n_ids + t.text_bytes != f->hdr.length)
+		return -EBADMSG;
+	ret->t = t;
+	ret->ids = f->payload + sizeof(t);
+	ret->text = (const char *)f->payload + sizeof(t) + 4u * t.n_ids;
+	return 0;
+}
+
+int32_t ipc_token_id(const struct ipc_token_msg *m, uint32_t i)
+{
+	int32_t id;
+
+	assert(i < m->t.n_ids);
+	memcpy(&id, m->ids + 4u * i, 4);
+	return id;
+}
+
+int ipc_decode_done(const struct ipc_frame *f, struct ipc_done *ret)
+{
+	struct ipc_done d;
+
+	assert(f->hdr.type == IPC_MSG_DONE && f->hdr.length == sizeof(d));
+	memcpy(&d, f->payload, sizeof(d));
+	if (d.reserved0)
+		return -EPROTO;
+	if (d.finish_reason < IPC_FINISH_EOS || d.finish_reason > IPC_FINISH_ERROR)
+		return -EINVAL;
+	if ((d.finish_reason == IPC_FINISH_ERROR) != (d.error != 0))
+		return -EINVAL;
+	if (d.error && !ipc_error_code_valid(d.error))
+		return -EINVAL;
+	if (d.cached_tokens > d.prompt_tokens || d.generated_tokens > IPC_MAX_GEN_TOKENS)
+		return -EINVAL;
+	*ret = d;
+	return 0;
+}
+
+int ipc_decode_error(const struct ipc_frame *f, struct ipc_error_msg *ret)
+{
+	struct ipc_error e;
+
+	assert(f->hdr.type == IPC_MSG_ERROR && f->hdr.length >= sizeof(e));
+	memcpy(&e, f->payload, sizeof(e));
+	if (!ipc_error_code_valid(e.code))
+		return -EINVAL;
+	if (e.msg_bytes > IPC_MAX_ERROR_MSG_BYTES)
+		return -E2BIG;
+	if (e.msg_bytes != f->hdr.length - sizeof(e))
+		return -EBADMSG;
+	ret->code = e.code;
+	ret->msg_bytes = e.msg_bytes;
+	ret->msg = (const char *)f->payload + sizeof(e);
+	return 0;
+}
+
+int ipc_decode_stats(const struct ipc_frame *f, struct ipc_stats *ret)
+{
+	struct ipc_stats s;
+
+	assert(f->hdr.type == IPC_MSG_STATS_REPLY && f->hdr.length == sizeof(s));
+	memcpy(&s, f->payload, sizeof(s));
+	for (size_t i = 0; i < sizeof(s.reserved) / sizeof(s.reserved[0]); i++)
+		if (s.reserved[i])
+			return -EPROTO;
+	/* Counts that cannot hold in any pool mean a corrupt reply. */
+	if (s.pages_free > s.pages_total || s.pages_used > s.pages_total || s.pages_cached > s.pages_total ||
+	    s.pages_shared > s.pages_used)
+		return -EINVAL;
+	if (s.prefix_hit_tokens > s.prefix_query_tokens)
+		return -EINVAL;
+	*ret = s;
+	return 0;
+}
+
+int ipc_decode_tokenize(const struct ipc_frame *f, struct ipc_tokenize_msg *ret)
+{
+	struct ipc_tokenize t;
+
+	assert(f->hdr.type == IPC_MSG_TOKENIZE && f->hdr.length >= sizeof(t));
+	memcpy(&t, f->payload, sizeof(t));
+	if (t.tok_flags & ~IPC_TOK_ALL)
+		return -EPROTO;
+	if (t.text_bytes > IPC_MAX_TEXT_BYTES)
+		return -E2BIG;
+	bool in_ring = t.tok_flags & IPC_TOK_TEXT_IN_RING;
+	if (in_ring) {
+		if (t.text_bytes == 0)
+			return -EINVAL;
+		if (f->hdr.length != sizeof(t))
+			return -EBADMSG;
+		ret->text = NULL;
+	} else {
+		if (t.text_bytes > IPC_MAX_INLINE_TEXT_BYTES)
+			return -E2BIG;
+		if (f->hdr.length != sizeof(t) + t.text_bytes)
+			return -EBADMSG;
+		ret->text = (const char *)f->payload + sizeof(t);
+	}
+	ret->t = t;
+	return 0;
+}
+
+int ipc_decode_tokenize_reply(const struct ipc_frame *f, struct ipc_tokenize_reply_msg *ret)
+{
+	struct ipc_tokenize_reply r;
+
+	assert(f->hdr.type == IPC_MSG_TOKENIZE_REPLY && f->hdr.length >= sizeof(r));
+	memcpy(&r, f->payload, sizeof(r));
+	if (r.reserved0)
+		return -EPROTO;
+	if (r.n_ids > IPC_MAX_IDS_PER_FRAME)
+		return -E2BIG;
+	if (r.offset > r.n_tokens || r.n_ids > r.n_tokens - r.offset)
+		return -EBADMSG;
+	if (f->hdr.length != sizeof(r) + 4ull * r.n_ids)
+		return -EBADMSG;
+	ret->r = r;
+	ret->ids = f->payload + sizeof(r);
+	ret->more = f->hdr.flags & IPC_F_MORE;
+	return 0;
+}
+
+int32_t ipc_reply_id(const struct ipc_tokenize_reply_msg *m, uint32_t i)
+{
+	int32_t id;
+
+	assert(i < m->r.n_ids);
+	memcpy(&id, m->ids + 4u * i, 4);
+	return id;
+}
+
+int ipc_decode_session_open(const struct ipc_frame *f, struct ipc_session_open *ret)
+{
+	struct ipc_session_open s;
+
+	assert(f->hdr.type == IPC_MSG_SESSION_OPEN && f->hdr.length == sizeof(s));
+	memcpy(&s, f->payload, sizeof(s));
+	if (s.flags)
+		return -EPROTO;
+	*ret = s;
+	return 0;
+}
+
+int ipc_decode_session(const struct ipc_frame *f, struct ipc_session *ret)
+{
+	struct ipc_session s;
+
+	assert((f->hdr.type == IPC_MSG_SESSION_OPENED || f->hdr.type == IPC_MSG_SESSION_CLOSE ||
+		f->hdr.type == IPC_MSG_SESSION_CLOSED) &&
+	       f->hdr.length == sizeof(s));
+	memcpy(&s, f->payload, sizeof(s));
+	if (s.session_id == 0)
+		return -EINVAL;
+	*ret = s;
+	return 0;
+}
+
+int ipc_decode_ping(const struct ipc_frame *f, struct ipc_ping *ret)
+{
+	assert((f->hdr.type == IPC_MSG_PING || f->hdr.type == IPC_MSG_PONG) && f->hdr.length == sizeof(*ret));
+	memcpy(ret, f->payload, sizeof(*ret));
+	return 0;
+}
+
+int ipc_decode_ps_reply(const struct ipc_frame *f, struct ipc_ps_reply_msg *ret)
+{
+	struct ipc_ps_reply r;
+
+	assert(f->hdr.type == IPC_MSG_PS_REPLY && f->hdr.length >= sizeof(r));
+	memcpy(&r, f->payload, sizeof(r));
+	if (r.n_entries > IPC_MAX_PS_PER_FRAME)
+		return -E2BIG;
+	if (r.n_entries > r.n_total)
+		return -EBADMSG;
+	if (f->hdr.length != sizeof(r) + (uint64_t)r.n_entries * sizeof(struct ipc_ps_entry))
+		return -EBADMSG;
+	for (uint32_t i = 0; i < r.n_entries; i++) {
+		struct ipc_ps_entry e;
+		memcpy(&e, f->payload + sizeof(r) + i * sizeof(e), sizeof(e));
+		if (e.reserved0)
+			return -EPROTO;
+		if (e.state < IPC_REQ_WAITING || e.state > IPC_REQ_UPLOADING || e.pages_shared > e.pages ||
+		    e.cached_tokens > e.prompt_tokens)
+			return -EINVAL;
+	}
+	ret->r = r;
+	ret->entries = f->payload + sizeof(r);
+	ret->more = f->hdr.flags & IPC_F_MORE;
+	return 0;
+}
+
+void ipc_ps_entry_at(const struct ipc_ps_reply_msg *m, uint32_t i, struct ipc_ps_entry *ret)
+{
+	assert(i < m->r.n_entries);
+	memcpy(ret, m->entries + (size_t)i * sizeof(*ret), sizeof(*ret));
+}

@@ -1,0 +1,675 @@
+/*
+ * kernels/cpu/cpu_backend.c — the Llama forward pass on the CPU, over a
+ * batch of sequences whose K/V live in pages.
+ *
+ * One forward() call takes any mix of prefill chunks and single-token
+ * decodes. All the batch's tokens are laid out as rows of one activation
+ * matrix, so every weight matrix is streamed from memory once per step
+ * whatever the batch size; attention then runs per (token, KV head), reading
+ * K/V straight from the pages named by that token's sequence's page table.
+ *
+ * Determinism: every output element is computed by the same code path with
+ * the same reduction order whatever the batch's shape, the thread count, the
+ * chunking of a prompt or the pages' physical placement: matrix products
+ * split work by output row, each (row, token) dot product runs over the
+ * whole row in block order, and attention walks positions 0..p in order
+ * with no dependence on page boundaries. So a sequence's logits are
+ * bit-identical alone or in any batch.
+ *
+ * Threading: a persistent pool (kernels/cpu/threadpool.h); the engine thread
+ * drives it, so the context is used from one thread at a time.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "ops.h"
+#include "threadpool.h"
+
+#define CPU_MAX_BATCH_TOKENS (1 << 16)
+
+struct cpu_ctx {
+	struct tp *pool;
+	struct cpu_kernels k;
+	const struct kvd_model_weights *w;
+	struct kvd_paged_view kv;
+	int kv_attached;
+
+	/* per-step scratch, grown as needed */
+	int cap_tokens;
+	float *x;       /* [T][n_embd] residual stream */
+	float *xn;      /* [T][max(n_embd, n_ff)] normalised input of a matmul */
+	struct q8_block *xq; /* [T][max(n_embd, n_ff) / 32] */
+	float *q;       /* [T][n_head * head_dim] */
+	float *kk;      /* [T][kv_dim] */
+	float *vv;      /* [T][kv_dim] */
+	float *att;     /* [T][n_head * head_dim] */
+	float *gate;    /* [T][n_ff] */
+	float *up;      /* [T][n_ff] */
+	int32_t *tok_seq; /* [T] sequence index of each row */
+	int32_t *tok_pos; /* [T] position of each row */
+	float *rope;      /* [T][head_dim]: cos, sin of each rotated pair */
+	int cap_ctx;      /* attention score scratch per thread */
+	float *scores;    /* [n_threads][n_rep][cap_ctx] */
+	float *logit_rows;/* [T][n_embd] normalised rows that want logits */
+	int32_t *logit_src;/* [T] row index feeding each logit row */
+	float *logits_tmp;/* [T][n_vocab] when callers want rows laid out differently */
+	int cap_logit_rows;
+};
+
+static int cpu_init(const struct kvd_backend_config *cfg, void **ret_ctx)
+{
+	struct cpu_ctx *c = calloc(1, sizeof(*c));
+	int n = cfg ? cfg->n_threads : 0;
+	int r;
+
+	if (!c)
+		return -ENOMEM;
+	if (n <= 0) {
+		long on = sysconf(_SC_NPROCESSORS_ONLN);
+		n = on > 0 ? (int)on : 1;
+	}
+	if (n > 256)
+		n = 256;
+	cpu_kernels_init(&c->k, getenv("KVD_CPU_GENERIC") != NULL);
+	r = tp_create(n, &c->pool);
+	if (r < 0) {
+		free(c);
+		return r;
+	}
+	*ret_ctx = c;
+	return 0;
+}
+
+static void free_scratch(struct cpu_ctx *c)
+{
+	free(c->x); free(c->xn); free(c->xq); free(c->q); free(c->kk); free(c->vv);
+	free(c->att); free(c->gate); free(c->up); free(c->tok_seq); free(c->tok_pos); free(c->rope);
+	free(c->logit_rows); free(c->logit_src); free(c->logits_tmp);
+	c->x = c->xn = c->q = c->kk = c->vv = c->att = c->gate = c->up = NULL;
+	c->logit_rows = c->logits_tmp = c->rope = NULL;
+	c->xq = NULL;
+	c->tok_seq = c->tok_pos = c->logit_src = NULL;
+	c->cap_tokens = 0;
+	c->cap_logit_rows = 0;
+}
+
+static void cpu_destroy(void *ctx)
+{
+	struct cpu_ctx *c = ctx;
+	if (!c)
+		return;
+	tp_destroy(c->pool);
+	free_scratch(c);
+	free(c->scores);
+	free(c);
+}
+
+static int check_tensor(const struct kvd_tensor *t, int64_t cols, int64_t rows)
+{
+	if (!t->data || t->cols != cols || t->rows != rows)
+		return -EINVAL;
+	if (kvd_wtype_row_bytes(t->type, t->cols) != t->row_bytes || t->row_bytes == 0)
+		return -EINVAL;
+	return 0;
+}
+
+static int cpu_load(void *ctx, const struct kvd_model_weights *w)
+{
+	struct cpu_ctx *c = ctx;
+	const struct kvd_hparams *hp = &w->hp;
+	int64_t qd = (int64_t)hp->n_head * hp->head_dim, kvd = (int64_t)hp->n_head_kv * hp->head_dim;
+	int r = 0;
+
+	if (hp->n_layer <= 0 || hp->n_embd <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 ||
+	    hp->n_head % hp->n_head_kv || hp->head_dim <= 0 || hp->head_dim % 2 || hp->n_ff <= 0 ||
+	    hp->n_vocab <= 0 || hp->n_head / hp->n_head_kv > 64)
+		return -EINVAL;
+	r |= check_tensor(&w->tok_embd, hp->n_embd, hp->n_vocab);
+	r |= check_tensor(&w->output, hp->n_embd, hp->n_vocab);
+	r |= check_tensor(&w->output_norm, hp->n_embd, 1);
+	for (int l = 0; l < hp->n_layer && !r; l++) {
+		const struct kvd_layer_weights *L = &w->layers[l];
+		r |= check_tensor(&L->attn_norm, hp->n_embd, 1);
+		r |= check_tensor(&L->ffn_norm, hp->n_embd, 1);
+		r |= check_tensor(&L->wq, hp->n_embd, qd);
+		r |= check_tensor(&L->wk, hp->n_embd, kvd);
+		r |= check_tensor(&L->wv, hp->n_embd, kvd);
+		r |= check_tensor(&L->wo, qd, hp->n_embd);
+		r |= check_tensor(&L->w_gate, hp->n_embd, hp->n_ff);
+		r |= check_tensor(&L->w_up, hp->n_embd, hp->n_ff);
+		r |= check_tensor(&L->w_down, hp->n_ff, hp->n_embd);
+		if (L->attn_norm.type != KVD_WTYPE_F32 || L->ffn_norm.type != KVD_WTYPE_F32)
+			r = -EINVAL;
+	}
+	if (w->output_norm.type != KVD_WTYPE_F32)
+		r = -EINVAL;
+	if (r)
+		return -EINVAL;
+	c->w = w;
+	return 0;
+}
+
+static int cpu_attach_kv(void *ctx, const struct kvd_paged_view *view)
+{
+	struct cpu_ctx *c = ctx;
+	const struct kvd_hparams *hp;
+
+	if (!c->w)
+		return -EINVAL;
+	hp = &c->w->hp;
+	if (!view->base || view->layout.n_layer != (uint32_t)hp->n_layer ||
+	    view->layout.kv_dim != (uint32_t)(hp->n_head_kv * hp->head_dim) || view->layout.block_size == 0)
+		return -EINVAL;
+	c->kv = *view;
+	c->kv_attached = 1;
+	return 0;
+}
+
+#define GROW(ptr, n)                                                  \
+	do {                                                          \
+		void *np_ = realloc((ptr), (size_t)(n) * sizeof(*(ptr))); \
+		if (!np_)                                             \
+			return -ENOMEM;                               \
+		(ptr) = np_;                                          \
+	} while (0)
+
+static int ensure_scratch(struct cpu_ctx *c, int T, int max_pos, int n_logit_rows)
+{
+	const struct kvd_hparams *hp = &c->w->hp;
+	int64_t qd = (int64_t)hp->n_head * hp->head_dim, kvd = (int64_t)hp->n_head_kv * hp->head_dim;
+	int64_t wide = hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd;
+	if (qd > wide)
+		wide = qd;
+
+	if (T > c->cap_tokens) {
+		int n = T < 16 ? 16 : T;
+		GROW(c->x, n * (int64_t)hp->n_embd);
+		GROW(c->xn, n * wide);
+		GROW(c->xq, n * (wide / QK));
+		GROW(c->q, n * qd);
+		GROW(c->kk, n * kvd);
+		GROW(c->vv, n * kvd);
+		GROW(c->att, n * qd);
+		GROW(c->gate, n * (int64_t)hp->n_ff);
+		GROW(c->up, n * (int64_t)hp->n_ff);
+		GROW(c->tok_seq, n);
+		GROW(c->tok_pos, n);
+		GROW(c->rope, n * (int64_t)hp->head_dim);
+		c->cap_tokens = n;
+	}
+	if (n_logit_rows > c->cap_logit_rows) {
+		GROW(c->logit_rows, n_logit_rows * (int64_t)hp->n_embd);
+		GROW(c->logit_src, n_logit_rows);
+		c->cap_logit_rows = n_logit_rows;
+	}
+	if (max_pos + 1 > c->cap_ctx) {
+		int n = max_pos + 1 < 256 ? 256 : max_pos + 1;
+		int n_rep = hp->n_head / hp->n_head_kv;
+		GROW(c->scores, (int64_t)n * n_rep * tp_size(c->pool));
+		c->cap_ctx = n;
+	}
+	return 0;
+}
+
+/* ---- parallel pieces ----------------------------------------------------- */
+
+/* Y[t][r] = dot(W row r, X row t) for rows split across threads. The
+ * activation rows are given as floats (ldx) and, for quantized weights, as
+ * q8 blocks (ldq blocks per row). Output row stride ldy. */
+struct mm_job {
+	const struct cpu_ctx *c;
+	const struct kvd_tensor *w;
+	int T;
+	const float *x;
+	int64_t ldx;
+	const struct q8_block *xq;
+	int64_t ldq;
+	float *y;
+	int64_t ldy;
+};
+
+#define MM_ROW_TILE 16
+
+static void mm_range(const struct mm_job *j, int64_t r0, int64_t r1)
+{
+	vec_dot_fn dot = j->c->k.dot[j->w->type];
+	vec_dotn_fn dotn = j->c->k.dotn[j->w->type];
+	const char *wbase = j->w->data;
+	size_t rb = j->w->row_bytes;
+	int64_t n = j->w->cols;
+
+	/* Tile rows so a tile of weights stays in cache across all tokens. */
+	for (int64_t rt = r0; rt < r1; rt += MM_ROW_TILE) {
+		int64_t re = rt + MM_ROW_TILE < r1 ? rt + MM_ROW_TILE : r1;
+		for (int t = 0; t < j->T; t++) {
+			const float *xr = j->x + t * j->ldx;
+			const struct q8_block *qr = j->xq ? j->xq + t * j->ldq : NULL;
+			float *yr = j->y + t * j->ldy;
+			if (dotn) {
+				for (int64_t r = rt; r < re; r += DOTN_MAX_ROWS) {
+					int nr = re - r < DOTN_MAX_ROWS ? (int)(re - r) : DOTN_MAX_ROWS;
+					dotn(wbase + r * rb, rb, nr, xr, qr, n, yr + r);
+				}
+			} else {
+				for (int64_t r = rt; r < re; r++)
+					yr[r] = dot(wbase + r * rb, xr, qr, n);
+			}
+		}
+	}
+}
+
+static void mm_worker(void *arg, int ith, int nth)
+{
+	const struct mm_job *j = arg;
+	int64_t rows = j->w->rows;
+	/* contiguous, 8-row aligned slices */
+	int64_t per = ((rows + nth - 1) / nth + 7) & ~(int64_t)7;
+	int64_t r0 = per * ith, r1 = r0 + per;
+	if (r1 > rows)
+		r1 = rows;
+	if (r0 < r1)
+		mm_range(j, r0, r1);
+}
+
+/* Several matrices sharing one input, as one parallel region. */
+struct mm_multi {
+	struct mm_job jobs[3];
+	int n;
+};
+
+static void mm_multi_worker(void *arg, int ith, int nth)
+{
+	const struct mm_multi *m = arg;
+	for (int i = 0; i < m->n; i++)
+		mm_worker((void *)&m->jobs[i], ith, nth);
+}
+
+/* Quantize rows of an activation matrix, split across threads. */
+struct q8_job {
+	const struct cpu_ctx *c;
+	const float *x;
+	int64_t ldx;
+	struct q8_block *xq;
+	int64_t ldq;
+	int T;
+	int64_t n;
+};
+
+static void q8_worker(void *arg, int ith, int nth)
+{
+	const struct q8_job *j = arg;
+	for (int t = ith; t < j->T; t += nth)
+		j->c->k.quantize_q8(j->x + t * j->ldx, j->xq + t * j->ldq, j->n);
+}
+
+static void quantize_rows(struct cpu_ctx *c, const float *x, int64_t ldx, struct q8_block *xq, int64_t ldq,
+			  int T, int64_t n)
+{
+	struct q8_job j = {c, x, ldx, xq, ldq, T, n};
+	if (T == 1)
+		c->k.quantize_q8(x, xq, n);
+	else
+		tp_run(c->pool, q8_worker, &j);
+}
+
+static void matmul(struct cpu_ctx *c, const struct kvd_tensor *w, int T, const float *x, int64_t ldx,
+		   const struct q8_block *xq, int64_t ldq, float *y, int64_t ldy)
+{
+	struct mm_job j = {c, w, T, x, ldx, wtype_is_quantized(w->type) ? xq : NULL, ldq, y, ldy};
+	tp_run(c->pool, mm_worker, &j);
+}
+
+static void rmsnorm_row(float *dst, const float *x, const float *g, int64_t n, float eps)
+{
+	double ss = 0;
+	for (int64_t i = 0; i < n; i++)
+		ss += (double)x[i] * x[i];
+	float scale = (float)(1.0 / sqrt(ss / (double)n + eps));
+	for (int64_t i = 0; i < n; i++)
+		dst[i] = x[i] * scale * g[i];
+}
+
+/* cos and sin of pair i's angle at position pos, computed in double once
+ * per token and step. */
+static void rope_table(float *cs, int hd, int pos, float theta_base)
+{
+	for (int i = 0; i < hd / 2; i++) {
+		double th = (double)pos * pow((double)theta_base, -2.0 * i / hd);
+		cs[2 * i] = (float)cos(th);
+		cs[2 * i + 1] = (float)sin(th);
+	}
+}
+
+/* Rotate the pairs of one head vector by a token's rope table. */
+static void rope_head(float *v, int hd, const float *tab, enum kvd_rope_style style)
+{
+	for (int i = 0; i < hd / 2; i++) {
+		float cs = tab[2 * i], sn = tab[2 * i + 1];
+		int a = style == KVD_ROPE_NEOX ? i : 2 * i;
+		int b = style == KVD_ROPE_NEOX ? i + hd / 2 : 2 * i + 1;
+		float x0 = v[a], x1 = v[b];
+		v[a] = x0 * cs - x1 * sn;
+		v[b] = x0 * sn + x1 * cs;
+	}
+}
+
+struct step {
+	struct cpu_ctx *c;
+	const struct kvd_batch *b;
+	int T;
+	int layer;
+};
+
+/* RoPE on Q and K, then K and V stored into their pages as f16. */
+static void rope_store_worker(void *arg, int ith, int nth)
+{
+	const struct step *s = arg;
+	struct cpu_ctx *c = s->c;
+	const struct kvd_hparams *hp = &c->w->hp;
+	const struct kvd_kv_layout *L = &c->kv.layout;
+	int hd = hp->head_dim, kvd = hp->n_head_kv * hd, qd = hp->n_head * hd;
+
+	for (int t = ith; t < s->T; t += nth) {
+		const struct kvd_batch_seq *sq = &s->b->seqs[c->tok_seq[t]];
+		int pos = c->tok_pos[t];
+		float *q = c->q + (int64_t)t * qd, *k = c->kk + (int64_t)t * kvd, *v = c->vv + (int64_t)t * kvd;
+		const float *tab = c->rope + (int64_t)t * hd;
+		for (int h = 0; h < hp->n_head; h++)
+			rope_head(q + h * hd, hd, tab, hp->rope_style);
+		for (int h = 0; h < hp->n_head_kv; h++)
+			rope_head(k + h * hd, hd, tab, hp->rope_style);
+		int32_t page = sq->pages[pos / (int)L->block_size];
+		char *base = (char *)c->kv.base + (size_t)page * L->page_bytes + (size_t)s->layer * L->layer_stride +
+			     (size_t)(pos % (int)L->block_size) * L->token_stride;
+		c->k.store_f16((uint16_t *)base, k, kvd);
+		c->k.store_f16((uint16_t *)(base + L->v_offset), v, kvd);
+	}
+}
+
+/* Attention for each (token, KV head): the KV head's K and V rows are read
+ * once for the whole group of query heads that share them. */
+static void attn_worker(void *arg, int ith, int nth)
+{
+	const struct step *s = arg;
+	struct cpu_ctx *c = s->c;
+	const struct kvd_hparams *hp = &c->w->hp;
+	const struct kvd_kv_layout *L = &c->kv.layout;
+	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv, qd = hp->n_head * hd;
+	int n_items = s->T * hp->n_head_kv;
+	float scale = 1.0f / sqrtf((float)hd);
+	float *sc = c->scores + (size_t)ith * n_rep * c->cap_ctx;
+	const char *layer_base = (const char *)c->kv.base + (size_t)s->layer * L->layer_stride;
+	int bs = (int)L->block_size;
+
+	for (int it = ith; it < n_items; it += nth) {
+		int t = it / hp->n_head_kv, g = it % hp->n_head_kv;
+		const struct kvd_batch_seq *sq = &s->b->seqs[c->tok_seq[t]];
+		int pos = c->tok_pos[t], n_ctx = pos + 1;
+		const float *q = c->q + (int64_t)t * qd + (int64_t)g * n_rep * hd;
+		float *out = c->att + (int64_t)t * qd + (int64_t)g * n_rep * hd;
+		float mx[64];
+
+		for (int r = 0; r < n_rep; r++)
+			mx[r] = -INFINITY;
+		for (int p = 0; p < n_ctx; p++) {
+			const uint16_t *k = (const uint16_t *)(layer_base + (size_t)sq->pages[p / bs] * L->page_bytes +
+							       (size_t)(p % bs) * L->token_stride) + g * hd;
+			for (int r = 0; r < n_rep; r++) {
+				float v = c->k.dot_f32_f16(q + r * hd, k, hd) * scale;
+				sc[(size_t)r * c->cap_ctx + p] = v;
+				if (v > mx[r])
+					mx[r] = v;
+			}
+		}
+		for (int r = 0; r < n_rep; r++) {
+			float *srow = sc + (size_t)r * c->cap_ctx, sum = 0;
+			for (int p = 0; p < n_ctx; p++) {
+				srow[p] = expf(srow[p] - mx[r]);
+				sum += srow[p];
+			}
+			float inv = 1.0f / sum;
+			for (int p = 0; p < n_ctx; p++)
+				srow[p] *= inv;
+			memset(out + r * hd, 0, sizeof(float) * (size_t)hd);
+		}
+		for (int p = 0; p < n_ctx; p++) {
+			const uint16_t *v = (const uint16_t *)(layer_base + (size_t)sq->pages[p / bs] * L->page_bytes +
+							       L->v_offset + (size_t)(p % bs) * L->token_stride) + g * hd;
+			for (int r = 0; r < n_rep; r++)
+				c->k.axpy_f16(out + r * hd, sc[(size_t)r * c->cap_ctx + p], v, hd);
+		}
+	}
+}
+
+/* xn = rmsnorm(x) * g for every row, then its q8 form. */
+struct norm_job {
+	struct cpu_ctx *c;
+	const float *g;
+	int T;
+	int quantize;
+};
+
+static void norm_worker(void *arg, int ith, int nth)
+{
+	const struct norm_job *j = arg;
+	struct cpu_ctx *c = j->c;
+	const struct kvd_hparams *hp = &c->w->hp;
+	int64_t n = hp->n_embd;
+	for (int t = ith; t < j->T; t += nth) {
+		rmsnorm_row(c->xn + t * n, c->x + t * n, j->g, n, hp->rms_eps);
+		if (j->quantize)
+			c->k.quantize_q8(c->xn + t * n, c->xq + t * (n / QK), n);
+	}
+}
+
+static void norm_rows(struct cpu_ctx *c, const struct kvd_tensor *g, int T, int quantize)
+{
+	struct norm_job j = {c, g->data, T, quantize};
+	if (T == 1)
+		norm_worker(&j, 0, 1);
+	else
+		tp_run(c->pool, norm_worker, &j);
+}
+
+/* h = silu(gate) * up, in place into gate; then its q8 form. */
+struct swiglu_job {
+	struct cpu_ctx *c;
+	int T;
+	int quantize;
+};
+
+static void swiglu_worker(void *arg, int ith, int nth)
+{
+	const struct swiglu_job *j = arg;
+	struct cpu_ctx *c = j->c;
+	int64_t n = c->w->hp.n_ff;
+	for (int t = ith; t < j->T; t += nth) {
+		float *g = c->gate + t * n;
+		const float *u = c->up + t * n;
+		for (int64_t i = 0; i < n; i++)
+			g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+		if (j->quantize)
+			c->k.quantize_q8(g, c->xq + t * (n / QK), n);
+	}
+}
+
+static int cpu_forward(void *ctx, const struct kvd_batch *b)
+{
+	struct cpu_ctx *c = ctx;
+	const struct kvd_model_weights *w = c->w;
+	const struct kvd_hparams *hp;
+	int T = 0, max_pos = 0, n_logit_rows = 0;
+	int r;
+
+	if (!w || !c->kv_attached)
+		return -EINVAL;
+	hp = &w->hp;
+	if (b->n_seqs <= 0)
+		return 0;
+	for (int i = 0; i < b->n_seqs; i++) {
+		const struct kvd_batch_seq *s = &b->seqs[i];
+		int64_t end = (int64_t)s->pos0 + s->n_tokens;
+		if (s->n_tokens <= 0 || s->pos0 < 0 || !s->tokens || !s->pages)
+			return -EINVAL;
+		if (end > (int64_t)s->n_pages * c->kv.layout.block_size || T + (int64_t)s->n_tokens > CPU_MAX_BATCH_TOKENS)
+			return -E2BIG;
+		for (int p = 0; p < (int)((end + c->kv.layout.block_size - 1) / c->kv.layout.block_size); p++)
+			if (s->pages[p] < 0 || (uint32_t)s->pages[p] >= c->kv.n_pages)
+				return -EINVAL;
+		for (int t = 0; t < s->n_tokens; t++)
+			if (s->tokens[t] < 0 || s->tokens[t] >= hp->n_vocab)
+				return -EINVAL;
+		T += s->n_tokens;
+		if (end - 1 > max_pos)
+			max_pos = (int)(end - 1);
+		if (s->logits)
+			n_logit_rows += s->all_logits ? s->n_tokens : 1;
+	}
+	r = ensure_scratch(c, T, max_pos, n_logit_rows);
+	if (r < 0)
+		return r;
+
+	/* embeddings and the row -> (sequence, position) map */
+	int t = 0;
+	for (int i = 0; i < b->n_seqs; i++) {
+		const struct kvd_batch_seq *s = &b->seqs[i];
+		for (int j = 0; j < s->n_tokens; j++, t++) {
+			c->tok_seq[t] = i;
+			c->tok_pos[t] = s->pos0 + j;
+			rope_table(c->rope + (int64_t)t * hp->head_dim, hp->head_dim, s->pos0 + j, hp->rope_theta);
+			dequantize_row(w->tok_embd.type, (const char *)w->tok_embd.data +
+				       (size_t)s->tokens[j] * w->tok_embd.row_bytes, c->x + (int64_t)t * hp->n_embd, hp->n_embd);
+		}
+	}
+
+	int64_t ne = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim, kvd = (int64_t)hp->n_head_kv * hp->head_dim;
+	int64_t nff = hp->n_ff;
+	for (int l = 0; l < hp->n_layer; l++) {
+		const struct kvd_layer_weights *L = &w->layers[l];
+		struct step st = {c, b, T, l};
+
+		norm_rows(c, &L->attn_norm, T, 1);
+		struct mm_multi qkv = {
+			.jobs = {
+				{c, &L->wq, T, c->xn, ne, wtype_is_quantized(L->wq.type) ? c->xq : NULL, ne / QK, c->q, qd},
+				{c, &L->wk, T, c->xn, ne, wtype_is_quantized(L->wk.type) ? c->xq : NULL, ne / QK, c->kk, kvd},
+				{c, &L->wv, T, c->xn, ne, wtype_is_quantized(L->wv.type) ? c->xq : NULL, ne / QK, c->vv, kvd},
+			},
+			.n = 3,
+		};
+		tp_run(c->pool, mm_multi_worker, &qkv);
+		tp_run(c->pool, rope_store_worker, &st);
+		tp_run(c->pool, attn_worker, &st);
+
+		/* output projection, added to the residual */
+		quantize_rows(c, c->att, qd, c->xq, qd / QK, T, qd);
+		matmul(c, &L->wo, T, c->att, qd, c->xq, qd / QK, c->xn, ne);
+		for (int64_t i = 0; i < (int64_t)T * ne; i++)
+			c->x[i] += c->xn[i];
+
+		norm_rows(c, &L->ffn_norm, T, 1);
+		struct mm_multi gu = {
+			.jobs = {
+				{c, &L->w_gate, T, c->xn, ne, wtype_is_quantized(L->w_gate.type) ? c->xq : NULL, ne / QK, c->gate, nff},
+				{c, &L->w_up, T, c->xn, ne, wtype_is_quantized(L->w_up.type) ? c->xq : NULL, ne / QK, c->up, nff},
+			},
+			.n = 2,
+		};
+		tp_run(c->pool, mm_multi_worker, &gu);
+		struct swiglu_job sj = {c, T, wtype_is_quantized(L->w_down.type)};
+		if (T == 1)
+			swiglu_worker(&sj, 0, 1);
+		else
+			tp_run(c->pool, swiglu_worker, &sj);
+		matmul(c, &L->w_down, T, c->gate, nff, c->xq, nff / QK, c->xn, ne);
+		for (int64_t i = 0; i < (int64_t)T * ne; i++)
+			c->x[i] += c->xn[i];
+	}
+
+	/* logits for the rows that want them */
+	if (!n_logit_rows)
+		return 0;
+	int lr = 0;
+	t = 0;
+	for (int i = 0; i < b->n_seqs; i++) {
+		const struct kvd_batch_seq *s = &b->seqs[i];
+		if (s->logits) {
+			int first = s->all_logits ? 0 : s->n_tokens - 1;
+			for (int j = first; j < s->n_tokens; j++)
+				c->logit_src[lr++] = t + j;
+		}
+		t += s->n_tokens;
+	}
+	for (int i = 0; i < n_logit_rows; i++)
+		rmsnorm_row(c->logit_rows + (int64_t)i * ne, c->x + (int64_t)c->logit_src[i] * ne,
+			    w->output_norm.data, ne, hp->rms_eps);
+	if (wtype_is_quantized(w->output.type))
+		quantize_rows(c, c->logit_rows, ne, c->xq, ne / QK, n_logit_rows, ne);
+	/* write each sequence's rows straight into its logits buffer */
+	lr = 0;
+	for (int i = 0; i < b->n_seqs; i++) {
+		const struct kvd_batch_seq *s = &b->seqs[i];
+		if (!s->logits)
+			continue;
+		int n = s->all_logits ? s->n_tokens : 1;
+		matmul(c, &w->output, n, c->logit_rows + (int64_t)lr * ne, ne, c->xq + (int64_t)lr * (ne / QK), ne / QK,
+		       s->logits, hp->n_vocab);
+		lr += n;
+	}
+	return 0;
+}
+
+static int cpu_page_copy(void *ctx, uint32_t dst, uint32_t src, uint32_t n_tokens)
+{
+	struct cpu_ctx *c = ctx;
+	const struct kvd_kv_layout *L = &c->kv.layout;
+	char *base = c->kv.base;
+
+	if (!c->kv_attached || dst >= c->kv.n_pages || src >= c->kv.n_pages || n_tokens > L->block_size)
+		return -EINVAL;
+	if (dst == src || n_tokens == 0)
+		return 0;
+	for (uint32_t l = 0; l < L->n_layer; l++) {
+		size_t off = (size_t)l * L->layer_stride;
+		size_t n = (size_t)n_tokens * L->token_stride;
+		memcpy(base + (size_t)dst * L->page_bytes + off, base + (size_t)src * L->page_bytes + off, n);
+		memcpy(base + (size_t)dst * L->page_bytes + off + L->v_offset,
+		       base + (size_t)src * L->page_bytes + off + L->v_offset, n);
+	}
+	return 0;
+}
+
+static int cpu_page_read(void *ctx, uint32_t page, void *host_dst)
+{
+	struct cpu_ctx *c = ctx;
+	if (!c->kv_attached || page >= c->kv.n_pages)
+		return -EINVAL;
+	memcpy(host_dst, (char *)c->kv.base + (size_t)page * c->kv.layout.page_bytes, c->kv.layout.page_bytes);
+	return 0;
+}
+
+static int cpu_page_write(void *ctx, uint32_t page, const void *host_src)
+{
+	struct cpu_ctx *c = ctx;
+	if (!c->kv_attached || page >= c->kv.n_pages)
+		return -EINVAL;
+	memcpy((char *)c->kv.base + (size_t)page * c->kv.layout.page_bytes, host_src, c->kv.layout.page_bytes);
+	return 0;
+}
+
+const struct kvd_backend_ops kvd_cpu_backend = {
+	.name = "cpu",
+	.version = KVD_BACKEND_ABI_VERSION,
+	.init = cpu_init,
+	.load = cpu_load,
+	.attach_kv = cpu_attach_kv,
+	.forward = cpu_forward,
+	.page_copy = cpu_page_copy,
+	.page_read = cpu_page_read,
+	.page_write = cpu_page_write,
+	.destroy = cpu_destroy,
+};

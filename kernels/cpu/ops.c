@@ -1,0 +1,525 @@
+/*
+ * kernels/cpu/ops.c — conversions, activation quantization and row dot
+ * products for the CPU backend, in portable C and in AVX2/FMA/F16C.
+ *
+ * Block formats (ggml's, as stored in GGUF), 32 elements per block:
+ *   q4_0: f16 d, 16 bytes of nibbles; x = (q - 8) * d
+ *   q4_1: f16 d, f16 m, 16 bytes of nibbles; x = q * d + m
+ *   q8_0: f16 d, 32 int8; x = q * d
+ * Nibble j of byte i: low nibble is element i, high nibble element i + 16.
+ */
+#include "ops.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+struct blk_q4_0 {
+	uint16_t d;
+	uint8_t qs[QK / 2];
+};
+struct blk_q4_1 {
+	uint16_t d, m;
+	uint8_t qs[QK / 2];
+};
+struct blk_q8_0 {
+	uint16_t d;
+	int8_t qs[QK];
+};
+_Static_assert(sizeof(struct blk_q4_0) == 18, "q4_0 block");
+_Static_assert(sizeof(struct blk_q4_1) == 20, "q4_1 block");
+_Static_assert(sizeof(struct blk_q8_0) == 34, "q8_0 block");
+
+/* ---- conversions ------------------------------------------------------- */
+
+float fp16_to_f32(uint16_t h)
+{
+	uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+	uint32_t exp = (h >> 10) & 0x1f;
+	uint32_t man = h & 0x3ff;
+	uint32_t bits;
+	float f;
+
+	if (exp == 0) {
+		if (man == 0) {
+			bits = sign;
+		} else { /* subnormal: normalise */
+			int e = -1;
+			do {
+				e++;
+				man <<= 1;
+			} while (!(man & 0x400));
+			man &= 0x3ff;
+			bits = sign | ((uint32_t)(127 - 15 - e) << 23) | (man << 13);
+		}
+	} else if (exp == 0x1f) {
+		bits = sign | 0x7f800000u | (man << 13);
+	} else {
+		bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+	}
+	memcpy(&f, &bits, 4);
+	return f;
+}
+
+uint16_t f32_to_fp16(float f)
+{
+	uint32_t x;
+	uint32_t sign, exp, man;
+
+	memcpy(&x, &f, 4);
+	sign = (x >> 16) & 0x8000;
+	exp = (x >> 23) & 0xff;
+	man = x & 0x7fffff;
+	if (exp == 0xff) /* inf or nan */
+		return (uint16_t)(sign | 0x7c00 | (man ? 0x200 | (man >> 13) : 0));
+	int32_t e = (int32_t)exp - 127 + 15;
+	if (e >= 0x1f)
+		return (uint16_t)(sign | 0x7c00);
+	if (e <= 0) { /* subnormal or zero in half */
+		if (e < -10)
+			return (uint16_t)sign;
+		man |= 0x800000;
+		uint32_t shift = (uint32_t)(14 - e);
+		uint32_t half = man >> shift;
+		uint32_t rem = man & ((1u << shift) - 1);
+		uint32_t mid = 1u << (shift - 1);
+		if (rem > mid || (rem == mid && (half & 1)))
+			half++;
+		return (uint16_t)(sign | half);
+	}
+	uint32_t half = sign | ((uint32_t)e << 10) | (man >> 13);
+	uint32_t rem = man & 0x1fff;
+	if (rem > 0x1000 || (rem == 0x1000 && (half & 1)))
+		half++; /* may carry into the exponent, which is correct */
+	return (uint16_t)half;
+}
+
+float bf16_to_f32(uint16_t h)
+{
+	uint32_t bits = (uint32_t)h << 16;
+	float f;
+	memcpy(&f, &bits, 4);
+	return f;
+}
+
+void dequantize_row(enum kvd_wtype t, const void *src, float *dst, int64_t n)
+{
+	int64_t i, b;
+
+	switch (t) {
+	case KVD_WTYPE_F32:
+		memcpy(dst, src, (size_t)n * 4);
+		break;
+	case KVD_WTYPE_F16: {
+		const uint16_t *s = src;
+		for (i = 0; i < n; i++)
+			dst[i] = fp16_to_f32(s[i]);
+		break;
+	}
+	case KVD_WTYPE_BF16: {
+		const uint16_t *s = src;
+		for (i = 0; i < n; i++)
+			dst[i] = bf16_to_f32(s[i]);
+		break;
+	}
+	case KVD_WTYPE_Q4_0: {
+		const struct blk_q4_0 *s = src;
+		for (b = 0; b < n / QK; b++) {
+			float d = fp16_to_f32(s[b].d);
+			for (i = 0; i < QK / 2; i++) {
+				dst[b * QK + i] = ((s[b].qs[i] & 0xf) - 8) * d;
+				dst[b * QK + i + QK / 2] = ((s[b].qs[i] >> 4) - 8) * d;
+			}
+		}
+		break;
+	}
+	case KVD_WTYPE_Q4_1: {
+		const struct blk_q4_1 *s = src;
+		for (b = 0; b < n / QK; b++) {
+			float d = fp16_to_f32(s[b].d), m = fp16_to_f32(s[b].m);
+			for (i = 0; i < QK / 2; i++) {
+				dst[b * QK + i] = (s[b].qs[i] & 0xf) * d + m;
+				dst[b * QK + i + QK / 2] = (s[b].qs[i] >> 4) * d + m;
+			}
+		}
+		break;
+	}
+	case KVD_WTYPE_Q8_0: {
+		const struct blk_q8_0 *s = src;
+		for (b = 0; b < n / QK; b++) {
+			float d = fp16_to_f32(s[b].d);
+			for (i = 0; i < QK; i++)
+				dst[b * QK + i] = s[b].qs[i] * d;
+		}
+		break;
+	}
+	}
+}
+
+/* ---- portable versions ------------------------------------------------- */
+
+static void quantize_q8_generic(const float *x, struct q8_block *y, int64_t n)
+{
+	for (int64_t b = 0; b < n / QK; b++) {
+		const float *xb = x + b * QK;
+		float amax = 0;
+		int sum = 0;
+		for (int i = 0; i < QK; i++)
+			amax = fmaxf(amax, fabsf(xb[i]));
+		float d = amax / 127.0f;
+		float id = d != 0.0f ? 1.0f / d : 0.0f;
+		for (int i = 0; i < QK; i++) {
+			int q = (int)nearbyintf(xb[i] * id);
+			y[b].q[i] = (int8_t)q;
+			sum += q;
+		}
+		y[b].d = d;
+		y[b].s = d * (float)sum;
+	}
+}
+
+static float dot_f32_generic(const void *w, const float *x, const struct q8_block *xq, int64_t n)
+{
+	const float *a = w;
+	float acc = 0;
+	(void)xq;
+	for (int64_t i = 0; i < n; i++)
+		acc += a[i] * x[i];
+	return acc;
+}
+
+static float dot_f16_generic(const void *w, const float *x, const struct q8_block *xq, int64_t n)
+{
+	const uint16_t *a = w;
+	float acc = 0;
+	(void)xq;
+	for (int64_t i = 0; i < n; i++)
+		acc += fp16_to_f32(a[i]) * x[i];
+	return acc;
+}
+
+static float dot_bf16_generic(const void *w, const float *x, const struct q8_block *xq, int64_t n)
+{
+	const uint16_t *a = w;
+	float acc = 0;
+	(void)xq;
+	for (int64_t i = 0; i < n; i++)
+		acc += bf16_to_f32(a[i]) * x[i];
+	return acc;
+}
+
+static float dot_q4_0_generic(const void *w, const float *x, const struct q8_block *xq, int64_t n)
+{
+	const struct blk_q4_0 *a = w;
+	float acc = 0;
+	(void)x;
+	for (int64_t b = 0; b < n / QK; b++) {
+		int s = 0;
+		for (int i = 0; i < QK / 2; i++) {
+			s += ((a[b].qs[i] & 0xf) - 8) * xq[b].q[i];
+			s += ((a[b].qs[i] >> 4) - 8) * xq[b].q[i + QK / 2];
+		}
+		acc += fp16_to_f32(a[b].d) * xq[b].d * (float)s;
+	}
+	return acc;
+}
+
+static float dot_q4_1_generic(const void *w, const float *x, const struct q8_block *xq, int64_t n)
+{
+	const struct blk_q4_1 *a = w;
+	float acc = 0, summs = 0;
+	(void)x;
+	for (int64_t b = 0; b < n / QK; b++) {
+		int s = 0;
+		for (int i = 0; i < QK / 2; i++) {
+			s += (a[b].qs[i] & 0xf) * xq[b].q[i];
+			s += (a[b].qs[i] >> 4) * xq[b].q[i + QK / 2];
+		}
+		acc += fp16_to_f32(a[b].d) * xq[b].d * (float)s;
+		summs += fp16_to_f32(a[b].m) * xq[b].s;
+	}
+	return acc + summs;
+}
+
+static float dot_q8_0_generic(const void *w, const float *x, const struct q8_block *xq, int64_t n)
+{
+	const struct blk_q8_0 *a = w;
+	float acc = 0;
+	(void)x;
+	for (int64_t b = 0; b < n / QK; b++) {
+		int s = 0;
+		for (int i = 0; i < QK; i++)
+			s += a[b].qs[i] * xq[b].q[i];
+		acc += fp16_to_f32(a[b].d) * xq[b].d * (float)s;
+	}
+	return acc;
+}
+
+static float dot_f32_f16_generic(const float *q, const uint16_t *k, int n)
+{
+	float acc = 0;
+	for (int i = 0; i < n; i++)
+		acc += q[i] * fp16_to_f32(k[i]);
+	return acc;
+}
+
+static void axpy_f16_generic(float *y, float a, const uint16_t *v, int n)
+{
+	for (int i = 0; i < n; i++)
+		y[i] += a * fp16_to_f32(v[i]);
+}
+
+static void store_f16_generic(uint16_t *dst, const float *src, int n)
+{
+	for (int i = 0; i < n; i++)
+		dst[i] = f32_to_fp16(src[i]);
+}
+
+/* ---- AVX2 / FMA / F16C ------------------------------------------------- */
+
+#if defined(__x86_64__)
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+/* VEX-encoded half -> float: calling the portable converter (SSE code)
+ * from AVX code would pay for AVX/SSE state transitions on every block. */
+AVX2 static inline float h2f(uint16_t h)
+{
+	return _cvtsh_ss(h);
+}
+
+AVX2 static inline float hsum_ps(__m256 v)
+{
+	__m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+	lo = _mm_add_ps(lo, hi);
+	lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+	lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+	return _mm_cvtss_f32(lo);
+}
+
+/* 16 bytes of nibbles -> 32 bytes: low nibbles in lanes 0..15, high in 16..31. */
+AVX2 static inline __m256i nibbles_32(const uint8_t *qs)
+{
+	__m128i t = _mm_loadu_si128((const __m128i *)qs);
+	__m256i b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+	return _mm256_and_si256(b, _mm256_set1_epi8(0x0f));
+}
+
+/* Sum of products of unsigned bytes a and signed bytes b, as 8 floats. */
+AVX2 static inline __m256 mul_sum_us8(__m256i a, __m256i b)
+{
+	__m256i p16 = _mm256_maddubs_epi16(a, b);
+	__m256i p32 = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+	return _mm256_cvtepi32_ps(p32);
+}
+
+/* Signed x signed, via |a| and sign-transferred b (no -128 in quants). */
+AVX2 static inline __m256 mul_sum_i8(__m256i a, __m256i b)
+{
+	return mul_sum_us8(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+}
+
+AVX2 static void quantize_q8_avx2(const float *x, struct q8_block *y, int64_t n)
+{
+	const __m256 signbit = _mm256_set1_ps(-0.0f);
+	for (int64_t b = 0; b < n / QK; b++) {
+		const float *xb = x + b * QK;
+		__m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
+		__m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
+		__m256 m = _mm256_andnot_ps(signbit, v0);
+		m = _mm256_max_ps(m, _mm256_andnot_ps(signbit, v1));
+		m = _mm256_max_ps(m, _mm256_andnot_ps(signbit, v2));
+		m = _mm256_max_ps(m, _mm256_andnot_ps(signbit, v3));
+		__m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+		m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+		m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+		float amax = _mm_cvtss_f32(m4);
+		float d = amax / 127.0f;
+		float id = d != 0.0f ? 1.0f / d : 0.0f;
+		__m256 mul = _mm256_set1_ps(id);
+		const int rnd = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+		__m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, mul), rnd));
+		__m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, mul), rnd));
+		__m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, mul), rnd));
+		__m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, mul), rnd));
+		__m256i sum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+		__m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+		s4 = _mm_hadd_epi32(s4, s4);
+		s4 = _mm_hadd_epi32(s4, s4);
+		/* pack to int8 in element order */
+		i0 = _mm256_packs_epi32(i0, i1);
+		i2 = _mm256_packs_epi32(i2, i3);
+		i0 = _mm256_packs_epi16(i0, i2);
+		i0 = _mm256_permutevar8x32_epi32(i0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+		_mm256_storeu_si256((__m256i *)y[b].q, i0);
+		y[b].d = d;
+		y[b].s = d * (float)_mm_cvtsi128_si32(s4);
+	}
+}
+
+AVX2 static float dot_q4_0_avx2(const void *w, const float *x, const struct q8_block *xq, int64_t n)
+{
+	const struct blk_q4_0 *a = w;
+	__m256 acc = _mm256_setzero_ps();
+	(void)x;
+	for (int64_t b = 0; b < n / QK; b++) {
+		__m256 d = _mm256_set1_ps(h2f(a[b].d) * xq[b].d);
+		__m256i qx = _mm256_sub_epi8(nibbles_32(a[b].qs), _mm256_set1_epi8(8));
+		__m256i qy = _mm256_loadu_si256((const __m256i *)xq[b].q);
+		acc = _mm256_fmadd_ps(d, mul_sum_i8(qx, qy), acc);
+	}
+	return hsum_ps(acc);
+}
+
+AVX2 static float dot_q4_1_avx2(const void *w, const float *x, const struct q8_block *xq, int64_t n)
+{
+	const struct blk_q4_1 *a = w;
+	__m256 acc = _mm256_setzero_ps();
+	float summs = 0;
+	(void)x;
+	for (int64_t b = 0; b < n / QK; b++) {
+		summs += h2f(a[b].m) * xq[b].s;
+		__m256 d = _mm256_set1_ps(h2f(a[b].d) * xq[b].d);
+		__m256i qx = nibbles_32(a[b].qs);
+		__m256i qy = _mm256_loadu_si256((const __m256i *)xq[b].q);
+		acc = _mm256_fmadd_ps(d, mul_sum_us8(qx, qy), acc);
+	}
+	return hsum_ps(acc) + summs;
+}
+
+AVX2 static float dot_q8_0_avx2(const void *w, const float *x, const struct q8_block *xq, int64_t n)
+{
+	const struct blk_q8_0 *a = w;
+	__m256 acc = _mm256_setzero_ps();
+	(void)x;
+	for (int64_t b = 0; b < n / QK; b++) {
+		__m256 d = _mm256_set1_ps(h2f(a[b].d) * xq[b].d);
+		__m256i qx = _mm256_loadu_si256((const __m256i *)a[b].qs);
+		__m256i qy = _mm256_loadu_si256((const __m256i *)xq[b].q);
+		acc = _mm256_fmadd_ps(d, mul_sum_i8(qx, qy), acc);
+	}
+	return hsum_ps(acc);
+}
+
+AVX2 static float dot_f32_avx2(const void *w, const float *x, const struct q8_block *xq, int64_t n)
+{
+	const float *a = w;
+	__m256 acc = _mm256_setzero_ps();
+	int64_t i = 0;
+	(void)xq;
+	for (; i + 8 <= n; i += 8)
+		acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(x + i), acc);
+	float s = hsum_ps(acc);
+	for (; i < n; i++)
+		s += a[i] * x[i];
+	return s;
+}
+
+AVX2 static float dot_f16_avx2(const void *w, const float *x, const struct q8_block *xq, int64_t n)
+{
+	const uint16_t *a = w;
+	__m256 acc = _mm256_setzero_ps();
+	int64_t i = 0;
+	(void)xq;
+	for (; i + 8 <= n; i += 8) {
+		__m256 wa = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i)));
+		acc = _mm256_fmadd_ps(wa, _mm256_loadu_ps(x + i), acc);
+	}
+	float s = hsum_ps(acc);
+	for (; i < n; i++)
+		s += h2f(a[i]) * x[i];
+	return s;
+}
+
+AVX2 static float dot_bf16_avx2(const void *w, const float *x, const struct q8_block *xq, int64_t n)
+{
+	const uint16_t *a = w;
+	__m256 acc = _mm256_setzero_ps();
+	int64_t i = 0;
+	(void)xq;
+	for (; i + 8 <= n; i += 8) {
+		__m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(a + i)));
+		__m256 wa = _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+		acc = _mm256_fmadd_ps(wa, _mm256_loadu_ps(x + i), acc);
+	}
+	float s = hsum_ps(acc);
+	for (; i < n; i++)
+		s += bf16_to_f32(a[i]) * x[i];
+	return s;
+}
+
+AVX2 static float dot_f32_f16_avx2(const float *q, const uint16_t *k, int n)
+{
+	__m256 acc = _mm256_setzero_ps();
+	int i = 0;
+	for (; i + 8 <= n; i += 8) {
+		__m256 kv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i)));
+		acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), kv, acc);
+	}
+	float s = hsum_ps(acc);
+	for (; i < n; i++)
+		s += q[i] * h2f(k[i]);
+	return s;
+}
+
+AVX2 static void axpy_f16_avx2(float *y, float a, const uint16_t *v, int n)
+{
+	__m256 av = _mm256_set1_ps(a);
+	int i = 0;
+	for (; i + 8 <= n; i += 8) {
+		__m256 vv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i)));
+		_mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, vv, _mm256_loadu_ps(y + i)));
+	}
+	for (; i < n; i++)
+		y[i] += a * h2f(v[i]);
+}
+
+AVX2 static void store_f16_avx2(uint16_t *dst, const float *src, int n)
+{
+	int i = 0;
+	for (; i + 8 <= n; i += 8)
+		_mm_storeu_si128((__m128i *)(dst + i),
+				 _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+	for (; i < n; i++)
+		dst[i] = f32_to_fp16(src[i]);
+}
+#endif /* __x86_64__ */
+
+void cpu_kernels_init(struct cpu_kernels *k, int force_generic)
+{
+	memset(k, 0, sizeof(*k));
+	k->isa = "generic";
+	k->dot[KVD_WTYPE_F32] = dot_f32_generic;
+	k->dot[KVD_WTYPE_F16] = dot_f16_generic;
+	k->dot[KVD_WTYPE_BF16] = dot_bf16_generic;
+	k->dot[KVD_WTYPE_Q4_0] = dot_q4_0_generic;
+	k->dot[KVD_WTYPE_Q4_1] = dot_q4_1_generic;
+	k->dot[KVD_WTYPE_Q8_0] = dot_q8_0_generic;
+	k->quantize_q8 = quantize_q8_generic;
+	k->dot_f32_f16 = dot_f32_f16_generic;
+	k->axpy_f16 = axpy_f16_generic;
+	k->store_f16 = store_f16_generic;
+#if defined(__x86_64__)
+	if (!force_generic && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+	    __builtin_cpu_supports("f16c")) {
+		k->isa = "avx2";
+		k->dot[KVD_WTYPE_F32] = dot_f32_avx2;
+		k->dot[KVD_WTYPE_F16] = dot_f16_avx2;
+		k->dot[KVD_WTYPE_BF16] = dot_bf16_avx2;
+		k->dot[KVD_WTYPE_Q4_0] = dot_q4_0_avx2;
+		k->dot[KVD_WTYPE_Q4_1] = dot_q4_1_avx2;
+		k->dot[KVD_WTYPE_Q8_0] = dot_q8_0_avx2;
+		k->quantize_q8 = quantize_q8_avx2;
+		k->dot_f32_f16 = dot_f32_f16_avx2;
+		k->axpy_f16 = axpy_f16_avx2;
+		k->store_f16 = store_f16_avx2;
+		/* The 512-bit multi-row kernels are not yet faster than the
+		 * 256-bit ones on the CPUs kvd is measured on: opt-in. */
+		if (getenv("KVD_CPU_AVX512"))
+			cpu_kernels_init_avx512(k);
+	}
+#endif
+}

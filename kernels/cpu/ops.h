@@ -1,0 +1,77 @@
+/*
+ * kernels/cpu/ops.h — the CPU backend's numeric building blocks: half and
+ * bfloat conversions, 8-bit activation quantization, and the row dot
+ * products that read weights in their stored (quantized) form.
+ *
+ * Quantized weights (q4_0, q4_1, q8_0) are multiplied with activations
+ * quantized per block of 32 to int8 (scale d = max|x| / 127, q = round to
+ * nearest even of x / d), as llama.cpp does; the integer part of each
+ * block's dot product is exact, and float accumulation happens in a fixed
+ * order, so a row's result depends only on the row and the activation, never
+ * on which other rows or tokens are computed alongside it.
+ *
+ * Each entry point has a portable C version and, where the CPU has them,
+ * AVX2/FMA/F16C versions; cpu_kernels_init() picks once per backend.
+ */
+#ifndef KVD_CPU_OPS_H
+#define KVD_CPU_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+
+#define QK 32 /* elements per quantization block */
+
+/* An activation block: scale, scale * sum of quants, 32 int8 quants. */
+struct q8_block {
+	float d;
+	float s;
+	int8_t q[QK];
+};
+
+float fp16_to_f32(uint16_t h);
+uint16_t f32_to_fp16(float f); /* round to nearest even */
+float bf16_to_f32(uint16_t h);
+
+/* Dot product of one weight row (n elements, stored type) with one
+ * activation row given both as floats and as q8 blocks (n / 32 of them). */
+typedef float (*vec_dot_fn)(const void *w, const float *x, const struct q8_block *xq, int64_t n);
+
+/* The same for nr (1 .. DOTN_MAX_ROWS) consecutive rows, row_bytes apart:
+ * out[r] = dot(row r, x). Each row's result is bit-identical whatever nr. */
+#define DOTN_MAX_ROWS 4
+typedef void (*vec_dotn_fn)(const void *w, size_t row_bytes, int nr, const float *x, const struct q8_block *xq,
+			    int64_t n, float *out);
+
+struct cpu_kernels {
+	const char *isa; /* "avx2" or "generic" */
+	vec_dot_fn dot[KVD_WTYPE_BF16 + 1]; /* by enum kvd_wtype */
+	vec_dotn_fn dotn[KVD_WTYPE_BF16 + 1]; /* NULL: use dot row by row */
+	void (*quantize_q8)(const float *x, struct q8_block *y, int64_t n);
+	/* sum_i q[i] * k[i] with k stored as f16 */
+	float (*dot_f32_f16)(const float *q, const uint16_t *k, int n);
+	/* y[i] += a * v[i] with v stored as f16 */
+	void (*axpy_f16)(float *y, float a, const uint16_t *v, int n);
+	/* dst[i] = f16(src[i]) */
+	void (*store_f16)(uint16_t *dst, const float *src, int n);
+};
+
+/* Fill the table for this CPU (force_generic: portable versions only;
+ * KVD_CPU_AVX512 in the environment: also the AVX-512 VNNI multi-row
+ * kernels where the CPU has them). */
+void cpu_kernels_init(struct cpu_kernels *k, int force_generic);
+/* Install the AVX-512 VNNI multi-row kernels when the CPU has them;
+ * returns 1 if it did. */
+int cpu_kernels_init_avx512(struct cpu_kernels *k);
+
+/* Whether a weight type needs quantized activations. */
+static inline int wtype_is_quantized(enum kvd_wtype t)
+{
+	return t == KVD_WTYPE_Q4_0 || t == KVD_WTYPE_Q4_1 || t == KVD_WTYPE_Q8_0;
+}
+
+/* Decode n elements of a stored row to floats (embedding lookups). */
+void dequantize_row(enum kvd_wtype t, const void *src, float *dst, int64_t n);
+
+#endif

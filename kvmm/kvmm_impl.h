@@ -1,0 +1,346 @@
+/*
+ * kvmm/kvmm_impl.h — kvmm's private structures, shared by the files of the
+ * kvmm folder only.
+ *
+ * Who keeps what:
+ *  - pool.c: creation, the memfd pool, the metadata memfd with its counters
+ *    and sequence lock, the free list, the ledger and the invariant checker;
+ *  - seq.c: sequences, page tables, plan/commit with copy-on-write;
+ *  - prefix.c: the prefix index (a tree of nodes in a hash table), the LRU
+ *    lists of the two cache tiers, eviction, publish and attach;
+ *  - swap.c: swap slots, sequence swap-out/in, demotion and promotion;
+ *  - swap_io.c: the swap stores (io_uring file, memory, fault layer).
+ *
+ * Ids are int32: pages, nodes and slots are indices into arrays, -1 is none.
+ * A page's refcount lives in its state word in the metadata memfd (so other
+ * processes can see it); everything else about it lives here.
+ *
+ * Index invariant: a resident sequence that maps an indexed page at logical
+ * position i > 0 also maps that node's parent at i - 1. So an unreferenced
+ * node almost always has only unreferenced descendants. The exception is a
+ * swapped-out sequence, which keeps its shared pages but released its private
+ * ones: dropping a subtree therefore frees unreferenced pages and merely
+ * un-indexes referenced ones, which never changes what a sequence maps.
+ */
+#ifndef KVD_KVMM_IMPL_H
+#define KVD_KVMM_IMPL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvmm.h"
+
+/* ---- metadata memfd ------------------------------------------------------- */
+
+#define KVMM_SHM_MAGIC   0x4b564d4du /* "KVMM" */
+#define KVMM_SHM_VERSION 1u
+
+/* Counter words of the metadata memfd. The first group is struct
+ * kvmm_stats (current values and counters), the second struct kvmm_ledger. */
+enum kvmm_word {
+	W_PAGES_FREE,
+	W_PAGES_USED,
+	W_PAGES_SHARED,
+	W_PAGES_CACHED,
+	W_PAGES_DEMOTED,
+	W_SLOTS_USED,
+	W_SEQS_LIVE,
+	W_SEQS_SWAPPED,
+	W_TOKENS_RESIDENT,
+	W_FILL_USED, /* token slots written in referenced pages */
+	W_PREFIX_LOOKUPS,
+	W_PREFIX_QUERY_TOKENS,
+	W_PREFIX_HIT_TOKENS,
+	W_SEQS_CREATED,
+	W_SEQS_FINISHED,
+	W_PROMPT_TOKENS,
+	W_GENERATED_TOKENS,
+	W_RETAINED_TOKENS,
+	W_PAGES_ALLOCATED,
+	W_COW_COPIES,
+	W_EVICT_RECLAIM,
+	W_EVICT_EXPLICIT,
+	W_EVICT_ORPHAN,
+	W_DEMOTED,
+	W_PROMOTED,
+	W_DEMOTED_DROPPED,
+	W_DEDUP,
+	W_SWAP_OUT_SEQS,
+	W_SWAP_IN_SEQS,
+	W_SWAP_OUT_PAGES,
+	W_SWAP_IN_PAGES,
+	W_SWAP_REMAPPED,
+	W_SWAP_WRITE_BYTES,
+	W_SWAP_READ_BYTES,
+	W_SWAP_WRITE_NS,
+	W_SWAP_READ_NS,
+	W_SWAP_ERRORS,
+	W_STEPS,
+	W_KV_READ_TOTAL,
+	W_KV_READ_LAST,
+	W_MEM_WAIT_NS,
+	W_COMPUTE_NS,
+	W__COUNT
+};
+
+#define KVMM_SHM_WORDS 64 /* room for W__COUNT to grow without a version bump */
+_Static_assert(W__COUNT <= KVMM_SHM_WORDS, "metadata words overflow");
+
+/*
+ * The head of the metadata memfd. Constant fields are written before the
+ * memfd is sealed and never change; `seq` is the sequence lock (odd while the
+ * owner updates) and `words` the counters; per-page state words follow at
+ * page_words_offset.
+ */
+struct kvmm_shm {
+	uint32_t magic;
+	uint32_t version;
+	uint32_t hdr_bytes;
+	uint32_t n_words;
+	uint32_t n_pages;
+	uint32_t block_size;
+	uint64_t page_bytes;
+	uint64_t page_words_offset;
+	uint64_t total_bytes;
+	uint32_t swap_slots;
+	uint32_t pad;
+	_Atomic uint64_t seq;
+	_Atomic uint64_t words[KVMM_SHM_WORDS];
+};
+
+/* ---- pages, nodes, sequences ----------------------------------------------- */
+
+struct kvmm_page {
+	int32_t next;  /* free list link */
+	int32_t node;  /* prefix index node, or -1 */
+	uint32_t fill; /* token slots holding K/V */
+	uint32_t pending; /* plan scratch: writers in this step; 0 between calls */
+};
+
+#define NODE_LIVE 0x1u
+#define NODE_BUSY 0x2u /* being demoted: on no list, not evictable */
+
+struct kvmm_node {
+	uint64_t key;
+	int32_t parent, first_child, next_sib, prev_sib;
+	int32_t hnext;
+	int32_t page;  /* resident page, or -1 */
+	int32_t slot;  /* demoted to this swap slot, or -1 */
+	int32_t lru_prev, lru_next;
+	uint32_t gen;  /* bumped each time the node is freed */
+	uint32_t flags;
+};
+
+/* An LRU list threaded through nodes: head is the most recently used. */
+struct kvmm_lru {
+	int32_t head, tail;
+	uint32_t n;
+};
+
+/* Where a swapped-out sequence's logical page went. */
+struct kvmm_swp {
+	int32_t slot; /* swap slot, or -1: the page stayed resident (shared) */
+	int32_t node; /* its index node when it was swapped, or -1 */
+	uint32_t gen; /* that node's generation then */
+};
+
+struct kvmm_seq {
+	bool live, swapped, unkeyed;
+	uint32_t len;
+	uint32_t n_pages, cap;
+	int32_t *pages;
+	struct kvmm_swp *swp; /* n_pages entries while swapped out */
+	uint32_t n_published; /* logical pages already offered to the index */
+	uint32_t prompt_tokens; /* UINT32_MAX: not told */
+	uint32_t mark;          /* plan epoch */
+	/* ledger */
+	uint32_t shared_prefix_tokens;
+	uint32_t pages_peak, pages_allocated, cow_copies;
+	uint32_t swap_outs, swap_ins, swap_out_pages, swap_in_pages, swap_in_remapped, swap_errors;
+	uint64_t swap_bytes, swap_ns, steps, kv_read_bytes, mem_wait_ns, compute_ns;
+	uint64_t created_ns;
+};
+
+struct kvmm {
+	uint32_t bs;
+	uint32_t n_pages;
+	size_t page_bytes;
+	struct kvmm_page_ops page_ops;
+	bool device_pool;
+	bool prefix;
+
+	int pool_fd;
+	void *pool;
+	size_t pool_map_bytes;
+	bool hugetlb;
+
+	int meta_fd;
+	struct kvmm_shm *shm;
+	size_t shm_bytes;
+	_Atomic uint32_t *pw; /* page state words */
+	uint64_t shm_seq;
+	int shm_depth;
+
+	struct kvmm_page *pg;
+	int32_t *page_tokens; /* n_pages * bs */
+	int32_t free_head;
+	uint64_t rng; /* shuffle state, 0: no shuffle */
+
+	struct kvmm_seq *seqs;
+	uint32_t max_seqs;
+	uint32_t *free_ids;
+	uint32_t n_free_ids;
+	uint32_t *plan_epoch; /* mutable from const calls (kvmm_plan) */
+
+	/* prefix index */
+	struct kvmm_node *nodes;
+	uint32_t n_nodes;
+	int32_t node_free;
+	int32_t *buckets;
+	uint32_t bucket_mask;
+	uint64_t key_mask;
+	struct kvmm_lru res_lru; /* resident, unreferenced */
+	struct kvmm_lru swp_lru; /* demoted */
+
+	/* swap */
+	struct kvmm_swap_io *io;
+	uint32_t n_slots;
+	size_t slot_bytes;
+	int32_t *slot_free;
+	uint32_t n_slot_free;
+	int32_t *slot_tokens; /* n_slots * bs */
+	bool io_from_pool;    /* transfers straight from/to pool pages */
+	int32_t pool_buf_index; /* first registered pool chunk, or -1 */
+	size_t pool_chunk_bytes;
+	void *bounce;
+	uint32_t n_bounce;
+	int32_t bounce_buf_index; /* or -1 */
+	struct kvmm_io_req *reqs; /* KVMM_SWAP_QUEUE_DEPTH * 4 scratch */
+	uint32_t reqs_cap;
+};
+
+/* ---- pool.c ------------------------------------------------------------------ */
+
+uint64_t kvmm_now_ns(void);
+
+static inline uint64_t ctr_get(const struct kvmm *m, enum kvmm_word w)
+{
+	return atomic_load_explicit(&m->shm->words[w], memory_order_relaxed);
+}
+/* Single writer: a relaxed load and store, no read-modify-write needed; the
+ * sequence lock around the public call orders them for readers. */
+static inline void ctr_set(struct kvmm *m, enum kvmm_word w, uint64_t v)
+{
+	atomic_store_explicit(&m->shm->words[w], v, memory_order_relaxed);
+}
+static inline void ctr_add(struct kvmm *m, enum kvmm_word w, uint64_t d)
+{
+	ctr_set(m, w, ctr_get(m, w) + d);
+}
+static inline void ctr_sub(struct kvmm *m, enum kvmm_word w, uint64_t d)
+{
+	ctr_set(m, w, ctr_get(m, w) - d);
+}
+
+static inline uint32_t page_word(const struct kvmm *m, int32_t p)
+{
+	return atomic_load_explicit(&m->pw[p], memory_order_relaxed);
+}
+static inline void page_word_set(struct kvmm *m, int32_t p, uint32_t w)
+{
+	atomic_store_explicit(&m->pw[p], w, memory_order_relaxed);
+}
+static inline uint32_t page_ref(const struct kvmm *m, int32_t p)
+{
+	return page_word(m, p) & KVMM_PAGE_REF_MASK;
+}
+
+/* Sequence lock around every public call that changes state (nests). */
+void kvmm_shm_begin(struct kvmm *m);
+void kvmm_shm_end(struct kvmm *m);
+
+static inline uint64_t tok_bytes(const struct kvmm *m, uint64_t n_tokens)
+{
+	return n_tokens * m->page_bytes / m->bs;
+}
+
+static inline struct kvmm_seq *seq_get(const struct kvmm *m, uint32_t id)
+{
+	if (id >= m->max_seqs || !m->seqs[id].live)
+		return NULL;
+	return &m->seqs[id];
+}
+
+static inline void *page_ptr(const struct kvmm *m, int32_t p)
+{
+	return (char *)m->pool + (size_t)p * m->page_bytes;
+}
+
+/* Pages obtainable now: free plus cached (resident, unreferenced). */
+static inline uint32_t avail_pages(const struct kvmm *m)
+{
+	return (uint32_t)(ctr_get(m, W_PAGES_FREE) + m->res_lru.n);
+}
+
+/* Take a page (free list first, else reclaim the best cached victim). The
+ * page has refcount 0 and is on no list; -1 when none is left. */
+int32_t page_alloc(struct kvmm *m);
+/* Return an unreferenced, unindexed page to the free list. */
+void page_free(struct kvmm *m, int32_t p);
+/* Add a reference; takes a cached page off its LRU list. */
+void page_get(struct kvmm *m, int32_t p);
+/* Drop a reference; at zero an indexed page becomes cached (LRU head), any
+ * other page goes back to the free list. */
+void page_put(struct kvmm *m, int32_t p);
+/* Set how many token slots of a page hold K/V. */
+void page_set_fill(struct kvmm *m, int32_t p, uint32_t fill);
+void page_set_indexed(struct kvmm *m, int32_t p, int32_t node);
+
+/* ---- prefix.c ----------------------------------------------------------------- */
+
+int kvmm_index_init(struct kvmm *m);
+void kvmm_index_free(struct kvmm *m);
+uint64_t node_key(const struct kvmm *m, int32_t parent, const int32_t *tokens);
+/* The node for (parent, tokens) or -1; tokens compared. */
+int32_t index_lookup(const struct kvmm *m, int32_t parent, const int32_t *tokens);
+/* New node for page (or slot when page is -1) under parent; tokens are the
+ * page's (or slot's). Returns the node (never fails: capacity is pages +
+ * slots). */
+int32_t index_insert(struct kvmm *m, int32_t parent, int32_t page, int32_t slot);
+const int32_t *node_tokens(const struct kvmm *m, int32_t n);
+/* Drop node n and its whole subtree: unreferenced resident pages go to the
+ * free list, demoted entries free their slots, referenced pages are only
+ * un-indexed. cause is the ledger word for n itself when resident;
+ * descendants count as orphans, demoted entries as demoted_dropped. Returns
+ * the number of pages freed. */
+uint32_t index_drop_subtree(struct kvmm *m, int32_t n, enum kvmm_word cause);
+/* Reclaim one cached page to the free list (best victim). false if none. */
+bool index_reclaim_one(struct kvmm *m, enum kvmm_word cause);
+void lru_push(struct kvmm *m, struct kvmm_lru *l, int32_t n);
+void lru_push_cold(struct kvmm *m, struct kvmm_lru *l, int32_t n);
+void lru_remove(struct kvmm *m, struct kvmm_lru *l, int32_t n);
+/* The best victim on a list: the coldest, descending to a child in the same
+ * tier while it has one (tails before heads). */
+int32_t lru_victim(const struct kvmm *m, const struct kvmm_lru *l);
+/* Offer a resident page of a sequence at logical position i to the index:
+ * returns the page the sequence should map there (itself, or an identical
+ * indexed page it was deduplicated against; the caller swaps references). */
+int32_t index_publish_page(struct kvmm *m, struct kvmm_seq *s, uint32_t i, int32_t p);
+
+/* ---- swap.c --------------------------------------------------------------------- */
+
+int kvmm_swap_init(struct kvmm *m, struct kvmm_swap_io *io);
+void kvmm_swap_free(struct kvmm *m);
+int32_t slot_alloc(struct kvmm *m);
+void slot_free(struct kvmm *m, int32_t slot);
+/* Read a demoted node back into memory. 0, -ENOMEM (no page) or I/O error
+ * (the node is then dropped). */
+int swap_promote_nodes(struct kvmm *m, const int32_t *nodes, uint32_t n, uint32_t *ret_ok);
+
+/* ---- seq.c ------------------------------------------------------------------------ */
+
+int seq_reserve(struct kvmm_seq *s, uint32_t n_pages);
+
+#endif /* KVD_KVMM_IMPL_H */

@@ -1,0 +1,308 @@
+#!/usr/bin/env python3
+"""Write tiny random-weight Llama GGUF models for fast engine tests.
+
+    scripts/gen_tiny_models.py OUTDIR [--list]
+
+Each model is a complete Llama-architecture GGUF (all llama.* hyper-parameters,
+a byte-level BPE tokenizer with ChatML special tokens and pre=smollm, a chat
+template) small enough that a forward pass takes milliseconds, so most of the
+reference suite can run on them. The set covers the engine's shape and type
+cases:
+
+  mha      n_head_kv == n_head
+  gqa      8 heads sharing 2 KV heads; Q4_1 matrices with a Q8_0 token
+           embedding, the same mix as SmolLM2-135M-Instruct.Q4_1
+  mqa      one KV head
+  untied   a separate output.weight (tied models reuse token_embd)
+  odd      n_embd 96 (3 heads of 32), n_ff 224, vocab 301, other rope base/eps
+  type-*   one model per weight type for the big matrices:
+           f32, f16, bf16, q8_0, q4_0, q4_1 (norm weights are always F32)
+
+Every matmul's inner dimension is a multiple of 32, the quantization block.
+Quantization to Q8_0 / Q4_0 / Q4_1 / BF16 is done here in NumPy from the
+ggml block formats. Q and K weights are written in GGUF's llama layout: the
+engine applies "normal" RoPE pairing (2i, 2i+1) to the stored rows; for random
+weights no converter permutation is involved.
+
+Output is deterministic (fixed seeds): re-running gives byte-identical files.
+A file is rewritten only if its content would change, so a cached directory
+is cheap to refresh.
+"""
+
+import argparse
+import hashlib
+import os
+import sys
+import tempfile
+
+import numpy as np
+import gguf
+
+GT = gguf.GGMLQuantizationType
+QK = 32
+EMB_STD = 0.1
+BLOCK_GAIN = 2.0
+OUT_GAIN = 6.0
+
+# name -> hyper-parameters and types. "wtype" is the type of the big matrices,
+# "etype" of token_embd, "otype" of output.weight (untied models only).
+VARIANTS = {
+    "mha":      dict(n_layer=2, n_embd=128, n_head=4, n_head_kv=4, n_ff=256, n_vocab=300,
+                     wtype="f16", etype="f16"),
+    "gqa":      dict(n_layer=3, n_embd=256, n_head=8, n_head_kv=2, n_ff=512, n_vocab=300,
+                     wtype="q4_1", etype="q8_0"),
+    "mqa":      dict(n_layer=2, n_embd=128, n_head=4, n_head_kv=1, n_ff=384, n_vocab=300,
+                     wtype="q4_0", etype="q4_0"),
+    "untied":   dict(n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, n_vocab=300,
+                     wtype="q8_0", etype="f32", otype="q8_0"),
+    "odd":      dict(n_layer=3, n_embd=96, n_head=3, n_head_kv=1, n_ff=224, n_vocab=301,
+                     wtype="q4_1", etype="q4_1", rope_base=500000.0, eps=1e-6),
+}
+for _t in ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1"):
+    VARIANTS["type-" + _t] = dict(n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=320,
+                                  n_vocab=300, wtype=_t, etype=_t)
+
+FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "bf16": 32}
+
+# --------------------------------------------------------------------------
+# quantizers (ggml block layouts; little-endian)
+
+
+def _f16_bytes(a):
+    return a.astype("<f2").view(np.uint8).reshape(a.shape[0], 2)
+
+
+def quant_q8_0(w):
+    """Q8_0 block: f16 d, 32 x int8 q; value = q * d."""
+    b = w.reshape(-1, QK).astype(np.float32)
+    amax = np.abs(b).max(axis=1)
+    d = amax / 127.0
+    d16 = d.astype(np.float16)
+    inv = np.where(d16 != 0, 1.0 / np.where(d16 != 0, d16.astype(np.float32), 1), 0)
+    q = np.clip(np.rint(b * inv[:, None]), -127, 127).astype(np.int8)
+    return np.concatenate([_f16_bytes(d16), q.view(np.uint8)], axis=1)
+
+
+def _pack_nibbles(q):
+    """q: (nb, 32) values 0..15 -> (nb, 16) bytes; element j in the low nibble
+    of byte j, element 16+j in the high nibble."""
+    q = q.astype(np.uint8)
+    return (q[:, :16] | (q[:, 16:] << 4)).astype(np.uint8)
+
+
+def quant_q4_0(w):
+    """Q4_0 block: f16 d, 16 bytes of nibbles; value = (q - 8) * d.
+    d = (signed value of largest magnitude) / -8, so that value maps to q = 0."""
+    b = w.reshape(-1, QK).astype(np.float32)
+    idx = np.argmax(np.abs(b), axis=1)
+    mx = b[np.arange(b.shape[0]), idx]
+    d16 = (mx / -8.0).astype(np.float16)
+    d = d16.astype(np.float32)
+    inv = np.where(d != 0, 1.0 / np.where(d != 0, d, 1), 0)
+    q = np.clip(np.floor(b * inv[:, None] + 8.5), 0, 15)
+    return np.concatenate([_f16_bytes(d16), _pack_nibbles(q)], axis=1)
+
+
+def quant_q4_1(w):
+    """Q4_1 block: f16 d, f16 m, 16 bytes of nibbles; value = q * d + m."""
+    b = w.reshape(-1, QK).astype(np.float32)
+    mn = b.min(axis=1)
+    mx = b.max(axis=1)
+    d16 = ((mx - mn) / 15.0).astype(np.float16)
+    m16 = mn.astype(np.float16)
+    d = d16.astype(np.float32)
+    inv = np.where(d != 0, 1.0 / np.where(d != 0, d, 1), 0)
+    q = np.clip(np.rint((b - m16.astype(np.float32)[:, None]) * inv[:, None]), 0, 15)
+    return np.concatenate([_f16_bytes(d16), _f16_bytes(m16), _pack_nibbles(q)], axis=1)
+
+
+def to_bf16_bytes(w):
+    """float32 -> bfloat16 with round-to-nearest-even, as raw bytes."""
+    u = w.astype(np.float32).view(np.uint32).astype(np.uint64)
+    r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return r.astype("<u2").view(np.uint8)
+
+
+def encode(w, wtype):
+    """2-D float32 (rows, cols) -> (array, raw_dtype) for GGUFWriter.add_tensor."""
+    rows, cols = w.shape
+    if wtype == "f32":
+        return w.astype(np.float32), None
+    if wtype == "f16":
+        return w.astype(np.float16), None
+    if wtype == "bf16":
+        return to_bf16_bytes(w).reshape(rows, cols * 2), GT.BF16
+    assert cols % QK == 0, "quantized rows must be a multiple of 32 long"
+    q = {"q8_0": quant_q8_0, "q4_0": quant_q4_0, "q4_1": quant_q4_1}[wtype](w)
+    raw = {"q8_0": GT.Q8_0, "q4_0": GT.Q4_0, "q4_1": GT.Q4_1}[wtype]
+    return q.reshape(rows, -1), raw
+
+
+# --------------------------------------------------------------------------
+# tokenizer: GPT-2 byte-level BPE, 256 byte tokens + merges + ChatML specials
+
+
+def bytes_to_unicode():
+    """GPT-2's reversible byte -> printable unicode character map."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+MERGES = [
+    "Ġ t", "Ġ a", "h e", "i n", "r e", "o n", "Ġt he", "e r", "Ġ s", "a t", "e n", "o r",
+    "Ġ w", "Ġ o", "i s", "Ġ c", "n d", "e s", "a n", "Ġ b", "Ġ f", "Ġ p", "o u", "i t",
+    "Ġ m", "a l", "Ġ d", "e d", "Ġa nd", "in g", "Ġ h", "Ġo f", "Ġ i", "l e", "Ġt o",
+    "Ġ l", "a r", "i c", "Ġ n", "Ġ y", "Ġy ou", "Ġ is", "o m", "Ġ (", "Ġ =", "Ċ Ġ",
+]
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+                 "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
+                 "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def build_vocab(n_vocab):
+    b2u = bytes_to_unicode()
+    tokens = list(SPECIALS) + [b2u[b] for b in range(256)]
+    types = [3] * len(SPECIALS) + [1] * 256     # 3 = control, 1 = normal
+    have = set(tokens)
+    merges = []
+    for m in MERGES:
+        if len(tokens) >= n_vocab:
+            break
+        a, b = m.split(" ")
+        assert a in have and b in have, m
+        merges.append(m)
+        tokens.append(a + b)
+        have.add(a + b)
+        types.append(1)
+    if len(tokens) != n_vocab:
+        raise ValueError("n_vocab %d needs more merges than the list holds" % n_vocab)
+    return tokens, types, merges
+
+
+# --------------------------------------------------------------------------
+
+
+def build(name, cfg, path):
+    seed = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
+    rng = np.random.default_rng(seed)
+    L, E, H, HKV, F, V = (cfg[k] for k in ("n_layer", "n_embd", "n_head", "n_head_kv", "n_ff", "n_vocab"))
+    D = E // H
+    wtype, etype = cfg["wtype"], cfg["etype"]
+    otype = cfg.get("otype")
+
+    def mat(n_out, n_in, scale=1.0):
+        return (rng.standard_normal((n_out, n_in)) * (scale / np.sqrt(n_in))).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_name("kvd-tiny-" + name)
+    w.add_block_count(L)
+    w.add_context_length(512)
+    w.add_embedding_length(E)
+    w.add_feed_forward_length(F)
+    w.add_head_count(H)
+    w.add_head_count_kv(HKV)
+    w.add_rope_freq_base(cfg.get("rope_base", 10000.0))
+    w.add_layer_norm_rms_eps(cfg.get("eps", 1e-5))
+    w.add_rope_dimension_count(D)
+    w.add_vocab_size(V)
+    w.add_file_type(FILE_TYPE[wtype])
+    tokens, types, merges = build_vocab(V)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_pad_token_id(2)
+    w.add_add_bos_token(False)
+    w.add_add_space_prefix(False)
+    w.add_chat_template(CHAT_TEMPLATE)
+
+    def put(tname, arr, ttype):
+        data, raw = encode(arr, ttype)
+        w.add_tensor(tname, data, raw_dtype=raw)
+
+    # Scales: embedding rows are small (std EMB_STD) next to what the blocks add
+    # (attention and FFN outputs scaled by BLOCK_GAIN), so a tied model does not
+    # just echo its last input token; the final norm's gain (OUT_GAIN) gives
+    # logits a std of a few units, keeping greedy top-2 gaps far above rounding.
+    put("token_embd.weight", (EMB_STD * rng.standard_normal((V, E))).astype(np.float32), etype)
+    for i in range(L):
+        p = "blk.%d." % i
+        w.add_tensor(p + "attn_norm.weight", norm(E))
+        put(p + "attn_q.weight", mat(H * D, E), wtype)
+        put(p + "attn_k.weight", mat(HKV * D, E), wtype)
+        put(p + "attn_v.weight", mat(HKV * D, E), wtype)
+        put(p + "attn_output.weight", mat(E, H * D, BLOCK_GAIN), wtype)
+        w.add_tensor(p + "ffn_norm.weight", norm(E))
+        put(p + "ffn_gate.weight", mat(F, E), wtype)
+        put(p + "ffn_up.weight", mat(F, E), wtype)
+        put(p + "ffn_down.weight", mat(E, F, BLOCK_GAIN), wtype)
+    w.add_tensor("output_norm.weight", (OUT_GAIN if not otype else 1.0) * norm(E))
+    if otype:
+        put("output.weight", mat(V, E, scale=4.0), otype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def generate(outdir, names=None):
+    """Write every variant (or `names`) into outdir as tiny-<name>.gguf;
+    return {name: path}. Unchanged files are left untouched."""
+    os.makedirs(outdir, exist_ok=True)
+    out = {}
+    for name in names or VARIANTS:
+        path = os.path.join(outdir, "tiny-%s.gguf" % name)
+        fd, tmp = tempfile.mkstemp(dir=outdir, suffix=".tmp")
+        os.close(fd)
+        try:
+            build(name, VARIANTS[name], tmp)
+            new = open(tmp, "rb").read()
+            if os.path.exists(path) and open(path, "rb").read() == new:
+                os.unlink(tmp)
+            else:
+                os.chmod(tmp, 0o644)
+                os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        out[name] = path
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description="write tiny random-weight Llama GGUF models")
+    ap.add_argument("outdir")
+    ap.add_argument("--only", help="comma-separated variant names")
+    ap.add_argument("--list", action="store_true", help="list variants and exit")
+    a = ap.parse_args()
+    if a.list:
+        for n, c in VARIANTS.items():
+            print(n, c)
+        return 0
+    names = a.only.split(",") if a.only else None
+    for n, p in generate(a.outdir, names).items():
+        c = VARIANTS[n]
+        print("%-12s %s  (%d layers, n_embd %d, heads %d/%d, n_ff %d, vocab %d, %s)" % (
+            n, p, c["n_layer"], c["n_embd"], c["n_head"], c["n_head_kv"], c["n_ff"],
+            c["n_vocab"], c["wtype"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

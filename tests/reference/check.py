@@ -1,0 +1,458 @@
+#!/usr/bin/env python3
+"""Check kvd's engine against the NumPy reference (ref.py), and check that its
+logits do not depend on paging, chunking, threads or batch-mates.
+
+    check.py [--eval PATH] [--tiny-dir DIR] [--part tiny,real,inv-tiny,inv-real]
+             [--model PATH] [--keep DIR]
+
+The engine is driven by build/tests/kvd_eval (greedy decode; --logits-out
+writes one float32 row of n_vocab per step: row 0 at the last prompt
+position, row i after generated token i-1).
+
+Parts
+  tiny      every tiny random model from scripts/gen_tiny_models.py (MHA, GQA,
+            MQA, untied output, odd sizes, every weight type), 4 token prompts
+            each: all logits rows vs the reference, greedy tokens identical.
+  real      SmolLM2-135M-Instruct Q4_1 on 5 text prompts (--prompt), 32 tokens.
+  inv-tiny  invariance on every tiny model: block size 1/16/64, shuffled page
+            placement, prompt chunks of 7 and of 1 vs one chunk, 1 vs 2
+            threads, batch of 8 different prompts vs solo runs: logits files
+            must be bit-identical.
+  inv-real  the same on the real model, one prompt (and a batch of 8), 4 tokens.
+
+How the reference is compared
+  The reference is run teacher-forced on the engine's own generated tokens
+  (one pass over prompt + generated[:-1]), which gives the reference's logits
+  for exactly the contexts the engine saw, so every row can be compared even
+  if a token choice differed. The engine's greedy continuation equals the
+  reference's own greedy continuation exactly when, at every step, the
+  engine's token is the reference's argmax; that is what "greedy identical"
+  checks. The reference runs with kv_f16 (K/V rounded to f16 as kvd stores
+  them) and act_q8 (int8 activation blocks for Q4_0/Q4_1/Q8_0 matmuls, as
+  kvd computes them).
+
+Tolerances (max |logit difference| over a row, in units of that row's
+standard deviation over the vocabulary; the largest seen is printed).
+  Error sources between two correct implementations: (1) float32 summation
+  order (kvd sums in float32 in its own order; the reference uses BLAS, in
+  float64 for tiny models, float32 for the 135M model); (2) K/V rounding to
+  f16: a last-bit difference in a K or V element can round to the neighbouring
+  f16 value, a 2^-11 relative step; (3) int8 activation quantization: a tiny
+  difference in an activation can move q = rint(x/d) to the neighbouring
+  integer, a step of d = max|x|/127 in that element. (3) is discontinuous and
+  compounds through layers: once one element flips, the next layer's inputs
+  differ by ~1e-3 and many more elements flip, so after a few layers the two
+  implementations see independent quantization noise. Measured between two
+  correct runs of the reference itself (float32 vs float64, all else equal;
+  and vs llama.cpp for the 135M model):
+    float weights (F32/F16/BF16): max 1.1e-3 std      -> TOL 5e-3
+    tiny models with Q4_0/Q4_1/Q8_0: max 8e-2 std     -> TOL 0.2
+    SmolLM2-135M Q4_1 (30 layers): max 0.47 std, rms 0.22 std
+                                                     -> TOL 0.75 (rms 0.3)
+  A bug in the math (RoPE pairing, head grouping, norm, a block format) moves
+  logits by O(1) std or more.
+  Greedy tokens: the engine's token must be the reference's argmax. The one
+  exception is a near tie: if the reference's logit for the engine's token is
+  within TIE of its maximum, the two are indistinguishable at this precision;
+  such steps are listed and counted, never silently. TIE (in std units) is
+  the measured noise of a top-2 logit gap with margin: 1e-2 for float
+  models (gap noise seen 3e-4), 0.2 for tiny quantized models (seen 6.4e-2),
+  0.3 for the 135M model (seen 0.18 std = 0.76 logits).
+
+Exit status: 0 all checks passed, 1 a check failed or kvd_eval is missing
+or failed.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+import ref  # noqa: E402
+import gen_tiny_models  # noqa: E402
+
+TOL_FLOAT, TIE_FLOAT = 5e-3, 1e-2
+TOL_QTINY, TIE_QTINY = 0.2, 0.2
+TOL_REAL, TOL_REAL_RMS, TIE_REAL = 0.75, 0.3, 0.3
+
+N_TINY = 20   # tokens generated per tiny prompt (crosses a 16-token page)
+N_REAL = 32
+N_INV_REAL = 4
+
+REAL_PROMPTS = [
+    ("question", "What is the capital of France? Answer in one sentence."),
+    ("code", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"),
+    ("list", "Shopping list:\n1. Milk\n2. Eggs\n3."),
+    ("chatml", "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+               "Hugging Face<|im_end|>\n<|im_start|>user\nWhy is the sky blue?<|im_end|>\n"
+               "<|im_start|>assistant\n"),
+    ("paragraph",
+     "The printing press was developed in the fifteenth century, when Johannes Gutenberg "
+     "combined movable metal type, oil-based ink and a wooden screw press in the German city "
+     "of Mainz. Before his invention, books in Europe were copied by hand, usually by monks "
+     "working in monasteries, and a single volume could take months to finish. As a result, "
+     "books were rare, expensive and owned mainly by churches, universities and the "
+     "wealthiest families. Within fifty years of Gutenberg's first Bible, printing shops had "
+     "spread to more than two hundred cities, and millions of books were in circulation. "
+     "Cheaper books helped spread literacy, new scientific ideas and religious debates across "
+     "the continent. Historians still argue about how quickly these changes took place, but few "
+     "doubt that the press reshaped European society. In short, the printing press"),
+]
+# extra short prompts that only fill the real model's batch of 8
+REAL_BATCH_EXTRA = ["Once upon a time", "import numpy as np\n", "The three primary colors are"]
+
+
+class Failure(Exception):
+    pass
+
+
+def log(msg=""):
+    print(msg, flush=True)
+
+
+# --------------------------------------------------------------------------
+# driving kvd_eval
+
+
+class Engine:
+    def __init__(self, exe, tmpdir):
+        self.exe = exe
+        self.tmp = tmpdir
+        self.n_runs = 0
+        self.seconds = 0.0
+
+    def run(self, model, tokens=None, prompt=None, batch=None, n_predict=N_TINY, extra=()):
+        """Run kvd_eval; return a list (one per sequence) of dicts with
+        prompt_tokens, generated, n_vocab, raw (logits bytes), logits (N, V)."""
+        self.n_runs += 1
+        out = os.path.join(self.tmp, "logits.%d" % self.n_runs)
+        cmd = [self.exe, "--model", model, "--n-predict", str(n_predict), "--logits-out", out]
+        if tokens is not None:
+            cmd += ["--tokens", ",".join(map(str, tokens))]
+        elif prompt is not None:
+            cmd += ["--prompt", prompt]
+        else:
+            bf = os.path.join(self.tmp, "batch.%d" % self.n_runs)
+            with open(bf, "w") as f:
+                for t in batch:
+                    f.write(",".join(map(str, t)) + "\n")
+            cmd += ["--batch-file", bf]
+        cmd += list(extra)
+        t0 = time.time()
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        self.seconds += time.time() - t0
+        if p.returncode != 0:
+            raise Failure("kvd_eval failed (exit %d): %s\n  stderr: %s" % (
+                p.returncode, " ".join(_short(c) for c in cmd), p.stderr.strip()[-2000:]))
+        lines = [l for l in p.stdout.splitlines() if l.strip()]
+        res = [json.loads(l) for l in lines]
+        n_seq = 1 if batch is None else len(batch)
+        if len(res) != n_seq:
+            raise Failure("kvd_eval printed %d JSON objects, expected %d" % (len(res), n_seq))
+        for i, r in enumerate(res):
+            path = out if batch is None else "%s.%d" % (out, i)
+            raw = open(path, "rb").read()
+            os.unlink(path)
+            V = r["n_vocab"]
+            if len(r["generated"]) != n_predict:
+                raise Failure("kvd_eval generated %d tokens, asked for %d" % (len(r["generated"]), n_predict))
+            if len(raw) != 4 * V * n_predict:
+                raise Failure("logits file holds %d bytes, expected %d rows of %d float32" % (len(raw), n_predict, V))
+            r["raw"] = raw
+            r["logits"] = np.frombuffer(raw, dtype="<f4").reshape(n_predict, V).astype(np.float64)
+            if batch is not None and r["prompt_tokens"] != list(batch[i]):
+                raise Failure("batch sequence %d: prompt_tokens differ from the batch file line" % i)
+        if tokens is not None and res[0]["prompt_tokens"] != list(tokens):
+            raise Failure("prompt_tokens %s differ from --tokens" % res[0]["prompt_tokens"][:20])
+        return res
+
+
+def _short(s, n=60):
+    s = str(s).replace("\n", "\\n")
+    return s if len(s) <= n else s[:n] + "..."
+
+
+# --------------------------------------------------------------------------
+# comparing with the reference
+
+
+class Stats:
+    """Largest differences seen, per model, for the summary."""
+
+    def __init__(self):
+        self.rows = {}
+
+    def add(self, model, rel, absd, rms, tol, rows, toks, ties):
+        s = self.rows.setdefault(model, dict(rel=0.0, abs=0.0, rms=0.0, tol=tol, rows=0, toks=0, same=0, ties=0))
+        s["rel"] = max(s["rel"], rel)
+        s["abs"] = max(s["abs"], absd)
+        s["rms"] = max(s["rms"], rms)
+        s["rows"] += rows
+        s["toks"] += toks[1]
+        s["same"] += toks[0]
+        s["ties"] += ties
+
+
+def compare(label, m, res, tol, tie, stats, stats_key, tol_rms=None):
+    """Compare one engine run with the reference teacher-forced on its tokens.
+    Returns a list of failure strings (empty when it passed)."""
+    prompt, gen, got = res["prompt_tokens"], res["generated"], res["logits"]
+    if res["n_vocab"] != m.n_vocab:
+        return ["%s: n_vocab %d, reference %d" % (label, res["n_vocab"], m.n_vocab)]
+    want = m.teacher_forced(prompt, gen, act_q8=True, kv_f16=True)
+    std = want.std(axis=1)
+    diff = np.abs(got - want)
+    rel_rows = diff.max(axis=1) / std
+    rms_rows = np.sqrt((diff ** 2).mean(axis=1)) / std
+    fails = []
+    worst = int(np.argmax(rel_rows))
+    # greedy: engine token vs reference argmax, with near ties listed
+    am = want.argmax(axis=1)
+    same, ties = 0, []
+    for i, t in enumerate(gen):
+        if t == am[i]:
+            same += 1
+            continue
+        gap = (want[i, am[i]] - want[i, t]) / std[i]
+        if gap <= tie:
+            ties.append("step %d: kvd %d, reference %d, gap %.2g std <= %.2g" % (i, t, am[i], gap, tie))
+        else:
+            fails.append("%s: step %d: kvd chose token %d, reference argmax %d is %.3g std "
+                         "(%.3g logits) higher (tie margin %.2g std)" % (
+                             label, i, t, am[i], gap, gap * std[i], tie))
+    if rel_rows.max() > tol:
+        fails.append("%s: logits row %d max|diff| %.4g = %.3g std > tol %.3g std" % (
+            label, worst, diff[worst].max(), rel_rows[worst], tol))
+    if tol_rms is not None and rms_rows.max() > tol_rms:
+        fails.append("%s: logits rms diff %.3g std > tol %.3g std" % (label, rms_rows.max(), tol_rms))
+    first = "identical" if same == len(gen) else "%d/%d identical" % (same, len(gen))
+    log("  %-34s %3d prompt + %2d gen: max|diff| %.3g (%.2e std, tol %.2g)%s; greedy %s%s%s" % (
+        label, len(prompt), len(gen), diff.max(), rel_rows.max(), tol,
+        (", rms %.2e std (tol %.2g)" % (rms_rows.max(), tol_rms)) if tol_rms is not None else "",
+        first, (" + %d near tie(s)" % len(ties)) if ties else "",
+        " FAIL" if fails else ""))
+    for t in ties:
+        log("      near tie: " + t)
+    stats.add(stats_key, float(rel_rows.max()), float(diff.max()), float(rms_rows.max()), tol,
+              len(gen), (same, len(gen)), len(ties))
+    return fails
+
+
+def is_quantized(m):
+    mats = [m.output] + [w for L in m.layers for w in L.values() if isinstance(w, ref.Weight)]
+    return any(w.ggml_type in ref.QUANTIZED for w in mats)
+
+
+def tiny_prompts(n_vocab, name):
+    """Four deterministic token prompts: 1, 7, 23 and 45 tokens (the longer
+    ones cross 16-token pages and 7-token chunks). Ids cover the whole vocab,
+    special tokens included."""
+    rng = np.random.default_rng([n_vocab] + list(name.encode()))
+    out = []
+    for n in (1, 7, 23, 45):
+        out.append([int(t) for t in rng.integers(0, n_vocab, n)])
+    return out
+
+
+def tiny_batch_extra(n_vocab):
+    rng = np.random.default_rng(12345 + n_vocab)
+    return [[int(t) for t in rng.integers(0, n_vocab, n)] for n in (2, 16, 17, 33)]
+
+
+# --------------------------------------------------------------------------
+# invariance
+
+
+INV_VARIANTS = [
+    ("block-size 1", ["--block-size", "1"]),
+    ("block-size 64", ["--block-size", "64"]),
+    ("shuffled pages", ["--shuffle-seed", "1"]),
+    ("shuffled, block 1", ["--shuffle-seed", "987654321", "--block-size", "1"]),
+    ("chunk 7", ["--chunk", "7"]),
+    ("chunk 1", ["--chunk", "1"]),
+    ("threads 1", ["--threads", "1"]),
+    ("threads 2", ["--threads", "2"]),
+]
+BATCH_VARIANTS = [
+    ("batch of 8", []),
+    ("batch of 8, block 1, shuffled, chunk 7", ["--block-size", "1", "--shuffle-seed", "5", "--chunk", "7"]),
+]
+
+
+def bytes_equal(label, a, b):
+    """Bit-identical float32 logits; on a difference say where and how much."""
+    if a["raw"] == b["raw"]:
+        return None
+    x, y = a["logits"], b["logits"]
+    if x.shape != y.shape:
+        return "%s: %d rows vs %d" % (label, x.shape[0], y.shape[0])
+    rows = np.nonzero(np.any(np.frombuffer(a["raw"], "<u4").reshape(x.shape) !=
+                             np.frombuffer(b["raw"], "<u4").reshape(x.shape), axis=1))[0]
+    return "%s: logits differ in rows %s (first at step %d, max|diff| %.3g); tokens %s" % (
+        label, [int(r) for r in rows[:8]], int(rows[0]), np.abs(x - y).max(),
+        "same" if a["generated"] == b["generated"] else "differ")
+
+
+def invariance(eng, model_path, label, prompts, base, n_predict, batch_prompts, batch_solo, variants=INV_VARIANTS):
+    """base[i]: baseline run of prompts[i]; batch_solo[j]: solo run of batch_prompts[j]."""
+    fails = []
+    n_cmp = 0
+    for vname, extra in variants:
+        bad = []
+        for p, b in zip(prompts, base):
+            r = eng.run(model_path, tokens=p, n_predict=n_predict, extra=extra)[0]
+            e = bytes_equal("%s %s (%d-token prompt)" % (label, vname, len(p)), b, r)
+            n_cmp += 1
+            if e:
+                bad.append(e)
+        log("  %-28s %-40s %s" % (label, vname + ": %d prompt(s)" % len(prompts),
+                                  "bit-identical" if not bad else "DIFFERENT"))
+        fails += bad
+    for vname, extra in BATCH_VARIANTS:
+        res = eng.run(model_path, batch=batch_prompts, n_predict=n_predict, extra=extra)
+        bad = [e for e in (bytes_equal("%s %s seq %d (%d tokens)" % (label, vname, i, len(p)), s, r)
+                           for i, (p, s, r) in enumerate(zip(batch_prompts, batch_solo, res))) if e]
+        n_cmp += len(res)
+        log("  %-28s %-40s %s" % (label, vname + " vs solo", "bit-identical" if not bad else "DIFFERENT"))
+        fails += bad
+    return fails, n_cmp
+
+
+# --------------------------------------------------------------------------
+
+
+def part_tiny(eng, tiny, stats, do_ref, do_inv):
+    fails = []
+    n_inv = 0
+    for name, path in tiny.items():
+        m = ref.Model(path, dtype=np.float64)
+        q = is_quantized(m)
+        tol, tie = (TOL_QTINY, TIE_QTINY) if q else (TOL_FLOAT, TIE_FLOAT)
+        types = sorted(set(m.types.values()))
+        log("tiny-%s: %s; types %s" % (name, m.describe(), "/".join(types)))
+        prompts = tiny_prompts(m.n_vocab, name)
+        base = []
+        for p in prompts:
+            r = eng.run(path, tokens=p, n_predict=N_TINY)[0]
+            base.append(r)
+            if do_ref:
+                fails += compare("tiny-%s, %d-token prompt" % (name, len(p)), m, r, tol, tie,
+                                 stats, "tiny-" + name)
+        if do_inv:
+            extra = tiny_batch_extra(m.n_vocab)
+            solo_extra = [eng.run(path, tokens=p, n_predict=N_TINY)[0] for p in extra]
+            f, n = invariance(eng, path, "tiny-" + name, prompts[2:], base[2:], N_TINY,
+                              prompts + extra, base + solo_extra)
+            fails += f
+            n_inv += n
+    return fails, n_inv
+
+
+def part_real(eng, model_path, stats, do_ref, do_inv):
+    fails = []
+    t0 = time.time()
+    runs = []
+    for tag, text in REAL_PROMPTS:
+        runs.append(eng.run(model_path, prompt=text, n_predict=N_REAL)[0])
+    t_eng = time.time() - t0
+    name = os.path.basename(model_path)
+    if do_ref:
+        t0 = time.time()
+        m = ref.Model(model_path, dtype=np.float32)
+        log("%s: %s (reference load + dequantize %.1fs, engine %.1fs for %d prompts)" % (
+            name, m.describe(), time.time() - t0, t_eng, len(runs)))
+        for (tag, text), r in zip(REAL_PROMPTS, runs):
+            fails += compare("%s: %s" % (tag, _short(text, 24)), m, r, TOL_REAL, TIE_REAL, stats, name,
+                             tol_rms=TOL_REAL_RMS)
+        del m
+    n_inv = 0
+    if do_inv:
+        # one prompt through every variant; a batch of 8 vs solo runs
+        inv_idx = 3  # the ChatML prompt
+        p = runs[inv_idx]["prompt_tokens"]
+        base = eng.run(model_path, tokens=p, n_predict=N_INV_REAL)[0]
+        # the first rows of a longer run are the same computation
+        if base["raw"] != runs[inv_idx]["raw"][:len(base["raw"])]:
+            fails.append("real: %d-token run's logits differ from the first rows of the %d-token run" % (
+                N_INV_REAL, N_REAL))
+        batch = [r["prompt_tokens"] for r in runs]
+        for text in REAL_BATCH_EXTRA:
+            batch.append(eng.run(model_path, prompt=text, n_predict=1)[0]["prompt_tokens"])
+        solo = [eng.run(model_path, tokens=b, n_predict=N_INV_REAL)[0] for b in batch]
+        variants = [v for v in INV_VARIANTS if v[0] != "chunk 1"]
+        f, n_inv = invariance(eng, model_path, name, [p], [base], N_INV_REAL, batch, solo, variants)
+        fails += f
+    return fails, n_inv
+
+
+def main():
+    ap = argparse.ArgumentParser(description="kvd engine vs NumPy reference, and invariance")
+    build = os.environ.get("KVD_BUILD", "build")
+    ap.add_argument("--eval", default=os.path.join(ROOT, build, "tests", "kvd_eval"))
+    ap.add_argument("--tiny-dir", default=os.path.join(ROOT, build, "tiny-models"))
+    ap.add_argument("--model", default=os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--part", default="tiny,real,inv-tiny,inv-real")
+    ap.add_argument("--only", help="comma-separated tiny variants (default all)")
+    a = ap.parse_args()
+    parts = set(a.part.split(","))
+    t_start = time.time()
+
+    if not os.access(a.eval, os.X_OK):
+        log("FAIL: engine driver %s is missing (run make)" % a.eval)
+        return 1
+    if ("real" in parts or "inv-real" in parts) and not os.path.exists(a.model):
+        log("FAIL: model %s is missing (run scripts/setup)" % a.model)
+        return 1
+
+    fails = []
+    stats = Stats()
+    n_inv = 0
+    with tempfile.TemporaryDirectory(prefix="kvd-ref-") as tmp:
+        eng = Engine(a.eval, tmp)
+        try:
+            if "tiny" in parts or "inv-tiny" in parts:
+                names = a.only.split(",") if a.only else None
+                tiny = gen_tiny_models.generate(a.tiny_dir, names)
+                log("== tiny models in %s: %s" % (a.tiny_dir, ", ".join(tiny)))
+                f, n = part_tiny(eng, tiny, stats, "tiny" in parts, "inv-tiny" in parts)
+                fails += f
+                n_inv += n
+            if "real" in parts or "inv-real" in parts:
+                log("== real model")
+                f, n = part_real(eng, a.model, stats, "real" in parts, "inv-real" in parts)
+                fails += f
+                n_inv += n
+        except Failure as e:
+            fails.append(str(e))
+
+    log("")
+    log("== summary (logit differences vs reference, in std of each row's logits)")
+    for k, s in stats.rows.items():
+        log("  %-36s largest max|diff| %.3g = %.2e std (tol %.2g), rms %.2e std; "
+            "%d rows; greedy tokens %d/%d identical, %d near ties" % (
+                k, s["abs"], s["rel"], s["tol"], s["rms"], s["rows"], s["same"], s["toks"], s["ties"]))
+    if n_inv:
+        log("  invariance: %d logits files compared bit for bit" % n_inv)
+    log("  %d kvd_eval runs, %.1fs in the engine; total %.1fs" % (eng.n_runs, eng.seconds, time.time() - t_start))
+    if fails:
+        log("")
+        log("FAILED (%d):" % len(fails))
+        for f in fails:
+            log("  " + f)
+        return 1
+    log("PASS")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,367 @@
+"""Reference Llama forward pass in NumPy, the oracle kvd's engine is checked against.
+
+Written from the model definition (Llama: token embedding, per layer
+RMSNorm -> attention with rotary position embedding and grouped-query heads
+-> residual -> RMSNorm -> SwiGLU feed-forward -> residual, then a final
+RMSNorm and the output projection) and from the GGUF file format, so that it
+shares nothing with kvd's C code but the file it reads.
+
+What it does, step by step:
+
+* reads the GGUF with the `gguf` package (metadata and raw tensor bytes only)
+  and dequantizes every weight itself from the ggml block formats
+  (F32, F16, BF16, Q8_0, Q4_0, Q4_1), once, caching float matrices;
+* runs the forward pass for any number of new tokens against a KV cache that
+  holds every earlier position (prefill and decode are the same code path);
+* precision: `dtype=np.float64` (default, used for the tiny models) or
+  `np.float32` (used for the 135M model to halve memory and time). Norms and
+  the softmax are always evaluated in float64.
+
+Two options emulate the numeric format choices of the engine under test, so
+that the remaining differences are only rounding of sums:
+
+* `kv_f16=True`: K and V are rounded to IEEE float16 when stored in the cache
+  (kvd keeps its KV pages in f16); every position, including the current
+  one, attends to the rounded values.
+* `act_q8=True`: the input vector of every matmul whose weight is Q4_0, Q4_1
+  or Q8_0 is quantized per block of 32 elements, as integer dot-product
+  kernels do: d = float32(max|x| / 127), q = rint(x * float32(1/d)) clipped
+  to [-127, 127], and the matmul sees x' = q * d (d kept in float32).
+
+Usage as a library:
+
+    m = Model("models/SmolLM2-135M-Instruct.Q4_1.gguf", dtype=np.float32)
+    cache = m.new_cache(kv_f16=True)
+    logits = m.forward([1, 2, 3], cache, act_q8=True)       # (3, n_vocab)
+    toks, rows = m.greedy([1, 2, 3], n_predict=8, act_q8=True, kv_f16=True)
+    rows = m.teacher_forced(prompt, generated, act_q8=True, kv_f16=True)
+
+As a script (prints the greedy continuation and timing):
+
+    ref.py MODEL.gguf --tokens 1,2,3 [--n-predict N] [--f32] [--no-act-q8] [--no-kv-f16]
+"""
+
+import argparse
+import sys
+import time
+
+import numpy as np
+import gguf
+
+QK = 32  # elements per block in every quantized format handled here
+
+# ggml type id -> name, from the GGUF spec (ggml.h enum ggml_type).
+T_F32, T_F16, T_Q4_0, T_Q4_1, T_Q8_0, T_BF16 = 0, 1, 2, 3, 8, 30
+QUANTIZED = (T_Q4_0, T_Q4_1, T_Q8_0)
+# bytes per block of QK elements
+BLOCK_BYTES = {T_Q4_0: 2 + QK // 2, T_Q4_1: 2 + 2 + QK // 2, T_Q8_0: 2 + QK}
+
+
+def _f16_field(blocks, offset):
+    """Column of little-endian float16 values at byte `offset` of each block, as float32."""
+    return np.ascontiguousarray(blocks[:, offset:offset + 2]).view("<f2").astype(np.float32)
+
+
+def _nibbles(qs):
+    """Unpack 16 bytes per block into 32 4-bit values: low nibbles are elements
+    0..15, high nibbles elements 16..31."""
+    lo = qs & 0x0F
+    hi = qs >> 4
+    return np.concatenate([lo, hi], axis=1).astype(np.float32)
+
+
+def dequantize(raw, ggml_type, n_elements):
+    """Dequantize the raw little-endian bytes of a tensor to a flat float32 array.
+
+    Block formats (ggml-common.h layout, QK = 32 elements per block):
+      Q4_0: f16 d, 16 bytes of nibbles;          value = (q - 8) * d
+      Q4_1: f16 d, f16 m, 16 bytes of nibbles;   value = q * d + m
+      Q8_0: f16 d, 32 int8;                      value = q * d
+    Products are formed in float32, as a float32 dequantizer would."""
+    raw = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
+    if ggml_type == T_F32:
+        out = raw.view("<f4")
+    elif ggml_type == T_F16:
+        out = raw.view("<f2").astype(np.float32)
+    elif ggml_type == T_BF16:
+        # bfloat16 is the top half of a float32
+        out = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+    elif ggml_type in QUANTIZED:
+        if n_elements % QK:
+            raise ValueError("quantized tensor size %d is not a multiple of %d" % (n_elements, QK))
+        nb = n_elements // QK
+        blocks = raw[: nb * BLOCK_BYTES[ggml_type]].reshape(nb, BLOCK_BYTES[ggml_type])
+        d = _f16_field(blocks, 0)
+        if ggml_type == T_Q4_0:
+            q = _nibbles(blocks[:, 2:])
+            out = (q - np.float32(8)) * d
+        elif ggml_type == T_Q4_1:
+            m = _f16_field(blocks, 2)
+            q = _nibbles(blocks[:, 4:])
+            out = q * d + m
+        else:
+            q = blocks[:, 2:].view(np.int8).astype(np.float32)
+            out = q * d
+        out = out.reshape(-1)
+    else:
+        raise ValueError("unsupported ggml type %d" % ggml_type)
+    if out.size != n_elements:
+        raise ValueError("tensor holds %d elements, expected %d" % (out.size, n_elements))
+    return out.astype(np.float32, copy=False)
+
+
+def quantize_act_q8(x):
+    """Emulate per-block int8 quantization of matmul inputs (last axis, blocks of 32):
+    d = float32(max|x| / 127), q = rint(x * float32(1 / d)) (ties to even) in
+    [-127, 127], result q * d. Multiplying by the float32 reciprocal rather
+    than dividing is how kvd's kernels (like llama.cpp's) form q; the two can
+    differ in the last bit, which matters only at a rounding boundary."""
+    shp = x.shape
+    xb = x.astype(np.float32).reshape(-1, shp[-1] // QK, QK)
+    amax = np.max(np.abs(xb), axis=-1, keepdims=True)
+    d = (amax / np.float32(127)).astype(np.float32)
+    inv = np.float32(1) / np.where(d == 0, np.float32(1), d)
+    inv = np.where(d == 0, np.float32(0), inv).astype(np.float32)
+    q = np.clip(np.rint(xb * inv), -127, 127)
+    return (q * d).astype(x.dtype).reshape(shp)
+
+
+def _meta(reader, key, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+class Weight:
+    """One matrix: dequantized rows (n_out, n_in) plus the stored type, which
+    decides whether its inputs are int8-quantized under act_q8."""
+
+    def __init__(self, mat, ggml_type):
+        self.mat = mat
+        self.ggml_type = ggml_type
+
+    def __call__(self, x, act_q8):
+        if act_q8 and self.ggml_type in QUANTIZED:
+            x = quantize_act_q8(x)
+        return x @ self.mat.T
+
+
+class Cache:
+    """Per-layer K and V of every position fed so far: lists of arrays of
+    shape (n_pos, n_head_kv, head_dim)."""
+
+    def __init__(self, n_layer, kv_f16):
+        self.kv_f16 = kv_f16
+        self.k = [None] * n_layer
+        self.v = [None] * n_layer
+        self.n_pos = 0
+
+    def store(self, layer, k, v):
+        if self.kv_f16:
+            k = k.astype(np.float16).astype(k.dtype)
+            v = v.astype(np.float16).astype(v.dtype)
+        if self.k[layer] is None:
+            self.k[layer], self.v[layer] = k, v
+        else:
+            self.k[layer] = np.concatenate([self.k[layer], k])
+            self.v[layer] = np.concatenate([self.v[layer], v])
+        return self.k[layer], self.v[layer]
+
+
+class Model:
+    def __init__(self, path, dtype=np.float64):
+        self.path = path
+        self.dtype = dtype
+        r = gguf.GGUFReader(path)
+        arch = _meta(r, "general.architecture")
+        if arch != "llama":
+            raise ValueError("%s: architecture %r, expected llama" % (path, arch))
+        a = "llama."
+        self.n_layer = int(_meta(r, a + "block_count"))
+        self.n_embd = int(_meta(r, a + "embedding_length"))
+        self.n_ff = int(_meta(r, a + "feed_forward_length"))
+        self.n_head = int(_meta(r, a + "attention.head_count"))
+        self.n_head_kv = int(_meta(r, a + "attention.head_count_kv", self.n_head))
+        self.eps = float(_meta(r, a + "attention.layer_norm_rms_epsilon"))
+        self.rope_base = float(_meta(r, a + "rope.freq_base", 10000.0))
+        self.head_dim = self.n_embd // self.n_head
+        self.n_rot = int(_meta(r, a + "rope.dimension_count", self.head_dim))
+        assert self.n_head % self.n_head_kv == 0
+        assert self.n_rot % 2 == 0 and self.n_rot <= self.head_dim
+
+        tensors = {t.name: t for t in r.tensors}
+        self.types = {}
+
+        def load(name):
+            t = tensors[name]
+            ttype = int(t.tensor_type)
+            shape = [int(s) for s in t.shape]  # GGUF order: ne0 (row length) first
+            n = int(np.prod(shape))
+            flat = dequantize(t.data, ttype, n)
+            self.types[name] = gguf.GGMLQuantizationType(ttype).name
+            rows = shape[1] if len(shape) > 1 else 1
+            return flat.reshape(rows, shape[0]) if len(shape) > 1 else flat, ttype
+
+        def mat(name):
+            m, ttype = load(name)
+            return Weight(m.astype(dtype, copy=False), ttype)
+
+        def vec(name):
+            v, _ = load(name)
+            return v.astype(np.float64)
+
+        emb, emb_type = load("token_embd.weight")
+        self.n_vocab = emb.shape[0]
+        self.tok_embd = emb.astype(dtype, copy=False)
+        self.layers = []
+        for i in range(self.n_layer):
+            p = "blk.%d." % i
+            self.layers.append(dict(
+                attn_norm=vec(p + "attn_norm.weight"),
+                wq=mat(p + "attn_q.weight"), wk=mat(p + "attn_k.weight"),
+                wv=mat(p + "attn_v.weight"), wo=mat(p + "attn_output.weight"),
+                ffn_norm=vec(p + "ffn_norm.weight"),
+                gate=mat(p + "ffn_gate.weight"), up=mat(p + "ffn_up.weight"),
+                down=mat(p + "ffn_down.weight"),
+            ))
+        self.out_norm = vec("output_norm.weight")
+        if "output.weight" in tensors:
+            self.output = mat("output.weight")
+            self.tied = False
+        else:
+            self.output = Weight(self.tok_embd, emb_type)
+            self.tied = True
+        assert self.layers[0]["wq"].mat.shape == (self.n_head * self.head_dim, self.n_embd)
+        assert self.layers[0]["wk"].mat.shape == (self.n_head_kv * self.head_dim, self.n_embd)
+
+        # RoPE frequencies, "normal" GGUF style: pair (2i, 2i+1) rotates by
+        # pos * base^(-2i / n_rot), for i < n_rot / 2.
+        self.inv_freq = self.rope_base ** (-np.arange(0, self.n_rot, 2, dtype=np.float64) / self.n_rot)
+
+    # ------------------------------------------------------------------
+    def describe(self):
+        return ("%d layers, n_embd %d, %d heads / %d kv heads, head_dim %d, n_ff %d, vocab %d, "
+                "%s output, rope base %g, eps %g" % (
+                    self.n_layer, self.n_embd, self.n_head, self.n_head_kv, self.head_dim,
+                    self.n_ff, self.n_vocab, "tied" if self.tied else "separate",
+                    self.rope_base, self.eps))
+
+    def new_cache(self, kv_f16=True):
+        return Cache(self.n_layer, kv_f16)
+
+    def _rmsnorm(self, x, w):
+        x64 = x.astype(np.float64)
+        ms = np.mean(x64 * x64, axis=-1, keepdims=True)
+        return (x64 / np.sqrt(ms + self.eps) * w).astype(self.dtype)
+
+    def _rope(self, x, pos):
+        """x: (T, heads, head_dim); rotate pairs (2i, 2i+1) of the first n_rot dims."""
+        ang = pos[:, None].astype(np.float64) * self.inv_freq[None, :]   # (T, n_rot/2)
+        cos = np.cos(ang)[:, None, :]
+        sin = np.sin(ang)[:, None, :]
+        x64 = x.astype(np.float64)
+        x0 = x64[..., 0:self.n_rot:2]
+        x1 = x64[..., 1:self.n_rot:2]
+        out = x64.copy()
+        out[..., 0:self.n_rot:2] = x0 * cos - x1 * sin
+        out[..., 1:self.n_rot:2] = x0 * sin + x1 * cos
+        return out.astype(self.dtype)
+
+    def forward(self, tokens, cache, act_q8=True, want=None):
+        """Feed `tokens` (new positions cache.n_pos ...), append their K/V to
+        `cache`, and return logits (float64) for the positions selected by
+        `want` (indices into `tokens`; default all)."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        T = len(tokens)
+        if T == 0:
+            return np.zeros((0, self.n_vocab))
+        if tokens.min() < 0 or tokens.max() >= self.n_vocab:
+            raise ValueError("token id out of range")
+        p0 = cache.n_pos
+        pos = np.arange(p0, p0 + T)
+        H, HKV, D = self.n_head, self.n_head_kv, self.head_dim
+        group = H // HKV
+        scale = 1.0 / np.sqrt(D)
+        # causal mask over all cached positions: query t (absolute p0+t) sees keys <= p0+t
+        kpos = np.arange(p0 + T)
+        mask = kpos[None, :] > pos[:, None]                     # (T, p0+T)
+
+        x = self.tok_embd[tokens].astype(self.dtype)
+        for li, L in enumerate(self.layers):
+            h = self._rmsnorm(x, L["attn_norm"])
+            q = L["wq"](h, act_q8).reshape(T, H, D)
+            k = L["wk"](h, act_q8).reshape(T, HKV, D)
+            v = L["wv"](h, act_q8).reshape(T, HKV, D)
+            q = self._rope(q, pos)
+            k = self._rope(k, pos)
+            K, V = cache.store(li, k, v)                         # (p0+T, HKV, D)
+            att = np.empty((T, H, D), dtype=self.dtype)
+            for kh in range(HKV):
+                qh = q[:, kh * group:(kh + 1) * group, :].astype(np.float64)   # (T, g, D)
+                Kh = K[:, kh, :].astype(np.float64)                            # (S, D)
+                Vh = V[:, kh, :].astype(np.float64)
+                s = np.einsum("tgd,sd->tgs", qh, Kh) * scale                   # (T, g, S)
+                s = np.where(mask[:, None, :], -np.inf, s)
+                s = s - s.max(axis=-1, keepdims=True)
+                p = np.exp(s)
+                p /= p.sum(axis=-1, keepdims=True)
+                att[:, kh * group:(kh + 1) * group, :] = np.einsum("tgs,sd->tgd", p, Vh)
+            x = x + L["wo"](att.reshape(T, H * D), act_q8)
+            h = self._rmsnorm(x, L["ffn_norm"])
+            g = L["gate"](h, act_q8).astype(np.float64)
+            u = L["up"](h, act_q8).astype(np.float64)
+            a = (g / (1.0 + np.exp(-g)) * u).astype(self.dtype)                # silu(gate) * up
+            x = x + L["down"](a, act_q8)
+        cache.n_pos += T
+        if want is not None:
+            x = x[np.asarray(want)]
+        h = self._rmsnorm(x, self.out_norm)
+        return self.output(h, act_q8).astype(np.float64)
+
+    def greedy(self, prompt, n_predict, act_q8=True, kv_f16=True):
+        """Greedy decode: returns (generated tokens, logits rows) where row 0 is
+        the last prompt position and row i the step after generated[i-1]."""
+        cache = self.new_cache(kv_f16)
+        rows = [self.forward(prompt, cache, act_q8, want=[len(prompt) - 1])[0]]
+        gen = []
+        for i in range(n_predict):
+            gen.append(int(np.argmax(rows[-1])))
+            if i + 1 < n_predict:
+                rows.append(self.forward([gen[-1]], cache, act_q8)[0])
+        return gen, np.array(rows)
+
+    def teacher_forced(self, prompt, generated, act_q8=True, kv_f16=True):
+        """Logits rows for a given continuation, fed in one pass: row 0 at the
+        last prompt position, row i after generated[i-1]; len(generated) rows."""
+        n = len(generated)
+        seq = list(prompt) + list(generated[:max(n - 1, 0)])
+        cache = self.new_cache(kv_f16)
+        want = list(range(len(prompt) - 1, len(seq)))
+        return self.forward(seq, cache, act_q8, want=want)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--tokens", required=True, help="comma-separated prompt token ids")
+    ap.add_argument("--n-predict", type=int, default=16)
+    ap.add_argument("--f32", action="store_true", help="compute in float32 instead of float64")
+    ap.add_argument("--no-act-q8", action="store_true")
+    ap.add_argument("--no-kv-f16", action="store_true")
+    args = ap.parse_args(argv)
+    t0 = time.time()
+    m = Model(args.model, dtype=np.float32 if args.f32 else np.float64)
+    t1 = time.time()
+    prompt = [int(t) for t in args.tokens.split(",") if t]
+    gen, rows = m.greedy(prompt, args.n_predict, act_q8=not args.no_act_q8,
+                         kv_f16=not args.no_kv_f16)
+    t2 = time.time()
+    print("model: %s (%s)" % (args.model, m.describe()))
+    print("load+dequantize %.2fs, forward %.2fs" % (t1 - t0, t2 - t1))
+    print("generated:", ",".join(map(str, gen)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,765 @@
+/*
+ * tests/unit/test_tokenizer.c — kvd's tokenizer against llama.cpp's answers.
+ *
+ * The expected ids come from scripts/make_tokenizer_oracle.py, which asks
+ * llama.cpp and stores the answers under tests/data/tokenizer/ (format in
+ * that script). Checked here:
+ *  - every oracle case of the default model (SmolLM2, byte-level BPE,
+ *    "smollm" pre-tokenizer), with special tokens parsed and not;
+ *  - the same for small synthetic vocabularies: SentencePiece with byte
+ *    fallback, and byte-level BPE under the smollm, llama-bpe, gpt-2,
+ *    default and qwen2 pre-tokenizers;
+ *  - decode(encode(x)) == x for every case, invalid UTF-8 included;
+ *  - streaming detokenization never splits a character;
+ *  - chat rendering equals the model's template rendered by jinja2;
+ *  - error returns, load-time rejection of bad metadata, and that
+ *    concurrent use from several threads gives the same ids;
+ *  - speed, printed, not asserted.
+ * Tests that need the default model skip when models/ lacks it (run
+ * scripts/setup); the synthetic ones always run. Run from the repository root.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <threads.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "gguf.h"
+#include "tokenizer.h"
+
+#define MODEL_PATH     "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#define SMOLLM2_CASES  "tests/data/tokenizer/smollm2_cases.txt"
+#define SYNTH_CASES    "tests/data/tokenizer/synthetic_cases.txt"
+#define MAX_IDS        8192
+
+/* ---- helpers ------------------------------------------------------------- */
+
+static struct kvd_tokenizer *open_tokenizer(const char *path)
+{
+	struct gguf_file *f = NULL;
+	struct kvd_tokenizer *t = NULL;
+	char err[512];
+	int r = gguf_open(path, &f, err, sizeof(err));
+	if (r < 0) {
+		print_error("%s\n", err);
+		return NULL;
+	}
+	r = kvd_tokenizer_from_gguf(f, &t, err, sizeof(err));
+	gguf_close(f);
+	if (r < 0) {
+		print_error("%s (%d)\n", err, r);
+		return NULL;
+	}
+	return t;
+}
+
+static int hexval(int c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	return -1;
+}
+
+/* Decode hex (or "-" for empty) into a malloc'd buffer; returns length. */
+static size_t unhex(const char *h, char **ret)
+{
+	size_t n = strcmp(h, "-") == 0 ? 0 : strlen(h) / 2;
+	char *b = malloc(n + 1);
+	assert_non_null(b);
+	for (size_t i = 0; i < n; i++) {
+		int hi = hexval(h[2 * i]), lo = hexval(h[2 * i + 1]);
+		assert_true(hi >= 0 && lo >= 0);
+		b[i] = (char)(hi << 4 | lo);
+	}
+	b[n] = '\0';
+	*ret = b;
+	return n;
+}
+
+static size_t parse_ids(const char *s, int32_t *ids, size_t cap)
+{
+	size_t n = 0;
+	if (strcmp(s, "-") == 0)
+		return 0;
+	while (*s) {
+		char *end;
+		long v = strtol(s, &end, 10);
+		assert_true(end != s);
+		assert_true(n < cap);
+		ids[n++] = (int32_t)v;
+		s = end;
+		while (*s == ' ')
+			s++;
+	}
+	return n;
+}
+
+/* Split a line at tabs in place; returns the field count. */
+static int split_tabs(char *line, char **fields, int max)
+{
+	int n = 0;
+	line[strcspn(line, "\n")] = '\0';
+	fields[n++] = line;
+	for (char *p = line; *p && n < max; p++)
+		if (*p == '\t') {
+			*p = '\0';
+			fields[n++] = p + 1;
+		}
+	return n;
+}
+
+static void print_ids(const char *what, const int32_t *ids, int n)
+{
+	fprintf(stderr, "  %s (%d):", what, n);
+	for (int i = 0; i < n && i < 64; i++)
+		fprintf(stderr, " %d", ids[i]);
+	fprintf(stderr, n > 64 ? " ...\n" : "\n");
+}
+
+/* Concatenated bytes of ids; returns the length (buffer malloc'd). */
+static size_t decode_all(const struct kvd_tokenizer *t, const int32_t *ids, int n, int render_special,
+			 char **ret)
+{
+	size_t cap = 1024, len = 0;
+	char *b = malloc(cap);
+	assert_non_null(b);
+	for (int i = 0; i < n; i++) {
+		int r = kvd_token_to_bytes(t, ids[i], render_special, NULL, 0);
+		assert_true(r >= 0);
+		while (len + (size_t)r + 1 > cap) {
+			cap *= 2;
+			b = realloc(b, cap);
+			assert_non_null(b);
+		}
+		assert_int_equal(kvd_token_to_bytes(t, ids[i], render_special, b + len, (size_t)r), r);
+		len += (size_t)r;
+	}
+	b[len] = '\0';
+	*ret = b;
+	return len;
+}
+
+static int ids_equal(const int32_t *a, int na, const int32_t *b, size_t nb)
+{
+	return na >= 0 && (size_t)na == nb && memcmp(a, b, nb * sizeof(*a)) == 0;
+}
+
+/* Which bytes the vocabulary can spell at all (SmolLM2 has no token for
+ * 0x04, 0xC0, 0xF5..0xFF and a few more): those it cannot are dropped by
+ * tokenizing, as in llama.cpp, so a round trip gives the text without them. */
+static void spellable_bytes(const struct kvd_tokenizer *t, int ok[256])
+{
+	for (int b = 0; b < 256; b++) {
+		char c = (char)b, back[8];
+		int32_t id;
+		ok[b] = kvd_tokenize(t, &c, 1, 0, 0, &id, 1) == 1 &&
+			kvd_token_to_bytes(t, id, 0, back, sizeof(back)) == 1 && back[0] == c;
+	}
+}
+
+static size_t drop_unspellable(const int ok[256], const char *s, size_t n, char *out)
+{
+	size_t m = 0;
+	for (size_t i = 0; i < n; i++)
+		if (ok[(unsigned char)s[i]])
+			out[m++] = s[i];
+	return m;
+}
+
+struct oracle_stats {
+	int cases, agree, round_trips, chats;
+};
+
+/*
+ * Check every line of an oracle file. "model" lines open the vocabulary the
+ * following lines use (a missing default model skips the test).
+ */
+static void run_oracle_file(const char *path, struct oracle_stats *st)
+{
+	FILE *fp = fopen(path, "r");
+	if (!fp) {
+		print_error("%s: %s\n", path, strerror(errno));
+		fail();
+	}
+	static int32_t got[MAX_IDS], want[MAX_IDS];
+	struct kvd_tokenizer *t = NULL;
+	char *line = NULL;
+	size_t linecap = 0;
+	int bad = 0, spm = 0, ok[256];
+	while (getline(&line, &linecap, fp) > 0) {
+		char *f[8];
+		if (line[0] == '#' || line[0] == '\n')
+			continue;
+		int nf = split_tabs(line, f, 8);
+		if (strcmp(f[0], "model") == 0) {
+			kvd_tokenizer_free(t);
+			if (access(f[1], R_OK) != 0) {
+				free(line);
+				fclose(fp);
+				skip();
+			}
+			t = open_tokenizer(f[1]);
+			assert_non_null(t);
+			spm = strstr(f[1], "spm") != NULL;
+			spellable_bytes(t, ok);
+			continue;
+		}
+		assert_non_null(t);
+		if (strcmp(f[0], "tok") == 0) {
+			assert_int_equal(nf, 5);
+			char *text;
+			size_t len = unhex(f[2], &text);
+			for (int special = 0; special <= 1; special++) {
+				size_t nw = parse_ids(f[3 + special], want, MAX_IDS);
+				int n = kvd_tokenize(t, text, len, 0, special, got, MAX_IDS);
+				st->cases++;
+				if (ids_equal(got, n, want, nw)) {
+					st->agree++;
+				} else {
+					bad++;
+					fprintf(stderr, "MISMATCH %s [special=%d] \"%.60s\"\n", f[1], special, text);
+					print_ids("want", want, (int)nw);
+					print_ids("got ", got, n);
+				}
+				/* Round trip, with control tokens rendered when they were parsed.
+				 * (Not for SentencePiece: its space prefix is part of the text.) */
+				if (n >= 0 && n <= MAX_IDS && !spm) {
+					char *back, *want_back = malloc(len + 1);
+					size_t bl = decode_all(t, got, n, special, &back);
+					size_t wl = drop_unspellable(ok, text, len, want_back);
+					if (bl == wl && memcmp(back, want_back, wl) == 0) {
+						st->round_trips++;
+					} else {
+						bad++;
+						fprintf(stderr, "ROUND TRIP %s [special=%d]: \"%.60s\" -> \"%.60s\"\n", f[1],
+							special, text, back);
+					}
+					free(want_back);
+					free(back);
+				}
+			}
+			free(text);
+		} else if (strcmp(f[0], "bytes") == 0) {
+			char *text;
+			size_t len = unhex(f[2], &text);
+			int n = kvd_tokenize(t, text, len, 0, 0, got, MAX_IDS);
+			assert_true(n > 0 && n <= MAX_IDS);
+			char *back, *want_back = malloc(len + 1);
+			size_t bl = decode_all(t, got, n, 0, &back);
+			size_t wl = drop_unspellable(ok, text, len, want_back);
+			if (bl == wl && memcmp(back, want_back, wl) == 0) {
+				st->round_trips++;
+			} else {
+				bad++;
+				fprintf(stderr, "ROUND TRIP (invalid UTF-8) %s\n", f[1]);
+			}
+			free(want_back);
+			free(back);
+			free(text);
+		} else if (strcmp(f[0], "chat") == 0) {
+			assert_int_equal(nf, 5);
+			struct kvd_chat_msg msgs[16];
+			char *bufs[16];
+			size_t nm = 0;
+			if (strcmp(f[3], "-") != 0) {
+				for (char *m = strtok(f[3], ";"); m; m = strtok(NULL, ";")) {
+					char *eq = strchr(m, '=');
+					assert_non_null(eq);
+					*eq = '\0';
+					assert_true(nm < 16);
+					unhex(eq + 1, &bufs[nm]);
+					msgs[nm].role = m;
+					msgs[nm].content = bufs[nm];
+					nm++;
+				}
+			}
+			char *want_text;
+			size_t wl = unhex(f[4], &want_text);
+			char out[4096];
+			int n = kvd_chat_render(t, msgs, nm, atoi(f[2]), out, sizeof(out));
+			st->chats++;
+			if (n < 0 || (size_t)n != wl || memcmp(out, want_text, wl) != 0) {
+				bad++;
+				fprintf(stderr, "CHAT %s: got %d bytes:\n%s\nwant %zu bytes:\n%s\n", f[1], n,
+					n >= 0 ? out : "", wl, want_text);
+			}
+			for (size_t i = 0; i < nm; i++)
+				free(bufs[i]);
+			free(want_text);
+		} else {
+			fprintf(stderr, "unknown oracle line kind '%s'\n", f[0]);
+			bad++;
+		}
+	}
+	free(line);
+	fclose(fp);
+	kvd_tokenizer_free(t);
+	assert_int_equal(bad, 0);
+}
+
+/* ---- the default model --------------------------------------------------- */
+
+static int setup_model(void **state)
+{
+	*state = access(MODEL_PATH, R_OK) == 0 ? open_tokenizer(MODEL_PATH) : NULL;
+	return 0;
+}
+
+static int teardown_model(void **state)
+{
+	*state = kvd_tokenizer_free(*state);
+	return 0;
+}
+
+#define NEED_MODEL(state)                                                     \
+	do {                                                                  \
+		if (access(MODEL_PATH, R_OK) != 0)                            \
+			skip();                                               \
+		assert_non_null(*(state));                                    \
+	} while (0)
+
+static void test_smollm2_oracle(void **state)
+{
+	NEED_MODEL(state);
+	struct oracle_stats st = { 0 };
+	run_oracle_file(SMOLLM2_CASES, &st);
+	printf("smollm2 oracle: %d/%d tokenizations agree with llama.cpp, %d round trips, %d chat renderings\n",
+	       st.agree, st.cases, st.round_trips, st.chats);
+	assert_true(st.cases >= 160);
+	assert_int_equal(st.agree, st.cases);
+}
+
+static void test_synthetic_oracle(void **state)
+{
+	(void)state;
+	struct oracle_stats st = { 0 };
+	run_oracle_file(SYNTH_CASES, &st);
+	printf("synthetic oracle: %d/%d tokenizations agree with llama.cpp, %d round trips\n", st.agree, st.cases,
+	       st.round_trips);
+	assert_true(st.cases > 0);
+	assert_int_equal(st.agree, st.cases);
+}
+
+/* Extra oracle files named in $KVD_TOKENIZER_CASES (colon-separated), e.g.
+ * randomized cases from a local llama.cpp; nothing to do when unset. */
+static void test_extra_oracle(void **state)
+{
+	(void)state;
+	const char *env = getenv("KVD_TOKENIZER_CASES");
+	if (!env || !*env)
+		skip();
+	char *list = strdup(env);
+	assert_non_null(list);
+	for (char *save, *p = strtok_r(list, ":", &save); p; p = strtok_r(NULL, ":", &save)) {
+		struct oracle_stats st = { 0 };
+		run_oracle_file(p, &st);
+		printf("%s: %d/%d tokenizations agree, %d round trips, %d chat renderings\n", p, st.agree, st.cases,
+		       st.round_trips, st.chats);
+	}
+	free(list);
+}
+
+static void test_metadata(void **state)
+{
+	NEED_MODEL(state);
+	const struct kvd_tokenizer *t = *state;
+	assert_int_equal(kvd_tokenizer_n_vocab(t), 49152);
+	assert_int_equal(kvd_tokenizer_bos(t), 1);
+	assert_int_equal(kvd_tokenizer_eos(t), 2);
+	assert_int_equal(kvd_tokenizer_eot(t), 2); /* <|im_end|> */
+	assert_int_equal(kvd_tokenizer_add_bos(t), 0);
+	assert_true(kvd_tokenizer_is_eog(t, 0));  /* <|endoftext|> */
+	assert_true(kvd_tokenizer_is_eog(t, 2));  /* <|im_end|> */
+	assert_false(kvd_tokenizer_is_eog(t, 1)); /* <|im_start|> */
+	assert_false(kvd_tokenizer_is_eog(t, 100));
+	assert_false(kvd_tokenizer_is_eog(t, -1));
+	assert_false(kvd_tokenizer_is_eog(t, 49152));
+	assert_int_equal(kvd_tokenizer_token_type(t, 1), KVD_TOKEN_CONTROL);
+	assert_int_equal(kvd_tokenizer_token_type(t, 100), KVD_TOKEN_NORMAL);
+	assert_int_equal(kvd_tokenizer_token_type(t, 49152), 0);
+	size_t len;
+	const char *s = kvd_tokenizer_token_text(t, 1, &len);
+	assert_non_null(s);
+	assert_int_equal(len, 12);
+	assert_memory_equal(s, "<|im_start|>", 12);
+	assert_null(kvd_tokenizer_token_text(t, -1, &len));
+	assert_true(kvd_tokenizer_max_token_bytes(t) * 3 + 9 <= KVD_DETOK_MIN_CAP);
+}
+
+static void test_special_tokens(void **state)
+{
+	NEED_MODEL(state);
+	const struct kvd_tokenizer *t = *state;
+	int32_t ids[64];
+	const char *s = "<|im_start|>user\nhi<|im_end|>";
+
+	int n = kvd_tokenize(t, s, strlen(s), 0, 1, ids, 64);
+	assert_true(n >= 3);
+	assert_int_equal(ids[0], 1);
+	assert_int_equal(ids[n - 1], 2);
+
+	n = kvd_tokenize(t, s, strlen(s), 0, 0, ids, 64);
+	assert_true(n > 5);
+	for (int i = 0; i < n; i++)
+		assert_int_not_equal(kvd_tokenizer_token_type(t, ids[i]), KVD_TOKEN_CONTROL);
+
+	/* add_bos prepends BOS even though the file does not ask for it. */
+	n = kvd_tokenize(t, "hi", 2, 1, 0, ids, 64);
+	assert_int_equal(ids[0], 1);
+	assert_int_equal(n, 1 + kvd_tokenize(t, "hi", 2, 0, 0, NULL, 0));
+
+	/* Control tokens render only on request. */
+	char buf[32];
+	assert_int_equal(kvd_token_to_bytes(t, 2, 0, buf, sizeof(buf)), 0);
+	assert_int_equal(kvd_token_to_bytes(t, 2, 1, buf, sizeof(buf)), 10);
+	assert_memory_equal(buf, "<|im_end|>", 10);
+	/* A byte-level token decodes to its raw bytes: 198 is "\n" (Ċ). */
+	assert_int_equal(kvd_token_to_bytes(t, 198, 0, buf, sizeof(buf)), 1);
+	assert_int_equal(buf[0], '\n');
+	/* Too small a buffer: the full length comes back, the prefix is written. */
+	assert_int_equal(kvd_token_to_bytes(t, 2, 1, buf, 3), 10);
+	assert_memory_equal(buf, "<|i", 3);
+}
+
+static void test_count_only_and_errors(void **state)
+{
+	NEED_MODEL(state);
+	const struct kvd_tokenizer *t = *state;
+	const char *s = "Counting tokens without an output buffer works.";
+	int32_t ids[64], few[3];
+	int n = kvd_tokenize(t, s, strlen(s), 0, 0, ids, 64);
+	assert_true(n > 3);
+	assert_int_equal(kvd_tokenize(t, s, strlen(s), 0, 0, NULL, 0), n);
+	assert_int_equal(kvd_tokenize(t, s, strlen(s), 0, 0, few, 3), n);
+	assert_memory_equal(few, ids, sizeof(few));
+	assert_int_equal(kvd_tokenize(t, "", 0, 0, 0, ids, 64), 0);
+	assert_int_equal(kvd_tokenize(t, NULL, 0, 0, 0, ids, 64), 0);
+
+	assert_int_equal(kvd_tokenize(t, s, KVD_TOKENIZE_MAX_BYTES + 1ul, 0, 0, ids, 64), -E2BIG);
+	assert_int_equal(kvd_tokenize(t, NULL, 5, 0, 0, ids, 64), -EINVAL);
+	assert_int_equal(kvd_tokenize(t, s, 5, 0, 0, NULL, 4), -EINVAL);
+	char buf[8];
+	assert_int_equal(kvd_token_to_bytes(t, -1, 0, buf, sizeof(buf)), -EINVAL);
+	assert_int_equal(kvd_token_to_bytes(t, 49152, 0, buf, sizeof(buf)), -EINVAL);
+	struct kvd_detok d;
+	kvd_detok_init(&d);
+	assert_int_equal(kvd_detok_push(t, &d, 49152, buf, sizeof(buf)), -EINVAL);
+	assert_null(kvd_tokenizer_free(NULL));
+}
+
+/* Streaming: every chunk is whole UTF-8, and the chunks add up to the text. */
+static int valid_utf8(const char *s, size_t n)
+{
+	const unsigned char *u = (const unsigned char *)s;
+	for (size_t i = 0; i < n;) {
+		size_t l = u[i] < 0x80 ? 1 : (u[i] & 0xE0) == 0xC0 ? 2 : (u[i] & 0xF0) == 0xE0 ? 3 :
+			   (u[i] & 0xF8) == 0xF0 ? 4 : 0;
+		if (!l || i + l > n)
+			return 0;
+		for (size_t j = 1; j < l; j++)
+			if ((u[i + j] & 0xC0) != 0x80)
+				return 0;
+		i += l;
+	}
+	return 1;
+}
+
+static void test_detok_stream(void **state)
+{
+	NEED_MODEL(state);
+	const struct kvd_tokenizer *t = *state;
+	const char *s = "Family: \xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x91\xA9\xE2\x80\x8D\xF0\x9F\x91\xA7 "
+			"flags \xF0\x9F\x87\xBA\xF0\x9F\x87\xB8 \xF0\x9F\x8D\x95 caf\xC3\xA9 \xE4\xBD\xA0\xE5\xA5\xBD";
+	int32_t ids[256];
+	int n = kvd_tokenize(t, s, strlen(s), 0, 0, ids, 256);
+	assert_true(n > 0 && n < 256);
+
+	struct kvd_detok d;
+	kvd_detok_init(&d);
+	char out[4096], chunk[KVD_DETOK_MIN_CAP];
+	size_t len = 0;
+	int held = 0;
+	for (int i = 0; i < n; i++) {
+		int r = kvd_detok_push(t, &d, ids[i], chunk, sizeof(chunk));
+		assert_true(r >= 0);
+		assert_true(valid_utf8(chunk, (size_t)r));
+		int raw = kvd_token_to_bytes(t, ids[i], 0, NULL, 0);
+		if (r < raw)
+			held++; /* this token ended inside a character */
+		memcpy(out + len, chunk, (size_t)r);
+		len += (size_t)r;
+	}
+	assert_int_equal(kvd_detok_flush(&d, chunk, sizeof(chunk)), 0);
+	assert_true(held > 0); /* the emoji really were split across tokens */
+	assert_int_equal(len, strlen(s));
+	assert_memory_equal(out, s, len);
+
+	/* A partial character at the end of the stream flushes as U+FFFD. */
+	const char *part = "x\xF0\x9F";
+	n = kvd_tokenize(t, part, strlen(part), 0, 0, ids, 256);
+	kvd_detok_init(&d);
+	len = 0;
+	for (int i = 0; i < n; i++) {
+		int r = kvd_detok_push(t, &d, ids[i], out + len, sizeof(out) - len);
+		assert_true(r >= 0);
+		len += (size_t)r;
+	}
+	assert_int_equal(len, 1);
+	assert_int_equal(d.n_pending, 2);
+	/* Too small a buffer: -ENOBUFS and nothing consumed. */
+	assert_int_equal(kvd_detok_flush(&d, out, 2), -ENOBUFS);
+	assert_int_equal(d.n_pending, 2);
+	assert_int_equal(kvd_detok_flush(&d, out, sizeof(out)), 3);
+	assert_memory_equal(out, "\xEF\xBF\xBD", 3);
+	assert_int_equal(d.n_pending, 0);
+
+	/* Invalid bytes in the middle become U+FFFD, and what follows survives. */
+	const char *bad = "a\x80" "b\xE2\x82" "c";
+	n = kvd_tokenize(t, bad, strlen(bad), 0, 0, ids, 256);
+	kvd_detok_init(&d);
+	len = 0;
+	for (int i = 0; i < n; i++) {
+		int r = kvd_detok_push(t, &d, ids[i], out + len, sizeof(out) - len);
+		assert_true(r >= 0);
+		len += (size_t)r;
+	}
+	int r = kvd_detok_flush(&d, out + len, sizeof(out) - len);
+	len += (size_t)r;
+	assert_int_equal(len, 9);
+	assert_memory_equal(out, "a\xEF\xBF\xBD" "b\xEF\xBF\xBD" "c", 9);
+
+	/* -ENOBUFS leaves the decoder as it was. */
+	n = kvd_tokenize(t, "hello world", 11, 0, 0, ids, 256);
+	kvd_detok_init(&d);
+	assert_int_equal(kvd_detok_push(t, &d, ids[0], out, 1), -ENOBUFS);
+	assert_int_equal(d.n_pending, 0);
+	assert_int_equal(kvd_detok_push(t, &d, ids[0], out, sizeof(out)), 5);
+
+	/* Control tokens are silent in the stream. */
+	assert_int_equal(kvd_detok_push(t, &d, 2, out, sizeof(out)), 0);
+}
+
+static void test_chat_render_edges(void **state)
+{
+	NEED_MODEL(state);
+	const struct kvd_tokenizer *t = *state;
+	struct kvd_chat_msg m[2] = { { "user", "Hi" }, { "assistant", "Hello" } };
+	char out[512];
+	int n = kvd_chat_render(t, m, 2, 1, out, sizeof(out));
+	assert_true(n > 0);
+	assert_int_equal(strlen(out), (size_t)n);
+	assert_non_null(strstr(out, "You are a helpful AI assistant named SmolLM, trained by Hugging Face"));
+	/* Size query and snprintf-like truncation. */
+	assert_int_equal(kvd_chat_render(t, m, 2, 1, NULL, 0), n);
+	char small[10];
+	assert_int_equal(kvd_chat_render(t, m, 2, 1, small, sizeof(small)), n);
+	assert_int_equal(strlen(small), sizeof(small) - 1);
+	assert_memory_equal(small, out, sizeof(small) - 1);
+	/* Bad roles. */
+	struct kvd_chat_msg bad[1] = { { "wizard", "x" } };
+	assert_int_equal(kvd_chat_render(t, bad, 1, 1, out, sizeof(out)), -EINVAL);
+	struct kvd_chat_msg nul[1] = { { "user", NULL } };
+	assert_int_equal(kvd_chat_render(t, nul, 1, 1, out, sizeof(out)), -EINVAL);
+	/* The rendering tokenizes with the chat markers as single tokens. */
+	int32_t ids[256];
+	int k = kvd_tokenize(t, out, (size_t)n, kvd_tokenizer_add_bos(t), 1, ids, 256);
+	assert_true(k > 0);
+	int starts = 0, ends = 0;
+	for (int i = 0; i < k; i++) {
+		starts += ids[i] == 1;
+		ends += ids[i] == 2;
+	}
+	assert_int_equal(ids[0], 1);
+	assert_int_equal(starts, 4); /* system, user, assistant, the prompt */
+	assert_int_equal(ends, 3);
+}
+
+/* ---- threads: one tokenizer, many callers -------------------------------- */
+
+struct thread_job {
+	const struct kvd_tokenizer *t;
+	const char *text;
+	size_t len;
+	int32_t *ids;
+	int n;
+};
+
+static int thread_main(void *arg)
+{
+	struct thread_job *j = arg;
+	for (int rep = 0; rep < 20; rep++)
+		j->n = kvd_tokenize(j->t, j->text, j->len, 0, 1, j->ids, MAX_IDS);
+	return 0;
+}
+
+static void test_threads(void **state)
+{
+	NEED_MODEL(state);
+	const struct kvd_tokenizer *t = *state;
+	const char *text = "Threads share one immutable tokenizer: caf\xC3\xA9, 12345, <|im_start|>user\n"
+			   "\xF0\x9F\x8D\x95 and    spaces\n\n\tdone.";
+	static int32_t ref[MAX_IDS], got[4][MAX_IDS];
+	int nref = kvd_tokenize(t, text, strlen(text), 0, 1, ref, MAX_IDS);
+	assert_true(nref > 0);
+	thrd_t th[4];
+	struct thread_job jobs[4];
+	for (int i = 0; i < 4; i++) {
+		jobs[i] = (struct thread_job){ t, text, strlen(text), got[i], 0 };
+		assert_int_equal(thrd_create(&th[i], thread_main, &jobs[i]), thrd_success);
+	}
+	for (int i = 0; i < 4; i++) {
+		thrd_join(th[i], NULL);
+		assert_int_equal(jobs[i].n, nref);
+		assert_memory_equal(got[i], ref, (size_t)nref * sizeof(int32_t));
+	}
+}
+
+/* ---- speed (printed, not asserted) --------------------------------------- */
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void test_speed(void **state)
+{
+	NEED_MODEL(state);
+	const struct kvd_tokenizer *t = *state;
+	static const char *words[] = {
+		"the", "memory", "cache", "scheduler", "tokens", "and", "of", "is", "running", "quickly",
+		"through", "pages", "shared", "prefix", "however,", "it's", "1984", "model", "Linux", "daemon.",
+		"\n\n", "generation", "requests", "(batch)", "we're", "attention", "keys", "values", "GPU", "x2",
+	};
+	size_t cap = 100 * 1024, len = 0;
+	char *text = malloc(cap + 64);
+	assert_non_null(text);
+	uint32_t seed = 12345;
+	while (len < cap) {
+		seed = seed * 1103515245u + 12345u;
+		const char *w = words[(seed >> 16) % (sizeof(words) / sizeof(words[0]))];
+		len += (size_t)sprintf(text + len, "%s%s", len ? " " : "", w);
+	}
+	int32_t *ids = malloc(sizeof(int32_t) * len);
+	assert_non_null(ids);
+	int n = 0;
+	double best = 1e9;
+	for (int rep = 0; rep < 5; rep++) {
+		double t0 = now_s();
+		n = kvd_tokenize(t, text, len, 0, 0, ids, len);
+		double dt = now_s() - t0;
+		if (dt < best)
+			best = dt;
+	}
+	assert_true(n > 0);
+	printf("speed: %zu bytes of English -> %d tokens in %.2f ms (%.1f Mtokens/s, %.1f MB/s)\n", len, n,
+	       best * 1e3, n / best / 1e6, len / best / 1e6);
+	free(ids);
+	free(text);
+}
+
+/* ---- load-time validation on tiny hand-written files --------------------- */
+
+struct gw {
+	FILE *fp;
+	uint64_t n_kv;
+};
+
+static void gw_u32(FILE *fp, uint32_t v) { fwrite(&v, 4, 1, fp); }
+static void gw_u64(FILE *fp, uint64_t v) { fwrite(&v, 8, 1, fp); }
+static void gw_str(FILE *fp, const char *s) { gw_u64(fp, strlen(s)); fwrite(s, 1, strlen(s), fp); }
+
+static void gw_kv_str(FILE *fp, const char *k, const char *v)
+{
+	gw_str(fp, k);
+	gw_u32(fp, GGUF_VT_STRING);
+	gw_str(fp, v);
+}
+
+static void gw_kv_strs(FILE *fp, const char *k, const char *const *v, size_t n)
+{
+	gw_str(fp, k);
+	gw_u32(fp, GGUF_VT_ARRAY);
+	gw_u32(fp, GGUF_VT_STRING);
+	gw_u64(fp, n);
+	for (size_t i = 0; i < n; i++)
+		gw_str(fp, v[i]);
+}
+
+/* A byte-level vocabulary "a", "b", "ab" with the given model, pre and merges. */
+static int load_tiny(const char *model, const char *pre, const char *merge)
+{
+	char path[] = "/tmp/kvd-test-tokenizer-XXXXXX";
+	int fd = mkstemp(path);
+	assert_true(fd >= 0);
+	FILE *fp = fdopen(fd, "wb");
+	assert_non_null(fp);
+	static const char *const toks[] = { "a", "b", "ab" };
+	fwrite("GGUF", 1, 4, fp);
+	gw_u32(fp, 3);
+	gw_u64(fp, 0);
+	gw_u64(fp, 4);
+	gw_kv_str(fp, "tokenizer.ggml.model", model);
+	gw_kv_str(fp, "tokenizer.ggml.pre", pre);
+	gw_kv_strs(fp, "tokenizer.ggml.tokens", toks, 3);
+	gw_kv_strs(fp, "tokenizer.ggml.merges", &merge, 1);
+	long pos = ftell(fp);
+	for (; pos % 32; pos++)
+		fputc(0, fp);
+	fclose(fp);
+
+	struct gguf_file *f = NULL;
+	struct kvd_tokenizer *t = NULL;
+	char err[256] = "";
+	int r = gguf_open(path, &f, err, sizeof(err));
+	unlink(path);
+	assert_int_equal(r, 0);
+	r = kvd_tokenizer_from_gguf(f, &t, err, sizeof(err));
+	gguf_close(f);
+	if (r < 0) {
+		assert_null(t);
+		assert_non_null(strstr(err, path)); /* "<path>: <problem>" */
+	}
+	kvd_tokenizer_free(t);
+	return r;
+}
+
+static void test_load_validation(void **state)
+{
+	(void)state;
+	assert_int_equal(load_tiny("gpt2", "smollm", "a b"), 0);
+	assert_int_equal(load_tiny("gpt2", "smollm", "a c"), -EBADMSG);   /* unknown token */
+	assert_int_equal(load_tiny("gpt2", "smollm", "b a"), -EBADMSG);   /* result "ba" not a token */
+	assert_int_equal(load_tiny("gpt2", "smollm", "ab"), -EBADMSG);    /* not a pair */
+	assert_int_equal(load_tiny("gpt2", "no-such-pre", "a b"), -ENOTSUP);
+	assert_int_equal(load_tiny("bert", "smollm", "a b"), -ENOTSUP);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_synthetic_oracle),
+		cmocka_unit_test(test_load_validation),
+		cmocka_unit_test(test_extra_oracle),
+		cmocka_unit_test_setup_teardown(test_smollm2_oracle, setup_model, teardown_model),
+		cmocka_unit_test_setup_teardown(test_metadata, setup_model, teardown_model),
+		cmocka_unit_test_setup_teardown(test_special_tokens, setup_model, teardown_model),
+		cmocka_unit_test_setup_teardown(test_count_only_and_errors, setup_model, teardown_model),
+		cmocka_unit_test_setup_teardown(test_detok_stream, setup_model, teardown_model),
+		cmocka_unit_test_setup_teardown(test_chat_render_edges, setup_model, teardown_model),
+		cmocka_unit_test_setup_teardown(test_threads, setup_model, teardown_model),
+		cmocka_unit_test_setup_teardown(test_speed, setup_model, teardown_model),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
