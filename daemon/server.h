@@ -17,6 +17,9 @@
 
 #include "config.h"
 
+#define KVD_VERSION     "0.1.0"
+#define KVD_VERSION_NUM ((0u << 16) | (1u << 8) | 0u) /* as in ipc_welcome.server_version */
+
 struct kvd_engine;
 struct kvd_server;
 

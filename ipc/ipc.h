@@ -446,7 +446,9 @@ ssize_t ipc_frame_build(void *buf, size_t cap, uint16_t type, uint32_t flags, ui
 /*
  * Listen on a SOCK_SEQPACKET Unix socket at path ("@name" for the abstract
  * namespace). A stale socket file (nobody accepting) is replaced; a live
- * one gives -EADDRINUSE. mode != 0 is applied with chmod(). The socket is
+ * one gives -EADDRINUSE (the probe that found it live appears to that
+ * daemon as a connection closed at once). mode != 0 is applied with
+ * chmod(). The socket is
  * non-blocking and close-on-exec. Returns 0 and the fd, -ENAMETOOLONG, or
  * the errno of socket/bind/listen.
  */

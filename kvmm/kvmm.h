@@ -236,6 +236,9 @@ int kvmm_stats_fd(const struct kvmm *m);
 /* Refcount of a page (sequences mapping it), 0 for free, cached or out of
  * range. For tests and tools. */
 uint32_t kvmm_page_refcount(const struct kvmm *m, uint32_t page);
+/* The page's state word (refcount | KVMM_PAGE_INDEXED | KVMM_PAGE_FREE), 0
+ * out of range. For tests and tools. */
+uint32_t kvmm_page_state(const struct kvmm *m, uint32_t page);
 
 /* ---- ledger ---------------------------------------------------------------- */
 

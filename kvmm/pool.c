@@ -453,6 +453,11 @@ uint32_t kvmm_page_refcount(const struct kvmm *m, uint32_t page)
 	return page < m->n_pages ? page_ref(m, (int32_t)page) : 0;
 }
 
+uint32_t kvmm_page_state(const struct kvmm *m, uint32_t page)
+{
+	return page < m->n_pages ? page_word(m, (int32_t)page) : 0;
+}
+
 /* ---- statistics and ledger --------------------------------------------------------- */
 
 static void stats_from_words(const uint64_t *w, const struct kvmm_shm *h, struct kvmm_stats *s)

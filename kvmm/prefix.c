@@ -27,6 +27,7 @@ int kvmm_index_init(struct kvmm *m)
 {
 	uint32_t nb = 16;
 
+	m->res_lru = m->swp_lru = (struct kvmm_lru){-1, -1, 0};
 	if (!m->prefix)
 		return 0;
 	m->n_nodes = m->n_pages + m->n_slots;
@@ -44,7 +45,6 @@ int kvmm_index_init(struct kvmm *m)
 		m->nodes[i] = (struct kvmm_node){.hnext = m->node_free};
 		m->node_free = (int32_t)i;
 	}
-	m->res_lru = m->swp_lru = (struct kvmm_lru){-1, -1, 0};
 	return 0;
 }
 

@@ -202,10 +202,12 @@ const int32_t *kvmm_seq_pages(const struct kvmm *m, uint32_t seq, uint32_t *ret_
 {
 	const struct kvmm_seq *s = seq_get(m, seq);
 
+	static const int32_t empty[1] = {-1};
+
 	if (!s)
 		return NULL;
 	*ret_n_pages = s->n_pages;
-	return s->pages;
+	return s->pages ? s->pages : empty; /* NULL means "unknown id" only */
 }
 
 /* ---- plan and commit ------------------------------------------------------------------ */

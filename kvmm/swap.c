@@ -441,8 +441,20 @@ int kvmm_seq_swap_in(struct kvmm *m, uint32_t seq)
 		struct kvmm_swp *e = &s->swp[i];
 		int32_t p = s->pages[i];
 
-		if (kind[i] == SW_RESIDENT)
+		if (kind[i] == SW_RESIDENT) {
+			/* A page only swapped-out sequences held may have lost its
+			 * index entry with an ancestor: enter it again. */
+			if (m->prefix && i < s->n_published && !s->unkeyed && m->pg[p].node < 0) {
+				int32_t q = index_publish_page(m, s, i, p);
+
+				if (q != p) {
+					page_get(m, q);
+					s->pages[i] = q;
+					page_put(m, p);
+				}
+			}
 			continue;
+		}
 		if (kind[i] == SW_READ) {
 			uint32_t fill = (i + 1 == s->n_pages && s->len % m->bs) ? s->len % m->bs : m->bs;
 

@@ -21,9 +21,12 @@ Outputs (all under tests/data/tokenizer/):
                       jinja2 from the model's own tokenizer.chat_template
   tiny_*.gguf         small synthetic vocabularies written here: one
                       SentencePiece ("llama") vocabulary with scores and
-                      <0xXX> byte tokens, and one byte-level BPE vocabulary
-                      under several pre-tokenizer names
-  synthetic_cases.txt llama.cpp's answers for those
+                      <0xXX> byte tokens, one byte-level BPE vocabulary
+                      under several pre-tokenizer names, and 4-token ones
+                      carrying the Llama-3, Llama-2, Zephyr and Phi-3 chat
+                      templates
+  synthetic_cases.txt llama.cpp's answers for those, and jinja2's
+                      renderings of the chat templates
 
 Invalid UTF-8 gets no ids: llama.cpp replaces each invalid byte with U+FFFD
 before tokenizing, while kvd keeps the byte (so decoding gives the input
@@ -38,6 +41,7 @@ import os
 import struct
 import sys
 
+import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from llama_cpp import Llama
 
@@ -195,6 +199,41 @@ CHATS = [
     ("unicode", True, [("user", "Caf\u00e9? \u4f60\u597d \u041f\u0440\u0438\u0432\u0435\u0442 <b>bold</b>")]),
 ]
 
+# Reference chat templates of the other families kvd_chat_render knows, as
+# their models ship them; each goes into a small GGUF (with the family's BOS
+# and EOS texts) and is rendered with jinja2 like the SmolLM2 one.
+CHAT_TEMPLATES = {
+    "llama3": ("<|begin_of_text|>", "<|eot_id|>",
+               "{% set loop_messages = messages %}{% for message in loop_messages %}"
+               "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
+               "+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+               "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
+               "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"),
+    "llama2": ("<s>", "</s>",
+               "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
+               "{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}"
+               "{% set system_message = false %}{% endif %}{% for message in loop_messages %}"
+               "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+               "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+               "{% endif %}{% if loop.index0 == 0 and system_message != false %}"
+               "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}"
+               "{% else %}{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}"
+               "{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
+               "{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}"),
+    "zephyr": ("<s>", "</s>",
+               "{% for message in messages %}\n{% if message['role'] == 'user' %}\n"
+               "{{ '<|user|>\n' + message['content'] + eos_token }}\n{% elif message['role'] == 'system' %}\n"
+               "{{ '<|system|>\n' + message['content'] + eos_token }}\n{% elif message['role'] == 'assistant' %}\n"
+               "{{ '<|assistant|>\n'  + message['content'] + eos_token }}\n{% endif %}\n"
+               "{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor %}"),
+    "phi3": ("<s>", "<|endoftext|>",
+             "{% for message in messages %}{% if message['role'] == 'system' %}"
+             "{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}"
+             "{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}"
+             "{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}"
+             "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}"),
+}
+
 # ---- helpers ------------------------------------------------------------------------
 
 
@@ -208,6 +247,47 @@ def ids_str(ids):
 
 def load(path):
     return Llama(model_path=path, vocab_only=True, verbose=False)
+
+
+def chat_lines(tmpl, bos, eos):
+    """Render CHATS with a template as transformers' apply_chat_template does
+    (sandboxed jinja2, trim_blocks, lstrip_blocks), minus a leading BOS text:
+    kvd leaves the first BOS to the tokenizer."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+    def raise_exception(msg):
+        raise ValueError(msg)
+
+    env.globals["raise_exception"] = raise_exception
+    template = env.from_string(tmpl)
+    lines = []
+    for label, agp, msgs in CHATS:
+        try:
+            rendered = template.render(messages=[{"role": r, "content": c} for r, c in msgs],
+                                       add_generation_prompt=agp, bos_token=bos, eos_token=eos)
+        except (ValueError, jinja2.exceptions.UndefinedError):
+            continue  # the template refuses this conversation
+        if bos and rendered.startswith(bos):
+            rendered = rendered[len(bos):]
+        m = ";".join("%s=%s" % (r, hexs(c.encode("utf-8"))) for r, c in msgs) or "-"
+        lines.append("chat\t%s\t%d\t%s\t%s" % (label, 1 if agp else 0, m, hexs(rendered.encode("utf-8"))))
+    return lines
+
+
+def make_chat_gguf(family, bos, eos, tmpl):
+    kvs = [
+        ("tokenizer.ggml.model", T_STR, "gpt2"),
+        ("tokenizer.ggml.pre", T_STR, "gpt-2"),
+        ("tokenizer.ggml.tokens", (T_ARR, T_STR), [bos, eos, "a", "b"]),
+        ("tokenizer.ggml.token_type", (T_ARR, T_I32), [3, 3, 1, 1]),
+        ("tokenizer.ggml.merges", (T_ARR, T_STR), []),
+        ("tokenizer.ggml.bos_token_id", T_U32, 0),
+        ("tokenizer.ggml.eos_token_id", T_U32, 1),
+        ("tokenizer.chat_template", T_STR, tmpl),
+    ]
+    path = "tests/data/tokenizer/tiny_chat_%s.gguf" % family
+    write_gguf(os.path.join(ROOT, path), kvs)
+    return path
 
 
 def tok_lines(llm, cases):
@@ -417,16 +497,11 @@ def main():
     lines = header + ["model\t" + MODEL] + tok_lines(llm, CASES)
     for label, b in INVALID:
         lines.append("bytes\t%s\t%s" % (label, hexs(b)))
-    tmpl = llm.metadata["tokenizer.chat_template"]
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    template = env.from_string(tmpl)
-    for label, agp, msgs in CHATS:
-        rendered = template.render(messages=[{"role": r, "content": c} for r, c in msgs],
-                                   add_generation_prompt=agp, bos_token="", eos_token="<|im_end|>")
-        m = ";".join("%s=%s" % (r, hexs(c.encode("utf-8"))) for r, c in msgs) or "-"
-        lines.append("chat\t%s\t%d\t%s\t%s" % (label, 1 if agp else 0, m, hexs(rendered.encode("utf-8"))))
+    # SmolLM2's template uses neither bos_token nor eos_token.
+    for line in chat_lines(llm.metadata["tokenizer.chat_template"], "", "<|im_end|>"):
+        lines.append(line)
         # The rendering is also a tokenization case.
-        lines += tok_lines(llm, [("chat-" + label, rendered)])
+        lines += tok_lines(llm, [("chat-" + line.split("\t")[1], bytes.fromhex(line.split("\t")[4]).decode())])
     with open(os.path.join(OUT_DIR, "smollm2_cases.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("smollm2_cases.txt: %d tok, %d bytes, %d chat" % (
@@ -436,9 +511,13 @@ def main():
     for path in [make_tiny_spm()] + [make_tiny_bpe(p) for p in ("smollm", "llama-bpe", "gpt-2", "default", "qwen2")]:
         lines.append("model\t" + path)
         lines += tok_lines(load(path), TINY_CASES)
+    for family, (bos, eos, tmpl) in CHAT_TEMPLATES.items():
+        lines.append("model\t" + make_chat_gguf(family, bos, eos, tmpl))
+        lines += chat_lines(tmpl, bos, eos)
     with open(os.path.join(OUT_DIR, "synthetic_cases.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    print("synthetic_cases.txt: %d tok" % sum(l.startswith("tok\t") for l in lines))
+    print("synthetic_cases.txt: %d tok, %d chat" % (sum(l.startswith("tok\t") for l in lines),
+                                                    sum(l.startswith("chat\t") for l in lines)))
 
 
 if __name__ == "__main__":

@@ -112,15 +112,9 @@ struct kvd_tokenizer {
 	enum chat_family chat;
 	char *chat_system;     /* ChatML default system message, or NULL */
 	size_t chat_system_len;
-	bool l2_sys, l2_bos_inside, l2_strip; /* Llama-2 template variants */
-	bool zephyr_eos_is_token;
+	bool l2_sys; /* Llama-2 template with a <<SYS>> block */
+	enum { ZEPHYR_END_ENDOFTEXT, ZEPHYR_END_EOS, ZEPHYR_END_PHI3 } zephyr_end; /* what ends a turn */
 };
-
-/* Named limits on what a file may claim. */
-#define KVD_TOKENIZER_MAX_VOCAB       (1 << 22)
-#define KVD_TOKENIZER_MAX_TOKEN_BYTES 4096u
-#define KVD_TOKENIZER_MAX_MERGES      (1u << 22)
-#define KVD_CHAT_TEMPLATE_MAX_BYTES   (1u << 20)
 
 /* ---- small helpers ------------------------------------------------------- */
 
@@ -701,13 +695,16 @@ static int load_chat_template(struct kvd_tokenizer *t, const struct gguf_file *f
 	} else if (mem_contains(tp, n, "[INST]")) {
 		t->chat = CHAT_LLAMA2;
 		t->l2_sys = mem_contains(tp, n, "<<SYS>>");
-		t->l2_bos_inside = mem_contains(tp, n, "bos_token + '[INST]");
-		t->l2_strip = mem_contains(tp, n, "content.strip()");
 	} else if (mem_contains(tp, n, "<|user|>") && mem_contains(tp, n, "<|assistant|>")) {
 		t->chat = CHAT_ZEPHYR;
-		/* A turn ends with the EOS token's text when the template says
-		 * eos_token, else with the literal <|endoftext|>. */
-		t->zephyr_eos_is_token = mem_contains(tp, n, "eos_token") && t->eos >= 0;
+		/* A turn ends with <|end|> in Phi-3's variant, with the EOS token's
+		 * text when the template says eos_token, else with <|endoftext|>. */
+		if (mem_contains(tp, n, "<|end|>"))
+			t->zephyr_end = ZEPHYR_END_PHI3;
+		else if (mem_contains(tp, n, "eos_token") && t->eos >= 0)
+			t->zephyr_end = ZEPHYR_END_EOS;
+		else
+			t->zephyr_end = ZEPHYR_END_ENDOFTEXT;
 	} else {
 		t->chat = CHAT_UNKNOWN;
 	}
@@ -1368,12 +1365,14 @@ static int32_t match_special(const struct kvd_tokenizer *t, const char *s, size_
 	return -1;
 }
 
-static int raw_fragment(struct tok_call *c, const char *s, size_t n, bool after_special)
+/* Raw text between special tokens. Every such fragment starts the text or
+ * follows a special token, which is where SPM prepends its space. */
+static int raw_fragment(struct tok_call *c, const char *s, size_t n)
 {
 	if (n == 0)
 		return 0;
 	if (c->t->model == MODEL_SPM)
-		return spm_fragment(c, s, n, c->t->add_space_prefix && after_special);
+		return spm_fragment(c, s, n, c->t->add_space_prefix);
 	return pre_split(c, 0, (const unsigned char *)s, 0, n);
 }
 
@@ -1391,7 +1390,6 @@ int kvd_tokenize(const struct kvd_tokenizer *t, const char *text, size_t len, in
 		emit(&c, t->bos);
 
 	/* Cut the text at special tokens; what lies between is raw text. */
-	bool after_special = true; /* the text's start counts as one (SPM space prefix) */
 	size_t frag = 0;
 	for (size_t pos = 0; pos < len;) {
 		size_t sl;
@@ -1401,17 +1399,14 @@ int kvd_tokenize(const struct kvd_tokenizer *t, const char *text, size_t len, in
 			pos++;
 			continue;
 		}
-		if (pos > frag) {
-			if ((r = raw_fragment(&c, text + frag, pos - frag, after_special)) < 0)
-				goto out;
-		}
+		if (pos > frag && (r = raw_fragment(&c, text + frag, pos - frag)) < 0)
+			goto out;
 		emit(&c, id);
-		after_special = true;
 		pos += sl;
 		frag = pos;
 	}
 	if (len > frag)
-		r = raw_fragment(&c, text + frag, len - frag, after_special);
+		r = raw_fragment(&c, text + frag, len - frag);
 out:
 	free(c.sym);
 	free(c.heap);
@@ -1514,14 +1509,107 @@ static void sb_str(struct sbuf *b, const char *s)
 	sb_put(b, s, strlen(s));
 }
 
-static void sb_trimmed(struct sbuf *b, const char *s)
+/* Python's str.isspace(), which Jinja's trim and str.strip() use. */
+static bool py_space(uint32_t cp)
+{
+	return (cp >= 0x1C && cp <= 0x1F) || (kvd_unicode_flags(cp) & KVD_CPF_SPACE);
+}
+
+/* s[0..n) without leading and trailing white space, as str.strip(). */
+static const char *py_strip(const char *s, size_t *n)
+{
+	const unsigned char *u = (const unsigned char *)s;
+	size_t a = 0, b = *n;
+	while (a < b) {
+		uint32_t cp;
+		size_t l = kvd_utf8_decode_lenient(u + a, b - a, &cp);
+		if (!py_space(cp))
+			break;
+		a += l;
+	}
+	while (b > a) {
+		size_t k = b - 1;
+		while (k > a && (u[k] & 0xC0) == 0x80 && b - k < 4)
+			k--;
+		uint32_t cp;
+		size_t l = kvd_utf8_decode_lenient(u + k, b - k, &cp);
+		if (l != b - k || !py_space(cp))
+			break;
+		b = k;
+	}
+	*n = b - a;
+	return s + a;
+}
+
+static void sb_stripped(struct sbuf *b, const char *s)
 {
 	size_t n = strlen(s);
-	while (n && strchr(" \t\n\r\v\f", s[n - 1]))
-		n--;
-	while (n && strchr(" \t\n\r\v\f", *s))
-		s++, n--;
+	s = py_strip(s, &n);
 	sb_put(b, s, n);
+}
+
+static void sb_eos(struct sbuf *b, const struct kvd_tokenizer *t, const char *fallback)
+{
+	size_t el;
+	if (t->eos >= 0 && t->text_off[t->eos + 1] > t->text_off[t->eos]) {
+		const char *e = tok_text(t, t->eos, &el);
+		sb_put(b, e, el);
+	} else {
+		sb_str(b, fallback);
+	}
+}
+
+/*
+ * Llama-2-chat: a leading system message goes into the first user turn as
+ * a <<SYS>> block, each user turn is "[INST] content [/INST]" (stripped,
+ * with BOS text before every turn but the first), each assistant turn
+ * " content </s>". Without <<SYS>> in the template the system text opens
+ * the first user turn, followed by a blank line.
+ */
+static int render_llama2(struct sbuf *b, const struct kvd_tokenizer *t, const struct kvd_chat_msg *msgs,
+			 size_t n_msgs)
+{
+	const char *sys = NULL;
+	size_t i = 0, users = 0;
+	if (n_msgs && strcmp(msgs[0].role, "system") == 0)
+		sys = msgs[i++].content;
+	for (; i < n_msgs; i++) {
+		if (strcmp(msgs[i].role, "user") == 0) {
+			if (users++ > 0) {
+				if (t->bos >= 0) {
+					size_t bl;
+					const char *bos = tok_text(t, t->bos, &bl);
+					sb_put(b, bos, bl);
+				} else {
+					sb_str(b, "<s>");
+				}
+			}
+			sb_str(b, "[INST] ");
+			if (sys && users == 1) {
+				/* The template strips the combined text: build it first. */
+				size_t sl = strlen(sys), cl = strlen(msgs[i].content);
+				char *all = malloc(sl + cl + 32);
+				if (!all)
+					return -ENOMEM;
+				int n = sprintf(all, t->l2_sys ? "<<SYS>>\n%s\n<</SYS>>\n\n%s" : "%s\n\n%s", sys,
+						msgs[i].content);
+				size_t al = (size_t)n;
+				const char *s = py_strip(all, &al);
+				sb_put(b, s, al);
+				free(all);
+			} else {
+				sb_stripped(b, msgs[i].content);
+			}
+			sb_str(b, " [/INST]");
+		} else if (strcmp(msgs[i].role, "assistant") == 0) {
+			sb_str(b, " ");
+			sb_stripped(b, msgs[i].content);
+			sb_str(b, " ");
+			sb_eos(b, t, "</s>");
+		}
+		/* A system message after the first turn has no place in this format. */
+	}
+	return 0;
 }
 
 int kvd_chat_render(const struct kvd_tokenizer *t, const struct kvd_chat_msg *msgs, size_t n_msgs,
@@ -1538,6 +1626,7 @@ int kvd_chat_render(const struct kvd_tokenizer *t, const struct kvd_chat_msg *ms
 	if (!out)
 		cap = 0;
 	struct sbuf b = { out, cap, 0 };
+	int r;
 
 	switch (t->chat) {
 	case CHAT_CHATML:
@@ -1561,59 +1650,38 @@ int kvd_chat_render(const struct kvd_tokenizer *t, const struct kvd_chat_msg *ms
 			sb_str(&b, "<|start_header_id|>");
 			sb_str(&b, msgs[i].role);
 			sb_str(&b, "<|end_header_id|>\n\n");
-			sb_trimmed(&b, msgs[i].content);
+			sb_stripped(&b, msgs[i].content);
 			sb_str(&b, "<|eot_id|>");
 		}
 		if (add_assistant)
 			sb_str(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 		break;
-	case CHAT_LLAMA2: {
-		bool inside = true;
-		sb_str(&b, "[INST] ");
-		for (size_t i = 0; i < n_msgs; i++) {
-			const char *role = msgs[i].role;
-			if (!inside) {
-				inside = true;
-				sb_str(&b, t->l2_bos_inside ? "<s>[INST] " : "[INST] ");
-			}
-			void (*put)(struct sbuf *, const char *) = t->l2_strip ? sb_trimmed : sb_str;
-			if (strcmp(role, "system") == 0) {
-				if (t->l2_sys) {
-					sb_str(&b, "<<SYS>>\n");
-					put(&b, msgs[i].content);
-					sb_str(&b, "\n<</SYS>>\n\n");
-				} else {
-					put(&b, msgs[i].content);
-					sb_str(&b, "\n");
-				}
-			} else if (strcmp(role, "user") == 0) {
-				put(&b, msgs[i].content);
-				sb_str(&b, " [/INST]");
-			} else {
-				put(&b, msgs[i].content);
-				sb_str(&b, "</s>");
-				inside = false;
-			}
-		}
+	case CHAT_LLAMA2:
+		if ((r = render_llama2(&b, t, msgs, n_msgs)) < 0)
+			return r;
 		break;
-	}
 	case CHAT_ZEPHYR:
 		for (size_t i = 0; i < n_msgs; i++) {
 			sb_str(&b, "<|");
 			sb_str(&b, msgs[i].role);
 			sb_str(&b, "|>\n");
 			sb_str(&b, msgs[i].content);
-			if (t->zephyr_eos_is_token) {
-				size_t el;
-				const char *e = tok_text(t, t->eos, &el);
-				sb_put(&b, e, el);
-			} else {
-				sb_str(&b, "<|endoftext|>");
-			}
+			if (t->zephyr_end == ZEPHYR_END_EOS)
+				sb_eos(&b, t, "</s>");
+			else
+				sb_str(&b, t->zephyr_end == ZEPHYR_END_PHI3 ? "<|end|>" : "<|endoftext|>");
 			sb_str(&b, "\n");
 		}
-		if (add_assistant)
+		if (t->zephyr_end == ZEPHYR_END_PHI3) {
+			/* Phi-3 closes a conversation without a reply prompt with EOS. */
+			if (add_assistant)
+				sb_str(&b, "<|assistant|>\n");
+			else
+				sb_eos(&b, t, "<|endoftext|>");
+		} else if (add_assistant && n_msgs) {
+			/* Zephyr asks for the reply inside its message loop. */
 			sb_str(&b, "<|assistant|>\n");
+		}
 		break;
 	default:
 		return -ENOTSUP;

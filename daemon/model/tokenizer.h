@@ -33,13 +33,20 @@ struct kvd_tokenizer;
 /* Longest text accepted by kvd_tokenize(), bytes. */
 #define KVD_TOKENIZE_MAX_BYTES (64u << 20)
 
+/* Limits on what a file's tokenizer metadata may claim. */
+#define KVD_TOKENIZER_MAX_VOCAB       (1 << 22)   /* tokens */
+#define KVD_TOKENIZER_MAX_TOKEN_BYTES 4096u       /* one token's text */
+#define KVD_TOKENIZER_MAX_MERGES      (1u << 22)  /* BPE merges */
+#define KVD_CHAT_TEMPLATE_MAX_BYTES   (1u << 20)  /* longer templates are not recognised */
+
 /*
  * Build the tokenizer from the file's metadata. Returns 0, -ENOTSUP for an
  * unknown tokenizer model or pre-tokenizer, -EBADMSG for inconsistent
  * metadata (missing tokens array, merge naming an unknown token or one
- * whose result is not a token, ids out of range, a vocabulary over
- * 4M tokens or a token over 4096 bytes), -ENOMEM. On failure writes
- * "<path>: <problem>" into err. *ret is set only on success.
+ * whose result is not a token, ids out of range, token_type or scores of
+ * the wrong length, more tokens, merges or token bytes than the limits
+ * above), -ENOMEM. On failure writes "<path>: <problem>" into err.
+ * *ret is set only on success.
  * The tokenizer copies what it needs; the file may be closed afterwards.
  * A missing tokenizer.ggml.pre means "default"; a missing or unrecognised
  * chat template is not an error (see kvd_chat_render).
@@ -86,7 +93,11 @@ size_t kvd_tokenizer_max_token_bytes(const struct kvd_tokenizer *t);
  * freed before returning.
  * Invalid UTF-8 is tokenized byte-wise, never rejected: each invalid byte is
  * classified like U+FFFD by the pre-tokenizer but keeps its own byte token,
- * so decoding gives the input back.
+ * so decoding gives the input back. The exception is a byte the vocabulary
+ * has no token for at all (SmolLM2 lacks 21, among them 0x04, 0xC0, 0xF1
+ * and 0xF5..0xFF): it becomes the unknown token when that token is of type
+ * UNKNOWN, else it is dropped (SmolLM2's "unknown" is <|endoftext|>), as
+ * llama.cpp does.
  */
 int kvd_tokenize(const struct kvd_tokenizer *t, const char *text, size_t len, int add_bos,
 		 int parse_special, int32_t *out, size_t max_out);
@@ -133,21 +144,33 @@ struct kvd_chat_msg {
 
 /*
  * Render messages with the model's chat template (tokenizer.chat_template).
- * The family is recognised from the template text, as llama.cpp does:
- * ChatML (<|im_start|>role\n...<|im_end|>\n), Llama-3
- * (<|start_header_id|>, content trimmed), Llama-2 ([INST], with its
- * <<SYS>> / strip / BOS-inside variants), Zephyr (<|user|> and
- * <|assistant|>). A model without a template gets ChatML. The BOS token is
- * never rendered: tokenize with add_bos = kvd_tokenizer_add_bos(t) and
- * parse_special = 1. With add_assistant the prompt ends where the
- * assistant's reply begins (Llama-2 always ends after [/INST]).
+ * The family is recognised from the template text and rendered the way its
+ * reference template does (checked against jinja2 renderings):
+ *  - ChatML (<|im_start|>): "<|im_start|>role\ncontent<|im_end|>\n" per
+ *    message. When the template spells a default system message as a plain
+ *    literal ("<|im_start|>system\n...<|im_end|>", as SmolLM2's does), it is
+ *    rendered first whenever there are messages and the first is not a
+ *    system turn.
+ *  - Llama-3 (<|start_header_id|>): "<|start_header_id|>role<|end_header_id|>
+ *    \n\n" + content stripped + "<|eot_id|>".
+ *  - Llama-2 ([INST]): Llama-2-chat's format; a leading system message
+ *    becomes a <<SYS>> block in the first user turn (or, for [INST]
+ *    templates without <<SYS>>, a paragraph before it); later user turns
+ *    start with the BOS text; add_assistant changes nothing (a prompt ends
+ *    after " [/INST]" anyway); system messages after the first are dropped.
+ *  - Zephyr (<|user|> and <|assistant|>): "<|role|>\ncontent" + end + "\n",
+ *    end being <|end|> (Phi-3), the EOS text (templates using eos_token) or
+ *    <|endoftext|>; the reply prompt only follows at least one message
+ *    (Phi-3: always, and without it the EOS text closes the conversation).
+ * A model without a template gets plain ChatML. The BOS token is never
+ * rendered at the start: tokenize with add_bos = kvd_tokenizer_add_bos(t)
+ * and parse_special = 1. With add_assistant the prompt ends where the
+ * assistant's reply begins.
  * Returns the length of the rendered text (written like snprintf: at most
  * cap - 1 bytes and a NUL when cap > 0; out may be NULL when cap is 0),
- * -ENOTSUP for a template it cannot render, -EINVAL for a role other than
- * system/user/assistant or a NULL role or content.
- * For ChatML, when the template spells a default system message as a plain
- * literal ("<|im_start|>system\n...<|im_end|>"), it is rendered first
- * whenever there are messages and the first is not a system turn.
+ * -ENOTSUP for a template it does not recognise, -EINVAL for a role other
+ * than system/user/assistant or a NULL role or content, -E2BIG past
+ * INT_MAX bytes, -ENOMEM.
  */
 int kvd_chat_render(const struct kvd_tokenizer *t, const struct kvd_chat_msg *msgs, size_t n_msgs,
 		    int add_assistant, char *out, size_t cap);

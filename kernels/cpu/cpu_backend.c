@@ -232,7 +232,7 @@ struct mm_job {
 	int64_t ldy;
 };
 
-#define MM_ROW_TILE 16
+#define MM_ROW_TILE 32
 
 static void mm_range(const struct mm_job *j, int64_t r0, int64_t r1)
 {
@@ -242,6 +242,23 @@ static void mm_range(const struct mm_job *j, int64_t r0, int64_t r1)
 	size_t rb = j->w->row_bytes;
 	int64_t n = j->w->cols;
 
+	gemm_fn gemm = j->xq ? j->c->k.gemm[j->w->type] : NULL;
+	if (gemm) {
+		/* tiles of GEMM_R rows x GEMM_C tokens; a strip of rows stays in
+		 * L1 while all tokens pass over it */
+		for (int64_t rt = r0; rt < r1; rt += MM_ROW_TILE) {
+			int64_t re = rt + MM_ROW_TILE < r1 ? rt + MM_ROW_TILE : r1;
+			for (int t = 0; t < j->T; t += GEMM_C) {
+				int C = j->T - t < GEMM_C ? j->T - t : GEMM_C;
+				for (int64_t r = rt; r < re; r += GEMM_R) {
+					int R = re - r < GEMM_R ? (int)(re - r) : GEMM_R;
+					gemm(wbase + r * rb, rb, R, j->xq + t * j->ldq, (size_t)j->ldq, C, n,
+					     j->y + t * j->ldy + r, (size_t)j->ldy);
+				}
+			}
+		}
+		return;
+	}
 	/* Tile rows so a tile of weights stays in cache across all tokens. */
 	for (int64_t rt = r0; rt < r1; rt += MM_ROW_TILE) {
 		int64_t re = rt + MM_ROW_TILE < r1 ? rt + MM_ROW_TILE : r1;

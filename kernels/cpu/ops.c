@@ -516,10 +516,13 @@ void cpu_kernels_init(struct cpu_kernels *k, int force_generic)
 		k->dot_f32_f16 = dot_f32_f16_avx2;
 		k->axpy_f16 = axpy_f16_avx2;
 		k->store_f16 = store_f16_avx2;
-		/* The 512-bit multi-row kernels are not yet faster than the
-		 * 256-bit ones on the CPUs kvd is measured on: opt-in. */
+		/* The 512-bit multi-row dot kernels are not faster than the
+		 * 256-bit ones (opt-in); the tiled kernels are, and are the
+		 * default where the CPU has AVX-512 VNNI. */
 		if (getenv("KVD_CPU_AVX512"))
 			cpu_kernels_init_avx512(k);
+		if (!getenv("KVD_CPU_NO_AVX512"))
+			cpu_kernels_init_gemm_avx512(k);
 	}
 #endif
 }

@@ -44,10 +44,19 @@ typedef float (*vec_dot_fn)(const void *w, const float *x, const struct q8_block
 typedef void (*vec_dotn_fn)(const void *w, size_t row_bytes, int nr, const float *x, const struct q8_block *xq,
 			    int64_t n, float *out);
 
+/* A tile of R (<= GEMM_R) weight rows, row_bytes apart, times C (<= GEMM_C)
+ * activation rows (q8 blocks, ldq blocks apart): y[t * ldy + r]. Each
+ * (row, token) result is bit-identical whatever R and C. */
+#define GEMM_R 4
+#define GEMM_C 4
+typedef void (*gemm_fn)(const void *w, size_t row_bytes, int R, const struct q8_block *xq, size_t ldq, int C,
+			int64_t n, float *y, size_t ldy);
+
 struct cpu_kernels {
 	const char *isa; /* "avx2" or "generic" */
 	vec_dot_fn dot[KVD_WTYPE_BF16 + 1]; /* by enum kvd_wtype */
 	vec_dotn_fn dotn[KVD_WTYPE_BF16 + 1]; /* NULL: use dot row by row */
+	gemm_fn gemm[KVD_WTYPE_BF16 + 1];     /* NULL: use dotn or dot */
 	void (*quantize_q8)(const float *x, struct q8_block *y, int64_t n);
 	/* sum_i q[i] * k[i] with k stored as f16 */
 	float (*dot_f32_f16)(const float *q, const uint16_t *k, int n);
@@ -64,6 +73,9 @@ void cpu_kernels_init(struct cpu_kernels *k, int force_generic);
 /* Install the AVX-512 VNNI multi-row kernels when the CPU has them;
  * returns 1 if it did. */
 int cpu_kernels_init_avx512(struct cpu_kernels *k);
+/* Install the AVX-512 VNNI tiled kernels (used for every batch shape, so
+ * results stay shape-independent); returns 1 if the CPU has them. */
+int cpu_kernels_init_gemm_avx512(struct cpu_kernels *k);
 
 /* Whether a weight type needs quantized activations. */
 static inline int wtype_is_quantized(enum kvd_wtype t)

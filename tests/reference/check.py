@@ -47,17 +47,24 @@ standard deviation over the vocabulary; the largest seen is printed).
   and vs llama.cpp for the 135M model):
     float weights (F32/F16/BF16): max 1.1e-3 std      -> TOL 5e-3
     tiny models with Q4_0/Q4_1/Q8_0: max 8e-2 std     -> TOL 0.2
-    SmolLM2-135M Q4_1 (30 layers): max 0.47 std, rms 0.22 std
-                                                     -> TOL 0.75 (rms 0.3)
-  A bug in the math (RoPE pairing, head grouping, norm, a block format) moves
-  logits by O(1) std or more.
+    SmolLM2-135M Q4_1 (30 layers): max 0.63 std, rms 0.24 std over 25
+    prompts x 32 steps (kvd too shows this, and llama.cpp vs the
+    reference up to 0.46 std)                         -> TOL 1.0 (rms 0.35)
+  What the bounds catch: on the float tiny models almost any slip (a wrong
+  norm epsilon excepted, which is below float noise). On quantized models a
+  wrong block format, RoPE pairing, head grouping or missing step moves logits
+  by O(1) std or more; on the 135M model a wrong rope base (1e4 for 1e5) gives
+  rms 0.69 std, a wrong RoPE pairing 4.8 std. Smaller slips there (norm eps
+  1e-3, K/V kept in f32) stay within its quantization noise (rms <= 0.19 std),
+  which is why the float tiny models carry the fine-grained check.
   Greedy tokens: the engine's token must be the reference's argmax. The one
   exception is a near tie: if the reference's logit for the engine's token is
   within TIE of its maximum, the two are indistinguishable at this precision;
   such steps are listed and counted, never silently. TIE (in std units) is
   the measured noise of a top-2 logit gap with margin: 1e-2 for float
   models (gap noise seen 3e-4), 0.2 for tiny quantized models (seen 6.4e-2),
-  0.3 for the 135M model (seen 0.18 std = 0.76 logits).
+  0.3 for the 135M model (seen 0.18 std = 0.76 logits; kvd's token differed
+  from the reference's at gaps up to 0.06 std on prompts not used here).
 
 Exit status: 0 all checks passed, 1 a check failed or kvd_eval is missing
 or failed.
@@ -83,30 +90,34 @@ import gen_tiny_models  # noqa: E402
 
 TOL_FLOAT, TIE_FLOAT = 5e-3, 1e-2
 TOL_QTINY, TIE_QTINY = 0.2, 0.2
-TOL_REAL, TOL_REAL_RMS, TIE_REAL = 0.75, 0.3, 0.3
+TOL_REAL, TOL_REAL_RMS, TIE_REAL = 1.0, 0.35, 0.3
 
 N_TINY = 20   # tokens generated per tiny prompt (crosses a 16-token page)
 N_REAL = 32
 N_INV_REAL = 4
 
+# Five prompts of different kinds. Each was checked to have a greedy path
+# whose top-2 logit gaps stay clear of the noise over its 32 tokens (smallest
+# gap 0.02 to 0.7 std), so "identical" is decidable for every token. "chatml"
+# is a list of segments: its special tokens are spliced in by id (see
+# chatml_tokens) and the text between them is tokenized by kvd.
 REAL_PROMPTS = [
-    ("question", "What is the capital of France? Answer in one sentence."),
-    ("code", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"),
-    ("list", "Shopping list:\n1. Milk\n2. Eggs\n3."),
-    ("chatml", "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
-               "Hugging Face<|im_end|>\n<|im_start|>user\nWhy is the sky blue?<|im_end|>\n"
-               "<|im_start|>assistant\n"),
+    ("question", "What is the capital of Japan?"),
+    ("code", "def add(a, b):\n    return a + b\n\n\ndef subtract(a, b):\n"),
+    ("list", "Here are the months of the year:\n1. January\n2. February\n3."),
+    ("chatml", ["<|im_start|>", "system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face",
+                "<|im_end|>", "\n", "<|im_start|>", "user\nWhat is the boiling point of water?",
+                "<|im_end|>", "\n", "<|im_start|>", "assistant\n"]),
     ("paragraph",
-     "The printing press was developed in the fifteenth century, when Johannes Gutenberg "
-     "combined movable metal type, oil-based ink and a wooden screw press in the German city "
-     "of Mainz. Before his invention, books in Europe were copied by hand, usually by monks "
-     "working in monasteries, and a single volume could take months to finish. As a result, "
-     "books were rare, expensive and owned mainly by churches, universities and the "
-     "wealthiest families. Within fifty years of Gutenberg's first Bible, printing shops had "
-     "spread to more than two hundred cities, and millions of books were in circulation. "
-     "Cheaper books helped spread literacy, new scientific ideas and religious debates across "
-     "the continent. Historians still argue about how quickly these changes took place, but few "
-     "doubt that the press reshaped European society. In short, the printing press"),
+     "Bees are flying insects closely related to wasps and ants, and they are known for their "
+     "role in pollination. There are more than twenty thousand known species of bees, found on "
+     "every continent except Antarctica. The best known is the western honey bee, which lives "
+     "in large colonies made up of a single queen, thousands of female workers and, in summer, "
+     "a few hundred male drones. Worker bees collect nectar and pollen from flowers, and as they "
+     "move from flower to flower they carry pollen that fertilizes the plants. Back in the hive, "
+     "the nectar is turned into honey, which the colony stores as food for the winter. Farmers "
+     "depend on bees to pollinate many crops, including apples, almonds and blueberries. The "
+     "three kinds of bees in a honey bee colony are"),
 ]
 # extra short prompts that only fill the real model's batch of 8
 REAL_BATCH_EXTRA = ["Once upon a time", "import numpy as np\n", "The three primary colors are"]
@@ -358,12 +369,33 @@ def part_tiny(eng, tiny, stats, do_ref, do_inv):
     return fails, n_inv
 
 
+def chatml_tokens(eng, model_path, segments):
+    """Token ids of a ChatML prompt: special-token segments by their id in the
+    GGUF vocabulary, the text between them tokenized by kvd (--prompt), each
+    piece on its own -- how a tokenizer that parses special tokens splits such
+    text."""
+    import gguf
+    f = gguf.GGUFReader(model_path).fields["tokenizer.ggml.tokens"]
+    vocab = {bytes(f.parts[i]).decode("utf-8", "replace"): n for n, i in enumerate(f.data)}
+    out = []
+    for seg in segments:
+        if seg in vocab and seg.startswith("<|"):
+            out.append(vocab[seg])
+        else:
+            out += eng.run(model_path, prompt=seg, n_predict=1)[0]["prompt_tokens"]
+    return out
+
+
 def part_real(eng, model_path, stats, do_ref, do_inv):
     fails = []
     t0 = time.time()
     runs = []
     for tag, text in REAL_PROMPTS:
-        runs.append(eng.run(model_path, prompt=text, n_predict=N_REAL)[0])
+        if isinstance(text, list):
+            toks = chatml_tokens(eng, model_path, text)
+            runs.append(eng.run(model_path, tokens=toks, n_predict=N_REAL)[0])
+        else:
+            runs.append(eng.run(model_path, prompt=text, n_predict=N_REAL)[0])
     t_eng = time.time() - t0
     name = os.path.basename(model_path)
     if do_ref:
@@ -372,7 +404,8 @@ def part_real(eng, model_path, stats, do_ref, do_inv):
         log("%s: %s (reference load + dequantize %.1fs, engine %.1fs for %d prompts)" % (
             name, m.describe(), time.time() - t0, t_eng, len(runs)))
         for (tag, text), r in zip(REAL_PROMPTS, runs):
-            fails += compare("%s: %s" % (tag, _short(text, 24)), m, r, TOL_REAL, TIE_REAL, stats, name,
+            shown = "".join(text) if isinstance(text, list) else text
+            fails += compare("%s: %s" % (tag, _short(shown, 24)), m, r, TOL_REAL, TIE_REAL, stats, name,
                              tol_rms=TOL_REAL_RMS)
         del m
     n_inv = 0

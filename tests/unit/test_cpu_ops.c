@@ -218,6 +218,55 @@ static void test_multirow_kernels(void **state)
 	}
 }
 
+/* Tiled kernels: every (row, token) result is bit-identical for every tile
+ * shape, and close to the portable dot product. */
+static void test_gemm_tiles(void **state)
+{
+	const enum kvd_wtype types[] = {KVD_WTYPE_Q4_0, KVD_WTYPE_Q4_1, KVD_WTYPE_Q8_0};
+	struct cpu_kernels kg, kv;
+	(void)state;
+	cpu_kernels_init(&kg, 1);
+	memset(&kv, 0, sizeof(kv));
+	if (!cpu_kernels_init_gemm_avx512(&kv))
+		skip();
+	for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
+		enum kvd_wtype t = types[ti];
+		for (int it = 0; it < 60; it++) {
+			int64_t n = 32 * (1 + next_u32() % 24);
+			size_t rb = kvd_wtype_row_bytes(t, n);
+			uint8_t w[GEMM_R * 24 * 34];
+			float x[GEMM_C][24 * 32];
+			struct q8_block xq[GEMM_C][24];
+			float full[GEMM_C][GEMM_R];
+			for (int r = 0; r < GEMM_R; r++)
+				fill_weights(t, w + r * rb, n);
+			for (int c = 0; c < GEMM_C; c++) {
+				for (int64_t i = 0; i < n; i++)
+					x[c][i] = frand();
+				kg.quantize_q8(x[c], xq[c], n);
+			}
+			kv.gemm[t](w, rb, GEMM_R, &xq[0][0], 24, GEMM_C, n, &full[0][0], GEMM_R);
+			for (int R = 1; R <= GEMM_R; R++)
+				for (int C = 1; C <= GEMM_C; C++)
+					for (int r0 = 0; r0 + R <= GEMM_R; r0++)
+						for (int c0 = 0; c0 + C <= GEMM_C; c0++) {
+							float part[GEMM_C][GEMM_R];
+							kv.gemm[t](w + r0 * rb, rb, R, &xq[c0][0], 24, C, n, &part[0][0], GEMM_R);
+							for (int c = 0; c < C; c++)
+								assert_memory_equal(&part[c][0], &full[c0 + c][r0],
+										    sizeof(float) * (size_t)R);
+						}
+			for (int c = 0; c < GEMM_C; c++)
+				for (int r = 0; r < GEMM_R; r++) {
+					float ref = kg.dot[t](w + r * rb, x[c], xq[c], n);
+					if (fabsf(ref - full[c][r]) > 1e-4f * (1 + fabsf(ref)))
+						fail_msg("%s n=%lld (%d,%d): %g vs portable %g", kvd_wtype_name(t),
+							 (long long)n, r, c, full[c][r], ref);
+				}
+		}
+	}
+}
+
 static void test_attention_helpers(void **state)
 {
 	struct cpu_kernels kg, kv;
@@ -253,6 +302,7 @@ int main(void)
 		cmocka_unit_test(test_quantize_q8),
 		cmocka_unit_test(test_dot_products),
 		cmocka_unit_test(test_multirow_kernels),
+		cmocka_unit_test(test_gemm_tiles),
 		cmocka_unit_test(test_attention_helpers),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -9,14 +9,18 @@
  *  - the same for small synthetic vocabularies: SentencePiece with byte
  *    fallback, and byte-level BPE under the smollm, llama-bpe, gpt-2,
  *    default and qwen2 pre-tokenizers;
- *  - decode(encode(x)) == x for every case, invalid UTF-8 included;
+ *  - decode(encode(x)) == x for every byte-level case, invalid UTF-8
+ *    included (bytes the vocabulary cannot spell at all are dropped);
  *  - streaming detokenization never splits a character;
- *  - chat rendering equals the model's template rendered by jinja2;
+ *  - chat rendering equals jinja2's rendering of the model's template, and
+ *    of reference Llama-3, Llama-2, Zephyr and Phi-3 templates;
+ *  - SentencePiece details: BOS by default, U+2581, <0xXX> fallback;
  *  - error returns, load-time rejection of bad metadata, and that
  *    concurrent use from several threads gives the same ids;
  *  - speed, printed, not asserted.
  * Tests that need the default model skip when models/ lacks it (run
  * scripts/setup); the synthetic ones always run. Run from the repository root.
+ * $KVD_TOKENIZER_CASES names extra oracle files in the same format.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -191,7 +195,8 @@ static void run_oracle_file(const char *path, struct oracle_stats *st)
 		print_error("%s: %s\n", path, strerror(errno));
 		fail();
 	}
-	static int32_t got[MAX_IDS], want[MAX_IDS];
+	int32_t *got = malloc(MAX_IDS * sizeof(*got)), *want = malloc(MAX_IDS * sizeof(*want));
+	assert_true(got && want);
 	struct kvd_tokenizer *t = NULL;
 	char *line = NULL;
 	size_t linecap = 0;
@@ -204,6 +209,8 @@ static void run_oracle_file(const char *path, struct oracle_stats *st)
 		if (strcmp(f[0], "model") == 0) {
 			kvd_tokenizer_free(t);
 			if (access(f[1], R_OK) != 0) {
+				free(got);
+				free(want);
 				free(line);
 				fclose(fp);
 				skip();
@@ -301,6 +308,8 @@ static void run_oracle_file(const char *path, struct oracle_stats *st)
 			bad++;
 		}
 	}
+	free(got);
+	free(want);
 	free(line);
 	fclose(fp);
 	kvd_tokenizer_free(t);
@@ -333,7 +342,8 @@ static void test_smollm2_oracle(void **state)
 	NEED_MODEL(state);
 	struct oracle_stats st = { 0 };
 	run_oracle_file(SMOLLM2_CASES, &st);
-	printf("smollm2 oracle: %d/%d tokenizations agree with llama.cpp, %d round trips, %d chat renderings\n",
+	printf("smollm2 oracle: %d/%d tokenizations agree with llama.cpp, %d round trips, "
+	       "%d chat renderings agree with jinja2\n",
 	       st.agree, st.cases, st.round_trips, st.chats);
 	assert_true(st.cases >= 160);
 	assert_int_equal(st.agree, st.cases);
@@ -344,9 +354,10 @@ static void test_synthetic_oracle(void **state)
 	(void)state;
 	struct oracle_stats st = { 0 };
 	run_oracle_file(SYNTH_CASES, &st);
-	printf("synthetic oracle: %d/%d tokenizations agree with llama.cpp, %d round trips\n", st.agree, st.cases,
-	       st.round_trips);
+	printf("synthetic oracle: %d/%d tokenizations agree with llama.cpp, %d round trips, "
+	       "%d chat renderings agree with jinja2\n", st.agree, st.cases, st.round_trips, st.chats);
 	assert_true(st.cases > 0);
+	assert_true(st.chats >= 20);
 	assert_int_equal(st.agree, st.cases);
 }
 
@@ -608,20 +619,22 @@ static void test_threads(void **state)
 	const struct kvd_tokenizer *t = *state;
 	const char *text = "Threads share one immutable tokenizer: caf\xC3\xA9, 12345, <|im_start|>user\n"
 			   "\xF0\x9F\x8D\x95 and    spaces\n\n\tdone.";
-	static int32_t ref[MAX_IDS], got[4][MAX_IDS];
+	int32_t *ref = malloc(5 * MAX_IDS * sizeof(*ref));
+	assert_non_null(ref);
 	int nref = kvd_tokenize(t, text, strlen(text), 0, 1, ref, MAX_IDS);
 	assert_true(nref > 0);
 	thrd_t th[4];
 	struct thread_job jobs[4];
 	for (int i = 0; i < 4; i++) {
-		jobs[i] = (struct thread_job){ t, text, strlen(text), got[i], 0 };
+		jobs[i] = (struct thread_job){ t, text, strlen(text), ref + (size_t)(i + 1) * MAX_IDS, 0 };
 		assert_int_equal(thrd_create(&th[i], thread_main, &jobs[i]), thrd_success);
 	}
 	for (int i = 0; i < 4; i++) {
 		thrd_join(th[i], NULL);
 		assert_int_equal(jobs[i].n, nref);
-		assert_memory_equal(got[i], ref, (size_t)nref * sizeof(int32_t));
+		assert_memory_equal(jobs[i].ids, ref, (size_t)nref * sizeof(int32_t));
 	}
+	free(ref);
 }
 
 /* ---- speed (printed, not asserted) --------------------------------------- */
@@ -667,6 +680,48 @@ static void test_speed(void **state)
 	       best * 1e3, n / best / 1e6, len / best / 1e6);
 	free(ids);
 	free(text);
+}
+
+/* ---- SentencePiece specifics --------------------------------------------- */
+
+static void test_spm_details(void **state)
+{
+	(void)state;
+	struct kvd_tokenizer *t = open_tokenizer("tests/data/tokenizer/tiny_spm.gguf");
+	assert_non_null(t);
+	assert_int_equal(kvd_tokenizer_add_bos(t), 1); /* the SPM default */
+	assert_int_equal(kvd_tokenizer_bos(t), 1);
+	assert_int_equal(kvd_tokenizer_eos(t), 2);
+	assert_true(kvd_tokenizer_is_eog(t, 2));
+	assert_int_equal(kvd_tokenizer_token_type(t, 0), KVD_TOKEN_UNKNOWN);
+
+	int32_t ids[64];
+	char *back;
+	int n = kvd_tokenize(t, "hello world", 11, 1, 0, ids, 64);
+	assert_true(n >= 2);
+	assert_int_equal(ids[0], 1);
+	size_t bl = decode_all(t, ids + 1, n - 1, 0, &back);
+	assert_int_equal(bl, 12);
+	assert_memory_equal(back, " hello world", 12); /* U+2581 decodes to a space */
+	free(back);
+
+	/* No token for "\xC3\xA9": it falls back to <0xC3> <0xA9>. */
+	n = kvd_tokenize(t, "\xC3\xA9", 2, 0, 0, ids, 64);
+	assert_true(n >= 2);
+	assert_int_equal(kvd_tokenizer_token_type(t, ids[n - 1]), KVD_TOKEN_BYTE);
+	assert_int_equal(kvd_tokenizer_token_type(t, ids[n - 2]), KVD_TOKEN_BYTE);
+	bl = decode_all(t, ids, n, 0, &back);
+	assert_memory_equal(back + bl - 2, "\xC3\xA9", 2);
+	free(back);
+
+	/* Streaming puts the two byte tokens back together. */
+	struct kvd_detok d;
+	kvd_detok_init(&d);
+	char out[KVD_DETOK_MIN_CAP];
+	assert_int_equal(kvd_detok_push(t, &d, ids[n - 2], out, sizeof(out)), 0);
+	assert_int_equal(kvd_detok_push(t, &d, ids[n - 1], out, sizeof(out)), 2);
+	assert_memory_equal(out, "\xC3\xA9", 2);
+	kvd_tokenizer_free(t);
 }
 
 /* ---- load-time validation on tiny hand-written files --------------------- */
@@ -752,6 +807,7 @@ int main(void)
 		cmocka_unit_test(test_synthetic_oracle),
 		cmocka_unit_test(test_load_validation),
 		cmocka_unit_test(test_extra_oracle),
+		cmocka_unit_test(test_spm_details),
 		cmocka_unit_test_setup_teardown(test_smollm2_oracle, setup_model, teardown_model),
 		cmocka_unit_test_setup_teardown(test_metadata, setup_model, teardown_model),
 		cmocka_unit_test_setup_teardown(test_special_tokens, setup_model, teardown_model),

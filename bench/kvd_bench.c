@@ -1,0 +1,263 @@
+/*
+ * bench/kvd_bench.c — kvd's engine measured directly, one figure per run,
+ * printed as one JSON object so scripts/bench can set it beside llama.cpp's.
+ *
+ *   kvd_bench --model M --threads N decode --depth D [--tokens T]
+ *       single-stream decode tokens/s after a D-token context
+ *   kvd_bench --model M --threads N prefill --tokens P
+ *       prefill tokens/s (time to first token) of a P-token prompt
+ *   kvd_bench --model M --threads N batch --seqs S [--depth D] [--tokens T]
+ *       aggregate decode tokens/s of S sequences decoded together
+ *   kvd_bench --model M --threads N prefix --tokens P [--suffix K]
+ *       time to first token for a prompt whose P-token prefix is cached
+ *       (after a first request with the same prefix), against cold
+ *   kvd_bench triad [--mib N]
+ *       memory bandwidth, STREAM triad a[i] = b[i] + s * c[i], best of 5
+ *
+ * Prompts are deterministic pseudo-random token ids (the same ones the
+ * llama.cpp side uses, from the same generator: x = x * 1103515245 + 12345,
+ * id = 100 + (x >> 8) % (n_vocab - 200)). Greedy decoding, EOS ignored.
+ * Peak RSS (ru_maxrss) is reported with every figure.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "daemon/engine.h"
+#include "kvmm.h"
+#include "model.h"
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static long peak_rss_kib(void)
+{
+	struct rusage ru;
+	getrusage(RUSAGE_SELF, &ru);
+	return ru.ru_maxrss;
+}
+
+static void prompt_ids(int32_t *out, int n, int32_t n_vocab, uint32_t seed)
+{
+	uint32_t x = seed;
+	for (int i = 0; i < n; i++) {
+		x = x * 1103515245u + 12345u;
+		out[i] = 100 + (int32_t)((x >> 8) % (uint32_t)(n_vocab - 200));
+	}
+}
+
+static int32_t argmax(const float *x, int n)
+{
+	int32_t b = 0;
+	for (int i = 1; i < n; i++)
+		if (x[i] > x[b])
+			b = i;
+	return b;
+}
+
+static double triad(size_t mib)
+{
+	size_t n = mib * (1u << 20) / sizeof(double) / 3;
+	double *a = malloc(n * sizeof(double)), *b = malloc(n * sizeof(double)), *c = malloc(n * sizeof(double));
+	double best = 0;
+	if (!a || !b || !c)
+		return -1;
+	for (size_t i = 0; i < n; i++) {
+		a[i] = 0;
+		b[i] = (double)i;
+		c[i] = 1.0;
+	}
+	for (int rep = 0; rep < 5; rep++) {
+		double t0 = now_s();
+		for (size_t i = 0; i < n; i++)
+			a[i] = b[i] + 3.0 * c[i];
+		double dt = now_s() - t0;
+		double gbs = 3.0 * n * sizeof(double) / dt / 1e9;
+		if (gbs > best)
+			best = gbs;
+	}
+	volatile double sink = a[n / 2];
+	(void)sink;
+	free(a);
+	free(b);
+	free(c);
+	return best;
+}
+
+struct run {
+	struct kvd_engine *e;
+	struct kvmm *kv;
+	int32_t n_vocab;
+	float *logits;
+};
+
+/* Prefill `n` tokens into seq in chunks of `chunk`; logits of the last. */
+static int prefill(struct run *R, uint32_t seq, const int32_t *toks, int n, int chunk)
+{
+	for (int p = 0; p < n; p += chunk) {
+		int take = n - p < chunk ? n - p : chunk;
+		struct kvd_engine_item it = {.seq = seq, .tokens = toks + p, .n_tokens = take,
+					     .logits = p + take == n ? R->logits : NULL};
+		int r = kvd_engine_step(R->e, &it, 1);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"model", required_argument, 0, 'm'}, {"threads", required_argument, 0, 'j'},
+		{"depth", required_argument, 0, 'd'}, {"tokens", required_argument, 0, 'n'},
+		{"seqs", required_argument, 0, 's'},  {"suffix", required_argument, 0, 'k'},
+		{"mib", required_argument, 0, 'M'},   {"chunk", required_argument, 0, 'c'},
+		{0, 0, 0, 0},
+	};
+	const char *model = NULL;
+	int threads = 1, depth = 128, tokens = 64, seqs = 1, suffix = 16, chunk = 512;
+	size_t mib = 1024;
+	int c;
+
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (c) {
+		case 'm': model = optarg; break;
+		case 'j': threads = atoi(optarg); break;
+		case 'd': depth = atoi(optarg); break;
+		case 'n': tokens = atoi(optarg); break;
+		case 's': seqs = atoi(optarg); break;
+		case 'k': suffix = atoi(optarg); break;
+		case 'M': mib = (size_t)atol(optarg); break;
+		case 'c': chunk = atoi(optarg); break;
+		default:
+			fprintf(stderr, "usage: see the comment at the top of bench/kvd_bench.c\n");
+			return 2;
+		}
+	}
+	if (optind >= argc) {
+		fprintf(stderr, "kvd_bench: which figure? decode | prefill | batch | prefix | triad\n");
+		return 2;
+	}
+	const char *what = argv[optind];
+	if (!strcmp(what, "triad")) {
+		printf("{\"figure\":\"triad\",\"gb_per_s\":%.3f}\n", triad(mib));
+		return 0;
+	}
+	if (!model || seqs < 1 || seqs > 256 || tokens < 1 || depth < 1) {
+		fprintf(stderr, "kvd_bench: --model is required; --seqs 1..256\n");
+		return 2;
+	}
+	char err[512];
+	struct kvd_engine_config ec = {
+		.model_path = model,
+		.n_threads = threads,
+		.block_size = 16,
+		.max_seqs = 512,
+		.prefix_cache = !strcmp(what, "prefix"),
+	};
+	/* pool: what the figure needs plus room */
+	{
+		struct kvd_model *m;
+		if (kvd_model_load(model, &m, err, sizeof(err)) < 0) {
+			fprintf(stderr, "kvd_bench: %s\n", err);
+			return 1;
+		}
+		struct kvd_kv_layout l;
+		kvd_kv_layout_init(&l, kvd_model_hparams(m), 16);
+		long tok = (long)seqs * (depth + tokens + 16) + 2L * (tokens + suffix + 32);
+		ec.kv_pool_bytes = (uint64_t)(tok / 16 + 64) * l.page_bytes;
+		kvd_model_free(m);
+	}
+	struct run R = {0};
+	if (kvd_engine_open(&ec, &R.e, err, sizeof(err)) < 0) {
+		fprintf(stderr, "kvd_bench: %s\n", err);
+		return 1;
+	}
+	R.kv = kvd_engine_kvmm(R.e);
+	R.n_vocab = kvd_engine_n_vocab(R.e);
+	R.logits = malloc(sizeof(float) * (size_t)R.n_vocab * (size_t)seqs);
+	int maxlen = depth + tokens + suffix + 64; /* per prompt row */
+	int32_t *toks = malloc(sizeof(int32_t) * (size_t)maxlen * (size_t)(seqs + 1));
+	int rc = 1;
+
+	if (!strcmp(what, "prefill")) {
+		uint32_t s;
+		prompt_ids(toks, tokens, R.n_vocab, 1);
+		kvmm_seq_new(R.kv, &s);
+		double t0 = now_s();
+		if (prefill(&R, s, toks, tokens, chunk) < 0)
+			goto out;
+		double dt = now_s() - t0;
+		printf("{\"figure\":\"prefill\",\"tokens\":%d,\"threads\":%d,\"seconds\":%.6f,\"tokens_per_s\":%.3f,\"peak_rss_kib\":%ld}\n",
+		       tokens, threads, dt, tokens / dt, peak_rss_kib());
+	} else if (!strcmp(what, "decode") || !strcmp(what, "batch")) {
+		uint32_t sid[256];
+		struct kvd_engine_item it[256];
+		int32_t next[256];
+		for (int i = 0; i < seqs; i++) {
+			prompt_ids(toks + (size_t)i * maxlen, depth, R.n_vocab, 1 + (uint32_t)i);
+			kvmm_seq_new(R.kv, &sid[i]);
+			if (prefill(&R, sid[i], toks + (size_t)i * maxlen, depth, chunk) < 0)
+				goto out;
+			next[i] = argmax(R.logits, R.n_vocab);
+		}
+		double t0 = now_s();
+		for (int step = 0; step < tokens; step++) {
+			for (int i = 0; i < seqs; i++)
+				it[i] = (struct kvd_engine_item){.seq = sid[i], .tokens = &next[i], .n_tokens = 1,
+								 .logits = R.logits + (size_t)i * R.n_vocab};
+			if (kvd_engine_step(R.e, it, (size_t)seqs) < 0)
+				goto out;
+			for (int i = 0; i < seqs; i++)
+				next[i] = argmax(R.logits + (size_t)i * R.n_vocab, R.n_vocab);
+		}
+		double dt = now_s() - t0;
+		printf("{\"figure\":\"%s\",\"depth\":%d,\"seqs\":%d,\"tokens\":%d,\"threads\":%d,\"seconds\":%.6f,"
+		       "\"tokens_per_s\":%.3f,\"peak_rss_kib\":%ld}\n",
+		       what, depth, seqs, tokens, threads, dt, (double)tokens * seqs / dt, peak_rss_kib());
+	} else if (!strcmp(what, "prefix")) {
+		/* cold: prefix + suffix A; warm: same prefix + suffix B */
+		uint32_t a, b;
+		int n = tokens + suffix;
+		int32_t *pa = toks, *pb = toks + maxlen;
+		prompt_ids(pa, tokens, R.n_vocab, 7);
+		memcpy(pb, pa, sizeof(int32_t) * (size_t)tokens);
+		prompt_ids(pa + tokens, suffix, R.n_vocab, 8);
+		prompt_ids(pb + tokens, suffix, R.n_vocab, 9);
+		kvmm_seq_new(R.kv, &a);
+		double t0 = now_s();
+		if (prefill(&R, a, pa, n, chunk) < 0)
+			goto out;
+		double cold = now_s() - t0;
+		kvmm_seq_free(R.kv, a); /* its full pages stay cached */
+		kvmm_seq_new(R.kv, &b);
+		t0 = now_s();
+		uint32_t hit = 0;
+		kvmm_prefix_attach(R.kv, b, pb, (uint32_t)n, &hit);
+		if (prefill(&R, b, pb + hit, n - (int)hit, chunk) < 0)
+			goto out;
+		double warm = now_s() - t0;
+		printf("{\"figure\":\"prefix\",\"prefix_tokens\":%d,\"suffix_tokens\":%d,\"hit_tokens\":%u,\"threads\":%d,"
+		       "\"cold_s\":%.6f,\"warm_s\":%.6f,\"warm_over_cold\":%.4f,\"peak_rss_kib\":%ld}\n",
+		       tokens, suffix, hit, threads, cold, warm, warm / cold, peak_rss_kib());
+	} else {
+		fprintf(stderr, "kvd_bench: unknown figure '%s'\n", what);
+		goto out;
+	}
+	rc = 0;
+out:
+	if (rc)
+		fprintf(stderr, "kvd_bench: %s failed\n", what);
+	free(toks);
+	free(R.logits);
+	kvd_engine_close(R.e);
+	return rc;
+}

@@ -1,0 +1,425 @@
+/*
+ * daemon/main.c — the kvd program: command line and configuration, model
+ * loading, the listening socket (socket activation or a path of its own),
+ * signals through a signalfd, then the server loop until SIGTERM.
+ *
+ * Exit status follows sysexits where one fits: 0 after a clean drain, 64 for
+ * a command-line mistake, 78 (EX_CONFIG) for a configuration error (printed
+ * as "file:line: message"), 1 when the model or the socket cannot be set up.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <grp.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <systemd/sd-daemon.h>
+
+#include "config.h"
+#include "engine.h"
+#include "ipc.h"
+#include "kvmm.h"
+#include "log.h"
+#include "model.h"
+#include "server.h"
+
+#define EXIT_USAGE  64
+#define EXIT_CONFIG 78
+#define DEFAULT_CONFIG "/etc/kvd/kvd.conf"
+#define MAX_OVERRIDES 32
+#define LISTEN_BACKLOG 128
+
+static const char help_text[] =
+	"NAME\n"
+	"    kvd - local LLM generation daemon with a paged KV cache\n"
+	"\n"
+	"SYNOPSIS\n"
+	"    kvd [OPTIONS]\n"
+	"    kvd --check-config [--config PATH] [OPTIONS]\n"
+	"\n"
+	"DESCRIPTION\n"
+	"    kvd keeps one Llama-family model (a GGUF file) loaded and serves text\n"
+	"    generation to local processes over a Unix SOCK_SEQPACKET socket; clients\n"
+	"    use libkvclient or kvctl(1). Requests are batched at the iteration level\n"
+	"    (continuous batching); the KV cache is managed in fixed-size pages with\n"
+	"    copy-on-write prefix sharing, an LRU prefix cache and swap to a file.\n"
+	"\n"
+	"    kvd runs in the foreground and logs to stderr with sd-daemon priority\n"
+	"    prefixes (<3> error .. <7> debug). Under systemd it is a Type=notify\n"
+	"    service: READY=1 once the model is loaded and the socket is live,\n"
+	"    STATUS= lines while loading and serving, WATCHDOG=1 pings when\n"
+	"    WatchdogSec= is set. A socket passed by systemd (kvd.socket) is used\n"
+	"    when present; otherwise kvd binds server.socket itself.\n"
+	"\n"
+	"OPTIONS\n"
+	"    Options override the configuration file; each names the key it sets.\n"
+	"\n"
+	"    -c, --config PATH        configuration file (default " DEFAULT_CONFIG ";\n"
+	"                             a missing default file is not an error, a\n"
+	"                             missing file given here is)\n"
+	"    -m, --model PATH         GGUF model file                    [model] path\n"
+	"    -s, --socket PATH        Unix socket path; \"@name\" for the abstract\n"
+	"                             namespace                          [server] socket\n"
+	"    -t, --threads N          CPU compute threads, 0 = one per CPU\n"
+	"                                                                [engine] threads\n"
+	"    -b, --backend NAME       auto, cpu or cuda                  [engine] backend\n"
+	"        --pool-size SIZE     KV pool: bytes (512M, 2G) or a percentage of\n"
+	"                             available memory (25%%)             [kv] pool_size\n"
+	"        --block-size N       tokens per KV page                 [kv] block_size\n"
+	"        --swap-file PATH     swap file for preempted sequences; \"\" = none\n"
+	"                                                                [kv] swap_file\n"
+	"        --swap-size SIZE     swap file size                     [kv] swap_size\n"
+	"        --no-prefix-caching  do not share or cache prompt prefixes\n"
+	"                                                                [kv] prefix_caching\n"
+	"        --max-num-seqs N     sequences decoded together         [scheduler] max_num_seqs\n"
+	"        --max-model-len N    longest prompt + generation; 0 = the model's\n"
+	"                             context                            [scheduler] max_model_len\n"
+	"        --max-tokens-per-step N\n"
+	"                             tokens computed per step           [scheduler] max_tokens_per_step\n"
+	"        --drain-timeout SEC  on SIGTERM, time running requests get to\n"
+	"                             finish                             [server] drain_timeout\n"
+	"        --ledger PATH        append one JSON record per finished request\n"
+	"                                                                [log] ledger\n"
+	"    -l, --log-level LEVEL    err, warning, notice, info or debug [log] level\n"
+	"        --check-config       load and check the configuration (and that the\n"
+	"                             model file exists), print a summary, exit\n"
+	"    -V, --version            print the version and exit\n"
+	"    -h, --help               print this help and exit\n"
+	"\n"
+	"ENVIRONMENT\n"
+	"    KVD_SOCKET       socket path; overrides the file's server.socket (an\n"
+	"                     explicit --socket wins over it)\n"
+	"    LISTEN_FDS, LISTEN_PID\n"
+	"                     socket activation (sd_listen_fds(3)): exactly one\n"
+	"                     listening SOCK_SEQPACKET Unix socket\n"
+	"    NOTIFY_SOCKET, WATCHDOG_USEC, WATCHDOG_PID\n"
+	"                     systemd readiness, status and watchdog (sd_notify(3))\n"
+	"\n"
+	"SIGNALS\n"
+	"    SIGTERM, SIGINT  drain: stop accepting, refuse new requests, let running\n"
+	"                     ones finish for up to server.drain_timeout seconds,\n"
+	"                     then end the rest with a shutdown error; a second\n"
+	"                     signal ends them at once\n"
+	"    SIGHUP           re-read the configuration: log level, scheduler limits,\n"
+	"                     per-client limits, allowed users/groups and the ledger\n"
+	"                     file apply at once; other changes are logged as needing\n"
+	"                     a restart\n"
+	"\n"
+	"EXIT STATUS\n"
+	"    0   stopped cleanly (or --check-config passed)\n"
+	"    1   the model, the KV pool or the socket could not be set up\n"
+	"    64  bad command-line usage\n"
+	"    78  configuration error, reported as \"file:line: message\"\n"
+	"\n"
+	"FILES\n"
+	"    " DEFAULT_CONFIG "      the configuration; every key is documented there\n"
+	"    /run/kvd/kvd.sock      the socket under systemd\n"
+	"\n"
+	"SEE ALSO\n"
+	"    kvctl(1), systemd.socket(5), sd_notify(3)\n";
+
+enum {
+	OPT_POOL_SIZE = 256,
+	OPT_BLOCK_SIZE,
+	OPT_SWAP_FILE,
+	OPT_SWAP_SIZE,
+	OPT_NO_PREFIX,
+	OPT_MAX_NUM_SEQS,
+	OPT_MAX_MODEL_LEN,
+	OPT_MAX_TOKENS_PER_STEP,
+	OPT_DRAIN_TIMEOUT,
+	OPT_LEDGER,
+	OPT_CHECK_CONFIG,
+};
+
+static const struct option long_opts[] = {
+	{ "config", required_argument, NULL, 'c' },
+	{ "model", required_argument, NULL, 'm' },
+	{ "socket", required_argument, NULL, 's' },
+	{ "threads", required_argument, NULL, 't' },
+	{ "backend", required_argument, NULL, 'b' },
+	{ "pool-size", required_argument, NULL, OPT_POOL_SIZE },
+	{ "block-size", required_argument, NULL, OPT_BLOCK_SIZE },
+	{ "swap-file", required_argument, NULL, OPT_SWAP_FILE },
+	{ "swap-size", required_argument, NULL, OPT_SWAP_SIZE },
+	{ "no-prefix-caching", no_argument, NULL, OPT_NO_PREFIX },
+	{ "max-num-seqs", required_argument, NULL, OPT_MAX_NUM_SEQS },
+	{ "max-model-len", required_argument, NULL, OPT_MAX_MODEL_LEN },
+	{ "max-tokens-per-step", required_argument, NULL, OPT_MAX_TOKENS_PER_STEP },
+	{ "drain-timeout", required_argument, NULL, OPT_DRAIN_TIMEOUT },
+	{ "ledger", required_argument, NULL, OPT_LEDGER },
+	{ "log-level", required_argument, NULL, 'l' },
+	{ "check-config", no_argument, NULL, OPT_CHECK_CONFIG },
+	{ "version", no_argument, NULL, 'V' },
+	{ "help", no_argument, NULL, 'h' },
+	{ 0 },
+};
+
+struct override {
+	const char *section, *key, *value, *flag;
+};
+
+/* What the command line said, kept for SIGHUP: a reload re-reads the file
+ * and applies the same overrides on top. */
+struct args {
+	const char *config;
+	bool config_explicit;
+	bool socket_explicit;
+	bool check_config;
+	struct override ov[MAX_OVERRIDES];
+	size_t n_ov;
+};
+
+/* defaults, file, KVD_SOCKET, command line; then the cross-field checks.
+ * Returns 0, or -EINVAL with the message in err. */
+static int load_config(const struct args *a, struct kvd_config *cfg, char *err, size_t errlen)
+{
+	int r;
+
+	kvd_config_defaults(cfg);
+	r = kvd_config_load(cfg, a->config, err, errlen);
+	if (r == -ENOENT && !a->config_explicit)
+		r = 0; /* running without a file: defaults and flags */
+	if (r < 0)
+		return -EINVAL;
+	const char *env = getenv("KVD_SOCKET");
+	if (env && *env && !a->socket_explicit) {
+		r = kvd_config_set(cfg, "server", "socket", env, "KVD_SOCKET", err, errlen);
+		if (r < 0)
+			return -EINVAL;
+	}
+	for (size_t i = 0; i < a->n_ov; i++) {
+		r = kvd_config_set(cfg, a->ov[i].section, a->ov[i].key, a->ov[i].value, a->ov[i].flag, err, errlen);
+		if (r < 0)
+			return -EINVAL;
+	}
+	r = kvd_config_validate(cfg, err, errlen);
+	if (r < 0) {
+		/* name where the model came from, so the operator knows what to fix */
+		if (strncmp(err, "model", 5) == 0) {
+			char tmp[1024];
+			snprintf(tmp, sizeof(tmp), "%s: %s (set [model] path or --model)", a->config, err);
+			snprintf(err, errlen, "%s", tmp);
+		}
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int reload_hook(void *ud, struct kvd_config *ret)
+{
+	const struct args *a = ud;
+	char err[1024];
+	if (load_config(a, ret, err, sizeof(err)) < 0) {
+		log_error("reload: %s", err);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int add_override(struct args *a, const char *sec, const char *key, const char *value, const char *flag)
+{
+	if (a->n_ov == MAX_OVERRIDES)
+		return -E2BIG;
+	a->ov[a->n_ov++] = (struct override){ sec, key, value, flag };
+	return 0;
+}
+
+static int parse_args(int argc, char **argv, struct args *a)
+{
+	int c;
+
+	a->config = DEFAULT_CONFIG;
+	while ((c = getopt_long(argc, argv, "c:m:s:t:b:l:Vh", long_opts, NULL)) != -1) {
+		switch (c) {
+		case 'c': a->config = optarg; a->config_explicit = true; break;
+		case 'm': add_override(a, "model", "path", optarg, "--model"); break;
+		case 's': add_override(a, "server", "socket", optarg, "--socket"); a->socket_explicit = true; break;
+		case 't': add_override(a, "engine", "threads", optarg, "--threads"); break;
+		case 'b': add_override(a, "engine", "backend", optarg, "--backend"); break;
+		case 'l': add_override(a, "log", "level", optarg, "--log-level"); break;
+		case OPT_POOL_SIZE: add_override(a, "kv", "pool_size", optarg, "--pool-size"); break;
+		case OPT_BLOCK_SIZE: add_override(a, "kv", "block_size", optarg, "--block-size"); break;
+		case OPT_SWAP_FILE: add_override(a, "kv", "swap_file", optarg, "--swap-file"); break;
+		case OPT_SWAP_SIZE: add_override(a, "kv", "swap_size", optarg, "--swap-size"); break;
+		case OPT_NO_PREFIX: add_override(a, "kv", "prefix_caching", "no", "--no-prefix-caching"); break;
+		case OPT_MAX_NUM_SEQS: add_override(a, "scheduler", "max_num_seqs", optarg, "--max-num-seqs"); break;
+		case OPT_MAX_MODEL_LEN: add_override(a, "scheduler", "max_model_len", optarg, "--max-model-len"); break;
+		case OPT_MAX_TOKENS_PER_STEP:
+			add_override(a, "scheduler", "max_tokens_per_step", optarg, "--max-tokens-per-step");
+			break;
+		case OPT_DRAIN_TIMEOUT: add_override(a, "server", "drain_timeout", optarg, "--drain-timeout"); break;
+		case OPT_LEDGER: add_override(a, "log", "ledger", optarg, "--ledger"); break;
+		case OPT_CHECK_CONFIG: a->check_config = true; break;
+		case 'V':
+			printf("kvd %s (protocol %u)\n", KVD_VERSION, IPC_PROTO_VERSION);
+			exit(0);
+		case 'h':
+			fputs(help_text, stdout);
+			exit(0);
+		default:
+			fprintf(stderr, "Try 'kvd --help'.\n");
+			return -EINVAL;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "kvd: unexpected argument '%s'\nTry 'kvd --help'.\n", argv[optind]);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* The listening socket: the one systemd passed, or our own at cfg->socket. */
+static int open_listener(const struct kvd_config *cfg, int *ret_fd)
+{
+	int n = sd_listen_fds(1), fd, r;
+
+	if (n < 0) {
+		log_error("socket activation: %s", strerror(-n));
+		return n;
+	}
+	if (n > 1) {
+		log_error("socket activation: %d sockets passed; kvd takes exactly one", n);
+		return -EINVAL;
+	}
+	if (n == 1) {
+		fd = SD_LISTEN_FDS_START;
+		if (sd_is_socket_unix(fd, SOCK_SEQPACKET, 1, NULL, 0) <= 0) {
+			log_error("socket activation: fd %d is not a listening SOCK_SEQPACKET Unix socket "
+				  "(kvd.socket needs ListenSequentialPacket=)", fd);
+			return -EINVAL;
+		}
+		int fl = fcntl(fd, F_GETFL);
+		if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 || fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) {
+			log_error("socket activation: fcntl: %m");
+			return -errno;
+		}
+		log_info("listening on the socket passed by the service manager");
+		*ret_fd = fd;
+		return 0;
+	}
+	r = ipc_listen(cfg->socket, cfg->socket_mode, LISTEN_BACKLOG, &fd);
+	if (r < 0) {
+		if (r == -ENOENT)
+			log_error("cannot listen on %s: its directory does not exist", cfg->socket);
+		else if (r == -EADDRINUSE)
+			log_error("cannot listen on %s: another kvd is serving there", cfg->socket);
+		else
+			log_error("cannot listen on %s: %s", cfg->socket, strerror(-r));
+		return r;
+	}
+	if (cfg->socket_group[0] && cfg->socket[0] != '@') {
+		struct group *g = getgrnam(cfg->socket_group);
+		if (!g || chown(cfg->socket, (uid_t)-1, g->gr_gid) < 0)
+			log_warning("socket %s: cannot set group '%s': %s", cfg->socket, cfg->socket_group,
+				    g ? strerror(errno) : "no such group");
+	}
+	log_info("listening on %s", cfg->socket);
+	*ret_fd = fd;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct args a = { 0 };
+	struct kvd_config cfg;
+	struct kvd_engine *e = NULL;
+	struct kvd_server *srv = NULL;
+	char err[1024];
+	int r, listen_fd = -1, sig_fd = -1, status = 1;
+	sigset_t mask;
+
+	if (parse_args(argc, argv, &a) < 0)
+		return EXIT_USAGE;
+	if (load_config(&a, &cfg, err, sizeof(err)) < 0) {
+		fprintf(stderr, "%s%s\n", a.check_config ? "" : "<3>", err);
+		return EXIT_CONFIG;
+	}
+	if (a.check_config) {
+		printf("%s: configuration OK\n  model %s\n  backend %s, threads %d\n  socket %s\n"
+		       "  block_size %u, prefix_caching %s, swap %s\n  max_num_seqs %u, max_tokens_per_step %u\n",
+		       a.config, cfg.model, cfg.backend, cfg.threads, cfg.socket, cfg.block_size,
+		       cfg.prefix_caching ? "yes" : "no", cfg.swap_file[0] ? cfg.swap_file : "none", cfg.max_num_seqs,
+		       cfg.max_tokens_per_step);
+		return 0;
+	}
+	kvd_log_level = cfg.log_level;
+
+	/* Signals go to the signalfd from here on (SIGTERM during loading is
+	 * handled once the loop starts: it then drains an empty daemon). */
+	sigemptyset(&mask);
+	sigaddset(&mask, SIGTERM);
+	sigaddset(&mask, SIGINT);
+	sigaddset(&mask, SIGHUP);
+	if (sigprocmask(SIG_BLOCK, &mask, NULL) < 0) {
+		log_error("sigprocmask: %m");
+		return 1;
+	}
+	signal(SIGPIPE, SIG_IGN);
+	sig_fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+	if (sig_fd < 0) {
+		log_error("signalfd: %m");
+		return 1;
+	}
+
+	log_info("kvd %s starting: model %s", KVD_VERSION, cfg.model);
+	sd_notifyf(0, "STATUS=loading model %s", cfg.model);
+	struct kvd_engine_config ec = {
+		.model_path = cfg.model,
+		.backend = cfg.backend,
+		.n_threads = cfg.threads,
+		.block_size = cfg.block_size,
+		.kv_pool_bytes = cfg.pool_bytes,
+		.kv_pool_fraction = cfg.pool_fraction,
+		.max_seqs = cfg.max_num_seqs * 2 + 256 < KVMM_MAX_SEQS ? cfg.max_num_seqs * 2 + 256 : KVMM_MAX_SEQS,
+		.prefix_cache = cfg.prefix_caching,
+		.swap_path = cfg.swap_file[0] ? cfg.swap_file : NULL,
+		.swap_bytes = cfg.swap_bytes,
+	};
+	r = kvd_engine_open(&ec, &e, err, sizeof(err));
+	if (r < 0) {
+		log_error("%s", err[0] ? err : strerror(-r));
+		sd_notifyf(0, "STATUS=failed: %s", err[0] ? err : strerror(-r));
+		goto out;
+	}
+	{
+		const struct kvd_model *m = kvd_engine_model(e);
+		const struct kvd_hparams *hp = kvd_model_hparams(m);
+		struct kvmm *kv = kvd_engine_kvmm(e);
+		log_info("model '%s': %d layers, n_embd %d, %d/%d heads, vocab %d, context %d; %s backend",
+			 kvd_model_name(m), hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv, hp->n_vocab, hp->n_ctx_train,
+			 kvd_engine_backend_name(e));
+		log_info("KV pool: %u pages of %u tokens (%zu bytes each, %.1f MiB), prefix caching %s, swap %s",
+			 kvmm_n_pages(kv), kvmm_block_size(kv), kvmm_page_bytes(kv),
+			 (double)kvmm_n_pages(kv) * (double)kvmm_page_bytes(kv) / 1048576.0,
+			 cfg.prefix_caching ? "on" : "off", cfg.swap_file[0] ? cfg.swap_file : "none");
+	}
+	r = open_listener(&cfg, &listen_fd);
+	if (r < 0)
+		goto out;
+	struct kvd_server_hooks hooks = { .reload = reload_hook, .ud = &a };
+	r = kvd_server_create(&cfg, e, listen_fd, sig_fd, &hooks, &srv);
+	listen_fd = sig_fd = -1; /* the server owns them now */
+	if (r < 0) {
+		log_error("cannot start the server: %s", strerror(-r));
+		goto out;
+	}
+	r = kvd_server_run(srv);
+	status = r < 0 ? 1 : 0;
+out:
+	srv = kvd_server_free(srv);
+	e = kvd_engine_close(e);
+	if (listen_fd >= 0)
+		close(listen_fd);
+	if (sig_fd >= 0)
+		close(sig_fd);
+	return status;
+}
