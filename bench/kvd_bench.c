@@ -220,9 +220,15 @@ int main(int argc, char **argv)
 				next[i] = argmax(R.logits + (size_t)i * R.n_vocab, R.n_vocab);
 		}
 		double dt = now_s() - t0;
+		/* bytes one decode step must read: every weight once, plus each
+		 * sequence's K and V at its mean depth during the run */
+		const struct kvd_kv_layout *L = kvd_engine_kv_layout(R.e);
+		double kv_tok = (double)L->page_bytes / L->block_size;
+		double step_bytes = (double)kvd_model_weight_bytes(kvd_engine_model(R.e)) +
+				    kv_tok * seqs * (depth + tokens / 2.0);
 		printf("{\"figure\":\"%s\",\"depth\":%d,\"seqs\":%d,\"tokens\":%d,\"threads\":%d,\"seconds\":%.6f,"
-		       "\"tokens_per_s\":%.3f,\"peak_rss_kib\":%ld}\n",
-		       what, depth, seqs, tokens, threads, dt, (double)tokens * seqs / dt, peak_rss_kib());
+		       "\"tokens_per_s\":%.3f,\"bytes_per_step\":%.0f,\"peak_rss_kib\":%ld}\n",
+		       what, depth, seqs, tokens, threads, dt, (double)tokens * seqs / dt, step_bytes, peak_rss_kib());
 	} else if (!strcmp(what, "prefix")) {
 		/* cold: prefix + suffix A; warm: same prefix + suffix B */
 		uint32_t a, b;

@@ -298,34 +298,52 @@ bad_value:
 
 struct parse_ctx {
 	struct kvd_config *c;
+	FILE *f;
+	const char *path;
+	int line;      /* lines read so far: the handler runs for the last one */
 	char msg[512];
 };
+
+/* inih's line reader, counting lines: Debian's inih passes no line number
+ * to the handler (INI_HANDLER_LINENO=0), and the handler wants one. */
+static char *conf_reader(char *str, int num, void *stream)
+{
+	struct parse_ctx *p = stream;
+	char *r = fgets(str, num, p->f);
+	if (r)
+		p->line++;
+	return r;
+}
 
 static int conf_handler(void *user, const char *section, const char *name, const char *value)
 {
 	struct parse_ctx *p = user;
 	if (!name) /* section header alone (INI_CALL_HANDLER_ON_NEW_SECTION) */
 		return 1;
-	return set_key(p->c, section, name, value, p->msg, sizeof(p->msg)) == 0;
+	if (set_key(p->c, section, name, value, p->msg, sizeof(p->msg)) < 0)
+		return 0;
+	if (!strcmp(section, "model") && !strcmp(name, "path"))
+		snprintf(p->c->model_origin, sizeof(p->c->model_origin), "%s:%d", p->path, p->line);
+	return 1;
 }
 
 int kvd_config_load(struct kvd_config *c, const char *path, char *err, size_t errlen)
 {
-	struct parse_ctx p = {.c = c};
-	FILE *f = fopen(path, "r");
+	struct parse_ctx p = {.c = c, .path = path};
 	int line, saved;
 
-	if (!f) {
+	p.f = fopen(path, "r");
+	if (!p.f) {
 		saved = errno;
-		snprintf(err, errlen, "%s: %s", path, strerror(saved));
+		snprintf(err, errlen, "%s: cannot read the configuration: %s", path, strerror(saved));
 		return -saved;
 	}
-	line = ini_parse_file(f, conf_handler, &p);
-	fclose(f);
+	line = ini_parse_stream(conf_reader, &p, conf_handler, &p);
+	fclose(p.f);
 	if (line == 0)
 		return 0;
 	if (!p.msg[0])
-		snprintf(p.msg, sizeof(p.msg), "syntax error");
+		snprintf(p.msg, sizeof(p.msg), "syntax error (expected [section], key = value, or a comment)");
 	snprintf(err, errlen, "%s:%d: %s", path, line, p.msg);
 	return -EINVAL;
 }
@@ -337,18 +355,21 @@ int kvd_config_set(struct kvd_config *c, const char *section, const char *key, c
 	int r = set_key(c, section, key, value, msg, sizeof(msg));
 	if (r < 0)
 		snprintf(err, errlen, "%s: %s", origin, msg);
+	else if (!strcmp(section, "model") && !strcmp(key, "path"))
+		snprintf(c->model_origin, sizeof(c->model_origin), "%s", origin);
 	return r;
 }
 
 int kvd_config_validate(const struct kvd_config *c, char *err, size_t errlen)
 {
 	struct stat st;
+	const char *origin = c->model_origin[0] ? c->model_origin : "built-in default [model] path";
 	if (stat(c->model, &st) < 0) {
-		snprintf(err, errlen, "model '%s': %s", c->model, strerror(errno));
+		snprintf(err, errlen, "%s: model '%s': %s", origin, c->model, strerror(errno));
 		return -EINVAL;
 	}
 	if (!S_ISREG(st.st_mode)) {
-		snprintf(err, errlen, "model '%s' is not a regular file", c->model);
+		snprintf(err, errlen, "%s: model '%s' is not a regular file", origin, c->model);
 		return -EINVAL;
 	}
 	if (c->swap_file[0] && c->swap_bytes == 0) {

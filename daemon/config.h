@@ -43,6 +43,9 @@ struct kvd_config {
 	uint32_t drain_timeout_s;  /* SIGTERM: finish in-flight requests this long */
 	int log_level;             /* sd-daemon priority: 3 err .. 7 debug */
 	char ledger_log[KVD_CONF_PATH_MAX]; /* empty: no per-request ledger file */
+	/* Where model.path was last set ("file:line", "--model"), for messages
+	 * about the model; empty while it is the built-in default. */
+	char model_origin[KVD_CONF_PATH_MAX + 32];
 };
 
 void kvd_config_defaults(struct kvd_config *c);
@@ -61,8 +64,9 @@ int kvd_config_load(struct kvd_config *c, const char *path, char *err, size_t er
 int kvd_config_set(struct kvd_config *c, const char *section, const char *key, const char *value,
 		   const char *origin, char *err, size_t errlen);
 
-/* Cross-field checks after everything is set (e.g. a model must be named).
- * Returns 0 or -EINVAL with a message. */
+/* Cross-field checks after everything is set (the model file must exist,
+ * ...). Returns 0 or -EINVAL with a message that starts with the origin of
+ * the offending setting ("file:line: ..."). */
 int kvd_config_validate(const struct kvd_config *c, char *err, size_t errlen);
 
 /* Parse "123", "64K", "512M", "2G", "1T" (powers of 1024). */

@@ -16,9 +16,15 @@ void kvd_log(int prio, const char *fmt, ...)
 	int saved = errno, n, m;
 	va_list ap;
 
+	static int tty = -1;
+
 	if (prio > kvd_log_level)
 		return;
-	n = snprintf(line, sizeof(line), "<%d>", prio);
+	if (tty < 0)
+		tty = isatty(STDERR_FILENO);
+	/* the priority prefix is for journald and log files; a person at a
+	 * terminal reads the message alone */
+	n = tty ? 0 : snprintf(line, sizeof(line), "<%d>", prio);
 	va_start(ap, fmt);
 	errno = saved; /* for %m */
 	m = vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);

@@ -20,7 +20,8 @@
 /* Lines above this priority number are dropped. Default: info. */
 extern int kvd_log_level;
 
-/* Write "<prio>message\n" to stderr in one write(); never fails visibly.
+/* Write "<prio>message\n" to stderr in one write() (without "<prio>" when
+ * stderr is a terminal); never fails visibly.
  * errno is preserved, so "%m" works and callers can log before returning
  * -errno. Returns nothing. */
 void kvd_log(int prio, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -202,16 +202,7 @@ static int load_config(const struct args *a, struct kvd_config *cfg, char *err, 
 			return -EINVAL;
 	}
 	r = kvd_config_validate(cfg, err, errlen);
-	if (r < 0) {
-		/* name where the model came from, so the operator knows what to fix */
-		if (strncmp(err, "model", 5) == 0) {
-			char tmp[1024];
-			snprintf(tmp, sizeof(tmp), "%s: %s (set [model] path or --model)", a->config, err);
-			snprintf(err, errlen, "%s", tmp);
-		}
-		return -EINVAL;
-	}
-	return 0;
+	return r < 0 ? -EINVAL : 0;
 }
 
 static int reload_hook(void *ud, struct kvd_config *ret)
@@ -340,7 +331,7 @@ int main(int argc, char **argv)
 	if (parse_args(argc, argv, &a) < 0)
 		return EXIT_USAGE;
 	if (load_config(&a, &cfg, err, sizeof(err)) < 0) {
-		fprintf(stderr, "%s%s\n", a.check_config ? "" : "<3>", err);
+		log_error("%s", err);
 		return EXIT_CONFIG;
 	}
 	if (a.check_config) {

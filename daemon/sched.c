@@ -308,7 +308,9 @@ int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt
 	r->ignore_eos = p->ignore_eos;
 	r->t_submit = now_ns();
 	r->t_admit = r->t_first = r->t_last = 0;
-	r->res.prompt_tokens = n_prompt;
+	/* a session turn computes over its history too: report the whole
+	 * context, with the history the session kept as cached */
+	r->res.prompt_tokens = hist + n_prompt;
 	r->res.cached_tokens = sess ? r->n_computed : 0;
 	kvd_detok_init(&r->detok);
 	if (!sess || !r->has_seq) {

@@ -133,6 +133,8 @@ struct client {
 	struct ipc_chan *chan;
 	bool welcomed;
 	bool closing;
+	bool lingering;               /* sent a connection ERROR; closing soon */
+	uint64_t linger_deadline;
 	struct greq *reqs, *reqs_tail;
 	uint32_t n_inflight;
 	struct upload *up_head, *up_tail;
@@ -191,6 +193,7 @@ static uint64_t realtime_ns(void)
 }
 
 static void client_close(struct client *c, const char *why);
+static void client_linger(struct client *c, const char *why);
 static void client_mark_dirty(struct client *c);
 static void tokenize_reply(struct client *c, uint64_t rid, uint32_t flags, const char *text, size_t len);
 
@@ -227,7 +230,7 @@ static void sock_error(struct client *c, uint64_t rid, int32_t code, const char 
 		code = -EIO;
 	log_debug("client %" PRIu64 " (pid %d): request %" PRIu64 ": error %d: %s", c->id, (int)c->cred.pid, rid,
 		  (int)code, msg);
-	if (c->fd >= 0 && !c->closing) {
+	if (c->fd >= 0 && !c->closing && !c->lingering) {
 		int r = ipc_send_error(c->fd, rid, code, msg);
 		if (r == -EAGAIN)
 			client_close(c, "socket buffer full");
@@ -492,12 +495,12 @@ static void client_service(struct client *c)
 {
 	int r;
 
-	if (!c->chan)
+	if (!c->chan || c->lingering)
 		return;
 	for (int round = 0; round < 8 && !c->closing; round++) {
 		r = uploads_pump(c);
 		if (r < 0) {
-			client_close(c, "protocol error on the upload ring");
+			client_linger(c, "protocol error on the upload ring");
 			return;
 		}
 		c->tx_need = 0;
@@ -709,6 +712,9 @@ static void generate_start(struct client *c, struct greq *gr, const char *prompt
 			reject(c, gr, n, "cannot render the model's chat template: %s", strerror(-n));
 			return;
 		}
+		if (kvd_log_level >= KVD_LOG_DEBUG)
+			log_debug("request %" PRIu64 ": chat turn%s: %.*s", gr->id, cont ? " (continuation)" : "",
+				  n > 400 ? 400 : n, text);
 		n = tokenize_alloc(srv->tok, text, (size_t)n, cont ? 0 : kvd_tokenizer_add_bos(srv->tok), 1, &ids);
 		free(text);
 	} else {
@@ -1234,6 +1240,11 @@ static void handle_session_close(struct client *c, const struct ipc_frame *f)
 
 static void expire_sessions(struct kvd_server *srv, uint64_t t)
 {
+	for (struct client *c = srv->clients, *next; c; c = next) {
+		next = c->next;
+		if (c->lingering && t >= c->linger_deadline)
+			client_close(c, "linger time over");
+	}
 	for (struct client *c = srv->clients; c; c = c->next)
 		for (struct session **pp = &c->sessions; *pp;) {
 			struct session *s = *pp;
@@ -1263,7 +1274,7 @@ static void handle_hello(struct client *c, const struct ipc_frame *f)
 
 	if (r < 0) {
 		sock_error(c, 0, r, "malformed HELLO: %s", strerror(-r));
-		client_close(c, "malformed HELLO");
+		client_linger(c, "malformed HELLO");
 		return;
 	}
 	r = ipc_chan_create(NULL, &c->chan);
@@ -1360,38 +1371,34 @@ static void handle_accept(struct kvd_server *srv)
 			srv->clients->prev = c;
 		srv->clients = c;
 		srv->n_clients++;
+		c->sock_src = (struct ep_src){ SRC_SOCK, c };
+		if (ep_add(srv, fd, &c->sock_src) < 0) {
+			client_close(c, "epoll");
+			continue;
+		}
 		if (!peer_allowed(srv, fd, &c->cred)) {
 			log_notice("refused a connection from pid %d uid %u gid %u: not in server.allowed_users/groups",
 				   (int)c->cred.pid, (unsigned)c->cred.uid, (unsigned)c->cred.gid);
 			sock_error(c, 0, IPC_ERR_DENIED, "uid %u may not use kvd (server.allowed_users / allowed_groups)",
 				   (unsigned)c->cred.uid);
-			client_close(c, "denied");
+			client_linger(c, "denied");
 			continue;
 		}
 		if (srv->n_clients > srv->cfg.max_clients) {
 			sock_error(c, 0, IPC_ERR_LIMIT, "too many clients (server.max_clients = %u)", srv->cfg.max_clients);
-			client_close(c, "too many clients");
-			continue;
-		}
-		c->sock_src = (struct ep_src){ SRC_SOCK, c };
-		if (ep_add(srv, fd, &c->sock_src) < 0) {
-			client_close(c, "epoll");
+			client_linger(c, "too many clients");
 			continue;
 		}
 		log_debug("client %" PRIu64 " connected: pid %d uid %u", c->id, (int)c->cred.pid, (unsigned)c->cred.uid);
 	}
 }
 
-/* Close the connection: cancel its requests at once (their pages go back in
- * this call), close its sessions, and free it after the epoll batch. */
-static void client_close(struct client *c, const char *why)
+/* Cancel the client's requests at once (their pages go back in this call),
+ * drop its uploads and close its sessions. Idempotent. */
+static void client_drop_work(struct client *c)
 {
 	struct kvd_server *srv = c->srv;
 
-	if (c->closing)
-		return;
-	c->closing = true;
-	log_debug("client %" PRIu64 " closed: %s", c->id, why);
 	while (c->up_head) {
 		struct upload *u = c->up_head;
 		c->up_head = u->next;
@@ -1415,6 +1422,35 @@ static void client_close(struct client *c, const char *why)
 	}
 	if (c->chan)
 		epoll_ctl(srv->ep, EPOLL_CTL_DEL, ipc_chan_wait_fd(c->chan), NULL);
+}
+
+/*
+ * After an ERROR about the connection (request id 0): stop serving it, but
+ * keep the socket open until the client hangs up (or a second passes), so
+ * that the ERROR is read rather than lost to a reset when frames the client
+ * already sent are still queued.
+ */
+static void client_linger(struct client *c, const char *why)
+{
+	if (c->closing || c->lingering)
+		return;
+	log_debug("client %" PRIu64 ": %s; closing", c->id, why);
+	c->lingering = true;
+	c->linger_deadline = now_ns() + 1000000000ull;
+	client_drop_work(c);
+}
+
+/* Close the connection (requests cancelled, sessions closed) and free it
+ * after the epoll batch. */
+static void client_close(struct client *c, const char *why)
+{
+	struct kvd_server *srv = c->srv;
+
+	if (c->closing)
+		return;
+	c->closing = true;
+	log_debug("client %" PRIu64 " closed: %s", c->id, why);
+	client_drop_work(c);
 	if (c->fd >= 0) {
 		epoll_ctl(srv->ep, EPOLL_CTL_DEL, c->fd, NULL);
 		close(c->fd);
@@ -1459,7 +1495,7 @@ static void frame_error(struct client *c, int r, const struct ipc_frame *f)
 	case -EPROTONOSUPPORT:
 		sock_error(c, 0, IPC_ERR_VERSION, "protocol version %u is not supported (kvd speaks version %u)",
 			   f->hdr.version, IPC_PROTO_VERSION);
-		client_close(c, "protocol version");
+		client_linger(c, "protocol version");
 		return;
 	case -ENOMSG:
 		sock_error(c, rid, -ENOMSG, "unknown message type %u", f->hdr.type);
@@ -1479,7 +1515,7 @@ static void frame_error(struct client *c, int r, const struct ipc_frame *f)
 		break;
 	}
 	if (!rid)
-		client_close(c, "malformed frame");
+		client_linger(c, "malformed frame");
 }
 
 static void handle_sock(struct client *c)
@@ -1496,6 +1532,11 @@ static void handle_sock(struct client *c)
 			client_close(c, "disconnected");
 			return;
 		}
+		if (c->lingering) { /* read and drop until the client hangs up */
+			if (r == 0)
+				ipc_frame_close_fds(&f);
+			continue;
+		}
 		if (r < 0) {
 			frame_error(c, r, &f);
 			continue;
@@ -1504,7 +1545,7 @@ static void handle_sock(struct client *c)
 		if (!c->welcomed) {
 			if (f.hdr.type != IPC_MSG_HELLO) {
 				sock_error(c, 0, -EPROTO, "HELLO expected, got %s", ipc_type_name(f.hdr.type));
-				client_close(c, "no HELLO");
+				client_linger(c, "no HELLO");
 				return;
 			}
 			handle_hello(c, &f);
@@ -1518,7 +1559,7 @@ static void handle_sock(struct client *c)
 		case IPC_MSG_GENERATE:
 			if (!rid) {
 				sock_error(c, 0, -EINVAL, "GENERATE needs a non-zero request id");
-				client_close(c, "request id 0");
+				client_linger(c, "request id 0");
 				return;
 			}
 			handle_generate(c, &f);

@@ -221,6 +221,8 @@ int ipc_ring_push(struct ipc_ring *r, const struct iovec *iov, int n_iov)
 	memcpy(r->data + (pos & r->mask), &len32, 4); /* 8-aligned: never wraps */
 	pos += 4;
 	for (int i = 0; i < n_iov; i++) {
+		if (iov[i].iov_len == 0)
+			continue; /* iov_base may be NULL */
 		copy_in(r, pos, iov[i].iov_base, iov[i].iov_len);
 		pos += (uint32_t)iov[i].iov_len;
 	}

@@ -15,11 +15,13 @@
  * A page's refcount lives in its state word in the metadata memfd (so other
  * processes can see it); everything else about it lives here.
  *
- * Index invariant: a resident sequence that maps an indexed page at logical
- * position i > 0 also maps that node's parent at i - 1. So an unreferenced
- * node almost always has only unreferenced descendants. The exception is a
- * swapped-out sequence, which keeps its shared pages but released its private
- * ones: dropping a subtree therefore frees unreferenced pages and merely
+ * Index invariant: a resident sequence that maps an indexed page at a
+ * published logical position i > 0 also maps that node's parent at i - 1.
+ * So an unreferenced node usually has only unreferenced descendants. Two
+ * exceptions: a swapped-out sequence keeps its shared pages but released its
+ * private ones, and a fork sibling may still map, at positions it has not
+ * published yet, a page another sibling published under a deduplicated
+ * parent. Dropping a subtree therefore frees unreferenced pages and merely
  * un-indexes referenced ones, which never changes what a sequence maps.
  */
 #ifndef KVD_KVMM_IMPL_H

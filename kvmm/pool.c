@@ -696,8 +696,9 @@ int kvmm_check(const struct kvmm *m, char *why_buf, size_t why_size)
 			if (m->pg[p].node >= 0) {
 				const struct kvmm_node *nd = &m->nodes[m->pg[p].node];
 
-				/* The index invariant of kvmm_impl.h, for resident sequences. */
-				CHECK(s->swapped || i == 0 || (nd->parent >= 0 && m->pg[s->pages[i - 1]].node == nd->parent),
+				/* The index invariant of kvmm_impl.h. */
+				CHECK(s->swapped || i == 0 || i >= s->n_published ||
+					      (nd->parent >= 0 && m->pg[s->pages[i - 1]].node == nd->parent),
 				      "seq %u: indexed page %d at %u without its parent before it", id, p, i);
 				CHECK(i > 0 || nd->parent < 0, "seq %u: indexed page %d at 0 has a parent", id, p);
 			}

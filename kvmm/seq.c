@@ -95,7 +95,8 @@ int kvmm_seq_fork(struct kvmm *m, uint32_t parent, uint32_t *ret_child)
 	kvmm_shm_begin(m);
 	seq_take(m, &id);
 	c = &m->seqs[id];
-	memcpy(c->pages, p->pages, (size_t)p->n_pages * sizeof(*c->pages));
+	if (p->n_pages)
+		memcpy(c->pages, p->pages, (size_t)p->n_pages * sizeof(*c->pages));
 	for (uint32_t i = 0; i < p->n_pages; i++)
 		page_get(m, p->pages[i]);
 	c->n_pages = c->pages_peak = p->n_pages;
@@ -159,7 +160,7 @@ int kvmm_seq_finish(struct kvmm *m, uint32_t seq, struct kvmm_seq_record *ret_re
 
 		if (s->swapped && s->swp[i].slot >= 0) {
 			if (s->swp[i].node >= 0 && (m->nodes[s->swp[i].node].flags & NODE_LIVE) &&
-			    m->nodes[s->swp[i].node].gen == s->swp[i].gen)
+			    m->nodes[s->swp[i].node].gen == s->swp[i].gen && (i + 1) * (uint64_t)m->bs <= s->len)
 				retained++;
 			slot_free(m, s->swp[i].slot);
 			continue;

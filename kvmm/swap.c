@@ -460,7 +460,9 @@ int kvmm_seq_swap_in(struct kvmm *m, uint32_t seq)
 
 			memcpy(&m->page_tokens[(size_t)p * m->bs], &m->slot_tokens[(size_t)e->slot * m->bs],
 			       m->bs * sizeof(int32_t));
-			page_set_fill(m, p, fill);
+			/* An indexed page is always full, even where this sequence
+			 * uses only part of it (a capped prefix hit). */
+			page_set_fill(m, p, e->node >= 0 ? m->bs : fill);
 			if (swp_node_alive(m, e)) {
 				/* Demoted while we were out: our copy is its content. */
 				attach_to_demoted(m, e->node, p);

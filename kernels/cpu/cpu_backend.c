@@ -204,6 +204,7 @@ static int ensure_scratch(struct cpu_ctx *c, int T, int max_pos, int n_logit_row
 	if (n_logit_rows > c->cap_logit_rows) {
 		GROW(c->logit_rows, n_logit_rows * (int64_t)hp->n_embd);
 		GROW(c->logit_src, n_logit_rows);
+		GROW(c->logits_tmp, n_logit_rows * (int64_t)hp->n_vocab);
 		c->cap_logit_rows = n_logit_rows;
 	}
 	if (max_pos + 1 > c->cap_ctx) {
@@ -626,16 +627,25 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 			    w->output_norm.data, ne, hp->rms_eps);
 	if (wtype_is_quantized(w->output.type))
 		quantize_rows(c, c->logit_rows, ne, c->xq, ne / QK, n_logit_rows, ne);
-	/* write each sequence's rows straight into its logits buffer */
-	lr = 0;
-	for (int i = 0; i < b->n_seqs; i++) {
-		const struct kvd_batch_seq *s = &b->seqs[i];
-		if (!s->logits)
-			continue;
-		int n = s->all_logits ? s->n_tokens : 1;
-		matmul(c, &w->output, n, c->logit_rows + (int64_t)lr * ne, ne, c->xq + (int64_t)lr * (ne / QK), ne / QK,
-		       s->logits, hp->n_vocab);
-		lr += n;
+	/* one pass over the output matrix for every row that wants logits,
+	 * then each sequence's rows to its buffer */
+	float *out = c->logits_tmp;
+	if (n_logit_rows == 1) {
+		for (int i = 0; i < b->n_seqs; i++)
+			if (b->seqs[i].logits)
+				out = b->seqs[i].logits;
+	}
+	matmul(c, &w->output, n_logit_rows, c->logit_rows, ne, c->xq, ne / QK, out, hp->n_vocab);
+	if (out == c->logits_tmp) {
+		lr = 0;
+		for (int i = 0; i < b->n_seqs; i++) {
+			const struct kvd_batch_seq *s = &b->seqs[i];
+			if (!s->logits)
+				continue;
+			int n = s->all_logits ? s->n_tokens : 1;
+			memcpy(s->logits, c->logits_tmp + (size_t)lr * hp->n_vocab, sizeof(float) * (size_t)n * hp->n_vocab);
+			lr += n;
+		}
 	}
 	return 0;
 }

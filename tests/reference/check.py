@@ -2,18 +2,22 @@
 """Check kvd's engine against the NumPy reference (ref.py), and check that its
 logits do not depend on paging, chunking, threads or batch-mates.
 
-    check.py [--eval PATH] [--tiny-dir DIR] [--part tiny,real,inv-tiny,inv-real]
-             [--model PATH] [--keep DIR]
+    check.py [--eval PATH] [--tiny-dir DIR] [--model PATH]
+             [--part ref-self,tiny,real,inv-tiny,inv-real] [--only VARIANT,...]
 
 The engine is driven by build/tests/kvd_eval (greedy decode; --logits-out
 writes one float32 row of n_vocab per step: row 0 at the last prompt
 position, row i after generated token i-1).
 
 Parts
+  ref-self  the reference on its own: dequantizers vs the gguf package's,
+            step-by-step decode vs one teacher-forced pass.
   tiny      every tiny random model from scripts/gen_tiny_models.py (MHA, GQA,
             MQA, untied output, odd sizes, every weight type), 4 token prompts
             each: all logits rows vs the reference, greedy tokens identical.
-  real      SmolLM2-135M-Instruct Q4_1 on 5 text prompts (--prompt), 32 tokens.
+  real      SmolLM2-135M-Instruct Q4_1 on 5 text prompts tokenized by kvd
+            (--prompt; the ChatML one with its special tokens spliced in by
+            id), 32 tokens each.
   inv-tiny  invariance on every tiny model: block size 1/16/64, shuffled page
             placement, prompt chunks of 7 and of 1 vs one chunk, 1 vs 2
             threads, batch of 8 different prompts vs solo runs: logits files
@@ -48,10 +52,10 @@ standard deviation over the vocabulary; the largest seen is printed).
     float weights (F32/F16/BF16): max 1.1e-3 std      -> TOL 5e-3
     tiny models with Q4_0/Q4_1/Q8_0: max 8e-2 std     -> TOL 0.2
     SmolLM2-135M Q4_1 (30 layers): max 0.63 std, rms 0.24 std over 25
-    prompts x 32 steps (kvd too shows this, and llama.cpp vs the
-    reference up to 0.46 std)                         -> TOL 1.0 (rms 0.35)
-  What the bounds catch: on the float tiny models almost any slip (a wrong
-  norm epsilon excepted, which is below float noise). On quantized models a
+    prompts x 32 steps (kvd vs the reference: the same range;
+    llama.cpp vs the reference: max 0.49 std)         -> TOL 1.0 (rms 0.35)
+  What the bounds catch: on the float tiny models almost any slip (one that
+  moves logits by more than ~1e-3 of their spread). On quantized models a
   wrong block format, RoPE pairing, head grouping or missing step moves logits
   by O(1) std or more; on the 135M model a wrong rope base (1e4 for 1e5) gives
   rms 0.69 std, a wrong RoPE pairing 4.8 std. Smaller slips there (norm eps
@@ -160,13 +164,19 @@ class Engine:
             cmd += ["--batch-file", bf]
         cmd += list(extra)
         t0 = time.time()
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        except subprocess.TimeoutExpired:
+            raise Failure("kvd_eval timed out after 300s: %s" % " ".join(_short(c) for c in cmd))
         self.seconds += time.time() - t0
         if p.returncode != 0:
             raise Failure("kvd_eval failed (exit %d): %s\n  stderr: %s" % (
                 p.returncode, " ".join(_short(c) for c in cmd), p.stderr.strip()[-2000:]))
         lines = [l for l in p.stdout.splitlines() if l.strip()]
-        res = [json.loads(l) for l in lines]
+        try:
+            res = [json.loads(l) for l in lines]
+        except ValueError:
+            raise Failure("kvd_eval printed something other than JSON lines: %r" % p.stdout[:300])
         n_seq = 1 if batch is None else len(batch)
         if len(res) != n_seq:
             raise Failure("kvd_eval printed %d JSON objects, expected %d" % (len(res), n_seq))
@@ -247,10 +257,13 @@ def compare(label, m, res, tol, tie, stats, stats_key, tol_rms=None):
     if tol_rms is not None and rms_rows.max() > tol_rms:
         fails.append("%s: logits rms diff %.3g std > tol %.3g std" % (label, rms_rows.max(), tol_rms))
     first = "identical" if same == len(gen) else "%d/%d identical" % (same, len(gen))
-    log("  %-34s %3d prompt + %2d gen: max|diff| %.3g (%.2e std, tol %.2g)%s; greedy %s%s%s" % (
+    srt = np.sort(want, axis=1)
+    min_gap = float(((srt[:, -1] - srt[:, -2]) / std).min())
+    log("  %-34s %3d prompt + %2d gen: max|diff| %.3g (%.2e std, tol %.2g)%s; greedy %s%s "
+        "(smallest top-2 gap %.2g std)%s" % (
         label, len(prompt), len(gen), diff.max(), rel_rows.max(), tol,
         (", rms %.2e std (tol %.2g)" % (rms_rows.max(), tol_rms)) if tol_rms is not None else "",
-        first, (" + %d near tie(s)" % len(ties)) if ties else "",
+        first, (" + %d near tie(s)" % len(ties)) if ties else "", min_gap,
         " FAIL" if fails else ""))
     for t in ties:
         log("      near tie: " + t)
@@ -386,6 +399,43 @@ def chatml_tokens(eng, model_path, segments):
     return out
 
 
+def part_ref_self(tiny, model_path):
+    """Checks of the reference on its own: its dequantizers agree bit for bit
+    with the gguf package's (an independent implementation of the same block
+    formats), and a step-by-step greedy decode gives the same tokens and
+    logits as one teacher-forced pass."""
+    import gguf
+    from gguf.quants import dequantize as gguf_dequantize
+    fails = []
+    files = list(tiny.values()) + ([model_path] if os.path.exists(model_path) else [])
+    n, types = 0, set()
+    for path in files:
+        r = gguf.GGUFReader(path)
+        for t in r.tensors:
+            # the 135M model: the embedding and one layer cover its types
+            if path == model_path and not (t.name.startswith("blk.0.") or "token_embd" in t.name):
+                continue
+            mine = ref.dequantize(t.data, int(t.tensor_type), int(np.prod(t.shape)))
+            theirs = np.asarray(gguf_dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(-1)
+            n += 1
+            types.add(t.tensor_type.name)
+            if mine.shape != theirs.shape or not np.array_equal(mine, theirs):
+                fails.append("reference dequantize differs from gguf's for %s in %s" % (t.name, path))
+    log("  reference dequantizers: %d tensors (%s) bit-identical to gguf.quants%s" % (
+        n, "/".join(sorted(types)), "" if not fails else " -- NOT"))
+    worst = 0.0
+    for name, path in tiny.items():
+        m = ref.Model(path)
+        p = tiny_prompts(m.n_vocab, name)[1]
+        gen, rows = m.greedy(p, 8)
+        tf = m.teacher_forced(p, gen)
+        worst = max(worst, float(np.abs(rows - tf).max()))
+        if list(tf.argmax(axis=1)) != gen or np.abs(rows - tf).max() > 1e-9:
+            fails.append("reference: greedy steps and teacher-forced pass disagree on tiny-%s" % name)
+    log("  reference step-by-step vs one-pass logits: max|diff| %.2g on %d tiny models" % (worst, len(tiny)))
+    return fails
+
+
 def part_real(eng, model_path, stats, do_ref, do_inv):
     fails = []
     t0 = time.time()
@@ -434,7 +484,7 @@ def main():
     ap.add_argument("--eval", default=os.path.join(ROOT, build, "tests", "kvd_eval"))
     ap.add_argument("--tiny-dir", default=os.path.join(ROOT, build, "tiny-models"))
     ap.add_argument("--model", default=os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--part", default="tiny,real,inv-tiny,inv-real")
+    ap.add_argument("--part", default="ref-self,tiny,real,inv-tiny,inv-real")
     ap.add_argument("--only", help="comma-separated tiny variants (default all)")
     a = ap.parse_args()
     parts = set(a.part.split(","))
@@ -453,13 +503,16 @@ def main():
     with tempfile.TemporaryDirectory(prefix="kvd-ref-") as tmp:
         eng = Engine(a.eval, tmp)
         try:
-            if "tiny" in parts or "inv-tiny" in parts:
+            if parts & {"ref-self", "tiny", "inv-tiny"}:
                 names = a.only.split(",") if a.only else None
                 tiny = gen_tiny_models.generate(a.tiny_dir, names)
                 log("== tiny models in %s: %s" % (a.tiny_dir, ", ".join(tiny)))
-                f, n = part_tiny(eng, tiny, stats, "tiny" in parts, "inv-tiny" in parts)
-                fails += f
-                n_inv += n
+                if "ref-self" in parts:
+                    fails += part_ref_self(tiny, a.model)
+                if parts & {"tiny", "inv-tiny"}:
+                    f, n = part_tiny(eng, tiny, stats, "tiny" in parts, "inv-tiny" in parts)
+                    fails += f
+                    n_inv += n
             if "real" in parts or "inv-real" in parts:
                 log("== real model")
                 f, n = part_real(eng, a.model, stats, "real" in parts, "inv-real" in parts)

@@ -38,7 +38,8 @@ static const char usage[] =
 	"  --logits-out FILE  float32 rows of n_vocab: row 0 after the prompt, row i after\n"
 	"                     generated token i-1 (N rows); FILE.<i> per batch sequence\n"
 	"  --timing           report prefill and decode tokens/s on stderr\n"
-	"  --pool-pages N     KV pool size in pages (default: what the run needs, x3)\n";
+	"  --pool-pages N     KV pool size in pages (default: what the run needs, x3)\n"
+	"  --parse-special    match special-token texts (<|im_start|>) in --prompt\n";
 
 struct seq {
 	int32_t *toks;
@@ -104,10 +105,10 @@ int main(int argc, char **argv)
 		{"block-size", required_argument, 0, 'B'}, {"chunk", required_argument, 0, 'c'},
 		{"shuffle-seed", required_argument, 0, 's'}, {"logits-out", required_argument, 0, 'o'},
 		{"timing", no_argument, 0, 'T'},        {"pool-pages", required_argument, 0, 'P'},
-		{"help", no_argument, 0, 'h'},          {0, 0, 0, 0},
+		{"parse-special", no_argument, 0, 'S'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
 	};
 	const char *model = NULL, *tokens = NULL, *prompt = NULL, *batch = NULL, *logits_out = NULL;
-	int n_predict = 32, threads = 0, chunk = 0, timing = 0;
+	int n_predict = 32, threads = 0, chunk = 0, timing = 0, parse_special = 0;
 	long pool_pages = 0;
 	uint32_t block_size = 16;
 	uint64_t shuffle = 0;
@@ -127,6 +128,7 @@ int main(int argc, char **argv)
 		case 'o': logits_out = optarg; break;
 		case 'T': timing = 1; break;
 		case 'P': pool_pages = atol(optarg); break;
+		case 'S': parse_special = 1; break;
 		case 'h': fputs(usage, stdout); return 0;
 		default: fputs(usage, stderr); return 2;
 		}
@@ -155,13 +157,13 @@ int main(int argc, char **argv)
 		n_seqs = 1;
 	} else if (prompt) {
 		const struct kvd_tokenizer *tk = kvd_model_tokenizer(m);
-		int need = kvd_tokenize(tk, prompt, strlen(prompt), kvd_tokenizer_add_bos(tk), 0, NULL, 0);
+		int need = kvd_tokenize(tk, prompt, strlen(prompt), kvd_tokenizer_add_bos(tk), parse_special, NULL, 0);
 		if (need < 0) {
 			fprintf(stderr, "kvd_eval: tokenize: %s\n", strerror(-need));
 			return 1;
 		}
 		seqs[0].toks = malloc(sizeof(int32_t) * (size_t)(need + 1));
-		seqs[0].n_prompt = kvd_tokenize(tk, prompt, strlen(prompt), kvd_tokenizer_add_bos(tk), 0, seqs[0].toks,
+		seqs[0].n_prompt = kvd_tokenize(tk, prompt, strlen(prompt), kvd_tokenizer_add_bos(tk), parse_special, seqs[0].toks,
 						(size_t)need);
 		n_seqs = 1;
 	} else {

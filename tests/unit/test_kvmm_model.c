@@ -422,7 +422,8 @@ static void op_new(struct model *md)
 			if (o != UINT32_MAX) {
 				from = below(md, md->s[o].len + 1);
 				from = from < n ? from : n;
-				memcpy(prompt, md->s[o].tok, from * sizeof(*prompt));
+				if (from)
+					memcpy(prompt, md->s[o].tok, from * sizeof(*prompt));
 			}
 		} else if (src < 8) { /* a finished one's, likely cached */
 			uint32_t d = below(md, DEAD_PROMPTS);
@@ -527,7 +528,8 @@ static void op_free(struct model *md)
 	       rec.retained_tokens);
 	d = md->dead_next++ % DEAD_PROMPTS;
 	md->dead[d] = realloc(md->dead[d], (s->len + 1) * sizeof(int32_t));
-	memcpy(md->dead[d], s->tok, s->len * sizeof(int32_t));
+	if (s->len)
+		memcpy(md->dead[d], s->tok, s->len * sizeof(int32_t));
 	md->dead_len[d] = s->len;
 	mseq_clear(s);
 }

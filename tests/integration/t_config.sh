@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# t_config.sh — kvd's configuration errors and --check-config.
+#
+# An unknown key, a bad value, a missing model and a missing explicit config
+# file each give "file:line: message" (or the flag's name) on stderr and exit
+# status 78 (EX_CONFIG); the shipped etc/kvd.conf passes --check-config with
+# a model; command-line mistakes exit 64; --help and --version exit 0.
+source "$(dirname "$0")/lib.sh"
+[ -x "$KVD" ] || skip "$KVD not built"
+TINY=$(tiny_model gqa)
+
+# expect_78 NAME PATTERN ARGS...: exit 78 and PATTERN (grep -E) on stderr
+expect_78() {
+	local name=$1 pat=$2; shift 2
+	"$KVD" "$@" >"$T/out" 2>"$T/err"
+	local rc=$?
+	[ $rc = 78 ] || fail "$name: exit $rc, expected 78 ($(cat "$T/err"))"
+	grep -Eq -- "$pat" "$T/err" || fail "$name: stderr '$(cat "$T/err")' does not match '$pat'"
+	ok "$name: $(sed 's/^<[0-9]>//' "$T/err" | head -1)"
+}
+
+C=$T/kvd.conf
+printf '# test\n[model]\npath = %s\n\n[server]\nbogus_key = 1\n' "$TINY" >"$C"
+expect_78 "unknown key" "^(<3>)?$C:6: unknown key 'bogus_key' in section \[server\]" --config "$C" --check-config
+expect_78 "unknown key (daemon start)" "$C:6: unknown key" --config "$C"
+
+printf '[model]\npath = %s\n[kv]\nblock_size = sixteen\n' "$TINY" >"$C"
+expect_78 "bad value" "^(<3>)?$C:4: bad value 'sixteen' for kv.block_size" --config "$C" --check-config
+
+printf '[engine]\nbackend = tpu\n' >"$C"
+expect_78 "bad backend" "^(<3>)?$C:2: backend must be auto, cpu or cuda" --config "$C" --check-config
+
+printf '[log]\nlevel = loud\n' >"$C"
+expect_78 "bad log level" "^(<3>)?$C:2: log level must be" --config "$C" --check-config
+
+printf '[kv]\npool_size = 200%%\n' >"$C"
+expect_78 "bad pool percentage" "^(<3>)?$C:2: pool_size percentage" --config "$C" --check-config
+
+printf 'this is not ini\n' >"$C"
+expect_78 "syntax error" "^(<3>)?$C:1: " --config "$C" --check-config
+
+printf '[model]\n# where\npath = %s/none.gguf\n' "$T" >"$C"
+expect_78 "missing model" "^(<3>)?$C:3: model '$T/none.gguf': No such file or directory" --config "$C" --check-config
+expect_78 "missing model (daemon start)" "$C:3: model" --config "$C"
+expect_78 "missing model (flag)" "^(<3>)?--model: model '$T/none.gguf'" --config /dev/null --model "$T/none.gguf"
+
+expect_78 "missing explicit config file" "$T/nope.conf: cannot read the configuration: No such file" \
+	--config "$T/nope.conf" --model "$TINY" --check-config
+expect_78 "bad flag value" "^(<3>)?--max-num-seqs: bad value '0'" --config /dev/null --model "$TINY" --max-num-seqs 0
+
+# the shipped configuration is valid (with a model that exists here)
+"$KVD" --config etc/kvd.conf --model "$TINY" --check-config >"$T/out" 2>"$T/err" ||
+	fail "etc/kvd.conf --check-config: exit $? ($(cat "$T/err"))"
+grep -q "configuration OK" "$T/out" || fail "--check-config printed no summary"
+ok "etc/kvd.conf passes --check-config"
+
+# every key the code knows is documented in etc/kvd.conf, and vice versa
+keys_doc=$(grep -E '^[a-z_]+ *=' etc/kvd.conf | sed 's/ *=.*//' | sort -u)
+for k in $keys_doc; do
+	grep -q "\"$k\")" daemon/config.c || fail "etc/kvd.conf documents '$k', which config.c does not know"
+done
+for k in $(grep -oE 'IS\("[a-z]+", "[a-z_]+"\)' daemon/config.c | sed -E 's/.*, "([a-z_]+)"\)/\1/'); do
+	echo "$keys_doc" | grep -qx "$k" || fail "key '$k' is not documented in etc/kvd.conf"
+done
+ok "etc/kvd.conf documents exactly the keys kvd knows"
+
+# KVD_SOCKET overrides the file; --socket overrides both
+printf '[model]\npath = %s\n[server]\nsocket = /run/from-file.sock\n' "$TINY" >"$C"
+KVD_SOCKET=/tmp/from-env.sock "$KVD" --config "$C" --check-config | grep -q "socket /tmp/from-env.sock" ||
+	fail "KVD_SOCKET did not override server.socket"
+KVD_SOCKET=/tmp/from-env.sock "$KVD" --config "$C" --socket /tmp/flag.sock --check-config | grep -q "socket /tmp/flag.sock" ||
+	fail "--socket did not override KVD_SOCKET"
+ok "socket precedence: --socket > KVD_SOCKET > file"
+
+"$KVD" --no-such-flag >/dev/null 2>&1; rc=$?
+[ $rc = 64 ] || fail "unknown flag: exit $rc, expected 64"
+"$KVD" --help | grep -q "^SYNOPSIS" || fail "--help has no SYNOPSIS"
+"$KVD" --version | grep -q "^kvd " || fail "--version"
+ok "usage errors exit 64; --help and --version"
+exit 0

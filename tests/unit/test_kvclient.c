@@ -1,0 +1,1279 @@
+/*
+ * tests/unit/test_kvclient.c — libkvclient end to end against a fake kvd.
+ *
+ * The fake server is a thread speaking the real protocol through ipc/ on
+ * one end of a socketpair (or an abstract listening socket): it answers
+ * HELLO with WELCOME and a real shared-memory channel, and GENERATE with a
+ * token stream scripted by the prompt ("hello", "forever", "vanish", ...).
+ * It validates everything the library sends with the ipc decoders, so the
+ * tests check the client's encoding as well as its handling of streams,
+ * cancellation, error frames, back-pressure on both rings, and a daemon
+ * that disappears mid-stream (-ECONNRESET, never a hang).
+ *
+ * Checks inside the server thread record the first failing line; each
+ * test asserts it is 0 after joining. The binary runs under alarm().
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "ipc.h"
+#include "kvclient.h"
+
+/* ---- the fake daemon --------------------------------------------------------- */
+
+enum hello_mode { HELLO_OK, HELLO_WRONG_VERSION, HELLO_DENY };
+
+struct fake_cfg {
+	uint32_t c2s_bytes, s2c_bytes; /* 0: defaults */
+	enum hello_mode hello;
+	int listen_fd;                 /* >= 0: accept one client from it first */
+	bool loop;                     /* with listen_fd: serve clients one after another until stop */
+};
+
+struct pending {
+	struct pending *next;
+	size_t len;
+	_Alignas(8) uint8_t buf[];
+};
+
+struct fake {
+	struct fake_cfg cfg;
+	int fd;
+	struct ipc_chan *ch;
+	pthread_t th;
+	int failed_line;
+	atomic_int cancels;
+	atomic_bool stop;              /* ends the accept loop */
+	bool gone;                     /* the client went away or we quit */
+	uint64_t cancelled[64];
+	int n_cancelled;
+	struct pending *pending;       /* frames read while streaming */
+	/* an upload in progress */
+	bool up_active;
+	uint64_t up_id;
+	int up_kind;                   /* IPC_MSG_GENERATE or IPC_MSG_TOKENIZE */
+	uint32_t up_total, up_have, up_tok_flags;
+	char *up_data;
+	/* what the last GENERATE asked for (under lock: the test reads it) */
+	pthread_mutex_t lock;
+	struct ipc_generate last_gen;
+	char last_stop[IPC_MAX_STOP_STRINGS][IPC_MAX_STOP_BYTES + 1];
+	char last_system[256];
+	_Alignas(64) uint8_t sbuf[IPC_MAX_FRAME_BYTES];
+	_Alignas(64) uint8_t rbuf[IPC_MAX_FRAME_BYTES];
+	_Alignas(64) uint8_t obuf[IPC_MAX_FRAME_BYTES];
+};
+
+#define SRV_CHECK(s, cond)                                                                                   \
+	do {                                                                                                 \
+		if (!(cond) && !(s)->failed_line) {                                                          \
+			(s)->failed_line = __LINE__;                                                         \
+			fprintf(stderr, "fake server: check failed at line %d: %s\n", __LINE__, #cond);     \
+		}                                                                                            \
+	} while (0)
+
+static const struct ipc_stats fake_stats = {
+	.pages_total = 1000, .pages_free = 600, .pages_used = 300, .pages_shared = 50, .pages_cached = 100,
+	.pages_swapped = 7, .page_bytes = 368640, .block_size = 16, .kv_bytes_per_token = 23040,
+	.pool_bytes = 1000ull * 368640, .tokens_resident = 4700, .slack_tokens = 100, .prefix_lookups = 12,
+	.prefix_query_tokens = 900, .prefix_hit_tokens = 300, .requests_running = 3, .requests_waiting = 2,
+	.requests_swapped = 1, .requests_completed = 99, .clients = 4, .sessions = 1, .steps = 1234,
+	.uptime_ns = 5000000000ull,
+};
+#define FAKE_PS_ENTRIES 2000u
+#define FAKE_SESSION 42u
+#define FAKE_MAX_TEXT (8u << 20)
+
+static bool was_cancelled(struct fake *s, uint64_t id)
+{
+	for (int i = 0; i < s->n_cancelled; i++)
+		if (s->cancelled[i] == id)
+			return true;
+	return false;
+}
+
+/* Socket send that waits for room (the socket is non-blocking). */
+static int fsendv(struct fake *s, uint16_t type, uint32_t flags, uint64_t id, const struct iovec *v, int n,
+		  const int *fds, unsigned n_fds)
+{
+	for (;;) {
+		int r = ipc_sendv(s->fd, type, flags, id, v, n, fds, n_fds);
+		if (r != -EAGAIN)
+			return r;
+		struct pollfd p = { .fd = s->fd, .events = POLLOUT };
+		poll(&p, 1, 1000);
+	}
+}
+
+static int fsend(struct fake *s, uint16_t type, uint32_t flags, uint64_t id, const void *p, size_t n)
+{
+	struct iovec v = { (void *)p, n };
+	return fsendv(s, type, flags, id, &v, n ? 1 : 0, NULL, 0);
+}
+
+/* Read socket frames without blocking: CANCEL is noted at once, anything
+ * else is kept for the main loop. Returns -ECONNRESET when the client left. */
+static int poll_socket(struct fake *s)
+{
+	struct ipc_frame f;
+	for (;;) {
+		int r = ipc_recv(s->fd, s->sbuf, sizeof(s->sbuf), IPC_FROM_CLIENT, &f);
+		if (r == -EAGAIN)
+			return 0;
+		if (r == -ECONNRESET) {
+			s->gone = true;
+			return r;
+		}
+		SRV_CHECK(s, r == 0);
+		if (r < 0)
+			return r;
+		if (f.hdr.type == IPC_MSG_CANCEL) {
+			atomic_fetch_add(&s->cancels, 1);
+			if (s->n_cancelled < 64)
+				s->cancelled[s->n_cancelled++] = f.hdr.request_id;
+			continue;
+		}
+		size_t len = IPC_HDR_BYTES + f.hdr.length;
+		struct pending *p = malloc(sizeof(*p) + len), **tail = &s->pending;
+		memcpy(p->buf, s->sbuf, len);
+		p->len = len;
+		p->next = NULL;
+		while (*tail)
+			tail = &(*tail)->next;
+		*tail = p;
+	}
+}
+
+/* Push one ring record, sleeping (with the flag protocol) while full. */
+static int push_rec(struct fake *s, uint16_t type, uint64_t id, const void *p1, size_t n1, const void *p2, size_t n2)
+{
+	for (;;) {
+		int r = ipc_chan_send(s->ch, type, 0, id, p1, n1, p2, n2);
+		if (r == 0) {
+			ipc_chan_wake_peer(s->ch);
+			return 0;
+		}
+		SRV_CHECK(s, r == -EAGAIN);
+		if (r != -EAGAIN)
+			return r;
+		ipc_chan_wake_peer(s->ch);
+		r = ipc_chan_prepare_wait(s->ch, IPC_WAIT_TX, (uint32_t)(n1 + n2));
+		SRV_CHECK(s, r >= 0);
+		if (r == 0) {
+			struct pollfd p[2] = { { .fd = s->fd, .events = 0 },
+					       { .fd = ipc_chan_wait_fd(s->ch), .events = POLLIN } };
+			poll(p, 2, 10000);
+			ipc_chan_ack(s->ch);
+			if (p[0].revents & (POLLHUP | POLLERR)) {
+				s->gone = true;
+				return -ECONNRESET;
+			}
+		}
+	}
+}
+
+static int push_token(struct fake *s, uint64_t id, uint32_t index, int32_t tid, bool want_ids, const char *text)
+{
+	struct ipc_token t = { .index = index, .n_tokens = 1, .n_ids = want_ids ? 1 : 0,
+			       .text_bytes = (uint32_t)strlen(text) };
+	uint8_t b[sizeof(t) + 4 + 256];
+	size_t n = sizeof(t);
+	memcpy(b, &t, sizeof(t));
+	if (want_ids) {
+		memcpy(b + n, &tid, 4);
+		n += 4;
+	}
+	return push_rec(s, IPC_MSG_TOKEN, id, b, n, text, t.text_bytes);
+}
+
+static int push_done(struct fake *s, uint64_t id, uint32_t reason, uint32_t prompt, uint32_t generated)
+{
+	struct ipc_done d = { .finish_reason = reason, .prompt_tokens = prompt, .cached_tokens = prompt / 2,
+			      .generated_tokens = generated, .queue_ns = 1000, .ttft_ns = 2000000,
+			      .decode_ns = generated ? 1000000ull * generated : 0, .total_ns = 9000000 };
+	return push_rec(s, IPC_MSG_DONE, id, &d, sizeof(d), NULL, 0);
+}
+
+static uint64_t fnv(const char *p, size_t n)
+{
+	uint64_t h = 0xcbf29ce484222325ull;
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ (uint8_t)p[i]) * 0x100000001b3ull;
+	return h;
+}
+
+static bool starts(const char *p, size_t n, const char *lit)
+{
+	size_t l = strlen(lit);
+	return n >= l && memcmp(p, lit, l) == 0;
+}
+
+/* The scripted behaviours, chosen by the prompt. */
+static void run_generate(struct fake *s, uint64_t id, const char *prompt, size_t len)
+{
+	bool ids = s->last_gen.gen_flags & IPC_GEN_WANT_IDS;
+	char text[256];
+
+	if (starts(prompt, len, "hello")) {
+		const char *parts[] = { "Hel", "lo", " world", "!" };
+		for (uint32_t i = 0; i < 4; i++)
+			if (push_token(s, id, i, 10 + (int32_t)i, ids, parts[i]) < 0)
+				return;
+		push_done(s, id, IPC_FINISH_EOS, (uint32_t)len, 4);
+	} else if (starts(prompt, len, "stop")) {
+		push_token(s, id, 0, 1, ids, "a");
+		push_done(s, id, IPC_FINISH_STOP, (uint32_t)len, 1);
+	} else if (starts(prompt, len, "error-context")) {
+		SRV_CHECK(s, ipc_send_error(s->fd, id, IPC_ERR_CONTEXT, "prompt of 9000 tokens exceeds n_ctx 8192") == 0);
+	} else if (starts(prompt, len, "midfail")) {
+		push_token(s, id, 0, 1, ids, "a");
+		push_token(s, id, 1, 2, ids, "b");
+		SRV_CHECK(s, ipc_chan_send_error(s->ch, id, -EIO, "engine exploded") == 0);
+		ipc_chan_wake_peer(s->ch);
+	} else if (starts(prompt, len, "vanish")) {
+		for (uint32_t i = 0; i < 3; i++)
+			push_token(s, id, i, 1, ids, "v");
+		s->gone = true; /* the main loop closes everything and exits */
+	} else if (starts(prompt, len, "shutdown")) {
+		push_token(s, id, 0, 1, ids, "s");
+		SRV_CHECK(s, ipc_send_error(s->fd, 0, IPC_ERR_SHUTDOWN, "kvd is stopping") == 0);
+		s->gone = true;
+	} else if (starts(prompt, len, "forever")) {
+		uint32_t i;
+		for (i = 0; i < 20000; i++) {
+			if (poll_socket(s) < 0)
+				return;
+			if (was_cancelled(s, id))
+				break;
+			if (push_token(s, id, i, 5, ids, "x") < 0)
+				return;
+			usleep(1000);
+		}
+		push_done(s, id, i < 20000 ? IPC_FINISH_CANCELLED : IPC_FINISH_LENGTH, (uint32_t)len, i);
+	} else if (starts(prompt, len, "many:")) {
+		uint32_t n = (uint32_t)strtoul(prompt + 5, NULL, 10), i;
+		for (i = 0; i < n; i++) {
+			if ((i & 63) == 0 && (poll_socket(s) < 0 || was_cancelled(s, id)))
+				break;
+			snprintf(text, sizeof(text), "t%u;", i);
+			if (push_token(s, id, i, (int32_t)i, ids, text) < 0)
+				return;
+		}
+		if (!s->gone)
+			push_done(s, id, i == n ? IPC_FINISH_LENGTH : IPC_FINISH_CANCELLED, (uint32_t)len, i);
+	} else if (starts(prompt, len, "silent")) {
+		/* never answers */
+	} else if (starts(prompt, len, "params")) {
+		const struct ipc_generate *g = &s->last_gen;
+		snprintf(text, sizeof(text), "max=%u temp=%.2f top_p=%.2f top_k=%d min_p=%.2f rep=%.2f last=%d seed=%llu "
+			 "session=%llu flags=%x stops=%u",
+			 g->max_tokens, g->temperature, g->top_p, g->top_k, g->min_p, g->repeat_penalty, g->repeat_last_n,
+			 (unsigned long long)g->seed, (unsigned long long)g->session_id, g->gen_flags, g->n_stop);
+		push_token(s, id, 0, 1, ids, text);
+		push_done(s, id, IPC_FINISH_LENGTH, (uint32_t)len, 1);
+	} else {
+		snprintf(text, sizeof(text), "len=%zu sum=%016llx", len, (unsigned long long)fnv(prompt, len));
+		push_token(s, id, 0, 1, ids, text);
+		push_done(s, id, IPC_FINISH_LENGTH, (uint32_t)len, 1);
+	}
+}
+
+static void run_tokenize(struct fake *s, uint64_t id, uint32_t flags, const char *text, size_t len)
+{
+	if (starts(text, len, "tok-error")) {
+		SRV_CHECK(s, ipc_send_error(s->fd, id, -EINVAL, "the tokenizer refuses this text") == 0);
+		return;
+	}
+	/* Token ids: BOS = 1 when asked, then one id per byte. */
+	uint32_t bos = (flags & IPC_TOK_ADD_BOS) ? 1 : 0;
+	uint32_t total = (uint32_t)len + bos;
+	if (flags & IPC_TOK_COUNT_ONLY) {
+		struct ipc_tokenize_reply r = { .n_tokens = total };
+		SRV_CHECK(s, fsend(s, IPC_MSG_TOKENIZE_REPLY, 0, id, &r, sizeof(r)) == 0);
+		return;
+	}
+	uint32_t off = 0;
+	do {
+		uint32_t n = total - off < IPC_MAX_IDS_PER_FRAME ? total - off : IPC_MAX_IDS_PER_FRAME;
+		struct ipc_tokenize_reply r = { .n_tokens = total, .offset = off, .n_ids = n };
+		int32_t *ids = (int32_t *)(void *)s->obuf;
+		for (uint32_t i = 0; i < n; i++) {
+			uint32_t k = off + i;
+			ids[i] = bos && k == 0 ? 1 : (int32_t)(uint8_t)text[k - bos];
+		}
+		struct iovec v[2] = { { &r, sizeof(r) }, { ids, 4u * n } };
+		SRV_CHECK(s, fsendv(s, IPC_MSG_TOKENIZE_REPLY, off + n < total ? IPC_F_MORE : 0, id, v, 2, NULL, 0) == 0);
+		off += n;
+	} while (off < total);
+}
+
+static void start_upload(struct fake *s, uint64_t id, int kind, uint32_t total, uint32_t tok_flags)
+{
+	SRV_CHECK(s, !s->up_active);
+	s->up_active = true;
+	s->up_id = id;
+	s->up_kind = kind;
+	s->up_total = total;
+	s->up_have = 0;
+	s->up_tok_flags = tok_flags;
+	s->up_data = malloc(total);
+}
+
+/* Consume upload records; run the request once its text is complete. */
+static void pump_upload(struct fake *s)
+{
+	struct ipc_frame f;
+
+	while (s->up_active && !s->gone) {
+		int r = ipc_chan_recv(s->ch, s->rbuf, sizeof(s->rbuf), &f);
+		if (r == -EAGAIN) {
+			ipc_chan_wake_peer(s->ch);
+			if (ipc_chan_prepare_wait(s->ch, IPC_WAIT_RX, 0) == 0)
+				return; /* the main loop sleeps on the eventfd */
+			continue;
+		}
+		SRV_CHECK(s, r == 0);
+		if (r < 0)
+			return;
+		SRV_CHECK(s, f.hdr.type == IPC_MSG_PROMPT_DATA && f.hdr.request_id == s->up_id);
+		struct ipc_prompt_data_msg m;
+		SRV_CHECK(s, ipc_decode_prompt_data(&f, &m) == 0);
+		SRV_CHECK(s, m.offset == s->up_have && m.bytes <= s->up_total - s->up_have);
+		memcpy(s->up_data + s->up_have, m.data, m.bytes);
+		s->up_have += m.bytes;
+		if (s->up_have == s->up_total) {
+			s->up_active = false;
+			ipc_chan_wake_peer(s->ch);
+			if (s->up_kind == IPC_MSG_GENERATE)
+				run_generate(s, s->up_id, s->up_data, s->up_total);
+			else
+				run_tokenize(s, s->up_id, s->up_tok_flags, s->up_data, s->up_total);
+			free(s->up_data);
+			s->up_data = NULL;
+		}
+	}
+	ipc_chan_wake_peer(s->ch);
+}
+
+static void handle_frame(struct fake *s, const struct ipc_frame *f)
+{
+	uint64_t id = f->hdr.request_id;
+
+	switch (f->hdr.type) {
+	case IPC_MSG_GENERATE: {
+		struct ipc_generate_msg m;
+		int r = ipc_decode_generate(f, &m);
+		SRV_CHECK(s, r == 0);
+		if (r < 0)
+			return;
+		pthread_mutex_lock(&s->lock);
+		s->last_gen = m.g;
+		for (unsigned i = 0; i < m.g.n_stop; i++) {
+			memcpy(s->last_stop[i], m.stop[i], m.stop_len[i]);
+			s->last_stop[i][m.stop_len[i]] = 0;
+		}
+		size_t sl = m.g.system_bytes < sizeof(s->last_system) - 1 ? m.g.system_bytes : sizeof(s->last_system) - 1;
+		memcpy(s->last_system, m.system, sl);
+		s->last_system[sl] = 0;
+		pthread_mutex_unlock(&s->lock);
+		if (m.g.gen_flags & IPC_GEN_PROMPT_IN_RING) {
+			SRV_CHECK(s, m.g.prompt_bytes <= FAKE_MAX_TEXT);
+			start_upload(s, id, IPC_MSG_GENERATE, m.g.prompt_bytes, 0);
+			pump_upload(s);
+		} else {
+			run_generate(s, id, m.prompt, m.g.prompt_bytes);
+		}
+		return;
+	}
+	case IPC_MSG_TOKENIZE: {
+		struct ipc_tokenize_msg m;
+		int r = ipc_decode_tokenize(f, &m);
+		SRV_CHECK(s, r == 0);
+		if (r < 0)
+			return;
+		if (m.t.tok_flags & IPC_TOK_TEXT_IN_RING) {
+			start_upload(s, id, IPC_MSG_TOKENIZE, m.t.text_bytes, m.t.tok_flags);
+			pump_upload(s);
+		} else {
+			run_tokenize(s, id, m.t.tok_flags, m.text, m.t.text_bytes);
+		}
+		return;
+	}
+	case IPC_MSG_STATS:
+		SRV_CHECK(s, fsend(s, IPC_MSG_STATS_REPLY, 0, id, &fake_stats, sizeof(fake_stats)) == 0);
+		return;
+	case IPC_MSG_SESSION_OPEN: {
+		struct ipc_session_open o;
+		SRV_CHECK(s, ipc_decode_session_open(f, &o) == 0);
+		struct ipc_session ss = { .session_id = FAKE_SESSION };
+		SRV_CHECK(s, fsend(s, IPC_MSG_SESSION_OPENED, 0, id, &ss, sizeof(ss)) == 0);
+		return;
+	}
+	case IPC_MSG_SESSION_CLOSE: {
+		struct ipc_session ss;
+		SRV_CHECK(s, ipc_decode_session(f, &ss) == 0);
+		if (ss.session_id == FAKE_SESSION)
+			SRV_CHECK(s, fsend(s, IPC_MSG_SESSION_CLOSED, 0, id, &ss, sizeof(ss)) == 0);
+		else
+			SRV_CHECK(s, ipc_send_error(s->fd, id, IPC_ERR_SESSION, "no such session") == 0);
+		return;
+	}
+	case IPC_MSG_PS: {
+		uint32_t off = 0;
+		while (off < FAKE_PS_ENTRIES) {
+			uint32_t n = FAKE_PS_ENTRIES - off < IPC_MAX_PS_PER_FRAME ? FAKE_PS_ENTRIES - off : IPC_MAX_PS_PER_FRAME;
+			struct ipc_ps_reply r = { .n_total = FAKE_PS_ENTRIES, .n_entries = n };
+			struct ipc_ps_entry *e = (struct ipc_ps_entry *)(void *)s->obuf;
+			for (uint32_t i = 0; i < n; i++)
+				e[i] = (struct ipc_ps_entry){ .request_id = off + i + 1, .client_id = 7, .pid = 1000 + off + i,
+							      .uid = 1000, .state = IPC_REQ_RUNNING, .pages = 10,
+							      .pages_shared = 3, .prompt_tokens = 40, .cached_tokens = 16,
+							      .generated_tokens = off + i, .max_tokens = 100000 };
+			struct iovec v[2] = { { &r, sizeof(r) }, { e, n * sizeof(*e) } };
+			off += n;
+			SRV_CHECK(s, fsendv(s, IPC_MSG_PS_REPLY, off < FAKE_PS_ENTRIES ? IPC_F_MORE : 0, id, v, 2, NULL, 0) == 0);
+		}
+		return;
+	}
+	case IPC_MSG_PING: {
+		struct ipc_ping p;
+		SRV_CHECK(s, ipc_decode_ping(f, &p) == 0);
+		SRV_CHECK(s, fsend(s, IPC_MSG_PONG, 0, id, &p, sizeof(p)) == 0);
+		return;
+	}
+	default:
+		SRV_CHECK(s, !"unexpected frame type");
+	}
+}
+
+static void handshake(struct fake *s)
+{
+	struct ipc_frame f;
+	struct pollfd p = { .fd = s->fd, .events = POLLIN };
+
+	poll(&p, 1, 10000);
+	int r = ipc_recv(s->fd, s->sbuf, sizeof(s->sbuf), IPC_FROM_CLIENT, &f);
+	SRV_CHECK(s, r == 0 && f.hdr.type == IPC_MSG_HELLO);
+	struct ipc_hello h;
+	SRV_CHECK(s, r == 0 && ipc_decode_hello(&f, &h) == 0);
+	SRV_CHECK(s, h.client_version == KVC_VERSION && (h.capabilities & IPC_CAP_RING_PROMPT));
+
+	if (s->cfg.hello == HELLO_DENY) {
+		ipc_send_error(s->fd, 0, IPC_ERR_DENIED, "uid 1000 is not in AllowUsers");
+		s->gone = true;
+		return;
+	}
+	struct ipc_chan_config cc = { .c2s_bytes = s->cfg.c2s_bytes, .s2c_bytes = s->cfg.s2c_bytes };
+	SRV_CHECK(s, ipc_chan_create(&cc, &s->ch) == 0);
+	struct ipc_welcome w = { .server_version = 0x000100, .capabilities = IPC_CAP_SESSIONS, .client_id = 7,
+				 .n_vocab = 49152, .n_ctx = 8192, .block_size = 16, .n_layers = 30, .n_kv_heads = 3,
+				 .head_dim = 64, .kv_dtype_bytes = 4, .max_text_bytes = FAKE_MAX_TEXT,
+				 .max_requests = 8, .max_gen_tokens = 200000, .shm_bytes = ipc_chan_shm_bytes(s->ch),
+				 .kv_bytes_per_token = 46080, .pool_bytes = 1ull << 30 };
+	strcpy(w.model_name, "fake-model");
+	int fds[IPC_MAX_FDS];
+	ipc_chan_fds(s->ch, fds);
+	if (s->cfg.hello == HELLO_WRONG_VERSION) {
+		struct iovec v = { &w, sizeof(w) };
+		ssize_t n = ipc_frame_build(s->obuf, sizeof(s->obuf), IPC_MSG_WELCOME, 0, f.hdr.request_id, &v, 1);
+		uint16_t ver = IPC_PROTO_VERSION + 1;
+		memcpy(s->obuf + 4, &ver, 2);
+		SRV_CHECK(s, send(s->fd, s->obuf, (size_t)n, MSG_NOSIGNAL) == n);
+		s->gone = true;
+		return;
+	}
+	struct iovec v = { &w, sizeof(w) };
+	SRV_CHECK(s, fsendv(s, IPC_MSG_WELCOME, 0, f.hdr.request_id, &v, 1, fds, 3) == 0);
+}
+
+/* One connection, from HELLO to its end. */
+static void serve_conn(struct fake *s)
+{
+	struct ipc_frame f;
+
+	s->gone = false;
+	s->n_cancelled = 0;
+	s->up_active = false;
+	handshake(s);
+	while (!s->gone) {
+		/* Frames that arrived while streaming first, then the socket. */
+		while (s->pending && !s->gone) {
+			struct pending *p = s->pending;
+			s->pending = p->next;
+			f.hdr = *(struct ipc_hdr *)(void *)p->buf;
+			f.payload = p->buf + IPC_HDR_BYTES;
+			f.n_fds = 0;
+			handle_frame(s, &f);
+			free(p);
+		}
+		if (poll_socket(s) < 0)
+			break;
+		if (s->pending)
+			continue;
+		if (s->up_active)
+			pump_upload(s);
+		if (s->gone || s->pending)
+			continue;
+		struct pollfd p[2] = { { .fd = s->fd, .events = POLLIN },
+				       { .fd = ipc_chan_wait_fd(s->ch), .events = POLLIN } };
+		poll(p, 2, 20000);
+		ipc_chan_ack(s->ch);
+	}
+	while (s->pending) {
+		struct pending *p = s->pending;
+		s->pending = p->next;
+		free(p);
+	}
+	free(s->up_data);
+	ipc_chan_free(s->ch);
+	s->ch = NULL;
+	if (s->fd >= 0)
+		close(s->fd); /* the client sees the connection end */
+	s->fd = -1;
+}
+
+static void *fake_main(void *arg)
+{
+	struct fake *s = arg;
+
+	if (s->cfg.listen_fd < 0) {
+		serve_conn(s);
+		return NULL;
+	}
+	do {
+		struct pollfd p = { .fd = s->cfg.listen_fd, .events = POLLIN };
+		if (poll(&p, 1, s->cfg.loop ? 100 : 10000) != 1)
+			continue;
+		int r = ipc_accept(s->cfg.listen_fd, &s->fd);
+		if (r == -EAGAIN)
+			continue;
+		SRV_CHECK(s, r == 0);
+		serve_conn(s);
+	} while (s->cfg.loop && !atomic_load(&s->stop));
+	return NULL;
+}
+
+static struct fake *fake_new(const struct fake_cfg *cfg)
+{
+	struct fake *s = aligned_alloc(64, (sizeof(struct fake) + 63) & ~(size_t)63);
+	memset(s, 0, sizeof(*s));
+	if (cfg)
+		s->cfg = *cfg;
+	else
+		s->cfg.listen_fd = -1;
+	s->fd = -1;
+	pthread_mutex_init(&s->lock, NULL);
+	return s;
+}
+
+/* Start a fake daemon on a socketpair and connect a client to it. */
+static struct fake *fake_start(const struct fake_cfg *cfg, kvc_client **ret_c, int expect)
+{
+	int sv[2];
+	struct fake *s = fake_new(cfg);
+	s->cfg.listen_fd = -1;
+	assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+	s->fd = sv[0];
+	fcntl(s->fd, F_SETFL, O_NONBLOCK);
+	assert_int_equal(pthread_create(&s->th, NULL, fake_main, s), 0);
+	int r = kvc_connect_fd(sv[1], ret_c);
+	assert_int_equal(r, expect);
+	if (r < 0) {
+		close(sv[1]);
+		*ret_c = NULL;
+	}
+	return s;
+}
+
+static void fake_finish(struct fake *s, kvc_client *c)
+{
+	kvc_close(c);
+	pthread_join(s->th, NULL);
+	int line = s->failed_line;
+	free(s);
+	assert_int_equal(line, 0);
+}
+
+/* ---- helpers on the client side -------------------------------------------------- */
+
+struct collect {
+	char text[1 << 16];
+	size_t len;
+	int32_t ids[64];
+	uint32_t n_ids;
+	uint32_t events;
+	uint32_t stop_after; /* cancel by returning 1 at this event (0: never) */
+};
+
+static int collect_cb(void *ud, const struct kvc_event *ev)
+{
+	struct collect *c = ud;
+	c->events++;
+	if (c->len + ev->text_len < sizeof(c->text)) {
+		memcpy(c->text + c->len, ev->text, ev->text_len);
+		c->len += ev->text_len;
+		c->text[c->len] = 0;
+	}
+	assert_int_equal(ev->text[ev->text_len], '\0');
+	for (uint32_t i = 0; ev->ids && i < ev->n_tokens && c->n_ids < 64; i++)
+		c->ids[c->n_ids++] = ev->ids[i];
+	return c->stop_after && c->events >= c->stop_after;
+}
+
+static int64_t mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- tests ------------------------------------------------------------------------------ */
+
+static void test_version_and_strerror(void **state)
+{
+	(void)state;
+	assert_int_equal(kvc_version(), KVC_VERSION);
+	assert_string_equal(kvc_version_string(), KVC_VERSION_STRING);
+	char v[32];
+	snprintf(v, sizeof(v), "%d.%d.%d", KVC_VERSION_MAJOR, KVC_VERSION_MINOR, KVC_VERSION_PATCH);
+	assert_string_equal(v, KVC_VERSION_STRING);
+	assert_string_equal(kv_strerror(0), "Success");
+	assert_string_equal(kv_strerror(-ECONNRESET), "Connection reset by peer");
+	assert_string_equal(kv_strerror(-ENOENT), "No such file or directory");
+	assert_non_null(strstr(kv_strerror(KVC_ERR_CONTEXT), "context"));
+	assert_non_null(strstr(kv_strerror(KVC_ERR_VERSION), "protocol"));
+	int codes[] = { KVC_ERR_VERSION, KVC_ERR_CONTEXT, KVC_ERR_SHUTDOWN, KVC_ERR_LIMIT,
+			KVC_ERR_ENGINE, KVC_ERR_SESSION, KVC_ERR_DENIED };
+	for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++)
+		assert_string_not_equal(kv_strerror(codes[i]), "Unknown error");
+	assert_string_equal(kv_strerror(-99999), "Unknown error");
+	assert_string_equal(kv_strerror(5), "Unknown error");
+	assert_string_equal(kvc_finish_name(KVC_FINISH_STOP), "stop");
+	assert_string_equal(kvc_req_state_name(KVC_REQ_SWAPPED), "swapped");
+}
+
+static void test_connect_info_ping(void **state)
+{
+	(void)state;
+	kvc_client *c;
+	struct fake *s = fake_start(NULL, &c, 0);
+	const struct kvc_info *i = kvc_server_info(c);
+	assert_string_equal(i->model_name, "fake-model");
+	assert_int_equal(i->n_ctx, 8192);
+	assert_int_equal(i->n_layers, 30);
+	assert_int_equal(i->kv_bytes_per_token, 46080);
+	assert_int_equal(i->max_prompt_bytes, FAKE_MAX_TEXT);
+	assert_int_equal(i->client_id, 7);
+	uint64_t rtt = 0;
+	assert_int_equal(kvc_ping(c, &rtt), 0);
+	assert_true(rtt > 0);
+	assert_int_equal(kvc_ping(c, NULL), 0);
+	fake_finish(s, c);
+}
+
+static void test_generate_callback(void **state)
+{
+	(void)state;
+	kvc_client *c;
+	struct fake *s = fake_start(NULL, &c, 0);
+	struct kvc_gen_params p;
+	kvc_gen_params_init(&p);
+	p.flags = KVC_GEN_WANT_IDS;
+	struct collect col = { 0 };
+	struct kvc_result res;
+	assert_int_equal(kvc_generate(c, "hello there", KVC_NTS, &p, collect_cb, &col, &res), 0);
+	assert_string_equal(col.text, "Hello world!");
+	assert_int_equal(col.events, 4);
+	assert_int_equal(col.n_ids, 4);
+	for (int k = 0; k < 4; k++)
+		assert_int_equal(col.ids[k], 10 + k);
+	assert_int_equal(res.finish_reason, KVC_FINISH_EOS);
+	assert_int_equal(res.error, 0);
+	assert_int_equal(res.prompt_tokens, 11);
+	assert_int_equal(res.cached_tokens, 5);
+	assert_int_equal(res.generated_tokens, 4);
+	assert_int_equal(res.ttft_ns, 2000000);
+
+	/* Without WANT_IDS, no ids; a stop-string finish is success too. */
+	memset(&col, 0, sizeof(col));
+	assert_int_equal(kvc_generate(c, "stop", 4, NULL, collect_cb, &col, &res), 0);
+	assert_int_equal(col.n_ids, 0);
+	assert_int_equal(res.finish_reason, KVC_FINISH_STOP);
+	/* A NULL callback just runs the request. */
+	assert_int_equal(kvc_generate(c, "hello", KVC_NTS, NULL, NULL, NULL, NULL), 0);
+	fake_finish(s, c);
+}
+
+static void test_params_on_the_wire(void **state)
+{
+	(void)state;
+	kvc_client *c;
+	struct fake *s = fake_start(NULL, &c, 0);
+	struct kvc_gen_params p;
+	kvc_gen_params_init(&p);
+	assert_int_equal(p.max_tokens, 256);
+	assert_true(p.seed == KVC_SEED_RANDOM);
+	const char *stops[] = { "\n\n", "User:" };
+	p.max_tokens = 77;
+	p.temperature = 0.0f;
+	p.top_k = 5;
+	p.seed = 1234;
+	p.session_id = FAKE_SESSION;
+	p.system = "Be brief.";
+	p.stop = stops;
+	p.n_stop = 2;
+	struct collect col = { 0 };
+	assert_int_equal(kvc_generate(c, "params", KVC_NTS, &p, collect_cb, &col, NULL), 0);
+	assert_string_equal(col.text, "max=77 temp=0.00 top_p=0.95 top_k=5 min_p=0.05 rep=1.00 last=64 seed=1234 "
+				      "session=42 flags=0 stops=2");
+	pthread_mutex_lock(&s->lock);
+	char stop0[IPC_MAX_STOP_BYTES + 1], stop1[IPC_MAX_STOP_BYTES + 1], sys[256];
+	snprintf(stop0, sizeof(stop0), "%s", s->last_stop[0]);
+	snprintf(stop1, sizeof(stop1), "%s", s->last_stop[1]);
+	snprintf(sys, sizeof(sys), "%s", s->last_system);
+	pthread_mutex_unlock(&s->lock);
+	assert_string_equal(stop0, "\n\n");
+	assert_string_equal(stop1, "User:");
+	assert_string_equal(sys, "Be brief.");
+
+	/* Bad parameters are refused before anything is sent. */
+	const char *nine[9] = { "a", "b", "c", "d", "e", "f", "g", "h", "i" };
+	p.stop = nine;
+	p.n_stop = 9;
+	assert_int_equal(kvc_generate(c, "params", KVC_NTS, &p, NULL, NULL, NULL), -E2BIG);
+	const char *empty[] = { "" };
+	p.stop = empty;
+	p.n_stop = 1;
+	assert_int_equal(kvc_generate(c, "params", KVC_NTS, &p, NULL, NULL, NULL), -EINVAL);
+	char longstop[300];
+	memset(longstop, 's', 299);
+	longstop[299] = 0;
+	const char *lp[] = { longstop };
+	p.stop = lp;
+	assert_int_equal(kvc_generate(c, "params", KVC_NTS, &p, NULL, NULL, NULL), -E2BIG);
+	kvc_gen_params_init(&p);
+	p.flags = KVC_GEN_RAW;
+	p.system = "sys";
+	assert_int_equal(kvc_generate(c, "params", KVC_NTS, &p, NULL, NULL, NULL), -EINVAL);
+	kvc_gen_params_init(&p);
+	p.temperature = NAN;
+	assert_int_equal(kvc_generate(c, "params", KVC_NTS, &p, NULL, NULL, NULL), -EINVAL);
+	kvc_gen_params_init(&p);
+	p.max_tokens = 0;
+	assert_int_equal(kvc_generate(c, "params", KVC_NTS, &p, NULL, NULL, NULL), -EINVAL);
+	kvc_gen_params_init(&p);
+	p.flags = 0x80;
+	assert_int_equal(kvc_generate(c, "params", KVC_NTS, &p, NULL, NULL, NULL), -EINVAL);
+	size_t big = FAKE_MAX_TEXT + 1;
+	char *huge = malloc(big);
+	memset(huge, 'a', big);
+	assert_int_equal(kvc_generate(c, huge, big, NULL, NULL, NULL, NULL), -E2BIG);
+	free(huge);
+	/* The connection is still fine. */
+	assert_int_equal(kvc_generate(c, "hello", KVC_NTS, NULL, NULL, NULL, NULL), 0);
+	fake_finish(s, c);
+}
+
+static void test_blocking_interleaved(void **state)
+{
+	(void)state;
+	kvc_client *c;
+	struct fake *s = fake_start(NULL, &c, 0);
+	kvc_request *r1, *r2;
+	const struct kvc_event *ev;
+	int r;
+
+	assert_int_equal(kvc_request_start(c, "hello", KVC_NTS, NULL, &r1), 0);
+	assert_int_equal(kvc_request_start(c, "many:500", KVC_NTS, NULL, &r2), 0);
+	assert_true(kvc_request_id(r1) != kvc_request_id(r2));
+	assert_null(kvc_request_result(r2));
+	/* Read the second request first: the first one's events wait in its queue. */
+	uint32_t n = 0;
+	char want[32];
+	while ((r = kvc_request_next(r2, &ev)) == 1) {
+		assert_int_equal(ev->request_id, kvc_request_id(r2));
+		assert_int_equal(ev->index, n);
+		snprintf(want, sizeof(want), "t%u;", n);
+		assert_string_equal(ev->text, want);
+		n++;
+	}
+	assert_int_equal(r, 0);
+	assert_int_equal(n, 500);
+	assert_int_equal(kvc_request_result(r2)->finish_reason, KVC_FINISH_LENGTH);
+	assert_int_equal(kvc_request_result(r2)->generated_tokens, 500);
+	assert_int_equal(kvc_request_next(r2, &ev), 0); /* stays finished */
+
+	char text[64] = "";
+	while ((r = kvc_request_next(r1, &ev)) == 1)
+		strcat(text, ev->text);
+	assert_int_equal(r, 0);
+	assert_string_equal(text, "Hello world!");
+	assert_int_equal(kvc_request_result(r1)->finish_reason, KVC_FINISH_EOS);
+	assert_null(kvc_request_finish(r1));
+	assert_null(kvc_request_finish(r2));
+	assert_null(kvc_request_finish(NULL));
+	fake_finish(s, c);
+}
+
+static void test_cancel_from_callback(void **state)
+{
+	(void)state;
+	kvc_client *c;
+	struct fake *s = fake_start(NULL, &c, 0);
+	struct collect col = { .stop_after = 5 };
+	struct kvc_result res;
+	assert_int_equal(kvc_generate(c, "forever", KVC_NTS, NULL, collect_cb, &col, &res), -ECANCELED);
+	assert_int_equal(col.events, 5); /* nothing delivered after the callback said stop */
+	assert_int_equal(res.finish_reason, KVC_FINISH_CANCELLED);
+	assert_true(res.generated_tokens >= 5);
+	assert_int_equal(atomic_load(&s->cancels), 1);
+	/* The client carries on. */
+	memset(&col, 0, sizeof(col));
+	assert_int_equal(kvc_generate(c, "hello", KVC_NTS, NULL, collect_cb, &col, NULL), 0);
+	assert_string_equal(col.text, "Hello world!");
+	fake_finish(s, c);
+}
+
+static void test_cancel_blocking(void **state)
+{
+	(void)state;
+	kvc_client *c;
+	struct fake *s = fake_start(NULL, &c, 0);
+	kvc_request *q;
+	const struct kvc_event *ev;
+	int r, n = 0;
+
+	assert_int_equal(kvc_request_start(c, "forever", KVC_NTS, NULL, &q), 0);
+	while ((r = kvc_request_next(q, &ev)) == 1) {
+		if (++n == 3)
+			assert_int_equal(kvc_cancel(c, kvc_request_id(q)), 0);
+	}
+	assert_int_equal(r, -ECANCELED);
+	assert_int_equal(kvc_request_result(q)->finish_reason, KVC_FINISH_CANCELLED);
+	assert_true(n >= 3);
+	assert_int_equal(kvc_request_next(q, &ev), -ECANCELED);
+	kvc_request_finish(q);
+	/* Cancelling an unknown id is harmless. */
+	assert_int_equal(kvc_cancel(c, 987654), 0);
+	assert_int_equal(kvc_cancel(c, 0), -EINVAL);
+	assert_int_equal(kvc_ping(c, NULL), 0);
+	fake_finish(s, c);
+}
+
+struct canceller {
+	kvc_client *c;
+	uint64_t id;
+};
+
+static void *cancel_later(void *arg)
+{
+	struct canceller *k = arg;
+	usleep(50000);
+	kvc_cancel(k->c, k->id);
+	return NULL;
+}
+
+static void test_cancel_from_thread(void **state)
+{
+	(void)state;
+	kvc_client *c;
+	struct fake *s = fake_start(NULL, &c, 0);
+	kvc_request *q;
+	const struct kvc_event *ev;
+	pthread_t th;
+	int r;
+
+	assert_int_equal(kvc_request_start(c, "forever", KVC_NTS, NULL, &q), 0);
+	struct canceller k = { c, kvc_request_id(q) };
+	assert_int_equal(pthread_create(&th, NULL, cancel_later, &k), 0);
+	int64_t t0 = mono_ms();
+	while ((r = kvc_request_next(q, &ev)) == 1)
+		;
+	assert_int_equal(r, -ECANCELED);
+	assert_true(mono_ms() - t0 < 10000);
+	pthread_join(th, NULL);
+	kvc_request_finish(q);
+	fake_finish(s, c);
+}
+
+static void test_finish_abandons_request(void **state)
+{
+	(void)state;
+	kvc_client *c;
+	struct fake_cfg cfg = { .s2c_bytes = IPC_RING_MIN_BYTES, .listen_fd = -1 };
+	struct fake *s = fake_start(&cfg, &c, 0);
+	kvc_request *q;
+	const struct kvc_event *ev;
+
+	assert_int_equal(kvc_request_start(c, "many:100000", KVC_NTS, NULL, &q), 0);
+	for (int i = 0; i < 10; i++)
+		assert_int_equal(kvc_request_next(q, &ev), 1);
+	kvc_request_finish(q); /* cancels; later events are dropped */
+	struct collect col = { 0 };
+	assert_int_equal(kvc_generate(c, "hello", KVC_NTS, NULL, collect_cb, &col, NULL), 0);
+	assert_string_equal(col.text, "Hello world!");
+	assert_true(atomic_load(&s->cancels) >= 1);
+	fake_finish(s, c);
+}
+
+static void test_error_frames(void **state)
+{
+	(void)state;
+	kvc_client *c;
+	struct fake *s = fake_start(NULL, &c, 0);
+	struct collect col = { 0 };
+	struct kvc_result res;
+
+	/* Rejected at once, on the socket. */
+	assert_int_equal(kvc_generate(c, "error-context", KVC_NTS, NULL, collect_cb, &col, &res), KVC_ERR_CONTEXT);
+	assert_int_equal(col.events, 0);
+	assert_int_equal(res.finish_reason, KVC_FINISH_ERROR);
+	assert_int_equal(res.error, KVC_ERR_CONTEXT);
+	assert_string_equal(res.error_message, "prompt of 9000 tokens exceeds n_ctx 8192");
+
+	/* Failed mid-stream, through the ring: earlier tokens still arrive. */
+	memset(&col, 0, sizeof(col));
+	assert_int_equal(kvc_generate(c, "midfail", KVC_NTS, NULL, collect_cb, &col, &res), -EIO);
+	assert_string_equal(col.text, "ab");
+	assert_string_equal(res.error_message, "engine exploded");
+
+	/* Blocking form: the same code, and the result explains. */
+	kvc_request *q;
+	const struct kvc_event *ev;
+	assert_int_equal(kvc_request_start(c, "error-context", KVC_NTS, NULL, &q), 0);
+	assert_int_equal(kvc_request_next(q, &ev), KVC_ERR_CONTEXT);
+	assert_int_equal(kvc_request_result(q)->error, KVC_ERR_CONTEXT);
+	kvc_request_finish(q);
+
+	/* Errors of control calls carry the daemon's message too. */
+	int32_t *ids;
+	size_t n;
+	assert_int_equal(kvc_tokenize(c, "tok-error", KVC_NTS, 0, &ids, &n), -EINVAL);
+	assert_string_equal(kvc_last_message(c), "the tokenizer refuses this text");
+	assert_int_equal(kvc_session_close(c, 7), KVC_ERR_SESSION);
+	assert_string_equal(kvc_last_message(c), "no such session");
+
+	/* None of that broke the connection. */
+	memset(&col, 0, sizeof(col));
+	assert_int_equal(kvc_generate(c, "hello", KVC_NTS, NULL, collect_cb, &col, NULL), 0);
+	assert_string_equal(col.text, "Hello world!");
+	fake_finish(s, c);
+}
+
+static void test_server_vanishes(void **state)
+{
+	(void)state;
+	kvc_client *c;
+	struct fake *s = fake_start(NULL, &c, 0);
+	struct collect col = { 0 };
+	struct kvc_result res;
+	int64_t t0 = mono_ms();
+
+	assert_int_equal(kvc_generate(c, "vanish", KVC_NTS, NULL, collect_cb, &col, &res), -ECONNRESET);
+	assert_true(mono_ms() - t0 < 10000);
+	assert_string_equal(col.text, "vvv"); /* what was sent before the end still arrives */
+	assert_int_equal(res.finish_reason, KVC_FINISH_ERROR);
+	assert_int_equal(res.error, -ECONNRESET);
+	/* Everything afterwards fails the same way, at once. */
+	struct kvc_stats st;
+	assert_int_equal(kvc_stats(c, &st), -ECONNRESET);
+	assert_int_equal(kvc_generate(c, "hello", KVC_NTS, NULL, NULL, NULL, NULL), -ECONNRESET);
+	kvc_request *q;
+	assert_int_equal(kvc_request_start(c, "hello", KVC_NTS, NULL, &q), -ECONNRESET);
+	fake_finish(s, c);
+
+	/* Blocking form, with the client waiting in poll() when it happens. */
+	s = fake_start(NULL, &c, 0);
+	const struct kvc_event *ev;
+	int r, n = 0;
+	assert_int_equal(kvc_request_start(c, "vanish", KVC_NTS, NULL, &q), 0);
+	while ((r = kvc_request_next(q, &ev)) == 1)
+		n++;
+	assert_int_equal(r, -ECONNRESET);
+	assert_int_equal(n, 3);
+	kvc_request_finish(q);
+	fake_finish(s, c);
+}
+
+static void test_shutdown_error(void **state)
+{
+	(void)state;
+	kvc_client *c;
+	struct fake *s = fake_start(NULL, &c, 0);
+	struct kvc_result res;
+	assert_int_equal(kvc_generate(c, "shutdown", KVC_NTS, NULL, NULL, NULL, &res), KVC_ERR_SHUTDOWN);
+	assert_string_equal(res.error_message, "kvd is stopping");
+	assert_int_equal(kvc_ping(c, NULL), KVC_ERR_SHUTDOWN);
+	fake_finish(s, c);
+}
+
+static void test_timeout(void **state)
+{
+	(void)state;
+	kvc_client *c;
+	struct fake *s = fake_start(NULL, &c, 0);
+	struct kvc_result res;
+
+	assert_int_equal(kvc_set_timeout(c, 200), 0);
+	int64_t t0 = mono_ms();
+	assert_int_equal(kvc_generate(c, "silent", KVC_NTS, NULL, NULL, NULL, &res), -ETIMEDOUT);
+	int64_t dt = mono_ms() - t0;
+	assert_true(dt >= 190 && dt < 5000);
+	assert_int_equal(res.error, -ETIMEDOUT);
+	/* Blocking form: a timeout leaves the request alive. */
+	kvc_request *q;
+	const struct kvc_event *ev;
+	assert_int_equal(kvc_request_start(c, "silent", KVC_NTS, NULL, &q), 0);
+	assert_int_equal(kvc_request_next(q, &ev), -ETIMEDOUT);
+	assert_null(kvc_request_result(q));
+	kvc_request_finish(q);
+	kvc_set_timeout(c, -1);
+	assert_int_equal(kvc_generate(c, "hello", KVC_NTS, NULL, NULL, NULL, NULL), 0);
+	fake_finish(s, c);
+}
+
+static void test_large_prompt_through_ring(void **state)
+{
+	(void)state;
+	kvc_client *c;
+	struct fake_cfg cfg = { .c2s_bytes = IPC_RING_MIN_BYTES, .listen_fd = -1 };
+	struct fake *s = fake_start(&cfg, &c, 0);
+	size_t len = 3u << 20;
+	char *prompt = malloc(len);
+	uint64_t x = 88172645463325252ull;
+	for (size_t i = 0; i < len; i++) {
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		prompt[i] = (char)('a' + x % 26);
+	}
+	struct collect col = { 0 };
+	struct kvc_result res;
+	assert_int_equal(kvc_generate(c, prompt, len, NULL, collect_cb, &col, &res), 0);
+	char want[64];
+	snprintf(want, sizeof(want), "len=%zu sum=%016llx", len, (unsigned long long)fnv(prompt, len));
+	assert_string_equal(col.text, want);
+	assert_int_equal(res.prompt_tokens, len);
+
+	/* Just above the inline limit, and several uploads in a row. */
+	for (size_t l = IPC_MAX_INLINE_TEXT_BYTES - 1; l <= IPC_MAX_INLINE_TEXT_BYTES + 70000; l += 35001) {
+		memset(&col, 0, sizeof(col));
+		assert_int_equal(kvc_generate(c, prompt, l, NULL, collect_cb, &col, NULL), 0);
+		snprintf(want, sizeof(want), "len=%zu sum=%016llx", l, (unsigned long long)fnv(prompt, l));
+		assert_string_equal(col.text, want);
+	}
+	free(prompt);
+	fake_finish(s, c);
+}
+
+static void test_many_tokens_backpressure(void **state)
+{
+	(void)state;
+	kvc_client *c;
+	struct fake_cfg cfg = { .s2c_bytes = IPC_RING_MIN_BYTES, .listen_fd = -1 };
+	struct fake *s = fake_start(&cfg, &c, 0);
+	kvc_request *q;
+	const struct kvc_event *ev;
+	struct kvc_gen_params p;
+	char want[32];
+	int r;
+	uint32_t n = 0;
+
+	kvc_gen_params_init(&p);
+	p.flags = KVC_GEN_WANT_IDS;
+	p.max_tokens = 100000;
+	assert_int_equal(kvc_request_start(c, "many:100000", KVC_NTS, &p, &q), 0);
+	while ((r = kvc_request_next(q, &ev)) == 1) {
+		assert_int_equal(ev->index, n);
+		assert_int_equal(ev->n_tokens, 1);
+		assert_int_equal(ev->ids[0], (int32_t)n);
+		snprintf(want, sizeof(want), "t%u;", n);
+		assert_string_equal(ev->text, want);
+		n++;
+	}
+	assert_int_equal(r, 0);
+	assert_int_equal(n, 100000);
+	kvc_request_finish(q);
+	fake_finish(s, c);
+}
+
+static void test_tokenize_count(void **state)
+{
+	(void)state;
+	kvc_client *c;
+	struct fake *s = fake_start(NULL, &c, 0);
+	int32_t *ids;
+	size_t n;
+
+	assert_int_equal(kvc_tokenize(c, "abc", KVC_NTS, KVC_TOK_ADD_BOS, &ids, &n), 0);
+	assert_int_equal(n, 4);
+	assert_int_equal(ids[0], 1);
+	assert_int_equal(ids[1], 'a');
+	assert_int_equal(ids[3], 'c');
+	kvc_free(ids);
+	assert_int_equal(kvc_tokenize(c, "", 0, 0, &ids, &n), 0);
+	assert_int_equal(n, 0);
+	assert_null(ids);
+	assert_int_equal(kvc_tokenize(c, "x", 1, 0x80, &ids, &n), -EINVAL);
+
+	/* Large: uploaded through the ring, answered in several frames. */
+	size_t len = 100000;
+	char *text = malloc(len);
+	for (size_t i = 0; i < len; i++)
+		text[i] = (char)(32 + i % 90);
+	assert_int_equal(kvc_tokenize(c, text, len, 0, &ids, &n), 0);
+	assert_int_equal(n, len);
+	for (size_t i = 0; i < len; i++)
+		if (ids[i] != (int32_t)(uint8_t)text[i])
+			fail_msg("id %zu: %d != %d", i, ids[i], text[i]);
+	kvc_free(ids);
+	assert_int_equal(kvc_count_tokens(c, text, len, KVC_TOK_ADD_BOS, &n), 0);
+	assert_int_equal(n, len + 1);
+	assert_int_equal(kvc_count_tokens(c, "hello", KVC_NTS, 0, &n), 0);
+	assert_int_equal(n, 5);
+	free(text);
+	fake_finish(s, c);
+}
+
+static void test_stats_ps_sessions(void **state)
+{
+	(void)state;
+	kvc_client *c;
+	struct fake *s = fake_start(NULL, &c, 0);
+	struct kvc_stats st;
+
+	assert_int_equal(kvc_stats(c, &st), 0);
+	assert_int_equal(st.pages_total, 1000);
+	assert_int_equal(st.pages_free, 600);
+	assert_int_equal(st.pages_used, 300);
+	assert_int_equal(st.pages_shared, 50);
+	assert_int_equal(st.pages_cached, 100);
+	assert_int_equal(st.pages_swapped, 7);
+	assert_int_equal(st.page_bytes, 368640);
+	assert_int_equal(st.kv_bytes_per_token, 23040);
+	assert_int_equal(st.prefix_query_tokens, 900);
+	assert_int_equal(st.prefix_hit_tokens, 300);
+	assert_int_equal(st.requests_running, 3);
+	assert_int_equal(st.requests_waiting, 2);
+	assert_int_equal(st.requests_swapped, 1);
+	assert_int_equal(st.uptime_ns, 5000000000ull);
+
+	struct kvc_ps_entry *e;
+	size_t n;
+	assert_int_equal(kvc_ps(c, &e, &n), 0);
+	assert_int_equal(n, FAKE_PS_ENTRIES);
+	for (size_t i = 0; i < n; i++) {
+		assert_int_equal(e[i].request_id, i + 1);
+		assert_int_equal(e[i].pid, 1000 + i);
+		assert_int_equal(e[i].state, KVC_REQ_RUNNING);
+	}
+	kvc_free(e);
+
+	uint64_t sid;
+	assert_int_equal(kvc_session_open(c, 60, &sid), 0);
+	assert_int_equal(sid, FAKE_SESSION);
+	assert_int_equal(kvc_session_close(c, sid), 0);
+	assert_int_equal(kvc_session_close(c, 0), -EINVAL);
+	fake_finish(s, c);
+}
+
+static void test_handshake_refusals(void **state)
+{
+	(void)state;
+	kvc_client *c;
+	struct fake_cfg cfg = { .hello = HELLO_WRONG_VERSION, .listen_fd = -1 };
+	struct fake *s = fake_start(&cfg, &c, KVC_ERR_VERSION);
+	fake_finish(s, NULL);
+	cfg.hello = HELLO_DENY;
+	s = fake_start(&cfg, &c, KVC_ERR_DENIED);
+	fake_finish(s, NULL);
+
+	/* Not a SEQPACKET socket. */
+	int sv[2];
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	assert_int_equal(kvc_connect_fd(sv[0], &c), -EPROTOTYPE);
+	close(sv[0]);
+	close(sv[1]);
+	/* The peer is gone before it answers. */
+	assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+	close(sv[0]);
+	int r = kvc_connect_fd(sv[1], &c);
+	assert_true(r == -ECONNRESET);
+	assert_true(fcntl(sv[1], F_GETFD) >= 0); /* still the caller's */
+	close(sv[1]);
+}
+
+static void test_connect_by_path_and_env(void **state)
+{
+	(void)state;
+	char path[64];
+	int lfd;
+	kvc_client *c;
+
+	snprintf(path, sizeof(path), "@kvd-test-kvclient-%d", (int)getpid());
+	assert_int_equal(ipc_listen(path, 0, 4, &lfd), 0);
+	struct fake_cfg cfg = { .listen_fd = lfd };
+	struct fake *s = fake_new(&cfg);
+	assert_int_equal(pthread_create(&s->th, NULL, fake_main, s), 0);
+	setenv(KVC_SOCKET_ENV, path, 1);
+	assert_int_equal(kvc_connect(NULL, &c), 0);
+	assert_string_equal(kvc_server_info(c)->model_name, "fake-model");
+	assert_int_equal(kvc_generate(c, "hello", KVC_NTS, NULL, NULL, NULL, NULL), 0);
+	fake_finish(s, c);
+	close(lfd);
+
+	/* Nobody listens any more; bad paths. */
+	assert_int_equal(kvc_connect(NULL, &c), -ECONNREFUSED);
+	setenv(KVC_SOCKET_ENV, "/nonexistent/kvd.sock", 1);
+	assert_int_equal(kvc_connect(NULL, &c), -ENOENT);
+	setenv(KVC_SOCKET_ENV, "", 1); /* empty: the default path */
+	int r = kvc_connect(NULL, &c);
+	if (r == 0)
+		kvc_close(c); /* a real kvd runs on this machine */
+	else
+		assert_true(r == -ENOENT || r == -ECONNREFUSED || r == -EACCES);
+	unsetenv(KVC_SOCKET_ENV);
+	assert_int_equal(kvc_connect("@kvd-test-nobody-listens", &c), -ECONNREFUSED);
+	assert_int_equal(kvc_close(NULL), NULL);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_version_and_strerror),
+		cmocka_unit_test(test_connect_info_ping),
+		cmocka_unit_test(test_generate_callback),
+		cmocka_unit_test(test_params_on_the_wire),
+		cmocka_unit_test(test_blocking_interleaved),
+		cmocka_unit_test(test_cancel_from_callback),
+		cmocka_unit_test(test_cancel_blocking),
+		cmocka_unit_test(test_cancel_from_thread),
+		cmocka_unit_test(test_finish_abandons_request),
+		cmocka_unit_test(test_error_frames),
+		cmocka_unit_test(test_server_vanishes),
+		cmocka_unit_test(test_shutdown_error),
+		cmocka_unit_test(test_timeout),
+		cmocka_unit_test(test_large_prompt_through_ring),
+		cmocka_unit_test(test_many_tokens_backpressure),
+		cmocka_unit_test(test_tokenize_count),
+		cmocka_unit_test(test_stats_ps_sessions),
+		cmocka_unit_test(test_handshake_refusals),
+		cmocka_unit_test(test_connect_by_path_and_env),
+	};
+	alarm(240);
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
