@@ -15,7 +15,7 @@
  *  4. nanoseconds per page allocation + free (through commit / free);
  *  5. nanoseconds per page of prefix lookup (attach of a cached prompt).
  *
- *   build/bench/bench_kvmm [--dir DIR] [--swap-mib N] [--rounds N] [--no-fio]
+ *   build/bench/bench_kvmm [--dir DIR] [--swap-mib N] [--seq-pages N] [--rounds N] [--no-fio]
  *
  * DIR (default $KVD_BENCH_DIR, else /var/tmp) holds the swap file and fio's
  * file; both are removed at the end. Pages have SmolLM2-135M's geometry
@@ -264,9 +264,8 @@ static double run_fio(const char *file, const char *rw, uint64_t bytes, bool dir
 	return bw;
 }
 
-static void bench_swap(const char *dir, uint64_t swap_mib, int rounds, bool use_fio)
+static void bench_swap(const char *dir, uint64_t swap_mib, uint32_t pages_per_seq, int rounds, bool use_fio)
 {
-	const uint32_t pages_per_seq = 256; /* 4096-token sequences */
 	uint64_t want = swap_mib << 20;
 	uint32_t n_seqs = (uint32_t)(want / ((uint64_t)pages_per_seq * SMOL_PAGE_BYTES));
 	uint32_t n_pages = n_seqs * pages_per_seq;
@@ -333,6 +332,10 @@ static void bench_swap(const char *dir, uint64_t swap_mib, int rounds, bool use_
 			TRY("swap_in", kvmm_seq_swap_in(m, seq[i]));
 		best_out = fmax(best_out, (double)bytes / ((double)(t1 - t0) / 1e9));
 		best_in = fmax(best_in, (double)bytes / ((double)(now_ns() - t2) / 1e9));
+		if (getenv("KVMM_BENCH_VERBOSE"))
+			printf("  round %d: out %.0f MB/s, in %.0f MB/s, fio w %.0f r %.0f (best so far)\n", r,
+			       (double)bytes / ((double)(t1 - t0) / 1e3), (double)bytes / ((double)(now_ns() - t2) / 1e3),
+			       fio_w / 1e6, fio_r / 1e6);
 		if (use_fio)
 			fio_r = fmax(fio_r, run_fio(fio_path, "read", bytes, direct));
 	}
@@ -412,7 +415,8 @@ int main(int argc, char **argv)
 {
 	const char *dir = getenv("KVD_BENCH_DIR");
 	uint64_t swap_mib = 1024;
-	int rounds = 3;
+	uint32_t seq_pages = 256; /* 4096-token sequences */
+	int rounds = 5;
 	bool use_fio = true;
 
 	if (!dir || !*dir)
@@ -422,12 +426,14 @@ int main(int argc, char **argv)
 			dir = argv[++i];
 		else if (!strcmp(argv[i], "--swap-mib") && i + 1 < argc)
 			swap_mib = strtoull(argv[++i], NULL, 0);
+		else if (!strcmp(argv[i], "--seq-pages") && i + 1 < argc)
+			seq_pages = (uint32_t)strtoul(argv[++i], NULL, 0);
 		else if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
 			rounds = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--no-fio"))
 			use_fio = false;
 		else {
-			fprintf(stderr, "usage: %s [--dir DIR] [--swap-mib N] [--rounds N] [--no-fio]\n", argv[0]);
+			fprintf(stderr, "usage: %s [--dir DIR] [--swap-mib N] [--seq-pages N] [--rounds N] [--no-fio]\n", argv[0]);
 			return 2;
 		}
 	}
@@ -438,7 +444,7 @@ int main(int argc, char **argv)
 	printf("kvmm benchmark\n");
 	bench_slack();
 	bench_prefix_sharing();
-	bench_swap(dir, swap_mib, rounds < 1 ? 1 : rounds, use_fio);
+	bench_swap(dir, swap_mib, seq_pages ? seq_pages : 1, rounds < 1 ? 1 : rounds, use_fio);
 	bench_costs();
 	printf("\n%-48s %-14s %-20s %s\n", "figure", "value", "target", "ratio");
 	for (int i = 0; i < n_rows; i++)

@@ -51,11 +51,15 @@
  * ignored (the wait resumes); use kvc_cancel() from a handler to stop a
  * generation.
  *
- * ABI. Only the functions below are exported from libkvclient.so. Public
- * structs have a fixed size and end in reserved fields, so later versions
- * add members without changing their size; callers must initialize
- * parameter structs with the provided init functions. The library version
- * is in KVC_VERSION_* (compile time) and kvc_version() (run time).
+ * ABI. Only the functions below are exported from libkvclient.so (soname
+ * libkvclient.so.0); everything else is hidden. Structs that callers
+ * allocate (kvc_gen_params, kvc_result, kvc_stats, kvc_ps_entry) and
+ * kvc_info have a fixed size and end in reserved fields, so later versions
+ * add members without changing their size; initialize kvc_gen_params with
+ * kvc_gen_params_init(). Structs the library hands out by pointer
+ * (kvc_event) may grow at the end. The library version is in
+ * KVC_VERSION_* (compile time) and kvc_version() (run time); the protocol
+ * version is checked in the handshake (KVC_ERR_VERSION).
  */
 #ifndef KVCLIENT_H
 #define KVCLIENT_H
@@ -147,7 +151,10 @@ KVC_EXPORT kvc_client *kvc_close(kvc_client *c);
  * Bound every later wait of this client for a reply or an event to
  * timeout_ms milliseconds (< 0: wait without bound, the default). A wait
  * that runs out returns -ETIMEDOUT; the request or call it belonged to is
- * not cancelled by that. Returns 0.
+ * not cancelled by that (kvc_generate() does cancel its request). One
+ * exception: a timeout while a large prompt or text is still being
+ * uploaded through shared memory ends the connection, since the daemon
+ * expects the rest of it; later calls then return -ETIMEDOUT. Returns 0.
  */
 KVC_EXPORT int kvc_set_timeout(kvc_client *c, int timeout_ms);
 
@@ -333,10 +340,14 @@ KVC_EXPORT int kvc_cancel(kvc_client *c, uint64_t request_id);
 /*
  * A session keeps a conversation's KV cache in the daemon between
  * requests: pass its id in kvc_gen_params.session_id and each request
- * continues from the previous one, so only the new text is processed.
- * idle_timeout_s: close it after that long unused (0: the daemon's
- * default). Returns 0 and the id; KVC_ERR_LIMIT when this client has too
- * many sessions; -EOPNOTSUPP when the daemon has no sessions.
+ * continues from the previous one, so only the new text is processed. A
+ * session belongs to the user that opened it, not to the connection: it
+ * survives kvc_close(), and any client of the same user may continue or
+ * close it. It ends with kvc_session_close() or after idle_timeout_s
+ * seconds unused (0: the daemon's default, which also bounds larger
+ * values). One request at a time per session.
+ * Returns 0 and the id; KVC_ERR_LIMIT when too many sessions are open;
+ * -EOPNOTSUPP when the daemon has no sessions.
  */
 KVC_EXPORT int kvc_session_open(kvc_client *c, uint32_t idle_timeout_s, uint64_t *ret_session_id);
 /* Close it and free its memory. KVC_ERR_SESSION when unknown or expired. */

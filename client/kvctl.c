@@ -1313,8 +1313,10 @@ static int cmd_plan(struct ctx *x, int argc, char **argv)
 		printf("page               %u tokens = %" PRIu64 " B (%s)\n", block, page_bytes, b1);
 		fmt_bytes(b1, sizeof(b1), (double)req_bytes);
 		fmt_bytes(b2, sizeof(b2), (double)ctx * (double)per_token);
-		printf("per request        %u tokens -> %" PRIu64 " pages = %s (%s of it used at full length)\n", ctx,
-		       pages_per_req, b1, b2);
+		printf("per request        %u tokens -> %" PRIu64 " pages = %s", ctx, pages_per_req, b1);
+		if ((uint64_t)ctx != pages_per_req * block) /* the last page is partly empty */
+			printf(" (%s hold tokens)", b2);
+		fputc('\n', stdout);
 		for (size_t k = 0; k < n_budgets; k++) {
 			uint64_t pages = budgets[k] / page_bytes;
 			fmt_bytes(b3, sizeof(b3), (double)budgets[k]);

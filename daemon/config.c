@@ -34,6 +34,7 @@ void kvd_config_defaults(struct kvd_config *c)
 	c->max_requests_per_client = 16;
 	c->max_prompt_bytes = 1u << 20;
 	c->drain_timeout_s = 10;
+	c->token_ring_bytes = 256u << 10;
 	c->log_level = 6;
 }
 
@@ -272,6 +273,12 @@ static int set_key(struct kvd_config *c, const char *sec, const char *key, const
 	} else if (IS("server", "drain_timeout")) {
 		if (parse_u32(v, 0, 3600, &c->drain_timeout_s) < 0)
 			goto bad_value;
+	} else if (IS("server", "token_ring_size")) {
+		if (kvd_parse_size(v, &u64) < 0 || u64 < (16u << 10) || u64 > (64u << 20) || (u64 & (u64 - 1))) {
+			snprintf(msg, ml, "token_ring_size must be a power of two from 16K to 64M, not '%s'", v);
+			return -EINVAL;
+		}
+		c->token_ring_bytes = (uint32_t)u64;
 	} else if (IS("log", "level")) {
 		size_t i;
 		for (i = 0; i < sizeof(log_levels) / sizeof(log_levels[0]); i++)

@@ -41,6 +41,7 @@ struct kvd_config {
 	uint32_t max_requests_per_client;
 	uint64_t max_prompt_bytes;
 	uint32_t drain_timeout_s;  /* SIGTERM: finish in-flight requests this long */
+	uint32_t token_ring_bytes; /* per-client server->client ring (power of two) */
 	int log_level;             /* sd-daemon priority: 3 err .. 7 debug */
 	char ledger_log[KVD_CONF_PATH_MAX]; /* empty: no per-request ledger file */
 	/* Where model.path was last set ("file:line", "--model"), for messages

@@ -3,20 +3,27 @@
  */
 #include "engine.h"
 
+#include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kvmm.h"
 #include "model.h"
 
 #define ENGINE_MAX_ITEMS 4096
+#define PLUGIN_ENTRY "kvd_backend_plugin_entry"
+#define CUDA_PLUGIN_NAME "libkvd-cuda.so"
 
 struct kvd_engine {
 	struct kvd_model *model;
 	const struct kvd_backend_ops *ops;
 	void *be;
+	void *plugin;          /* dlopen handle of a device plug-in, or NULL */
+	char note[PATH_MAX + 128]; /* why a requested device backend is not used */
 	struct kvmm *kv;
 	struct kvd_kv_layout layout;
 	/* step scratch */
@@ -29,6 +36,68 @@ static int engine_page_copy(void *ud, uint32_t dst, uint32_t src, uint32_t n_tok
 {
 	struct kvd_engine *e = ud;
 	return e->ops->page_copy(e->be, dst, src, n_tokens);
+}
+
+/* Where the CUDA plug-in lives: $KVD_CUDA_PLUGIN, else next to the
+ * executable's lib directories (installed: PREFIX/lib/kvd/, build tree:
+ * build/lib/). */
+static int plugin_path(char *buf, size_t cap, int i)
+{
+	char exe[PATH_MAX];
+	ssize_t n;
+	const char *env = getenv("KVD_CUDA_PLUGIN");
+
+	if (env && *env)
+		return i == 0 ? snprintf(buf, cap, "%s", env) >= (int)cap ? -1 : 0 : -1;
+	n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	if (n <= 0)
+		return -1;
+	exe[n] = 0;
+	char *slash = strrchr(exe, '/');
+	if (!slash)
+		return -1;
+	*slash = 0;
+	switch (i) {
+	case 0: return snprintf(buf, cap, "%s/../lib/kvd/%s", exe, CUDA_PLUGIN_NAME) >= (int)cap ? -1 : 0;
+	case 1: return snprintf(buf, cap, "%s/../lib/%s", exe, CUDA_PLUGIN_NAME) >= (int)cap ? -1 : 0;
+	}
+	return -1;
+}
+
+/* Load and start the CUDA plug-in. 0 with e->ops/e->be set, or -errno with
+ * the reason in e->note. */
+static int try_cuda(struct kvd_engine *e, const struct kvd_backend_config *bc)
+{
+	char path[PATH_MAX];
+	const struct kvd_backend_ops *(*entry)(void);
+	const struct kvd_backend_ops *ops;
+	void *h = NULL;
+	int r;
+
+	for (int i = 0; !h && plugin_path(path, sizeof(path), i) == 0; i++)
+		h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!h) {
+		snprintf(e->note, sizeof(e->note), "cuda backend: plug-in %s not found or not loadable", CUDA_PLUGIN_NAME);
+		return -ENOENT;
+	}
+	*(void **)&entry = dlsym(h, PLUGIN_ENTRY);
+	ops = entry ? entry() : NULL;
+	if (!ops || ops->version != KVD_BACKEND_ABI_VERSION) {
+		snprintf(e->note, sizeof(e->note), "cuda backend: %s: %s", path,
+			 ops ? "backend ABI version mismatch" : "no " PLUGIN_ENTRY " entry point");
+		dlclose(h);
+		return -ELIBBAD;
+	}
+	r = ops->init(bc, &e->be);
+	if (r < 0) {
+		snprintf(e->note, sizeof(e->note), "cuda backend: %s", r == -ENODEV ? "no usable GPU or driver"
+											: strerror(-r));
+		dlclose(h);
+		return r;
+	}
+	e->ops = ops;
+	e->plugin = h;
+	return 0;
 }
 
 int kvd_engine_open(const struct kvd_engine_config *cfg, struct kvd_engine **ret, char *err, size_t errlen)
@@ -47,17 +116,29 @@ int kvd_engine_open(const struct kvd_engine_config *cfg, struct kvd_engine **ret
 	if (r < 0)
 		goto fail;
 
-	if (cfg->backend && strcmp(cfg->backend, "cpu") && strcmp(cfg->backend, "auto")) {
-		snprintf(err, errlen, "backend '%s' is not available", cfg->backend);
-		r = -ENODEV;
+	const char *want = cfg->backend ? cfg->backend : "auto";
+	bc.n_threads = cfg->n_threads;
+	if (strcmp(want, "cpu") && strcmp(want, "auto") && strcmp(want, "cuda")) {
+		snprintf(err, errlen, "unknown backend '%s' (cpu, cuda or auto)", want);
+		r = -EINVAL;
 		goto fail;
 	}
-	e->ops = &kvd_cpu_backend;
-	bc.n_threads = cfg->n_threads;
-	r = e->ops->init(&bc, &e->be);
-	if (r < 0) {
-		snprintf(err, errlen, "%s backend: cannot start: %s", e->ops->name, strerror(-r));
-		goto fail;
+	if (strcmp(want, "cpu")) {
+		r = try_cuda(e, &bc);
+		if (r < 0 && !strcmp(want, "cuda")) {
+			snprintf(err, errlen, "%s", e->note);
+			r = -ENODEV;
+			goto fail;
+		}
+	}
+	if (!e->ops) {
+		e->ops = &kvd_cpu_backend;
+		r = e->ops->init(&bc, &e->be);
+		if (r < 0) {
+			snprintf(err, errlen, "%s backend: cannot start: %s", e->ops->name, strerror(-r));
+			e->ops = NULL;
+			goto fail;
+		}
 	}
 	r = e->ops->load(e->be, kvd_model_weights(e->model));
 	if (r < 0) {
@@ -108,6 +189,8 @@ struct kvd_engine *kvd_engine_close(struct kvd_engine *e)
 	kvmm_destroy(e->kv);
 	if (e->ops)
 		e->ops->destroy(e->be);
+	if (e->plugin)
+		dlclose(e->plugin);
 	kvd_model_free(e->model);
 	free(e->grow);
 	free(e->bseq);
@@ -119,6 +202,7 @@ const struct kvd_model *kvd_engine_model(const struct kvd_engine *e) { return e-
 struct kvmm *kvd_engine_kvmm(struct kvd_engine *e) { return e->kv; }
 const struct kvd_kv_layout *kvd_engine_kv_layout(const struct kvd_engine *e) { return &e->layout; }
 const char *kvd_engine_backend_name(const struct kvd_engine *e) { return e->ops->name; }
+const char *kvd_engine_backend_note(const struct kvd_engine *e) { return e->note[0] ? e->note : NULL; }
 int32_t kvd_engine_n_vocab(const struct kvd_engine *e) { return kvd_model_hparams(e->model)->n_vocab; }
 
 static int ensure_items(struct kvd_engine *e, size_t n)

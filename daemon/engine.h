@@ -25,7 +25,10 @@ struct kvmm;
 
 struct kvd_engine_config {
 	const char *model_path;
-	const char *backend;     /* "cpu", "cuda" or "auto" (NULL: auto) */
+	const char *backend;     /* "cpu", "cuda" or "auto" (NULL: auto). cuda and
+	                          * auto dlopen() libkvd-cuda.so ($KVD_CUDA_PLUGIN,
+	                          * else ../lib/kvd/ or ../lib/ beside the
+	                          * executable); auto falls back to the CPU */
 	int n_threads;           /* <= 0: one per online CPU */
 	uint32_t block_size;     /* tokens per KV page; 0: 16 */
 	uint64_t kv_pool_bytes;  /* 0: kv_pool_fraction of available memory */
@@ -47,6 +50,9 @@ const struct kvd_model *kvd_engine_model(const struct kvd_engine *e);
 struct kvmm *kvd_engine_kvmm(struct kvd_engine *e);
 const struct kvd_kv_layout *kvd_engine_kv_layout(const struct kvd_engine *e);
 const char *kvd_engine_backend_name(const struct kvd_engine *e);
+/* Why a device backend asked for by "auto" is not in use (for the log), or
+ * NULL. With "cuda" the same reason is kvd_engine_open's error instead. */
+const char *kvd_engine_backend_note(const struct kvd_engine *e);
 int32_t kvd_engine_n_vocab(const struct kvd_engine *e);
 
 /* One sequence's part of a step: tokens appended at its current length.

@@ -1277,7 +1277,8 @@ static void handle_hello(struct client *c, const struct ipc_frame *f)
 		client_linger(c, "malformed HELLO");
 		return;
 	}
-	r = ipc_chan_create(NULL, &c->chan);
+	struct ipc_chan_config cc = { .s2c_bytes = srv->cfg.token_ring_bytes };
+	r = ipc_chan_create(&cc, &c->chan);
 	if (r < 0) {
 		sock_error(c, 0, r, "cannot create the shared-memory channel: %s", strerror(-r));
 		client_close(c, "channel creation failed");

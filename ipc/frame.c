@@ -202,12 +202,14 @@ ssize_t ipc_frame_build(void *buf, size_t cap, uint16_t type, uint32_t flags, ui
 
 /* ---- decoders ------------------------------------------------------------------ */
 
-static bool nul_terminated_printable(const char *s, size_t cap)
+/* A name field: text without control characters (UTF-8 passes), a NUL
+ * within the field, and only NULs after it. */
+static bool nul_terminated_name(const char *s, size_t cap)
 {
 	size_t i;
 
 	for (i = 0; i < cap && s[i]; i++)
-		if ((unsigned char)s[i] < 0x20 || (unsigned char)s[i] > 0x7e)
+		if ((unsigned char)s[i] < 0x20 || (unsigned char)s[i] == 0x7f)
 			return false;
 	if (i == cap)
 		return false;
@@ -225,7 +227,7 @@ int ipc_decode_hello(const struct ipc_frame *f, struct ipc_hello *ret)
 	memcpy(&h, f->payload, sizeof(h));
 	if (h.capabilities & ~IPC_CAP_ALL)
 		return -EPROTO;
-	if (!nul_terminated_printable(h.client_name, sizeof(h.client_name)))
+	if (!nul_terminated_name(h.client_name, sizeof(h.client_name)))
 		return -EBADMSG;
 	*ret = h;
 	return 0;
@@ -244,7 +246,7 @@ int ipc_decode_welcome(const struct ipc_frame *f, struct ipc_welcome *ret)
 	for (size_t i = 0; i < sizeof(w.reserved) / sizeof(w.reserved[0]); i++)
 		if (w.reserved[i])
 			return -EPROTO;
-	if (!nul_terminated_printable(w.model_name, sizeof(w.model_name)))
+	if (!nul_terminated_name(w.model_name, sizeof(w.model_name)))
 		return -EBADMSG;
 	if (w.max_text_bytes > IPC_MAX_TEXT_BYTES || w.max_gen_tokens > IPC_MAX_GEN_TOKENS)
 		return -E2BIG;

@@ -206,7 +206,7 @@ const char *ipc_type_name(uint32_t type);
 struct ipc_hello {
 	uint32_t client_version;              /* (major << 16) | (minor << 8) | patch */
 	uint32_t capabilities;                /* IPC_CAP_* the client understands */
-	char client_name[IPC_CLIENT_NAME_BYTES]; /* NUL-terminated, printable ASCII */
+	char client_name[IPC_CLIENT_NAME_BYTES]; /* for logs: NUL-terminated and -padded, no control characters */
 };
 
 /* Indices of the fds in a WELCOME frame. */
@@ -232,7 +232,7 @@ struct ipc_welcome {
 	uint32_t reserved0;
 	uint64_t kv_bytes_per_token;
 	uint64_t pool_bytes;      /* KV pool size */
-	char model_name[IPC_MODEL_NAME_BYTES]; /* NUL-terminated */
+	char model_name[IPC_MODEL_NAME_BYTES]; /* NUL-terminated and -padded, no control characters */
 	uint64_t reserved[4];
 };
 
@@ -361,6 +361,17 @@ struct ipc_tokenize_reply {
 /* Payload: struct ipc_tokenize_reply | int32 ids[n_ids]. Frames of one
  * reply arrive in order; all but the last carry IPC_F_MORE. */
 
+/*
+ * Sessions. A session keeps one conversation's KV cache between GENERATEs
+ * that name it (ipc_generate.session_id): each turn prefills only its new
+ * text. It belongs to the user (SO_PEERCRED uid) that opened it, not to
+ * the connection: any connection of that user may continue or close it,
+ * so one-shot clients (kvctl generate --session ID) can hold a
+ * conversation. It ends with SESSION_CLOSE or after idle_timeout_s
+ * without use (the server may lower the value to its own bound). One turn
+ * at a time: a GENERATE naming a session busy with another gets
+ * IPC_ERR_SESSION, as does an unknown, expired or foreign id.
+ */
 struct ipc_session_open {
 	uint32_t flags;           /* none defined: 0 */
 	uint32_t idle_timeout_s;  /* 0: the server's default */
@@ -522,8 +533,9 @@ void ipc_frame_close_fds(struct ipc_frame *f);
  */
 
 int ipc_decode_hello(const struct ipc_frame *f, struct ipc_hello *ret);
-/* Checks limits against the protocol's; client_name and model_name
- * NUL-terminated. Copies the struct. */
+/* Checks limits against the protocol's, reserved fields, and the names
+ * (client_name, model_name: a NUL inside the field, only NULs after it, no
+ * control characters; UTF-8 is allowed). Copies the struct. */
 int ipc_decode_welcome(const struct ipc_frame *f, struct ipc_welcome *ret);
 
 struct ipc_generate_msg {

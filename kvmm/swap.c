@@ -478,8 +478,12 @@ int kvmm_seq_swap_in(struct kvmm *m, uint32_t seq)
 				}
 			}
 		}
-		slot_free(m, e->slot);
 	}
+	/* Slots go back last page first, so the next swap-out takes them in
+	 * ascending order again: sequential offsets in the file. */
+	for (uint32_t i = s->n_pages; i-- > 0;)
+		if (s->swp[i].slot >= 0)
+			slot_free(m, s->swp[i].slot);
 	free(s->swp);
 	s->swp = NULL;
 	s->swapped = false;

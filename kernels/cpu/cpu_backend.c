@@ -30,6 +30,7 @@
 #include "threadpool.h"
 
 #define CPU_MAX_BATCH_TOKENS (1 << 16)
+#define ATTN_CHUNK 128 /* positions per attention chunk (see attention()) */
 
 struct cpu_ctx {
 	struct tp *pool;
@@ -52,8 +53,13 @@ struct cpu_ctx {
 	int32_t *tok_seq; /* [T] sequence index of each row */
 	int32_t *tok_pos; /* [T] position of each row */
 	float *rope;      /* [T][head_dim]: cos, sin of each rotated pair */
-	int cap_ctx;      /* attention score scratch per thread */
-	float *scores;    /* [n_threads][n_rep][cap_ctx] */
+	int cap_chunks;   /* attention chunks per item the scratch holds */
+	float *scores;    /* per thread: scores, chunk partials (see attention) */
+	int *item_first;  /* split attention: first chunk of each item */
+	int cap_items;
+	struct attn_part *attn_pm; /* split attention: partials of every chunk */
+	float *attn_po;
+	int cap_split;
 	float *logit_rows;/* [T][n_embd] normalised rows that want logits */
 	int32_t *logit_src;/* [T] row index feeding each logit row */
 	float *logits_tmp;/* [T][n_vocab] when callers want rows laid out differently */
@@ -105,6 +111,9 @@ static void cpu_destroy(void *ctx)
 	tp_destroy(c->pool);
 	free_scratch(c);
 	free(c->scores);
+	free(c->item_first);
+	free(c->attn_pm);
+	free(c->attn_po);
 	free(c);
 }
 
@@ -207,11 +216,12 @@ static int ensure_scratch(struct cpu_ctx *c, int T, int max_pos, int n_logit_row
 		GROW(c->logits_tmp, n_logit_rows * (int64_t)hp->n_vocab);
 		c->cap_logit_rows = n_logit_rows;
 	}
-	if (max_pos + 1 > c->cap_ctx) {
-		int n = max_pos + 1 < 256 ? 256 : max_pos + 1;
-		int n_rep = hp->n_head / hp->n_head_kv;
-		GROW(c->scores, (int64_t)n * n_rep * tp_size(c->pool));
-		c->cap_ctx = n;
+	if (max_pos / ATTN_CHUNK + 1 > c->cap_chunks) {
+		int nc = max_pos / ATTN_CHUNK + 1 < 16 ? 16 : max_pos / ATTN_CHUNK + 1;
+		size_t n_rep = (size_t)(hp->n_head / hp->n_head_kv);
+		size_t per = n_rep * (ATTN_CHUNK + 2 + (size_t)hp->head_dim * nc) + n_rep * 2 * (size_t)nc;
+		GROW(c->scores, per * (size_t)tp_size(c->pool));
+		c->cap_chunks = nc;
 	}
 	return 0;
 }
@@ -408,59 +418,201 @@ static void rope_store_worker(void *arg, int ith, int nth)
 	}
 }
 
-/* Attention for each (token, KV head): the KV head's K and V rows are read
- * once for the whole group of query heads that share them. */
-static void attn_worker(void *arg, int ith, int nth)
+/*
+ * Attention, split by absolute position into chunks of ATTN_CHUNK: for each
+ * (token, KV head, chunk) a partial result (per query head of the group:
+ * the chunk's max score m, sum of exp(score - m) l, and sum of
+ * exp(score - m) * V o), then a merge over the chunks in order. The chunks
+ * depend only on positions, never on pages, batch or threads, so the
+ * arithmetic of a token is always the same; how the work is spread over
+ * threads (whole tokens per thread when there are many, chunks per thread
+ * when there are few, as in a long single-stream decode) does not change it.
+ * K and V rows of a KV head are read once for its whole query group.
+ */
+
+struct attn_part {
+	float m, l;
+};
+
+/* One chunk [p0, p1) of token t's attention for KV head g: writes n_rep
+ * (m, l) pairs to pm and n_rep * hd floats to po. sc: n_rep * ATTN_CHUNK. */
+static void attn_chunk(const struct cpu_ctx *c, const struct step *s, int t, int g, int p0, int p1,
+		       struct attn_part *pm, float *po, float *sc)
+{
+	const struct kvd_hparams *hp = &c->w->hp;
+	const struct kvd_kv_layout *L = &c->kv.layout;
+	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv, qd = hp->n_head * hd;
+	const struct kvd_batch_seq *sq = &s->b->seqs[c->tok_seq[t]];
+	const float *q = c->q + (int64_t)t * qd + (int64_t)g * n_rep * hd;
+	const char *layer_base = (const char *)c->kv.base + (size_t)s->layer * L->layer_stride;
+	float scale = 1.0f / sqrtf((float)hd);
+	int bs = (int)L->block_size, n = p1 - p0;
+
+	for (int r = 0; r < n_rep; r++)
+		pm[r].m = -INFINITY;
+	for (int i = 0; i < n; i++) {
+		int p = p0 + i;
+		const uint16_t *k = (const uint16_t *)(layer_base + (size_t)sq->pages[p / bs] * L->page_bytes +
+						       (size_t)(p % bs) * L->token_stride) + g * hd;
+		for (int r = 0; r < n_rep; r++) {
+			float v = c->k.dot_f32_f16(q + r * hd, k, hd) * scale;
+			sc[r * ATTN_CHUNK + i] = v;
+			if (v > pm[r].m)
+				pm[r].m = v;
+		}
+	}
+	for (int r = 0; r < n_rep; r++) {
+		float sum = 0;
+		for (int i = 0; i < n; i++) {
+			float e = expf(sc[r * ATTN_CHUNK + i] - pm[r].m);
+			sc[r * ATTN_CHUNK + i] = e;
+			sum += e;
+		}
+		pm[r].l = sum;
+		memset(po + r * hd, 0, sizeof(float) * (size_t)hd);
+	}
+	for (int i = 0; i < n; i++) {
+		int p = p0 + i;
+		const uint16_t *v = (const uint16_t *)(layer_base + (size_t)sq->pages[p / bs] * L->page_bytes +
+						       L->v_offset + (size_t)(p % bs) * L->token_stride) + g * hd;
+		for (int r = 0; r < n_rep; r++)
+			c->k.axpy_f16(po + r * hd, sc[r * ATTN_CHUNK + i], v, hd);
+	}
+}
+
+/* Combine nc chunk partials, in chunk order, into token t's output. */
+static void attn_merge(const struct cpu_ctx *c, int t, int g, int nc, const struct attn_part *pm, const float *po)
+{
+	const struct kvd_hparams *hp = &c->w->hp;
+	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv, qd = hp->n_head * hd;
+	float *out = c->att + (int64_t)t * qd + (int64_t)g * n_rep * hd;
+
+	for (int r = 0; r < n_rep; r++) {
+		float M = -INFINITY, Lsum = 0;
+		float *o = out + r * hd;
+		for (int ci = 0; ci < nc; ci++)
+			if (pm[ci * n_rep + r].m > M)
+				M = pm[ci * n_rep + r].m;
+		memset(o, 0, sizeof(float) * (size_t)hd);
+		for (int ci = 0; ci < nc; ci++) {
+			float w = expf(pm[ci * n_rep + r].m - M);
+			const float *src = po + ((size_t)ci * n_rep + r) * hd;
+			Lsum += pm[ci * n_rep + r].l * w;
+			for (int i = 0; i < hd; i++)
+				o[i] += w * src[i];
+		}
+		float inv = 1.0f / Lsum;
+		for (int i = 0; i < hd; i++)
+			o[i] *= inv;
+	}
+}
+
+static int n_chunks(int pos)
+{
+	return pos / ATTN_CHUNK + 1;
+}
+
+/* Many (token, KV head) items: each thread does whole items, chunk by chunk
+ * into its own scratch, then merges. */
+static void attn_worker_items(void *arg, int ith, int nth)
 {
 	const struct step *s = arg;
 	struct cpu_ctx *c = s->c;
 	const struct kvd_hparams *hp = &c->w->hp;
-	const struct kvd_kv_layout *L = &c->kv.layout;
-	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv, qd = hp->n_head * hd;
+	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv;
 	int n_items = s->T * hp->n_head_kv;
-	float scale = 1.0f / sqrtf((float)hd);
-	float *sc = c->scores + (size_t)ith * n_rep * c->cap_ctx;
-	const char *layer_base = (const char *)c->kv.base + (size_t)s->layer * L->layer_stride;
-	int bs = (int)L->block_size;
+	size_t per = (size_t)n_rep * (ATTN_CHUNK + 2 + (size_t)hd * (size_t)c->cap_chunks) +
+		     (size_t)n_rep * 2 * (size_t)c->cap_chunks;
+	float *base = c->scores + (size_t)ith * per;
+	float *sc = base;
+	float *po = sc + (size_t)n_rep * ATTN_CHUNK;
+	struct attn_part *pm = (struct attn_part *)(po + (size_t)n_rep * hd * (size_t)c->cap_chunks);
 
 	for (int it = ith; it < n_items; it += nth) {
 		int t = it / hp->n_head_kv, g = it % hp->n_head_kv;
-		const struct kvd_batch_seq *sq = &s->b->seqs[c->tok_seq[t]];
-		int pos = c->tok_pos[t], n_ctx = pos + 1;
-		const float *q = c->q + (int64_t)t * qd + (int64_t)g * n_rep * hd;
-		float *out = c->att + (int64_t)t * qd + (int64_t)g * n_rep * hd;
-		float mx[64];
-
-		for (int r = 0; r < n_rep; r++)
-			mx[r] = -INFINITY;
-		for (int p = 0; p < n_ctx; p++) {
-			const uint16_t *k = (const uint16_t *)(layer_base + (size_t)sq->pages[p / bs] * L->page_bytes +
-							       (size_t)(p % bs) * L->token_stride) + g * hd;
-			for (int r = 0; r < n_rep; r++) {
-				float v = c->k.dot_f32_f16(q + r * hd, k, hd) * scale;
-				sc[(size_t)r * c->cap_ctx + p] = v;
-				if (v > mx[r])
-					mx[r] = v;
-			}
+		int pos = c->tok_pos[t], nc = n_chunks(pos);
+		for (int ci = 0; ci < nc; ci++) {
+			int p0 = ci * ATTN_CHUNK, p1 = p0 + ATTN_CHUNK < pos + 1 ? p0 + ATTN_CHUNK : pos + 1;
+			attn_chunk(c, s, t, g, p0, p1, pm + (size_t)ci * n_rep, po + (size_t)ci * n_rep * hd, sc);
 		}
-		for (int r = 0; r < n_rep; r++) {
-			float *srow = sc + (size_t)r * c->cap_ctx, sum = 0;
-			for (int p = 0; p < n_ctx; p++) {
-				srow[p] = expf(srow[p] - mx[r]);
-				sum += srow[p];
-			}
-			float inv = 1.0f / sum;
-			for (int p = 0; p < n_ctx; p++)
-				srow[p] *= inv;
-			memset(out + r * hd, 0, sizeof(float) * (size_t)hd);
-		}
-		for (int p = 0; p < n_ctx; p++) {
-			const uint16_t *v = (const uint16_t *)(layer_base + (size_t)sq->pages[p / bs] * L->page_bytes +
-							       L->v_offset + (size_t)(p % bs) * L->token_stride) + g * hd;
-			for (int r = 0; r < n_rep; r++)
-				c->k.axpy_f16(out + r * hd, sc[(size_t)r * c->cap_ctx + p], v, hd);
-		}
+		attn_merge(c, t, g, nc, pm, po);
 	}
+}
+
+/* Few items (a short batch over long contexts): threads share out the
+ * chunks of all items, then the items are merged. */
+struct attn_split {
+	const struct step *s;
+	int total;            /* chunks over all items */
+	int *item_first;      /* first global chunk index of each item */
+};
+
+static void attn_worker_chunks(void *arg, int ith, int nth)
+{
+	const struct attn_split *a = arg;
+	const struct step *s = a->s;
+	struct cpu_ctx *c = s->c;
+	const struct kvd_hparams *hp = &c->w->hp;
+	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv;
+	int n_items = s->T * hp->n_head_kv;
+	float *sc = c->scores + (size_t)ith * n_rep * ATTN_CHUNK;
+	int it = 0;
+	/* contiguous ranges of chunks per thread */
+	int c0 = (int)((int64_t)a->total * ith / nth), c1 = (int)((int64_t)a->total * (ith + 1) / nth);
+	for (int gc = c0; gc < c1; gc++) {
+		while (it + 1 < n_items && a->item_first[it + 1] <= gc)
+			it++;
+		int t = it / hp->n_head_kv, g = it % hp->n_head_kv;
+		int ci = gc - a->item_first[it], pos = c->tok_pos[t];
+		int p0 = ci * ATTN_CHUNK, p1 = p0 + ATTN_CHUNK < pos + 1 ? p0 + ATTN_CHUNK : pos + 1;
+		attn_chunk(c, s, t, g, p0, p1, c->attn_pm + (size_t)gc * n_rep, c->attn_po + (size_t)gc * n_rep * hd, sc);
+	}
+}
+
+static void attn_merge_worker(void *arg, int ith, int nth)
+{
+	const struct attn_split *a = arg;
+	const struct step *s = a->s;
+	struct cpu_ctx *c = s->c;
+	const struct kvd_hparams *hp = &c->w->hp;
+	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv;
+	int n_items = s->T * hp->n_head_kv;
+	for (int it = ith; it < n_items; it += nth) {
+		int t = it / hp->n_head_kv, g = it % hp->n_head_kv;
+		int f = a->item_first[it];
+		attn_merge(c, t, g, n_chunks(c->tok_pos[t]), c->attn_pm + (size_t)f * n_rep,
+			   c->attn_po + (size_t)f * n_rep * hd);
+	}
+}
+
+static int attention(struct cpu_ctx *c, const struct step *s)
+{
+	const struct kvd_hparams *hp = &c->w->hp;
+	int n_items = s->T * hp->n_head_kv, nth = tp_size(c->pool);
+
+	if (n_items >= 2 * nth) {
+		tp_run(c->pool, attn_worker_items, (void *)s);
+		return 0;
+	}
+	int total = 0;
+	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv;
+	if (n_items > c->cap_items) {
+		GROW(c->item_first, n_items);
+		c->cap_items = n_items;
+	}
+	for (int it = 0; it < n_items; it++) {
+		c->item_first[it] = total;
+		total += n_chunks(c->tok_pos[it / hp->n_head_kv]);
+	}
+	if (total > c->cap_split) {
+		GROW(c->attn_pm, (size_t)total * n_rep);
+		GROW(c->attn_po, (size_t)total * n_rep * hd);
+		c->cap_split = total;
+	}
+	struct attn_split a = {s, total, c->item_first};
+	tp_run(c->pool, attn_worker_chunks, &a);
+	tp_run(c->pool, attn_merge_worker, &a);
+	return 0;
 }
 
 /* xn = rmsnorm(x) * g for every row, then its q8 form. */
@@ -581,7 +733,9 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 		};
 		tp_run(c->pool, mm_multi_worker, &qkv);
 		tp_run(c->pool, rope_store_worker, &st);
-		tp_run(c->pool, attn_worker, &st);
+		r = attention(c, &st);
+		if (r < 0)
+			return r;
 
 		/* output projection, added to the residual */
 		quantize_rows(c, c->att, qd, c->xq, qd / QK, T, qd);

@@ -40,6 +40,7 @@ ok "nothing started before the first connection"
 
 "$RAW" -s "$S" hello >"$T/hello.out" 2>&1 || fail "first connection: $(cat "$T/hello.out")"
 grep -q "listening on the socket passed by the service manager" "$T/kvd.log" || fail "kvd did not use the passed socket"
+for i in $(seq 1 50); do grep -q " READY=1$" "$NL" && break; sleep 0.05; done # the receiver may lag
 grep -q " READY=1$" "$NL" || fail "no READY=1"
 grep -q " STATUS=loading model" "$NL" || fail "no STATUS while loading"
 ready_t=$(awk '$2 == "READY=1" { print $1; exit }' "$NL")
@@ -69,7 +70,7 @@ grep -q "configuration reloaded: .*max_requests_per_client 3" "$T/kvd.log" || fa
 ok "SIGHUP: RELOADING=1 / READY=1, max_requests_per_client applied, block_size reported as needing a restart"
 
 # SIGTERM while a request runs: it gets an ERROR IPC_ERR_SHUTDOWN after drain_timeout
-"$RAW" -s "$S" generate -n 3000 "Write a very long story about the sea." >/dev/null 2>"$T/long.err" &
+"$RAW" -s "$S" generate -n 2000 "Write a very long story about the sea." >/dev/null 2>"$T/long.err" &
 LP=$!
 for i in $(seq 1 100); do [ "$("$RAW" -s "$S" stats 2>/dev/null | $PY -c 'import json,sys; print(json.load(sys.stdin)["requests_running"])')" = 1 ] && break; sleep 0.05; done
 kill -TERM "$KVD_PID"

@@ -8,13 +8,16 @@
  *                     [--temperature T] [--seed S] [--stop S] [--hang] PROMPT
  *   kvd_raw [-s SOCK] session PROMPT [PROMPT ...]   (one session, one turn each)
  *   kvd_raw [-s SOCK] stats                         (JSON, keys as kvctl stats --json)
+ *   kvd_raw [-s SOCK] tokenize TEXT                 (ids, special tokens parsed)
+ *   kvd_raw [-s SOCK] ps                            (live requests, one per line)
  *   kvd_raw [-s SOCK] attack KIND [--bytes N]
  *
  * generate streams the text to stdout and prints one line to stderr at the
  * end: "DONE finish=eos prompt=.. cached=.. generated=.." or
  * "ERROR code=.. msg"; exit 0 for DONE, 2 for ERROR, 1 for anything else.
  * --hang prints "STREAMING" to stderr after the first token and then stops
- * reading (for tests that kill a client mid-stream).
+ * reading (for tests that kill a client mid-stream); --slow MS sleeps after
+ * every record it reads (a slow reader).
  * attack sends one bad thing and expects an ERROR frame back: it prints
  * "ERROR code=.. msg" and exits 0, or exits 1 when none came. KIND: badmagic
  * short badlen unknown-type version reserved oversized-prompt garbage-ring
@@ -153,6 +156,7 @@ static int upload(struct conn *c, uint64_t rid, const char *text, uint32_t len)
 
 struct gen_opts {
 	bool raw, ring, ids, hang;
+	unsigned slow_ms;     /* sleep after each record (a slow reader) */
 	uint32_t max_tokens;
 	const char *system;
 	float temperature;
@@ -168,6 +172,7 @@ static int run_generate(struct conn *c, uint64_t rid, const struct gen_opts *o, 
 	static _Alignas(8) uint8_t fb[IPC_MAX_FRAME_BYTES];
 	struct ipc_frame f;
 	bool first = true;
+	unsigned records = 0, max_batch = 0;
 
 	m.g.gen_flags = (o->raw ? IPC_GEN_RAW : 0) | (o->ids ? IPC_GEN_WANT_IDS : 0) | (o->ring ? IPC_GEN_PROMPT_IN_RING : 0);
 	m.g.max_tokens = o->max_tokens;
@@ -208,6 +213,8 @@ static int run_generate(struct conn *c, uint64_t rid, const struct gen_opts *o, 
 		}
 		if (f.hdr.request_id != rid)
 			continue;
+		if (o->slow_ms)
+			usleep(o->slow_ms * 1000u);
 		if (f.hdr.type == IPC_MSG_TOKEN) {
 			struct ipc_token_msg tm;
 			if (ipc_decode_token(&f, &tm) < 0) {
@@ -215,6 +222,9 @@ static int run_generate(struct conn *c, uint64_t rid, const struct gen_opts *o, 
 				return 1;
 			}
 			fwrite(tm.text, 1, tm.t.text_bytes, stdout);
+			records++;
+			if (tm.t.n_tokens > max_batch)
+				max_batch = tm.t.n_tokens;
 			if (o->ids)
 				for (uint32_t i = 0; i < tm.t.n_ids; i++)
 					fprintf(stderr, "id %d\n", ipc_token_id(&tm, i));
@@ -231,9 +241,11 @@ static int run_generate(struct conn *c, uint64_t rid, const struct gen_opts *o, 
 				fprintf(stderr, "bad DONE\n");
 				return 1;
 			}
-			fprintf(stderr, "DONE finish=%s error=%d prompt=%u cached=%u generated=%u ttft_ms=%.1f total_ms=%.1f\n",
+			fprintf(stderr,
+				"DONE finish=%s error=%d prompt=%u cached=%u generated=%u ttft_ms=%.1f total_ms=%.1f "
+				"records=%u max_tokens_per_record=%u\n",
 				ipc_finish_name(d.finish_reason), d.error, d.prompt_tokens, d.cached_tokens,
-				d.generated_tokens, (double)d.ttft_ns / 1e6, (double)d.total_ns / 1e6);
+				d.generated_tokens, (double)d.ttft_ns / 1e6, (double)d.total_ns / 1e6, records, max_batch);
 			return 0;
 		} else if (f.hdr.type == IPC_MSG_ERROR) {
 			print_error_frame(&f);
@@ -418,7 +430,7 @@ int main(int argc, char **argv)
 		{ "max-tokens", required_argument, NULL, 'n' }, { "system", required_argument, NULL, 'S' },
 		{ "temperature", required_argument, NULL, 'T' }, { "seed", required_argument, NULL, 'e' },
 		{ "stop", required_argument, NULL, 'p' },   { "hang", no_argument, NULL, 'H' },
-		{ "bytes", required_argument, NULL, 'b' },  { 0 },
+		{ "bytes", required_argument, NULL, 'b' },  { "slow", required_argument, NULL, 'w' }, { 0 },
 	};
 	struct gen_opts o = { .max_tokens = 32, .seed = 1 };
 	uint32_t bytes = 4096;
@@ -438,6 +450,7 @@ int main(int argc, char **argv)
 		case 'p': o.stop = optarg; break;
 		case 'H': o.hang = true; break;
 		case 'b': bytes = (uint32_t)strtoul(optarg, NULL, 0); break;
+		case 'w': o.slow_ms = (unsigned)strtoul(optarg, NULL, 0); break;
 		default: return 64;
 		}
 	}
@@ -460,6 +473,7 @@ int main(int argc, char **argv)
 		case 'p': o.stop = optarg; break;
 		case 'H': o.hang = true; break;
 		case 'b': bytes = (uint32_t)strtoul(optarg, NULL, 0); break;
+		case 'w': o.slow_ms = (unsigned)strtoul(optarg, NULL, 0); break;
 		default: return 64;
 		}
 	}
@@ -478,6 +492,54 @@ int main(int argc, char **argv)
 		return cmd_stats(&cn);
 	if (!strcmp(cmd, "generate"))
 		return optind < argc ? run_generate(&cn, 1, &o, argv[optind]) : 64;
+	if (!strcmp(cmd, "tokenize")) {
+		if (optind >= argc)
+			return 64;
+		static _Alignas(8) uint8_t tb[IPC_MAX_FRAME_BYTES];
+		struct ipc_tokenize t = { .tok_flags = IPC_TOK_PARSE_SPECIAL, .text_bytes = (uint32_t)strlen(argv[optind]) };
+		struct ipc_frame f;
+		memcpy(tb, &t, sizeof(t));
+		memcpy(tb + sizeof(t), argv[optind], t.text_bytes);
+		if (ipc_send(cn.fd, IPC_MSG_TOKENIZE, 0, 5, tb, sizeof(t) + t.text_bytes, NULL, 0) < 0)
+			return 1;
+		for (;;) {
+			struct ipc_tokenize_reply_msg m;
+			if (ipc_recv(cn.fd, rbuf, sizeof(rbuf), IPC_FROM_SERVER, &f) < 0)
+				return 1;
+			if (f.hdr.type == IPC_MSG_ERROR)
+				return print_error_frame(&f), 2;
+			if (f.hdr.type != IPC_MSG_TOKENIZE_REPLY || ipc_decode_tokenize_reply(&f, &m) < 0)
+				return 1;
+			for (uint32_t i = 0; i < m.r.n_ids; i++)
+				printf("%s%d", m.r.offset + i ? " " : "", ipc_reply_id(&m, i));
+			if (!m.more)
+				break;
+		}
+		printf("\n");
+		return 0;
+	}
+	if (!strcmp(cmd, "ps")) {
+		struct ipc_frame f;
+		if (ipc_send(cn.fd, IPC_MSG_PS, 0, 6, NULL, 0, NULL, 0) < 0)
+			return 1;
+		for (;;) {
+			struct ipc_ps_reply_msg m;
+			if (ipc_recv(cn.fd, rbuf, sizeof(rbuf), IPC_FROM_SERVER, &f) < 0 || f.hdr.type != IPC_MSG_PS_REPLY ||
+			    ipc_decode_ps_reply(&f, &m) < 0)
+				return 1;
+			for (uint32_t i = 0; i < m.r.n_entries; i++) {
+				struct ipc_ps_entry e;
+				ipc_ps_entry_at(&m, i, &e);
+				printf("client=%" PRIu64 " request=%" PRIu64 " pid=%u state=%s pages=%u shared=%u prompt=%u "
+				       "generated=%u/%u\n",
+				       e.client_id, e.request_id, e.pid, ipc_req_state_name(e.state), e.pages, e.pages_shared,
+				       e.prompt_tokens, e.generated_tokens, e.max_tokens);
+			}
+			if (!m.more)
+				break;
+		}
+		return 0;
+	}
 	if (!strcmp(cmd, "session")) {
 		struct ipc_session_open so = { 0 };
 		struct ipc_session s;

@@ -493,9 +493,14 @@ static void test_reject_payloads(void **state)
 
 	/* WELCOME: reserved fields, impossible limits */
 	struct ipc_welcome w = { .shm_bytes = 1, .block_size = 16, .max_requests = 1 }, ww;
-	strcpy(w.model_name, "m");
+	strcpy(w.model_name, "Sm\xc3\xb6lLM \xe2\x80\x94 135M"); /* UTF-8 names pass */
 	check1(IPC_MSG_WELCOME, 0, &w, sizeof(w), IPC_FROM_SERVER, IPC_VIA_SOCKET, &f);
 	assert_int_equal(ipc_decode_welcome(&f, &ww), 0);
+	w.model_name[2] = '\t';
+	check1(IPC_MSG_WELCOME, 0, &w, sizeof(w), IPC_FROM_SERVER, IPC_VIA_SOCKET, &f);
+	assert_int_equal(ipc_decode_welcome(&f, &ww), -EBADMSG);
+	memset(w.model_name, 0, sizeof(w.model_name));
+	w.model_name[0] = 'm';
 	w.reserved[3] = 1;
 	check1(IPC_MSG_WELCOME, 0, &w, sizeof(w), IPC_FROM_SERVER, IPC_VIA_SOCKET, &f);
 	assert_int_equal(ipc_decode_welcome(&f, &ww), -EPROTO);

@@ -26,7 +26,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1251,6 +1253,313 @@ static void test_connect_by_path_and_env(void **state)
 	assert_int_equal(kvc_close(NULL), NULL);
 }
 
+/* ---- kvctl, end to end ------------------------------------------------------------------------
+ *
+ * The built kvctl ($KVD_BUILD/bin/kvctl, default build/bin/kvctl) runs as
+ * a child process against a fake daemon that serves one connection after
+ * another on an abstract socket. Skipped when the binary is not built.
+ */
+
+static char kvctl_path[4096];
+
+static bool have_kvctl(void)
+{
+	const char *b = getenv("KVD_BUILD");
+	snprintf(kvctl_path, sizeof(kvctl_path), "%s/bin/kvctl", b && *b ? b : "build");
+	return access(kvctl_path, X_OK) == 0;
+}
+
+struct run {
+	int status; /* exit status, or 128 + signal */
+	char out[1 << 20];
+	size_t out_len;
+	char err[1 << 14];
+	size_t err_len;
+};
+static struct run g_run;
+
+/* Run kvctl with args (NULL-terminated), feeding input (may be NULL). With
+ * sigint, send SIGINT once some output has arrived. */
+static int run_kvctl(const char *input, bool sigint, const char *const *args)
+{
+	struct run *r = &g_run;
+	int in[2], out[2], err[2];
+	const char *argv[64] = { "kvctl" };
+	size_t n = 1;
+
+	for (; args[n - 1] && n < 63; n++)
+		argv[n] = args[n - 1];
+	argv[n] = NULL;
+	memset(r, 0, sizeof(*r));
+	assert_int_equal(pipe2(in, O_CLOEXEC), 0);
+	assert_int_equal(pipe2(out, O_CLOEXEC), 0);
+	assert_int_equal(pipe2(err, O_CLOEXEC), 0);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		dup2(in[0], 0);
+		dup2(out[1], 1);
+		dup2(err[1], 2);
+		execv(kvctl_path, (char *const *)argv);
+		_exit(126);
+	}
+	close(in[0]);
+	close(out[1]);
+	close(err[1]);
+	if (input) {
+		size_t len = strlen(input), off = 0;
+		while (off < len) {
+			ssize_t w = write(in[1], input + off, len - off);
+			if (w <= 0)
+				break;
+			off += (size_t)w;
+		}
+	}
+	close(in[1]);
+	bool out_open = true, err_open = true, sent = false;
+	while (out_open || err_open) {
+		struct pollfd p[2] = { { .fd = out_open ? out[0] : -1, .events = POLLIN },
+				       { .fd = err_open ? err[0] : -1, .events = POLLIN } };
+		if (poll(p, 2, 20000) <= 0)
+			fail_msg("kvctl %s: no output for 20 s (%zu bytes so far; stderr: %s)", args[0], r->out_len, r->err);
+		if (p[0].revents) {
+			ssize_t k = read(out[0], r->out + r->out_len, sizeof(r->out) - 1 - r->out_len);
+			if (k <= 0)
+				out_open = false;
+			else
+				r->out_len += (size_t)k;
+		}
+		if (p[1].revents) {
+			ssize_t k = read(err[0], r->err + r->err_len, sizeof(r->err) - 1 - r->err_len);
+			if (k <= 0)
+				err_open = false;
+			else
+				r->err_len += (size_t)k;
+		}
+		if (sigint && !sent && r->out_len > 0) {
+			kill(pid, SIGINT);
+			sent = true;
+		}
+	}
+	close(out[0]);
+	close(err[0]);
+	int st;
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	r->out[r->out_len] = 0;
+	r->err[r->err_len] = 0;
+	r->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+	return r->status;
+}
+
+#define KVCTL(input, ...) run_kvctl(input, false, (const char *const[]){ __VA_ARGS__, NULL })
+
+/* The integer value of "key": in JSON text, or fail. */
+static uint64_t json_u64(const char *json, const char *key)
+{
+	char pat[128];
+	snprintf(pat, sizeof(pat), "\"%s\":", key);
+	const char *p = strstr(json, pat);
+	if (!p)
+		fail_msg("no key %s in %s", key, json);
+	p += strlen(pat);
+	if (*p < '0' || *p > '9')
+		fail_msg("key %s is not an integer in %s", key, json);
+	return strtoull(p, NULL, 10);
+}
+
+struct daemon {
+	struct fake *s;
+	char path[64];
+};
+
+static void daemon_start(struct daemon *d)
+{
+	static int seq;
+	int lfd;
+	snprintf(d->path, sizeof(d->path), "@kvd-test-kvctl-%d-%d", (int)getpid(), seq++);
+	assert_int_equal(ipc_listen(d->path, 0, 8, &lfd), 0);
+	struct fake_cfg cfg = { .listen_fd = lfd, .loop = true };
+	d->s = fake_new(&cfg);
+	assert_int_equal(pthread_create(&d->s->th, NULL, fake_main, d->s), 0);
+}
+
+static void daemon_stop(struct daemon *d)
+{
+	atomic_store(&d->s->stop, true);
+	pthread_join(d->s->th, NULL);
+	close(d->s->cfg.listen_fd);
+	int line = d->s->failed_line;
+	free(d->s);
+	assert_int_equal(line, 0);
+}
+
+static void test_kvctl_generate(void **state)
+{
+	(void)state;
+	if (!have_kvctl())
+		skip();
+	struct daemon d;
+	daemon_start(&d);
+	const char *S = d.path;
+
+	assert_int_equal(KVCTL(NULL, "generate", "--socket", S, "--raw", "hello"), 0);
+	assert_string_equal(g_run.out, "Hello world!\n");
+	assert_int_equal(KVCTL(NULL, "--socket", S, "generate", "-n", "hello", "--max-tokens", "9"), 0);
+	assert_string_equal(g_run.out, "Hello world!");
+	/* The prompt from stdin, with "-" or without operands. */
+	assert_int_equal(KVCTL("hello\n", "generate", "--socket", S), 0);
+	assert_string_equal(g_run.out, "Hello world!\n");
+	assert_int_equal(KVCTL("hello", "generate", "--socket", S, "-"), 0);
+	assert_string_equal(g_run.out, "Hello world!\n");
+
+	/* One JSON object. */
+	assert_int_equal(KVCTL(NULL, "generate", "--socket", S, "--json", "--temperature", "0", "--stop", "END",
+			       "--stop", "\n\n", "--system", "Be brief.", "--seed", "7", "hello"), 0);
+	assert_non_null(strstr(g_run.out, "\"text\":\"Hello world!\""));
+	assert_non_null(strstr(g_run.out, "\"token_ids\":[10,11,12,13]"));
+	assert_non_null(strstr(g_run.out, "\"finish_reason\":\"eos\""));
+	assert_non_null(strstr(g_run.out, "\"model\":\"fake-model\""));
+	assert_int_equal(json_u64(g_run.out, "generated_tokens"), 4);
+	assert_int_equal(json_u64(g_run.out, "prompt_tokens"), 5);
+	assert_int_equal(json_u64(g_run.out, "cached_tokens"), 2);
+	assert_non_null(strstr(g_run.out, "\"ttft_ms\":2.000"));
+	assert_non_null(strstr(g_run.out, "\"tokens_per_s\":750.00")); /* 4 tokens, 4 ms of decode after the first */
+	pthread_mutex_lock(&d.s->lock);
+	struct ipc_generate g = d.s->last_gen;
+	pthread_mutex_unlock(&d.s->lock);
+	assert_int_equal(g.n_stop, 2);
+	assert_true(g.temperature == 0.0f);
+	assert_int_equal(g.seed, 7);
+	assert_true(g.gen_flags & IPC_GEN_WANT_IDS);
+
+	/* Refusals, failures and a vanished daemon have distinct statuses. */
+	assert_int_equal(KVCTL(NULL, "generate", "--socket", S, "error-context"), 4);
+	assert_non_null(strstr(g_run.err, "exceeds n_ctx 8192"));
+	assert_int_equal(KVCTL(NULL, "generate", "--socket", S, "--json", "error-context"), 4);
+	assert_non_null(strstr(g_run.out, "\"error\":{\"code\":-1002,\"message\":\"prompt of 9000"));
+	assert_int_equal(KVCTL(NULL, "generate", "--socket", S, "midfail"), 1);
+	assert_string_equal(g_run.out, "ab\n");
+	assert_non_null(strstr(g_run.err, "engine exploded"));
+	assert_int_equal(KVCTL(NULL, "generate", "--socket", S, "vanish"), 5);
+	assert_int_equal(KVCTL(NULL, "generate", "--socket", S, "shutdown"), 5);
+	assert_int_equal(KVCTL(NULL, "generate", "--socket", S, "--timeout", "0.2", "silent"), 5);
+	/* Ctrl-C cancels the request. */
+	assert_int_equal(run_kvctl(NULL, true, (const char *const[]){ "generate", "--socket", S, "forever", NULL }), 130);
+	assert_true(atomic_load(&d.s->cancels) >= 1);
+
+	/* Usage errors. */
+	assert_int_equal(KVCTL(NULL, "generate", "--socket", S, "--max-tokens", "abc", "hello"), 2);
+	assert_non_null(strstr(g_run.err, "--max-tokens"));
+	assert_int_equal(KVCTL(NULL, "generate", "--socket", S, "--raw", "--system", "x", "hello"), 2);
+	assert_int_equal(KVCTL(NULL, "generate", "--socket", S, "--top-p", "1.5", "hello"), 2);
+	assert_int_equal(KVCTL(NULL, "generate", "--socket", S, "--bogus", "hello"), 2);
+	assert_int_equal(KVCTL("", "generate", "--socket", S), 2); /* empty prompt */
+	assert_int_equal(KVCTL(NULL, "frobnicate"), 2);
+	assert_int_equal(KVCTL(NULL, "--timeout", "x", "stats"), 2);
+	/* No daemon there. */
+	assert_int_equal(KVCTL(NULL, "generate", "--socket", "@kvd-test-nobody", "hello"), 3);
+	assert_non_null(strstr(g_run.err, "cannot connect"));
+	daemon_stop(&d);
+}
+
+static void test_kvctl_commands(void **state)
+{
+	(void)state;
+	if (!have_kvctl())
+		skip();
+	struct daemon d;
+	daemon_start(&d);
+	const char *S = d.path;
+
+	/* stats --json: the keys scripts depend on, as integers. */
+	assert_int_equal(KVCTL(NULL, "stats", "--socket", S, "--json"), 0);
+	static const char *keys[] = { "pages_total", "pages_free", "pages_used", "pages_shared", "pages_cached",
+				      "pages_swapped", "page_bytes", "kv_bytes_per_token", "prefix_query_tokens",
+				      "prefix_hit_tokens", "requests_running", "requests_waiting", "requests_swapped" };
+	uint64_t want[] = { 1000, 600, 300, 50, 100, 7, 368640, 23040, 900, 300, 3, 2, 1 };
+	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+		assert_int_equal(json_u64(g_run.out, keys[i]), want[i]);
+	assert_int_equal(KVCTL(NULL, "stats", "--socket", S), 0);
+	assert_non_null(strstr(g_run.out, "shared"));
+	assert_non_null(strstr(g_run.out, "300 of 900 prompt tokens"));
+	assert_int_equal(run_kvctl(NULL, true, (const char *const[]){ "stats", "--socket", S, "--watch", "0.05", NULL }),
+			 0);
+	assert_int_equal(KVCTL(NULL, "stats", "--socket", S, "--watch", "0", NULL), 2);
+
+	/* tokenize and count. */
+	assert_int_equal(KVCTL(NULL, "tokenize", "--socket", S, "abc"), 0);
+	assert_string_equal(g_run.out, "97 98 99\n");
+	assert_int_equal(KVCTL(NULL, "tokenize", "--socket", S, "--bos", "--json", "ab"), 0);
+	assert_string_equal(g_run.out, "{\"tokens\":[1,97,98],\"count\":3}\n");
+	assert_int_equal(KVCTL("abc", "count", "--socket", S), 0);
+	assert_string_equal(g_run.out, "3\n");
+	assert_int_equal(KVCTL(NULL, "count", "--socket", S, "--bos", "--json", "abc"), 0);
+	assert_string_equal(g_run.out, "{\"count\":4,\"bytes\":3}\n");
+	assert_int_equal(KVCTL(NULL, "tokenize", "--socket", S, "tok-error"), 4);
+	assert_non_null(strstr(g_run.err, "refuses"));
+
+	/* plan: offline figures, and the loaded model's. */
+	assert_int_equal(KVCTL(NULL, "plan", "--layers", "30", "--kv-heads", "3", "--head-dim", "64", "--context",
+			       "4096", "--memory", "1G", "--json"), 0);
+	assert_int_equal(json_u64(g_run.out, "kv_bytes_per_token"), 23040);
+	assert_int_equal(json_u64(g_run.out, "page_bytes"), 368640);
+	assert_int_equal(json_u64(g_run.out, "pages_per_request"), 256);
+	assert_int_equal(json_u64(g_run.out, "bytes_per_request"), 94371840);
+	assert_int_equal(json_u64(g_run.out, "sequences"), 11);
+	assert_int_equal(KVCTL(NULL, "plan", "--layers", "32", "--kv-heads", "8", "--head-dim", "128"), 0);
+	assert_non_null(strstr(g_run.out, "131072 B")); /* Llama-3-8B: 128 KiB per token */
+	assert_int_equal(KVCTL(NULL, "plan", "--socket", S, "--json"), 0);
+	assert_int_equal(json_u64(g_run.out, "kv_bytes_per_token"), 46080);
+	assert_int_equal(json_u64(g_run.out, "context_tokens"), 8192);
+	assert_int_equal(json_u64(g_run.out, "pages_per_request"), 512);
+	assert_int_equal(json_u64(g_run.out, "sequences"), 2);
+	assert_int_equal(KVCTL(NULL, "plan", "--layers", "30"), 2);
+	assert_int_equal(KVCTL(NULL, "plan", "--layers", "30", "--kv-heads", "3", "--head-dim", "64", "--memory", "lots"),
+			 2);
+
+	/* ps */
+	assert_int_equal(KVCTL(NULL, "ps", "--socket", S), 0);
+	size_t lines = 0;
+	for (const char *p = g_run.out; *p; p++)
+		lines += *p == '\n';
+	assert_int_equal(lines, FAKE_PS_ENTRIES + 1);
+	assert_non_null(strstr(g_run.out, "running"));
+	assert_int_equal(KVCTL(NULL, "ps", "--socket", S, "--json"), 0);
+	assert_non_null(strstr(g_run.out, "\"request_id\":2000,"));
+
+	/* session */
+	assert_int_equal(KVCTL(NULL, "session", "--socket", S, "open", "--idle", "30"), 0);
+	assert_string_equal(g_run.out, "42\n");
+	assert_int_equal(KVCTL(NULL, "session", "--socket", S, "close", "42"), 0);
+	assert_int_equal(KVCTL(NULL, "session", "--socket", S, "close", "7"), 4);
+	assert_int_equal(KVCTL(NULL, "session", "--socket", S, "reopen"), 2);
+
+	/* version, with and without a daemon */
+	assert_int_equal(KVCTL(NULL, "version", "--socket", S), 0);
+	assert_non_null(strstr(g_run.out, "kvctl " KVC_VERSION_STRING));
+	assert_non_null(strstr(g_run.out, "kvd 0.1.0, model fake-model"));
+	assert_int_equal(KVCTL(NULL, "version", "--socket", "@kvd-test-nobody", "--json"), 3);
+	assert_non_null(strstr(g_run.out, "\"kvd\":null"));
+	assert_int_equal(KVCTL(NULL, "--version"), 0);
+
+	/* KVD_SOCKET is honoured. */
+	setenv(KVC_SOCKET_ENV, S, 1);
+	assert_int_equal(KVCTL(NULL, "count", "hello"), 0);
+	assert_string_equal(g_run.out, "5\n");
+	unsetenv(KVC_SOCKET_ENV);
+
+	/* Every command documents itself. */
+	static const char *cmds[] = { "generate", "stats", "tokenize", "count", "plan", "ps", "session", "version" };
+	for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+		assert_int_equal(KVCTL(NULL, cmds[i], "--help"), 0);
+		assert_non_null(strstr(g_run.out, "SYNOPSIS"));
+		assert_non_null(strstr(g_run.out, "EXIT STATUS"));
+		assert_int_equal(KVCTL(NULL, "help", cmds[i]), 0);
+	}
+	assert_int_equal(KVCTL(NULL, "--help"), 0);
+	daemon_stop(&d);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1273,7 +1582,10 @@ int main(void)
 		cmocka_unit_test(test_stats_ps_sessions),
 		cmocka_unit_test(test_handshake_refusals),
 		cmocka_unit_test(test_connect_by_path_and_env),
+		cmocka_unit_test(test_kvctl_generate),
+		cmocka_unit_test(test_kvctl_commands),
 	};
+	signal(SIGPIPE, SIG_IGN);
 	alarm(240);
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# t_systemctl.sh — a real `systemctl start kvd` with the shipped units.
+#
+# systemd runs as PID 1 of private namespaces (pid, mount, cgroup, uts, ipc,
+# net) with tmpfs over /run, the unit directories, /var/lib, /tmp and
+# /var/tmp, so nothing on the host changes (recipe: machine-facts.md). The
+# units are systemd/kvd.service and kvd.socket as shipped, plus a drop-in
+# that points ExecStart at the built binary and a test config (tiny model),
+# sends stderr to a file, and shortens WatchdogSec. The kvd user comes from
+# systemd/kvd.sysusers, applied to copies of the host's user database.
+#
+# Checked: socket activation on the first connection; Type=notify readiness
+# (systemctl start returns once READY=1, StatusText shows serving); the
+# hardening in force in the running service (NoNewPrivs, no capabilities,
+# its own uid, /usr not writable, /var/lib/kvd writable, no network);
+# a generation through /run/kvd/kvd.sock; a watchdog restart (SIGSTOP the
+# main process: systemd kills and restarts it); systemctl stop (clean exit,
+# socket file removed). Skips (77) where namespaces or cgroups are refused.
+source "$(dirname "$0")/lib.sh"
+need_bins
+[ "$(id -u)" = 0 ] || skip "needs root"
+SYSTEMD=/lib/systemd/systemd
+for c in unshare nsenter timeout systemd-sysusers; do command -v $c >/dev/null || skip "$c missing"; done
+[ -x "$SYSTEMD" ] || skip "$SYSTEMD missing"
+CG=
+for d in /sys/fs/cgroup/unified /sys/fs/cgroup; do
+	[ "$(stat -f -c %T "$d" 2>/dev/null)" = cgroup2fs ] && { CG=$d; break; }
+done
+[ -n "$CG" ] || skip "no cgroup v2 hierarchy"
+CGN=$CG/kvd-test-$$
+mkdir "$CGN" 2>/dev/null || skip "cannot create a cgroup under $CG"
+TINY=$(tiny_model gqa)
+
+# ---- stage: everything the inner world needs, copied into its /run ----------
+ST=$T/stage
+mkdir -p "$ST/bin" "$ST/units" "$ST/etcroot/etc"
+chmod 755 "$ST" "$ST/bin"
+cp "$KVD" "$RAW" "$ST/bin/"
+cp "$TINY" "$ST/model.gguf"
+chmod 644 "$ST/model.gguf"
+cp systemd/kvd.service systemd/kvd.socket "$ST/units/"
+cp /usr/lib/systemd/system/*.target /usr/lib/systemd/system/*.slice "$ST/units/" 2>/dev/null
+cat >"$ST/units/kvd-test.target" <<'UNIT'
+[Unit]
+Description=kvd integration test
+UNIT
+mkdir -p "$ST/units/kvd.service.d"
+cat >"$ST/units/kvd.service.d/test.conf" <<'UNIT'
+[Service]
+ExecStart=
+ExecStart=/run/stage/bin/kvd --config /run/stage/kvd.conf
+StandardError=append:/run/stage/kvd.log
+WatchdogSec=2
+TimeoutAbortSec=2
+UNIT
+printf '[model]\npath = /run/stage/model.gguf\n[kv]\npool_size = 16M\n[engine]\nthreads = 2\n' >"$ST/kvd.conf"
+chmod 644 "$ST/kvd.conf"
+for f in passwd group shadow gshadow; do [ -r /etc/$f ] && cp /etc/$f "$ST/etcroot/etc/"; done
+systemd-sysusers --root="$ST/etcroot" "$ROOT/systemd/kvd.sysusers" >"$T/sysusers.out" 2>&1 ||
+	{ rmdir "$CGN"; skip "systemd-sysusers: $(cat "$T/sysusers.out")"; }
+KUID=$(awk -F: '$1 == "kvd" { print $3 }' "$ST/etcroot/etc/passwd")
+[ -n "$KUID" ] || fail "sysusers made no kvd user"
+touch "$T/console.log"
+
+cat >"$ST/inner.sh" <<'INNER'
+#!/bin/bash
+# PID 1 of the test namespaces: make a private world, then become systemd.
+set -e
+ST=$1 CONSOLE=$2
+mount --make-rprivate /
+mount --bind /proc/sys /proc/sys
+mount -o remount,bind,ro /proc/sys
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
+mount --bind "$CONSOLE" /dev/console
+mount -t tmpfs -o mode=755 tmpfs /run
+cp -a "$ST" /run/stage
+mount --bind /run/stage/etcroot/etc/passwd /etc/passwd
+mount --bind /run/stage/etcroot/etc/group /etc/group
+mount -t tmpfs -o mode=755 tmpfs /etc/systemd/system
+mount -t tmpfs -o mode=755 tmpfs /usr/lib/systemd/system
+cp -a /run/stage/units/. /usr/lib/systemd/system/
+mount -t tmpfs -o mode=755 tmpfs /usr/lib/systemd/system-generators
+mount -t tmpfs -o mode=755 tmpfs /var/lib
+mount -t tmpfs -o mode=1777 tmpfs /tmp
+mount -t tmpfs -o mode=1777 tmpfs /var/tmp
+export container=kvd-test
+exec /lib/systemd/systemd --system --unit=kvd-test.target --log-target=console --log-level=info
+INNER
+chmod 755 "$ST/inner.sh"
+
+teardown() {
+	[ -n "${SYSD:-}" ] && kill -9 "$SYSD" 2>/dev/null
+	[ -n "${OUTER:-}" ] && { kill -9 "$OUTER" 2>/dev/null; wait "$OUTER" 2>/dev/null; }
+	local i
+	for i in $(seq 1 50); do
+		[ -z "$(find "$CGN" -name cgroup.procs -exec cat {} + 2>/dev/null)" ] && break
+		sleep 0.1
+	done
+	find "$CGN" -depth -type d -exec rmdir {} + 2>/dev/null
+	[ -d "$CGN" ] && echo "note: could not remove $CGN" >&2
+	cleanup
+}
+trap teardown EXIT
+
+( echo "$BASHPID" >"$CGN/cgroup.procs" &&
+  exec timeout -k 5 120 unshare --pid --fork --kill-child --mount --mount-proc --cgroup --uts --ipc --net \
+	"$ST/inner.sh" "$ST" "$T/console.log" ) >"$T/unshare.log" 2>&1 &
+OUTER=$!
+# timeout -> unshare -> systemd (PID 1 inside)
+SYSD=
+for i in $(seq 1 100); do
+	U=$(pgrep -P "$OUTER" -x unshare 2>/dev/null | head -1)
+	[ -n "$U" ] && SYSD=$(pgrep -P "$U" 2>/dev/null | head -1)
+	[ -n "$SYSD" ] && grep -qa systemd "/proc/$SYSD/cmdline" 2>/dev/null && break
+	SYSD=
+	kill -0 "$OUTER" 2>/dev/null || break
+	sleep 0.1
+done
+if [ -z "$SYSD" ]; then
+	grep -Eqi "operation not permitted|permission denied|cannot|failed" "$T/unshare.log" &&
+		skip "namespaces not permitted here: $(head -3 "$T/unshare.log")"
+	fail "systemd did not start: $(cat "$T/unshare.log") $(tail -20 "$T/console.log")"
+fi
+IN() { nsenter -t "$SYSD" -m -p -u -i -n -C "$@"; }
+for i in $(seq 1 100); do
+	st=$(IN systemctl is-system-running 2>/dev/null)
+	case "$st" in running|degraded) break ;; esac
+	sleep 0.1
+done
+case "$st" in running|degraded) ;; *) fail "systemd in the namespace is '$st': $(tail -20 "$T/console.log")" ;; esac
+ok "systemd booted as PID 1 of private namespaces ($st)"
+
+inner_fail() { IN cat /run/stage/kvd.log >"$T/kvd.log" 2>/dev/null; IN systemctl status kvd.service kvd.socket --no-pager >"$T/status.log" 2>&1; cp "$T/console.log" "$T/console-tail.log"; fail "$@"; }
+
+# socket activation on the first connection
+IN systemctl start kvd.socket || inner_fail "systemctl start kvd.socket"
+IN test -S /run/kvd/kvd.sock || inner_fail "no /run/kvd/kvd.sock"
+[ "$(IN stat -c '%a %G' /run/kvd/kvd.sock)" = "660 kvd" ] || inner_fail "socket mode/group: $(IN stat -c '%a %G' /run/kvd/kvd.sock)"
+[ "$(IN systemctl is-active kvd.service)" = inactive ] || inner_fail "kvd.service active before any connection"
+IN /run/stage/bin/kvd_raw -s /run/kvd/kvd.sock hello >"$T/hello.out" 2>&1 || inner_fail "first connection: $(cat "$T/hello.out")"
+[ "$(IN systemctl is-active kvd.service)" = active ] || inner_fail "kvd.service not active after the first connection"
+status=$(IN systemctl show -p StatusText --value kvd.service)
+case "$status" in serving:*) ;; *) inner_fail "StatusText '$status'" ;; esac
+ok "kvd.socket started kvd.service on the first connection; StatusText: $status"
+
+# hardening in force
+MP=$(IN systemctl show -p MainPID --value kvd.service)
+[ "${MP:-0}" -gt 0 ] || inner_fail "no MainPID"
+IN grep -q "^NoNewPrivs:[[:space:]]*1" /proc/"$MP"/status || inner_fail "NoNewPrivs not set"
+IN grep -q "^CapEff:[[:space:]]*0000000000000000" /proc/"$MP"/status || inner_fail "kvd has capabilities"
+IN grep -Eq "^Uid:[[:space:]]+$KUID[[:space:]]" /proc/"$MP"/status || inner_fail "kvd does not run as the kvd user ($KUID)"
+IN nsenter -t "$MP" -m test -w /usr && inner_fail "/usr is writable in the service"
+IN nsenter -t "$MP" -m test -w /etc && inner_fail "/etc is writable in the service"
+IN nsenter -t "$MP" -m test -w /var/lib/kvd || inner_fail "/var/lib/kvd (StateDirectory) is not writable"
+[ "$(IN readlink /proc/"$MP"/ns/net)" != "$(IN readlink /proc/1/ns/net)" ] || inner_fail "PrivateNetwork not in force"
+[ "$(IN readlink /proc/"$MP"/ns/mnt)" != "$(IN readlink /proc/1/ns/mnt)" ] || inner_fail "no private mount namespace"
+ok "hardening in force: NoNewPrivs 1, CapEff 0, uid $KUID, /usr and /etc read-only, /var/lib/kvd writable, private network"
+
+IN /run/stage/bin/kvd_raw -s /run/kvd/kvd.sock generate --raw -n 16 "hello from systemd" >"$T/gen.out" 2>"$T/gen.err" ||
+	inner_fail "generate: $(cat "$T/gen.err")"
+grep -q "^DONE" "$T/gen.err" || inner_fail "generate: no DONE"
+ok "a generation through /run/kvd/kvd.sock"
+
+# watchdog: a stopped main process is killed and restarted
+IN kill -STOP "$MP"
+for i in $(seq 1 150); do
+	MP2=$(IN systemctl show -p MainPID --value kvd.service)
+	[ "${MP2:-0}" -gt 0 ] && [ "$MP2" != "$MP" ] && [ "$(IN systemctl is-active kvd.service)" = active ] && break
+	sleep 0.1
+done
+[ "${MP2:-0}" -gt 0 ] && [ "$MP2" != "$MP" ] || inner_fail "no watchdog restart (MainPID still $MP2)"
+nr=$(IN systemctl show -p NRestarts --value kvd.service)
+[ "${nr:-0}" -ge 1 ] || inner_fail "NRestarts $nr"
+IN /run/stage/bin/kvd_raw -s /run/kvd/kvd.sock hello >/dev/null 2>&1 || inner_fail "no answer after the watchdog restart"
+ok "watchdog: SIGSTOPped pid $MP killed and restarted as $MP2 (NRestarts $nr), serving again"
+
+# stop: clean exit; start directly (readiness), stop both
+IN systemctl stop kvd.service || inner_fail "systemctl stop kvd.service"
+[ "$(IN systemctl is-active kvd.service)" = inactive ] || inner_fail "kvd.service still active after stop"
+res=$(IN systemctl show -p Result --value kvd.service)
+[ "$res" = success ] || inner_fail "stop result '$res'"
+IN grep -q "stopped" /run/stage/kvd.log || inner_fail "kvd did not log a clean stop"
+IN systemctl start kvd.service || inner_fail "systemctl start kvd.service"
+[ "$(IN systemctl is-active kvd.service)" = active ] || inner_fail "not active right after systemctl start (Type=notify)"
+IN /run/stage/bin/kvd_raw -s /run/kvd/kvd.sock hello >/dev/null 2>&1 || inner_fail "not serving right after systemctl start"
+IN systemctl stop kvd.service kvd.socket || inner_fail "systemctl stop kvd.service kvd.socket"
+IN test -e /run/kvd/kvd.sock && inner_fail "socket file left after stopping kvd.socket"
+ok "systemctl stop: result success, clean exit; systemctl start ready on return; socket removed on stop"
+exit 0
