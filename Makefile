@@ -46,6 +46,7 @@ TOOL_SRC    := $(wildcard tests/tools/*.c)
 BENCH_SRC   := $(wildcard bench/*.c)
 FUZZ_SRC    := $(wildcard tests/fuzz/fuzz_*.c)
 CUDA_SRC    := $(wildcard kernels/cuda/*.cu)
+EXAMPLE_SRC := $(wildcard client/examples/*.c)
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 
@@ -61,12 +62,13 @@ CORE_LIBS  := $(LIBCORE) $(LIBKERNELS) $(LIBKVMM) $(LIBIPC)
 TESTS  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 TOOLS  := $(patsubst tests/tools/%.c,$(BUILD)/tests/%,$(TOOL_SRC))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
+EXAMPLES := $(if $(CLIENT_SRC),$(patsubst client/examples/%.c,$(BUILD)/examples/%,$(EXAMPLE_SRC)))
 BINS   := $(if $(wildcard daemon/main.c),$(BUILD)/bin/kvd) $(if $(wildcard client/kvctl.c),$(BUILD)/bin/kvctl)
 CLIENT_LIBS := $(if $(CLIENT_SRC),$(LIBCLIENT_A) $(LIBCLIENT_SO) $(if $(wildcard client/kvclient.pc.in),$(BUILD)/kvclient.pc))
 CUDA_PLUGIN := $(if $(and $(NVCC),$(CUDA_SRC)),$(BUILD)/lib/libkvd-cuda.so)
 
 .PHONY: all test run stop install clean bench setup asan fuzz check-units
-all: $(BINS) $(CLIENT_LIBS) $(TESTS) $(TOOLS) $(BENCHES) $(CUDA_PLUGIN)
+all: $(BINS) $(CLIENT_LIBS) $(TESTS) $(TOOLS) $(BENCHES) $(EXAMPLES) $(CUDA_PLUGIN)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -86,6 +88,13 @@ $(BUILD)/lib%.a:
 # The shared client library exports only KVC_EXPORT symbols.
 $(LIBCLIENT_SO): $(call obj,$(CLIENT_SRC)) $(call obj,$(IPC_SRC))
 	$(CC) -shared -Wl,-soname,libkvclient.so.$(KVCLIENT_SOVERSION) $(LDFLAGS_ALL) -o $@ $^ -lm
+	ln -sf libkvclient.so $(BUILD)/libkvclient.so.$(KVCLIENT_SOVERSION)
+
+# Examples are built as a user would build them: the public header and the
+# shared library only.
+$(BUILD)/examples/%: client/examples/%.c client/kvclient.h $(LIBCLIENT_SO)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 $(OPT) $(SAN) $(WARN) -Iclient -o $@ $< -L$(BUILD) -l:libkvclient.so -Wl,-rpath,'$$ORIGIN/..'
 
 $(BUILD)/kvclient.pc: client/kvclient.pc.in
 	sed -e 's|@PREFIX@|$(PREFIX)|g' $< > $@

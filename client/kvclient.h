@@ -8,6 +8,12 @@
  *
  *     #include <kvclient.h>          cc app.c $(pkg-config --cflags --libs kvclient)
  *
+ *     static int print_token(void *ud, const struct kvc_event *ev)
+ *     {
+ *             fwrite(ev->text, 1, ev->text_len, stdout);
+ *             return 0;                          // non-zero cancels
+ *     }
+ *
  *     kvc_client *c;
  *     int r = kvc_connect(NULL, &c);             // $KVD_SOCKET or /run/kvd/kvd.sock
  *     if (r < 0) { fprintf(stderr, "kvd: %s\n", kv_strerror(r)); exit(1); }

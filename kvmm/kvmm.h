@@ -30,6 +30,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h> /* struct iovec, for kvmm_swap_io_ops */
 
 #define KVMM_MAX_BLOCK_SIZE 1024
 #define KVMM_MAX_SEQS       (1u << 16)
@@ -177,8 +178,6 @@ void kvmm_get_stats(const struct kvmm *m, struct kvmm_stats *ret);
  * Additions to the contract above. Everything below extends it; nothing
  * above changes meaning.
  * ========================================================================== */
-
-#include <sys/uio.h>
 
 /* Undefined cases of the calls above, as kvmm resolves them:
  *  - kvmm_plan/kvmm_commit: a sequence named twice in one step is -EINVAL;
@@ -445,6 +444,15 @@ uint64_t kvmm_swap_io_fault_count(const struct kvmm_swap_io *io);
 struct kvmm_swap_io *kvmm_swap_io_free(struct kvmm_swap_io *io);
 
 /*
+ * Swap from cfg->swap_path (kvmm_create): the file is opened with
+ * kvmm_swap_io_uring_open(path, swap_bytes, KVMM_SWAP_OPEN_UNLINK), so it is
+ * anonymous once open and its space (and the KV data in it) goes away with
+ * the process, even after a crash; swap_path only chooses the file system.
+ * A host pool whose pages are multiples of the store's alignment is
+ * registered with io_uring (pinned, hence resident from the start) when the
+ * memlock limit allows; otherwise transfers are unregistered, and pages of
+ * other sizes go through a few bounce buffers.
+ *
  * kvmm_create() with an explicit swap store instead of cfg->swap_path (which
  * is then ignored); io may be NULL for kvmm_create()'s behaviour. On success
  * kvmm owns io and frees it in kvmm_destroy(); on failure the caller still

@@ -384,7 +384,9 @@ int kvmm_create_with_io(const struct kvmm_config *cfg, struct kvmm_swap_io *io, 
 	} else if (cfg->swap_path) {
 		struct kvmm_swap_io *fio = NULL;
 
-		r = kvmm_swap_io_uring_open(cfg->swap_path, cfg->swap_bytes, 0, &fio);
+		/* Unlinked once open: the space, and the KV data written there,
+		 * go away with the process, even when it crashes. */
+		r = kvmm_swap_io_uring_open(cfg->swap_path, cfg->swap_bytes, KVMM_SWAP_OPEN_UNLINK, &fio);
 		if (r < 0)
 			goto fail;
 		r = kvmm_swap_init(m, fio);

@@ -15,6 +15,7 @@
  *
  * Also here: kvmm_seq_publish, kvmm_prefix_attach and kvmm_cache_evict.
  */
+#include <assert.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -470,9 +471,7 @@ int kvmm_prefix_attach(struct kvmm *m, uint32_t seq, const int32_t *tokens, uint
 	}
 	hit = k * m->bs < n - 1 ? k * m->bs : n - 1;
 	n_map = (hit + m->bs - 1) / m->bs;
-	/* Pages matched beyond what the capped hit needs go back to the cache. */
-	for (uint32_t j = k; j-- > n_map;)
-		page_put(m, m->nodes[s->pages[j]].page);
+	assert(n_map == k); /* limit above already cut the walk there */
 	for (uint32_t j = 0; j < n_map; j++)
 		s->pages[j] = m->nodes[s->pages[j]].page;
 	s->n_pages = n_map;

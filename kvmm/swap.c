@@ -281,6 +281,7 @@ int kvmm_seq_swap_out(struct kvmm *m, uint32_t seq)
 	uint32_t k = 0, j = 0;
 	int32_t *arr = NULL;
 	int *res = NULL;
+	uint64_t t0 = kvmm_now_ns();
 	int r;
 
 	if (!s)
@@ -344,6 +345,7 @@ int kvmm_seq_swap_out(struct kvmm *m, uint32_t seq)
 	s->swap_outs++;
 	s->swap_out_pages += k;
 	s->swap_bytes += (uint64_t)k * m->slot_bytes;
+	s->swap_ns += kvmm_now_ns() - t0;
 	ctr_add(m, W_SEQS_SWAPPED, 1);
 	ctr_sub(m, W_TOKENS_RESIDENT, s->len);
 	ctr_add(m, W_SWAP_OUT_SEQS, 1);

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "kvmm.h"
@@ -172,8 +173,13 @@ int kvmm_swap_io_uring_open(const char *path, uint64_t bytes, uint32_t flags, st
 			goto fail;
 		}
 	}
-	if (flags & KVMM_SWAP_OPEN_UNLINK)
-		(void)unlink(path);
+	if (flags & KVMM_SWAP_OPEN_UNLINK) {
+		struct stat st;
+
+		/* Only a regular file: never a device node someone pointed us at. */
+		if (fstat(u->fd, &st) == 0 && S_ISREG(st.st_mode))
+			(void)unlink(path);
+	}
 	if (fallocate(u->fd, 0, 0, (off_t)bytes) < 0) {
 		if (errno != EOPNOTSUPP && errno != ENOSYS) {
 			r = -errno;

@@ -83,6 +83,9 @@ TGT static inline __attribute__((always_inline)) void load_act(enum gemm_kind ki
 /* One tile, with R, C and the weight type compile-time constants so that
  * the accumulators live in registers; instantiated for every shape below. */
 #define UNROLL _Pragma("GCC unroll 4")
+#ifndef PF_DIST
+#define PF_DIST 2048 /* bytes ahead of the rows being read */
+#endif
 #define DEF_TILE(KIND, ...)                                                                                \
 	TGT static inline __attribute__((always_inline)) void tile_##KIND(                                   \
 		const void *w, size_t rb, const int R, const struct q8_block *xq, size_t ldq, const int C,       \
@@ -99,6 +102,7 @@ TGT static inline __attribute__((always_inline)) void load_act(enum gemm_kind ki
 			UNROLL for (int r = 0; r < R; r++)                                                       \
 			{                                                                                        \
 				const char *wr = (const char *)w + (size_t)r * rb;                               \
+				_mm_prefetch(wr + PF_DIST + b * (int64_t)(rb / nb), _MM_HINT_T0);                \
 				__m512i q;                                                                       \
 				__m512 wd, wm = _mm512_setzero_ps();                                             \
 				__VA_ARGS__                                                                      \

@@ -780,6 +780,7 @@ static void test_swap_by_config_path_and_direct_pool_io(void **state)
 	c.swap_bytes = 8 * 4096;
 	assert_int_equal(kvmm_create(&c, &m), 0);
 	assert_int_equal(kvmm_swap_slots(m), 8);
+	assert_int_equal(access(path, F_OK), -1); /* anonymous once open */
 	a = new_seq(m);
 	b = new_seq(m);
 	iota(t, 20, 1);
@@ -793,10 +794,9 @@ static void test_swap_by_config_path_and_direct_pool_io(void **state)
 	assert_int_equal(kvmm_seq_swap_in(m, a), 0);
 	expect_content(m, a, t);
 	done(m);
-	unlink(path);
-	free(path);
 	c.swap_bytes = 100; /* less than one slot */
 	assert_int_equal(kvmm_create(&c, &m), -EINVAL);
+	free(path);
 }
 
 static void test_swap_out_faults_leave_sequence_resident(void **state)
@@ -1026,6 +1026,124 @@ static void test_swap_out_takes_slots_from_demoted(void **state)
 	assert_int_equal(kvmm_prefix_attach(m, a, t, 16, &hit), 0);
 	assert_true(hit <= 4);
 	expect_content(m, a, t);
+	done(m);
+}
+
+static void test_swap_in_reindexes_shared_pages(void **state)
+{
+	/* A page that only swapped-out sequences hold loses its index entry
+	 * when its parent is evicted; swap-in enters it again. */
+	struct kvmm *m = make_swap(4, 16, 16, NULL);
+	uint32_t d = new_seq(m), s = new_seq(m), t, x, hit, dropped;
+	int32_t tok[9];
+	struct kvmm_stats st;
+
+	(void)state;
+	iota(tok, 9, 300);
+	assert_int_equal(grow(m, d, tok, 4), 0);
+	assert_int_equal(kvmm_seq_publish(m, d), 0);
+	assert_int_equal(kvmm_seq_free(m, d), 0);
+	assert_int_equal(grow(m, s, tok, 8), 0); /* computed again, not attached */
+	assert_int_equal(kvmm_seq_fork(m, s, &t), 0);
+	assert_int_equal(kvmm_seq_publish(m, s), 0); /* page 0 deduplicated, page 1 indexed (shared with t) */
+	kvmm_get_stats(m, &st);
+	assert_int_equal(st.pages_shared, 1);
+	check(m);
+	assert_int_equal(kvmm_seq_swap_out(m, s), 0);
+	assert_int_equal(kvmm_seq_swap_out(m, t), 0);
+	assert_int_equal(kvmm_cache_evict(m, 100, &dropped), 0);
+	assert_int_equal(dropped, 1);
+	check(m);
+	overwrite_free_pages(m);
+	assert_int_equal(kvmm_seq_swap_in(m, s), 0);
+	assert_int_equal(kvmm_seq_swap_in(m, t), 0);
+	expect_content(m, s, tok);
+	expect_content(m, t, tok);
+	x = new_seq(m);
+	assert_int_equal(kvmm_prefix_attach(m, x, tok, 9, &hit), 0);
+	assert_int_equal(hit, 8);
+	expect_content(m, x, tok);
+	done(m);
+}
+
+static void test_promotion_failure_mid_chain(void **state)
+{
+	/* Chain: page 0 cached, page 1 demoted, page 2 cached. The read of
+	 * page 1 fails: the hit stops at page 0 and page 2 (now unreachable)
+	 * is dropped with it. */
+	struct kvmm_swap_io *f;
+	struct kvmm *m = make_swap(4, 16, 8, &f);
+	uint32_t a = new_seq(m), b, n = 0, hit;
+	int32_t t[13];
+	struct kvmm_io_fault wfail = {.after = 0, .ops_mask = 1u << KVMM_IO_WRITE, .count = 1, .error = -EIO};
+	struct kvmm_io_fault rfail = {.after = 0, .ops_mask = 1u << KVMM_IO_READ, .count = 1, .error = -EIO};
+	struct kvmm_stats st;
+
+	(void)state;
+	iota(t, 13, 70);
+	assert_int_equal(grow(m, a, t, 12), 0);
+	assert_int_equal(kvmm_seq_publish(m, a), 0);
+	assert_int_equal(kvmm_seq_free(m, a), 0);
+	/* Demote the two coldest (pages 2 and 1); page 2's write fails and it
+	 * goes back to the cold end in memory. */
+	assert_int_equal(kvmm_swap_io_fault_arm(f, &wfail), 0);
+	assert_int_equal(kvmm_cache_demote(m, 2, &n), -EIO);
+	kvmm_get_stats(m, &st);
+	assert_int_equal(st.pages_demoted, 1);
+	assert_int_equal(st.pages_cached, 2);
+	assert_int_equal(kvmm_swap_io_fault_arm(f, &rfail), 0);
+	b = new_seq(m);
+	assert_int_equal(kvmm_prefix_attach(m, b, t, 13, &hit), 0);
+	assert_int_equal(hit, 4);
+	expect_content(m, b, t);
+	check(m);
+	kvmm_get_stats(m, &st);
+	assert_int_equal(st.pages_demoted, 0);
+	assert_int_equal(st.pages_cached, 0);
+	assert_int_equal(kvmm_swap_io_fault_arm(f, NULL), 0);
+	done(m);
+}
+
+static void test_unkeyed_growth_is_never_indexed(void **state)
+{
+	struct kvmm *m = make(4, 8);
+	uint32_t a = new_seq(m), b = new_seq(m), hit;
+	int32_t t[8];
+	struct kvmm_grow g = {a, 8, NULL};
+
+	(void)state;
+	iota(t, 8, 0);
+	assert_int_equal(kvmm_commit(m, &g, 1), 0);
+	assert_int_equal(kvmm_seq_publish(m, a), 0);
+	assert_int_equal(kvmm_prefix_attach(m, b, t, 8, &hit), 0);
+	assert_int_equal(hit, 0);
+	assert_int_equal(kvmm_seq_free(m, a), 0);
+	assert_int_equal(kvmm_available_pages(m), 8);
+	done(m);
+}
+
+static void test_large_step(void **state)
+{
+	/* More growths in one step than the commit keeps on its stack. */
+	struct kvmm_config c = cfg_of(4, 512);
+	struct kvmm *m = NULL;
+	struct kvmm_grow g[100];
+	uint32_t need, s[100];
+	int32_t t[6];
+
+	(void)state;
+	c.max_seqs = 100;
+	assert_int_equal(kvmm_create(&c, &m), 0);
+	iota(t, 6, 1);
+	for (int i = 0; i < 100; i++) {
+		s[i] = new_seq(m);
+		g[i] = (struct kvmm_grow){s[i], 6, t};
+	}
+	assert_int_equal(kvmm_plan(m, g, 100, &need), 0);
+	assert_int_equal(need, 200);
+	assert_int_equal(kvmm_commit(m, g, 100), 0);
+	for (int i = 0; i < 100; i++)
+		assert_int_equal(kvmm_seq_len(m, s[i]), 6);
 	done(m);
 }
 
@@ -1300,6 +1418,10 @@ int main(void)
 		cmocka_unit_test(test_swap_in_remaps_cached_pages),
 		cmocka_unit_test(test_demote_and_promote),
 		cmocka_unit_test(test_swap_out_takes_slots_from_demoted),
+		cmocka_unit_test(test_swap_in_reindexes_shared_pages),
+		cmocka_unit_test(test_promotion_failure_mid_chain),
+		cmocka_unit_test(test_unkeyed_growth_is_never_indexed),
+		cmocka_unit_test(test_large_step),
 		cmocka_unit_test(test_stats_fd_read_from_another_process),
 		cmocka_unit_test(test_ledger_and_record),
 		cmocka_unit_test(test_shuffle_seed_scrambles_placement),

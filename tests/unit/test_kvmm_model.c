@@ -67,6 +67,7 @@ static const struct run_cfg runs[] = {
 	{"bs16-uring-direct-fixedbufs", 16, 24, 256, 32, 2, true, 0, 9, ST_URING_DIRECT, false, false},
 	{"bs3-device-pool-collisions", 3, 40, 8, 48, 4, true, 5, 3, ST_MEM, true, false},
 	{"bs2-noprefix-uring-direct-bounce", 2, 32, 8, 40, 3, false, 0, 11, ST_URING_DIRECT, false, true},
+	{"bs8-large-pool-mem", 8, 160, 8, 200, 2, true, 0, 5, ST_MEM, false, false},
 };
 #define N_RUNS (sizeof(runs) / sizeof(runs[0]))
 
@@ -724,11 +725,13 @@ static void run_model(const struct run_cfg *c, uint64_t base_seed, uint64_t ops)
 	}
 	kvmm_get_stats(md->m, &st);
 	kvmm_get_ledger(md->m, &l);
-	printf("    %-34s %" PRIu64 " ops: %" PRIu64 " attach hits (%" PRIu64 " tokens), %" PRIu64 " CoW, %" PRIu64
-	       " swap-outs, %" PRIu64 " faulted ops, %" PRIu64 " failed copies, %" PRIu64 " demoted, %" PRIu64
-	       " promoted, %" PRIu64 " dedup, %" PRIu64 " evicted\n",
-	       c->name, ops, md->n_hits, md->n_hit_tokens, st.cow_copies, md->n_swaps, md->n_faults, md->n_cow_fail,
-	       l.pages_demoted, l.pages_promoted, l.pages_deduplicated, st.pages_evicted);
+	printf("    %s, %" PRIu64 " ops: %" PRIu64 " attach hits (%" PRIu64 " tokens), %" PRIu64 " CoW, %" PRIu64
+	       " swap-outs, %" PRIu64 " swap-in pages remapped, %" PRIu64 " faulted I/O ops, %" PRIu64
+	       " failed copies, %" PRIu64 " demoted, %" PRIu64 " promoted, %" PRIu64 " dedup, %" PRIu64
+	       " evicted (%" PRIu64 " reclaim, %" PRIu64 " orphan)\n",
+	       c->name, ops, md->n_hits, md->n_hit_tokens, st.cow_copies, md->n_swaps, l.swap_in_remapped_pages,
+	       md->n_faults, md->n_cow_fail, l.pages_demoted, l.pages_promoted, l.pages_deduplicated, st.pages_evicted,
+	       l.pages_evicted_reclaim, l.pages_evicted_orphan);
 	/* Everything freed: the whole pool is back. */
 	md->op = "teardown";
 	for (uint32_t id = 0; id < MAX_SEQS; id++)
