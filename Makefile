@@ -68,6 +68,8 @@ CLIENT_LIBS := $(if $(CLIENT_SRC),$(LIBCLIENT_A) $(LIBCLIENT_SO) $(if $(wildcard
 CUDA_PLUGIN := $(if $(and $(NVCC),$(CUDA_SRC)),$(BUILD)/lib/libkvd-cuda.so)
 
 .PHONY: all test run stop install clean bench setup asan fuzz check-units
+# keep object files of test, tool and bench programs between builds
+.SECONDARY:
 all: $(BINS) $(CLIENT_LIBS) $(TESTS) $(TOOLS) $(BENCHES) $(EXAMPLES) $(CUDA_PLUGIN)
 
 $(BUILD)/obj/%.o: %.c

@@ -123,7 +123,12 @@ int kvd_engine_open(const struct kvd_engine_config *cfg, struct kvd_engine **ret
 		r = -EINVAL;
 		goto fail;
 	}
-	if (strcmp(want, "cpu")) {
+	/* "auto" looks for the NVIDIA driver before loading the plug-in: dlopen
+	 * of cuBLAS alone maps hundreds of MiB, for nothing on a CPU machine. */
+	if (!strcmp(want, "auto") && access("/proc/driver/nvidia/version", F_OK) != 0 &&
+	    access("/dev/nvidiactl", F_OK) != 0 && !getenv("KVD_CUDA_PLUGIN")) {
+		snprintf(e->note, sizeof(e->note), "cuda backend: no NVIDIA driver on this machine");
+	} else if (strcmp(want, "cpu")) {
 		r = try_cuda(e, &bc);
 		if (r < 0 && !strcmp(want, "cuda")) {
 			snprintf(err, errlen, "%s", e->note);

@@ -164,6 +164,17 @@ struct kvd_backend_config {
  *              pool is not host-addressable.
  * page_write:  optional; the reverse (swap-in).
  * destroy:     free the context; accepts NULL.
+ *
+ * Optional slots appended after destroy (NULL where a backend lacks them;
+ * callers check before use):
+ *
+ * suggest_pool_pages: after load, how many pages of page_bytes fit in
+ *              `fraction` (0 < fraction <= 1) of the device memory still
+ *              free (less a reserve for activations), for sizing the pool
+ *              of a device backend. 0 with *ret_pages set, or -errno.
+ * pages_read:  swap-out of n pages at once: page pages[i] to host_dst +
+ *              i * page_bytes. Returns when the copy is complete.
+ * pages_write: swap-in, the reverse: host_src + i * page_bytes to pages[i].
  */
 struct kvd_backend_ops {
 	const char *name;
@@ -176,6 +187,10 @@ struct kvd_backend_ops {
 	int (*page_read)(void *ctx, uint32_t page, void *host_dst);
 	int (*page_write)(void *ctx, uint32_t page, const void *host_src);
 	void (*destroy)(void *ctx);
+	/* optional, see above */
+	int (*suggest_pool_pages)(void *ctx, size_t page_bytes, double fraction, uint32_t *ret_pages);
+	int (*pages_read)(void *ctx, const uint32_t *pages, uint32_t n, void *host_dst);
+	int (*pages_write)(void *ctx, const uint32_t *pages, uint32_t n, const void *host_src);
 };
 
 /* The CPU backend, always built. */

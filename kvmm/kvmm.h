@@ -186,7 +186,13 @@ void kvmm_get_stats(const struct kvmm *m, struct kvmm_stats *ret);
  *  - kvmm_seq_fork of a swapped-out parent is -ENOENT (as kvmm_plan).
  *  - kvmm_seq_publish of a swapped-out sequence is -ENOENT.
  *  - kvmm_seq_swap_out of a swapped-out sequence and kvmm_seq_swap_in of a
- *    resident one are -EALREADY; without a swap store both are -ENODEV.
+ *    resident one are -EALREADY; kvmm_seq_swap_out without a swap store is
+ *    -ENODEV. Swap-out writes every page only this sequence maps (also
+ *    indexed ones, which then stay cached in memory as well); swap-in maps
+ *    such a page back from the cache when it is still there (no read),
+ *    and re-enters read pages into the prefix index. A swap-in I/O error
+ *    leaves the swapped copy intact, so a later swap-in can still succeed.
+ *  - kvmm_seq_free of a swapped-out sequence frees its slots (no I/O).
  *  - kvmm_seq_pages of a swapped-out sequence gives its table with -1 for
  *    every page that is in the swap file.
  *  - kvmm_prefix_attach on a swapped-out sequence is -EBUSY.

@@ -643,7 +643,7 @@ static int cuda_forward(void *ctx, const struct kvd_batch *b)
 	struct cu_ctx *c = (struct cu_ctx *)ctx;
 	const struct kvd_hparams *hp = &c->hp;
 	int T, NL, n_dec = 0, n_pre = 0, r;
-	size_t n_pg;
+	size_t n_pg, o_tok, o_pos, o_poff, o_lsrc, o_dec, o_pre, o_pages, n_words;
 
 	if (!c->loaded || !c->kv_attached || !b)
 		return -EINVAL;
@@ -667,9 +667,14 @@ static int cuda_forward(void *ctx, const struct kvd_batch *b)
 
 	/* host staging, int32 words: tokens, positions, page-table offsets,
 	 * logit rows, decode items, prefill items, page tables */
-	size_t o_tok = 0, o_pos = o_tok + (size_t)T, o_poff = o_pos + (size_t)T, o_lsrc = o_poff + (size_t)T;
-	size_t o_dec = o_lsrc + (size_t)NL, o_pre = o_dec + 4 * (size_t)n_dec, o_pages = o_pre + 4 * (size_t)n_pre;
-	size_t n_words = o_pages + n_pg;
+	o_tok = 0;
+	o_pos = o_tok + (size_t)T;
+	o_poff = o_pos + (size_t)T;
+	o_lsrc = o_poff + (size_t)T;
+	o_dec = o_lsrc + (size_t)NL;
+	o_pre = o_dec + 4 * (size_t)n_dec;
+	o_pages = o_pre + 4 * (size_t)n_pre;
+	n_words = o_pages + n_pg;
 	r = ensure_scratch(c, T, NL, n_words);
 	if (r < 0)
 		goto fail;

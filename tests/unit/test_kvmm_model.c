@@ -757,7 +757,7 @@ static void run_model(const struct run_cfg *c, uint64_t base_seed, uint64_t ops)
 
 static void test_model(void **state)
 {
-	const struct run_cfg *c = *state;
+	const struct run_cfg *c = &runs[(uintptr_t)*state];
 	uint64_t seed = env_u64("KVMM_MODEL_SEED", DEFAULT_SEED);
 	uint64_t total = env_u64("KVMM_MODEL_OPS", DEFAULT_OPS);
 	uint64_t ops = (total + N_RUNS - 1) / N_RUNS;
@@ -772,7 +772,7 @@ int main(void)
 	struct CMUnitTest tests[N_RUNS];
 
 	for (size_t i = 0; i < N_RUNS; i++)
-		tests[i] = (struct CMUnitTest){runs[i].name, test_model, NULL, NULL, (void *)&runs[i]};
+		tests[i] = (struct CMUnitTest){runs[i].name, test_model, NULL, NULL, (void *)(uintptr_t)i};
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	return cmocka_run_group_tests_name("kvmm model", tests, NULL, NULL);
 }

@@ -1,0 +1,2 @@
+/* kvd CUDA emulation shim: see emu.h */
+#include "emu.h"

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# tests/gpu/run.sh — every GPU test and GPU benchmark of kvd in one go, for
+# a machine with an NVIDIA GPU (under 8 minutes on an H200):
+#
+#   tests/gpu/run.sh OUTDIR
+#
+#  1. builds the CUDA plug-in, the conformance test and the GPU benchmark
+#     (make; binaries already in build/ are used where make cannot run,
+#     e.g. a machine without the build dependencies);
+#  2. build/tests/test_cuda with KVD_REQUIRE_GPU=1: the plug-in's ABI, every
+#     kernel against the CPU backend and a float64 reference on tiny random
+#     models, page copy / swap moves, and greedy decoding of the default
+#     model against the CPU backend where models/ has it;
+#  3. build/bench/gpu_bench on the default model (or, where the file is not
+#     here, a random-weight model of its shape: SmolLM2-135M, Q4_1) with the
+#     CPU backend as the same-run peer, then on a random-weight 8B Llama
+#     shape (32 layers, 4096 wide, 8 KV heads, n_ff 14336, Q4_0): decode
+#     tokens/s at batch 1, 8, 32, 128, HBM bandwidth against peak, prefill
+#     tokens/s, swap bandwidth device -> host -> file.
+#
+# OUTDIR gets run.log (everything), test_cuda.log, bench-*.json (one JSON
+# object per figure), bench-*.txt (the readable lines), nvidia-smi.txt and
+# summary.txt. Exit status: 0 all passed, 1 a test or benchmark failed,
+# 77 no GPU here (nothing run).
+#
+# Shared libraries a prebuilt test needs and the machine lacks (libcmocka)
+# may be put in build/gpu-libs/; they are added to LD_LIBRARY_PATH.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${1:?usage: tests/gpu/run.sh OUTDIR}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+exec > >(tee "$OUT/run.log") 2>&1
+
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+	echo "skipped: no GPU (nvidia-smi finds none)"
+	exit 77
+fi
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+nvidia-smi -L
+[ -d build/gpu-libs ] && export LD_LIBRARY_PATH="$PWD/build/gpu-libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+t_start=$(date +%s)
+stamp() { echo "=== [$(( $(date +%s) - t_start ))s] $*"; }
+status=0
+summary=()
+
+stamp "build"
+if ! timeout -k 5 300 make -j"$(nproc)" build/lib/libkvd-cuda.so build/tests/test_cuda build/bench/gpu_bench; then
+	echo "make failed; using the binaries already in build/ where present"
+fi
+for f in build/lib/libkvd-cuda.so build/tests/test_cuda build/bench/gpu_bench; do
+	if [ ! -e "$f" ]; then
+		echo "missing $f"
+		summary+=("FAIL build: $f missing")
+		status=1
+	fi
+done
+export KVD_CUDA_PLUGIN=$PWD/build/lib/libkvd-cuda.so
+
+stamp "test_cuda"
+if [ -x build/tests/test_cuda ]; then
+	KVD_REQUIRE_GPU=1 timeout -k 5 240 build/tests/test_cuda > "$OUT/test_cuda.log" 2>&1
+	rc=$?
+	cat "$OUT/test_cuda.log"
+	if [ $rc -eq 0 ]; then
+		summary+=("PASS test_cuda ($(grep -c '^\[       OK \]' "$OUT/test_cuda.log") ok, $(grep -c '^\[  SKIPPED \] test_' "$OUT/test_cuda.log") skipped)")
+	else
+		summary+=("FAIL test_cuda (exit $rc)")
+		status=1
+	fi
+fi
+
+run_bench() { # name timeout args...
+	local name=$1 to=$2; shift 2
+	stamp "gpu_bench $name: $*"
+	timeout -k 5 "$to" build/bench/gpu_bench "$@" --swap-file "$OUT/swap-$name.tmp" \
+		> "$OUT/bench-$name.json" 2> "$OUT/bench-$name.txt"
+	local rc=$?
+	rm -f "$OUT/swap-$name.tmp"
+	cat "$OUT/bench-$name.txt"
+	if [ $rc -eq 0 ]; then
+		summary+=("PASS gpu_bench $name")
+	else
+		summary+=("FAIL gpu_bench $name (exit $rc)")
+		status=1
+	fi
+}
+
+if [ -x build/bench/gpu_bench ]; then
+	model=models/SmolLM2-135M-Instruct.Q4_1.gguf
+	if [ -r "$model" ]; then
+		run_bench default 150 --model "$model" --batches 1,8,32,128 --prompt 128 --steps 32 \
+			--prefill 2048 --swap-mib 256 --cpu-peer
+	else
+		echo "default model not here: using a random-weight model of its shape"
+		run_bench default 150 --shape smollm2-135m --wtype q4_1 --batches 1,8,32,128 --prompt 128 \
+			--steps 32 --prefill 2048 --swap-mib 256 --cpu-peer
+	fi
+	run_bench llama8b 240 --shape llama-8b --wtype q4_0 --batches 1,8,32,128 --prompt 128 --steps 32 \
+		--prefill 2048 --swap-mib 512
+fi
+
+stamp "done"
+{
+	echo "kvd GPU run, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(nvidia-smi -L | head -1)"
+	for s in "${summary[@]}"; do echo "  $s"; done
+	echo
+	grep -h '"figure"' "$OUT"/bench-*.json 2>/dev/null
+} > "$OUT/summary.txt"
+cat "$OUT/summary.txt"
+exit $status

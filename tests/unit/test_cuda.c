@@ -1,0 +1,983 @@
+/*
+ * tests/unit/test_cuda.c — the CUDA plug-in (libkvd-cuda.so): that it loads
+ * and speaks the backend ABI, that it declines cleanly without a GPU, and,
+ * where there is a GPU, that it computes what the CPU backend computes.
+ *
+ * The plug-in is found at $KVD_CUDA_PLUGIN, else $KVD_BUILD/lib/, else
+ * build/lib/. A missing plug-in fails the test where nvcc exists (the build
+ * should have made it) and skips it elsewhere. Tests that need a GPU call
+ * skip() without one, so a GPU-less run reports them as skipped, never as
+ * passed; with KVD_REQUIRE_GPU=1 (tests/gpu/run.sh) a missing GPU fails.
+ * tests/gpu/t_cuda_emulated.sh runs this test against a CPU emulation build
+ * of the plug-in (KVD_CUDA_EMULATED=1), so the conformance checks also run
+ * on machines without a GPU, as a check of the plug-in's logic.
+ *
+ * Conformance. Tiny random-weight Llama models are built in memory, one per
+ * weight type (f32, f16, bf16, q8_0, q4_0, q4_1) plus MHA / MQA / odd head
+ * size / NeoX RoPE / untied output shapes. The same batches — one-chunk
+ * prefill, chunked prefill, decodes, and mixed prefill+decode batches of
+ * several sequences with scattered page tables — run on both backends
+ * through the ops table. Compared are:
+ *   - logits of every row, relative L2 error (||a - b|| / ||b||) against
+ *     the CPU backend: <= TOL_CPU_QUANT for models with quantized
+ *     matrices, TOL_CPU_FLOAT for float ones;
+ *   - the same against a float64 reference forward pass that rounds what
+ *     the CUDA backend rounds (fp16 weights and GEMM inputs, fp16 K/V):
+ *     <= TOL_LOGITS_REF; this one isolates the kernels from the CPU
+ *     backend's 8-bit activations;
+ *   - every written KV page (K after RoPE, V) against the CPU pool:
+ *     relative L2 within the same tolerance; layer 0's K/V exercise embedding, RMSNorm,
+ *     the QKV GEMM, RoPE and the page stores alone;
+ *   - page_copy, page_read/page_write and the batched pages_read/pages_write
+ *     (gather/scatter) bit-exactly.
+ * The kernels are exercised through forward(): embedding lookup per weight
+ * type, RMSNorm, RoPE (both styles), K/V page stores, the decode attention
+ * (single-token items) and the tiled prefill attention (multi-token items),
+ * SwiGLU and the projections.
+ *
+ * The tolerances are checked on any machine by test_reference_vs_cpu: the
+ * CPU backend against the same float64 reference must be within them too,
+ * so CUDA == reference up to fp16 rounding implies CUDA vs CPU within them.
+ * Each comparison prints its worst error so a GPU run shows the margins.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "backend.h"
+#include "cpu/ops.h"
+#include "model.h"
+
+/* Against the CPU backend: it multiplies quantized weights with 8-bit
+ * activations (about 2-7% logits error on these models, measured by
+ * test_reference_vs_cpu), float weights with f32 activations (< 1%). */
+#define TOL_CPU_QUANT 1.2e-1
+#define TOL_CPU_FLOAT 2e-2
+/* Against the float64 reference that rounds what the CUDA backend rounds. */
+#define TOL_LOGITS_REF 1e-2
+
+#define BLOCK 16
+#define POOL_PAGES 96
+#define MAX_SEQ_PAGES 8
+#define MAX_SEQ_LEN (BLOCK * MAX_SEQ_PAGES)
+
+/* ---- plug-in loading ------------------------------------------------------ */
+
+static const struct kvd_backend_ops *cuda_ops_g;
+static int gpu_state = -1; /* -1 unknown, 0 none, 1 usable */
+
+static const char *plugin_path(char *buf, size_t cap)
+{
+	const char *env = getenv("KVD_CUDA_PLUGIN");
+	const char *b = getenv("KVD_BUILD");
+	if (env && *env)
+		return env;
+	if (b && *b) {
+		snprintf(buf, cap, "%s/lib/libkvd-cuda.so", b);
+		if (access(buf, F_OK) == 0)
+			return buf;
+	}
+	return "build/lib/libkvd-cuda.so";
+}
+
+static int have_nvcc(void)
+{
+	return system("command -v nvcc >/dev/null 2>&1") == 0 || access("/usr/local/cuda/bin/nvcc", X_OK) == 0;
+}
+
+/* The loaded ops table, or NULL after fail() / skip(). */
+static const struct kvd_backend_ops *load_plugin(void)
+{
+	char buf[4096];
+	const char *path;
+	void *h;
+	const struct kvd_backend_ops *(*entry)(void);
+
+	if (cuda_ops_g)
+		return cuda_ops_g;
+	path = plugin_path(buf, sizeof(buf));
+	if (access(path, F_OK) != 0) {
+		const char *b = getenv("KVD_BUILD");
+		if (have_nvcc() && (!b || !*b || !strcmp(b, "build") || getenv("KVD_CUDA_PLUGIN"))) {
+			print_error("%s missing although nvcc is installed (make build/lib/libkvd-cuda.so)\n", path);
+			fail();
+		}
+		print_message("skipped: no CUDA plug-in at %s\n", path);
+		skip();
+	}
+	/* never dlclose()d: the CUDA runtime keeps state for the process */
+	h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!h) {
+		print_error("dlopen %s: %s\n", path, dlerror());
+		fail();
+	}
+	*(void **)&entry = dlsym(h, "kvd_backend_plugin_entry");
+	assert_non_null(entry);
+	cuda_ops_g = entry();
+	assert_non_null(cuda_ops_g);
+	return cuda_ops_g;
+}
+
+/* KVD_CUDA_EMULATED=1: the plug-in is the CPU emulation build
+ * (tests/gpu/t_cuda_emulated.sh); it has a "device" and exports its shims. */
+static int emulated(void)
+{
+	const char *e = getenv("KVD_CUDA_EMULATED");
+	return e && !strcmp(e, "1");
+}
+
+static int have_device_nodes(void)
+{
+	return access("/dev/nvidiactl", F_OK) == 0 || access("/dev/nvidia0", F_OK) == 0;
+}
+
+/* A usable GPU: init succeeds. Skips (or, with KVD_REQUIRE_GPU, fails)
+ * otherwise. */
+static const struct kvd_backend_ops *need_gpu(void)
+{
+	const struct kvd_backend_ops *ops = load_plugin();
+	if (gpu_state < 0) {
+		struct kvd_backend_config cfg = {.n_threads = 1, .device = 0};
+		void *ctx = NULL;
+		int r = ops->init(&cfg, &ctx);
+		gpu_state = r == 0;
+		if (r == 0)
+			ops->destroy(ctx);
+		else if (r != -ENODEV)
+			print_error("cuda init: unexpected %d (%s)\n", r, strerror(-r));
+	}
+	if (!gpu_state) {
+		const char *req = getenv("KVD_REQUIRE_GPU");
+		if (req && !strcmp(req, "1")) {
+			print_error("KVD_REQUIRE_GPU=1 but the CUDA backend finds no usable GPU\n");
+			fail();
+		}
+		print_message("skipped: no GPU\n");
+		skip();
+	}
+	return ops;
+}
+
+static void test_plugin_abi(void **state)
+{
+	(void)state;
+	const struct kvd_backend_ops *ops = load_plugin();
+	assert_int_equal(ops->version, KVD_BACKEND_ABI_VERSION);
+	assert_string_equal(ops->name, "cuda");
+	assert_non_null(ops->init);
+	assert_non_null(ops->load);
+	assert_non_null(ops->attach_kv);
+	assert_non_null(ops->forward);
+	assert_non_null(ops->page_copy);
+	assert_non_null(ops->page_read);
+	assert_non_null(ops->page_write);
+	assert_non_null(ops->destroy);
+	assert_non_null(ops->suggest_pool_pages);
+	assert_non_null(ops->pages_read);
+	assert_non_null(ops->pages_write);
+	ops->destroy(NULL); /* accepts NULL */
+}
+
+/* The plug-in exports one symbol: nothing else of it leaks into the
+ * daemon's namespace. */
+static void test_plugin_exports(void **state)
+{
+	char buf[4096], cmd[4400];
+	(void)state;
+	const struct kvd_backend_ops *ops = load_plugin();
+	(void)ops;
+	const char *path = plugin_path(buf, sizeof(buf));
+	if (emulated() || system("command -v nm >/dev/null 2>&1") != 0)
+		skip();
+	snprintf(cmd, sizeof(cmd), "nm -D --defined-only '%s' | awk '{print $3}' | grep -v '^$'", path);
+	FILE *p = popen(cmd, "r");
+	assert_non_null(p);
+	char line[512];
+	int n = 0, found = 0;
+	while (fgets(line, sizeof(line), p)) {
+		line[strcspn(line, "\n")] = 0;
+		n++;
+		if (!strcmp(line, "kvd_backend_plugin_entry"))
+			found = 1;
+		else
+			print_error("unexpected export: %s\n", line);
+	}
+	pclose(p);
+	assert_true(found);
+	assert_int_equal(n, 1);
+}
+
+/* No driver, no GPU: init says -ENODEV, allocates nothing, crashes not. */
+static void test_init_without_gpu(void **state)
+{
+	(void)state;
+	const struct kvd_backend_ops *ops = load_plugin();
+	struct kvd_backend_config cfg = {.n_threads = 1, .device = 0};
+	void *ctx = (void *)0x1;
+	int r = ops->init(&cfg, &ctx);
+	if (r == 0) {
+		ops->destroy(ctx);
+		if (!have_device_nodes() && !emulated())
+			fail_msg("init succeeded without /dev/nvidia* device nodes");
+		print_message("skipped: a GPU is present (init succeeded)\n");
+		skip();
+	}
+	assert_int_equal(r, -ENODEV);
+	assert_ptr_equal(ctx, (void *)0x1); /* untouched on failure */
+	/* twice, and with a device index past the end */
+	cfg.device = 7;
+	assert_int_equal(ops->init(&cfg, &ctx), -ENODEV);
+	cfg.device = -1;
+	assert_int_equal(ops->init(&cfg, &ctx), -ENODEV);
+}
+
+/* ---- tiny random models ------------------------------------------------------ */
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+static uint32_t rnd_u32(void)
+{
+	rng_state ^= rng_state << 13;
+	rng_state ^= rng_state >> 7;
+	rng_state ^= rng_state << 17;
+	return (uint32_t)(rng_state >> 16);
+}
+static float rnd_unit(void) { return (float)rnd_u32() / 4294967296.0f * 2.0f - 1.0f; } /* [-1, 1) */
+
+struct tmodel {
+	struct kvd_model_weights w;
+	void *blobs[256];
+	int n_blobs;
+};
+
+struct tshape {
+	const char *name;
+	int n_layer, n_embd, n_head, n_head_kv, n_ff, n_vocab;
+	enum kvd_wtype wtype, etype, otype; /* big matrices, token embedding, output */
+	int untied;
+	enum kvd_rope_style rope;
+	float rope_base, eps;
+};
+
+/* A tensor of random values of magnitude about `scale`. */
+static struct kvd_tensor make_tensor(struct tmodel *m, enum kvd_wtype t, int64_t cols, int64_t rows, float scale)
+{
+	struct kvd_tensor ts = {0};
+	size_t rb = kvd_wtype_row_bytes(t, cols);
+	uint8_t *p = malloc(rb * (size_t)rows);
+	assert_non_null(p);
+	assert_true(m->n_blobs < 256);
+	m->blobs[m->n_blobs++] = p;
+	for (int64_t r = 0; r < rows; r++) {
+		uint8_t *row = p + (size_t)r * rb;
+		for (int64_t b = 0; b < (t == KVD_WTYPE_F32 || t == KVD_WTYPE_F16 || t == KVD_WTYPE_BF16 ? cols : cols / 32);
+		     b++) {
+			switch (t) {
+			case KVD_WTYPE_F32: {
+				float v = rnd_unit() * scale;
+				memcpy(row + b * 4, &v, 4);
+				break;
+			}
+			case KVD_WTYPE_F16: {
+				uint16_t h = f32_to_fp16(rnd_unit() * scale);
+				memcpy(row + b * 2, &h, 2);
+				break;
+			}
+			case KVD_WTYPE_BF16: {
+				float v = rnd_unit() * scale;
+				uint32_t u;
+				memcpy(&u, &v, 4);
+				uint16_t h = (uint16_t)(u >> 16);
+				memcpy(row + b * 2, &h, 2);
+				break;
+			}
+			case KVD_WTYPE_Q8_0: {
+				uint8_t *blk = row + b * 34;
+				uint16_t d = f32_to_fp16(scale / 127.0f * (0.75f + 0.25f * rnd_unit()));
+				memcpy(blk, &d, 2);
+				for (int i = 0; i < 32; i++)
+					blk[2 + i] = (uint8_t)(int8_t)((int)(rnd_u32() % 255) - 127);
+				break;
+			}
+			case KVD_WTYPE_Q4_0: {
+				uint8_t *blk = row + b * 18;
+				uint16_t d = f32_to_fp16(scale / 8.0f * (0.75f + 0.25f * rnd_unit()));
+				memcpy(blk, &d, 2);
+				for (int i = 0; i < 16; i++)
+					blk[2 + i] = (uint8_t)rnd_u32();
+				break;
+			}
+			case KVD_WTYPE_Q4_1: {
+				uint8_t *blk = row + b * 20;
+				uint16_t d = f32_to_fp16(scale * 2.0f / 15.0f * (0.75f + 0.25f * rnd_unit()));
+				uint16_t mm = f32_to_fp16(-scale * (0.75f + 0.25f * rnd_unit()));
+				memcpy(blk, &d, 2);
+				memcpy(blk + 2, &mm, 2);
+				for (int i = 0; i < 16; i++)
+					blk[4 + i] = (uint8_t)rnd_u32();
+				break;
+			}
+			}
+		}
+	}
+	ts.data = p;
+	ts.type = t;
+	ts.cols = cols;
+	ts.rows = rows;
+	ts.row_bytes = rb;
+	return ts;
+}
+
+static struct kvd_tensor make_norm(struct tmodel *m, int64_t n)
+{
+	struct kvd_tensor t = make_tensor(m, KVD_WTYPE_F32, n, 1, 0.2f);
+	float *g = (float *)t.data;
+	for (int64_t i = 0; i < n; i++)
+		g[i] += 1.0f;
+	return t;
+}
+
+static struct tmodel *make_model(const struct tshape *s, uint64_t seed)
+{
+	struct tmodel *m = calloc(1, sizeof(*m));
+	struct kvd_hparams *hp = &m->w.hp;
+	assert_non_null(m);
+	rng_state = seed * 0x9e3779b97f4a7c15ull + 1;
+	hp->n_vocab = s->n_vocab;
+	hp->n_embd = s->n_embd;
+	hp->n_layer = s->n_layer;
+	hp->n_head = s->n_head;
+	hp->n_head_kv = s->n_head_kv;
+	hp->head_dim = s->n_embd / s->n_head;
+	hp->n_ff = s->n_ff;
+	hp->n_ctx_train = 4096;
+	hp->rms_eps = s->eps > 0 ? s->eps : 1e-5f;
+	hp->rope_theta = s->rope_base > 0 ? s->rope_base : 10000.0f;
+	hp->rope_style = s->rope;
+	int64_t ne = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim, kvd = (int64_t)hp->n_head_kv * hp->head_dim;
+	float gin = sqrtf(3.0f / (float)ne), gff = sqrtf(3.0f / (float)hp->n_ff), gq = sqrtf(3.0f / (float)qd);
+	m->w.tok_embd = make_tensor(m, s->etype, ne, hp->n_vocab, 1.0f);
+	m->w.output_norm = make_norm(m, ne);
+	m->w.output = s->untied ? make_tensor(m, s->otype, ne, hp->n_vocab, 3.0f * gin) : m->w.tok_embd;
+	m->w.layers = calloc((size_t)hp->n_layer, sizeof(*m->w.layers));
+	assert_non_null(m->w.layers);
+	for (int l = 0; l < hp->n_layer; l++) {
+		struct kvd_layer_weights *L = &m->w.layers[l];
+		L->attn_norm = make_norm(m, ne);
+		L->ffn_norm = make_norm(m, ne);
+		L->wq = make_tensor(m, s->wtype, ne, qd, 2.0f * gin);
+		L->wk = make_tensor(m, s->wtype, ne, kvd, 2.0f * gin);
+		L->wv = make_tensor(m, s->wtype, ne, kvd, gin);
+		L->wo = make_tensor(m, s->wtype, qd, ne, gq);
+		L->w_gate = make_tensor(m, s->wtype, ne, hp->n_ff, gin);
+		L->w_up = make_tensor(m, s->wtype, ne, hp->n_ff, gin);
+		L->w_down = make_tensor(m, s->wtype, hp->n_ff, ne, gff);
+	}
+	return m;
+}
+
+static void free_model(struct tmodel *m)
+{
+	if (!m)
+		return;
+	for (int i = 0; i < m->n_blobs; i++)
+		free(m->blobs[i]);
+	free(m->w.layers);
+	free(m);
+}
+
+/* ---- float64 reference, rounding what the CUDA backend rounds ----------------- */
+
+static double h16(double v) { return fp16_to_f32(f32_to_fp16((float)v)); }
+
+/* W (rows x cols) dequantized, optionally rounded to fp16. */
+static double *deq(const struct kvd_tensor *t, int f16)
+{
+	double *out = malloc(sizeof(double) * (size_t)t->rows * (size_t)t->cols);
+	float *row = malloc(sizeof(float) * (size_t)t->cols);
+	assert_non_null(out);
+	assert_non_null(row);
+	for (int64_t r = 0; r < t->rows; r++) {
+		dequantize_row(t->type, (const char *)t->data + (size_t)r * t->row_bytes, row, t->cols);
+		for (int64_t c = 0; c < t->cols; c++)
+			out[r * t->cols + c] = f16 ? h16(row[c]) : row[c];
+	}
+	free(row);
+	return out;
+}
+
+static void matvec(const double *W, int64_t rows, int64_t cols, const double *x, double *y)
+{
+	for (int64_t r = 0; r < rows; r++) {
+		double a = 0;
+		for (int64_t c = 0; c < cols; c++)
+			a += W[r * cols + c] * x[c];
+		y[r] = a;
+	}
+}
+
+static void rmsnorm_d(const double *x, const float *g, int64_t n, double eps, double *out, int f16)
+{
+	double ss = 0;
+	for (int64_t i = 0; i < n; i++)
+		ss += x[i] * x[i];
+	double sc = 1.0 / sqrt(ss / (double)n + eps);
+	for (int64_t i = 0; i < n; i++)
+		out[i] = f16 ? h16(x[i] * sc * g[i]) : x[i] * sc * g[i];
+}
+
+static void rope_d(double *v, int hd, int pos, double base, enum kvd_rope_style st)
+{
+	for (int i = 0; i < hd / 2; i++) {
+		double th = (double)pos * pow(base, -2.0 * i / hd);
+		int a = st == KVD_ROPE_NEOX ? i : 2 * i, b = st == KVD_ROPE_NEOX ? i + hd / 2 : 2 * i + 1;
+		double x0 = v[a], x1 = v[b];
+		v[a] = x0 * cos(th) - x1 * sin(th);
+		v[b] = x0 * sin(th) + x1 * cos(th);
+	}
+}
+
+/* Logits of every position of tokens[0..n) (out: n x n_vocab floats). */
+static void reference_forward(const struct kvd_model_weights *w, const int32_t *tokens, int n, int f16, float *out)
+{
+	const struct kvd_hparams *hp = &w->hp;
+	int64_t ne = hp->n_embd, hd = hp->head_dim, qd = hp->n_head * hd, kvd = hp->n_head_kv * hd, nff = hp->n_ff;
+	int n_rep = hp->n_head / hp->n_head_kv;
+	double *x = calloc((size_t)n * ne, sizeof(double)), *xn = malloc(sizeof(double) * (size_t)(ne > nff ? ne : nff) * 2);
+	double *q = malloc(sizeof(double) * (size_t)n * qd), *K = malloc(sizeof(double) * (size_t)n * kvd);
+	double *V = malloc(sizeof(double) * (size_t)n * kvd), *att = malloc(sizeof(double) * (size_t)qd);
+	double *tmp = malloc(sizeof(double) * (size_t)(ne > nff ? ne : nff)), *g = malloc(sizeof(double) * (size_t)nff);
+	double *u = malloc(sizeof(double) * (size_t)nff), *sc = malloc(sizeof(double) * (size_t)n);
+	float *row = malloc(sizeof(float) * (size_t)ne);
+	assert_true(x && xn && q && K && V && att && tmp && g && u && sc && row);
+
+	for (int t = 0; t < n; t++) {
+		dequantize_row(w->tok_embd.type, (const char *)w->tok_embd.data + (size_t)tokens[t] * w->tok_embd.row_bytes,
+			       row, ne);
+		for (int64_t i = 0; i < ne; i++)
+			x[t * ne + i] = row[i];
+	}
+	for (int l = 0; l < hp->n_layer; l++) {
+		const struct kvd_layer_weights *L = &w->layers[l];
+		double *Wq = deq(&L->wq, f16), *Wk = deq(&L->wk, f16), *Wv = deq(&L->wv, f16), *Wo = deq(&L->wo, f16);
+		double *Wg = deq(&L->w_gate, f16), *Wu = deq(&L->w_up, f16), *Wd = deq(&L->w_down, f16);
+		for (int t = 0; t < n; t++) {
+			rmsnorm_d(x + t * ne, L->attn_norm.data, ne, hp->rms_eps, xn, f16);
+			matvec(Wq, qd, ne, xn, q + t * qd);
+			matvec(Wk, kvd, ne, xn, K + t * kvd);
+			matvec(Wv, kvd, ne, xn, V + t * kvd);
+			for (int h = 0; h < hp->n_head; h++)
+				rope_d(q + t * qd + h * hd, (int)hd, t, hp->rope_theta, hp->rope_style);
+			for (int h = 0; h < hp->n_head_kv; h++)
+				rope_d(K + t * kvd + h * hd, (int)hd, t, hp->rope_theta, hp->rope_style);
+			for (int64_t i = 0; i < kvd; i++) { /* both backends keep K/V as fp16 */
+				K[t * kvd + i] = h16(K[t * kvd + i]);
+				V[t * kvd + i] = h16(V[t * kvd + i]);
+			}
+		}
+		for (int t = 0; t < n; t++) {
+			for (int h = 0; h < hp->n_head; h++) {
+				int gk = h / n_rep;
+				double mx = -INFINITY, sum = 0;
+				for (int p = 0; p <= t; p++) {
+					double d = 0;
+					for (int64_t i = 0; i < hd; i++)
+						d += q[t * qd + h * hd + i] * K[p * kvd + gk * hd + i];
+					sc[p] = d / sqrt((double)hd);
+					if (sc[p] > mx)
+						mx = sc[p];
+				}
+				for (int p = 0; p <= t; p++) {
+					sc[p] = exp(sc[p] - mx);
+					sum += sc[p];
+				}
+				for (int64_t i = 0; i < hd; i++) {
+					double a = 0;
+					for (int p = 0; p <= t; p++)
+						a += sc[p] * V[p * kvd + gk * hd + i];
+					att[h * hd + i] = f16 ? h16(a / sum) : a / sum;
+				}
+			}
+			matvec(Wo, ne, qd, att, tmp);
+			for (int64_t i = 0; i < ne; i++)
+				x[t * ne + i] += tmp[i];
+			rmsnorm_d(x + t * ne, L->ffn_norm.data, ne, hp->rms_eps, xn, f16);
+			matvec(Wg, nff, ne, xn, g);
+			matvec(Wu, nff, ne, xn, u);
+			for (int64_t i = 0; i < nff; i++) {
+				double h = g[i] / (1.0 + exp(-g[i])) * u[i];
+				g[i] = f16 ? h16(h) : h;
+			}
+			matvec(Wd, ne, nff, g, tmp);
+			for (int64_t i = 0; i < ne; i++)
+				x[t * ne + i] += tmp[i];
+		}
+		free(Wq); free(Wk); free(Wv); free(Wo); free(Wg); free(Wu); free(Wd);
+	}
+	double *Wout = deq(&w->output, f16), *lg = malloc(sizeof(double) * (size_t)hp->n_vocab);
+	assert_non_null(lg);
+	for (int t = 0; t < n; t++) {
+		rmsnorm_d(x + t * ne, w->output_norm.data, ne, hp->rms_eps, xn, f16);
+		matvec(Wout, hp->n_vocab, ne, xn, lg);
+		for (int i = 0; i < hp->n_vocab; i++)
+			out[(size_t)t * hp->n_vocab + i] = (float)lg[i];
+	}
+	free(Wout); free(lg);
+	free(x); free(xn); free(q); free(K); free(V); free(att); free(tmp); free(g); free(u); free(sc); free(row);
+}
+
+static double rel_l2(const float *a, const float *b, size_t n)
+{
+	double num = 0, den = 0;
+	for (size_t i = 0; i < n; i++) {
+		double d = (double)a[i] - b[i];
+		num += d * d;
+		den += (double)b[i] * b[i];
+	}
+	if (!isfinite(num))
+		return INFINITY;
+	return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* ---- a backend instance with its own pool ------------------------------------- */
+
+struct inst {
+	const struct kvd_backend_ops *ops;
+	void *ctx;
+	void *pool; /* host pool (CPU) or host tier (CUDA) */
+	struct kvd_kv_layout layout;
+};
+
+static void inst_open(struct inst *in, const struct kvd_backend_ops *ops, const struct kvd_model_weights *w)
+{
+	struct kvd_backend_config cfg = {.n_threads = 2, .device = 0};
+	memset(in, 0, sizeof(*in));
+	in->ops = ops;
+	assert_int_equal(ops->init(&cfg, &in->ctx), 0);
+	assert_int_equal(ops->load(in->ctx, w), 0);
+	kvd_kv_layout_init(&in->layout, &w->hp, BLOCK);
+	assert_int_equal(posix_memalign(&in->pool, 4096, in->layout.page_bytes * POOL_PAGES), 0);
+	memset(in->pool, 0, in->layout.page_bytes * POOL_PAGES);
+	struct kvd_paged_view v = {.base = in->pool, .n_pages = POOL_PAGES, .layout = in->layout};
+	assert_int_equal(ops->attach_kv(in->ctx, &v), 0);
+}
+
+static void inst_close(struct inst *in)
+{
+	in->ops->destroy(in->ctx);
+	free(in->pool);
+}
+
+/* ---- conformance ---------------------------------------------------------------- */
+
+struct tseq {
+	int32_t pages[MAX_SEQ_PAGES];
+	int32_t hist[MAX_SEQ_LEN];
+	int len;
+};
+
+struct conf {
+	const struct kvd_model_weights *w;
+	struct inst cpu, gpu;
+	struct tseq seqs[6];
+	int n_seqs;
+	double tol_cpu; /* TOL_CPU_QUANT or TOL_CPU_FLOAT */
+	double worst_cpu, worst_ref, worst_kv;
+};
+
+/* One step on both backends: sequence which[i] gets ntok[i] new random
+ * tokens; all logits rows are compared. */
+static void conf_step(struct conf *C, int n, const int *which, const int *ntok)
+{
+	const struct kvd_hparams *hp = &C->w->hp;
+	struct kvd_batch_seq bs[8];
+	int32_t toks[8][MAX_SEQ_LEN];
+	float *lc[8], *lg[8];
+	assert_true(n <= 8);
+	for (int i = 0; i < n; i++) {
+		struct tseq *s = &C->seqs[which[i]];
+		assert_true(s->len + ntok[i] <= MAX_SEQ_LEN);
+		for (int j = 0; j < ntok[i]; j++)
+			toks[i][j] = (int32_t)(rnd_u32() % (uint32_t)hp->n_vocab);
+		lc[i] = malloc(sizeof(float) * (size_t)ntok[i] * hp->n_vocab);
+		lg[i] = malloc(sizeof(float) * (size_t)ntok[i] * hp->n_vocab);
+		assert_true(lc[i] && lg[i]);
+		bs[i] = (struct kvd_batch_seq){.tokens = toks[i], .n_tokens = ntok[i], .pos0 = s->len, .pages = s->pages,
+					       .n_pages = MAX_SEQ_PAGES, .all_logits = 1, .logits = lc[i]};
+	}
+	struct kvd_batch b = {.n_seqs = n, .seqs = bs};
+	assert_int_equal(C->cpu.ops->forward(C->cpu.ctx, &b), 0);
+	for (int i = 0; i < n; i++)
+		bs[i].logits = lg[i];
+	assert_int_equal(C->gpu.ops->forward(C->gpu.ctx, &b), 0);
+	for (int i = 0; i < n; i++) {
+		struct tseq *s = &C->seqs[which[i]];
+		memcpy(s->hist + s->len, toks[i], sizeof(int32_t) * (size_t)ntok[i]);
+		s->len += ntok[i];
+		float *ref = malloc(sizeof(float) * (size_t)s->len * hp->n_vocab);
+		assert_non_null(ref);
+		reference_forward(C->w, s->hist, s->len, 1, ref);
+		for (int j = 0; j < ntok[i]; j++) {
+			size_t nv = (size_t)hp->n_vocab;
+			double ec = rel_l2(lg[i] + j * nv, lc[i] + j * nv, nv);
+			double er = rel_l2(lg[i] + j * nv, ref + (size_t)(s->len - ntok[i] + j) * nv, nv);
+			if (ec > C->worst_cpu)
+				C->worst_cpu = ec;
+			if (er > C->worst_ref)
+				C->worst_ref = er;
+			if (ec > C->tol_cpu || er > TOL_LOGITS_REF)
+				fail_msg("seq %d pos %d: logits error vs cpu %.3g (tol %.3g), vs reference %.3g (tol %.3g)",
+					 which[i], s->len - ntok[i] + j, ec, C->tol_cpu, er, TOL_LOGITS_REF);
+		}
+		free(ref);
+		free(lc[i]);
+		free(lg[i]);
+	}
+}
+
+/* Every page in use: the CUDA pool (via page_read) against the CPU pool,
+ * per layer and K/V block, over the rows the sequences have written. */
+static void conf_check_kv(struct conf *C)
+{
+	const struct kvd_kv_layout *L = &C->cpu.layout;
+	uint16_t *pg = malloc(L->page_bytes);
+	float *a = malloc(sizeof(float) * BLOCK * L->kv_dim), *b = malloc(sizeof(float) * BLOCK * L->kv_dim);
+	assert_true(pg && a && b);
+	for (int si = 0; si < C->n_seqs; si++) {
+		const struct tseq *s = &C->seqs[si];
+		for (int p = 0; p * BLOCK < s->len; p++) {
+			int rows = s->len - p * BLOCK < BLOCK ? s->len - p * BLOCK : BLOCK;
+			uint32_t page = (uint32_t)s->pages[p];
+			assert_int_equal(C->gpu.ops->page_read(C->gpu.ctx, page, pg), 0);
+			const char *cp = (const char *)C->cpu.pool + (size_t)page * L->page_bytes;
+			for (uint32_t blk = 0; blk < 2 * L->n_layer; blk++) {
+				const uint16_t *gk = (const uint16_t *)((const char *)pg + blk * L->v_offset);
+				const uint16_t *ck = (const uint16_t *)(cp + blk * L->v_offset);
+				for (size_t i = 0; i < (size_t)rows * L->kv_dim; i++) {
+					a[i] = fp16_to_f32(gk[i]);
+					b[i] = fp16_to_f32(ck[i]);
+				}
+				double e = rel_l2(a, b, (size_t)rows * L->kv_dim);
+				if (e > C->worst_kv)
+					C->worst_kv = e;
+				if (e > C->tol_cpu)
+					fail_msg("seq %d page %u layer %u %s: error %.3g > %.3g", si, page, blk / 2,
+						 blk % 2 ? "V" : "K", e, C->tol_cpu);
+			}
+		}
+	}
+	free(pg);
+	free(a);
+	free(b);
+}
+
+static const struct tshape shapes[] = {
+	{"gqa-q4_1", 3, 256, 8, 2, 512, 300, KVD_WTYPE_Q4_1, KVD_WTYPE_Q8_0, 0, 0, KVD_ROPE_NORM, 0, 0},
+	{"mha-f16", 2, 128, 4, 4, 256, 300, KVD_WTYPE_F16, KVD_WTYPE_F16, 0, 0, KVD_ROPE_NORM, 0, 0},
+	{"mqa-q4_0", 2, 128, 4, 1, 384, 300, KVD_WTYPE_Q4_0, KVD_WTYPE_Q4_0, 0, 0, KVD_ROPE_NORM, 0, 0},
+	{"untied-q8_0", 2, 128, 4, 2, 256, 300, KVD_WTYPE_Q8_0, KVD_WTYPE_F32, KVD_WTYPE_Q8_0, 1, KVD_ROPE_NORM, 0, 0},
+	{"odd-q4_1", 3, 96, 3, 1, 224, 301, KVD_WTYPE_Q4_1, KVD_WTYPE_Q4_1, 0, 0, KVD_ROPE_NORM, 500000.0f, 1e-6f},
+	{"type-f32", 2, 128, 4, 2, 320, 300, KVD_WTYPE_F32, KVD_WTYPE_F32, 0, 0, KVD_ROPE_NORM, 0, 0},
+	{"type-bf16", 2, 128, 4, 2, 320, 300, KVD_WTYPE_BF16, KVD_WTYPE_BF16, 0, 0, KVD_ROPE_NORM, 0, 0},
+	{"type-q8_0", 2, 128, 4, 2, 320, 300, KVD_WTYPE_Q8_0, KVD_WTYPE_Q8_0, 0, 0, KVD_ROPE_NORM, 0, 0},
+	{"type-q4_0", 2, 128, 4, 2, 320, 300, KVD_WTYPE_Q4_0, KVD_WTYPE_Q4_0, 0, 0, KVD_ROPE_NORM, 0, 0},
+	{"neox-hd64-f16", 2, 256, 4, 2, 256, 300, KVD_WTYPE_F16, KVD_WTYPE_Q8_0, 0, 0, KVD_ROPE_NEOX, 0, 0},
+	{"gqa16-hd32", 2, 512, 16, 1, 256, 300, KVD_WTYPE_Q8_0, KVD_WTYPE_F16, 0, 0, KVD_ROPE_NORM, 0, 0},
+};
+
+static double tol_cpu(const struct tshape *sh)
+{
+	enum kvd_wtype out = sh->untied ? sh->otype : sh->etype;
+	return wtype_is_quantized(sh->wtype) || wtype_is_quantized(out) ? TOL_CPU_QUANT : TOL_CPU_FLOAT;
+}
+
+/* Physical pages handed out in a shuffled order, so page tables are
+ * scattered over the pool. */
+static void assign_pages(struct conf *C, int n_seqs)
+{
+	int32_t perm[POOL_PAGES];
+	for (int i = 0; i < POOL_PAGES; i++)
+		perm[i] = i;
+	for (int i = POOL_PAGES - 1; i > 0; i--) {
+		int j = (int)(rnd_u32() % (uint32_t)(i + 1));
+		int32_t t = perm[i];
+		perm[i] = perm[j];
+		perm[j] = t;
+	}
+	assert_true(n_seqs * MAX_SEQ_PAGES <= POOL_PAGES - 2);
+	C->n_seqs = n_seqs;
+	for (int s = 0; s < n_seqs; s++) {
+		memset(&C->seqs[s], 0, sizeof(C->seqs[s]));
+		for (int p = 0; p < MAX_SEQ_PAGES; p++)
+			C->seqs[s].pages[p] = perm[s * MAX_SEQ_PAGES + p];
+	}
+}
+
+static void run_conformance(const struct tshape *sh)
+{
+	const struct kvd_backend_ops *ops = need_gpu();
+	struct tmodel *m = make_model(sh, 7 + (uint64_t)(sh - shapes));
+	struct conf *C = calloc(1, sizeof(*C));
+	assert_non_null(C);
+	C->w = &m->w;
+	C->tol_cpu = tol_cpu(sh);
+	inst_open(&C->cpu, &kvd_cpu_backend, &m->w);
+	inst_open(&C->gpu, ops, &m->w);
+	assign_pages(C, 5);
+
+	/* one-chunk prefill of 37 tokens (spans three pages) */
+	{ int w[] = {0}, n[] = {37}; conf_step(C, 1, w, n); }
+	conf_check_kv(C);
+	/* decodes */
+	for (int k = 0; k < 3; k++) { int w[] = {0}, n[] = {1}; conf_step(C, 1, w, n); }
+	/* chunked prefill of seq 1 (chunks end mid-page), beside decodes of seq 0 */
+	{ int w[] = {1, 0}, n[] = {13, 1}; conf_step(C, 2, w, n); }
+	{ int w[] = {0, 1}, n[] = {1, 20}; conf_step(C, 2, w, n); }
+	/* a mixed batch: a long prefill, a 1-token prompt, decodes, a 2-token chunk */
+	{ int w[] = {2, 3, 0, 1, 4}, n[] = {70, 1, 1, 1, 2}; conf_step(C, 5, w, n); }
+	{ int w[] = {3, 2, 4, 1}, n[] = {1, 1, 1, 1}; conf_step(C, 4, w, n); }
+	/* a decode at a page boundary and beyond */
+	while (C->seqs[1].len < 2 * BLOCK + 1) { int w[] = {1}, n[] = {1}; conf_step(C, 1, w, n); }
+	conf_check_kv(C);
+	print_message("%s: worst logits error vs cpu %.3g (tol %.3g), vs reference %.3g (tol %.3g), kv %.3g (tol %.3g)\n",
+		      sh->name, C->worst_cpu, C->tol_cpu, C->worst_ref, TOL_LOGITS_REF, C->worst_kv, C->tol_cpu);
+	inst_close(&C->gpu);
+	inst_close(&C->cpu);
+	free(C);
+	free_model(m);
+}
+
+#define CONF_TEST(i) \
+	static void test_conformance_##i(void **state) { (void)state; run_conformance(&shapes[i]); }
+CONF_TEST(0) CONF_TEST(1) CONF_TEST(2) CONF_TEST(3) CONF_TEST(4) CONF_TEST(5)
+CONF_TEST(6) CONF_TEST(7) CONF_TEST(8) CONF_TEST(9) CONF_TEST(10)
+
+/* The tolerances hold for the CPU backend against the same reference, so
+ * they are attainable by a correct CUDA backend (runs without a GPU). */
+static void test_reference_vs_cpu(void **state)
+{
+	int bad = 0;
+	(void)state;
+	for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+		const struct tshape *sh = &shapes[si];
+		struct tmodel *m = make_model(sh, 7 + si);
+		struct inst cpu;
+		const int n = 40;
+		int32_t toks[40];
+		size_t nv = (size_t)m->w.hp.n_vocab;
+		float *lc = malloc(sizeof(float) * n * nv), *ref = malloc(sizeof(float) * n * nv);
+		double worst = 0;
+		assert_true(lc && ref);
+		inst_open(&cpu, &kvd_cpu_backend, &m->w);
+		for (int i = 0; i < n; i++)
+			toks[i] = (int32_t)(rnd_u32() % (uint32_t)nv);
+		int32_t pages[MAX_SEQ_PAGES] = {5, 2, 9, 0, 7, 1, 3, 4};
+		struct kvd_batch_seq s = {.tokens = toks, .n_tokens = n, .pos0 = 0, .pages = pages,
+					  .n_pages = MAX_SEQ_PAGES, .all_logits = 1, .logits = lc};
+		struct kvd_batch b = {.n_seqs = 1, .seqs = &s};
+		assert_int_equal(cpu.ops->forward(cpu.ctx, &b), 0);
+		reference_forward(&m->w, toks, n, 1, ref);
+		for (int t = 0; t < n; t++) {
+			double e = rel_l2(lc + t * nv, ref + t * nv, nv);
+			if (e > worst)
+				worst = e;
+		}
+		print_message("%s: cpu vs fp16-rounding reference: worst logits error %.3g\n", sh->name, worst);
+		/* CUDA must be within TOL_LOGITS_REF of the reference and
+		 * tol_cpu() of the CPU: leave room for both */
+		if (worst + TOL_LOGITS_REF > tol_cpu(sh))
+			bad++;
+		inst_close(&cpu);
+		free(lc);
+		free(ref);
+		free_model(m);
+	}
+	assert_int_equal(bad, 0);
+}
+
+/* Page moves are exact: page_write/page_read round trip, page_copy of the
+ * first n rows (and nothing else), gather/scatter of many pages. */
+static void test_page_ops(void **state)
+{
+	(void)state;
+	const struct kvd_backend_ops *ops = need_gpu();
+	struct tmodel *m = make_model(&shapes[0], 99);
+	struct inst g;
+	inst_open(&g, ops, &m->w);
+	size_t pb = g.layout.page_bytes;
+	uint8_t *a = malloc(pb * 8), *b = malloc(pb * 8);
+	assert_true(a && b);
+	for (size_t i = 0; i < pb * 8; i++)
+		a[i] = (uint8_t)rnd_u32();
+	/* single pages, into pageable memory and into the registered host tier */
+	assert_int_equal(ops->page_write(g.ctx, 3, a), 0);
+	assert_int_equal(ops->page_read(g.ctx, 3, b), 0);
+	assert_memory_equal(a, b, pb);
+	assert_int_equal(ops->page_read(g.ctx, 3, (char *)g.pool + 3 * pb), 0);
+	assert_memory_equal(a, (char *)g.pool + 3 * pb, pb);
+	assert_int_equal(ops->page_read(g.ctx, POOL_PAGES, b), -EINVAL);
+	/* copy-on-write: first 5 rows of every K/V block */
+	assert_int_equal(ops->page_write(g.ctx, 4, a + pb), 0);
+	assert_int_equal(ops->page_copy(g.ctx, 4, 3, 5), 0);
+	assert_int_equal(ops->page_read(g.ctx, 4, b), 0);
+	for (uint32_t blk = 0; blk < 2 * g.layout.n_layer; blk++) {
+		size_t off = blk * g.layout.v_offset, n = 5 * g.layout.token_stride;
+		assert_memory_equal(b + off, a + off, n);
+		assert_memory_equal(b + off + n, a + pb + off + n, g.layout.v_offset - n);
+	}
+	assert_int_equal(ops->page_copy(g.ctx, 4, 3, BLOCK + 1), -EINVAL);
+	/* gather / scatter */
+	uint32_t pl[6] = {10, 2, 40, 41, 7, 90};
+	assert_int_equal(ops->pages_write(g.ctx, pl, 6, a), 0);
+	memset(b, 0, pb * 8);
+	assert_int_equal(ops->pages_read(g.ctx, pl, 6, b), 0);
+	assert_memory_equal(a, b, pb * 6);
+	for (int i = 0; i < 6; i++) {
+		assert_int_equal(ops->page_read(g.ctx, pl[i], b), 0);
+		assert_memory_equal(a + (size_t)i * pb, b, pb);
+	}
+	pl[0] = POOL_PAGES;
+	assert_int_equal(ops->pages_read(g.ctx, pl, 6, b), -EINVAL);
+	/* pool sizing */
+	uint32_t np = 0;
+	assert_int_equal(ops->suggest_pool_pages(g.ctx, pb, 0.5, &np), 0);
+	assert_true(np > 0);
+	assert_int_equal(ops->suggest_pool_pages(g.ctx, pb, 0.0, &np), -EINVAL);
+	free(a);
+	free(b);
+	inst_close(&g);
+	free_model(m);
+}
+
+/* Bad input is refused before anything runs on the device. */
+static void test_forward_validation(void **state)
+{
+	(void)state;
+	const struct kvd_backend_ops *ops = need_gpu();
+	struct tmodel *m = make_model(&shapes[1], 5);
+	struct inst g;
+	inst_open(&g, ops, &m->w);
+	int32_t tok[2] = {1, 300}, pages[2] = {0, POOL_PAGES};
+	struct kvd_batch_seq s = {.tokens = tok, .n_tokens = 2, .pos0 = 0, .pages = pages, .n_pages = 1};
+	struct kvd_batch b = {.n_seqs = 1, .seqs = &s};
+	assert_int_equal(ops->forward(g.ctx, &b), -EINVAL); /* token out of range */
+	tok[1] = 2;
+	s.pos0 = BLOCK - 1;
+	assert_int_equal(ops->forward(g.ctx, &b), -E2BIG); /* past the page table */
+	s.n_pages = 2;
+	assert_int_equal(ops->forward(g.ctx, &b), -EINVAL); /* page out of the pool */
+	pages[1] = 1;
+	assert_int_equal(ops->forward(g.ctx, &b), 0);
+	/* wrong model shapes are refused at load */
+	struct kvd_backend_config cfg = {.n_threads = 1};
+	void *ctx;
+	assert_int_equal(ops->init(&cfg, &ctx), 0);
+	struct kvd_model_weights bad = m->w;
+	bad.hp.n_head_kv = 3;
+	assert_int_equal(ops->load(ctx, &bad), -EINVAL);
+	ops->destroy(ctx);
+	inst_close(&g);
+	free_model(m);
+}
+
+/* Greedy decoding of the default model on both backends gives the same
+ * tokens; a divergence is accepted only at a near-tie of the CPU logits. */
+static void test_default_model_greedy(void **state)
+{
+	(void)state;
+	const struct kvd_backend_ops *ops = need_gpu();
+	const char *path = getenv("KVD_TEST_MODEL");
+	if (!path || !*path)
+		path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+	if (access(path, R_OK) != 0) {
+		print_message("skipped: default model %s not present\n", path);
+		skip();
+	}
+	struct kvd_model *model = NULL;
+	char err[256];
+	assert_int_equal(kvd_model_load(path, &model, err, sizeof(err)), 0);
+	const struct kvd_model_weights *w = kvd_model_weights(model);
+	struct inst cpu, gpu;
+	inst_open(&cpu, &kvd_cpu_backend, w);
+	inst_open(&gpu, ops, w);
+	size_t nv = (size_t)w->hp.n_vocab;
+	float *lc = malloc(sizeof(float) * nv), *lg = malloc(sizeof(float) * nv);
+	assert_true(lc && lg);
+	int32_t toks[64];
+	int n = 12;
+	for (int i = 0; i < n; i++)
+		toks[i] = 100 + (int32_t)((1103515245u * (uint32_t)(i + 1) + 12345u) % 20000u);
+	int32_t pages[4] = {3, 1, 2, 0};
+	int pos = 0, fed = n, same = 0;
+	for (int step = 0; step < 40; step++) {
+		struct kvd_batch_seq s = {.tokens = toks + pos, .n_tokens = fed, .pos0 = pos, .pages = pages,
+					  .n_pages = 4, .logits = lc};
+		struct kvd_batch b = {.n_seqs = 1, .seqs = &s};
+		assert_int_equal(cpu.ops->forward(cpu.ctx, &b), 0);
+		s.logits = lg;
+		assert_int_equal(gpu.ops->forward(gpu.ctx, &b), 0);
+		int32_t ac = 0, ag = 0, second = -1;
+		for (size_t i = 1; i < nv; i++) {
+			if (lc[i] > lc[ac])
+				ac = (int32_t)i;
+			if (lg[i] > lg[ag])
+				ag = (int32_t)i;
+		}
+		for (size_t i = 0; i < nv; i++)
+			if ((int32_t)i != ac && (second < 0 || lc[i] > lc[second]))
+				second = (int32_t)i;
+		double e = rel_l2(lg, lc, nv);
+		if (ac != ag) {
+			float gap = lc[ac] - lc[second];
+			print_message("step %d: cpu %d, cuda %d, cpu top-2 gap %.4f, logits error %.3g\n", step, ac, ag,
+				      gap, e);
+			assert_true(gap < 0.05f);
+			break;
+		}
+		assert_true(e < TOL_CPU_QUANT);
+		same++;
+		pos += fed;
+		toks[pos] = ac;
+		fed = 1;
+	}
+	print_message("default model: %d greedy tokens equal on cpu and cuda\n", same);
+	free(lc);
+	free(lg);
+	inst_close(&gpu);
+	inst_close(&cpu);
+	kvd_model_free(model);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_plugin_abi),
+		cmocka_unit_test(test_plugin_exports),
+		cmocka_unit_test(test_init_without_gpu),
+		cmocka_unit_test(test_reference_vs_cpu),
+		cmocka_unit_test(test_page_ops),
+		cmocka_unit_test(test_forward_validation),
+		cmocka_unit_test(test_conformance_0),
+		cmocka_unit_test(test_conformance_1),
+		cmocka_unit_test(test_conformance_2),
+		cmocka_unit_test(test_conformance_3),
+		cmocka_unit_test(test_conformance_4),
+		cmocka_unit_test(test_conformance_5),
+		cmocka_unit_test(test_conformance_6),
+		cmocka_unit_test(test_conformance_7),
+		cmocka_unit_test(test_conformance_8),
+		cmocka_unit_test(test_conformance_9),
+		cmocka_unit_test(test_conformance_10),
+		cmocka_unit_test(test_default_model_greedy),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
