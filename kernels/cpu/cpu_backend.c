@@ -21,6 +21,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -290,30 +291,61 @@ static void mm_range(const struct mm_job *j, int64_t r0, int64_t r1)
 	}
 }
 
-static void mm_worker(void *arg, int ith, int nth)
-{
-	const struct mm_job *j = arg;
-	int64_t rows = j->w->rows;
-	/* contiguous, 8-row aligned slices */
-	int64_t per = ((rows + nth - 1) / nth + 7) & ~(int64_t)7;
-	int64_t r0 = per * ith, r1 = r0 + per;
-	if (r1 > rows)
-		r1 = rows;
-	if (r0 < r1)
-		mm_range(j, r0, r1);
-}
+/*
+ * Several matrices sharing one input, as one parallel region. Rows are cut
+ * into chunks claimed from a shared counter, so a thread that the OS
+ * preempts holds up at most the chunk it is on: the others take the rest
+ * (static halves would make every step wait for the slowest thread). A
+ * chunk's results do not depend on who computes it.
+ */
+#define MM_MAX_JOBS 3
 
-/* Several matrices sharing one input, as one parallel region. */
 struct mm_multi {
-	struct mm_job jobs[3];
+	struct mm_job jobs[MM_MAX_JOBS];
 	int n;
+	int64_t chunk_rows[MM_MAX_JOBS];
+	int first[MM_MAX_JOBS + 1];   /* first chunk of each job; first[n] = total */
+	_Atomic int next;
 };
+
+static void mm_plan(struct mm_multi *m, int nth)
+{
+	m->first[0] = 0;
+	for (int i = 0; i < m->n; i++) {
+		int64_t rows = m->jobs[i].w->rows;
+		/* about 8 chunks per thread, whole tiles */
+		int64_t cr = (rows / (8 * (int64_t)nth) + MM_ROW_TILE - 1) / MM_ROW_TILE * MM_ROW_TILE;
+		if (cr < MM_ROW_TILE)
+			cr = MM_ROW_TILE;
+		m->chunk_rows[i] = cr;
+		m->first[i + 1] = m->first[i] + (int)((rows + cr - 1) / cr);
+	}
+	atomic_store_explicit(&m->next, 0, memory_order_relaxed);
+}
 
 static void mm_multi_worker(void *arg, int ith, int nth)
 {
-	const struct mm_multi *m = arg;
-	for (int i = 0; i < m->n; i++)
-		mm_worker((void *)&m->jobs[i], ith, nth);
+	struct mm_multi *m = arg;
+	int total = m->first[m->n], job = 0;
+	(void)ith;
+	(void)nth;
+	for (;;) {
+		int k = atomic_fetch_add_explicit(&m->next, 1, memory_order_relaxed);
+		if (k >= total)
+			return;
+		while (k >= m->first[job + 1])
+			job++;
+		const struct mm_job *j = &m->jobs[job];
+		int64_t r0 = (int64_t)(k - m->first[job]) * m->chunk_rows[job];
+		int64_t r1 = r0 + m->chunk_rows[job] < j->w->rows ? r0 + m->chunk_rows[job] : j->w->rows;
+		mm_range(j, r0, r1);
+	}
+}
+
+static void mm_run(struct cpu_ctx *c, struct mm_multi *m)
+{
+	mm_plan(m, tp_size(c->pool));
+	tp_run(c->pool, mm_multi_worker, m);
 }
 
 /* Quantize rows of an activation matrix, split across threads. */
@@ -347,8 +379,8 @@ static void quantize_rows(struct cpu_ctx *c, const float *x, int64_t ldx, struct
 static void matmul(struct cpu_ctx *c, const struct kvd_tensor *w, int T, const float *x, int64_t ldx,
 		   const struct q8_block *xq, int64_t ldq, float *y, int64_t ldy)
 {
-	struct mm_job j = {c, w, T, x, ldx, wtype_is_quantized(w->type) ? xq : NULL, ldq, y, ldy};
-	tp_run(c->pool, mm_worker, &j);
+	struct mm_multi m = {.jobs = {{c, w, T, x, ldx, wtype_is_quantized(w->type) ? xq : NULL, ldq, y, ldy}}, .n = 1};
+	mm_run(c, &m);
 }
 
 static void rmsnorm_row(float *dst, const float *x, const float *g, int64_t n, float eps)
@@ -731,7 +763,7 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 			},
 			.n = 3,
 		};
-		tp_run(c->pool, mm_multi_worker, &qkv);
+		mm_run(c, &qkv);
 		tp_run(c->pool, rope_store_worker, &st);
 		r = attention(c, &st);
 		if (r < 0)
@@ -751,7 +783,7 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 			},
 			.n = 2,
 		};
-		tp_run(c->pool, mm_multi_worker, &gu);
+		mm_run(c, &gu);
 		struct swiglu_job sj = {c, T, wtype_is_quantized(L->w_down.type)};
 		if (T == 1)
 			swiglu_worker(&sj, 0, 1);
