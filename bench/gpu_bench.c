@@ -18,8 +18,9 @@
  * Decode: B sequences each prefilled with --prompt tokens, then --steps
  * decode steps of all B, timed; once with logits returned to the host (what
  * the engine does, B x n_vocab floats a step) and once without. HBM bytes a
- * step = the fp16 weights (what the backend reads) + the K/V of every
- * sequence's context; the fraction is against the peak from the device's
+ * step = the weights the backend reads (fp16 copies, or the stored ones
+ * when B <= KVD_CUDA_GEMV_MAX_TOKENS) + the K/V of every sequence's
+ * context; the fraction is against the peak from the device's
  * memory clock and bus width, and against a device-to-device cudaMemcpy
  * measured in the same run (the runtime is dlopen()ed for both, so the
  * benchmark stays C and links no CUDA).
@@ -212,6 +213,27 @@ static double weight_bytes_f16(const struct kvd_hparams *hp)
 	return 2.0 * (hp->n_layer * per_layer + (double)hp->n_vocab * ne);
 }
 
+/* Bytes of the stored matrices (what the dequantizing GEMV reads). */
+static double weight_bytes_stored(const struct kvd_model_weights *w)
+{
+	double b = (double)w->output.rows * w->output.row_bytes;
+	for (int l = 0; l < w->hp.n_layer; l++) {
+		const struct kvd_layer_weights *L = &w->layers[l];
+		const struct kvd_tensor *ts[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+		for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++)
+			b += (double)ts[i]->rows * ts[i]->row_bytes;
+	}
+	return b;
+}
+
+/* Steps of up to this many tokens read the stored weights (the plug-in's
+ * KVD_CUDA_GEMV_MAX_TOKENS), larger ones the fp16 copies. */
+static int gemv_max_tokens(void)
+{
+	const char *g = getenv("KVD_CUDA_GEMV_MAX_TOKENS");
+	return g ? atoi(g) : 0;
+}
+
 /* ---- runs ------------------------------------------------------------------------------ */
 
 struct run {
@@ -308,7 +330,8 @@ static int bench_decode(struct run *r, int B, int prompt, int steps, double peak
 			break;
 		double step_s = dt / steps;
 		double kv_bytes = kv_tokens / steps * 2.0 * hp->n_layer * r->L.kv_dim * 2.0;
-		double bytes = strcmp(r->ops->name, "cuda") ? 0 : weight_bytes_f16(hp) + kv_bytes;
+		double wbytes = B <= gemv_max_tokens() ? weight_bytes_stored(r->w) : weight_bytes_f16(hp);
+		double bytes = strcmp(r->ops->name, "cuda") ? 0 : wbytes + kv_bytes;
 		double bw = bytes / step_s;
 		printf("{\"figure\":\"decode\",\"backend\":\"%s\",\"model\":\"%s\",\"batch\":%d,\"context\":%d,"
 		       "\"logits_to_host\":%d,\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"hbm_gb_per_s\":%.1f,"

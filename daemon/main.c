@@ -13,9 +13,11 @@
 #include <grp.h>
 #include <inttypes.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -72,7 +74,7 @@ static const char help_text[] =
 	"                                                                [engine] threads\n"
 	"    -b, --backend NAME       auto, cpu or cuda                  [engine] backend\n"
 	"        --pool-size SIZE     KV pool: bytes (512M, 2G) or a percentage of\n"
-	"                             available memory (25%%)             [kv] pool_size\n"
+	"                             available memory (25%)             [kv] pool_size\n"
 	"        --block-size N       tokens per KV page                 [kv] block_size\n"
 	"        --swap-file PATH     swap file for preempted sequences; \"\" = none\n"
 	"                                                                [kv] swap_file\n"
@@ -268,8 +270,9 @@ static int parse_args(int argc, char **argv, struct args *a)
 	return 0;
 }
 
-/* The listening socket: the one systemd passed, or our own at cfg->socket. */
-static int open_listener(const struct kvd_config *cfg, int *ret_fd)
+/* The listening socket: the one systemd passed, or our own at cfg->socket
+ * (*ret_own set: kvd removes that file when it exits). */
+static int open_listener(const struct kvd_config *cfg, int *ret_fd, bool *ret_own)
 {
 	int n = sd_listen_fds(1), fd, r;
 
@@ -315,6 +318,7 @@ static int open_listener(const struct kvd_config *cfg, int *ret_fd)
 	}
 	log_info("listening on %s", cfg->socket);
 	*ret_fd = fd;
+	*ret_own = cfg->socket[0] != '@';
 	return 0;
 }
 
@@ -326,6 +330,7 @@ int main(int argc, char **argv)
 	struct kvd_server *srv = NULL;
 	char err[1024];
 	int r, listen_fd = -1, sig_fd = -1, status = 1;
+	bool own_socket = false;
 	sigset_t mask;
 
 	if (parse_args(argc, argv, &a) < 0)
@@ -343,6 +348,14 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	kvd_log_level = cfg.log_level;
+
+	/* Every client holds four descriptors (socket, memfd, two eventfds):
+	 * take the hard limit, as programs that never use select() should. */
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
 
 	/* Signals go to the signalfd from here on (SIGTERM during loading is
 	 * handled once the loop starts: it then drains an empty daemon). */
@@ -393,7 +406,7 @@ int main(int argc, char **argv)
 			 (double)kvmm_n_pages(kv) * (double)kvmm_page_bytes(kv) / 1048576.0,
 			 cfg.prefix_caching ? "on" : "off", cfg.swap_file[0] ? cfg.swap_file : "none");
 	}
-	r = open_listener(&cfg, &listen_fd);
+	r = open_listener(&cfg, &listen_fd, &own_socket);
 	if (r < 0)
 		goto out;
 	struct kvd_server_hooks hooks = { .reload = reload_hook, .ud = &a };
@@ -412,5 +425,7 @@ out:
 		close(listen_fd);
 	if (sig_fd >= 0)
 		close(sig_fd);
+	if (own_socket)
+		unlink(cfg.socket);
 	return status;
 }

@@ -11,6 +11,15 @@
  * Requests live in one array ordered by arrival; "youngest" means latest
  * arrival. Preempted requests keep their place, so they resume before any
  * request that arrived after them (no starvation).
+ *
+ * A session is a finished request kept in the array (RS_SESSION) with its
+ * tokens and, while memory allows, its sequence; its next turn reuses the
+ * same object. Under memory pressure idle sessions give up their pages
+ * first (least recently used first), before any running request is
+ * preempted; their next turn recomputes them.
+ *
+ * Each finished request's KV ledger (kvmm_seq_finish) is handed to on_done
+ * for the per-request ledger log.
  */
 #include "sched.h"
 
@@ -173,6 +182,27 @@ static void finish(struct kvd_sched *s, struct req *r, enum kvd_finish why, int 
 	if (find(s, r->id, &i))
 		remove_at(s, i);
 	r->res.ledger = NULL;
+	if (r->session && (why == KVD_FINISH_ERROR || why == KVD_FINISH_CANCELLED) && r->n_history > 0) {
+		/* roll the session back to the end of its previous turn: its KV
+		 * (which holds part of this turn) goes, its tokens stay, and the
+		 * next turn recomputes them, through the prefix cache mostly */
+		if (r->has_seq && !kvmm_seq_is_swapped(s->kv, r->seq) && kvmm_seq_finish(s->kv, r->seq, &rec) == 0) {
+			r->has_seq = 0;
+			r->res.ledger = &rec;
+		}
+		drop_seq(s, r);
+		r->n_toks = r->n_history;
+		r->state = RS_SESSION;
+		r->t_used = t;
+		free(r->logits);
+		r->logits = NULL;
+		r->sampler = kvd_sampler_free(r->sampler);
+		s->reqs[s->n_reqs++] = r;
+		if (s->ev.on_done)
+			s->ev.on_done(s->ev.ud, r->id, &r->res);
+		r->res.ledger = NULL;
+		return;
+	}
 	if (r->session && why != KVD_FINISH_ERROR && why != KVD_FINISH_CANCELLED && r->state == RS_RUNNING &&
 	    r->has_seq) {
 		/* keep it: the last sampled token is not computed yet */

@@ -112,7 +112,8 @@ struct kvd_sched *kvd_sched_destroy(struct kvd_sched *s);
  * With params->session != 0 the sequence is kept after a request that
  * ends normally (eos, length, stop) under that id, and a later request
  * naming it continues from there: its prompt is only the new text. A
- * cancelled or failed turn drops the session. An idle session's KV pages
+ * cancelled or failed turn leaves the session as it was before that turn
+ * (a first turn leaves nothing). An idle session's KV pages
  * may be given up under memory pressure; its tokens are kept, and the
  * next turn recomputes them (through the prefix cache where it can).
  */

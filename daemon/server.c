@@ -21,7 +21,10 @@
  *            the others. When its client goes away it is cancelled at once
  *            (its pages are freed by kvd_sched_cancel) and freed.
  *   session  a conversation whose KV the scheduler keeps between turns;
- *            owned by the client that opened it, closed with it.
+ *            owned by the user (uid) that opened it, not by a connection, so
+ *            one-shot clients can continue it; closed on request or after
+ *            its idle timeout. A turn whose client goes away is cancelled,
+ *            and the session stays as it was before that turn.
  */
 #include "server.h"
 
@@ -58,6 +61,9 @@
 #define SRV_FINAL_FLUSH_NS   2000000000ull /* after cancelling on shutdown, wait this long for rings */
 #define SRV_SNDBUF_BYTES     (1 << 20)
 #define SRV_MAX_GROUPS       256
+#define SRV_MAX_SESSIONS_PER_USER 256
+#define SRV_MAX_QUEUED_UPLOADS 64 /* ring uploads a client may announce ahead */
+#define SRV_HELLO_TIMEOUT_NS 10000000000ull /* a connection must say HELLO this soon */
 #define SRV_CHAT_MARKER      "\x1fkvd-turn-marker\x1f"
 
 enum src_kind { SRC_LISTEN = 1, SRC_SIGNAL, SRC_SOCK, SRC_CHAN };
@@ -114,13 +120,13 @@ struct upload {
 };
 
 struct session {
-	struct session *next;
+	struct session *next;         /* the server's sessions */
 	uint64_t id;
 	uint32_t idle_timeout_s;
 	uint64_t last_used_ns;
 	uint32_t turns;               /* completed turns */
 	struct greq *busy;            /* a turn in flight */
-	bool lost;                    /* a turn was cancelled or failed: context gone */
+	uid_t owner;                  /* SO_PEERCRED uid of the client that opened it */
 };
 
 struct client {
@@ -134,14 +140,15 @@ struct client {
 	bool welcomed;
 	bool closing;
 	bool lingering;               /* sent a connection ERROR; closing soon */
+	uint64_t t_accept;
 	uint64_t linger_deadline;
 	struct greq *reqs, *reqs_tail;
 	uint32_t n_inflight;
 	struct upload *up_head, *up_tail;
+	uint32_t n_uploads;
 	uint32_t tx_need;             /* payload bytes of the record that did not fit; 0: none */
 	bool dirty;
 	struct client *dirty_next;
-	struct session *sessions;
 	struct client *free_next;
 };
 
@@ -161,6 +168,7 @@ struct kvd_server {
 	struct client *dirty;
 	struct client *to_free;
 	uint64_t next_client_id, next_session_id;
+	struct session *sessions;     /* owned by users, not connections */
 	uint32_t n_sessions;
 	uint32_t n_uploading;
 	uint32_t n_ctx;
@@ -173,6 +181,7 @@ struct kvd_server {
 	/* systemd */
 	uint64_t watchdog_ns, next_watchdog, next_status, next_expire;
 	char last_status[256];
+	uint64_t accept_paused_until; /* 0: accepting */
 	/* shutdown */
 	bool stopping, cancelled_all;
 	uint64_t drain_deadline, final_deadline;
@@ -243,6 +252,8 @@ static struct greq *greq_free(struct greq *gr)
 {
 	if (!gr)
 		return NULL;
+	if (gr->sess && gr->sess->busy == gr)
+		gr->sess->busy = NULL; /* a turn that never reached the scheduler */
 	free(gr->system);
 	free(gr->stop_buf);
 	free(gr->toks);
@@ -299,7 +310,7 @@ static void on_token(void *ud, uint64_t req_id, int32_t token, const char *text,
 		gr->toks = t;
 		gr->cap_toks = cap;
 	}
-	if (gr->text_bytes + len > gr->text_cap) {
+	if (!gr->text || gr->text_bytes + len > gr->text_cap) { /* never NULL once a token is queued */
 		uint32_t cap = gr->text_cap ? gr->text_cap : 256;
 		while (cap < gr->text_bytes + len)
 			cap *= 2;
@@ -309,7 +320,8 @@ static void on_token(void *ud, uint64_t req_id, int32_t token, const char *text,
 		gr->text = t;
 		gr->text_cap = cap;
 	}
-	memcpy(gr->text + gr->text_bytes, text, len);
+	if (len)
+		memcpy(gr->text + gr->text_bytes, text, len);
 	gr->text_bytes += (uint32_t)len;
 	gr->toks[gr->n_toks++] = (struct tok_ent){ token, (uint32_t)len };
 	client_mark_dirty(gr->c);
@@ -336,11 +348,13 @@ static void ledger_write(struct kvd_server *srv, struct greq *gr, const struct k
 		     "{\"time_ns\":%" PRIu64 ",\"client_id\":%" PRIu64 ",\"pid\":%d,\"uid\":%u,\"request_id\":%" PRIu64
 		     ",\"session_id\":%" PRIu64 ",\"finish\":\"%s\",\"error\":%d,\"prompt_tokens\":%u,"
 		     "\"cached_tokens\":%u,\"generated_tokens\":%u,\"queue_ns\":%" PRIu64 ",\"ttft_ns\":%" PRIu64
-		     ",\"decode_ns\":%" PRIu64 ",\"preemptions\":%u,\"swaps\":%u,\"kv\":%s}\n",
+		     ",\"decode_ns\":%" PRIu64 ",\"itl_ns\":%" PRIu64 ",\"preemptions\":%u,\"swaps\":%u,\"kv\":%s}\n",
 		     realtime_ns(), gr->c ? gr->c->id : 0, gr->c ? (int)gr->c->cred.pid : 0,
 		     gr->c ? (unsigned)gr->c->cred.uid : 0, gr->id, gr->sess ? gr->sess->id : 0,
 		     finish_name(res->finish), res->error, res->prompt_tokens, res->cached_tokens,
-		     res->generated_tokens, res->queue_ns, res->ttft_ns, res->decode_ns, res->preemptions, res->swaps, kv);
+		     res->generated_tokens, res->queue_ns, res->ttft_ns, res->decode_ns,
+		     res->generated_tokens > 1 ? res->decode_ns / (res->generated_tokens - 1) : 0, res->preemptions,
+		     res->swaps, kv);
 	if (n > 0 && (size_t)n < sizeof(line) && write(srv->ledger_fd, line, (size_t)n) < 0)
 		log_warning("ledger: write failed: %m");
 }
@@ -359,10 +373,10 @@ static void on_done(void *ud, uint64_t req_id, const struct kvd_request_result *
 		struct session *s = gr->sess;
 		s->busy = NULL;
 		s->last_used_ns = t;
-		if (res->finish == KVD_FINISH_CANCELLED || res->finish == KVD_FINISH_ERROR)
-			s->lost = true;
-		else
+		/* a cancelled or failed turn leaves the session as it was */
+		if (res->finish != KVD_FINISH_CANCELLED && res->finish != KVD_FINISH_ERROR)
 			s->turns++;
+		gr->sess = NULL; /* the session may go before this request's last record */
 	}
 	gr->finished = true;
 	gr->done = (struct ipc_done){
@@ -379,6 +393,15 @@ static void on_done(void *ud, uint64_t req_id, const struct kvd_request_result *
 	if (res->finish == KVD_FINISH_ERROR)
 		log_warning("request %" PRIu64 " of client %" PRIu64 " failed: %s", gr->id, gr->c ? gr->c->id : 0,
 			    strerror(-res->error));
+	else
+		log_debug("request %" PRIu64 " of client %" PRIu64 ": %s; prompt %u tokens (%u cached), %u generated, "
+			  "ttft %.1f ms, %.1f tokens/s, %u preemptions",
+			  gr->id, gr->c ? gr->c->id : 0, finish_name(res->finish), res->prompt_tokens, res->cached_tokens,
+			  res->generated_tokens, (double)gr->done.ttft_ns / 1e6,
+			  res->decode_ns && res->generated_tokens > 1
+				  ? (double)(res->generated_tokens - 1) * 1e9 / (double)res->decode_ns
+				  : 0.0,
+			  res->preemptions);
 	if (!gr->c) {
 		greq_free(gr);
 		return;
@@ -480,6 +503,13 @@ static int uploads_pump(struct client *c)
 				   "request %" PRIu64 " at offset %u of %u",
 				   f.hdr.request_id, pd.offset, pd.bytes, u->req_id, u->got, u->total);
 			return -EPROTO;
+		}
+		if (!u->buf && u->kind != UP_DISCARD) { /* memory only once the bytes come */
+			u->buf = malloc((size_t)u->total + 1);
+			if (!u->buf) {
+				sock_error(c, 0, -ENOMEM, "out of memory for a %u-byte upload", u->total);
+				return -ENOMEM;
+			}
 		}
 		if (u->buf)
 			memcpy(u->buf + u->got, pd.data, pd.bytes);
@@ -656,8 +686,6 @@ static void reject(struct client *c, struct greq *gr, int32_t code, const char *
 	va_end(ap);
 	c->srv->requests_rejected++;
 	sock_error(c, gr->id, code, "%s", msg);
-	if (gr->sess && gr->sess->busy == gr)
-		gr->sess->busy = NULL;
 	greq_unlink(c, gr);
 	greq_free(gr);
 }
@@ -686,11 +714,6 @@ static void generate_start(struct client *c, struct greq *gr, const char *prompt
 		return;
 	}
 	if (gr->sess) {
-		if (gr->sess->lost) {
-			reject(c, gr, IPC_ERR_SESSION, "session %" PRIu64 " lost its context (a turn was cancelled or failed); "
-				   "open a new session", gr->sess->id);
-			return;
-		}
 		hist = kvd_sched_session_tokens(srv->sched, gr->sess->id);
 		if (hist < 0)
 			hist = 0;
@@ -789,6 +812,7 @@ static void upload_done(struct client *c)
 	if (!c->up_head)
 		c->up_tail = NULL;
 	c->srv->n_uploading--;
+	c->n_uploads--;
 	if (u->buf)
 		u->buf[u->total] = 0;
 	switch (u->kind) {
@@ -806,13 +830,24 @@ static void upload_done(struct client *c)
 }
 
 /* Queue an upload of `total` bytes (total > 0). kind UP_DISCARD swallows
- * the bytes and then sends the stored error. Returns 0 or -ENOMEM. */
+ * the bytes and then sends the stored error. The buffer is allocated when
+ * the first bytes arrive. Returns 0; -EMFILE when the client announced
+ * more uploads than it may have queued, -ENOMEM: the ring cannot be kept
+ * in step then, so the connection is ended (ERROR with request id 0). */
 static int upload_add(struct client *c, enum upload_kind kind, uint64_t rid, uint32_t total, struct greq *gr,
 		      uint32_t tok_flags, int32_t err_code, const char *err_msg)
 {
+	if (c->n_uploads >= SRV_MAX_QUEUED_UPLOADS) {
+		sock_error(c, 0, IPC_ERR_LIMIT, "more than %u ring uploads announced and not sent", SRV_MAX_QUEUED_UPLOADS);
+		client_linger(c, "too many uploads queued");
+		return -EMFILE;
+	}
 	struct upload *u = calloc(1, sizeof(*u));
-	if (!u)
+	if (!u) {
+		sock_error(c, 0, -ENOMEM, "out of memory");
+		client_linger(c, "out of memory");
 		return -ENOMEM;
+	}
 	u->kind = kind;
 	u->req_id = rid;
 	u->total = total;
@@ -821,19 +856,13 @@ static int upload_add(struct client *c, enum upload_kind kind, uint64_t rid, uin
 	u->err_code = err_code;
 	if (err_msg)
 		snprintf(u->err_msg, sizeof(u->err_msg), "%s", err_msg);
-	if (kind != UP_DISCARD) { /* a discarded upload's bytes are counted, not stored */
-		u->buf = malloc((size_t)total + 1);
-		if (!u->buf) {
-			free(u);
-			return -ENOMEM;
-		}
-	}
 	if (c->up_tail)
 		c->up_tail->next = u;
 	else
 		c->up_head = u;
 	c->up_tail = u;
 	c->srv->n_uploading++;
+	c->n_uploads++;
 	return 0;
 }
 
@@ -848,9 +877,9 @@ static void refuse_upload(struct client *c, uint64_t rid, uint32_t bytes, int32_
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	c->srv->requests_rejected++;
-	if (!bytes || upload_add(c, UP_DISCARD, rid, bytes, NULL, 0, code, msg) < 0)
+	if (!bytes)
 		sock_error(c, rid, code, "%s", msg);
-	else
+	else if (upload_add(c, UP_DISCARD, rid, bytes, NULL, 0, code, msg) == 0)
 		client_mark_dirty(c);
 }
 
@@ -891,7 +920,8 @@ static void handle_generate(struct client *c, const struct ipc_frame *f)
 		return;
 	}
 	if (m.g.session_id) {
-		for (sess = c->sessions; sess && sess->id != m.g.session_id; sess = sess->next)
+		for (sess = srv->sessions; sess && (sess->id != m.g.session_id || sess->owner != c->cred.uid);
+		     sess = sess->next)
 			;
 		if (!sess) {
 			refuse_upload(c, rid, up, IPC_ERR_SESSION, "unknown session %" PRIu64 " (expired, closed, or not yours)",
@@ -949,10 +979,8 @@ static void handle_generate(struct client *c, const struct ipc_frame *f)
 	c->n_inflight++;
 	if (in_ring && m.g.prompt_bytes > 0) {
 		gr->state = GR_UPLOADING;
-		if (upload_add(c, UP_GENERATE, rid, m.g.prompt_bytes, gr, 0, 0, NULL) < 0) {
-			reject(c, gr, -ENOMEM, "out of memory");
-			return;
-		}
+		if (upload_add(c, UP_GENERATE, rid, m.g.prompt_bytes, gr, 0, 0, NULL) < 0)
+			return; /* the connection is ending; its requests go with it */
 		client_mark_dirty(c);
 		return;
 	}
@@ -1040,9 +1068,7 @@ static void handle_tokenize(struct client *c, const struct ipc_frame *f)
 		return;
 	}
 	if (in_ring && m.t.text_bytes > 0) {
-		if (upload_add(c, UP_TOKENIZE, rid, m.t.text_bytes, NULL, m.t.tok_flags, 0, NULL) < 0)
-			sock_error(c, rid, -ENOMEM, "out of memory");
-		else
+		if (upload_add(c, UP_TOKENIZE, rid, m.t.text_bytes, NULL, m.t.tok_flags, 0, NULL) == 0)
 			client_mark_dirty(c);
 		return;
 	}
@@ -1194,10 +1220,11 @@ static void handle_session_open(struct client *c, const struct ipc_frame *f)
 		return;
 	}
 	uint32_t n = 0;
-	for (struct session *s = c->sessions; s; s = s->next)
-		n++;
-	if (n >= srv->cfg.max_requests_per_client * 4u) {
-		sock_error(c, f->hdr.request_id, IPC_ERR_LIMIT, "too many open sessions (%u)", n);
+	for (struct session *s = srv->sessions; s; s = s->next)
+		n += s->owner == c->cred.uid;
+	if (n >= SRV_MAX_SESSIONS_PER_USER) {
+		sock_error(c, f->hdr.request_id, IPC_ERR_LIMIT, "too many open sessions for uid %u (%u)",
+			   (unsigned)c->cred.uid, n);
 		return;
 	}
 	struct session *s = calloc(1, sizeof(*s));
@@ -1210,8 +1237,9 @@ static void handle_session_open(struct client *c, const struct ipc_frame *f)
 	if (srv->cfg.session_idle_s && s->idle_timeout_s > srv->cfg.session_idle_s)
 		s->idle_timeout_s = srv->cfg.session_idle_s; /* the server's bound */
 	s->last_used_ns = now_ns();
-	s->next = c->sessions;
-	c->sessions = s;
+	s->owner = c->cred.uid;
+	s->next = srv->sessions;
+	srv->sessions = s;
 	srv->n_sessions++;
 	struct ipc_session reply = { .session_id = s->id };
 	sock_send(c, IPC_MSG_SESSION_OPENED, 0, f->hdr.request_id, &reply, sizeof(reply));
@@ -1226,8 +1254,8 @@ static void handle_session_close(struct client *c, const struct ipc_frame *f)
 		sock_error(c, f->hdr.request_id, r, "malformed SESSION_CLOSE: %s", strerror(-r));
 		return;
 	}
-	for (struct session **pp = &c->sessions; *pp; pp = &(*pp)->next) {
-		if ((*pp)->id == sm.session_id) {
+	for (struct session **pp = &c->srv->sessions; *pp; pp = &(*pp)->next) {
+		if ((*pp)->id == sm.session_id && (*pp)->owner == c->cred.uid) {
 			struct session *s = *pp;
 			*pp = s->next;
 			session_free(c->srv, s);
@@ -1244,20 +1272,22 @@ static void expire_sessions(struct kvd_server *srv, uint64_t t)
 		next = c->next;
 		if (c->lingering && t >= c->linger_deadline)
 			client_close(c, "linger time over");
-	}
-	for (struct client *c = srv->clients; c; c = c->next)
-		for (struct session **pp = &c->sessions; *pp;) {
-			struct session *s = *pp;
-			if (!s->busy && s->idle_timeout_s &&
-			    t - s->last_used_ns > (uint64_t)s->idle_timeout_s * 1000000000ull) {
-				log_info("session %" PRIu64 " of client %" PRIu64 " expired after %us idle", s->id, c->id,
-					 s->idle_timeout_s);
-				*pp = s->next;
-				session_free(srv, s);
-				continue;
-			}
-			pp = &s->next;
+		else if (!c->welcomed && !c->lingering && t - c->t_accept > SRV_HELLO_TIMEOUT_NS) {
+			sock_error(c, 0, -ETIMEDOUT, "no HELLO within %llu s", SRV_HELLO_TIMEOUT_NS / 1000000000ull);
+			client_linger(c, "no HELLO in time");
 		}
+	}
+	for (struct session **pp = &srv->sessions; *pp;) {
+		struct session *s = *pp;
+		if (!s->busy && s->idle_timeout_s && t - s->last_used_ns > (uint64_t)s->idle_timeout_s * 1000000000ull) {
+			log_info("session %" PRIu64 " of uid %u expired after %us idle", s->id, (unsigned)s->owner,
+				 s->idle_timeout_s);
+			*pp = s->next;
+			session_free(srv, s);
+			continue;
+		}
+		pp = &s->next;
+	}
 }
 
 /* ---- the handshake ---------------------------------------------------------- */
@@ -1352,8 +1382,13 @@ static void handle_accept(struct kvd_server *srv)
 		if (r == -EAGAIN)
 			return;
 		if (r < 0) {
-			if (r == -EMFILE || r == -ENFILE)
-				log_warning("accept: %s", strerror(-r));
+			if (r == -EMFILE || r == -ENFILE) {
+				/* out of descriptors: stop listening for a moment
+				 * rather than spin on a readable listening socket */
+				log_warning("accept: %s; not accepting for 100 ms", strerror(-r));
+				epoll_ctl(srv->ep, EPOLL_CTL_DEL, srv->listen_fd, NULL);
+				srv->accept_paused_until = now_ns() + 100000000ull;
+			}
 			return;
 		}
 		struct client *c = calloc(1, sizeof(*c));
@@ -1364,6 +1399,7 @@ static void handle_accept(struct kvd_server *srv)
 		c->srv = srv;
 		c->fd = fd;
 		c->id = ++srv->next_client_id;
+		c->t_accept = now_ns();
 		int sndbuf = SRV_SNDBUF_BYTES;
 		setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
 		ipc_peer_cred(fd, &c->cred);
@@ -1404,14 +1440,10 @@ static void client_drop_work(struct client *c)
 		struct upload *u = c->up_head;
 		c->up_head = u->next;
 		srv->n_uploading--;
+		c->n_uploads--;
 		upload_free(u);
 	}
 	c->up_tail = NULL;
-	while (c->sessions) {
-		struct session *s = c->sessions;
-		c->sessions = s->next;
-		session_free(srv, s);
-	}
 	while (c->reqs) {
 		struct greq *gr = c->reqs;
 		greq_unlink(c, gr);
@@ -1740,8 +1772,6 @@ static void cancel_all(struct kvd_server *srv)
 				sock_error(c, gr->id, IPC_ERR_SHUTDOWN, "kvd is shutting down; request not started");
 				if (c->closing)
 					break;
-				if (gr->sess && gr->sess->busy == gr)
-					gr->sess->busy = NULL;
 				greq_unlink(c, gr);
 				greq_free(gr);
 				n++;
@@ -1755,6 +1785,7 @@ static void cancel_all(struct kvd_server *srv)
 			struct upload *u = c->up_head;
 			c->up_head = u->next;
 			srv->n_uploading--;
+			c->n_uploads--;
 			upload_free(u);
 		}
 		c->up_tail = NULL;
@@ -1841,6 +1872,11 @@ struct kvd_server *kvd_server_free(struct kvd_server *srv)
 	while (srv->clients)
 		client_close(srv->clients, "server exit");
 	free_closed(srv);
+	while (srv->sessions) {
+		struct session *s = srv->sessions;
+		srv->sessions = s->next;
+		session_free(srv, s);
+	}
 	srv->sched = kvd_sched_destroy(srv->sched);
 	if (srv->listen_fd >= 0)
 		close(srv->listen_fd);
@@ -1890,6 +1926,11 @@ int kvd_server_run(struct kvd_server *srv)
 			expire_sessions(srv, t);
 			srv->next_expire = t + SRV_EXPIRE_NS;
 		}
+		if (srv->accept_paused_until && t >= srv->accept_paused_until) {
+			srv->accept_paused_until = 0;
+			if (srv->listen_fd >= 0 && ep_add(srv, srv->listen_fd, &srv->listen_src) < 0)
+				log_error("cannot listen again: %m");
+		}
 		if (srv->stopping) {
 			if (!live_requests(srv))
 				break;
@@ -1914,6 +1955,8 @@ int kvd_server_run(struct kvd_server *srv)
 			uint64_t next = srv->next_status < srv->next_expire ? srv->next_status : srv->next_expire;
 			if (srv->watchdog_ns && srv->next_watchdog < next)
 				next = srv->next_watchdog;
+			if (srv->accept_paused_until && srv->accept_paused_until < next)
+				next = srv->accept_paused_until;
 			if (srv->stopping) {
 				uint64_t d = srv->cancelled_all ? srv->final_deadline : srv->drain_deadline;
 				if (d < next)

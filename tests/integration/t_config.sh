@@ -66,15 +66,17 @@ ok "etc/kvd.conf documents exactly the keys kvd knows"
 
 # KVD_SOCKET overrides the file; --socket overrides both
 printf '[model]\npath = %s\n[server]\nsocket = /run/from-file.sock\n' "$TINY" >"$C"
-KVD_SOCKET=/tmp/from-env.sock "$KVD" --config "$C" --check-config | grep -q "socket /tmp/from-env.sock" ||
-	fail "KVD_SOCKET did not override server.socket"
-KVD_SOCKET=/tmp/from-env.sock "$KVD" --config "$C" --socket /tmp/flag.sock --check-config | grep -q "socket /tmp/flag.sock" ||
-	fail "--socket did not override KVD_SOCKET"
+KVD_SOCKET=/tmp/from-env.sock "$KVD" --config "$C" --check-config >"$T/cc1.out" || fail "check-config with KVD_SOCKET"
+grep -q "socket /tmp/from-env.sock" "$T/cc1.out" || fail "KVD_SOCKET did not override server.socket"
+KVD_SOCKET=/tmp/from-env.sock "$KVD" --config "$C" --socket /tmp/flag.sock --check-config >"$T/cc2.out" || fail "check-config with --socket"
+grep -q "socket /tmp/flag.sock" "$T/cc2.out" || fail "--socket did not override KVD_SOCKET"
 ok "socket precedence: --socket > KVD_SOCKET > file"
 
 "$KVD" --no-such-flag >/dev/null 2>&1; rc=$?
 [ $rc = 64 ] || fail "unknown flag: exit $rc, expected 64"
-"$KVD" --help | grep -q "^SYNOPSIS" || fail "--help has no SYNOPSIS"
-"$KVD" --version | grep -q "^kvd " || fail "--version"
+"$KVD" --help >"$T/help.out" || fail "--help exited $?"
+grep -q "^SYNOPSIS" "$T/help.out" || fail "--help has no SYNOPSIS"
+"$KVD" --version >"$T/version.out" || fail "--version exited $?"
+grep -q "^kvd " "$T/version.out" || fail "--version"
 ok "usage errors exit 64; --help and --version"
 exit 0

@@ -69,6 +69,17 @@ grep -q "kv.block_size changed; it takes effect only after a restart" "$T/kvd.lo
 grep -q "configuration reloaded: .*max_requests_per_client 3" "$T/kvd.log" || fail "reload not applied"
 ok "SIGHUP: RELOADING=1 / READY=1, max_requests_per_client applied, block_size reported as needing a restart"
 
+# SIGHUP with a broken file: the error is logged as file:line, kvd keeps serving
+cp "$C" "$T/good.conf"
+printf '[server]\nno_such_key = 1\n' >>"$C"
+kill -HUP "$KVD_PID"
+for i in $(seq 1 50); do grep -q "reload failed" "$T/kvd.log" && break; sleep 0.1; done
+grep -q "reload: $C:[0-9]*: unknown key 'no_such_key'" "$T/kvd.log" || fail "broken reload not reported as file:line"
+grep -q "reload failed; the running configuration stays" "$T/kvd.log" || fail "broken reload not refused"
+"$RAW" -s "$S" hello >/dev/null 2>&1 || fail "kvd stopped serving after a broken reload"
+cp "$T/good.conf" "$C"
+ok "SIGHUP with an unknown key: '$C:N: unknown key' logged, configuration kept, still serving"
+
 # SIGTERM while a request runs: it gets an ERROR IPC_ERR_SHUTDOWN after drain_timeout
 "$RAW" -s "$S" generate -n 2000 "Write a very long story about the sea." >/dev/null 2>"$T/long.err" &
 LP=$!

@@ -53,7 +53,7 @@ StandardError=append:/run/stage/kvd.log
 WatchdogSec=2
 TimeoutAbortSec=2
 UNIT
-printf '[model]\npath = /run/stage/model.gguf\n[kv]\npool_size = 16M\n[engine]\nthreads = 2\n' >"$ST/kvd.conf"
+printf '[model]\npath = /run/stage/model.gguf\n[kv]\npool_size = 480K\nswap_file = /var/lib/kvd/swap\nswap_size = 16M\n[engine]\nthreads = 2\n' >"$ST/kvd.conf"
 chmod 644 "$ST/kvd.conf"
 for f in passwd group shadow gshadow; do [ -r /etc/$f ] && cp /etc/$f "$ST/etcroot/etc/"; done
 systemd-sysusers --root="$ST/etcroot" "$ROOT/systemd/kvd.sysusers" >"$T/sysusers.out" 2>&1 ||
@@ -152,14 +152,24 @@ IN grep -Eq "^Uid:[[:space:]]+$KUID[[:space:]]" /proc/"$MP"/status || inner_fail
 IN nsenter -t "$MP" -m test -w /usr && inner_fail "/usr is writable in the service"
 IN nsenter -t "$MP" -m test -w /etc && inner_fail "/etc is writable in the service"
 IN nsenter -t "$MP" -m test -w /var/lib/kvd || inner_fail "/var/lib/kvd (StateDirectory) is not writable"
+# kvd opens its swap file and unlinks it: look for it among the open files
+IN ls -l /proc/"$MP"/fd | grep -q "/var/lib/kvd/swap" || inner_fail "no swap file open in /var/lib/kvd (io_uring swap under the sandbox)"
 [ "$(IN readlink /proc/"$MP"/ns/net)" != "$(IN readlink /proc/1/ns/net)" ] || inner_fail "PrivateNetwork not in force"
 [ "$(IN readlink /proc/"$MP"/ns/mnt)" != "$(IN readlink /proc/1/ns/mnt)" ] || inner_fail "no private mount namespace"
-ok "hardening in force: NoNewPrivs 1, CapEff 0, uid $KUID, /usr and /etc read-only, /var/lib/kvd writable, private network"
+ok "hardening in force: NoNewPrivs 1, CapEff 0, uid $KUID, /usr and /etc read-only, /var/lib/kvd writable (swap file there), private network"
 
 IN /run/stage/bin/kvd_raw -s /run/kvd/kvd.sock generate --raw -n 16 "hello from systemd" >"$T/gen.out" 2>"$T/gen.err" ||
 	inner_fail "generate: $(cat "$T/gen.err")"
 grep -q "^DONE" "$T/gen.err" || inner_fail "generate: no DONE"
-ok "a generation through /run/kvd/kvd.sock"
+for i in 1 2 3 4 5 6 7 8; do
+	IN /run/stage/bin/kvd_raw -s /run/kvd/kvd.sock generate --raw -n 120 "swap test $i under systemd" >/dev/null 2>"$T/sw$i.err" &
+	SW[$i]=$!
+done
+for i in 1 2 3 4 5 6 7 8; do wait "${SW[$i]}" || inner_fail "swap client $i: $(cat "$T/sw$i.err")"; done
+IN /run/stage/bin/kvd_raw -s /run/kvd/kvd.sock stats >"$T/sysstats.json" || inner_fail "stats"
+so=$($PY -c "import json; print(json.load(open('$T/sysstats.json'))['swap_out_pages'])")
+[ "$so" -gt 0 ] || inner_fail "8 clients on a 40-page pool did not swap"
+ok "a generation through /run/kvd/kvd.sock; 8 clients on 40 pages swapped $so pages through io_uring inside the sandbox"
 
 # watchdog: a stopped main process is killed and restarted
 IN kill -STOP "$MP"

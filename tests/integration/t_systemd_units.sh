@@ -41,7 +41,8 @@ for d in Type=notify NotifyAccess=main WatchdogSec=30 Restart=on-failure Restart
 done
 ok "socket and service directives present"
 
-if systemd-analyze security --help 2>/dev/null | grep -q -- --offline; then
+systemd-analyze security --help >"$T/sechelp.out" 2>/dev/null
+if grep -q -- --offline "$T/sechelp.out"; then
 	(cd "$U" && systemd-analyze security --offline=yes ./kvd.service) >"$T/sec.out" 2>&1
 	lvl=$(sed -n 's/.*Overall exposure level for kvd.service: \([0-9.]*\).*/\1/p' "$T/sec.out")
 	[ -n "$lvl" ] || fail "systemd-analyze security: $(tail -3 "$T/sec.out")"

@@ -17,11 +17,12 @@
  * "ERROR code=.. msg"; exit 0 for DONE, 2 for ERROR, 1 for anything else.
  * --hang prints "STREAMING" to stderr after the first token and then stops
  * reading (for tests that kill a client mid-stream); --slow MS sleeps after
- * every record it reads (a slow reader).
+ * every record it reads (a slow reader); --pause MS stops reading for MS
+ * after the first record; --cancel-after N sends CANCEL after N tokens.
  * attack sends one bad thing and expects an ERROR frame back: it prints
  * "ERROR code=.. msg" and exits 0, or exits 1 when none came. KIND: badmagic
  * short badlen unknown-type version reserved oversized-prompt garbage-ring
- * no-hello. After attacks that must not cost the connection (badlen with a
+ * no-hello flood (64 GENERATEs on one connection). After attacks that must not cost the connection (badlen with a
  * request id, unknown-type, reserved, oversized-prompt) it also checks that
  * a PING on the same connection is still answered.
  */
@@ -104,8 +105,10 @@ static int next_event(struct conn *c, struct ipc_frame *f)
 {
 	for (;;) {
 		int r = ipc_chan_recv(c->chan, rbuf, sizeof(rbuf), f);
-		if (r == 0)
+		if (r == 0) {
+			ipc_chan_wake_peer(c->chan); /* the server may wait for room */
 			return 0;
+		}
 		if (r != -EAGAIN)
 			return r;
 		struct pollfd p[2] = { { c->fd, POLLIN, 0 }, { ipc_chan_wait_fd(c->chan), POLLIN, 0 } };
@@ -157,6 +160,8 @@ static int upload(struct conn *c, uint64_t rid, const char *text, uint32_t len)
 struct gen_opts {
 	bool raw, ring, ids, hang;
 	unsigned slow_ms;     /* sleep after each record (a slow reader) */
+	unsigned cancel_after; /* send CANCEL after this many tokens; 0: never */
+	unsigned pause_ms;     /* stop reading this long after the first record */
 	uint32_t max_tokens;
 	const char *system;
 	float temperature;
@@ -172,7 +177,8 @@ static int run_generate(struct conn *c, uint64_t rid, const struct gen_opts *o, 
 	static _Alignas(8) uint8_t fb[IPC_MAX_FRAME_BYTES];
 	struct ipc_frame f;
 	bool first = true;
-	unsigned records = 0, max_batch = 0;
+	unsigned records = 0, max_batch = 0, n_tok = 0;
+	bool cancelled = false;
 
 	m.g.gen_flags = (o->raw ? IPC_GEN_RAW : 0) | (o->ids ? IPC_GEN_WANT_IDS : 0) | (o->ring ? IPC_GEN_PROMPT_IN_RING : 0);
 	m.g.max_tokens = o->max_tokens;
@@ -229,6 +235,13 @@ static int run_generate(struct conn *c, uint64_t rid, const struct gen_opts *o, 
 				for (uint32_t i = 0; i < tm.t.n_ids; i++)
 					fprintf(stderr, "id %d\n", ipc_token_id(&tm, i));
 			fflush(stdout);
+			n_tok += tm.t.n_tokens;
+			if (o->cancel_after && !cancelled && n_tok >= o->cancel_after) {
+				ipc_send(c->fd, IPC_MSG_CANCEL, 0, rid, NULL, 0, NULL, 0);
+				cancelled = true;
+			}
+			if (first && o->pause_ms)
+				usleep(o->pause_ms * 1000u);
 			if (first && o->hang) {
 				fprintf(stderr, "STREAMING\n");
 				for (;;)
@@ -391,6 +404,21 @@ static int cmd_attack(const char *kind, uint32_t bytes)
 		r = (int)send(c.fd, b, (size_t)n, 0);
 		free(p);
 		keep = true;
+	} else if (!strcmp(kind, "flood")) {
+		/* more GENERATEs in flight than the per-client limit */
+		struct ipc_generate_msg m = { 0 };
+		m.g.gen_flags = IPC_GEN_RAW;
+		m.g.max_tokens = 400;
+		m.g.top_p = 1;
+		m.g.repeat_penalty = 1;
+		m.g.prompt_bytes = 5;
+		m.prompt = "flood";
+		for (uint64_t id = 1; id <= 64; id++) {
+			ssize_t n = ipc_encode_generate(b, sizeof(b), id, &m);
+			if (n < 0 || send(c.fd, b, (size_t)n, 0) != n)
+				return 1;
+		}
+		r = 0;
 	} else if (!strcmp(kind, "garbage-ring")) {
 		uint8_t junk[64];
 		memset(junk, 0x5a, sizeof(junk));
@@ -430,7 +458,8 @@ int main(int argc, char **argv)
 		{ "max-tokens", required_argument, NULL, 'n' }, { "system", required_argument, NULL, 'S' },
 		{ "temperature", required_argument, NULL, 'T' }, { "seed", required_argument, NULL, 'e' },
 		{ "stop", required_argument, NULL, 'p' },   { "hang", no_argument, NULL, 'H' },
-		{ "bytes", required_argument, NULL, 'b' },  { "slow", required_argument, NULL, 'w' }, { 0 },
+		{ "bytes", required_argument, NULL, 'b' },  { "slow", required_argument, NULL, 'w' },
+		{ "cancel-after", required_argument, NULL, 'C' }, { "pause", required_argument, NULL, 'P' }, { 0 },
 	};
 	struct gen_opts o = { .max_tokens = 32, .seed = 1 };
 	uint32_t bytes = 4096;
@@ -451,6 +480,8 @@ int main(int argc, char **argv)
 		case 'H': o.hang = true; break;
 		case 'b': bytes = (uint32_t)strtoul(optarg, NULL, 0); break;
 		case 'w': o.slow_ms = (unsigned)strtoul(optarg, NULL, 0); break;
+		case 'C': o.cancel_after = (unsigned)strtoul(optarg, NULL, 0); break;
+		case 'P': o.pause_ms = (unsigned)strtoul(optarg, NULL, 0); break;
 		default: return 64;
 		}
 	}
@@ -474,6 +505,8 @@ int main(int argc, char **argv)
 		case 'H': o.hang = true; break;
 		case 'b': bytes = (uint32_t)strtoul(optarg, NULL, 0); break;
 		case 'w': o.slow_ms = (unsigned)strtoul(optarg, NULL, 0); break;
+		case 'C': o.cancel_after = (unsigned)strtoul(optarg, NULL, 0); break;
+		case 'P': o.pause_ms = (unsigned)strtoul(optarg, NULL, 0); break;
 		default: return 64;
 		}
 	}
