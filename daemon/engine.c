@@ -38,6 +38,18 @@ static int engine_page_copy(void *ud, uint32_t dst, uint32_t src, uint32_t n_tok
 	return e->ops->page_copy(e->be, dst, src, n_tokens);
 }
 
+static int engine_page_read(void *ud, uint32_t page, void *host_dst)
+{
+	struct kvd_engine *e = ud;
+	return e->ops->page_read(e->be, page, host_dst);
+}
+
+static int engine_page_write(void *ud, uint32_t page, const void *host_src)
+{
+	struct kvd_engine *e = ud;
+	return e->ops->page_write(e->be, page, host_src);
+}
+
 /* Where the CUDA plug-in lives: $KVD_CUDA_PLUGIN, else next to the
  * executable's lib directories (installed: PREFIX/lib/kvd/, build tree:
  * build/lib/). */
@@ -164,6 +176,26 @@ int kvd_engine_open(const struct kvd_engine_config *cfg, struct kvd_engine **ret
 	kc.swap_bytes = cfg->swap_bytes;
 	kc.page_ops.copy = engine_page_copy;
 	kc.page_ops.ud = e;
+	if (e->ops->suggest_pool_pages) {
+		/* a device backend: the pool lives in device memory, kvmm keeps
+		 * only its bookkeeping and moves pages through the backend;
+		 * without an explicit size it takes a fraction of what is free
+		 * after the weights */
+		kc.page_ops.read = engine_page_read;
+		kc.page_ops.write = engine_page_write;
+		if (!kc.pool_bytes) {
+			uint32_t pages = 0;
+			double frac = cfg->kv_pool_fraction > 0 ? cfg->kv_pool_fraction : 0.9;
+			r = e->ops->suggest_pool_pages(e->be, e->layout.page_bytes, frac, &pages);
+			if (r < 0 || pages == 0) {
+				snprintf(err, errlen, "%s backend: cannot size the KV pool: %s", e->ops->name,
+					 r < 0 ? strerror(-r) : "no device memory left after the weights");
+				r = r < 0 ? r : -ENOMEM;
+				goto fail;
+			}
+			kc.pool_bytes = (uint64_t)pages * e->layout.page_bytes;
+		}
+	}
 	r = kvmm_create(&kc, &e->kv);
 	if (r < 0) {
 		snprintf(err, errlen, "KV pool: cannot create (%llu bytes, pages of %zu bytes): %s",
