@@ -293,7 +293,7 @@ static void mm_range(const struct mm_job *j, int64_t r0, int64_t r1)
 
 /*
  * Several matrices sharing one input, as one parallel region. Rows are cut
- * into chunks claimed from a shared counter, so a thread that the OS
+ * into chunks handed out by the pool (tp_for), so a thread that the OS
  * preempts holds up at most the chunk it is on: the others take the rest
  * (static halves would make every step wait for the slowest thread). A
  * chunk's results do not depend on who computes it.
@@ -305,7 +305,6 @@ struct mm_multi {
 	int n;
 	int64_t chunk_rows[MM_MAX_JOBS];
 	int first[MM_MAX_JOBS + 1];   /* first chunk of each job; first[n] = total */
-	_Atomic int next;
 };
 
 static void mm_plan(struct mm_multi *m, int nth)
@@ -320,32 +319,25 @@ static void mm_plan(struct mm_multi *m, int nth)
 		m->chunk_rows[i] = cr;
 		m->first[i + 1] = m->first[i] + (int)((rows + cr - 1) / cr);
 	}
-	atomic_store_explicit(&m->next, 0, memory_order_relaxed);
 }
 
-static void mm_multi_worker(void *arg, int ith, int nth)
+static void mm_chunk(void *arg, uint32_t k, int tid)
 {
-	struct mm_multi *m = arg;
-	int total = m->first[m->n], job = 0;
-	(void)ith;
-	(void)nth;
-	for (;;) {
-		int k = atomic_fetch_add_explicit(&m->next, 1, memory_order_relaxed);
-		if (k >= total)
-			return;
-		while (k >= m->first[job + 1])
-			job++;
-		const struct mm_job *j = &m->jobs[job];
-		int64_t r0 = (int64_t)(k - m->first[job]) * m->chunk_rows[job];
-		int64_t r1 = r0 + m->chunk_rows[job] < j->w->rows ? r0 + m->chunk_rows[job] : j->w->rows;
-		mm_range(j, r0, r1);
-	}
+	const struct mm_multi *m = arg;
+	int job = 0;
+	(void)tid;
+	while ((int)k >= m->first[job + 1])
+		job++;
+	const struct mm_job *j = &m->jobs[job];
+	int64_t r0 = (int64_t)((int)k - m->first[job]) * m->chunk_rows[job];
+	int64_t r1 = r0 + m->chunk_rows[job] < j->w->rows ? r0 + m->chunk_rows[job] : j->w->rows;
+	mm_range(j, r0, r1);
 }
 
 static void mm_run(struct cpu_ctx *c, struct mm_multi *m)
 {
 	mm_plan(m, tp_size(c->pool));
-	tp_run(c->pool, mm_multi_worker, m);
+	tp_for(c->pool, mm_chunk, m, (uint32_t)m->first[m->n]);
 }
 
 /* Quantize rows of an activation matrix, split across threads. */

@@ -1,12 +1,28 @@
 /*
- * kernels/cpu/threadpool.c — persistent workers woken by a generation
- * counter.
+ * kernels/cpu/threadpool.c — persistent workers sharing out chunks of work.
  *
- * The driver publishes (fn, arg), then increments `gen` with release order;
- * a worker that observes the new generation with acquire order therefore
- * sees fn and arg. Each worker decrements `pending` (acq_rel) when done; the
- * driver's acquire load of pending == 0 makes all workers' writes visible
- * to it. Waiters spin for a bounded time, then sleep on the futex word.
+ * A job is n chunks. The driver publishes the job and then the claim word
+ * (generation << 32 | next chunk); workers and the driver itself take
+ * chunks by compare-and-swap on that word, and count finished chunks in
+ * `done`. The driver returns when done == n. It never waits for a worker
+ * that has not woken up: if the OS does not schedule a worker, the driver
+ * (and any other worker) simply takes its chunks. On a machine shared with
+ * other loads this turns a preempted thread from a stall of a whole time
+ * slice per step into, at worst, one chunk's delay.
+ *
+ * Publishing a job (driver):
+ *   1. claim = (g << 32) | EXHAUSTED   (release) — no chunk of the old or
+ *      new job can be taken while the job's fields change;
+ *   2. write fn, arg, n (relaxed atomics);
+ *   3. done = 0; claim = (g << 32) | 0 (release) — the job is open;
+ *   4. gen = g (seq_cst), futex wake if a worker sleeps.
+ * Taking a chunk (anyone): load claim (acquire); if its low half is a chunk
+ * index below the job's n, read fn/arg and CAS claim to index + 1. A
+ * successful CAS proves the job was still open, hence that the fields read
+ * after the acquire load belong to it (they only change after step 1 of the
+ * next job, which would have made the CAS fail). A finished chunk adds 1
+ * to `done` with release order; the driver's acquire load of done == n
+ * makes every chunk's writes visible to it.
  */
 #include "threadpool.h"
 
@@ -21,6 +37,7 @@
 #include <unistd.h>
 
 #define TP_SPIN_ITERS 2000
+#define TP_EXHAUSTED 0xffffffffu
 
 struct tp_worker {
 	struct tp *pool;
@@ -31,13 +48,16 @@ struct tp_worker {
 struct tp {
 	int n;
 	struct tp_worker *workers;
-	tp_fn fn;
-	void *arg;
+	_Atomic(tp_for_fn) fn;
+	_Atomic(void *) arg;
+	_Atomic uint32_t n_chunks;
+	_Atomic uint64_t claim;    /* generation << 32 | next chunk */
+	_Atomic uint32_t done;     /* chunks finished in the open job; futex word */
 	_Atomic uint32_t gen;      /* futex word workers sleep on */
-	_Atomic uint32_t pending;  /* workers still running the current job */
-	_Atomic uint32_t driver_sleeping; /* futex word the driver sleeps on */
 	_Atomic uint32_t sleepers; /* workers inside (or entering) futex_wait */
+	_Atomic uint32_t driver_sleeping;
 	_Atomic int stop;
+	uint32_t next_gen;         /* driver only */
 };
 
 static void futex_wait(_Atomic uint32_t *addr, uint32_t val)
@@ -57,23 +77,46 @@ static inline void cpu_relax(void)
 #endif
 }
 
-static void *tp_main(void *p)
+/* Take and run chunks of the open job until none is left. tid: the
+ * calling thread's index. */
+static void work(struct tp *p, int tid)
 {
-	struct tp_worker *w = p;
+	for (;;) {
+		uint64_t c = atomic_load_explicit(&p->claim, memory_order_acquire);
+		uint32_t idx = (uint32_t)c;
+		if (idx == TP_EXHAUSTED)
+			return;
+		uint32_t n = atomic_load_explicit(&p->n_chunks, memory_order_relaxed);
+		if (idx >= n)
+			return;
+		tp_for_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
+		void *arg = atomic_load_explicit(&p->arg, memory_order_relaxed);
+		if (!atomic_compare_exchange_weak_explicit(&p->claim, &c, c + 1, memory_order_acq_rel,
+							   memory_order_relaxed))
+			continue;
+		fn(arg, idx, tid);
+		/* seq_cst: Dekker with the driver's driver_sleeping store */
+		if (atomic_fetch_add_explicit(&p->done, 1, memory_order_seq_cst) + 1 == n &&
+		    atomic_load_explicit(&p->driver_sleeping, memory_order_seq_cst))
+			futex_wake(&p->done, 1);
+	}
+}
+
+static void *tp_main(void *arg)
+{
+	struct tp_worker *w = arg;
 	struct tp *pool = w->pool;
 	uint32_t seen = 0;
 
 	for (;;) {
 		uint32_t g;
 		int spins = 0;
-		/* Acquire: pairs with the driver's release increment of gen, so
-		 * fn, arg and stop written before it are visible here. */
 		while ((g = atomic_load_explicit(&pool->gen, memory_order_acquire)) == seen) {
-			if (++spins < TP_SPIN_ITERS)
+			if (++spins < TP_SPIN_ITERS) {
 				cpu_relax();
-			else {
-				/* Dekker with tp_run: either the driver sees
-				 * sleepers > 0 and wakes us, or its gen increment
+			} else {
+				/* Dekker with tp_for: either the driver sees
+				 * sleepers > 0 and wakes us, or its gen store
 				 * precedes our futex check, which then returns. */
 				atomic_fetch_add_explicit(&pool->sleepers, 1, memory_order_seq_cst);
 				futex_wait(&pool->gen, seen);
@@ -83,13 +126,7 @@ static void *tp_main(void *p)
 		seen = g;
 		if (atomic_load_explicit(&pool->stop, memory_order_relaxed))
 			return NULL;
-		pool->fn(pool->arg, w->ith, pool->n);
-		/* Our writes happen-before the driver's acquire of pending == 0.
-		 * seq_cst pairs with the driver's store of driver_sleeping
-		 * (Dekker): it either sees our decrement or we see its flag. */
-		if (atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_seq_cst) == 1 &&
-		    atomic_load_explicit(&pool->driver_sleeping, memory_order_seq_cst))
-			futex_wake(&pool->pending, 1);
+		work(pool, w->ith);
 	}
 }
 
@@ -104,6 +141,7 @@ int tp_create(int n_threads, struct tp **ret)
 	if (!p)
 		return -ENOMEM;
 	p->n = n_threads;
+	atomic_store(&p->claim, TP_EXHAUSTED);
 	p->workers = calloc((size_t)n_threads, sizeof(*p->workers));
 	if (!p->workers) {
 		free(p);
@@ -130,7 +168,7 @@ struct tp *tp_destroy(struct tp *p)
 	if (!p)
 		return NULL;
 	atomic_store_explicit(&p->stop, 1, memory_order_relaxed);
-	atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
+	atomic_fetch_add_explicit(&p->gen, 1, memory_order_seq_cst);
 	futex_wake(&p->gen, INT_MAX);
 	for (i = 1; i < p->n; i++)
 		pthread_join(p->workers[i].thread, NULL);
@@ -144,35 +182,59 @@ int tp_size(const struct tp *p)
 	return p->n;
 }
 
-void tp_run(struct tp *p, tp_fn fn, void *arg)
+void tp_for(struct tp *p, tp_for_fn fn, void *arg, uint32_t n)
 {
-	uint32_t left;
+	uint32_t d;
 	int spins = 0;
 
-	if (p->n == 1) {
-		fn(arg, 0, 1);
+	if (n == 0)
+		return;
+	if (p->n == 1 || n == 1) {
+		for (uint32_t i = 0; i < n; i++)
+			fn(arg, i, 0);
 		return;
 	}
-	p->fn = fn;
-	p->arg = arg;
-	atomic_store_explicit(&p->pending, (uint32_t)(p->n - 1), memory_order_relaxed);
-	/* Publishes fn, arg and pending to workers that acquire gen; seq_cst
-	 * for the Dekker pairing with a worker going to sleep. */
-	atomic_fetch_add_explicit(&p->gen, 1, memory_order_seq_cst);
+	uint64_t g = ++p->next_gen;
+	atomic_store_explicit(&p->claim, g << 32 | TP_EXHAUSTED, memory_order_release);
+	atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
+	atomic_store_explicit(&p->arg, arg, memory_order_relaxed);
+	atomic_store_explicit(&p->n_chunks, n, memory_order_relaxed);
+	atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+	atomic_store_explicit(&p->claim, g << 32, memory_order_release);
+	atomic_store_explicit(&p->gen, (uint32_t)g, memory_order_seq_cst);
 	if (atomic_load_explicit(&p->sleepers, memory_order_seq_cst))
 		futex_wake(&p->gen, INT_MAX);
-	fn(arg, 0, p->n);
-	while ((left = atomic_load_explicit(&p->pending, memory_order_acquire)) != 0) {
+	work(p, 0);
+	while ((d = atomic_load_explicit(&p->done, memory_order_acquire)) != n) {
 		if (++spins < TP_SPIN_ITERS) {
 			cpu_relax();
 			continue;
 		}
 		atomic_store_explicit(&p->driver_sleeping, 1, memory_order_seq_cst);
-		/* Re-check after announcing sleep: a worker that finished in
-		 * between saw driver_sleeping == 0 and did not wake us. */
-		left = atomic_load_explicit(&p->pending, memory_order_seq_cst);
-		if (left)
-			futex_wait(&p->pending, left);
+		d = atomic_load_explicit(&p->done, memory_order_seq_cst);
+		if (d != n)
+			futex_wait(&p->done, d);
 		atomic_store_explicit(&p->driver_sleeping, 0, memory_order_relaxed);
 	}
+	/* close the job so late workers find nothing to take */
+	atomic_store_explicit(&p->claim, g << 32 | TP_EXHAUSTED, memory_order_release);
+}
+
+struct run_adapter {
+	tp_fn fn;
+	void *arg;
+	int nth;
+};
+
+static void run_chunk(void *arg, uint32_t i, int tid)
+{
+	const struct run_adapter *a = arg;
+	(void)tid;
+	a->fn(a->arg, (int)i, a->nth);
+}
+
+void tp_run(struct tp *p, tp_fn fn, void *arg)
+{
+	struct run_adapter a = {fn, arg, p->n};
+	tp_for(p, run_chunk, &a, (uint32_t)p->n);
 }
