@@ -175,6 +175,12 @@ struct kvd_backend_config {
  * pages_read:  swap-out of n pages at once: page pages[i] to host_dst +
  *              i * page_bytes. Returns when the copy is complete.
  * pages_write: swap-in, the reverse: host_src + i * page_bytes to pages[i].
+ *
+ * A device backend (one with suggest_pool_pages) keeps the pool in device
+ * memory: its attach_kv accepts a view whose base is NULL (kvmm's device
+ * pool mode, pages reached only through page_copy/page_read/page_write),
+ * and when base is a host mapping it pins it as the host tier for
+ * page_read/page_write; the device copy is the authoritative one either way.
  */
 struct kvd_backend_ops {
 	const char *name;

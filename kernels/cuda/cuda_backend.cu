@@ -10,7 +10,10 @@
  *    w_gate/w_up into another, so each step runs one GEMM per group through
  *    cublasGemmEx (fp16 inputs, f32 accumulation and output). The token
  *    embedding stays in its stored type and rows are dequantized on lookup.
- *    Norm weights stay f32.
+ *    Norm weights stay f32. With KVD_CUDA_GEMV_MAX_TOKENS=N (1..8) the
+ *    matrices are also kept in their stored type, and steps of at most N
+ *    tokens (decode) run a dequantizing GEMV over them instead, reading
+ *    a quarter of the bytes for q4 weights.
  *  - KV: a device pool of the view's n_pages pages in the layout of
  *    kernels/backend.h. When the view has a host mapping (kvmm's memfd),
  *    it is registered as pinned memory: the host tier that page_read and
@@ -59,12 +62,21 @@ extern "C" {
 /* Largest device staging buffer for batched swap (gather/scatter). */
 #define CU_SWAP_STAGE_BYTES (64ull << 20)
 
+/* A matrix kept on the device in its stored type, for the GEMV path. */
+struct cu_raw {
+	void *data; /* NULL when not kept */
+	int type;
+	size_t row_bytes;
+	int rows, cols;
+};
+
 struct cu_layer {
 	__half *wqkv;  /* [q_dim + 2 kv_dim][n_embd] */
 	__half *wo;    /* [n_embd][q_dim] */
 	__half *wgu;   /* [2 n_ff][n_embd]: gate rows, then up rows */
 	__half *wdown; /* [n_embd][n_ff] */
 	float *attn_norm, *ffn_norm;
+	struct cu_raw rq, rk, rv, ro, rg, ru, rd; /* GEMV path only */
 };
 
 struct cu_ctx {
@@ -87,6 +99,11 @@ struct cu_ctx {
 	float *output_norm;
 	size_t weight_bytes;
 	int bq; /* tokens per prefill attention block */
+	/* steps of at most gemv_max_t tokens run their projections through
+	 * the dequantizing GEMV on the stored weights (0: always cuBLAS) */
+	int gemv_max_t;
+	struct cu_raw rout; /* output matrix, stored type (GEMV path) */
+	int rout_owned;     /* 0: rout.data is tok_embd (tied) */
 
 	/* KV */
 	int kv_attached;
@@ -169,6 +186,13 @@ static void free_weights(struct cu_ctx *c)
 	if (c->layers) {
 		for (int l = 0; l < c->hp.n_layer; l++) {
 			struct cu_layer *L = &c->layers[l];
+			dfree(L->rq.data);
+			dfree(L->rk.data);
+			dfree(L->rv.data);
+			dfree(L->ro.data);
+			dfree(L->rg.data);
+			dfree(L->ru.data);
+			dfree(L->rd.data);
 			dfree(L->wqkv);
 			dfree(L->wo);
 			dfree(L->wgu);
@@ -179,6 +203,10 @@ static void free_weights(struct cu_ctx *c)
 		free(c->layers);
 		c->layers = NULL;
 	}
+	if (c->rout_owned)
+		dfree(c->rout.data);
+	memset(&c->rout, 0, sizeof(c->rout));
+	c->rout_owned = 0;
 	dfree(c->tok_embd);
 	dfree(c->output);
 	dfree(c->output_norm);
@@ -269,6 +297,13 @@ static int cuda_init(const struct kvd_backend_config *cfg, void **ret_ctx)
 	if (!c)
 		return -ENOMEM;
 	c->device = dev;
+	{
+		/* KVD_CUDA_GEMV_MAX_TOKENS=N (0..8): decode steps of up to N
+		 * tokens use the dequantizing GEMV instead of cuBLAS on fp16 */
+		const char *g = getenv("KVD_CUDA_GEMV_MAX_TOKENS");
+		int v = g ? atoi(g) : 0;
+		c->gemv_max_t = v < 0 ? 0 : v > CU_GEMV_MAX_T ? CU_GEMV_MAX_T : v;
+	}
 	r = cuda_errno(cudaSetDevice(dev));
 	if (r < 0) {
 		free(c);
@@ -341,17 +376,6 @@ static size_t tensor_bytes(const struct kvd_tensor *t)
 	return (size_t)t->rows * t->row_bytes;
 }
 
-/* Upload t (through the raw staging buffer) and dequantize it into dst. */
-static int upload_f16(struct cu_ctx *c, const struct kvd_tensor *t, void *raw_d, __half *dst)
-{
-	int r;
-	CK(cudaMemcpyAsync(raw_d, t->data, tensor_bytes(t), cudaMemcpyHostToDevice, c->s));
-	CK(cu_dequant_f16(raw_d, t->type, t->rows, t->cols, t->row_bytes, dst, c->s));
-	return 0;
-fail:
-	return r;
-}
-
 static int dalloc(void **p, size_t bytes, size_t *count)
 {
 	cudaError_t e = cudaMalloc(p, bytes);
@@ -362,6 +386,29 @@ static int dalloc(void **p, size_t bytes, size_t *count)
 	if (count)
 		*count += bytes;
 	return 0;
+}
+
+/* Upload t and dequantize it into dst: through the raw staging buffer, or,
+ * with keep (GEMV path), through a device copy in the stored type that
+ * stays. */
+static int upload_f16(struct cu_ctx *c, const struct kvd_tensor *t, void *raw_d, __half *dst, struct cu_raw *keep)
+{
+	int r;
+	if (keep) {
+		r = dalloc(&keep->data, tensor_bytes(t), &c->weight_bytes);
+		if (r < 0)
+			goto fail;
+		keep->type = t->type;
+		keep->row_bytes = t->row_bytes;
+		keep->rows = (int)t->rows;
+		keep->cols = (int)t->cols;
+		raw_d = keep->data;
+	}
+	CK(cudaMemcpyAsync(raw_d, t->data, tensor_bytes(t), cudaMemcpyHostToDevice, c->s));
+	CK(cu_dequant_f16(raw_d, t->type, t->rows, t->cols, t->row_bytes, dst, c->s));
+	return 0;
+fail:
+	return r;
 }
 
 #define DALLOC(ptr, bytes)                                                        \
@@ -452,19 +499,20 @@ static int cuda_load(void *ctx, const struct kvd_model_weights *w)
 		DALLOC(L->wo, (size_t)ne * qd * sizeof(__half));
 		DALLOC(L->wgu, (size_t)2 * nff * ne * sizeof(__half));
 		DALLOC(L->wdown, (size_t)ne * nff * sizeof(__half));
-		r = upload_f16(c, &W->wq, raw, L->wqkv);
+		int g = c->gemv_max_t > 0;
+		r = upload_f16(c, &W->wq, raw, L->wqkv, g ? &L->rq : NULL);
 		if (!r)
-			r = upload_f16(c, &W->wk, raw, L->wqkv + (size_t)qd * ne);
+			r = upload_f16(c, &W->wk, raw, L->wqkv + (size_t)qd * ne, g ? &L->rk : NULL);
 		if (!r)
-			r = upload_f16(c, &W->wv, raw, L->wqkv + (size_t)(qd + kvd) * ne);
+			r = upload_f16(c, &W->wv, raw, L->wqkv + (size_t)(qd + kvd) * ne, g ? &L->rv : NULL);
 		if (!r)
-			r = upload_f16(c, &W->wo, raw, L->wo);
+			r = upload_f16(c, &W->wo, raw, L->wo, g ? &L->ro : NULL);
 		if (!r)
-			r = upload_f16(c, &W->w_gate, raw, L->wgu);
+			r = upload_f16(c, &W->w_gate, raw, L->wgu, g ? &L->rg : NULL);
 		if (!r)
-			r = upload_f16(c, &W->w_up, raw, L->wgu + (size_t)nff * ne);
+			r = upload_f16(c, &W->w_up, raw, L->wgu + (size_t)nff * ne, g ? &L->ru : NULL);
 		if (!r)
-			r = upload_f16(c, &W->w_down, raw, L->wdown);
+			r = upload_f16(c, &W->w_down, raw, L->wdown, g ? &L->rd : NULL);
 		if (!r)
 			r = upload_f32(c, &W->attn_norm, &L->attn_norm);
 		if (!r)
@@ -473,9 +521,13 @@ static int cuda_load(void *ctx, const struct kvd_model_weights *w)
 			goto fail;
 	}
 	DALLOC(c->output, (size_t)hp->n_vocab * ne * sizeof(__half));
-	r = upload_f16(c, &w->output, raw, c->output);
-	if (r < 0)
-		goto fail;
+	{
+		int keep = c->gemv_max_t > 0 && w->output.data != w->tok_embd.data;
+		r = upload_f16(c, &w->output, raw, c->output, keep ? &c->rout : NULL);
+		if (r < 0)
+			goto fail;
+		c->rout_owned = keep;
+	}
 	r = upload_f32(c, &w->output_norm, &c->output_norm);
 	if (r < 0)
 		goto fail;
@@ -483,6 +535,13 @@ static int cuda_load(void *ctx, const struct kvd_model_weights *w)
 	CK(cudaMemcpyAsync(c->tok_embd, w->tok_embd.data, tensor_bytes(&w->tok_embd), cudaMemcpyHostToDevice, c->s));
 	c->embd_type = w->tok_embd.type;
 	c->embd_row_bytes = w->tok_embd.row_bytes;
+	if (c->gemv_max_t > 0 && !c->rout_owned) { /* tied: the embedding is the output */
+		c->rout.data = c->tok_embd;
+		c->rout.type = w->tok_embd.type;
+		c->rout.row_bytes = w->tok_embd.row_bytes;
+		c->rout.rows = (int)w->tok_embd.rows;
+		c->rout.cols = (int)w->tok_embd.cols;
+	}
 	CK(cudaStreamSynchronize(c->s));
 	dfree(raw);
 	c->loaded = 1;
@@ -604,6 +663,16 @@ static int gemm(struct cu_ctx *c, const __half *W, int rows, int cols, const __h
 	return blas_errno(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, T, cols, &alpha, W, CUDA_R_16F, cols,
 				       X, CUDA_R_16F, ldx, &beta, Y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F,
 				       CUBLAS_GEMM_DEFAULT));
+}
+
+/* A projection: the dequantizing GEMV on the stored weights when the step
+ * is small enough and they are kept, else cuBLAS on the fp16 copy. */
+static int proj(struct cu_ctx *c, const __half *W16, const struct cu_raw *R, int rows, int cols, const __half *X,
+		int ldx, int T, float *Y, int ldy, float beta)
+{
+	if (R && R->data && T <= c->gemv_max_t && cols % 32 == 0)
+		return cuda_errno(cu_gemv(R->data, R->type, R->row_bytes, rows, cols, X, ldx, T, Y, ldy, beta, c->s));
+	return gemm(c, W16, rows, cols, X, ldx, T, Y, ldy, beta);
 }
 
 static int validate_batch(const struct cu_ctx *c, const struct kvd_batch *b, int *ret_T, int *ret_nl,
@@ -733,7 +802,15 @@ static int cuda_forward(void *ctx, const struct kvd_batch *b)
 		for (int l = 0; l < hp->n_layer; l++) {
 			const struct cu_layer *L = &c->layers[l];
 			CK(cu_rmsnorm(c->x, NULL, T, ne, L->attn_norm, hp->rms_eps, c->xn, c->s));
-			r = gemm(c, L->wqkv, ld_qkv, ne, c->xn, ne, T, c->qkv, ld_qkv, 0.0f);
+			if (T <= c->gemv_max_t && L->rq.data) {
+				r = proj(c, NULL, &L->rq, qd, ne, c->xn, ne, T, c->qkv, ld_qkv, 0.0f);
+				if (!r)
+					r = proj(c, NULL, &L->rk, kvd, ne, c->xn, ne, T, c->qkv + qd, ld_qkv, 0.0f);
+				if (!r)
+					r = proj(c, NULL, &L->rv, kvd, ne, c->xn, ne, T, c->qkv + qd + kvd, ld_qkv, 0.0f);
+			} else {
+				r = gemm(c, L->wqkv, ld_qkv, ne, c->xn, ne, T, c->qkv, ld_qkv, 0.0f);
+			}
 			if (r < 0)
 				goto fail;
 			CK(cu_rope_store(c->qkv, ld_qkv, c->rope, d_pos, d_poff, d_pages, kv, l, hp->n_head,
@@ -742,21 +819,27 @@ static int cuda_forward(void *ctx, const struct kvd_batch *b)
 					hd, n_rep, c->s));
 			CK(cu_attention(c->qkv, ld_qkv, c->att, d_pre, n_pre, d_pages, kv, l, hp->n_head, hp->n_head_kv,
 					hd, c->bq * n_rep, c->s));
-			r = gemm(c, L->wo, ne, qd, c->att, qd, T, c->x, ne, 1.0f);
+			r = proj(c, L->wo, &L->ro, ne, qd, c->att, qd, T, c->x, ne, 1.0f);
 			if (r < 0)
 				goto fail;
 			CK(cu_rmsnorm(c->x, NULL, T, ne, L->ffn_norm, hp->rms_eps, c->xn, c->s));
-			r = gemm(c, L->wgu, 2 * nff, ne, c->xn, ne, T, c->gu, 2 * nff, 0.0f);
+			if (T <= c->gemv_max_t && L->rg.data) {
+				r = proj(c, NULL, &L->rg, nff, ne, c->xn, ne, T, c->gu, 2 * nff, 0.0f);
+				if (!r)
+					r = proj(c, NULL, &L->ru, nff, ne, c->xn, ne, T, c->gu + nff, 2 * nff, 0.0f);
+			} else {
+				r = gemm(c, L->wgu, 2 * nff, ne, c->xn, ne, T, c->gu, 2 * nff, 0.0f);
+			}
 			if (r < 0)
 				goto fail;
 			CK(cu_swiglu(c->gu, T, nff, c->h, c->s));
-			r = gemm(c, L->wdown, ne, nff, c->h, nff, T, c->x, ne, 1.0f);
+			r = proj(c, L->wdown, &L->rd, ne, nff, c->h, nff, T, c->x, ne, 1.0f);
 			if (r < 0)
 				goto fail;
 		}
 		if (NL > 0) {
 			CK(cu_rmsnorm(c->x, d_lsrc, NL, ne, c->output_norm, hp->rms_eps, c->xn, c->s));
-			r = gemm(c, c->output, hp->n_vocab, ne, c->xn, ne, NL, c->logits_d, hp->n_vocab, 0.0f);
+			r = proj(c, c->output, &c->rout, hp->n_vocab, ne, c->xn, ne, NL, c->logits_d, hp->n_vocab, 0.0f);
 			if (r < 0)
 				goto fail;
 			CK(cudaMemcpyAsync(c->logits_h, c->logits_d, (size_t)NL * hp->n_vocab * sizeof(float),

@@ -89,6 +89,16 @@ KVD_HIDDEN cudaError_t cu_attention(const float *qkv, int ld, __half *att, const
 				    int n_head_kv, int hd, int rows_max, cudaStream_t s);
 /* h[t][i] = fp16(silu(gu[t][i]) * gu[t][n_ff + i]). */
 KVD_HIDDEN cudaError_t cu_swiglu(const float *gu, int T, int n_ff, __half *h, cudaStream_t s);
+/* Most tokens the dequantizing GEMV takes in one launch. */
+#define CU_GEMV_MAX_T 8
+/*
+ * Y[t][r] = beta * Y[t][r] + dot(row r of W, X[t]) for t < T (<= CU_GEMV_MAX_T),
+ * reading W in its stored type (kvd_wtype `type`, cols a multiple of 32),
+ * dequantizing in f32 on the fly: each weight byte is read once per step
+ * for all T tokens. X fp16 with row stride ldx, Y f32 with row stride ldy.
+ */
+KVD_HIDDEN cudaError_t cu_gemv(const void *W, int type, size_t row_bytes, int rows, int cols, const __half *X,
+			       int ldx, int T, float *Y, int ldy, float beta, cudaStream_t s);
 /* dst + i * page_bytes <- pool page pages[i] (gather), i < n. */
 KVD_HIDDEN cudaError_t cu_pages_gather(const char *pool, size_t page_bytes, const uint32_t *pages, int n,
 				       char *dst, cudaStream_t s);

@@ -392,6 +392,97 @@ cudaError_t cu_swiglu(const float *gu, int T, int n_ff, __half *h, cudaStream_t 
 	return launched();
 }
 
+/* ---- dequantizing GEMV (decode) ------------------------------------------- */
+
+#define GEMV_WARPS 4
+
+/* The 32 elements of block b of a stored row, as floats. */
+static __device__ void block_dequant(const uint8_t *row, int type, int b, float *w)
+{
+	switch (type) {
+	case WT_Q4_0: {
+		const uint8_t *blk = row + (size_t)b * 18;
+		float d = ld_f16(blk);
+		for (int j = 0; j < 16; j++) {
+			w[j] = (float)((blk[2 + j] & 15) - 8) * d;
+			w[j + 16] = (float)((blk[2 + j] >> 4) - 8) * d;
+		}
+		break;
+	}
+	case WT_Q4_1: {
+		const uint8_t *blk = row + (size_t)b * 20;
+		float d = ld_f16(blk), m = ld_f16(blk + 2);
+		for (int j = 0; j < 16; j++) {
+			w[j] = (float)(blk[4 + j] & 15) * d + m;
+			w[j + 16] = (float)(blk[4 + j] >> 4) * d + m;
+		}
+		break;
+	}
+	case WT_Q8_0: {
+		const uint8_t *blk = row + (size_t)b * 34;
+		float d = ld_f16(blk);
+		for (int j = 0; j < 32; j++)
+			w[j] = (float)(int8_t)blk[2 + j] * d;
+		break;
+	}
+	default:
+		for (int j = 0; j < 32; j++)
+			w[j] = row_elem(row, type, (int64_t)b * 32 + j);
+	}
+}
+
+/* One warp per weight row: lane l takes blocks l, l + 32, ...; the lanes'
+ * partial sums meet in shared memory and lane 0 adds them in lane order. */
+static __global__ void k_gemv(const uint8_t *W, int type, size_t row_bytes, int rows, int cols, const __half *X,
+			      int ldx, int T, float *Y, int ldy, float beta)
+{
+	__shared__ float red[GEMV_WARPS][CU_GEMV_MAX_T][32];
+	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+	const int r = blockIdx.x * GEMV_WARPS + warp;
+	float acc[CU_GEMV_MAX_T];
+
+	for (int t = 0; t < CU_GEMV_MAX_T; t++)
+		acc[t] = 0.0f;
+	if (r < rows) {
+		const uint8_t *row = W + (size_t)r * row_bytes;
+		for (int b = lane; b < cols / 32; b += 32) {
+			float w[32];
+			block_dequant(row, type, b, w);
+			for (int t = 0; t < T; t++) {
+				const __half *x = X + (size_t)t * ldx + (size_t)b * 32;
+				float sum = 0.0f;
+				for (int j = 0; j < 32; j++)
+					sum += w[j] * __half2float(x[j]);
+				acc[t] += sum;
+			}
+		}
+	}
+	for (int t = 0; t < T; t++)
+		red[warp][t][lane] = acc[t];
+	__syncthreads();
+	if (r < rows && lane == 0) {
+		for (int t = 0; t < T; t++) {
+			float v = 0.0f;
+			for (int l = 0; l < 32; l++)
+				v += red[warp][t][l];
+			float *y = Y + (size_t)t * ldy + r;
+			*y = beta != 0.0f ? v + beta * *y : v;
+		}
+	}
+}
+
+cudaError_t cu_gemv(const void *W, int type, size_t row_bytes, int rows, int cols, const __half *X, int ldx, int T,
+		    float *Y, int ldy, float beta, cudaStream_t s)
+{
+	if (rows <= 0 || T <= 0)
+		return cudaSuccess;
+	if (T > CU_GEMV_MAX_T || cols % 32)
+		return cudaErrorInvalidValue;
+	k_gemv<<<(rows + GEMV_WARPS - 1) / GEMV_WARPS, GEMV_WARPS * 32, 0, s>>>((const uint8_t *)W, type, row_bytes,
+										rows, cols, X, ldx, T, Y, ldy, beta);
+	return launched();
+}
+
 /* ---- page gather / scatter ------------------------------------------------ */
 
 /* Page bytes are a multiple of 4 (rows of kv_dim halves, an even count of

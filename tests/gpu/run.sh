@@ -10,17 +10,24 @@
 #  2. build/tests/test_cuda with KVD_REQUIRE_GPU=1: the plug-in's ABI, every
 #     kernel against the CPU backend and a float64 reference on tiny random
 #     models, page copy / swap moves, and greedy decoding of the default
-#     model against the CPU backend where models/ has it;
+#     model against the CPU backend where models/ has it; then the
+#     conformance checks again with the dequantizing GEMV path; then the
+#     engine end to end (tests/gpu/engine_check.sh: build/tests/kvd_eval on
+#     the tiny models, CUDA against CPU), where kvd_eval and the tiny
+#     models are here;
 #  3. build/bench/gpu_bench on the default model (or, where the file is not
 #     here, a random-weight model of its shape: SmolLM2-135M, Q4_1) with the
 #     CPU backend as the same-run peer, then on a random-weight 8B Llama
 #     shape (32 layers, 4096 wide, 8 KV heads, n_ff 14336, Q4_0): decode
 #     tokens/s at batch 1, 8, 32, 128, HBM bandwidth against peak, prefill
-#     tokens/s, swap bandwidth device -> host -> file.
+#     tokens/s, swap bandwidth device -> host -> file; then batch 1 and 8
+#     again with decode projections through the dequantizing GEMV
+#     (KVD_CUDA_GEMV_MAX_TOKENS=8), to choose the faster default.
 #
 # OUTDIR gets run.log (everything), test_cuda.log, bench-*.json (one JSON
 # object per figure), bench-*.txt (the readable lines), nvidia-smi.txt and
-# summary.txt. Exit status: 0 all passed, 1 a test or benchmark failed,
+# summary.txt (prebuilt/ holds copies of the binaries found before the
+# build). Exit status: 0 all passed, 1 a test or benchmark failed,
 # 77 no GPU here (nothing run).
 #
 # Shared libraries a prebuilt test needs and the machine lacks (libcmocka)
@@ -46,10 +53,19 @@ status=0
 summary=()
 
 stamp "build"
-if ! timeout -k 5 300 make -j"$(nproc)" build/lib/libkvd-cuda.so build/tests/test_cuda build/bench/gpu_bench; then
+ARTIFACTS="build/lib/libkvd-cuda.so build/tests/test_cuda build/bench/gpu_bench"
+# keep prebuilt binaries (carried to a machine that may lack the build
+# dependencies): a failed relink must not leave us with none
+mkdir -p "$OUT/prebuilt"
+for f in $ARTIFACTS; do [ -e "$f" ] && cp -p "$f" "$OUT/prebuilt/"; done
+if ! timeout -k 5 300 make -k -j"$(nproc)" $ARTIFACTS build/tests/kvd_eval; then
 	echo "make failed; using the binaries already in build/ where present"
 fi
-for f in build/lib/libkvd-cuda.so build/tests/test_cuda build/bench/gpu_bench; do
+for f in $ARTIFACTS; do
+	if [ ! -e "$f" ] && [ -e "$OUT/prebuilt/$(basename "$f")" ]; then
+		echo "restoring prebuilt $f"
+		mkdir -p "$(dirname "$f")" && cp -p "$OUT/prebuilt/$(basename "$f")" "$f"
+	fi
 	if [ ! -e "$f" ]; then
 		echo "missing $f"
 		summary+=("FAIL build: $f missing")
@@ -58,23 +74,42 @@ for f in build/lib/libkvd-cuda.so build/tests/test_cuda build/bench/gpu_bench; d
 done
 export KVD_CUDA_PLUGIN=$PWD/build/lib/libkvd-cuda.so
 
-stamp "test_cuda"
-if [ -x build/tests/test_cuda ]; then
-	KVD_REQUIRE_GPU=1 timeout -k 5 240 build/tests/test_cuda > "$OUT/test_cuda.log" 2>&1
-	rc=$?
-	cat "$OUT/test_cuda.log"
+run_test() { # name env...
+	local name=$1; shift
+	stamp "$name"
+	env KVD_REQUIRE_GPU=1 "$@" timeout -k 5 180 build/tests/test_cuda > "$OUT/$name.log" 2>&1
+	local rc=$?
+	cat "$OUT/$name.log"
 	if [ $rc -eq 0 ]; then
-		summary+=("PASS test_cuda ($(grep -c '^\[       OK \]' "$OUT/test_cuda.log") ok, $(grep -c '^\[  SKIPPED \] test_' "$OUT/test_cuda.log") skipped)")
+		summary+=("PASS $name ($(grep -c '^\[       OK \]' "$OUT/$name.log") ok, $(grep -c '^\[  SKIPPED \] test_' "$OUT/$name.log") skipped)")
 	else
-		summary+=("FAIL test_cuda (exit $rc)")
+		summary+=("FAIL $name (exit $rc)")
 		status=1
 	fi
+}
+if [ -x build/tests/test_cuda ]; then
+	run_test test_cuda
+	# the same conformance checks with decode projections through the
+	# dequantizing GEMV (KVD_CUDA_GEMV_MAX_TOKENS)
+	run_test test_cuda_gemv KVD_CUDA_GEMV_MAX_TOKENS=8 KVD_TEST_FILTER='test_conformance_*'
 fi
 
-run_bench() { # name timeout args...
+if [ -x build/tests/kvd_eval ]; then
+	stamp "engine_check"
+	tests/gpu/engine_check.sh build/lib/libkvd-cuda.so > "$OUT/engine_check.log" 2>&1
+	rc=$?
+	cat "$OUT/engine_check.log"
+	case $rc in
+	0) summary+=("PASS engine_check") ;;
+	77) summary+=("SKIP engine_check ($(tail -1 "$OUT/engine_check.log"))") ;;
+	*) summary+=("FAIL engine_check (exit $rc)"); status=1 ;;
+	esac
+fi
+
+run_bench() { # name timeout args... (GEMV=N in the environment: KVD_CUDA_GEMV_MAX_TOKENS)
 	local name=$1 to=$2; shift 2
 	stamp "gpu_bench $name: $*"
-	timeout -k 5 "$to" build/bench/gpu_bench "$@" --swap-file "$OUT/swap-$name.tmp" \
+	KVD_CUDA_GEMV_MAX_TOKENS=${GEMV:-0} timeout -k 5 "$to" build/bench/gpu_bench "$@" --swap-file "$OUT/swap-$name.tmp" \
 		> "$OUT/bench-$name.json" 2> "$OUT/bench-$name.txt"
 	local rc=$?
 	rm -f "$OUT/swap-$name.tmp"
@@ -97,8 +132,19 @@ if [ -x build/bench/gpu_bench ]; then
 		run_bench default 150 --shape smollm2-135m --wtype q4_1 --batches 1,8,32,128 --prompt 128 \
 			--steps 32 --prefill 2048 --swap-mib 256 --cpu-peer
 	fi
-	run_bench llama8b 240 --shape llama-8b --wtype q4_0 --batches 1,8,32,128 --prompt 128 --steps 32 \
+	run_bench llama8b 200 --shape llama-8b --wtype q4_0 --batches 1,8,32,128 --prompt 128 --steps 32 \
 		--prefill 2048 --swap-mib 512
+	# decode projections through the dequantizing GEMV instead of cuBLAS
+	# (batch <= 8): the figures to choose the default by
+	GEMV=8 run_bench llama8b-gemv 120 --shape llama-8b --wtype q4_0 --batches 1,8 --prompt 128 --steps 32 \
+		--prefill 512 --swap-mib 64
+	if [ -r "$model" ]; then
+		GEMV=8 run_bench default-gemv 90 --model "$model" --batches 1,8 --prompt 128 --steps 32 \
+			--prefill 512 --swap-mib 64
+	else
+		GEMV=8 run_bench default-gemv 90 --shape smollm2-135m --wtype q4_1 --batches 1,8 --prompt 128 \
+			--steps 32 --prefill 512 --swap-mib 64
+	fi
 fi
 
 stamp "done"

@@ -39,6 +39,9 @@
  * CPU backend against the same float64 reference must be within them too,
  * so CUDA == reference up to fp16 rounding implies CUDA vs CPU within them.
  * Each comparison prints its worst error so a GPU run shows the margins.
+ * KVD_CUDA_GEMV_MAX_TOKENS=8 in the environment sends steps of up to 8
+ * tokens through the plug-in's dequantizing GEMV instead of cuBLAS, so the
+ * same checks cover that path.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -57,6 +60,7 @@
 #include "backend.h"
 #include "cpu/ops.h"
 #include "model.h"
+#include "tokenizer.h"
 
 /* Against the CPU backend: it multiplies quantized weights with 8-bit
  * activations (about 2-7% logits error on these models, measured by
@@ -889,8 +893,10 @@ static void test_forward_validation(void **state)
 	free_model(m);
 }
 
-/* Greedy decoding of the default model on both backends gives the same
- * tokens; a divergence is accepted only at a near-tie of the CPU logits. */
+/* Greedy decoding of the default model on both backends, fed the same
+ * tokens (the CPU's choices): the argmax agrees at every step but near-ties
+ * of the CPU logits (top-2 gap within 4x the rms logit difference between
+ * the backends), and those are at most 1 step in 4. */
 static void test_default_model_greedy(void **state)
 {
 	(void)state;
@@ -913,12 +919,14 @@ static void test_default_model_greedy(void **state)
 	float *lc = malloc(sizeof(float) * nv), *lg = malloc(sizeof(float) * nv);
 	assert_true(lc && lg);
 	int32_t toks[64];
-	int n = 12;
-	for (int i = 0; i < n; i++)
-		toks[i] = 100 + (int32_t)((1103515245u * (uint32_t)(i + 1) + 12345u) % 20000u);
+	const char *prompt = "The sky is blue because";
+	const int steps = 40;
+	int n = kvd_tokenize(kvd_model_tokenizer(model), prompt, strlen(prompt), 0, 0, toks, 16);
+	assert_true(n > 0 && n <= 16);
 	int32_t pages[4] = {3, 1, 2, 0};
-	int pos = 0, fed = n, same = 0;
-	for (int step = 0; step < 40; step++) {
+	int pos = 0, fed = n, flips = 0;
+	double worst = 0;
+	for (int step = 0; step < steps; step++) {
 		struct kvd_batch_seq s = {.tokens = toks + pos, .n_tokens = fed, .pos0 = pos, .pages = pages,
 					  .n_pages = 4, .logits = lc};
 		struct kvd_batch b = {.n_seqs = 1, .seqs = &s};
@@ -935,21 +943,27 @@ static void test_default_model_greedy(void **state)
 		for (size_t i = 0; i < nv; i++)
 			if ((int32_t)i != ac && (second < 0 || lc[i] > lc[second]))
 				second = (int32_t)i;
-		double e = rel_l2(lg, lc, nv);
+		double e = rel_l2(lg, lc, nv), ms = 0;
+		for (size_t i = 0; i < nv; i++)
+			ms += ((double)lg[i] - lc[i]) * ((double)lg[i] - lc[i]);
+		double rms = sqrt(ms / (double)nv);
+		if (e > worst)
+			worst = e;
+		assert_true(e < TOL_CPU_QUANT);
 		if (ac != ag) {
 			float gap = lc[ac] - lc[second];
-			print_message("step %d: cpu %d, cuda %d, cpu top-2 gap %.4f, logits error %.3g\n", step, ac, ag,
-				      gap, e);
-			assert_true(gap < 0.05f);
-			break;
+			print_message("step %d: cpu %d, cuda %d, cpu top-2 gap %.4f, rms logit difference %.4f\n", step,
+				      ac, ag, gap, rms);
+			assert_true(gap <= 4.0 * rms + 1e-3);
+			flips++;
 		}
-		assert_true(e < TOL_CPU_QUANT);
-		same++;
 		pos += fed;
 		toks[pos] = ac;
 		fed = 1;
 	}
-	print_message("default model: %d greedy tokens equal on cpu and cuda\n", same);
+	print_message("default model: argmax equal at %d of %d steps, worst logits error %.3g\n", steps - flips,
+		      steps, worst);
+	assert_true(flips * 4 <= steps);
 	free(lc);
 	free(lg);
 	inst_close(&gpu);
@@ -979,5 +993,9 @@ int main(void)
 		cmocka_unit_test(test_conformance_10),
 		cmocka_unit_test(test_default_model_greedy),
 	};
+	/* KVD_TEST_FILTER=pattern (cmocka wildcards) runs a subset */
+	const char *filter = getenv("KVD_TEST_FILTER");
+	if (filter && *filter)
+		cmocka_set_test_filter(filter);
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

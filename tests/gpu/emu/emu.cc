@@ -4,7 +4,9 @@
  * Kernels: a grid's blocks run one after another; a block's threads are
  * ucontext fibers run round-robin, each until it reaches __syncthreads()
  * or returns, so that every thread of a block has arrived at a barrier
- * before any leaves it. A block whose threads reach different numbers of
+ * before any leaves it. When the first block meets no barrier at all, the
+ * other blocks' threads run as plain calls (fast); a barrier met then
+ * aborts. A block whose threads reach different numbers of
  * barriers (undefined behaviour on a GPU) aborts the test.
  *
  * Memory: "device" allocations are host allocations, tracked so that a
@@ -36,8 +38,16 @@ static char *stacks;
 static int cur, done[EMU_MAX_THREADS], barriers[EMU_MAX_THREADS];
 static const std::function<void()> *cur_body;
 
+/* Set while threads run as plain calls (a kernel whose first block met no
+ * barrier): a barrier then is a kernel with data-dependent barriers. */
+static int direct_mode;
+
 void __syncthreads(void)
 {
+	if (direct_mode) {
+		fprintf(stderr, "emu: __syncthreads in a block after a first block without any\n");
+		abort();
+	}
 	barriers[cur]++;
 	swapcontext(&fib[cur], &sched_ctx);
 }
@@ -74,12 +84,26 @@ int emu_launch(dim3 grid, dim3 block, size_t smem, const std::function<void()> &
 	gridDim.x = grid.x;
 	gridDim.y = grid.y;
 	gridDim.z = grid.z;
+	int any_barrier = 1;
 	for (unsigned bz = 0; bz < grid.z; bz++)
 		for (unsigned by = 0; by < grid.y; by++)
 			for (unsigned bx = 0; bx < grid.x; bx++) {
 				blockIdx.x = bx;
 				blockIdx.y = by;
 				blockIdx.z = bz;
+				if (!any_barrier) {
+					/* no barriers: threads one after another, as calls */
+					direct_mode = 1;
+					for (int t = 0; t < nth; t++) {
+						cur = t;
+						threadIdx.x = (unsigned)t % block.x;
+						threadIdx.y = ((unsigned)t / block.x) % block.y;
+						threadIdx.z = (unsigned)t / (block.x * block.y);
+						body();
+					}
+					direct_mode = 0;
+					continue;
+				}
 				for (int t = 0; t < nth; t++) {
 					getcontext(&fib[t]);
 					fib[t].uc_stack.ss_sp = stacks + (size_t)t * EMU_STACK;
@@ -111,6 +135,8 @@ int emu_launch(dim3 grid, dim3 block, size_t smem, const std::function<void()> &
 					if (!live)
 						break;
 				}
+				if (bx == 0 && by == 0 && bz == 0 && barriers[0] == 0)
+					any_barrier = 0;
 			}
 	free(dyn);
 	emu_dyn_smem = NULL;
@@ -391,16 +417,30 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
 	}
 	if (m && n)
 		check_span(c, (((size_t)n - 1) * ldc + m) * 4, 1);
+	/* op(A) as m rows of k floats, op(B) as n rows of k floats */
+	float *fa = (float *)malloc(sizeof(float) * ((size_t)m * k + 1));
+	float *fb = (float *)malloc(sizeof(float) * ((size_t)n * k + 1));
+	if (!fa || !fb) {
+		free(fa);
+		free(fb);
+		return CUBLAS_STATUS_ALLOC_FAILED;
+	}
+	for (int i = 0; i < m; i++)
+		for (int p = 0; p < k; p++)
+			fa[(size_t)i * k + p] = emu_h2f(ta == CUBLAS_OP_N ? a[i + (size_t)p * lda].x : a[p + (size_t)i * lda].x);
+	for (int j = 0; j < n; j++)
+		for (int p = 0; p < k; p++)
+			fb[(size_t)j * k + p] = emu_h2f(tb == CUBLAS_OP_N ? b[p + (size_t)j * ldb].x : b[j + (size_t)p * ldb].x);
 	for (int j = 0; j < n; j++)
 		for (int i = 0; i < m; i++) {
+			const float *ar = fa + (size_t)i * k, *br = fb + (size_t)j * k;
 			float s = 0;
-			for (int p = 0; p < k; p++) {
-				float av = emu_h2f(ta == CUBLAS_OP_N ? a[i + (size_t)p * lda].x : a[p + (size_t)i * lda].x);
-				float bv = emu_h2f(tb == CUBLAS_OP_N ? b[p + (size_t)j * ldb].x : b[j + (size_t)p * ldb].x);
-				s += av * bv;
-			}
+			for (int p = 0; p < k; p++)
+				s += ar[p] * br[p];
 			float *cij = c + i + (size_t)j * ldc;
 			*cij = al * s + (be != 0.0f ? be * *cij : 0.0f);
 		}
+	free(fa);
+	free(fb);
 	return CUBLAS_STATUS_SUCCESS;
 }
