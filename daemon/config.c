@@ -105,59 +105,43 @@ static int copy_str(char *dst, size_t cap, const char *v)
 	return 0;
 }
 
-/* Comma/space separated user names or numeric ids. */
-static int parse_users(const char *v, uid_t *out, size_t *n, char *bad, size_t badlen)
+/* Name -> id lookups for parse_ids(); -ENOENT for an unknown name. */
+static int lookup_user(const char *name, uint32_t *ret)
 {
-	char buf[1024], *save = NULL, *tok;
-	if (copy_str(buf, sizeof(buf), v) < 0)
-		return -EINVAL;
-	*n = 0;
-	for (tok = strtok_r(buf, ", \t", &save); tok; tok = strtok_r(NULL, ", \t", &save)) {
-		if (*n == KVD_CONF_MAX_IDS)
-			return -E2BIG;
-		if (isdigit((unsigned char)*tok)) {
-			uint32_t id;
-			if (parse_u32(tok, 0, UINT32_MAX - 1, &id) < 0)
-				goto bad;
-			out[(*n)++] = (uid_t)id;
-		} else {
-			struct passwd *pw = getpwnam(tok);
-			if (!pw)
-				goto bad;
-			out[(*n)++] = pw->pw_uid;
-		}
-		continue;
-bad:
-		snprintf(bad, badlen, "%s", tok);
+	struct passwd *pw = getpwnam(name);
+	if (!pw)
 		return -ENOENT;
-	}
+	*ret = pw->pw_uid;
 	return 0;
 }
 
-static int parse_groups(const char *v, gid_t *out, size_t *n, char *bad, size_t badlen)
+static int lookup_group(const char *name, uint32_t *ret)
+{
+	struct group *gr = getgrnam(name);
+	if (!gr)
+		return -ENOENT;
+	*ret = gr->gr_gid;
+	return 0;
+}
+
+/* Comma/space separated names or numeric ids, at most KVD_CONF_MAX_IDS.
+ * On -ENOENT the unknown token is copied to bad. */
+static int parse_ids(const char *v, int (*lookup)(const char *, uint32_t *), uint32_t *out, size_t *n, char *bad,
+		     size_t badlen)
 {
 	char buf[1024], *save = NULL, *tok;
 	if (copy_str(buf, sizeof(buf), v) < 0)
 		return -EINVAL;
 	*n = 0;
 	for (tok = strtok_r(buf, ", \t", &save); tok; tok = strtok_r(NULL, ", \t", &save)) {
+		uint32_t id;
 		if (*n == KVD_CONF_MAX_IDS)
 			return -E2BIG;
-		if (isdigit((unsigned char)*tok)) {
-			uint32_t id;
-			if (parse_u32(tok, 0, UINT32_MAX - 1, &id) < 0)
-				goto bad;
-			out[(*n)++] = (gid_t)id;
-		} else {
-			struct group *gr = getgrnam(tok);
-			if (!gr)
-				goto bad;
-			out[(*n)++] = gr->gr_gid;
+		if (isdigit((unsigned char)*tok) ? parse_u32(tok, 0, UINT32_MAX - 1, &id) < 0 : lookup(tok, &id) < 0) {
+			snprintf(bad, badlen, "%s", tok);
+			return -ENOENT;
 		}
-		continue;
-bad:
-		snprintf(bad, badlen, "%s", tok);
-		return -ENOENT;
+		out[(*n)++] = id;
 	}
 	return 0;
 }
@@ -245,7 +229,7 @@ static int set_key(struct kvd_config *c, const char *sec, const char *key, const
 		if (copy_str(c->socket_group, sizeof(c->socket_group), v) < 0)
 			goto bad_value;
 	} else if (IS("server", "allowed_users")) {
-		r = parse_users(v, c->allowed_uids, &c->n_allowed_uids, bad, sizeof(bad));
+		r = parse_ids(v, lookup_user, c->allowed_uids, &c->n_allowed_uids, bad, sizeof(bad));
 		if (r == -ENOENT) {
 			snprintf(msg, ml, "unknown user '%s'", bad);
 			return -EINVAL;
@@ -253,7 +237,7 @@ static int set_key(struct kvd_config *c, const char *sec, const char *key, const
 		if (r < 0)
 			goto bad_value;
 	} else if (IS("server", "allowed_groups")) {
-		r = parse_groups(v, c->allowed_gids, &c->n_allowed_gids, bad, sizeof(bad));
+		r = parse_ids(v, lookup_group, c->allowed_gids, &c->n_allowed_gids, bad, sizeof(bad));
 		if (r == -ENOENT) {
 			snprintf(msg, ml, "unknown group '%s'", bad);
 			return -EINVAL;

@@ -203,8 +203,73 @@ struct kvd_backend_ops {
 extern const struct kvd_backend_ops kvd_cpu_backend;
 
 /* Bytes of one row of `cols` elements of type t, or 0 if t is unsupported
- * or cols is not a multiple of the type's block. */
-size_t kvd_wtype_row_bytes(enum kvd_wtype t, int64_t cols);
+ * or cols is not a multiple of the type's block. Inline so that device
+ * plug-ins, which link none of kvd's archives, share it. */
+static inline size_t kvd_wtype_row_bytes(enum kvd_wtype t, int64_t cols)
+{
+	if (cols <= 0)
+		return 0;
+	switch (t) {
+	case KVD_WTYPE_F32: return (size_t)cols * 4;
+	case KVD_WTYPE_F16:
+	case KVD_WTYPE_BF16: return (size_t)cols * 2;
+	case KVD_WTYPE_Q4_0: return cols % 32 ? 0 : (size_t)cols / 32 * 18;
+	case KVD_WTYPE_Q4_1: return cols % 32 ? 0 : (size_t)cols / 32 * 20;
+	case KVD_WTYPE_Q8_0: return cols % 32 ? 0 : (size_t)cols / 32 * 34;
+	}
+	return 0;
+}
+
+static inline int kvd_tensor_check_(const struct kvd_tensor *t, int64_t cols, int64_t rows)
+{
+	if (!t->data || t->cols != cols || t->rows != rows)
+		return -1;
+	if (t->row_bytes == 0 || kvd_wtype_row_bytes(t->type, t->cols) != t->row_bytes)
+		return -1;
+	return 0;
+}
+
+/*
+ * What every backend's load checks before touching weights: consistent
+ * hyper-parameters (query heads a multiple of KV heads, at most max_group
+ * query heads per KV head, even head size), every tensor present with the
+ * shape the hyper-parameters give and a row size matching its type, norm
+ * vectors in f32. 0 or -EINVAL (22, spelled out to keep this header free of
+ * <errno.h>).
+ */
+static inline int kvd_model_weights_check(const struct kvd_model_weights *w, int max_group)
+{
+	const struct kvd_hparams *hp = &w->hp;
+	int64_t qd, kvd;
+	int r = 0;
+
+	if (hp->n_layer <= 0 || hp->n_embd <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 ||
+	    hp->n_head % hp->n_head_kv || hp->head_dim <= 0 || hp->head_dim % 2 || hp->n_ff <= 0 ||
+	    hp->n_vocab <= 0 || hp->n_head / hp->n_head_kv > max_group || !w->layers)
+		return -22;
+	qd = (int64_t)hp->n_head * hp->head_dim;
+	kvd = (int64_t)hp->n_head_kv * hp->head_dim;
+	r |= kvd_tensor_check_(&w->tok_embd, hp->n_embd, hp->n_vocab);
+	r |= kvd_tensor_check_(&w->output, hp->n_embd, hp->n_vocab);
+	r |= kvd_tensor_check_(&w->output_norm, hp->n_embd, 1);
+	for (int l = 0; l < hp->n_layer && !r; l++) {
+		const struct kvd_layer_weights *L = &w->layers[l];
+		r |= kvd_tensor_check_(&L->attn_norm, hp->n_embd, 1);
+		r |= kvd_tensor_check_(&L->ffn_norm, hp->n_embd, 1);
+		r |= kvd_tensor_check_(&L->wq, hp->n_embd, qd);
+		r |= kvd_tensor_check_(&L->wk, hp->n_embd, kvd);
+		r |= kvd_tensor_check_(&L->wv, hp->n_embd, kvd);
+		r |= kvd_tensor_check_(&L->wo, qd, hp->n_embd);
+		r |= kvd_tensor_check_(&L->w_gate, hp->n_embd, hp->n_ff);
+		r |= kvd_tensor_check_(&L->w_up, hp->n_embd, hp->n_ff);
+		r |= kvd_tensor_check_(&L->w_down, hp->n_ff, hp->n_embd);
+		if (L->attn_norm.type != KVD_WTYPE_F32 || L->ffn_norm.type != KVD_WTYPE_F32)
+			r = -1;
+	}
+	if (w->output_norm.type != KVD_WTYPE_F32)
+		r = -1;
+	return r ? -22 : 0;
+}
 /* Name of a weight type ("q4_1"), or "unknown". */
 const char *kvd_wtype_name(enum kvd_wtype t);
 

@@ -118,46 +118,12 @@ static void cpu_destroy(void *ctx)
 	free(c);
 }
 
-static int check_tensor(const struct kvd_tensor *t, int64_t cols, int64_t rows)
-{
-	if (!t->data || t->cols != cols || t->rows != rows)
-		return -EINVAL;
-	if (kvd_wtype_row_bytes(t->type, t->cols) != t->row_bytes || t->row_bytes == 0)
-		return -EINVAL;
-	return 0;
-}
-
 static int cpu_load(void *ctx, const struct kvd_model_weights *w)
 {
 	struct cpu_ctx *c = ctx;
-	const struct kvd_hparams *hp = &w->hp;
-	int64_t qd = (int64_t)hp->n_head * hp->head_dim, kvd = (int64_t)hp->n_head_kv * hp->head_dim;
-	int r = 0;
 
-	if (hp->n_layer <= 0 || hp->n_embd <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 ||
-	    hp->n_head % hp->n_head_kv || hp->head_dim <= 0 || hp->head_dim % 2 || hp->n_ff <= 0 ||
-	    hp->n_vocab <= 0 || hp->n_head / hp->n_head_kv > 64)
-		return -EINVAL;
-	r |= check_tensor(&w->tok_embd, hp->n_embd, hp->n_vocab);
-	r |= check_tensor(&w->output, hp->n_embd, hp->n_vocab);
-	r |= check_tensor(&w->output_norm, hp->n_embd, 1);
-	for (int l = 0; l < hp->n_layer && !r; l++) {
-		const struct kvd_layer_weights *L = &w->layers[l];
-		r |= check_tensor(&L->attn_norm, hp->n_embd, 1);
-		r |= check_tensor(&L->ffn_norm, hp->n_embd, 1);
-		r |= check_tensor(&L->wq, hp->n_embd, qd);
-		r |= check_tensor(&L->wk, hp->n_embd, kvd);
-		r |= check_tensor(&L->wv, hp->n_embd, kvd);
-		r |= check_tensor(&L->wo, qd, hp->n_embd);
-		r |= check_tensor(&L->w_gate, hp->n_embd, hp->n_ff);
-		r |= check_tensor(&L->w_up, hp->n_embd, hp->n_ff);
-		r |= check_tensor(&L->w_down, hp->n_ff, hp->n_embd);
-		if (L->attn_norm.type != KVD_WTYPE_F32 || L->ffn_norm.type != KVD_WTYPE_F32)
-			r = -EINVAL;
-	}
-	if (w->output_norm.type != KVD_WTYPE_F32)
-		r = -EINVAL;
-	if (r)
+	/* attention keeps one running max per query head of a group: <= 64 */
+	if (kvd_model_weights_check(w, 64) < 0)
 		return -EINVAL;
 	c->w = w;
 	return 0;

@@ -164,21 +164,6 @@ static void dfree(void *p)
 		(void)cudaFree(p);
 }
 
-static size_t wtype_row_bytes(int t, int64_t cols)
-{
-	if (cols <= 0)
-		return 0;
-	switch (t) {
-	case KVD_WTYPE_F32: return (size_t)cols * 4;
-	case KVD_WTYPE_F16:
-	case KVD_WTYPE_BF16: return (size_t)cols * 2;
-	case KVD_WTYPE_Q4_0: return cols % 32 ? 0 : (size_t)cols / 32 * 18;
-	case KVD_WTYPE_Q4_1: return cols % 32 ? 0 : (size_t)cols / 32 * 20;
-	case KVD_WTYPE_Q8_0: return cols % 32 ? 0 : (size_t)cols / 32 * 34;
-	}
-	return 0;
-}
-
 /* ---- init / destroy -------------------------------------------------------- */
 
 static void free_weights(struct cu_ctx *c)
@@ -325,46 +310,12 @@ fail:
 
 /* ---- load ---------------------------------------------------------------------- */
 
-static int check_tensor(const struct kvd_tensor *t, int64_t cols, int64_t rows)
-{
-	if (!t->data || t->cols != cols || t->rows != rows)
-		return -EINVAL;
-	if (wtype_row_bytes(t->type, t->cols) != t->row_bytes || t->row_bytes == 0)
-		return -EINVAL;
-	return 0;
-}
-
 static int check_weights(const struct kvd_model_weights *w)
 {
 	const struct kvd_hparams *hp = &w->hp;
-	int64_t qd, kvd;
-	int r = 0;
+	int64_t qd = (int64_t)hp->n_head * hp->head_dim, kvd = (int64_t)hp->n_head_kv * hp->head_dim;
+	int r = kvd_model_weights_check(w, CU_ATTN_MAX_ROWS) < 0 ? -EINVAL : 0;
 
-	if (hp->n_layer <= 0 || hp->n_embd <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 ||
-	    hp->n_head % hp->n_head_kv || hp->head_dim <= 0 || hp->head_dim % 2 || hp->n_ff <= 0 ||
-	    hp->n_vocab <= 0 || hp->n_head / hp->n_head_kv > CU_ATTN_MAX_ROWS || !w->layers)
-		return -EINVAL;
-	qd = (int64_t)hp->n_head * hp->head_dim;
-	kvd = (int64_t)hp->n_head_kv * hp->head_dim;
-	r |= check_tensor(&w->tok_embd, hp->n_embd, hp->n_vocab);
-	r |= check_tensor(&w->output, hp->n_embd, hp->n_vocab);
-	r |= check_tensor(&w->output_norm, hp->n_embd, 1);
-	for (int l = 0; l < hp->n_layer && !r; l++) {
-		const struct kvd_layer_weights *L = &w->layers[l];
-		r |= check_tensor(&L->attn_norm, hp->n_embd, 1);
-		r |= check_tensor(&L->ffn_norm, hp->n_embd, 1);
-		r |= check_tensor(&L->wq, hp->n_embd, qd);
-		r |= check_tensor(&L->wk, hp->n_embd, kvd);
-		r |= check_tensor(&L->wv, hp->n_embd, kvd);
-		r |= check_tensor(&L->wo, qd, hp->n_embd);
-		r |= check_tensor(&L->w_gate, hp->n_embd, hp->n_ff);
-		r |= check_tensor(&L->w_up, hp->n_embd, hp->n_ff);
-		r |= check_tensor(&L->w_down, hp->n_ff, hp->n_embd);
-		if (L->attn_norm.type != KVD_WTYPE_F32 || L->ffn_norm.type != KVD_WTYPE_F32)
-			r = -EINVAL;
-	}
-	if (w->output_norm.type != KVD_WTYPE_F32)
-		r = -EINVAL;
 	/* cuBLAS takes int dimensions; kernels index rows with int */
 	if (qd + 2 * kvd > (1 << 30) || 2 * (int64_t)hp->n_ff > (1 << 30))
 		r = -EINVAL;
