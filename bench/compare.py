@@ -59,11 +59,13 @@ def main():
     if not os.path.exists(KVD):
         sys.exit("bench: %s is missing: run make first" % KVD)
     results = {"model": MODEL, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "reps": a.reps, "figures": []}
-    triad = [run([KVD, "triad", "--mib", "768"])["gb_per_s"] for _ in range(3)]
-    bw = max(triad)
-    results["triad_gb_per_s"] = triad
+    bws = {}
     rows = []
     for th in [int(x) for x in a.threads.split(",")]:
+        # the roofline of th threads uses the bandwidth th threads reach
+        triad = [run([KVD, "--threads", str(th), "triad", "--mib", "768"])["gb_per_s"] for _ in range(3)]
+        bw = bws[th] = max(triad)
+        results.setdefault("triad_gb_per_s", {})[str(th)] = triad
         for name, args, key in figures(a.quick):
             if a.only and not any(o in name for o in a.only.split(",")):
                 continue
@@ -92,7 +94,8 @@ def main():
     with open(path, "w") as f:
         json.dump(results, f, indent=1)
     print()
-    print("memory bandwidth (triad, best of 3): %.1f GB/s" % bw)
+    for th, bw in bws.items():
+        print("memory bandwidth, %d thread(s) (triad, best of 3): %.1f GB/s" % (th, bw))
     print("%-3s %-22s %12s %12s %7s" % ("thr", "figure", "kvd", "llama.cpp", "ratio"))
     for th, name, mk, ml, ratio, key in rows:
         unit = "" if key == "warm_over_cold" else " tok/s"

@@ -11,8 +11,9 @@
  *   kvd_bench --model M --threads N prefix --tokens P [--suffix K]
  *       time to first token for a prompt whose P-token prefix is cached
  *       (after a first request with the same prefix), against cold
- *   kvd_bench triad [--mib N]
- *       memory bandwidth, STREAM triad a[i] = b[i] + s * c[i], best of 5
+ *   kvd_bench [--threads N] triad [--mib N]
+ *       memory bandwidth, STREAM triad a[i] = b[i] + s * c[i] over N
+ *       threads, best of 5
  *
  * Prompts are deterministic pseudo-random token ids (the same ones the
  * llama.cpp side uses, from the same generator: x = x * 1103515245 + 12345,
@@ -21,6 +22,7 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,12 +65,28 @@ static int32_t argmax(const float *x, int n)
 	return b;
 }
 
-static double triad(size_t mib)
+struct triad_arg {
+	double *a, *b, *c;
+	size_t lo, hi;
+};
+
+static void *triad_part(void *p)
+{
+	struct triad_arg *t = p;
+	for (size_t i = t->lo; i < t->hi; i++)
+		t->a[i] = t->b[i] + 3.0 * t->c[i];
+	return NULL;
+}
+
+/* STREAM triad over `threads` threads (each its own slice), best of 5. */
+static double triad(size_t mib, int threads)
 {
 	size_t n = mib * (1u << 20) / sizeof(double) / 3;
 	double *a = malloc(n * sizeof(double)), *b = malloc(n * sizeof(double)), *c = malloc(n * sizeof(double));
 	double best = 0;
-	if (!a || !b || !c)
+	pthread_t th[64];
+	struct triad_arg ta[64];
+	if (!a || !b || !c || threads < 1 || threads > 64)
 		return -1;
 	for (size_t i = 0; i < n; i++) {
 		a[i] = 0;
@@ -77,8 +95,14 @@ static double triad(size_t mib)
 	}
 	for (int rep = 0; rep < 5; rep++) {
 		double t0 = now_s();
-		for (size_t i = 0; i < n; i++)
-			a[i] = b[i] + 3.0 * c[i];
+		for (int k = 0; k < threads; k++) {
+			ta[k] = (struct triad_arg){a, b, c, n * (size_t)k / (size_t)threads, n * (size_t)(k + 1) / (size_t)threads};
+			if (k)
+				pthread_create(&th[k], NULL, triad_part, &ta[k]);
+		}
+		triad_part(&ta[0]);
+		for (int k = 1; k < threads; k++)
+			pthread_join(th[k], NULL);
 		double dt = now_s() - t0;
 		double gbs = 3.0 * n * sizeof(double) / dt / 1e9;
 		if (gbs > best)
@@ -148,7 +172,7 @@ int main(int argc, char **argv)
 	}
 	const char *what = argv[optind];
 	if (!strcmp(what, "triad")) {
-		printf("{\"figure\":\"triad\",\"gb_per_s\":%.3f}\n", triad(mib));
+		printf("{\"figure\":\"triad\",\"threads\":%d,\"gb_per_s\":%.3f}\n", threads, triad(mib, threads));
 		return 0;
 	}
 	if (!model || seqs < 1 || seqs > 256 || tokens < 1 || depth < 1) {

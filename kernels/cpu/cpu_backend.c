@@ -440,15 +440,25 @@ static void attn_chunk(const struct cpu_ctx *c, const struct step *s, int t, int
 
 	for (int r = 0; r < n_rep; r++)
 		pm[r].m = -INFINITY;
-	for (int i = 0; i < n; i++) {
-		int p = p0 + i;
-		const uint16_t *k = (const uint16_t *)(layer_base + (size_t)sq->pages[p / bs] * L->page_bytes +
-						       (size_t)(p % bs) * L->token_stride) + g * hd;
+	/* scores, four positions at a time (the last group padded by repeating
+	 * its last position): which positions share a group depends only on
+	 * the positions, so a query's scores never depend on anything else */
+	for (int i = 0; i < n; i += 4) {
+		const uint16_t *k[4];
+		for (int j = 0; j < 4; j++) {
+			int p = p0 + (i + j < n ? i + j : n - 1);
+			k[j] = (const uint16_t *)(layer_base + (size_t)sq->pages[p / bs] * L->page_bytes +
+						  (size_t)(p % bs) * L->token_stride) + g * hd;
+		}
 		for (int r = 0; r < n_rep; r++) {
-			float v = c->k.dot_f32_f16(q + r * hd, k, hd) * scale;
-			sc[r * ATTN_CHUNK + i] = v;
-			if (v > pm[r].m)
-				pm[r].m = v;
+			float v4[4];
+			c->k.dot4_f32_f16(q + r * hd, k, hd, v4);
+			for (int j = 0; j < 4 && i + j < n; j++) {
+				float v = v4[j] * scale;
+				sc[r * ATTN_CHUNK + i + j] = v;
+				if (v > pm[r].m)
+					pm[r].m = v;
+			}
 		}
 	}
 	for (int r = 0; r < n_rep; r++) {
@@ -465,8 +475,10 @@ static void attn_chunk(const struct cpu_ctx *c, const struct step *s, int t, int
 		int p = p0 + i;
 		const uint16_t *v = (const uint16_t *)(layer_base + (size_t)sq->pages[p / bs] * L->page_bytes +
 						       L->v_offset + (size_t)(p % bs) * L->token_stride) + g * hd;
+		float w[64];
 		for (int r = 0; r < n_rep; r++)
-			c->k.axpy_f16(po + r * hd, sc[r * ATTN_CHUNK + i], v, hd);
+			w[r] = sc[r * ATTN_CHUNK + i];
+		c->k.axpyn_f16(po, hd, w, n_rep, v, hd);
 	}
 }
 

@@ -273,6 +273,18 @@ static void axpy_f16_generic(float *y, float a, const uint16_t *v, int n)
 		y[i] += a * fp16_to_f32(v[i]);
 }
 
+static void dot4_f32_f16_generic(const float *q, const uint16_t *const k[4], int n, float out[4])
+{
+	for (int j = 0; j < 4; j++)
+		out[j] = dot_f32_f16_generic(q, k[j], n);
+}
+
+static void axpyn_f16_generic(float *y, int ldy, const float *a, int nr, const uint16_t *v, int n)
+{
+	for (int r = 0; r < nr; r++)
+		axpy_f16_generic(y + (size_t)r * ldy, a[r], v, n);
+}
+
 static void store_f16_generic(uint16_t *dst, const float *src, int n)
 {
 	for (int i = 0; i < n; i++)
@@ -477,6 +489,42 @@ AVX2 static void axpy_f16_avx2(float *y, float a, const uint16_t *v, int n)
 		y[i] += a * h2f(v[i]);
 }
 
+AVX2 static void dot4_f32_f16_avx2(const float *q, const uint16_t *const k[4], int n, float out[4])
+{
+	__m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+	int i = 0;
+	for (; i + 8 <= n; i += 8) {
+		__m256 qv = _mm256_loadu_ps(q + i);
+		a0 = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k[0] + i))), a0);
+		a1 = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k[1] + i))), a1);
+		a2 = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k[2] + i))), a2);
+		a3 = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k[3] + i))), a3);
+	}
+	/* reduce the four accumulators together: (a0+a1 pairs, a2+a3 pairs) */
+	__m256 h01 = _mm256_hadd_ps(a0, a1), h23 = _mm256_hadd_ps(a2, a3);
+	__m256 h = _mm256_hadd_ps(h01, h23);
+	__m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+	_mm_storeu_ps(out, r);
+	for (; i < n; i++)
+		for (int j = 0; j < 4; j++)
+			out[j] += q[i] * h2f(k[j][i]);
+}
+
+AVX2 static void axpyn_f16_avx2(float *y, int ldy, const float *a, int nr, const uint16_t *v, int n)
+{
+	int i = 0;
+	for (; i + 8 <= n; i += 8) {
+		__m256 vv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i)));
+		for (int r = 0; r < nr; r++) {
+			float *yr = y + (size_t)r * ldy + i;
+			_mm256_storeu_ps(yr, _mm256_fmadd_ps(_mm256_set1_ps(a[r]), vv, _mm256_loadu_ps(yr)));
+		}
+	}
+	for (; i < n; i++)
+		for (int r = 0; r < nr; r++)
+			y[(size_t)r * ldy + i] += a[r] * h2f(v[i]);
+}
+
 AVX2 static void store_f16_avx2(uint16_t *dst, const float *src, int n)
 {
 	int i = 0;
@@ -501,6 +549,8 @@ void cpu_kernels_init(struct cpu_kernels *k, int force_generic)
 	k->quantize_q8 = quantize_q8_generic;
 	k->dot_f32_f16 = dot_f32_f16_generic;
 	k->axpy_f16 = axpy_f16_generic;
+	k->dot4_f32_f16 = dot4_f32_f16_generic;
+	k->axpyn_f16 = axpyn_f16_generic;
 	k->store_f16 = store_f16_generic;
 #if defined(__x86_64__)
 	if (!force_generic && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
@@ -515,6 +565,8 @@ void cpu_kernels_init(struct cpu_kernels *k, int force_generic)
 		k->quantize_q8 = quantize_q8_avx2;
 		k->dot_f32_f16 = dot_f32_f16_avx2;
 		k->axpy_f16 = axpy_f16_avx2;
+		k->dot4_f32_f16 = dot4_f32_f16_avx2;
+		k->axpyn_f16 = axpyn_f16_avx2;
 		k->store_f16 = store_f16_avx2;
 		/* The 512-bit multi-row dot kernels are not faster than the
 		 * 256-bit ones (opt-in); the tiled kernels are, and are the

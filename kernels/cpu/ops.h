@@ -62,6 +62,11 @@ struct cpu_kernels {
 	float (*dot_f32_f16)(const float *q, const uint16_t *k, int n);
 	/* y[i] += a * v[i] with v stored as f16 */
 	void (*axpy_f16)(float *y, float a, const uint16_t *v, int n);
+	/* out[j] = sum_i q[i] * k[j][i] for four f16 rows at once */
+	void (*dot4_f32_f16)(const float *q, const uint16_t *const k[4], int n, float out[4]);
+	/* y[r * ldy + i] += a[r] * v[i] for r < nr: one f16 row, converted
+	 * once, into nr accumulators (the query heads of a KV group) */
+	void (*axpyn_f16)(float *y, int ldy, const float *a, int nr, const uint16_t *v, int n);
 	/* dst[i] = f16(src[i]) */
 	void (*store_f16)(uint16_t *dst, const float *src, int n);
 };

@@ -290,6 +290,30 @@ static void test_attention_helpers(void **state)
 		kv.axpy_f16(y2, 0.5f, k, n);
 		for (int i = 0; i < n; i++)
 			assert_true(fabsf(y1[i] - y2[i]) < 1e-6f);
+		/* four rows at once: each equals its own dot product */
+		const uint16_t *rows[4] = {k, k, k, k};
+		uint16_t k2[130];
+		for (int i = 0; i < n; i++)
+			k2[i] = f32_to_fp16(frand());
+		rows[2] = k2;
+		float o4g[4], o4v[4];
+		kg.dot4_f32_f16(q, rows, n, o4g);
+		kv.dot4_f32_f16(q, rows, n, o4v);
+		for (int j = 0; j < 4; j++) {
+			double rj = 0;
+			for (int i = 0; i < n; i++)
+				rj += (double)q[i] * fp16_to_f32(rows[j][i]);
+			assert_true(fabs(o4g[j] - rj) < 1e-4);
+			assert_true(fabs(o4v[j] - rj) < 1e-4);
+		}
+		/* one V row into three accumulators */
+		float acc_g[3 * 130], acc_v[3 * 130], w3[3] = {0.25f, -1.5f, 2.0f};
+		for (int i = 0; i < 3 * n; i++)
+			acc_g[i] = acc_v[i] = frand();
+		kg.axpyn_f16(acc_g, n, w3, 3, k, n);
+		kv.axpyn_f16(acc_v, n, w3, 3, k, n);
+		for (int i = 0; i < 3 * n; i++)
+			assert_true(fabsf(acc_g[i] - acc_v[i]) < 1e-5f);
 	}
 }
 
