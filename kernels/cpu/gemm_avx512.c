@@ -23,7 +23,7 @@
 #include <immintrin.h>
 #include <string.h>
 
-#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,f16c,fma")))
+#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx512vbmi,f16c,fma")))
 
 struct b40 { uint16_t d; uint8_t qs[16]; };
 struct b41 { uint16_t d, m; uint8_t qs[16]; };
@@ -126,14 +126,24 @@ TGT static inline __attribute__((always_inline)) void load_act(enum gemm_kind ki
 /* q4_1 weights: value = d * q + m with q unsigned 0..15. The m * s term of
  * a block is spread over its 8 lanes as m * (s / 8) (exact scaling). */
 DEF_TILE(K_Q4_1, {
+	/* both blocks (40 bytes) in one masked load, then byte permutes: one
+	 * to lay out [qs0, qs0, qs1, qs1] for the nibble split, one to gather
+	 * [d0, m0, d1, m1] for the scales; a missing second block reads as 0 */
 	const struct b41 *blk = (const struct b41 *)wr + b;
-	uint32_t dm0, dm1 = 0;
-	memcpy(&dm0, &blk[0], 4);
-	if (two)
-		memcpy(&dm1, &blk[1], 4);
-	/* [d0, m0, d1, m1] in one conversion, then spread to halves */
-	__m512 f = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_set_epi32(0, 0, (int)dm1, (int)dm0)));
-	q = join(unpack_nib(blk[0].qs), two ? unpack_nib(blk[1].qs) : _mm256_setzero_si256());
+	__m512i raw = _mm512_maskz_loadu_epi8(two ? (__mmask64)0xffffffffffull : (__mmask64)0xfffffull, blk);
+	__m512i v = _mm512_permutexvar_epi8(_mm512_set_epi8(39, 38, 37, 36, 35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24,
+							     39, 38, 37, 36, 35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24,
+							     19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4,
+							     19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4),
+					    raw);
+	v = _mm512_mask_srli_epi16(v, (__mmask32)0xff00ff00u, v, 4);
+	q = _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
+	__m512i dm = _mm512_permutexvar_epi8(_mm512_set_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+							      0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+							      0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+							      0, 0, 0, 0, 0, 0, 0, 0, 23, 22, 21, 20, 3, 2, 1, 0),
+					     raw);
+	__m512 f = _mm512_castps128_ps512(_mm_cvtph_ps(_mm512_castsi512_si128(dm)));
 	wd = _mm512_permutexvar_ps(_mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0), f);
 	wm = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), f);
 })
@@ -197,7 +207,8 @@ int cpu_kernels_init_gemm_avx512(struct cpu_kernels *k)
 {
 	if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
 	    !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512vnni") ||
-	    !__builtin_cpu_supports("avx512dq") || !__builtin_cpu_supports("f16c") || !__builtin_cpu_supports("fma"))
+	    !__builtin_cpu_supports("avx512dq") || !__builtin_cpu_supports("avx512vbmi") ||
+	    !__builtin_cpu_supports("f16c") || !__builtin_cpu_supports("fma"))
 		return 0;
 	k->gemm[KVD_WTYPE_Q4_0] = gemm_q4_0;
 	k->gemm[KVD_WTYPE_Q4_1] = gemm_q4_1;
