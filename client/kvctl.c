@@ -1350,7 +1350,12 @@ static const char help_ps[] =
 	"             generated_tokens, max_tokens, pages, pages_shared, age_ms, session_id\n"
 	"\n" COMMON_HELP "\n" EXIT_STATUS_HELP;
 
-static int cmd_ps(struct ctx *x, int argc, char **argv)
+/*
+ * Options of a command that takes only --json besides the common ones and
+ * no arguments. Returns -1 to go on (with *ret_json set), or the exit
+ * status to return at once (after --help or a usage error).
+ */
+static int parse_json_only(struct ctx *x, const char *cmd, const char *help, int argc, char **argv, bool *ret_json)
 {
 	enum { O_JSON = OPT_FIRST_CMD };
 	static const struct option longopts[] = {
@@ -1358,10 +1363,9 @@ static int cmd_ps(struct ctx *x, int argc, char **argv)
 		COMMON_LONGOPTS,
 		{ 0 },
 	};
-	const char *cmd = "ps";
-	bool json = false;
 	int o, r;
 
+	*ret_json = false;
 	while ((o = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
 		if ((r = common_opt(x, cmd, o, optarg)) != 0) {
 			if (r < 0)
@@ -1370,10 +1374,10 @@ static int cmd_ps(struct ctx *x, int argc, char **argv)
 		}
 		switch (o) {
 		case 'h':
-			fputs(help_ps, stdout);
+			fputs(help, stdout);
 			return EXIT_OK;
 		case O_JSON:
-			json = true;
+			*ret_json = true;
 			break;
 		default:
 			return usage_error(cmd, "unknown option");
@@ -1381,6 +1385,17 @@ static int cmd_ps(struct ctx *x, int argc, char **argv)
 	}
 	if (optind < argc)
 		return usage_error(cmd, "unexpected argument '%s'", argv[optind]);
+	return -1;
+}
+
+static int cmd_ps(struct ctx *x, int argc, char **argv)
+{
+	const char *cmd = "ps";
+	bool json;
+	int r = parse_json_only(x, cmd, help_ps, argc, argv, &json);
+
+	if (r >= 0)
+		return r;
 	kvc_client *c;
 	if ((r = connect_daemon(x, &c)) != 0)
 		return r;
@@ -1531,35 +1546,12 @@ static const char help_version[] =
 
 static int cmd_version(struct ctx *x, int argc, char **argv)
 {
-	enum { O_JSON = OPT_FIRST_CMD };
-	static const struct option longopts[] = {
-		{ "json", no_argument, NULL, O_JSON },
-		COMMON_LONGOPTS,
-		{ 0 },
-	};
 	const char *cmd = "version";
-	bool json = false;
-	int o, r;
+	bool json;
+	int r = parse_json_only(x, cmd, help_version, argc, argv, &json);
 
-	while ((o = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-		if ((r = common_opt(x, cmd, o, optarg)) != 0) {
-			if (r < 0)
-				return EXIT_USAGE;
-			continue;
-		}
-		switch (o) {
-		case 'h':
-			fputs(help_version, stdout);
-			return EXIT_OK;
-		case O_JSON:
-			json = true;
-			break;
-		default:
-			return usage_error(cmd, "unknown option");
-		}
-	}
-	if (optind < argc)
-		return usage_error(cmd, "unexpected argument '%s'", argv[optind]);
+	if (r >= 0)
+		return r;
 	kvc_client *c = NULL;
 	r = kvc_connect(x->socket, &c);
 	const struct kvc_info *i = r == 0 ? kvc_server_info(c) : NULL;
