@@ -215,7 +215,6 @@ struct mm_job {
 static void mm_range(const struct mm_job *j, int64_t r0, int64_t r1)
 {
 	vec_dot_fn dot = j->c->k.dot[j->w->type];
-	vec_dotn_fn dotn = j->c->k.dotn[j->w->type];
 	const char *wbase = j->w->data;
 	size_t rb = j->w->row_bytes;
 	int64_t n = j->w->cols;
@@ -244,15 +243,8 @@ static void mm_range(const struct mm_job *j, int64_t r0, int64_t r1)
 			const float *xr = j->x + t * j->ldx;
 			const struct q8_block *qr = j->xq ? j->xq + t * j->ldq : NULL;
 			float *yr = j->y + t * j->ldy;
-			if (dotn) {
-				for (int64_t r = rt; r < re; r += DOTN_MAX_ROWS) {
-					int nr = re - r < DOTN_MAX_ROWS ? (int)(re - r) : DOTN_MAX_ROWS;
-					dotn(wbase + r * rb, rb, nr, xr, qr, n, yr + r);
-				}
-			} else {
-				for (int64_t r = rt; r < re; r++)
-					yr[r] = dot(wbase + r * rb, xr, qr, n);
-			}
+			for (int64_t r = rt; r < re; r++)
+				yr[r] = dot(wbase + r * rb, xr, qr, n);
 		}
 	}
 }

@@ -568,11 +568,7 @@ void cpu_kernels_init(struct cpu_kernels *k, int force_generic)
 		k->dot4_f32_f16 = dot4_f32_f16_avx2;
 		k->axpyn_f16 = axpyn_f16_avx2;
 		k->store_f16 = store_f16_avx2;
-		/* The 512-bit multi-row dot kernels are not faster than the
-		 * 256-bit ones (opt-in); the tiled kernels are, and are the
-		 * default where the CPU has AVX-512 VNNI. */
-		if (getenv("KVD_CPU_AVX512"))
-			cpu_kernels_init_avx512(k);
+		/* the tiled AVX-512 VNNI kernels, where the CPU has them */
 		if (!getenv("KVD_CPU_NO_AVX512"))
 			cpu_kernels_init_gemm_avx512(k);
 	}

@@ -38,12 +38,6 @@ float bf16_to_f32(uint16_t h);
  * activation row given both as floats and as q8 blocks (n / 32 of them). */
 typedef float (*vec_dot_fn)(const void *w, const float *x, const struct q8_block *xq, int64_t n);
 
-/* The same for nr (1 .. DOTN_MAX_ROWS) consecutive rows, row_bytes apart:
- * out[r] = dot(row r, x). Each row's result is bit-identical whatever nr. */
-#define DOTN_MAX_ROWS 4
-typedef void (*vec_dotn_fn)(const void *w, size_t row_bytes, int nr, const float *x, const struct q8_block *xq,
-			    int64_t n, float *out);
-
 /* A tile of R (<= GEMM_R) weight rows, row_bytes apart, times C (<= GEMM_C)
  * activation rows (q8 blocks, ldq blocks apart): y[t * ldy + r]. Each
  * (row, token) result is bit-identical whatever R and C. */
@@ -55,8 +49,7 @@ typedef void (*gemm_fn)(const void *w, size_t row_bytes, int R, const struct q8_
 struct cpu_kernels {
 	const char *isa; /* "avx2" or "generic" */
 	vec_dot_fn dot[KVD_WTYPE_BF16 + 1]; /* by enum kvd_wtype */
-	vec_dotn_fn dotn[KVD_WTYPE_BF16 + 1]; /* NULL: use dot row by row */
-	gemm_fn gemm[KVD_WTYPE_BF16 + 1];     /* NULL: use dotn or dot */
+	gemm_fn gemm[KVD_WTYPE_BF16 + 1];     /* NULL: use dot row by row */
 	void (*quantize_q8)(const float *x, struct q8_block *y, int64_t n);
 	/* sum_i q[i] * k[i] with k stored as f16 */
 	float (*dot_f32_f16)(const float *q, const uint16_t *k, int n);
@@ -72,12 +65,8 @@ struct cpu_kernels {
 };
 
 /* Fill the table for this CPU (force_generic: portable versions only;
- * KVD_CPU_AVX512 in the environment: also the AVX-512 VNNI multi-row
- * kernels where the CPU has them). */
+ * KVD_CPU_NO_AVX512 in the environment: AVX2 at most). */
 void cpu_kernels_init(struct cpu_kernels *k, int force_generic);
-/* Install the AVX-512 VNNI multi-row kernels when the CPU has them;
- * returns 1 if it did. */
-int cpu_kernels_init_avx512(struct cpu_kernels *k);
 /* Install the AVX-512 VNNI tiled kernels (used for every batch shape, so
  * results stay shape-independent); returns 1 if the CPU has them. */
 int cpu_kernels_init_gemm_avx512(struct cpu_kernels *k);

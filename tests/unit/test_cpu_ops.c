@@ -181,43 +181,6 @@ static void test_dot_products(void **state)
 	}
 }
 
-/* Multi-row kernels: a row's result does not depend on how many rows are
- * computed with it, and matches the portable dot product. */
-static void test_multirow_kernels(void **state)
-{
-	const enum kvd_wtype types[] = {KVD_WTYPE_Q4_0, KVD_WTYPE_Q4_1, KVD_WTYPE_Q8_0};
-	struct cpu_kernels kg, kv;
-	(void)state;
-	cpu_kernels_init(&kg, 1);
-	cpu_kernels_init(&kv, 0);
-	if (!cpu_kernels_init_avx512(&kv))
-		skip();
-	for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
-		enum kvd_wtype t = types[ti];
-		for (int it = 0; it < 100; it++) {
-			int64_t n = 32 * (1 + next_u32() % 24);
-			size_t rb = kvd_wtype_row_bytes(t, n);
-			uint8_t w[4 * 24 * 34];
-			float x[24 * 32], solo[4], group[4];
-			struct q8_block xq[24];
-			for (int r = 0; r < 4; r++)
-				fill_weights(t, w + r * rb, n);
-			for (int64_t i = 0; i < n; i++)
-				x[i] = frand();
-			kg.quantize_q8(x, xq, n);
-			kv.dotn[t](w, rb, 4, x, xq, n, group);
-			for (int r = 0; r < 4; r++) {
-				kv.dotn[t](w + r * rb, rb, 1, x, xq, n, &solo[r]);
-				assert_memory_equal(&solo[r], &group[r], sizeof(float));
-				float ref = kg.dot[t](w + r * rb, x, xq, n);
-				if (fabsf(ref - solo[r]) > 1e-4f * (1 + fabsf(ref)))
-					fail_msg("%s n=%lld row %d: %g vs portable %g", kvd_wtype_name(t), (long long)n, r,
-						 solo[r], ref);
-			}
-		}
-	}
-}
-
 /* Tiled kernels: every (row, token) result is bit-identical for every tile
  * shape, and close to the portable dot product. */
 static void test_gemm_tiles(void **state)
@@ -325,7 +288,6 @@ int main(void)
 		cmocka_unit_test(test_bf16),
 		cmocka_unit_test(test_quantize_q8),
 		cmocka_unit_test(test_dot_products),
-		cmocka_unit_test(test_multirow_kernels),
 		cmocka_unit_test(test_gemm_tiles),
 		cmocka_unit_test(test_attention_helpers),
 	};
