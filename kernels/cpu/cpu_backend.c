@@ -165,7 +165,7 @@ static int ensure_scratch(struct cpu_ctx *c, int T, int max_pos, int n_logit_row
 		int n = T < 16 ? 16 : T;
 		GROW(c->x, n * (int64_t)hp->n_embd);
 		GROW(c->xn, n * wide);
-		GROW(c->xq, n * (wide / QK));
+		GROW(c->xq, n * q8_row_len(wide));
 		GROW(c->q, n * qd);
 		GROW(c->kk, n * kvd);
 		GROW(c->vv, n * kvd);
@@ -626,7 +626,7 @@ static void norm_worker(void *arg, int ith, int nth)
 	for (int t = ith; t < j->T; t += nth) {
 		rmsnorm_row(c->xn + t * n, c->x + t * n, j->g, n, hp->rms_eps);
 		if (j->quantize)
-			c->k.quantize_q8(c->xn + t * n, c->xq + t * (n / QK), n);
+			c->k.quantize_q8(c->xn + t * n, c->xq + t * q8_row_len(n), n);
 	}
 }
 
@@ -657,7 +657,7 @@ static void swiglu_worker(void *arg, int ith, int nth)
 		for (int64_t i = 0; i < n; i++)
 			g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 		if (j->quantize)
-			c->k.quantize_q8(g, c->xq + t * (n / QK), n);
+			c->k.quantize_q8(g, c->xq + t * q8_row_len(n), n);
 	}
 }
 
@@ -719,9 +719,9 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 		norm_rows(c, &L->attn_norm, T, 1);
 		struct mm_multi qkv = {
 			.jobs = {
-				{c, &L->wq, T, c->xn, ne, wtype_is_quantized(L->wq.type) ? c->xq : NULL, ne / QK, c->q, qd},
-				{c, &L->wk, T, c->xn, ne, wtype_is_quantized(L->wk.type) ? c->xq : NULL, ne / QK, c->kk, kvd},
-				{c, &L->wv, T, c->xn, ne, wtype_is_quantized(L->wv.type) ? c->xq : NULL, ne / QK, c->vv, kvd},
+				{c, &L->wq, T, c->xn, ne, wtype_is_quantized(L->wq.type) ? c->xq : NULL, q8_row_len(ne), c->q, qd},
+				{c, &L->wk, T, c->xn, ne, wtype_is_quantized(L->wk.type) ? c->xq : NULL, q8_row_len(ne), c->kk, kvd},
+				{c, &L->wv, T, c->xn, ne, wtype_is_quantized(L->wv.type) ? c->xq : NULL, q8_row_len(ne), c->vv, kvd},
 			},
 			.n = 3,
 		};
@@ -732,16 +732,16 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 			return r;
 
 		/* output projection, added to the residual */
-		quantize_rows(c, c->att, qd, c->xq, qd / QK, T, qd);
-		matmul(c, &L->wo, T, c->att, qd, c->xq, qd / QK, c->xn, ne);
+		quantize_rows(c, c->att, qd, c->xq, q8_row_len(qd), T, qd);
+		matmul(c, &L->wo, T, c->att, qd, c->xq, q8_row_len(qd), c->xn, ne);
 		for (int64_t i = 0; i < (int64_t)T * ne; i++)
 			c->x[i] += c->xn[i];
 
 		norm_rows(c, &L->ffn_norm, T, 1);
 		struct mm_multi gu = {
 			.jobs = {
-				{c, &L->w_gate, T, c->xn, ne, wtype_is_quantized(L->w_gate.type) ? c->xq : NULL, ne / QK, c->gate, nff},
-				{c, &L->w_up, T, c->xn, ne, wtype_is_quantized(L->w_up.type) ? c->xq : NULL, ne / QK, c->up, nff},
+				{c, &L->w_gate, T, c->xn, ne, wtype_is_quantized(L->w_gate.type) ? c->xq : NULL, q8_row_len(ne), c->gate, nff},
+				{c, &L->w_up, T, c->xn, ne, wtype_is_quantized(L->w_up.type) ? c->xq : NULL, q8_row_len(ne), c->up, nff},
 			},
 			.n = 2,
 		};
@@ -751,7 +751,7 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 			swiglu_worker(&sj, 0, 1);
 		else
 			tp_run(c->pool, swiglu_worker, &sj);
-		matmul(c, &L->w_down, T, c->gate, nff, c->xq, nff / QK, c->xn, ne);
+		matmul(c, &L->w_down, T, c->gate, nff, c->xq, q8_row_len(nff), c->xn, ne);
 		for (int64_t i = 0; i < (int64_t)T * ne; i++)
 			c->x[i] += c->xn[i];
 	}
@@ -774,7 +774,7 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 		rmsnorm_row(c->logit_rows + (int64_t)i * ne, c->x + (int64_t)c->logit_src[i] * ne,
 			    w->output_norm.data, ne, hp->rms_eps);
 	if (wtype_is_quantized(w->output.type))
-		quantize_rows(c, c->logit_rows, ne, c->xq, ne / QK, n_logit_rows, ne);
+		quantize_rows(c, c->logit_rows, ne, c->xq, q8_row_len(ne), n_logit_rows, ne);
 	/* one pass over the output matrix for every row that wants logits,
 	 * then each sequence's rows to its buffer */
 	float *out = c->logits_tmp;
@@ -783,7 +783,7 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 			if (b->seqs[i].logits)
 				out = b->seqs[i].logits;
 	}
-	matmul(c, &w->output, n_logit_rows, c->logit_rows, ne, c->xq, ne / QK, out, hp->n_vocab);
+	matmul(c, &w->output, n_logit_rows, c->logit_rows, ne, c->xq, q8_row_len(ne), out, hp->n_vocab);
 	if (out == c->logits_tmp) {
 		lr = 0;
 		for (int i = 0; i < b->n_seqs; i++) {

@@ -66,14 +66,16 @@ struct act_pair {
 
 enum gemm_kind { K_Q4_0, K_Q4_1, K_Q8_0 };
 
-TGT static inline __attribute__((always_inline)) void load_act(enum gemm_kind kind, const struct q8_block *x, int two, struct act_pair *a)
+/* A token's operands for blocks (b, b+1), from the pairs after its row's
+ * blocks (struct q8_pair, laid out by the quantizer). */
+TGT static inline __attribute__((always_inline)) void load_act(enum gemm_kind kind, const struct q8_block *row,
+								int64_t nb, int64_t b, struct act_pair *a)
 {
-	__m256i lo = _mm256_loadu_si256((const __m256i *)x[0].q);
-	__m256i hi = two ? _mm256_loadu_si256((const __m256i *)x[1].q) : _mm256_setzero_si256();
-	a->q = join(lo, hi);
-	a->d = halves(x[0].d, two ? x[1].d : 0.0f);
+	const struct q8_pair *p = (const struct q8_pair *)(row + nb) + b / 2;
+	a->q = _mm512_loadu_si512(p->q);
+	a->d = _mm512_loadu_ps(p->d);
 	if (kind == K_Q4_1)
-		a->aux = halves(x[0].s * 0.125f, two ? x[1].s * 0.125f : 0.0f);
+		a->aux = _mm512_loadu_ps(p->aux);
 	else if (kind == K_Q4_0)
 		a->corr = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(8), a->q);
 	else
@@ -98,7 +100,7 @@ TGT static inline __attribute__((always_inline)) void load_act(enum gemm_kind ki
 		for (int64_t b = 0; b < nb; b += 2) {                                                            \
 			int two = b + 1 < nb;                                                                    \
 			struct act_pair ap[GEMM_C];                                                              \
-			UNROLL for (int t = 0; t < C; t++) load_act(KIND, xq + (size_t)t * ldq + b, two, &ap[t]); \
+			UNROLL for (int t = 0; t < C; t++) load_act(KIND, xq + (size_t)t * ldq, nb, b, &ap[t]); \
 			UNROLL for (int r = 0; r < R; r++)                                                       \
 			{                                                                                        \
 				const char *wr = (const char *)w + (size_t)r * rb;                               \

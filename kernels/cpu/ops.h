@@ -34,13 +34,32 @@ float fp16_to_f32(uint16_t h);
 uint16_t f32_to_fp16(float f); /* round to nearest even */
 float bf16_to_f32(uint16_t h);
 
+/* The operands of two consecutive activation blocks as the tiled kernels
+ * load them: 64 quants (the second block zero past the row's end), each
+ * block's scale over its 8 lanes, and s/8 likewise. Five q8_blocks long. */
+struct q8_pair {
+	int8_t q[2 * QK];
+	float d[16];
+	float aux[16];
+	uint8_t pad[8];
+};
+_Static_assert(sizeof(struct q8_pair) == 5 * sizeof(struct q8_block), "q8_pair is five blocks");
+
+/* A quantized activation row of n elements is n/32 q8_blocks followed by
+ * its pairs; this is its length in q8_block units (the row stride). */
+static inline int64_t q8_row_len(int64_t n)
+{
+	int64_t nb = n / QK;
+	return nb + (nb + 1) / 2 * 5;
+}
+
 /* Dot product of one weight row (n elements, stored type) with one
  * activation row given both as floats and as q8 blocks (n / 32 of them). */
 typedef float (*vec_dot_fn)(const void *w, const float *x, const struct q8_block *xq, int64_t n);
 
 /* A tile of R (<= GEMM_R) weight rows, row_bytes apart, times C (<= GEMM_C)
- * activation rows (q8 blocks, ldq blocks apart): y[t * ldy + r]. Each
- * (row, token) result is bit-identical whatever R and C. */
+ * activation rows (q8 rows with their pairs, ldq blocks apart):
+ * y[t * ldy + r]. Each (row, token) result is bit-identical whatever R and C. */
 #define GEMM_R 4
 #define GEMM_C 4
 typedef void (*gemm_fn)(const void *w, size_t row_bytes, int R, const struct q8_block *xq, size_t ldq, int C,
@@ -50,6 +69,7 @@ struct cpu_kernels {
 	const char *isa; /* "avx2" or "generic" */
 	vec_dot_fn dot[KVD_WTYPE_BF16 + 1]; /* by enum kvd_wtype */
 	gemm_fn gemm[KVD_WTYPE_BF16 + 1];     /* NULL: use dot row by row */
+	/* quantize n floats to a q8 row: n/32 blocks, then their pairs */
 	void (*quantize_q8)(const float *x, struct q8_block *y, int64_t n);
 	/* sum_i q[i] * k[i] with k stored as f16 */
 	float (*dot_f32_f16)(const float *q, const uint16_t *k, int n);

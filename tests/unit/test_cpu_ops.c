@@ -86,7 +86,7 @@ static void test_quantize_q8(void **state)
 	cpu_kernels_init(&kv, 0);
 	for (int it = 0; it < 1000; it++) {
 		float x[256];
-		struct q8_block a[8], b[8];
+		struct q8_block a[28], b[28]; /* q8_row_len(256) */
 		float scale = (float)(next_u32() % 1000) * 0.01f;
 		for (int i = 0; i < 256; i++)
 			x[i] = frand() * scale;
@@ -160,7 +160,7 @@ static void test_dot_products(void **state)
 			int64_t n = 32 * (1 + next_u32() % 24);
 			uint8_t w[24 * 32 * 4];
 			float x[24 * 32], wf[24 * 32];
-			struct q8_block xq[24];
+			struct q8_block xq[84]; /* q8_row_len(768) */
 			fill_weights(t, w, n);
 			for (int64_t i = 0; i < n; i++)
 				x[i] = frand();
@@ -199,7 +199,7 @@ static void test_gemm_tiles(void **state)
 			size_t rb = kvd_wtype_row_bytes(t, n);
 			uint8_t w[GEMM_R * 24 * 34];
 			float x[GEMM_C][24 * 32];
-			struct q8_block xq[GEMM_C][24];
+			struct q8_block xq[GEMM_C][84]; /* rows of q8_row_len(768) */
 			float full[GEMM_C][GEMM_R];
 			for (int r = 0; r < GEMM_R; r++)
 				fill_weights(t, w + r * rb, n);
@@ -208,13 +208,13 @@ static void test_gemm_tiles(void **state)
 					x[c][i] = frand();
 				kg.quantize_q8(x[c], xq[c], n);
 			}
-			kv.gemm[t](w, rb, GEMM_R, &xq[0][0], 24, GEMM_C, n, &full[0][0], GEMM_R);
+			kv.gemm[t](w, rb, GEMM_R, &xq[0][0], 84, GEMM_C, n, &full[0][0], GEMM_R);
 			for (int R = 1; R <= GEMM_R; R++)
 				for (int C = 1; C <= GEMM_C; C++)
 					for (int r0 = 0; r0 + R <= GEMM_R; r0++)
 						for (int c0 = 0; c0 + C <= GEMM_C; c0++) {
 							float part[GEMM_C][GEMM_R];
-							kv.gemm[t](w + r0 * rb, rb, R, &xq[c0][0], 24, C, n, &part[0][0], GEMM_R);
+							kv.gemm[t](w + r0 * rb, rb, R, &xq[c0][0], 84, C, n, &part[0][0], GEMM_R);
 							for (int c = 0; c < C; c++)
 								assert_memory_equal(&part[c][0], &full[c0 + c][r0],
 										    sizeof(float) * (size_t)R);
