@@ -15,6 +15,8 @@ cases:
   mqa      one KV head
   untied   a separate output.weight (tied models reuse token_embd)
   odd      n_embd 96 (3 heads of 32), n_ff 224, vocab 301, other rope base/eps
+  hd64     head size 64 (f16), hd128 head size 128 (q8_0): the sizes with
+           their own attention kernels
   type-*   one model per weight type for the big matrices:
            f32, f16, bf16, q8_0, q4_0, q4_1 (norm weights are always F32)
 
@@ -57,6 +59,11 @@ VARIANTS = {
                      wtype="q8_0", etype="f32", otype="q8_0"),
     "odd":      dict(n_layer=3, n_embd=96, n_head=3, n_head_kv=1, n_ff=224, n_vocab=301,
                      wtype="q4_1", etype="q4_1", rope_base=500000.0, eps=1e-6),
+    # head sizes with their own attention kernels (64, 128)
+    "hd64":     dict(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=256, n_vocab=300,
+                     wtype="f16", etype="f16"),
+    "hd128":    dict(n_layer=2, n_embd=256, n_head=2, n_head_kv=1, n_ff=256, n_vocab=300,
+                     wtype="q8_0", etype="q8_0"),
 }
 for _t in ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1"):
     VARIANTS["type-" + _t] = dict(n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=320,

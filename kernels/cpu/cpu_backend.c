@@ -24,6 +24,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -32,6 +33,7 @@
 
 #define CPU_MAX_BATCH_TOKENS (1 << 16)
 #define ATTN_CHUNK 128 /* positions per attention chunk (see attention()) */
+#define ATTN_TILE 8    /* tokens of one sequence sharing a pass over K/V */
 
 struct cpu_ctx {
 	struct tp *pool;
@@ -39,6 +41,13 @@ struct cpu_ctx {
 	const struct kvd_model_weights *w;
 	struct kvd_paged_view kv;
 	int kv_attached;
+
+	/* weights repacked for the tiled kernels (see gemm_avx512.c): one
+	 * anonymous mapping, and per matrix its packed data or NULL when the
+	 * matrix is used as stored; PK_* per layer, then the output matrix */
+	void *pack_mem;
+	size_t pack_len;
+	const void **packed;
 
 	/* per-step scratch, grown as needed */
 	int cap_tokens;
@@ -54,6 +63,9 @@ struct cpu_ctx {
 	int32_t *tok_seq; /* [T] sequence index of each row */
 	int32_t *tok_pos; /* [T] position of each row */
 	float *rope;      /* [T][head_dim]: cos, sin of each rotated pair */
+	attn_rows_fn attn_rows; /* the tiled attention kernel, or NULL */
+	int *tile_first;  /* tiled attention: first row of each tile, then T */
+	int cap_tiles;
 	int cap_chunks;   /* attention chunks per item the scratch holds */
 	float *scores;    /* per thread: scores, chunk partials (see attention) */
 	int *item_first;  /* split attention: first chunk of each item */
@@ -104,14 +116,99 @@ static void free_scratch(struct cpu_ctx *c)
 	c->cap_logit_rows = 0;
 }
 
+enum { PK_Q, PK_K, PK_V, PK_O, PK_GATE, PK_UP, PK_DOWN, PK_PER_LAYER };
+
+static void free_packed(struct cpu_ctx *c)
+{
+	if (c->pack_mem)
+		munmap(c->pack_mem, c->pack_len);
+	free(c->packed);
+	c->pack_mem = NULL;
+	c->pack_len = 0;
+	c->packed = NULL;
+}
+
+static const struct kvd_tensor *pk_tensor(const struct kvd_model_weights *w, int i)
+{
+	const struct kvd_layer_weights *L;
+	if (i == w->hp.n_layer * PK_PER_LAYER)
+		return &w->output;
+	L = &w->layers[i / PK_PER_LAYER];
+	switch (i % PK_PER_LAYER) {
+	case PK_Q: return &L->wq;
+	case PK_K: return &L->wk;
+	case PK_V: return &L->wv;
+	case PK_O: return &L->wo;
+	case PK_GATE: return &L->w_gate;
+	case PK_UP: return &L->w_up;
+	default: return &L->w_down;
+	}
+}
+
+/*
+ * Repack every quantized matrix for the tiled kernels when this CPU has
+ * them. The packed copy is as large as the stored one; once a matrix is
+ * packed, its stored pages are handed back to the kernel (MADV_PAGEOUT: a
+ * residency hint that never changes their contents — a file mapping
+ * rereads, anonymous memory would swap) so peak memory stays near one copy.
+ */
+static int pack_weights(struct cpu_ctx *c, const struct kvd_model_weights *w)
+{
+	int n = w->hp.n_layer * PK_PER_LAYER + 1;
+	size_t total = 0, off = 0;
+	int any = 0;
+
+	c->packed = calloc((size_t)n, sizeof(*c->packed));
+	if (!c->packed)
+		return -ENOMEM;
+	for (int i = 0; i < n; i++) {
+		const struct kvd_tensor *t = pk_tensor(w, i);
+		size_t b = c->k.gemm[t->type] ? gemm_packed_bytes(t->type, t->rows, t->cols) : 0;
+		total += (b + 63) & ~(size_t)63;
+		any |= b != 0;
+	}
+	if (!any)
+		return 0;
+	c->pack_len = (total + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
+	c->pack_mem = mmap(NULL, c->pack_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (c->pack_mem == MAP_FAILED) {
+		c->pack_mem = NULL;
+		return -ENOMEM;
+	}
+	madvise(c->pack_mem, c->pack_len, MADV_HUGEPAGE);
+	long pg = sysconf(_SC_PAGESIZE);
+	uintptr_t pmask = (uintptr_t)(pg > 0 ? pg : 4096) - 1;
+	for (int i = 0; i < n; i++) {
+		const struct kvd_tensor *t = pk_tensor(w, i);
+		size_t b = c->k.gemm[t->type] ? gemm_packed_bytes(t->type, t->rows, t->cols) : 0;
+		if (!b)
+			continue;
+		gemm_pack(t->type, t->data, t->row_bytes, t->rows, t->cols, (char *)c->pack_mem + off);
+		c->packed[i] = (char *)c->pack_mem + off;
+		off += (b + 63) & ~(size_t)63;
+#ifdef MADV_PAGEOUT
+		/* the embedding table stays: token rows are read from it */
+		if (t->data != w->tok_embd.data) {
+			uintptr_t a0 = ((uintptr_t)t->data + pmask) & ~pmask;
+			uintptr_t a1 = ((uintptr_t)t->data + (size_t)t->rows * t->row_bytes) & ~pmask;
+			if (a1 > a0)
+				madvise((void *)a0, a1 - a0, MADV_PAGEOUT);
+		}
+#endif
+	}
+	return 0;
+}
+
 static void cpu_destroy(void *ctx)
 {
 	struct cpu_ctx *c = ctx;
 	if (!c)
 		return;
 	tp_destroy(c->pool);
+	free_packed(c);
 	free_scratch(c);
 	free(c->scores);
+	free(c->tile_first);
 	free(c->item_first);
 	free(c->attn_pm);
 	free(c->attn_po);
@@ -125,7 +222,15 @@ static int cpu_load(void *ctx, const struct kvd_model_weights *w)
 	/* attention keeps one running max per query head of a group: <= 64 */
 	if (kvd_model_weights_check(w, 64) < 0)
 		return -EINVAL;
+	free_packed(c);
+	c->w = NULL;
+	int r = pack_weights(c, w);
+	if (r < 0) {
+		free_packed(c);
+		return r;
+	}
 	c->w = w;
+	c->attn_rows = c->k.attn_rows_for ? c->k.attn_rows_for(w->hp.head_dim) : NULL;
 	return 0;
 }
 
@@ -152,6 +257,19 @@ static int cpu_attach_kv(void *ctx, const struct kvd_paged_view *view)
 			return -ENOMEM;                               \
 		(ptr) = np_;                                          \
 	} while (0)
+
+/* Floats of attention scratch per thread for items of up to nc chunks:
+ * the helpers' path keeps a chunk's scores and every chunk's partials of
+ * one token; the tiled path keeps the kernel's scratch and the partials
+ * of a tile's tokens. */
+static size_t attn_scratch_per(const struct cpu_ctx *c, int nc)
+{
+	const struct kvd_hparams *hp = &c->w->hp;
+	size_t n_rep = (size_t)(hp->n_head / hp->n_head_kv), hd = (size_t)hp->head_dim;
+	size_t plain = n_rep * (ATTN_CHUNK + 2 + hd * (size_t)nc) + n_rep * 2 * (size_t)nc;
+	size_t tiled = (size_t)ATTN_CHUNK * (hd + ATTN_TILE * n_rep) + ATTN_TILE * (size_t)nc * n_rep * (hd + 2);
+	return plain > tiled ? plain : tiled;
+}
 
 static int ensure_scratch(struct cpu_ctx *c, int T, int max_pos, int n_logit_rows)
 {
@@ -185,9 +303,7 @@ static int ensure_scratch(struct cpu_ctx *c, int T, int max_pos, int n_logit_row
 	}
 	if (max_pos / ATTN_CHUNK + 1 > c->cap_chunks) {
 		int nc = max_pos / ATTN_CHUNK + 1 < 16 ? 16 : max_pos / ATTN_CHUNK + 1;
-		size_t n_rep = (size_t)(hp->n_head / hp->n_head_kv);
-		size_t per = n_rep * (ATTN_CHUNK + 2 + (size_t)hp->head_dim * nc) + n_rep * 2 * (size_t)nc;
-		GROW(c->scores, per * (size_t)tp_size(c->pool));
+		GROW(c->scores, attn_scratch_per(c, nc) * (size_t)tp_size(c->pool));
 		c->cap_chunks = nc;
 	}
 	return 0;
@@ -208,9 +324,10 @@ struct mm_job {
 	int64_t ldq;
 	float *y;
 	int64_t ldy;
+	const void *wp; /* packed weights (tiled kernels) or NULL */
 };
 
-#define MM_ROW_TILE 32
+#define MM_ROW_TILE 32 /* a multiple of GEMM_ROWS */
 
 static void mm_range(const struct mm_job *j, int64_t r0, int64_t r1)
 {
@@ -219,18 +336,20 @@ static void mm_range(const struct mm_job *j, int64_t r0, int64_t r1)
 	size_t rb = j->w->row_bytes;
 	int64_t n = j->w->cols;
 
-	gemm_fn gemm = j->xq ? j->c->k.gemm[j->w->type] : NULL;
+	gemm_fn gemm = j->xq && j->wp ? j->c->k.gemm[j->w->type] : NULL;
 	if (gemm) {
-		/* tiles of GEMM_R rows x GEMM_C tokens; a strip of rows stays in
-		 * L1 while all tokens pass over it */
+		/* strips of MM_ROW_TILE rows stay in L1 while all tokens pass
+		 * over them, GEMM_COLS tokens at a time */
+		int64_t nb = n / QK;
+		size_t gbytes = gemm_group_block_bytes(j->w->type) * (size_t)nb;
 		for (int64_t rt = r0; rt < r1; rt += MM_ROW_TILE) {
 			int64_t re = rt + MM_ROW_TILE < r1 ? rt + MM_ROW_TILE : r1;
-			for (int t = 0; t < j->T; t += GEMM_C) {
-				int C = j->T - t < GEMM_C ? j->T - t : GEMM_C;
-				for (int64_t r = rt; r < re; r += GEMM_R) {
-					int R = re - r < GEMM_R ? (int)(re - r) : GEMM_R;
-					gemm(wbase + r * rb, rb, R, j->xq + t * j->ldq, (size_t)j->ldq, C, n,
-					     j->y + t * j->ldy + r, (size_t)j->ldy);
+			for (int t = 0; t < j->T; t += GEMM_COLS) {
+				int C = j->T - t < GEMM_COLS ? j->T - t : GEMM_COLS;
+				for (int64_t r = rt; r < re; r += GEMM_ROWS) {
+					int R = re - r < GEMM_ROWS ? (int)(re - r) : GEMM_ROWS;
+					gemm((const char *)j->wp + (size_t)(r / GEMM_ROWS) * gbytes, nb, R,
+					     j->xq + t * j->ldq, (size_t)j->ldq, C, j->y + t * j->ldy + r, (size_t)j->ldy);
 				}
 			}
 		}
@@ -326,10 +445,11 @@ static void quantize_rows(struct cpu_ctx *c, const float *x, int64_t ldx, struct
 		tp_run(c->pool, q8_worker, &j);
 }
 
-static void matmul(struct cpu_ctx *c, const struct kvd_tensor *w, int T, const float *x, int64_t ldx,
-		   const struct q8_block *xq, int64_t ldq, float *y, int64_t ldy)
+static void matmul(struct cpu_ctx *c, const struct kvd_tensor *w, const void *wp, int T, const float *x,
+		   int64_t ldx, const struct q8_block *xq, int64_t ldq, float *y, int64_t ldy)
 {
-	struct mm_multi m = {.jobs = {{c, w, T, x, ldx, wtype_is_quantized(w->type) ? xq : NULL, ldq, y, ldy}}, .n = 1};
+	struct mm_multi m = {.jobs = {{c, w, T, x, ldx, wtype_is_quantized(w->type) ? xq : NULL, ldq, y, ldy, wp}},
+			     .n = 1};
 	mm_run(c, &m);
 }
 
@@ -430,6 +550,26 @@ static void attn_chunk(const struct cpu_ctx *c, const struct step *s, int t, int
 	float scale = 1.0f / sqrtf((float)hd);
 	int bs = (int)L->block_size, n = p1 - p0;
 
+	if (c->attn_rows) {
+		const uint16_t *kp[ATTN_CHUNK], *vp[ATTN_CHUNK];
+		const float *qp[64];
+		float *mlp[64], *op[64];
+		int len[64];
+		for (int i = 0; i < n; i++) {
+			int p = p0 + i;
+			const char *pb = layer_base + (size_t)sq->pages[p / bs] * L->page_bytes + (size_t)(p % bs) * L->token_stride;
+			kp[i] = (const uint16_t *)pb + g * hd;
+			vp[i] = (const uint16_t *)(pb + L->v_offset) + g * hd;
+		}
+		for (int r = 0; r < n_rep; r++) {
+			qp[r] = q + r * hd;
+			len[r] = n;
+			mlp[r] = &pm[r].m;
+			op[r] = po + r * hd;
+		}
+		c->attn_rows(n_rep, qp, len, kp, vp, scale, mlp, op, sc);
+		return;
+	}
 	for (int r = 0; r < n_rep; r++)
 		pm[r].m = -INFINITY;
 	/* scores, four positions at a time (the last group padded by repeating
@@ -515,9 +655,7 @@ static void attn_worker_items(void *arg, int ith, int nth)
 	const struct kvd_hparams *hp = &c->w->hp;
 	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv;
 	int n_items = s->T * hp->n_head_kv;
-	size_t per = (size_t)n_rep * (ATTN_CHUNK + 2 + (size_t)hd * (size_t)c->cap_chunks) +
-		     (size_t)n_rep * 2 * (size_t)c->cap_chunks;
-	float *base = c->scores + (size_t)ith * per;
+	float *base = c->scores + (size_t)ith * attn_scratch_per(c, c->cap_chunks);
 	float *sc = base;
 	float *po = sc + (size_t)n_rep * ATTN_CHUNK;
 	struct attn_part *pm = (struct attn_part *)(po + (size_t)n_rep * hd * (size_t)c->cap_chunks);
@@ -549,7 +687,7 @@ static void attn_worker_chunks(void *arg, int ith, int nth)
 	const struct kvd_hparams *hp = &c->w->hp;
 	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv;
 	int n_items = s->T * hp->n_head_kv;
-	float *sc = c->scores + (size_t)ith * n_rep * ATTN_CHUNK;
+	float *sc = c->scores + (size_t)ith * attn_scratch_per(c, c->cap_chunks);
 	int it = 0;
 	/* contiguous ranges of chunks per thread */
 	int c0 = (int)((int64_t)a->total * ith / nth), c1 = (int)((int64_t)a->total * (ith + 1) / nth);
@@ -579,15 +717,95 @@ static void attn_merge_worker(void *arg, int ith, int nth)
 	}
 }
 
+/* Tiled items: (tile, KV head), a tile being up to ATTN_TILE consecutive
+ * tokens of one sequence. For each chunk, the tile's tokens that reach it
+ * (each up to its own position) go through the kernel together, so the
+ * chunk's K and V rows are converted once for all of them; each token's
+ * partials are then merged as in the other paths. */
+struct attn_tiles {
+	const struct step *s;
+	int n_tiles;
+	const int *first;
+};
+
+static void attn_tile_item(void *arg, uint32_t k, int tid)
+{
+	const struct attn_tiles *a = arg;
+	const struct step *s = a->s;
+	struct cpu_ctx *c = s->c;
+	const struct kvd_hparams *hp = &c->w->hp;
+	const struct kvd_kv_layout *L = &c->kv.layout;
+	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv, qd = hp->n_head * hd, bs = (int)L->block_size;
+	/* the last tiles first: later positions cost more */
+	int ti = a->n_tiles - 1 - (int)(k / (uint32_t)hp->n_head_kv), g = (int)(k % (uint32_t)hp->n_head_kv);
+	int t0 = a->first[ti], nt = a->first[ti + 1] - t0;
+	int last = c->tok_pos[t0 + nt - 1], nc = n_chunks(last);
+	const struct kvd_batch_seq *sq = &s->b->seqs[c->tok_seq[t0]];
+	const char *layer_base = (const char *)c->kv.base + (size_t)s->layer * L->layer_stride;
+	float scale = 1.0f / sqrtf((float)hd);
+	float *kscr = c->scores + (size_t)tid * attn_scratch_per(c, c->cap_chunks);
+	float *part = kscr + (size_t)ATTN_CHUNK * (size_t)(hd + ATTN_TILE * n_rep);
+	size_t tok_stride = (size_t)c->cap_chunks * n_rep * (hd + 2);
+	const uint16_t *kp[ATTN_CHUNK], *vp[ATTN_CHUNK];
+	const float *qp[ATTN_TILE * 64];
+	float *mlp[ATTN_TILE * 64], *op[ATTN_TILE * 64];
+	int len[ATTN_TILE * 64];
+
+	for (int ci = 0; ci < nc; ci++) {
+		int p0 = ci * ATTN_CHUNK, n = (last + 1 < p0 + ATTN_CHUNK ? last + 1 : p0 + ATTN_CHUNK) - p0, nr = 0;
+		for (int i = 0; i < n; i++) {
+			int p = p0 + i;
+			const char *pb = layer_base + (size_t)sq->pages[p / bs] * L->page_bytes + (size_t)(p % bs) * L->token_stride;
+			kp[i] = (const uint16_t *)pb + g * hd;
+			vp[i] = (const uint16_t *)(pb + L->v_offset) + g * hd;
+		}
+		for (int tt = 0; tt < nt; tt++) {
+			int pos = c->tok_pos[t0 + tt];
+			if (pos < p0)
+				continue;
+			struct attn_part *pm = (struct attn_part *)(part + tt * tok_stride);
+			float *po = (float *)(pm + (size_t)c->cap_chunks * n_rep);
+			for (int r = 0; r < n_rep; r++, nr++) {
+				qp[nr] = c->q + (int64_t)(t0 + tt) * qd + (int64_t)(g * n_rep + r) * hd;
+				len[nr] = (pos + 1 < p0 + ATTN_CHUNK ? pos + 1 : p0 + ATTN_CHUNK) - p0;
+				mlp[nr] = &pm[ci * n_rep + r].m;
+				op[nr] = po + ((size_t)ci * n_rep + r) * hd;
+			}
+		}
+		c->attn_rows(nr, qp, len, kp, vp, scale, mlp, op, kscr);
+	}
+	for (int tt = 0; tt < nt; tt++) {
+		const struct attn_part *pm = (const struct attn_part *)(part + tt * tok_stride);
+		attn_merge(c, t0 + tt, g, n_chunks(c->tok_pos[t0 + tt]), pm,
+			   (const float *)(pm + (size_t)c->cap_chunks * n_rep));
+	}
+}
+
 static int attention(struct cpu_ctx *c, const struct step *s)
 {
 	const struct kvd_hparams *hp = &c->w->hp;
 	int n_items = s->T * hp->n_head_kv, nth = tp_size(c->pool);
 
+	if (n_items >= 2 * nth && c->attn_rows) {
+		int nt = 0;
+		if (s->T + 1 > c->cap_tiles) {
+			GROW(c->tile_first, s->T + 1);
+			c->cap_tiles = s->T + 1;
+		}
+		for (int t = 0; t < s->T; t++)
+			if (t == 0 || t - c->tile_first[nt - 1] == ATTN_TILE || c->tok_seq[t] != c->tok_seq[t - 1] ||
+			    c->tok_pos[t] != c->tok_pos[t - 1] + 1)
+				c->tile_first[nt++] = t;
+		c->tile_first[nt] = s->T;
+		struct attn_tiles a = {s, nt, c->tile_first};
+		tp_for(c->pool, attn_tile_item, &a, (uint32_t)(nt * hp->n_head_kv));
+		return 0;
+	}
 	if (n_items >= 2 * nth) {
 		tp_run(c->pool, attn_worker_items, (void *)s);
 		return 0;
 	}
+
 	int total = 0;
 	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv;
 	if (n_items > c->cap_items) {
@@ -714,14 +932,15 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 	int64_t nff = hp->n_ff;
 	for (int l = 0; l < hp->n_layer; l++) {
 		const struct kvd_layer_weights *L = &w->layers[l];
+		const void *const *pk = c->packed + (size_t)l * PK_PER_LAYER;
 		struct step st = {c, b, T, l};
 
 		norm_rows(c, &L->attn_norm, T, 1);
 		struct mm_multi qkv = {
 			.jobs = {
-				{c, &L->wq, T, c->xn, ne, wtype_is_quantized(L->wq.type) ? c->xq : NULL, q8_row_len(ne), c->q, qd},
-				{c, &L->wk, T, c->xn, ne, wtype_is_quantized(L->wk.type) ? c->xq : NULL, q8_row_len(ne), c->kk, kvd},
-				{c, &L->wv, T, c->xn, ne, wtype_is_quantized(L->wv.type) ? c->xq : NULL, q8_row_len(ne), c->vv, kvd},
+				{c, &L->wq, T, c->xn, ne, wtype_is_quantized(L->wq.type) ? c->xq : NULL, q8_row_len(ne), c->q, qd, pk[PK_Q]},
+				{c, &L->wk, T, c->xn, ne, wtype_is_quantized(L->wk.type) ? c->xq : NULL, q8_row_len(ne), c->kk, kvd, pk[PK_K]},
+				{c, &L->wv, T, c->xn, ne, wtype_is_quantized(L->wv.type) ? c->xq : NULL, q8_row_len(ne), c->vv, kvd, pk[PK_V]},
 			},
 			.n = 3,
 		};
@@ -733,15 +952,15 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 
 		/* output projection, added to the residual */
 		quantize_rows(c, c->att, qd, c->xq, q8_row_len(qd), T, qd);
-		matmul(c, &L->wo, T, c->att, qd, c->xq, q8_row_len(qd), c->xn, ne);
+		matmul(c, &L->wo, pk[PK_O], T, c->att, qd, c->xq, q8_row_len(qd), c->xn, ne);
 		for (int64_t i = 0; i < (int64_t)T * ne; i++)
 			c->x[i] += c->xn[i];
 
 		norm_rows(c, &L->ffn_norm, T, 1);
 		struct mm_multi gu = {
 			.jobs = {
-				{c, &L->w_gate, T, c->xn, ne, wtype_is_quantized(L->w_gate.type) ? c->xq : NULL, q8_row_len(ne), c->gate, nff},
-				{c, &L->w_up, T, c->xn, ne, wtype_is_quantized(L->w_up.type) ? c->xq : NULL, q8_row_len(ne), c->up, nff},
+				{c, &L->w_gate, T, c->xn, ne, wtype_is_quantized(L->w_gate.type) ? c->xq : NULL, q8_row_len(ne), c->gate, nff, pk[PK_GATE]},
+				{c, &L->w_up, T, c->xn, ne, wtype_is_quantized(L->w_up.type) ? c->xq : NULL, q8_row_len(ne), c->up, nff, pk[PK_UP]},
 			},
 			.n = 2,
 		};
@@ -751,7 +970,7 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 			swiglu_worker(&sj, 0, 1);
 		else
 			tp_run(c->pool, swiglu_worker, &sj);
-		matmul(c, &L->w_down, T, c->gate, nff, c->xq, q8_row_len(nff), c->xn, ne);
+		matmul(c, &L->w_down, pk[PK_DOWN], T, c->gate, nff, c->xq, q8_row_len(nff), c->xn, ne);
 		for (int64_t i = 0; i < (int64_t)T * ne; i++)
 			c->x[i] += c->xn[i];
 	}
@@ -783,7 +1002,7 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 			if (b->seqs[i].logits)
 				out = b->seqs[i].logits;
 	}
-	matmul(c, &w->output, n_logit_rows, c->logit_rows, ne, c->xq, q8_row_len(ne), out, hp->n_vocab);
+	matmul(c, &w->output, c->packed[hp->n_layer * PK_PER_LAYER], n_logit_rows, c->logit_rows, ne, c->xq, q8_row_len(ne), out, hp->n_vocab);
 	if (out == c->logits_tmp) {
 		lr = 0;
 		for (int i = 0; i < b->n_seqs; i++) {

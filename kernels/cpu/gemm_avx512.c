@@ -1,216 +1,203 @@
 /*
- * kernels/cpu/gemm_avx512.c — quantized matrix products with AVX-512 VNNI:
- * a tile of up to GEMM_R weight rows times up to GEMM_C activation rows
- * (tokens) per call, for q4_0, q4_1 and q8_0 weights against q8 activations.
+ * kernels/cpu/gemm_avx512.c — quantized matrix products with AVX-512 VNNI
+ * over weights repacked at load time so that the 16 lanes of a vector are
+ * 16 weight rows.
  *
- * Every (row, token) pair owns one 16-lane float accumulator and sees the
- * same sequence of operations whatever the tile's shape: blocks are taken
- * two at a time (a missing second block of an odd count is zero, not a
- * different code path), the integer products of a pair are summed exactly
- * by vpdpbusd, converted to float once, multiplied by the pair's combined
- * scales and accumulated with one fused multiply-add; the 16 lanes are
- * reduced in a fixed order at the end. So a token's result is bit-identical
- * in a 4x4 prefill tile, in a single-token decode, or in any tail tile —
- * what kvd's determinism rests on.
+ * Packed layout (gemm_pack): rows in groups of GEMM_ROWS = 16, a missing
+ * row of the last group being zero. A group stores, for each block of 32
+ * columns in order, a "group block":
+ *   q4_0, q4_1: four 64-byte vectors; vector j holds, in lane r, bytes
+ *               4j..4j+3 of row r's 16 nibble bytes, so its low nibbles are
+ *               elements 4j..4j+3 and its high nibbles 16+4j..16+4j+3;
+ *   q8_0:       eight 64-byte vectors; vector j holds, in lane r, elements
+ *               4j..4j+3 of row r, each XORed with 0x80 (stored unsigned);
+ * followed by the 16 rows' f16 scales d and, for q4_1, their f16 minimums m.
+ * A group block is exactly as large as the 16 rows' blocks were, so the
+ * packed weights take no more memory than the file's.
  *
- * Cost per (row, token, pair of blocks): one vpdpbusd, one convert, one
- * multiply, one or two FMAs; unpacking weights is shared by the tile's
- * tokens and loading activations by its rows.
+ * Kernel: for a group and a tile of up to GEMM_COLS tokens, each block
+ * costs 8 vpdpbusd per token (4 quant bytes of the token broadcast against
+ * a vector of 16 rows), whose exact int32 sums are converted once and
+ * scaled:
+ *   acc += float(isum) * (d_w * d_x)          (+ m_w * s_x for q4_1)
+ * where the activation block (struct q8_block) gives d_x, s_x = d_x * sum(q)
+ * and the row's integer sum of quants (for the offsets of q4_0 and q8_0,
+ * applied in integers: isum starts at -8 or -128 times that sum).
+ * Every (row, token) value is one lane following one fixed sequence of
+ * operations, whatever the number of tokens in the tile or of valid rows,
+ * so a token's result is bit-identical in a prefill tile, a batch or a
+ * single-token decode — what kvd's determinism rests on.
  */
+#include <string.h>
+
 #include "ops.h"
+
+size_t gemm_group_block_bytes(enum kvd_wtype t)
+{
+	switch (t) {
+	case KVD_WTYPE_Q4_0: return GEMM_ROWS * 18;
+	case KVD_WTYPE_Q4_1: return GEMM_ROWS * 20;
+	case KVD_WTYPE_Q8_0: return GEMM_ROWS * 34;
+	default: return 0;
+	}
+}
+
+size_t gemm_packed_bytes(enum kvd_wtype t, int64_t rows, int64_t cols)
+{
+	size_t gb = gemm_group_block_bytes(t);
+	if (!gb || rows <= 0 || cols <= 0 || cols % QK)
+		return 0;
+	return (size_t)((rows + GEMM_ROWS - 1) / GEMM_ROWS) * (size_t)(cols / QK) * gb;
+}
+
+void gemm_pack(enum kvd_wtype t, const void *src, size_t row_bytes, int64_t rows, int64_t cols, void *dst)
+{
+	const size_t gb = gemm_group_block_bytes(t);
+	const int64_t nb = cols / QK, ng = (rows + GEMM_ROWS - 1) / GEMM_ROWS;
+	const size_t sb = row_bytes / (size_t)nb; /* source block bytes */
+	const int nq = t == KVD_WTYPE_Q8_0 ? 8 : 4; /* quant vectors per group block */
+	uint8_t *out = dst;
+
+	for (int64_t g = 0; g < ng; g++) {
+		for (int64_t b = 0; b < nb; b++, out += gb) {
+			uint16_t *dm = (uint16_t *)(out + 64 * nq);
+			memset(out, 0, gb);
+			for (int r = 0; r < GEMM_ROWS; r++) {
+				int64_t row = g * GEMM_ROWS + r;
+				if (row >= rows)
+					break;
+				const uint8_t *blk = (const uint8_t *)src + (size_t)row * row_bytes + (size_t)b * sb;
+				const uint8_t *qs = blk + (t == KVD_WTYPE_Q4_1 ? 4 : 2);
+				for (int j = 0; j < nq; j++)
+					for (int i = 0; i < 4; i++)
+						out[64 * j + 4 * r + i] =
+							t == KVD_WTYPE_Q8_0 ? (uint8_t)(qs[4 * j + i] ^ 0x80) : qs[4 * j + i];
+				memcpy(&dm[r], blk, 2);
+				if (t == KVD_WTYPE_Q4_1)
+					memcpy(&dm[GEMM_ROWS + r], blk + 2, 2);
+			}
+		}
+	}
+}
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-#include <string.h>
 
-#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx512vbmi,f16c,fma")))
-
-struct b40 { uint16_t d; uint8_t qs[16]; };
-struct b41 { uint16_t d, m; uint8_t qs[16]; };
-struct b80 { uint16_t d; int8_t qs[32]; };
-
-/* lanes 0..7 = x, lanes 8..15 = y */
-TGT static inline __m512 halves(float x, float y)
-{
-	return _mm512_insertf32x8(_mm512_set1_ps(x), _mm256_set1_ps(y), 1);
-}
-
-TGT static inline __m256i unpack_nib(const uint8_t *qs)
-{
-	__m128i a = _mm_loadu_si128((const __m128i *)qs);
-	return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(a, 4), a), _mm256_set1_epi8(0x0f));
-}
-
-TGT static inline __m512i join(__m256i lo, __m256i hi)
-{
-	return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-}
-
-TGT static inline float hsum16(__m512 v)
-{
-	/* fixed order: 16 -> 8 -> 4 -> 2 -> 1 */
-	__m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-	__m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-	b = _mm_add_ps(b, _mm_movehl_ps(b, b));
-	b = _mm_add_ss(b, _mm_movehdup_ps(b));
-	return _mm_cvtss_f32(b);
-}
-
-/* Activation operands of one token for blocks (b, b+1). */
-struct act_pair {
-	__m512i q;   /* 64 int8 quants; the second half zero past the last block */
-	__m512 d;    /* scales, per half */
-	__m512 aux;  /* q4_1: s/8 per half (sum term); q4_0 / q8_0: unused */
-	__m512i corr;/* q4_0: 8 * sum(q) lanes; q8_0: 128 * sum(q) lanes */
-};
+#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,f16c,fma")))
 
 enum gemm_kind { K_Q4_0, K_Q4_1, K_Q8_0 };
 
-/* A token's operands for blocks (b, b+1), from the pairs after its row's
- * blocks (struct q8_pair, laid out by the quantizer). */
-TGT static inline __attribute__((always_inline)) void load_act(enum gemm_kind kind, const struct q8_block *row,
-								int64_t nb, int64_t b, struct act_pair *a)
+/* every loop over tokens and quant vectors fully unrolled, so the
+ * per-token accumulators are registers */
+#define UNROLL _Pragma("GCC unroll 8")
+
+TGT static inline __attribute__((always_inline)) __m512i bcast4(const int8_t *p)
 {
-	const struct q8_pair *p = (const struct q8_pair *)(row + nb) + b / 2;
-	a->q = _mm512_loadu_si512(p->q);
-	a->d = _mm512_loadu_ps(p->d);
-	if (kind == K_Q4_1)
-		a->aux = _mm512_loadu_ps(p->aux);
-	else if (kind == K_Q4_0)
-		a->corr = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(8), a->q);
-	else
-		a->corr = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), a->q);
+	int32_t v;
+	memcpy(&v, p, 4);
+	return _mm512_set1_epi32(v);
 }
 
-/* One tile, with R, C and the weight type compile-time constants so that
- * the accumulators live in registers; instantiated for every shape below. */
-#define UNROLL _Pragma("GCC unroll 4")
-#ifndef PF_DIST
-#define PF_DIST 2048 /* bytes ahead of the rows being read */
-#endif
-#define DEF_TILE(KIND, ...)                                                                                \
-	TGT static inline __attribute__((always_inline)) void tile_##KIND(                                   \
-		const void *w, size_t rb, const int R, const struct q8_block *xq, size_t ldq, const int C,       \
-		int64_t n, float *y, size_t ldy)                                                                 \
-	{                                                                                                        \
-		__m512 acc[GEMM_R][GEMM_C];                                                                      \
-		int64_t nb = n / QK;                                                                             \
-		UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++) acc[r][t] =                \
-			_mm512_setzero_ps();                                                                     \
-		for (int64_t b = 0; b < nb; b += 2) {                                                            \
-			int two = b + 1 < nb;                                                                    \
-			struct act_pair ap[GEMM_C];                                                              \
-			UNROLL for (int t = 0; t < C; t++) load_act(KIND, xq + (size_t)t * ldq, nb, b, &ap[t]); \
-			UNROLL for (int r = 0; r < R; r++)                                                       \
-			{                                                                                        \
-				const char *wr = (const char *)w + (size_t)r * rb;                               \
-				_mm_prefetch(wr + PF_DIST + b * (int64_t)(rb / nb), _MM_HINT_T0);                \
-				__m512i q;                                                                       \
-				__m512 wd, wm = _mm512_setzero_ps();                                             \
-				__VA_ARGS__                                                                      \
-				(void)wm;                                                                        \
-				UNROLL for (int t = 0; t < C; t++)                                               \
-				{                                                                                \
-					__m512i dp = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, ap[t].q);    \
-					if (KIND != K_Q4_1)                                                      \
-						dp = _mm512_sub_epi32(dp, ap[t].corr);                           \
-					__m512 p = _mm512_cvtepi32_ps(dp);                                       \
-					acc[r][t] = _mm512_fmadd_ps(p, _mm512_mul_ps(wd, ap[t].d), acc[r][t]);   \
-					if (KIND == K_Q4_1)                                                      \
-						acc[r][t] = _mm512_fmadd_ps(wm, ap[t].aux, acc[r][t]);           \
-				}                                                                                \
-			}                                                                                        \
-		}                                                                                                \
-		UNROLL for (int t = 0; t < C; t++) UNROLL for (int r = 0; r < R; r++) y[(size_t)t * ldy + r] =   \
-			hsum16(acc[r][t]);                                                                       \
-	}
+/* One group (16 rows, lane mask m) times C tokens; KIND and C are
+ * compile-time constants so the accumulators live in registers. */
+TGT static inline __attribute__((always_inline)) void tile(enum gemm_kind kind, const uint8_t *wp, int64_t nb,
+							    __mmask16 m, const struct q8_block *xq, size_t ldq,
+							    const int C, float *y, size_t ldy)
+{
+	const size_t gb = kind == K_Q8_0 ? GEMM_ROWS * 34 : kind == K_Q4_1 ? GEMM_ROWS * 20 : GEMM_ROWS * 18;
+	const int qbytes = kind == K_Q8_0 ? 512 : 256;
+	const __m512i lo4 = _mm512_set1_epi8(0x0f);
+	__m512 acc[GEMM_COLS];
 
-/* q4_1 weights: value = d * q + m with q unsigned 0..15. The m * s term of
- * a block is spread over its 8 lanes as m * (s / 8) (exact scaling). */
-DEF_TILE(K_Q4_1, {
-	/* both blocks (40 bytes) in one masked load, then byte permutes: one
-	 * to lay out [qs0, qs0, qs1, qs1] for the nibble split, one to gather
-	 * [d0, m0, d1, m1] for the scales; a missing second block reads as 0 */
-	const struct b41 *blk = (const struct b41 *)wr + b;
-	__m512i raw = _mm512_maskz_loadu_epi8(two ? (__mmask64)0xffffffffffull : (__mmask64)0xfffffull, blk);
-	__m512i v = _mm512_permutexvar_epi8(_mm512_set_epi8(39, 38, 37, 36, 35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24,
-							     39, 38, 37, 36, 35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24,
-							     19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4,
-							     19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4),
-					    raw);
-	v = _mm512_mask_srli_epi16(v, (__mmask32)0xff00ff00u, v, 4);
-	q = _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
-	__m512i dm = _mm512_permutexvar_epi8(_mm512_set_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-							      0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-							      0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-							      0, 0, 0, 0, 0, 0, 0, 0, 23, 22, 21, 20, 3, 2, 1, 0),
-					     raw);
-	__m512 f = _mm512_castps128_ps512(_mm_cvtph_ps(_mm512_castsi512_si128(dm)));
-	wd = _mm512_permutexvar_ps(_mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0), f);
-	wm = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), f);
-})
-DEF_TILE(K_Q4_0, {
-	const struct b40 *blk = (const struct b40 *)wr + b;
-	uint32_t dd = blk[0].d | (uint32_t)(two ? blk[1].d : 0) << 16;
-	__m512 f = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dd)));
-	q = join(unpack_nib(blk[0].qs), two ? unpack_nib(blk[1].qs) : _mm256_setzero_si256());
-	wd = _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0), f);
-})
-/* q8_0: signed weights offset by 128 to unsigned (x ^ 0x80). */
-DEF_TILE(K_Q8_0, {
-	const struct b80 *blk = (const struct b80 *)wr + b;
-	__m256i lo = _mm256_loadu_si256((const __m256i *)blk[0].qs);
-	__m256i hi = two ? _mm256_loadu_si256((const __m256i *)blk[1].qs) : _mm256_set1_epi8((char)0x80);
-	q = _mm512_xor_si512(join(lo, hi), _mm512_set1_epi8((char)0x80));
-	uint32_t dd = blk[0].d | (uint32_t)(two ? blk[1].d : 0) << 16;
-	__m512 f = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dd)));
-	wd = _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0), f);
-})
-
-#define INST1(KIND, RR, CC)                                                                                     \
-	TGT static void gemm_##KIND##_##RR##_##CC(const void *w, size_t rb, const struct q8_block *xq, size_t ldq, \
-						   int64_t n, float *y, size_t ldy)                              \
-	{                                                                                                       \
-		tile_##KIND(w, rb, RR, xq, ldq, CC, n, y, ldy);                                                  \
+	UNROLL for (int t = 0; t < C; t++)
+		acc[t] = _mm512_setzero_ps();
+	for (int64_t b = 0; b < nb; b++, wp += gb) {
+		__m512i ia[GEMM_COLS], ib[GEMM_COLS];
+		UNROLL for (int t = 0; t < C; t++) {
+			const struct q8_block *row = xq + (size_t)t * ldq;
+			int32_t s = q8_row_sums(row, nb)[b];
+			ia[t] = kind == K_Q4_1 ? _mm512_setzero_si512()
+					       : _mm512_set1_epi32(kind == K_Q4_0 ? -8 * s : -128 * s);
+			ib[t] = _mm512_setzero_si512();
+		}
+		if (kind == K_Q8_0) {
+			UNROLL for (int j = 0; j < 8; j += 2) {
+				__m512i w0 = _mm512_loadu_si512(wp + 64 * j);
+				__m512i w1 = _mm512_loadu_si512(wp + 64 * (j + 1));
+				UNROLL for (int t = 0; t < C; t++) {
+					const int8_t *q = xq[(size_t)t * ldq + b].q;
+					ia[t] = _mm512_dpbusd_epi32(ia[t], w0, bcast4(q + 4 * j));
+					ib[t] = _mm512_dpbusd_epi32(ib[t], w1, bcast4(q + 4 * j + 4));
+				}
+			}
+		} else {
+			UNROLL for (int j = 0; j < 4; j++) {
+				__m512i raw = _mm512_loadu_si512(wp + 64 * j);
+				__m512i wl = _mm512_and_si512(raw, lo4);
+				__m512i wh = _mm512_and_si512(_mm512_srli_epi16(raw, 4), lo4);
+				UNROLL for (int t = 0; t < C; t++) {
+					const int8_t *q = xq[(size_t)t * ldq + b].q;
+					ia[t] = _mm512_dpbusd_epi32(ia[t], wl, bcast4(q + 4 * j));
+					ib[t] = _mm512_dpbusd_epi32(ib[t], wh, bcast4(q + 16 + 4 * j));
+				}
+			}
+		}
+		__m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wp + qbytes)));
+		__m512 wm = kind == K_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wp + qbytes + 32)))
+					   : _mm512_setzero_ps();
+		UNROLL for (int t = 0; t < C; t++) {
+			const struct q8_block *x = xq + (size_t)t * ldq + b;
+			__m512 p = _mm512_cvtepi32_ps(_mm512_add_epi32(ia[t], ib[t]));
+			acc[t] = _mm512_fmadd_ps(p, _mm512_mul_ps(wd, _mm512_set1_ps(x->d)), acc[t]);
+			if (kind == K_Q4_1)
+				acc[t] = _mm512_fmadd_ps(wm, _mm512_set1_ps(x->s), acc[t]);
+		}
 	}
-#define INSTR(KIND, RR) INST1(KIND, RR, 1) INST1(KIND, RR, 2) INST1(KIND, RR, 3) INST1(KIND, RR, 4)
-#define INSTK(KIND) INSTR(KIND, 1) INSTR(KIND, 2) INSTR(KIND, 3) INSTR(KIND, 4)
+	UNROLL for (int t = 0; t < C; t++)
+		_mm512_mask_storeu_ps(y + (size_t)t * ldy, m, acc[t]);
+}
+
+#define INST1(KIND, CC)                                                                                      \
+	TGT static void gemm_##KIND##_##CC(const void *wp, int64_t nb, __mmask16 m, const struct q8_block *xq, \
+					   size_t ldq, float *y, size_t ldy)                                   \
+	{                                                                                                    \
+		tile(KIND, wp, nb, m, xq, ldq, CC, y, ldy);                                                 \
+	}
+#define INSTK(KIND)                                                                                             \
+	INST1(KIND, 1) INST1(KIND, 2) INST1(KIND, 3) INST1(KIND, 4) INST1(KIND, 5) INST1(KIND, 6) INST1(KIND, 7) \
+		INST1(KIND, 8)
 INSTK(K_Q4_0)
 INSTK(K_Q4_1)
 INSTK(K_Q8_0)
+_Static_assert(GEMM_COLS == 8, "one instance per tile width");
 
-typedef void (*tile_fn)(const void *w, size_t rb, const struct q8_block *xq, size_t ldq, int64_t n, float *y,
+typedef void (*tile_fn)(const void *wp, int64_t nb, __mmask16 m, const struct q8_block *xq, size_t ldq, float *y,
 			size_t ldy);
-#define ROW(KIND, RR) {gemm_##KIND##_##RR##_1, gemm_##KIND##_##RR##_2, gemm_##KIND##_##RR##_3, gemm_##KIND##_##RR##_4}
-#define TABLE(KIND) {ROW(KIND, 1), ROW(KIND, 2), ROW(KIND, 3), ROW(KIND, 4)}
-static const tile_fn tiles_q4_0[GEMM_R][GEMM_C] = TABLE(K_Q4_0);
-static const tile_fn tiles_q4_1[GEMM_R][GEMM_C] = TABLE(K_Q4_1);
-static const tile_fn tiles_q8_0[GEMM_R][GEMM_C] = TABLE(K_Q8_0);
+#define TABLE(KIND)                                                                                      \
+	{                                                                                                \
+		gemm_##KIND##_1, gemm_##KIND##_2, gemm_##KIND##_3, gemm_##KIND##_4, gemm_##KIND##_5,     \
+			gemm_##KIND##_6, gemm_##KIND##_7, gemm_##KIND##_8                                \
+	}
+static const tile_fn tiles_q4_0[GEMM_COLS] = TABLE(K_Q4_0);
+static const tile_fn tiles_q4_1[GEMM_COLS] = TABLE(K_Q4_1);
+static const tile_fn tiles_q8_0[GEMM_COLS] = TABLE(K_Q8_0);
 
-static void gemm_q4_1(const void *w, size_t rb, int R, const struct q8_block *xq, size_t ldq, int C, int64_t n,
-		      float *y, size_t ldy)
-{
-	tiles_q4_1[R - 1][C - 1](w, rb, xq, ldq, n, y, ldy);
-}
-
-static void gemm_q4_0(const void *w, size_t rb, int R, const struct q8_block *xq, size_t ldq, int C, int64_t n,
-		      float *y, size_t ldy)
-{
-	tiles_q4_0[R - 1][C - 1](w, rb, xq, ldq, n, y, ldy);
-}
-
-static void gemm_q8_0(const void *w, size_t rb, int R, const struct q8_block *xq, size_t ldq, int C, int64_t n,
-		      float *y, size_t ldy)
-{
-	tiles_q8_0[R - 1][C - 1](w, rb, xq, ldq, n, y, ldy);
-}
+#define ENTRY(T)                                                                                                 \
+	static void gemm_##T(const void *wp, int64_t nb, int R, const struct q8_block *xq, size_t ldq, int C, float *y, \
+			     size_t ldy)                                                                         \
+	{                                                                                                        \
+		tiles_##T[C - 1](wp, nb, (__mmask16)((1u << R) - 1), xq, ldq, y, ldy);                              \
+	}
+ENTRY(q4_0)
+ENTRY(q4_1)
+ENTRY(q8_0)
 
 int cpu_kernels_init_gemm_avx512(struct cpu_kernels *k)
 {
 	if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
 	    !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512vnni") ||
-	    !__builtin_cpu_supports("avx512dq") || !__builtin_cpu_supports("avx512vbmi") ||
-	    !__builtin_cpu_supports("f16c") || !__builtin_cpu_supports("fma"))
+	    !__builtin_cpu_supports("avx512dq") || !__builtin_cpu_supports("f16c") ||
+	    !__builtin_cpu_supports("fma"))
 		return 0;
 	k->gemm[KVD_WTYPE_Q4_0] = gemm_q4_0;
 	k->gemm[KVD_WTYPE_Q4_1] = gemm_q4_1;

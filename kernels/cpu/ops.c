@@ -162,30 +162,6 @@ void dequantize_row(enum kvd_wtype t, const void *src, float *dst, int64_t n)
 
 /* ---- portable versions ------------------------------------------------- */
 
-/* The pairs after a row's n/32 blocks (see struct q8_pair). Plain loops,
- * no libc calls: this runs between vector kernels, and a library routine
- * that leaves wide register state dirty makes the scalar code after it
- * pay for state transitions on some CPUs and hypervisors. */
-static void q8_make_pairs(struct q8_block *y, int64_t nb)
-{
-	struct q8_pair *p = (struct q8_pair *)(y + nb);
-	for (int64_t b = 0; b < nb; b += 2, p++) {
-		int two = b + 1 < nb;
-		for (int i = 0; i < QK; i++) {
-			p->q[i] = y[b].q[i];
-			p->q[QK + i] = two ? y[b + 1].q[i] : 0;
-		}
-		for (int i = 0; i < 8; i++) {
-			p->d[i] = y[b].d;
-			p->d[8 + i] = two ? y[b + 1].d : 0.0f;
-			p->aux[i] = y[b].s * 0.125f;
-			p->aux[8 + i] = two ? y[b + 1].s * 0.125f : 0.0f;
-		}
-		for (int i = 0; i < 8; i++)
-			p->pad[i] = 0;
-	}
-}
-
 static void quantize_q8_generic(const float *x, struct q8_block *y, int64_t n)
 {
 	for (int64_t b = 0; b < n / QK; b++) {
@@ -203,8 +179,8 @@ static void quantize_q8_generic(const float *x, struct q8_block *y, int64_t n)
 		}
 		y[b].d = d;
 		y[b].s = d * (float)sum;
+		((int32_t *)(void *)(y + n / QK))[b] = sum;
 	}
-	q8_make_pairs(y, n / QK);
 }
 
 static float dot_f32_generic(const void *w, const float *x, const struct q8_block *xq, int64_t n)
@@ -392,22 +368,10 @@ AVX2 static void quantize_q8_avx2(const float *x, struct q8_block *y, int64_t n)
 		i0 = _mm256_packs_epi16(i0, i2);
 		i0 = _mm256_permutevar8x32_epi32(i0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 		_mm256_storeu_si256((__m256i *)y[b].q, i0);
+		int isum = _mm_cvtsi128_si32(s4);
 		y[b].d = d;
-		y[b].s = d * (float)_mm_cvtsi128_si32(s4);
-	}
-	/* the pairs (struct q8_pair), built in vector registers */
-	int64_t nb = n / QK;
-	struct q8_pair *p = (struct q8_pair *)(y + nb);
-	for (int64_t b = 0; b < nb; b += 2, p++) {
-		int two = b + 1 < nb;
-		_mm256_storeu_si256((__m256i *)p->q, _mm256_loadu_si256((const __m256i *)y[b].q));
-		_mm256_storeu_si256((__m256i *)(p->q + QK),
-				    two ? _mm256_loadu_si256((const __m256i *)y[b + 1].q) : _mm256_setzero_si256());
-		_mm256_storeu_ps(p->d, _mm256_set1_ps(y[b].d));
-		_mm256_storeu_ps(p->d + 8, _mm256_set1_ps(two ? y[b + 1].d : 0.0f));
-		_mm256_storeu_ps(p->aux, _mm256_set1_ps(y[b].s * 0.125f));
-		_mm256_storeu_ps(p->aux + 8, _mm256_set1_ps(two ? y[b + 1].s * 0.125f : 0.0f));
-		_mm_storel_epi64((__m128i *)p->pad, _mm_setzero_si128());
+		y[b].s = d * (float)isum;
+		((int32_t *)(void *)(y + n / QK))[b] = isum;
 	}
 }
 
@@ -608,8 +572,8 @@ void cpu_kernels_init(struct cpu_kernels *k, int force_generic)
 		k->axpyn_f16 = axpyn_f16_avx2;
 		k->store_f16 = store_f16_avx2;
 		/* the tiled AVX-512 VNNI kernels, where the CPU has them */
-		if (!getenv("KVD_CPU_NO_AVX512"))
-			cpu_kernels_init_gemm_avx512(k);
+		if (!getenv("KVD_CPU_NO_AVX512") && cpu_kernels_init_gemm_avx512(k))
+			k->attn_rows_for = cpu_attn_rows_avx512;
 	}
 #endif
 }

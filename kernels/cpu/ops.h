@@ -34,42 +34,58 @@ float fp16_to_f32(uint16_t h);
 uint16_t f32_to_fp16(float f); /* round to nearest even */
 float bf16_to_f32(uint16_t h);
 
-/* The operands of two consecutive activation blocks as the tiled kernels
- * load them: 64 quants (the second block zero past the row's end), each
- * block's scale over its 8 lanes, and s/8 likewise. Five q8_blocks long. */
-struct q8_pair {
-	int8_t q[2 * QK];
-	float d[16];
-	float aux[16];
-	uint8_t pad[8];
-};
-_Static_assert(sizeof(struct q8_pair) == 5 * sizeof(struct q8_block), "q8_pair is five blocks");
-
-/* A quantized activation row of n elements is n/32 q8_blocks followed by
- * its pairs; this is its length in q8_block units (the row stride). */
+/* A quantized activation row of n elements is its n/32 q8_blocks followed
+ * by each block's integer sum of quants (int32, for the offsets of q4_0
+ * and q8_0 weights in the tiled kernels); this is its length in q8_block
+ * units (the row stride). */
 static inline int64_t q8_row_len(int64_t n)
 {
 	int64_t nb = n / QK;
-	return nb + (nb + 1) / 2 * 5;
+	return nb + (nb + 9) / 10;
+}
+
+static inline const int32_t *q8_row_sums(const struct q8_block *row, int64_t nb)
+{
+	return (const int32_t *)(const void *)(row + nb);
 }
 
 /* Dot product of one weight row (n elements, stored type) with one
  * activation row given both as floats and as q8 blocks (n / 32 of them). */
 typedef float (*vec_dot_fn)(const void *w, const float *x, const struct q8_block *xq, int64_t n);
 
-/* A tile of R (<= GEMM_R) weight rows, row_bytes apart, times C (<= GEMM_C)
- * activation rows (q8 rows with their pairs, ldq blocks apart):
- * y[t * ldy + r]. Each (row, token) result is bit-identical whatever R and C. */
-#define GEMM_R 4
-#define GEMM_C 4
-typedef void (*gemm_fn)(const void *w, size_t row_bytes, int R, const struct q8_block *xq, size_t ldq, int C,
-			int64_t n, float *y, size_t ldy);
+/* The tiled kernels work on weights repacked by gemm_pack (layout in
+ * gemm_avx512.c): one call multiplies a group of GEMM_ROWS rows (the first R
+ * valid), nb blocks long, with C <= GEMM_COLS activation rows (q8 rows,
+ * ldq blocks apart): y[t * ldy + r] for r < R. Each (row, token) result is
+ * bit-identical whatever R and C. */
+#define GEMM_ROWS 16
+#define GEMM_COLS 8
+typedef void (*gemm_fn)(const void *wp, int64_t nb, int R, const struct q8_block *xq, size_t ldq, int C, float *y,
+			size_t ldy);
+
+/* Bytes of one packed group block of type t (0: t is not packed), of a
+ * whole packed matrix, and the packing itself (portable C). */
+size_t gemm_group_block_bytes(enum kvd_wtype t);
+size_t gemm_packed_bytes(enum kvd_wtype t, int64_t rows, int64_t cols);
+void gemm_pack(enum kvd_wtype t, const void *src, size_t row_bytes, int64_t rows, int64_t cols, void *dst);
+
+/* Attention of nr query rows over one chunk of positions (K and V rows in
+ * f16, k[p] and v[p] pointing at position p's head): row r (query q[r])
+ * sees the first len[r] >= 1 positions. Writes ml[r][0] = max score,
+ * ml[r][1] = sum of exp(score - max), o[r] = that sum's weighted V rows
+ * (unnormalised). scratch: (max len rounded up to 16) * (hd + nr) floats.
+ * A row's result depends only on its query, its length and the keys and
+ * values it sees. */
+typedef void (*attn_rows_fn)(int nr, const float *const *q, const int *len, const uint16_t *const *k,
+			     const uint16_t *const *v, float scale, float *const *ml, float *const *o, float *scratch);
+/* The AVX-512 version for head size hd, or NULL (other sizes, other CPUs). */
+attn_rows_fn cpu_attn_rows_avx512(int hd);
 
 struct cpu_kernels {
 	const char *isa; /* "avx2" or "generic" */
 	vec_dot_fn dot[KVD_WTYPE_BF16 + 1]; /* by enum kvd_wtype */
-	gemm_fn gemm[KVD_WTYPE_BF16 + 1];     /* NULL: use dot row by row */
-	/* quantize n floats to a q8 row: n/32 blocks, then their pairs */
+	gemm_fn gemm[KVD_WTYPE_BF16 + 1];     /* NULL: use dot row by row on unpacked weights */
+	/* quantize n floats to a q8 row: n/32 blocks, then their sums */
 	void (*quantize_q8)(const float *x, struct q8_block *y, int64_t n);
 	/* sum_i q[i] * k[i] with k stored as f16 */
 	float (*dot_f32_f16)(const float *q, const uint16_t *k, int n);
@@ -80,6 +96,9 @@ struct cpu_kernels {
 	/* y[r * ldy + i] += a[r] * v[i] for r < nr: one f16 row, converted
 	 * once, into nr accumulators (the query heads of a KV group) */
 	void (*axpyn_f16)(float *y, int ldy, const float *a, int nr, const uint16_t *v, int n);
+	/* the attention kernel for a head size, or NULL: attention then runs
+	 * on the helpers above */
+	attn_rows_fn (*attn_rows_for)(int hd);
 	/* dst[i] = f16(src[i]) */
 	void (*store_f16)(uint16_t *dst, const float *src, int n);
 };

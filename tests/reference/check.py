@@ -278,12 +278,14 @@ def is_quantized(m):
 
 
 def tiny_prompts(n_vocab, name):
-    """Four deterministic token prompts: 1, 7, 23 and 45 tokens (the longer
-    ones cross 16-token pages and 7-token chunks). Ids cover the whole vocab,
-    special tokens included."""
+    """Deterministic token prompts: 1, 7, 23 and 45 tokens, and 150 for the
+    "hd" models (the longer ones cross 16-token pages and 7-token chunks).
+    Ids cover the whole vocab, special tokens included."""
     rng = np.random.default_rng([n_vocab] + list(name.encode()))
     out = []
-    for n in (1, 7, 23, 45):
+    # models with the tiled attention kernels also get a prompt longer than
+    # one 128-position attention chunk
+    for n in (1, 7, 23, 45) + ((150,) if name.startswith("hd") else ()):
         out.append([int(t) for t in rng.integers(0, n_vocab, n)])
     return out
 

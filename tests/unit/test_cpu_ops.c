@@ -86,15 +86,17 @@ static void test_quantize_q8(void **state)
 	cpu_kernels_init(&kv, 0);
 	for (int it = 0; it < 1000; it++) {
 		float x[256];
-		struct q8_block a[28], b[28]; /* q8_row_len(256) */
+		struct q8_block a[9], b[9]; /* q8_row_len(256) */
 		float scale = (float)(next_u32() % 1000) * 0.01f;
 		for (int i = 0; i < 256; i++)
 			x[i] = frand() * scale;
 		if (it == 0)
 			memset(x, 0, sizeof(x));
+		memset(a, 0, sizeof(a));
+		memset(b, 0xa5, sizeof(b));
 		kg.quantize_q8(x, a, 256);
 		kv.quantize_q8(x, b, 256);
-		assert_memory_equal(a, b, sizeof(a));
+		assert_memory_equal(a, b, 8 * sizeof(a[0]) + 8 * sizeof(int32_t));
 		for (int bl = 0; bl < 8; bl++) {
 			int sum = 0;
 			for (int i = 0; i < 32; i++) {
@@ -104,6 +106,7 @@ static void test_quantize_q8(void **state)
 				sum += a[bl].q[i];
 			}
 			assert_true(a[bl].s == a[bl].d * (float)sum);
+			assert_int_equal(q8_row_sums(a, 8)[bl], sum);
 		}
 	}
 }
@@ -160,7 +163,7 @@ static void test_dot_products(void **state)
 			int64_t n = 32 * (1 + next_u32() % 24);
 			uint8_t w[24 * 32 * 4];
 			float x[24 * 32], wf[24 * 32];
-			struct q8_block xq[84]; /* q8_row_len(768) */
+			struct q8_block xq[27]; /* q8_row_len(768) */
 			fill_weights(t, w, n);
 			for (int64_t i = 0; i < n; i++)
 				x[i] = frand();
@@ -181,51 +184,172 @@ static void test_dot_products(void **state)
 	}
 }
 
-/* Tiled kernels: every (row, token) result is bit-identical for every tile
- * shape, and close to the portable dot product. */
+/* Packing: a group block holds lane r's bytes where the kernels expect
+ * them (checked through the scales and the first quant vector), and rows
+ * past the matrix's end are zero. */
+static void test_gemm_pack_layout(void **state)
+{
+	(void)state;
+	for (int t = KVD_WTYPE_Q4_0; t <= KVD_WTYPE_Q8_0; t++) {
+		if (!gemm_group_block_bytes((enum kvd_wtype)t))
+			continue;
+		int64_t rows = 19, n = 64;
+		size_t rb = kvd_wtype_row_bytes((enum kvd_wtype)t, n), gb = gemm_group_block_bytes((enum kvd_wtype)t);
+		uint8_t w[19 * 68], p[2 * 2 * GEMM_ROWS * 34];
+		assert_int_equal(gemm_packed_bytes((enum kvd_wtype)t, rows, n), 2 * 2 * gb);
+		for (size_t i = 0; i < rows * rb; i++)
+			w[i] = (uint8_t)next_u32();
+		memset(p, 0x5a, sizeof(p));
+		gemm_pack((enum kvd_wtype)t, w, rb, rows, n, p);
+		int nq = t == KVD_WTYPE_Q8_0 ? 8 : 4, hdr = t == KVD_WTYPE_Q4_1 ? 4 : 2;
+		for (int64_t r = 0; r < 2 * GEMM_ROWS; r++)
+			for (int b = 0; b < 2; b++) {
+				const uint8_t *gblk = p + ((size_t)(r / GEMM_ROWS) * 2 + (size_t)b) * gb;
+				const uint8_t *src = w + (size_t)r * rb + (size_t)b * (rb / 2);
+				int lane = (int)(r % GEMM_ROWS);
+				uint16_t d;
+				memcpy(&d, gblk + 64 * nq + 2 * lane, 2);
+				for (int i = 0; i < 4; i++) {
+					uint8_t want = r < rows ? src[hdr + i] : 0;
+					if (t == KVD_WTYPE_Q8_0 && r < rows)
+						want ^= 0x80;
+					assert_int_equal(gblk[4 * lane + i], want);
+				}
+				assert_int_equal(d, r < rows ? (uint16_t)(src[0] | src[1] << 8) : 0);
+			}
+	}
+}
+
+/* Tiled kernels: every (row, token) result is bit-identical for every
+ * number of tokens and valid rows, and close to the portable dot product
+ * on the stored weights. */
 static void test_gemm_tiles(void **state)
 {
 	const enum kvd_wtype types[] = {KVD_WTYPE_Q4_0, KVD_WTYPE_Q4_1, KVD_WTYPE_Q8_0};
+	enum { NR = 2 * GEMM_ROWS + 5, NC = GEMM_COLS + 3, LDQ = 27 /* q8_row_len(768) */ };
 	struct cpu_kernels kg, kv;
 	(void)state;
 	cpu_kernels_init(&kg, 1);
 	memset(&kv, 0, sizeof(kv));
 	if (!cpu_kernels_init_gemm_avx512(&kv))
 		skip();
+	static uint8_t w[NR * 24 * 34], wp[3 * 24 * GEMM_ROWS * 34];
+	static float x[NC][24 * 32], full[NC][3 * GEMM_ROWS], part[NC][3 * GEMM_ROWS];
+	static struct q8_block xq[NC][LDQ];
 	for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
 		enum kvd_wtype t = types[ti];
-		for (int it = 0; it < 60; it++) {
-			int64_t n = 32 * (1 + next_u32() % 24);
-			size_t rb = kvd_wtype_row_bytes(t, n);
-			uint8_t w[GEMM_R * 24 * 34];
-			float x[GEMM_C][24 * 32];
-			struct q8_block xq[GEMM_C][84]; /* rows of q8_row_len(768) */
-			float full[GEMM_C][GEMM_R];
-			for (int r = 0; r < GEMM_R; r++)
+		for (int it = 0; it < 40; it++) {
+			int64_t n = 32 * (1 + next_u32() % 24), nb = n / 32;
+			size_t rb = kvd_wtype_row_bytes(t, n), gbytes = gemm_group_block_bytes(t) * (size_t)nb;
+			for (int r = 0; r < NR; r++)
 				fill_weights(t, w + r * rb, n);
-			for (int c = 0; c < GEMM_C; c++) {
+			gemm_pack(t, w, rb, NR, n, wp);
+			for (int c = 0; c < NC; c++) {
 				for (int64_t i = 0; i < n; i++)
 					x[c][i] = frand();
+				/* an all-zero token and a constant one */
+				if (c == 1)
+					memset(x[c], 0, sizeof(x[c]));
+				if (c == 2)
+					for (int64_t i = 0; i < n; i++)
+						x[c][i] = 0.75f;
 				kg.quantize_q8(x[c], xq[c], n);
 			}
-			kv.gemm[t](w, rb, GEMM_R, &xq[0][0], 84, GEMM_C, n, &full[0][0], GEMM_R);
-			for (int R = 1; R <= GEMM_R; R++)
-				for (int C = 1; C <= GEMM_C; C++)
-					for (int r0 = 0; r0 + R <= GEMM_R; r0++)
-						for (int c0 = 0; c0 + C <= GEMM_C; c0++) {
-							float part[GEMM_C][GEMM_R];
-							kv.gemm[t](w + r0 * rb, rb, R, &xq[c0][0], 84, C, n, &part[0][0], GEMM_R);
-							for (int c = 0; c < C; c++)
-								assert_memory_equal(&part[c][0], &full[c0 + c][r0],
-										    sizeof(float) * (size_t)R);
+			/* reference: one token at a time, full groups */
+			for (int c = 0; c < NC; c++)
+				for (int g = 0; g < 3; g++)
+					kv.gemm[t](wp + g * gbytes, nb, GEMM_ROWS, &xq[c][0], LDQ, 1, &full[c][g * GEMM_ROWS],
+						   3 * GEMM_ROWS);
+			for (int C = 1; C <= GEMM_COLS; C++)
+				for (int c0 = 0; c0 + C <= NC; c0 += 1 + (C & 1))
+					for (int g = 0; g < 3; g++) {
+						int R = g == 2 ? NR - 2 * GEMM_ROWS : GEMM_ROWS - (C + c0) % 3;
+						memset(part, 0x7f, sizeof(part));
+						kv.gemm[t](wp + g * gbytes, nb, R, &xq[c0][0], LDQ, C,
+							   &part[c0][g * GEMM_ROWS], 3 * GEMM_ROWS);
+						for (int c = c0; c < c0 + C; c++) {
+							assert_memory_equal(&part[c][g * GEMM_ROWS], &full[c][g * GEMM_ROWS],
+									    sizeof(float) * (size_t)R);
+							/* rows past R are left alone */
+							if (R < GEMM_ROWS) {
+								uint32_t u;
+								memcpy(&u, &part[c][g * GEMM_ROWS + R], 4);
+								assert_int_equal(u, 0x7f7f7f7fu);
+							}
 						}
-			for (int c = 0; c < GEMM_C; c++)
-				for (int r = 0; r < GEMM_R; r++) {
+					}
+			for (int c = 0; c < NC; c++)
+				for (int r = 0; r < NR; r++) {
 					float ref = kg.dot[t](w + r * rb, x[c], xq[c], n);
 					if (fabsf(ref - full[c][r]) > 1e-4f * (1 + fabsf(ref)))
 						fail_msg("%s n=%lld (%d,%d): %g vs portable %g", kvd_wtype_name(t),
 							 (long long)n, r, c, full[c][r], ref);
 				}
+		}
+	}
+}
+
+/* The tiled attention kernel: each row's max, sum and weighted V rows
+ * match float64, and a row alone gives the same bits as in any tile. */
+static void test_attn_rows(void **state)
+{
+	(void)state;
+	for (int hd = 64; hd <= 128; hd *= 2) {
+		attn_rows_fn fn = cpu_attn_rows_avx512(hd);
+		if (!fn)
+			skip();
+		static uint16_t kv[2][128][128];
+		static float q[12][128], o[12][128], o1[128], scratch[128 * (128 + 12)];
+		const uint16_t *kp[128], *vp[128];
+		for (int it = 0; it < 30; it++) {
+			int nr = 1 + (int)(next_u32() % 12), len[12];
+			const float *qp[12];
+			float ml[12][2], *mlp[12], *op[12], ml1[2], *ml1p = ml1, *o1p = o1;
+			float scale = 1.0f / sqrtf((float)hd);
+			for (int p = 0; p < 128; p++) {
+				for (int i = 0; i < hd; i++) {
+					kv[0][p][i] = f32_to_fp16(frand() * 2.0f);
+					kv[1][p][i] = f32_to_fp16(frand());
+				}
+				kp[p] = kv[0][p];
+				vp[p] = kv[1][p];
+			}
+			for (int r = 0; r < nr; r++) {
+				len[r] = 1 + (int)(next_u32() % 128);
+				for (int i = 0; i < hd; i++)
+					q[r][i] = frand() * 3.0f;
+				qp[r] = q[r];
+				mlp[r] = ml[r];
+				op[r] = o[r];
+			}
+			fn(nr, qp, len, kp, vp, scale, mlp, op, scratch);
+			for (int r = 0; r < nr; r++) {
+				double sc[128], mx = -INFINITY, l = 0;
+				for (int p = 0; p < len[r]; p++) {
+					double d = 0;
+					for (int i = 0; i < hd; i++)
+						d += (double)q[r][i] * fp16_to_f32(kv[0][p][i]);
+					sc[p] = d * scale;
+					mx = sc[p] > mx ? sc[p] : mx;
+				}
+				for (int p = 0; p < len[r]; p++)
+					l += exp(sc[p] - mx);
+				assert_true(fabs(ml[r][0] - mx) <= 1e-5 * (1 + fabs(mx)));
+				assert_true(fabs(ml[r][1] - l) <= 1e-5 * l);
+				for (int i = 0; i < hd; i++) {
+					double acc = 0, mag = 0;
+					for (int p = 0; p < len[r]; p++) {
+						acc += exp(sc[p] - mx) * fp16_to_f32(kv[1][p][i]);
+						mag += exp(sc[p] - mx) * fabs(fp16_to_f32(kv[1][p][i]));
+					}
+					if (fabs(o[r][i] - acc) > 1e-5 * mag + 1e-6)
+						fail_msg("hd %d row %d len %d elem %d: %g vs %g", hd, r, len[r], i, o[r][i], acc);
+				}
+				/* alone */
+				fn(1, &qp[r], &len[r], kp, vp, scale, &ml1p, &o1p, scratch);
+				assert_memory_equal(ml1, ml[r], sizeof(ml1));
+				assert_memory_equal(o1, o[r], sizeof(float) * (size_t)hd);
+			}
 		}
 	}
 }
@@ -288,7 +412,9 @@ int main(void)
 		cmocka_unit_test(test_bf16),
 		cmocka_unit_test(test_quantize_q8),
 		cmocka_unit_test(test_dot_products),
+		cmocka_unit_test(test_gemm_pack_layout),
 		cmocka_unit_test(test_gemm_tiles),
+		cmocka_unit_test(test_attn_rows),
 		cmocka_unit_test(test_attention_helpers),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,190 @@
+/*
+ * kernels/cpu/attn_avx512.c — one chunk of attention for a tile of query
+ * rows with AVX-512: the rows of a KV head's query group, and in a prefill
+ * several consecutive tokens of one sequence, share one pass over the
+ * chunk's K and V rows (stored f16 in the pages).
+ *
+ * For each row r, over the first len[r] positions of the chunk:
+ *   s_p = (q_r . k_p) * scale         four 16-lane FMAs per 64 elements,
+ *                                     then a fixed 16 -> 1 reduction tree
+ *   m   = max s_p,  e_p = exp(s_p - m) (vector exp, below),
+ *   l   = sum e_p  (16 lanes, then a fixed tree),
+ *   o   = sum e_p v_p in position order, 16 lanes at a time.
+ * Scores are computed for 16 positions at a time, but every (row, position)
+ * value goes through the same operations whichever slot it occupies, and a
+ * row never reads past its own length, so a row's result does not depend on
+ * the other rows of the tile or on its place in it: a token's attention is
+ * bit-identical alone, in a batch, or in a prefill tile.
+ */
+#include "ops.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#include <math.h>
+
+#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")))
+#define UNROLL _Pragma("GCC unroll 16")
+
+/* exp(x) for x <= 0 (Cephes' single-precision polynomial, about 1 ulp);
+ * below -103 the result is 0. */
+TGT static inline __m512 exp_neg(__m512 x)
+{
+	x = _mm512_max_ps(x, _mm512_set1_ps(-103.0f));
+	__m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+					_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	__m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+	r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+	__m512 p = _mm512_set1_ps(1.9875691500e-4f);
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+	p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+	return _mm512_scalef_ps(p, n);
+}
+
+/* out lane j = sum of the 16 lanes of a[j], by the same tree for every j:
+ * lanes i + 8, then i + 4, i + 2, i + 1 are added in. */
+TGT static inline __m512 reduce16(const __m512 a[16])
+{
+	const __m512i l1a = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+	const __m512i l1b = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+	const __m512i l2a = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+	const __m512i l2b = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+	const __m512i l3a = _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29);
+	const __m512i l3b = _mm512_setr_epi32(2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+	const __m512i l4a = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+	const __m512i l4b = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+	__m512 r1[8], r2[4], r3[2];
+	UNROLL for (int j = 0; j < 8; j++)
+		r1[j] = _mm512_add_ps(_mm512_permutex2var_ps(a[2 * j], l1a, a[2 * j + 1]),
+				      _mm512_permutex2var_ps(a[2 * j], l1b, a[2 * j + 1]));
+	UNROLL for (int j = 0; j < 4; j++)
+		r2[j] = _mm512_add_ps(_mm512_permutex2var_ps(r1[2 * j], l2a, r1[2 * j + 1]),
+				      _mm512_permutex2var_ps(r1[2 * j], l2b, r1[2 * j + 1]));
+	UNROLL for (int j = 0; j < 2; j++)
+		r3[j] = _mm512_add_ps(_mm512_permutex2var_ps(r2[2 * j], l3a, r2[2 * j + 1]),
+				      _mm512_permutex2var_ps(r2[2 * j], l3b, r2[2 * j + 1]));
+	return _mm512_add_ps(_mm512_permutex2var_ps(r3[0], l4a, r3[1]), _mm512_permutex2var_ps(r3[0], l4b, r3[1]));
+}
+
+/* fixed order: 16 -> 8 -> 4 -> 2 -> 1 */
+TGT static inline float hsum(__m512 v)
+{
+	__m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+	__m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+	b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+	b = _mm_add_ss(b, _mm_movehdup_ps(b));
+	return _mm_cvtss_f32(b);
+}
+
+TGT static inline __mmask16 tail_mask(int left)
+{
+	return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+}
+
+/* HD (head size) is 64 or 128; RT rows share each V row's conversion. */
+TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, const int RT, int nr,
+								  const float *const *q, const int *len,
+								  const uint16_t *const *k, const uint16_t *const *v,
+								  float scale, float *const *ml, float *const *o,
+								  float *scratch)
+{
+	enum { MAXV = 8 };
+	const int V = HD / 16;
+	int n = 0;
+	for (int r = 0; r < nr; r++)
+		n = len[r] > n ? len[r] : n;
+	const int n16 = (n + 15) & ~15;
+	float *kf = scratch;                 /* n16 x HD: K as f32, zero past n */
+	float *sc = scratch + (size_t)n16 * HD; /* nr x n16 scores, then weights */
+
+	for (int p = 0; p < n16; p++)
+		UNROLL for (int j = 0; j < V; j++)
+			_mm512_storeu_ps(kf + (size_t)p * HD + 16 * j,
+					 p < n ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k[p] + 16 * j)))
+					       : _mm512_setzero_ps());
+
+	const __m512 vscale = _mm512_set1_ps(scale);
+	for (int r = 0; r < nr; r++) {
+		__m512 qv[MAXV];
+		float *s = sc + (size_t)r * n16;
+		UNROLL for (int j = 0; j < V; j++)
+			qv[j] = _mm512_loadu_ps(q[r] + 16 * j);
+		for (int p0 = 0; p0 < len[r]; p0 += 16) {
+			__m512 acc[16];
+			UNROLL for (int i = 0; i < 16; i++) {
+				const float *kr = kf + (size_t)(p0 + i) * HD;
+				acc[i] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
+				UNROLL for (int j = 1; j < V; j++)
+					acc[i] = _mm512_fmadd_ps(qv[j], _mm512_loadu_ps(kr + 16 * j), acc[i]);
+			}
+			_mm512_storeu_ps(s + p0, _mm512_mul_ps(reduce16(acc), vscale));
+		}
+		__m512 mx = _mm512_set1_ps(-INFINITY);
+		for (int p0 = 0; p0 < len[r]; p0 += 16)
+			mx = _mm512_mask_max_ps(mx, tail_mask(len[r] - p0), mx, _mm512_loadu_ps(s + p0));
+		float M = _mm512_reduce_max_ps(mx);
+		__m512 vm = _mm512_set1_ps(M), sum = _mm512_setzero_ps();
+		for (int p0 = 0; p0 < len[r]; p0 += 16) {
+			__m512 e = _mm512_maskz_mov_ps(tail_mask(len[r] - p0), exp_neg(_mm512_sub_ps(_mm512_loadu_ps(s + p0), vm)));
+			_mm512_storeu_ps(s + p0, e);
+			sum = _mm512_add_ps(sum, e);
+		}
+		ml[r][0] = M;
+		ml[r][1] = hsum(sum);
+	}
+
+	for (int r0 = 0; r0 < nr; r0 += RT) {
+		__m512 acc[6][MAXV];
+		int nt = nr - r0 < RT ? nr - r0 : RT, pe = 0;
+		for (int rr = 0; rr < nt; rr++)
+			pe = len[r0 + rr] > pe ? len[r0 + rr] : pe;
+		UNROLL for (int rr = 0; rr < RT; rr++) UNROLL for (int j = 0; j < V; j++) acc[rr][j] = _mm512_setzero_ps();
+		for (int p = 0; p < pe; p++) {
+			__m512 vv[MAXV];
+			UNROLL for (int j = 0; j < V; j++)
+				vv[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v[p] + 16 * j)));
+			UNROLL for (int rr = 0; rr < RT; rr++) {
+				if (rr < nt && p < len[r0 + rr]) {
+					__m512 e = _mm512_set1_ps(sc[(size_t)(r0 + rr) * n16 + p]);
+					UNROLL for (int j = 0; j < V; j++)
+						acc[rr][j] = _mm512_fmadd_ps(e, vv[j], acc[rr][j]);
+				}
+			}
+		}
+		UNROLL for (int rr = 0; rr < RT; rr++)
+			if (rr < nt)
+				UNROLL for (int j = 0; j < V; j++)
+					_mm512_storeu_ps(o[r0 + rr] + 16 * j, acc[rr][j]);
+	}
+}
+
+TGT static void attn_rows_64(int nr, const float *const *q, const int *len, const uint16_t *const *k,
+			     const uint16_t *const *v, float scale, float *const *ml, float *const *o, float *scratch)
+{
+	attn_rows_t(64, 6, nr, q, len, k, v, scale, ml, o, scratch);
+}
+
+TGT static void attn_rows_128(int nr, const float *const *q, const int *len, const uint16_t *const *k,
+			      const uint16_t *const *v, float scale, float *const *ml, float *const *o, float *scratch)
+{
+	attn_rows_t(128, 2, nr, q, len, k, v, scale, ml, o, scratch);
+}
+
+attn_rows_fn cpu_attn_rows_avx512(int hd)
+{
+	if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512dq") ||
+	    !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl") ||
+	    !__builtin_cpu_supports("f16c") || !__builtin_cpu_supports("fma"))
+		return NULL;
+	return hd == 64 ? attn_rows_64 : hd == 128 ? attn_rows_128 : NULL;
+}
+#else
+attn_rows_fn cpu_attn_rows_avx512(int hd)
+{
+	(void)hd;
+	return NULL;
+}
+#endif
