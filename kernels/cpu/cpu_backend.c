@@ -69,6 +69,7 @@ struct cpu_ctx {
 	int cap_chunks;   /* attention chunks per item the scratch holds */
 	float *scores;    /* per thread: scores, chunk partials (see attention) */
 	int *item_first;  /* split attention: first chunk of each item */
+	atomic_int *item_left; /* split attention: chunks of each item to go */
 	int cap_items;
 	struct attn_part *attn_pm; /* split attention: partials of every chunk */
 	float *attn_po;
@@ -145,6 +146,31 @@ static const struct kvd_tensor *pk_tensor(const struct kvd_model_weights *w, int
 	}
 }
 
+struct pack_job {
+	struct cpu_ctx *c;
+	const struct kvd_model_weights *w;
+};
+
+static void pack_one(void *arg, uint32_t i, int tid)
+{
+	const struct pack_job *j = arg;
+	const struct kvd_tensor *t = pk_tensor(j->w, (int)i);
+	(void)tid;
+	if (!j->c->packed[i])
+		return;
+	gemm_pack(t->type, t->data, t->row_bytes, t->rows, t->cols, (void *)j->c->packed[i]);
+#ifdef MADV_PAGEOUT
+	/* (a tied embedding table too: the few token rows a step reads
+	 * fault back in) */
+	long pg = sysconf(_SC_PAGESIZE);
+	uintptr_t pmask = (uintptr_t)(pg > 0 ? pg : 4096) - 1;
+	uintptr_t a0 = ((uintptr_t)t->data + pmask) & ~pmask;
+	uintptr_t a1 = ((uintptr_t)t->data + (size_t)t->rows * t->row_bytes) & ~pmask;
+	if (a1 > a0)
+		madvise((void *)a0, a1 - a0, MADV_PAGEOUT);
+#endif
+}
+
 /*
  * Repack every quantized matrix for the tiled kernels when this CPU has
  * them. The packed copy is as large as the stored one; once a matrix is
@@ -176,26 +202,16 @@ static int pack_weights(struct cpu_ctx *c, const struct kvd_model_weights *w)
 		return -ENOMEM;
 	}
 	madvise(c->pack_mem, c->pack_len, MADV_HUGEPAGE);
-	long pg = sysconf(_SC_PAGESIZE);
-	uintptr_t pmask = (uintptr_t)(pg > 0 ? pg : 4096) - 1;
 	for (int i = 0; i < n; i++) {
 		const struct kvd_tensor *t = pk_tensor(w, i);
 		size_t b = c->k.gemm[t->type] ? gemm_packed_bytes(t->type, t->rows, t->cols) : 0;
 		if (!b)
 			continue;
-		gemm_pack(t->type, t->data, t->row_bytes, t->rows, t->cols, (char *)c->pack_mem + off);
 		c->packed[i] = (char *)c->pack_mem + off;
 		off += (b + 63) & ~(size_t)63;
-#ifdef MADV_PAGEOUT
-		/* the embedding table stays: token rows are read from it */
-		if (t->data != w->tok_embd.data) {
-			uintptr_t a0 = ((uintptr_t)t->data + pmask) & ~pmask;
-			uintptr_t a1 = ((uintptr_t)t->data + (size_t)t->rows * t->row_bytes) & ~pmask;
-			if (a1 > a0)
-				madvise((void *)a0, a1 - a0, MADV_PAGEOUT);
-		}
-#endif
 	}
+	struct pack_job j = {c, w};
+	tp_for(c->pool, pack_one, &j, (uint32_t)n);
 	return 0;
 }
 
@@ -210,6 +226,7 @@ static void cpu_destroy(void *ctx)
 	free(c->scores);
 	free(c->tile_first);
 	free(c->item_first);
+	free(c->item_left);
 	free(c->attn_pm);
 	free(c->attn_po);
 	free(c);
@@ -671,49 +688,40 @@ static void attn_worker_items(void *arg, int ith, int nth)
 	}
 }
 
-/* Few items (a short batch over long contexts): threads share out the
- * chunks of all items, then the items are merged. */
+/* Few items (a short batch over long contexts): threads claim chunks of
+ * all items one at a time; whoever finishes an item's last chunk merges
+ * it (the merge reads the partials in chunk order, so who merges does not
+ * matter). One parallel region per layer. */
 struct attn_split {
 	const struct step *s;
-	int total;            /* chunks over all items */
-	int *item_first;      /* first global chunk index of each item */
+	int n_items;
+	int *item_first;      /* first global chunk index of each item, then total */
+	atomic_int *left;     /* chunks of each item not yet done */
 };
 
-static void attn_worker_chunks(void *arg, int ith, int nth)
+static void attn_chunk_task(void *arg, uint32_t k, int tid)
 {
 	const struct attn_split *a = arg;
 	const struct step *s = a->s;
 	struct cpu_ctx *c = s->c;
 	const struct kvd_hparams *hp = &c->w->hp;
-	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv;
-	int n_items = s->T * hp->n_head_kv;
-	float *sc = c->scores + (size_t)ith * attn_scratch_per(c, c->cap_chunks);
-	int it = 0;
-	/* contiguous ranges of chunks per thread */
-	int c0 = (int)((int64_t)a->total * ith / nth), c1 = (int)((int64_t)a->total * (ith + 1) / nth);
-	for (int gc = c0; gc < c1; gc++) {
-		while (it + 1 < n_items && a->item_first[it + 1] <= gc)
-			it++;
-		int t = it / hp->n_head_kv, g = it % hp->n_head_kv;
-		int ci = gc - a->item_first[it], pos = c->tok_pos[t];
-		int p0 = ci * ATTN_CHUNK, p1 = p0 + ATTN_CHUNK < pos + 1 ? p0 + ATTN_CHUNK : pos + 1;
-		attn_chunk(c, s, t, g, p0, p1, c->attn_pm + (size_t)gc * n_rep, c->attn_po + (size_t)gc * n_rep * hd, sc);
+	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv, gc = (int)k;
+	int lo = 0, hi = a->n_items - 1;
+	while (lo < hi) { /* the item holding chunk gc */
+		int mid = (lo + hi + 1) / 2;
+		if (a->item_first[mid] <= gc)
+			lo = mid;
+		else
+			hi = mid - 1;
 	}
-}
-
-static void attn_merge_worker(void *arg, int ith, int nth)
-{
-	const struct attn_split *a = arg;
-	const struct step *s = a->s;
-	struct cpu_ctx *c = s->c;
-	const struct kvd_hparams *hp = &c->w->hp;
-	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv;
-	int n_items = s->T * hp->n_head_kv;
-	for (int it = ith; it < n_items; it += nth) {
-		int t = it / hp->n_head_kv, g = it % hp->n_head_kv;
+	int it = lo, t = it / hp->n_head_kv, g = it % hp->n_head_kv;
+	int ci = gc - a->item_first[it], pos = c->tok_pos[t];
+	int p0 = ci * ATTN_CHUNK, p1 = p0 + ATTN_CHUNK < pos + 1 ? p0 + ATTN_CHUNK : pos + 1;
+	attn_chunk(c, s, t, g, p0, p1, c->attn_pm + (size_t)gc * n_rep, c->attn_po + (size_t)gc * n_rep * hd,
+		   c->scores + (size_t)tid * attn_scratch_per(c, c->cap_chunks));
+	if (atomic_fetch_sub_explicit(&a->left[it], 1, memory_order_acq_rel) == 1) {
 		int f = a->item_first[it];
-		attn_merge(c, t, g, n_chunks(c->tok_pos[t]), c->attn_pm + (size_t)f * n_rep,
-			   c->attn_po + (size_t)f * n_rep * hd);
+		attn_merge(c, t, g, n_chunks(pos), c->attn_pm + (size_t)f * n_rep, c->attn_po + (size_t)f * n_rep * hd);
 	}
 }
 
@@ -809,21 +817,24 @@ static int attention(struct cpu_ctx *c, const struct step *s)
 	int total = 0;
 	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv;
 	if (n_items > c->cap_items) {
-		GROW(c->item_first, n_items);
+		GROW(c->item_first, n_items + 1);
+		GROW(c->item_left, n_items);
 		c->cap_items = n_items;
 	}
 	for (int it = 0; it < n_items; it++) {
+		int nc = n_chunks(c->tok_pos[it / hp->n_head_kv]);
 		c->item_first[it] = total;
-		total += n_chunks(c->tok_pos[it / hp->n_head_kv]);
+		atomic_init(&c->item_left[it], nc);
+		total += nc;
 	}
+	c->item_first[n_items] = total;
 	if (total > c->cap_split) {
 		GROW(c->attn_pm, (size_t)total * n_rep);
 		GROW(c->attn_po, (size_t)total * n_rep * hd);
 		c->cap_split = total;
 	}
-	struct attn_split a = {s, total, c->item_first};
-	tp_run(c->pool, attn_worker_chunks, &a);
-	tp_run(c->pool, attn_merge_worker, &a);
+	struct attn_split a = {s, n_items, c->item_first, c->item_left};
+	tp_for(c->pool, attn_chunk_task, &a, (uint32_t)total);
 	return 0;
 }
 
@@ -945,7 +956,10 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 			.n = 3,
 		};
 		mm_run(c, &qkv);
-		tp_run(c->pool, rope_store_worker, &st);
+		if (T <= 2) /* a parallel region costs more than this */
+			rope_store_worker(&st, 0, 1);
+		else
+			tp_run(c->pool, rope_store_worker, &st);
 		r = attention(c, &st);
 		if (r < 0)
 			return r;

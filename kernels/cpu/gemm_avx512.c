@@ -56,22 +56,24 @@ void gemm_pack(enum kvd_wtype t, const void *src, size_t row_bytes, int64_t rows
 	const int64_t nb = cols / QK, ng = (rows + GEMM_ROWS - 1) / GEMM_ROWS;
 	const size_t sb = row_bytes / (size_t)nb; /* source block bytes */
 	const int nq = t == KVD_WTYPE_Q8_0 ? 8 : 4; /* quant vectors per group block */
+	const int hdr = t == KVD_WTYPE_Q4_1 ? 4 : 2;
+	const uint32_t flip = t == KVD_WTYPE_Q8_0 ? 0x80808080u : 0;
 	uint8_t *out = dst;
 
 	for (int64_t g = 0; g < ng; g++) {
+		int nr = rows - g * GEMM_ROWS < GEMM_ROWS ? (int)(rows - g * GEMM_ROWS) : GEMM_ROWS;
 		for (int64_t b = 0; b < nb; b++, out += gb) {
-			uint16_t *dm = (uint16_t *)(out + 64 * nq);
-			memset(out, 0, gb);
-			for (int r = 0; r < GEMM_ROWS; r++) {
-				int64_t row = g * GEMM_ROWS + r;
-				if (row >= rows)
-					break;
-				const uint8_t *blk = (const uint8_t *)src + (size_t)row * row_bytes + (size_t)b * sb;
-				const uint8_t *qs = blk + (t == KVD_WTYPE_Q4_1 ? 4 : 2);
-				for (int j = 0; j < nq; j++)
-					for (int i = 0; i < 4; i++)
-						out[64 * j + 4 * r + i] =
-							t == KVD_WTYPE_Q8_0 ? (uint8_t)(qs[4 * j + i] ^ 0x80) : qs[4 * j + i];
+			uint32_t *q = (uint32_t *)(void *)out;
+			uint16_t *dm = (uint16_t *)(void *)(out + 64 * nq);
+			if (nr < GEMM_ROWS)
+				memset(out, 0, gb);
+			for (int r = 0; r < nr; r++) {
+				const uint8_t *blk = (const uint8_t *)src + (size_t)(g * GEMM_ROWS + r) * row_bytes + (size_t)b * sb;
+				for (int j = 0; j < nq; j++) {
+					uint32_t w;
+					memcpy(&w, blk + hdr + 4 * j, 4);
+					q[16 * j + r] = w ^ flip;
+				}
 				memcpy(&dm[r], blk, 2);
 				if (t == KVD_WTYPE_Q4_1)
 					memcpy(&dm[GEMM_ROWS + r], blk + 2, 2);
