@@ -5,16 +5,19 @@
  * chunk's K and V rows (stored f16 in the pages).
  *
  * For each row r, over the first len[r] positions of the chunk:
- *   s_p = (q_r . k_p) * scale         four 16-lane FMAs per 64 elements,
- *                                     then a fixed 16 -> 1 reduction tree
+ *   s_p = (q_r . k_p) * scale         16-lane FMAs over the head, then a
+ *                                     fixed 16 -> 1 reduction tree
  *   m   = max s_p,  e_p = exp(s_p - m) (vector exp, below),
  *   l   = sum e_p  (16 lanes, then a fixed tree),
  *   o   = sum e_p v_p in position order, 16 lanes at a time.
- * Scores are computed for 16 positions at a time, but every (row, position)
- * value goes through the same operations whichever slot it occupies, and a
- * row never reads past its own length, so a row's result does not depend on
- * the other rows of the tile or on its place in it: a token's attention is
- * bit-identical alone, in a batch, or in a prefill tile.
+ * K and V are read in place from the pages (no staging copy) and converted
+ * in registers; a K row's conversion serves three query rows (two for head
+ * size 128), a V row's up to six. Scores are computed four positions at a
+ * time, but every (row, position) value goes through the same operations
+ * whichever slot it occupies, and a row never uses positions past its own
+ * length, so a row's result does not depend on the other rows of the tile
+ * or on its place in it: a token's attention is bit-identical alone, in a
+ * batch, or in a prefill tile.
  */
 #include "ops.h"
 
@@ -44,29 +47,63 @@ TGT static inline __m512 exp_neg(__m512 x)
 	return _mm512_scalef_ps(p, n);
 }
 
-/* out lane j = sum of the 16 lanes of a[j], by the same tree for every j:
- * lanes i + 8, then i + 4, i + 2, i + 1 are added in. */
-TGT static inline __m512 reduce16(const __m512 a[16])
+/* out lane j = sum of the 16 lanes of a[j] (j < 4), by the same tree for
+ * every j: lanes i + 8, then i + 4, i + 2, i + 1 are added in. */
+TGT static inline __m128 reduce4(const __m512 a[4])
 {
 	const __m512i l1a = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
 	const __m512i l1b = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
 	const __m512i l2a = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
 	const __m512i l2b = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-	const __m512i l3a = _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29);
-	const __m512i l3b = _mm512_setr_epi32(2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
-	const __m512i l4a = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-	const __m512i l4b = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-	__m512 r1[8], r2[4], r3[2];
-	UNROLL for (int j = 0; j < 8; j++)
+	const __m512i l3a = _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+	const __m512i l3b = _mm512_setr_epi32(2, 3, 6, 7, 10, 11, 14, 15, 0, 0, 0, 0, 0, 0, 0, 0);
+	const __m512i l4a = _mm512_setr_epi32(0, 2, 4, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+	const __m512i l4b = _mm512_setr_epi32(1, 3, 5, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+	__m512 r1[2], r2, r3;
+	UNROLL for (int j = 0; j < 2; j++)
 		r1[j] = _mm512_add_ps(_mm512_permutex2var_ps(a[2 * j], l1a, a[2 * j + 1]),
 				      _mm512_permutex2var_ps(a[2 * j], l1b, a[2 * j + 1]));
-	UNROLL for (int j = 0; j < 4; j++)
-		r2[j] = _mm512_add_ps(_mm512_permutex2var_ps(r1[2 * j], l2a, r1[2 * j + 1]),
-				      _mm512_permutex2var_ps(r1[2 * j], l2b, r1[2 * j + 1]));
-	UNROLL for (int j = 0; j < 2; j++)
-		r3[j] = _mm512_add_ps(_mm512_permutex2var_ps(r2[2 * j], l3a, r2[2 * j + 1]),
-				      _mm512_permutex2var_ps(r2[2 * j], l3b, r2[2 * j + 1]));
-	return _mm512_add_ps(_mm512_permutex2var_ps(r3[0], l4a, r3[1]), _mm512_permutex2var_ps(r3[0], l4b, r3[1]));
+	r2 = _mm512_add_ps(_mm512_permutex2var_ps(r1[0], l2a, r1[1]), _mm512_permutex2var_ps(r1[0], l2b, r1[1]));
+	r3 = _mm512_add_ps(_mm512_permutexvar_ps(l3a, r2), _mm512_permutexvar_ps(l3b, r2));
+	return _mm512_castps512_ps128(_mm512_add_ps(_mm512_permutexvar_ps(l4a, r3), _mm512_permutexvar_ps(l4b, r3)));
+}
+
+/* Scores of nr rows against positions [0, max len): RS rows at a time share
+ * each K row's conversion, 4 positions at a time share a reduction. Slots
+ * past the longest row's end read the last position and are never used. */
+TGT static inline __attribute__((always_inline)) void scores_t(const int HD, const int RS, int nr,
+							       const float *const *q, const int *len,
+							       const uint16_t *const *k, int n, float scale,
+							       float *sc, int ld)
+{
+	enum { MAXV = 8, MAXRS = 3, P = 4 };
+	const int V = HD / 16;
+	for (int r = 0; r < nr; r += RS) {
+		__m512 qv[MAXRS][MAXV];
+		int lr = 0;
+		UNROLL for (int rr = 0; rr < RS; rr++) {
+			int row = r + rr < nr ? r + rr : r;
+			lr = len[row] > lr ? len[row] : lr;
+			UNROLL for (int j = 0; j < V; j++)
+				qv[rr][j] = _mm512_loadu_ps(q[row] + 16 * j);
+		}
+		for (int p0 = 0; p0 < lr; p0 += P) {
+			__m512 acc[MAXRS][P];
+			UNROLL for (int i = 0; i < P; i++) {
+				const uint16_t *kr = k[p0 + i < n ? p0 + i : n - 1];
+				UNROLL for (int j = 0; j < V; j++) {
+					__m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kr + 16 * j)));
+					UNROLL for (int rr = 0; rr < RS; rr++)
+						acc[rr][i] = j ? _mm512_fmadd_ps(qv[rr][j], kv, acc[rr][i]) : _mm512_mul_ps(qv[rr][0], kv);
+				}
+			}
+			UNROLL for (int rr = 0; rr < RS; rr++) {
+				if (r + rr >= nr)
+					continue;
+				_mm_storeu_ps(sc + (size_t)(r + rr) * ld + p0, _mm_mul_ps(reduce4(acc[rr]), _mm_set1_ps(scale)));
+			}
+		}
+	}
 }
 
 /* fixed order: 16 -> 8 -> 4 -> 2 -> 1 */
@@ -84,8 +121,9 @@ TGT static inline __mmask16 tail_mask(int left)
 	return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
 }
 
-/* HD (head size) is 64 or 128; RT rows share each V row's conversion. */
-TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, const int RT, int nr,
+/* HD (head size) is 64 or 128; RS rows share each K row's conversion, RT
+ * rows each V row's. */
+TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, const int RS, const int RT, int nr,
 								  const float *const *q, const int *len,
 								  const uint16_t *const *k, const uint16_t *const *v,
 								  float scale, float *const *ml, float *const *o,
@@ -97,31 +135,12 @@ TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, 
 	for (int r = 0; r < nr; r++)
 		n = len[r] > n ? len[r] : n;
 	const int n16 = (n + 15) & ~15;
-	float *kf = scratch;                 /* n16 x HD: K as f32, zero past n */
-	float *sc = scratch + (size_t)n16 * HD; /* nr x n16 scores, then weights */
+	float *sc = scratch; /* nr x n16 scores, then weights */
 
-	for (int p = 0; p < n16; p++)
-		UNROLL for (int j = 0; j < V; j++)
-			_mm512_storeu_ps(kf + (size_t)p * HD + 16 * j,
-					 p < n ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k[p] + 16 * j)))
-					       : _mm512_setzero_ps());
+	scores_t(HD, RS, nr, q, len, k, n, scale, sc, n16);
 
-	const __m512 vscale = _mm512_set1_ps(scale);
 	for (int r = 0; r < nr; r++) {
-		__m512 qv[MAXV];
 		float *s = sc + (size_t)r * n16;
-		UNROLL for (int j = 0; j < V; j++)
-			qv[j] = _mm512_loadu_ps(q[r] + 16 * j);
-		for (int p0 = 0; p0 < len[r]; p0 += 16) {
-			__m512 acc[16];
-			UNROLL for (int i = 0; i < 16; i++) {
-				const float *kr = kf + (size_t)(p0 + i) * HD;
-				acc[i] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
-				UNROLL for (int j = 1; j < V; j++)
-					acc[i] = _mm512_fmadd_ps(qv[j], _mm512_loadu_ps(kr + 16 * j), acc[i]);
-			}
-			_mm512_storeu_ps(s + p0, _mm512_mul_ps(reduce16(acc), vscale));
-		}
 		__m512 mx = _mm512_set1_ps(-INFINITY);
 		for (int p0 = 0; p0 < len[r]; p0 += 16)
 			mx = _mm512_mask_max_ps(mx, tail_mask(len[r] - p0), mx, _mm512_loadu_ps(s + p0));
@@ -164,13 +183,13 @@ TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, 
 TGT static void attn_rows_64(int nr, const float *const *q, const int *len, const uint16_t *const *k,
 			     const uint16_t *const *v, float scale, float *const *ml, float *const *o, float *scratch)
 {
-	attn_rows_t(64, 6, nr, q, len, k, v, scale, ml, o, scratch);
+	attn_rows_t(64, 3, 6, nr, q, len, k, v, scale, ml, o, scratch);
 }
 
 TGT static void attn_rows_128(int nr, const float *const *q, const int *len, const uint16_t *const *k,
 			      const uint16_t *const *v, float scale, float *const *ml, float *const *o, float *scratch)
 {
-	attn_rows_t(128, 2, nr, q, len, k, v, scale, ml, o, scratch);
+	attn_rows_t(128, 2, 2, nr, q, len, k, v, scale, ml, o, scratch);
 }
 
 attn_rows_fn cpu_attn_rows_avx512(int hd)

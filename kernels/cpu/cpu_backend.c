@@ -284,7 +284,7 @@ static size_t attn_scratch_per(const struct cpu_ctx *c, int nc)
 	const struct kvd_hparams *hp = &c->w->hp;
 	size_t n_rep = (size_t)(hp->n_head / hp->n_head_kv), hd = (size_t)hp->head_dim;
 	size_t plain = n_rep * (ATTN_CHUNK + 2 + hd * (size_t)nc) + n_rep * 2 * (size_t)nc;
-	size_t tiled = (size_t)ATTN_CHUNK * (hd + ATTN_TILE * n_rep) + ATTN_TILE * (size_t)nc * n_rep * (hd + 2);
+	size_t tiled = (size_t)ATTN_CHUNK * ATTN_TILE * n_rep + ATTN_TILE * (size_t)nc * n_rep * (hd + 2);
 	return plain > tiled ? plain : tiled;
 }
 
@@ -547,6 +547,12 @@ static void rope_store_worker(void *arg, int ith, int nth)
  * threads (whole tokens per thread when there are many, chunks per thread
  * when there are few, as in a long single-stream decode) does not change it.
  * K and V rows of a KV head are read once for its whole query group.
+ *
+ * Where the CPU has the tiled kernel for the head size (attn_rows_fn,
+ * kernels/cpu/attn_avx512.c), a chunk goes through it, and a prefill's
+ * consecutive tokens share each chunk's pass (attn_tile_item); otherwise
+ * the chunk is computed here from the f16 helpers. Either way a given
+ * build computes a token's attention one way only.
  */
 
 struct attn_part {
@@ -554,7 +560,8 @@ struct attn_part {
 };
 
 /* One chunk [p0, p1) of token t's attention for KV head g: writes n_rep
- * (m, l) pairs to pm and n_rep * hd floats to po. sc: n_rep * ATTN_CHUNK. */
+ * (m, l) pairs to pm and n_rep * hd floats to po. sc: the thread's
+ * scratch (attn_scratch_per). */
 static void attn_chunk(const struct cpu_ctx *c, const struct step *s, int t, int g, int p0, int p1,
 		       struct attn_part *pm, float *po, float *sc)
 {
@@ -752,7 +759,7 @@ static void attn_tile_item(void *arg, uint32_t k, int tid)
 	const char *layer_base = (const char *)c->kv.base + (size_t)s->layer * L->layer_stride;
 	float scale = 1.0f / sqrtf((float)hd);
 	float *kscr = c->scores + (size_t)tid * attn_scratch_per(c, c->cap_chunks);
-	float *part = kscr + (size_t)ATTN_CHUNK * (size_t)(hd + ATTN_TILE * n_rep);
+	float *part = kscr + (size_t)ATTN_CHUNK * ATTN_TILE * n_rep;
 	size_t tok_stride = (size_t)c->cap_chunks * n_rep * (hd + 2);
 	const uint16_t *kp[ATTN_CHUNK], *vp[ATTN_CHUNK];
 	const float *qp[ATTN_TILE * 64];

@@ -73,7 +73,7 @@ void gemm_pack(enum kvd_wtype t, const void *src, size_t row_bytes, int64_t rows
  * f16, k[p] and v[p] pointing at position p's head): row r (query q[r])
  * sees the first len[r] >= 1 positions. Writes ml[r][0] = max score,
  * ml[r][1] = sum of exp(score - max), o[r] = that sum's weighted V rows
- * (unnormalised). scratch: (max len rounded up to 16) * (hd + nr) floats.
+ * (unnormalised). scratch: (max len rounded up to 16) * nr floats.
  * A row's result depends only on its query, its length and the keys and
  * values it sees. */
 typedef void (*attn_rows_fn)(int nr, const float *const *q, const int *len, const uint16_t *const *k,
