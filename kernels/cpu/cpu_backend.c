@@ -559,6 +559,22 @@ struct attn_part {
 	float m, l;
 };
 
+/* Where K and V of KV head g live for positions p0 .. p0 + n - 1 of a
+ * sequence, in the pages (read in place). */
+static void kv_rows(const struct cpu_ctx *c, int layer, const struct kvd_batch_seq *sq, int g, int p0, int n,
+		    const uint16_t **kp, const uint16_t **vp)
+{
+	const struct kvd_kv_layout *L = &c->kv.layout;
+	const char *layer_base = (const char *)c->kv.base + (size_t)layer * L->layer_stride;
+	int bs = (int)L->block_size, hd = c->w->hp.head_dim;
+	for (int i = 0; i < n; i++) {
+		int p = p0 + i;
+		const char *pb = layer_base + (size_t)sq->pages[p / bs] * L->page_bytes + (size_t)(p % bs) * L->token_stride;
+		kp[i] = (const uint16_t *)pb + g * hd;
+		vp[i] = (const uint16_t *)(pb + L->v_offset) + g * hd;
+	}
+}
+
 /* One chunk [p0, p1) of token t's attention for KV head g: writes n_rep
  * (m, l) pairs to pm and n_rep * hd floats to po. sc: the thread's
  * scratch (attn_scratch_per). */
@@ -579,12 +595,7 @@ static void attn_chunk(const struct cpu_ctx *c, const struct step *s, int t, int
 		const float *qp[64];
 		float *mlp[64], *op[64];
 		int len[64];
-		for (int i = 0; i < n; i++) {
-			int p = p0 + i;
-			const char *pb = layer_base + (size_t)sq->pages[p / bs] * L->page_bytes + (size_t)(p % bs) * L->token_stride;
-			kp[i] = (const uint16_t *)pb + g * hd;
-			vp[i] = (const uint16_t *)(pb + L->v_offset) + g * hd;
-		}
+		kv_rows(c, s->layer, sq, g, p0, n, kp, vp);
 		for (int r = 0; r < n_rep; r++) {
 			qp[r] = q + r * hd;
 			len[r] = n;
@@ -749,14 +760,12 @@ static void attn_tile_item(void *arg, uint32_t k, int tid)
 	const struct step *s = a->s;
 	struct cpu_ctx *c = s->c;
 	const struct kvd_hparams *hp = &c->w->hp;
-	const struct kvd_kv_layout *L = &c->kv.layout;
-	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv, qd = hp->n_head * hd, bs = (int)L->block_size;
+	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv, qd = hp->n_head * hd;
 	/* the last tiles first: later positions cost more */
 	int ti = a->n_tiles - 1 - (int)(k / (uint32_t)hp->n_head_kv), g = (int)(k % (uint32_t)hp->n_head_kv);
 	int t0 = a->first[ti], nt = a->first[ti + 1] - t0;
 	int last = c->tok_pos[t0 + nt - 1], nc = n_chunks(last);
 	const struct kvd_batch_seq *sq = &s->b->seqs[c->tok_seq[t0]];
-	const char *layer_base = (const char *)c->kv.base + (size_t)s->layer * L->layer_stride;
 	float scale = 1.0f / sqrtf((float)hd);
 	float *kscr = c->scores + (size_t)tid * attn_scratch_per(c, c->cap_chunks);
 	float *part = kscr + (size_t)ATTN_CHUNK * ATTN_TILE * n_rep;
@@ -768,12 +777,7 @@ static void attn_tile_item(void *arg, uint32_t k, int tid)
 
 	for (int ci = 0; ci < nc; ci++) {
 		int p0 = ci * ATTN_CHUNK, n = (last + 1 < p0 + ATTN_CHUNK ? last + 1 : p0 + ATTN_CHUNK) - p0, nr = 0;
-		for (int i = 0; i < n; i++) {
-			int p = p0 + i;
-			const char *pb = layer_base + (size_t)sq->pages[p / bs] * L->page_bytes + (size_t)(p % bs) * L->token_stride;
-			kp[i] = (const uint16_t *)pb + g * hd;
-			vp[i] = (const uint16_t *)(pb + L->v_offset) + g * hd;
-		}
+		kv_rows(c, s->layer, sq, g, p0, n, kp, vp);
 		for (int tt = 0; tt < nt; tt++) {
 			int pos = c->tok_pos[t0 + tt];
 			if (pos < p0)

@@ -3,7 +3,7 @@
 logits do not depend on paging, chunking, threads or batch-mates.
 
     check.py [--eval PATH] [--tiny-dir DIR] [--model PATH]
-             [--part ref-self,tiny,real,inv-tiny,inv-real] [--only VARIANT,...]
+             [--part ref-self,tiny,real,inv-tiny,inv-real,isa] [--only VARIANT,...]
 
 The engine is driven by build/tests/kvd_eval (greedy decode; --logits-out
 writes one float32 row of n_vocab per step: row 0 at the last prompt
@@ -23,6 +23,9 @@ Parts
             threads, batch of 8 different prompts vs solo runs: logits files
             must be bit-identical.
   inv-real  the same on the real model, one prompt (and a batch of 8), 4 tokens.
+  isa       the CPU backend forced to AVX2 (KVD_CPU_NO_AVX512) and to portable
+            C (KVD_CPU_GENERIC) on several tiny models, and AVX2 on one real
+            prompt (with "real"): the same comparison with the reference.
 
 How the reference is compared
   The reference is run teacher-forced on the engine's own generated tokens
@@ -146,7 +149,7 @@ class Engine:
         self.n_runs = 0
         self.seconds = 0.0
 
-    def run(self, model, tokens=None, prompt=None, batch=None, n_predict=N_TINY, extra=()):
+    def run(self, model, tokens=None, prompt=None, batch=None, n_predict=N_TINY, extra=(), env=None):
         """Run kvd_eval; return a list (one per sequence) of dicts with
         prompt_tokens, generated, n_vocab, raw (logits bytes), logits (N, V)."""
         self.n_runs += 1
@@ -165,7 +168,8 @@ class Engine:
         cmd += list(extra)
         t0 = time.time()
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                               env=dict(os.environ, **env) if env else None)
         except subprocess.TimeoutExpired:
             raise Failure("kvd_eval timed out after 300s: %s" % " ".join(_short(c) for c in cmd))
         self.seconds += time.time() - t0
@@ -384,6 +388,35 @@ def part_tiny(eng, tiny, stats, do_ref, do_inv):
     return fails, n_inv
 
 
+# The CPU backend's other instruction sets, forced through its environment
+# switches: each must match the reference on its own (the default run above
+# uses the best the machine has).
+ISA_VARIANTS = [("avx2", {"KVD_CPU_NO_AVX512": "1"}), ("generic", {"KVD_CPU_GENERIC": "1"})]
+ISA_TINY = ("gqa", "mqa", "odd", "hd64", "hd128", "type-q4_0", "type-bf16")
+
+
+def part_isa(eng, tiny, model_path, stats):
+    fails = []
+    for isa, env in ISA_VARIANTS:
+        for name in ISA_TINY:
+            if name not in tiny:
+                continue
+            m = ref.Model(tiny[name], dtype=np.float64)
+            tol, tie = (TOL_QTINY, TIE_QTINY) if is_quantized(m) else (TOL_FLOAT, TIE_FLOAT)
+            p = tiny_prompts(m.n_vocab, name)[-1]
+            r = eng.run(tiny[name], tokens=p, n_predict=N_TINY, env=env)[0]
+            fails += compare("%s: tiny-%s, %d-token prompt" % (isa, name, len(p)), m, r, tol, tie,
+                             stats, "%s tiny" % isa)
+        if isa == "avx2" and model_path and os.path.exists(model_path):
+            m = ref.Model(model_path, dtype=np.float32)
+            tag, text = REAL_PROMPTS[0]
+            r = eng.run(model_path, prompt=text, n_predict=N_INV_REAL * 2, env=env)[0]
+            fails += compare("%s: %s" % (isa, _short(text, 24)), m, r, TOL_REAL, TIE_REAL, stats,
+                             "%s %s" % (isa, os.path.basename(model_path)), tol_rms=TOL_REAL_RMS)
+            del m
+    return fails
+
+
 def chatml_tokens(eng, model_path, segments):
     """Token ids of a ChatML prompt: special-token segments by their id in the
     GGUF vocabulary, the text between them tokenized by kvd (--prompt), each
@@ -486,7 +519,7 @@ def main():
     ap.add_argument("--eval", default=os.path.join(ROOT, build, "tests", "kvd_eval"))
     ap.add_argument("--tiny-dir", default=os.path.join(ROOT, build, "tiny-models"))
     ap.add_argument("--model", default=os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--part", default="ref-self,tiny,real,inv-tiny,inv-real")
+    ap.add_argument("--part", default="ref-self,tiny,real,inv-tiny,inv-real,isa")
     ap.add_argument("--only", help="comma-separated tiny variants (default all)")
     a = ap.parse_args()
     parts = set(a.part.split(","))
@@ -505,7 +538,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="kvd-ref-") as tmp:
         eng = Engine(a.eval, tmp)
         try:
-            if parts & {"ref-self", "tiny", "inv-tiny"}:
+            if parts & {"ref-self", "tiny", "inv-tiny", "isa"}:
                 names = a.only.split(",") if a.only else None
                 tiny = gen_tiny_models.generate(a.tiny_dir, names)
                 log("== tiny models in %s: %s" % (a.tiny_dir, ", ".join(tiny)))
@@ -515,6 +548,9 @@ def main():
                     f, n = part_tiny(eng, tiny, stats, "tiny" in parts, "inv-tiny" in parts)
                     fails += f
                     n_inv += n
+                if "isa" in parts:
+                    log("== other instruction sets (%s)" % ", ".join(i for i, _ in ISA_VARIANTS))
+                    fails += part_isa(eng, tiny, a.model if "real" in parts else None, stats)
             if "real" in parts or "inv-real" in parts:
                 log("== real model")
                 f, n = part_real(eng, a.model, stats, "real" in parts, "inv-real" in parts)
