@@ -26,7 +26,8 @@
  * Every (row, token) value is one lane following one fixed sequence of
  * operations, whatever the number of tokens in the tile or of valid rows,
  * so a token's result is bit-identical in a prefill tile, a batch or a
- * single-token decode — what kvd's determinism rests on.
+ * single-token decode — what kvd's determinism rests on. gemm_avx2.c runs
+ * the same products, with the same bits, on CPUs without AVX-512 VNNI.
  */
 #include <string.h>
 

@@ -574,6 +574,8 @@ void cpu_kernels_init(struct cpu_kernels *k, int force_generic)
 		/* the tiled AVX-512 VNNI kernels, where the CPU has them */
 		if (!getenv("KVD_CPU_NO_AVX512") && cpu_kernels_init_gemm_avx512(k))
 			k->attn_rows_for = cpu_attn_rows_avx512;
+		else
+			cpu_kernels_init_gemm_avx2(k);
 	}
 #endif
 }

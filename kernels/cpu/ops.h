@@ -109,6 +109,8 @@ void cpu_kernels_init(struct cpu_kernels *k, int force_generic);
 /* Install the AVX-512 VNNI tiled kernels (used for every batch shape, so
  * results stay shape-independent); returns 1 if the CPU has them. */
 int cpu_kernels_init_gemm_avx512(struct cpu_kernels *k);
+/* The same tiled kernels with AVX2 only (bit-identical results). */
+int cpu_kernels_init_gemm_avx2(struct cpu_kernels *k);
 
 /* Whether a weight type needs quantized activations. */
 static inline int wtype_is_quantized(enum kvd_wtype t)

@@ -223,16 +223,13 @@ static void test_gemm_pack_layout(void **state)
 /* Tiled kernels: every (row, token) result is bit-identical for every
  * number of tokens and valid rows, and close to the portable dot product
  * on the stored weights. */
-static void test_gemm_tiles(void **state)
+static void gemm_tiles(struct cpu_kernels *kv, const float *want, float *keep)
 {
 	const enum kvd_wtype types[] = {KVD_WTYPE_Q4_0, KVD_WTYPE_Q4_1, KVD_WTYPE_Q8_0};
 	enum { NR = 2 * GEMM_ROWS + 5, NC = GEMM_COLS + 3, LDQ = 27 /* q8_row_len(768) */ };
-	struct cpu_kernels kg, kv;
-	(void)state;
+	struct cpu_kernels kg;
 	cpu_kernels_init(&kg, 1);
-	memset(&kv, 0, sizeof(kv));
-	if (!cpu_kernels_init_gemm_avx512(&kv))
-		skip();
+	rng = 0x2545f4914f6cdd1dull; /* the same data for every kernel set */
 	static uint8_t w[NR * 24 * 34], wp[3 * 24 * GEMM_ROWS * 34];
 	static float x[NC][24 * 32], full[NC][3 * GEMM_ROWS], part[NC][3 * GEMM_ROWS];
 	static struct q8_block xq[NC][LDQ];
@@ -258,14 +255,14 @@ static void test_gemm_tiles(void **state)
 			/* reference: one token at a time, full groups */
 			for (int c = 0; c < NC; c++)
 				for (int g = 0; g < 3; g++)
-					kv.gemm[t](wp + g * gbytes, nb, GEMM_ROWS, &xq[c][0], LDQ, 1, &full[c][g * GEMM_ROWS],
+					kv->gemm[t](wp + g * gbytes, nb, GEMM_ROWS, &xq[c][0], LDQ, 1, &full[c][g * GEMM_ROWS],
 						   3 * GEMM_ROWS);
 			for (int C = 1; C <= GEMM_COLS; C++)
 				for (int c0 = 0; c0 + C <= NC; c0 += 1 + (C & 1))
 					for (int g = 0; g < 3; g++) {
 						int R = g == 2 ? NR - 2 * GEMM_ROWS : GEMM_ROWS - (C + c0) % 3;
 						memset(part, 0x7f, sizeof(part));
-						kv.gemm[t](wp + g * gbytes, nb, R, &xq[c0][0], LDQ, C,
+						kv->gemm[t](wp + g * gbytes, nb, R, &xq[c0][0], LDQ, C,
 							   &part[c0][g * GEMM_ROWS], 3 * GEMM_ROWS);
 						for (int c = c0; c < c0 + C; c++) {
 							assert_memory_equal(&part[c][g * GEMM_ROWS], &full[c][g * GEMM_ROWS],
@@ -278,6 +275,15 @@ static void test_gemm_tiles(void **state)
 							}
 						}
 					}
+			/* another kernel set gave these bits for the same data */
+			if (want) {
+				assert_memory_equal(want, full, sizeof(full));
+				want += sizeof(full) / sizeof(float);
+			}
+			if (keep) {
+				memcpy(keep, full, sizeof(full));
+				keep += sizeof(full) / sizeof(float);
+			}
 			for (int c = 0; c < NC; c++)
 				for (int r = 0; r < NR; r++) {
 					float ref = kg.dot[t](w + r * rb, x[c], xq[c], n);
@@ -287,6 +293,30 @@ static void test_gemm_tiles(void **state)
 				}
 		}
 	}
+}
+
+/* The AVX-512 and the AVX2 tiled kernels: each against itself and the
+ * portable dot product, and the two bit-identical (the results of every
+ * case are kept from the first set to compare with the second). */
+static void test_gemm_tiles(void **state)
+{
+	struct cpu_kernels k512, k2;
+	int have512, have2;
+	(void)state;
+	memset(&k512, 0, sizeof(k512));
+	memset(&k2, 0, sizeof(k2));
+	have512 = cpu_kernels_init_gemm_avx512(&k512);
+	have2 = cpu_kernels_init_gemm_avx2(&k2);
+	if (!have512 && !have2)
+		skip();
+	size_t per = (size_t)(GEMM_COLS + 3) * 3 * GEMM_ROWS;
+	float *saved = calloc(3 * 40 * per, sizeof(float));
+	assert_non_null(saved);
+	if (have512)
+		gemm_tiles(&k512, NULL, saved);
+	if (have2)
+		gemm_tiles(&k2, have512 ? saved : NULL, NULL);
+	free(saved);
 }
 
 /* The tiled attention kernel: each row's max, sum and weighted V rows
