@@ -406,8 +406,10 @@ static void mm_plan(struct mm_multi *m, int nth)
 	m->first[0] = 0;
 	for (int i = 0; i < m->n; i++) {
 		int64_t rows = m->jobs[i].w->rows;
-		/* about 8 chunks per thread, whole tiles */
-		int64_t cr = (rows / (8 * (int64_t)nth) + MM_ROW_TILE - 1) / MM_ROW_TILE * MM_ROW_TILE;
+		/* about 8 chunks per thread, whole tiles (rounded to the nearest
+		 * tile: rounding up turns 576 rows on 2 threads into 9 chunks,
+		 * one thread doing 5) */
+		int64_t cr = (rows / (8 * (int64_t)nth) + MM_ROW_TILE / 2) / MM_ROW_TILE * MM_ROW_TILE;
 		if (cr < MM_ROW_TILE)
 			cr = MM_ROW_TILE;
 		m->chunk_rows[i] = cr;
