@@ -867,6 +867,43 @@ struct tok_call {
 	size_t buf_cap;
 };
 
+/* PFX_heap_add / PFX_pop: a binary heap of T in c->heap whose top is the
+ * element that BEFORE(x, y) puts first (both merge loops use one). */
+#define DEFINE_CAND_HEAP(PFX, T, BEFORE)                             \
+	static void PFX##_heap_add(struct tok_call *c, T v)           \
+	{                                                             \
+		T *h = c->heap;                                       \
+		size_t i = c->heap_n++;                               \
+		while (i > 0) {                                       \
+			size_t parent = (i - 1) / 2;                  \
+			if (!BEFORE(v, h[parent]))                    \
+				break;                                \
+			h[i] = h[parent];                             \
+			i = parent;                                   \
+		}                                                     \
+		h[i] = v;                                             \
+	}                                                             \
+	static T PFX##_pop(struct tok_call *c)                        \
+	{                                                             \
+		T *h = c->heap;                                       \
+		T top = h[0], v = h[--c->heap_n];                     \
+		size_t n = c->heap_n, i = 0;                          \
+		for (;;) {                                            \
+			size_t l = 2 * i + 1;                         \
+			if (l >= n)                                   \
+				break;                                \
+			if (l + 1 < n && BEFORE(h[l + 1], h[l]))      \
+				l++;                                  \
+			if (!BEFORE(h[l], v))                         \
+				break;                                \
+			h[i] = h[l];                                  \
+			i = l;                                        \
+		}                                                     \
+		if (n)                                                \
+			h[i] = v;                                     \
+		return top;                                           \
+	}
+
 static inline void emit(struct tok_call *c, int32_t id)
 {
 	if (c->n_out < c->max_out)
@@ -1106,6 +1143,8 @@ static inline bool cand_less(struct bpe_cand x, struct bpe_cand y)
 	return x.rank < y.rank || (x.rank == y.rank && x.left < y.left);
 }
 
+DEFINE_CAND_HEAP(bpe, struct bpe_cand, cand_less)
+
 static void bpe_push(struct tok_call *c, int32_t left)
 {
 	const struct kvd_tokenizer *t = c->t;
@@ -1118,38 +1157,7 @@ static void bpe_push(struct tok_call *c, int32_t left)
 	const struct merge_slot *m = merge_lookup(t, sym[left].id, sym[right].id);
 	if (!m)
 		return;
-	struct bpe_cand *h = c->heap;
-	struct bpe_cand v = { m->rank, left };
-	size_t i = c->heap_n++;
-	while (i > 0) {
-		size_t parent = (i - 1) / 2;
-		if (!cand_less(v, h[parent]))
-			break;
-		h[i] = h[parent];
-		i = parent;
-	}
-	h[i] = v;
-}
-
-static struct bpe_cand bpe_pop(struct tok_call *c)
-{
-	struct bpe_cand *h = c->heap;
-	struct bpe_cand top = h[0], v = h[--c->heap_n];
-	size_t n = c->heap_n, i = 0;
-	for (;;) {
-		size_t l = 2 * i + 1;
-		if (l >= n)
-			break;
-		if (l + 1 < n && cand_less(h[l + 1], h[l]))
-			l++;
-		if (!cand_less(h[l], v))
-			break;
-		h[i] = h[l];
-		i = l;
-	}
-	if (n)
-		h[i] = v;
-	return top;
+	bpe_heap_add(c, (struct bpe_cand){ m->rank, left });
 }
 
 /* A symbol without a token (a byte the vocabulary cannot spell) becomes
@@ -1229,6 +1237,8 @@ static inline bool spm_better(struct spm_cand x, struct spm_cand y)
 	return x.score > y.score || (x.score == y.score && x.left < y.left);
 }
 
+DEFINE_CAND_HEAP(spm, struct spm_cand, spm_better)
+
 static void spm_push(struct tok_call *c, int32_t left, int32_t right)
 {
 	const struct kvd_tokenizer *t = c->t;
@@ -1239,38 +1249,7 @@ static void spm_push(struct tok_call *c, int32_t left, int32_t right)
 	int32_t id = text_lookup(t, c->buf + sym[left].off, len);
 	if (id < 0)
 		return;
-	struct spm_cand *h = c->heap;
-	struct spm_cand v = { t->score[id], left, right, len };
-	size_t i = c->heap_n++;
-	while (i > 0) {
-		size_t parent = (i - 1) / 2;
-		if (!spm_better(v, h[parent]))
-			break;
-		h[i] = h[parent];
-		i = parent;
-	}
-	h[i] = v;
-}
-
-static struct spm_cand spm_pop(struct tok_call *c)
-{
-	struct spm_cand *h = c->heap;
-	struct spm_cand top = h[0], v = h[--c->heap_n];
-	size_t n = c->heap_n, i = 0;
-	for (;;) {
-		size_t l = 2 * i + 1;
-		if (l >= n)
-			break;
-		if (l + 1 < n && spm_better(h[l + 1], h[l]))
-			l++;
-		if (!spm_better(h[l], v))
-			break;
-		h[i] = h[l];
-		i = l;
-	}
-	if (n)
-		h[i] = v;
-	return top;
+	spm_heap_add(c, (struct spm_cand){ t->score[id], left, right, len });
 }
 
 static const uint8_t utf8_len_by_nibble[16] = { 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4 };

@@ -454,14 +454,22 @@ static void q8_worker(void *arg, int ith, int nth)
 		j->c->k.quantize_q8(j->x + t * j->ldx, j->xq + t * j->ldq, j->n);
 }
 
+/* fn over T rows of activations: inline for one or two rows, where a
+ * parallel region costs more than the work; every worker's rows are
+ * computed the same way either way. */
+static void run_rows(struct cpu_ctx *c, tp_fn fn, void *arg, int T)
+{
+	if (T <= 2)
+		fn(arg, 0, 1);
+	else
+		tp_run(c->pool, fn, arg);
+}
+
 static void quantize_rows(struct cpu_ctx *c, const float *x, int64_t ldx, struct q8_block *xq, int64_t ldq,
 			  int T, int64_t n)
 {
 	struct q8_job j = {c, x, ldx, xq, ldq, T, n};
-	if (T == 1)
-		c->k.quantize_q8(x, xq, n);
-	else
-		tp_run(c->pool, q8_worker, &j);
+	run_rows(c, q8_worker, &j, T);
 }
 
 static void matmul(struct cpu_ctx *c, const struct kvd_tensor *w, const void *wp, int T, const float *x,
@@ -584,20 +592,17 @@ static void attn_chunk(const struct cpu_ctx *c, const struct step *s, int t, int
 		       struct attn_part *pm, float *po, float *sc)
 {
 	const struct kvd_hparams *hp = &c->w->hp;
-	const struct kvd_kv_layout *L = &c->kv.layout;
 	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv, qd = hp->n_head * hd;
-	const struct kvd_batch_seq *sq = &s->b->seqs[c->tok_seq[t]];
 	const float *q = c->q + (int64_t)t * qd + (int64_t)g * n_rep * hd;
-	const char *layer_base = (const char *)c->kv.base + (size_t)s->layer * L->layer_stride;
 	float scale = 1.0f / sqrtf((float)hd);
-	int bs = (int)L->block_size, n = p1 - p0;
+	int n = p1 - p0;
+	const uint16_t *kp[ATTN_CHUNK], *vp[ATTN_CHUNK];
 
+	kv_rows(c, s->layer, &s->b->seqs[c->tok_seq[t]], g, p0, n, kp, vp);
 	if (c->attn_rows) {
-		const uint16_t *kp[ATTN_CHUNK], *vp[ATTN_CHUNK];
 		const float *qp[64];
 		float *mlp[64], *op[64];
 		int len[64];
-		kv_rows(c, s->layer, sq, g, p0, n, kp, vp);
 		for (int r = 0; r < n_rep; r++) {
 			qp[r] = q + r * hd;
 			len[r] = n;
@@ -614,11 +619,8 @@ static void attn_chunk(const struct cpu_ctx *c, const struct step *s, int t, int
 	 * the positions, so a query's scores never depend on anything else */
 	for (int i = 0; i < n; i += 4) {
 		const uint16_t *k[4];
-		for (int j = 0; j < 4; j++) {
-			int p = p0 + (i + j < n ? i + j : n - 1);
-			k[j] = (const uint16_t *)(layer_base + (size_t)sq->pages[p / bs] * L->page_bytes +
-						  (size_t)(p % bs) * L->token_stride) + g * hd;
-		}
+		for (int j = 0; j < 4; j++)
+			k[j] = kp[i + j < n ? i + j : n - 1];
 		for (int r = 0; r < n_rep; r++) {
 			float v4[4];
 			c->k.dot4_f32_f16(q + r * hd, k, hd, v4);
@@ -641,13 +643,10 @@ static void attn_chunk(const struct cpu_ctx *c, const struct step *s, int t, int
 		memset(po + r * hd, 0, sizeof(float) * (size_t)hd);
 	}
 	for (int i = 0; i < n; i++) {
-		int p = p0 + i;
-		const uint16_t *v = (const uint16_t *)(layer_base + (size_t)sq->pages[p / bs] * L->page_bytes +
-						       L->v_offset + (size_t)(p % bs) * L->token_stride) + g * hd;
 		float w[64];
 		for (int r = 0; r < n_rep; r++)
 			w[r] = sc[r * ATTN_CHUNK + i];
-		c->k.axpyn_f16(po, hd, w, n_rep, v, hd);
+		c->k.axpyn_f16(po, hd, w, n_rep, vp[i], hd);
 	}
 }
 
@@ -875,10 +874,7 @@ static void norm_worker(void *arg, int ith, int nth)
 static void norm_rows(struct cpu_ctx *c, const struct kvd_tensor *g, int T, int quantize)
 {
 	struct norm_job j = {c, g->data, T, quantize};
-	if (T == 1)
-		norm_worker(&j, 0, 1);
-	else
-		tp_run(c->pool, norm_worker, &j);
+	run_rows(c, norm_worker, &j, T);
 }
 
 /* h = silu(gate) * up, in place into gate; then its q8 form. */
@@ -969,10 +965,7 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 			.n = 3,
 		};
 		mm_run(c, &qkv);
-		if (T <= 2) /* a parallel region costs more than this */
-			rope_store_worker(&st, 0, 1);
-		else
-			tp_run(c->pool, rope_store_worker, &st);
+		run_rows(c, rope_store_worker, &st, T);
 		r = attention(c, &st);
 		if (r < 0)
 			return r;
@@ -993,10 +986,7 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 		};
 		mm_run(c, &gu);
 		struct swiglu_job sj = {c, T, wtype_is_quantized(L->w_down.type)};
-		if (T == 1)
-			swiglu_worker(&sj, 0, 1);
-		else
-			tp_run(c->pool, swiglu_worker, &sj);
+		run_rows(c, swiglu_worker, &sj, T);
 		matmul(c, &L->w_down, pk[PK_DOWN], T, c->gate, nff, c->xq, q8_row_len(nff), c->xn, ne);
 		for (int64_t i = 0; i < (int64_t)T * ne; i++)
 			c->x[i] += c->xn[i];
