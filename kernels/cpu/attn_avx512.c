@@ -27,6 +27,11 @@
 
 #define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")))
 #define UNROLL _Pragma("GCC unroll 16")
+/* K and V rows are prefetched this many positions ahead: the rows of a
+ * chunk lie in several pages, where hardware prefetchers stop */
+#ifndef ATTN_PF
+#define ATTN_PF 16
+#endif
 
 /* exp(x) for x <= 0 (Cephes' single-precision polynomial, about 1 ulp);
  * below -103 the result is 0. */
@@ -89,6 +94,10 @@ TGT static inline __attribute__((always_inline)) void scores_t(const int HD, con
 		}
 		for (int p0 = 0; p0 < lr; p0 += P) {
 			__m512 acc[MAXRS][P];
+			if (p0 + ATTN_PF + P <= n)
+				UNROLL for (int i = 0; i < P; i++)
+					UNROLL for (int b = 0; b < HD * 2; b += 64)
+						_mm_prefetch((const char *)k[p0 + ATTN_PF + i] + b, _MM_HINT_T0);
 			UNROLL for (int i = 0; i < P; i++) {
 				const uint16_t *kr = k[p0 + i < n ? p0 + i : n - 1];
 				UNROLL for (int j = 0; j < V; j++) {
@@ -163,6 +172,9 @@ TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, 
 		UNROLL for (int rr = 0; rr < RT; rr++) UNROLL for (int j = 0; j < V; j++) acc[rr][j] = _mm512_setzero_ps();
 		for (int p = 0; p < pe; p++) {
 			__m512 vv[MAXV];
+			if (p + ATTN_PF < pe)
+				UNROLL for (int b = 0; b < HD * 2; b += 64)
+					_mm_prefetch((const char *)v[p + ATTN_PF] + b, _MM_HINT_T0);
 			UNROLL for (int j = 0; j < V; j++)
 				vv[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v[p] + 16 * j)));
 			UNROLL for (int rr = 0; rr < RT; rr++) {

@@ -50,6 +50,10 @@ TGT static inline __attribute__((always_inline)) void half(enum gemm_kind kind, 
 		acc[t] = _mm256_setzero_ps();
 	for (int64_t b = 0; b < nb; b++, wp += gb) {
 		__m256i is[SUB_COLS];
+		if (C <= 2 && h == 0) {
+			UNROLL for (size_t o = 0; o < gb; o += 64)
+				_mm_prefetch((const char *)wp + GEMM_PF_DIST + o, _MM_HINT_T0);
+		}
 		if (kind == K_Q8_0) {
 			UNROLL for (int t = 0; t < C; t++)
 				is[t] = _mm256_setzero_si256();

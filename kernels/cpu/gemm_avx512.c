@@ -116,6 +116,10 @@ TGT static inline __attribute__((always_inline)) void tile(enum gemm_kind kind, 
 		acc[t] = _mm512_setzero_ps();
 	for (int64_t b = 0; b < nb; b++, wp += gb) {
 		__m512i ia[GEMM_COLS], ib[GEMM_COLS];
+		if (C <= 2) {
+			UNROLL for (size_t o = 0; o < gb; o += 64)
+				_mm_prefetch((const char *)wp + GEMM_PF_DIST + o, _MM_HINT_T0);
+		}
 		UNROLL for (int t = 0; t < C; t++) {
 			const struct q8_block *row = xq + (size_t)t * ldq;
 			int32_t s = q8_row_sums(row, nb)[b];

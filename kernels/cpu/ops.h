@@ -60,6 +60,12 @@ typedef float (*vec_dot_fn)(const void *w, const float *x, const struct q8_block
  * bit-identical whatever R and C. */
 #define GEMM_ROWS 16
 #define GEMM_COLS 8
+/* With one or two tokens a tile streams weights faster than one core's
+ * hardware prefetchers fetch them (they stop at every 4 KiB page): the
+ * kernels prefetch this many bytes ahead of the group block they read. */
+#ifndef GEMM_PF_DIST
+#define GEMM_PF_DIST 4096
+#endif
 typedef void (*gemm_fn)(const void *wp, int64_t nb, int R, const struct q8_block *xq, size_t ldq, int C, float *y,
 			size_t ldy);
 

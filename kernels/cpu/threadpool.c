@@ -3,8 +3,8 @@
  *
  * A job is n chunks. The driver publishes the job and then the claim word
  * (generation << 32 | next chunk); workers and the driver itself take
- * chunks by compare-and-swap on that word, and count finished chunks in
- * `done`. The driver returns when done == n. It never waits for a worker
+ * chunks by compare-and-swap on that word, and each adds the number of
+ * chunks it ran to `done` once, when it finds none left. The driver returns when done == n. It never waits for a worker
  * that has not woken up: if the OS does not schedule a worker, the driver
  * (and any other worker) simply takes its chunks. On a machine shared with
  * other loads this turns a preempted thread from a stall of a whole time
@@ -20,9 +20,11 @@
  * index below the job's n, read fn/arg and CAS claim to index + 1. A
  * successful CAS proves the job was still open, hence that the fields read
  * after the acquire load belong to it (they only change after step 1 of the
- * next job, which would have made the CAS fail). A finished chunk adds 1
- * to `done` with release order; the driver's acquire load of done == n
- * makes every chunk's writes visible to it.
+ * next job, which would have made the CAS fail). The job cannot close
+ * before a thread's chunks are counted, so all the chunks one call of
+ * work() runs belong to one job. The count is added with release order;
+ * the driver's acquire load of done == n makes every chunk's writes
+ * visible to it.
  */
 #include "threadpool.h"
 
@@ -48,16 +50,19 @@ struct tp_worker {
 struct tp {
 	int n;
 	struct tp_worker *workers;
+	uint32_t next_gen;         /* driver only */
+	/* the job, read together by whoever takes a chunk */
+	_Alignas(64) _Atomic uint64_t claim; /* generation << 32 | next chunk */
 	_Atomic(tp_for_fn) fn;
 	_Atomic(void *) arg;
 	_Atomic uint32_t n_chunks;
-	_Atomic uint64_t claim;    /* generation << 32 | next chunk */
-	_Atomic uint32_t done;     /* chunks finished in the open job; futex word */
-	_Atomic uint32_t gen;      /* futex word workers sleep on */
-	_Atomic uint32_t sleepers; /* workers inside (or entering) futex_wait */
+	/* each thread adds the chunks it ran once, when it finds none left */
+	_Alignas(64) _Atomic uint32_t done; /* futex word */
 	_Atomic uint32_t driver_sleeping;
+	/* read in a loop by idle workers: written once per job */
+	_Alignas(64) _Atomic uint32_t gen; /* futex word workers sleep on */
+	_Atomic uint32_t sleepers;         /* workers inside (or entering) futex_wait */
 	_Atomic int stop;
-	uint32_t next_gen;         /* driver only */
 };
 
 static void futex_wait(_Atomic uint32_t *addr, uint32_t val)
@@ -81,25 +86,31 @@ static inline void cpu_relax(void)
  * calling thread's index. */
 static void work(struct tp *p, int tid)
 {
+	uint32_t ran = 0, n = 0;
+
 	for (;;) {
 		uint64_t c = atomic_load_explicit(&p->claim, memory_order_acquire);
 		uint32_t idx = (uint32_t)c;
 		if (idx == TP_EXHAUSTED)
-			return;
-		uint32_t n = atomic_load_explicit(&p->n_chunks, memory_order_relaxed);
-		if (idx >= n)
-			return;
+			break;
+		uint32_t nc = atomic_load_explicit(&p->n_chunks, memory_order_relaxed);
+		if (idx >= nc)
+			break;
 		tp_for_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
 		void *arg = atomic_load_explicit(&p->arg, memory_order_relaxed);
 		if (!atomic_compare_exchange_weak_explicit(&p->claim, &c, c + 1, memory_order_acq_rel,
 							   memory_order_relaxed))
 			continue;
+		/* the CAS proved nc is this job's: every chunk this call runs
+		 * belongs to one job, which stays open until they are counted */
+		n = nc;
 		fn(arg, idx, tid);
-		/* seq_cst: Dekker with the driver's driver_sleeping store */
-		if (atomic_fetch_add_explicit(&p->done, 1, memory_order_seq_cst) + 1 == n &&
-		    atomic_load_explicit(&p->driver_sleeping, memory_order_seq_cst))
-			futex_wake(&p->done, 1);
+		ran++;
 	}
+	/* seq_cst: Dekker with the driver's driver_sleeping store */
+	if (ran && atomic_fetch_add_explicit(&p->done, ran, memory_order_seq_cst) + ran == n &&
+	    atomic_load_explicit(&p->driver_sleeping, memory_order_seq_cst))
+		futex_wake(&p->done, 1);
 }
 
 static void *tp_main(void *arg)
