@@ -892,8 +892,7 @@ static void swiglu_worker(void *arg, int ith, int nth)
 	for (int t = ith; t < j->T; t += nth) {
 		float *g = c->gate + t * n;
 		const float *u = c->up + t * n;
-		for (int64_t i = 0; i < n; i++)
-			g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+		c->k.swiglu(g, u, n);
 		if (j->quantize)
 			c->k.quantize_q8(g, c->xq + t * q8_row_len(n), n);
 	}

@@ -9,6 +9,7 @@
  * Nibble j of byte i: low nibble is element i, high nibble element i + 16.
  */
 #include "ops.h"
+#include "exp_avx2.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -286,6 +287,12 @@ static void axpyn_f16_generic(float *y, int ldy, const float *a, int nr, const u
 		axpy_f16_generic(y + (size_t)r * ldy, a[r], v, n);
 }
 
+static void swiglu_generic(float *g, const float *u, int64_t n)
+{
+	for (int64_t i = 0; i < n; i++)
+		g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
 static void store_f16_generic(uint16_t *dst, const float *src, int n)
 {
 	for (int i = 0; i < n; i++)
@@ -528,6 +535,22 @@ AVX2 static void axpyn_f16_avx2(float *y, int ldy, const float *a, int nr, const
 			y[(size_t)r * ldy + i] += a[r] * h2f(v[i]);
 }
 
+/* silu(g) = g / (1 + exp(-g)), from e = exp(-|g|) only:
+ * g / (1 + e) for g >= 0, g * e / (1 + e) below */
+AVX2 static void swiglu_avx2(float *g, const float *u, int64_t n)
+{
+	const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		__m256 x = _mm256_loadu_ps(g + i);
+		__m256 e = exp_neg8(_mm256_or_ps(x, sign));
+		__m256 num = _mm256_blendv_ps(one, e, x); /* sign bit of x selects e */
+		__m256 s = _mm256_div_ps(num, _mm256_add_ps(one, e));
+		_mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_mul_ps(x, s), _mm256_loadu_ps(u + i)));
+	}
+	swiglu_generic(g + i, u + i, n - i);
+}
+
 AVX2 static void store_f16_avx2(uint16_t *dst, const float *src, int n)
 {
 	int i = 0;
@@ -555,6 +578,7 @@ void cpu_kernels_init(struct cpu_kernels *k, int force_generic)
 	k->dot4_f32_f16 = dot4_f32_f16_generic;
 	k->axpyn_f16 = axpyn_f16_generic;
 	k->store_f16 = store_f16_generic;
+	k->swiglu = swiglu_generic;
 #if defined(__x86_64__)
 	if (!force_generic && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
 	    __builtin_cpu_supports("f16c")) {
@@ -571,11 +595,14 @@ void cpu_kernels_init(struct cpu_kernels *k, int force_generic)
 		k->dot4_f32_f16 = dot4_f32_f16_avx2;
 		k->axpyn_f16 = axpyn_f16_avx2;
 		k->store_f16 = store_f16_avx2;
+		k->swiglu = swiglu_avx2;
 		/* the tiled AVX-512 VNNI kernels, where the CPU has them */
-		if (!getenv("KVD_CPU_NO_AVX512") && cpu_kernels_init_gemm_avx512(k))
+		if (!getenv("KVD_CPU_NO_AVX512") && cpu_kernels_init_gemm_avx512(k)) {
 			k->attn_rows_for = cpu_attn_rows_avx512;
-		else
+		} else {
 			cpu_kernels_init_gemm_avx2(k);
+			k->attn_rows_for = cpu_attn_rows_avx2;
+		}
 	}
 #endif
 }

@@ -86,6 +86,8 @@ typedef void (*attn_rows_fn)(int nr, const float *const *q, const int *len, cons
 			     const uint16_t *const *v, float scale, float *const *ml, float *const *o, float *scratch);
 /* The AVX-512 version for head size hd, or NULL (other sizes, other CPUs). */
 attn_rows_fn cpu_attn_rows_avx512(int hd);
+/* The same with AVX2 and FMA (8 lanes; other bits than AVX-512's). */
+attn_rows_fn cpu_attn_rows_avx2(int hd);
 
 struct cpu_kernels {
 	const char *isa; /* "avx2" or "generic" */
@@ -107,6 +109,8 @@ struct cpu_kernels {
 	attn_rows_fn (*attn_rows_for)(int hd);
 	/* dst[i] = f16(src[i]) */
 	void (*store_f16)(uint16_t *dst, const float *src, int n);
+	/* g[i] = silu(g[i]) * u[i], silu(x) = x / (1 + exp(-x)) */
+	void (*swiglu)(float *g, const float *u, int64_t n);
 };
 
 /* Fill the table for this CPU (force_generic: portable versions only;

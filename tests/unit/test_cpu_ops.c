@@ -321,11 +321,10 @@ static void test_gemm_tiles(void **state)
 
 /* The tiled attention kernel: each row's max, sum and weighted V rows
  * match float64, and a row alone gives the same bits as in any tile. */
-static void test_attn_rows(void **state)
+static void check_attn_rows(attn_rows_fn (*kernel_for)(int hd))
 {
-	(void)state;
 	for (int hd = 64; hd <= 128; hd *= 2) {
-		attn_rows_fn fn = cpu_attn_rows_avx512(hd);
+		attn_rows_fn fn = kernel_for(hd);
 		if (!fn)
 			skip();
 		static uint16_t kv[2][128][128];
@@ -379,6 +378,43 @@ static void test_attn_rows(void **state)
 				fn(1, &qp[r], &len[r], kp, vp, scale, &ml1p, &o1p, scratch);
 				assert_memory_equal(ml1, ml[r], sizeof(ml1));
 				assert_memory_equal(o1, o[r], sizeof(float) * (size_t)hd);
+			}
+		}
+	}
+}
+
+static void test_attn_rows_avx512(void **state)
+{
+	(void)state;
+	check_attn_rows(cpu_attn_rows_avx512);
+}
+
+static void test_attn_rows_avx2(void **state)
+{
+	(void)state;
+	check_attn_rows(cpu_attn_rows_avx2);
+}
+
+/* silu(g) * u in both tables against float64, over the whole range of
+ * gates, tails of every length included */
+static void test_swiglu(void **state)
+{
+	struct cpu_kernels ks[2];
+	(void)state;
+	cpu_kernels_init(&ks[0], 1);
+	cpu_kernels_init(&ks[1], 0);
+	for (int which = 0; which < 2; which++) {
+		for (int n = 1; n <= 67; n += 3) {
+			float g[67], u[67], g0[67];
+			for (int i = 0; i < n; i++) {
+				g0[i] = g[i] = (i % 7 == 3) ? (frand() * 400.0f) : frand() * 12.0f;
+				u[i] = frand() * 2.0f;
+			}
+			ks[which].swiglu(g, u, n);
+			for (int i = 0; i < n; i++) {
+				double x = g0[i], want = x / (1.0 + exp(-x)) * u[i];
+				if (fabs(g[i] - want) > 2e-6 * fabs(want) + 1e-30)
+					fail_msg("%s: silu(%g) * %g = %g, want %g", ks[which].isa, g0[i], u[i], g[i], want);
 			}
 		}
 	}
@@ -444,8 +480,10 @@ int main(void)
 		cmocka_unit_test(test_dot_products),
 		cmocka_unit_test(test_gemm_pack_layout),
 		cmocka_unit_test(test_gemm_tiles),
-		cmocka_unit_test(test_attn_rows),
+		cmocka_unit_test(test_attn_rows_avx512),
+		cmocka_unit_test(test_attn_rows_avx2),
 		cmocka_unit_test(test_attention_helpers),
+		cmocka_unit_test(test_swiglu),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,192 @@
+/*
+ * kernels/cpu/attn_avx2.c — the attention kernel of attn_avx512.c for CPUs
+ * with AVX2 and FMA but without AVX-512, over 8-lane vectors.
+ *
+ * Same contract (ops.h, attn_rows_fn) and the same structure:
+ *   scores   two query rows share each K row's conversion, four positions
+ *            share one fixed 8 -> 1 reduction (three hadds and a 128-bit
+ *            add, the same for every slot);
+ *   softmax  max and a vector exp over 8 lanes, then a fixed 8 -> 1 tree;
+ *   output   V rows in position order into 32-column blocks of up to
+ *            three rows' accumulators (the 16 ymm registers hold three
+ *            rows of four vectors each).
+ * Every (row, position) value follows one sequence of operations whatever
+ * the tile, so a row's result is bit-identical alone, in a batch or in a
+ * prefill tile — the property kvd's determinism rests on. The bits differ
+ * from the AVX-512 kernel's (other reduction trees, another exp).
+ */
+#include "ops.h"
+#include "exp_avx2.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#include <math.h>
+
+#define TGT __attribute__((target("avx2,fma,f16c")))
+#define UNROLL _Pragma("GCC unroll 16")
+/* positions ahead whose K and V rows are prefetched (see attn_avx512.c) */
+#define ATTN_PF 16
+
+/* out lane j = sum of the 8 lanes of a[j] (j < 4), by the same tree for
+ * every j: adjacent pairs, pairs of pairs, then the two 128-bit halves. */
+TGT static inline __m128 reduce4(const __m256 a[4])
+{
+	__m256 h01 = _mm256_hadd_ps(a[0], a[1]);
+	__m256 h23 = _mm256_hadd_ps(a[2], a[3]);
+	__m256 h = _mm256_hadd_ps(h01, h23);
+	return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+/* fixed order: 8 -> 4 -> 2 -> 1 */
+TGT static inline float hsum8(__m256 v)
+{
+	__m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+	b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+	b = _mm_add_ss(b, _mm_movehdup_ps(b));
+	return _mm_cvtss_f32(b);
+}
+
+TGT static inline __m256 load_f16x8(const uint16_t *p)
+{
+	return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+/* first `left` lanes set (all when left >= 8), as a blend mask */
+TGT static inline __m256 tail8(int left)
+{
+	const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+	return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(left), idx));
+}
+
+/* Scores of nr rows against positions [0, max len), two rows at a time
+ * sharing each K row's conversion, four positions sharing a reduction.
+ * Slots past the longest row's end read the last position and are never
+ * used. */
+TGT static inline __attribute__((always_inline)) void scores8(const int HD, int nr, const float *const *q,
+							      const int *len, const uint16_t *const *k, int n,
+							      float scale, float *sc, int ld)
+{
+	enum { RS = 2, P = 4 };
+	const int V = HD / 8;
+	for (int r = 0; r < nr; r += RS) {
+		const float *qr[RS];
+		int lr = 0;
+		UNROLL for (int rr = 0; rr < RS; rr++) {
+			int row = r + rr < nr ? r + rr : r;
+			qr[rr] = q[row];
+			lr = len[row] > lr ? len[row] : lr;
+		}
+		for (int p0 = 0; p0 < lr; p0 += P) {
+			__m256 acc[RS][P];
+			if (p0 + ATTN_PF + P <= n)
+				UNROLL for (int i = 0; i < P; i++)
+					UNROLL for (int b = 0; b < HD * 2; b += 64)
+						_mm_prefetch((const char *)k[p0 + ATTN_PF + i] + b, _MM_HINT_T0);
+			UNROLL for (int i = 0; i < P; i++) {
+				const uint16_t *kr = k[p0 + i < n ? p0 + i : n - 1];
+				UNROLL for (int j = 0; j < V; j++) {
+					__m256 kv = load_f16x8(kr + 8 * j);
+					UNROLL for (int rr = 0; rr < RS; rr++) {
+						__m256 qv = _mm256_loadu_ps(qr[rr] + 8 * j);
+						acc[rr][i] = j ? _mm256_fmadd_ps(qv, kv, acc[rr][i]) : _mm256_mul_ps(qv, kv);
+					}
+				}
+			}
+			UNROLL for (int rr = 0; rr < RS; rr++) {
+				if (r + rr >= nr)
+					continue;
+				_mm_storeu_ps(sc + (size_t)(r + rr) * ld + p0, _mm_mul_ps(reduce4(acc[rr]), _mm_set1_ps(scale)));
+			}
+		}
+	}
+}
+
+/* HD (head size) is 64 or 128. */
+TGT static inline __attribute__((always_inline)) void attn_rows8(const int HD, int nr, const float *const *q,
+								 const int *len, const uint16_t *const *k,
+								 const uint16_t *const *v, float scale,
+								 float *const *ml, float *const *o, float *scratch)
+{
+	enum { RT = 3, CB = 4 }; /* rows and vectors per output block */
+	int n = 0;
+	for (int r = 0; r < nr; r++)
+		n = len[r] > n ? len[r] : n;
+	const int n16 = (n + 15) & ~15;
+	float *sc = scratch; /* nr x n16 scores, then weights */
+
+	scores8(HD, nr, q, len, k, n, scale, sc, n16);
+
+	for (int r = 0; r < nr; r++) {
+		float *s = sc + (size_t)r * n16;
+		__m256 mx = _mm256_set1_ps(-INFINITY);
+		for (int p0 = 0; p0 < len[r]; p0 += 8)
+			mx = _mm256_blendv_ps(mx, _mm256_max_ps(mx, _mm256_loadu_ps(s + p0)), tail8(len[r] - p0));
+		__m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+		m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+		m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+		float M = _mm_cvtss_f32(m4);
+		__m256 vm = _mm256_set1_ps(M), sum = _mm256_setzero_ps();
+		for (int p0 = 0; p0 < len[r]; p0 += 8) {
+			__m256 e = _mm256_and_ps(exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(s + p0), vm)), tail8(len[r] - p0));
+			_mm256_storeu_ps(s + p0, e);
+			sum = _mm256_add_ps(sum, e);
+		}
+		ml[r][0] = M;
+		ml[r][1] = hsum8(sum);
+	}
+
+	for (int r0 = 0; r0 < nr; r0 += RT) {
+		int nt = nr - r0 < RT ? nr - r0 : RT, pe = 0;
+		for (int rr = 0; rr < nt; rr++)
+			pe = len[r0 + rr] > pe ? len[r0 + rr] : pe;
+		for (int c0 = 0; c0 < HD; c0 += 8 * CB) {
+			__m256 acc[RT][CB];
+			UNROLL for (int rr = 0; rr < RT; rr++) UNROLL for (int j = 0; j < CB; j++) acc[rr][j] = _mm256_setzero_ps();
+			for (int p = 0; p < pe; p++) {
+				__m256 vv[CB];
+				if (c0 == 0 && p + ATTN_PF < pe)
+					UNROLL for (int b = 0; b < HD * 2; b += 64)
+						_mm_prefetch((const char *)v[p + ATTN_PF] + b, _MM_HINT_T0);
+				UNROLL for (int j = 0; j < CB; j++)
+					vv[j] = load_f16x8(v[p] + c0 + 8 * j);
+				UNROLL for (int rr = 0; rr < RT; rr++) {
+					if (rr < nt && p < len[r0 + rr]) {
+						__m256 e = _mm256_set1_ps(sc[(size_t)(r0 + rr) * n16 + p]);
+						UNROLL for (int j = 0; j < CB; j++)
+							acc[rr][j] = _mm256_fmadd_ps(e, vv[j], acc[rr][j]);
+					}
+				}
+			}
+			UNROLL for (int rr = 0; rr < RT; rr++)
+				if (rr < nt)
+					UNROLL for (int j = 0; j < CB; j++)
+						_mm256_storeu_ps(o[r0 + rr] + c0 + 8 * j, acc[rr][j]);
+		}
+	}
+}
+
+TGT static void attn_rows8_64(int nr, const float *const *q, const int *len, const uint16_t *const *k,
+			      const uint16_t *const *v, float scale, float *const *ml, float *const *o, float *scratch)
+{
+	attn_rows8(64, nr, q, len, k, v, scale, ml, o, scratch);
+}
+
+TGT static void attn_rows8_128(int nr, const float *const *q, const int *len, const uint16_t *const *k,
+			       const uint16_t *const *v, float scale, float *const *ml, float *const *o, float *scratch)
+{
+	attn_rows8(128, nr, q, len, k, v, scale, ml, o, scratch);
+}
+
+attn_rows_fn cpu_attn_rows_avx2(int hd)
+{
+	if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("f16c"))
+		return NULL;
+	return hd == 64 ? attn_rows8_64 : hd == 128 ? attn_rows8_128 : NULL;
+}
+#else
+attn_rows_fn cpu_attn_rows_avx2(int hd)
+{
+	(void)hd;
+	return NULL;
+}
+#endif

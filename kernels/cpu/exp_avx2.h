@@ -1,0 +1,32 @@
+/*
+ * kernels/cpu/exp_avx2.h — exp over 8 lanes for the AVX2 kernels.
+ */
+#ifndef KVD_CPU_EXP_AVX2_H
+#define KVD_CPU_EXP_AVX2_H
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+/* exp(x) for x <= 0 (Cephes' single-precision polynomial, about 1 ulp).
+ * Inputs are clamped at -87, where exp is about 1.6e-38, so that the power
+ * of two is built in the exponent field without going subnormal. */
+__attribute__((target("avx2,fma"))) static inline __m256 exp_neg8(__m256 x)
+{
+	x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+	__m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+				   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	__m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+	r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+	__m256 p = _mm256_set1_ps(1.9875691500e-4f);
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+	p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+	__m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+	return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+
+#endif
