@@ -345,6 +345,9 @@ struct mm_job {
 };
 
 #define MM_ROW_TILE 32 /* a multiple of GEMM_ROWS */
+#ifndef MM_CHUNK_BYTES
+#define MM_CHUNK_BYTES (512 << 10)
+#endif
 
 static void mm_range(const struct mm_job *j, int64_t r0, int64_t r1)
 {
@@ -410,6 +413,12 @@ static void mm_plan(struct mm_multi *m, int nth)
 		 * tile: rounding up turns 576 rows on 2 threads into 9 chunks,
 		 * one thread doing 5) */
 		int64_t cr = (rows / (8 * (int64_t)nth) + MM_ROW_TILE / 2) / MM_ROW_TILE * MM_ROW_TILE;
+		/* and at most MM_CHUNK_BYTES of weights: the last chunk of a
+		 * large matrix (the output one) would otherwise keep the other
+		 * threads waiting for a sixteenth of it */
+		int64_t cap = MM_CHUNK_BYTES / (int64_t)m->jobs[i].w->row_bytes / MM_ROW_TILE * MM_ROW_TILE;
+		if (cr > cap)
+			cr = cap;
 		if (cr < MM_ROW_TILE)
 			cr = MM_ROW_TILE;
 		m->chunk_rows[i] = cr;
