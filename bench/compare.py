@@ -69,26 +69,35 @@ def main():
         for name, args, key in figures(a.quick):
             if a.only and not any(o in name for o in a.only.split(",")):
                 continue
+            roof = name.startswith("decode") or name == "batch 1 seqs"
             kv, ll = [], []
             for _ in range(a.reps):
+                # a decode run's own bound: the triad just before it, so a
+                # neighbour's load that slows the run also lowers its bound
+                pair_bw = run([KVD, "--threads", str(th), "triad", "--mib", "768"])["gb_per_s"] if roof else None
                 kv.append(run([KVD, "--model", MODEL, "--threads", str(th)] + args))
+                if pair_bw:
+                    kv[-1]["triad_gb_per_s"] = pair_bw
                 ll.append(run(PEER + ["--model", MODEL, "--threads", str(th)] + args))
             mk = statistics.median(r[key] for r in kv)
             ml = statistics.median(r[key] for r in ll)
             ratio = (ml / mk) if key == "warm_over_cold" else (mk / ml)
-            rows.append((th, name, mk, ml, ratio, key))
             extra = {}
-            if name.startswith("decode") or name == "batch 1 seqs":
+            if roof:
                 bps = statistics.median(r["bytes_per_step"] for r in kv)
+                paired = statistics.median(r[key] * r["bytes_per_step"] / (r["triad_gb_per_s"] * 1e9) for r in kv)
                 extra = {"bytes_per_token": bps, "bound_tokens_per_s": bw * 1e9 / bps,
-                         "fraction_of_bound": mk / (bw * 1e9 / bps)}
+                         "fraction_of_bound": mk / (bw * 1e9 / bps), "fraction_of_paired_bound": paired}
+            rows.append((th, name, mk, ml, ratio, key, extra))
             results["figures"].append({"threads": th, "figure": name, "key": key, "kvd": kv, "llama": ll,
                                        "kvd_median": mk, "llama_median": ml, "ratio": ratio, **extra})
             rss_k = max(r["peak_rss_kib"] for r in kv) / 1024
             rss_l = max(r["peak_rss_kib"] for r in ll) / 1024
             print("t=%d %-22s kvd %10.3f  llama.cpp %10.3f  ratio %5.2f  rss %4.0f/%4.0f MiB %s" %
                   (th, name, mk, ml, ratio, rss_k, rss_l,
-                   ("roofline %.0f%%" % (100 * extra["fraction_of_bound"])) if extra else ""), flush=True)
+                   ("roofline %.0f%% (paired %.0f%%)" % (100 * extra["fraction_of_bound"],
+                                                         100 * extra["fraction_of_paired_bound"])) if extra else ""),
+                  flush=True)
     os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
     path = os.path.join(ROOT, "bench", "results", time.strftime("%Y%m%d-%H%M%S") + ".json")
     with open(path, "w") as f:
@@ -97,10 +106,16 @@ def main():
     for th, bw in bws.items():
         print("memory bandwidth, %d thread(s) (triad, best of 3): %.1f GB/s" % (th, bw))
     print("%-3s %-22s %12s %12s %7s" % ("thr", "figure", "kvd", "llama.cpp", "ratio"))
-    for th, name, mk, ml, ratio, key in rows:
-        unit = "" if key == "warm_over_cold" else " tok/s"
+    for th, name, mk, ml, ratio, key, extra in rows:
         print("%-3d %-22s %12.3f %12.3f %6.2fx" % (th, name, mk, ml, ratio))
     print("(ratio: kvd / llama.cpp for rates; llama.cpp / kvd for warm/cold time ratios — above 1 means kvd is ahead)")
+    print()
+    print("roofline: bytes read per decode step over the triad bandwidth")
+    for th, name, mk, ml, ratio, key, extra in rows:
+        if extra:
+            print("t=%d %-16s %6.1f MB/token  bound %6.1f tok/s  kvd %4.0f%%  (paired with a triad run before each: %.0f%%)" %
+                  (th, name, extra["bytes_per_token"] / 1e6, extra["bound_tokens_per_s"],
+                   100 * extra["fraction_of_bound"], 100 * extra["fraction_of_paired_bound"]))
     print("raw results: %s" % os.path.relpath(path, ROOT))
 
 
