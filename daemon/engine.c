@@ -158,6 +158,23 @@ int kvd_engine_open(const struct kvd_engine_config *cfg, struct kvd_engine **ret
 		}
 	}
 	r = e->ops->load(e->be, kvd_model_weights(e->model));
+	if (r == -ENOTSUP && e->plugin && !strcmp(want, "auto")) {
+		/* weight types the device cannot compute: "auto" serves on the
+		 * CPU instead, and says so */
+		snprintf(e->note, sizeof(e->note), "cuda backend: this model's weight types are not supported on the GPU");
+		e->ops->destroy(e->be);
+		e->be = NULL;
+		dlclose(e->plugin);
+		e->plugin = NULL;
+		e->ops = &kvd_cpu_backend;
+		r = e->ops->init(&bc, &e->be);
+		if (r < 0) {
+			snprintf(err, errlen, "%s backend: cannot start: %s", e->ops->name, strerror(-r));
+			e->ops = NULL;
+			goto fail;
+		}
+		r = e->ops->load(e->be, kvd_model_weights(e->model));
+	}
 	if (r < 0) {
 		snprintf(err, errlen, "%s: %s backend rejected the weights: %s", kvd_model_path(e->model), e->ops->name,
 			 strerror(-r));

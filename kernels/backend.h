@@ -27,6 +27,9 @@ enum kvd_wtype {
 	KVD_WTYPE_Q4_0 = 2,
 	KVD_WTYPE_Q4_1 = 3,
 	KVD_WTYPE_Q8_0 = 8,
+	KVD_WTYPE_Q4_K = 12,
+	KVD_WTYPE_Q5_K = 13,
+	KVD_WTYPE_Q6_K = 14,
 	KVD_WTYPE_BF16 = 30,
 };
 
@@ -216,6 +219,9 @@ static inline size_t kvd_wtype_row_bytes(enum kvd_wtype t, int64_t cols)
 	case KVD_WTYPE_Q4_0: return cols % 32 ? 0 : (size_t)cols / 32 * 18;
 	case KVD_WTYPE_Q4_1: return cols % 32 ? 0 : (size_t)cols / 32 * 20;
 	case KVD_WTYPE_Q8_0: return cols % 32 ? 0 : (size_t)cols / 32 * 34;
+	case KVD_WTYPE_Q4_K: return cols % 256 ? 0 : (size_t)cols / 256 * 144;
+	case KVD_WTYPE_Q5_K: return cols % 256 ? 0 : (size_t)cols / 256 * 176;
+	case KVD_WTYPE_Q6_K: return cols % 256 ? 0 : (size_t)cols / 256 * 210;
 	}
 	return 0;
 }

@@ -19,10 +19,13 @@ cases:
            their own attention kernels
   type-*   one model per weight type for the big matrices:
            f32, f16, bf16, q8_0, q4_0, q4_1 (norm weights are always F32)
+  kquant   the mix of a Q4_K_M file (Q4_K, Q6_K for V, FFN down and output;
+           Q5_K for K here, to cover every K-quant format)
 
-Every matmul's inner dimension is a multiple of 32, the quantization block.
-Quantization to Q8_0 / Q4_0 / Q4_1 / BF16 is done here in NumPy from the
-ggml block formats. Q and K weights are written in GGUF's llama layout: the
+Every matmul's inner dimension is a multiple of 32, the quantization block
+(256, the super-block, for K-quants). Quantization to Q8_0 / Q4_0 / Q4_1 /
+Q4_K / Q5_K / Q6_K / BF16 is done here in NumPy from the ggml block formats;
+K-quant packing is checked against gguf-py's decoder as it is written. Q and K weights are written in GGUF's llama layout: the
 engine applies "normal" RoPE pairing (2i, 2i+1) to the stored rows; for random
 weights no converter permutation is involved.
 
@@ -64,12 +67,17 @@ VARIANTS = {
                      wtype="f16", etype="f16"),
     "hd128":    dict(n_layer=2, n_embd=256, n_head=2, n_head_kv=1, n_ff=256, n_vocab=300,
                      wtype="q8_0", etype="q8_0"),
+    # the K-quant mix of a Q4_K_M file: Q4_K, with Q6_K for V, FFN down and
+    # the output, and Q5_K for K to cover all three super-block formats
+    "kquant":   dict(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=300,
+                     wtype="q4_k", etype="q4_k", otype="q6_k",
+                     types={"attn_v": "q6_k", "ffn_down": "q6_k", "attn_k": "q5_k"}),
 }
 for _t in ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1"):
     VARIANTS["type-" + _t] = dict(n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=320,
                                   n_vocab=300, wtype=_t, etype=_t)
 
-FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "bf16": 32}
+FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "bf16": 32, "q4_k": 15}
 
 # --------------------------------------------------------------------------
 # quantizers (ggml block layouts; little-endian)
@@ -123,6 +131,91 @@ def quant_q4_1(w):
     return np.concatenate([_f16_bytes(d16), _f16_bytes(m16), _pack_nibbles(q)], axis=1)
 
 
+QK_K = 256
+
+
+def _safe_inv(d):
+    return np.where(d != 0, 1.0 / np.where(d != 0, d, 1), 0).astype(np.float32)
+
+
+def _k_scales(w, nlevels):
+    """Shared part of Q4_K / Q5_K: per sub-block of 32, an unsigned range
+    [mn, mx] with mn <= 0 <= mx; its step (mx - mn) / nlevels and offset -mn
+    quantized to 6 bits against the super-block's f16 d and dmin. Returns
+    (blocks (nb, 8, 32), d16, dmin16, sc, m, q)."""
+    b = w.reshape(-1, QK_K // QK, QK).astype(np.float32)
+    mn = np.minimum(b.min(axis=2), 0)
+    mx = np.maximum(b.max(axis=2), 0)
+    step = (mx - mn) / nlevels
+    off = -mn
+    d16 = (step.max(axis=1) / 63).astype(np.float16)
+    dmin16 = (off.max(axis=1) / 63).astype(np.float16)
+    sc = np.clip(np.rint(step * _safe_inv(d16.astype(np.float32))[:, None]), 0, 63).astype(np.uint8)
+    m = np.clip(np.rint(off * _safe_inv(dmin16.astype(np.float32))[:, None]), 0, 63).astype(np.uint8)
+    S = d16.astype(np.float32)[:, None] * sc
+    M = dmin16.astype(np.float32)[:, None] * m
+    q = np.clip(np.rint((b + M[:, :, None]) * _safe_inv(S)[:, :, None]), 0, nlevels).astype(np.uint8)
+    return d16, dmin16, sc, m, q
+
+
+def _pack_k_scales(sc, m):
+    """8 six-bit scales and mins -> ggml's 12 bytes (get_scale_min_k4 inverse)."""
+    out = np.zeros((sc.shape[0], 12), dtype=np.uint8)
+    for j in range(4):
+        out[:, j] = (sc[:, j] & 63) | ((sc[:, j + 4] >> 4) << 6)
+        out[:, j + 4] = (m[:, j] & 63) | ((m[:, j + 4] >> 4) << 6)
+        out[:, j + 8] = (sc[:, j + 4] & 0xF) | ((m[:, j + 4] & 0xF) << 4)
+    return out
+
+
+def _k_nibbles(q):
+    """(nb, 8, 32) values -> (nb, 128) bytes: sub-blocks 2i and 2i+1 are the
+    low and high nibbles of bytes 32i .. 32i+31."""
+    lo = q[:, 0::2, :] & 0xF
+    hi = q[:, 1::2, :] & 0xF
+    return (lo | (hi << 4)).reshape(q.shape[0], 128).astype(np.uint8)
+
+
+def quant_q4_k(w):
+    """Q4_K super-block (256): f16 d, f16 dmin, 12 bytes scales/mins, 128 bytes nibbles."""
+    d16, dmin16, sc, m, q = _k_scales(w, 15)
+    return np.concatenate([_f16_bytes(d16), _f16_bytes(dmin16), _pack_k_scales(sc, m), _k_nibbles(q)], axis=1)
+
+
+def quant_q5_k(w):
+    """Q5_K super-block: as Q4_K with 32 bytes qh (bit j of qh[l]: the fifth
+    bit of element l of sub-block j) before the nibbles."""
+    d16, dmin16, sc, m, q = _k_scales(w, 31)
+    qh = np.zeros((q.shape[0], 32), dtype=np.uint8)
+    for j in range(8):
+        qh |= (((q[:, j, :] >> 4) & 1) << j).astype(np.uint8)
+    return np.concatenate([_f16_bytes(d16), _f16_bytes(dmin16), _pack_k_scales(sc, m), qh, _k_nibbles(q)], axis=1)
+
+
+def quant_q6_k(w):
+    """Q6_K super-block: 128 bytes ql, 64 bytes qh, 16 int8 scales (sub-blocks
+    of 16), f16 d; value = d * scale * (q - 32)."""
+    b = w.reshape(-1, 16, 16).astype(np.float32)
+    s = np.abs(b).max(axis=2) / 31
+    d16 = (s.max(axis=1) / 127).astype(np.float16)
+    sc = np.clip(np.rint(s * _safe_inv(d16.astype(np.float32))[:, None]), 0, 127).astype(np.int8)
+    S = d16.astype(np.float32)[:, None] * sc
+    q = (np.clip(np.rint(b * _safe_inv(S)[:, :, None]), -32, 31) + 32).astype(np.uint8).reshape(-1, 256)
+    nb = q.shape[0]
+    ql = np.zeros((nb, 128), dtype=np.uint8)
+    qh = np.zeros((nb, 64), dtype=np.uint8)
+    for h in range(2):
+        e = q[:, 128 * h:128 * h + 128]
+        ql[:, 64 * h:64 * h + 32] = (e[:, 0:32] & 0xF) | ((e[:, 64:96] & 0xF) << 4)
+        ql[:, 64 * h + 32:64 * h + 64] = (e[:, 32:64] & 0xF) | ((e[:, 96:128] & 0xF) << 4)
+        qh[:, 32 * h:32 * h + 32] = ((e[:, 0:32] >> 4) | ((e[:, 32:64] >> 4) << 2) |
+                                     ((e[:, 64:96] >> 4) << 4) | ((e[:, 96:128] >> 4) << 6))
+    return np.concatenate([ql, qh, sc.view(np.uint8), _f16_bytes(d16)], axis=1)
+
+
+KQUANT = {"q4_k": (quant_q4_k, GT.Q4_K), "q5_k": (quant_q5_k, GT.Q5_K), "q6_k": (quant_q6_k, GT.Q6_K)}
+
+
 def to_bf16_bytes(w):
     """float32 -> bfloat16 with round-to-nearest-even, as raw bytes."""
     u = w.astype(np.float32).view(np.uint32).astype(np.uint64)
@@ -139,6 +232,15 @@ def encode(w, wtype):
         return w.astype(np.float16), None
     if wtype == "bf16":
         return to_bf16_bytes(w).reshape(rows, cols * 2), GT.BF16
+    if wtype in KQUANT:
+        assert cols % QK_K == 0, "K-quant rows must be a multiple of 256 long"
+        fn, raw = KQUANT[wtype]
+        q = fn(w)
+        # the packing is checked against gguf-py's own decoder
+        back = gguf.quants.dequantize(q.reshape(-1), raw).reshape(rows, cols)
+        err = np.abs(back - w).max()
+        assert err <= 0.2 * np.abs(w).max() + 1e-6, "%s packing error %g" % (wtype, err)
+        return q.reshape(rows, -1), raw
     assert cols % QK == 0, "quantized rows must be a multiple of 32 long"
     q = {"q8_0": quant_q8_0, "q4_0": quant_q4_0, "q4_1": quant_q4_1}[wtype](w)
     raw = {"q8_0": GT.Q8_0, "q4_0": GT.Q4_0, "q4_1": GT.Q4_1}[wtype]
@@ -205,6 +307,10 @@ def build(name, cfg, path):
     D = E // H
     wtype, etype = cfg["wtype"], cfg["etype"]
     otype = cfg.get("otype")
+    over = cfg.get("types", {})
+
+    def ty(short):
+        return over.get(short, wtype)
 
     def mat(n_out, n_in, scale=1.0):
         return (rng.standard_normal((n_out, n_in)) * (scale / np.sqrt(n_in))).astype(np.float32)
@@ -251,14 +357,14 @@ def build(name, cfg, path):
     for i in range(L):
         p = "blk.%d." % i
         w.add_tensor(p + "attn_norm.weight", norm(E))
-        put(p + "attn_q.weight", mat(H * D, E), wtype)
-        put(p + "attn_k.weight", mat(HKV * D, E), wtype)
-        put(p + "attn_v.weight", mat(HKV * D, E), wtype)
-        put(p + "attn_output.weight", mat(E, H * D, BLOCK_GAIN), wtype)
+        put(p + "attn_q.weight", mat(H * D, E), ty("attn_q"))
+        put(p + "attn_k.weight", mat(HKV * D, E), ty("attn_k"))
+        put(p + "attn_v.weight", mat(HKV * D, E), ty("attn_v"))
+        put(p + "attn_output.weight", mat(E, H * D, BLOCK_GAIN), ty("attn_output"))
         w.add_tensor(p + "ffn_norm.weight", norm(E))
-        put(p + "ffn_gate.weight", mat(F, E), wtype)
-        put(p + "ffn_up.weight", mat(F, E), wtype)
-        put(p + "ffn_down.weight", mat(E, F, BLOCK_GAIN), wtype)
+        put(p + "ffn_gate.weight", mat(F, E), ty("ffn_gate"))
+        put(p + "ffn_up.weight", mat(F, E), ty("ffn_up"))
+        put(p + "ffn_down.weight", mat(E, F, BLOCK_GAIN), ty("ffn_down"))
     w.add_tensor("output_norm.weight", (OUT_GAIN if not otype else 1.0) * norm(E))
     if otype:
         put("output.weight", mat(V, E, scale=4.0), otype)

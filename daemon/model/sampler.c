@@ -252,11 +252,43 @@ static size_t top_p_prefix(struct cand *c, size_t n, bool sorted, double target)
 	}
 }
 
+/* Greedy over the raw logits, with the candidates' rules (NaN never wins,
+ * +inf counts as FLT_MAX, ties go to the lowest id, all masked gives id 0):
+ * the maximum, then the first id holding it. */
+static int32_t argmax_logits(const float *l, size_t n)
+{
+	/* eight independent maxima (a NaN v keeps m), so the max pass runs at
+	 * several elements a cycle */
+	float mm[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+	size_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		for (int j = 0; j < 8; j++) {
+			float v = l[i + j] > FLT_MAX ? FLT_MAX : l[i + j];
+			mm[j] = v > mm[j] ? v : mm[j];
+		}
+	for (; i < n; i++) {
+		float v = l[i] > FLT_MAX ? FLT_MAX : l[i];
+		mm[0] = v > mm[0] ? v : mm[0];
+	}
+	float m = mm[0];
+	for (int j = 1; j < 8; j++)
+		m = mm[j] > m ? mm[j] : m;
+	for (i = 0; i < n; i++)
+		if ((l[i] > FLT_MAX ? FLT_MAX : l[i]) == m)
+			return (int32_t)i;
+	return 0;
+}
+
 int32_t kvd_sampler_sample(struct kvd_sampler *s, const float *logits, const int32_t *history, size_t n_history)
 {
 	const struct kvd_sampler_params *p = &s->p;
 	struct cand *c = s->cand;
 	size_t n = (size_t)s->n_vocab;
+
+	/* greedy with no penalty to apply: no candidate array */
+	if ((p->temperature == 0 || p->top_k == 1) &&
+	    (p->repeat_penalty == 1.0f || p->repeat_last_n <= 0 || n_history == 0 || !history))
+		return argmax_logits(logits, n);
 
 	for (size_t i = 0; i < n; i++) {
 		float l = logits[i];

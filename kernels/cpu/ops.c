@@ -35,6 +35,150 @@ _Static_assert(sizeof(struct blk_q4_0) == 18, "q4_0 block");
 _Static_assert(sizeof(struct blk_q4_1) == 20, "q4_1 block");
 _Static_assert(sizeof(struct blk_q8_0) == 34, "q8_0 block");
 
+/*
+ * K-quants: super-blocks of QK_K = 256 elements (ggml-common.h layouts).
+ *   q4_K: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins for eight
+ *         sub-blocks of 32, 128 bytes of nibbles; value = d*sc*q - dmin*m.
+ *         Sub-blocks 2i and 2i+1 are the low and high nibbles of bytes
+ *         32i .. 32i+31.
+ *   q5_K: as q4_K with 32 bytes qh between scales and nibbles: bit 2i of
+ *         qh[l] is the fifth bit of element l of sub-block 2i, bit 2i+1
+ *         that of element l of sub-block 2i+1.
+ *   q6_K: 128 bytes ql (low 4 bits), 64 bytes qh (high 2 bits), 16 int8
+ *         scales for sub-blocks of 16, f16 d; value = d*sc*(q - 32). Each
+ *         half of 128 elements takes ql[0..63] and qh[0..31]: elements
+ *         l, l+32, l+64, l+96 (l < 32) are ql[l] low, ql[l+32] low, ql[l]
+ *         high, ql[l+32] high nibbles with qh[l] bits 0-1, 2-3, 4-5, 6-7.
+ * kq_unpack turns one super-block into element-order integer quants and
+ * float scales, the one place these layouts are read; dequantization and
+ * the dot products both go through it.
+ */
+#define QK_K 256
+struct blk_q4_K {
+	uint16_t d, dmin;
+	uint8_t scales[12];
+	uint8_t qs[QK_K / 2];
+};
+struct blk_q5_K {
+	uint16_t d, dmin;
+	uint8_t scales[12];
+	uint8_t qh[QK_K / 8];
+	uint8_t qs[QK_K / 2];
+};
+struct blk_q6_K {
+	uint8_t ql[QK_K / 2];
+	uint8_t qh[QK_K / 4];
+	int8_t scales[QK_K / 16];
+	uint16_t d;
+};
+_Static_assert(sizeof(struct blk_q4_K) == 144, "q4_K block");
+_Static_assert(sizeof(struct blk_q5_K) == 176, "q5_K block");
+_Static_assert(sizeof(struct blk_q6_K) == 210, "q6_K block");
+
+/* q4_K/q5_K: value = scale[j] * q - min[j] over sub-blocks of 32;
+ * q6_K: value = scale[j] * q over sub-blocks of 16 (min unused). */
+struct kq_unpacked {
+	int8_t q[QK_K];
+	float scale[QK_K / 16];
+	float min[QK_K / 32];
+};
+
+/* sub-block j's 6-bit scale and min from the 12 packed bytes */
+static void kq_scale_min(const uint8_t *q, int j, int *sc, int *m)
+{
+	if (j < 4) {
+		*sc = q[j] & 63;
+		*m = q[j + 4] & 63;
+	} else {
+		*sc = (q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4);
+		*m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+	}
+}
+
+static void kq_unpack(enum kvd_wtype t, const void *blk, struct kq_unpacked *u)
+{
+	if (t == KVD_WTYPE_Q6_K) {
+		const struct blk_q6_K *b = blk;
+		float d = fp16_to_f32(b->d);
+		for (int h = 0; h < 2; h++) {
+			const uint8_t *ql = b->ql + 64 * h, *qh = b->qh + 32 * h;
+			int8_t *q = u->q + 128 * h;
+			for (int l = 0; l < 32; l++) {
+				q[l] = (int8_t)(((ql[l] & 0xf) | ((qh[l] & 3) << 4)) - 32);
+				q[l + 32] = (int8_t)(((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32);
+				q[l + 64] = (int8_t)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+				q[l + 96] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+			}
+		}
+		for (int j = 0; j < QK_K / 16; j++)
+			u->scale[j] = d * (float)b->scales[j];
+		return;
+	}
+	/* q4_K and q5_K share the head */
+	const struct blk_q4_K *b4 = blk;
+	const struct blk_q5_K *b5 = blk;
+	const uint8_t *qs = t == KVD_WTYPE_Q5_K ? b5->qs : b4->qs;
+	float d = fp16_to_f32(b4->d), dmin = fp16_to_f32(b4->dmin);
+	for (int j = 0; j < QK_K / 32; j++) {
+		int sc, m, shift = (j & 1) * 4;
+		const uint8_t *src = qs + 32 * (j / 2);
+		kq_scale_min(b4->scales, j, &sc, &m);
+		u->scale[j] = d * (float)sc;
+		u->min[j] = dmin * (float)m;
+		for (int l = 0; l < 32; l++) {
+			int v = (src[l] >> shift) & 0xf;
+			if (t == KVD_WTYPE_Q5_K)
+				v |= ((b5->qh[l] >> j) & 1) << 4;
+			u->q[32 * j + l] = (int8_t)v;
+		}
+	}
+}
+
+static size_t kq_block_bytes(enum kvd_wtype t)
+{
+	return t == KVD_WTYPE_Q4_K ? sizeof(struct blk_q4_K)
+	       : t == KVD_WTYPE_Q5_K ? sizeof(struct blk_q5_K) : sizeof(struct blk_q6_K);
+}
+
+static void kq_dequantize(enum kvd_wtype t, const void *src, float *dst, int64_t n)
+{
+	struct kq_unpacked u;
+	for (int64_t b = 0; b < n / QK_K; b++) {
+		kq_unpack(t, (const char *)src + (size_t)b * kq_block_bytes(t), &u);
+		float *y = dst + b * QK_K;
+		if (t == KVD_WTYPE_Q6_K)
+			for (int i = 0; i < QK_K; i++)
+				y[i] = u.scale[i / 16] * (float)u.q[i];
+		else
+			for (int i = 0; i < QK_K; i++)
+				y[i] = u.scale[i / 32] * (float)u.q[i] - u.min[i / 32];
+	}
+}
+
+/* Against q8 activations (blocks of 32): exact int32 sums per sub-block,
+ * scaled once per sub-block. */
+static float kq_dot(enum kvd_wtype t, const void *w, const struct q8_block *xq, int64_t n)
+{
+	struct kq_unpacked u;
+	float acc = 0;
+	for (int64_t b = 0; b < n / QK_K; b++) {
+		kq_unpack(t, (const char *)w + (size_t)b * kq_block_bytes(t), &u);
+		const struct q8_block *x = xq + b * (QK_K / QK);
+		for (int j = 0; j < QK_K / QK; j++) {
+			int s0 = 0, s1 = 0;
+			for (int i = 0; i < 16; i++) {
+				s0 += u.q[32 * j + i] * x[j].q[i];
+				s1 += u.q[32 * j + 16 + i] * x[j].q[16 + i];
+			}
+			if (t == KVD_WTYPE_Q6_K)
+				acc += x[j].d * (u.scale[2 * j] * (float)s0 + u.scale[2 * j + 1] * (float)s1);
+			else
+				acc += u.scale[j] * x[j].d * (float)(s0 + s1) - u.min[j] * x[j].s;
+		}
+	}
+	return acc;
+}
+
 /* ---- conversions ------------------------------------------------------- */
 
 float fp16_to_f32(uint16_t h)
@@ -158,6 +302,11 @@ void dequantize_row(enum kvd_wtype t, const void *src, float *dst, int64_t n)
 		}
 		break;
 	}
+	case KVD_WTYPE_Q4_K:
+	case KVD_WTYPE_Q5_K:
+	case KVD_WTYPE_Q6_K:
+		kq_dequantize(t, src, dst, n);
+		break;
 	}
 }
 
@@ -245,6 +394,24 @@ static float dot_q4_1_generic(const void *w, const float *x, const struct q8_blo
 		summs += fp16_to_f32(a[b].m) * xq[b].s;
 	}
 	return acc + summs;
+}
+
+static float dot_q4_K_generic(const void *w, const float *x, const struct q8_block *xq, int64_t n)
+{
+	(void)x;
+	return kq_dot(KVD_WTYPE_Q4_K, w, xq, n);
+}
+
+static float dot_q5_K_generic(const void *w, const float *x, const struct q8_block *xq, int64_t n)
+{
+	(void)x;
+	return kq_dot(KVD_WTYPE_Q5_K, w, xq, n);
+}
+
+static float dot_q6_K_generic(const void *w, const float *x, const struct q8_block *xq, int64_t n)
+{
+	(void)x;
+	return kq_dot(KVD_WTYPE_Q6_K, w, xq, n);
 }
 
 static float dot_q8_0_generic(const void *w, const float *x, const struct q8_block *xq, int64_t n)
@@ -572,6 +739,10 @@ void cpu_kernels_init(struct cpu_kernels *k, int force_generic)
 	k->dot[KVD_WTYPE_Q4_0] = dot_q4_0_generic;
 	k->dot[KVD_WTYPE_Q4_1] = dot_q4_1_generic;
 	k->dot[KVD_WTYPE_Q8_0] = dot_q8_0_generic;
+	/* K-quants: the portable code on every CPU */
+	k->dot[KVD_WTYPE_Q4_K] = dot_q4_K_generic;
+	k->dot[KVD_WTYPE_Q5_K] = dot_q5_K_generic;
+	k->dot[KVD_WTYPE_Q6_K] = dot_q6_K_generic;
 	k->quantize_q8 = quantize_q8_generic;
 	k->dot_f32_f16 = dot_f32_f16_generic;
 	k->axpy_f16 = axpy_f16_generic;

@@ -310,6 +310,12 @@ fail:
 
 /* ---- load ---------------------------------------------------------------------- */
 
+static int cu_type_ok(enum kvd_wtype t)
+{
+	return t == KVD_WTYPE_F32 || t == KVD_WTYPE_F16 || t == KVD_WTYPE_BF16 || t == KVD_WTYPE_Q4_0 ||
+	       t == KVD_WTYPE_Q4_1 || t == KVD_WTYPE_Q8_0;
+}
+
 static int check_weights(const struct kvd_model_weights *w)
 {
 	const struct kvd_hparams *hp = &w->hp;
@@ -319,7 +325,19 @@ static int check_weights(const struct kvd_model_weights *w)
 	/* cuBLAS takes int dimensions; kernels index rows with int */
 	if (qd + 2 * kvd > (1 << 30) || 2 * (int64_t)hp->n_ff > (1 << 30))
 		r = -EINVAL;
-	return r ? -EINVAL : 0;
+	if (r)
+		return -EINVAL;
+	/* the device kernels read the 32-element block types only */
+	if (!cu_type_ok(w->tok_embd.type) || !cu_type_ok(w->output.type))
+		return -ENOTSUP;
+	for (int l = 0; l < hp->n_layer; l++) {
+		const struct kvd_layer_weights *L = &w->layers[l];
+		const struct kvd_tensor *m[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+		for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++)
+			if (!cu_type_ok(m[i]->type))
+				return -ENOTSUP;
+	}
+	return 0;
 }
 
 static size_t tensor_bytes(const struct kvd_tensor *t)

@@ -5,7 +5,8 @@
 # the "auto" backend loading PLUGIN (KVD_CUDA_PLUGIN), whole-prompt and
 # chunked prefill, pages handed out in shuffled order; the logits rows must
 # match the CPU backend's within the conformance tolerance for quantized
-# models (0.12 relative L2). Used by t_cuda_emulated.sh (emulated plug-in)
+# models (0.12 relative L2). A K-quant model, which the plug-in refuses,
+# must fall back to the CPU under "auto". Used by t_cuda_emulated.sh (emulated plug-in)
 # and run.sh (the real one).
 #
 # Exit 0 passed, 1 failed, 77 when kvd_eval, the tiny models or numpy
@@ -17,6 +18,11 @@ export KVD_CUDA_PLUGIN=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 TINY=$BUILD/tests/tiny-models
 EVAL=$BUILD/tests/kvd_eval
 PY=/usr/bin/python3
+# the tiny models, written here when missing (or stale: only changed files
+# are rewritten); .venv (scripts/setup) has the gguf package
+GEN_PY=.venv/bin/python
+[ -x "$GEN_PY" ] || GEN_PY=$PY
+mkdir -p "$TINY" && "$GEN_PY" scripts/gen_tiny_models.py "$TINY" > /dev/null 2>&1
 if [ ! -x "$EVAL" ] || [ ! -f "$TINY/tiny-gqa.gguf" ] || ! "$PY" -c 'import numpy' 2>/dev/null; then
 	echo "skipped: engine check needs $EVAL, $TINY (scripts/gen_tiny_models.py) and $PY with numpy"
 	exit 77
@@ -51,4 +57,18 @@ sys.exit(0 if err < 0.12 else 1)
 PYEOF
 	done
 done
+# a K-quant model: the plug-in refuses its weights at load, and "auto"
+# serves it on the CPU (same bytes as the CPU backend), saying why
+m=tiny-kquant
+if [ -f "$TINY/$m.gguf" ]; then
+	args=(--model "$TINY/$m.gguf" --tokens "$toks" --n-predict 10)
+	env -u KVD_CUDA_PLUGIN "$EVAL" "${args[@]}" --logits-out "$TMP/cpu.bin" > /dev/null || exit 1
+	"$EVAL" "${args[@]}" --timing --logits-out "$TMP/auto.bin" > /dev/null 2> "$TMP/auto.err" || {
+		cat "$TMP/auto.err"; exit 1; }
+	if ! grep -q "backend cpu" "$TMP/auto.err" || ! grep -q "not supported on the GPU" "$TMP/auto.err"; then
+		echo "engine $m: expected the CPU with a note on the GPU's weight types:"; cat "$TMP/auto.err"; exit 1
+	fi
+	cmp -s "$TMP/cpu.bin" "$TMP/auto.bin" || { echo "engine $m: CPU fallback logits differ from the CPU backend's"; exit 1; }
+	echo "engine $m: the plug-in refused K-quant weights; auto served on the CPU, logits identical"
+fi
 echo "engine check passed"

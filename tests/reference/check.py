@@ -392,7 +392,7 @@ def part_tiny(eng, tiny, stats, do_ref, do_inv):
 # switches: each must match the reference on its own (the default run above
 # uses the best the machine has).
 ISA_VARIANTS = [("avx2", {"KVD_CPU_NO_AVX512": "1"}), ("generic", {"KVD_CPU_GENERIC": "1"})]
-ISA_TINY = ("gqa", "mqa", "odd", "hd64", "hd128", "type-q4_0", "type-bf16")
+ISA_TINY = ("gqa", "mqa", "odd", "hd64", "hd128", "type-q4_0", "type-bf16", "kquant")
 
 
 def part_isa(eng, tiny, model_path, stats):

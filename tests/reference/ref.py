@@ -52,7 +52,12 @@ QK = 32  # elements per block in every quantized format handled here
 
 # ggml type id -> name, from the GGUF spec (ggml.h enum ggml_type).
 T_F32, T_F16, T_Q4_0, T_Q4_1, T_Q8_0, T_BF16 = 0, 1, 2, 3, 8, 30
-QUANTIZED = (T_Q4_0, T_Q4_1, T_Q8_0)
+T_Q4_K, T_Q5_K, T_Q6_K = 12, 13, 14
+KQUANTS = (T_Q4_K, T_Q5_K, T_Q6_K)
+QUANTIZED = (T_Q4_0, T_Q4_1, T_Q8_0) + KQUANTS
+QK_K = 256
+# bytes per super-block of QK_K elements
+KBLOCK_BYTES = {T_Q4_K: 144, T_Q5_K: 176, T_Q6_K: 210}
 # bytes per block of QK elements
 BLOCK_BYTES = {T_Q4_0: 2 + QK // 2, T_Q4_1: 2 + 2 + QK // 2, T_Q8_0: 2 + QK}
 
@@ -68,6 +73,60 @@ def _nibbles(qs):
     lo = qs & 0x0F
     hi = qs >> 4
     return np.concatenate([lo, hi], axis=1).astype(np.float32)
+
+
+def _k_scale_min(sc12):
+    """(nb, 12) packed bytes -> two (nb, 8) arrays: the 6-bit scale and min
+    of each sub-block of 32. Sub-blocks 0-3 take the low 6 bits of bytes
+    0-3 (scales) and 4-7 (mins); sub-blocks 4-7 take a nibble of bytes 8-11
+    (low: scale, high: min) as their low 4 bits and the top 2 bits of bytes
+    0-3 (scale) and 4-7 (min) as their high 2 bits."""
+    b = sc12.astype(np.uint32)
+    lo_sc, lo_m = b[:, 0:4] & 63, b[:, 4:8] & 63
+    hi_sc = (b[:, 8:12] & 0xF) | ((b[:, 0:4] >> 6) << 4)
+    hi_m = (b[:, 8:12] >> 4) | ((b[:, 4:8] >> 6) << 4)
+    return (np.concatenate([lo_sc, hi_sc], axis=1).astype(np.float32),
+            np.concatenate([lo_m, hi_m], axis=1).astype(np.float32))
+
+
+def _dequantize_k(blocks, ggml_type):
+    """K-quant super-blocks (nb, bytes) -> (nb, 256) float32.
+      Q4_K: f16 d, f16 dmin, 12 bytes scales/mins, 128 bytes: byte 32i+l
+            holds element l of sub-block 2i (low nibble) and of 2i+1 (high);
+            value = d*sc*q - dmin*m.
+      Q5_K: as Q4_K with 32 bytes qh after the scales: bit j of qh[l] is
+            bit 4 of element l of sub-block j.
+      Q6_K: ql[128], qh[64], int8 scales[16] (sub-blocks of 16), f16 d; in
+            each half of 128 elements (ql 64 bytes, qh 32 bytes), element l,
+            l+32, l+64, l+96 (l < 32) take the low nibble of ql[l], of
+            ql[l+32], the high nibble of ql[l], of ql[l+32], and bits 0-1,
+            2-3, 4-5, 6-7 of qh[l]; value = d*sc*(q - 32)."""
+    nb = blocks.shape[0]
+    if ggml_type == T_Q6_K:
+        d = _f16_field(blocks, 208)
+        sc = blocks[:, 192:208].view(np.int8).astype(np.float32)
+        q = np.zeros((nb, QK_K), dtype=np.int32)
+        for h in range(2):
+            ql = blocks[:, 64 * h:64 * h + 64].astype(np.int32)
+            qh = blocks[:, 128 + 32 * h:128 + 32 * h + 32].astype(np.int32)
+            base = 128 * h
+            q[:, base + 0:base + 32] = (ql[:, :32] & 0xF) | ((qh & 3) << 4)
+            q[:, base + 32:base + 64] = (ql[:, 32:] & 0xF) | (((qh >> 2) & 3) << 4)
+            q[:, base + 64:base + 96] = (ql[:, :32] >> 4) | (((qh >> 4) & 3) << 4)
+            q[:, base + 96:base + 128] = (ql[:, 32:] >> 4) | (((qh >> 6) & 3) << 4)
+        scale = (d * sc).reshape(nb, 16, 1)
+        return (scale * (q - 32).astype(np.float32).reshape(nb, 16, 16)).reshape(nb, QK_K)
+    d, dmin = _f16_field(blocks, 0), _f16_field(blocks, 2)
+    sc, m = _k_scale_min(blocks[:, 4:16])
+    qs = blocks[:, 48:176] if ggml_type == T_Q5_K else blocks[:, 16:144]
+    nib = qs.reshape(nb, 4, 32).astype(np.int32)
+    q = np.stack([nib & 0xF, nib >> 4], axis=2).reshape(nb, 8, 32)
+    if ggml_type == T_Q5_K:
+        qh = blocks[:, 16:48].astype(np.int32)
+        q = q + np.stack([((qh >> j) & 1) << 4 for j in range(8)], axis=1)
+    scale = (d * sc).reshape(nb, 8, 1)
+    mins = (dmin * m).reshape(nb, 8, 1)
+    return (scale * q.astype(np.float32) - mins).reshape(nb, QK_K)
 
 
 def dequantize(raw, ggml_type, n_elements):
@@ -86,6 +145,12 @@ def dequantize(raw, ggml_type, n_elements):
     elif ggml_type == T_BF16:
         # bfloat16 is the top half of a float32
         out = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+    elif ggml_type in KQUANTS:
+        if n_elements % QK_K:
+            raise ValueError("K-quant tensor size %d is not a multiple of %d" % (n_elements, QK_K))
+        nb = n_elements // QK_K
+        blocks = raw[: nb * KBLOCK_BYTES[ggml_type]].reshape(nb, KBLOCK_BYTES[ggml_type])
+        out = _dequantize_k(blocks, ggml_type).reshape(-1)
     elif ggml_type in QUANTIZED:
         if n_elements % QK:
             raise ValueError("quantized tensor size %d is not a multiple of %d" % (n_elements, QK))

@@ -314,6 +314,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kvd_eval: backend %s, prefill %ld tokens in %.3f s (%.1f tok/s), decode %ld tokens in %.3f s (%.1f tok/s)\n",
 			kvd_engine_backend_name(e), prefill_tokens, t1 - t0, prefill_tokens / (t1 - t0), dec, t2 - t1,
 			dec / (t2 - t1));
+		if (kvd_engine_backend_note(e))
+			fprintf(stderr, "kvd_eval: %s\n", kvd_engine_backend_note(e));
 	}
 	rc = 0;
 out:

@@ -128,6 +128,14 @@ static void fill_weights(enum kvd_wtype t, void *w, int64_t n)
 				memcpy(p + b * bb + 2, &m, 2);
 			}
 		}
+	} else if (t == KVD_WTYPE_Q4_K || t == KVD_WTYPE_Q5_K || t == KVD_WTYPE_Q6_K) {
+		size_t bb = bytes / (size_t)(n / 256);
+		for (int64_t b = 0; b < n / 256; b++) {
+			uint16_t d = f32_to_fp16(frand() * 0.002f), dmin = f32_to_fp16(frand() * 0.004f);
+			memcpy(p + b * bb + (t == KVD_WTYPE_Q6_K ? 208 : 0), &d, 2);
+			if (t != KVD_WTYPE_Q6_K)
+				memcpy(p + b * bb + 2, &dmin, 2);
+		}
 	} else if (t == KVD_WTYPE_F16) {
 		uint16_t *h = w;
 		for (int64_t i = 0; i < n; i++)
@@ -151,8 +159,8 @@ static void fill_weights(enum kvd_wtype t, void *w, int64_t n)
  * (dequantized, for quantized types) activations, on both code paths. */
 static void test_dot_products(void **state)
 {
-	const enum kvd_wtype types[] = {KVD_WTYPE_F32, KVD_WTYPE_F16, KVD_WTYPE_BF16,
-					KVD_WTYPE_Q4_0, KVD_WTYPE_Q4_1, KVD_WTYPE_Q8_0};
+	const enum kvd_wtype types[] = {KVD_WTYPE_F32,  KVD_WTYPE_F16,  KVD_WTYPE_BF16, KVD_WTYPE_Q4_0, KVD_WTYPE_Q4_1,
+					KVD_WTYPE_Q8_0, KVD_WTYPE_Q4_K, KVD_WTYPE_Q5_K, KVD_WTYPE_Q6_K};
 	struct cpu_kernels kg, kv;
 	(void)state;
 	cpu_kernels_init(&kg, 1);
@@ -160,7 +168,8 @@ static void test_dot_products(void **state)
 	for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
 		enum kvd_wtype t = types[ti];
 		for (int it = 0; it < 200; it++) {
-			int64_t n = 32 * (1 + next_u32() % 24);
+			int kq = t == KVD_WTYPE_Q4_K || t == KVD_WTYPE_Q5_K || t == KVD_WTYPE_Q6_K;
+			int64_t n = kq ? 256 * (1 + next_u32() % 3) : 32 * (1 + next_u32() % 24);
 			uint8_t w[24 * 32 * 4];
 			float x[24 * 32], wf[24 * 32];
 			struct q8_block xq[27]; /* q8_row_len(768) */

@@ -17,6 +17,7 @@
  * same output as feeding it byte by byte.
  */
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -140,6 +141,31 @@ static void test_greedy_argmax_ties_lowest(void **state)
 		l[i] = -INFINITY;
 	assert_int_equal(kvd_sampler_sample(s, l, NULL, 0), 0);
 	kvd_sampler_free(s);
+
+	/* many ties, NaN and infinities, vocabulary sizes around the
+	 * sampler's unrolling: the documented rules, written out */
+	for (int32_t nv = 1; nv <= 67; nv++) {
+		uint64_t y = 7 + (uint64_t)nv;
+		float t[67];
+		struct kvd_sampler *g = kvd_sampler_new(&p, nv);
+		for (int round = 0; round < 20; round++) {
+			for (int32_t i = 0; i < nv; i++) {
+				uint32_t r = (uint32_t)(lcg(&y) % 9);
+				t[i] = r == 0 ? NAN : r == 1 ? INFINITY : r == 2 ? -INFINITY : r == 3 ? FLT_MAX : (float)(r % 3);
+			}
+			int32_t want = 0;
+			float best = -INFINITY;
+			for (int32_t i = 0; i < nv; i++) {
+				float v = isnan(t[i]) ? -INFINITY : t[i] > FLT_MAX ? FLT_MAX : t[i];
+				if (v > best) {
+					best = v;
+					want = i;
+				}
+			}
+			assert_int_equal(kvd_sampler_sample(g, t, NULL, 0), want);
+		}
+		kvd_sampler_free(g);
+	}
 
 	/* against a reference on random logits */
 	uint64_t x = 42;
