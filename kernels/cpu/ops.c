@@ -579,6 +579,81 @@ AVX2 static float dot_q4_1_avx2(const void *w, const float *x, const struct q8_b
 	return hsum_ps(acc) + summs;
 }
 
+AVX2 static inline int hsum_epi32_128(__m128i v)
+{
+	v = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
+	v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 1));
+	return _mm_cvtsi128_si32(v);
+}
+
+/* The K-quant dots below form the same exact integer sums as kq_dot and
+ * then the same float operations in the same order, so their results are
+ * bit-identical to the portable ones. */
+AVX2 static float dot_q4_K_avx2(const void *w, const float *x, const struct q8_block *xq, int64_t n)
+{
+	const struct blk_q4_K *a = w;
+	const __m256i lo4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+	float acc = 0;
+	(void)x;
+	for (int64_t b = 0; b < n / QK_K; b++) {
+		float d = h2f(a[b].d), dmin = h2f(a[b].dmin);
+		const struct q8_block *xb = xq + b * (QK_K / QK);
+		for (int i = 0; i < 4; i++) {
+			__m256i raw = _mm256_loadu_si256((const __m256i *)(a[b].qs + 32 * i));
+			__m256i q[2] = {_mm256_and_si256(raw, lo4), _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4)};
+			for (int h = 0; h < 2; h++) {
+				int j = 2 * i + h, sc, m;
+				kq_scale_min(a[b].scales, j, &sc, &m);
+				__m256i p = _mm256_madd_epi16(
+					_mm256_maddubs_epi16(q[h], _mm256_loadu_si256((const __m256i *)xb[j].q)), ones);
+				int si = hsum_epi32_128(_mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1)));
+				float scale = d * (float)sc, mn = dmin * (float)m;
+				acc += scale * xb[j].d * (float)si - mn * xb[j].s;
+			}
+		}
+	}
+	return acc;
+}
+
+AVX2 static float dot_q6_K_avx2(const void *w, const float *x, const struct q8_block *xq, int64_t n)
+{
+	const struct blk_q6_K *a = w;
+	const __m256i lo4 = _mm256_set1_epi8(0x0f), lo2 = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
+	const __m256i k32 = _mm256_set1_epi8(32);
+	float acc = 0;
+	(void)x;
+	for (int64_t b = 0; b < n / QK_K; b++) {
+		float d = h2f(a[b].d);
+		const struct q8_block *xb = xq + b * (QK_K / QK);
+		for (int h = 0; h < 2; h++) {
+			__m256i ql0 = _mm256_loadu_si256((const __m256i *)(a[b].ql + 64 * h));
+			__m256i ql1 = _mm256_loadu_si256((const __m256i *)(a[b].ql + 64 * h + 32));
+			__m256i qh = _mm256_loadu_si256((const __m256i *)(a[b].qh + 32 * h));
+			/* elements 32k .. 32k+31 of this half, unsigned (q + 32) */
+			__m256i e[4] = {
+				_mm256_or_si256(_mm256_and_si256(ql0, lo4), _mm256_slli_epi16(_mm256_and_si256(qh, lo2), 4)),
+				_mm256_or_si256(_mm256_and_si256(ql1, lo4),
+						_mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), lo2), 4)),
+				_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), lo4),
+						_mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), lo2), 4)),
+				_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), lo4),
+						_mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), lo2), 4)),
+			};
+			for (int k = 0; k < 4; k++) {
+				int j = 4 * h + k;
+				__m256i xv = _mm256_loadu_si256((const __m256i *)xb[j].q);
+				__m256i p = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(e[k], xv), ones),
+							     _mm256_madd_epi16(_mm256_maddubs_epi16(k32, xv), ones));
+				int s0 = hsum_epi32_128(_mm256_castsi256_si128(p));
+				int s1 = hsum_epi32_128(_mm256_extracti128_si256(p, 1));
+				float sc0 = d * (float)a[b].scales[2 * j], sc1 = d * (float)a[b].scales[2 * j + 1];
+				acc += xb[j].d * (sc0 * (float)s0 + sc1 * (float)s1);
+			}
+		}
+	}
+	return acc;
+}
+
 AVX2 static float dot_q8_0_avx2(const void *w, const float *x, const struct q8_block *xq, int64_t n)
 {
 	const struct blk_q8_0 *a = w;
@@ -760,6 +835,8 @@ void cpu_kernels_init(struct cpu_kernels *k, int force_generic)
 		k->dot[KVD_WTYPE_Q4_0] = dot_q4_0_avx2;
 		k->dot[KVD_WTYPE_Q4_1] = dot_q4_1_avx2;
 		k->dot[KVD_WTYPE_Q8_0] = dot_q8_0_avx2;
+		k->dot[KVD_WTYPE_Q4_K] = dot_q4_K_avx2;
+		k->dot[KVD_WTYPE_Q6_K] = dot_q6_K_avx2;
 		k->quantize_q8 = quantize_q8_avx2;
 		k->dot_f32_f16 = dot_f32_f16_avx2;
 		k->axpy_f16 = axpy_f16_avx2;
