@@ -32,6 +32,7 @@
 #include "daemon/engine.h"
 #include "kvmm.h"
 #include "model.h"
+#include "sampler.h"
 
 static double now_s(void)
 {
@@ -54,15 +55,6 @@ static void prompt_ids(int32_t *out, int n, int32_t n_vocab, uint32_t seed)
 		x = x * 1103515245u + 12345u;
 		out[i] = 100 + (int32_t)((x >> 8) % (uint32_t)(n_vocab - 200));
 	}
-}
-
-static int32_t argmax(const float *x, int n)
-{
-	int32_t b = 0;
-	for (int i = 1; i < n; i++)
-		if (x[i] > x[b])
-			b = i;
-	return b;
 }
 
 struct triad_arg {
@@ -226,24 +218,36 @@ int main(int argc, char **argv)
 		uint32_t sid[256];
 		struct kvd_engine_item it[256];
 		int32_t next[256];
+		/* greedy, through the daemon's sampler */
+		struct kvd_sampler_params sp;
+		kvd_sampler_params_default(&sp);
+		sp.temperature = 0;
+		struct kvd_sampler *smp = kvd_sampler_new(&sp, R.n_vocab);
+		if (!smp)
+			goto out;
 		for (int i = 0; i < seqs; i++) {
 			prompt_ids(toks + (size_t)i * maxlen, depth, R.n_vocab, 1 + (uint32_t)i);
 			kvmm_seq_new(R.kv, &sid[i]);
-			if (prefill(&R, sid[i], toks + (size_t)i * maxlen, depth, chunk) < 0)
+			if (prefill(&R, sid[i], toks + (size_t)i * maxlen, depth, chunk) < 0) {
+				kvd_sampler_free(smp);
 				goto out;
-			next[i] = argmax(R.logits, R.n_vocab);
+			}
+			next[i] = kvd_sampler_sample(smp, R.logits, NULL, 0);
 		}
 		double t0 = now_s();
 		for (int step = 0; step < tokens; step++) {
 			for (int i = 0; i < seqs; i++)
 				it[i] = (struct kvd_engine_item){.seq = sid[i], .tokens = &next[i], .n_tokens = 1,
 								 .logits = R.logits + (size_t)i * R.n_vocab};
-			if (kvd_engine_step(R.e, it, (size_t)seqs) < 0)
+			if (kvd_engine_step(R.e, it, (size_t)seqs) < 0) {
+				kvd_sampler_free(smp);
 				goto out;
+			}
 			for (int i = 0; i < seqs; i++)
-				next[i] = argmax(R.logits + (size_t)i * R.n_vocab, R.n_vocab);
+				next[i] = kvd_sampler_sample(smp, R.logits + (size_t)i * R.n_vocab, NULL, 0);
 		}
 		double dt = now_s() - t0;
+		kvd_sampler_free(smp);
 		/* bytes one decode step must read: every weight once, plus each
 		 * sequence's K and V at its mean depth during the run */
 		const struct kvd_kv_layout *L = kvd_engine_kv_layout(R.e);
