@@ -112,6 +112,17 @@ static int try_cuda(struct kvd_engine *e, const struct kvd_backend_config *bc)
 	return 0;
 }
 
+static int start_cpu(struct kvd_engine *e, const struct kvd_backend_config *bc, char *err, size_t errlen)
+{
+	int r = kvd_cpu_backend.init(bc, &e->be);
+	if (r < 0) {
+		snprintf(err, errlen, "%s backend: cannot start: %s", kvd_cpu_backend.name, strerror(-r));
+		return r;
+	}
+	e->ops = &kvd_cpu_backend;
+	return 0;
+}
+
 int kvd_engine_open(const struct kvd_engine_config *cfg, struct kvd_engine **ret, char *err, size_t errlen)
 {
 	struct kvd_engine *e;
@@ -148,15 +159,8 @@ int kvd_engine_open(const struct kvd_engine_config *cfg, struct kvd_engine **ret
 			goto fail;
 		}
 	}
-	if (!e->ops) {
-		e->ops = &kvd_cpu_backend;
-		r = e->ops->init(&bc, &e->be);
-		if (r < 0) {
-			snprintf(err, errlen, "%s backend: cannot start: %s", e->ops->name, strerror(-r));
-			e->ops = NULL;
-			goto fail;
-		}
-	}
+	if (!e->ops && (r = start_cpu(e, &bc, err, errlen)) < 0)
+		goto fail;
 	r = e->ops->load(e->be, kvd_model_weights(e->model));
 	if (r == -ENOTSUP && e->plugin && !strcmp(want, "auto")) {
 		/* weight types the device cannot compute: "auto" serves on the
@@ -166,13 +170,9 @@ int kvd_engine_open(const struct kvd_engine_config *cfg, struct kvd_engine **ret
 		e->be = NULL;
 		dlclose(e->plugin);
 		e->plugin = NULL;
-		e->ops = &kvd_cpu_backend;
-		r = e->ops->init(&bc, &e->be);
-		if (r < 0) {
-			snprintf(err, errlen, "%s backend: cannot start: %s", e->ops->name, strerror(-r));
-			e->ops = NULL;
+		e->ops = NULL;
+		if ((r = start_cpu(e, &bc, err, errlen)) < 0)
 			goto fail;
-		}
 		r = e->ops->load(e->be, kvd_model_weights(e->model));
 	}
 	if (r < 0) {

@@ -589,51 +589,30 @@ AVX2 static inline int hsum_epi32_128(__m128i v)
 /* The K-quant dots below form the same exact integer sums as kq_dot and
  * then the same float operations in the same order, so their results are
  * bit-identical to the portable ones. */
-AVX2 static float dot_q4_K_avx2(const void *w, const float *x, const struct q8_block *xq, int64_t n)
+/* q4_K (five = 0) and q5_K (five = 1) */
+AVX2 static inline __attribute__((always_inline)) float dot_q45_K_avx2(const void *w, const struct q8_block *xq,
+									int64_t n, const int five)
 {
-	const struct blk_q4_K *a = w;
-	const __m256i lo4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-	float acc = 0;
-	(void)x;
-	for (int64_t b = 0; b < n / QK_K; b++) {
-		float d = h2f(a[b].d), dmin = h2f(a[b].dmin);
-		const struct q8_block *xb = xq + b * (QK_K / QK);
-		for (int i = 0; i < 4; i++) {
-			__m256i raw = _mm256_loadu_si256((const __m256i *)(a[b].qs + 32 * i));
-			__m256i q[2] = {_mm256_and_si256(raw, lo4), _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4)};
-			for (int h = 0; h < 2; h++) {
-				int j = 2 * i + h, sc, m;
-				kq_scale_min(a[b].scales, j, &sc, &m);
-				__m256i p = _mm256_madd_epi16(
-					_mm256_maddubs_epi16(q[h], _mm256_loadu_si256((const __m256i *)xb[j].q)), ones);
-				int si = hsum_epi32_128(_mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1)));
-				float scale = d * (float)sc, mn = dmin * (float)m;
-				acc += scale * xb[j].d * (float)si - mn * xb[j].s;
-			}
-		}
-	}
-	return acc;
-}
-
-AVX2 static float dot_q5_K_avx2(const void *w, const float *x, const struct q8_block *xq, int64_t n)
-{
-	const struct blk_q5_K *a = w;
+	const size_t bb = five ? sizeof(struct blk_q5_K) : sizeof(struct blk_q4_K);
 	const __m256i lo4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1), ones = _mm256_set1_epi16(1);
 	float acc = 0;
-	(void)x;
 	for (int64_t b = 0; b < n / QK_K; b++) {
-		float d = h2f(a[b].d), dmin = h2f(a[b].dmin);
+		const struct blk_q4_K *a = (const struct blk_q4_K *)(const void *)((const char *)w + (size_t)b * bb);
+		const struct blk_q5_K *a5 = (const struct blk_q5_K *)(const void *)a;
+		const uint8_t *qs = five ? a5->qs : a->qs;
+		float d = h2f(a->d), dmin = h2f(a->dmin);
 		const struct q8_block *xb = xq + b * (QK_K / QK);
-		__m256i qh = _mm256_loadu_si256((const __m256i *)a[b].qh);
+		__m256i qh = five ? _mm256_loadu_si256((const __m256i *)a5->qh) : _mm256_setzero_si256();
 		for (int i = 0; i < 4; i++) {
-			__m256i raw = _mm256_loadu_si256((const __m256i *)(a[b].qs + 32 * i));
+			__m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * i));
 			__m256i q[2] = {_mm256_and_si256(raw, lo4), _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4)};
 			for (int h = 0; h < 2; h++) {
 				int j = 2 * i + h, sc, m;
-				/* bit j of each qh byte, as 16 */
-				__m256i hb = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), one);
-				__m256i qj = _mm256_or_si256(q[h], _mm256_slli_epi16(hb, 4));
-				kq_scale_min(a[b].scales, j, &sc, &m);
+				__m256i qj = q[h];
+				if (five) /* bit j of each qh byte is the fifth bit */
+					qj = _mm256_or_si256(qj, _mm256_slli_epi16(_mm256_and_si256(
+						_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), one), 4));
+				kq_scale_min(a->scales, j, &sc, &m);
 				__m256i p = _mm256_madd_epi16(
 					_mm256_maddubs_epi16(qj, _mm256_loadu_si256((const __m256i *)xb[j].q)), ones);
 				int si = hsum_epi32_128(_mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1)));
@@ -643,6 +622,18 @@ AVX2 static float dot_q5_K_avx2(const void *w, const float *x, const struct q8_b
 		}
 	}
 	return acc;
+}
+
+AVX2 static float dot_q4_K_avx2(const void *w, const float *x, const struct q8_block *xq, int64_t n)
+{
+	(void)x;
+	return dot_q45_K_avx2(w, xq, n, 0);
+}
+
+AVX2 static float dot_q5_K_avx2(const void *w, const float *x, const struct q8_block *xq, int64_t n)
+{
+	(void)x;
+	return dot_q45_K_avx2(w, xq, n, 1);
 }
 
 AVX2 static float dot_q6_K_avx2(const void *w, const float *x, const struct q8_block *xq, int64_t n)
