@@ -26,6 +26,8 @@ enum kvd_wtype {
 	KVD_WTYPE_F16 = 1,
 	KVD_WTYPE_Q4_0 = 2,
 	KVD_WTYPE_Q4_1 = 3,
+	KVD_WTYPE_Q5_0 = 6,
+	KVD_WTYPE_Q5_1 = 7,
 	KVD_WTYPE_Q8_0 = 8,
 	KVD_WTYPE_Q4_K = 12,
 	KVD_WTYPE_Q5_K = 13,
@@ -218,6 +220,8 @@ static inline size_t kvd_wtype_row_bytes(enum kvd_wtype t, int64_t cols)
 	case KVD_WTYPE_BF16: return (size_t)cols * 2;
 	case KVD_WTYPE_Q4_0: return cols % 32 ? 0 : (size_t)cols / 32 * 18;
 	case KVD_WTYPE_Q4_1: return cols % 32 ? 0 : (size_t)cols / 32 * 20;
+	case KVD_WTYPE_Q5_0: return cols % 32 ? 0 : (size_t)cols / 32 * 22;
+	case KVD_WTYPE_Q5_1: return cols % 32 ? 0 : (size_t)cols / 32 * 24;
 	case KVD_WTYPE_Q8_0: return cols % 32 ? 0 : (size_t)cols / 32 * 34;
 	case KVD_WTYPE_Q4_K: return cols % 256 ? 0 : (size_t)cols / 256 * 144;
 	case KVD_WTYPE_Q5_K: return cols % 256 ? 0 : (size_t)cols / 256 * 176;

@@ -21,9 +21,11 @@ cases:
            f32, f16, bf16, q8_0, q4_0, q4_1 (norm weights are always F32)
   kquant   the mix of a Q4_K_M file (Q4_K, Q6_K for V, FFN down and output;
            Q5_K for K here, to cover every K-quant format)
+  q5       Q5_0 and Q5_1, which K-quant files use for rows that are not a
+           multiple of 256
 
 Every matmul's inner dimension is a multiple of 32, the quantization block
-(256, the super-block, for K-quants). Quantization to Q8_0 / Q4_0 / Q4_1 /
+(256, the super-block, for K-quants). Quantization to Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 /
 Q4_K / Q5_K / Q6_K / BF16 is done here in NumPy from the ggml block formats;
 K-quant packing is checked against gguf-py's decoder as it is written. Q and K weights are written in GGUF's llama layout: the
 engine applies "normal" RoPE pairing (2i, 2i+1) to the stored rows; for random
@@ -72,12 +74,15 @@ VARIANTS = {
     "kquant":   dict(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=300,
                      wtype="q4_k", etype="q4_k", otype="q6_k",
                      types={"attn_v": "q6_k", "ffn_down": "q6_k", "attn_k": "q5_k"}),
+    # the 32-element fallbacks of K-quant files (rows not a multiple of 256)
+    "q5":       dict(n_layer=2, n_embd=160, n_head=5, n_head_kv=1, n_ff=320, n_vocab=300,
+                     wtype="q5_0", etype="q5_1", types={"attn_v": "q5_1", "ffn_down": "q5_1"}),
 }
 for _t in ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1"):
     VARIANTS["type-" + _t] = dict(n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=320,
                                   n_vocab=300, wtype=_t, etype=_t)
 
-FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "bf16": 32, "q4_k": 15}
+FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "bf16": 32, "q4_k": 15}
 
 # --------------------------------------------------------------------------
 # quantizers (ggml block layouts; little-endian)
@@ -131,11 +136,44 @@ def quant_q4_1(w):
     return np.concatenate([_f16_bytes(d16), _f16_bytes(m16), _pack_nibbles(q)], axis=1)
 
 
-QK_K = 256
-
-
 def _safe_inv(d):
     return np.where(d != 0, 1.0 / np.where(d != 0, d, 1), 0).astype(np.float32)
+
+
+def _pack_q5(q):
+    """q: (nb, 32) values 0..31 -> (nb, 4) qh bytes (bit j: the fifth bit of
+    element j, little-endian) and (nb, 16) nibble bytes as for Q4."""
+    q = q.astype(np.uint32)
+    qh = np.zeros(q.shape[0], dtype=np.uint32)
+    for j in range(QK):
+        qh |= ((q[:, j] >> 4) & 1) << j
+    return qh.astype("<u4").view(np.uint8).reshape(-1, 4), _pack_nibbles(q & 0xF)
+
+
+def quant_q5_0(w):
+    """Q5_0 block: f16 d, 4 bytes qh, 16 bytes of nibbles; value = (q - 16) * d,
+    d = (signed value of largest magnitude) / -16."""
+    b = w.reshape(-1, QK).astype(np.float32)
+    idx = np.argmax(np.abs(b), axis=1)
+    mx = b[np.arange(b.shape[0]), idx]
+    d16 = (mx / -16.0).astype(np.float16)
+    q = np.clip(np.floor(b * _safe_inv(d16.astype(np.float32))[:, None] + 16.5), 0, 31)
+    qh, qs = _pack_q5(q)
+    return np.concatenate([_f16_bytes(d16), qh, qs], axis=1)
+
+
+def quant_q5_1(w):
+    """Q5_1 block: f16 d, f16 m, 4 bytes qh, 16 bytes of nibbles; value = q * d + m."""
+    b = w.reshape(-1, QK).astype(np.float32)
+    mn, mx = b.min(axis=1), b.max(axis=1)
+    d16 = ((mx - mn) / 31.0).astype(np.float16)
+    m16 = mn.astype(np.float16)
+    q = np.clip(np.rint((b - m16.astype(np.float32)[:, None]) * _safe_inv(d16.astype(np.float32))[:, None]), 0, 31)
+    qh, qs = _pack_q5(q)
+    return np.concatenate([_f16_bytes(d16), _f16_bytes(m16), qh, qs], axis=1)
+
+
+QK_K = 256
 
 
 def _k_scales(w, nlevels):
@@ -242,8 +280,9 @@ def encode(w, wtype):
         assert err <= 0.2 * np.abs(w).max() + 1e-6, "%s packing error %g" % (wtype, err)
         return q.reshape(rows, -1), raw
     assert cols % QK == 0, "quantized rows must be a multiple of 32 long"
-    q = {"q8_0": quant_q8_0, "q4_0": quant_q4_0, "q4_1": quant_q4_1}[wtype](w)
-    raw = {"q8_0": GT.Q8_0, "q4_0": GT.Q4_0, "q4_1": GT.Q4_1}[wtype]
+    q = {"q8_0": quant_q8_0, "q4_0": quant_q4_0, "q4_1": quant_q4_1, "q5_0": quant_q5_0,
+         "q5_1": quant_q5_1}[wtype](w)
+    raw = {"q8_0": GT.Q8_0, "q4_0": GT.Q4_0, "q4_1": GT.Q4_1, "q5_0": GT.Q5_0, "q5_1": GT.Q5_1}[wtype]
     return q.reshape(rows, -1), raw
 
 

@@ -50,6 +50,8 @@ static int map_type(uint32_t t, enum kvd_wtype *ret)
 	case GGML_DT_BF16: *ret = KVD_WTYPE_BF16; return 0;
 	case GGML_DT_Q4_0: *ret = KVD_WTYPE_Q4_0; return 0;
 	case GGML_DT_Q4_1: *ret = KVD_WTYPE_Q4_1; return 0;
+	case GGML_DT_Q5_0: *ret = KVD_WTYPE_Q5_0; return 0;
+	case GGML_DT_Q5_1: *ret = KVD_WTYPE_Q5_1; return 0;
 	case GGML_DT_Q8_0: *ret = KVD_WTYPE_Q8_0; return 0;
 	case GGML_DT_Q4_K: *ret = KVD_WTYPE_Q4_K; return 0;
 	case GGML_DT_Q5_K: *ret = KVD_WTYPE_Q5_K; return 0;
@@ -74,7 +76,7 @@ static int bind(struct kvd_model *m, const char *name, int64_t cols, int64_t row
 	}
 	if (map_type(t->type, &wt) < 0)
 		return fail(err, errlen, -ENOTSUP, path,
-			    "tensor '%s' has type %s, which kvd cannot compute (supported: f32, f16, bf16, q8_0, q4_0, q4_1, q4_K, q5_K, q6_K)",
+			    "tensor '%s' has type %s, which kvd cannot compute (supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K)",
 			    name, ggml_dtype_name(t->type));
 	int64_t trows = 1;
 	for (uint32_t d = 1; d < t->n_dims; d++)

@@ -35,6 +35,34 @@ _Static_assert(sizeof(struct blk_q4_0) == 18, "q4_0 block");
 _Static_assert(sizeof(struct blk_q4_1) == 20, "q4_1 block");
 _Static_assert(sizeof(struct blk_q8_0) == 34, "q8_0 block");
 
+/* q5_0: f16 d, 4 bytes qh, 16 bytes of nibbles; element j (j < 16) is the
+ * low nibble of byte j with bit j of qh as its fifth bit, element 16 + j
+ * the high nibble with bit 16 + j; value = (q - 16) * d.
+ * q5_1: f16 d, f16 m, then the same; value = q * d + m. */
+struct blk_q5_0 {
+	uint16_t d;
+	uint8_t qh[4];
+	uint8_t qs[QK / 2];
+};
+struct blk_q5_1 {
+	uint16_t d, m;
+	uint8_t qh[4];
+	uint8_t qs[QK / 2];
+};
+_Static_assert(sizeof(struct blk_q5_0) == 22, "q5_0 block");
+_Static_assert(sizeof(struct blk_q5_1) == 24, "q5_1 block");
+
+/* the 32 five-bit quants of a q5 block, in element order */
+static void q5_quants(const uint8_t qh4[4], const uint8_t *qs, uint8_t q[QK])
+{
+	uint32_t qh;
+	memcpy(&qh, qh4, 4);
+	for (int j = 0; j < QK / 2; j++) {
+		q[j] = (uint8_t)((qs[j] & 0xf) | (((qh >> j) & 1) << 4));
+		q[j + QK / 2] = (uint8_t)((qs[j] >> 4) | (((qh >> (j + QK / 2)) & 1) << 4));
+	}
+}
+
 /*
  * K-quants: super-blocks of QK_K = 256 elements (ggml-common.h layouts).
  *   q4_K: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins for eight
@@ -302,6 +330,28 @@ void dequantize_row(enum kvd_wtype t, const void *src, float *dst, int64_t n)
 		}
 		break;
 	}
+	case KVD_WTYPE_Q5_0: {
+		const struct blk_q5_0 *s = src;
+		uint8_t q[QK];
+		for (b = 0; b < n / QK; b++) {
+			float d = fp16_to_f32(s[b].d);
+			q5_quants(s[b].qh, s[b].qs, q);
+			for (i = 0; i < QK; i++)
+				dst[b * QK + i] = ((int)q[i] - 16) * d;
+		}
+		break;
+	}
+	case KVD_WTYPE_Q5_1: {
+		const struct blk_q5_1 *s = src;
+		uint8_t q[QK];
+		for (b = 0; b < n / QK; b++) {
+			float d = fp16_to_f32(s[b].d), m = fp16_to_f32(s[b].m);
+			q5_quants(s[b].qh, s[b].qs, q);
+			for (i = 0; i < QK; i++)
+				dst[b * QK + i] = q[i] * d + m;
+		}
+		break;
+	}
 	case KVD_WTYPE_Q4_K:
 	case KVD_WTYPE_Q5_K:
 	case KVD_WTYPE_Q6_K:
@@ -390,6 +440,39 @@ static float dot_q4_1_generic(const void *w, const float *x, const struct q8_blo
 			s += (a[b].qs[i] & 0xf) * xq[b].q[i];
 			s += (a[b].qs[i] >> 4) * xq[b].q[i + QK / 2];
 		}
+		acc += fp16_to_f32(a[b].d) * xq[b].d * (float)s;
+		summs += fp16_to_f32(a[b].m) * xq[b].s;
+	}
+	return acc + summs;
+}
+
+static float dot_q5_0_generic(const void *w, const float *x, const struct q8_block *xq, int64_t n)
+{
+	const struct blk_q5_0 *a = w;
+	uint8_t q[QK];
+	float acc = 0;
+	(void)x;
+	for (int64_t b = 0; b < n / QK; b++) {
+		int s = 0;
+		q5_quants(a[b].qh, a[b].qs, q);
+		for (int i = 0; i < QK; i++)
+			s += ((int)q[i] - 16) * xq[b].q[i];
+		acc += fp16_to_f32(a[b].d) * xq[b].d * (float)s;
+	}
+	return acc;
+}
+
+static float dot_q5_1_generic(const void *w, const float *x, const struct q8_block *xq, int64_t n)
+{
+	const struct blk_q5_1 *a = w;
+	uint8_t q[QK];
+	float acc = 0, summs = 0;
+	(void)x;
+	for (int64_t b = 0; b < n / QK; b++) {
+		int s = 0;
+		q5_quants(a[b].qh, a[b].qs, q);
+		for (int i = 0; i < QK; i++)
+			s += q[i] * xq[b].q[i];
 		acc += fp16_to_f32(a[b].d) * xq[b].d * (float)s;
 		summs += fp16_to_f32(a[b].m) * xq[b].s;
 	}
@@ -835,6 +918,8 @@ void cpu_kernels_init(struct cpu_kernels *k, int force_generic)
 	k->dot[KVD_WTYPE_Q4_0] = dot_q4_0_generic;
 	k->dot[KVD_WTYPE_Q4_1] = dot_q4_1_generic;
 	k->dot[KVD_WTYPE_Q8_0] = dot_q8_0_generic;
+	k->dot[KVD_WTYPE_Q5_0] = dot_q5_0_generic;
+	k->dot[KVD_WTYPE_Q5_1] = dot_q5_1_generic;
 	/* K-quants: the portable code on every CPU */
 	k->dot[KVD_WTYPE_Q4_K] = dot_q4_K_generic;
 	k->dot[KVD_WTYPE_Q5_K] = dot_q5_K_generic;

@@ -125,8 +125,8 @@ int cpu_kernels_init_gemm_avx2(struct cpu_kernels *k);
 /* Whether a weight type needs quantized activations. */
 static inline int wtype_is_quantized(enum kvd_wtype t)
 {
-	return t == KVD_WTYPE_Q4_0 || t == KVD_WTYPE_Q4_1 || t == KVD_WTYPE_Q8_0 || t == KVD_WTYPE_Q4_K ||
-	       t == KVD_WTYPE_Q5_K || t == KVD_WTYPE_Q6_K;
+	return t == KVD_WTYPE_Q4_0 || t == KVD_WTYPE_Q4_1 || t == KVD_WTYPE_Q5_0 || t == KVD_WTYPE_Q5_1 ||
+	       t == KVD_WTYPE_Q8_0 || t == KVD_WTYPE_Q4_K || t == KVD_WTYPE_Q5_K || t == KVD_WTYPE_Q6_K;
 }
 
 /* Decode n elements of a stored row to floats (embedding lookups). */

@@ -52,14 +52,16 @@ QK = 32  # elements per block in every quantized format handled here
 
 # ggml type id -> name, from the GGUF spec (ggml.h enum ggml_type).
 T_F32, T_F16, T_Q4_0, T_Q4_1, T_Q8_0, T_BF16 = 0, 1, 2, 3, 8, 30
+T_Q5_0, T_Q5_1 = 6, 7
 T_Q4_K, T_Q5_K, T_Q6_K = 12, 13, 14
 KQUANTS = (T_Q4_K, T_Q5_K, T_Q6_K)
-QUANTIZED = (T_Q4_0, T_Q4_1, T_Q8_0) + KQUANTS
+QUANTIZED = (T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1, T_Q8_0) + KQUANTS
 QK_K = 256
 # bytes per super-block of QK_K elements
 KBLOCK_BYTES = {T_Q4_K: 144, T_Q5_K: 176, T_Q6_K: 210}
 # bytes per block of QK elements
-BLOCK_BYTES = {T_Q4_0: 2 + QK // 2, T_Q4_1: 2 + 2 + QK // 2, T_Q8_0: 2 + QK}
+BLOCK_BYTES = {T_Q4_0: 2 + QK // 2, T_Q4_1: 2 + 2 + QK // 2, T_Q8_0: 2 + QK,
+               T_Q5_0: 2 + 4 + QK // 2, T_Q5_1: 2 + 2 + 4 + QK // 2}
 
 
 def _f16_field(blocks, offset):
@@ -164,6 +166,17 @@ def dequantize(raw, ggml_type, n_elements):
             m = _f16_field(blocks, 2)
             q = _nibbles(blocks[:, 4:])
             out = q * d + m
+        elif ggml_type in (T_Q5_0, T_Q5_1):
+            # Q5_0: f16 d, u32 qh, 16 bytes of nibbles; Q5_1: f16 d, f16 m, then
+            # the same. Element j's fifth bit is bit j of qh (little-endian).
+            o = 2 if ggml_type == T_Q5_0 else 4
+            qh = np.ascontiguousarray(blocks[:, o:o + 4]).view("<u4").astype(np.uint32)
+            bits = ((qh >> np.arange(QK, dtype=np.uint32)[None, :]) & 1).astype(np.float32)
+            q = _nibbles(blocks[:, o + 4:]) + np.float32(16) * bits
+            if ggml_type == T_Q5_0:
+                out = (q - np.float32(16)) * d
+            else:
+                out = q * d + _f16_field(blocks, 2)
         else:
             q = blocks[:, 2:].view(np.int8).astype(np.float32)
             out = q * d

@@ -118,12 +118,13 @@ static void fill_weights(enum kvd_wtype t, void *w, int64_t n)
 	for (size_t i = 0; i < bytes; i++)
 		p[i] = (uint8_t)next_u32();
 	/* keep scales finite and modest */
-	if (t == KVD_WTYPE_Q4_0 || t == KVD_WTYPE_Q8_0 || t == KVD_WTYPE_Q4_1) {
+	if (t == KVD_WTYPE_Q4_0 || t == KVD_WTYPE_Q8_0 || t == KVD_WTYPE_Q4_1 || t == KVD_WTYPE_Q5_0 ||
+	    t == KVD_WTYPE_Q5_1) {
 		size_t bb = bytes / (size_t)(n / 32);
 		for (int64_t b = 0; b < n / 32; b++) {
 			uint16_t d = f32_to_fp16(frand() * 0.05f);
 			memcpy(p + b * bb, &d, 2);
-			if (t == KVD_WTYPE_Q4_1) {
+			if (t == KVD_WTYPE_Q4_1 || t == KVD_WTYPE_Q5_1) {
 				uint16_t m = f32_to_fp16(frand() * 0.1f);
 				memcpy(p + b * bb + 2, &m, 2);
 			}
@@ -159,8 +160,9 @@ static void fill_weights(enum kvd_wtype t, void *w, int64_t n)
  * (dequantized, for quantized types) activations, on both code paths. */
 static void test_dot_products(void **state)
 {
-	const enum kvd_wtype types[] = {KVD_WTYPE_F32,  KVD_WTYPE_F16,  KVD_WTYPE_BF16, KVD_WTYPE_Q4_0, KVD_WTYPE_Q4_1,
-					KVD_WTYPE_Q8_0, KVD_WTYPE_Q4_K, KVD_WTYPE_Q5_K, KVD_WTYPE_Q6_K};
+	const enum kvd_wtype types[] = {KVD_WTYPE_F32,  KVD_WTYPE_F16,  KVD_WTYPE_BF16, KVD_WTYPE_Q4_0,
+					KVD_WTYPE_Q4_1, KVD_WTYPE_Q5_0, KVD_WTYPE_Q5_1, KVD_WTYPE_Q8_0,
+					KVD_WTYPE_Q4_K, KVD_WTYPE_Q5_K, KVD_WTYPE_Q6_K};
 	struct cpu_kernels kg, kv;
 	(void)state;
 	cpu_kernels_init(&kg, 1);

@@ -330,10 +330,12 @@ static struct kvd_tensor make_tensor(struct tmodel *m, enum kvd_wtype t, int64_t
 					blk[4 + i] = (uint8_t)rnd_u32();
 				break;
 			}
+			case KVD_WTYPE_Q5_0:
+			case KVD_WTYPE_Q5_1:
 			case KVD_WTYPE_Q4_K:
 			case KVD_WTYPE_Q5_K:
 			case KVD_WTYPE_Q6_K:
-				fail_msg("no fixture for %s: the CUDA backend refuses K-quants", kvd_wtype_name(t));
+				fail_msg("no fixture for %s: the CUDA backend refuses it", kvd_wtype_name(t));
 			}
 		}
 	}
