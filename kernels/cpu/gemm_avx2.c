@@ -160,6 +160,7 @@ int cpu_kernels_init_gemm_avx2(struct cpu_kernels *k)
 	k->gemm[KVD_WTYPE_Q4_0] = gemm_q4_0;
 	k->gemm[KVD_WTYPE_Q4_1] = gemm_q4_1;
 	k->gemm[KVD_WTYPE_Q8_0] = gemm_q8_0;
+	k->gemm[KVD_WTYPE_Q5_0] = gemm_q8_0; /* packed as q8_0 (gemm_pack) */
 	return 1;
 }
 #else

@@ -11,9 +11,12 @@
  *               elements 4j..4j+3 and its high nibbles 16+4j..16+4j+3;
  *   q8_0:       eight 64-byte vectors; vector j holds, in lane r, elements
  *               4j..4j+3 of row r, each XORed with 0x80 (stored unsigned);
+ *   q5_0:       as q8_0: its quants minus 16 are q8_0 quants with the same
+ *               scale, so the conversion is exact (34 bytes a block
+ *               against the file's 22);
  * followed by the 16 rows' f16 scales d and, for q4_1, their f16 minimums m.
- * A group block is exactly as large as the 16 rows' blocks were, so the
- * packed weights take no more memory than the file's.
+ * Except for q5_0, a group block is exactly as large as the 16 rows' blocks
+ * were, so the packed weights take no more memory than the file's.
  *
  * Kernel: for a group and a tile of up to GEMM_COLS tokens, each block
  * costs 8 vpdpbusd per token (4 quant bytes of the token broadcast against
@@ -38,7 +41,8 @@ size_t gemm_group_block_bytes(enum kvd_wtype t)
 	switch (t) {
 	case KVD_WTYPE_Q4_0: return GEMM_ROWS * 18;
 	case KVD_WTYPE_Q4_1: return GEMM_ROWS * 20;
-	case KVD_WTYPE_Q8_0: return GEMM_ROWS * 34;
+	case KVD_WTYPE_Q8_0:
+	case KVD_WTYPE_Q5_0: return GEMM_ROWS * 34;
 	default: return 0;
 	}
 }
@@ -56,7 +60,7 @@ void gemm_pack(enum kvd_wtype t, const void *src, size_t row_bytes, int64_t rows
 	const size_t gb = gemm_group_block_bytes(t);
 	const int64_t nb = cols / QK, ng = (rows + GEMM_ROWS - 1) / GEMM_ROWS;
 	const size_t sb = row_bytes / (size_t)nb; /* source block bytes */
-	const int nq = t == KVD_WTYPE_Q8_0 ? 8 : 4; /* quant vectors per group block */
+	const int nq = t == KVD_WTYPE_Q8_0 || t == KVD_WTYPE_Q5_0 ? 8 : 4; /* quant vectors per group block */
 	const int hdr = t == KVD_WTYPE_Q4_1 ? 4 : 2;
 	const uint32_t flip = t == KVD_WTYPE_Q8_0 ? 0x80808080u : 0;
 	uint8_t *out = dst;
@@ -70,6 +74,17 @@ void gemm_pack(enum kvd_wtype t, const void *src, size_t row_bytes, int64_t rows
 				memset(out, 0, gb);
 			for (int r = 0; r < nr; r++) {
 				const uint8_t *blk = (const uint8_t *)src + (size_t)(g * GEMM_ROWS + r) * row_bytes + (size_t)b * sb;
+				if (t == KVD_WTYPE_Q5_0) {
+					/* q - 16 in [-16, 15] is a q8_0 quant with the
+					 * same scale: stored as q8_0, exactly */
+					uint8_t q5[QK];
+					q5_block_quants(blk + 2, blk + 6, q5);
+					for (int j = 0; j < nq; j++)
+						for (int i = 0; i < 4; i++)
+							out[64 * j + 4 * r + i] = (uint8_t)((q5[4 * j + i] - 16) ^ 0x80);
+					memcpy(&dm[r], blk, 2);
+					continue;
+				}
 				for (int j = 0; j < nq; j++) {
 					uint32_t w;
 					memcpy(&w, blk + hdr + 4 * j, 4);
@@ -209,6 +224,7 @@ int cpu_kernels_init_gemm_avx512(struct cpu_kernels *k)
 	k->gemm[KVD_WTYPE_Q4_0] = gemm_q4_0;
 	k->gemm[KVD_WTYPE_Q4_1] = gemm_q4_1;
 	k->gemm[KVD_WTYPE_Q8_0] = gemm_q8_0;
+	k->gemm[KVD_WTYPE_Q5_0] = gemm_q8_0; /* packed as q8_0 (gemm_pack) */
 	k->isa = "avx512-vnni";
 	return 1;
 }

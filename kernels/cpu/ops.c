@@ -52,8 +52,7 @@ struct blk_q5_1 {
 _Static_assert(sizeof(struct blk_q5_0) == 22, "q5_0 block");
 _Static_assert(sizeof(struct blk_q5_1) == 24, "q5_1 block");
 
-/* the 32 five-bit quants of a q5 block, in element order */
-static void q5_quants(const uint8_t qh4[4], const uint8_t *qs, uint8_t q[QK])
+void q5_block_quants(const uint8_t qh4[4], const uint8_t *qs, uint8_t q[QK])
 {
 	uint32_t qh;
 	memcpy(&qh, qh4, 4);
@@ -335,7 +334,7 @@ void dequantize_row(enum kvd_wtype t, const void *src, float *dst, int64_t n)
 		uint8_t q[QK];
 		for (b = 0; b < n / QK; b++) {
 			float d = fp16_to_f32(s[b].d);
-			q5_quants(s[b].qh, s[b].qs, q);
+			q5_block_quants(s[b].qh, s[b].qs, q);
 			for (i = 0; i < QK; i++)
 				dst[b * QK + i] = ((int)q[i] - 16) * d;
 		}
@@ -346,7 +345,7 @@ void dequantize_row(enum kvd_wtype t, const void *src, float *dst, int64_t n)
 		uint8_t q[QK];
 		for (b = 0; b < n / QK; b++) {
 			float d = fp16_to_f32(s[b].d), m = fp16_to_f32(s[b].m);
-			q5_quants(s[b].qh, s[b].qs, q);
+			q5_block_quants(s[b].qh, s[b].qs, q);
 			for (i = 0; i < QK; i++)
 				dst[b * QK + i] = q[i] * d + m;
 		}
@@ -454,7 +453,7 @@ static float dot_q5_0_generic(const void *w, const float *x, const struct q8_blo
 	(void)x;
 	for (int64_t b = 0; b < n / QK; b++) {
 		int s = 0;
-		q5_quants(a[b].qh, a[b].qs, q);
+		q5_block_quants(a[b].qh, a[b].qs, q);
 		for (int i = 0; i < QK; i++)
 			s += ((int)q[i] - 16) * xq[b].q[i];
 		acc += fp16_to_f32(a[b].d) * xq[b].d * (float)s;
@@ -470,7 +469,7 @@ static float dot_q5_1_generic(const void *w, const float *x, const struct q8_blo
 	(void)x;
 	for (int64_t b = 0; b < n / QK; b++) {
 		int s = 0;
-		q5_quants(a[b].qh, a[b].qs, q);
+		q5_block_quants(a[b].qh, a[b].qs, q);
 		for (int i = 0; i < QK; i++)
 			s += q[i] * xq[b].q[i];
 		acc += fp16_to_f32(a[b].d) * xq[b].d * (float)s;

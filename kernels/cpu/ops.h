@@ -73,6 +73,9 @@ typedef void (*gemm_fn)(const void *wp, int64_t nb, int R, const struct q8_block
  * whole packed matrix, and the packing itself (portable C). */
 size_t gemm_group_block_bytes(enum kvd_wtype t);
 size_t gemm_packed_bytes(enum kvd_wtype t, int64_t rows, int64_t cols);
+/* The 32 five-bit quants (0..31) of a q5_0/q5_1 block in element order,
+ * from its 4 bytes qh and 16 bytes of nibbles. */
+void q5_block_quants(const uint8_t qh[4], const uint8_t *qs, uint8_t q[32]);
 void gemm_pack(enum kvd_wtype t, const void *src, size_t row_bytes, int64_t rows, int64_t cols, void *dst);
 
 /* Attention of nr query rows over one chunk of positions (K and V rows in

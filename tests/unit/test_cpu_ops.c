@@ -216,7 +216,7 @@ static void test_gemm_pack_layout(void **state)
 			w[i] = (uint8_t)next_u32();
 		memset(p, 0x5a, sizeof(p));
 		gemm_pack((enum kvd_wtype)t, w, rb, rows, n, p);
-		int nq = t == KVD_WTYPE_Q8_0 ? 8 : 4, hdr = t == KVD_WTYPE_Q4_1 ? 4 : 2;
+		int nq = t == KVD_WTYPE_Q8_0 || t == KVD_WTYPE_Q5_0 ? 8 : 4, hdr = t == KVD_WTYPE_Q4_1 ? 4 : 2;
 		for (int64_t r = 0; r < 2 * GEMM_ROWS; r++)
 			for (int b = 0; b < 2; b++) {
 				const uint8_t *gblk = p + ((size_t)(r / GEMM_ROWS) * 2 + (size_t)b) * gb;
@@ -224,9 +224,14 @@ static void test_gemm_pack_layout(void **state)
 				int lane = (int)(r % GEMM_ROWS);
 				uint16_t d;
 				memcpy(&d, gblk + 64 * nq + 2 * lane, 2);
+				uint8_t q5[32];
+				if (t == KVD_WTYPE_Q5_0)
+					q5_block_quants(src + 2, src + 6, q5);
 				for (int i = 0; i < 4; i++) {
 					uint8_t want = r < rows ? src[hdr + i] : 0;
-					if (t == KVD_WTYPE_Q8_0 && r < rows)
+					if (t == KVD_WTYPE_Q5_0 && r < rows) /* converted to q8_0 */
+						want = (uint8_t)((q5[i] - 16) ^ 0x80);
+					else if (t == KVD_WTYPE_Q8_0 && r < rows)
 						want ^= 0x80;
 					assert_int_equal(gblk[4 * lane + i], want);
 				}
@@ -240,7 +245,7 @@ static void test_gemm_pack_layout(void **state)
  * on the stored weights. */
 static void gemm_tiles(struct cpu_kernels *kv, const float *want, float *keep)
 {
-	const enum kvd_wtype types[] = {KVD_WTYPE_Q4_0, KVD_WTYPE_Q4_1, KVD_WTYPE_Q8_0};
+	const enum kvd_wtype types[] = {KVD_WTYPE_Q4_0, KVD_WTYPE_Q4_1, KVD_WTYPE_Q5_0, KVD_WTYPE_Q8_0};
 	enum { NR = 2 * GEMM_ROWS + 5, NC = GEMM_COLS + 3, LDQ = 27 /* q8_row_len(768) */ };
 	struct cpu_kernels kg;
 	cpu_kernels_init(&kg, 1);
@@ -325,7 +330,7 @@ static void test_gemm_tiles(void **state)
 	if (!have512 && !have2)
 		skip();
 	size_t per = (size_t)(GEMM_COLS + 3) * 3 * GEMM_ROWS;
-	float *saved = calloc(3 * 40 * per, sizeof(float));
+	float *saved = calloc(4 * 40 * per, sizeof(float));
 	assert_non_null(saved);
 	if (have512)
 		gemm_tiles(&k512, NULL, saved);
