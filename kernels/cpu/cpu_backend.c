@@ -173,7 +173,8 @@ static void pack_one(void *arg, uint32_t i, int tid)
 
 /*
  * Repack every quantized matrix for the tiled kernels when this CPU has
- * them. The packed copy is as large as the stored one; once a matrix is
+ * them. The packed copy is as large as the stored one (a third larger for
+ * q5_0, which is packed as q8_0); once a matrix is
  * packed, its stored pages are handed back to the kernel (MADV_PAGEOUT: a
  * residency hint that never changes their contents — a file mapping
  * rereads, anonymous memory would swap) so peak memory stays near one copy.
