@@ -225,7 +225,7 @@ static void test_gemm_pack_layout(void **state)
 				uint16_t d;
 				memcpy(&d, gblk + 64 * nq + 2 * lane, 2);
 				uint8_t q5[32];
-				if (t == KVD_WTYPE_Q5_0)
+				if (t == KVD_WTYPE_Q5_0 && r < rows)
 					q5_block_quants(src + 2, src + 6, q5);
 				for (int i = 0; i < 4; i++) {
 					uint8_t want = r < rows ? src[hdr + i] : 0;
