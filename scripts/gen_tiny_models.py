@@ -25,10 +25,11 @@ cases:
            multiple of 256
 
 Every matmul's inner dimension is a multiple of 32, the quantization block
-(256, the super-block, for K-quants). Quantization to Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 /
-Q4_K / Q5_K / Q6_K / BF16 is done here in NumPy from the ggml block formats;
-K-quant packing is checked against gguf-py's decoder as it is written. Q and K weights are written in GGUF's llama layout: the
-engine applies "normal" RoPE pairing (2i, 2i+1) to the stored rows; for random
+(256, the super-block, for K-quants). Quantization to Q8_0 / Q4_0 / Q4_1 /
+Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K / BF16 is done here in NumPy from the ggml
+block formats; K-quant packing is checked against gguf-py's decoder as it is
+written. Q and K weights are written in GGUF's llama layout: the engine
+applies "normal" RoPE pairing (2i, 2i+1) to the stored rows; for random
 weights no converter permutation is involved.
 
 Output is deterministic (fixed seeds): re-running gives byte-identical files.
@@ -92,14 +93,17 @@ def _f16_bytes(a):
     return a.astype("<f2").view(np.uint8).reshape(a.shape[0], 2)
 
 
+def _safe_inv(d):
+    return np.where(d != 0, 1.0 / np.where(d != 0, d, 1), 0).astype(np.float32)
+
+
 def quant_q8_0(w):
     """Q8_0 block: f16 d, 32 x int8 q; value = q * d."""
     b = w.reshape(-1, QK).astype(np.float32)
     amax = np.abs(b).max(axis=1)
     d = amax / 127.0
     d16 = d.astype(np.float16)
-    inv = np.where(d16 != 0, 1.0 / np.where(d16 != 0, d16.astype(np.float32), 1), 0)
-    q = np.clip(np.rint(b * inv[:, None]), -127, 127).astype(np.int8)
+    q = np.clip(np.rint(b * _safe_inv(d16.astype(np.float32))[:, None]), -127, 127).astype(np.int8)
     return np.concatenate([_f16_bytes(d16), q.view(np.uint8)], axis=1)
 
 
@@ -117,9 +121,7 @@ def quant_q4_0(w):
     idx = np.argmax(np.abs(b), axis=1)
     mx = b[np.arange(b.shape[0]), idx]
     d16 = (mx / -8.0).astype(np.float16)
-    d = d16.astype(np.float32)
-    inv = np.where(d != 0, 1.0 / np.where(d != 0, d, 1), 0)
-    q = np.clip(np.floor(b * inv[:, None] + 8.5), 0, 15)
+    q = np.clip(np.floor(b * _safe_inv(d16.astype(np.float32))[:, None] + 8.5), 0, 15)
     return np.concatenate([_f16_bytes(d16), _pack_nibbles(q)], axis=1)
 
 
@@ -130,14 +132,8 @@ def quant_q4_1(w):
     mx = b.max(axis=1)
     d16 = ((mx - mn) / 15.0).astype(np.float16)
     m16 = mn.astype(np.float16)
-    d = d16.astype(np.float32)
-    inv = np.where(d != 0, 1.0 / np.where(d != 0, d, 1), 0)
-    q = np.clip(np.rint((b - m16.astype(np.float32)[:, None]) * inv[:, None]), 0, 15)
+    q = np.clip(np.rint((b - m16.astype(np.float32)[:, None]) * _safe_inv(d16.astype(np.float32))[:, None]), 0, 15)
     return np.concatenate([_f16_bytes(d16), _f16_bytes(m16), _pack_nibbles(q)], axis=1)
-
-
-def _safe_inv(d):
-    return np.where(d != 0, 1.0 / np.where(d != 0, d, 1), 0).astype(np.float32)
 
 
 def _pack_q5(q):

@@ -16,7 +16,7 @@
  * from the AVX-512 kernel's (other reduction trees, another exp).
  */
 #include "ops.h"
-#include "exp_avx2.h"
+#include "vexp.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>

@@ -20,6 +20,7 @@
  * batch, or in a prefill tile.
  */
 #include "ops.h"
+#include "vexp.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -32,25 +33,6 @@
 #ifndef ATTN_PF
 #define ATTN_PF 16
 #endif
-
-/* exp(x) for x <= 0 (Cephes' single-precision polynomial, about 1 ulp);
- * below -103 the result is 0. */
-TGT static inline __m512 exp_neg(__m512 x)
-{
-	x = _mm512_max_ps(x, _mm512_set1_ps(-103.0f));
-	__m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-					_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-	__m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-	r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-	__m512 p = _mm512_set1_ps(1.9875691500e-4f);
-	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-	p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-	return _mm512_scalef_ps(p, n);
-}
 
 /* out lane j = sum of the 16 lanes of a[j] (j < 4), by the same tree for
  * every j: lanes i + 8, then i + 4, i + 2, i + 1 are added in. */
@@ -156,7 +138,7 @@ TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, 
 		float M = _mm512_reduce_max_ps(mx);
 		__m512 vm = _mm512_set1_ps(M), sum = _mm512_setzero_ps();
 		for (int p0 = 0; p0 < len[r]; p0 += 16) {
-			__m512 e = _mm512_maskz_mov_ps(tail_mask(len[r] - p0), exp_neg(_mm512_sub_ps(_mm512_loadu_ps(s + p0), vm)));
+			__m512 e = _mm512_maskz_mov_ps(tail_mask(len[r] - p0), exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(s + p0), vm)));
 			_mm512_storeu_ps(s + p0, e);
 			sum = _mm512_add_ps(sum, e);
 		}

@@ -692,6 +692,13 @@ static int n_chunks(int pos)
 	return pos / ATTN_CHUNK + 1;
 }
 
+/* one past the last position of chunk ci that a token at pos sees */
+static int chunk_end(int ci, int pos)
+{
+	int e = (ci + 1) * ATTN_CHUNK;
+	return pos + 1 < e ? pos + 1 : e;
+}
+
 /* Many (token, KV head) items: each thread does whole items, chunk by chunk
  * into its own scratch, then merges. */
 static void attn_worker_items(void *arg, int ith, int nth)
@@ -710,8 +717,8 @@ static void attn_worker_items(void *arg, int ith, int nth)
 		int t = it / hp->n_head_kv, g = it % hp->n_head_kv;
 		int pos = c->tok_pos[t], nc = n_chunks(pos);
 		for (int ci = 0; ci < nc; ci++) {
-			int p0 = ci * ATTN_CHUNK, p1 = p0 + ATTN_CHUNK < pos + 1 ? p0 + ATTN_CHUNK : pos + 1;
-			attn_chunk(c, s, t, g, p0, p1, pm + (size_t)ci * n_rep, po + (size_t)ci * n_rep * hd, sc);
+			attn_chunk(c, s, t, g, ci * ATTN_CHUNK, chunk_end(ci, pos), pm + (size_t)ci * n_rep,
+				   po + (size_t)ci * n_rep * hd, sc);
 		}
 		attn_merge(c, t, g, nc, pm, po);
 	}
@@ -745,8 +752,8 @@ static void attn_chunk_task(void *arg, uint32_t k, int tid)
 	}
 	int it = lo, t = it / hp->n_head_kv, g = it % hp->n_head_kv;
 	int ci = gc - a->item_first[it], pos = c->tok_pos[t];
-	int p0 = ci * ATTN_CHUNK, p1 = p0 + ATTN_CHUNK < pos + 1 ? p0 + ATTN_CHUNK : pos + 1;
-	attn_chunk(c, s, t, g, p0, p1, c->attn_pm + (size_t)gc * n_rep, c->attn_po + (size_t)gc * n_rep * hd,
+	attn_chunk(c, s, t, g, ci * ATTN_CHUNK, chunk_end(ci, pos), c->attn_pm + (size_t)gc * n_rep,
+		   c->attn_po + (size_t)gc * n_rep * hd,
 		   c->scores + (size_t)tid * attn_scratch_per(c, c->cap_chunks));
 	if (atomic_fetch_sub_explicit(&a->left[it], 1, memory_order_acq_rel) == 1) {
 		int f = a->item_first[it];
@@ -787,7 +794,7 @@ static void attn_tile_item(void *arg, uint32_t k, int tid)
 	int len[ATTN_TILE * 64];
 
 	for (int ci = 0; ci < nc; ci++) {
-		int p0 = ci * ATTN_CHUNK, n = (last + 1 < p0 + ATTN_CHUNK ? last + 1 : p0 + ATTN_CHUNK) - p0, nr = 0;
+		int p0 = ci * ATTN_CHUNK, n = chunk_end(ci, last) - p0, nr = 0;
 		kv_rows(c, s->layer, sq, g, p0, n, kp, vp);
 		for (int tt = 0; tt < nt; tt++) {
 			int pos = c->tok_pos[t0 + tt];
@@ -797,7 +804,7 @@ static void attn_tile_item(void *arg, uint32_t k, int tid)
 			float *po = (float *)(pm + (size_t)c->cap_chunks * n_rep);
 			for (int r = 0; r < n_rep; r++, nr++) {
 				qp[nr] = c->q + (int64_t)(t0 + tt) * qd + (int64_t)(g * n_rep + r) * hd;
-				len[nr] = (pos + 1 < p0 + ATTN_CHUNK ? pos + 1 : p0 + ATTN_CHUNK) - p0;
+				len[nr] = chunk_end(ci, pos) - p0;
 				mlp[nr] = &pm[ci * n_rep + r].m;
 				op[nr] = po + ((size_t)ci * n_rep + r) * hd;
 			}

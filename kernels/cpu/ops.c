@@ -9,7 +9,7 @@
  * Nibble j of byte i: low nibble is element i, high nibble element i + 16.
  */
 #include "ops.h"
-#include "exp_avx2.h"
+#include "vexp.h"
 
 #include <math.h>
 #include <stdlib.h>
