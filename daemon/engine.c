@@ -128,13 +128,16 @@ int kvd_engine_open(const struct kvd_engine_config *cfg, struct kvd_engine **ret
 	struct kvd_engine *e;
 	struct kvd_backend_config bc = {0};
 	struct kvmm_config kc = {0};
+	struct kvmm_swap_io *swap_io = cfg->swap_io; /* ours until kvmm takes it */
 	int r;
 
 	if (errlen)
 		err[0] = 0;
 	e = calloc(1, sizeof(*e));
-	if (!e)
+	if (!e) {
+		kvmm_swap_io_free(swap_io);
 		return -ENOMEM;
+	}
 	r = kvd_model_load(cfg->model_path, &e->model, err, errlen);
 	if (r < 0)
 		goto fail;
@@ -213,7 +216,9 @@ int kvd_engine_open(const struct kvd_engine_config *cfg, struct kvd_engine **ret
 			kc.pool_bytes = (uint64_t)pages * e->layout.page_bytes;
 		}
 	}
-	r = kvmm_create(&kc, &e->kv);
+	r = kvmm_create_with_io(&kc, swap_io, &e->kv);
+	if (r == 0)
+		swap_io = NULL;
 	if (r < 0) {
 		snprintf(err, errlen, "KV pool: cannot create (%llu bytes, pages of %zu bytes): %s",
 			 (unsigned long long)cfg->kv_pool_bytes, e->layout.page_bytes, strerror(-r));
@@ -232,6 +237,7 @@ int kvd_engine_open(const struct kvd_engine_config *cfg, struct kvd_engine **ret
 	*ret = e;
 	return 0;
 fail:
+	kvmm_swap_io_free(swap_io);
 	kvd_engine_close(e);
 	return r;
 }

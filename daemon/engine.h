@@ -22,6 +22,7 @@
 struct kvd_engine;
 struct kvd_model;
 struct kvmm;
+struct kvmm_swap_io;
 
 struct kvd_engine_config {
 	const char *model_path;
@@ -38,6 +39,9 @@ struct kvd_engine_config {
 	uint64_t shuffle_seed;   /* kvmm page placement (tests) */
 	const char *swap_path;   /* NULL: no swap */
 	uint64_t swap_bytes;
+	struct kvmm_swap_io *swap_io; /* a swap store the caller opened (then
+	                          * swap_path is ignored); the engine owns it
+	                          * from the call on, on failure too */
 };
 
 /* Load the model, start the backend, create the pool. Returns 0 or -errno

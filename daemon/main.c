@@ -13,6 +13,7 @@
 #include <grp.h>
 #include <inttypes.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <systemd/sd-daemon.h>
@@ -322,6 +324,87 @@ static int open_listener(const struct kvd_config *cfg, int *ret_fd, bool *ret_ow
 	return 0;
 }
 
+static const char *file_kind(const char *path)
+{
+	struct stat st;
+
+	if (lstat(path, &st) < 0)
+		return "it appeared meanwhile";
+	if (S_ISLNK(st.st_mode))
+		return "a symbolic link";
+	if (S_ISREG(st.st_mode))
+		return "a regular file";
+	if (S_ISDIR(st.st_mode))
+		return "a directory";
+	return "a special file";
+}
+
+static void fmt_mib(char *buf, size_t size, uint64_t bytes)
+{
+	snprintf(buf, size, "%.1f MiB", (double)bytes / 1048576.0);
+}
+
+/* Create the swap file (cfg->swap_file, which must not exist) and reserve
+ * its space, saying exactly what went wrong when that fails: an existing
+ * path, a file system without the room, or something else. The reason is
+ * also left in err for the service manager's status line. */
+/* snprintf() for messages that may be cut short to fit err (paths are long). */
+static void errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void errf(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+}
+
+static int open_swap(const struct kvd_config *cfg, struct kvmm_swap_io **ret, char *err, size_t errlen)
+{
+	const char *path = cfg->swap_file;
+	char want[32], have[32], dir[KVD_CONF_PATH_MAX];
+	int step = KVMM_SWAP_STEP_ARGS, r;
+
+	r = kvmm_swap_io_file_open(path, cfg->swap_bytes, KVMM_SWAP_OPEN_UNLINK, ret, &step);
+	if (r == 0)
+		return 0;
+	fmt_mib(want, sizeof(want), cfg->swap_bytes);
+	if (r == -EEXIST) {
+		errf(err, errlen,
+			 "swap file %s: the path already exists (%s); kvd creates its swap file itself and never "
+			 "reuses, overwrites or deletes an existing file: remove it or set kv.swap_file to a new path",
+			 path, file_kind(path));
+	} else if (step == KVMM_SWAP_STEP_PREALLOCATE) {
+		struct statvfs sv;
+		char *slash;
+
+		snprintf(dir, sizeof(dir), "%s", path);
+		slash = strrchr(dir, '/');
+		if (!slash)
+			snprintf(dir, sizeof(dir), ".");
+		else if (slash == dir)
+			dir[1] = 0;
+		else
+			*slash = 0;
+		if (statvfs(dir, &sv) == 0)
+			fmt_mib(have, sizeof(have), (uint64_t)sv.f_bavail * sv.f_frsize);
+		else
+			snprintf(have, sizeof(have), "?");
+		errf(err, errlen,
+			 "swap file %s: cannot preallocate %s (kv.swap_size): %s; %s has %s free "
+			 "(make kv.swap_size smaller or put kv.swap_file on a larger file system)",
+			 path, want, strerror(-r), dir, have);
+	} else if (step == KVMM_SWAP_STEP_CREATE) {
+		errf(err, errlen, "swap file %s: cannot create it: %s", path, strerror(-r));
+	} else if (step == KVMM_SWAP_STEP_RING) {
+		errf(err, errlen, "swap file %s: cannot set up io_uring for it: %s", path, strerror(-r));
+	} else {
+		errf(err, errlen, "swap file %s: kv.swap_size of %" PRIu64 " bytes is not usable: %s", path,
+			 cfg->swap_bytes, strerror(-r));
+	}
+	return r;
+}
+
 int main(int argc, char **argv)
 {
 	struct args a = { 0 };
@@ -375,6 +458,12 @@ int main(int argc, char **argv)
 	}
 
 	log_info("kvd %s starting: model %s", KVD_VERSION, cfg.model);
+	struct kvmm_swap_io *swap_io = NULL;
+	if (cfg.swap_file[0] && open_swap(&cfg, &swap_io, err, sizeof(err)) < 0) {
+		log_error("%s", err);
+		sd_notifyf(0, "STATUS=failed: %s", err);
+		goto out;
+	}
 	sd_notifyf(0, "STATUS=loading model %s", cfg.model);
 	struct kvd_engine_config ec = {
 		.model_path = cfg.model,
@@ -385,8 +474,7 @@ int main(int argc, char **argv)
 		.kv_pool_fraction = cfg.pool_fraction,
 		.max_seqs = cfg.max_num_seqs * 2 + 256 < KVMM_MAX_SEQS ? cfg.max_num_seqs * 2 + 256 : KVMM_MAX_SEQS,
 		.prefix_cache = cfg.prefix_caching,
-		.swap_path = cfg.swap_file[0] ? cfg.swap_file : NULL,
-		.swap_bytes = cfg.swap_bytes,
+		.swap_io = swap_io, /* the engine owns it from here on */
 	};
 	r = kvd_engine_open(&ec, &e, err, sizeof(err));
 	if (r < 0) {

@@ -415,14 +415,34 @@ struct kvmm_swap_io {
 #define KVMM_SWAP_OPEN_UNLINK    0x2u /* unlink the path once open (anonymous) */
 
 /*
- * The swap file: created mode 0600 if missing, preallocated to bytes with
- * fallocate() (ftruncate where the file system refuses), opened O_DIRECT
- * where the file system allows it (tmpfs and some others refuse it: the file
- * is then used through the page cache and KVMM_SWAP_DIRECT stays clear), and
- * driven by an io_uring of KVMM_SWAP_QUEUE_DEPTH entries with the file and
- * (when the memlock limit allows) the buffers registered. Returns 0,
- * -EINVAL for bytes 0, or the error of open/fallocate/io_uring_queue_init.
+ * The swap file: created by this call, mode 0600, at a path that must not
+ * exist (O_CREAT | O_EXCL, so an existing file, directory or symbolic link,
+ * dangling or not, is refused with -EEXIST and left untouched: kvd never
+ * truncates, overwrites or unlinks a file it did not create). It is then
+ * preallocated to bytes with fallocate() (ftruncate where the file system
+ * does not implement it; a file system without the room fails with -ENOSPC
+ * and the new file is removed), switched to O_DIRECT where the file system
+ * allows it (tmpfs and some others refuse it: the file is then used through
+ * the page cache and KVMM_SWAP_DIRECT stays clear), and driven by an io_uring
+ * of KVMM_SWAP_QUEUE_DEPTH entries with the file and (when the memlock limit
+ * allows) the buffers registered. With KVMM_SWAP_OPEN_UNLINK the path is
+ * unlinked right after the create (only while it still names the new file),
+ * before anything is written.
+ *
+ * Returns 0, -EINVAL for bytes 0 (or below one O_DIRECT block) or an empty
+ * path, -EEXIST for an existing path, or the error of open, fallocate or
+ * io_uring_queue_init. ret_failed_step (may be NULL) is set on failure only,
+ * to the KVMM_SWAP_STEP_* that failed, so the caller can say which it was.
  */
+enum {
+	KVMM_SWAP_STEP_ARGS = 0,        /* the arguments */
+	KVMM_SWAP_STEP_CREATE = 1,      /* creating the file */
+	KVMM_SWAP_STEP_PREALLOCATE = 2, /* reserving its space */
+	KVMM_SWAP_STEP_RING = 3,        /* O_DIRECT probe and io_uring set-up */
+};
+int kvmm_swap_io_file_open(const char *path, uint64_t bytes, uint32_t flags, struct kvmm_swap_io **ret,
+			   int *ret_failed_step);
+/* kvmm_swap_io_file_open() without the failed step. */
 int kvmm_swap_io_uring_open(const char *path, uint64_t bytes, uint32_t flags, struct kvmm_swap_io **ret);
 /* A store in anonymous memory (tests, benchmarks of kvmm alone). */
 int kvmm_swap_io_mem_new(uint64_t bytes, struct kvmm_swap_io **ret);
@@ -450,10 +470,11 @@ uint64_t kvmm_swap_io_fault_count(const struct kvmm_swap_io *io);
 struct kvmm_swap_io *kvmm_swap_io_free(struct kvmm_swap_io *io);
 
 /*
- * Swap from cfg->swap_path (kvmm_create): the file is opened with
- * kvmm_swap_io_uring_open(path, swap_bytes, KVMM_SWAP_OPEN_UNLINK), so it is
- * anonymous once open and its space (and the KV data in it) goes away with
- * the process, even after a crash; swap_path only chooses the file system.
+ * Swap from cfg->swap_path (kvmm_create): the file is created with
+ * kvmm_swap_io_uring_open(path, swap_bytes, KVMM_SWAP_OPEN_UNLINK), so the
+ * path must not exist (-EEXIST otherwise), the file is anonymous once open
+ * and its space (and the KV data in it) goes away with the process, even
+ * after a crash; swap_path only chooses the file system.
  * A host pool whose pages are multiples of the store's alignment is
  * registered with io_uring (pinned, hence resident from the start) when the
  * memlock limit allows; otherwise transfers are unregistered, and pages of
