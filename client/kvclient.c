@@ -1000,6 +1000,7 @@ static int stats_reply(kvc_client *c, const struct ipc_frame *f, void *arg)
 	o->generated_tokens_total = s.generated_tokens_total;
 	o->steps = s.steps;
 	o->uptime_ns = s.uptime_ns;
+	o->ledger_records_dropped = s.ledger_records_dropped;
 	return 1;
 }
 

@@ -409,7 +409,8 @@ struct kvc_stats {
 	uint64_t generated_tokens_total;
 	uint64_t steps;               /* scheduler steps run */
 	uint64_t uptime_ns;
-	uint64_t reserved[9];
+	uint64_t ledger_records_dropped; /* per-request ledger records that could not be written */
+	uint64_t reserved[8];
 };
 KVC_EXPORT int kvc_stats(kvc_client *c, struct kvc_stats *ret);
 

@@ -825,6 +825,7 @@ static const char help_stats[] =
 	"                    requests_running, requests_waiting, requests_swapped,\n"
 	"                    requests_completed, requests_rejected, clients, sessions,\n"
 	"                    prompt_tokens_total, generated_tokens_total, steps, uptime_ns,\n"
+	"                    ledger_records_dropped,\n"
 	"                    and the strings model and server_version\n"
 	"    --watch [SECS]  repeat every SECS seconds (default 1) until interrupted; with\n"
 	"                    --json, one object per line\n"
@@ -846,6 +847,7 @@ static void print_stats_json(const struct kvc_stats *s, const struct kvc_info *i
 	F(swap_out_pages); F(swap_in_pages); F(swap_bytes); F(requests_running); F(requests_waiting);
 	F(requests_swapped); F(requests_completed); F(requests_rejected); F(clients); F(sessions);
 	F(prompt_tokens_total); F(generated_tokens_total); F(steps); F(uptime_ns);
+	F(ledger_records_dropped);
 #undef F
 	fputs("\"model\":", stdout);
 	json_str(stdout, i->model_name, strlen(i->model_name));
@@ -903,6 +905,8 @@ static void print_stats_table(const struct kvc_stats *s, const struct kvc_info *
 	printf("clients   %" PRIu64 " connected, %" PRIu64 " sessions; %" PRIu64 " prompt and %" PRIu64
 	       " generated tokens in %" PRIu64 " steps\n",
 	       s->clients, s->sessions, s->prompt_tokens_total, s->generated_tokens_total, s->steps);
+	if (s->ledger_records_dropped)
+		printf("ledger    %" PRIu64 " records could not be written (see kvd's log)\n", s->ledger_records_dropped);
 }
 
 static void sleep_s(double s)

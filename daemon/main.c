@@ -90,7 +90,8 @@ static const char help_text[] =
 	"                             tokens computed per step           [scheduler] max_tokens_per_step\n"
 	"        --drain-timeout SEC  on SIGTERM, time running requests get to\n"
 	"                             finish                             [server] drain_timeout\n"
-	"        --ledger PATH        append one JSON record per finished request\n"
+	"        --ledger PATH        append one JSON record per finished or rejected\n"
+	"                             request (reopened on SIGHUP)\n"
 	"                                                                [log] ledger\n"
 	"    -l, --log-level LEVEL    err, warning, notice, info or debug [log] level\n"
 	"        --check-config       load and check the configuration (and that the\n"
@@ -114,8 +115,9 @@ static const char help_text[] =
 	"                     signal ends them at once\n"
 	"    SIGHUP           re-read the configuration: log level, scheduler limits,\n"
 	"                     per-client limits, allowed users/groups and the ledger\n"
-	"                     file apply at once; other changes are logged as needing\n"
-	"                     a restart\n"
+	"                     file apply at once (the ledger is reopened, for log\n"
+	"                     rotation); other changes are logged as needing a\n"
+	"                     restart\n"
 	"\n"
 	"EXIT STATUS\n"
 	"    0   stopped cleanly (or --check-config passed)\n"
@@ -451,6 +453,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	signal(SIGPIPE, SIG_IGN);
+	signal(SIGXFSZ, SIG_IGN); /* a file size limit: the write fails (EFBIG), kvd lives on */
 	sig_fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
 	if (sig_fd < 0) {
 		log_error("signalfd: %m");

@@ -49,6 +49,7 @@
 #include "engine.h"
 #include "ipc.h"
 #include "kvmm.h"
+#include "ledger.h"
 #include "log.h"
 #include "model.h"
 #include "sched.h"
@@ -93,6 +94,7 @@ struct greq {
 	char *stop_buf;
 	const char *stops[IPC_MAX_STOP_STRINGS];
 	struct session *sess;
+	struct kvd_ledger_who who;    /* the requester, as admitted (outlives c) */
 	bool cancel_on_upload;        /* CANCEL arrived while uploading */
 	bool shutdown;                /* ended by the daemon's shutdown */
 	uint64_t t_recv, t_submit;
@@ -173,7 +175,7 @@ struct kvd_server {
 	uint32_t n_uploading;
 	uint32_t n_ctx;
 	void *rxbuf;                  /* IPC_MAX_FRAME_BYTES, 8-aligned */
-	int ledger_fd;
+	struct kvd_ledger *ledger;
 	/* counters */
 	uint64_t t_start;
 	uint64_t requests_rejected;
@@ -191,13 +193,6 @@ static uint64_t now_ns(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static uint64_t realtime_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
@@ -335,30 +330,6 @@ static const char *finish_name(enum kvd_finish f)
 	return ipc_finish_name(finish_to_ipc(f));
 }
 
-static void ledger_write(struct kvd_server *srv, struct greq *gr, const struct kvd_request_result *res)
-{
-	char kv[2048], line[3072];
-	int n;
-
-	if (srv->ledger_fd < 0)
-		return;
-	if (!res->ledger || kvmm_seq_record_json(res->ledger, kv, sizeof(kv)) < 0)
-		snprintf(kv, sizeof(kv), "null");
-	n = snprintf(line, sizeof(line),
-		     "{\"time_ns\":%" PRIu64 ",\"client_id\":%" PRIu64 ",\"pid\":%d,\"uid\":%u,\"request_id\":%" PRIu64
-		     ",\"session_id\":%" PRIu64 ",\"finish\":\"%s\",\"error\":%d,\"prompt_tokens\":%u,"
-		     "\"cached_tokens\":%u,\"generated_tokens\":%u,\"queue_ns\":%" PRIu64 ",\"ttft_ns\":%" PRIu64
-		     ",\"decode_ns\":%" PRIu64 ",\"itl_ns\":%" PRIu64 ",\"preemptions\":%u,\"swaps\":%u,\"kv\":%s}\n",
-		     realtime_ns(), gr->c ? gr->c->id : 0, gr->c ? (int)gr->c->cred.pid : 0,
-		     gr->c ? (unsigned)gr->c->cred.uid : 0, gr->id, gr->sess ? gr->sess->id : 0,
-		     finish_name(res->finish), res->error, res->prompt_tokens, res->cached_tokens,
-		     res->generated_tokens, res->queue_ns, res->ttft_ns, res->decode_ns,
-		     res->generated_tokens > 1 ? res->decode_ns / (res->generated_tokens - 1) : 0, res->preemptions,
-		     res->swaps, kv);
-	if (n > 0 && (size_t)n < sizeof(line) && write(srv->ledger_fd, line, (size_t)n) < 0)
-		log_warning("ledger: write failed: %m");
-}
-
 static void on_done(void *ud, uint64_t req_id, const struct kvd_request_result *res)
 {
 	struct kvd_server *srv = ud;
@@ -366,7 +337,7 @@ static void on_done(void *ud, uint64_t req_id, const struct kvd_request_result *
 	uint64_t t = now_ns();
 	uint64_t pre = gr->t_submit - gr->t_recv; /* upload and tokenization */
 
-	ledger_write(srv, gr, res);
+	kvd_ledger_request(srv->ledger, &gr->who, gr->id, gr->sess ? gr->sess->id : 0, finish_name(res->finish), res);
 	srv->prompt_tokens_total += res->prompt_tokens;
 	srv->generated_tokens_total += res->generated_tokens;
 	if (gr->sess) {
@@ -685,6 +656,7 @@ static void reject(struct client *c, struct greq *gr, int32_t code, const char *
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	c->srv->requests_rejected++;
+	kvd_ledger_rejected(c->srv->ledger, &gr->who, gr->id, gr->sess ? gr->sess->id : 0, code, msg);
 	sock_error(c, gr->id, code, "%s", msg);
 	greq_unlink(c, gr);
 	greq_free(gr);
@@ -866,6 +838,13 @@ static int upload_add(struct client *c, enum upload_kind kind, uint64_t rid, uin
 	return 0;
 }
 
+/* Record a request refused before it had a greq, with its sender's identity. */
+static void ledger_rejected(struct client *c, uint64_t rid, int32_t code, const char *msg)
+{
+	struct kvd_ledger_who who = { c->id, (int32_t)c->cred.pid, (uint32_t)c->cred.uid };
+	kvd_ledger_rejected(c->srv->ledger, &who, rid, 0, code, msg);
+}
+
 /* An upload that is refused: consume its bytes, then send the error. */
 static void refuse_upload(struct client *c, uint64_t rid, uint32_t bytes, int32_t code, const char *fmt, ...)
 	__attribute__((format(printf, 5, 6)));
@@ -877,6 +856,7 @@ static void refuse_upload(struct client *c, uint64_t rid, uint32_t bytes, int32_
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	c->srv->requests_rejected++;
+	ledger_rejected(c, rid, code, msg);
 	if (!bytes)
 		sock_error(c, rid, code, "%s", msg);
 	else if (upload_add(c, UP_DISCARD, rid, bytes, NULL, 0, code, msg) == 0)
@@ -895,6 +875,7 @@ static void handle_generate(struct client *c, const struct ipc_frame *f)
 
 	if (r < 0) {
 		srv->requests_rejected++;
+		ledger_rejected(c, rid, r, "malformed GENERATE");
 		sock_error(c, rid, r, "malformed GENERATE: %s", strerror(-r));
 		return;
 	}
@@ -936,6 +917,7 @@ static void handle_generate(struct client *c, const struct ipc_frame *f)
 	}
 	if (!in_ring && m.g.prompt_bytes == 0) {
 		srv->requests_rejected++;
+		ledger_rejected(c, rid, -EINVAL, "the prompt is empty");
 		sock_error(c, rid, -EINVAL, "the prompt is empty");
 		return;
 	}
@@ -943,6 +925,7 @@ static void handle_generate(struct client *c, const struct ipc_frame *f)
 	if (!gr)
 		goto oom;
 	gr->c = c;
+	gr->who = (struct kvd_ledger_who){ c->id, (int32_t)c->cred.pid, (uint32_t)c->cred.uid };
 	gr->id = rid;
 	gr->g = m.g;
 	gr->t_recv = now_ns();
@@ -1002,6 +985,7 @@ oom:
 	if (gr)
 		greq_free(gr);
 	srv->requests_rejected++;
+	ledger_rejected(c, rid, -ENOMEM, "out of memory");
 	sock_error(c, rid, -ENOMEM, "out of memory");
 }
 
@@ -1117,6 +1101,7 @@ static void fill_stats(struct kvd_server *srv, struct ipc_stats *st)
 	st->generated_tokens_total = srv->generated_tokens_total;
 	st->steps = ss.steps;
 	st->uptime_ns = now_ns() - srv->t_start;
+	st->ledger_records_dropped = kvd_ledger_dropped(srv->ledger);
 }
 
 static void handle_ps(struct client *c, uint64_t rid)
@@ -1646,16 +1631,6 @@ static struct kvd_sched_config sched_config(const struct kvd_config *cfg, uint32
 	};
 }
 
-static int ledger_open(const char *path)
-{
-	if (!path[0])
-		return -1;
-	int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
-	if (fd < 0)
-		log_warning("ledger file %s: %m (per-request ledger disabled)", path);
-	return fd;
-}
-
 static void apply_reload(struct kvd_server *srv, const struct kvd_config *n)
 {
 	struct kvd_config *o = &srv->cfg;
@@ -1697,11 +1672,7 @@ static void apply_reload(struct kvd_server *srv, const struct kvd_config *n)
 	kvd_log_level = o->log_level;
 	struct kvd_sched_config sc = sched_config(o, srv->n_ctx);
 	kvd_sched_set_config(srv->sched, &sc);
-	if (strcmp(keep.ledger_log, o->ledger_log)) {
-		if (srv->ledger_fd >= 0)
-			close(srv->ledger_fd);
-		srv->ledger_fd = ledger_open(o->ledger_log);
-	}
+	kvd_ledger_reopen(srv->ledger, o->ledger_log); /* always: logrotate renames, then sends SIGHUP */
 	log_notice("configuration reloaded: log level %d, max_num_seqs %u, max_tokens_per_step %u, "
 		   "max_requests_per_client %u, max_prompt_bytes %" PRIu64 ", %zu allowed users, %zu allowed groups",
 		   o->log_level, o->max_num_seqs, o->max_tokens_per_step, o->max_requests_per_client, o->max_prompt_bytes,
@@ -1829,7 +1800,6 @@ int kvd_server_create(const struct kvd_config *cfg, struct kvd_engine *e, int li
 	srv->tok = kvd_model_tokenizer(kvd_engine_model(e));
 	srv->listen_fd = listen_fd;
 	srv->sig_fd = sig_fd;
-	srv->ledger_fd = -1;
 	srv->ep = -1;
 	if (hooks)
 		srv->hooks = *hooks;
@@ -1857,7 +1827,9 @@ int kvd_server_create(const struct kvd_config *cfg, struct kvd_engine *e, int li
 	srv->sig_src = (struct ep_src){ SRC_SIGNAL, srv };
 	if ((r = ep_add(srv, listen_fd, &srv->listen_src)) < 0 || (r = ep_add(srv, sig_fd, &srv->sig_src)) < 0)
 		goto fail;
-	srv->ledger_fd = ledger_open(cfg->ledger_log);
+	r = kvd_ledger_new(cfg->ledger_log, &srv->ledger);
+	if (r < 0)
+		goto fail;
 	*ret = srv;
 	return 0;
 fail:
@@ -1884,8 +1856,7 @@ struct kvd_server *kvd_server_free(struct kvd_server *srv)
 		close(srv->sig_fd);
 	if (srv->ep >= 0)
 		close(srv->ep);
-	if (srv->ledger_fd >= 0)
-		close(srv->ledger_fd);
+	srv->ledger = kvd_ledger_free(srv->ledger);
 	free(srv->rxbuf);
 	free(srv);
 	return NULL;

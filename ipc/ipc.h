@@ -337,7 +337,8 @@ struct ipc_stats {
 	uint64_t generated_tokens_total;
 	uint64_t steps;
 	uint64_t uptime_ns;
-	uint64_t reserved[9];
+	uint64_t ledger_records_dropped; /* ledger records that could not be written */
+	uint64_t reserved[8];
 };
 
 #define IPC_TOK_ADD_BOS       0x1u /* prepend BOS when the model has one */
