@@ -64,13 +64,15 @@ TOOLS  := $(patsubst tests/tools/%.c,$(BUILD)/tests/%,$(TOOL_SRC))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 EXAMPLES := $(if $(CLIENT_SRC),$(patsubst client/examples/%.c,$(BUILD)/examples/%,$(EXAMPLE_SRC)))
 BINS   := $(if $(wildcard daemon/main.c),$(BUILD)/bin/kvd) $(if $(wildcard client/kvctl.c),$(BUILD)/bin/kvctl)
+# kvd built again with -DKVD_FAULT_INJECTION: honours KVD_TEST_SWAP_FAULT (tests only)
+FAULTY := $(if $(wildcard daemon/main.c),$(BUILD)/tests/kvd-faulty)
 CLIENT_LIBS := $(if $(CLIENT_SRC),$(LIBCLIENT_A) $(LIBCLIENT_SO) $(if $(wildcard client/kvclient.pc.in),$(BUILD)/kvclient.pc))
 CUDA_PLUGIN := $(if $(and $(NVCC),$(CUDA_SRC)),$(BUILD)/lib/libkvd-cuda.so)
 
 .PHONY: all test run stop install clean bench setup asan fuzz check-units
 # keep object files of test, tool and bench programs between builds
 .SECONDARY:
-all: $(BINS) $(CLIENT_LIBS) $(TESTS) $(TOOLS) $(BENCHES) $(EXAMPLES) $(CUDA_PLUGIN)
+all: $(BINS) $(FAULTY) $(CLIENT_LIBS) $(TESTS) $(TOOLS) $(BENCHES) $(EXAMPLES) $(CUDA_PLUGIN)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -102,6 +104,14 @@ $(BUILD)/kvclient.pc: client/kvclient.pc.in
 	sed -e 's|@PREFIX@|$(PREFIX)|g' $< > $@
 
 $(BUILD)/bin/kvd: $(call obj,daemon/main.c) $(CORE_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIBS_ALL)
+
+$(BUILD)/obj/daemon/main-faulty.o: daemon/main.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DKVD_FAULT_INJECTION -MMD -MP -c $< -o $@
+
+$(BUILD)/tests/kvd-faulty: $(BUILD)/obj/daemon/main-faulty.o $(CORE_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIBS_ALL)
 

@@ -1001,6 +1001,8 @@ static int stats_reply(kvc_client *c, const struct ipc_frame *f, void *arg)
 	o->steps = s.steps;
 	o->uptime_ns = s.uptime_ns;
 	o->ledger_records_dropped = s.ledger_records_dropped;
+	o->swap_errors = s.swap_errors;
+	o->swap_fallback_recomputes = s.swap_fallback_recomputes;
 	return 1;
 }
 

@@ -410,7 +410,9 @@ struct kvc_stats {
 	uint64_t steps;               /* scheduler steps run */
 	uint64_t uptime_ns;
 	uint64_t ledger_records_dropped; /* per-request ledger records that could not be written */
-	uint64_t reserved[8];
+	uint64_t swap_errors;         /* swap page transfers that failed (I/O error, short, full) */
+	uint64_t swap_fallback_recomputes; /* requests' KV recomputed because swap I/O failed */
+	uint64_t reserved[6];
 };
 KVC_EXPORT int kvc_stats(kvc_client *c, struct kvc_stats *ret);
 

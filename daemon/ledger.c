@@ -238,11 +238,11 @@ void kvd_ledger_request(struct kvd_ledger *l, const struct kvd_ledger_who *who, 
 		     ",\"request_id\":%" PRIu64 ",\"session_id\":%" PRIu64 ",\"finish\":\"%s\",\"error\":%d,"
 		     "\"prompt_tokens\":%u,\"cached_tokens\":%u,\"generated_tokens\":%u,\"queue_ns\":%" PRIu64
 		     ",\"ttft_ns\":%" PRIu64 ",\"decode_ns\":%" PRIu64 ",\"itl_ns\":%" PRIu64
-		     ",\"preemptions\":%u,\"swaps\":%u,\"kv\":%s}\n",
+		     ",\"preemptions\":%u,\"swaps\":%u,\"swap_errors\":%u,\"swap_fallback_recomputes\":%u,\"kv\":%s}\n",
 		     realtime_ns(), who->client_id, who->pid, who->uid, request_id, session_id, finish, res->error,
 		     res->prompt_tokens, res->cached_tokens, res->generated_tokens, res->queue_ns, res->ttft_ns,
 		     res->decode_ns, res->generated_tokens > 1 ? res->decode_ns / (res->generated_tokens - 1) : 0,
-		     res->preemptions, res->swaps, kv);
+		     res->preemptions, res->swaps, res->swap_errors, res->swap_fallback_recomputes, kv);
 	if (n < 0 || (size_t)n >= sizeof(line)) {
 		drop(l, -EMSGSIZE);
 		return;

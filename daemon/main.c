@@ -407,6 +407,62 @@ static int open_swap(const struct kvd_config *cfg, struct kvmm_swap_io **ret, ch
 	return r;
 }
 
+#ifdef KVD_FAULT_INJECTION
+/*
+ * Test builds only (build/tests/kvd-faulty, this file compiled with
+ * -DKVD_FAULT_INJECTION; the kvd that is installed never reads it):
+ * KVD_TEST_SWAP_FAULT=OP:ERROR[:AFTER[:COUNT]] puts kvmm's fault layer
+ * between kvmm and the swap file. OP is read, write or any; ERROR is EIO,
+ * ENOSPC or short (half the bytes); the first AFTER matching page transfers
+ * pass (default 0), then COUNT fail (default 0: all that follow).
+ */
+static int arm_swap_fault(struct kvmm_swap_io **io, char *err, size_t errlen)
+{
+	const char *spec = getenv("KVD_TEST_SWAP_FAULT");
+	char op[16], what[16];
+	unsigned long long after = 0, count = 0;
+	struct kvmm_io_fault f = { 0 };
+	struct kvmm_swap_io *w = NULL;
+	int n, r;
+
+	if (!spec || !*spec)
+		return 0;
+	n = sscanf(spec, "%15[a-z]:%15[A-Za-z]:%llu:%llu", op, what, &after, &count);
+	if (n < 2)
+		goto bad;
+	if (!strcmp(op, "read"))
+		f.ops_mask = 1u << KVMM_IO_READ;
+	else if (!strcmp(op, "write"))
+		f.ops_mask = 1u << KVMM_IO_WRITE;
+	else if (strcmp(op, "any"))
+		goto bad;
+	if (!strcmp(what, "EIO"))
+		f.error = -EIO;
+	else if (!strcmp(what, "ENOSPC"))
+		f.error = -ENOSPC;
+	else if (!strcmp(what, "short"))
+		f.error = KVMM_IO_FAULT_SHORT;
+	else
+		goto bad;
+	f.after = after;
+	f.count = (uint32_t)count;
+	r = kvmm_swap_io_fault_new(*io, &w);
+	*io = NULL; /* the fault layer owns it now, also on failure */
+	if (r < 0 || (r = kvmm_swap_io_fault_arm(w, &f)) < 0) {
+		kvmm_swap_io_free(w);
+		errf(err, errlen, "KVD_TEST_SWAP_FAULT: %s", strerror(-r));
+		return r;
+	}
+	*io = w;
+	log_warning("TEST BUILD: swap fault injection armed: %s", spec);
+	return 0;
+bad:
+	errf(err, errlen, "KVD_TEST_SWAP_FAULT=%s: expected OP:ERROR[:AFTER[:COUNT]] (read|write|any, EIO|ENOSPC|short)",
+	     spec);
+	return -EINVAL;
+}
+#endif
+
 int main(int argc, char **argv)
 {
 	struct args a = { 0 };
@@ -467,6 +523,12 @@ int main(int argc, char **argv)
 		sd_notifyf(0, "STATUS=failed: %s", err);
 		goto out;
 	}
+#ifdef KVD_FAULT_INJECTION
+	if (swap_io && arm_swap_fault(&swap_io, err, sizeof(err)) < 0) {
+		log_error("%s", err);
+		goto out;
+	}
+#endif
 	sd_notifyf(0, "STATUS=loading model %s", cfg.model);
 	struct kvd_engine_config ec = {
 		.model_path = cfg.model,

@@ -24,12 +24,15 @@
 #include "sched.h"
 
 #include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "engine.h"
 #include "kvmm.h"
+#include "log.h"
 #include "model.h"
 #include "tokenizer.h"
 
@@ -56,6 +59,7 @@ struct req {
 	int has_seq;
 	int ignore_eos;
 	int admitted_now;        /* admitted during the step being built */
+	int swap_failed;         /* kvmm reported an I/O error on its sequence */
 	struct kvd_sampler *sampler;
 	struct kvd_stop stop;
 	struct kvd_detok detok;
@@ -89,6 +93,62 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* kvmm's report of a swap operation whose transfers failed: charge it to
+ * the request whose sequence it was, and log it, once. Every such failure
+ * of a sequence's swap-out or swap-in ends in recomputing its KV (preempt(),
+ * resume_swapped()), which is what the log line promises. */
+static void on_swap_error(void *ud, const struct kvmm_swap_incident *inc)
+{
+	struct kvd_sched *s = ud;
+	struct req *r = NULL;
+	const char *what, *then;
+	char cause[96];
+
+	s->st.swap_incidents++;
+	for (size_t i = 0; inc->seq >= 0 && i < s->n_reqs; i++)
+		if (s->reqs[i]->has_seq && s->reqs[i]->seq == (uint32_t)inc->seq)
+			r = s->reqs[i];
+	if (r) {
+		r->res.swap_errors += inc->pages_failed;
+		r->swap_failed = 1;
+	}
+	switch (inc->what) {
+	case KVMM_SWAP_SEQ_OUT:
+		what = "writing a preempted request's KV to the swap file";
+		then = "its KV is dropped and will be recomputed";
+		break;
+	case KVMM_SWAP_SEQ_IN:
+		what = "reading a preempted request's KV back from the swap file";
+		then = "its KV will be recomputed";
+		break;
+	case KVMM_SWAP_PROMOTE:
+		what = "reading cached prefix pages back from the swap file";
+		then = "they will be recomputed";
+		break;
+	default:
+		what = "writing cached prefix pages to the swap file";
+		then = "they stay in memory";
+		break;
+	}
+	if (inc->short_transfers == inc->pages_failed)
+		snprintf(cause, sizeof(cause), "short %s", inc->op == KVMM_IO_READ ? "read" : "write");
+	else
+		snprintf(cause, sizeof(cause), "%s", strerror(-inc->error));
+	log_warning("swap I/O error: %s failed for %u of %u pages (%s); %s [incident %" PRIu64 "]", what,
+		    inc->pages_failed, inc->pages, cause, then, s->st.swap_incidents);
+}
+
+/* After a failed swap-out or swap-in: when kvmm reported an I/O error for
+ * r's sequence, the recompute that follows is a fallback; count it. */
+static void count_fallback(struct kvd_sched *s, struct req *r)
+{
+	if (!r->swap_failed)
+		return;
+	r->swap_failed = 0;
+	r->res.swap_fallback_recomputes++;
+	s->st.swap_fallback_recomputes++;
+}
+
 int kvd_sched_create(const struct kvd_sched_config *cfg, struct kvd_engine *e, const struct kvd_sched_events *ev,
 		     struct kvd_sched **ret)
 {
@@ -108,6 +168,7 @@ int kvd_sched_create(const struct kvd_sched_config *cfg, struct kvd_engine *e, c
 	s->ev = *ev;
 	s->n_vocab = kvd_engine_n_vocab(e);
 	s->block_size = kvd_engine_kv_layout(e)->block_size;
+	kvmm_set_swap_error_handler(s->kv, on_swap_error, s);
 	*ret = s;
 	return 0;
 }
@@ -233,6 +294,7 @@ struct kvd_sched *kvd_sched_destroy(struct kvd_sched *s)
 {
 	if (!s)
 		return NULL;
+	kvmm_set_swap_error_handler(s->kv, NULL, NULL);
 	while (s->n_reqs) {
 		struct req *r = s->reqs[s->n_reqs - 1];
 		if (r->state == RS_SESSION) {
@@ -532,6 +594,7 @@ static void preempt(struct kvd_sched *s, struct req *r)
 		r->res.swaps++;
 		return;
 	}
+	count_fallback(s, r);
 	drop_seq(s, r);
 	r->state = RS_WAITING;
 }
@@ -564,6 +627,7 @@ static void resume_swapped(struct kvd_sched *s, uint32_t n_running)
 			return;
 		if (rc < 0) {
 			/* its swapped K/V is lost: recompute from the tokens */
+			count_fallback(s, r);
 			drop_seq(s, r);
 			r->state = RS_WAITING;
 			continue;

@@ -11,7 +11,10 @@
  * otherwise dropped and recomputed later — and resumes, before any newer
  * request is admitted, once enough pages are free again (with a margin, so
  * it is not swapped straight back out). Outputs do not depend on any of
- * this: a resumed sequence continues exactly where it stopped.
+ * this: a resumed sequence continues exactly where it stopped. A swap-out
+ * or swap-in that fails (I/O error, short transfer, full disk) falls back to
+ * recomputing the request's KV from its tokens; the scheduler logs each such
+ * incident once and counts it in its stats and in the request's result.
  *
  * The scheduler also samples, detokenizes, applies stop strings and keeps
  * per-request timing. It reports through callbacks and is driven by one
@@ -66,6 +69,8 @@ struct kvd_request_result {
 	uint64_t decode_ns;           /* first token -> last token */
 	uint32_t preemptions;
 	uint32_t swaps;
+	uint32_t swap_errors;         /* page transfers of its KV to/from swap that failed */
+	uint32_t swap_fallback_recomputes; /* times its KV was recomputed because of them */
 	/* The KV ledger of the request's sequence (kvmm_seq_finish, or the
 	 * live record of a kept session); NULL when it never had one. Valid
 	 * only during on_done. */
@@ -94,6 +99,8 @@ struct kvd_sched_stats {
 	uint64_t tokens_generated;
 	uint64_t preemptions;
 	uint64_t requests_done;
+	uint64_t swap_incidents;      /* swap operations that had failed transfers (each logged once) */
+	uint64_t swap_fallback_recomputes; /* requests' KV recomputed after a failed swap-out or swap-in */
 };
 
 int kvd_sched_create(const struct kvd_sched_config *cfg, struct kvd_engine *e, const struct kvd_sched_events *ev,

@@ -1102,6 +1102,8 @@ static void fill_stats(struct kvd_server *srv, struct ipc_stats *st)
 	st->steps = ss.steps;
 	st->uptime_ns = now_ns() - srv->t_start;
 	st->ledger_records_dropped = kvd_ledger_dropped(srv->ledger);
+	st->swap_errors = led.swap_errors;
+	st->swap_fallback_recomputes = ss.swap_fallback_recomputes;
 }
 
 static void handle_ps(struct client *c, uint64_t rid)

@@ -338,7 +338,9 @@ struct ipc_stats {
 	uint64_t steps;
 	uint64_t uptime_ns;
 	uint64_t ledger_records_dropped; /* ledger records that could not be written */
-	uint64_t reserved[8];
+	uint64_t swap_errors;         /* swap page transfers that failed (I/O error, short, full) */
+	uint64_t swap_fallback_recomputes; /* requests' KV recomputed because swap I/O failed */
+	uint64_t reserved[6];
 };
 
 #define IPC_TOK_ADD_BOS       0x1u /* prepend BOS when the model has one */

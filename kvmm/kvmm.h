@@ -487,6 +487,35 @@ struct kvmm_swap_io *kvmm_swap_io_free(struct kvmm_swap_io *io);
  */
 int kvmm_create_with_io(const struct kvmm_config *cfg, struct kvmm_swap_io *io, struct kvmm **ret);
 
+/*
+ * Swap I/O errors. Every failed transfer already costs only the operation
+ * concerned (the sequence stays resident or swapped out intact, the cache
+ * entry stays in memory or is dropped) and is counted in kvmm_ledger
+ * .swap_errors; kvmm does not log. So that its owner can say so once per
+ * incident, kvmm calls a handler once for every operation in which at least
+ * one transfer failed, after its own state is consistent again and before the
+ * operation returns its error. The handler runs on the owner thread and must
+ * not call back into kvmm functions that change anything.
+ */
+enum {
+	KVMM_SWAP_SEQ_OUT = 1, /* kvmm_seq_swap_out(): the sequence stays resident */
+	KVMM_SWAP_SEQ_IN = 2,  /* kvmm_seq_swap_in(): it stays swapped out */
+	KVMM_SWAP_DEMOTE = 3,  /* kvmm_cache_demote(): the pages stay cached */
+	KVMM_SWAP_PROMOTE = 4, /* a prefix hit on demoted pages: the chain is cut there */
+};
+struct kvmm_swap_incident {
+	uint32_t what;            /* KVMM_SWAP_* */
+	uint32_t op;              /* KVMM_IO_READ or KVMM_IO_WRITE */
+	int64_t seq;              /* the sequence (SEQ_OUT, SEQ_IN), else -1 */
+	int error;                /* the first failure's -errno; a short transfer is -EIO */
+	uint32_t pages;           /* page transfers in the operation */
+	uint32_t pages_failed;    /* of those, failed (>= 1) */
+	uint32_t short_transfers; /* of the failed ones, short (fewer bytes than asked) */
+};
+typedef void (*kvmm_swap_error_fn)(void *ud, const struct kvmm_swap_incident *incident);
+/* Install (fn non-NULL) or remove the handler; one at a time. */
+void kvmm_set_swap_error_handler(struct kvmm *m, kvmm_swap_error_fn fn, void *ud);
+
 /* Swap slots in the store, and how many hold nothing. */
 uint32_t kvmm_swap_slots(const struct kvmm *m);
 uint32_t kvmm_swap_slots_free(const struct kvmm *m);

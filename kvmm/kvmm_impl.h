@@ -221,6 +221,8 @@ struct kvmm {
 	int32_t bounce_buf_index; /* or -1 */
 	struct kvmm_io_req *reqs; /* KVMM_SWAP_QUEUE_DEPTH * 4 scratch */
 	uint32_t reqs_cap;
+	kvmm_swap_error_fn on_swap_error; /* or NULL */
+	void *on_swap_error_ud;
 };
 
 /* ---- pool.c ------------------------------------------------------------------ */

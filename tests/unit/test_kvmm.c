@@ -932,6 +932,20 @@ static void test_swap_file_preallocation_failure(void **state)
 	free_swap_path(path);
 }
 
+/* What the swap error handler was told. */
+struct incidents {
+	int n;
+	struct kvmm_swap_incident last;
+};
+
+static void record_incident(void *ud, const struct kvmm_swap_incident *inc)
+{
+	struct incidents *r = ud;
+
+	r->n++;
+	r->last = *inc;
+}
+
 static void test_swap_out_faults_leave_sequence_resident(void **state)
 {
 	int errs[3] = {-EIO, -ENOSPC, KVMM_IO_FAULT_SHORT};
@@ -945,12 +959,23 @@ static void test_swap_out_faults_leave_sequence_resident(void **state)
 		struct kvmm_io_fault fault = {.after = 2, .ops_mask = 1u << KVMM_IO_WRITE, .count = 1, .error = errs[k]};
 		struct kvmm_ledger l;
 		struct kvmm_seq_record rec;
+		struct incidents inc = {0};
 
 		iota(t, 20, 9);
 		assert_int_equal(grow(m, a, t, 20), 0);
+		kvmm_set_swap_error_handler(m, record_incident, &inc);
 		assert_int_equal(kvmm_swap_io_fault_arm(f, &fault), 0);
 		assert_int_equal(kvmm_seq_swap_out(m, a), errs[k] < 0 ? errs[k] : -EIO);
 		assert_int_equal(kvmm_swap_io_fault_count(f), 1);
+		/* one incident, told once, with what failed */
+		assert_int_equal(inc.n, 1);
+		assert_int_equal(inc.last.what, KVMM_SWAP_SEQ_OUT);
+		assert_int_equal(inc.last.op, KVMM_IO_WRITE);
+		assert_int_equal(inc.last.seq, a);
+		assert_int_equal(inc.last.error, errs[k] < 0 ? errs[k] : -EIO);
+		assert_int_equal(inc.last.pages, 5);
+		assert_int_equal(inc.last.pages_failed, 1);
+		assert_int_equal(inc.last.short_transfers, errs[k] < 0 ? 0 : 1);
 		assert_int_equal(kvmm_seq_is_swapped(m, a), 0);
 		assert_int_equal(kvmm_swap_slots_free(m), 16);
 		expect_content(m, a, t);
@@ -959,11 +984,12 @@ static void test_swap_out_faults_leave_sequence_resident(void **state)
 		assert_int_equal(l.swap_errors, 1);
 		assert_int_equal(kvmm_seq_ledger(m, a, &rec), 0);
 		assert_int_equal(rec.swap_errors, 1);
-		/* Disarmed, it works. */
+		/* Disarmed, it works, and nothing more is reported. */
 		assert_int_equal(kvmm_swap_io_fault_arm(f, NULL), 0);
 		assert_int_equal(kvmm_seq_swap_out(m, a), 0);
 		assert_int_equal(kvmm_seq_swap_in(m, a), 0);
 		expect_content(m, a, t);
+		assert_int_equal(inc.n, 1);
 		done(m);
 	}
 }
@@ -981,13 +1007,30 @@ static void test_swap_in_faults_leave_sequence_swapped(void **state)
 		int32_t t[20];
 		struct kvmm_io_fault fault = {.after = 3, .ops_mask = 1u << KVMM_IO_READ, .count = 1, .error = errs[k]};
 		struct kvmm_stats st;
+		struct incidents inc = {0};
+		uint32_t b = new_seq(m);
+		int32_t tb[48];
 
 		iota(t, 20, 9);
 		assert_int_equal(grow(m, a, t, 20), 0);
+		kvmm_set_swap_error_handler(m, record_incident, &inc);
 		assert_int_equal(kvmm_seq_swap_out(m, a), 0);
+		/* a full swap file is not an I/O error: nothing reported */
+		iota(tb, 48, 1000);
+		assert_int_equal(grow(m, b, tb, 48), 0); /* 12 pages, 11 slots free */
+		assert_int_equal(kvmm_seq_swap_out(m, b), -ENOSPC);
+		assert_int_equal(kvmm_seq_free(m, b), 0);
+		assert_int_equal(inc.n, 0);
 		assert_int_equal(kvmm_swap_io_fault_arm(f, &fault), 0);
 		assert_int_equal(kvmm_seq_swap_in(m, a), errs[k] < 0 ? errs[k] : -EIO);
 		assert_int_equal(kvmm_seq_is_swapped(m, a), 1);
+		assert_int_equal(inc.n, 1);
+		assert_int_equal(inc.last.what, KVMM_SWAP_SEQ_IN);
+		assert_int_equal(inc.last.op, KVMM_IO_READ);
+		assert_int_equal(inc.last.seq, a);
+		assert_int_equal(inc.last.pages, 5);
+		assert_int_equal(inc.last.pages_failed, 1);
+		assert_int_equal(inc.last.short_transfers, errs[k] < 0 ? 0 : 1);
 		kvmm_get_stats(m, &st);
 		assert_int_equal(st.pages_free, 16);
 		assert_int_equal(st.pages_swapped, 5);
@@ -1211,8 +1254,10 @@ static void test_promotion_failure_mid_chain(void **state)
 	struct kvmm_io_fault wfail = {.after = 0, .ops_mask = 1u << KVMM_IO_WRITE, .count = 1, .error = -EIO};
 	struct kvmm_io_fault rfail = {.after = 0, .ops_mask = 1u << KVMM_IO_READ, .count = 1, .error = -EIO};
 	struct kvmm_stats st;
+	struct incidents inc = {0};
 
 	(void)state;
+	kvmm_set_swap_error_handler(m, record_incident, &inc);
 	iota(t, 13, 70);
 	assert_int_equal(grow(m, a, t, 12), 0);
 	assert_int_equal(kvmm_seq_publish(m, a), 0);
@@ -1221,6 +1266,11 @@ static void test_promotion_failure_mid_chain(void **state)
 	 * goes back to the cold end in memory. */
 	assert_int_equal(kvmm_swap_io_fault_arm(f, &wfail), 0);
 	assert_int_equal(kvmm_cache_demote(m, 2, &n), -EIO);
+	assert_int_equal(inc.n, 1);
+	assert_int_equal(inc.last.what, KVMM_SWAP_DEMOTE);
+	assert_int_equal(inc.last.seq, -1);
+	assert_int_equal(inc.last.pages, 2);
+	assert_int_equal(inc.last.pages_failed, 1);
 	kvmm_get_stats(m, &st);
 	assert_int_equal(st.pages_demoted, 1);
 	assert_int_equal(st.pages_cached, 2);
@@ -1228,6 +1278,10 @@ static void test_promotion_failure_mid_chain(void **state)
 	b = new_seq(m);
 	assert_int_equal(kvmm_prefix_attach(m, b, t, 13, &hit), 0);
 	assert_int_equal(hit, 4);
+	assert_int_equal(inc.n, 2);
+	assert_int_equal(inc.last.what, KVMM_SWAP_PROMOTE);
+	assert_int_equal(inc.last.op, KVMM_IO_READ);
+	assert_int_equal(inc.last.error, -EIO);
 	expect_content(m, b, t);
 	check(m);
 	kvmm_get_stats(m, &st);
