@@ -7,9 +7,9 @@
 #   ipc/*.c             -> build/libipc.a
 #   kernels/*.c, kernels/cpu/*.c -> build/libkernels.a
 #   daemon/*.c (except main.c), daemon/model/*.c -> build/libkvdcore.a
-#   client/*.c (except kvctl.c) -> build/libkvclient.{a,so}
+#   client/*.c          -> build/libkvclient.{a,so}
 #   daemon/main.c       -> build/bin/kvd
-#   client/kvctl.c      -> build/bin/kvctl
+#   client/kvctl/*.c    -> build/bin/kvctl (one file per command family)
 #   tests/unit/test_*.c -> build/tests/test_*   (cmocka, one per module)
 #   tests/tools/*.c     -> build/tests/<name>   (drivers used by scripted tests)
 #   bench/*.c           -> build/bench/<name>
@@ -40,7 +40,8 @@ KVMM_SRC    := $(wildcard kvmm/*.c)
 IPC_SRC     := $(wildcard ipc/*.c)
 KERNELS_SRC := $(wildcard kernels/*.c kernels/cpu/*.c)
 CORE_SRC    := $(filter-out daemon/main.c,$(wildcard daemon/*.c daemon/model/*.c))
-CLIENT_SRC  := $(filter-out client/kvctl.c,$(wildcard client/*.c))
+CLIENT_SRC  := $(wildcard client/*.c)
+KVCTL_SRC   := $(wildcard client/kvctl/*.c)
 TEST_SRC    := $(wildcard tests/unit/test_*.c)
 TOOL_SRC    := $(wildcard tests/tools/*.c)
 BENCH_SRC   := $(wildcard bench/*.c)
@@ -63,7 +64,7 @@ TESTS  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 TOOLS  := $(patsubst tests/tools/%.c,$(BUILD)/tests/%,$(TOOL_SRC))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 EXAMPLES := $(if $(CLIENT_SRC),$(patsubst client/examples/%.c,$(BUILD)/examples/%,$(EXAMPLE_SRC)))
-BINS   := $(if $(wildcard daemon/main.c),$(BUILD)/bin/kvd) $(if $(wildcard client/kvctl.c),$(BUILD)/bin/kvctl)
+BINS   := $(if $(wildcard daemon/main.c),$(BUILD)/bin/kvd) $(if $(KVCTL_SRC),$(BUILD)/bin/kvctl)
 CLIENT_LIBS := $(if $(CLIENT_SRC),$(LIBCLIENT_A) $(LIBCLIENT_SO) $(if $(wildcard client/kvclient.pc.in),$(BUILD)/kvclient.pc))
 CUDA_PLUGIN := $(if $(and $(NVCC),$(CUDA_SRC)),$(BUILD)/lib/libkvd-cuda.so)
 
@@ -105,7 +106,7 @@ $(BUILD)/bin/kvd: $(call obj,daemon/main.c) $(CORE_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIBS_ALL)
 
-$(BUILD)/bin/kvctl: $(call obj,client/kvctl.c) $(LIBCLIENT_A)
+$(BUILD)/bin/kvctl: $(call obj,$(KVCTL_SRC)) $(LIBCLIENT_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ -lm
 
