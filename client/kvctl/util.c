@@ -348,19 +348,33 @@ int connect_daemon(const struct ctx *x, kvc_client **ret)
 {
 	int r = kvc_connect(x->socket, ret);
 	if (r < 0) {
-		const char *path = x->socket ? x->socket : getenv(KVC_SOCKET_ENV);
-		if (!path || !*path)
+		const char *env = getenv(KVC_SOCKET_ENV);
+		const char *path, *from;
+		if (x->socket) {
+			path = x->socket;
+			from = "from --socket";
+		} else if (env && *env) {
+			path = env;
+			from = "from $" KVC_SOCKET_ENV;
+		} else {
 			path = KVC_DEFAULT_SOCKET;
-		log_err("cannot connect to kvd at %s: %s", path, kv_strerror(r));
+			from = "the default; $" KVC_SOCKET_ENV " is not set";
+		}
+		log_err("cannot connect to kvd at %s (%s): %s", path, from, kv_strerror(r));
 		if (r == -ENOENT || r == -ECONNREFUSED)
-			fprintf(stderr, "       is kvd running? (systemctl start kvd, or set KVD_SOCKET)\n");
+			fprintf(stderr,
+				"       is kvd running there? Start it (systemctl start kvd, or make run), or\n"
+				"       name its socket with --socket PATH or " KVC_SOCKET_ENV "=PATH; after 'make run',\n"
+				"       '. run/env' sets " KVC_SOCKET_ENV " to run/kvd.sock and puts kvctl on PATH\n");
+		else if (r == -EACCES || r == -EPERM)
+			fprintf(stderr, "       no permission on %s: kvd's socket is for its group (usermod -aG kvd $USER)\n",
+				path);
 		return exit_for(r);
 	}
 	if (x->timeout_s >= 0)
 		kvc_set_timeout(*ret, x->timeout_s * 1000 > INT_MAX ? INT_MAX : (int)(x->timeout_s * 1000));
 	return 0;
 }
-
 
 int common_opt(struct ctx *x, const char *cmd, int opt, const char *arg)
 {
