@@ -188,8 +188,10 @@ static int load_config(const struct args *a, struct kvd_config *cfg, char *err, 
 
 	kvd_config_defaults(cfg);
 	r = kvd_config_load(cfg, a->config, err, errlen);
-	if (r == -ENOENT && !a->config_explicit)
-		r = 0; /* running without a file: defaults and flags */
+	/* running without a file: defaults and flags; but --check-config is
+	 * asked about a file, and a missing one is not "OK" */
+	if (r == -ENOENT && !a->config_explicit && !a->check_config)
+		r = 0;
 	if (r < 0)
 		return -EINVAL;
 	const char *env = getenv("KVD_SOCKET");
