@@ -65,7 +65,7 @@ TOOLS  := $(patsubst tests/tools/%.c,$(BUILD)/tests/%,$(TOOL_SRC))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 EXAMPLES := $(if $(CLIENT_SRC),$(patsubst client/examples/%.c,$(BUILD)/examples/%,$(EXAMPLE_SRC)))
 BINS   := $(if $(wildcard daemon/main.c),$(BUILD)/bin/kvd) $(if $(KVCTL_SRC),$(BUILD)/bin/kvctl)
-CLIENT_LIBS := $(if $(CLIENT_SRC),$(LIBCLIENT_A) $(LIBCLIENT_SO) $(if $(wildcard client/kvclient.pc.in),$(BUILD)/kvclient.pc))
+CLIENT_LIBS := $(if $(CLIENT_SRC),$(LIBCLIENT_A) $(LIBCLIENT_SO) $(if $(wildcard client/kvclient.pc.in),$(BUILD)/kvclient-uninstalled.pc))
 CUDA_PLUGIN := $(if $(and $(NVCC),$(CUDA_SRC)),$(BUILD)/lib/libkvd-cuda.so)
 
 .PHONY: all test run stop install clean bench setup asan fuzz check-units
@@ -99,8 +99,15 @@ $(BUILD)/examples/%: client/examples/%.c client/kvclient.h $(LIBCLIENT_SO)
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 $(OPT) $(SAN) $(WARN) -Iclient -o $@ $< -L$(BUILD) -l:libkvclient.so -Wl,-rpath,'$$ORIGIN/..'
 
-$(BUILD)/kvclient.pc: client/kvclient.pc.in
-	sed -e 's|@PREFIX@|$(PREFIX)|g' $< > $@
+# kvclient.pc: written by `make install`, for the PREFIX given then (a plain
+# `make` followed by `make install PREFIX=/opt/kvd` must say /opt/kvd).
+# kvclient-uninstalled.pc: for programs built against this build tree
+# before installing (PKG_CONFIG_PATH=$PWD/build pkg-config kvclient; pkg-config
+# prefers NAME-uninstalled.pc), with an rpath to build/.
+PC_SED = sed -e 's|@PREFIX@|$(1)|g' -e 's|@LIBDIR@|$(2)|g' -e 's|@INCLUDEDIR@|$(3)|g' -e 's|@EXTRA_LIBS@|$(4)|g'
+$(BUILD)/kvclient-uninstalled.pc: client/kvclient.pc.in Makefile
+	$(call PC_SED,$(abspath .),$(abspath $(BUILD)),$(abspath client), -Wl$(,)-rpath$(,)$${libdir}) $< > $@
+, := ,
 
 $(BUILD)/bin/kvd: $(call obj,daemon/main.c) $(CORE_LIBS)
 	@mkdir -p $(dir $@)
@@ -156,6 +163,8 @@ run: setup
 stop:
 	scripts/stop
 
+# Paths that depend on PREFIX (kvclient.pc, the units' ExecStart) are
+# written here, not at build time.
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include \
 	    $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)/etc/kvd
@@ -165,10 +174,17 @@ install: all
 	    install -m 0755 $(LIBCLIENT_SO) $(DESTDIR)$(PREFIX)/lib/libkvclient.so.$(KVCLIENT_SOVERSION) && \
 	    ln -sf libkvclient.so.$(KVCLIENT_SOVERSION) $(DESTDIR)$(PREFIX)/lib/libkvclient.so && \
 	    install -m 0644 client/kvclient.h $(DESTDIR)$(PREFIX)/include/ && \
-	    install -m 0644 $(BUILD)/kvclient.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/)
+	    $(call PC_SED,$(PREFIX),$${exec_prefix}/lib,$${prefix}/include,) client/kvclient.pc.in \
+	        > $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvclient.pc && \
+	    chmod 0644 $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvclient.pc)
 	$(if $(wildcard etc/kvd.conf),install -m 0644 etc/kvd.conf $(DESTDIR)/etc/kvd/kvd.conf)
 	$(if $(wildcard systemd/*.service),install -d $(DESTDIR)$(PREFIX)/lib/systemd/system && \
-	    install -m 0644 systemd/*.service systemd/*.socket $(DESTDIR)$(PREFIX)/lib/systemd/system/)
+	    install -m 0644 systemd/*.socket $(DESTDIR)$(PREFIX)/lib/systemd/system/ && \
+	    for u in systemd/*.service; do \
+	        sed -e 's%^ExecStart=[^ ]*/kvd\( \|$$\)%ExecStart=$(PREFIX)/bin/kvd\1%' $$u \
+	            > $(DESTDIR)$(PREFIX)/lib/systemd/system/$$(basename $$u) && \
+	        chmod 0644 $(DESTDIR)$(PREFIX)/lib/systemd/system/$$(basename $$u) || exit 1; \
+	    done)
 	$(if $(wildcard systemd/kvd.sysusers),install -d $(DESTDIR)$(PREFIX)/lib/sysusers.d && \
 	    install -m 0644 systemd/kvd.sysusers $(DESTDIR)$(PREFIX)/lib/sysusers.d/kvd.conf)
 	$(if $(wildcard systemd/kvd.tmpfiles),install -d $(DESTDIR)$(PREFIX)/lib/tmpfiles.d && \
