@@ -209,6 +209,8 @@ static void run_oracle_file(const char *path, struct oracle_stats *st)
 		if (strcmp(f[0], "model") == 0) {
 			kvd_tokenizer_free(t);
 			if (access(f[1], R_OK) != 0) {
+				print_message("skipped: %s names the model %s, which is not here (scripts/setup)\n",
+					      path, f[1]);
 				free(got);
 				free(want);
 				free(line);
@@ -332,8 +334,11 @@ static int teardown_model(void **state)
 
 #define NEED_MODEL(state)                                                     \
 	do {                                                                  \
-		if (access(MODEL_PATH, R_OK) != 0)                            \
+		if (access(MODEL_PATH, R_OK) != 0) {                          \
+			print_message("skipped: " MODEL_PATH " not present "  \
+				      "(scripts/setup fetches it)\n");       \
 			skip();                                               \
+		}                                                             \
 		assert_non_null(*(state));                                    \
 	} while (0)
 
@@ -367,8 +372,10 @@ static void test_extra_oracle(void **state)
 {
 	(void)state;
 	const char *env = getenv("KVD_TOKENIZER_CASES");
-	if (!env || !*env)
+	if (!env || !*env) {
+		print_message("skipped: no extra oracle files (KVD_TOKENIZER_CASES=FILE[:FILE...] names some)\n");
 		skip();
+	}
 	char *list = strdup(env);
 	assert_non_null(list);
 	for (char *save, *p = strtok_r(list, ":", &save); p; p = strtok_r(NULL, ":", &save)) {
