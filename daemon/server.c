@@ -741,7 +741,8 @@ static void generate_start(struct client *c, struct greq *gr, const char *prompt
 		n = tokenize_alloc(srv->tok, text, (size_t)n, cont ? 0 : kvd_tokenizer_add_bos(srv->tok), 1, &ids);
 		free(text);
 	} else {
-		n = tokenize_alloc(srv->tok, prompt, len, cont ? 0 : kvd_tokenizer_add_bos(srv->tok), 0, &ids);
+		n = tokenize_alloc(srv->tok, prompt, len, cont ? 0 : kvd_tokenizer_add_bos(srv->tok),
+				   !!(gr->g.gen_flags & IPC_GEN_PARSE_SPECIAL), &ids);
 	}
 	if (n < 0) {
 		reject(c, gr, n, "cannot tokenize the prompt: %s", strerror(-n));
