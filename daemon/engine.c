@@ -213,6 +213,15 @@ int kvd_engine_open(const struct kvd_engine_config *cfg, struct kvd_engine **ret
 			kc.pool_bytes = (uint64_t)pages * e->layout.page_bytes;
 		}
 	}
+	if (kc.pool_bytes && kc.pool_bytes < e->layout.page_bytes) {
+		/* kvmm would refuse it with a bare -EINVAL: say what is wrong */
+		snprintf(err, errlen,
+			 "KV pool: %llu bytes is smaller than one page (%zu bytes: %u tokens of this model's KV); "
+			 "kv.pool_size (--pool-size) must be at least that",
+			 (unsigned long long)kc.pool_bytes, e->layout.page_bytes, e->layout.block_size);
+		r = -EINVAL;
+		goto fail;
+	}
 	r = kvmm_create(&kc, &e->kv);
 	if (r < 0) {
 		snprintf(err, errlen, "KV pool: cannot create (%llu bytes, pages of %zu bytes): %s",
