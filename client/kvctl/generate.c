@@ -22,7 +22,7 @@ static const char help_generate[] =
 	"    kvctl generate - generate text with the model loaded in kvd\n"
 	"\n"
 	"SYNOPSIS\n"
-	"    kvctl generate [OPTIONS] [PROMPT...]\n"
+	"    kvctl generate [OPTIONS] [--] [PROMPT...]\n"
 	"    echo PROMPT | kvctl generate [OPTIONS] [-]\n"
 	"\n"
 	"DESCRIPTION\n"
@@ -32,14 +32,25 @@ static const char help_generate[] =
 	"    rendered with the model's chat template, and the answer is the assistant's\n"
 	"    reply; --raw completes the text exactly as given instead.\n"
 	"\n"
+	"    The prompt and the generated text share the model's context window (see\n"
+	"    'kvctl version'): prompt tokens + --max-tokens must fit in it, or the\n"
+	"    request is refused (exit status 4) with both figures named.\n"
+	"\n"
 	"    Ctrl-C cancels the generation (the daemon frees its memory at once) and exits\n"
-	"    with status 130. Unless -n is given, a newline is printed after text that does\n"
-	"    not end with one.\n"
+	"    with status 130. Unless --no-newline is given, a newline is printed after\n"
+	"    text that does not end with one. Options may follow the prompt's words; a\n"
+	"    prompt that begins with \"-\" goes after \"--\".\n"
 	"\n"
 	"OPTIONS\n"
-	"    --raw                plain completion: no chat template\n"
+	"    --raw                plain completion: no chat template; the text is\n"
+	"                         tokenized as plain text (see --special)\n"
+	"    --special            with --raw: special-token texts such as <|im_start|> or\n"
+	"                         <|endoftext|> in the prompt become the model's special\n"
+	"                         tokens (without it they are plain text; 'kvctl tokenize\n"
+	"                         --special' shows the ids)\n"
 	"    --system TEXT        system message for the chat template (not with --raw)\n"
-	"    --max-tokens N       generate at most N tokens (default 256)\n"
+	"    --max-tokens N       generate at most N tokens (default 256); at most the\n"
+	"                         context window less the prompt\n"
 	"    --temperature T      sampling temperature; 0 means greedy, deterministic\n"
 	"                         decoding (default 0.8)\n"
 	"    --top-p P            nucleus sampling: keep the likeliest tokens whose\n"
@@ -58,20 +69,27 @@ static const char help_generate[] =
 	"    --json               print nothing while generating; at the end print one JSON\n"
 	"                         object: {\"text\", \"token_ids\", \"finish_reason\",\n"
 	"                         \"prompt_tokens\", \"cached_tokens\", \"generated_tokens\",\n"
-	"                         \"ttft_ms\", \"tokens_per_s\", \"total_ms\", \"model\"}.\n"
-	"                         ttft_ms is the time from the daemon receiving the request\n"
-	"                         to the first token; tokens_per_s the decode speed after\n"
-	"                         the first token. On failure the object has an \"error\"\n"
-	"                         member {\"code\", \"message\"} instead.\n"
-	"    -n, --no-newline     do not add a final newline\n"
+	"                         \"ttft_ms\", \"tokens_per_s\", \"queue_ms\", \"total_ms\",\n"
+	"                         \"model\"}. ttft_ms is the time from the daemon receiving\n"
+	"                         the request to the first token; tokens_per_s the decode\n"
+	"                         speed after the first token. On failure the object has\n"
+	"                         an \"error\" member {\"code\", \"message\"} instead.\n"
+	"    --no-newline         do not add a final newline\n"
+	"\n"
+	"    There are no short options besides -h: '-n 2' is refused, not read as a\n"
+	"    count (the count is --max-tokens 2).\n"
 	"\n" COMMON_HELP "\n" EXIT_STATUS_HELP
 	"\n"
 	"EXAMPLES\n"
 	"    kvctl generate \"Why is the sky blue?\"\n"
 	"    kvctl generate --raw --temperature 0 --max-tokens 20 \"The capital of France is\"\n"
-	"    git diff | kvctl generate --system \"Write a commit message.\" --json | jq -r .text\n";
-
-/* What a SIGINT handler needs: set while a request runs. */
+	"    kvctl generate --raw --special --max-tokens 40 \\\n"
+	"        $'<|im_start|>user\\nName a colour.<|im_end|>\\n<|im_start|>assistant\\n'\n"
+	"    git diff | kvctl generate --system \"Write a commit message.\" --json | jq -r .text\n"
+	"    kvctl generate -- \"-1 times -1 is\"\n"
+	"\n"
+	"SEE ALSO\n"
+	"    kvctl tokenize --help, kvctl session --help, kvctl stats --help\n";
 
 struct gen_out {
 	bool json;
@@ -162,7 +180,7 @@ static void print_gen_json(const struct gen_out *o, const struct kvc_result *res
 static int cmd_generate(struct ctx *x, int argc, char **argv)
 {
 	enum { O_RAW = OPT_FIRST_CMD, O_SYSTEM, O_MAX, O_TEMP, O_TOPP, O_TOPK, O_MINP, O_REP, O_SEED, O_STOP,
-	       O_SESSION, O_JSON };
+	       O_SESSION, O_JSON, O_SPECIAL, O_NO_NEWLINE };
 	static const struct option longopts[] = {
 		{ "raw", no_argument, NULL, O_RAW },
 		{ "system", required_argument, NULL, O_SYSTEM },
@@ -176,7 +194,8 @@ static int cmd_generate(struct ctx *x, int argc, char **argv)
 		{ "stop", required_argument, NULL, O_STOP },
 		{ "session", required_argument, NULL, O_SESSION },
 		{ "json", no_argument, NULL, O_JSON },
-		{ "no-newline", no_argument, NULL, 'n' },
+		{ "special", no_argument, NULL, O_SPECIAL },
+		{ "no-newline", no_argument, NULL, O_NO_NEWLINE },
 		COMMON_LONGOPTS,
 		{ 0 },
 	};
@@ -190,7 +209,7 @@ static int cmd_generate(struct ctx *x, int argc, char **argv)
 	int o, r;
 
 	kvc_gen_params_init(&p);
-	while ((o = getopt_long(argc, argv, "hn", longopts, NULL)) != -1) {
+	while ((o = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
 		if ((r = common_opt(x, cmd, o, optarg)) != 0) {
 			if (r < 0)
 				return EXIT_USAGE;
@@ -200,8 +219,11 @@ static int cmd_generate(struct ctx *x, int argc, char **argv)
 		case 'h':
 			fputs(help_generate, stdout);
 			return EXIT_OK;
-		case 'n':
+		case O_NO_NEWLINE:
 			newline = false;
+			break;
+		case O_SPECIAL:
+			p.flags |= KVC_GEN_PARSE_SPECIAL;
 			break;
 		case O_RAW:
 			p.flags |= KVC_GEN_RAW;
@@ -256,12 +278,20 @@ static int cmd_generate(struct ctx *x, int argc, char **argv)
 		case O_JSON:
 			json = true;
 			break;
+		case '?':
+			if (optopt == 'n')
+				return usage_error(cmd, "unknown option '-n': the number of tokens to generate is "
+							"--max-tokens N (and --no-newline drops the final newline)");
+			return option_error(cmd, argv, o);
 		default:
-			return usage_error(cmd, "unknown option");
+			return option_error(cmd, argv, o);
 		}
 	}
 	if (p.system && (p.flags & KVC_GEN_RAW))
 		return usage_error(cmd, "--system needs the chat template: drop --raw");
+	if ((p.flags & KVC_GEN_PARSE_SPECIAL) && !(p.flags & KVC_GEN_RAW))
+		return usage_error(cmd, "--special goes with --raw: without it the daemon renders the chat "
+					"template itself");
 	p.stop = stops;
 	p.n_stop = n_stop;
 	if (json)
@@ -283,6 +313,24 @@ static int cmd_generate(struct ctx *x, int argc, char **argv)
 	if ((r = connect_daemon(x, &c)) != 0) {
 		free(prompt);
 		return r;
+	}
+	/* Limits the daemon announced: say which one, with its figure, rather
+	 * than the bare -E2BIG the library would return. */
+	const struct kvc_info *info = kvc_server_info(c);
+	if (info->max_tokens && p.max_tokens > info->max_tokens) {
+		log_err("generate: --max-tokens %" PRIu32 " is more than kvd accepts: at most %" PRIu32
+			" (the model's context window is %" PRIu32 " tokens, shared by the prompt and the answer)",
+			p.max_tokens, info->max_tokens, info->n_ctx);
+		free(prompt);
+		kvc_close(c);
+		return EXIT_REJECTED;
+	}
+	if (info->max_prompt_bytes && len > info->max_prompt_bytes) {
+		log_err("generate: the prompt is %zu bytes; kvd accepts at most %" PRIu32
+			" (server.max_prompt_bytes)", len, info->max_prompt_bytes);
+		free(prompt);
+		kvc_close(c);
+		return EXIT_REJECTED;
 	}
 	install_sigint();
 	struct gen_out out = { .json = json, .last_nl = true };

@@ -54,7 +54,8 @@
 	"    -h, --help      show this help\n"                                                               \
 	"\n"                                                                                                  \
 	"ENVIRONMENT\n"                                                                                       \
-	"    KVD_SOCKET      socket path used when --socket is not given\n"
+	"    KVD_SOCKET      socket path used when --socket is not given (in a checkout,\n"                 \
+	"                    after 'make run', '. run/env' sets it to run/kvd.sock)\n"
 
 struct ctx {
 	const char *socket;  /* NULL: library default */
@@ -119,6 +120,10 @@ enum { OPT_SOCKET = 1000, OPT_TIMEOUT, OPT_FIRST_CMD };
 #define COMMON_LONGOPTS                                                                                     \
 	{ "socket", required_argument, NULL, OPT_SOCKET }, { "timeout", required_argument, NULL, OPT_TIMEOUT }, \
 		{ "help", no_argument, NULL, 'h' }
+/* Log the option getopt_long just refused ('?': unknown, ':': its value is
+ * missing; getopt's own messages are off, opterr = 0) and return EXIT_USAGE.
+ * Options parse with an optstring beginning ':' so that the two differ. */
+int option_error(const char *cmd, char **argv, int opt);
 /* Returns 1 if opt was a common option (handled), -1 on a bad value (logged),
  * 0 if it is not one. */
 int common_opt(struct ctx *x, const char *cmd, int opt, const char *arg);

@@ -33,7 +33,6 @@ static const char help_main[] =
 	"COMMANDS\n";
 
 static const char help_main_tail[] =
-"    help       this text, or 'help COMMAND' for a command's\n"
 	"\n"
 	"    Run 'kvctl COMMAND --help' for a command's options.\n"
 	"\n" COMMON_HELP "\n" EXIT_STATUS_HELP
@@ -43,10 +42,35 @@ static const char help_main_tail[] =
 	"    kvctl stats --json\n"
 	"    KVD_SOCKET=$PWD/kvd.sock kvctl ps\n";
 
+static const char help_help[] =
+	"NAME\n"
+	"    kvctl help - show kvctl's help, or a command's\n"
+	"\n"
+	"SYNOPSIS\n"
+	"    kvctl help [COMMAND]\n"
+	"\n"
+	"DESCRIPTION\n"
+	"    Without COMMAND, prints the list of commands ('kvctl --help' does the same);\n"
+	"    with one, prints that command's manual, as 'kvctl COMMAND --help' does.\n"
+	"    Neither connects to kvd.\n"
+	"\n"
+	"OPTIONS\n"
+	"    -h, --help   show this help\n"
+	"\n" EXIT_STATUS_HELP
+	"\n"
+	"EXAMPLES\n"
+	"    kvctl help generate\n";
+
+static int cmd_help(struct ctx *x, int argc, char **argv);
+
+static const struct kvctl_command kvctl_cmd_help = {
+	"help", "this text, or 'help COMMAND' for a command's", cmd_help, help_help,
+};
+
 /* The command table: one row per command, from the family files. */
 static const struct kvctl_command *const commands[] = {
-	&kvctl_cmd_generate, &kvctl_cmd_stats, &kvctl_cmd_tokenize, &kvctl_cmd_count,
-	&kvctl_cmd_plan,     &kvctl_cmd_ps,    &kvctl_cmd_session,  &kvctl_cmd_version,
+	&kvctl_cmd_generate, &kvctl_cmd_stats, &kvctl_cmd_tokenize, &kvctl_cmd_count, &kvctl_cmd_plan,
+	&kvctl_cmd_ps,       &kvctl_cmd_session, &kvctl_cmd_version, &kvctl_cmd_help,
 };
 
 static void print_main_help(FILE *f)
@@ -65,6 +89,36 @@ static const struct kvctl_command *find_command(const char *name)
 	return NULL;
 }
 
+static int cmd_help(struct ctx *x, int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	const char *cmd = "help";
+	int o;
+
+	(void)x;
+	while ((o = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+		if (o == 'h') {
+			fputs(help_help, stdout);
+			return EXIT_OK;
+		}
+		return option_error(cmd, argv, o);
+	}
+	if (optind >= argc) {
+		print_main_help(stdout);
+		return EXIT_OK;
+	}
+	if (optind + 1 < argc)
+		return usage_error(cmd, "unexpected argument '%s'", argv[optind + 1]);
+	const struct kvctl_command *c = find_command(argv[optind]);
+	if (!c)
+		return usage_error(cmd, "no command '%s'", argv[optind]);
+	fputs(c->help, stdout);
+	return EXIT_OK;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option longopts[] = {
@@ -76,8 +130,8 @@ int main(int argc, char **argv)
 	int o, r;
 
 	g_journal = stderr_is_journal();
-	opterr = 1;
-	while ((o = getopt_long(argc, argv, "+hV", longopts, NULL)) != -1) {
+	opterr = 0; /* option_error() says what was wrong */
+	while ((o = getopt_long(argc, argv, "+:hV", longopts, NULL)) != -1) {
 		if ((r = common_opt(&x, NULL, o, optarg)) != 0) {
 			if (r < 0)
 				return EXIT_USAGE;
@@ -91,8 +145,7 @@ int main(int argc, char **argv)
 			printf("kvctl %s\n", KVC_VERSION_STRING);
 			return EXIT_OK;
 		default:
-			fprintf(stderr, "       try 'kvctl --help'\n");
-			return EXIT_USAGE;
+			return option_error(NULL, argv, o);
 		}
 	}
 	if (optind >= argc) {
@@ -100,19 +153,6 @@ int main(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	const char *name = argv[optind];
-	if (strcmp(name, "help") == 0) {
-		if (optind + 1 >= argc) {
-			print_main_help(stdout);
-			return EXIT_OK;
-		}
-		const struct kvctl_command *c = find_command(argv[optind + 1]);
-		if (!c) {
-			log_err("help: no command '%s'", argv[optind + 1]);
-			return EXIT_USAGE;
-		}
-		fputs(c->help, stdout);
-		return EXIT_OK;
-	}
 	const struct kvctl_command *c = find_command(name);
 	if (!c) {
 		log_err("no command '%s'", name);

@@ -86,7 +86,7 @@ static int cmd_plan(struct ctx *x, int argc, char **argv)
 	bool json = false;
 	int o, r;
 
-	while ((o = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+	while ((o = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
 		if ((r = common_opt(x, cmd, o, optarg)) != 0) {
 			if (r < 0)
 				return EXIT_USAGE;
@@ -112,7 +112,7 @@ static int cmd_plan(struct ctx *x, int argc, char **argv)
 			json = true;
 			break;
 		default:
-			return usage_error(cmd, "unknown option");
+			return option_error(cmd, argv, o);
 		}
 		if (dst && (!parse_u32(optarg, dst) || *dst == 0 || *dst > (1u << 24)))
 			return usage_error(cmd, "%s: '%s' is not an integer in 1..16777216", name, optarg);
@@ -198,18 +198,21 @@ static int cmd_plan(struct ctx *x, int argc, char **argv)
 		printf("KV per token       2 x %u layers x %u KV heads x %u dims x %u bytes = %" PRIu64 " B (%s)\n", layers,
 		       kvh, hdim, dtype, per_token, b1);
 		fmt_bytes(b1, sizeof(b1), (double)page_bytes);
-		printf("page               %u tokens = %" PRIu64 " B (%s)\n", block, page_bytes, b1);
+		printf("page               %u %s = %" PRIu64 " B (%s)\n", block, block == 1 ? "token" : "tokens", page_bytes, b1);
 		fmt_bytes(b1, sizeof(b1), (double)req_bytes);
 		fmt_bytes(b2, sizeof(b2), (double)ctx * (double)per_token);
-		printf("per request        %u tokens -> %" PRIu64 " pages = %s", ctx, pages_per_req, b1);
+		printf("per request        %u %s -> %" PRIu64 " %s = %s", ctx, ctx == 1 ? "token" : "tokens", pages_per_req,
+		       pages_per_req == 1 ? "page" : "pages", b1);
 		if ((uint64_t)ctx != pages_per_req * block) /* the last page is partly empty */
 			printf(" (%s hold tokens)", b2);
 		fputc('\n', stdout);
 		for (size_t k = 0; k < n_budgets; k++) {
 			uint64_t pages = budgets[k] / page_bytes;
 			fmt_bytes(b3, sizeof(b3), (double)budgets[k]);
-			printf("%-18s %s -> %" PRIu64 " pages -> %" PRIu64 " sequences of %u tokens\n",
-			       k == 0 ? "budget" : "", b3, pages, pages / pages_per_req, ctx);
+			uint64_t seqs = pages / pages_per_req;
+			printf("%-18s %s -> %" PRIu64 " %s -> %" PRIu64 " %s of %u %s\n", k == 0 ? "budget" : "", b3, pages,
+			       pages == 1 ? "page" : "pages", seqs, seqs == 1 ? "sequence" : "sequences", ctx,
+			       ctx == 1 ? "token" : "tokens");
 		}
 	}
 	return fflush(stdout) != 0 ? EXIT_IO : EXIT_OK;

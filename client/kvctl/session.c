@@ -30,6 +30,10 @@ static const char help_session[] =
 	"    'open' prints the new session's id. A session belongs to the user who opened\n"
 	"    it and outlives the connection; kvd closes it after SECS seconds without use\n"
 	"    (default: the daemon's session idle timeout). 'close' frees its memory now.\n"
+	"\n"
+	"OPTIONS\n"
+	"    --idle SECS   with 'open': close the session after SECS seconds without a\n"
+	"                  request (default: the daemon's scheduler.session_idle_timeout)\n"
 	"\n" COMMON_HELP "\n" EXIT_STATUS_HELP
 	"\n"
 	"EXAMPLES\n"
@@ -50,7 +54,7 @@ static int cmd_session(struct ctx *x, int argc, char **argv)
 	uint32_t idle = 0;
 	int o, r;
 
-	while ((o = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+	while ((o = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
 		if ((r = common_opt(x, cmd, o, optarg)) != 0) {
 			if (r < 0)
 				return EXIT_USAGE;
@@ -65,7 +69,7 @@ static int cmd_session(struct ctx *x, int argc, char **argv)
 				return usage_error(cmd, "--idle: '%s' is not a number of seconds > 0", optarg);
 			break;
 		default:
-			return usage_error(cmd, "unknown option");
+			return option_error(cmd, argv, o);
 		}
 	}
 	int rest = argc - optind;
@@ -117,7 +121,11 @@ static const char help_version[] =
 	"    --json   print {\"kvctl\", \"libkvclient\", \"kvd\", \"model\", \"n_ctx\",\n"
 	"             \"n_vocab\", \"block_size\"}; kvd and model are null when the daemon\n"
 	"             cannot be reached\n"
-	"\n" COMMON_HELP "\n" EXIT_STATUS_HELP;
+	"\n" COMMON_HELP "\n" EXIT_STATUS_HELP
+	"\n"
+	"EXAMPLES\n"
+	"    kvctl version\n"
+	"    kvctl version --json | jq .n_ctx      # the model's context window, in tokens\n";
 
 static int cmd_version(struct ctx *x, int argc, char **argv)
 {

@@ -140,7 +140,7 @@ static int cmd_stats(struct ctx *x, int argc, char **argv)
 	double watch = 0;
 	int o, r;
 
-	while ((o = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+	while ((o = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
 		if ((r = common_opt(x, cmd, o, optarg)) != 0) {
 			if (r < 0)
 				return EXIT_USAGE;
@@ -165,7 +165,7 @@ static int cmd_stats(struct ctx *x, int argc, char **argv)
 			}
 			break;
 		default:
-			return usage_error(cmd, "unknown option");
+			return option_error(cmd, argv, o);
 		}
 	}
 	if (optind < argc)
@@ -229,7 +229,14 @@ static const char help_ps[] =
 	"    --json   print {\"requests\": [{...}, ...]} with the members client_id,\n"
 	"             request_id, pid, uid, state, prompt_tokens, cached_tokens,\n"
 	"             generated_tokens, max_tokens, pages, pages_shared, age_ms, session_id\n"
-	"\n" COMMON_HELP "\n" EXIT_STATUS_HELP;
+	"\n" COMMON_HELP "\n" EXIT_STATUS_HELP
+	"\n"
+	"EXAMPLES\n"
+	"    kvctl ps\n"
+	"    kvctl ps --json | jq '.requests[] | select(.state == \"swapped\")'\n"
+	"\n"
+	"SEE ALSO\n"
+	"    kvctl stats --help\n";
 
 static int cmd_ps(struct ctx *x, int argc, char **argv)
 {

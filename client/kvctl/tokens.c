@@ -76,7 +76,7 @@ static int cmd_tokenize(struct ctx *x, int argc, char **argv, bool count)
 	bool json = false;
 	int o, r;
 
-	while ((o = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+	while ((o = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
 		if ((r = common_opt(x, cmd, o, optarg)) != 0) {
 			if (r < 0)
 				return EXIT_USAGE;
@@ -96,7 +96,7 @@ static int cmd_tokenize(struct ctx *x, int argc, char **argv, bool count)
 			json = true;
 			break;
 		default:
-			return usage_error(cmd, "unknown option");
+			return option_error(cmd, argv, o);
 		}
 	}
 	char *text;

@@ -376,6 +376,22 @@ int connect_daemon(const struct ctx *x, kvc_client **ret)
 	return 0;
 }
 
+int option_error(const char *cmd, char **argv, int opt)
+{
+	/* getopt_long has moved optind past the option it refused (and its
+	 * value, if any), unless it was inside a cluster such as -xy */
+	const char *arg = optind > 0 ? argv[optind - 1] : "";
+	char name[64];
+
+	if (optopt > 0 && optopt < 256)
+		snprintf(name, sizeof(name), "-%c", optopt);
+	else
+		snprintf(name, sizeof(name), "%.*s", (int)strcspn(arg, "="), arg);
+	if (opt == ':')
+		return usage_error(cmd, "option '%s' needs a value", name);
+	return usage_error(cmd, "unknown option '%s'", name);
+}
+
 int common_opt(struct ctx *x, const char *cmd, int opt, const char *arg)
 {
 	switch (opt) {
@@ -406,7 +422,7 @@ int parse_json_only(struct ctx *x, const char *cmd, const char *help, int argc, 
 	int o, r;
 
 	*ret_json = false;
-	while ((o = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+	while ((o = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
 		if ((r = common_opt(x, cmd, o, optarg)) != 0) {
 			if (r < 0)
 				return EXIT_USAGE;
@@ -420,7 +436,7 @@ int parse_json_only(struct ctx *x, const char *cmd, const char *help, int argc, 
 			*ret_json = true;
 			break;
 		default:
-			return usage_error(cmd, "unknown option");
+			return option_error(cmd, argv, o);
 		}
 	}
 	if (optind < argc)

@@ -1404,7 +1404,7 @@ static void test_kvctl_generate(void **state)
 
 	assert_int_equal(KVCTL(NULL, "generate", "--socket", S, "--raw", "hello"), 0);
 	assert_string_equal(g_run.out, "Hello world!\n");
-	assert_int_equal(KVCTL(NULL, "--socket", S, "generate", "-n", "hello", "--max-tokens", "9"), 0);
+	assert_int_equal(KVCTL(NULL, "--socket", S, "generate", "--no-newline", "hello", "--max-tokens", "9"), 0);
 	assert_string_equal(g_run.out, "Hello world!");
 	/* The prompt from stdin, with "-" or without operands. */
 	assert_int_equal(KVCTL("hello\n", "generate", "--socket", S), 0);
