@@ -81,6 +81,16 @@ for k in $(grep -oE 'IS\("[a-z]+", "[a-z_]+"\)' daemon/config.c | sed -E 's/.*, 
 done
 ok "etc/kvd.conf documents exactly the keys kvd knows"
 
+# etc/kvd.conf names the same weight formats as the README's "Supported models"
+fmt_re='\b(f32|f16|bf16|q[0-9]_[0-9k])\b'
+readme_fmts=$(sed -n '/^## Supported models/,/^## /p' README.md | tr '\n' ' ' | grep -oE 'weights in [^.]*' | head -n 1 |
+	sed 's/, so .*//' | tr 'A-Z' 'a-z' | grep -oE "$fmt_re" | sort -u | tr '\n' ' ')
+conf_fmts=$(sed -n '/^\[model\]/,/^path/p' etc/kvd.conf | tr 'A-Z' 'a-z' | grep -oE "$fmt_re" | sort -u | tr '\n' ' ')
+[ -n "$readme_fmts" ] || fail "no weight formats found in README.md's 'Supported models'"
+[ "$readme_fmts" = "$conf_fmts" ] ||
+	fail "etc/kvd.conf lists weight formats '$conf_fmts', README.md '$readme_fmts'"
+ok "etc/kvd.conf and README.md list the same weight formats: $conf_fmts"
+
 # KVD_SOCKET overrides the file; --socket overrides both
 printf '[model]\npath = %s\n[server]\nsocket = /run/from-file.sock\n' "$TINY" >"$C"
 KVD_SOCKET=/tmp/from-env.sock "$KVD" --config "$C" --check-config >"$T/cc1.out" || fail "check-config with KVD_SOCKET"
