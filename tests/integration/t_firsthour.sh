@@ -68,6 +68,24 @@ grep -q 'CLIENT' "$T/block.out" || fail "no 'kvctl ps' header"
 [ "$(grep -c '^+ kvctl' "$T/block.err")" -ge 8 ] || fail "fewer kvctl commands ran than the block has"
 ok "the README block works as pasted ($(wc -l <"$T/block.out") lines of output)"
 
+# ---- client/examples/kvc_parallel: its shared system prompt is shared ----------------------
+# The prompts share a system prompt of several pages: while they run, the
+# pages are shared, or (when one request's prefill came first) the others
+# find them in the prefix cache. Either way more than one page's worth.
+EXP=$ROOT/$BUILD/examples/kvc_parallel
+if [ -x "$EXP" ]; then
+	block=$(KVD_SOCKET=$RUN/kvd.sock "$KVCTL" version --json | sed -E 's/.*"block_size":([0-9]+).*/\1/')
+	KVD_SOCKET=$RUN/kvd.sock "$EXP" "Name a color." "Name a fruit." "Name a planet." >"$T/par.out" 2>&1 ||
+		fail "kvc_parallel: $(tail -n 5 "$T/par.out")"
+	shared=$(sed -nE 's/.* ([0-9]+) of them shared.*/\1/p' "$T/par.out" | head -n 1)
+	cached=$(sed -nE 's/.*; ([0-9]+) of [0-9]+ prompt tokens were cached.*/\1/p' "$T/par.out" | sort -n | tail -n 1)
+	[ "${shared:-0}" -ge 2 ] || [ "${cached:-0}" -ge $((2 * block)) ] ||
+		fail "kvc_parallel shows no sharing beyond one page (shared pages ${shared:-?}, most cached tokens ${cached:-?}, $block tokens a page): $(cat "$T/par.out")"
+	ok "kvc_parallel: ${shared:-0} pages shared while running, up to ${cached:-0} prompt tokens from the cache"
+else
+	echo "skipped: kvc_parallel check: $EXP not built"
+fi
+
 # ---- the hint when kvctl cannot connect -------------------------------------------------------
 env -u KVD_SOCKET "$KVCTL" --socket "$T/nowhere.sock" stats >/dev/null 2>"$T/hint1"
 rc=$?
