@@ -1,6 +1,7 @@
 /*
- * client/kvctl/generate.c — kvctl generate: send a prompt, stream the generated text to
- * stdout (or print one JSON object at the end); Ctrl-C cancels.
+ * client/kvctl/generate.c — kvctl generate: send a prompt, stream the
+ * generated text to stdout (or print one JSON object at the end); Ctrl-C
+ * cancels.
  */
 #include <errno.h>
 #include <getopt.h>

@@ -1,9 +1,9 @@
 /*
- * client/kvctl/main.c — kvctl, the command-line client of kvd: global options, the
- * command table and dispatch. Each command family lives in its own file
- * (generate.c, stats.c, tokens.c, plan.c, session.c) and documents itself
- * with --help; exit statuses are distinct so scripts can tell "daemon down"
- * from "request refused" from "usage error".
+ * client/kvctl/main.c — kvctl, the command-line client of kvd: global options,
+ * the command table and dispatch. Each command family lives in its own file
+ * (generate.c, stats.c, tokens.c, plan.c, session.c) and documents itself with
+ * --help; exit statuses are distinct so scripts can tell "daemon down" from
+ * "request refused" from "usage error".
  */
 #include <errno.h>
 #include <getopt.h>

@@ -1,7 +1,7 @@
 /*
- * client/kvctl/plan.c — kvctl plan: the KV-cache capacity bill of a model (bytes per
- * token, per page, per request, and how many sequences fit a budget), for
- * the daemon's model or for one described on the command line.
+ * client/kvctl/plan.c — kvctl plan: the KV-cache capacity bill of a model
+ * (bytes per token, per page, per request, and how many sequences fit a
+ * budget), for the daemon's model or for one described on the command line.
  */
 #include <errno.h>
 #include <getopt.h>

@@ -1,6 +1,7 @@
 /*
- * client/kvctl/session.c — kvctl session and kvctl version: sessions (conversations kept
- * in the daemon's KV cache) and the versions of client and daemon.
+ * client/kvctl/session.c — kvctl session and kvctl version: sessions
+ * (conversations kept in the daemon's KV cache) and the versions of client and
+ * daemon.
  */
 #include <errno.h>
 #include <getopt.h>

@@ -1,6 +1,6 @@
 /*
- * client/kvctl/stats.c — kvctl stats and kvctl ps: what the daemon's KV cache and
- * scheduler hold (pages, counters) and which requests hold them.
+ * client/kvctl/stats.c — kvctl stats and kvctl ps: what the daemon's KV cache
+ * and scheduler hold (pages, counters) and which requests hold them.
  */
 #include <errno.h>
 #include <getopt.h>

@@ -1,6 +1,6 @@
 /*
- * client/kvctl/tokens.c — kvctl tokenize and kvctl count: the model's own tokenizer,
- * through the daemon.
+ * client/kvctl/tokens.c — kvctl tokenize and kvctl count: the model's own
+ * tokenizer, through the daemon.
  */
 #include <errno.h>
 #include <getopt.h>

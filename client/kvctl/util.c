@@ -1,21 +1,21 @@
 /*
- * client/kvctl/util.c — the helpers kvctl's commands share: messages (stderr, prefixed "kvctl: ";
- * with sd-daemon priority prefixes when stderr is the journal), exit
- * statuses for library errors, argument parsing, JSON strings, connecting
- * to the daemon with a hint when that fails, and Ctrl-C handling.
+ * client/kvctl/util.c — the helpers kvctl's commands share: messages (stderr,
+ * prefixed "kvctl: "; with sd-daemon priority prefixes when stderr is the
+ * journal), exit statuses for library errors, argument parsing, JSON strings,
+ * connecting to the daemon with a hint when that fails, and Ctrl-C handling.
  */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <math.h>
-#include <signal.h>
-#include <stdarg.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
