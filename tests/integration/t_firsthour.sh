@@ -36,7 +36,7 @@ mkdir -p "$T/home"
 cp README.md "$T/home/"
 stop_run() { KVD_RUN_DIR=$RUN scripts/stop >>"$T/stop.log" 2>&1; }
 trap 'stop_run; cleanup' EXIT
-env -u KVD_SOCKET KVD_RUN_DIR="$RUN" PROMPT="Say hello." scripts/run >"$T/run.log" 2>&1 ||
+env -u KVD_SOCKET BUILD="$BUILD" KVD_RUN_DIR="$RUN" PROMPT="Say hello." scripts/run >"$T/run.log" 2>&1 ||
 	fail "scripts/run failed: $(tail -n 20 "$T/run.log")"
 [ -f "$RUN/kvd.pid" ] && PIDS+=("$(cat "$RUN/kvd.pid")")
 [ -S "$RUN/kvd.sock" ] || fail "scripts/run did not create $RUN/kvd.sock"
