@@ -9,7 +9,9 @@
  * new tokens' K/V, lets kvmm index the pages that became full.
  *
  * Policy (who runs, who waits, who is swapped) is the scheduler's, not the
- * engine's. One thread drives an engine.
+ * engine's. One thread drives an engine. An engine can also be opened
+ * without a model, over a given backend table and hyper-parameters, so the
+ * scheduler above it can be tested with a stub backend.
  */
 #ifndef KVD_ENGINE_H
 #define KVD_ENGINE_H
