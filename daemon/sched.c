@@ -30,8 +30,6 @@
 
 #include "engine.h"
 #include "kvmm.h"
-#include "model.h"
-#include "tokenizer.h"
 
 enum req_state {
 	RS_WAITING = 0,  /* no sequence yet (or dropped for recompute) */
@@ -55,10 +53,9 @@ struct req {
 	uint32_t seq;
 	int has_seq;
 	int ignore_eos;
+	uint32_t idle_s;         /* session idle time; 0: the config's */
 	int admitted_now;        /* admitted during the step being built */
 	struct kvd_sampler *sampler;
-	struct kvd_stop stop;
-	struct kvd_detok detok;
 	float *logits;
 	struct kvd_request_result res;
 	uint64_t t_submit, t_admit, t_first, t_last, t_used;
@@ -68,7 +65,6 @@ struct kvd_sched {
 	struct kvd_sched_config cfg;
 	struct kvd_engine *e;
 	struct kvmm *kv;
-	const struct kvd_tokenizer *tok;
 	struct kvd_sched_events ev;
 	int32_t n_vocab;
 	uint32_t block_size;
@@ -82,9 +78,12 @@ struct kvd_sched {
 	size_t cap_items;
 };
 
-static uint64_t now_ns(void)
+static uint64_t now_ns(const struct kvd_sched *s)
 {
 	struct timespec ts;
+
+	if (s->ev.now_ns)
+		return s->ev.now_ns(s->ev.ud);
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
@@ -104,7 +103,6 @@ int kvd_sched_create(const struct kvd_sched_config *cfg, struct kvd_engine *e, c
 		s->cfg.max_waiting = 4096;
 	s->e = e;
 	s->kv = kvd_engine_kvmm(e);
-	s->tok = kvd_model_tokenizer(kvd_engine_model(e));
 	s->ev = *ev;
 	s->n_vocab = kvd_engine_n_vocab(e);
 	s->block_size = kvd_engine_kv_layout(e)->block_size;
@@ -168,7 +166,7 @@ static struct req *find_session(const struct kvd_sched *s, uint64_t session, siz
 static void finish(struct kvd_sched *s, struct req *r, enum kvd_finish why, int error)
 {
 	size_t i;
-	uint64_t t = now_ns();
+	uint64_t t = now_ns(s);
 	struct kvmm_seq_record rec;
 
 	r->res.finish = why;
@@ -325,9 +323,6 @@ int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt
 		rc = -ENOMEM;
 		goto fail;
 	}
-	rc = kvd_stop_init(&r->stop, p->stops, p->n_stops);
-	if (rc < 0)
-		goto fail;
 	memcpy(r->toks + hist, prompt, n_prompt * sizeof(*prompt));
 	r->n_toks = hist + n_prompt;
 	r->id = req_id;
@@ -336,13 +331,13 @@ int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt
 	r->n_generated = 0;
 	r->max_tokens = p->max_tokens;
 	r->ignore_eos = p->ignore_eos;
-	r->t_submit = now_ns();
+	r->idle_s = p->session_idle_s;
+	r->t_submit = now_ns(s);
 	r->t_admit = r->t_first = r->t_last = 0;
 	/* a session turn computes over its history too: report the whole
 	 * context, with the history the session kept as cached */
 	r->res.prompt_tokens = hist + n_prompt;
 	r->res.cached_tokens = sess ? r->n_computed : 0;
-	kvd_detok_init(&r->detok);
 	if (!sess || !r->has_seq) {
 		r->state = RS_WAITING; /* (a session whose pages were given up recomputes) */
 	} else {
@@ -397,6 +392,15 @@ int kvd_sched_session_tokens(const struct kvd_sched *s, uint64_t session)
 	return (int)r->n_toks;
 }
 
+int kvd_sched_session_touch(struct kvd_sched *s, uint64_t session)
+{
+	struct req *r = find_session(s, session, NULL);
+	if (!r || r->state != RS_SESSION)
+		return -ENOENT;
+	r->t_used = now_ns(s);
+	return 0;
+}
+
 int kvd_sched_session_last_token(const struct kvd_sched *s, uint64_t session)
 {
 	struct req *r = find_session(s, session, NULL);
@@ -435,20 +439,27 @@ static int reclaim_session(struct kvd_sched *s)
 	return 1;
 }
 
-void kvd_sched_expire_sessions(struct kvd_sched *s, uint64_t t)
+int kvd_sched_expire_sessions(struct kvd_sched *s)
 {
-	if (!s->cfg.session_idle_s)
-		return;
+	uint64_t t = now_ns(s);
+	int n = 0;
+
 	for (size_t i = 0; i < s->n_reqs;) {
 		struct req *r = s->reqs[i];
-		if (r->state == RS_SESSION && t - r->t_used > (uint64_t)s->cfg.session_idle_s * 1000000000ull) {
+		uint64_t idle_ns = (uint64_t)(r->idle_s ? r->idle_s : s->cfg.session_idle_s) * 1000000000ull;
+		if (r->state == RS_SESSION && idle_ns && t - r->t_used > idle_ns) {
+			uint64_t session = r->session;
 			remove_at(s, i);
 			drop_seq(s, r);
 			req_free(r);
+			n++;
+			if (s->ev.on_session_expired)
+				s->ev.on_session_expired(s->ev.ud, session);
 			continue;
 		}
 		i++;
 	}
+	return n;
 }
 
 int kvd_sched_idle(const struct kvd_sched *s)
@@ -477,7 +488,7 @@ void kvd_sched_get_stats(const struct kvd_sched *s, struct kvd_sched_stats *ret)
 size_t kvd_sched_list(const struct kvd_sched *s, struct kvd_sched_req_info *out, size_t cap)
 {
 	size_t n = 0;
-	uint64_t t = now_ns();
+	uint64_t t = now_ns(s);
 	for (size_t i = 0; i < s->n_reqs && n < cap; i++) {
 		const struct req *r = s->reqs[i];
 		if (r->state == RS_SESSION)
@@ -573,14 +584,13 @@ static void resume_swapped(struct kvd_sched *s, uint32_t n_running)
 	}
 }
 
-/* Sample, detokenize, stop-check and report one new token. */
+/* Sample and report one new token; end the request when it ends here. */
 static void emit(struct kvd_sched *s, struct req *r)
 {
-	char piece[KVD_DETOK_MIN_CAP + KVD_SAMPLER_MAX_STOP_LEN], out[sizeof(piece) + KVD_SAMPLER_MAX_STOP_LEN];
 	int32_t t = kvd_sampler_sample(r->sampler, r->logits, r->toks, r->n_toks);
-	uint64_t now = now_ns();
-	int hit = 0;
-	size_t n_out = 0;
+	uint64_t now = now_ns(s);
+	enum kvd_finish ending = KVD_FINISH_NONE;
+	enum kvd_token_verdict verdict = KVD_TOKEN_CONTINUE;
 
 	r->toks[r->n_toks++] = t;
 	r->n_generated++;
@@ -590,31 +600,17 @@ static void emit(struct kvd_sched *s, struct req *r)
 		r->res.ttft_ns = now - r->t_submit;
 	}
 	r->t_last = now;
-	if (!r->ignore_eos && kvd_tokenizer_is_eog(s->tok, t)) {
-		int n = kvd_detok_flush(&r->detok, piece, sizeof(piece));
-		n_out = kvd_stop_feed(&r->stop, piece, n > 0 ? (size_t)n : 0, out, sizeof(out), &hit);
-		n_out += kvd_stop_flush(&r->stop, out + n_out, sizeof(out) - n_out);
-		if (s->ev.on_token)
-			s->ev.on_token(s->ev.ud, r->id, t, out, n_out);
-		finish(s, r, KVD_FINISH_EOS, 0);
-		return;
-	}
-	int n = kvd_detok_push(s->tok, &r->detok, t, piece, sizeof(piece));
-	if (n < 0)
-		n = 0;
-	if (r->n_generated == r->max_tokens) {
-		int m = kvd_detok_flush(&r->detok, piece + n, sizeof(piece) - (size_t)n);
-		if (m > 0)
-			n += m;
-	}
-	n_out = kvd_stop_feed(&r->stop, piece, (size_t)n, out, sizeof(out), &hit);
-	if (!hit && r->n_generated == r->max_tokens)
-		n_out += kvd_stop_flush(&r->stop, out + n_out, sizeof(out) - n_out);
-	if (s->ev.on_token)
-		s->ev.on_token(s->ev.ud, r->id, t, out, n_out);
-	if (hit)
-		finish(s, r, KVD_FINISH_STOP, 0);
+	if (!r->ignore_eos && s->ev.is_eog && s->ev.is_eog(s->ev.ud, t))
+		ending = KVD_FINISH_EOS;
 	else if (r->n_generated == r->max_tokens)
+		ending = KVD_FINISH_LENGTH;
+	if (s->ev.on_token)
+		verdict = s->ev.on_token(s->ev.ud, r->id, t, ending);
+	if (ending == KVD_FINISH_EOS)
+		finish(s, r, KVD_FINISH_EOS, 0);
+	else if (verdict == KVD_TOKEN_STOP)
+		finish(s, r, KVD_FINISH_STOP, 0);
+	else if (ending == KVD_FINISH_LENGTH)
 		finish(s, r, KVD_FINISH_LENGTH, 0);
 }
 
@@ -660,7 +656,7 @@ int kvd_sched_step(struct kvd_sched *s)
 					r->res.cached_tokens = hit;
 				r->state = RS_RUNNING;
 				r->admitted_now = 1;
-				r->t_admit = now_ns();
+				r->t_admit = now_ns(s);
 				kvmm_seq_set_prompt_tokens(s->kv, r->seq, r->n_history + r->n_prompt);
 				n_running++;
 			} else if (r->state != RS_RUNNING) {
@@ -728,11 +724,11 @@ int kvd_sched_step(struct kvd_sched *s)
 		s->item_req[i]->admitted_now = 0;
 	if (rc < 0)
 		goto fail;
-	uint64_t t0 = now_ns();
+	uint64_t t0 = now_ns(s);
 	rc = kvd_engine_step(s->e, s->items, n_items);
 	if (rc < 0)
 		goto fail;
-	uint64_t t1 = now_ns();
+	uint64_t t1 = now_ns(s);
 	s->st.steps++;
 	for (size_t i = 0; i < n_items; i++) {
 		struct req *r = s->item_req[i];
