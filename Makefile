@@ -88,7 +88,7 @@ CUDA_PLUGIN := $(if $(and $(NVCC),$(CUDA_SRC)),$(BUILD)/lib/libkvd-cuda.so)
 .SECONDARY:
 all: $(BINS) $(CLIENT_LIBS) $(TESTS) $(TOOLS) $(BENCHES) $(EXAMPLES) $(CUDA_PLUGIN)
 
-$(BUILD)/obj/%.o: %.c
+$(BUILD)/obj/%.o: %.c Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
@@ -107,15 +107,15 @@ $(BUILD)/lib%.a:
 # $(call export-only,object files,symbol patterns)
 define export-only
 	@mkdir -p $(dir $@)
-	ld -r -o $@.o $(1)
+	ld -r -o $@.o $(filter %.o,$(1))
 	objcopy --wildcard $(foreach p,$(2),--keep-global-symbol='$(p)') $@.o
 	rm -f $@ && ar rcs $@ $@.o && rm -f $@.o
 endef
-$(LIBKVMM): $(call obj,$(KVMM_SRC))
+$(LIBKVMM): $(call obj,$(KVMM_SRC)) Makefile
 	$(call export-only,$^,kvmm_*)
-$(LIBIPC): $(call obj,$(IPC_SRC))
+$(LIBIPC): $(call obj,$(IPC_SRC)) Makefile
 	$(call export-only,$^,ipc_*)
-$(LIBCLIENT_A): $(call obj,$(CLIENT_SRC)) $(call obj,$(IPC_SRC))
+$(LIBCLIENT_A): $(call obj,$(CLIENT_SRC)) $(call obj,$(IPC_SRC)) Makefile
 	$(call export-only,$^,kvc_* kv_strerror)
 
 # The shared client library exports only KVC_EXPORT symbols.
