@@ -31,6 +31,9 @@
 #include "engine.h"
 #include "kvmm.h"
 
+#define SCHED_DEMOTE_RESERVE_DIV 16 /* keep 1/16 of the pool free ahead of a step */
+#define SCHED_DEMOTE_BATCH       32 /* pages demoted in one step at most */
+
 enum req_state {
 	RS_WAITING = 0,  /* no sequence yet (or dropped for recompute) */
 	RS_RUNNING = 1,  /* resident, in the batch */
@@ -614,6 +617,38 @@ static void emit(struct kvd_sched *s, struct req *r)
 		finish(s, r, KVD_FINISH_LENGTH, 0);
 }
 
+/*
+ * Demotion ahead of pressure, like a kernel's low watermark: the allocation
+ * paths reclaim cached prefix pages by dropping them when the free list runs
+ * dry, so before a step that would eat into the last free pages the coldest
+ * cached pages are written to the swap file instead (kvmm_cache_demote) and
+ * freed; they stay in the prefix index and a later hit reads them back
+ * rather than recomputing them. The step's own need plus a reserve of
+ * 1/SCHED_DEMOTE_RESERVE_DIV of the pool is kept free; at most
+ * SCHED_DEMOTE_BATCH pages a step bound the I/O one step waits for. Without
+ * a swap file, or with nothing cached, it does nothing. An I/O error leaves
+ * the pages cached in memory (kvmm counts it); the step goes on.
+ */
+static void demote_ahead(struct kvd_sched *s, uint32_t need)
+{
+	struct kvmm_stats st;
+	uint32_t got = 0;
+
+	kvmm_get_stats(s->kv, &st);
+	if (!st.swap_slots || !st.pages_cached)
+		return;
+	uint32_t reserve = st.pages_total / SCHED_DEMOTE_RESERVE_DIV;
+	uint32_t want = need + (reserve ? reserve : 1);
+	if (st.pages_free >= want)
+		return;
+	want -= st.pages_free;
+	if (want > SCHED_DEMOTE_BATCH)
+		want = SCHED_DEMOTE_BATCH;
+	if (kvmm_cache_demote(s->kv, want, &got) < 0)
+		s->st.demote_errors++;
+	s->st.pages_demoted += got;
+}
+
 int kvd_sched_step(struct kvd_sched *s)
 {
 	size_t n_items = 0;
@@ -680,8 +715,8 @@ int kvd_sched_step(struct kvd_sched *s)
 		return 0;
 
 	/* does it fit? if not, give up the youngest until it does */
+	uint32_t need = 0;
 	for (;;) {
-		uint32_t need;
 		rc = kvd_engine_plan(s->e, s->items, n_items, &need);
 		if (rc != -ENOMEM)
 			break;
@@ -724,6 +759,7 @@ int kvd_sched_step(struct kvd_sched *s)
 		s->item_req[i]->admitted_now = 0;
 	if (rc < 0)
 		goto fail;
+	demote_ahead(s, need);
 	uint64_t t0 = now_ns(s);
 	rc = kvd_engine_step(s->e, s->items, n_items);
 	if (rc < 0)

@@ -10,8 +10,12 @@
  * running sequence is preempted — swapped out when a swap file exists,
  * otherwise dropped and recomputed later — and resumes, before any newer
  * request is admitted, once enough pages are free again (with a margin, so
- * it is not swapped straight back out). Outputs do not depend on any of
- * this: a resumed sequence continues exactly where it stopped.
+ * it is not swapped straight back out). With a swap file, a step that
+ * would eat into the last free pages first demotes the coldest cached
+ * prefix pages to swap (kvmm_cache_demote), so the allocation finds free
+ * pages and a later hit reads the prefix back instead of recomputing it.
+ * Outputs do not depend on any of this: a resumed sequence continues
+ * exactly where it stopped.
  *
  * The scheduler deals only in tokens and pages: it samples, reports each
  * sampled token to its caller, who decides whether a stop string has
@@ -117,6 +121,8 @@ struct kvd_sched_stats {
 	uint64_t tokens_generated;
 	uint64_t preemptions;
 	uint64_t requests_done;
+	uint64_t pages_demoted;   /* cached prefix pages written to swap ahead of pressure */
+	uint64_t demote_errors;   /* demotions that failed on I/O (the pages stayed cached) */
 };
 
 int kvd_sched_create(const struct kvd_sched_config *cfg, struct kvd_engine *e, const struct kvd_sched_events *ev,

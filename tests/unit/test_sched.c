@@ -468,6 +468,60 @@ static void test_preempt_recompute(void **state)
 	batch_check(&(struct setup){ .block_size = 3, .pages = 40, .per_step = 9, .prefix_cache = 1 }, 16, 1, 1);
 }
 
+/* One run of the demotion scenario: prompt A, then a bigger B that needs
+ * the pages A's cached prefix holds, then A again. Returns A's second
+ * cached-token count and the pages demoted. */
+static void demote_run(const char *swap, uint32_t *ret_cached, uint64_t *ret_demoted)
+{
+	struct ctx c;
+	int32_t a[33], b[56], want[GEN];
+	struct kvd_sched_stats st;
+
+	for (int k = 0; k < 33; k++)
+		a[k] = (int32_t)((k * 37 + 5) % N_VOCAB);
+	for (int k = 0; k < 56; k++)
+		b[k] = (int32_t)((k * 53 + 11) % N_VOCAB);
+	/* 24 pages of 4 tokens: A leaves about 11 cached, B needs 17 */
+	open_ctx(&c, &(struct setup){ .block_size = 4, .pages = 24, .prefix_cache = 1, .swap = swap });
+	for (int i = 0; i < 3; i++) {
+		struct kvd_request_params rp = greedy(GEN, 0);
+		assert_int_equal(kvd_sched_submit(c.s, (uint64_t)i, i == 1 ? b : a, i == 1 ? 56 : 33, &rp), 0);
+		run_until_idle(&c);
+		expected(i == 1 ? b : a, i == 1 ? 56 : 33, GEN, want);
+		assert_int_equal(c.r[i].res.finish, KVD_FINISH_LENGTH);
+		assert_memory_equal(c.r[i].toks, want, sizeof(want));
+	}
+	*ret_cached = c.r[2].res.cached_tokens;
+	kvd_sched_get_stats(c.s, &st);
+	*ret_demoted = st.pages_demoted;
+	assert_int_equal(st.demote_errors, 0);
+	assert_int_equal(pages_used(&c), 0);
+	close_ctx(&c);
+}
+
+/* Cached prefix pages are written to swap ahead of pressure rather than
+ * dropped: after a request that needs their memory, the first prompt still
+ * finds its whole prefix (read back from swap, checked token for token by
+ * the stub backend), where without swap its tail had to be recomputed. */
+static void test_demote_ahead_of_pressure(void **state)
+{
+	char dir[] = "/tmp/kvd-test-sched-demote-XXXXXX", path[64];
+	uint32_t cached_swap = 0, cached_none = 0;
+	uint64_t demoted_swap = 0, demoted_none = 0;
+	(void)state;
+
+	assert_non_null(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/swap", dir);
+	demote_run(path, &cached_swap, &demoted_swap);
+	demote_run(NULL, &cached_none, &demoted_none);
+	unlink(path);
+	rmdir(dir);
+	assert_true(demoted_swap > 0);
+	assert_int_equal(demoted_none, 0);
+	assert_int_equal(cached_swap, 32); /* every full page of the 33-token prompt */
+	assert_true(cached_none < cached_swap);
+}
+
 static void test_preempt_swap(void **state)
 {
 	char path[] = "/tmp/kvd-test-sched-swap-XXXXXX";
@@ -897,6 +951,7 @@ int main(void)
 		cmocka_unit_test(test_stop_eos_length),
 		cmocka_unit_test(test_limits),
 		cmocka_unit_test(test_engine_failure),
+		cmocka_unit_test(test_demote_ahead_of_pressure),
 		cmocka_unit_test(test_sampling_same_under_any_load),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
