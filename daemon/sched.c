@@ -33,6 +33,9 @@
 
 #define SCHED_DEMOTE_RESERVE_DIV 16 /* keep 1/16 of the pool free ahead of a step */
 #define SCHED_DEMOTE_BATCH       32 /* pages demoted in one step at most */
+#define SCHED_PROBE_CHUNK        16 /* prefill beside decodes before the cost of a token is known */
+#define SCHED_MIN_CHUNK           4 /* prefill beside decodes never shrinks below this */
+#define SCHED_EWMA_SHIFT          2 /* step-time estimates move 1/4 of the way to each sample */
 
 enum req_state {
 	RS_WAITING = 0,  /* no sequence yet (or dropped for recompute) */
@@ -75,6 +78,10 @@ struct kvd_sched {
 	size_t n_reqs, cap_reqs;
 	uint64_t arrivals;
 	struct kvd_sched_stats st;
+	/* Step-time model for max_step_ms: moving averages of a step that only
+	 * decodes and of one prefill token's share of a step (0: not measured
+	 * yet), both from measured steps, so the budget follows the machine. */
+	uint64_t est_decode_ns, est_token_ns;
 	/* step scratch */
 	struct kvd_engine_item *items;
 	struct req **item_req;
@@ -423,6 +430,7 @@ void kvd_sched_set_config(struct kvd_sched *s, const struct kvd_sched_config *cf
 	if (cfg->max_waiting)
 		s->cfg.max_waiting = cfg->max_waiting;
 	s->cfg.session_idle_s = cfg->session_idle_s;
+	s->cfg.max_step_ms = cfg->max_step_ms;
 }
 
 /* Give up the KV of the least recently used idle session that still holds
@@ -649,6 +657,59 @@ static void demote_ahead(struct kvd_sched *s, uint32_t need)
 	s->st.pages_demoted += got;
 }
 
+/*
+ * The step budget: a step that carries decodes of running streams must not
+ * keep them waiting longer than max_step_ms, so the prefill that shares it
+ * (chunks of prompts being read, admissions) gets only the time the decodes
+ * leave, divided by the measured cost of a prefill token. Until that cost
+ * is known a probe chunk is used; a step with nothing to decode keeps the
+ * whole max_tokens_per_step, so a prompt alone is read at full speed.
+ * Chunking never changes results (a sequence's logits do not depend on how
+ * its prompt was split), so this trades only latency between requests.
+ */
+static uint32_t prefill_budget(const struct kvd_sched *s, uint32_t budget)
+{
+	if (!s->cfg.max_step_ms)
+		return budget;
+	uint64_t target = (uint64_t)s->cfg.max_step_ms * 1000000u;
+	uint64_t left = target > s->est_decode_ns ? target - s->est_decode_ns : 0;
+	uint64_t cap = s->est_token_ns ? left / s->est_token_ns : SCHED_PROBE_CHUNK;
+	if (cap < SCHED_MIN_CHUNK)
+		cap = SCHED_MIN_CHUNK;
+	return cap < budget ? (uint32_t)cap : budget;
+}
+
+static uint64_t ewma(uint64_t avg, uint64_t sample)
+{
+	if (!avg)
+		return sample ? sample : 1;
+	return avg + (((int64_t)sample - (int64_t)avg) >> SCHED_EWMA_SHIFT);
+}
+
+/* Fold a measured step into the step-time model: a step of decodes only
+ * sets the decode estimate; otherwise what is left after the decodes'
+ * estimate is spread over the prefill tokens (an overestimate for a step
+ * of prefill alone, which carries the fixed cost too: the safe side). */
+static void learn_step_time(struct kvd_sched *s, size_t n_items, uint64_t dt)
+{
+	uint64_t n_prefill = 0;
+	int decodes = 0;
+
+	for (size_t i = 0; i < n_items; i++) {
+		const struct req *r = s->item_req[i];
+		if (s->items[i].n_tokens == 1 && r->n_computed + 1 == r->n_toks && r->n_generated)
+			decodes = 1;
+		else
+			n_prefill += (uint64_t)s->items[i].n_tokens;
+	}
+	if (!n_prefill) {
+		s->est_decode_ns = ewma(s->est_decode_ns, dt);
+		return;
+	}
+	uint64_t dec = decodes ? s->est_decode_ns : 0;
+	s->est_token_ns = ewma(s->est_token_ns, dt > dec ? (dt - dec) / n_prefill : 1);
+}
+
 int kvd_sched_step(struct kvd_sched *s)
 {
 	size_t n_items = 0;
@@ -669,6 +730,8 @@ int kvd_sched_step(struct kvd_sched *s)
 	 * prefill chunks; pass 3: admissions */
 	for (int pass = 0; pass < 3; pass++) {
 		int blocked = 0; /* a swapped or waiting elder blocks admissions */
+		if (pass == 1 && n_items)
+			budget = prefill_budget(s, budget);
 		for (size_t i = 0; i < s->n_reqs && budget > 0; i++) {
 			struct req *r = s->reqs[i];
 			if (pass == 2) {
@@ -766,6 +829,7 @@ int kvd_sched_step(struct kvd_sched *s)
 		goto fail;
 	uint64_t t1 = now_ns(s);
 	s->st.steps++;
+	learn_step_time(s, n_items, t1 - t0);
 	for (size_t i = 0; i < n_items; i++) {
 		struct req *r = s->item_req[i];
 		uint64_t wait = 0;

@@ -44,6 +44,8 @@ struct kvd_sched_config {
 	uint32_t max_waiting;         /* queued requests at most */
 	uint32_t session_idle_s;      /* sessions unused this long are closed (unless a
 	                               * request set its own); 0: never */
+	uint32_t max_step_ms;         /* a step carrying decodes takes about this long at
+	                               * most (its prefill share is cut to fit); 0: no limit */
 };
 
 enum kvd_finish {

@@ -1597,6 +1597,7 @@ static struct kvd_sched_config sched_config(const struct kvd_config *cfg, uint32
 		.max_model_len = n_ctx,
 		.max_waiting = cfg->max_waiting,
 		.session_idle_s = cfg->session_idle_s,
+		.max_step_ms = cfg->max_step_ms,
 	};
 }
 

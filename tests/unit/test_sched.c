@@ -49,6 +49,9 @@ struct stub {
 	int fail_forwards;    /* > 0: the next forward fails with -EIO */
 	uint64_t forwards;
 	uint64_t max_batch;   /* most sequences in one forward */
+	/* simulated time: each forward advances *clock by step_ns plus
+	 * token_ns per token (when clock is set) */
+	uint64_t *clock, step_ns, token_ns;
 };
 
 static struct stub *g_stub; /* the live one, for fault injection */
@@ -115,6 +118,11 @@ static int stub_forward(void *ctx, const struct kvd_batch *b)
 	if (st->fail_forwards > 0) {
 		st->fail_forwards--;
 		return -EIO;
+	}
+	if (st->clock) {
+		*st->clock += st->step_ns;
+		for (int32_t i = 0; i < b->n_seqs; i++)
+			*st->clock += st->token_ns * (uint64_t)b->seqs[i].n_tokens;
 	}
 	for (int32_t i = 0; i < b->n_seqs; i++) {
 		const struct kvd_batch_seq *s = &b->seqs[i];
@@ -286,6 +294,7 @@ struct setup {
 	const char *swap;
 	uint32_t session_idle_s;
 	uint32_t max_waiting;
+	uint32_t max_step_ms;
 };
 
 static void open_ctx(struct ctx *c, const struct setup *su)
@@ -319,6 +328,7 @@ static void open_ctx(struct ctx *c, const struct setup *su)
 		.max_model_len = 2048,
 		.max_waiting = su->max_waiting,
 		.session_idle_s = su->session_idle_s,
+		.max_step_ms = su->max_step_ms,
 	};
 	struct kvd_sched_events ev = { .on_token = on_token, .on_done = on_done, .is_eog = is_eog,
 				       .now_ns = clock_of, .on_session_expired = on_expired, .ud = c };
@@ -520,6 +530,72 @@ static void test_demote_ahead_of_pressure(void **state)
 	assert_int_equal(demoted_none, 0);
 	assert_int_equal(cached_swap, 32); /* every full page of the 33-token prompt */
 	assert_true(cached_none < cached_swap);
+}
+
+/* A long prompt arriving while a stream decodes: with max_step_ms every
+ * step that carries the stream's decode stays within the limit once the
+ * cost of a token has been measured (two steps; all steps count without a
+ * limit), the prompt still gets
+ * through, and a prompt with nothing else running is read in full-size
+ * chunks. Time is simulated: the stub charges 4 ms a step plus 0.5 ms a
+ * token. Returns the longest step that carried a decode of the stream. */
+static uint64_t step_budget_run(uint32_t max_step_ms, uint32_t *ret_idle_steps)
+{
+	struct ctx c;
+	static int32_t a[8], b[900], d[900];
+	int32_t want[4];
+	uint64_t longest = 0;
+	int mixed = 0;
+
+	for (int k = 0; k < 8; k++)
+		a[k] = (int32_t)((k * 7 + 1) % N_VOCAB);
+	for (int k = 0; k < 900; k++) {
+		b[k] = (int32_t)((k * 31 + 3) % N_VOCAB);
+		d[k] = (int32_t)((k * 17 + 9) % N_VOCAB);
+	}
+	open_ctx(&c, &(struct setup){ .block_size = 16, .pages = 256, .max_step_ms = max_step_ms });
+	g_stub->clock = &c.clock_ns;
+	g_stub->step_ns = 4000000;
+	g_stub->token_ns = 500000;
+	struct kvd_request_params rs = greedy(300, 0), rp = greedy(4, 0);
+	assert_int_equal(kvd_sched_submit(c.s, 0, a, 8, &rs), 0);
+	while (c.r[0].n < 5)
+		assert_true(kvd_sched_step(c.s) > 0);
+	assert_int_equal(kvd_sched_submit(c.s, 1, b, 900, &rp), 0);
+	while (!c.r[1].done) {
+		uint32_t before = c.r[0].n;
+		uint64_t t0 = c.clock_ns;
+		assert_true(kvd_sched_step(c.s) > 0);
+		assert_false(c.r[0].done); /* the stream outlives the prompt */
+		if (c.r[0].n > before && c.r[1].n == 0 && ++mixed > (max_step_ms ? 2 : 0) && c.clock_ns - t0 > longest)
+			longest = c.clock_ns - t0;
+	}
+	expected(b, 900, 4, want);
+	assert_memory_equal(c.r[1].toks, want, sizeof(want));
+	assert_int_equal(kvd_sched_cancel(c.s, 0), 0);
+	run_until_idle(&c);
+	/* alone: 900 tokens in 512-token chunks, the first token after 2 steps */
+	assert_int_equal(kvd_sched_submit(c.s, 2, d, 900, &rp), 0);
+	*ret_idle_steps = 0;
+	while (c.r[2].n == 0) {
+		assert_true(kvd_sched_step(c.s) > 0);
+		++*ret_idle_steps;
+	}
+	run_until_idle(&c);
+	close_ctx(&c);
+	return longest;
+}
+
+static void test_step_budget(void **state)
+{
+	uint32_t idle_steps = 0;
+	(void)state;
+
+	assert_true(step_budget_run(20, &idle_steps) <= 20000000);
+	assert_int_equal(idle_steps, 2);
+	/* without a limit, the prompt's 512-token chunks hold the stream up */
+	assert_true(step_budget_run(0, &idle_steps) > 200000000);
+	assert_int_equal(idle_steps, 2);
 }
 
 static void test_preempt_swap(void **state)
@@ -952,6 +1028,7 @@ int main(void)
 		cmocka_unit_test(test_limits),
 		cmocka_unit_test(test_engine_failure),
 		cmocka_unit_test(test_demote_ahead_of_pressure),
+		cmocka_unit_test(test_step_budget),
 		cmocka_unit_test(test_sampling_same_under_any_load),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
