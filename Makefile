@@ -31,8 +31,8 @@ CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null)
 WARN    := -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -Wstrict-prototypes
 OPT     ?= -O2 -g
 SAN     ?=
-CFLAGS_ALL := -std=c11 -D_GNU_SOURCE $(OPT) $(SAN) $(WARN) -fPIC -pthread \
-              -I. -Ikernels -Ikvmm -Iipc -Idaemon/model -Iclient $(PKG_CFLAGS) $(EXTRA_CFLAGS)
+CFLAGS_ALL = -std=c11 -D_GNU_SOURCE $(OPT) $(SAN) $(WARN) -fPIC -pthread \
+              $(INC) $(PKG_CFLAGS) $(EXTRA_CFLAGS)
 LDFLAGS_ALL := $(SAN) -pthread $(EXTRA_LDFLAGS)
 LIBS_ALL := $(PKG_LIBS) -lm -ldl
 
@@ -48,6 +48,22 @@ BENCH_SRC   := $(wildcard bench/*.c)
 FUZZ_SRC    := $(wildcard tests/fuzz/fuzz_*.c)
 CUDA_SRC    := $(wildcard kernels/cuda/*.cu)
 EXAMPLE_SRC := $(wildcard client/examples/*.c)
+
+# Layering: each folder is compiled seeing only the folders it may use
+# (DESIGN.md's table; a quoted include finds its own folder first), through
+# -iquote so no folder's header can shadow a system one (daemon/sched.h and
+# <sched.h>). tests/checks/t_layering.sh checks the include lines
+# themselves, so a relative path cannot get round it. Tests, tools, benches
+# and fuzz targets see everything.
+INC_ALL := -iquote . -iquote kernels -iquote kvmm -iquote ipc -iquote daemon/model -iquote client
+INC := $(INC_ALL)
+$(BUILD)/obj/kvmm/%.o: INC :=
+$(BUILD)/obj/ipc/%.o: INC :=
+$(BUILD)/obj/kernels/%.o: INC := -iquote kernels
+$(BUILD)/obj/daemon/%.o: INC := -iquote daemon/model -iquote kernels -iquote kvmm -iquote ipc
+$(BUILD)/obj/daemon/model/%.o: INC := -iquote kernels
+$(BUILD)/obj/client/%.o: INC := -iquote ipc
+$(BUILD)/obj/client/kvctl/%.o: INC := -iquote client
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 
@@ -68,25 +84,40 @@ BINS   := $(if $(wildcard daemon/main.c),$(BUILD)/bin/kvd) $(if $(KVCTL_SRC),$(B
 CLIENT_LIBS := $(if $(CLIENT_SRC),$(LIBCLIENT_A) $(LIBCLIENT_SO) $(if $(wildcard client/kvclient.pc.in),$(BUILD)/kvclient-uninstalled.pc))
 CUDA_PLUGIN := $(if $(and $(NVCC),$(CUDA_SRC)),$(BUILD)/lib/libkvd-cuda.so)
 
-.PHONY: all test run stop install clean bench setup asan fuzz check-units
+.PHONY: all test run stop install clean bench setup asan fuzz
 # keep object files of test, tool and bench programs between builds
 .SECONDARY:
 all: $(BINS) $(CLIENT_LIBS) $(TESTS) $(TOOLS) $(BENCHES) $(EXAMPLES) $(CUDA_PLUGIN)
 
-$(BUILD)/obj/%.o: %.c
+$(BUILD)/obj/%.o: %.c Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
 
-$(LIBKVMM): $(call obj,$(KVMM_SRC))
-$(LIBIPC): $(call obj,$(IPC_SRC))
 $(LIBKERNELS): $(call obj,$(KERNELS_SRC))
 $(LIBCORE): $(call obj,$(CORE_SRC))
-$(LIBCLIENT_A): $(call obj,$(CLIENT_SRC)) $(call obj,$(IPC_SRC))
 $(BUILD)/lib%.a:
 	@mkdir -p $(dir $@)
 	rm -f $@ && $(if $^,ar rcs $@ $^,printf '!<arch>\n' > $@)
+
+# These archives export only their public prefix: their objects are linked
+# into one relocatable object whose other global symbols are made local, so
+# an internal name (page_alloc, lru_push, …) cannot clash with a program
+# that links the library. tests/checks/t_layering.sh checks the result.
+# $(call export-only,object files,symbol patterns)
+define export-only
+	@mkdir -p $(dir $@)
+	ld -r -o $@.o $(filter %.o,$(1))
+	objcopy --wildcard $(foreach p,$(2),--keep-global-symbol='$(p)') $@.o
+	rm -f $@ && ar rcs $@ $@.o && rm -f $@.o
+endef
+$(LIBKVMM): $(call obj,$(KVMM_SRC)) Makefile
+	$(call export-only,$^,kvmm_*)
+$(LIBIPC): $(call obj,$(IPC_SRC)) Makefile
+	$(call export-only,$^,ipc_*)
+$(LIBCLIENT_A): $(call obj,$(CLIENT_SRC)) $(call obj,$(IPC_SRC)) Makefile
+	$(call export-only,$^,kvc_* kv_strerror)
 
 # The shared client library exports only KVC_EXPORT symbols.
 $(LIBCLIENT_SO): $(call obj,$(CLIENT_SRC)) $(call obj,$(IPC_SRC))
@@ -131,7 +162,7 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(CORE_LIBS) $(if $(CLIENT_SRC),$(LIBCL
 
 # CUDA plug-in: sm_80 and sm_90 cubins plus sm_90 PTX; kvd dlopen()s it.
 NVCC_FLAGS := -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
-              -gencode arch=compute_90,code=compute_90 -Xcompiler -fPIC,-Wall,-Werror -I. -Ikernels -Ikvmm
+              -gencode arch=compute_90,code=compute_90 -Xcompiler -fPIC,-Wall,-Werror -Ikernels
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -c $< -o $@

@@ -26,6 +26,7 @@ void kvd_config_defaults(struct kvd_config *c)
 	c->swap_bytes = 1ull << 30;
 	c->max_num_seqs = 64;
 	c->max_tokens_per_step = 512;
+	c->max_step_ms = 50;
 	c->max_waiting = 1024;
 	c->session_idle_s = 600;
 	snprintf(c->socket, sizeof(c->socket), "/run/kvd/kvd.sock");
@@ -209,6 +210,9 @@ static int set_key(struct kvd_config *c, const char *sec, const char *key, const
 			goto bad_value;
 	} else if (IS("scheduler", "max_tokens_per_step")) {
 		if (parse_u32(v, 1, 1u << 16, &c->max_tokens_per_step) < 0)
+			goto bad_value;
+	} else if (IS("scheduler", "max_step_ms")) {
+		if (parse_u32(v, 0, 60000, &c->max_step_ms) < 0)
 			goto bad_value;
 	} else if (IS("scheduler", "max_waiting")) {
 		if (parse_u32(v, 1, 1u << 20, &c->max_waiting) < 0)

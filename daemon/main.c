@@ -86,6 +86,8 @@ static const char help_text[] =
 	"                             context                            [scheduler] max_model_len\n"
 	"        --max-tokens-per-step N\n"
 	"                             tokens computed per step           [scheduler] max_tokens_per_step\n"
+	"        --max-step-ms MS     while requests decode, a step lasts about this\n"
+	"                             long at most; 0 = no limit         [scheduler] max_step_ms\n"
 	"        --drain-timeout SEC  on SIGTERM, time running requests get to\n"
 	"                             finish                             [server] drain_timeout\n"
 	"        --ledger PATH        append one JSON record per finished request\n"
@@ -137,6 +139,7 @@ enum {
 	OPT_MAX_NUM_SEQS,
 	OPT_MAX_MODEL_LEN,
 	OPT_MAX_TOKENS_PER_STEP,
+	OPT_MAX_STEP_MS,
 	OPT_DRAIN_TIMEOUT,
 	OPT_LEDGER,
 	OPT_CHECK_CONFIG,
@@ -156,6 +159,7 @@ static const struct option long_opts[] = {
 	{ "max-num-seqs", required_argument, NULL, OPT_MAX_NUM_SEQS },
 	{ "max-model-len", required_argument, NULL, OPT_MAX_MODEL_LEN },
 	{ "max-tokens-per-step", required_argument, NULL, OPT_MAX_TOKENS_PER_STEP },
+	{ "max-step-ms", required_argument, NULL, OPT_MAX_STEP_MS },
 	{ "drain-timeout", required_argument, NULL, OPT_DRAIN_TIMEOUT },
 	{ "ledger", required_argument, NULL, OPT_LEDGER },
 	{ "log-level", required_argument, NULL, 'l' },
@@ -248,6 +252,7 @@ static int parse_args(int argc, char **argv, struct args *a)
 		case OPT_NO_PREFIX: add_override(a, "kv", "prefix_caching", "no", "--no-prefix-caching"); break;
 		case OPT_MAX_NUM_SEQS: add_override(a, "scheduler", "max_num_seqs", optarg, "--max-num-seqs"); break;
 		case OPT_MAX_MODEL_LEN: add_override(a, "scheduler", "max_model_len", optarg, "--max-model-len"); break;
+		case OPT_MAX_STEP_MS: add_override(a, "scheduler", "max_step_ms", optarg, "--max-step-ms"); break;
 		case OPT_MAX_TOKENS_PER_STEP:
 			add_override(a, "scheduler", "max_tokens_per_step", optarg, "--max-tokens-per-step");
 			break;
