@@ -47,7 +47,9 @@ static_assert((int)KVC_REQ_WAITING == (int)IPC_REQ_WAITING && (int)KVC_REQ_UPLOA
 	      "request states are the wire values");
 static_assert(KVC_TOK_ADD_BOS == IPC_TOK_ADD_BOS && KVC_TOK_PARSE_SPECIAL == IPC_TOK_PARSE_SPECIAL,
 	      "tokenize flags are the wire flags");
-static_assert(KVC_GEN_RAW == IPC_GEN_RAW && KVC_GEN_WANT_IDS == IPC_GEN_WANT_IDS, "generate flags");
+static_assert(KVC_GEN_RAW == IPC_GEN_RAW && KVC_GEN_WANT_IDS == IPC_GEN_WANT_IDS &&
+		      KVC_GEN_PARSE_SPECIAL == IPC_GEN_PARSE_SPECIAL,
+	      "generate flags");
 static_assert(sizeof(((struct kvc_result *)0)->error_message) == IPC_MAX_ERROR_MSG_BYTES + 1, "error message");
 static_assert(sizeof(((struct kvc_info *)0)->model_name) == IPC_MODEL_NAME_BYTES, "model name");
 
@@ -756,7 +758,9 @@ static int build_generate(const kvc_client *c, const char *prompt, size_t len, c
 			  struct ipc_generate_msg *m)
 {
 	memset(m, 0, sizeof(*m));
-	if (p->flags & ~(KVC_GEN_RAW | KVC_GEN_WANT_IDS))
+	if (p->flags & ~(KVC_GEN_RAW | KVC_GEN_WANT_IDS | KVC_GEN_PARSE_SPECIAL))
+		return -EINVAL;
+	if ((p->flags & KVC_GEN_PARSE_SPECIAL) && !(p->flags & KVC_GEN_RAW))
 		return -EINVAL;
 	if (p->n_stop > IPC_MAX_STOP_STRINGS)
 		return -E2BIG;

@@ -197,6 +197,11 @@ KVC_EXPORT const char *kvc_last_message(const kvc_client *c);
 
 #define KVC_GEN_RAW      0x1u /* complete the prompt as given; default: apply the model's chat template */
 #define KVC_GEN_WANT_IDS 0x2u /* events carry token ids (kvc_event.ids) */
+/* With KVC_GEN_RAW: texts of special tokens in the prompt ("<|im_start|>",
+ * "<|endoftext|>") become those tokens; without it they are plain text.
+ * Only with KVC_GEN_RAW (-EINVAL otherwise). A daemon older than this flag
+ * refuses the request as a protocol error. */
+#define KVC_GEN_PARSE_SPECIAL 0x8u
 
 #define KVC_SEED_RANDOM  UINT64_MAX /* let the daemon pick the seed */
 #define KVC_NTS          ((size_t)-1) /* "the text is NUL-terminated" as a length */

@@ -28,6 +28,7 @@ struct kvd_config {
 	uint32_t max_model_len;    /* 0: the model's context length */
 	uint32_t max_num_seqs;
 	uint32_t max_tokens_per_step;
+	uint32_t max_step_ms;
 	uint32_t max_waiting;
 	uint32_t session_idle_s;
 	char socket[KVD_CONF_PATH_MAX];

@@ -88,6 +88,8 @@ static const char help_text[] =
 	"                             context                            [scheduler] max_model_len\n"
 	"        --max-tokens-per-step N\n"
 	"                             tokens computed per step           [scheduler] max_tokens_per_step\n"
+	"        --max-step-ms MS     while requests decode, a step lasts about this\n"
+	"                             long at most; 0 = no limit         [scheduler] max_step_ms\n"
 	"        --drain-timeout SEC  on SIGTERM, time running requests get to\n"
 	"                             finish                             [server] drain_timeout\n"
 	"        --ledger PATH        append one JSON record per finished or rejected\n"
@@ -141,6 +143,7 @@ enum {
 	OPT_MAX_NUM_SEQS,
 	OPT_MAX_MODEL_LEN,
 	OPT_MAX_TOKENS_PER_STEP,
+	OPT_MAX_STEP_MS,
 	OPT_DRAIN_TIMEOUT,
 	OPT_LEDGER,
 	OPT_CHECK_CONFIG,
@@ -160,6 +163,7 @@ static const struct option long_opts[] = {
 	{ "max-num-seqs", required_argument, NULL, OPT_MAX_NUM_SEQS },
 	{ "max-model-len", required_argument, NULL, OPT_MAX_MODEL_LEN },
 	{ "max-tokens-per-step", required_argument, NULL, OPT_MAX_TOKENS_PER_STEP },
+	{ "max-step-ms", required_argument, NULL, OPT_MAX_STEP_MS },
 	{ "drain-timeout", required_argument, NULL, OPT_DRAIN_TIMEOUT },
 	{ "ledger", required_argument, NULL, OPT_LEDGER },
 	{ "log-level", required_argument, NULL, 'l' },
@@ -192,8 +196,10 @@ static int load_config(const struct args *a, struct kvd_config *cfg, char *err, 
 
 	kvd_config_defaults(cfg);
 	r = kvd_config_load(cfg, a->config, err, errlen);
-	if (r == -ENOENT && !a->config_explicit)
-		r = 0; /* running without a file: defaults and flags */
+	/* running without a file: defaults and flags; but --check-config is
+	 * asked about a file, and a missing one is not "OK" */
+	if (r == -ENOENT && !a->config_explicit && !a->check_config)
+		r = 0;
 	if (r < 0)
 		return -EINVAL;
 	const char *env = getenv("KVD_SOCKET");
@@ -250,6 +256,7 @@ static int parse_args(int argc, char **argv, struct args *a)
 		case OPT_NO_PREFIX: add_override(a, "kv", "prefix_caching", "no", "--no-prefix-caching"); break;
 		case OPT_MAX_NUM_SEQS: add_override(a, "scheduler", "max_num_seqs", optarg, "--max-num-seqs"); break;
 		case OPT_MAX_MODEL_LEN: add_override(a, "scheduler", "max_model_len", optarg, "--max-model-len"); break;
+		case OPT_MAX_STEP_MS: add_override(a, "scheduler", "max_step_ms", optarg, "--max-step-ms"); break;
 		case OPT_MAX_TOKENS_PER_STEP:
 			add_override(a, "scheduler", "max_tokens_per_step", optarg, "--max-tokens-per-step");
 			break;

@@ -52,8 +52,8 @@
 #include "ledger.h"
 #include "log.h"
 #include "model.h"
+#include "request.h"
 #include "sched.h"
-#include "tokenizer.h"
 
 #define SRV_MAX_EVENTS       64
 #define SRV_FRAMES_PER_WAKE  64     /* socket frames read per client per loop turn */
@@ -65,7 +65,6 @@
 #define SRV_MAX_SESSIONS_PER_USER 256
 #define SRV_MAX_QUEUED_UPLOADS 64 /* ring uploads a client may announce ahead */
 #define SRV_HELLO_TIMEOUT_NS 10000000000ull /* a connection must say HELLO this soon */
-#define SRV_CHAT_MARKER      "\x1fkvd-turn-marker\x1f"
 
 enum src_kind { SRC_LISTEN = 1, SRC_SIGNAL, SRC_SOCK, SRC_CHAN };
 
@@ -95,6 +94,7 @@ struct greq {
 	const char *stops[IPC_MAX_STOP_STRINGS];
 	struct session *sess;
 	struct kvd_ledger_who who;    /* the requester, as admitted (outlives c) */
+	struct kvd_request *rq;       /* its text stream, from submit on */
 	bool cancel_on_upload;        /* CANCEL arrived while uploading */
 	bool shutdown;                /* ended by the daemon's shutdown */
 	uint64_t t_recv, t_submit;
@@ -251,6 +251,7 @@ static struct greq *greq_free(struct greq *gr)
 		gr->sess->busy = NULL; /* a turn that never reached the scheduler */
 	free(gr->system);
 	free(gr->stop_buf);
+	kvd_request_free(gr->rq);
 	free(gr->toks);
 	free(gr->text);
 	free(gr);
@@ -290,13 +291,16 @@ static enum ipc_finish finish_to_ipc(enum kvd_finish f)
 	}
 }
 
-static void on_token(void *ud, uint64_t req_id, int32_t token, const char *text, size_t len)
+static enum kvd_token_verdict on_token(void *ud, uint64_t req_id, int32_t token, enum kvd_finish ending)
 {
 	struct greq *gr = (struct greq *)(uintptr_t)req_id;
+	const char *text;
+	size_t len;
+	enum kvd_token_verdict v = kvd_request_token(gr->rq, token, ending, &text, &len);
 	(void)ud;
 
 	if (!gr->c)
-		return;
+		return v;
 	if (gr->n_toks == gr->cap_toks) {
 		uint32_t cap = gr->cap_toks ? gr->cap_toks * 2 : 16;
 		struct tok_ent *t = realloc(gr->toks, cap * sizeof(*t));
@@ -320,9 +324,16 @@ static void on_token(void *ud, uint64_t req_id, int32_t token, const char *text,
 	gr->text_bytes += (uint32_t)len;
 	gr->toks[gr->n_toks++] = (struct tok_ent){ token, (uint32_t)len };
 	client_mark_dirty(gr->c);
-	return;
+	return v;
 oom:
 	log_error("out of memory queueing a token for client %" PRIu64, gr->c->id);
+	return v;
+}
+
+static int sched_is_eog(void *ud, int32_t token)
+{
+	struct kvd_server *srv = ud;
+	return kvd_request_is_eog(srv->tok, token);
 }
 
 static const char *finish_name(enum kvd_finish f)
@@ -560,92 +571,6 @@ static void flush_dirty(struct kvd_server *srv)
 
 /* ---- generate ---------------------------------------------------------------- */
 
-/* Tokenize into a fresh array. Returns the count or -errno. */
-static int tokenize_alloc(const struct kvd_tokenizer *tok, const char *text, size_t len, int add_bos, int special,
-			  int32_t **ret)
-{
-	size_t cap = len + 16;
-	int32_t *ids = malloc(cap * sizeof(*ids));
-	int n;
-
-	if (!ids)
-		return -ENOMEM;
-	n = kvd_tokenize(tok, text, len, add_bos, special, ids, cap);
-	if (n > (int)cap) {
-		int32_t *bigger = realloc(ids, (size_t)n * sizeof(*ids));
-		if (!bigger) {
-			free(ids);
-			return -ENOMEM;
-		}
-		ids = bigger;
-		n = kvd_tokenize(tok, text, len, add_bos, special, ids, (size_t)n);
-	}
-	if (n < 0) {
-		free(ids);
-		return n;
-	}
-	*ret = ids;
-	return n;
-}
-
-/*
- * The text of one chat turn. A first turn is the model's template over
- * [system], user, with the assistant's header at the end. A later turn of a
- * session continues a sequence that ends with the assistant's last token:
- * what the template puts between the end of an assistant message and the
- * next assistant header is found by rendering a marker as the assistant's
- * content, and the end-of-turn token the model already produced is not
- * repeated.
- */
-static int render_turn(struct kvd_server *srv, const char *system, const char *user, bool continuation,
-		       int32_t last_token, char **ret)
-{
-	struct kvd_chat_msg msgs[2];
-	size_t n = 0;
-	char *out;
-	int len;
-
-	if (!continuation) {
-		if (system && *system)
-			msgs[n++] = (struct kvd_chat_msg){ "system", system };
-		msgs[n++] = (struct kvd_chat_msg){ "user", user };
-		len = kvd_chat_render(srv->tok, msgs, n, 1, NULL, 0);
-		if (len < 0)
-			return len;
-		out = malloc((size_t)len + 1);
-		if (!out)
-			return -ENOMEM;
-		kvd_chat_render(srv->tok, msgs, n, 1, out, (size_t)len + 1);
-		*ret = out;
-		return len;
-	}
-	msgs[0] = (struct kvd_chat_msg){ "assistant", SRV_CHAT_MARKER };
-	msgs[1] = (struct kvd_chat_msg){ "user", user };
-	len = kvd_chat_render(srv->tok, msgs, 2, 1, NULL, 0);
-	if (len < 0)
-		return len;
-	out = malloc((size_t)len + 1);
-	if (!out)
-		return -ENOMEM;
-	kvd_chat_render(srv->tok, msgs, 2, 1, out, (size_t)len + 1);
-	char *m = strstr(out, SRV_CHAT_MARKER);
-	if (!m) {
-		free(out);
-		return continuation ? render_turn(srv, NULL, user, false, -1, ret) : -ENOTSUP;
-	}
-	char *tail = m + strlen(SRV_CHAT_MARKER);
-	if (last_token >= 0 && kvd_tokenizer_is_eog(srv->tok, last_token)) {
-		char eog[256];
-		int k = kvd_token_to_bytes(srv->tok, last_token, 1, eog, sizeof(eog));
-		if (k > 0 && (size_t)k < sizeof(eog) && !strncmp(tail, eog, (size_t)k))
-			tail += k;
-	}
-	len = (int)strlen(tail);
-	memmove(out, tail, (size_t)len + 1);
-	*ret = out;
-	return len;
-}
-
 static void reject(struct client *c, struct greq *gr, int32_t code, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 static void reject(struct client *c, struct greq *gr, int32_t code, const char *fmt, ...)
@@ -702,7 +627,7 @@ static void generate_start(struct client *c, struct greq *gr, const char *prompt
 			reject(c, gr, -EINVAL, "the prompt contains a NUL byte (not allowed in chat mode)");
 			return;
 		}
-		n = render_turn(srv, gr->system, prompt, cont, last, &text);
+		n = kvd_request_render_turn(srv->tok, gr->system, prompt, cont, last, &text);
 		if (n < 0) {
 			reject(c, gr, n, "cannot render the model's chat template: %s", strerror(-n));
 			return;
@@ -710,10 +635,11 @@ static void generate_start(struct client *c, struct greq *gr, const char *prompt
 		if (kvd_log_level >= KVD_LOG_DEBUG)
 			log_debug("request %" PRIu64 ": chat turn%s: %.*s", gr->id, cont ? " (continuation)" : "",
 				  n > 400 ? 400 : n, text);
-		n = tokenize_alloc(srv->tok, text, (size_t)n, cont ? 0 : kvd_tokenizer_add_bos(srv->tok), 1, &ids);
+		n = kvd_request_tokenize(srv->tok, text, (size_t)n, !cont, 1, &ids);
 		free(text);
 	} else {
-		n = tokenize_alloc(srv->tok, prompt, len, cont ? 0 : kvd_tokenizer_add_bos(srv->tok), 0, &ids);
+		n = kvd_request_tokenize(srv->tok, prompt, len, !cont, !!(gr->g.gen_flags & IPC_GEN_PARSE_SPECIAL),
+					 &ids);
 	}
 	if (n < 0) {
 		reject(c, gr, n, "cannot tokenize the prompt: %s", strerror(-n));
@@ -744,9 +670,14 @@ static void generate_start(struct client *c, struct greq *gr, const char *prompt
 	if (gr->g.seed == IPC_SEED_RANDOM && getrandom(&p.sampling.seed, sizeof(p.sampling.seed), 0) < 0)
 		p.sampling.seed = now_ns();
 	p.max_tokens = gr->g.max_tokens;
-	p.stops = gr->stops;
-	p.n_stops = gr->g.n_stop;
 	p.session = gr->sess ? gr->sess->id : 0;
+	p.session_idle_s = gr->sess ? gr->sess->idle_timeout_s : 0;
+	r = kvd_request_new(srv->tok, gr->stops, gr->g.n_stop, &gr->rq);
+	if (r < 0) {
+		free(ids);
+		reject(c, gr, r, "request refused: %s", strerror(-r));
+		return;
+	}
 	gr->t_submit = now_ns();
 	r = kvd_sched_submit(srv->sched, (uint64_t)(uintptr_t)gr, ids, (uint32_t)n, &p);
 	free(ids);
@@ -951,6 +882,7 @@ static void handle_generate(struct client *c, const struct ipc_frame *f)
 	if (sess) {
 		sess->busy = gr;
 		sess->last_used_ns = gr->t_recv;
+		kvd_sched_session_touch(c->srv->sched, sess->id);
 	}
 	/* link first: generate_start() may unlink it again */
 	gr->prev = c->reqs_tail;
@@ -1007,8 +939,8 @@ static void tokenize_reply(struct client *c, uint64_t rid, uint32_t flags, const
 {
 	struct kvd_server *srv = c->srv;
 	int32_t *ids = NULL;
-	int n = tokenize_alloc(srv->tok, text, len, (flags & IPC_TOK_ADD_BOS) ? kvd_tokenizer_add_bos(srv->tok) : 0,
-			       !!(flags & IPC_TOK_PARSE_SPECIAL), &ids);
+	int n = kvd_request_tokenize(srv->tok, text, len, !!(flags & IPC_TOK_ADD_BOS), !!(flags & IPC_TOK_PARSE_SPECIAL),
+				     &ids);
 	uint8_t buf[IPC_MAX_PAYLOAD_BYTES];
 	uint32_t off = 0;
 
@@ -1264,9 +1196,11 @@ static void expire_sessions(struct kvd_server *srv, uint64_t t)
 			client_linger(c, "no HELLO in time");
 		}
 	}
+	kvd_sched_expire_sessions(srv->sched); /* those it holds: on_session_expired */
 	for (struct session **pp = &srv->sessions; *pp;) {
 		struct session *s = *pp;
-		if (!s->busy && s->idle_timeout_s && t - s->last_used_ns > (uint64_t)s->idle_timeout_s * 1000000000ull) {
+		if (!s->busy && s->idle_timeout_s && t - s->last_used_ns > (uint64_t)s->idle_timeout_s * 1000000000ull &&
+		    kvd_sched_session_tokens(srv->sched, s->id) < 0) {
 			log_info("session %" PRIu64 " of uid %u expired after %us idle", s->id, (unsigned)s->owner,
 				 s->idle_timeout_s);
 			*pp = s->next;
@@ -1274,6 +1208,27 @@ static void expire_sessions(struct kvd_server *srv, uint64_t t)
 			continue;
 		}
 		pp = &s->next;
+	}
+}
+
+/* The scheduler closed an idle session: forget it here too. A turn still
+ * uploading keeps the object; it will find the session expired. */
+static void on_session_expired(void *ud, uint64_t session)
+{
+	struct kvd_server *srv = ud;
+
+	for (struct session **pp = &srv->sessions; *pp; pp = &(*pp)->next) {
+		struct session *s = *pp;
+		if (s->id != session)
+			continue;
+		if (s->busy)
+			return;
+		log_info("session %" PRIu64 " of uid %u expired after %us idle", s->id, (unsigned)s->owner,
+			 s->idle_timeout_s);
+		*pp = s->next;
+		srv->n_sessions--;
+		free(s);
+		return;
 	}
 }
 
@@ -1629,7 +1584,8 @@ static struct kvd_sched_config sched_config(const struct kvd_config *cfg, uint32
 		.max_tokens_per_step = cfg->max_tokens_per_step,
 		.max_model_len = n_ctx,
 		.max_waiting = cfg->max_waiting,
-		.session_idle_s = 0, /* the server expires sessions itself */
+		.session_idle_s = cfg->session_idle_s,
+		.max_step_ms = cfg->max_step_ms,
 	};
 }
 
@@ -1816,7 +1772,13 @@ int kvd_server_create(const struct kvd_config *cfg, struct kvd_engine *e, int li
 		goto fail;
 	}
 	struct kvd_sched_config sc = sched_config(cfg, srv->n_ctx);
-	struct kvd_sched_events ev = { .on_token = on_token, .on_done = on_done, .ud = srv };
+	struct kvd_sched_events ev = {
+		.on_token = on_token,
+		.on_done = on_done,
+		.is_eog = sched_is_eog,
+		.on_session_expired = on_session_expired,
+		.ud = srv,
+	};
 	r = kvd_sched_create(&sc, e, &ev, &srv->sched);
 	if (r < 0)
 		goto fail;

@@ -289,6 +289,8 @@ int ipc_decode_generate(const struct ipc_frame *f, struct ipc_generate_msg *ret)
 		return -E2BIG;
 	if (g->system_bytes && (g->gen_flags & IPC_GEN_RAW))
 		return -EINVAL; /* a system prompt needs the chat template */
+	if ((g->gen_flags & IPC_GEN_PARSE_SPECIAL) && !(g->gen_flags & IPC_GEN_RAW))
+		return -EINVAL; /* the chat template is rendered by the daemon */
 	bool in_ring = g->gen_flags & IPC_GEN_PROMPT_IN_RING;
 	if (!in_ring && g->prompt_bytes > IPC_MAX_INLINE_TEXT_BYTES)
 		return -E2BIG;

@@ -240,7 +240,8 @@ struct ipc_welcome {
 #define IPC_GEN_RAW            0x1u /* complete the text as given; default: chat template */
 #define IPC_GEN_WANT_IDS       0x2u /* TOKEN records carry token ids */
 #define IPC_GEN_PROMPT_IN_RING 0x4u /* prompt follows as PROMPT_DATA records */
-#define IPC_GEN_ALL            0x7u
+#define IPC_GEN_PARSE_SPECIAL  0x8u /* with IPC_GEN_RAW: special-token texts become special tokens */
+#define IPC_GEN_ALL            0xfu
 
 struct ipc_generate {
 	uint32_t gen_flags;       /* IPC_GEN_* */

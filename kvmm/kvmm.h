@@ -104,11 +104,13 @@ struct kvmm_grow {
 
 /*
  * Would this whole step fit? Counts new pages and copy-on-write copies of
- * shared partial pages, against free plus reclaimable pages. Changes nothing.
+ * shared partial pages, against free plus reclaimable pages. Changes no
+ * page, sequence or counter (m is not const: the scan marks sequences to
+ * find one named twice).
  * Returns 0 and the pages it needs, -ENOMEM when it does not fit, -ENOENT
  * for an unknown or swapped-out sequence.
  */
-int kvmm_plan(const struct kvmm *m, const struct kvmm_grow *g, size_t n, uint32_t *ret_pages_needed);
+int kvmm_plan(struct kvmm *m, const struct kvmm_grow *g, size_t n, uint32_t *ret_pages_needed);
 /*
  * Perform the step: append the tokens, allocating pages as sequences grow
  * into them and copying any shared page about to be written (through

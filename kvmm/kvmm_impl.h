@@ -194,7 +194,7 @@ struct kvmm {
 	uint32_t max_seqs;
 	uint32_t *free_ids;
 	uint32_t n_free_ids;
-	uint32_t *plan_epoch; /* mutable from const calls (kvmm_plan) */
+	uint32_t plan_epoch;  /* marks of the sequences a kvmm_plan/commit scan has seen */
 
 	/* prefix index */
 	struct kvmm_node *nodes;
