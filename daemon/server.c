@@ -218,7 +218,7 @@ static int ep_add(struct kvd_server *srv, int fd, struct ep_src *src)
  * reading its replies; it is dropped rather than let it stall the loop. */
 static int sock_send(struct client *c, uint16_t type, uint32_t flags, uint64_t rid, const void *p, size_t n)
 {
-	int r = ipc_send(c->fd, type, flags, rid, p, n, NULL, 0);
+	int r = ipc_send_nowait(c->fd, type, flags, rid, p, n, NULL, 0);
 	if (r == -EAGAIN)
 		client_close(c, "socket buffer full (client does not read its replies)");
 	else if (r < 0 && r != -EPIPE && r != -ECONNRESET)
@@ -240,7 +240,7 @@ static void sock_error(struct client *c, uint64_t rid, int32_t code, const char 
 	log_debug("client %" PRIu64 " (pid %d): request %" PRIu64 ": error %d: %s", c->id, (int)c->cred.pid, rid,
 		  (int)code, msg);
 	if (c->fd >= 0 && !c->closing && !c->lingering) {
-		int r = ipc_send_error(c->fd, rid, code, msg);
+		int r = ipc_send_error_nowait(c->fd, rid, code, msg);
 		if (r == -EAGAIN)
 			client_close(c, "socket buffer full");
 	}
@@ -1299,7 +1299,7 @@ static void handle_hello(struct client *c, const struct ipc_frame *f)
 	const struct kvd_kv_layout *lay = kvd_engine_kv_layout(srv->e);
 	struct ipc_hello h;
 	struct ipc_welcome w = { 0 };
-	int fds[IPC_MAX_FDS];
+	int fds[IPC_WELCOME_N_FDS];
 	int r = ipc_decode_hello(f, &h);
 
 	if (r < 0) {
@@ -1331,12 +1331,16 @@ static void handle_hello(struct client *c, const struct ipc_frame *f)
 	w.kv_bytes_per_token = lay->page_bytes / lay->block_size;
 	w.pool_bytes = (uint64_t)kvmm_n_pages(srv->kv) * kvmm_page_bytes(srv->kv);
 	snprintf(w.model_name, sizeof(w.model_name), "%s", kvd_model_name(kvd_engine_model(srv->e)));
-	ipc_chan_fds(c->chan, fds);
-	r = ipc_send(c->fd, IPC_MSG_WELCOME, 0, 0, &w, sizeof(w), fds, IPC_MAX_FDS);
+	r = ipc_chan_fds(c->chan, fds);
+	if (r == 0)
+		r = ipc_send_nowait(c->fd, IPC_MSG_WELCOME, 0, 0, &w, sizeof(w), fds, IPC_WELCOME_N_FDS);
 	if (r < 0) {
 		client_close(c, "cannot send WELCOME");
 		return;
 	}
+	/* The client's copies are its own now; ours would only keep its end
+	 * of the wake-up pair alive after it has gone. */
+	ipc_chan_handed_over(c->chan);
 	c->chan_src = (struct ep_src){ SRC_CHAN, c };
 	r = ep_add(srv, ipc_chan_wait_fd(c->chan), &c->chan_src);
 	if (r < 0) {
@@ -1558,7 +1562,7 @@ static void handle_sock(struct client *c)
 
 	for (int k = 0; k < SRV_FRAMES_PER_WAKE && !c->closing; k++) {
 		memset(&f, 0, sizeof(f));
-		int r = ipc_recv(c->fd, srv->rxbuf, IPC_MAX_FRAME_BYTES, IPC_FROM_CLIENT, &f);
+		int r = ipc_recv_nowait(c->fd, srv->rxbuf, IPC_MAX_FRAME_BYTES, IPC_FROM_CLIENT, &f);
 		if (r == -EAGAIN)
 			return;
 		if (r == -ECONNRESET) {

@@ -91,7 +91,7 @@ static int conn_open(struct conn *c, bool say_hello)
 		fprintf(stderr, "expected WELCOME, got %s\n", ipc_type_name(f.hdr.type));
 		return 1;
 	}
-	r = ipc_chan_attach(f.fds[0], f.fds[1], f.fds[2], &c->chan);
+	r = ipc_chan_attach(f.fds[IPC_WELCOME_FD_MEMFD], f.fds[IPC_WELCOME_FD_WAKE], &c->chan);
 	if (r < 0) {
 		fprintf(stderr, "attach: %s\n", strerror(-r));
 		return 1;
