@@ -184,6 +184,8 @@ struct kvd_server {
 	uint64_t accept_paused_until; /* 0: accepting */
 	/* shutdown */
 	bool stopping, cancelled_all;
+	/* fault injection for tests (KVD_TEST_FAULTS, builds without NDEBUG) */
+	bool fault_peercred;
 	uint64_t drain_deadline, final_deadline;
 };
 
@@ -1400,13 +1402,18 @@ static void handle_accept(struct kvd_server *srv)
 			close(fd);
 			return;
 		}
+		/* Without the peer's credentials nobody can tell who this is:
+		 * it is refused below, and never looks like uid 0 (root)
+		 * meanwhile. */
+		int cred_r = srv->fault_peercred ? -EIO : ipc_peer_cred(fd, &c->cred);
+		if (cred_r < 0)
+			c->cred = (struct ipc_peer_cred){ .pid = 0, .uid = (uid_t)-1, .gid = (gid_t)-1 };
 		c->srv = srv;
 		c->fd = fd;
 		c->id = ++srv->next_client_id;
 		c->t_accept = now_ns();
 		int sndbuf = SRV_SNDBUF_BYTES;
 		setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
-		ipc_peer_cred(fd, &c->cred);
 		c->next = srv->clients;
 		if (srv->clients)
 			srv->clients->prev = c;
@@ -1415,6 +1422,13 @@ static void handle_accept(struct kvd_server *srv)
 		c->sock_src = (struct ep_src){ SRC_SOCK, c };
 		if (ep_add(srv, fd, &c->sock_src) < 0) {
 			client_close(c, "epoll");
+			continue;
+		}
+		if (cred_r < 0) {
+			log_warning("refused a connection: cannot read its credentials (SO_PEERCRED): %s",
+				    strerror(-cred_r));
+			sock_error(c, 0, IPC_ERR_DENIED, "kvd cannot read this connection's credentials");
+			client_linger(c, "no credentials");
 			continue;
 		}
 		if (!peer_allowed(srv, fd, &c->cred)) {
@@ -1591,8 +1605,11 @@ static void handle_sock(struct client *c)
 		uint64_t rid = f.hdr.request_id;
 		switch (f.hdr.type) {
 		case IPC_MSG_HELLO:
-			sock_error(c, rid, -EPROTO, "HELLO sent twice");
-			break;
+			/* The handshake happens once; a second one is a
+			 * protocol violation about the connection. */
+			sock_error(c, 0, -EPROTO, "HELLO sent twice");
+			client_linger(c, "second HELLO");
+			return;
 		case IPC_MSG_GENERATE:
 			if (!rid) {
 				sock_error(c, 0, -EINVAL, "GENERATE needs a non-zero request id");
@@ -1705,6 +1722,17 @@ static void apply_reload(struct kvd_server *srv, const struct kvd_config *n)
 		if (srv->ledger_fd >= 0)
 			close(srv->ledger_fd);
 		srv->ledger_fd = ledger_open(o->ledger_log);
+	}
+	/* The allow-list holds for connections already open, too. */
+	for (struct client *c = srv->clients, *next; c; c = next) {
+		next = c->next;
+		if (c->closing || c->lingering || peer_allowed(srv, c->fd, &c->cred))
+			continue;
+		log_notice("reload: closing client %" PRIu64 " (pid %d uid %u): no longer in server.allowed_users/groups",
+			   c->id, (int)c->cred.pid, (unsigned)c->cred.uid);
+		sock_error(c, 0, IPC_ERR_DENIED, "uid %u may no longer use kvd (server.allowed_users / allowed_groups)",
+			   (unsigned)c->cred.uid);
+		client_linger(c, "denied after reload");
 	}
 	log_notice("configuration reloaded: log level %d, max_num_seqs %u, max_tokens_per_step %u, "
 		   "max_requests_per_client %u, max_prompt_bytes %" PRIu64 ", %zu allowed users, %zu allowed groups",
@@ -1838,6 +1866,14 @@ int kvd_server_create(const struct kvd_config *cfg, struct kvd_engine *e, int li
 	if (hooks)
 		srv->hooks = *hooks;
 	srv->t_start = now_ns();
+#ifndef NDEBUG
+	/* Test builds only: comma-separated faults to inject ("peercred":
+	 * every SO_PEERCRED read fails). */
+	const char *faults = getenv("KVD_TEST_FAULTS");
+	srv->fault_peercred = faults && strstr(faults, "peercred");
+	if (srv->fault_peercred)
+		log_warning("KVD_TEST_FAULTS: reading peer credentials fails on purpose");
+#endif
 	uint32_t n_train = (uint32_t)kvd_model_hparams(kvd_engine_model(e))->n_ctx_train;
 	if (!n_train)
 		n_train = 2048;

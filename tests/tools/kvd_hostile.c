@@ -22,6 +22,10 @@
  *       Keep the socket full of TOKENIZE (count only) requests, reading
  *       the replies as they come. Prints "FLOODING" once started and the
  *       number of replies on exit.
+ *   kvd_hostile [-s SOCK] [--seconds N] watch
+ *       HELLO, print "WELCOMED", then wait (silent) for the daemon to end
+ *       the connection: prints each ERROR it sends and "CLOSED"; exit 0
+ *       when it closed within N seconds, 1 when it did not.
  *   kvd_hostile [-s SOCK] hello-twice
  *       HELLO, WELCOME, HELLO again: prints the ERROR it gets back and
  *       "CLOSED" when the daemon then ends the connection (exit 0), exit 1
@@ -321,6 +325,46 @@ static int mode_flood(void)
 	return 0;
 }
 
+/* ---- watch ------------------------------------------------------------------------ */
+
+static int mode_watch(void)
+{
+	struct ipc_frame f;
+	int fd, r;
+
+	r = ipc_connect(sock_path, &fd);
+	if (r < 0 || send_hello(fd) < 0)
+		return 1;
+	r = recv_timeout(fd, &f, 10000);
+	if (r < 0 || f.hdr.type != IPC_MSG_WELCOME) {
+		if (r == 0 && f.hdr.type == IPC_MSG_ERROR)
+			print_error_frame(&f);
+		fprintf(stderr, "no WELCOME\n");
+		return 1;
+	}
+	ipc_frame_close_fds(&f);
+	printf("WELCOMED\n");
+	fflush(stdout);
+	uint64_t end = now_ms() + run_seconds * 1000ull;
+	for (;;) {
+		uint64_t t = now_ms();
+		if (t >= end) {
+			printf("still open after %u s\n", run_seconds);
+			return 1;
+		}
+		r = recv_timeout(fd, &f, (int)(end - t));
+		if (r == -ECONNRESET) {
+			printf("CLOSED\n");
+			return 0;
+		}
+		if (r == 0 && f.hdr.type == IPC_MSG_ERROR)
+			print_error_frame(&f);
+		if (r == 0)
+			ipc_frame_close_fds(&f);
+		fflush(stdout);
+	}
+}
+
 /* ---- hello-twice ------------------------------------------------------------------ */
 
 static int mode_hello_twice(void)
@@ -397,6 +441,8 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(mode, "flood"))
 		return mode_flood();
+	if (!strcmp(mode, "watch"))
+		return mode_watch();
 	if (!strcmp(mode, "hello-twice"))
 		return mode_hello_twice();
 	fprintf(stderr, "unknown mode %s\n", mode);
