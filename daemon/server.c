@@ -64,6 +64,8 @@
 #define SRV_MAX_SESSIONS_PER_USER 256
 #define SRV_MAX_QUEUED_UPLOADS 64 /* ring uploads a client may announce ahead */
 #define SRV_HELLO_TIMEOUT_NS 10000000000ull /* a connection must say HELLO this soon */
+#define SRV_LINGER_NS        1000000000ull  /* a refused connection stays open this long for its ERROR */
+#define SRV_MAX_LINGERING    64 /* refused connections kept lingering at once; beyond, closed at once */
 #define SRV_CHAT_MARKER      "\x1fkvd-turn-marker\x1f"
 
 enum src_kind { SRC_LISTEN = 1, SRC_SIGNAL, SRC_SOCK, SRC_CHAN };
@@ -127,6 +129,7 @@ struct session {
 	uint32_t turns;               /* completed turns */
 	struct greq *busy;            /* a turn in flight */
 	uid_t owner;                  /* SO_PEERCRED uid of the client that opened it */
+	uint64_t opener;              /* id of the connection that opened it */
 };
 
 struct client {
@@ -140,7 +143,10 @@ struct client {
 	bool welcomed;
 	bool closing;
 	bool lingering;               /* sent a connection ERROR; closing soon */
+	bool admitted;                /* holds one of the max_clients slots */
+	bool admin;                   /* root or a member of server.admin_groups */
 	uint64_t t_accept;
+	uint64_t last_active_ns;      /* last frame received (idle timeout) */
 	uint64_t linger_deadline;
 	struct greq *reqs, *reqs_tail;
 	uint32_t n_inflight;
@@ -164,7 +170,9 @@ struct kvd_server {
 	int sig_fd;
 	struct ep_src listen_src, sig_src;
 	struct client *clients;
-	uint32_t n_clients;
+	uint32_t n_clients;           /* every connection, lingering ones too */
+	uint32_t n_admitted;          /* connections holding a slot */
+	uint32_t n_lingering;
 	struct client *dirty;
 	struct client *to_free;
 	uint64_t next_client_id, next_session_id;
@@ -205,6 +213,7 @@ static uint64_t realtime_ns(void)
 
 static void client_close(struct client *c, const char *why);
 static void client_linger(struct client *c, const char *why);
+static void client_unadmit(struct client *c);
 static void client_mark_dirty(struct client *c);
 static void tokenize_reply(struct client *c, uint64_t rid, uint32_t flags, const char *text, size_t len);
 
@@ -467,6 +476,7 @@ static int greq_flush(struct client *c, struct greq *gr)
 		return r;
 	greq_unlink(c, gr);
 	greq_free(gr);
+	c->last_active_ns = now_ns(); /* idle from the end of its last request */
 	return 1;
 }
 
@@ -1240,6 +1250,7 @@ static void handle_session_open(struct client *c, const struct ipc_frame *f)
 		s->idle_timeout_s = srv->cfg.session_idle_s; /* the server's bound */
 	s->last_used_ns = now_ns();
 	s->owner = c->cred.uid;
+	s->opener = c->id;
 	s->next = srv->sessions;
 	srv->sessions = s;
 	srv->n_sessions++;
@@ -1268,6 +1279,22 @@ static void handle_session_close(struct client *c, const struct ipc_frame *f)
 	sock_error(c, f->hdr.request_id, IPC_ERR_SESSION, "unknown session %" PRIu64, sm.session_id);
 }
 
+/* Holding nothing (no request, upload or session it opened) and silent
+ * for server.idle_timeout? */
+static bool client_idle(const struct client *c, uint64_t t)
+{
+	const struct kvd_server *srv = c->srv;
+
+	if (!srv->cfg.idle_timeout_s || c->n_inflight || c->up_head)
+		return false;
+	if (t - c->last_active_ns <= (uint64_t)srv->cfg.idle_timeout_s * 1000000000ull)
+		return false;
+	for (const struct session *s = srv->sessions; s; s = s->next)
+		if (s->opener == c->id)
+			return false;
+	return true;
+}
+
 static void expire_sessions(struct kvd_server *srv, uint64_t t)
 {
 	for (struct client *c = srv->clients, *next; c; c = next) {
@@ -1277,6 +1304,9 @@ static void expire_sessions(struct kvd_server *srv, uint64_t t)
 		else if (!c->welcomed && !c->lingering && t - c->t_accept > SRV_HELLO_TIMEOUT_NS) {
 			sock_error(c, 0, -ETIMEDOUT, "no HELLO within %llu s", SRV_HELLO_TIMEOUT_NS / 1000000000ull);
 			client_linger(c, "no HELLO in time");
+		} else if (c->welcomed && !c->lingering && !c->closing && client_idle(c, t)) {
+			sock_error(c, 0, -ETIMEDOUT, "idle for %u s (server.idle_timeout)", srv->cfg.idle_timeout_s);
+			client_linger(c, "idle");
 		}
 	}
 	for (struct session **pp = &srv->sessions; *pp;) {
@@ -1381,6 +1411,25 @@ static bool peer_allowed(struct kvd_server *srv, int fd, const struct ipc_peer_c
 	return false;
 }
 
+/* Root, or a member (primary or supplementary group) of server.admin_groups. */
+static bool peer_is_admin(struct kvd_server *srv, int fd, const struct ipc_peer_cred *cr)
+{
+	gid_t groups[SRV_MAX_GROUPS];
+	size_t n = 0;
+
+	if (cr->uid == 0)
+		return true;
+	for (size_t i = 0; i < srv->cfg.n_admin_gids; i++)
+		if (srv->cfg.admin_gids[i] == cr->gid)
+			return true;
+	if (srv->cfg.n_admin_gids && ipc_peer_groups(fd, groups, SRV_MAX_GROUPS, &n) == 0)
+		for (size_t k = 0; k < n; k++)
+			for (size_t i = 0; i < srv->cfg.n_admin_gids; i++)
+				if (srv->cfg.admin_gids[i] == groups[k])
+					return true;
+	return false;
+}
+
 static void handle_accept(struct kvd_server *srv)
 {
 	for (int k = 0; k < 64; k++) {
@@ -1439,11 +1488,34 @@ static void handle_accept(struct kvd_server *srv)
 			client_linger(c, "denied");
 			continue;
 		}
-		if (srv->n_clients > srv->cfg.max_clients) {
-			sock_error(c, 0, IPC_ERR_LIMIT, "too many clients (server.max_clients = %u)", srv->cfg.max_clients);
+		/* Slots: the last admin_reserved_clients of max_clients are
+		 * for administrators only, and no other user may hold more
+		 * than max_clients_per_user, so that one user cannot lock
+		 * everyone out, and `kvctl stats` or a stop always get in. */
+		c->admin = peer_is_admin(srv, fd, &c->cred);
+		uint32_t slots = srv->cfg.max_clients;
+		if (!c->admin)
+			slots = slots > srv->cfg.admin_reserved_clients ? slots - srv->cfg.admin_reserved_clients : 0;
+		if (srv->n_admitted >= slots) {
+			sock_error(c, 0, IPC_ERR_LIMIT, "too many clients (server.max_clients = %u, %u of them for administrators)",
+				   srv->cfg.max_clients, srv->cfg.admin_reserved_clients);
 			client_linger(c, "too many clients");
 			continue;
 		}
+		if (!c->admin) {
+			uint32_t mine = 0;
+			for (struct client *o = srv->clients; o; o = o->next)
+				mine += o->admitted && o->cred.uid == c->cred.uid;
+			if (mine >= srv->cfg.max_clients_per_user) {
+				sock_error(c, 0, IPC_ERR_LIMIT, "uid %u has %u connections open (server.max_clients_per_user = %u)",
+					   (unsigned)c->cred.uid, mine, srv->cfg.max_clients_per_user);
+				client_linger(c, "too many connections for this user");
+				continue;
+			}
+		}
+		c->admitted = true;
+		srv->n_admitted++;
+		c->last_active_ns = c->t_accept;
 		log_debug("client %" PRIu64 " connected: pid %d uid %u", c->id, (int)c->cred.pid, (unsigned)c->cred.uid);
 	}
 }
@@ -1475,6 +1547,15 @@ static void client_drop_work(struct client *c)
 		epoll_ctl(srv->ep, EPOLL_CTL_DEL, ipc_chan_wait_fd(c->chan), NULL);
 }
 
+/* Give the connection's slot back (idempotent). */
+static void client_unadmit(struct client *c)
+{
+	if (!c->admitted)
+		return;
+	c->admitted = false;
+	c->srv->n_admitted--;
+}
+
 /*
  * After an ERROR about the connection (request id 0): stop serving it, but
  * keep the socket open until the client hangs up (or a second passes), so
@@ -1485,9 +1566,16 @@ static void client_linger(struct client *c, const char *why)
 {
 	if (c->closing || c->lingering)
 		return;
+	client_unadmit(c);
+	if (c->srv->n_lingering >= SRV_MAX_LINGERING) {
+		/* a flood of refused connections must not hold fds for long */
+		client_close(c, why);
+		return;
+	}
 	log_debug("client %" PRIu64 ": %s; closing", c->id, why);
 	c->lingering = true;
-	c->linger_deadline = now_ns() + 1000000000ull;
+	c->srv->n_lingering++;
+	c->linger_deadline = now_ns() + SRV_LINGER_NS;
 	client_drop_work(c);
 }
 
@@ -1500,6 +1588,9 @@ static void client_close(struct client *c, const char *why)
 	if (c->closing)
 		return;
 	c->closing = true;
+	client_unadmit(c);
+	if (c->lingering)
+		srv->n_lingering--;
 	log_debug("client %" PRIu64 " closed: %s", c->id, why);
 	client_drop_work(c);
 	if (c->fd >= 0) {
@@ -1593,6 +1684,7 @@ static void handle_sock(struct client *c)
 			continue;
 		}
 		ipc_frame_close_fds(&f);
+		c->last_active_ns = now_ns();
 		if (!c->welcomed) {
 			if (f.hdr.type != IPC_MSG_HELLO) {
 				sock_error(c, 0, -EPROTO, "HELLO expected, got %s", ipc_type_name(f.hdr.type));
@@ -1726,7 +1818,10 @@ static void apply_reload(struct kvd_server *srv, const struct kvd_config *n)
 	/* The allow-list holds for connections already open, too. */
 	for (struct client *c = srv->clients, *next; c; c = next) {
 		next = c->next;
-		if (c->closing || c->lingering || peer_allowed(srv, c->fd, &c->cred))
+		if (c->closing || c->lingering)
+			continue;
+		c->admin = peer_is_admin(srv, c->fd, &c->cred);
+		if (peer_allowed(srv, c->fd, &c->cred))
 			continue;
 		log_notice("reload: closing client %" PRIu64 " (pid %d uid %u): no longer in server.allowed_users/groups",
 			   c->id, (int)c->cred.pid, (unsigned)c->cred.uid);

@@ -17,7 +17,13 @@
  *       Open COUNT connections (saying HELLO on each with --hello) and
  *       keep them open and silent. Prints "HELD n refused m" once done
  *       (a connection counts as refused when the daemon answered it with
- *       an ERROR frame or closed it).
+ *       an ERROR frame or closed it), and at the end "CLOSED_BY_DAEMON k":
+ *       how many of the held ones the daemon had closed by then.
+ *   kvd_hostile [-s SOCK] [--seconds N] upload-hang
+ *       HELLO, then a GENERATE whose prompt is announced for the ring but
+ *       never sent, so the request stays in flight (state "uploading").
+ *       Prints "UPLOADING", keeps silent for N seconds, then prints
+ *       "OPEN" or "CLOSED" (whether the daemon had closed the connection).
  *   kvd_hostile [-s SOCK] [--seconds N] flood
  *       Keep the socket full of TOKENIZE (count only) requests, reading
  *       the replies as they come. Prints "FLOODING" once started and the
@@ -268,9 +274,49 @@ static int mode_hold(unsigned count, bool hello)
 	uint64_t end = now_ms() + run_seconds * 1000ull;
 	while (now_ms() < end)
 		usleep(50000);
-	for (unsigned i = 0; i < held; i++)
+	unsigned closed = 0;
+	for (unsigned i = 0; i < held; i++) {
+		struct pollfd p = { fds[i], POLLIN | POLLRDHUP, 0 };
+		if (poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLRDHUP)))
+			closed++;
 		close(fds[i]);
+	}
+	printf("CLOSED_BY_DAEMON %u\n", closed);
 	free(fds);
+	return 0;
+}
+
+static int mode_upload_hang(void)
+{
+	struct ipc_frame f;
+	int fd, r;
+	static _Alignas(8) uint8_t gb[IPC_MAX_FRAME_BYTES];
+
+	r = ipc_connect(sock_path, &fd);
+	if (r < 0 || send_hello(fd) < 0)
+		return 1;
+	r = recv_timeout(fd, &f, 10000);
+	if (r < 0 || f.hdr.type != IPC_MSG_WELCOME) {
+		fprintf(stderr, "no WELCOME\n");
+		return 1;
+	}
+	ipc_frame_close_fds(&f);
+	struct ipc_generate_msg m = { 0 };
+	m.g.gen_flags = IPC_GEN_RAW | IPC_GEN_PROMPT_IN_RING;
+	m.g.max_tokens = 8;
+	m.g.top_p = 1.0f;
+	m.g.repeat_penalty = 1.0f;
+	m.g.prompt_bytes = 100;
+	ssize_t n = ipc_encode_generate(gb, sizeof(gb), 77, &m);
+	if (n < 0 || send(fd, gb, (size_t)n, MSG_NOSIGNAL) != n)
+		return 1;
+	printf("UPLOADING\n");
+	fflush(stdout);
+	usleep(run_seconds * 1000000u);
+	struct pollfd p = { fd, POLLIN | POLLRDHUP, 0 };
+	bool closed = poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLRDHUP));
+	printf("%s\n", closed ? "CLOSED" : "OPEN");
+	close(fd);
 	return 0;
 }
 
@@ -441,6 +487,8 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(mode, "flood"))
 		return mode_flood();
+	if (!strcmp(mode, "upload-hang"))
+		return mode_upload_hang();
 	if (!strcmp(mode, "watch"))
 		return mode_watch();
 	if (!strcmp(mode, "hello-twice"))

@@ -563,9 +563,9 @@ int main(int argc, char **argv)
 			for (uint32_t i = 0; i < m.r.n_entries; i++) {
 				struct ipc_ps_entry e;
 				ipc_ps_entry_at(&m, i, &e);
-				printf("client=%" PRIu64 " request=%" PRIu64 " pid=%u state=%s pages=%u shared=%u prompt=%u "
+				printf("client=%" PRIu64 " request=%" PRIu64 " pid=%u uid=%u state=%s pages=%u shared=%u prompt=%u "
 				       "generated=%u/%u\n",
-				       e.client_id, e.request_id, e.pid, ipc_req_state_name(e.state), e.pages, e.pages_shared,
+				       e.client_id, e.request_id, e.pid, e.uid, ipc_req_state_name(e.state), e.pages, e.pages_shared,
 				       e.prompt_tokens, e.generated_tokens, e.max_tokens);
 			}
 			if (!m.more)
