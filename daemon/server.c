@@ -1156,8 +1156,12 @@ static void handle_ps(struct client *c, uint64_t rid)
 		goto oom;
 	}
 	static const uint32_t state_map[] = { IPC_REQ_WAITING, IPC_REQ_PREFILL, IPC_REQ_RUNNING, IPC_REQ_SWAPPED };
+	/* Administrators see everyone's requests; others only their own
+	 * (pids, session ids and sizes of other users' work are private). */
 	for (size_t i = 0; i < n; i++) {
 		struct greq *gr = (struct greq *)(uintptr_t)info[i].req_id;
+		if (!c->admin && (!gr->c || gr->c->cred.uid != c->cred.uid))
+			continue;
 		ent[n_ent++] = (struct ipc_ps_entry){
 			.request_id = gr->id,
 			.client_id = gr->c ? gr->c->id : 0,
@@ -1176,7 +1180,7 @@ static void handle_ps(struct client *c, uint64_t rid)
 	}
 	for (struct client *o = srv->clients; o; o = o->next)
 		for (struct upload *u = o->up_head; u && n_ent < n + srv->n_uploading; u = u->next)
-			if (u->kind == UP_GENERATE)
+			if (u->kind == UP_GENERATE && (c->admin || o->cred.uid == c->cred.uid))
 				ent[n_ent++] = (struct ipc_ps_entry){
 					.request_id = u->req_id,
 					.client_id = o->id,

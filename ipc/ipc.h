@@ -204,7 +204,8 @@ enum ipc_type {
 	IPC_MSG_PING = 17,           /* c->s socket  struct ipc_ping */
 	IPC_MSG_PONG = 18,           /* s->c socket  struct ipc_ping (echoed) */
 	IPC_MSG_PS = 19,             /* c->s socket  empty */
-	IPC_MSG_PS_REPLY = 20,       /* s->c socket  struct ipc_ps_reply + entries; IPC_F_MORE */
+	IPC_MSG_PS_REPLY = 20,       /* s->c socket  struct ipc_ps_reply + entries; IPC_F_MORE;
+				      * all users' requests for administrators, else the caller's uid's */
 	IPC_MSG_TYPE_MAX = 20,
 };
 
