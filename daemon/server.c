@@ -55,7 +55,25 @@
 #include "tokenizer.h"
 
 #define SRV_MAX_EVENTS       64
-#define SRV_FRAMES_PER_WAKE  64     /* socket frames read per client per loop turn */
+/*
+ * Fairness between the control plane and the streams. One loop turn runs
+ * one scheduler step, which moves every running stream by one token, so
+ * whatever else a turn does delays every stream. Per client and turn, at
+ * most SRV_TURN_FRAMES socket frames and SRV_TURN_BYTES of them are
+ * handled (round robin among clients that have frames waiting). And while
+ * the scheduler has work, the time a client's frames cost is charged
+ * against a share of the step time: after each step every client earns
+ * SRV_CTL_SHARE_PERMILLE/1000 of the step's duration, and a client whose
+ * frames have cost more than it earned (plus SRV_CTL_BURST_NS it may run
+ * ahead) is not read until it has earned that back. So one client flooding
+ * TOKENIZE (or anything else) adds at most about that share to each
+ * stream's time per token; an idle scheduler throttles nobody, and a
+ * client sending the odd request never waits, since it has no debt.
+ */
+#define SRV_TURN_FRAMES        16
+#define SRV_TURN_BYTES         (256u << 10)
+#define SRV_CTL_SHARE_PERMILLE 30              /* 3% of the step time per client */
+#define SRV_CTL_BURST_NS       10000000ull     /* 10 ms a client may run ahead */
 #define SRV_STATUS_NS        1000000000ull
 #define SRV_EXPIRE_NS        1000000000ull
 #define SRV_FINAL_FLUSH_NS   2000000000ull /* after cancelling on shutdown, wait this long for rings */
@@ -147,6 +165,7 @@ struct client {
 	bool admin;                   /* root or a member of server.admin_groups */
 	uint64_t t_accept;
 	uint64_t last_active_ns;      /* last frame received (idle timeout) */
+	uint64_t ctl_until;           /* control time used, on srv->ctl_earned_ns's scale */
 	uint64_t linger_deadline;
 	struct greq *reqs, *reqs_tail;
 	uint32_t n_inflight;
@@ -173,6 +192,7 @@ struct kvd_server {
 	uint32_t n_clients;           /* every connection, lingering ones too */
 	uint32_t n_admitted;          /* connections holding a slot */
 	uint32_t n_lingering;
+	uint64_t ctl_earned_ns;       /* control time each client has earned (fairness) */
 	struct client *dirty;
 	struct client *to_free;
 	uint64_t next_client_id, next_session_id;
@@ -1664,16 +1684,53 @@ static void frame_error(struct client *c, int r, const struct ipc_frame *f)
 		client_linger(c, "malformed frame");
 }
 
+/* Has the client used its share of the loop (see SRV_CTL_SHARE_PERMILLE)? */
+static bool client_throttled(const struct client *c, bool busy)
+{
+	return busy && c->ctl_until > c->srv->ctl_earned_ns + SRV_CTL_BURST_NS;
+}
+
+/* Charge a client for control work that took cost_ns. */
+static void client_charge(struct client *c, uint64_t cost_ns)
+{
+	uint64_t earned = c->srv->ctl_earned_ns;
+	c->ctl_until = (c->ctl_until > earned ? c->ctl_until : earned) + cost_ns;
+}
+
+static void handle_sock_frames(struct client *c, bool busy, uint64_t *t_charged);
+
 static void handle_sock(struct client *c)
+{
+	bool busy = !kvd_sched_idle(c->srv->sched);
+
+	if (client_throttled(c, busy))
+		return; /* still readable: epoll reports it again next turn */
+	uint64_t t_charged = now_ns();
+	handle_sock_frames(c, busy, &t_charged);
+	if (busy && !c->closing)
+		client_charge(c, now_ns() - t_charged);
+}
+
+/* Frames of one turn; *t_charged: up to when the client was charged. */
+static void handle_sock_frames(struct client *c, bool busy, uint64_t *t_charged)
 {
 	struct kvd_server *srv = c->srv;
 	struct ipc_frame f;
+	size_t bytes = 0;
 
-	for (int k = 0; k < SRV_FRAMES_PER_WAKE && !c->closing; k++) {
+	for (int k = 0; k < SRV_TURN_FRAMES && bytes < SRV_TURN_BYTES && !c->closing; k++) {
+		if (busy && k) { /* stop as soon as the share is used up */
+			uint64_t t = now_ns();
+			client_charge(c, t - *t_charged);
+			*t_charged = t;
+			if (client_throttled(c, busy))
+				return;
+		}
 		memset(&f, 0, sizeof(f));
 		int r = ipc_recv_nowait(c->fd, srv->rxbuf, IPC_MAX_FRAME_BYTES, IPC_FROM_CLIENT, &f);
 		if (r == -EAGAIN)
 			return;
+		bytes += IPC_HDR_BYTES + (r == 0 ? f.hdr.length : 0);
 		if (r == -ECONNRESET) {
 			client_close(c, "disconnected");
 			return;
@@ -2140,7 +2197,9 @@ int kvd_server_run(struct kvd_server *srv)
 		}
 		free_closed(srv);
 		if (!kvd_sched_idle(srv->sched)) {
+			uint64_t t_step = now_ns();
 			int r = kvd_sched_step(srv->sched);
+			srv->ctl_earned_ns += (now_ns() - t_step) * SRV_CTL_SHARE_PERMILLE / 1000;
 			progress = r != 0;
 			if (r < 0)
 				log_error("scheduler step failed: %s", strerror(-r));

@@ -26,8 +26,8 @@
  *       "OPEN" or "CLOSED" (whether the daemon had closed the connection).
  *   kvd_hostile [-s SOCK] [--seconds N] flood
  *       Keep the socket full of TOKENIZE (count only) requests, reading
- *       the replies as they come. Prints "FLOODING" once started and the
- *       number of replies on exit.
+ *       the replies as they come. Prints "FLOODING" once started and
+ *       "REPLIES n" on exit (after --seconds, or at once on SIGTERM).
  *   kvd_hostile [-s SOCK] [--seconds N] watch
  *       HELLO, print "WELCOMED", then wait (silent) for the daemon to end
  *       the connection: prints each ERROR it sends and "CLOSED"; exit 0
@@ -45,6 +45,7 @@
 #include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,6 +57,7 @@
 #include "ipc.h"
 
 static const char *sock_path;
+static volatile sig_atomic_t stop_requested; /* SIGTERM: finish the mode and report */
 static unsigned run_seconds = 30;
 static _Alignas(8) uint8_t rbuf[IPC_MAX_FRAME_BYTES];
 
@@ -350,7 +352,7 @@ static int mode_flood(void)
 	printf("FLOODING\n");
 	fflush(stdout);
 	uint64_t end = now_ms() + run_seconds * 1000ull;
-	while (now_ms() < end) {
+	while (now_ms() < end && !stop_requested) {
 		/* keep the daemon's queue full, but read replies so that it
 		 * never has a reason to drop us */
 		while (sent - replies < 256 && ipc_sendv(fd, IPC_MSG_TOKENIZE, 0, rid, v, 2, NULL, 0) == 0) {
@@ -367,6 +369,7 @@ static int mode_flood(void)
 		}
 	}
 	printf("REPLIES %" PRIu64 "\n", replies);
+	fflush(stdout);
 	close(fd);
 	return 0;
 }
@@ -452,6 +455,12 @@ static int mode_hello_twice(void)
 	}
 }
 
+static void on_term(int sig)
+{
+	(void)sig;
+	stop_requested = 1;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option lo[] = {
@@ -464,6 +473,8 @@ int main(int argc, char **argv)
 	int o;
 
 	sock_path = getenv("KVD_SOCKET");
+	struct sigaction sa = { .sa_handler = on_term };
+	sigaction(SIGTERM, &sa, NULL);
 	while ((o = getopt_long(argc, argv, "+s:t:H", lo, NULL)) != -1) {
 		switch (o) {
 		case 's': sock_path = optarg; break;
