@@ -166,6 +166,7 @@ struct client {
 	uint64_t t_accept;
 	uint64_t last_active_ns;      /* last frame received (idle timeout) */
 	uint64_t ctl_until;           /* control time used, on srv->ctl_earned_ns's scale */
+	bool sock_paused;             /* over its share: socket out of epoll's read set */
 	uint64_t linger_deadline;
 	struct greq *reqs, *reqs_tail;
 	uint32_t n_inflight;
@@ -193,6 +194,7 @@ struct kvd_server {
 	uint32_t n_admitted;          /* connections holding a slot */
 	uint32_t n_lingering;
 	uint64_t ctl_earned_ns;       /* control time each client has earned (fairness) */
+	uint32_t n_paused;            /* clients with sock_paused */
 	struct client *dirty;
 	struct client *to_free;
 	uint64_t next_client_id, next_session_id;
@@ -1613,6 +1615,10 @@ static void client_close(struct client *c, const char *why)
 		return;
 	c->closing = true;
 	client_unadmit(c);
+	if (c->sock_paused) {
+		c->sock_paused = false;
+		srv->n_paused--;
+	}
 	if (c->lingering)
 		srv->n_lingering--;
 	log_debug("client %" PRIu64 " closed: %s", c->id, why);
@@ -1699,12 +1705,49 @@ static void client_charge(struct client *c, uint64_t cost_ns)
 
 static void handle_sock_frames(struct client *c, bool busy, uint64_t *t_charged);
 
-static void handle_sock(struct client *c)
+/* Take a throttled client's socket out of epoll's read set, so that its
+ * waiting frames do not make every epoll_wait return at once; hang-ups
+ * are still reported (then it is read, to see the end). */
+static void client_pause(struct client *c)
+{
+	struct epoll_event ev = { .events = 0, .data.ptr = &c->sock_src };
+	if (c->sock_paused || epoll_ctl(c->srv->ep, EPOLL_CTL_MOD, c->fd, &ev) < 0)
+		return;
+	c->sock_paused = true;
+	c->srv->n_paused++;
+}
+
+static void client_resume(struct client *c)
+{
+	struct epoll_event ev = { .events = EPOLLIN, .data.ptr = &c->sock_src };
+	if (!c->sock_paused)
+		return;
+	c->sock_paused = false;
+	c->srv->n_paused--;
+	if (c->fd >= 0 && epoll_ctl(c->srv->ep, EPOLL_CTL_MOD, c->fd, &ev) < 0)
+		client_close(c, "epoll");
+}
+
+/* After a step: read again from clients that have earned their share
+ * back, or from everyone when the scheduler ran out of work. */
+static void resume_paused(struct kvd_server *srv)
+{
+	bool busy = !kvd_sched_idle(srv->sched);
+	for (struct client *c = srv->clients, *next; c && srv->n_paused; c = next) {
+		next = c->next;
+		if (c->sock_paused && !client_throttled(c, busy))
+			client_resume(c);
+	}
+}
+
+static void handle_sock(struct client *c, uint32_t events)
 {
 	bool busy = !kvd_sched_idle(c->srv->sched);
 
-	if (client_throttled(c, busy))
-		return; /* still readable: epoll reports it again next turn */
+	if (client_throttled(c, busy) && !(events & (EPOLLHUP | EPOLLERR))) {
+		client_pause(c);
+		return;
+	}
 	uint64_t t_charged = now_ns();
 	handle_sock_frames(c, busy, &t_charged);
 	if (busy && !c->closing)
@@ -2182,7 +2225,7 @@ int kvd_server_run(struct kvd_server *srv)
 			case SRC_SOCK: {
 				struct client *c = src->p;
 				if (!c->closing)
-					handle_sock(c);
+					handle_sock(c, evs[i].events);
 				break;
 			}
 			case SRC_CHAN: {
@@ -2204,6 +2247,8 @@ int kvd_server_run(struct kvd_server *srv)
 			if (r < 0)
 				log_error("scheduler step failed: %s", strerror(-r));
 		}
+		if (srv->n_paused)
+			resume_paused(srv);
 		flush_dirty(srv);
 		free_closed(srv);
 	}
