@@ -60,19 +60,26 @@
  * one scheduler step, which moves every running stream by one token, so
  * whatever else a turn does delays every stream. Per client and turn, at
  * most SRV_TURN_FRAMES socket frames and SRV_TURN_BYTES of them are
- * handled (round robin among clients that have frames waiting). And while
+ * handled, and SRV_TURN_CLIENT_NS of work, busy or not, so a newcomer's
+ * HELLO or GENERATE waits at most that much per flooding connection even
+ * while no stream runs; the sockets of a turn are read least recently
+ * read first (sort_events), so no connection waits behind the same others
+ * turn after turn. And while
  * the scheduler has work, the time a client's frames cost is charged
- * against a share of the step time: after each step every client earns
- * SRV_CTL_SHARE_PERMILLE/1000 of the step's duration, and a client whose
- * frames have cost more than it earned (plus SRV_CTL_BURST_NS it may run
- * ahead) is not read until it has earned that back. So one client flooding
- * TOKENIZE (or anything else) adds at most about that share to each
- * stream's time per token; an idle scheduler throttles nobody, and a
- * client sending the odd request never waits, since it has no debt.
+ * against a share of the step time, kept per user (uid: all of a user's
+ * connections draw on one account, struct user_share): after each step
+ * every user earns SRV_CTL_SHARE_PERMILLE/1000 of the step's duration, and
+ * a user whose frames have cost more than it earned (plus SRV_CTL_BURST_NS
+ * it may run ahead) is not read until it has earned that back. So one user
+ * flooding TOKENIZE (or anything else), over any number of connections,
+ * adds at most about that share to each stream's time per token; an idle
+ * scheduler throttles nobody, and a user sending the odd request never
+ * waits, since it has no debt.
  */
 #define SRV_TURN_FRAMES        16
 #define SRV_TURN_BYTES         (256u << 10)
-#define SRV_CTL_SHARE_PERMILLE 30              /* 3% of the step time per client */
+#define SRV_TURN_CLIENT_NS     1000000ull      /* 1 ms of control work per client and turn */
+#define SRV_CTL_SHARE_PERMILLE 30              /* 3% of the step time per user */
 #define SRV_CTL_BURST_NS       10000000ull     /* 10 ms a client may run ahead */
 #define SRV_STATUS_NS        1000000000ull
 #define SRV_EXPIRE_NS        1000000000ull
@@ -150,6 +157,15 @@ struct session {
 	uint64_t opener;              /* id of the connection that opened it */
 };
 
+/* One user's (uid's) share of the event loop: all its connections draw on
+ * one account, so opening more connections buys no more loop time. */
+struct user_share {
+	struct user_share *next;
+	uid_t uid;
+	uint32_t refs;                /* connections pointing here */
+	uint64_t ctl_until;           /* control time used, on srv->ctl_earned_ns's scale */
+};
+
 struct client {
 	struct client *next, *prev;
 	struct kvd_server *srv;
@@ -165,8 +181,10 @@ struct client {
 	bool admin;                   /* root or a member of server.admin_groups */
 	uint64_t t_accept;
 	uint64_t last_active_ns;      /* last frame received (idle timeout) */
-	uint64_t ctl_until;           /* control time used, on srv->ctl_earned_ns's scale */
+	struct user_share *share;     /* its user's share of the loop (fairness) */
 	bool sock_paused;             /* over its share: socket out of epoll's read set */
+	uint64_t turn;                /* the loop turn turn_ns counts; last turn it was read */
+	uint64_t turn_ns;             /* control time used in that turn */
 	uint64_t linger_deadline;
 	struct greq *reqs, *reqs_tail;
 	uint32_t n_inflight;
@@ -195,6 +213,8 @@ struct kvd_server {
 	uint32_t n_lingering;
 	uint64_t ctl_earned_ns;       /* control time each client has earned (fairness) */
 	uint32_t n_paused;            /* clients with sock_paused */
+	uint64_t turn;                /* loop turns so far */
+	struct user_share *shares;    /* one per uid with a connection */
 	struct client *dirty;
 	struct client *to_free;
 	uint64_t next_client_id, next_session_id;
@@ -1437,6 +1457,38 @@ static bool peer_allowed(struct kvd_server *srv, int fd, const struct ipc_peer_c
 	return false;
 }
 
+/* The user's share of the loop, created on its first connection; NULL
+ * when out of memory. */
+static struct user_share *share_get(struct kvd_server *srv, uid_t uid)
+{
+	struct user_share *u;
+	for (u = srv->shares; u; u = u->next)
+		if (u->uid == uid)
+			break;
+	if (!u) {
+		u = calloc(1, sizeof(*u));
+		if (!u)
+			return NULL;
+		u->uid = uid;
+		u->next = srv->shares;
+		srv->shares = u;
+	}
+	u->refs++;
+	return u;
+}
+
+static void share_put(struct kvd_server *srv, struct user_share *share)
+{
+	if (!share || --share->refs)
+		return;
+	for (struct user_share **pp = &srv->shares; *pp; pp = &(*pp)->next)
+		if (*pp == share) {
+			*pp = share->next;
+			break;
+		}
+	free(share);
+}
+
 /* Root, or a member (primary or supplementary group) of server.admin_groups. */
 static bool peer_is_admin(struct kvd_server *srv, int fd, const struct ipc_peer_cred *cr)
 {
@@ -1483,6 +1535,12 @@ static void handle_accept(struct kvd_server *srv)
 		int cred_r = srv->fault_peercred ? -EIO : ipc_peer_cred(fd, &c->cred);
 		if (cred_r < 0)
 			c->cred = (struct ipc_peer_cred){ .pid = 0, .uid = (uid_t)-1, .gid = (gid_t)-1 };
+		c->share = share_get(srv, c->cred.uid);
+		if (!c->share) {
+			close(fd);
+			free(c);
+			return;
+		}
 		c->srv = srv;
 		c->fd = fd;
 		c->id = ++srv->next_client_id;
@@ -1651,6 +1709,7 @@ static void free_closed(struct kvd_server *srv)
 				break;
 			}
 		ipc_chan_free(c->chan);
+		share_put(srv, c->share);
 		free(c);
 	}
 }
@@ -1690,17 +1749,32 @@ static void frame_error(struct client *c, int r, const struct ipc_frame *f)
 		client_linger(c, "malformed frame");
 }
 
-/* Has the client used its share of the loop (see SRV_CTL_SHARE_PERMILLE)? */
+/* Has the client's user used its share of the step time (see
+ * SRV_CTL_SHARE_PERMILLE)? */
 static bool client_throttled(const struct client *c, bool busy)
 {
-	return busy && c->ctl_until > c->srv->ctl_earned_ns + SRV_CTL_BURST_NS;
+	return busy && c->share->ctl_until > c->srv->ctl_earned_ns + SRV_CTL_BURST_NS;
 }
 
-/* Charge a client for control work that took cost_ns. */
-static void client_charge(struct client *c, uint64_t cost_ns)
+/* Has the client used its time in this loop turn? */
+static bool client_turn_used(const struct client *c)
 {
-	uint64_t earned = c->srv->ctl_earned_ns;
-	c->ctl_until = (c->ctl_until > earned ? c->ctl_until : earned) + cost_ns;
+	return c->turn == c->srv->turn && c->turn_ns >= SRV_TURN_CLIENT_NS;
+}
+
+/* Charge a client (and its user) for control work that took cost_ns. */
+static void client_charge(struct client *c, uint64_t cost_ns, bool busy)
+{
+	struct user_share *u = c->share;
+	if (c->turn != c->srv->turn) {
+		c->turn = c->srv->turn;
+		c->turn_ns = 0;
+	}
+	c->turn_ns += cost_ns;
+	if (busy) {
+		uint64_t earned = c->srv->ctl_earned_ns;
+		u->ctl_until = (u->ctl_until > earned ? u->ctl_until : earned) + cost_ns;
+	}
 }
 
 static void handle_sock_frames(struct client *c, bool busy, uint64_t *t_charged);
@@ -1744,14 +1818,18 @@ static void handle_sock(struct client *c, uint32_t events)
 {
 	bool busy = !kvd_sched_idle(c->srv->sched);
 
-	if (client_throttled(c, busy) && !(events & (EPOLLHUP | EPOLLERR))) {
-		client_pause(c);
-		return;
+	if (!(events & (EPOLLHUP | EPOLLERR))) {
+		if (client_throttled(c, busy)) {
+			client_pause(c);
+			return;
+		}
+		if (client_turn_used(c))
+			return; /* still readable: epoll reports it next turn */
 	}
 	uint64_t t_charged = now_ns();
 	handle_sock_frames(c, busy, &t_charged);
-	if (busy && !c->closing)
-		client_charge(c, now_ns() - t_charged);
+	if (!c->closing)
+		client_charge(c, now_ns() - t_charged, busy);
 }
 
 /* Frames of one turn; *t_charged: up to when the client was charged. */
@@ -1762,11 +1840,11 @@ static void handle_sock_frames(struct client *c, bool busy, uint64_t *t_charged)
 	size_t bytes = 0;
 
 	for (int k = 0; k < SRV_TURN_FRAMES && bytes < SRV_TURN_BYTES && !c->closing; k++) {
-		if (busy && k) { /* stop as soon as the share is used up */
+		if (k) { /* stop as soon as the turn's time or the share is used up */
 			uint64_t t = now_ns();
-			client_charge(c, t - *t_charged);
+			client_charge(c, t - *t_charged, busy);
 			*t_charged = t;
-			if (client_throttled(c, busy))
+			if (client_turn_used(c) || client_throttled(c, busy))
 				return;
 		}
 		memset(&f, 0, sizeof(f));
@@ -2130,6 +2208,30 @@ struct kvd_server *kvd_server_free(struct kvd_server *srv)
 	return NULL;
 }
 
+/* Client sockets least recently read first (everything else keeps its
+ * place ahead of them): level-triggered epoll reports ready fds in the
+ * same order every turn, so without this the first connections of a turn
+ * could use up a user's share every time and starve the others. */
+static uint64_t event_key(const struct epoll_event *ev)
+{
+	const struct ep_src *src = ev->data.ptr;
+	return src->kind == SRC_SOCK ? 1 + ((const struct client *)src->p)->turn : 0;
+}
+
+static void sort_events(struct epoll_event *evs, int n)
+{
+	for (int i = 1; i < n; i++) { /* insertion sort: n <= SRV_MAX_EVENTS, mostly sorted */
+		struct epoll_event e = evs[i];
+		uint64_t k = event_key(&e);
+		int j = i;
+		while (j > 0 && event_key(&evs[j - 1]) > k) {
+			evs[j] = evs[j - 1];
+			j--;
+		}
+		evs[j] = e;
+	}
+}
+
 static int ms_until(uint64_t t, uint64_t deadline)
 {
 	if (deadline <= t)
@@ -2153,6 +2255,7 @@ int kvd_server_run(struct kvd_server *srv)
 	srv->next_expire = now_ns() + SRV_EXPIRE_NS;
 	for (;;) {
 		uint64_t t = now_ns();
+		srv->turn++;
 		if (srv->watchdog_ns && t >= srv->next_watchdog) {
 			sd_notify(0, "WATCHDOG=1");
 			srv->next_watchdog = t + srv->watchdog_ns;
@@ -2212,6 +2315,7 @@ int kvd_server_run(struct kvd_server *srv)
 			log_error("epoll_wait: %m");
 			return -errno;
 		}
+		sort_events(evs, n);
 		for (int i = 0; i < n; i++) {
 			struct ep_src *src = evs[i].data.ptr;
 			switch (src->kind) {

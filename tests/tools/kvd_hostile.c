@@ -32,6 +32,12 @@
  *       HELLO, print "WELCOMED", then wait (silent) for the daemon to end
  *       the connection: prints each ERROR it sends and "CLOSED"; exit 0
  *       when it closed within N seconds, 1 when it did not.
+ *   kvd_hostile [-s SOCK] stream PID N PROMPT
+ *       Not hostile: the measuring side of the fairness test. HELLO, then
+ *       one raw greedy GENERATE of N tokens, read to its end; prints
+ *       "WALL_US CPU_TICKS": the time from sending GENERATE to reading
+ *       DONE, and the CPU time (user + system, /proc/PID/stat) process PID
+ *       (kvd) used meanwhile. Exit 1 unless exactly N tokens came.
  *   kvd_hostile [-s SOCK] hello-twice
  *       HELLO, WELCOME, HELLO again: prints the ERROR it gets back and
  *       "CLOSED" when the daemon then ends the connection (exit 0), exit 1
@@ -414,6 +420,95 @@ static int mode_watch(void)
 	}
 }
 
+/* ---- stream ------------------------------------------------------------------------ */
+
+/* utime + stime of a process, in clock ticks; -1 when unreadable. */
+static long long cpu_ticks(const char *pid)
+{
+	char path[64], buf[1024];
+	snprintf(path, sizeof(path), "/proc/%s/stat", pid);
+	FILE *fp = fopen(path, "r");
+	if (!fp)
+		return -1;
+	size_t n = fread(buf, 1, sizeof(buf) - 1, fp);
+	fclose(fp);
+	buf[n] = 0;
+	char *p = strrchr(buf, ')'); /* after the command name */
+	unsigned long long ut, st;
+	if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+		return -1;
+	return (long long)(ut + st);
+}
+
+static uint64_t now_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static int mode_stream(const char *pid, uint32_t n_tokens, const char *prompt)
+{
+	struct ipc_frame f;
+	struct ipc_welcome w;
+	struct ipc_chan *chan;
+	int fd, r;
+	static _Alignas(8) uint8_t gb[IPC_MAX_FRAME_BYTES];
+
+	r = ipc_connect(sock_path, &fd);
+	if (r < 0 || send_hello(fd) < 0)
+		return 1;
+	r = recv_timeout(fd, &f, 10000);
+	if (r < 0 || f.hdr.type != IPC_MSG_WELCOME || ipc_decode_welcome(&f, &w) < 0)
+		return 1;
+	if (ipc_chan_attach(f.fds[IPC_WELCOME_FD_MEMFD], f.fds[IPC_WELCOME_FD_WAKE], &chan) < 0)
+		return 1;
+	struct ipc_generate_msg m = { 0 };
+	m.g.gen_flags = IPC_GEN_RAW;
+	m.g.max_tokens = n_tokens;
+	m.g.top_p = 1.0f;
+	m.g.repeat_penalty = 1.0f;
+	m.prompt = prompt;
+	m.g.prompt_bytes = (uint32_t)strlen(prompt);
+	ssize_t len = ipc_encode_generate(gb, sizeof(gb), 1, &m);
+	if (len < 0)
+		return 1;
+	long long c0 = cpu_ticks(pid);
+	uint64_t t0 = now_us();
+	if (send(fd, gb, (size_t)len, MSG_NOSIGNAL) != len)
+		return 1;
+	for (;;) {
+		r = ipc_chan_recv(chan, rbuf, sizeof(rbuf), &f);
+		if (r == 0) {
+			ipc_chan_wake_peer(chan);
+			if (f.hdr.type == IPC_MSG_TOKEN)
+				continue;
+			if (f.hdr.type != IPC_MSG_DONE)
+				return 1;
+			struct ipc_done d;
+			if (ipc_decode_done(&f, &d) < 0)
+				return 1;
+			long long c1 = cpu_ticks(pid);
+			uint64_t t1 = now_us();
+			if (d.generated_tokens != n_tokens || c0 < 0 || c1 < 0) {
+				fprintf(stderr, "generated %u of %u tokens\n", d.generated_tokens, n_tokens);
+				return 1;
+			}
+			printf("%" PRIu64 " %lld\n", t1 - t0, c1 - c0);
+			return 0;
+		}
+		if (r != -EAGAIN)
+			return 1;
+		struct pollfd p[2] = { { fd, POLLIN, 0 }, { ipc_chan_wait_fd(chan), POLLIN, 0 } };
+		r = ipc_chan_prepare_wait(chan, IPC_WAIT_RX, 0);
+		if (r > 0)
+			continue;
+		if (r < 0 || poll(p, 2, 30000) <= 0 || (p[0].revents & (POLLIN | POLLHUP)))
+			return 1; /* a socket frame here is an ERROR: fail */
+		ipc_chan_ack(chan);
+	}
+}
+
 /* ---- hello-twice ------------------------------------------------------------------ */
 
 static int mode_hello_twice(void)
@@ -498,6 +593,8 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(mode, "flood"))
 		return mode_flood();
+	if (!strcmp(mode, "stream") && optind + 3 < argc)
+		return mode_stream(argv[optind + 1], (uint32_t)strtoul(argv[optind + 2], NULL, 10), argv[optind + 3]);
 	if (!strcmp(mode, "upload-hang"))
 		return mode_upload_hang();
 	if (!strcmp(mode, "watch"))
