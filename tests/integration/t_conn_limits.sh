@@ -23,18 +23,18 @@ U2="setpriv --reuid=65533 --regid=65533 --clear-groups"
 printf '[server]\nsocket_mode = 0666\nmax_clients = 8\nadmin_reserved_clients = 2\nmax_clients_per_user = 4\nidle_timeout = 2\n' >"$T/kvd.conf"
 start_kvd limits "$S" --config "$T/kvd.conf" --model "$TINY" --pool-size 8M --threads 1
 
-$U1 "$HOSTILE" -s "$S" --seconds 7 hold 6 >"$T/h1.out" 2>&1 &
+$U1 "$HOSTILE" -s "$S" --seconds 9 hold 6 >"$T/h1.out" 2>&1 &
 H1=$!
 for i in $(seq 1 100); do grep -q HELD "$T/h1.out" && break; sleep 0.1; done
 grep -q "HELD 4 refused 2" "$T/h1.out" || fail "per-user limit: $(cat "$T/h1.out")"
 grep -q "code=-1004 .*max_clients_per_user" "$T/h1.out" || fail "per-user limit: no IPC_ERR_LIMIT: $(cat "$T/h1.out")"
 ok "uid 65534 holding connections without HELLO: 4 of 6 admitted (server.max_clients_per_user)"
 
-$U2 "$HOSTILE" -s "$S" --seconds 4 upload-hang >"$T/up.out" 2>&1 &
+$U2 "$HOSTILE" -s "$S" --seconds 5 upload-hang >"$T/up.out" 2>&1 &
 UP=$!
 for i in $(seq 1 100); do grep -q UPLOADING "$T/up.out" && break; sleep 0.1; done
 grep -q UPLOADING "$T/up.out" || fail "upload-hang not admitted: $(cat "$T/up.out")"
-$U2 "$HOSTILE" -s "$S" --seconds 5 hold 4 --hello >"$T/h2.out" 2>&1 &
+$U2 "$HOSTILE" -s "$S" --seconds 6 hold 4 --hello >"$T/h2.out" 2>&1 &
 H2=$!
 for i in $(seq 1 100); do grep -q HELD "$T/h2.out" && break; sleep 0.1; done
 grep -q "HELD 1 refused 3" "$T/h2.out" || fail "reserved slots: $(cat "$T/h2.out")"

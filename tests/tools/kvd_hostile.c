@@ -245,35 +245,51 @@ static int mode_nonblock(void)
 static int mode_hold(unsigned count, bool hello)
 {
 	int *fds = calloc(count, sizeof(int));
-	unsigned held = 0, refused = 0;
+	unsigned n = 0, held = 0, refused = 0;
 	struct ipc_frame f;
 
 	if (!fds)
 		return 1;
 	for (unsigned i = 0; i < count; i++) {
 		int fd;
-		if (ipc_connect(sock_path, &fd) < 0) {
+		if (ipc_connect(sock_path, &fd) < 0 || (hello && send_hello(fd) < 0)) {
 			refused++;
 			continue;
 		}
-		if (hello && send_hello(fd) < 0) {
-			close(fd);
-			refused++;
-			continue;
-		}
-		/* An ERROR (or end of file) soon after connecting: refused. */
-		int r = recv_timeout(fd, &f, hello ? 2000 : 100);
-		if (r == 0 && f.hdr.type == IPC_MSG_WELCOME) {
-			ipc_frame_close_fds(&f);
-			fds[held++] = fd;
-		} else if (r == -ETIMEDOUT && !hello) {
-			fds[held++] = fd;
-		} else {
+		if (hello) {
+			/* WELCOME or an ERROR always comes */
+			int r = recv_timeout(fd, &f, 10000);
+			if (r == 0 && f.hdr.type == IPC_MSG_WELCOME) {
+				ipc_frame_close_fds(&f);
+				fds[held++] = fd;
+				continue;
+			}
 			if (r == 0 && f.hdr.type == IPC_MSG_ERROR && refused == 0)
 				print_error_frame(&f);
 			if (r == 0)
 				ipc_frame_close_fds(&f);
 			close(fd);
+			refused++;
+			continue;
+		}
+		fds[n++] = fd;
+	}
+	if (!hello) {
+		/* A refused connection gets its ERROR at once; give a loaded
+		 * machine a second, then sort them out. */
+		usleep(1000000);
+		for (unsigned i = 0; i < n; i++) {
+			struct pollfd p = { fds[i], POLLIN, 0 };
+			if (poll(&p, 1, 0) == 0) {
+				fds[held++] = fds[i];
+				continue;
+			}
+			if (recv_timeout(fds[i], &f, 0) == 0) {
+				if (f.hdr.type == IPC_MSG_ERROR && refused == 0)
+					print_error_frame(&f);
+				ipc_frame_close_fds(&f);
+			}
+			close(fds[i]);
 			refused++;
 		}
 	}
