@@ -7,8 +7,8 @@
  * memory channel (prompt uploads out, the token stream in). Everything is
  * driven from pump(): it drains the token ring into per-request event
  * queues, reads socket frames when poll() says so, and sleeps in poll()
- * on the socket and the channel's eventfd — after announcing the sleep
- * in the ring's waiting flag, so the daemon writes the eventfd only when
+ * on the socket and the channel's wake-up socket — after announcing the
+ * sleep in the ring's waiting flag, so the daemon sends a wake-up only when
  * this process really sleeps. Callers wait for a condition (a request has
  * an event, a control reply arrived, the upload ring has room) by passing
  * it to pump().
@@ -615,8 +615,7 @@ static int handshake(kvc_client *c)
 	struct ipc_welcome w;
 	r = ipc_decode_welcome(&f, &w);
 	if (r == 0)
-		r = ipc_chan_attach(f.fds[IPC_WELCOME_FD_MEMFD], f.fds[IPC_WELCOME_FD_TO_SERVER],
-				    f.fds[IPC_WELCOME_FD_TO_CLIENT], &c->ch);
+		r = ipc_chan_attach(f.fds[IPC_WELCOME_FD_MEMFD], f.fds[IPC_WELCOME_FD_WAKE], &c->ch);
 	if (r < 0) {
 		ipc_frame_close_fds(&f);
 		return -EPROTO;

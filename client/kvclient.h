@@ -431,7 +431,7 @@ enum kvc_req_state {
 /* "waiting", "prefill", "running", "swapped", "uploading", "?"; static. */
 KVC_EXPORT const char *kvc_req_state_name(int state);
 
-/* One live request in the daemon (any client's). */
+/* One live request in the daemon (see kvc_ps for whose). */
 struct kvc_ps_entry {
 	uint64_t request_id;          /* the owning client's id for it */
 	uint64_t client_id;           /* that client's kvc_info.client_id */
@@ -449,7 +449,9 @@ struct kvc_ps_entry {
 	uint32_t reserved0;
 	uint64_t reserved[4];
 };
-/* The daemon's live requests: *ret_entries (kvc_free) holds *ret_n entries. */
+/* The daemon's live requests: *ret_entries (kvc_free) holds *ret_n entries.
+ * Every user's for root and members of the daemon's server.admin_groups;
+ * for anyone else only the requests of their own uid. */
 KVC_EXPORT int kvc_ps(kvc_client *c, struct kvc_ps_entry **ret_entries, size_t *ret_n);
 
 /* Round trip to the daemon; *ret_rtt_ns (may be NULL) gets its duration. */

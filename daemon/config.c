@@ -32,6 +32,9 @@ void kvd_config_defaults(struct kvd_config *c)
 	snprintf(c->socket, sizeof(c->socket), "/run/kvd/kvd.sock");
 	c->socket_mode = 0660;
 	c->max_clients = 256;
+	c->max_clients_per_user = 32;
+	c->admin_reserved_clients = 4;
+	c->idle_timeout_s = 300;
 	c->max_requests_per_client = 16;
 	c->max_prompt_bytes = 1u << 20;
 	c->drain_timeout_s = 10;
@@ -248,8 +251,25 @@ static int set_key(struct kvd_config *c, const char *sec, const char *key, const
 		}
 		if (r < 0)
 			goto bad_value;
+	} else if (IS("server", "admin_groups")) {
+		r = parse_ids(v, lookup_group, c->admin_gids, &c->n_admin_gids, bad, sizeof(bad));
+		if (r == -ENOENT) {
+			snprintf(msg, ml, "unknown group '%s'", bad);
+			return -EINVAL;
+		}
+		if (r < 0)
+			goto bad_value;
 	} else if (IS("server", "max_clients")) {
 		if (parse_u32(v, 1, 65536, &c->max_clients) < 0)
+			goto bad_value;
+	} else if (IS("server", "max_clients_per_user")) {
+		if (parse_u32(v, 1, 65536, &c->max_clients_per_user) < 0)
+			goto bad_value;
+	} else if (IS("server", "admin_reserved_clients")) {
+		if (parse_u32(v, 0, 1024, &c->admin_reserved_clients) < 0)
+			goto bad_value;
+	} else if (IS("server", "idle_timeout")) {
+		if (parse_u32(v, 0, 86400 * 7, &c->idle_timeout_s) < 0)
 			goto bad_value;
 	} else if (IS("server", "max_requests_per_client")) {
 		if (parse_u32(v, 1, 4096, &c->max_requests_per_client) < 0)

@@ -65,7 +65,7 @@ struct type_info {
 
 static const struct type_info types[IPC_MSG_TYPE_MAX + 1] = {
 	[IPC_MSG_HELLO] = { "HELLO", C2S_SOCK, sizeof(struct ipc_hello), false, 0, 0 },
-	[IPC_MSG_WELCOME] = { "WELCOME", S2C_SOCK, sizeof(struct ipc_welcome), false, 0, 3 },
+	[IPC_MSG_WELCOME] = { "WELCOME", S2C_SOCK, sizeof(struct ipc_welcome), false, 0, IPC_WELCOME_N_FDS },
 	[IPC_MSG_GENERATE] = { "GENERATE", C2S_SOCK, sizeof(struct ipc_generate), true, 0, 0 },
 	[IPC_MSG_PROMPT_DATA] = { "PROMPT_DATA", IPC_FROM_CLIENT | IPC_VIA_RING, sizeof(struct ipc_prompt_data),
 				  true, 0, 0 },

@@ -347,7 +347,7 @@ static void pump_upload(struct fake *s)
 		if (r == -EAGAIN) {
 			ipc_chan_wake_peer(s->ch);
 			if (ipc_chan_prepare_wait(s->ch, IPC_WAIT_RX, 0) == 0)
-				return; /* the main loop sleeps on the eventfd */
+				return; /* the main loop sleeps on the wake-up socket */
 			continue;
 		}
 		SRV_CHECK(s, r == 0);
@@ -489,8 +489,8 @@ static void handshake(struct fake *s)
 				 .max_requests = 8, .max_gen_tokens = 200000, .shm_bytes = ipc_chan_shm_bytes(s->ch),
 				 .kv_bytes_per_token = 46080, .pool_bytes = 1ull << 30 };
 	strcpy(w.model_name, "fake-model");
-	int fds[IPC_MAX_FDS];
-	ipc_chan_fds(s->ch, fds);
+	int fds[IPC_WELCOME_N_FDS];
+	SRV_CHECK(s, ipc_chan_fds(s->ch, fds) == 0);
 	if (s->cfg.hello == HELLO_WRONG_VERSION) {
 		struct iovec v = { &w, sizeof(w) };
 		ssize_t n = ipc_frame_build(s->obuf, sizeof(s->obuf), IPC_MSG_WELCOME, 0, f.hdr.request_id, &v, 1);
@@ -501,7 +501,8 @@ static void handshake(struct fake *s)
 		return;
 	}
 	struct iovec v = { &w, sizeof(w) };
-	SRV_CHECK(s, fsendv(s, IPC_MSG_WELCOME, 0, f.hdr.request_id, &v, 1, fds, 3) == 0);
+	SRV_CHECK(s, fsendv(s, IPC_MSG_WELCOME, 0, f.hdr.request_id, &v, 1, fds, IPC_WELCOME_N_FDS) == 0);
+	ipc_chan_handed_over(s->ch);
 }
 
 /* One connection, from HELLO to its end. */
