@@ -24,8 +24,9 @@
  * ipc_frame_check as a server frame and decodes; a connection the server
  * ends says why first (an ERROR with request id 0) or simply closes after
  * shared-memory corruption; and the daemon keeps serving: whenever a
- * connection ended, a fresh client must get WELCOME and PONG within
- * LIVENESS_MS, or the input is reported as a hang (trap).
+ * connection ended, or stayed open without answering the final PING within
+ * SYNC_MS, a fresh client must get WELCOME and PONG within LIVENESS_MS, or
+ * the input is reported as a hang (trap).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -355,9 +356,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		drain_ring(&c);
 	}
 	sync_conn(&c, ++nonce << 1);
-	bool ended = c.closed;
+	/* ended, or open but no PONG within SYNC_MS: is the daemon stuck? */
+	bool suspect = c.closed || c.ping_nonce;
 	conn_close(&c);
-	if (ended)
+	if (suspect)
 		check_alive();
 	return 0;
 }
