@@ -17,6 +17,10 @@
  *                 client->server ring (after WELCOME)
  *   4 POKE        u32 offset, byte: written anywhere in the shared memory
  *   5 SYNC        PING, then read everything until its PONG
+ *   6 HOSTILE_FDS (only with KVD_FUZZ_HOSTILE_FDS=1) bits: clear O_NONBLOCK
+ *                 on the eventfd to the server (1), to the client (2) —
+ *                 open files the daemon shares —, fill the client's wake-up
+ *                 counter (4), announce sleep on the token ring (8)
  * and a final SYNC. Replies are read and checked as libkvclient checks
  * them (ipc_recv: the server's frames must be well-formed).
  *
@@ -62,7 +66,11 @@ struct conn {
 	bool closed;        /* EOF, or an ERROR about the connection */
 	bool conn_error;    /* that ERROR came */
 	uint64_t ping_nonce;
+	int efd[2];         /* dups of the WELCOME eventfds (same open files) */
+	bool hostile;       /* command 6 ran: leave the eventfds as they are */
 };
+
+static bool hostile_fds; /* $KVD_FUZZ_HOSTILE_FDS=1: enable command 6 */
 
 static void *serve(void *arg)
 {
@@ -79,6 +87,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	int pfd[2], listen_fd;
 
 	kvd_log_level = 0;
+	hostile_fds = getenv("KVD_FUZZ_HOSTILE_FDS") && !strcmp(getenv("KVD_FUZZ_HOSTILE_FDS"), "1");
 	unsetenv("NOTIFY_SOCKET");
 	unsetenv("WATCHDOG_USEC");
 	signal(SIGPIPE, SIG_IGN);
@@ -152,6 +161,8 @@ static int read_frame(struct conn *c, int ms)
 		c->shm = mmap(NULL, w.shm_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
 		CHECK(c->shm != MAP_FAILED);
 		c->shm_bytes = w.shm_bytes;
+		c->efd[0] = fcntl(f.fds[1], F_DUPFD_CLOEXEC, 0);
+		c->efd[1] = fcntl(f.fds[2], F_DUPFD_CLOEXEC, 0);
 		CHECK(ipc_chan_attach(memfd, f.fds[1], f.fds[2], &c->chan) == 0);
 		f.n_fds = 0;
 		break;
@@ -209,7 +220,8 @@ static void drain_ring(struct conn *c)
 {
 	if (!c->chan)
 		return;
-	ipc_chan_ack(c->chan);
+	if (!c->hostile)
+		ipc_chan_ack(c->chan);
 	for (int k = 0; k < 4096; k++) {
 		struct ipc_frame f;
 		int r = ipc_chan_recv(c->chan, ring_rx, sizeof(ring_rx), &f);
@@ -246,12 +258,15 @@ static void conn_close(struct conn *c)
 		munmap(c->shm, c->shm_bytes);
 	if (c->fd >= 0)
 		close(c->fd);
+	for (int i = 0; i < 2; i++)
+		if (c->efd[i] >= 0)
+			close(c->efd[i]);
 }
 
 /* A fresh client gets WELCOME and PONG: the daemon still serves. */
 static void check_alive(void)
 {
-	struct conn c = { .fd = -1 };
+	struct conn c = { .fd = -1, .efd = { -1, -1 } };
 	CHECK(ipc_connect(sock_path, &c.fd) == 0);
 	struct ipc_hello h = { .client_version = 1, .capabilities = IPC_CAP_RING_PROMPT, .client_name = "liveness" };
 	CHECK(ipc_send(c.fd, IPC_MSG_HELLO, 0, 0, &h, sizeof(h), NULL, 0) == 0);
@@ -296,7 +311,7 @@ static const uint8_t *bytes(struct in *s, size_t *len)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct in s = { data, data + size };
-	struct conn c = { .fd = -1 };
+	struct conn c = { .fd = -1, .efd = { -1, -1 } };
 	static uint64_t nonce;
 
 	if (ipc_connect(sock_path, &c.fd) < 0) {
@@ -304,7 +319,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	}
 	for (int k = 0; k < MAX_CMDS && s.p < s.end && !c.closed; k++) {
-		unsigned op = u8(&s) % 6;
+		unsigned op = u8(&s) % (hostile_fds ? 7 : 6);
 		switch (op) {
 		case 0: {
 			struct ipc_hello h = { .client_version = 1, .capabilities = u8(&s) & IPC_CAP_ALL,
@@ -349,6 +364,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		case 5:
 			sync_conn(&c, ++nonce << 1);
 			break;
+		case 6: { /* the WELCOME eventfds made blocking, the wake-up counter full */
+			unsigned how = u8(&s);
+			c.hostile = c.chan != NULL;
+			for (int i = 0; i < 2 && c.chan; i++)
+				if (how & (1u << i))
+					fcntl(c.efd[i], F_SETFL, fcntl(c.efd[i], F_GETFL) & ~O_NONBLOCK);
+			if (c.chan && (how & 4)) {
+				uint64_t v = UINT64_MAX - 1;
+				int fl = fcntl(c.efd[1], F_GETFL);
+				fcntl(c.efd[1], F_SETFL, fl | O_NONBLOCK);
+				uint64_t old;
+				(void)!read(c.efd[1], &old, sizeof(old));
+				(void)!write(c.efd[1], &v, sizeof(v));
+				fcntl(c.efd[1], F_SETFL, fl);
+			}
+			if (c.chan && (how & 8))
+				(void)ipc_chan_prepare_wait(c.chan, IPC_WAIT_RX, 0);
+			break;
+		}
 		}
 		/* read what is there already, so the server's socket never fills */
 		while (!c.closed && read_frame(&c, 0) == 0)
