@@ -30,7 +30,10 @@
  * shared-memory corruption; and the daemon keeps serving: whenever a
  * connection ended, or stayed open without answering the final PING within
  * SYNC_MS, a fresh client must get WELCOME and PONG within LIVENESS_MS, or
- * the input is reported as a hang (trap).
+ * the input is reported as a hang (trap). Every QUIET_EVERY inputs the
+ * daemon must be back to no running request, no session (those seen are
+ * closed first; the idle timeout is 1 s here for the rest), no page in use and no client but the one asking:
+ * connections, requests, sessions and pages do not leak.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -72,6 +75,12 @@ struct conn {
 
 static bool hostile_fds; /* $KVD_FUZZ_HOSTILE_FDS=1: enable command 6 */
 
+/* Sessions the fuzzed clients opened (SESSION_OPENED seen): closed by the
+ * quiescence check, since they belong to the user, not the connection. */
+#define MAX_SEEN_SESSIONS 4096
+static uint64_t seen_sessions[MAX_SEEN_SESSIONS];
+static unsigned n_seen_sessions;
+
 static void *serve(void *arg)
 {
 	kvd_server_run(server);
@@ -110,6 +119,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	cfg.token_ring_bytes = IPC_RING_MIN_BYTES;
 	cfg.drain_timeout_s = 0;
 	cfg.max_clients = 64;
+	cfg.session_idle_s = 1; /* sessions (and their pages) outlive connections: not for long */
 	cfg.log_level = 0;
 	snprintf(sock_path, sizeof(sock_path), "@kvd-fuzz-server-%d", (int)getpid());
 	if (ipc_listen(sock_path, 0, 64, &listen_fd) < 0 || pipe2(pfd, O_CLOEXEC | O_NONBLOCK) < 0) {
@@ -197,6 +207,8 @@ static int read_frame(struct conn *c, int ms)
 	case IPC_MSG_SESSION_CLOSED: {
 		struct ipc_session s;
 		CHECK(ipc_decode_session(&f, &s) == 0);
+		if (f.hdr.type == IPC_MSG_SESSION_OPENED && n_seen_sessions < MAX_SEEN_SESSIONS)
+			seen_sessions[n_seen_sessions++] = s.session_id;
 		break;
 	}
 	case IPC_MSG_PS_REPLY: {
@@ -281,6 +293,59 @@ static void check_alive(void)
 		if (read_frame(&c, 10) == -EAGAIN)
 			waited += 10;
 	CHECK(c.ping_nonce == 0);
+	conn_close(&c);
+}
+
+/*
+ * Every QUIET_EVERY inputs: once the fuzzed connections are closed, the
+ * daemon must drop back to one client (this one), no request running or
+ * waiting, and no page in use — nothing a client did outlives it.
+ */
+#define QUIET_EVERY 512
+#define QUIET_MS    4000
+
+static void check_quiescent(void)
+{
+	struct conn c = { .fd = -1, .efd = { -1, -1 } };
+	struct ipc_stats st = { 0 };
+	CHECK(ipc_connect(sock_path, &c.fd) == 0);
+	struct ipc_hello h = { .client_version = 1, .client_name = "quiet" };
+	CHECK(ipc_send(c.fd, IPC_MSG_HELLO, 0, 0, &h, sizeof(h), NULL, 0) == 0);
+	for (unsigned i = 0; i < n_seen_sessions; i++) { /* replies are read below, before STATS_REPLY */
+		struct ipc_session sc = { seen_sessions[i] };
+		CHECK(ipc_send(c.fd, IPC_MSG_SESSION_CLOSE, 0, 100 + i, &sc, sizeof(sc), NULL, 0) == 0);
+		if (i % 64 == 63) { /* keep the socket buffers from filling */
+			struct ipc_frame f;
+			while (wait_readable(c.fd, 0) > 0 && ipc_recv(c.fd, rx, sizeof(rx), IPC_FROM_SERVER, &f) == 0)
+				ipc_frame_close_fds(&f);
+		}
+	}
+	n_seen_sessions = 0;
+	for (int waited = 0; waited < QUIET_MS; waited += 50) {
+		struct ipc_frame f;
+		CHECK(ipc_send(c.fd, IPC_MSG_STATS, 0, 9, NULL, 0, NULL, 0) == 0);
+		for (;;) { /* WELCOME first, then the reply */
+			CHECK(wait_readable(c.fd, LIVENESS_MS) > 0);
+			CHECK(ipc_recv(c.fd, rx, sizeof(rx), IPC_FROM_SERVER, &f) == 0);
+			ipc_frame_close_fds(&f);
+			if (f.hdr.type == IPC_MSG_STATS_REPLY)
+				break;
+		}
+		CHECK(ipc_decode_stats(&f, &st) == 0);
+		if (st.clients == 1 && st.requests_running == 0 && st.requests_waiting == 0 && st.pages_used == 0 &&
+		    st.sessions == 0)
+			break;
+		usleep(50000);
+	}
+	if (!(st.clients == 1 && st.requests_running == 0 && st.requests_waiting == 0 && st.pages_used == 0 &&
+	      st.sessions == 0))
+		fprintf(stderr, "fuzz_server: not quiet after %d ms: %llu clients, %llu running, %llu waiting, "
+			"%llu swapped, %llu pages used, %llu sessions\n", QUIET_MS, (unsigned long long)st.clients,
+			(unsigned long long)st.requests_running, (unsigned long long)st.requests_waiting,
+			(unsigned long long)st.requests_swapped, (unsigned long long)st.pages_used,
+			(unsigned long long)st.sessions);
+	CHECK(st.clients == 1 && st.requests_running == 0 && st.requests_waiting == 0 && st.pages_used == 0 &&
+	      st.sessions == 0);
 	conn_close(&c);
 }
 
@@ -395,6 +460,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	conn_close(&c);
 	if (suspect)
 		check_alive();
+	static unsigned n_inputs;
+	if (++n_inputs % QUIET_EVERY == 0)
+		check_quiescent();
 	return 0;
 }
 
