@@ -8,8 +8,10 @@
  * smallest complete model, from tests/fuzz/make_seed_model.py).
  *
  * Promises checked: a rejected file gives -EBADMSG, -ENOTSUP, -EOVERFLOW,
- * -EPROTONOSUPPORT or -ENOMEM and one line of message naming the file; an accepted one has consistent
- * hyper-parameters (heads divide, head_dim even, the tokenizer's vocabulary
+ * -EPROTONOSUPPORT or -ENOMEM and one line of message naming the file
+ * (text quoted from the file cannot break it in two); an accepted one has
+ * a name without control characters (it is sent in every WELCOME),
+ * consistent hyper-parameters (heads divide, head_dim even, the tokenizer's vocabulary
  * no larger than the embedding), and every tensor the forward pass reads —
  * rows × row_bytes from its data pointer — lies inside the file's mapping
  * (its first and last bytes are read). Tokenizing a fixed text gives ids
@@ -58,6 +60,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	}
 	CHECK(r == 0 && m != NULL);
+	/* The name goes into every WELCOME, whose decoder refuses control
+	 * characters: a name with one would lock every client out. */
+	const char *name = kvd_model_name(m);
+	CHECK(name != NULL && name[0] != 0);
+	for (const char *q = name; *q; q++)
+		CHECK((unsigned char)*q >= 0x20 && *q != 0x7f);
 	const struct gguf_file *f = kvd_model_gguf(m);
 	map_lo = gguf_map_base(f);
 	map_hi = map_lo + gguf_map_size(f);
