@@ -58,6 +58,7 @@ int kvd_parse_size(const char *s, uint64_t *ret)
 		return -EINVAL;
 	switch (toupper((unsigned char)*end)) {
 	case 0: break;
+	case 'B': break; /* plain bytes: "512B", taken below */
 	case 'K': shift = 10; end++; break;
 	case 'M': shift = 20; end++; break;
 	case 'G': shift = 30; end++; break;

@@ -76,7 +76,8 @@ int kvd_config_set(struct kvd_config *c, const char *section, const char *key, c
  * the offending setting ("file:line: ..."). */
 int kvd_config_validate(const struct kvd_config *c, char *err, size_t errlen);
 
-/* Parse "123", "64K", "512M", "2G", "1T" (powers of 1024). */
+/* Parse "123", "64K", "512M", "2G", "1T" (powers of 1024); a unit may be
+ * followed by "i" and/or "B" ("64KiB", "512MB"), and a plain number by "B". */
 int kvd_parse_size(const char *s, uint64_t *ret);
 
 #endif

@@ -205,6 +205,13 @@ static const char *shown(const char *s, size_t len, char buf[GGUF_ERR_NAME_MAX +
 	return buf;
 }
 
+void gguf_strip_controls(char *s)
+{
+	for (; *s; s++)
+		if ((unsigned char)*s < 0x20 || *s == 0x7f)
+			*s = '?';
+}
+
 /* ---- cursor ---- */
 
 static size_t left(const struct parser *ps)

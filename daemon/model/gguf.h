@@ -100,6 +100,12 @@ struct gguf_file *gguf_close(struct gguf_file *f);
 /* Accessors below take a file returned by gguf_open (never NULL). */
 uint32_t gguf_version(const struct gguf_file *f);
 const char *gguf_path(const struct gguf_file *f);
+
+/* Replace control bytes (< 0x20 and 0x7f) in the NUL-terminated s with '?',
+ * as the reader does for the names it quotes, so that text taken from a
+ * file and put into a message (or a field sent to clients) stays one
+ * printable line. */
+void gguf_strip_controls(char *s);
 uint32_t gguf_alignment(const struct gguf_file *f);
 /* The whole mapping, for callers that need its bounds. */
 const void *gguf_map_base(const struct gguf_file *f);

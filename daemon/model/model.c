@@ -37,6 +37,7 @@ static int fail(char *err, size_t errlen, int r, const char *path, const char *f
 			va_start(ap, fmt);
 			vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
 			va_end(ap);
+			gguf_strip_controls(err + n);
 		}
 	}
 	return r;
@@ -140,9 +141,13 @@ int kvd_model_load(const char *path, struct kvd_model **ret, char *err, size_t e
 			 (int)(slen > 64 ? 64 : slen), s);
 		goto out;
 	}
-	if (gguf_get_str(m->gguf, "general.name", &s, &slen) == 0 && slen > 0)
+	if (gguf_get_str(m->gguf, "general.name", &s, &slen) == 0 && slen > 0) {
 		snprintf(m->name, sizeof(m->name), "%.*s", (int)(slen > 200 ? 200 : slen), s);
-	else {
+		/* it goes into every WELCOME, which refuses control characters */
+		gguf_strip_controls(m->name);
+		if (!m->name[0]) /* the name began with a NUL */
+			snprintf(m->name, sizeof(m->name), "unnamed");
+	} else {
 		const char *b = strrchr(path, '/');
 		snprintf(m->name, sizeof(m->name), "%s", b ? b + 1 : path);
 	}

@@ -23,7 +23,9 @@ struct gguf_file;
  * builds the tokenizer. Returns 0, or -errno with one line in err naming
  * the file and the problem: -ENOENT/-EACCES (cannot open), -EBADMSG
  * (malformed file or metadata), -ENOTSUP (architecture, weight type or
- * tokenizer kvd cannot run), -ENOMEM.
+ * tokenizer kvd cannot run), -ENOMEM, and the other errors of gguf_open()
+ * (-EOVERFLOW past a GGUF limit, -EPROTONOSUPPORT for another GGUF
+ * version, -EISDIR/-EINVAL for what is not a regular file).
  */
 int kvd_model_load(const char *path, struct kvd_model **ret, char *err, size_t errlen);
 /* Accepts NULL; returns NULL. */

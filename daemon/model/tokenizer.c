@@ -130,6 +130,7 @@ static int fail(char *err, size_t errlen, const struct gguf_file *f, int r, cons
 			va_start(ap, fmt);
 			vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
 			va_end(ap);
+			gguf_strip_controls(err + n);
 		}
 	}
 	return r;

@@ -10,13 +10,9 @@
  * data lies inside the mapping, sizes agree with the type table. A broken
  * promise traps.
  *
- * Build and run (from the repository root; clang with libFuzzer):
- *
- *   clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined \
- *       -Idaemon/model tests/fuzz/fuzz_gguf.c daemon/model/gguf.c -o build/fuzz_gguf
- *   mkdir -p build/fuzz-corpus
- *   KVD_GGUF_CORPUS=build/fuzz-corpus build/tests/test_gguf   # valid seed files
- *   build/fuzz_gguf -max_len=8192 -max_total_time=300 build/fuzz-corpus
+ * Built and run by `make fuzz` (tests/fuzz/run.sh; seeds in
+ * tests/fuzz/corpus/fuzz_gguf/, among them the files test_gguf writes with
+ * KVD_GGUF_CORPUS=DIR and the seed model).
  *
  * Without clang, -DKVD_FUZZ_STANDALONE gives a main() that replays files
  * named on the command line (e.g. crash reproducers) under gcc + ASan:

@@ -12,7 +12,8 @@
 # Checked: socket activation on the first connection; Type=notify readiness
 # (systemctl start returns once READY=1, StatusText shows serving); the
 # hardening in force in the running service (NoNewPrivs, no capabilities,
-# its own uid, /usr not writable, /var/lib/kvd writable, no network);
+# its own uid, /usr not writable, /var/lib/kvd writable, no network, a
+# seccomp filter, /proc with hidepid=invisible, DevicePolicy=closed);
 # a generation through /run/kvd/kvd.sock; a watchdog restart (SIGSTOP the
 # main process: systemd kills and restarts it); systemctl stop (clean exit,
 # socket file removed). Skips (77) where namespaces or cgroups are refused.
@@ -156,7 +157,11 @@ IN nsenter -t "$MP" -m test -w /var/lib/kvd || inner_fail "/var/lib/kvd (StateDi
 IN ls -l /proc/"$MP"/fd | grep -q "/var/lib/kvd/swap" || inner_fail "no swap file open in /var/lib/kvd (io_uring swap under the sandbox)"
 [ "$(IN readlink /proc/"$MP"/ns/net)" != "$(IN readlink /proc/1/ns/net)" ] || inner_fail "PrivateNetwork not in force"
 [ "$(IN readlink /proc/"$MP"/ns/mnt)" != "$(IN readlink /proc/1/ns/mnt)" ] || inner_fail "no private mount namespace"
-ok "hardening in force: NoNewPrivs 1, CapEff 0, uid $KUID, /usr and /etc read-only, /var/lib/kvd writable (swap file there), private network"
+IN grep -q "^Seccomp:[[:space:]]*2" /proc/"$MP"/status || inner_fail "no seccomp filter (SystemCallFilter=)"
+IN nsenter -t "$MP" -m grep -Eq "^proc /proc proc .*hidepid=(invisible|4)" /proc/self/mounts ||
+	inner_fail "/proc not mounted with hidepid=invisible in the service (ProtectProc=): $(IN nsenter -t "$MP" -m grep ' /proc ' /proc/self/mounts)"
+[ "$(IN systemctl show -p DevicePolicy --value kvd.service)" = closed ] || inner_fail "DevicePolicy is not closed"
+ok "hardening in force: NoNewPrivs 1, CapEff 0, uid $KUID, /usr and /etc read-only, /var/lib/kvd writable (swap file there), private network, seccomp filter, /proc hidepid=invisible, DevicePolicy=closed"
 
 IN /run/stage/bin/kvd_raw -s /run/kvd/kvd.sock generate --raw -n 16 "hello from systemd" >"$T/gen.out" 2>"$T/gen.err" ||
 	inner_fail "generate: $(cat "$T/gen.err")"
