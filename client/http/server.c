@@ -87,6 +87,7 @@ struct conn {
 	char *body;
 	size_t body_len;
 	bool body_too_large;
+	size_t body_dropped;
 
 	/* a generation */
 	struct http_gen_req req;
@@ -821,15 +822,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
 		size_t n = *upload_data_size;
 		*upload_data_size = 0;
 		if (c->body_too_large || c->body_len + n > s->cfg.max_body_bytes) {
-			/* a chunked body that outgrew the limit: refuse at once; the
-			 * connection is closed after the answer */
-			if (!c->body_too_large) {
-				c->body_too_large = true;
-				http_fail(&e, 413, "invalid_request_error", "request_too_large", NULL,
-					  "the request body is larger than %u bytes (max_body_bytes)", s->cfg.max_body_bytes);
-				return send_error(con, s, &e);
-			}
-			return MHD_YES;
+			/* a chunked body outgrew the limit: libmicrohttpd answers
+			 * only once the upload ended, so the rest is read and
+			 * dropped, up to as much again; beyond that the
+			 * connection is closed without an answer */
+			c->body_too_large = true;
+			c->body_dropped += n;
+			return c->body_dropped > s->cfg.max_body_bytes ? MHD_NO : MHD_YES;
 		}
 		char *p = realloc(c->body, c->body_len + n + 1);
 		if (!p)
@@ -839,8 +838,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
 		c->body_len += n;
 		return MHD_YES;
 	}
-	if (c->body_too_large)
-		return MHD_YES;
+	if (c->body_too_large) {
+		http_fail(&e, 413, "invalid_request_error", "request_too_large", NULL,
+			  "the request body is larger than %u bytes (max_body_bytes)", s->cfg.max_body_bytes);
+		return send_error(con, s, &e);
+	}
 	switch (c->route) {
 	case ROUTE_CHAT:
 	case ROUTE_COMPLETIONS:
