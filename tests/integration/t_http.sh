@@ -16,6 +16,9 @@
 #   - a client that sends its headers too slowly is cut off (client_timeout)
 #   - connections beyond max_connections are refused
 #   - socket activation: systemd-socket-activate hands kvd-http its socket
+#   - systemd-analyze verify accepts kvd-http.service and kvd-http.socket,
+#     and rates the service's exposure "OK"; --help lists every key of
+#     etc/kvd-http.conf, which kvd-http accepts as shipped
 source "$(dirname "$0")/lib.sh"
 need_bins
 HTTPD=$ROOT/$BUILD/bin/kvd-http
@@ -25,6 +28,34 @@ VPY=$ROOT/.venv/bin/python
 command -v curl >/dev/null || skip "curl not installed"
 [ -x "$VPY" ] && "$VPY" -c 'import openai' 2>/dev/null || skip "the openai package is not in .venv (run scripts/setup)"
 [ -f "$REAL_MODEL" ] || skip "default model missing (run scripts/setup)"
+
+# ---- the shipped files
+if command -v systemd-analyze >/dev/null; then
+	mkdir -p "$T/units" "$T/bin"
+	cp "$HTTPD" "$T/bin/kvd-http"
+	cp systemd/kvd-http.socket "$T/units/"
+	sed "s|^ExecStart=[^ ]*|ExecStart=$T/bin/kvd-http|" systemd/kvd-http.service >"$T/units/kvd-http.service"
+	(cd "$T/units" && systemd-analyze verify ./kvd-http.service ./kvd-http.socket) >"$T/verify.out" 2>&1 ||
+		fail "systemd-analyze verify: $(cat "$T/verify.out")"
+	[ ! -s "$T/verify.out" ] || fail "systemd-analyze verify warned: $(cat "$T/verify.out")"
+	grep -qx 'ListenStream=127.0.0.1:8484' systemd/kvd-http.socket || fail "kvd-http.socket is not on loopback:8484"
+	exposure=$(cd "$T/units" && systemd-analyze security --offline=yes ./kvd-http.service 2>/dev/null |
+		sed -n 's/.*Overall exposure level for kvd-http.service: \([0-9.]*\).*/\1/p')
+	[ -n "$exposure" ] && $PY -c "import sys; sys.exit(0 if float('$exposure') < 4 else 1)" ||
+		fail "kvd-http.service exposure '$exposure' (wanted < 4)"
+	ok "systemd-analyze verify kvd-http.service kvd-http.socket; exposure $exposure"
+else
+	echo "note: systemd-analyze not installed; unit files not verified"
+fi
+"$HTTPD" --help >"$T/help.out" || fail "kvd-http --help"
+for k in $(sed -n 's/^\([a-z_]*\) =.*/\1/p' etc/kvd-http.conf); do
+	grep -q "^    $k = " "$T/help.out" || fail "--help does not list $k"
+done
+"$HTTPD" --config etc/kvd-http.conf --listen 127.0.0.1:1 --version >/dev/null || fail "etc/kvd-http.conf refused"
+printf '[http]\nmax_body_bytes = lots\n' >"$T/bad.conf"
+"$HTTPD" --config "$T/bad.conf" 2>"$T/bad.err"; rc=$?
+[ $rc = 78 ] && grep -q 'bad.conf:2:' "$T/bad.err" || fail "a bad config: exit $rc, $(cat "$T/bad.err")"
+ok "--help lists every key of etc/kvd-http.conf; the file loads; a bad value exits 78 naming its line"
 
 free_port() { $PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
