@@ -21,7 +21,7 @@
 #     etc/kvd-http.conf, which kvd-http accepts as shipped
 source "$(dirname "$0")/lib.sh"
 need_bins
-HTTPD=$ROOT/$BUILD/bin/kvd-http
+HTTPD=${KVD_HTTP:-$ROOT/$BUILD/bin/kvd-http} # KVD_HTTP: another build (e.g. under ASan)
 VPY=$ROOT/.venv/bin/python
 [ -x "$HTTPD" ] || skip "$HTTPD not built (libmicrohttpd-dev / libjansson-dev missing: run scripts/setup)"
 [ -x "$KVCTL" ] || skip "$KVCTL not built"
