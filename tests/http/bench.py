@@ -32,11 +32,33 @@ ap.add_argument("--tokens", type=int, default=256)
 ap.add_argument("--streams", type=int, default=64)
 ap.add_argument("--stream-tokens", type=int, default=128)
 ap.add_argument("--conc-runs", type=int, default=3)
+ap.add_argument("--http-pid", type=int, default=0, help="kvd-http's pid: report its CPU time per token")
+ap.add_argument("--kvd-pid", type=int, default=0, help="kvd's pid: report kvd-http's CPU time relative to kvd's")
 ap.add_argument("--key", default="")
 a = ap.parse_args()
 u = urllib.parse.urlparse(a.base)
 env = dict(os.environ, KVD_SOCKET=a.socket)
 PROMPT = "Once upon a time"
+
+
+def cpu_s(pid):
+    """user + system CPU seconds of a process (0 when not given)."""
+    if not pid:
+        return 0.0
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+cpu = {"http": 0.0, "kvd": 0.0, "tokens": 0}
+
+
+def http_stream_counted(prompt, n):
+    h0, k0 = cpu_s(a.http_pid), cpu_s(a.kvd_pid)
+    r = http_stream(prompt, n)
+    cpu["http"] += cpu_s(a.http_pid) - h0
+    cpu["kvd"] += cpu_s(a.kvd_pid) - k0
+    cpu["tokens"] += r[0]
+    return r
 
 
 def http_stream(prompt, n):
@@ -87,7 +109,7 @@ kvctl(PROMPT, 8)
 
 h_rates, k_rates, k_walls = [], [], []
 for i in range(a.runs):
-    ht, hs, htext = http_stream(PROMPT, a.tokens)
+    ht, hs, htext = http_stream_counted(PROMPT, a.tokens)
     kt, ks, kw, ktext = kvctl(PROMPT, a.tokens)
     assert htext == ktext and ht == kt, (ht, kt)
     h_rates.append(ht / hs)
@@ -99,6 +121,9 @@ print(f"  kvd-http (client wall, request -> [DONE]):  {h:7.1f} tokens/s   runs {
 print(f"  kvctl generate (kvd arrival -> end):        {k:7.1f} tokens/s   runs {' '.join(f'{x:.1f}' for x in k_rates)}")
 print(f"  kvctl generate (process wall, for reference): {statistics.median(k_walls):5.1f} tokens/s")
 print(f"  ratio kvd-http / kvctl: {h / k:.3f}")
+if a.http_pid:
+    print(f"  kvd-http CPU: {cpu['http'] * 1e6 / cpu['tokens']:.0f} us per token"
+          + (f" = {100 * cpu['http'] / cpu['kvd']:.2f} % of kvd's CPU time" if a.kvd_pid and cpu["kvd"] else ""))
 
 # concurrent streams: HTTP and kvctl rounds alternate, so load from other
 # programs on the machine falls on both alike
@@ -112,6 +137,7 @@ def http_round():
     def one(i):
         res[i] = http_stream(prompts[i], T)
 
+    h0, k0 = cpu_s(a.http_pid), cpu_s(a.kvd_pid)
     t0 = time.perf_counter()
     th = [threading.Thread(target=one, args=(i,)) for i in range(N)]
     for t in th:
@@ -119,6 +145,8 @@ def http_round():
     for t in th:
         t.join()
     wall = time.perf_counter() - t0
+    cpu["chttp"] = cpu.get("chttp", 0) + cpu_s(a.http_pid) - h0
+    cpu["ckvd"] = cpu.get("ckvd", 0) + cpu_s(a.kvd_pid) - k0
     assert all(r and r[0] and r[0] > 0 for r in res), "a stream produced nothing"
     per = sorted(r[0] / r[1] for r in res)
     return sum(r[0] for r in res), wall, per
@@ -132,12 +160,16 @@ def kvctl_round():
     return tot, time.perf_counter() - t0
 
 
+# untimed: every prompt's pages into the prefix cache, so no round is the cold one
+for i in range(N):
+    http_stream(prompts[i], 1)
 hr, kr = [], []
 print(f"{N} concurrent streams, {T} tokens each, {a.conc_runs} alternating rounds:")
 for i in range(a.conc_runs):
     ht, hw, per = http_round()
     kt, kw = kvctl_round()
     assert ht == kt, (ht, kt)
+    cpu["ctokens"] = cpu.get("ctokens", 0) + ht
     hr.append(ht / hw)
     kr.append(kt / kw)
     print(f"  round {i + 1}: kvd-http {ht} tokens in {hw:.2f} s = {ht / hw:.1f} tokens/s "
@@ -145,3 +177,6 @@ for i in range(a.conc_runs):
           f"{N} kvctl processes {kt / kw:.1f} tokens/s")
 h, k = statistics.median(hr), statistics.median(kr)
 print(f"  median: kvd-http {h:.1f} tokens/s, kvctl {k:.1f} tokens/s, ratio {h / k:.3f}")
+if a.http_pid:
+    print(f"  kvd-http CPU: {cpu['chttp'] * 1e6 / cpu['ctokens']:.0f} us per token"
+          + (f" = {100 * cpu['chttp'] / cpu['ckvd']:.2f} % of kvd's CPU time" if a.kvd_pid and cpu["ckvd"] else ""))
