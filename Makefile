@@ -123,6 +123,12 @@ $(BUILD)/obj/client/http/%.o: client/http/%.c
 $(BUILD)/bin/kvd-http: $(call obj,$(HTTP_SRC)) $(LIBCLIENT_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(shell pkg-config --libs $(HTTP_PKGS) 2>/dev/null) -lm
+install: install-http
+.PHONY: install-http
+install-http: $(HTTP_BIN)
+	$(if $(HTTP_BIN),install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)/etc/kvd && \
+	    install -m 0755 $(HTTP_BIN) $(DESTDIR)$(PREFIX)/bin/ && \
+	    install -m 0644 etc/kvd-http.conf $(DESTDIR)/etc/kvd/kvd-http.conf)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(CORE_LIBS) $(if $(CLIENT_SRC),$(LIBCLIENT_A))
 	@mkdir -p $(dir $@)
