@@ -71,6 +71,7 @@ struct http_server {
 	kvc_client *pool[HTTP_KVD_POOL_MAX];
 	size_t n_pool;
 	char model[HTTP_MAX_MODEL_ID];
+	uint32_t n_ctx;       /* kvd's context window, tokens (0 until known) */
 
 	atomic_uint_fast64_t responses[N_STATUS + 1]; /* last: other codes */
 	atomic_uint_fast64_t generations[3];          /* by endpoint */
@@ -249,6 +250,7 @@ static int kvd_get(struct http_server *s, kvc_client **ret)
 	pthread_mutex_lock(&s->lock);
 	if (!s->model[0])
 		snprintf(s->model, sizeof(s->model), "%s", kvc_server_info(c)->model_name);
+	s->n_ctx = kvc_server_info(c)->n_ctx;
 	pthread_mutex_unlock(&s->lock);
 	*ret = c;
 	return 0;
@@ -343,7 +345,17 @@ static int start_generation(struct conn *c, struct http_error *e)
 			map_kvd_error(r, "", e);
 			return r;
 		}
-		fill_params(c, kvc_server_info(c->kc), &p);
+		const struct kvc_info *info = kvc_server_info(c->kc);
+		fill_params(c, info, &p);
+		if (info->max_tokens && p.max_tokens > info->max_tokens) {
+			http_fail(e, 400, "invalid_request_error", "context_length_exceeded",
+				  "max_tokens",
+				  "'max_tokens' is %u; the model's context window holds %u tokens", p.max_tokens,
+				  info->max_tokens);
+			kvd_put(s, c->kc);
+			c->kc = NULL;
+			return -E2BIG;
+		}
 		kvc_set_timeout(c->kc, HTTP_START_TIMEOUT_MS);
 		r = kvc_request_start(c->kc, c->req.prompt, c->req.prompt_len, &p, &c->kr);
 		if (r == 0) {
@@ -566,8 +578,12 @@ static enum MHD_Result models(struct MHD_Connection *con, struct conn *c, const 
 		map_kvd_error(-ECONNREFUSED, "cannot connect to kvd", &e);
 		return send_error(con, c->s, &e);
 	}
-	json_t *model = json_pack("{s:s, s:s, s:I, s:s}", "id", m, "object", "model", "created",
-				  (json_int_t)c->s->started, "owned_by", "kvd");
+	pthread_mutex_lock(&c->s->lock);
+	json_int_t n_ctx = c->s->n_ctx;
+	pthread_mutex_unlock(&c->s->lock);
+	/* max_model_len: the context window, as vLLM names it */
+	json_t *model = json_pack("{s:s, s:s, s:I, s:s, s:I}", "id", m, "object", "model", "created",
+				  (json_int_t)c->s->started, "owned_by", "kvd", "max_model_len", n_ctx);
 	if (c->route == ROUTE_MODEL) {
 		const char *want = url + strlen("/v1/models/");
 		if (strcmp(want, m) != 0) {

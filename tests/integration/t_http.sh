@@ -177,6 +177,37 @@ curl -sf "${AUTH[@]}" "$B/metrics" | grep -qx 'kvd_http_client_disconnects_total
 # the gateway still serves, and its pooled kvd connections are healthy
 curl -sf "${AUTH[@]}" "$B/v1/completions" -d '{"prompt":"hello","max_tokens":4}' >/dev/null || fail "serving after disconnects"
 
+# ---- kvd's limits and absence: 429, 400 context_length_exceeded, 503
+TINY=$(tiny_model gqa)
+S2=$T/kvd2.sock
+printf '[scheduler]\nmax_num_seqs = 1\nmax_waiting = 1\n' >"$T/kvd2.conf"
+start_kvd kvd2 "$S2" --config "$T/kvd2.conf" --model "$TINY" --threads 1
+P4=$(free_port)
+"$HTTPD" --kvd-socket "$S2" --listen "127.0.0.1:$P4" 2>"$T/http4.log" &
+PIDS+=($!)
+wait_health "http://127.0.0.1:$P4"
+for i in 1 2 3 4 5 6; do
+	curl -s -o "$T/q$i.out" -w '%{http_code}' "http://127.0.0.1:$P4/v1/completions" \
+		-d "{\"prompt\":\"queue test $i\",\"max_tokens\":300,\"temperature\":0}" >"$T/q$i.code" &
+	QP[$i]=$!
+done
+for i in 1 2 3 4 5 6; do wait "${QP[$i]}"; done
+codes=$(for i in 1 2 3 4 5 6; do cat "$T/q$i.code"; echo; done)
+n429=$(grep -c 429 <<<"$codes"); n200=$(grep -c 200 <<<"$codes")
+[ "$n429" -ge 1 ] && [ "$n200" -ge 1 ] && [ $((n429 + n200)) = 6 ] || fail "queue full: codes $(echo $codes)"
+grep -h -l '"code":"rate_limit_exceeded"' "$T"/q?.out >/dev/null || fail "429 without rate_limit_exceeded"
+CTX=$(curl -sf "http://127.0.0.1:$P4/v1/models" | $PY -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["max_model_len"])') ||
+	fail "/v1/models without max_model_len"
+for mt in $CTX $((CTX + 1)); do
+	[ "$(code "http://127.0.0.1:$P4/v1/completions" -d "{\"prompt\":\"x y z\",\"max_tokens\":$mt}")" = 400 ] ||
+		fail "max_tokens $mt with a context of $CTX: not 400 ($(cat "$T/code.out"))"
+	grep -q '"code":"context_length_exceeded"' "$T/code.out" || fail "context overflow: $(cat "$T/code.out")"
+done
+stop_kvd "$KVD_PID"
+[ "$(code "http://127.0.0.1:$P4/v1/completions" -d '{"prompt":"x"}')" = 503 ] || fail "kvd down: not 503"; is_error
+[ "$(code "http://127.0.0.1:$P4/health")" = 503 ] || fail "/health with kvd down: not 503"
+ok "kvd's queue full ($n429 of 6) -> 429 rate_limit_exceeded; prompt + max_tokens beyond the context ($CTX) -> 400 context_length_exceeded; kvd down -> 503"
+
 # ---- slow client, connection limit (a second instance with tight limits)
 P2=$(free_port)
 start_http tight --listen "127.0.0.1:$P2" --client-timeout 1 --max-connections 2
