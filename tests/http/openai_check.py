@@ -9,6 +9,8 @@ Each check prints "ok: ..." or raises (exit status 1 with the traceback):
     equals the non-streamed one (greedy), and the usage chunk comes last
   - a repeated system prompt is found in kvd's prefix cache (cached_tokens)
   - text completions, streaming and not, equal to each other
+  - seed makes a sampled answer reproducible; max_completion_tokens bounds
+    it; content as text parts equals the same content as a string
   - stop strings end the text before the stop string
   - 32 concurrent greedy streams each equal their solo run
   - errors as the client library's exception classes: 400 for a multi-turn
@@ -64,6 +66,19 @@ ok(f"streamed chat equals the non-streamed text; usage chunk last; "
 r2 = chat("Name one planet.", max_tokens=8, temperature=0)
 assert r2.usage.prompt_tokens_details.cached_tokens >= 16, r2.usage
 ok(f"a shared system prompt is reused: cached_tokens {r2.usage.prompt_tokens_details.cached_tokens}")
+
+# ---- seed: a sampled (not greedy) answer is reproducible; max_completion_tokens bounds it;
+# content given as text parts is the same message
+kw = dict(max_completion_tokens=12, temperature=1.0, top_p=0.9, seed=1234)
+a1 = chat("Tell me a story.", **kw)
+a2 = client.chat.completions.create(model=model, messages=[
+    {"role": "system", "content": [{"type": "text", "text": SYS}]},
+    {"role": "user", "content": [{"type": "text", "text": "Tell me "}, {"type": "text", "text": "a story."}]}], **kw)
+assert a1.choices[0].message.content == a2.choices[0].message.content, (a1, a2)
+assert a1.usage.completion_tokens <= 12 and a1.choices[0].finish_reason in ("length", "stop")
+others = {chat("Tell me a story.", **dict(kw, seed=sd)).choices[0].message.content for sd in (1, 2, 3)}
+assert len(others | {a1.choices[0].message.content}) > 1, "the seed changes nothing"
+ok(f"seed 1234 at temperature 1 gives the same {a1.usage.completion_tokens} tokens twice (text parts too); other seeds differ")
 
 # ---- text completions
 c = client.completions.create(model=model, prompt="Once upon a time", max_tokens=20, temperature=0)
