@@ -100,6 +100,7 @@ struct conn {
 	long created;
 	char model[HTTP_MAX_MODEL_ID];
 	bool counted_active;
+	int64_t last_check_ms; /* when the HTTP socket was last looked at */
 
 	/* bytes waiting to be sent (stream) or the collected text (non-stream) */
 	char *out;
@@ -388,20 +389,34 @@ static void add_usage(struct conn *c, const struct kvc_result *res, struct http_
 	atomic_fetch_add(&c->s->completion_tokens, res->generated_tokens);
 }
 
+static int64_t mono_ms(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
 /*
  * Wait for the request's next event. Returns 1 with *ret_ev, 0 when the
  * request ended (normally or not: kvc_request_result() says), -ECONNABORTED
- * when the HTTP client hung up meanwhile. kr_done is set on the end.
+ * when the HTTP client hung up meanwhile. kr_done is set on the end. The
+ * HTTP socket is looked at every HTTP_POLL_MS whether kvd is silent (a
+ * queued or prefilling request) or busy (tokens arriving faster than that,
+ * for a non-streamed answer that writes nothing until the end).
  */
 static int next_event(struct conn *c, const struct kvc_event **ret_ev, int *ret_code)
 {
 	for (;;) {
 		int r = kvc_request_next(c->kr, ret_ev);
-		if (r == 1)
-			return 1;
-		if (r == -ETIMEDOUT) {
-			if (client_gone(c->sock))
-				return -ECONNABORTED;
+		if (r == 1 || r == -ETIMEDOUT) {
+			int64_t now = mono_ms();
+			if (r == -ETIMEDOUT || now - c->last_check_ms >= HTTP_POLL_MS) {
+				c->last_check_ms = now;
+				if (client_gone(c->sock))
+					return -ECONNABORTED;
+			}
+			if (r == 1)
+				return 1;
 			continue;
 		}
 		c->kr_done = true;
