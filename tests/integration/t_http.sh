@@ -242,6 +242,7 @@ P3=$(free_port)
 systemd-socket-activate -l "127.0.0.1:$P3" "$HTTPD" --kvd-socket "$S" --listen 127.0.0.1:1 2>"$T/activated.log" &
 PIDS+=($!)
 wait_health "http://127.0.0.1:$P3"
+for i in $(seq 1 50); do grep -q "socket from systemd" "$T/activated.log" && break; sleep 0.1; done
 grep -q "socket from systemd" "$T/activated.log" || fail "activated kvd-http did not use the passed socket"
 ok "socket activation: kvd-http serves on the socket systemd passed (sd_listen_fds)"
 
