@@ -7,9 +7,9 @@
 #   ipc/*.c             -> build/libipc.a
 #   kernels/*.c, kernels/cpu/*.c -> build/libkernels.a
 #   daemon/*.c (except main.c), daemon/model/*.c -> build/libkvdcore.a
-#   client/*.c (except kvctl.c) -> build/libkvclient.{a,so}
+#   client/*.c          -> build/libkvclient.{a,so}
 #   daemon/main.c       -> build/bin/kvd
-#   client/kvctl.c      -> build/bin/kvctl
+#   client/kvctl/*.c    -> build/bin/kvctl (one file per command family)
 #   tests/unit/test_*.c -> build/tests/test_*   (cmocka, one per module)
 #   tests/tools/*.c     -> build/tests/<name>   (drivers used by scripted tests)
 #   bench/*.c           -> build/bench/<name>
@@ -31,8 +31,8 @@ CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null)
 WARN    := -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -Wstrict-prototypes
 OPT     ?= -O2 -g
 SAN     ?=
-CFLAGS_ALL := -std=c11 -D_GNU_SOURCE $(OPT) $(SAN) $(WARN) -fPIC -pthread \
-              -I. -Ikernels -Ikvmm -Iipc -Idaemon/model -Iclient $(PKG_CFLAGS) $(EXTRA_CFLAGS)
+CFLAGS_ALL = -std=c11 -D_GNU_SOURCE $(OPT) $(SAN) $(WARN) -fPIC -pthread \
+              $(INC) $(PKG_CFLAGS) $(EXTRA_CFLAGS)
 LDFLAGS_ALL := $(SAN) -pthread $(EXTRA_LDFLAGS)
 LIBS_ALL := $(PKG_LIBS) -lm -ldl
 
@@ -40,13 +40,30 @@ KVMM_SRC    := $(wildcard kvmm/*.c)
 IPC_SRC     := $(wildcard ipc/*.c)
 KERNELS_SRC := $(wildcard kernels/*.c kernels/cpu/*.c)
 CORE_SRC    := $(filter-out daemon/main.c,$(wildcard daemon/*.c daemon/model/*.c))
-CLIENT_SRC  := $(filter-out client/kvctl.c,$(wildcard client/*.c))
+CLIENT_SRC  := $(wildcard client/*.c)
+KVCTL_SRC   := $(wildcard client/kvctl/*.c)
 TEST_SRC    := $(wildcard tests/unit/test_*.c)
 TOOL_SRC    := $(wildcard tests/tools/*.c)
 BENCH_SRC   := $(wildcard bench/*.c)
 FUZZ_SRC    := $(wildcard tests/fuzz/fuzz_*.c)
 CUDA_SRC    := $(wildcard kernels/cuda/*.cu)
 EXAMPLE_SRC := $(wildcard client/examples/*.c)
+
+# Layering: each folder is compiled seeing only the folders it may use
+# (DESIGN.md's table; a quoted include finds its own folder first), through
+# -iquote so no folder's header can shadow a system one (daemon/sched.h and
+# <sched.h>). tests/checks/t_layering.sh checks the include lines
+# themselves, so a relative path cannot get round it. Tests, tools, benches
+# and fuzz targets see everything.
+INC_ALL := -iquote . -iquote kernels -iquote kvmm -iquote ipc -iquote daemon/model -iquote client
+INC := $(INC_ALL)
+$(BUILD)/obj/kvmm/%.o: INC :=
+$(BUILD)/obj/ipc/%.o: INC :=
+$(BUILD)/obj/kernels/%.o: INC := -iquote kernels
+$(BUILD)/obj/daemon/%.o: INC := -iquote daemon/model -iquote kernels -iquote kvmm -iquote ipc
+$(BUILD)/obj/daemon/model/%.o: INC := -iquote kernels
+$(BUILD)/obj/client/%.o: INC := -iquote ipc
+$(BUILD)/obj/client/kvctl/%.o: INC := -iquote client
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 
@@ -63,29 +80,46 @@ TESTS  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 TOOLS  := $(patsubst tests/tools/%.c,$(BUILD)/tests/%,$(TOOL_SRC))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 EXAMPLES := $(if $(CLIENT_SRC),$(patsubst client/examples/%.c,$(BUILD)/examples/%,$(EXAMPLE_SRC)))
-BINS   := $(if $(wildcard daemon/main.c),$(BUILD)/bin/kvd) $(if $(wildcard client/kvctl.c),$(BUILD)/bin/kvctl)
-CLIENT_LIBS := $(if $(CLIENT_SRC),$(LIBCLIENT_A) $(LIBCLIENT_SO) $(if $(wildcard client/kvclient.pc.in),$(BUILD)/kvclient.pc))
+BINS   := $(if $(wildcard daemon/main.c),$(BUILD)/bin/kvd) $(if $(KVCTL_SRC),$(BUILD)/bin/kvctl)
+# kvd built again with -DKVD_FAULT_INJECTION: honours KVD_TEST_SWAP_FAULT (tests only)
+FAULTY := $(if $(wildcard daemon/main.c),$(BUILD)/tests/kvd-faulty)
+CLIENT_LIBS := $(if $(CLIENT_SRC),$(LIBCLIENT_A) $(LIBCLIENT_SO) $(if $(wildcard client/kvclient.pc.in),$(BUILD)/kvclient-uninstalled.pc))
 CUDA_PLUGIN := $(if $(and $(NVCC),$(CUDA_SRC)),$(BUILD)/lib/libkvd-cuda.so)
 
-.PHONY: all test run stop install clean bench setup asan fuzz check-units
+.PHONY: all test run stop install clean bench setup asan fuzz
 # keep object files of test, tool and bench programs between builds
 .SECONDARY:
-all: $(BINS) $(CLIENT_LIBS) $(TESTS) $(TOOLS) $(BENCHES) $(EXAMPLES) $(CUDA_PLUGIN)
+all: $(BINS) $(FAULTY) $(CLIENT_LIBS) $(TESTS) $(TOOLS) $(BENCHES) $(EXAMPLES) $(CUDA_PLUGIN)
 
-$(BUILD)/obj/%.o: %.c
+$(BUILD)/obj/%.o: %.c Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
 
-$(LIBKVMM): $(call obj,$(KVMM_SRC))
-$(LIBIPC): $(call obj,$(IPC_SRC))
 $(LIBKERNELS): $(call obj,$(KERNELS_SRC))
 $(LIBCORE): $(call obj,$(CORE_SRC))
-$(LIBCLIENT_A): $(call obj,$(CLIENT_SRC)) $(call obj,$(IPC_SRC))
 $(BUILD)/lib%.a:
 	@mkdir -p $(dir $@)
 	rm -f $@ && $(if $^,ar rcs $@ $^,printf '!<arch>\n' > $@)
+
+# These archives export only their public prefix: their objects are linked
+# into one relocatable object whose other global symbols are made local, so
+# an internal name (page_alloc, lru_push, …) cannot clash with a program
+# that links the library. tests/checks/t_layering.sh checks the result.
+# $(call export-only,object files,symbol patterns)
+define export-only
+	@mkdir -p $(dir $@)
+	ld -r -o $@.o $(filter %.o,$(1))
+	objcopy --wildcard $(foreach p,$(2),--keep-global-symbol='$(p)') $@.o
+	rm -f $@ && ar rcs $@ $@.o && rm -f $@.o
+endef
+$(LIBKVMM): $(call obj,$(KVMM_SRC)) Makefile
+	$(call export-only,$^,kvmm_*)
+$(LIBIPC): $(call obj,$(IPC_SRC)) Makefile
+	$(call export-only,$^,ipc_*)
+$(LIBCLIENT_A): $(call obj,$(CLIENT_SRC)) $(call obj,$(IPC_SRC)) Makefile
+	$(call export-only,$^,kvc_* kv_strerror)
 
 # The shared client library exports only KVC_EXPORT symbols.
 $(LIBCLIENT_SO): $(call obj,$(CLIENT_SRC)) $(call obj,$(IPC_SRC))
@@ -98,14 +132,29 @@ $(BUILD)/examples/%: client/examples/%.c client/kvclient.h $(LIBCLIENT_SO)
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 $(OPT) $(SAN) $(WARN) -Iclient -o $@ $< -L$(BUILD) -l:libkvclient.so -Wl,-rpath,'$$ORIGIN/..'
 
-$(BUILD)/kvclient.pc: client/kvclient.pc.in
-	sed -e 's|@PREFIX@|$(PREFIX)|g' $< > $@
+# kvclient.pc: written by `make install`, for the PREFIX given then (a plain
+# `make` followed by `make install PREFIX=/opt/kvd` must say /opt/kvd).
+# kvclient-uninstalled.pc: for programs built against this build tree
+# before installing (PKG_CONFIG_PATH=$PWD/build pkg-config kvclient; pkg-config
+# prefers NAME-uninstalled.pc), with an rpath to build/.
+PC_SED = sed -e 's|@PREFIX@|$(1)|g' -e 's|@LIBDIR@|$(2)|g' -e 's|@INCLUDEDIR@|$(3)|g' -e 's|@EXTRA_LIBS@|$(4)|g'
+$(BUILD)/kvclient-uninstalled.pc: client/kvclient.pc.in Makefile
+	$(call PC_SED,$(abspath .),$(abspath $(BUILD)),$(abspath client), -Wl$(,)-rpath$(,)$${libdir}) $< > $@
+, := ,
 
 $(BUILD)/bin/kvd: $(call obj,daemon/main.c) $(CORE_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIBS_ALL)
 
-$(BUILD)/bin/kvctl: $(call obj,client/kvctl.c) $(LIBCLIENT_A)
+$(BUILD)/obj/daemon/main-faulty.o: daemon/main.c Makefile
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DKVD_FAULT_INJECTION -MMD -MP -c $< -o $@
+
+$(BUILD)/tests/kvd-faulty: $(BUILD)/obj/daemon/main-faulty.o $(CORE_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIBS_ALL)
+
+$(BUILD)/bin/kvctl: $(call obj,$(KVCTL_SRC)) $(LIBCLIENT_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ -lm
 
@@ -144,7 +193,7 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(CORE_LIBS) $(if $(CLIENT_SRC),$(LIBCL
 
 # CUDA plug-in: sm_80 and sm_90 cubins plus sm_90 PTX; kvd dlopen()s it.
 NVCC_FLAGS := -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
-              -gencode arch=compute_90,code=compute_90 -Xcompiler -fPIC,-Wall,-Werror -I. -Ikernels -Ikvmm
+              -gencode arch=compute_90,code=compute_90 -Xcompiler -fPIC,-Wall,-Werror -Ikernels
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
@@ -176,6 +225,8 @@ run: setup
 stop:
 	scripts/stop
 
+# Paths that depend on PREFIX (kvclient.pc, the units' ExecStart) are
+# written here, not at build time.
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include \
 	    $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)/etc/kvd
@@ -185,10 +236,17 @@ install: all
 	    install -m 0755 $(LIBCLIENT_SO) $(DESTDIR)$(PREFIX)/lib/libkvclient.so.$(KVCLIENT_SOVERSION) && \
 	    ln -sf libkvclient.so.$(KVCLIENT_SOVERSION) $(DESTDIR)$(PREFIX)/lib/libkvclient.so && \
 	    install -m 0644 client/kvclient.h $(DESTDIR)$(PREFIX)/include/ && \
-	    install -m 0644 $(BUILD)/kvclient.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/)
+	    $(call PC_SED,$(PREFIX),$${exec_prefix}/lib,$${prefix}/include,) client/kvclient.pc.in \
+	        > $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvclient.pc && \
+	    chmod 0644 $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvclient.pc)
 	$(if $(wildcard etc/kvd.conf),install -m 0644 etc/kvd.conf $(DESTDIR)/etc/kvd/kvd.conf)
 	$(if $(wildcard systemd/*.service),install -d $(DESTDIR)$(PREFIX)/lib/systemd/system && \
-	    install -m 0644 systemd/*.service systemd/*.socket $(DESTDIR)$(PREFIX)/lib/systemd/system/)
+	    install -m 0644 systemd/*.socket $(DESTDIR)$(PREFIX)/lib/systemd/system/ && \
+	    for u in systemd/*.service; do \
+	        sed -e 's%^ExecStart=[^ ]*/kvd\( \|$$\)%ExecStart=$(PREFIX)/bin/kvd\1%' $$u \
+	            > $(DESTDIR)$(PREFIX)/lib/systemd/system/$$(basename $$u) && \
+	        chmod 0644 $(DESTDIR)$(PREFIX)/lib/systemd/system/$$(basename $$u) || exit 1; \
+	    done)
 	$(if $(wildcard systemd/kvd.sysusers),install -d $(DESTDIR)$(PREFIX)/lib/sysusers.d && \
 	    install -m 0644 systemd/kvd.sysusers $(DESTDIR)$(PREFIX)/lib/sysusers.d/kvd.conf)
 	$(if $(wildcard systemd/kvd.tmpfiles),install -d $(DESTDIR)$(PREFIX)/lib/tmpfiles.d && \

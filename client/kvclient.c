@@ -7,8 +7,8 @@
  * memory channel (prompt uploads out, the token stream in). Everything is
  * driven from pump(): it drains the token ring into per-request event
  * queues, reads socket frames when poll() says so, and sleeps in poll()
- * on the socket and the channel's eventfd — after announcing the sleep
- * in the ring's waiting flag, so the daemon writes the eventfd only when
+ * on the socket and the channel's wake-up socket — after announcing the
+ * sleep in the ring's waiting flag, so the daemon sends a wake-up only when
  * this process really sleeps. Callers wait for a condition (a request has
  * an event, a control reply arrived, the upload ring has room) by passing
  * it to pump().
@@ -47,7 +47,9 @@ static_assert((int)KVC_REQ_WAITING == (int)IPC_REQ_WAITING && (int)KVC_REQ_UPLOA
 	      "request states are the wire values");
 static_assert(KVC_TOK_ADD_BOS == IPC_TOK_ADD_BOS && KVC_TOK_PARSE_SPECIAL == IPC_TOK_PARSE_SPECIAL,
 	      "tokenize flags are the wire flags");
-static_assert(KVC_GEN_RAW == IPC_GEN_RAW && KVC_GEN_WANT_IDS == IPC_GEN_WANT_IDS, "generate flags");
+static_assert(KVC_GEN_RAW == IPC_GEN_RAW && KVC_GEN_WANT_IDS == IPC_GEN_WANT_IDS &&
+		      KVC_GEN_PARSE_SPECIAL == IPC_GEN_PARSE_SPECIAL,
+	      "generate flags");
 static_assert(sizeof(((struct kvc_result *)0)->error_message) == IPC_MAX_ERROR_MSG_BYTES + 1, "error message");
 static_assert(sizeof(((struct kvc_info *)0)->model_name) == IPC_MODEL_NAME_BYTES, "model name");
 
@@ -613,8 +615,7 @@ static int handshake(kvc_client *c)
 	struct ipc_welcome w;
 	r = ipc_decode_welcome(&f, &w);
 	if (r == 0)
-		r = ipc_chan_attach(f.fds[IPC_WELCOME_FD_MEMFD], f.fds[IPC_WELCOME_FD_TO_SERVER],
-				    f.fds[IPC_WELCOME_FD_TO_CLIENT], &c->ch);
+		r = ipc_chan_attach(f.fds[IPC_WELCOME_FD_MEMFD], f.fds[IPC_WELCOME_FD_WAKE], &c->ch);
 	if (r < 0) {
 		ipc_frame_close_fds(&f);
 		return -EPROTO;
@@ -756,7 +757,9 @@ static int build_generate(const kvc_client *c, const char *prompt, size_t len, c
 			  struct ipc_generate_msg *m)
 {
 	memset(m, 0, sizeof(*m));
-	if (p->flags & ~(KVC_GEN_RAW | KVC_GEN_WANT_IDS))
+	if (p->flags & ~(KVC_GEN_RAW | KVC_GEN_WANT_IDS | KVC_GEN_PARSE_SPECIAL))
+		return -EINVAL;
+	if ((p->flags & KVC_GEN_PARSE_SPECIAL) && !(p->flags & KVC_GEN_RAW))
 		return -EINVAL;
 	if (p->n_stop > IPC_MAX_STOP_STRINGS)
 		return -E2BIG;
@@ -1000,6 +1003,9 @@ static int stats_reply(kvc_client *c, const struct ipc_frame *f, void *arg)
 	o->generated_tokens_total = s.generated_tokens_total;
 	o->steps = s.steps;
 	o->uptime_ns = s.uptime_ns;
+	o->ledger_records_dropped = s.ledger_records_dropped;
+	o->swap_errors = s.swap_errors;
+	o->swap_fallback_recomputes = s.swap_fallback_recomputes;
 	return 1;
 }
 

@@ -197,6 +197,11 @@ KVC_EXPORT const char *kvc_last_message(const kvc_client *c);
 
 #define KVC_GEN_RAW      0x1u /* complete the prompt as given; default: apply the model's chat template */
 #define KVC_GEN_WANT_IDS 0x2u /* events carry token ids (kvc_event.ids) */
+/* With KVC_GEN_RAW: texts of special tokens in the prompt ("<|im_start|>",
+ * "<|endoftext|>") become those tokens; without it they are plain text.
+ * Only with KVC_GEN_RAW (-EINVAL otherwise). A daemon older than this flag
+ * refuses the request as a protocol error. */
+#define KVC_GEN_PARSE_SPECIAL 0x8u
 
 #define KVC_SEED_RANDOM  UINT64_MAX /* let the daemon pick the seed */
 #define KVC_NTS          ((size_t)-1) /* "the text is NUL-terminated" as a length */
@@ -409,7 +414,10 @@ struct kvc_stats {
 	uint64_t generated_tokens_total;
 	uint64_t steps;               /* scheduler steps run */
 	uint64_t uptime_ns;
-	uint64_t reserved[9];
+	uint64_t ledger_records_dropped; /* per-request ledger records that could not be written */
+	uint64_t swap_errors;         /* swap page transfers that failed (I/O error, short, full) */
+	uint64_t swap_fallback_recomputes; /* requests' KV recomputed because swap I/O failed */
+	uint64_t reserved[6];
 };
 KVC_EXPORT int kvc_stats(kvc_client *c, struct kvc_stats *ret);
 
@@ -423,7 +431,7 @@ enum kvc_req_state {
 /* "waiting", "prefill", "running", "swapped", "uploading", "?"; static. */
 KVC_EXPORT const char *kvc_req_state_name(int state);
 
-/* One live request in the daemon (any client's). */
+/* One live request in the daemon (see kvc_ps for whose). */
 struct kvc_ps_entry {
 	uint64_t request_id;          /* the owning client's id for it */
 	uint64_t client_id;           /* that client's kvc_info.client_id */
@@ -441,7 +449,9 @@ struct kvc_ps_entry {
 	uint32_t reserved0;
 	uint64_t reserved[4];
 };
-/* The daemon's live requests: *ret_entries (kvc_free) holds *ret_n entries. */
+/* The daemon's live requests: *ret_entries (kvc_free) holds *ret_n entries.
+ * Every user's for root and members of the daemon's server.admin_groups;
+ * for anyone else only the requests of their own uid. */
 KVC_EXPORT int kvc_ps(kvc_client *c, struct kvc_ps_entry **ret_entries, size_t *ret_n);
 
 /* Round trip to the daemon; *ret_rtt_ns (may be NULL) gets its duration. */

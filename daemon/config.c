@@ -26,11 +26,15 @@ void kvd_config_defaults(struct kvd_config *c)
 	c->swap_bytes = 1ull << 30;
 	c->max_num_seqs = 64;
 	c->max_tokens_per_step = 512;
+	c->max_step_ms = 50;
 	c->max_waiting = 1024;
 	c->session_idle_s = 600;
 	snprintf(c->socket, sizeof(c->socket), "/run/kvd/kvd.sock");
 	c->socket_mode = 0660;
 	c->max_clients = 256;
+	c->max_clients_per_user = 32;
+	c->admin_reserved_clients = 4;
+	c->idle_timeout_s = 300;
 	c->max_requests_per_client = 16;
 	c->max_prompt_bytes = 1u << 20;
 	c->drain_timeout_s = 10;
@@ -210,6 +214,9 @@ static int set_key(struct kvd_config *c, const char *sec, const char *key, const
 	} else if (IS("scheduler", "max_tokens_per_step")) {
 		if (parse_u32(v, 1, 1u << 16, &c->max_tokens_per_step) < 0)
 			goto bad_value;
+	} else if (IS("scheduler", "max_step_ms")) {
+		if (parse_u32(v, 0, 60000, &c->max_step_ms) < 0)
+			goto bad_value;
 	} else if (IS("scheduler", "max_waiting")) {
 		if (parse_u32(v, 1, 1u << 20, &c->max_waiting) < 0)
 			goto bad_value;
@@ -244,8 +251,25 @@ static int set_key(struct kvd_config *c, const char *sec, const char *key, const
 		}
 		if (r < 0)
 			goto bad_value;
+	} else if (IS("server", "admin_groups")) {
+		r = parse_ids(v, lookup_group, c->admin_gids, &c->n_admin_gids, bad, sizeof(bad));
+		if (r == -ENOENT) {
+			snprintf(msg, ml, "unknown group '%s'", bad);
+			return -EINVAL;
+		}
+		if (r < 0)
+			goto bad_value;
 	} else if (IS("server", "max_clients")) {
 		if (parse_u32(v, 1, 65536, &c->max_clients) < 0)
+			goto bad_value;
+	} else if (IS("server", "max_clients_per_user")) {
+		if (parse_u32(v, 1, 65536, &c->max_clients_per_user) < 0)
+			goto bad_value;
+	} else if (IS("server", "admin_reserved_clients")) {
+		if (parse_u32(v, 0, 1024, &c->admin_reserved_clients) < 0)
+			goto bad_value;
+	} else if (IS("server", "idle_timeout")) {
+		if (parse_u32(v, 0, 86400 * 7, &c->idle_timeout_s) < 0)
 			goto bad_value;
 	} else if (IS("server", "max_requests_per_client")) {
 		if (parse_u32(v, 1, 4096, &c->max_requests_per_client) < 0)
@@ -291,8 +315,9 @@ struct parse_ctx {
 	struct kvd_config *c;
 	FILE *f;
 	const char *path;
-	int line;      /* lines read so far: the handler runs for the last one */
-	char msg[512];
+	int line;        /* lines read so far: the handler runs for the last one */
+	int err_line;    /* line of the first key the handler refused; 0: none */
+	char msg[512];   /* why it refused that key */
 };
 
 /* inih's line reader, counting lines: Debian's inih passes no line number
@@ -306,16 +331,48 @@ static char *conf_reader(char *str, int num, void *stream)
 	return r;
 }
 
+/* inih goes on after an error and returns the line of the first one; only
+ * the first refused key's line and message are kept, so that the message
+ * printed is the one of the line printed. */
 static int conf_handler(void *user, const char *section, const char *name, const char *value)
 {
 	struct parse_ctx *p = user;
+	char msg[sizeof(p->msg)];
 	if (!name) /* section header alone (INI_CALL_HANDLER_ON_NEW_SECTION) */
 		return 1;
-	if (set_key(p->c, section, name, value, p->msg, sizeof(p->msg)) < 0)
+	if (set_key(p->c, section, name, value, msg, sizeof(msg)) < 0) {
+		if (!p->err_line) {
+			p->err_line = p->line;
+			memcpy(p->msg, msg, sizeof(p->msg));
+		}
 		return 0;
+	}
 	if (!strcmp(section, "model") && !strcmp(name, "path"))
 		snprintf(p->c->model_origin, sizeof(p->c->model_origin), "%s:%d", p->path, p->line);
 	return 1;
+}
+
+/* Why inih could not parse line `line` of the file (read again). */
+static void syntax_message(const char *path, int line, char *msg, size_t ml)
+{
+	char buf[256] = "";
+	FILE *f = fopen(path, "r");
+	int n = 0;
+
+	while (f && fgets(buf, sizeof(buf), f) && ++n < line)
+		;
+	if (f)
+		fclose(f);
+	if (n != line) {
+		snprintf(msg, ml, "syntax error");
+		return;
+	}
+	buf[strcspn(buf, "\r\n")] = 0;
+	const char *t = buf + strspn(buf, " \t");
+	if (*t == '[' && !strchr(t, ']'))
+		snprintf(msg, ml, "syntax error: section header '%s' has no closing ']'", t);
+	else
+		snprintf(msg, ml, "syntax error: expected [section], key = value or a comment, not '%s'", t);
 }
 
 int kvd_config_load(struct kvd_config *c, const char *path, char *err, size_t errlen)
@@ -333,8 +390,13 @@ int kvd_config_load(struct kvd_config *c, const char *path, char *err, size_t er
 	fclose(p.f);
 	if (line == 0)
 		return 0;
-	if (!p.msg[0])
-		snprintf(p.msg, sizeof(p.msg), "syntax error (expected [section], key = value, or a comment)");
+	if (line < 0) { /* inih could not allocate its line buffer */
+		snprintf(err, errlen, "%s: cannot parse the configuration: %s", path, strerror(ENOMEM));
+		return -ENOMEM;
+	}
+	/* the first error is a refused key, or else a line inih could not parse */
+	if (line != p.err_line)
+		syntax_message(path, line, p.msg, sizeof(p.msg));
 	snprintf(err, errlen, "%s:%d: %s", path, line, p.msg);
 	return -EINVAL;
 }

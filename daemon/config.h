@@ -28,6 +28,7 @@ struct kvd_config {
 	uint32_t max_model_len;    /* 0: the model's context length */
 	uint32_t max_num_seqs;
 	uint32_t max_tokens_per_step;
+	uint32_t max_step_ms;
 	uint32_t max_waiting;
 	uint32_t session_idle_s;
 	char socket[KVD_CONF_PATH_MAX];
@@ -37,7 +38,12 @@ struct kvd_config {
 	size_t n_allowed_uids;
 	gid_t allowed_gids[KVD_CONF_MAX_IDS];
 	size_t n_allowed_gids;
+	gid_t admin_gids[KVD_CONF_MAX_IDS]; /* with root: administrators */
+	size_t n_admin_gids;
 	uint32_t max_clients;
+	uint32_t max_clients_per_user;
+	uint32_t admin_reserved_clients; /* of max_clients, only administrators may take */
+	uint32_t idle_timeout_s;   /* close a connection holding nothing this long; 0: never */
 	uint32_t max_requests_per_client;
 	uint64_t max_prompt_bytes;
 	uint32_t drain_timeout_s;  /* SIGTERM: finish in-flight requests this long */

@@ -19,7 +19,9 @@
 #define CUDA_PLUGIN_NAME "libkvd-cuda.so"
 
 struct kvd_engine {
-	struct kvd_model *model;
+	struct kvd_model *model;       /* NULL when opened on a given backend */
+	struct kvd_hparams hp;
+	struct kvd_model_weights w;    /* what load got without a model: hp only */
 	const struct kvd_backend_ops *ops;
 	void *be;
 	void *plugin;          /* dlopen handle of a device plug-in, or NULL */
@@ -123,18 +125,89 @@ static int start_cpu(struct kvd_engine *e, const struct kvd_backend_config *bc, 
 	return 0;
 }
 
+/* The KV pool laid out for e->hp, attached to the started backend, swapping
+ * to *swap_io when there is one (which kvmm then owns: *swap_io becomes NULL).
+ * 0 or -errno with one line in err. */
+static int make_pool(struct kvd_engine *e, const struct kvd_engine_config *cfg, struct kvmm_swap_io **swap_io,
+		     char *err, size_t errlen)
+{
+	struct kvmm_config kc = {0};
+	int r;
+
+	kvd_kv_layout_init(&e->layout, &e->hp, cfg->block_size ? cfg->block_size : 16);
+	kc.page_bytes = e->layout.page_bytes;
+	kc.block_size = e->layout.block_size;
+	kc.pool_bytes = cfg->kv_pool_bytes;
+	kc.pool_fraction = cfg->kv_pool_fraction > 0 ? cfg->kv_pool_fraction : 0.25;
+	kc.max_seqs = cfg->max_seqs ? cfg->max_seqs : 256;
+	kc.prefix_cache = cfg->prefix_cache;
+	kc.shuffle_seed = cfg->shuffle_seed;
+	kc.swap_path = cfg->swap_path;
+	kc.swap_bytes = cfg->swap_bytes;
+	kc.page_ops.copy = engine_page_copy;
+	kc.page_ops.ud = e;
+	if (e->ops->suggest_pool_pages) {
+		/* a device backend: the pool lives in device memory, kvmm keeps
+		 * only its bookkeeping and moves pages through the backend;
+		 * without an explicit size it takes a fraction of what is free
+		 * after the weights */
+		kc.page_ops.read = engine_page_read;
+		kc.page_ops.write = engine_page_write;
+		if (!kc.pool_bytes) {
+			uint32_t pages = 0;
+			double frac = cfg->kv_pool_fraction > 0 ? cfg->kv_pool_fraction : 0.9;
+			r = e->ops->suggest_pool_pages(e->be, e->layout.page_bytes, frac, &pages);
+			if (r < 0 || pages == 0) {
+				snprintf(err, errlen, "%s backend: cannot size the KV pool: %s", e->ops->name,
+					 r < 0 ? strerror(-r) : "no device memory left after the weights");
+				return r < 0 ? r : -ENOMEM;
+			}
+			kc.pool_bytes = (uint64_t)pages * e->layout.page_bytes;
+		}
+	}
+	if (kc.pool_bytes && kc.pool_bytes < e->layout.page_bytes) {
+		/* kvmm would refuse it with a bare -EINVAL: say what is wrong */
+		snprintf(err, errlen,
+			 "KV pool: %llu bytes is smaller than one page (%zu bytes: %u tokens of this model's KV); "
+			 "kv.pool_size (--pool-size) must be at least that",
+			 (unsigned long long)kc.pool_bytes, e->layout.page_bytes, e->layout.block_size);
+		return -EINVAL;
+	}
+	r = kvmm_create_with_io(&kc, *swap_io, &e->kv);
+	if (r == 0)
+		*swap_io = NULL;
+	if (r < 0) {
+		snprintf(err, errlen, "KV pool: cannot create (%llu bytes, pages of %zu bytes): %s",
+			 (unsigned long long)cfg->kv_pool_bytes, e->layout.page_bytes, strerror(-r));
+		return r;
+	}
+	struct kvd_paged_view view = {
+		.base = kvmm_pool_base(e->kv),
+		.n_pages = kvmm_n_pages(e->kv),
+		.layout = e->layout,
+	};
+	r = e->ops->attach_kv(e->be, &view);
+	if (r < 0) {
+		snprintf(err, errlen, "%s backend: cannot attach the KV pool: %s", e->ops->name, strerror(-r));
+		return r;
+	}
+	return 0;
+}
+
 int kvd_engine_open(const struct kvd_engine_config *cfg, struct kvd_engine **ret, char *err, size_t errlen)
 {
 	struct kvd_engine *e;
 	struct kvd_backend_config bc = {0};
-	struct kvmm_config kc = {0};
+	struct kvmm_swap_io *swap_io = cfg->swap_io; /* ours until kvmm takes it */
 	int r;
 
 	if (errlen)
 		err[0] = 0;
 	e = calloc(1, sizeof(*e));
-	if (!e)
+	if (!e) {
+		kvmm_swap_io_free(swap_io);
 		return -ENOMEM;
+	}
 	r = kvd_model_load(cfg->model_path, &e->model, err, errlen);
 	if (r < 0)
 		goto fail;
@@ -180,58 +253,58 @@ int kvd_engine_open(const struct kvd_engine_config *cfg, struct kvd_engine **ret
 			 strerror(-r));
 		goto fail;
 	}
-
-	kvd_kv_layout_init(&e->layout, kvd_model_hparams(e->model), cfg->block_size ? cfg->block_size : 16);
-	kc.page_bytes = e->layout.page_bytes;
-	kc.block_size = e->layout.block_size;
-	kc.pool_bytes = cfg->kv_pool_bytes;
-	kc.pool_fraction = cfg->kv_pool_fraction > 0 ? cfg->kv_pool_fraction : 0.25;
-	kc.max_seqs = cfg->max_seqs ? cfg->max_seqs : 256;
-	kc.prefix_cache = cfg->prefix_cache;
-	kc.shuffle_seed = cfg->shuffle_seed;
-	kc.swap_path = cfg->swap_path;
-	kc.swap_bytes = cfg->swap_bytes;
-	kc.page_ops.copy = engine_page_copy;
-	kc.page_ops.ud = e;
-	if (e->ops->suggest_pool_pages) {
-		/* a device backend: the pool lives in device memory, kvmm keeps
-		 * only its bookkeeping and moves pages through the backend;
-		 * without an explicit size it takes a fraction of what is free
-		 * after the weights */
-		kc.page_ops.read = engine_page_read;
-		kc.page_ops.write = engine_page_write;
-		if (!kc.pool_bytes) {
-			uint32_t pages = 0;
-			double frac = cfg->kv_pool_fraction > 0 ? cfg->kv_pool_fraction : 0.9;
-			r = e->ops->suggest_pool_pages(e->be, e->layout.page_bytes, frac, &pages);
-			if (r < 0 || pages == 0) {
-				snprintf(err, errlen, "%s backend: cannot size the KV pool: %s", e->ops->name,
-					 r < 0 ? strerror(-r) : "no device memory left after the weights");
-				r = r < 0 ? r : -ENOMEM;
-				goto fail;
-			}
-			kc.pool_bytes = (uint64_t)pages * e->layout.page_bytes;
-		}
-	}
-	r = kvmm_create(&kc, &e->kv);
-	if (r < 0) {
-		snprintf(err, errlen, "KV pool: cannot create (%llu bytes, pages of %zu bytes): %s",
-			 (unsigned long long)cfg->kv_pool_bytes, e->layout.page_bytes, strerror(-r));
+	e->hp = *kvd_model_hparams(e->model);
+	r = make_pool(e, cfg, &swap_io, err, errlen);
+	if (r < 0)
 		goto fail;
-	}
-	struct kvd_paged_view view = {
-		.base = kvmm_pool_base(e->kv),
-		.n_pages = kvmm_n_pages(e->kv),
-		.layout = e->layout,
-	};
-	r = e->ops->attach_kv(e->be, &view);
-	if (r < 0) {
-		snprintf(err, errlen, "%s backend: cannot attach the KV pool: %s", e->ops->name, strerror(-r));
-		goto fail;
-	}
 	*ret = e;
 	return 0;
 fail:
+	kvmm_swap_io_free(swap_io);
+	kvd_engine_close(e);
+	return r;
+}
+
+int kvd_engine_open_backend(const struct kvd_engine_config *cfg, const struct kvd_backend_ops *ops,
+			    const struct kvd_hparams *hp, struct kvd_engine **ret, char *err, size_t errlen)
+{
+	struct kvd_engine *e;
+	struct kvd_backend_config bc = { .n_threads = cfg->n_threads };
+	struct kvmm_swap_io *swap_io = cfg->swap_io; /* ours until kvmm takes it */
+	int r;
+
+	if (errlen)
+		err[0] = 0;
+	if (!ops || !hp || hp->n_vocab <= 0 || hp->n_layer <= 0 || hp->n_head_kv <= 0 || hp->head_dim <= 0) {
+		snprintf(err, errlen, "backend or hyper-parameters missing");
+		kvmm_swap_io_free(swap_io);
+		return -EINVAL;
+	}
+	e = calloc(1, sizeof(*e));
+	if (!e) {
+		kvmm_swap_io_free(swap_io);
+		return -ENOMEM;
+	}
+	e->hp = *hp;
+	e->w.hp = *hp;
+	r = ops->init(&bc, &e->be);
+	if (r < 0) {
+		snprintf(err, errlen, "%s backend: cannot start: %s", ops->name, strerror(-r));
+		goto fail;
+	}
+	e->ops = ops;
+	r = ops->load(e->be, &e->w);
+	if (r < 0) {
+		snprintf(err, errlen, "%s backend: load: %s", ops->name, strerror(-r));
+		goto fail;
+	}
+	r = make_pool(e, cfg, &swap_io, err, errlen);
+	if (r < 0)
+		goto fail;
+	*ret = e;
+	return 0;
+fail:
+	kvmm_swap_io_free(swap_io);
 	kvd_engine_close(e);
 	return r;
 }
@@ -257,7 +330,8 @@ struct kvmm *kvd_engine_kvmm(struct kvd_engine *e) { return e->kv; }
 const struct kvd_kv_layout *kvd_engine_kv_layout(const struct kvd_engine *e) { return &e->layout; }
 const char *kvd_engine_backend_name(const struct kvd_engine *e) { return e->ops->name; }
 const char *kvd_engine_backend_note(const struct kvd_engine *e) { return e->note[0] ? e->note : NULL; }
-int32_t kvd_engine_n_vocab(const struct kvd_engine *e) { return kvd_model_hparams(e->model)->n_vocab; }
+int32_t kvd_engine_n_vocab(const struct kvd_engine *e) { return e->hp.n_vocab; }
+const struct kvd_hparams *kvd_engine_hparams(const struct kvd_engine *e) { return &e->hp; }
 
 static int ensure_items(struct kvd_engine *e, size_t n)
 {

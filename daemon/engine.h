@@ -9,7 +9,9 @@
  * new tokens' K/V, lets kvmm index the pages that became full.
  *
  * Policy (who runs, who waits, who is swapped) is the scheduler's, not the
- * engine's. One thread drives an engine.
+ * engine's. One thread drives an engine. An engine can also be opened
+ * without a model, over a given backend table and hyper-parameters, so the
+ * scheduler above it can be tested with a stub backend.
  */
 #ifndef KVD_ENGINE_H
 #define KVD_ENGINE_H
@@ -22,6 +24,7 @@
 struct kvd_engine;
 struct kvd_model;
 struct kvmm;
+struct kvmm_swap_io;
 
 struct kvd_engine_config {
 	const char *model_path;
@@ -38,15 +41,33 @@ struct kvd_engine_config {
 	uint64_t shuffle_seed;   /* kvmm page placement (tests) */
 	const char *swap_path;   /* NULL: no swap */
 	uint64_t swap_bytes;
+	struct kvmm_swap_io *swap_io; /* a swap store the caller opened (then
+	                          * swap_path is ignored); the engine owns it
+	                          * from the call on, on failure too */
 };
 
 /* Load the model, start the backend, create the pool. Returns 0 or -errno
  * with one line in err. */
 int kvd_engine_open(const struct kvd_engine_config *cfg, struct kvd_engine **ret, char *err, size_t errlen);
+/*
+ * The same over a backend table the caller gives and bare hyper-parameters,
+ * without a model file: the backend's load gets weights holding only *hp
+ * (every tensor empty), so a backend that computes without weights — a
+ * test stub — can run real steps over a real kvmm pool. cfg->model_path
+ * and cfg->backend are ignored; the pool is laid out from hp (n_layer,
+ * n_head_kv, head_dim) and cfg->block_size. kvd_engine_model() is NULL on
+ * such an engine. Returns 0, -EINVAL for a NULL ops or hp, or hp without
+ * n_vocab, n_layer, n_head_kv or head_dim, or the backend's or kvmm's
+ * error, with one line in err.
+ */
+int kvd_engine_open_backend(const struct kvd_engine_config *cfg, const struct kvd_backend_ops *ops,
+			    const struct kvd_hparams *hp, struct kvd_engine **ret, char *err, size_t errlen);
 /* Accepts NULL; returns NULL. */
 struct kvd_engine *kvd_engine_close(struct kvd_engine *e);
 
+/* The loaded model; NULL on an engine from kvd_engine_open_backend. */
 const struct kvd_model *kvd_engine_model(const struct kvd_engine *e);
+const struct kvd_hparams *kvd_engine_hparams(const struct kvd_engine *e);
 struct kvmm *kvd_engine_kvmm(struct kvd_engine *e);
 const struct kvd_kv_layout *kvd_engine_kv_layout(const struct kvd_engine *e);
 const char *kvd_engine_backend_name(const struct kvd_engine *e);

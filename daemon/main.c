@@ -13,6 +13,7 @@
 #include <grp.h>
 #include <inttypes.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <systemd/sd-daemon.h>
@@ -86,9 +88,12 @@ static const char help_text[] =
 	"                             context                            [scheduler] max_model_len\n"
 	"        --max-tokens-per-step N\n"
 	"                             tokens computed per step           [scheduler] max_tokens_per_step\n"
+	"        --max-step-ms MS     while requests decode, a step lasts about this\n"
+	"                             long at most; 0 = no limit         [scheduler] max_step_ms\n"
 	"        --drain-timeout SEC  on SIGTERM, time running requests get to\n"
 	"                             finish                             [server] drain_timeout\n"
-	"        --ledger PATH        append one JSON record per finished request\n"
+	"        --ledger PATH        append one JSON record per finished or rejected\n"
+	"                             request (reopened on SIGHUP)\n"
 	"                                                                [log] ledger\n"
 	"    -l, --log-level LEVEL    err, warning, notice, info or debug [log] level\n"
 	"        --check-config       load and check the configuration (and that the\n"
@@ -112,8 +117,9 @@ static const char help_text[] =
 	"                     signal ends them at once\n"
 	"    SIGHUP           re-read the configuration: log level, scheduler limits,\n"
 	"                     per-client limits, allowed users/groups and the ledger\n"
-	"                     file apply at once; other changes are logged as needing\n"
-	"                     a restart\n"
+	"                     file apply at once (the ledger is reopened, for log\n"
+	"                     rotation); other changes are logged as needing a\n"
+	"                     restart\n"
 	"\n"
 	"EXIT STATUS\n"
 	"    0   stopped cleanly (or --check-config passed)\n"
@@ -137,6 +143,7 @@ enum {
 	OPT_MAX_NUM_SEQS,
 	OPT_MAX_MODEL_LEN,
 	OPT_MAX_TOKENS_PER_STEP,
+	OPT_MAX_STEP_MS,
 	OPT_DRAIN_TIMEOUT,
 	OPT_LEDGER,
 	OPT_CHECK_CONFIG,
@@ -156,6 +163,7 @@ static const struct option long_opts[] = {
 	{ "max-num-seqs", required_argument, NULL, OPT_MAX_NUM_SEQS },
 	{ "max-model-len", required_argument, NULL, OPT_MAX_MODEL_LEN },
 	{ "max-tokens-per-step", required_argument, NULL, OPT_MAX_TOKENS_PER_STEP },
+	{ "max-step-ms", required_argument, NULL, OPT_MAX_STEP_MS },
 	{ "drain-timeout", required_argument, NULL, OPT_DRAIN_TIMEOUT },
 	{ "ledger", required_argument, NULL, OPT_LEDGER },
 	{ "log-level", required_argument, NULL, 'l' },
@@ -188,8 +196,10 @@ static int load_config(const struct args *a, struct kvd_config *cfg, char *err, 
 
 	kvd_config_defaults(cfg);
 	r = kvd_config_load(cfg, a->config, err, errlen);
-	if (r == -ENOENT && !a->config_explicit)
-		r = 0; /* running without a file: defaults and flags */
+	/* running without a file: defaults and flags; but --check-config is
+	 * asked about a file, and a missing one is not "OK" */
+	if (r == -ENOENT && !a->config_explicit && !a->check_config)
+		r = 0;
 	if (r < 0)
 		return -EINVAL;
 	const char *env = getenv("KVD_SOCKET");
@@ -246,6 +256,7 @@ static int parse_args(int argc, char **argv, struct args *a)
 		case OPT_NO_PREFIX: add_override(a, "kv", "prefix_caching", "no", "--no-prefix-caching"); break;
 		case OPT_MAX_NUM_SEQS: add_override(a, "scheduler", "max_num_seqs", optarg, "--max-num-seqs"); break;
 		case OPT_MAX_MODEL_LEN: add_override(a, "scheduler", "max_model_len", optarg, "--max-model-len"); break;
+		case OPT_MAX_STEP_MS: add_override(a, "scheduler", "max_step_ms", optarg, "--max-step-ms"); break;
 		case OPT_MAX_TOKENS_PER_STEP:
 			add_override(a, "scheduler", "max_tokens_per_step", optarg, "--max-tokens-per-step");
 			break;
@@ -322,6 +333,143 @@ static int open_listener(const struct kvd_config *cfg, int *ret_fd, bool *ret_ow
 	return 0;
 }
 
+static const char *file_kind(const char *path)
+{
+	struct stat st;
+
+	if (lstat(path, &st) < 0)
+		return "it appeared meanwhile";
+	if (S_ISLNK(st.st_mode))
+		return "a symbolic link";
+	if (S_ISREG(st.st_mode))
+		return "a regular file";
+	if (S_ISDIR(st.st_mode))
+		return "a directory";
+	return "a special file";
+}
+
+static void fmt_mib(char *buf, size_t size, uint64_t bytes)
+{
+	snprintf(buf, size, "%.1f MiB", (double)bytes / 1048576.0);
+}
+
+/* Create the swap file (cfg->swap_file, which must not exist) and reserve
+ * its space, saying exactly what went wrong when that fails: an existing
+ * path, a file system without the room, or something else. The reason is
+ * also left in err for the service manager's status line. */
+/* snprintf() for messages that may be cut short to fit err (paths are long). */
+static void errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void errf(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+}
+
+static int open_swap(const struct kvd_config *cfg, struct kvmm_swap_io **ret, char *err, size_t errlen)
+{
+	const char *path = cfg->swap_file;
+	char want[32], have[32], dir[KVD_CONF_PATH_MAX];
+	int step = KVMM_SWAP_STEP_ARGS, r;
+
+	r = kvmm_swap_io_file_open(path, cfg->swap_bytes, KVMM_SWAP_OPEN_UNLINK, ret, &step);
+	if (r == 0)
+		return 0;
+	fmt_mib(want, sizeof(want), cfg->swap_bytes);
+	if (r == -EEXIST) {
+		errf(err, errlen,
+			 "swap file %s: the path already exists (%s); kvd creates its swap file itself and never "
+			 "reuses, overwrites or deletes an existing file: remove it or set kv.swap_file to a new path",
+			 path, file_kind(path));
+	} else if (step == KVMM_SWAP_STEP_PREALLOCATE) {
+		struct statvfs sv;
+		char *slash;
+
+		snprintf(dir, sizeof(dir), "%s", path);
+		slash = strrchr(dir, '/');
+		if (!slash)
+			snprintf(dir, sizeof(dir), ".");
+		else if (slash == dir)
+			dir[1] = 0;
+		else
+			*slash = 0;
+		if (statvfs(dir, &sv) == 0)
+			fmt_mib(have, sizeof(have), (uint64_t)sv.f_bavail * sv.f_frsize);
+		else
+			snprintf(have, sizeof(have), "?");
+		errf(err, errlen,
+			 "swap file %s: cannot preallocate %s (kv.swap_size): %s; %s has %s free "
+			 "(make kv.swap_size smaller or put kv.swap_file on a larger file system)",
+			 path, want, strerror(-r), dir, have);
+	} else if (step == KVMM_SWAP_STEP_CREATE) {
+		errf(err, errlen, "swap file %s: cannot create it: %s", path, strerror(-r));
+	} else if (step == KVMM_SWAP_STEP_RING) {
+		errf(err, errlen, "swap file %s: cannot set up io_uring for it: %s", path, strerror(-r));
+	} else {
+		errf(err, errlen, "swap file %s: kv.swap_size of %" PRIu64 " bytes is not usable: %s", path,
+			 cfg->swap_bytes, strerror(-r));
+	}
+	return r;
+}
+
+#ifdef KVD_FAULT_INJECTION
+/*
+ * Test builds only (build/tests/kvd-faulty, this file compiled with
+ * -DKVD_FAULT_INJECTION; the kvd that is installed never reads it):
+ * KVD_TEST_SWAP_FAULT=OP:ERROR[:AFTER[:COUNT]] puts kvmm's fault layer
+ * between kvmm and the swap file. OP is read, write or any; ERROR is EIO,
+ * ENOSPC or short (half the bytes); the first AFTER matching page transfers
+ * pass (default 0), then COUNT fail (default 0: all that follow).
+ */
+static int arm_swap_fault(struct kvmm_swap_io **io, char *err, size_t errlen)
+{
+	const char *spec = getenv("KVD_TEST_SWAP_FAULT");
+	char op[16], what[16];
+	unsigned long long after = 0, count = 0;
+	struct kvmm_io_fault f = { 0 };
+	struct kvmm_swap_io *w = NULL;
+	int n, r;
+
+	if (!spec || !*spec)
+		return 0;
+	n = sscanf(spec, "%15[a-z]:%15[A-Za-z]:%llu:%llu", op, what, &after, &count);
+	if (n < 2)
+		goto bad;
+	if (!strcmp(op, "read"))
+		f.ops_mask = 1u << KVMM_IO_READ;
+	else if (!strcmp(op, "write"))
+		f.ops_mask = 1u << KVMM_IO_WRITE;
+	else if (strcmp(op, "any"))
+		goto bad;
+	if (!strcmp(what, "EIO"))
+		f.error = -EIO;
+	else if (!strcmp(what, "ENOSPC"))
+		f.error = -ENOSPC;
+	else if (!strcmp(what, "short"))
+		f.error = KVMM_IO_FAULT_SHORT;
+	else
+		goto bad;
+	f.after = after;
+	f.count = (uint32_t)count;
+	r = kvmm_swap_io_fault_new(*io, &w);
+	*io = NULL; /* the fault layer owns it now, also on failure */
+	if (r < 0 || (r = kvmm_swap_io_fault_arm(w, &f)) < 0) {
+		kvmm_swap_io_free(w);
+		errf(err, errlen, "KVD_TEST_SWAP_FAULT: %s", strerror(-r));
+		return r;
+	}
+	*io = w;
+	log_warning("TEST BUILD: swap fault injection armed: %s", spec);
+	return 0;
+bad:
+	errf(err, errlen, "KVD_TEST_SWAP_FAULT=%s: expected OP:ERROR[:AFTER[:COUNT]] (read|write|any, EIO|ENOSPC|short)",
+	     spec);
+	return -EINVAL;
+}
+#endif
+
 int main(int argc, char **argv)
 {
 	struct args a = { 0 };
@@ -368,6 +516,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	signal(SIGPIPE, SIG_IGN);
+	signal(SIGXFSZ, SIG_IGN); /* a file size limit: the write fails (EFBIG), kvd lives on */
 	sig_fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
 	if (sig_fd < 0) {
 		log_error("signalfd: %m");
@@ -375,6 +524,18 @@ int main(int argc, char **argv)
 	}
 
 	log_info("kvd %s starting: model %s", KVD_VERSION, cfg.model);
+	struct kvmm_swap_io *swap_io = NULL;
+	if (cfg.swap_file[0] && open_swap(&cfg, &swap_io, err, sizeof(err)) < 0) {
+		log_error("%s", err);
+		sd_notifyf(0, "STATUS=failed: %s", err);
+		goto out;
+	}
+#ifdef KVD_FAULT_INJECTION
+	if (swap_io && arm_swap_fault(&swap_io, err, sizeof(err)) < 0) {
+		log_error("%s", err);
+		goto out;
+	}
+#endif
 	sd_notifyf(0, "STATUS=loading model %s", cfg.model);
 	struct kvd_engine_config ec = {
 		.model_path = cfg.model,
@@ -385,8 +546,7 @@ int main(int argc, char **argv)
 		.kv_pool_fraction = cfg.pool_fraction,
 		.max_seqs = cfg.max_num_seqs * 2 + 256 < KVMM_MAX_SEQS ? cfg.max_num_seqs * 2 + 256 : KVMM_MAX_SEQS,
 		.prefix_cache = cfg.prefix_caching,
-		.swap_path = cfg.swap_file[0] ? cfg.swap_file : NULL,
-		.swap_bytes = cfg.swap_bytes,
+		.swap_io = swap_io, /* the engine owns it from here on */
 	};
 	r = kvd_engine_open(&ec, &e, err, sizeof(err));
 	if (r < 0) {

@@ -24,14 +24,21 @@
 #include "sched.h"
 
 #include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "engine.h"
 #include "kvmm.h"
-#include "model.h"
-#include "tokenizer.h"
+#include "log.h"
+
+#define SCHED_DEMOTE_RESERVE_DIV 16 /* keep 1/16 of the pool free ahead of a step */
+#define SCHED_DEMOTE_BATCH       32 /* pages demoted in one step at most */
+#define SCHED_PROBE_CHUNK        16 /* prefill beside decodes before the cost of a token is known */
+#define SCHED_MIN_CHUNK           4 /* prefill beside decodes never shrinks below this */
+#define SCHED_EWMA_SHIFT          2 /* step-time estimates move 1/4 of the way to each sample */
 
 enum req_state {
 	RS_WAITING = 0,  /* no sequence yet (or dropped for recompute) */
@@ -55,10 +62,10 @@ struct req {
 	uint32_t seq;
 	int has_seq;
 	int ignore_eos;
+	uint32_t idle_s;         /* session idle time; 0: the config's */
 	int admitted_now;        /* admitted during the step being built */
+	int swap_failed;         /* kvmm reported an I/O error on its sequence */
 	struct kvd_sampler *sampler;
-	struct kvd_stop stop;
-	struct kvd_detok detok;
 	float *logits;
 	struct kvd_request_result res;
 	uint64_t t_submit, t_admit, t_first, t_last, t_used;
@@ -68,7 +75,6 @@ struct kvd_sched {
 	struct kvd_sched_config cfg;
 	struct kvd_engine *e;
 	struct kvmm *kv;
-	const struct kvd_tokenizer *tok;
 	struct kvd_sched_events ev;
 	int32_t n_vocab;
 	uint32_t block_size;
@@ -76,17 +82,97 @@ struct kvd_sched {
 	size_t n_reqs, cap_reqs;
 	uint64_t arrivals;
 	struct kvd_sched_stats st;
+	/* Step-time model for max_step_ms: moving averages of a step that only
+	 * decodes and of one prefill token's share of a step (0: not measured
+	 * yet), both from measured steps, so the budget follows the machine. */
+	uint64_t est_decode_ns, est_token_ns;
 	/* step scratch */
 	struct kvd_engine_item *items;
 	struct req **item_req;
 	size_t cap_items;
+	struct req *attaching;  /* whose prefix kvmm_prefix_attach is looking up */
+	int demote_failing;     /* the last demotion failed (logged once until one works) */
 };
 
-static uint64_t now_ns(void)
+static uint64_t now_ns(const struct kvd_sched *s)
 {
 	struct timespec ts;
+
+	if (s->ev.now_ns)
+		return s->ev.now_ns(s->ev.ud);
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* kvmm's report of a swap operation whose transfers failed: charge it to
+ * the request whose sequence it was (or whose prefix was being read back),
+ * and log it, once. Every such failure of a sequence's swap-out or swap-in
+ * ends in recomputing its KV (preempt(), resume_swapped()), and a failed
+ * promotion leaves the prefix pages from the failure on to the request's
+ * prefill: both are what the log line promises. A failed demotion only
+ * leaves cached pages in memory (demote_ahead() counts it). */
+static void on_swap_error(void *ud, const struct kvmm_swap_incident *inc)
+{
+	struct kvd_sched *s = ud;
+	struct req *r = NULL;
+	const char *what, *then;
+	char cause[96];
+
+	s->st.swap_incidents++;
+	for (size_t i = 0; inc->seq >= 0 && i < s->n_reqs; i++)
+		if (s->reqs[i]->has_seq && s->reqs[i]->seq == (uint32_t)inc->seq)
+			r = s->reqs[i];
+	if (inc->what == KVMM_SWAP_PROMOTE && s->attaching) {
+		r = s->attaching; /* recomputed in its prefill: a fallback already */
+		r->res.swap_fallback_recomputes++;
+		s->st.swap_fallback_recomputes++;
+	} else if (r) {
+		r->swap_failed = 1; /* preempt() or resume_swapped() counts the fallback */
+	}
+	if (r)
+		r->res.swap_errors += inc->pages_failed;
+	switch (inc->what) {
+	case KVMM_SWAP_SEQ_OUT:
+		what = "writing a preempted request's KV to the swap file";
+		then = "its KV is dropped and will be recomputed";
+		break;
+	case KVMM_SWAP_SEQ_IN:
+		what = "reading a preempted request's KV back from the swap file";
+		then = "its KV will be recomputed";
+		break;
+	case KVMM_SWAP_PROMOTE:
+		what = "reading cached prefix pages back from the swap file";
+		then = "they will be recomputed";
+		break;
+	default:
+		what = "writing cached prefix pages to the swap file";
+		then = "they stay in memory";
+		break;
+	}
+	if (inc->what == KVMM_SWAP_DEMOTE) {
+		/* tried again every step: one line until a demotion works again */
+		if (s->demote_failing)
+			return;
+		s->demote_failing = 1;
+		then = "they stay in memory (further demotion failures are not logged until one succeeds)";
+	}
+	if (inc->short_transfers == inc->pages_failed)
+		snprintf(cause, sizeof(cause), "short %s", inc->op == KVMM_IO_READ ? "read" : "write");
+	else
+		snprintf(cause, sizeof(cause), "%s", strerror(-inc->error));
+	log_warning("swap I/O error: %s failed for %u of %u pages (%s); %s [incident %" PRIu64 "]", what,
+		    inc->pages_failed, inc->pages, cause, then, s->st.swap_incidents);
+}
+
+/* After a failed swap-out or swap-in: when kvmm reported an I/O error for
+ * r's sequence, the recompute that follows is a fallback; count it. */
+static void count_fallback(struct kvd_sched *s, struct req *r)
+{
+	if (!r->swap_failed)
+		return;
+	r->swap_failed = 0;
+	r->res.swap_fallback_recomputes++;
+	s->st.swap_fallback_recomputes++;
 }
 
 int kvd_sched_create(const struct kvd_sched_config *cfg, struct kvd_engine *e, const struct kvd_sched_events *ev,
@@ -104,10 +190,10 @@ int kvd_sched_create(const struct kvd_sched_config *cfg, struct kvd_engine *e, c
 		s->cfg.max_waiting = 4096;
 	s->e = e;
 	s->kv = kvd_engine_kvmm(e);
-	s->tok = kvd_model_tokenizer(kvd_engine_model(e));
 	s->ev = *ev;
 	s->n_vocab = kvd_engine_n_vocab(e);
 	s->block_size = kvd_engine_kv_layout(e)->block_size;
+	kvmm_set_swap_error_handler(s->kv, on_swap_error, s);
 	*ret = s;
 	return 0;
 }
@@ -168,7 +254,7 @@ static struct req *find_session(const struct kvd_sched *s, uint64_t session, siz
 static void finish(struct kvd_sched *s, struct req *r, enum kvd_finish why, int error)
 {
 	size_t i;
-	uint64_t t = now_ns();
+	uint64_t t = now_ns(s);
 	struct kvmm_seq_record rec;
 
 	r->res.finish = why;
@@ -233,6 +319,7 @@ struct kvd_sched *kvd_sched_destroy(struct kvd_sched *s)
 {
 	if (!s)
 		return NULL;
+	kvmm_set_swap_error_handler(s->kv, NULL, NULL);
 	while (s->n_reqs) {
 		struct req *r = s->reqs[s->n_reqs - 1];
 		if (r->state == RS_SESSION) {
@@ -325,9 +412,6 @@ int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt
 		rc = -ENOMEM;
 		goto fail;
 	}
-	rc = kvd_stop_init(&r->stop, p->stops, p->n_stops);
-	if (rc < 0)
-		goto fail;
 	memcpy(r->toks + hist, prompt, n_prompt * sizeof(*prompt));
 	r->n_toks = hist + n_prompt;
 	r->id = req_id;
@@ -336,13 +420,13 @@ int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt
 	r->n_generated = 0;
 	r->max_tokens = p->max_tokens;
 	r->ignore_eos = p->ignore_eos;
-	r->t_submit = now_ns();
+	r->idle_s = p->session_idle_s;
+	r->t_submit = now_ns(s);
 	r->t_admit = r->t_first = r->t_last = 0;
 	/* a session turn computes over its history too: report the whole
 	 * context, with the history the session kept as cached */
 	r->res.prompt_tokens = hist + n_prompt;
 	r->res.cached_tokens = sess ? r->n_computed : 0;
-	kvd_detok_init(&r->detok);
 	if (!sess || !r->has_seq) {
 		r->state = RS_WAITING; /* (a session whose pages were given up recomputes) */
 	} else {
@@ -397,6 +481,15 @@ int kvd_sched_session_tokens(const struct kvd_sched *s, uint64_t session)
 	return (int)r->n_toks;
 }
 
+int kvd_sched_session_touch(struct kvd_sched *s, uint64_t session)
+{
+	struct req *r = find_session(s, session, NULL);
+	if (!r || r->state != RS_SESSION)
+		return -ENOENT;
+	r->t_used = now_ns(s);
+	return 0;
+}
+
 int kvd_sched_session_last_token(const struct kvd_sched *s, uint64_t session)
 {
 	struct req *r = find_session(s, session, NULL);
@@ -416,6 +509,7 @@ void kvd_sched_set_config(struct kvd_sched *s, const struct kvd_sched_config *cf
 	if (cfg->max_waiting)
 		s->cfg.max_waiting = cfg->max_waiting;
 	s->cfg.session_idle_s = cfg->session_idle_s;
+	s->cfg.max_step_ms = cfg->max_step_ms;
 }
 
 /* Give up the KV of the least recently used idle session that still holds
@@ -435,20 +529,27 @@ static int reclaim_session(struct kvd_sched *s)
 	return 1;
 }
 
-void kvd_sched_expire_sessions(struct kvd_sched *s, uint64_t t)
+int kvd_sched_expire_sessions(struct kvd_sched *s)
 {
-	if (!s->cfg.session_idle_s)
-		return;
+	uint64_t t = now_ns(s);
+	int n = 0;
+
 	for (size_t i = 0; i < s->n_reqs;) {
 		struct req *r = s->reqs[i];
-		if (r->state == RS_SESSION && t - r->t_used > (uint64_t)s->cfg.session_idle_s * 1000000000ull) {
+		uint64_t idle_ns = (uint64_t)(r->idle_s ? r->idle_s : s->cfg.session_idle_s) * 1000000000ull;
+		if (r->state == RS_SESSION && idle_ns && t - r->t_used > idle_ns) {
+			uint64_t session = r->session;
 			remove_at(s, i);
 			drop_seq(s, r);
 			req_free(r);
+			n++;
+			if (s->ev.on_session_expired)
+				s->ev.on_session_expired(s->ev.ud, session);
 			continue;
 		}
 		i++;
 	}
+	return n;
 }
 
 int kvd_sched_idle(const struct kvd_sched *s)
@@ -477,7 +578,7 @@ void kvd_sched_get_stats(const struct kvd_sched *s, struct kvd_sched_stats *ret)
 size_t kvd_sched_list(const struct kvd_sched *s, struct kvd_sched_req_info *out, size_t cap)
 {
 	size_t n = 0;
-	uint64_t t = now_ns();
+	uint64_t t = now_ns(s);
 	for (size_t i = 0; i < s->n_reqs && n < cap; i++) {
 		const struct req *r = s->reqs[i];
 		if (r->state == RS_SESSION)
@@ -532,6 +633,7 @@ static void preempt(struct kvd_sched *s, struct req *r)
 		r->res.swaps++;
 		return;
 	}
+	count_fallback(s, r);
 	drop_seq(s, r);
 	r->state = RS_WAITING;
 }
@@ -564,6 +666,7 @@ static void resume_swapped(struct kvd_sched *s, uint32_t n_running)
 			return;
 		if (rc < 0) {
 			/* its swapped K/V is lost: recompute from the tokens */
+			count_fallback(s, r);
 			drop_seq(s, r);
 			r->state = RS_WAITING;
 			continue;
@@ -573,14 +676,13 @@ static void resume_swapped(struct kvd_sched *s, uint32_t n_running)
 	}
 }
 
-/* Sample, detokenize, stop-check and report one new token. */
+/* Sample and report one new token; end the request when it ends here. */
 static void emit(struct kvd_sched *s, struct req *r)
 {
-	char piece[KVD_DETOK_MIN_CAP + KVD_SAMPLER_MAX_STOP_LEN], out[sizeof(piece) + KVD_SAMPLER_MAX_STOP_LEN];
 	int32_t t = kvd_sampler_sample(r->sampler, r->logits, r->toks, r->n_toks);
-	uint64_t now = now_ns();
-	int hit = 0;
-	size_t n_out = 0;
+	uint64_t now = now_ns(s);
+	enum kvd_finish ending = KVD_FINISH_NONE;
+	enum kvd_token_verdict verdict = KVD_TOKEN_CONTINUE;
 
 	r->toks[r->n_toks++] = t;
 	r->n_generated++;
@@ -590,32 +692,105 @@ static void emit(struct kvd_sched *s, struct req *r)
 		r->res.ttft_ns = now - r->t_submit;
 	}
 	r->t_last = now;
-	if (!r->ignore_eos && kvd_tokenizer_is_eog(s->tok, t)) {
-		int n = kvd_detok_flush(&r->detok, piece, sizeof(piece));
-		n_out = kvd_stop_feed(&r->stop, piece, n > 0 ? (size_t)n : 0, out, sizeof(out), &hit);
-		n_out += kvd_stop_flush(&r->stop, out + n_out, sizeof(out) - n_out);
-		if (s->ev.on_token)
-			s->ev.on_token(s->ev.ud, r->id, t, out, n_out);
+	if (!r->ignore_eos && s->ev.is_eog && s->ev.is_eog(s->ev.ud, t))
+		ending = KVD_FINISH_EOS;
+	else if (r->n_generated == r->max_tokens)
+		ending = KVD_FINISH_LENGTH;
+	if (s->ev.on_token)
+		verdict = s->ev.on_token(s->ev.ud, r->id, t, ending);
+	if (ending == KVD_FINISH_EOS)
 		finish(s, r, KVD_FINISH_EOS, 0);
+	else if (verdict == KVD_TOKEN_STOP)
+		finish(s, r, KVD_FINISH_STOP, 0);
+	else if (ending == KVD_FINISH_LENGTH)
+		finish(s, r, KVD_FINISH_LENGTH, 0);
+}
+
+/*
+ * Demotion ahead of pressure, like a kernel's low watermark: the allocation
+ * paths reclaim cached prefix pages by dropping them when the free list runs
+ * dry, so before a step that would eat into the last free pages the coldest
+ * cached pages are written to the swap file instead (kvmm_cache_demote) and
+ * freed; they stay in the prefix index and a later hit reads them back
+ * rather than recomputing them. The step's own need plus a reserve of
+ * 1/SCHED_DEMOTE_RESERVE_DIV of the pool is kept free; at most
+ * SCHED_DEMOTE_BATCH pages a step bound the I/O one step waits for. Without
+ * a swap file, or with nothing cached, it does nothing. An I/O error leaves
+ * the pages cached in memory (kvmm counts it); the step goes on.
+ */
+static void demote_ahead(struct kvd_sched *s, uint32_t need)
+{
+	struct kvmm_stats st;
+	uint32_t got = 0;
+
+	kvmm_get_stats(s->kv, &st);
+	if (!st.swap_slots || !st.pages_cached)
+		return;
+	uint32_t reserve = st.pages_total / SCHED_DEMOTE_RESERVE_DIV;
+	uint32_t want = need + (reserve ? reserve : 1);
+	if (st.pages_free >= want)
+		return;
+	want -= st.pages_free;
+	if (want > SCHED_DEMOTE_BATCH)
+		want = SCHED_DEMOTE_BATCH;
+	if (kvmm_cache_demote(s->kv, want, &got) < 0)
+		s->st.demote_errors++;
+	else if (got)
+		s->demote_failing = 0;
+	s->st.pages_demoted += got;
+}
+
+/*
+ * The step budget: a step that carries decodes of running streams must not
+ * keep them waiting longer than max_step_ms, so the prefill that shares it
+ * (chunks of prompts being read, admissions) gets only the time the decodes
+ * leave, divided by the measured cost of a prefill token. Until that cost
+ * is known a probe chunk is used; a step with nothing to decode keeps the
+ * whole max_tokens_per_step, so a prompt alone is read at full speed.
+ * Chunking never changes results (a sequence's logits do not depend on how
+ * its prompt was split), so this trades only latency between requests.
+ */
+static uint32_t prefill_budget(const struct kvd_sched *s, uint32_t budget)
+{
+	if (!s->cfg.max_step_ms)
+		return budget;
+	uint64_t target = (uint64_t)s->cfg.max_step_ms * 1000000u;
+	uint64_t left = target > s->est_decode_ns ? target - s->est_decode_ns : 0;
+	uint64_t cap = s->est_token_ns ? left / s->est_token_ns : SCHED_PROBE_CHUNK;
+	if (cap < SCHED_MIN_CHUNK)
+		cap = SCHED_MIN_CHUNK;
+	return cap < budget ? (uint32_t)cap : budget;
+}
+
+static uint64_t ewma(uint64_t avg, uint64_t sample)
+{
+	if (!avg)
+		return sample ? sample : 1;
+	return avg + (((int64_t)sample - (int64_t)avg) >> SCHED_EWMA_SHIFT);
+}
+
+/* Fold a measured step into the step-time model: a step of decodes only
+ * sets the decode estimate; otherwise what is left after the decodes'
+ * estimate is spread over the prefill tokens (an overestimate for a step
+ * of prefill alone, which carries the fixed cost too: the safe side). */
+static void learn_step_time(struct kvd_sched *s, size_t n_items, uint64_t dt)
+{
+	uint64_t n_prefill = 0;
+	int decodes = 0;
+
+	for (size_t i = 0; i < n_items; i++) {
+		const struct req *r = s->item_req[i];
+		if (s->items[i].n_tokens == 1 && r->n_computed + 1 == r->n_toks && r->n_generated)
+			decodes = 1;
+		else
+			n_prefill += (uint64_t)s->items[i].n_tokens;
+	}
+	if (!n_prefill) {
+		s->est_decode_ns = ewma(s->est_decode_ns, dt);
 		return;
 	}
-	int n = kvd_detok_push(s->tok, &r->detok, t, piece, sizeof(piece));
-	if (n < 0)
-		n = 0;
-	if (r->n_generated == r->max_tokens) {
-		int m = kvd_detok_flush(&r->detok, piece + n, sizeof(piece) - (size_t)n);
-		if (m > 0)
-			n += m;
-	}
-	n_out = kvd_stop_feed(&r->stop, piece, (size_t)n, out, sizeof(out), &hit);
-	if (!hit && r->n_generated == r->max_tokens)
-		n_out += kvd_stop_flush(&r->stop, out + n_out, sizeof(out) - n_out);
-	if (s->ev.on_token)
-		s->ev.on_token(s->ev.ud, r->id, t, out, n_out);
-	if (hit)
-		finish(s, r, KVD_FINISH_STOP, 0);
-	else if (r->n_generated == r->max_tokens)
-		finish(s, r, KVD_FINISH_LENGTH, 0);
+	uint64_t dec = decodes ? s->est_decode_ns : 0;
+	s->est_token_ns = ewma(s->est_token_ns, dt > dec ? (dt - dec) / n_prefill : 1);
 }
 
 int kvd_sched_step(struct kvd_sched *s)
@@ -638,6 +813,8 @@ int kvd_sched_step(struct kvd_sched *s)
 	 * prefill chunks; pass 3: admissions */
 	for (int pass = 0; pass < 3; pass++) {
 		int blocked = 0; /* a swapped or waiting elder blocks admissions */
+		if (pass == 1 && n_items)
+			budget = prefill_budget(s, budget);
 		for (size_t i = 0; i < s->n_reqs && budget > 0; i++) {
 			struct req *r = s->reqs[i];
 			if (pass == 2) {
@@ -654,13 +831,16 @@ int kvd_sched_step(struct kvd_sched *s)
 				r->has_seq = 1;
 				r->n_computed = 0;
 				uint32_t hit = 0;
-				if (kvmm_prefix_attach(s->kv, r->seq, r->toks, r->n_toks, &hit) == 0)
+				s->attaching = r; /* a failed promotion is charged to r */
+				int ar = kvmm_prefix_attach(s->kv, r->seq, r->toks, r->n_toks, &hit);
+				s->attaching = NULL;
+				if (ar == 0)
 					r->n_computed = hit;
 				if (!r->res.preemptions)
 					r->res.cached_tokens = hit;
 				r->state = RS_RUNNING;
 				r->admitted_now = 1;
-				r->t_admit = now_ns();
+				r->t_admit = now_ns(s);
 				kvmm_seq_set_prompt_tokens(s->kv, r->seq, r->n_history + r->n_prompt);
 				n_running++;
 			} else if (r->state != RS_RUNNING) {
@@ -684,8 +864,8 @@ int kvd_sched_step(struct kvd_sched *s)
 		return 0;
 
 	/* does it fit? if not, give up the youngest until it does */
+	uint32_t need = 0;
 	for (;;) {
-		uint32_t need;
 		rc = kvd_engine_plan(s->e, s->items, n_items, &need);
 		if (rc != -ENOMEM)
 			break;
@@ -728,12 +908,14 @@ int kvd_sched_step(struct kvd_sched *s)
 		s->item_req[i]->admitted_now = 0;
 	if (rc < 0)
 		goto fail;
-	uint64_t t0 = now_ns();
+	demote_ahead(s, need);
+	uint64_t t0 = now_ns(s);
 	rc = kvd_engine_step(s->e, s->items, n_items);
 	if (rc < 0)
 		goto fail;
-	uint64_t t1 = now_ns();
+	uint64_t t1 = now_ns(s);
 	s->st.steps++;
+	learn_step_time(s, n_items, t1 - t0);
 	for (size_t i = 0; i < n_items; i++) {
 		struct req *r = s->item_req[i];
 		uint64_t wait = 0;

@@ -10,12 +10,23 @@
  * running sequence is preempted — swapped out when a swap file exists,
  * otherwise dropped and recomputed later — and resumes, before any newer
  * request is admitted, once enough pages are free again (with a margin, so
- * it is not swapped straight back out). Outputs do not depend on any of
- * this: a resumed sequence continues exactly where it stopped.
+ * it is not swapped straight back out). With a swap file, a step that
+ * would eat into the last free pages first demotes the coldest cached
+ * prefix pages to swap (kvmm_cache_demote), so the allocation finds free
+ * pages and a later hit reads the prefix back instead of recomputing it.
+ * Outputs do not depend on any of this: a resumed sequence continues
+ * exactly where it stopped. A swap-out or swap-in that fails (I/O error,
+ * short transfer, full disk) falls back to recomputing the request's KV
+ * from its tokens; the scheduler logs each such incident once and counts
+ * it in its stats and in the request's result.
  *
- * The scheduler also samples, detokenizes, applies stop strings and keeps
- * per-request timing. It reports through callbacks and is driven by one
- * thread (the daemon's main loop); nothing here blocks.
+ * The scheduler deals only in tokens and pages: it samples, reports each
+ * sampled token to its caller, who decides whether a stop string has
+ * appeared (the text of a request lives in daemon/request.c), and keeps
+ * per-request timing on a clock its creator may supply. It never needs a
+ * model: only an engine (kvd_engine_open_backend runs one over a stub
+ * backend). It reports through callbacks and is driven by one thread (the
+ * daemon's main loop); nothing here blocks.
  */
 #ifndef KVD_SCHED_H
 #define KVD_SCHED_H
@@ -34,7 +45,10 @@ struct kvd_sched_config {
 	uint32_t max_tokens_per_step; /* token budget of one step */
 	uint32_t max_model_len;       /* prompt + max_tokens at most (<= model context) */
 	uint32_t max_waiting;         /* queued requests at most */
-	uint32_t session_idle_s;      /* sessions unused this long are closed; 0: never */
+	uint32_t session_idle_s;      /* sessions unused this long are closed (unless a
+	                               * request set its own); 0: never */
+	uint32_t max_step_ms;         /* a step carrying decodes takes about this long at
+	                               * most (its prefill share is cut to fit); 0: no limit */
 };
 
 enum kvd_finish {
@@ -49,10 +63,16 @@ enum kvd_finish {
 struct kvd_request_params {
 	struct kvd_sampler_params sampling;
 	uint32_t max_tokens;          /* generated tokens at most (>= 1) */
-	const char *const *stops;     /* stop strings, copied at submit */
-	uint32_t n_stops;
 	int ignore_eos;               /* keep going past end-of-generation tokens */
 	uint64_t session;             /* 0: none; else continue / keep this session */
+	uint32_t session_idle_s;      /* the session closes after this long unused;
+	                               * 0: the config's session_idle_s */
+};
+
+/* What on_token answers: go on, or stop now (a stop string appeared). */
+enum kvd_token_verdict {
+	KVD_TOKEN_CONTINUE = 0,
+	KVD_TOKEN_STOP = 1,
 };
 
 struct kvd_request_result {
@@ -66,21 +86,35 @@ struct kvd_request_result {
 	uint64_t decode_ns;           /* first token -> last token */
 	uint32_t preemptions;
 	uint32_t swaps;
+	uint32_t swap_errors;         /* page transfers of its KV to/from swap that failed */
+	uint32_t swap_fallback_recomputes; /* times its KV was recomputed because of them */
 	/* The KV ledger of the request's sequence (kvmm_seq_finish, or the
 	 * live record of a kept session); NULL when it never had one. Valid
 	 * only during on_done. */
 	const struct kvmm_seq_record *ledger;
 };
 
+/* Callbacks, all optional, all given ud. None may call back into the
+ * scheduler. */
 struct kvd_sched_events {
-	/* A generated token and the text it completes (may be empty while a
-	 * multi-byte character or a possible stop string is held back). Every
-	 * generated token is reported, the end-of-generation one included
-	 * (with whatever text was still held back). Callbacks must not call
-	 * back into the scheduler. */
-	void (*on_token)(void *ud, uint64_t req_id, int32_t token, const char *text, size_t len);
+	/* A sampled token. Every generated token is reported, the
+	 * end-of-generation one included. `ending` says how the request ends
+	 * with this token unless the answer is KVD_TOKEN_STOP: KVD_FINISH_NONE
+	 * (more will follow), KVD_FINISH_EOS (an end-of-generation token: the
+	 * request ends with EOS whatever the answer) or KVD_FINISH_LENGTH (the
+	 * max_tokens-th token). KVD_TOKEN_STOP ends the request with
+	 * KVD_FINISH_STOP (unless ending is EOS). NULL: always continue. */
+	enum kvd_token_verdict (*on_token)(void *ud, uint64_t req_id, int32_t token, enum kvd_finish ending);
 	/* The request is over; called exactly once per accepted request. */
 	void (*on_done)(void *ud, uint64_t req_id, const struct kvd_request_result *res);
+	/* Whether a token ends generation (the model's end-of-generation
+	 * tokens); NULL: none does, generation ends only by length or stop. */
+	int (*is_eog)(void *ud, int32_t token);
+	/* The clock for every time the scheduler keeps (timings, session
+	 * idleness), in ns; NULL: CLOCK_MONOTONIC. Must not go backwards. */
+	uint64_t (*now_ns)(void *ud);
+	/* An idle session was closed by kvd_sched_expire_sessions. */
+	void (*on_session_expired)(void *ud, uint64_t session);
 	void *ud;
 };
 
@@ -94,6 +128,10 @@ struct kvd_sched_stats {
 	uint64_t tokens_generated;
 	uint64_t preemptions;
 	uint64_t requests_done;
+	uint64_t pages_demoted;   /* cached prefix pages written to swap ahead of pressure */
+	uint64_t demote_errors;   /* demotions that failed on I/O (the pages stayed cached) */
+	uint64_t swap_incidents;  /* swap operations that had failed transfers (each logged once) */
+	uint64_t swap_fallback_recomputes; /* requests' KV recomputed after a failed swap-out or swap-in */
 };
 
 int kvd_sched_create(const struct kvd_sched_config *cfg, struct kvd_engine *e, const struct kvd_sched_events *ev,
@@ -127,6 +165,9 @@ int kvd_sched_session_close(struct kvd_sched *s, uint64_t session);
 /* Tokens a session holds (history a next turn continues), or -ENOENT when
  * the scheduler keeps nothing under that id. */
 int kvd_sched_session_tokens(const struct kvd_sched *s, uint64_t session);
+/* The session is in use now (a turn is on its way): its idle time starts
+ * again. 0, or -ENOENT when the scheduler keeps nothing under that id. */
+int kvd_sched_session_touch(struct kvd_sched *s, uint64_t session);
 /* The session's last token (what ended the previous turn), -ENOENT. */
 int kvd_sched_session_last_token(const struct kvd_sched *s, uint64_t session);
 /* Apply new limits (SIGHUP). max_model_len may only shrink below the
@@ -140,8 +181,12 @@ int kvd_sched_step(struct kvd_sched *s);
 /* True when nothing is queued or running. */
 int kvd_sched_idle(const struct kvd_sched *s);
 void kvd_sched_get_stats(const struct kvd_sched *s, struct kvd_sched_stats *ret);
-/* Expire idle sessions; call from the main loop now and then. */
-void kvd_sched_expire_sessions(struct kvd_sched *s, uint64_t now_ns);
+/* Close the idle sessions unused for longer than their idle time (the
+ * request's session_idle_s, else the config's; 0 for both: never), by the
+ * events' clock: their pages and tokens go and on_session_expired is
+ * called for each. A session with a turn running is never idle. Returns
+ * how many were closed. Call from the main loop now and then. */
+int kvd_sched_expire_sessions(struct kvd_sched *s);
 
 /* Walk live requests (for `kvctl ps`). */
 struct kvd_sched_req_info {

@@ -49,13 +49,39 @@
 #include "engine.h"
 #include "ipc.h"
 #include "kvmm.h"
+#include "ledger.h"
 #include "log.h"
 #include "model.h"
+#include "request.h"
 #include "sched.h"
-#include "tokenizer.h"
 
 #define SRV_MAX_EVENTS       64
-#define SRV_FRAMES_PER_WAKE  64     /* socket frames read per client per loop turn */
+/*
+ * Fairness between the control plane and the streams. One loop turn runs
+ * one scheduler step, which moves every running stream by one token, so
+ * whatever else a turn does delays every stream. Per client and turn, at
+ * most SRV_TURN_FRAMES socket frames and SRV_TURN_BYTES of them are
+ * handled, and SRV_TURN_CLIENT_NS of work, busy or not, so a newcomer's
+ * HELLO or GENERATE waits at most that much per flooding connection even
+ * while no stream runs; the sockets of a turn are read least recently
+ * read first (sort_events), so no connection waits behind the same others
+ * turn after turn. And while
+ * the scheduler has work, the time a client's frames cost is charged
+ * against a share of the step time, kept per user (uid: all of a user's
+ * connections draw on one account, struct user_share): after each step
+ * every user earns SRV_CTL_SHARE_PERMILLE/1000 of the step's duration, and
+ * a user whose frames have cost more than it earned (plus SRV_CTL_BURST_NS
+ * it may run ahead) is not read until it has earned that back. So one user
+ * flooding TOKENIZE (or anything else), over any number of connections,
+ * adds at most about that share to each stream's time per token; an idle
+ * scheduler throttles nobody, and a user sending the odd request never
+ * waits, since it has no debt.
+ */
+#define SRV_TURN_FRAMES        16
+#define SRV_TURN_BYTES         (256u << 10)
+#define SRV_TURN_CLIENT_NS     1000000ull      /* 1 ms of control work per client and turn */
+#define SRV_CTL_SHARE_PERMILLE 30              /* 3% of the step time per user */
+#define SRV_CTL_BURST_NS       10000000ull     /* 10 ms a client may run ahead */
 #define SRV_STATUS_NS        1000000000ull
 #define SRV_EXPIRE_NS        1000000000ull
 #define SRV_FINAL_FLUSH_NS   2000000000ull /* after cancelling on shutdown, wait this long for rings */
@@ -64,7 +90,8 @@
 #define SRV_MAX_SESSIONS_PER_USER 256
 #define SRV_MAX_QUEUED_UPLOADS 64 /* ring uploads a client may announce ahead */
 #define SRV_HELLO_TIMEOUT_NS 10000000000ull /* a connection must say HELLO this soon */
-#define SRV_CHAT_MARKER      "\x1fkvd-turn-marker\x1f"
+#define SRV_LINGER_NS        1000000000ull  /* a refused connection stays open this long for its ERROR */
+#define SRV_MAX_LINGERING    64 /* refused connections kept lingering at once; beyond, closed at once */
 
 enum src_kind { SRC_LISTEN = 1, SRC_SIGNAL, SRC_SOCK, SRC_CHAN };
 
@@ -93,6 +120,8 @@ struct greq {
 	char *stop_buf;
 	const char *stops[IPC_MAX_STOP_STRINGS];
 	struct session *sess;
+	struct kvd_ledger_who who;    /* the requester, as admitted (outlives c) */
+	struct kvd_request *rq;       /* its text stream, from submit on */
 	bool cancel_on_upload;        /* CANCEL arrived while uploading */
 	bool shutdown;                /* ended by the daemon's shutdown */
 	uint64_t t_recv, t_submit;
@@ -127,6 +156,16 @@ struct session {
 	uint32_t turns;               /* completed turns */
 	struct greq *busy;            /* a turn in flight */
 	uid_t owner;                  /* SO_PEERCRED uid of the client that opened it */
+	uint64_t opener;              /* id of the connection that opened it */
+};
+
+/* One user's (uid's) share of the event loop: all its connections draw on
+ * one account, so opening more connections buys no more loop time. */
+struct user_share {
+	struct user_share *next;
+	uid_t uid;
+	uint32_t refs;                /* connections pointing here */
+	uint64_t ctl_until;           /* control time used, on srv->ctl_earned_ns's scale */
 };
 
 struct client {
@@ -140,7 +179,14 @@ struct client {
 	bool welcomed;
 	bool closing;
 	bool lingering;               /* sent a connection ERROR; closing soon */
+	bool admitted;                /* holds one of the max_clients slots */
+	bool admin;                   /* root or a member of server.admin_groups */
 	uint64_t t_accept;
+	uint64_t last_active_ns;      /* last frame received (idle timeout) */
+	struct user_share *share;     /* its user's share of the loop (fairness) */
+	bool sock_paused;             /* over its share: socket out of epoll's read set */
+	uint64_t turn;                /* the loop turn turn_ns counts; last turn it was read */
+	uint64_t turn_ns;             /* control time used in that turn */
 	uint64_t linger_deadline;
 	struct greq *reqs, *reqs_tail;
 	uint32_t n_inflight;
@@ -164,7 +210,13 @@ struct kvd_server {
 	int sig_fd;
 	struct ep_src listen_src, sig_src;
 	struct client *clients;
-	uint32_t n_clients;
+	uint32_t n_clients;           /* every connection, lingering ones too */
+	uint32_t n_admitted;          /* connections holding a slot */
+	uint32_t n_lingering;
+	uint64_t ctl_earned_ns;       /* control time each client has earned (fairness) */
+	uint32_t n_paused;            /* clients with sock_paused */
+	uint64_t turn;                /* loop turns so far */
+	struct user_share *shares;    /* one per uid with a connection */
 	struct client *dirty;
 	struct client *to_free;
 	uint64_t next_client_id, next_session_id;
@@ -173,7 +225,7 @@ struct kvd_server {
 	uint32_t n_uploading;
 	uint32_t n_ctx;
 	void *rxbuf;                  /* IPC_MAX_FRAME_BYTES, 8-aligned */
-	int ledger_fd;
+	struct kvd_ledger *ledger;
 	/* counters */
 	uint64_t t_start;
 	uint64_t requests_rejected;
@@ -184,6 +236,8 @@ struct kvd_server {
 	uint64_t accept_paused_until; /* 0: accepting */
 	/* shutdown */
 	bool stopping, cancelled_all;
+	/* fault injection for tests (KVD_TEST_FAULTS, builds without NDEBUG) */
+	bool fault_peercred;
 	uint64_t drain_deadline, final_deadline;
 };
 
@@ -194,15 +248,9 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static uint64_t realtime_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static void client_close(struct client *c, const char *why);
 static void client_linger(struct client *c, const char *why);
+static void client_unadmit(struct client *c);
 static void client_mark_dirty(struct client *c);
 static void tokenize_reply(struct client *c, uint64_t rid, uint32_t flags, const char *text, size_t len);
 
@@ -218,7 +266,7 @@ static int ep_add(struct kvd_server *srv, int fd, struct ep_src *src)
  * reading its replies; it is dropped rather than let it stall the loop. */
 static int sock_send(struct client *c, uint16_t type, uint32_t flags, uint64_t rid, const void *p, size_t n)
 {
-	int r = ipc_send(c->fd, type, flags, rid, p, n, NULL, 0);
+	int r = ipc_send_nowait(c->fd, type, flags, rid, p, n, NULL, 0);
 	if (r == -EAGAIN)
 		client_close(c, "socket buffer full (client does not read its replies)");
 	else if (r < 0 && r != -EPIPE && r != -ECONNRESET)
@@ -240,7 +288,7 @@ static void sock_error(struct client *c, uint64_t rid, int32_t code, const char 
 	log_debug("client %" PRIu64 " (pid %d): request %" PRIu64 ": error %d: %s", c->id, (int)c->cred.pid, rid,
 		  (int)code, msg);
 	if (c->fd >= 0 && !c->closing && !c->lingering) {
-		int r = ipc_send_error(c->fd, rid, code, msg);
+		int r = ipc_send_error_nowait(c->fd, rid, code, msg);
 		if (r == -EAGAIN)
 			client_close(c, "socket buffer full");
 	}
@@ -256,6 +304,7 @@ static struct greq *greq_free(struct greq *gr)
 		gr->sess->busy = NULL; /* a turn that never reached the scheduler */
 	free(gr->system);
 	free(gr->stop_buf);
+	kvd_request_free(gr->rq);
 	free(gr->toks);
 	free(gr->text);
 	free(gr);
@@ -295,13 +344,16 @@ static enum ipc_finish finish_to_ipc(enum kvd_finish f)
 	}
 }
 
-static void on_token(void *ud, uint64_t req_id, int32_t token, const char *text, size_t len)
+static enum kvd_token_verdict on_token(void *ud, uint64_t req_id, int32_t token, enum kvd_finish ending)
 {
 	struct greq *gr = (struct greq *)(uintptr_t)req_id;
+	const char *text;
+	size_t len;
+	enum kvd_token_verdict v = kvd_request_token(gr->rq, token, ending, &text, &len);
 	(void)ud;
 
 	if (!gr->c)
-		return;
+		return v;
 	if (gr->n_toks == gr->cap_toks) {
 		uint32_t cap = gr->cap_toks ? gr->cap_toks * 2 : 16;
 		struct tok_ent *t = realloc(gr->toks, cap * sizeof(*t));
@@ -325,38 +377,21 @@ static void on_token(void *ud, uint64_t req_id, int32_t token, const char *text,
 	gr->text_bytes += (uint32_t)len;
 	gr->toks[gr->n_toks++] = (struct tok_ent){ token, (uint32_t)len };
 	client_mark_dirty(gr->c);
-	return;
+	return v;
 oom:
 	log_error("out of memory queueing a token for client %" PRIu64, gr->c->id);
+	return v;
+}
+
+static int sched_is_eog(void *ud, int32_t token)
+{
+	struct kvd_server *srv = ud;
+	return kvd_request_is_eog(srv->tok, token);
 }
 
 static const char *finish_name(enum kvd_finish f)
 {
 	return ipc_finish_name(finish_to_ipc(f));
-}
-
-static void ledger_write(struct kvd_server *srv, struct greq *gr, const struct kvd_request_result *res)
-{
-	char kv[2048], line[3072];
-	int n;
-
-	if (srv->ledger_fd < 0)
-		return;
-	if (!res->ledger || kvmm_seq_record_json(res->ledger, kv, sizeof(kv)) < 0)
-		snprintf(kv, sizeof(kv), "null");
-	n = snprintf(line, sizeof(line),
-		     "{\"time_ns\":%" PRIu64 ",\"client_id\":%" PRIu64 ",\"pid\":%d,\"uid\":%u,\"request_id\":%" PRIu64
-		     ",\"session_id\":%" PRIu64 ",\"finish\":\"%s\",\"error\":%d,\"prompt_tokens\":%u,"
-		     "\"cached_tokens\":%u,\"generated_tokens\":%u,\"queue_ns\":%" PRIu64 ",\"ttft_ns\":%" PRIu64
-		     ",\"decode_ns\":%" PRIu64 ",\"itl_ns\":%" PRIu64 ",\"preemptions\":%u,\"swaps\":%u,\"kv\":%s}\n",
-		     realtime_ns(), gr->c ? gr->c->id : 0, gr->c ? (int)gr->c->cred.pid : 0,
-		     gr->c ? (unsigned)gr->c->cred.uid : 0, gr->id, gr->sess ? gr->sess->id : 0,
-		     finish_name(res->finish), res->error, res->prompt_tokens, res->cached_tokens,
-		     res->generated_tokens, res->queue_ns, res->ttft_ns, res->decode_ns,
-		     res->generated_tokens > 1 ? res->decode_ns / (res->generated_tokens - 1) : 0, res->preemptions,
-		     res->swaps, kv);
-	if (n > 0 && (size_t)n < sizeof(line) && write(srv->ledger_fd, line, (size_t)n) < 0)
-		log_warning("ledger: write failed: %m");
 }
 
 static void on_done(void *ud, uint64_t req_id, const struct kvd_request_result *res)
@@ -366,7 +401,7 @@ static void on_done(void *ud, uint64_t req_id, const struct kvd_request_result *
 	uint64_t t = now_ns();
 	uint64_t pre = gr->t_submit - gr->t_recv; /* upload and tokenization */
 
-	ledger_write(srv, gr, res);
+	kvd_ledger_request(srv->ledger, &gr->who, gr->id, gr->sess ? gr->sess->id : 0, finish_name(res->finish), res);
 	srv->prompt_tokens_total += res->prompt_tokens;
 	srv->generated_tokens_total += res->generated_tokens;
 	if (gr->sess) {
@@ -465,6 +500,7 @@ static int greq_flush(struct client *c, struct greq *gr)
 		return r;
 	greq_unlink(c, gr);
 	greq_free(gr);
+	c->last_active_ns = now_ns(); /* idle from the end of its last request */
 	return 1;
 }
 
@@ -589,92 +625,6 @@ static void flush_dirty(struct kvd_server *srv)
 
 /* ---- generate ---------------------------------------------------------------- */
 
-/* Tokenize into a fresh array. Returns the count or -errno. */
-static int tokenize_alloc(const struct kvd_tokenizer *tok, const char *text, size_t len, int add_bos, int special,
-			  int32_t **ret)
-{
-	size_t cap = len + 16;
-	int32_t *ids = malloc(cap * sizeof(*ids));
-	int n;
-
-	if (!ids)
-		return -ENOMEM;
-	n = kvd_tokenize(tok, text, len, add_bos, special, ids, cap);
-	if (n > (int)cap) {
-		int32_t *bigger = realloc(ids, (size_t)n * sizeof(*ids));
-		if (!bigger) {
-			free(ids);
-			return -ENOMEM;
-		}
-		ids = bigger;
-		n = kvd_tokenize(tok, text, len, add_bos, special, ids, (size_t)n);
-	}
-	if (n < 0) {
-		free(ids);
-		return n;
-	}
-	*ret = ids;
-	return n;
-}
-
-/*
- * The text of one chat turn. A first turn is the model's template over
- * [system], user, with the assistant's header at the end. A later turn of a
- * session continues a sequence that ends with the assistant's last token:
- * what the template puts between the end of an assistant message and the
- * next assistant header is found by rendering a marker as the assistant's
- * content, and the end-of-turn token the model already produced is not
- * repeated.
- */
-static int render_turn(struct kvd_server *srv, const char *system, const char *user, bool continuation,
-		       int32_t last_token, char **ret)
-{
-	struct kvd_chat_msg msgs[2];
-	size_t n = 0;
-	char *out;
-	int len;
-
-	if (!continuation) {
-		if (system && *system)
-			msgs[n++] = (struct kvd_chat_msg){ "system", system };
-		msgs[n++] = (struct kvd_chat_msg){ "user", user };
-		len = kvd_chat_render(srv->tok, msgs, n, 1, NULL, 0);
-		if (len < 0)
-			return len;
-		out = malloc((size_t)len + 1);
-		if (!out)
-			return -ENOMEM;
-		kvd_chat_render(srv->tok, msgs, n, 1, out, (size_t)len + 1);
-		*ret = out;
-		return len;
-	}
-	msgs[0] = (struct kvd_chat_msg){ "assistant", SRV_CHAT_MARKER };
-	msgs[1] = (struct kvd_chat_msg){ "user", user };
-	len = kvd_chat_render(srv->tok, msgs, 2, 1, NULL, 0);
-	if (len < 0)
-		return len;
-	out = malloc((size_t)len + 1);
-	if (!out)
-		return -ENOMEM;
-	kvd_chat_render(srv->tok, msgs, 2, 1, out, (size_t)len + 1);
-	char *m = strstr(out, SRV_CHAT_MARKER);
-	if (!m) {
-		free(out);
-		return continuation ? render_turn(srv, NULL, user, false, -1, ret) : -ENOTSUP;
-	}
-	char *tail = m + strlen(SRV_CHAT_MARKER);
-	if (last_token >= 0 && kvd_tokenizer_is_eog(srv->tok, last_token)) {
-		char eog[256];
-		int k = kvd_token_to_bytes(srv->tok, last_token, 1, eog, sizeof(eog));
-		if (k > 0 && (size_t)k < sizeof(eog) && !strncmp(tail, eog, (size_t)k))
-			tail += k;
-	}
-	len = (int)strlen(tail);
-	memmove(out, tail, (size_t)len + 1);
-	*ret = out;
-	return len;
-}
-
 static void reject(struct client *c, struct greq *gr, int32_t code, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 static void reject(struct client *c, struct greq *gr, int32_t code, const char *fmt, ...)
@@ -685,6 +635,7 @@ static void reject(struct client *c, struct greq *gr, int32_t code, const char *
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	c->srv->requests_rejected++;
+	kvd_ledger_rejected(c->srv->ledger, &gr->who, gr->id, gr->sess ? gr->sess->id : 0, code, msg);
 	sock_error(c, gr->id, code, "%s", msg);
 	greq_unlink(c, gr);
 	greq_free(gr);
@@ -730,7 +681,7 @@ static void generate_start(struct client *c, struct greq *gr, const char *prompt
 			reject(c, gr, -EINVAL, "the prompt contains a NUL byte (not allowed in chat mode)");
 			return;
 		}
-		n = render_turn(srv, gr->system, prompt, cont, last, &text);
+		n = kvd_request_render_turn(srv->tok, gr->system, prompt, cont, last, &text);
 		if (n < 0) {
 			reject(c, gr, n, "cannot render the model's chat template: %s", strerror(-n));
 			return;
@@ -738,10 +689,11 @@ static void generate_start(struct client *c, struct greq *gr, const char *prompt
 		if (kvd_log_level >= KVD_LOG_DEBUG)
 			log_debug("request %" PRIu64 ": chat turn%s: %.*s", gr->id, cont ? " (continuation)" : "",
 				  n > 400 ? 400 : n, text);
-		n = tokenize_alloc(srv->tok, text, (size_t)n, cont ? 0 : kvd_tokenizer_add_bos(srv->tok), 1, &ids);
+		n = kvd_request_tokenize(srv->tok, text, (size_t)n, !cont, 1, &ids);
 		free(text);
 	} else {
-		n = tokenize_alloc(srv->tok, prompt, len, cont ? 0 : kvd_tokenizer_add_bos(srv->tok), 0, &ids);
+		n = kvd_request_tokenize(srv->tok, prompt, len, !cont, !!(gr->g.gen_flags & IPC_GEN_PARSE_SPECIAL),
+					 &ids);
 	}
 	if (n < 0) {
 		reject(c, gr, n, "cannot tokenize the prompt: %s", strerror(-n));
@@ -772,9 +724,14 @@ static void generate_start(struct client *c, struct greq *gr, const char *prompt
 	if (gr->g.seed == IPC_SEED_RANDOM && getrandom(&p.sampling.seed, sizeof(p.sampling.seed), 0) < 0)
 		p.sampling.seed = now_ns();
 	p.max_tokens = gr->g.max_tokens;
-	p.stops = gr->stops;
-	p.n_stops = gr->g.n_stop;
 	p.session = gr->sess ? gr->sess->id : 0;
+	p.session_idle_s = gr->sess ? gr->sess->idle_timeout_s : 0;
+	r = kvd_request_new(srv->tok, gr->stops, gr->g.n_stop, &gr->rq);
+	if (r < 0) {
+		free(ids);
+		reject(c, gr, r, "request refused: %s", strerror(-r));
+		return;
+	}
 	gr->t_submit = now_ns();
 	r = kvd_sched_submit(srv->sched, (uint64_t)(uintptr_t)gr, ids, (uint32_t)n, &p);
 	free(ids);
@@ -866,6 +823,13 @@ static int upload_add(struct client *c, enum upload_kind kind, uint64_t rid, uin
 	return 0;
 }
 
+/* Record a request refused before it had a greq, with its sender's identity. */
+static void ledger_rejected(struct client *c, uint64_t rid, int32_t code, const char *msg)
+{
+	struct kvd_ledger_who who = { c->id, (int32_t)c->cred.pid, (uint32_t)c->cred.uid };
+	kvd_ledger_rejected(c->srv->ledger, &who, rid, 0, code, msg);
+}
+
 /* An upload that is refused: consume its bytes, then send the error. */
 static void refuse_upload(struct client *c, uint64_t rid, uint32_t bytes, int32_t code, const char *fmt, ...)
 	__attribute__((format(printf, 5, 6)));
@@ -877,6 +841,7 @@ static void refuse_upload(struct client *c, uint64_t rid, uint32_t bytes, int32_
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	c->srv->requests_rejected++;
+	ledger_rejected(c, rid, code, msg);
 	if (!bytes)
 		sock_error(c, rid, code, "%s", msg);
 	else if (upload_add(c, UP_DISCARD, rid, bytes, NULL, 0, code, msg) == 0)
@@ -895,6 +860,7 @@ static void handle_generate(struct client *c, const struct ipc_frame *f)
 
 	if (r < 0) {
 		srv->requests_rejected++;
+		ledger_rejected(c, rid, r, "malformed GENERATE");
 		sock_error(c, rid, r, "malformed GENERATE: %s", strerror(-r));
 		return;
 	}
@@ -936,6 +902,7 @@ static void handle_generate(struct client *c, const struct ipc_frame *f)
 	}
 	if (!in_ring && m.g.prompt_bytes == 0) {
 		srv->requests_rejected++;
+		ledger_rejected(c, rid, -EINVAL, "the prompt is empty");
 		sock_error(c, rid, -EINVAL, "the prompt is empty");
 		return;
 	}
@@ -943,6 +910,7 @@ static void handle_generate(struct client *c, const struct ipc_frame *f)
 	if (!gr)
 		goto oom;
 	gr->c = c;
+	gr->who = (struct kvd_ledger_who){ c->id, (int32_t)c->cred.pid, (uint32_t)c->cred.uid };
 	gr->id = rid;
 	gr->g = m.g;
 	gr->t_recv = now_ns();
@@ -968,6 +936,7 @@ static void handle_generate(struct client *c, const struct ipc_frame *f)
 	if (sess) {
 		sess->busy = gr;
 		sess->last_used_ns = gr->t_recv;
+		kvd_sched_session_touch(c->srv->sched, sess->id);
 	}
 	/* link first: generate_start() may unlink it again */
 	gr->prev = c->reqs_tail;
@@ -1002,6 +971,7 @@ oom:
 	if (gr)
 		greq_free(gr);
 	srv->requests_rejected++;
+	ledger_rejected(c, rid, -ENOMEM, "out of memory");
 	sock_error(c, rid, -ENOMEM, "out of memory");
 }
 
@@ -1023,8 +993,8 @@ static void tokenize_reply(struct client *c, uint64_t rid, uint32_t flags, const
 {
 	struct kvd_server *srv = c->srv;
 	int32_t *ids = NULL;
-	int n = tokenize_alloc(srv->tok, text, len, (flags & IPC_TOK_ADD_BOS) ? kvd_tokenizer_add_bos(srv->tok) : 0,
-			       !!(flags & IPC_TOK_PARSE_SPECIAL), &ids);
+	int n = kvd_request_tokenize(srv->tok, text, len, !!(flags & IPC_TOK_ADD_BOS), !!(flags & IPC_TOK_PARSE_SPECIAL),
+				     &ids);
 	uint8_t buf[IPC_MAX_PAYLOAD_BYTES];
 	uint32_t off = 0;
 
@@ -1117,6 +1087,9 @@ static void fill_stats(struct kvd_server *srv, struct ipc_stats *st)
 	st->generated_tokens_total = srv->generated_tokens_total;
 	st->steps = ss.steps;
 	st->uptime_ns = now_ns() - srv->t_start;
+	st->ledger_records_dropped = kvd_ledger_dropped(srv->ledger);
+	st->swap_errors = led.swap_errors;
+	st->swap_fallback_recomputes = ss.swap_fallback_recomputes;
 }
 
 static void handle_ps(struct client *c, uint64_t rid)
@@ -1144,8 +1117,12 @@ static void handle_ps(struct client *c, uint64_t rid)
 		goto oom;
 	}
 	static const uint32_t state_map[] = { IPC_REQ_WAITING, IPC_REQ_PREFILL, IPC_REQ_RUNNING, IPC_REQ_SWAPPED };
+	/* Administrators see everyone's requests; others only their own
+	 * (pids, session ids and sizes of other users' work are private). */
 	for (size_t i = 0; i < n; i++) {
 		struct greq *gr = (struct greq *)(uintptr_t)info[i].req_id;
+		if (!c->admin && (!gr->c || gr->c->cred.uid != c->cred.uid))
+			continue;
 		ent[n_ent++] = (struct ipc_ps_entry){
 			.request_id = gr->id,
 			.client_id = gr->c ? gr->c->id : 0,
@@ -1164,7 +1141,7 @@ static void handle_ps(struct client *c, uint64_t rid)
 	}
 	for (struct client *o = srv->clients; o; o = o->next)
 		for (struct upload *u = o->up_head; u && n_ent < n + srv->n_uploading; u = u->next)
-			if (u->kind == UP_GENERATE)
+			if (u->kind == UP_GENERATE && (c->admin || o->cred.uid == c->cred.uid))
 				ent[n_ent++] = (struct ipc_ps_entry){
 					.request_id = u->req_id,
 					.client_id = o->id,
@@ -1238,6 +1215,7 @@ static void handle_session_open(struct client *c, const struct ipc_frame *f)
 		s->idle_timeout_s = srv->cfg.session_idle_s; /* the server's bound */
 	s->last_used_ns = now_ns();
 	s->owner = c->cred.uid;
+	s->opener = c->id;
 	s->next = srv->sessions;
 	srv->sessions = s;
 	srv->n_sessions++;
@@ -1266,6 +1244,22 @@ static void handle_session_close(struct client *c, const struct ipc_frame *f)
 	sock_error(c, f->hdr.request_id, IPC_ERR_SESSION, "unknown session %" PRIu64, sm.session_id);
 }
 
+/* Holding nothing (no request, upload or session it opened) and silent
+ * for server.idle_timeout? */
+static bool client_idle(const struct client *c, uint64_t t)
+{
+	const struct kvd_server *srv = c->srv;
+
+	if (!srv->cfg.idle_timeout_s || c->n_inflight || c->up_head)
+		return false;
+	if (t - c->last_active_ns <= (uint64_t)srv->cfg.idle_timeout_s * 1000000000ull)
+		return false;
+	for (const struct session *s = srv->sessions; s; s = s->next)
+		if (s->opener == c->id)
+			return false;
+	return true;
+}
+
 static void expire_sessions(struct kvd_server *srv, uint64_t t)
 {
 	for (struct client *c = srv->clients, *next; c; c = next) {
@@ -1275,11 +1269,16 @@ static void expire_sessions(struct kvd_server *srv, uint64_t t)
 		else if (!c->welcomed && !c->lingering && t - c->t_accept > SRV_HELLO_TIMEOUT_NS) {
 			sock_error(c, 0, -ETIMEDOUT, "no HELLO within %llu s", SRV_HELLO_TIMEOUT_NS / 1000000000ull);
 			client_linger(c, "no HELLO in time");
+		} else if (c->welcomed && !c->lingering && !c->closing && client_idle(c, t)) {
+			sock_error(c, 0, -ETIMEDOUT, "idle for %u s (server.idle_timeout)", srv->cfg.idle_timeout_s);
+			client_linger(c, "idle");
 		}
 	}
+	kvd_sched_expire_sessions(srv->sched); /* those it holds: on_session_expired */
 	for (struct session **pp = &srv->sessions; *pp;) {
 		struct session *s = *pp;
-		if (!s->busy && s->idle_timeout_s && t - s->last_used_ns > (uint64_t)s->idle_timeout_s * 1000000000ull) {
+		if (!s->busy && s->idle_timeout_s && t - s->last_used_ns > (uint64_t)s->idle_timeout_s * 1000000000ull &&
+		    kvd_sched_session_tokens(srv->sched, s->id) < 0) {
 			log_info("session %" PRIu64 " of uid %u expired after %us idle", s->id, (unsigned)s->owner,
 				 s->idle_timeout_s);
 			*pp = s->next;
@@ -1287,6 +1286,27 @@ static void expire_sessions(struct kvd_server *srv, uint64_t t)
 			continue;
 		}
 		pp = &s->next;
+	}
+}
+
+/* The scheduler closed an idle session: forget it here too. A turn still
+ * uploading keeps the object; it will find the session expired. */
+static void on_session_expired(void *ud, uint64_t session)
+{
+	struct kvd_server *srv = ud;
+
+	for (struct session **pp = &srv->sessions; *pp; pp = &(*pp)->next) {
+		struct session *s = *pp;
+		if (s->id != session)
+			continue;
+		if (s->busy)
+			return;
+		log_info("session %" PRIu64 " of uid %u expired after %us idle", s->id, (unsigned)s->owner,
+			 s->idle_timeout_s);
+		*pp = s->next;
+		srv->n_sessions--;
+		free(s);
+		return;
 	}
 }
 
@@ -1299,7 +1319,7 @@ static void handle_hello(struct client *c, const struct ipc_frame *f)
 	const struct kvd_kv_layout *lay = kvd_engine_kv_layout(srv->e);
 	struct ipc_hello h;
 	struct ipc_welcome w = { 0 };
-	int fds[IPC_MAX_FDS];
+	int fds[IPC_WELCOME_N_FDS];
 	int r = ipc_decode_hello(f, &h);
 
 	if (r < 0) {
@@ -1331,12 +1351,16 @@ static void handle_hello(struct client *c, const struct ipc_frame *f)
 	w.kv_bytes_per_token = lay->page_bytes / lay->block_size;
 	w.pool_bytes = (uint64_t)kvmm_n_pages(srv->kv) * kvmm_page_bytes(srv->kv);
 	snprintf(w.model_name, sizeof(w.model_name), "%s", kvd_model_name(kvd_engine_model(srv->e)));
-	ipc_chan_fds(c->chan, fds);
-	r = ipc_send(c->fd, IPC_MSG_WELCOME, 0, 0, &w, sizeof(w), fds, IPC_MAX_FDS);
+	r = ipc_chan_fds(c->chan, fds);
+	if (r == 0)
+		r = ipc_send_nowait(c->fd, IPC_MSG_WELCOME, 0, 0, &w, sizeof(w), fds, IPC_WELCOME_N_FDS);
 	if (r < 0) {
 		client_close(c, "cannot send WELCOME");
 		return;
 	}
+	/* The client's copies are its own now; ours would only keep its end
+	 * of the wake-up pair alive after it has gone. */
+	ipc_chan_handed_over(c->chan);
 	c->chan_src = (struct ep_src){ SRC_CHAN, c };
 	r = ep_add(srv, ipc_chan_wait_fd(c->chan), &c->chan_src);
 	if (r < 0) {
@@ -1375,6 +1399,57 @@ static bool peer_allowed(struct kvd_server *srv, int fd, const struct ipc_peer_c
 	return false;
 }
 
+/* The user's share of the loop, created on its first connection; NULL
+ * when out of memory. */
+static struct user_share *share_get(struct kvd_server *srv, uid_t uid)
+{
+	struct user_share *u;
+	for (u = srv->shares; u; u = u->next)
+		if (u->uid == uid)
+			break;
+	if (!u) {
+		u = calloc(1, sizeof(*u));
+		if (!u)
+			return NULL;
+		u->uid = uid;
+		u->next = srv->shares;
+		srv->shares = u;
+	}
+	u->refs++;
+	return u;
+}
+
+static void share_put(struct kvd_server *srv, struct user_share *share)
+{
+	if (!share || --share->refs)
+		return;
+	for (struct user_share **pp = &srv->shares; *pp; pp = &(*pp)->next)
+		if (*pp == share) {
+			*pp = share->next;
+			break;
+		}
+	free(share);
+}
+
+/* Root, or a member (primary or supplementary group) of server.admin_groups. */
+static bool peer_is_admin(struct kvd_server *srv, int fd, const struct ipc_peer_cred *cr)
+{
+	gid_t groups[SRV_MAX_GROUPS];
+	size_t n = 0;
+
+	if (cr->uid == 0)
+		return true;
+	for (size_t i = 0; i < srv->cfg.n_admin_gids; i++)
+		if (srv->cfg.admin_gids[i] == cr->gid)
+			return true;
+	if (srv->cfg.n_admin_gids && ipc_peer_groups(fd, groups, SRV_MAX_GROUPS, &n) == 0)
+		for (size_t k = 0; k < n; k++)
+			for (size_t i = 0; i < srv->cfg.n_admin_gids; i++)
+				if (srv->cfg.admin_gids[i] == groups[k])
+					return true;
+	return false;
+}
+
 static void handle_accept(struct kvd_server *srv)
 {
 	for (int k = 0; k < 64; k++) {
@@ -1396,13 +1471,24 @@ static void handle_accept(struct kvd_server *srv)
 			close(fd);
 			return;
 		}
+		/* Without the peer's credentials nobody can tell who this is:
+		 * it is refused below, and never looks like uid 0 (root)
+		 * meanwhile. */
+		int cred_r = srv->fault_peercred ? -EIO : ipc_peer_cred(fd, &c->cred);
+		if (cred_r < 0)
+			c->cred = (struct ipc_peer_cred){ .pid = 0, .uid = (uid_t)-1, .gid = (gid_t)-1 };
+		c->share = share_get(srv, c->cred.uid);
+		if (!c->share) {
+			close(fd);
+			free(c);
+			return;
+		}
 		c->srv = srv;
 		c->fd = fd;
 		c->id = ++srv->next_client_id;
 		c->t_accept = now_ns();
 		int sndbuf = SRV_SNDBUF_BYTES;
 		setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
-		ipc_peer_cred(fd, &c->cred);
 		c->next = srv->clients;
 		if (srv->clients)
 			srv->clients->prev = c;
@@ -1413,6 +1499,13 @@ static void handle_accept(struct kvd_server *srv)
 			client_close(c, "epoll");
 			continue;
 		}
+		if (cred_r < 0) {
+			log_warning("refused a connection: cannot read its credentials (SO_PEERCRED): %s",
+				    strerror(-cred_r));
+			sock_error(c, 0, IPC_ERR_DENIED, "kvd cannot read this connection's credentials");
+			client_linger(c, "no credentials");
+			continue;
+		}
 		if (!peer_allowed(srv, fd, &c->cred)) {
 			log_notice("refused a connection from pid %d uid %u gid %u: not in server.allowed_users/groups",
 				   (int)c->cred.pid, (unsigned)c->cred.uid, (unsigned)c->cred.gid);
@@ -1421,11 +1514,34 @@ static void handle_accept(struct kvd_server *srv)
 			client_linger(c, "denied");
 			continue;
 		}
-		if (srv->n_clients > srv->cfg.max_clients) {
-			sock_error(c, 0, IPC_ERR_LIMIT, "too many clients (server.max_clients = %u)", srv->cfg.max_clients);
+		/* Slots: the last admin_reserved_clients of max_clients are
+		 * for administrators only, and no other user may hold more
+		 * than max_clients_per_user, so that one user cannot lock
+		 * everyone out, and `kvctl stats` or a stop always get in. */
+		c->admin = peer_is_admin(srv, fd, &c->cred);
+		uint32_t slots = srv->cfg.max_clients;
+		if (!c->admin)
+			slots = slots > srv->cfg.admin_reserved_clients ? slots - srv->cfg.admin_reserved_clients : 0;
+		if (srv->n_admitted >= slots) {
+			sock_error(c, 0, IPC_ERR_LIMIT, "too many clients (server.max_clients = %u, %u of them for administrators)",
+				   srv->cfg.max_clients, srv->cfg.admin_reserved_clients);
 			client_linger(c, "too many clients");
 			continue;
 		}
+		if (!c->admin) {
+			uint32_t mine = 0;
+			for (struct client *o = srv->clients; o; o = o->next)
+				mine += o->admitted && o->cred.uid == c->cred.uid;
+			if (mine >= srv->cfg.max_clients_per_user) {
+				sock_error(c, 0, IPC_ERR_LIMIT, "uid %u has %u connections open (server.max_clients_per_user = %u)",
+					   (unsigned)c->cred.uid, mine, srv->cfg.max_clients_per_user);
+				client_linger(c, "too many connections for this user");
+				continue;
+			}
+		}
+		c->admitted = true;
+		srv->n_admitted++;
+		c->last_active_ns = c->t_accept;
 		log_debug("client %" PRIu64 " connected: pid %d uid %u", c->id, (int)c->cred.pid, (unsigned)c->cred.uid);
 	}
 }
@@ -1457,6 +1573,15 @@ static void client_drop_work(struct client *c)
 		epoll_ctl(srv->ep, EPOLL_CTL_DEL, ipc_chan_wait_fd(c->chan), NULL);
 }
 
+/* Give the connection's slot back (idempotent). */
+static void client_unadmit(struct client *c)
+{
+	if (!c->admitted)
+		return;
+	c->admitted = false;
+	c->srv->n_admitted--;
+}
+
 /*
  * After an ERROR about the connection (request id 0): stop serving it, but
  * keep the socket open until the client hangs up (or a second passes), so
@@ -1467,9 +1592,16 @@ static void client_linger(struct client *c, const char *why)
 {
 	if (c->closing || c->lingering)
 		return;
+	client_unadmit(c);
+	if (c->srv->n_lingering >= SRV_MAX_LINGERING) {
+		/* a flood of refused connections must not hold fds for long */
+		client_close(c, why);
+		return;
+	}
 	log_debug("client %" PRIu64 ": %s; closing", c->id, why);
 	c->lingering = true;
-	c->linger_deadline = now_ns() + 1000000000ull;
+	c->srv->n_lingering++;
+	c->linger_deadline = now_ns() + SRV_LINGER_NS;
 	client_drop_work(c);
 }
 
@@ -1482,6 +1614,13 @@ static void client_close(struct client *c, const char *why)
 	if (c->closing)
 		return;
 	c->closing = true;
+	client_unadmit(c);
+	if (c->sock_paused) {
+		c->sock_paused = false;
+		srv->n_paused--;
+	}
+	if (c->lingering)
+		srv->n_lingering--;
 	log_debug("client %" PRIu64 " closed: %s", c->id, why);
 	client_drop_work(c);
 	if (c->fd >= 0) {
@@ -1512,6 +1651,7 @@ static void free_closed(struct kvd_server *srv)
 				break;
 			}
 		ipc_chan_free(c->chan);
+		share_put(srv, c->share);
 		free(c);
 	}
 }
@@ -1551,16 +1691,109 @@ static void frame_error(struct client *c, int r, const struct ipc_frame *f)
 		client_linger(c, "malformed frame");
 }
 
-static void handle_sock(struct client *c)
+/* Has the client's user used its share of the step time (see
+ * SRV_CTL_SHARE_PERMILLE)? */
+static bool client_throttled(const struct client *c, bool busy)
+{
+	return busy && c->share->ctl_until > c->srv->ctl_earned_ns + SRV_CTL_BURST_NS;
+}
+
+/* Has the client used its time in this loop turn? */
+static bool client_turn_used(const struct client *c)
+{
+	return c->turn == c->srv->turn && c->turn_ns >= SRV_TURN_CLIENT_NS;
+}
+
+/* Charge a client (and its user) for control work that took cost_ns. */
+static void client_charge(struct client *c, uint64_t cost_ns, bool busy)
+{
+	struct user_share *u = c->share;
+	if (c->turn != c->srv->turn) {
+		c->turn = c->srv->turn;
+		c->turn_ns = 0;
+	}
+	c->turn_ns += cost_ns;
+	if (busy) {
+		uint64_t earned = c->srv->ctl_earned_ns;
+		u->ctl_until = (u->ctl_until > earned ? u->ctl_until : earned) + cost_ns;
+	}
+}
+
+static void handle_sock_frames(struct client *c, bool busy, uint64_t *t_charged);
+
+/* Take a throttled client's socket out of epoll's read set, so that its
+ * waiting frames do not make every epoll_wait return at once; hang-ups
+ * are still reported (then it is read, to see the end). */
+static void client_pause(struct client *c)
+{
+	struct epoll_event ev = { .events = 0, .data.ptr = &c->sock_src };
+	if (c->sock_paused || epoll_ctl(c->srv->ep, EPOLL_CTL_MOD, c->fd, &ev) < 0)
+		return;
+	c->sock_paused = true;
+	c->srv->n_paused++;
+}
+
+static void client_resume(struct client *c)
+{
+	struct epoll_event ev = { .events = EPOLLIN, .data.ptr = &c->sock_src };
+	if (!c->sock_paused)
+		return;
+	c->sock_paused = false;
+	c->srv->n_paused--;
+	if (c->fd >= 0 && epoll_ctl(c->srv->ep, EPOLL_CTL_MOD, c->fd, &ev) < 0)
+		client_close(c, "epoll");
+}
+
+/* After a step: read again from clients that have earned their share
+ * back, or from everyone when the scheduler ran out of work. */
+static void resume_paused(struct kvd_server *srv)
+{
+	bool busy = !kvd_sched_idle(srv->sched);
+	for (struct client *c = srv->clients, *next; c && srv->n_paused; c = next) {
+		next = c->next;
+		if (c->sock_paused && !client_throttled(c, busy))
+			client_resume(c);
+	}
+}
+
+static void handle_sock(struct client *c, uint32_t events)
+{
+	bool busy = !kvd_sched_idle(c->srv->sched);
+
+	if (!(events & (EPOLLHUP | EPOLLERR))) {
+		if (client_throttled(c, busy)) {
+			client_pause(c);
+			return;
+		}
+		if (client_turn_used(c))
+			return; /* still readable: epoll reports it next turn */
+	}
+	uint64_t t_charged = now_ns();
+	handle_sock_frames(c, busy, &t_charged);
+	if (!c->closing)
+		client_charge(c, now_ns() - t_charged, busy);
+}
+
+/* Frames of one turn; *t_charged: up to when the client was charged. */
+static void handle_sock_frames(struct client *c, bool busy, uint64_t *t_charged)
 {
 	struct kvd_server *srv = c->srv;
 	struct ipc_frame f;
+	size_t bytes = 0;
 
-	for (int k = 0; k < SRV_FRAMES_PER_WAKE && !c->closing; k++) {
+	for (int k = 0; k < SRV_TURN_FRAMES && bytes < SRV_TURN_BYTES && !c->closing; k++) {
+		if (k) { /* stop as soon as the turn's time or the share is used up */
+			uint64_t t = now_ns();
+			client_charge(c, t - *t_charged, busy);
+			*t_charged = t;
+			if (client_turn_used(c) || client_throttled(c, busy))
+				return;
+		}
 		memset(&f, 0, sizeof(f));
-		int r = ipc_recv(c->fd, srv->rxbuf, IPC_MAX_FRAME_BYTES, IPC_FROM_CLIENT, &f);
+		int r = ipc_recv_nowait(c->fd, srv->rxbuf, IPC_MAX_FRAME_BYTES, IPC_FROM_CLIENT, &f);
 		if (r == -EAGAIN)
 			return;
+		bytes += IPC_HDR_BYTES + (r == 0 ? f.hdr.length : 0);
 		if (r == -ECONNRESET) {
 			client_close(c, "disconnected");
 			return;
@@ -1575,6 +1808,7 @@ static void handle_sock(struct client *c)
 			continue;
 		}
 		ipc_frame_close_fds(&f);
+		c->last_active_ns = now_ns();
 		if (!c->welcomed) {
 			if (f.hdr.type != IPC_MSG_HELLO) {
 				sock_error(c, 0, -EPROTO, "HELLO expected, got %s", ipc_type_name(f.hdr.type));
@@ -1587,8 +1821,11 @@ static void handle_sock(struct client *c)
 		uint64_t rid = f.hdr.request_id;
 		switch (f.hdr.type) {
 		case IPC_MSG_HELLO:
-			sock_error(c, rid, -EPROTO, "HELLO sent twice");
-			break;
+			/* The handshake happens once; a second one is a
+			 * protocol violation about the connection. */
+			sock_error(c, 0, -EPROTO, "HELLO sent twice");
+			client_linger(c, "second HELLO");
+			return;
 		case IPC_MSG_GENERATE:
 			if (!rid) {
 				sock_error(c, 0, -EINVAL, "GENERATE needs a non-zero request id");
@@ -1642,18 +1879,9 @@ static struct kvd_sched_config sched_config(const struct kvd_config *cfg, uint32
 		.max_tokens_per_step = cfg->max_tokens_per_step,
 		.max_model_len = n_ctx,
 		.max_waiting = cfg->max_waiting,
-		.session_idle_s = 0, /* the server expires sessions itself */
+		.session_idle_s = cfg->session_idle_s,
+		.max_step_ms = cfg->max_step_ms,
 	};
-}
-
-static int ledger_open(const char *path)
-{
-	if (!path[0])
-		return -1;
-	int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
-	if (fd < 0)
-		log_warning("ledger file %s: %m (per-request ledger disabled)", path);
-	return fd;
 }
 
 static void apply_reload(struct kvd_server *srv, const struct kvd_config *n)
@@ -1697,10 +1925,20 @@ static void apply_reload(struct kvd_server *srv, const struct kvd_config *n)
 	kvd_log_level = o->log_level;
 	struct kvd_sched_config sc = sched_config(o, srv->n_ctx);
 	kvd_sched_set_config(srv->sched, &sc);
-	if (strcmp(keep.ledger_log, o->ledger_log)) {
-		if (srv->ledger_fd >= 0)
-			close(srv->ledger_fd);
-		srv->ledger_fd = ledger_open(o->ledger_log);
+	kvd_ledger_reopen(srv->ledger, o->ledger_log); /* always: logrotate renames, then sends SIGHUP */
+	/* The allow-list holds for connections already open, too. */
+	for (struct client *c = srv->clients, *next; c; c = next) {
+		next = c->next;
+		if (c->closing || c->lingering)
+			continue;
+		c->admin = peer_is_admin(srv, c->fd, &c->cred);
+		if (peer_allowed(srv, c->fd, &c->cred))
+			continue;
+		log_notice("reload: closing client %" PRIu64 " (pid %d uid %u): no longer in server.allowed_users/groups",
+			   c->id, (int)c->cred.pid, (unsigned)c->cred.uid);
+		sock_error(c, 0, IPC_ERR_DENIED, "uid %u may no longer use kvd (server.allowed_users / allowed_groups)",
+			   (unsigned)c->cred.uid);
+		client_linger(c, "denied after reload");
 	}
 	log_notice("configuration reloaded: log level %d, max_num_seqs %u, max_tokens_per_step %u, "
 		   "max_requests_per_client %u, max_prompt_bytes %" PRIu64 ", %zu allowed users, %zu allowed groups",
@@ -1829,11 +2067,18 @@ int kvd_server_create(const struct kvd_config *cfg, struct kvd_engine *e, int li
 	srv->tok = kvd_model_tokenizer(kvd_engine_model(e));
 	srv->listen_fd = listen_fd;
 	srv->sig_fd = sig_fd;
-	srv->ledger_fd = -1;
 	srv->ep = -1;
 	if (hooks)
 		srv->hooks = *hooks;
 	srv->t_start = now_ns();
+#ifndef NDEBUG
+	/* Test builds only: comma-separated faults to inject ("peercred":
+	 * every SO_PEERCRED read fails). */
+	const char *faults = getenv("KVD_TEST_FAULTS");
+	srv->fault_peercred = faults && strstr(faults, "peercred");
+	if (srv->fault_peercred)
+		log_warning("KVD_TEST_FAULTS: reading peer credentials fails on purpose");
+#endif
 	uint32_t n_train = (uint32_t)kvd_model_hparams(kvd_engine_model(e))->n_ctx_train;
 	if (!n_train)
 		n_train = 2048;
@@ -1844,7 +2089,13 @@ int kvd_server_create(const struct kvd_config *cfg, struct kvd_engine *e, int li
 		goto fail;
 	}
 	struct kvd_sched_config sc = sched_config(cfg, srv->n_ctx);
-	struct kvd_sched_events ev = { .on_token = on_token, .on_done = on_done, .ud = srv };
+	struct kvd_sched_events ev = {
+		.on_token = on_token,
+		.on_done = on_done,
+		.is_eog = sched_is_eog,
+		.on_session_expired = on_session_expired,
+		.ud = srv,
+	};
 	r = kvd_sched_create(&sc, e, &ev, &srv->sched);
 	if (r < 0)
 		goto fail;
@@ -1857,7 +2108,9 @@ int kvd_server_create(const struct kvd_config *cfg, struct kvd_engine *e, int li
 	srv->sig_src = (struct ep_src){ SRC_SIGNAL, srv };
 	if ((r = ep_add(srv, listen_fd, &srv->listen_src)) < 0 || (r = ep_add(srv, sig_fd, &srv->sig_src)) < 0)
 		goto fail;
-	srv->ledger_fd = ledger_open(cfg->ledger_log);
+	r = kvd_ledger_new(cfg->ledger_log, &srv->ledger);
+	if (r < 0)
+		goto fail;
 	*ret = srv;
 	return 0;
 fail:
@@ -1884,11 +2137,34 @@ struct kvd_server *kvd_server_free(struct kvd_server *srv)
 		close(srv->sig_fd);
 	if (srv->ep >= 0)
 		close(srv->ep);
-	if (srv->ledger_fd >= 0)
-		close(srv->ledger_fd);
+	srv->ledger = kvd_ledger_free(srv->ledger);
 	free(srv->rxbuf);
 	free(srv);
 	return NULL;
+}
+
+/* Client sockets least recently read first (everything else keeps its
+ * place ahead of them): level-triggered epoll reports ready fds in the
+ * same order every turn, so without this the first connections of a turn
+ * could use up a user's share every time and starve the others. */
+static uint64_t event_key(const struct epoll_event *ev)
+{
+	const struct ep_src *src = ev->data.ptr;
+	return src->kind == SRC_SOCK ? 1 + ((const struct client *)src->p)->turn : 0;
+}
+
+static void sort_events(struct epoll_event *evs, int n)
+{
+	for (int i = 1; i < n; i++) { /* insertion sort: n <= SRV_MAX_EVENTS, mostly sorted */
+		struct epoll_event e = evs[i];
+		uint64_t k = event_key(&e);
+		int j = i;
+		while (j > 0 && event_key(&evs[j - 1]) > k) {
+			evs[j] = evs[j - 1];
+			j--;
+		}
+		evs[j] = e;
+	}
 }
 
 static int ms_until(uint64_t t, uint64_t deadline)
@@ -1914,6 +2190,7 @@ int kvd_server_run(struct kvd_server *srv)
 	srv->next_expire = now_ns() + SRV_EXPIRE_NS;
 	for (;;) {
 		uint64_t t = now_ns();
+		srv->turn++;
 		if (srv->watchdog_ns && t >= srv->next_watchdog) {
 			sd_notify(0, "WATCHDOG=1");
 			srv->next_watchdog = t + srv->watchdog_ns;
@@ -1973,6 +2250,7 @@ int kvd_server_run(struct kvd_server *srv)
 			log_error("epoll_wait: %m");
 			return -errno;
 		}
+		sort_events(evs, n);
 		for (int i = 0; i < n; i++) {
 			struct ep_src *src = evs[i].data.ptr;
 			switch (src->kind) {
@@ -1986,7 +2264,7 @@ int kvd_server_run(struct kvd_server *srv)
 			case SRC_SOCK: {
 				struct client *c = src->p;
 				if (!c->closing)
-					handle_sock(c);
+					handle_sock(c, evs[i].events);
 				break;
 			}
 			case SRC_CHAN: {
@@ -2001,11 +2279,15 @@ int kvd_server_run(struct kvd_server *srv)
 		}
 		free_closed(srv);
 		if (!kvd_sched_idle(srv->sched)) {
+			uint64_t t_step = now_ns();
 			int r = kvd_sched_step(srv->sched);
+			srv->ctl_earned_ns += (now_ns() - t_step) * SRV_CTL_SHARE_PERMILLE / 1000;
 			progress = r != 0;
 			if (r < 0)
 				log_error("scheduler step failed: %s", strerror(-r));
 		}
+		if (srv->n_paused)
+			resume_paused(srv);
 		flush_dirty(srv);
 		free_closed(srv);
 	}

@@ -1,7 +1,8 @@
 /*
  * ipc/chan.c — the private shared-memory channel between kvd and one
  * client: a sealed memfd with two rings (client->server for uploaded text,
- * server->client for the token stream) and two eventfds for wake-ups.
+ * server->client for the token stream) and a datagram socket pair for
+ * wake-ups.
  *
  * Memory layout (offsets in the header, checked by the client):
  *
@@ -14,6 +15,18 @@
  * The server creates and seals it (no shrink, no grow, no further seals):
  * a client's mapping can never fault because the server truncated the
  * file, and vice versa. Each side trusts only its own copy of the layout.
+ *
+ * Wake-ups: an AF_UNIX SOCK_DGRAM socketpair. The server keeps one end and
+ * hands the other over in WELCOME, then closes its copy of it. The two ends
+ * are distinct open file descriptions, so a client changing the file
+ * status flags of its end (O_NONBLOCK) changes nothing for the server's;
+ * and every send/recv here passes MSG_DONTWAIT anyway, so neither side can
+ * be made to block by the other: a wake-up that finds the peer's queue
+ * full is not needed (one is pending there already), and draining stops
+ * at an empty queue or after IPC_CHAN_ACK_MAX datagrams. A datagram pair
+ * rather than SEQPACKET: a peer's shutdown() of a SOCK_DGRAM end does not
+ * propagate, so it cannot leave our end reporting hang-up in a loop. The
+ * payload of a wake-up datagram means nothing; it is never read.
  */
 #include <assert.h>
 #include <errno.h>
@@ -21,8 +34,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -52,9 +65,9 @@ static_assert(sizeof(struct shm_hdr) == 64, "shm header size");
 
 struct ipc_chan {
 	bool server;
-	int memfd;
-	int efd_to_server;
-	int efd_to_client;
+	int memfd;        /* -1 on the server after the hand-over */
+	int wake_fd;      /* this side's end of the pair: sleep on it, send on it */
+	int peer_wake_fd; /* server only, until the hand-over: the client's end */
 	void *map;
 	size_t map_bytes;
 	struct ipc_ring *tx;
@@ -81,10 +94,10 @@ struct ipc_chan *ipc_chan_free(struct ipc_chan *c)
 		munmap(c->map, c->map_bytes);
 	if (c->memfd >= 0)
 		close(c->memfd);
-	if (c->efd_to_server >= 0)
-		close(c->efd_to_server);
-	if (c->efd_to_client >= 0)
-		close(c->efd_to_client);
+	if (c->wake_fd >= 0)
+		close(c->wake_fd);
+	if (c->peer_wake_fd >= 0)
+		close(c->peer_wake_fd);
 	free(c);
 	return NULL;
 }
@@ -122,7 +135,7 @@ int ipc_chan_create(const struct ipc_chan_config *cfg, struct ipc_chan **ret)
 	if (!c)
 		return -ENOMEM;
 	c->server = true;
-	c->memfd = c->efd_to_server = c->efd_to_client = -1;
+	c->memfd = c->wake_fd = c->peer_wake_fd = -1;
 	struct shm_hdr h = {
 		.magic = SHM_MAGIC,
 		.version = IPC_PROTO_VERSION,
@@ -152,12 +165,11 @@ int ipc_chan_create(const struct ipc_chan_config *cfg, struct ipc_chan **ret)
 	memcpy(c->map, &h, sizeof(h));
 	ipc_ring_format((uint8_t *)c->map + SHM_C2S_CTL);
 	ipc_ring_format((uint8_t *)c->map + SHM_S2C_CTL);
-	c->efd_to_server = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (c->efd_to_server < 0)
+	int sv[2];
+	if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) < 0)
 		goto fail_errno;
-	c->efd_to_client = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (c->efd_to_client < 0)
-		goto fail_errno;
+	c->wake_fd = sv[0];
+	c->peer_wake_fd = sv[1];
 	r = attach_rings(c, &h);
 	if (r < 0)
 		goto fail;
@@ -171,22 +183,21 @@ fail:
 	return r;
 }
 
-/* Is fd an eventfd? Checked through /proc when it is mounted. */
-static int check_eventfd(int fd)
+/* Is fd an AF_UNIX datagram socket? (Its flags do not matter: every
+ * call on it passes MSG_DONTWAIT.) */
+static int check_wake_socket(int fd)
 {
-	char path[64], link[64];
-	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-	ssize_t n = readlink(path, link, sizeof(link) - 1);
-	if (n < 0)
-		return fcntl(fd, F_GETFD) < 0 ? -EBADF : 0; /* no /proc: accept */
-	link[n] = '\0';
-	if (strcmp(link, "anon_inode:[eventfd]") != 0)
+	int v = 0;
+	socklen_t len = sizeof(v);
+
+	if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &v, &len) < 0)
+		return errno == ENOTSOCK ? -EINVAL : -errno;
+	if (v != AF_UNIX)
 		return -EINVAL;
-	/* Never block on a wake-up read, whatever the sender set. */
-	int fl = fcntl(fd, F_GETFL);
-	if (fl < 0 || (!(fl & O_NONBLOCK) && fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0))
+	len = sizeof(v);
+	if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &v, &len) < 0)
 		return -errno;
-	return 0;
+	return v == SOCK_DGRAM ? 0 : -EINVAL;
 }
 
 static bool region_ok(uint32_t off, uint32_t len, uint32_t lo, uint32_t hi, uint32_t align)
@@ -223,7 +234,7 @@ static int check_layout(const struct shm_hdr *h, uint64_t file_bytes)
 	return 0;
 }
 
-int ipc_chan_attach(int memfd, int efd_to_server, int efd_to_client, struct ipc_chan **ret)
+int ipc_chan_attach(int memfd, int wake_fd, struct ipc_chan **ret)
 {
 	struct stat st;
 	struct shm_hdr h;
@@ -238,10 +249,7 @@ int ipc_chan_attach(int memfd, int efd_to_server, int efd_to_client, struct ipc_
 		return -errno;
 	if (st.st_size < (off_t)SHM_HDR_PAGE || (uint64_t)st.st_size > SHM_HDR_PAGE + 2ull * IPC_RING_MAX_BYTES)
 		return -EBADMSG;
-	r = check_eventfd(efd_to_server);
-	if (r < 0)
-		return r;
-	r = check_eventfd(efd_to_client);
+	r = check_wake_socket(wake_fd);
 	if (r < 0)
 		return r;
 
@@ -249,7 +257,7 @@ int ipc_chan_attach(int memfd, int efd_to_server, int efd_to_client, struct ipc_
 	if (!c)
 		return -ENOMEM;
 	c->server = false;
-	c->memfd = c->efd_to_server = c->efd_to_client = -1; /* adopted only on success */
+	c->memfd = c->wake_fd = c->peer_wake_fd = -1; /* adopted only on success */
 	c->map_bytes = (size_t)st.st_size;
 	c->map = mmap(NULL, c->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
 	if (c->map == MAP_FAILED) {
@@ -265,8 +273,7 @@ int ipc_chan_attach(int memfd, int efd_to_server, int efd_to_client, struct ipc_
 	if (r < 0)
 		goto fail;
 	c->memfd = memfd;
-	c->efd_to_server = efd_to_server;
-	c->efd_to_client = efd_to_client;
+	c->wake_fd = wake_fd;
 	*ret = c;
 	return 0;
 
@@ -275,11 +282,24 @@ fail:
 	return r;
 }
 
-void ipc_chan_fds(const struct ipc_chan *c, int ret_fds[IPC_MAX_FDS])
+int ipc_chan_fds(const struct ipc_chan *c, int ret_fds[IPC_WELCOME_N_FDS])
 {
+	if (!c->server || c->memfd < 0 || c->peer_wake_fd < 0)
+		return -EBADF;
 	ret_fds[IPC_WELCOME_FD_MEMFD] = c->memfd;
-	ret_fds[IPC_WELCOME_FD_TO_SERVER] = c->efd_to_server;
-	ret_fds[IPC_WELCOME_FD_TO_CLIENT] = c->efd_to_client;
+	ret_fds[IPC_WELCOME_FD_WAKE] = c->peer_wake_fd;
+	return 0;
+}
+
+void ipc_chan_handed_over(struct ipc_chan *c)
+{
+	if (!c->server)
+		return;
+	if (c->memfd >= 0)
+		close(c->memfd); /* the mapping stays */
+	if (c->peer_wake_fd >= 0)
+		close(c->peer_wake_fd);
+	c->memfd = c->peer_wake_fd = -1;
 }
 
 uint32_t ipc_chan_shm_bytes(const struct ipc_chan *c)
@@ -289,12 +309,7 @@ uint32_t ipc_chan_shm_bytes(const struct ipc_chan *c)
 
 int ipc_chan_wait_fd(const struct ipc_chan *c)
 {
-	return c->server ? c->efd_to_server : c->efd_to_client;
-}
-
-static int peer_fd(const struct ipc_chan *c)
-{
-	return c->server ? c->efd_to_client : c->efd_to_server;
+	return c->wake_fd;
 }
 
 uint32_t ipc_chan_tx_max_payload(const struct ipc_chan *c)
@@ -400,17 +415,22 @@ int ipc_chan_prepare_wait(struct ipc_chan *c, unsigned what, uint32_t tx_payload
 
 int ipc_chan_ack(struct ipc_chan *c)
 {
-	uint64_t v;
+	uint8_t v[8];
 
 	ipc_ring_consumer_end_sleep(c->rx);
 	ipc_ring_producer_end_sleep(c->tx);
-	for (;;) {
-		if (read(ipc_chan_wait_fd(c), &v, sizeof(v)) == (ssize_t)sizeof(v))
-			return 0;
+	/* Bounded: a peer that sends wake-ups in a loop keeps our end
+	 * readable (a spare wake-up next time), never keeps us here. */
+	for (unsigned i = 0; i < IPC_CHAN_ACK_MAX;) {
+		if (recv(c->wake_fd, v, sizeof(v), MSG_DONTWAIT | MSG_TRUNC) >= 0) {
+			i++;
+			continue;
+		}
 		if (errno == EINTR)
 			continue;
-		return errno == EAGAIN ? 0 : -errno;
+		return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
 	}
+	return 0;
 }
 
 int ipc_chan_wake_peer(struct ipc_chan *c)
@@ -420,14 +440,14 @@ int ipc_chan_wake_peer(struct ipc_chan *c)
 	w |= ipc_ring_consumer_should_wake(c->rx);
 	if (!w)
 		return 0;
-	uint64_t one = 1;
+	uint8_t one = 1;
 	for (;;) {
-		if (write(peer_fd(c), &one, sizeof(one)) == (ssize_t)sizeof(one))
+		if (send(c->wake_fd, &one, sizeof(one), MSG_DONTWAIT | MSG_NOSIGNAL) >= 0)
 			return 1;
 		if (errno == EINTR)
 			continue;
-		/* EAGAIN: the counter is near overflow, so the peer has a
-		 * wake-up pending anyway. */
-		return errno == EAGAIN ? 1 : -errno;
+		/* EAGAIN: the peer's queue is full, so wake-ups it has not
+		 * received are pending there: it will wake anyway. */
+		return errno == EAGAIN || errno == EWOULDBLOCK ? 1 : -errno;
 	}
 }

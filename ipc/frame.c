@@ -65,7 +65,7 @@ struct type_info {
 
 static const struct type_info types[IPC_MSG_TYPE_MAX + 1] = {
 	[IPC_MSG_HELLO] = { "HELLO", C2S_SOCK, sizeof(struct ipc_hello), false, 0, 0 },
-	[IPC_MSG_WELCOME] = { "WELCOME", S2C_SOCK, sizeof(struct ipc_welcome), false, 0, 3 },
+	[IPC_MSG_WELCOME] = { "WELCOME", S2C_SOCK, sizeof(struct ipc_welcome), false, 0, IPC_WELCOME_N_FDS },
 	[IPC_MSG_GENERATE] = { "GENERATE", C2S_SOCK, sizeof(struct ipc_generate), true, 0, 0 },
 	[IPC_MSG_PROMPT_DATA] = { "PROMPT_DATA", IPC_FROM_CLIENT | IPC_VIA_RING, sizeof(struct ipc_prompt_data),
 				  true, 0, 0 },
@@ -289,6 +289,8 @@ int ipc_decode_generate(const struct ipc_frame *f, struct ipc_generate_msg *ret)
 		return -E2BIG;
 	if (g->system_bytes && (g->gen_flags & IPC_GEN_RAW))
 		return -EINVAL; /* a system prompt needs the chat template */
+	if ((g->gen_flags & IPC_GEN_PARSE_SPECIAL) && !(g->gen_flags & IPC_GEN_RAW))
+		return -EINVAL; /* the chat template is rendered by the daemon */
 	bool in_ring = g->gen_flags & IPC_GEN_PROMPT_IN_RING;
 	if (!in_ring && g->prompt_bytes > IPC_MAX_INLINE_TEXT_BYTES)
 		return -E2BIG;

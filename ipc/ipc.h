@@ -1,7 +1,8 @@
 /*
  * ipc/ipc.h — kvd's wire protocol: framing over a Unix SOCK_SEQPACKET
  * socket, a private shared-memory channel per client (two single-producer
- * single-consumer byte rings in a sealed memfd, woken through eventfds),
+ * single-consumer byte rings in a sealed memfd, woken through a datagram
+ * socket pair),
  * fd passing and peer credentials.
  *
  * Both ends use this header: the daemon's server (an epoll loop) and
@@ -25,8 +26,8 @@
  *
  *   client                                   server
  *   HELLO  ------------------ socket ----->
- *          <----------------- socket ------  WELCOME  + 3 fds (memfd,
- *                                            eventfd to server, to client)
+ *          <----------------- socket ------  WELCOME  + 2 fds (memfd,
+ *                                            client end of the wake-up pair)
  *   GENERATE (prompt inline) -- socket --->
  *     or GENERATE (IPC_GEN_PROMPT_IN_RING) on the socket and its text as
  *     PROMPT_DATA records on the client->server ring
@@ -60,10 +61,23 @@
  * ---- Rings and wake-ups ---------------------------------------------------
  *
  * See ipc_ring_* below. A side never sleeps on a ring without first
- * announcing it in the ring's waiting flag, and the other side writes the
- * sleeper's eventfd only when it sees the flag set: no system call per
+ * announcing it in the ring's waiting flag, and the other side sends the
+ * sleeper a wake-up only when it sees the flag set: no system call per
  * record while both sides are busy, and no lost wake-up (the protocol is
  * proved in ipc/ring.c). Nothing spins.
+ *
+ * Wake-ups travel over an AF_UNIX SOCK_DGRAM socket pair, not a shared
+ * eventfd: the daemon keeps its end, so it alone holds that open file
+ * description, and the client's end is a different one. File status flags
+ * (O_NONBLOCK) live in the description, so nothing a client does to the
+ * fds it received can turn a daemon-side call into a blocking one; on top
+ * of that every daemon-side send and receive on a socket a client can
+ * reach passes MSG_DONTWAIT, which holds per call whatever the flags are.
+ * A datagram pair (not SEQPACKET) because a client's shutdown() of its
+ * end does not reach the daemon's end, so it cannot make it hang up or
+ * report end of file forever. (Protocol version 1 handed over the
+ * daemon's own eventfds; a client clearing O_NONBLOCK on them and filling
+ * the counter blocked the daemon's write, and with it every client.)
  *
  * ---- Conventions ----------------------------------------------------------
  *
@@ -98,12 +112,12 @@
 /* ---- constants and limits ----------------------------------------------- */
 
 #define IPC_MAGIC            0x3144564bu /* bytes "KVD1" in a little-endian dump */
-#define IPC_PROTO_VERSION    1
+#define IPC_PROTO_VERSION    2 /* 2: WELCOME hands over a wake-up socket, not eventfds */
 
 #define IPC_HDR_BYTES        24u
 #define IPC_MAX_FRAME_BYTES  65536u      /* header + payload, socket and ring */
 #define IPC_MAX_PAYLOAD_BYTES (IPC_MAX_FRAME_BYTES - IPC_HDR_BYTES)
-#define IPC_MAX_FDS          3u          /* most fds one frame carries (WELCOME) */
+#define IPC_MAX_FDS          2u          /* most fds one frame carries (WELCOME) */
 
 #define IPC_MAX_TEXT_BYTES       (16u << 20) /* prompt or tokenize text, total */
 #define IPC_MAX_INLINE_TEXT_BYTES 32768u     /* text carried inside the socket frame */
@@ -172,7 +186,7 @@ struct ipc_hdr {
 
 enum ipc_type {
 	IPC_MSG_HELLO = 1,           /* c->s socket  struct ipc_hello */
-	IPC_MSG_WELCOME = 2,         /* s->c socket  struct ipc_welcome + 3 fds */
+	IPC_MSG_WELCOME = 2,         /* s->c socket  struct ipc_welcome + 2 fds */
 	IPC_MSG_GENERATE = 3,        /* c->s socket  struct ipc_generate + system + stops + [prompt] */
 	IPC_MSG_PROMPT_DATA = 4,     /* c->s ring    struct ipc_prompt_data + bytes */
 	IPC_MSG_TOKEN = 5,           /* s->c ring    struct ipc_token + ids + text */
@@ -190,7 +204,8 @@ enum ipc_type {
 	IPC_MSG_PING = 17,           /* c->s socket  struct ipc_ping */
 	IPC_MSG_PONG = 18,           /* s->c socket  struct ipc_ping (echoed) */
 	IPC_MSG_PS = 19,             /* c->s socket  empty */
-	IPC_MSG_PS_REPLY = 20,       /* s->c socket  struct ipc_ps_reply + entries; IPC_F_MORE */
+	IPC_MSG_PS_REPLY = 20,       /* s->c socket  struct ipc_ps_reply + entries; IPC_F_MORE;
+				      * all users' requests for administrators, else the caller's uid's */
 	IPC_MSG_TYPE_MAX = 20,
 };
 
@@ -211,8 +226,11 @@ struct ipc_hello {
 
 /* Indices of the fds in a WELCOME frame. */
 #define IPC_WELCOME_FD_MEMFD     0 /* the sealed shared-memory channel */
-#define IPC_WELCOME_FD_TO_SERVER 1 /* eventfd the client writes to wake the server */
-#define IPC_WELCOME_FD_TO_CLIENT 2 /* eventfd the server writes to wake the client */
+#define IPC_WELCOME_FD_WAKE      1 /* the client's end of the wake-up socket pair
+				    * (AF_UNIX SOCK_DGRAM): a datagram sent on it
+				    * wakes the server; the server's datagrams
+				    * make it readable to wake the client */
+#define IPC_WELCOME_N_FDS        2
 
 struct ipc_welcome {
 	uint32_t server_version;  /* (major << 16) | (minor << 8) | patch */
@@ -240,7 +258,8 @@ struct ipc_welcome {
 #define IPC_GEN_RAW            0x1u /* complete the text as given; default: chat template */
 #define IPC_GEN_WANT_IDS       0x2u /* TOKEN records carry token ids */
 #define IPC_GEN_PROMPT_IN_RING 0x4u /* prompt follows as PROMPT_DATA records */
-#define IPC_GEN_ALL            0x7u
+#define IPC_GEN_PARSE_SPECIAL  0x8u /* with IPC_GEN_RAW: special-token texts become special tokens */
+#define IPC_GEN_ALL            0xfu
 
 struct ipc_generate {
 	uint32_t gen_flags;       /* IPC_GEN_* */
@@ -337,7 +356,10 @@ struct ipc_stats {
 	uint64_t generated_tokens_total;
 	uint64_t steps;
 	uint64_t uptime_ns;
-	uint64_t reserved[9];
+	uint64_t ledger_records_dropped; /* ledger records that could not be written */
+	uint64_t swap_errors;         /* swap page transfers that failed (I/O error, short, full) */
+	uint64_t swap_fallback_recomputes; /* requests' KV recomputed because swap I/O failed */
+	uint64_t reserved[6];
 };
 
 #define IPC_TOK_ADD_BOS       0x1u /* prepend BOS when the model has one */
@@ -519,6 +541,17 @@ int ipc_send_error(int fd, uint64_t request_id, int32_t code, const char *msg);
  */
 int ipc_recv(int fd, void *buf, size_t cap, unsigned from, struct ipc_frame *ret);
 
+/* The same four with MSG_DONTWAIT on every call: they never block,
+ * whatever the socket's file status flags say (-EAGAIN instead). The
+ * daemon uses only these, so that its event loop cannot be made to wait
+ * on a socket by anything a client does. */
+int ipc_sendv_nowait(int fd, uint16_t type, uint32_t flags, uint64_t request_id, const struct iovec *iov,
+		     int n_iov, const int *fds, unsigned n_fds);
+int ipc_send_nowait(int fd, uint16_t type, uint32_t flags, uint64_t request_id, const void *payload, size_t len,
+		    const int *fds, unsigned n_fds);
+int ipc_send_error_nowait(int fd, uint64_t request_id, int32_t code, const char *msg);
+int ipc_recv_nowait(int fd, void *buf, size_t cap, unsigned from, struct ipc_frame *ret);
+
 /* Close the frame's fds (those the caller did not take) and zero n_fds. */
 void ipc_frame_close_fds(struct ipc_frame *f);
 
@@ -627,10 +660,10 @@ void ipc_ps_entry_at(const struct ipc_ps_reply_msg *m, uint32_t i, struct ipc_ps
  *
  * Sleeping without lost wake-ups (see ring.c for the argument):
  *   consumer: r = ipc_ring_consumer_prepare_sleep(); if r == 0, sleep until
- *             woken (poll its eventfd), then ipc_ring_consumer_end_sleep();
+ *             woken (poll its wake-up fd), then ipc_ring_consumer_end_sleep();
  *             if r > 0 data is there: pop instead of sleeping.
  *   producer: after pushing a batch, if ipc_ring_producer_should_wake()
- *             returns true, write the consumer's eventfd.
+ *             returns true, send the consumer a wake-up.
  * And symmetrically for a producer waiting for space
  * (ipc_ring_producer_prepare_sleep / ipc_ring_consumer_should_wake).
  */
@@ -699,10 +732,13 @@ bool ipc_ring_consumer_should_wake(struct ipc_ring *r);
  * A memfd (sealed with F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL, so neither
  * side can make the other's mapping fault) holding a header page with the
  * layout and both rings' control blocks, then the client->server ring
- * (prompts) and the server->client ring (tokens), plus two eventfds: one
- * the server sleeps on (the client writes it), one the client sleeps on.
- * One wake-up fd per side serves both of its rings: woken, a side rechecks
- * everything it waits for.
+ * (prompts) and the server->client ring (tokens), plus an AF_UNIX
+ * SOCK_DGRAM socket pair for wake-ups: each side sleeps on its own end
+ * (readable when the peer sent a datagram) and wakes the peer by sending
+ * one byte on it. One wake-up fd per side serves both of its rings: woken,
+ * a side rechecks everything it waits for. Every send and receive on the
+ * pair passes MSG_DONTWAIT: it never blocks, whatever the peer did to its
+ * own end (see "Rings and wake-ups" above).
  *
  * Server (epoll): ipc_chan_create(); send WELCOME with ipc_chan_fds();
  * add ipc_chan_wait_fd() to epoll (EPOLLIN). When it fires: ipc_chan_ack(),
@@ -720,7 +756,7 @@ struct ipc_chan_config {
 	uint32_t s2c_bytes;   /* 0: IPC_RING_DEFAULT_S2C_BYTES */
 };
 
-/* Server side: create the memfd, map and seal it, create the eventfds.
+/* Server side: create the memfd, map and seal it, create the socket pair.
  * cfg may be NULL. -EINVAL for capacities that are not powers of two in
  * [IPC_RING_MIN_BYTES, IPC_RING_MAX_BYTES]; -ENOMEM; -EMFILE etc. */
 int ipc_chan_create(const struct ipc_chan_config *cfg, struct ipc_chan **ret);
@@ -731,21 +767,27 @@ int ipc_chan_create(const struct ipc_chan_config *cfg, struct ipc_chan **ret);
  * and header describe a sane layout (power-of-two ring sizes in range,
  * regions inside the file and not overlapping); afterwards only the ring
  * indices are read from shared memory, never the layout again. On success
- * the channel owns the three fds; on failure the caller still does.
+ * the channel owns both fds; on failure the caller still does.
  * -EBADMSG for a bad layout, -EPERM for missing seals, -EINVAL for a
- * descriptor that is not a memfd, -ENOMEM.
+ * descriptor that is not a memfd or a wake_fd that is not an AF_UNIX
+ * SOCK_DGRAM socket, -ENOMEM.
  */
-int ipc_chan_attach(int memfd, int efd_to_server, int efd_to_client, struct ipc_chan **ret);
+int ipc_chan_attach(int memfd, int wake_fd, struct ipc_chan **ret);
 
 /* Unmap, close the fds; accepts NULL; returns NULL. */
 struct ipc_chan *ipc_chan_free(struct ipc_chan *c);
 
-/* Server: the three fds to send in WELCOME, in IPC_WELCOME_FD_* order
- * (still owned by the channel). */
-void ipc_chan_fds(const struct ipc_chan *c, int ret_fds[IPC_MAX_FDS]);
+/* Server: the fds to send in WELCOME, in IPC_WELCOME_FD_* order (still
+ * owned by the channel); -EBADF after ipc_chan_handed_over(). */
+int ipc_chan_fds(const struct ipc_chan *c, int ret_fds[IPC_WELCOME_N_FDS]);
+/* Server: WELCOME went out; close the channel's copies of the fds it
+ * carried (the mapping and the server's wake-up end stay). The client's
+ * end of the pair then lives only in the client, so a client that exits
+ * leaves nothing behind, and sends to it fail instead of queueing. */
+void ipc_chan_handed_over(struct ipc_chan *c);
 /* Size of the memfd (for ipc_welcome.shm_bytes). */
 uint32_t ipc_chan_shm_bytes(const struct ipc_chan *c);
-/* The eventfd this side sleeps on (readable when woken). */
+/* The fd this side sleeps on (readable when woken): its end of the pair. */
 int ipc_chan_wait_fd(const struct ipc_chan *c);
 /* Largest payload one ring record of this side's transmit ring can carry
  * (ring max record - IPC_HDR_BYTES). */
@@ -788,14 +830,19 @@ int ipc_chan_recv(struct ipc_chan *c, void *buf, size_t cap, struct ipc_frame *r
  * -EPROTO for a broken ring.
  */
 int ipc_chan_prepare_wait(struct ipc_chan *c, unsigned what, uint32_t tx_payload);
-/* After waking (or instead of sleeping): drain the eventfd and withdraw
- * this side's waiting flags. Returns 0 or -errno of read(). */
+/* After waking (or instead of sleeping): withdraw this side's waiting
+ * flags and receive pending wake-ups (at most IPC_CHAN_ACK_MAX; any more
+ * leave the fd readable, costing one spare wake-up, never a block).
+ * Returns 0 or -errno of recv(). */
+#define IPC_CHAN_ACK_MAX 64
 int ipc_chan_ack(struct ipc_chan *c);
 /*
  * After sending and/or receiving a batch: if the peer sleeps waiting for
- * data on our transmit ring or for room on our receive ring, write its
- * eventfd (once). Returns 1 when a wake-up was sent, 0 when none was
- * needed, -errno when write() failed.
+ * data on our transmit ring or for room on our receive ring, send it a
+ * wake-up (once). Returns 1 when a wake-up was sent or one is already
+ * queued for the peer (its end's queue is full), 0 when none was needed,
+ * -errno when send() failed otherwise (-ECONNREFUSED: the peer's end is
+ * closed).
  */
 int ipc_chan_wake_peer(struct ipc_chan *c);
 

@@ -37,9 +37,9 @@
  *
  * Sleeping without lost wake-ups. Consumer about to sleep for data:
  *     store consumer_waiting = 1; fence seq_cst (W1); load head;
- *     if data: withdraw (store 0) and don't sleep; else sleep on eventfd.
+ *     if data: withdraw (store 0) and don't sleep; else sleep on its wake fd.
  * Producer after publishing head (P2):
- *     fence seq_cst (W2); if exchange(consumer_waiting, 0) == 1: write eventfd.
+ *     fence seq_cst (W2); if exchange(consumer_waiting, 0) == 1: send a wake-up.
  * Claim: the consumer cannot sleep while the producer skips the wake-up.
  * Suppose it does: the consumer's head load (after W1) missed the new head
  * and the producer's flag load (after W2) missed the flag. W1 and W2 are
@@ -49,11 +49,18 @@
  * withdrawal, which it has not made since it sleeps) — so it wakes the
  * consumer. If W2 comes first, the consumer's load after W1 must see the
  * head store that precedes W2 — so it does not sleep. Either way a
- * contradiction. The eventfd is level-triggered, so a wake-up written
- * before the consumer reaches poll() is not lost either. A producer
- * waiting for room uses the mirror image with producer_waiting and tail.
- * The exchange clears the flag, so one sleep costs at most one write(),
- * and busy peers make no system calls at all.
+ * contradiction. The wake fd is a datagram socket (ipc/chan.c): a wake-up
+ * sent before the consumer reaches poll() stays queued, and poll() on a
+ * socket with a queued datagram is level-triggered, so it is not lost
+ * either. A send that finds the sleeper's queue full (EAGAIN, it never
+ * blocks: MSG_DONTWAIT) is not lost either: the queue holds wake-ups the
+ * sleeper has not received, so its poll() returns at once; the sleeper
+ * receives them only after withdrawing its flag (ipc_chan_ack), and so
+ * rechecks the ring after every wake-up it consumes. A peer can at worst
+ * cause spare wake-ups (each one costs us a recheck of the indices), never
+ * a blocked call. A producer waiting for room uses the mirror image with
+ * producer_waiting and tail. The exchange clears the flag, so one sleep
+ * costs at most one send(), and busy peers make no system calls at all.
  */
 #include <assert.h>
 #include <errno.h>
@@ -327,7 +334,7 @@ bool ipc_ring_producer_should_wake(struct ipc_ring *r)
 	atomic_thread_fence(memory_order_seq_cst);
 	if (!atomic_load_explicit(&r->ctl->consumer_waiting, memory_order_relaxed))
 		return false;
-	/* Clear it so the next batch does not write the eventfd again. */
+	/* Clear it so the next batch does not send a wake-up again. */
 	return atomic_exchange_explicit(&r->ctl->consumer_waiting, 0, memory_order_relaxed) != 0;
 }
 

@@ -176,8 +176,8 @@ int ipc_peer_groups(int fd, gid_t *groups, size_t cap, size_t *ret_n)
 
 #define SEND_IOV_MAX 32
 
-int ipc_sendv(int fd, uint16_t type, uint32_t flags, uint64_t request_id, const struct iovec *iov, int n_iov,
-	      const int *fds, unsigned n_fds)
+static int sendv_impl(int fd, int msg_flags, uint16_t type, uint32_t flags, uint64_t request_id,
+		      const struct iovec *iov, int n_iov, const int *fds, unsigned n_fds)
 {
 	struct iovec v[SEND_IOV_MAX + 1];
 	size_t len = 0;
@@ -216,7 +216,7 @@ int ipc_sendv(int fd, uint16_t type, uint32_t flags, uint64_t request_id, const 
 		memcpy(CMSG_DATA(c), fds, sizeof(int) * n_fds);
 	}
 	for (;;) {
-		ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL);
+		ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL | msg_flags);
 		if (n >= 0)
 			return (size_t)n == IPC_HDR_BYTES + len ? 0 : -EIO; /* SEQPACKET: all or nothing */
 		if (errno == EINTR)
@@ -225,14 +225,33 @@ int ipc_sendv(int fd, uint16_t type, uint32_t flags, uint64_t request_id, const 
 	}
 }
 
+int ipc_sendv(int fd, uint16_t type, uint32_t flags, uint64_t request_id, const struct iovec *iov, int n_iov,
+	      const int *fds, unsigned n_fds)
+{
+	return sendv_impl(fd, 0, type, flags, request_id, iov, n_iov, fds, n_fds);
+}
+
+int ipc_sendv_nowait(int fd, uint16_t type, uint32_t flags, uint64_t request_id, const struct iovec *iov,
+		     int n_iov, const int *fds, unsigned n_fds)
+{
+	return sendv_impl(fd, MSG_DONTWAIT, type, flags, request_id, iov, n_iov, fds, n_fds);
+}
+
 int ipc_send(int fd, uint16_t type, uint32_t flags, uint64_t request_id, const void *payload, size_t len,
 	     const int *fds, unsigned n_fds)
 {
 	struct iovec v = { (void *)payload, len };
-	return ipc_sendv(fd, type, flags, request_id, &v, len ? 1 : 0, fds, n_fds);
+	return sendv_impl(fd, 0, type, flags, request_id, &v, len ? 1 : 0, fds, n_fds);
 }
 
-int ipc_send_error(int fd, uint64_t request_id, int32_t code, const char *msg)
+int ipc_send_nowait(int fd, uint16_t type, uint32_t flags, uint64_t request_id, const void *payload, size_t len,
+		    const int *fds, unsigned n_fds)
+{
+	struct iovec v = { (void *)payload, len };
+	return sendv_impl(fd, MSG_DONTWAIT, type, flags, request_id, &v, len ? 1 : 0, fds, n_fds);
+}
+
+static int send_error_impl(int fd, int msg_flags, uint64_t request_id, int32_t code, const char *msg)
 {
 	size_t n = msg ? strnlen(msg, IPC_MAX_ERROR_MSG_BYTES) : 0;
 	struct ipc_error e = { .code = code, .msg_bytes = (uint32_t)n };
@@ -240,7 +259,17 @@ int ipc_send_error(int fd, uint64_t request_id, int32_t code, const char *msg)
 
 	if (!ipc_error_code_valid(code))
 		return -EINVAL;
-	return ipc_sendv(fd, IPC_MSG_ERROR, 0, request_id, v, n ? 2 : 1, NULL, 0);
+	return sendv_impl(fd, msg_flags, IPC_MSG_ERROR, 0, request_id, v, n ? 2 : 1, NULL, 0);
+}
+
+int ipc_send_error(int fd, uint64_t request_id, int32_t code, const char *msg)
+{
+	return send_error_impl(fd, 0, request_id, code, msg);
+}
+
+int ipc_send_error_nowait(int fd, uint64_t request_id, int32_t code, const char *msg)
+{
+	return send_error_impl(fd, MSG_DONTWAIT, request_id, code, msg);
 }
 
 /* ---- receive ----------------------------------------------------------------- */
@@ -262,7 +291,7 @@ static int zero_read(int fd)
 	return -EBADMSG;
 }
 
-int ipc_recv(int fd, void *buf, size_t cap, unsigned from, struct ipc_frame *ret)
+static int recv_impl(int fd, int msg_flags, void *buf, size_t cap, unsigned from, struct ipc_frame *ret)
 {
 	union {
 		char buf[CMSG_SPACE(sizeof(int) * RECV_FDS_MAX)];
@@ -285,7 +314,7 @@ int ipc_recv(int fd, void *buf, size_t cap, unsigned from, struct ipc_frame *ret
 		.msg_controllen = sizeof(ctl.buf),
 	};
 	for (;;) {
-		n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+		n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | msg_flags);
 		if (n >= 0)
 			break;
 		if (errno == EINTR)
@@ -326,4 +355,14 @@ int ipc_recv(int fd, void *buf, size_t cap, unsigned from, struct ipc_frame *ret
 		ret->fds[i] = fds[i];
 	ret->n_fds = n_fds;
 	return 0;
+}
+
+int ipc_recv(int fd, void *buf, size_t cap, unsigned from, struct ipc_frame *ret)
+{
+	return recv_impl(fd, 0, buf, cap, from, ret);
+}
+
+int ipc_recv_nowait(int fd, void *buf, size_t cap, unsigned from, struct ipc_frame *ret)
+{
+	return recv_impl(fd, MSG_DONTWAIT, buf, cap, from, ret);
 }

@@ -104,11 +104,13 @@ struct kvmm_grow {
 
 /*
  * Would this whole step fit? Counts new pages and copy-on-write copies of
- * shared partial pages, against free plus reclaimable pages. Changes nothing.
+ * shared partial pages, against free plus reclaimable pages. Changes no
+ * page, sequence or counter (m is not const: the scan marks sequences to
+ * find one named twice).
  * Returns 0 and the pages it needs, -ENOMEM when it does not fit, -ENOENT
  * for an unknown or swapped-out sequence.
  */
-int kvmm_plan(const struct kvmm *m, const struct kvmm_grow *g, size_t n, uint32_t *ret_pages_needed);
+int kvmm_plan(struct kvmm *m, const struct kvmm_grow *g, size_t n, uint32_t *ret_pages_needed);
 /*
  * Perform the step: append the tokens, allocating pages as sequences grow
  * into them and copying any shared page about to be written (through
@@ -415,14 +417,34 @@ struct kvmm_swap_io {
 #define KVMM_SWAP_OPEN_UNLINK    0x2u /* unlink the path once open (anonymous) */
 
 /*
- * The swap file: created mode 0600 if missing, preallocated to bytes with
- * fallocate() (ftruncate where the file system refuses), opened O_DIRECT
- * where the file system allows it (tmpfs and some others refuse it: the file
- * is then used through the page cache and KVMM_SWAP_DIRECT stays clear), and
- * driven by an io_uring of KVMM_SWAP_QUEUE_DEPTH entries with the file and
- * (when the memlock limit allows) the buffers registered. Returns 0,
- * -EINVAL for bytes 0, or the error of open/fallocate/io_uring_queue_init.
+ * The swap file: created by this call, mode 0600, at a path that must not
+ * exist (O_CREAT | O_EXCL, so an existing file, directory or symbolic link,
+ * dangling or not, is refused with -EEXIST and left untouched: kvd never
+ * truncates, overwrites or unlinks a file it did not create). It is then
+ * preallocated to bytes with fallocate() (ftruncate where the file system
+ * does not implement it; a file system without the room fails with -ENOSPC
+ * and the new file is removed), switched to O_DIRECT where the file system
+ * allows it (tmpfs and some others refuse it: the file is then used through
+ * the page cache and KVMM_SWAP_DIRECT stays clear), and driven by an io_uring
+ * of KVMM_SWAP_QUEUE_DEPTH entries with the file and (when the memlock limit
+ * allows) the buffers registered. With KVMM_SWAP_OPEN_UNLINK the path is
+ * unlinked right after the create (only while it still names the new file),
+ * before anything is written.
+ *
+ * Returns 0, -EINVAL for bytes 0 (or below one O_DIRECT block) or an empty
+ * path, -EEXIST for an existing path, or the error of open, fallocate or
+ * io_uring_queue_init. ret_failed_step (may be NULL) is set on failure only,
+ * to the KVMM_SWAP_STEP_* that failed, so the caller can say which it was.
  */
+enum {
+	KVMM_SWAP_STEP_ARGS = 0,        /* the arguments */
+	KVMM_SWAP_STEP_CREATE = 1,      /* creating the file */
+	KVMM_SWAP_STEP_PREALLOCATE = 2, /* reserving its space */
+	KVMM_SWAP_STEP_RING = 3,        /* O_DIRECT probe and io_uring set-up */
+};
+int kvmm_swap_io_file_open(const char *path, uint64_t bytes, uint32_t flags, struct kvmm_swap_io **ret,
+			   int *ret_failed_step);
+/* kvmm_swap_io_file_open() without the failed step. */
 int kvmm_swap_io_uring_open(const char *path, uint64_t bytes, uint32_t flags, struct kvmm_swap_io **ret);
 /* A store in anonymous memory (tests, benchmarks of kvmm alone). */
 int kvmm_swap_io_mem_new(uint64_t bytes, struct kvmm_swap_io **ret);
@@ -450,10 +472,11 @@ uint64_t kvmm_swap_io_fault_count(const struct kvmm_swap_io *io);
 struct kvmm_swap_io *kvmm_swap_io_free(struct kvmm_swap_io *io);
 
 /*
- * Swap from cfg->swap_path (kvmm_create): the file is opened with
- * kvmm_swap_io_uring_open(path, swap_bytes, KVMM_SWAP_OPEN_UNLINK), so it is
- * anonymous once open and its space (and the KV data in it) goes away with
- * the process, even after a crash; swap_path only chooses the file system.
+ * Swap from cfg->swap_path (kvmm_create): the file is created with
+ * kvmm_swap_io_uring_open(path, swap_bytes, KVMM_SWAP_OPEN_UNLINK), so the
+ * path must not exist (-EEXIST otherwise), the file is anonymous once open
+ * and its space (and the KV data in it) goes away with the process, even
+ * after a crash; swap_path only chooses the file system.
  * A host pool whose pages are multiples of the store's alignment is
  * registered with io_uring (pinned, hence resident from the start) when the
  * memlock limit allows; otherwise transfers are unregistered, and pages of
@@ -465,6 +488,35 @@ struct kvmm_swap_io *kvmm_swap_io_free(struct kvmm_swap_io *io);
  * owns it. Slots are page_bytes rounded up to io->align.
  */
 int kvmm_create_with_io(const struct kvmm_config *cfg, struct kvmm_swap_io *io, struct kvmm **ret);
+
+/*
+ * Swap I/O errors. Every failed transfer already costs only the operation
+ * concerned (the sequence stays resident or swapped out intact, the cache
+ * entry stays in memory or is dropped) and is counted in kvmm_ledger
+ * .swap_errors; kvmm does not log. So that its owner can say so once per
+ * incident, kvmm calls a handler once for every operation in which at least
+ * one transfer failed, after its own state is consistent again and before the
+ * operation returns its error. The handler runs on the owner thread and must
+ * not call back into kvmm functions that change anything.
+ */
+enum {
+	KVMM_SWAP_SEQ_OUT = 1, /* kvmm_seq_swap_out(): the sequence stays resident */
+	KVMM_SWAP_SEQ_IN = 2,  /* kvmm_seq_swap_in(): it stays swapped out */
+	KVMM_SWAP_DEMOTE = 3,  /* kvmm_cache_demote(): the pages stay cached */
+	KVMM_SWAP_PROMOTE = 4, /* a prefix hit on demoted pages: the chain is cut there */
+};
+struct kvmm_swap_incident {
+	uint32_t what;            /* KVMM_SWAP_* */
+	uint32_t op;              /* KVMM_IO_READ or KVMM_IO_WRITE */
+	int64_t seq;              /* the sequence (SEQ_OUT, SEQ_IN), else -1 */
+	int error;                /* the first failure's -errno; a short transfer is -EIO */
+	uint32_t pages;           /* page transfers in the operation */
+	uint32_t pages_failed;    /* of those, failed (>= 1) */
+	uint32_t short_transfers; /* of the failed ones, short (fewer bytes than asked) */
+};
+typedef void (*kvmm_swap_error_fn)(void *ud, const struct kvmm_swap_incident *incident);
+/* Install (fn non-NULL) or remove the handler; one at a time. */
+void kvmm_set_swap_error_handler(struct kvmm *m, kvmm_swap_error_fn fn, void *ud);
 
 /* Swap slots in the store, and how many hold nothing. */
 uint32_t kvmm_swap_slots(const struct kvmm *m);

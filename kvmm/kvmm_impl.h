@@ -194,7 +194,7 @@ struct kvmm {
 	uint32_t max_seqs;
 	uint32_t *free_ids;
 	uint32_t n_free_ids;
-	uint32_t *plan_epoch; /* mutable from const calls (kvmm_plan) */
+	uint32_t plan_epoch;  /* marks of the sequences a kvmm_plan/commit scan has seen */
 
 	/* prefix index */
 	struct kvmm_node *nodes;
@@ -221,6 +221,8 @@ struct kvmm {
 	int32_t bounce_buf_index; /* or -1 */
 	struct kvmm_io_req *reqs; /* KVMM_SWAP_QUEUE_DEPTH * 4 scratch */
 	uint32_t reqs_cap;
+	kvmm_swap_error_fn on_swap_error; /* or NULL */
+	void *on_swap_error_ud;
 };
 
 /* ---- pool.c ------------------------------------------------------------------ */

@@ -339,8 +339,7 @@ int kvmm_create_with_io(const struct kvmm_config *cfg, struct kvmm_swap_io *io, 
 	m->page_tokens = malloc(n_pages * m->bs * sizeof(int32_t));
 	m->seqs = calloc(m->max_seqs, sizeof(*m->seqs));
 	m->free_ids = malloc(m->max_seqs * sizeof(*m->free_ids));
-	m->plan_epoch = calloc(1, sizeof(*m->plan_epoch));
-	if (!m->pg || !m->page_tokens || !m->seqs || !m->free_ids || !m->plan_epoch)
+	if (!m->pg || !m->page_tokens || !m->seqs || !m->free_ids)
 		goto fail;
 	for (uint32_t i = 0; i < m->max_seqs; i++)
 		m->free_ids[i] = m->max_seqs - 1 - i; /* lowest id on top */
@@ -436,7 +435,6 @@ struct kvmm *kvmm_destroy(struct kvmm *m)
 	free(m->page_tokens);
 	free(m->seqs);
 	free(m->free_ids);
-	free(m->plan_epoch);
 	free(m);
 	return NULL;
 }

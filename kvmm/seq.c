@@ -219,17 +219,17 @@ const int32_t *kvmm_seq_pages(const struct kvmm *m, uint32_t seq, uint32_t *ret_
  * counters model the references that earlier copies in the same step
  * release; they are zero again on return.
  */
-static int scan_step(const struct kvmm *m, const struct kvmm_grow *g, size_t n, bool *cow, uint32_t *ret_needed)
+static int scan_step(struct kvmm *m, const struct kvmm_grow *g, size_t n, bool *cow, uint32_t *ret_needed)
 {
 	uint64_t needed = 0;
-	uint32_t epoch = ++*m->plan_epoch;
+	uint32_t epoch = ++m->plan_epoch;
 	int r = 0;
 	size_t k;
 
 	if (epoch == 0) { /* wrapped: clear stale marks */
 		for (uint32_t i = 0; i < m->max_seqs; i++)
 			m->seqs[i].mark = 0;
-		epoch = ++*m->plan_epoch;
+		epoch = ++m->plan_epoch;
 	}
 	for (k = 0; k < n; k++) {
 		struct kvmm_seq *s = seq_get(m, g[k].seq);
@@ -281,7 +281,7 @@ static int scan_step(const struct kvmm *m, const struct kvmm_grow *g, size_t n, 
 	return 0;
 }
 
-int kvmm_plan(const struct kvmm *m, const struct kvmm_grow *g, size_t n, uint32_t *ret_pages_needed)
+int kvmm_plan(struct kvmm *m, const struct kvmm_grow *g, size_t n, uint32_t *ret_pages_needed)
 {
 	uint32_t needed;
 	int r = scan_step(m, g, n, NULL, &needed);

@@ -132,16 +132,35 @@ void slot_free(struct kvmm *m, int32_t slot)
 	ctr_sub(m, W_SLOTS_USED, 1);
 }
 
+void kvmm_set_swap_error_handler(struct kvmm *m, kvmm_swap_error_fn fn, void *ud)
+{
+	m->on_swap_error = fn;
+	m->on_swap_error_ud = ud;
+}
+
+/* Tell the owner about an operation whose transfers failed (once each). */
+static void report(struct kvmm *m, struct kvmm_swap_incident *inc, uint32_t what, int64_t seq)
+{
+	if (!inc->pages_failed || !m->on_swap_error)
+		return;
+	inc->what = what;
+	inc->seq = seq;
+	m->on_swap_error(m->on_swap_error_ud, inc);
+}
+
 /*
  * Move page pages[j] to (op WRITE) or from (READ) slot slots[j], j < n, and set
  * res[j] to 0 or a negative errno (a short transfer is -EIO). Returns the
- * first error or 0. Counts bytes, time and errors in the ledger.
+ * first error or 0. Counts bytes, time and errors in the ledger, and fills
+ * *inc (op, first error, pages, failed and short ones) for report().
  */
-static int xfer(struct kvmm *m, uint32_t op, const int32_t *pages, const int32_t *slots, uint32_t n, int *res)
+static int xfer(struct kvmm *m, uint32_t op, const int32_t *pages, const int32_t *slots, uint32_t n, int *res,
+		struct kvmm_swap_incident *inc)
 {
 	uint32_t chunk = m->io_from_pool ? m->reqs_cap : m->n_bounce;
 	uint32_t map[REQS_CAP];
 	uint64_t t0 = kvmm_now_ns(), bytes = 0, errors = 0;
+	uint32_t shorts = 0;
 	int first = 0;
 
 	for (uint32_t base = 0; base < n; base += chunk) {
@@ -186,10 +205,12 @@ static int xfer(struct kvmm *m, uint32_t op, const int32_t *pages, const int32_t
 			struct kvmm_io_req *q = &m->reqs[k];
 			uint32_t j = map[k];
 
-			if (r < 0)
+			if (r < 0) {
 				res[j] = r;
-			else if (q->result != (int64_t)q->len)
+			} else if (q->result != (int64_t)q->len) {
 				res[j] = q->result < 0 ? (int)q->result : -EIO;
+				shorts += q->result >= 0;
+			}
 			if (res[j] == 0 && op == KVMM_IO_READ && !m->io_from_pool) {
 				if (m->device_pool)
 					res[j] = m->page_ops.write(m->page_ops.ud, (uint32_t)pages[j], q->buf);
@@ -211,6 +232,9 @@ static int xfer(struct kvmm *m, uint32_t op, const int32_t *pages, const int32_t
 	ctr_add(m, op == KVMM_IO_WRITE ? W_SWAP_WRITE_BYTES : W_SWAP_READ_BYTES, bytes);
 	ctr_add(m, op == KVMM_IO_WRITE ? W_SWAP_WRITE_NS : W_SWAP_READ_NS, kvmm_now_ns() - t0);
 	ctr_add(m, W_SWAP_ERRORS, errors);
+	*inc = (struct kvmm_swap_incident){
+		.op = op, .error = first, .pages = n, .pages_failed = (uint32_t)errors, .short_transfers = shorts,
+	};
 	return first;
 }
 
@@ -231,6 +255,7 @@ int swap_promote_nodes(struct kvmm *m, const int32_t *nodes, uint32_t n, uint32_
 	int32_t *pages = malloc((size_t)n * 2 * sizeof(int32_t));
 	int *res = malloc((size_t)n * sizeof(int));
 	uint32_t n_alloc = 0, ok = 0;
+	struct kvmm_swap_incident inc = {0};
 	int r = 0;
 
 	if (!pages || !res) {
@@ -248,7 +273,7 @@ int swap_promote_nodes(struct kvmm *m, const int32_t *nodes, uint32_t n, uint32_
 		pages[n + n_alloc] = m->nodes[nodes[n_alloc]].slot;
 	}
 	if (n_alloc > 0)
-		xfer(m, KVMM_IO_READ, pages, pages + n, n_alloc, res);
+		xfer(m, KVMM_IO_READ, pages, pages + n, n_alloc, res, &inc);
 	while (ok < n_alloc && res[ok] == 0)
 		ok++;
 	for (uint32_t j = 0; j < n_alloc; j++) {
@@ -270,6 +295,7 @@ int swap_promote_nodes(struct kvmm *m, const int32_t *nodes, uint32_t n, uint32_
 	free(pages);
 	free(res);
 	*ret_ok = ok;
+	report(m, &inc, KVMM_SWAP_PROMOTE, -1);
 	return r;
 }
 
@@ -282,6 +308,7 @@ int kvmm_seq_swap_out(struct kvmm *m, uint32_t seq)
 	int32_t *arr = NULL;
 	int *res = NULL;
 	uint64_t t0 = kvmm_now_ns();
+	struct kvmm_swap_incident inc;
 	int r;
 
 	if (!s)
@@ -314,12 +341,13 @@ int kvmm_seq_swap_out(struct kvmm *m, uint32_t seq)
 			arr[k + j] = slot_alloc(m);
 			j++;
 		}
-	r = xfer(m, KVMM_IO_WRITE, arr, arr + k, k, res);
+	r = xfer(m, KVMM_IO_WRITE, arr, arr + k, k, res, &inc);
 	if (r < 0) {
 		for (j = 0; j < k; j++)
 			slot_free(m, arr[k + j]);
 		s->swap_errors++;
 		kvmm_shm_end(m);
+		report(m, &inc, KVMM_SWAP_SEQ_OUT, seq);
 		goto out;
 	}
 	/* Written: release the pages, tails first so heads stay warmer in the
@@ -378,6 +406,7 @@ int kvmm_seq_swap_in(struct kvmm *m, uint32_t seq)
 	int *res;
 	int r;
 	uint64_t t0 = kvmm_now_ns();
+	struct kvmm_swap_incident inc;
 
 	if (!s)
 		return -ENOENT;
@@ -428,7 +457,7 @@ int kvmm_seq_swap_in(struct kvmm *m, uint32_t seq)
 			arr[s->n_pages + n_read] = s->swp[i].slot;
 			n_read++;
 		}
-	r = xfer(m, KVMM_IO_READ, arr, arr + s->n_pages, n_read, res);
+	r = xfer(m, KVMM_IO_READ, arr, arr + s->n_pages, n_read, res, &inc);
 	if (r < 0) {
 		for (uint32_t i = s->n_pages; i-- > 0;)
 			if (kind[i] != SW_RESIDENT) {
@@ -437,6 +466,7 @@ int kvmm_seq_swap_in(struct kvmm *m, uint32_t seq)
 			}
 		s->swap_errors++;
 		kvmm_shm_end(m);
+		report(m, &inc, KVMM_SWAP_SEQ_IN, seq);
 		goto out;
 	}
 	for (uint32_t i = 0; i < s->n_pages; i++) {
@@ -522,6 +552,7 @@ int kvmm_cache_demote(struct kvmm *m, uint32_t n_pages, uint32_t *ret_demoted)
 	uint32_t want, done = 0;
 	int32_t arr[2 * REQS_CAP];
 	int res[REQS_CAP];
+	struct kvmm_swap_incident inc[1] = {{0}};
 	int r = 0;
 
 	if (!m->io || !m->prefix) {
@@ -554,7 +585,7 @@ int kvmm_cache_demote(struct kvmm *m, uint32_t n_pages, uint32_t *ret_demoted)
 			arr[j] = m->nodes[v].page;
 			arr[REQS_CAP + j] = slot_alloc(m);
 		}
-		r = xfer(m, KVMM_IO_WRITE, arr, arr + REQS_CAP, cnt, res);
+		r = xfer(m, KVMM_IO_WRITE, arr, arr + REQS_CAP, cnt, res, inc);
 		for (uint32_t j = 0; j < cnt; j++) {
 			int32_t v = nodes[j], p = arr[j], sl = arr[REQS_CAP + j];
 			struct kvmm_node *nd = &m->nodes[v];
@@ -579,8 +610,10 @@ int kvmm_cache_demote(struct kvmm *m, uint32_t n_pages, uint32_t *ret_demoted)
 			break;
 	}
 	kvmm_shm_end(m);
-	if (r < 0)
+	if (r < 0) {
+		report(m, inc, KVMM_SWAP_DEMOTE, -1);
 		return r;
+	}
 	if (ret_demoted)
 		*ret_demoted = done;
 	return 0;

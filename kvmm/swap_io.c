@@ -140,46 +140,76 @@ static bool direct_works(int fd)
 	return ok;
 }
 
-int kvmm_swap_io_uring_open(const char *path, uint64_t bytes, uint32_t flags, struct kvmm_swap_io **ret)
+/* Create the swap file at path, which must not exist: O_EXCL makes the
+ * kernel refuse any existing entry, a symbolic link (even a dangling one)
+ * included, so no file is ever opened, truncated or unlinked that kvd did not
+ * create in this call. O_DIRECT is switched on later (fcntl), so that a file
+ * system refusing it cannot leave a created file behind a failed open. */
+static int create_exclusive(const char *path, struct stat *ret_st)
+{
+	int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+
+	if (fd < 0)
+		return -errno;
+	if (fstat(fd, ret_st) < 0) {
+		int r = -errno;
+
+		close(fd);
+		(void)unlink(path);
+		return r;
+	}
+	return fd;
+}
+
+/* Unlink path only while it still names the file we created (same device
+ * and inode): never someone else's file put there meanwhile. */
+static void unlink_if_ours(const char *path, const struct stat *ours)
+{
+	struct stat st;
+
+	if (lstat(path, &st) == 0 && st.st_dev == ours->st_dev && st.st_ino == ours->st_ino)
+		(void)unlink(path);
+}
+
+int kvmm_swap_io_file_open(const char *path, uint64_t bytes, uint32_t flags, struct kvmm_swap_io **ret,
+			   int *ret_failed_step)
 {
 	struct uring_store *u;
-	bool direct = !(flags & KVMM_SWAP_OPEN_NO_DIRECT);
-	int r;
+	bool direct = !(flags & KVMM_SWAP_OPEN_NO_DIRECT), linked = false;
+	struct stat st;
+	int r, step = KVMM_SWAP_STEP_ARGS;
 
-	if (!path || bytes == 0)
-		return -EINVAL;
-	u = calloc(1, sizeof(*u));
-	if (!u)
-		return -ENOMEM;
-	u->fd = -1;
-	u->io.ops = &uring_ops;
+	if (!path || !*path || bytes == 0) {
+		r = -EINVAL;
+		goto out;
+	}
 	if (direct) {
 		bytes = bytes / DIRECT_ALIGN * DIRECT_ALIGN;
 		if (bytes == 0) {
 			r = -EINVAL;
-			goto fail;
-		}
-		u->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_DIRECT, 0600);
-		if (u->fd < 0 && errno != EINVAL) {
-			r = -errno;
-			goto fail;
+			goto out;
 		}
 	}
+	u = calloc(1, sizeof(*u));
+	if (!u) {
+		r = -ENOMEM;
+		goto out;
+	}
+	u->io.ops = &uring_ops;
+	step = KVMM_SWAP_STEP_CREATE;
+	u->fd = create_exclusive(path, &st);
 	if (u->fd < 0) {
-		direct = false;
-		u->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-		if (u->fd < 0) {
-			r = -errno;
-			goto fail;
-		}
+		r = u->fd;
+		u->fd = -1;
+		goto fail;
 	}
+	linked = true;
 	if (flags & KVMM_SWAP_OPEN_UNLINK) {
-		struct stat st;
-
-		/* Only a regular file: never a device node someone pointed us at. */
-		if (fstat(u->fd, &st) == 0 && S_ISREG(st.st_mode))
-			(void)unlink(path);
+		/* Anonymous from here on: a crash cannot leave it behind. */
+		unlink_if_ours(path, &st);
+		linked = false;
 	}
+	step = KVMM_SWAP_STEP_PREALLOCATE;
 	if (fallocate(u->fd, 0, 0, (off_t)bytes) < 0) {
 		if (errno != EOPNOTSUPP && errno != ENOSYS) {
 			r = -errno;
@@ -190,13 +220,16 @@ int kvmm_swap_io_uring_open(const char *path, uint64_t bytes, uint32_t flags, st
 			goto fail;
 		}
 	}
-	if (direct && !direct_works(u->fd)) {
+	step = KVMM_SWAP_STEP_RING;
+	if (direct) {
 		int fl = fcntl(u->fd, F_GETFL);
 
-		direct = false;
-		if (fl < 0 || fcntl(u->fd, F_SETFL, fl & ~O_DIRECT) < 0) {
-			r = -errno;
-			goto fail;
+		if (fl < 0 || fcntl(u->fd, F_SETFL, fl | O_DIRECT) < 0 || !direct_works(u->fd)) {
+			direct = false;
+			if (fl >= 0 && fcntl(u->fd, F_SETFL, fl & ~O_DIRECT) < 0) {
+				r = -errno;
+				goto fail;
+			}
 		}
 	}
 	r = io_uring_queue_init(KVMM_SWAP_QUEUE_DEPTH, &u->ring, 0);
@@ -210,8 +243,18 @@ int kvmm_swap_io_uring_open(const char *path, uint64_t bytes, uint32_t flags, st
 	*ret = &u->io;
 	return 0;
 fail:
+	if (linked)
+		unlink_if_ours(path, &st);
 	uring_destroy(&u->io);
+out:
+	if (ret_failed_step)
+		*ret_failed_step = step;
 	return r;
+}
+
+int kvmm_swap_io_uring_open(const char *path, uint64_t bytes, uint32_t flags, struct kvmm_swap_io **ret)
+{
+	return kvmm_swap_io_file_open(path, bytes, flags, ret, NULL);
 }
 
 /* ---- memory store ------------------------------------------------------------------------ */

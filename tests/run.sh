@@ -5,6 +5,13 @@
 # reported as such, never as passed. Prints a summary and fails if any
 # test failed.
 #
+# Every skip is counted in the summary with its reason: a script's (exit 77)
+# is its last line starting "skipped:" or "SKIP:" (else its last line); a
+# cmocka case's is the "skipped: ..." line it printed between its [ RUN ] and
+# [  SKIPPED ] lines (also inside scripts that run cmocka binaries); a line
+# "skipped: ..." that a passing script prints outside any case is a part of
+# it that did not run. A skip without a reason is listed as such.
+#
 #   tests/run.sh               everything
 #   tests/run.sh --unit-only   cmocka binaries only (used by make asan)
 #   tests/run.sh PATTERN       only tests whose name contains PATTERN
@@ -23,6 +30,28 @@ for a in "$@"; do
 done
 
 pass=(); fail=(); skip=(); partial=()
+n_cases_skipped=0
+
+# skipped_cases FILE: one line per skipped cmocka case, "reason<TAB>case",
+# and "reason<TAB>" for each "skipped:" line printed outside any case
+SKIP_RE='^(<[0-9]>)?(skipped|SKIP|SKIPPED):[[:space:]]*'
+skipped_cases() {
+	awk -v re="$SKIP_RE" '
+	/^\[ RUN      \] / { cur = $4; reason = ""; next }
+	$0 ~ re { r = $0; sub(re, "", r); if (cur != "") reason = r; else print r "\t"; next }
+	/^\[  SKIPPED \] / && cur != "" && $4 == cur {
+		print (reason == "" ? "no reason printed" : reason) "\t" cur; cur = ""; next }
+	/^\[ *(OK|FAILED|ERROR) *\] / { cur = "" }' "$1"
+}
+
+# skip_reason FILE: why a script exited 77
+skip_reason() {
+	local r
+	r=$(grep -E "$SKIP_RE" "$1" | tail -n 1 | sed -E "s/$SKIP_RE//")
+	[ -n "$r" ] || r=$(grep -v '^[[:space:]]*$' "$1" | tail -n 1)
+	echo "${r:-no reason printed}"
+}
+
 run_one() { # name timeout cmd...
 	local name=$1 to=$2; shift 2
 	[ -n "$pattern" ] && [[ "$name" != *"$pattern"* ]] && return
@@ -31,20 +60,29 @@ run_one() { # name timeout cmd...
 	out=$(mktemp)
 	timeout -k 10 "$to" "$@" 2>&1 | tee "$out"
 	local rc=${PIPESTATUS[0]}
-	# cmocka reports skipped cases inside a passing binary: say so
-	local inner
-	inner=$(grep -oE '^ *[0-9]+ SKIPPED TEST\(S\)' "$out" | grep -oE '[0-9]+' | head -1)
-	rm -f "$out"
-	if [ $rc = 0 ] && [ -n "$inner" ]; then
-		partial+=("$name: $inner case(s) skipped")
-	fi
 	local ms=$(( ($(date +%s%N) - t0) / 1000000 )); local dt="$((ms / 1000)).$(( (ms % 1000) / 100 ))"
 	case $rc in
 	0) pass+=("$name"); echo "=== $name: PASS (${dt}s)" ;;
-	77) skip+=("$name"); echo "=== $name: SKIPPED (${dt}s)" ;;
+	77) skip+=("$name: $(skip_reason "$out")"); echo "=== $name: SKIPPED (${dt}s)" ;;
 	124|137) fail+=("$name"); echo "=== $name: FAIL (timeout after ${to}s)" ;;
 	*) fail+=("$name"); echo "=== $name: FAIL (exit $rc, ${dt}s)" ;;
 	esac
+	# skipped cases and parts of a test that ran, grouped by reason
+	if [ $rc = 0 ] || [ $rc = 77 ]; then
+		local line n only_cases=
+		[ $rc = 77 ] && only_cases=1 # the script's own skip line is its reason, above
+		while IFS= read -r line; do
+			[ -n "$line" ] && partial+=("$name: $line")
+		done < <(skipped_cases "$out" | awk -F'\t' -v oc="$only_cases" '!oc || $2 != ""' | sort | awk -F'\t' '
+			{ n[$1]++; if ($2 != "") c[$1] = c[$1] (c[$1] == "" ? "" : ", ") $2 }
+			END { for (r in n) print n[r] "\t" r "\t" c[r] }' |
+			while IFS=$'\t' read -r n r c; do
+				if [ -n "$c" ]; then echo "$n case(s) skipped: $r ($c)"; else echo "part skipped: $r"; fi
+			done)
+		n=$(skipped_cases "$out" | awk -F'\t' -v oc="$only_cases" '!oc || $2 != ""' | grep -c .)
+		n_cases_skipped=$((n_cases_skipped + n))
+	fi
+	rm -f "$out"
 }
 
 for t in "$BUILD"/tests/test_*; do
@@ -59,8 +97,9 @@ if [ $unit_only = 0 ]; then
 fi
 
 echo
-echo "tests: ${#pass[@]} passed, ${#skip[@]} skipped, ${#fail[@]} failed"
+echo "tests: ${#pass[@]} passed, ${#skip[@]} skipped, ${#fail[@]} failed;" \
+	"$n_cases_skipped skipped case(s) or part(s) inside tests that ran"
 for s in "${skip[@]}"; do echo "  skipped: $s"; done
-for s in "${partial[@]}"; do echo "  passed with cases skipped: $s"; done
+for s in "${partial[@]}"; do echo "  ran with skips: $s"; done
 for f in "${fail[@]}"; do echo "  FAILED: $f"; done
 [ ${#fail[@]} -eq 0 ]

@@ -9,22 +9,34 @@
 # must fall back to the CPU under "auto". Used by t_cuda_emulated.sh (emulated plug-in)
 # and run.sh (the real one).
 #
-# Exit 0 passed, 1 failed, 77 when kvd_eval, the tiny models or numpy
-# (/usr/bin/python3) are missing.
+# Exit 0 passed, 1 failed, 77 when kvd_eval, the tiny models or NumPy are
+# missing. NumPy comes from .venv (scripts/setup installs it there), else
+# from /usr/bin/python3; $KVD_PYTHON names another interpreter.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${KVD_BUILD:-build}
 export KVD_CUDA_PLUGIN=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 TINY=$BUILD/tests/tiny-models
 EVAL=$BUILD/tests/kvd_eval
-PY=/usr/bin/python3
+PY=${KVD_PYTHON:-}
+if [ -z "$PY" ]; then
+	for c in .venv/bin/python /usr/bin/python3; do
+		if [ -x "$c" ] && "$c" -c 'import numpy' 2>/dev/null; then PY=$c; break; fi
+	done
+fi
 # the tiny models, written here when missing (or stale: only changed files
 # are rewritten); .venv (scripts/setup) has the gguf package
 GEN_PY=.venv/bin/python
-[ -x "$GEN_PY" ] || GEN_PY=$PY
+[ -x "$GEN_PY" ] || GEN_PY=${PY:-/usr/bin/python3}
 mkdir -p "$TINY" && "$GEN_PY" scripts/gen_tiny_models.py "$TINY" > /dev/null 2>&1
-if [ ! -x "$EVAL" ] || [ ! -f "$TINY/tiny-gqa.gguf" ] || ! "$PY" -c 'import numpy' 2>/dev/null; then
-	echo "skipped: engine check needs $EVAL, $TINY (scripts/gen_tiny_models.py) and $PY with numpy"
+[ -x "$EVAL" ] || { echo "skipped: engine check needs $EVAL (make all)"; exit 77; }
+[ -f "$TINY/tiny-gqa.gguf" ] || { echo "skipped: engine check needs $TINY (scripts/gen_tiny_models.py with .venv)"; exit 77; }
+if [ -z "$PY" ] || ! "$PY" -c 'import numpy' 2>/dev/null; then
+	if [ -n "${KVD_PYTHON:-}" ]; then
+		echo "skipped: engine check needs NumPy, which $KVD_PYTHON (\$KVD_PYTHON) does not have"
+	else
+		echo "skipped: engine check needs NumPy: neither .venv/bin/python (scripts/setup) nor /usr/bin/python3 has it"
+	fi
 	exit 77
 fi
 TMP=$(mktemp -d)

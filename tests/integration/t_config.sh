@@ -39,6 +39,16 @@ expect_78 "bad pool percentage" "^(<3>)?$C:2: pool_size percentage" --config "$C
 printf 'this is not ini\n' >"$C"
 expect_78 "syntax error" "^(<3>)?$C:1: " --config "$C" --check-config
 
+# the first error is reported, at its own line, with its own message: a
+# misspelt section makes every key in it unknown, and the first of them is named
+printf '[model]\npath = %s\n\n[schedular]\n# tokens\nmax_model_len = 2048\nmax_num_seqs = 8\n\nmax_waiting = 64\n' "$TINY" >"$C"
+expect_78 "misspelt section" "^(<3>)?$C:6: unknown key 'max_model_len' in section \[schedular\]$" --config "$C" --check-config
+# a broken section header is a syntax error at its line, not an unknown key later
+printf '[model]\npath = %s\n\n[kv\nblock_size = 16\nprefix_caching = yes\n' "$TINY" >"$C"
+expect_78 "broken section header" "^(<3>)?$C:4: syntax error: section header '\[kv' has no closing '\]'" --config "$C" --check-config
+printf '[model]\npath = %s\n[server]\nsocket /tmp/x.sock\nbogus = 1\n' "$TINY" >"$C"
+expect_78 "line without =" "^(<3>)?$C:4: syntax error: expected \[section\], key = value or a comment, not 'socket /tmp/x.sock'" --config "$C" --check-config
+
 printf '[model]\n# where\npath = %s/none.gguf\n' "$T" >"$C"
 expect_78 "missing model" "^(<3>)?$C:3: model '$T/none.gguf': No such file or directory" --config "$C" --check-config
 expect_78 "missing model (daemon start)" "$C:3: model" --config "$C"
@@ -46,6 +56,13 @@ expect_78 "missing model (flag)" "^(<3>)?--model: model '$T/none.gguf'" --config
 
 expect_78 "missing explicit config file" "$T/nope.conf: cannot read the configuration: No such file" \
 	--config "$T/nope.conf" --model "$TINY" --check-config
+# --check-config checks a file: without one (the default path missing) it says so
+if [ ! -e /etc/kvd/kvd.conf ]; then
+	expect_78 "check-config, default file missing" "/etc/kvd/kvd.conf: cannot read the configuration: No such file" \
+		--model "$TINY" --check-config
+else
+	echo "note: /etc/kvd/kvd.conf exists here; the missing-default-file check is not run"
+fi
 expect_78 "bad flag value" "^(<3>)?--max-num-seqs: bad value '0'" --config /dev/null --model "$TINY" --max-num-seqs 0
 
 # the shipped configuration is valid (with a model that exists here)
@@ -63,6 +80,16 @@ for k in $(grep -oE 'IS\("[a-z]+", "[a-z_]+"\)' daemon/config.c | sed -E 's/.*, 
 	echo "$keys_doc" | grep -qx "$k" || fail "key '$k' is not documented in etc/kvd.conf"
 done
 ok "etc/kvd.conf documents exactly the keys kvd knows"
+
+# etc/kvd.conf names the same weight formats as the README's "Supported models"
+fmt_re='\b(f32|f16|bf16|q[0-9]_[0-9k])\b'
+readme_fmts=$(sed -n '/^## Supported models/,/^## /p' README.md | tr '\n' ' ' | grep -oE 'weights in [^.]*' | head -n 1 |
+	sed 's/, so .*//' | tr 'A-Z' 'a-z' | grep -oE "$fmt_re" | sort -u | tr '\n' ' ')
+conf_fmts=$(sed -n '/^\[model\]/,/^path/p' etc/kvd.conf | tr 'A-Z' 'a-z' | grep -oE "$fmt_re" | sort -u | tr '\n' ' ')
+[ -n "$readme_fmts" ] || fail "no weight formats found in README.md's 'Supported models'"
+[ "$readme_fmts" = "$conf_fmts" ] ||
+	fail "etc/kvd.conf lists weight formats '$conf_fmts', README.md '$readme_fmts'"
+ok "etc/kvd.conf and README.md list the same weight formats: $conf_fmts"
 
 # KVD_SOCKET overrides the file; --socket overrides both
 printf '[model]\npath = %s\n[server]\nsocket = /run/from-file.sock\n' "$TINY" >"$C"

@@ -91,7 +91,7 @@ static int conn_open(struct conn *c, bool say_hello)
 		fprintf(stderr, "expected WELCOME, got %s\n", ipc_type_name(f.hdr.type));
 		return 1;
 	}
-	r = ipc_chan_attach(f.fds[0], f.fds[1], f.fds[2], &c->chan);
+	r = ipc_chan_attach(f.fds[IPC_WELCOME_FD_MEMFD], f.fds[IPC_WELCOME_FD_WAKE], &c->chan);
 	if (r < 0) {
 		fprintf(stderr, "attach: %s\n", strerror(-r));
 		return 1;
@@ -286,6 +286,7 @@ static int cmd_stats(struct conn *c)
 	F(swap_out_pages); F(swap_in_pages); F(swap_bytes); F(requests_running); F(requests_waiting);
 	F(requests_swapped); F(requests_completed); F(requests_rejected); F(clients); F(sessions);
 	F(prompt_tokens_total); F(generated_tokens_total); F(steps); F(uptime_ns);
+	F(ledger_records_dropped); F(swap_errors); F(swap_fallback_recomputes);
 	printf("}\n");
 #undef F
 	return 0;
@@ -563,9 +564,9 @@ int main(int argc, char **argv)
 			for (uint32_t i = 0; i < m.r.n_entries; i++) {
 				struct ipc_ps_entry e;
 				ipc_ps_entry_at(&m, i, &e);
-				printf("client=%" PRIu64 " request=%" PRIu64 " pid=%u state=%s pages=%u shared=%u prompt=%u "
+				printf("client=%" PRIu64 " request=%" PRIu64 " pid=%u uid=%u state=%s pages=%u shared=%u prompt=%u "
 				       "generated=%u/%u\n",
-				       e.client_id, e.request_id, e.pid, ipc_req_state_name(e.state), e.pages, e.pages_shared,
+				       e.client_id, e.request_id, e.pid, e.uid, ipc_req_state_name(e.state), e.pages, e.pages_shared,
 				       e.prompt_tokens, e.generated_tokens, e.max_tokens);
 			}
 			if (!m.more)

@@ -127,24 +127,31 @@ static void test_roundtrip_welcome_with_fds(void **state)
 	assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
 	struct ipc_chan *ch;
 	assert_int_equal(ipc_chan_create(NULL, &ch), 0);
-	int fds[IPC_MAX_FDS];
-	ipc_chan_fds(ch, fds);
+	int fds[IPC_WELCOME_N_FDS];
+	assert_int_equal(ipc_chan_fds(ch, fds), 0);
 	struct ipc_welcome w = { .server_version = 0x000100, .capabilities = IPC_CAP_SESSIONS, .client_id = 9,
 				 .n_vocab = 49152, .n_ctx = 8192, .block_size = 16, .n_layers = 30,
 				 .n_kv_heads = 3, .head_dim = 64, .kv_dtype_bytes = 2,
 				 .max_text_bytes = IPC_MAX_TEXT_BYTES, .max_requests = 8, .max_gen_tokens = 4096,
 				 .shm_bytes = ipc_chan_shm_bytes(ch), .kv_bytes_per_token = 23040, .pool_bytes = 1 << 30 };
 	strcpy(w.model_name, "SmolLM2-135M-Instruct");
-	assert_int_equal(ipc_send(sv[0], IPC_MSG_WELCOME, 0, 1, &w, sizeof(w), fds, 3), 0);
+	assert_int_equal(ipc_send(sv[0], IPC_MSG_WELCOME, 0, 1, &w, sizeof(w), fds, IPC_WELCOME_N_FDS), 0);
 	struct ipc_frame f;
 	assert_int_equal(ipc_recv(sv[1], rbuf, sizeof(rbuf), IPC_FROM_SERVER, &f), 0);
 	assert_int_equal(f.hdr.type, IPC_MSG_WELCOME);
-	assert_int_equal(f.n_fds, 3);
+	assert_int_equal(f.n_fds, IPC_WELCOME_N_FDS);
 	struct ipc_welcome w2;
 	assert_int_equal(ipc_decode_welcome(&f, &w2), 0);
 	assert_memory_equal(&w, &w2, sizeof(w));
 	struct ipc_chan *cl;
-	assert_int_equal(ipc_chan_attach(f.fds[0], f.fds[1], f.fds[2], &cl), 0);
+	/* WELCOME carrying the wrong number of fds is malformed. */
+	assert_int_equal(ipc_send(sv[0], IPC_MSG_WELCOME, 0, 1, &w, sizeof(w), fds, 1), 0);
+	struct ipc_frame f1;
+	assert_int_equal(ipc_recv(sv[1], fbuf, sizeof(fbuf), IPC_FROM_SERVER, &f1), -EBADMSG);
+	/* Once handed over, the server's copies are gone. */
+	ipc_chan_handed_over(ch);
+	assert_int_equal(ipc_chan_fds(ch, fds), -EBADF);
+	assert_int_equal(ipc_chan_attach(f.fds[IPC_WELCOME_FD_MEMFD], f.fds[IPC_WELCOME_FD_WAKE], &cl), 0);
 	assert_int_equal(ipc_chan_shm_bytes(cl), w.shm_bytes);
 	ipc_chan_free(cl);
 	ipc_chan_free(ch);
@@ -346,9 +353,9 @@ static void test_reject_header(void **state)
 	struct ipc_welcome w = { 0 };
 	v = (struct iovec){ &w, sizeof(w) };
 	len = ipc_frame_build(fbuf, sizeof(fbuf), IPC_MSG_WELCOME, 0, 1, &v, 1);
-	assert_int_equal(ipc_frame_check(fbuf, (size_t)len, 2, IPC_FROM_SERVER, IPC_VIA_SOCKET, NULL), -EBADMSG);
-	assert_int_equal(ipc_frame_check(fbuf, (size_t)len, 4, IPC_FROM_SERVER, IPC_VIA_SOCKET, NULL), -ETOOMANYREFS);
-	assert_int_equal(ipc_frame_check(fbuf, (size_t)len, 3, IPC_FROM_SERVER, IPC_VIA_SOCKET, NULL), 0);
+	assert_int_equal(ipc_frame_check(fbuf, (size_t)len, 1, IPC_FROM_SERVER, IPC_VIA_SOCKET, NULL), -EBADMSG);
+	assert_int_equal(ipc_frame_check(fbuf, (size_t)len, 3, IPC_FROM_SERVER, IPC_VIA_SOCKET, NULL), -ETOOMANYREFS);
+	assert_int_equal(ipc_frame_check(fbuf, (size_t)len, 2, IPC_FROM_SERVER, IPC_VIA_SOCKET, NULL), 0);
 	/* frames larger than the caller's buffer are refused when built */
 	assert_int_equal(ipc_frame_build(buf, 30, IPC_MSG_HELLO, 0, 1, &v, 1), -E2BIG);
 }
@@ -630,7 +637,7 @@ static void test_socket_fds_and_limits(void **state)
 	/* Too many fds on a raw datagram: refused, and every fd closed. */
 	struct ipc_hello h = { 0 };
 	strcpy(h.client_name, "t");
-	assert_int_equal(ipc_send(sv[0], IPC_MSG_HELLO, 0, 3, &h, sizeof(h), efd, 3), 0);
+	assert_int_equal(ipc_send(sv[0], IPC_MSG_HELLO, 0, 3, &h, sizeof(h), efd, IPC_MAX_FDS), 0);
 	assert_int_equal(ipc_recv(sv[1], rbuf, sizeof(rbuf), IPC_FROM_CLIENT, &f), -ETOOMANYREFS);
 	assert_int_equal(f.hdr.request_id, 3);
 	assert_int_equal(f.n_fds, 0);
@@ -1195,7 +1202,7 @@ static void test_chan_roundtrip(void **state)
 {
 	(void)state;
 	struct ipc_chan *srv, *cli;
-	int fds[3], dfds[3];
+	int fds[IPC_WELCOME_N_FDS], dfds[IPC_WELCOME_N_FDS];
 	struct ipc_frame f;
 
 	assert_int_equal(ipc_chan_create(&(struct ipc_chan_config){ .c2s_bytes = 100000 }, &srv), -EINVAL);
@@ -1205,9 +1212,9 @@ static void test_chan_roundtrip(void **state)
 	int seals = fcntl(fds[0], F_GET_SEALS);
 	assert_int_equal(seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
 	assert_int_equal(ftruncate(fds[0], 1 << 20), -1); /* really sealed */
-	for (int i = 0; i < 3; i++)
+	for (int i = 0; i < IPC_WELCOME_N_FDS; i++)
 		dfds[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 0);
-	assert_int_equal(ipc_chan_attach(dfds[0], dfds[1], dfds[2], &cli), 0);
+	assert_int_equal(ipc_chan_attach(dfds[0], dfds[1], &cli), 0);
 	assert_int_equal(ipc_chan_tx_max_payload(cli), 32768 - IPC_HDR_BYTES);
 	assert_int_equal(ipc_chan_tx_max_payload(srv), 8192 - IPC_HDR_BYTES);
 
@@ -1295,7 +1302,7 @@ static void test_chan_attach_rejects(void **state)
 {
 	(void)state;
 	struct ipc_chan *srv, *cli;
-	int fds[3];
+	int fds[IPC_WELCOME_N_FDS];
 	uint32_t hdr[16];
 	const unsigned seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 
@@ -1308,22 +1315,28 @@ static void test_chan_attach_rejects(void **state)
 	/* Not a memfd. */
 	int pipefd[2];
 	assert_int_equal(pipe(pipefd), 0);
-	assert_int_equal(ipc_chan_attach(pipefd[0], fds[1], fds[2], &cli), -EINVAL);
-	/* Wake-up fds that are not eventfds. */
-	assert_int_equal(ipc_chan_attach(fds[0], pipefd[0], fds[2], &cli), -EINVAL);
+	assert_int_equal(ipc_chan_attach(pipefd[0], fds[1], &cli), -EINVAL);
+	/* A wake-up fd that is not an AF_UNIX datagram socket. */
+	assert_int_equal(ipc_chan_attach(fds[0], pipefd[0], &cli), -EINVAL);
+	int efd = eventfd(0, EFD_CLOEXEC), sp[2];
+	assert_int_equal(ipc_chan_attach(fds[0], efd, &cli), -EINVAL);
+	assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp), 0);
+	assert_int_equal(ipc_chan_attach(fds[0], sp[0], &cli), -EINVAL);
+	close(sp[0]);
+	close(sp[1]);
+	close(efd);
 	close(pipefd[0]);
 	close(pipefd[1]);
 	/* Unsealed, or only partly sealed. */
 	int fd = forged_memfd(size, hdr, sizeof(hdr), 0);
-	assert_int_equal(ipc_chan_attach(fd, fds[1], fds[2], &cli), -EPERM);
+	assert_int_equal(ipc_chan_attach(fd, fds[1], &cli), -EPERM);
 	close(fd);
 	fd = forged_memfd(size, hdr, sizeof(hdr), F_SEAL_SHRINK | F_SEAL_SEAL);
-	assert_int_equal(ipc_chan_attach(fd, fds[1], fds[2], &cli), -EPERM);
+	assert_int_equal(ipc_chan_attach(fd, fds[1], &cli), -EPERM);
 	close(fd);
 	/* A faithful copy is accepted (the test's forgery works). */
 	fd = forged_memfd(size, hdr, sizeof(hdr), seals);
-	assert_int_equal(ipc_chan_attach(fd, fcntl(fds[1], F_DUPFD_CLOEXEC, 0), fcntl(fds[2], F_DUPFD_CLOEXEC, 0), &cli),
-			 0);
+	assert_int_equal(ipc_chan_attach(fd, fcntl(fds[1], F_DUPFD_CLOEXEC, 0), &cli), 0);
 	ipc_chan_free(cli);
 	/* Each field of the layout broken in turn. Fields: magic, version,
 	 * total, c2s ctl, c2s data, c2s bytes, s2c ctl, s2c data, s2c bytes. */
@@ -1331,7 +1344,7 @@ static void test_chan_attach_rejects(void **state)
 		int field;
 		uint32_t value;
 	} bad[] = {
-		{ 0, 0x12345678 }, { 1, 2 }, { 2, 4096 }, { 3, 4090 }, { 3, 0 }, { 3, 256 } /* overlaps s2c */,
+		{ 0, 0x12345678 }, { 1, 1 }, { 2, 4096 }, { 3, 4090 }, { 3, 0 }, { 3, 256 } /* overlaps s2c */,
 		{ 4, 0 } /* in the header page */, { 4, (uint32_t)size } /* beyond the end */, { 5, 12345 },
 		{ 5, 4096 } /* below the minimum */, { 6, 72 } /* misaligned */, { 7, 4096 } /* overlaps c2s */,
 		{ 8, 1u << 30 }, { 9, 1 } /* reserved */,
@@ -1341,7 +1354,7 @@ static void test_chan_attach_rejects(void **state)
 		memcpy(h2, hdr, sizeof(h2));
 		h2[bad[i].field] = bad[i].value;
 		fd = forged_memfd(size, h2, sizeof(h2), seals);
-		int r = ipc_chan_attach(fd, fds[1], fds[2], &cli);
+		int r = ipc_chan_attach(fd, fds[1], &cli);
 		if (r != -EBADMSG)
 			fail_msg("layout field %d = %u: got %d, want -EBADMSG", bad[i].field, bad[i].value, r);
 		close(fd);
@@ -1353,11 +1366,78 @@ static void test_chan_attach_rejects(void **state)
 	uint32_t bogus = 12345;
 	memcpy(page + SHM_S2C_CTL, &bogus, 4);
 	fd = forged_memfd(size, page, sizeof(page), seals);
-	assert_int_equal(ipc_chan_attach(fd, fds[1], fds[2], &cli), -EPROTO);
+	assert_int_equal(ipc_chan_attach(fd, fds[1], &cli), -EPROTO);
 	close(fd);
 	/* Failures leave the caller's fds alone and leak nothing. */
 	assert_int_equal(count_fds(), before);
 	assert_true(fcntl(fds[1], F_GETFD) >= 0);
+	ipc_chan_free(srv);
+}
+
+/*
+ * A hostile client owns its end of the wake-up pair outright: it clears
+ * O_NONBLOCK on it, floods the server's end with wake-ups, never reads the
+ * ones it gets, shuts its end down and finally closes it. No server-side
+ * call may block or spin on any of that (alarm() ends a hang), and the
+ * server's fd must not report a hang-up that would keep epoll firing.
+ */
+static void test_chan_hostile_wake_fd(void **state)
+{
+	(void)state;
+	struct ipc_chan *srv, *cli;
+	int fds[IPC_WELCOME_N_FDS];
+
+	assert_int_equal(ipc_chan_create(NULL, &srv), 0);
+	assert_int_equal(ipc_chan_fds(srv, fds), 0);
+	int memfd = fcntl(fds[0], F_DUPFD_CLOEXEC, 0), wake = fcntl(fds[1], F_DUPFD_CLOEXEC, 0);
+	ipc_chan_handed_over(srv);
+	assert_int_equal(ipc_chan_attach(memfd, wake, &cli), 0);
+	int fl = fcntl(wake, F_GETFL);
+	assert_int_equal(fcntl(wake, F_SETFL, fl & ~O_NONBLOCK), 0);
+	/* The server's end has its own file status flags. */
+	assert_true(fcntl(ipc_chan_wait_fd(srv), F_GETFL) & O_NONBLOCK);
+
+	/* Flood the server's end until the kernel refuses more. */
+	uint64_t v = 1;
+	int sent = 0;
+	while (send(wake, &v, sizeof(v), MSG_DONTWAIT) > 0)
+		sent++;
+	assert_true(sent > 0);
+	/* The server drains a bounded number per ack and never blocks. */
+	for (int i = 0; i <= sent / IPC_CHAN_ACK_MAX; i++)
+		assert_int_equal(ipc_chan_ack(srv), 0);
+	assert_int_equal(ipc_chan_ack(srv), 0); /* nothing left: still returns */
+
+	/* The client asks to be woken for every record and never reads its
+	 * wake-ups: the server's sends fill the client's queue, then find it
+	 * full, and still return at once. */
+	int32_t id = 1;
+	for (int i = 0; i < 2048; i++) {
+		if (ipc_chan_prepare_wait(cli, IPC_WAIT_RX, 0) != 0) {
+			/* data present: read one record to keep going */
+			struct ipc_frame f;
+			assert_int_equal(ipc_chan_recv(cli, rbuf, sizeof(rbuf), &f), 0);
+			continue;
+		}
+		assert_int_equal(ipc_chan_send_token(srv, 1, (uint32_t)i, 1, &id, 1, "x", 1), 0);
+		assert_int_equal(ipc_chan_wake_peer(srv), 1);
+	}
+
+	/* shutdown() of the client's end does not reach the server's end. */
+	assert_int_equal(shutdown(wake, SHUT_RDWR), 0);
+	assert_int_equal(ipc_chan_ack(srv), 0);
+	struct pollfd pf = { .fd = ipc_chan_wait_fd(srv), .events = POLLIN | POLLRDHUP };
+	assert_int_equal(poll(&pf, 1, 0), 0);
+	/* Closing it: a wake-up it asked for fails at once (no queueing,
+	 * no block), and the server's end still reports nothing. */
+	struct ipc_frame f;
+	while (ipc_chan_recv(cli, rbuf, sizeof(rbuf), &f) == 0)
+		;
+	assert_int_equal(ipc_chan_prepare_wait(cli, IPC_WAIT_RX, 0), 0);
+	ipc_chan_free(cli);
+	assert_int_equal(poll(&pf, 1, 0), 0);
+	assert_int_equal(ipc_chan_send_token(srv, 1, 0, 1, &id, 1, "x", 1), 0);
+	assert_int_equal(ipc_chan_wake_peer(srv), -ECONNREFUSED);
 	ipc_chan_free(srv);
 }
 
@@ -1380,6 +1460,7 @@ int main(void)
 		cmocka_unit_test(test_ring_spsc_stress),
 		cmocka_unit_test(test_chan_roundtrip),
 		cmocka_unit_test(test_chan_attach_rejects),
+		cmocka_unit_test(test_chan_hostile_wake_fd),
 	};
 	alarm(240);
 	return cmocka_run_group_tests(tests, NULL, NULL);

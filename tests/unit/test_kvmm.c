@@ -21,7 +21,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -725,21 +728,30 @@ static void test_swap_roundtrip_memory_store(void **state)
 	done(m);
 }
 
+/* A path for a swap file that does not exist yet (kvmm creates it, and
+ * refuses an existing one), in a fresh private directory. */
 static char *tmp_swap_path(void)
 {
-	static const char *dirs[] = {"TMPDIR", NULL};
-	const char *d = getenv(dirs[0]);
+	const char *d = getenv("TMPDIR");
 	char *p = malloc(4096);
 
 	assert_non_null(p);
 	snprintf(p, 4096, "%s/kvmm-test-swap-XXXXXX", d && *d ? d : "/tmp");
-	{
-		int fd = mkstemp(p);
-
-		assert_true(fd >= 0);
-		close(fd);
-	}
+	assert_non_null(mkdtemp(p));
+	strcat(p, "/swap");
 	return p;
+}
+
+/* Remove what tmp_swap_path() made (and whatever a test left at the path). */
+static void free_swap_path(char *p)
+{
+	char *slash = strrchr(p, '/');
+
+	(void)unlink(p);
+	(void)rmdir(p);
+	*slash = 0;
+	assert_int_equal(rmdir(p), 0);
+	free(p);
 }
 
 static void test_swap_roundtrip_io_uring_file(void **state)
@@ -760,7 +772,7 @@ static void test_swap_roundtrip_io_uring_file(void **state)
 		assert_int_equal(kvmm_create_with_io(&c, io, &m), 0);
 		swap_roundtrip(m);
 		done(m);
-		free(path);
+		free_swap_path(path);
 	}
 }
 
@@ -796,7 +808,142 @@ static void test_swap_by_config_path_and_direct_pool_io(void **state)
 	done(m);
 	c.swap_bytes = 100; /* less than one slot */
 	assert_int_equal(kvmm_create(&c, &m), -EINVAL);
-	free(path);
+	free_swap_path(path);
+}
+
+static void write_file(const char *path, const char *text)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+	close(fd);
+}
+
+static void expect_file(const char *path, const char *text)
+{
+	char buf[256];
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	ssize_t n;
+
+	assert_true(fd >= 0);
+	n = read(fd, buf, sizeof(buf));
+	close(fd);
+	assert_int_equal(n, (ssize_t)strlen(text));
+	assert_memory_equal(buf, text, strlen(text));
+}
+
+/* An existing file at the swap path is refused, by every way of opening
+ * swap, and stays as it was: not truncated, not zeroed, not unlinked. */
+static void test_swap_file_refuses_existing_file(void **state)
+{
+	static const uint32_t flags[] = {0, KVMM_SWAP_OPEN_NO_DIRECT, KVMM_SWAP_OPEN_UNLINK,
+					 KVMM_SWAP_OPEN_UNLINK | KVMM_SWAP_OPEN_NO_DIRECT};
+	char *path = tmp_swap_path();
+	struct kvmm_config c = cfg_of(4, 16);
+	struct kvmm_swap_io *io = NULL;
+	struct kvmm *m = NULL;
+	int step = -1;
+
+	(void)state;
+	write_file(path, "precious data\n");
+	for (size_t k = 0; k < sizeof(flags) / sizeof(flags[0]); k++) {
+		assert_int_equal(kvmm_swap_io_file_open(path, 1 << 20, flags[k], &io, &step), -EEXIST);
+		assert_int_equal(step, KVMM_SWAP_STEP_CREATE);
+		assert_null(io);
+		expect_file(path, "precious data\n");
+	}
+	c.swap_path = path;
+	c.swap_bytes = 1 << 20;
+	assert_int_equal(kvmm_create(&c, &m), -EEXIST);
+	assert_null(m);
+	expect_file(path, "precious data\n");
+	/* a directory there is refused the same way */
+	assert_int_equal(unlink(path), 0);
+	assert_int_equal(mkdir(path, 0700), 0);
+	assert_int_equal(kvmm_swap_io_uring_open(path, 1 << 20, KVMM_SWAP_OPEN_UNLINK, &io), -EEXIST);
+	assert_int_equal(rmdir(path), 0);
+	free_swap_path(path);
+}
+
+/* A symbolic link at the swap path is never followed: its target is left
+ * alone, and a dangling link does not create its target. */
+static void test_swap_file_refuses_symlink(void **state)
+{
+	char *path = tmp_swap_path();
+	char target[4096];
+	struct kvmm_swap_io *io = NULL;
+
+	(void)state;
+	snprintf(target, sizeof(target), "%s.target", path);
+	write_file(target, "someone else's file\n");
+	assert_int_equal(symlink(target, path), 0);
+	assert_int_equal(kvmm_swap_io_uring_open(path, 1 << 20, KVMM_SWAP_OPEN_UNLINK, &io), -EEXIST);
+	assert_int_equal(kvmm_swap_io_uring_open(path, 1 << 20, 0, &io), -EEXIST);
+	expect_file(target, "someone else's file\n");
+	assert_int_equal(access(path, F_OK), 0); /* the link is still there */
+	assert_int_equal(unlink(target), 0);
+	/* dangling: the open would otherwise create the target */
+	assert_int_equal(kvmm_swap_io_uring_open(path, 1 << 20, KVMM_SWAP_OPEN_UNLINK, &io), -EEXIST);
+	assert_int_equal(access(target, F_OK), -1);
+	assert_int_equal(unlink(path), 0);
+	free_swap_path(path);
+}
+
+/* When the space cannot be reserved (RLIMIT_FSIZE plays a full file system:
+ * fallocate fails with EFBIG), the error names the preallocation step and
+ * the half-made file is gone again. Runs in a child: the limit sticks. */
+static void test_swap_file_preallocation_failure(void **state)
+{
+	char *path = tmp_swap_path();
+	pid_t pid;
+	int st;
+
+	(void)state;
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		struct rlimit rl = {64 << 10, 64 << 10};
+		struct kvmm_swap_io *io = NULL;
+		int step = -1, r;
+
+		signal(SIGXFSZ, SIG_IGN);
+		if (setrlimit(RLIMIT_FSIZE, &rl) < 0)
+			_exit(10);
+		r = kvmm_swap_io_file_open(path, 1 << 20, 0, &io, &step);
+		if (r != -EFBIG && r != -ENOSPC)
+			_exit(11);
+		if (step != KVMM_SWAP_STEP_PREALLOCATE)
+			_exit(12);
+		if (access(path, F_OK) == 0)
+			_exit(13);
+		r = kvmm_swap_io_file_open(path, 1 << 20, KVMM_SWAP_OPEN_UNLINK, &io, &step);
+		if ((r != -EFBIG && r != -ENOSPC) || step != KVMM_SWAP_STEP_PREALLOCATE || access(path, F_OK) == 0)
+			_exit(14);
+		/* within the limit it works */
+		if (kvmm_swap_io_file_open(path, 32 << 10, KVMM_SWAP_OPEN_UNLINK, &io, &step) != 0)
+			_exit(15);
+		kvmm_swap_io_free(io);
+		_exit(0);
+	}
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+	free_swap_path(path);
+}
+
+/* What the swap error handler was told. */
+struct incidents {
+	int n;
+	struct kvmm_swap_incident last;
+};
+
+static void record_incident(void *ud, const struct kvmm_swap_incident *inc)
+{
+	struct incidents *r = ud;
+
+	r->n++;
+	r->last = *inc;
 }
 
 static void test_swap_out_faults_leave_sequence_resident(void **state)
@@ -812,12 +959,23 @@ static void test_swap_out_faults_leave_sequence_resident(void **state)
 		struct kvmm_io_fault fault = {.after = 2, .ops_mask = 1u << KVMM_IO_WRITE, .count = 1, .error = errs[k]};
 		struct kvmm_ledger l;
 		struct kvmm_seq_record rec;
+		struct incidents inc = {0};
 
 		iota(t, 20, 9);
 		assert_int_equal(grow(m, a, t, 20), 0);
+		kvmm_set_swap_error_handler(m, record_incident, &inc);
 		assert_int_equal(kvmm_swap_io_fault_arm(f, &fault), 0);
 		assert_int_equal(kvmm_seq_swap_out(m, a), errs[k] < 0 ? errs[k] : -EIO);
 		assert_int_equal(kvmm_swap_io_fault_count(f), 1);
+		/* one incident, told once, with what failed */
+		assert_int_equal(inc.n, 1);
+		assert_int_equal(inc.last.what, KVMM_SWAP_SEQ_OUT);
+		assert_int_equal(inc.last.op, KVMM_IO_WRITE);
+		assert_int_equal(inc.last.seq, a);
+		assert_int_equal(inc.last.error, errs[k] < 0 ? errs[k] : -EIO);
+		assert_int_equal(inc.last.pages, 5);
+		assert_int_equal(inc.last.pages_failed, 1);
+		assert_int_equal(inc.last.short_transfers, errs[k] < 0 ? 0 : 1);
 		assert_int_equal(kvmm_seq_is_swapped(m, a), 0);
 		assert_int_equal(kvmm_swap_slots_free(m), 16);
 		expect_content(m, a, t);
@@ -826,11 +984,12 @@ static void test_swap_out_faults_leave_sequence_resident(void **state)
 		assert_int_equal(l.swap_errors, 1);
 		assert_int_equal(kvmm_seq_ledger(m, a, &rec), 0);
 		assert_int_equal(rec.swap_errors, 1);
-		/* Disarmed, it works. */
+		/* Disarmed, it works, and nothing more is reported. */
 		assert_int_equal(kvmm_swap_io_fault_arm(f, NULL), 0);
 		assert_int_equal(kvmm_seq_swap_out(m, a), 0);
 		assert_int_equal(kvmm_seq_swap_in(m, a), 0);
 		expect_content(m, a, t);
+		assert_int_equal(inc.n, 1);
 		done(m);
 	}
 }
@@ -848,13 +1007,30 @@ static void test_swap_in_faults_leave_sequence_swapped(void **state)
 		int32_t t[20];
 		struct kvmm_io_fault fault = {.after = 3, .ops_mask = 1u << KVMM_IO_READ, .count = 1, .error = errs[k]};
 		struct kvmm_stats st;
+		struct incidents inc = {0};
+		uint32_t b = new_seq(m);
+		int32_t tb[48];
 
 		iota(t, 20, 9);
 		assert_int_equal(grow(m, a, t, 20), 0);
+		kvmm_set_swap_error_handler(m, record_incident, &inc);
 		assert_int_equal(kvmm_seq_swap_out(m, a), 0);
+		/* a full swap file is not an I/O error: nothing reported */
+		iota(tb, 48, 1000);
+		assert_int_equal(grow(m, b, tb, 48), 0); /* 12 pages, 11 slots free */
+		assert_int_equal(kvmm_seq_swap_out(m, b), -ENOSPC);
+		assert_int_equal(kvmm_seq_free(m, b), 0);
+		assert_int_equal(inc.n, 0);
 		assert_int_equal(kvmm_swap_io_fault_arm(f, &fault), 0);
 		assert_int_equal(kvmm_seq_swap_in(m, a), errs[k] < 0 ? errs[k] : -EIO);
 		assert_int_equal(kvmm_seq_is_swapped(m, a), 1);
+		assert_int_equal(inc.n, 1);
+		assert_int_equal(inc.last.what, KVMM_SWAP_SEQ_IN);
+		assert_int_equal(inc.last.op, KVMM_IO_READ);
+		assert_int_equal(inc.last.seq, a);
+		assert_int_equal(inc.last.pages, 5);
+		assert_int_equal(inc.last.pages_failed, 1);
+		assert_int_equal(inc.last.short_transfers, errs[k] < 0 ? 0 : 1);
 		kvmm_get_stats(m, &st);
 		assert_int_equal(st.pages_free, 16);
 		assert_int_equal(st.pages_swapped, 5);
@@ -1078,8 +1254,10 @@ static void test_promotion_failure_mid_chain(void **state)
 	struct kvmm_io_fault wfail = {.after = 0, .ops_mask = 1u << KVMM_IO_WRITE, .count = 1, .error = -EIO};
 	struct kvmm_io_fault rfail = {.after = 0, .ops_mask = 1u << KVMM_IO_READ, .count = 1, .error = -EIO};
 	struct kvmm_stats st;
+	struct incidents inc = {0};
 
 	(void)state;
+	kvmm_set_swap_error_handler(m, record_incident, &inc);
 	iota(t, 13, 70);
 	assert_int_equal(grow(m, a, t, 12), 0);
 	assert_int_equal(kvmm_seq_publish(m, a), 0);
@@ -1088,6 +1266,11 @@ static void test_promotion_failure_mid_chain(void **state)
 	 * goes back to the cold end in memory. */
 	assert_int_equal(kvmm_swap_io_fault_arm(f, &wfail), 0);
 	assert_int_equal(kvmm_cache_demote(m, 2, &n), -EIO);
+	assert_int_equal(inc.n, 1);
+	assert_int_equal(inc.last.what, KVMM_SWAP_DEMOTE);
+	assert_int_equal(inc.last.seq, -1);
+	assert_int_equal(inc.last.pages, 2);
+	assert_int_equal(inc.last.pages_failed, 1);
 	kvmm_get_stats(m, &st);
 	assert_int_equal(st.pages_demoted, 1);
 	assert_int_equal(st.pages_cached, 2);
@@ -1095,6 +1278,10 @@ static void test_promotion_failure_mid_chain(void **state)
 	b = new_seq(m);
 	assert_int_equal(kvmm_prefix_attach(m, b, t, 13, &hit), 0);
 	assert_int_equal(hit, 4);
+	assert_int_equal(inc.n, 2);
+	assert_int_equal(inc.last.what, KVMM_SWAP_PROMOTE);
+	assert_int_equal(inc.last.op, KVMM_IO_READ);
+	assert_int_equal(inc.last.error, -EIO);
 	expect_content(m, b, t);
 	check(m);
 	kvmm_get_stats(m, &st);
@@ -1424,6 +1611,9 @@ int main(void)
 		cmocka_unit_test(test_large_step),
 		cmocka_unit_test(test_stats_fd_read_from_another_process),
 		cmocka_unit_test(test_ledger_and_record),
+		cmocka_unit_test(test_swap_file_refuses_existing_file),
+		cmocka_unit_test(test_swap_file_refuses_symlink),
+		cmocka_unit_test(test_swap_file_preallocation_failure),
 		cmocka_unit_test(test_shuffle_seed_scrambles_placement),
 		cmocka_unit_test(test_device_pool_swaps_through_callbacks),
 	};

@@ -648,17 +648,18 @@ static struct kvmm_swap_io *open_store(const struct run_cfg *c, size_t page_byte
 	} else {
 		char path[4096];
 		const char *d = getenv("TMPDIR");
-		int fd;
 
+		/* a fresh directory: kvmm creates the file and refuses an existing one */
 		snprintf(path, sizeof(path), "%s/kvmm-model-swap-XXXXXX", d && *d ? d : "/tmp");
-		fd = mkstemp(path);
-		assert_true(fd >= 0);
-		close(fd);
+		assert_non_null(mkdtemp(path));
+		strcat(path, "/swap");
 		assert_int_equal(kvmm_swap_io_uring_open(path, bytes,
 							 KVMM_SWAP_OPEN_UNLINK |
 								 (c->store == ST_URING_BUFFERED ? KVMM_SWAP_OPEN_NO_DIRECT : 0),
 							 &io),
 				 0);
+		*strrchr(path, '/') = 0;
+		rmdir(path); /* the file is already unlinked */
 	}
 	assert_int_equal(kvmm_swap_io_fault_new(io, &f), 0);
 	return f;

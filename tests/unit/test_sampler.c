@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include <cmocka.h>
@@ -179,25 +180,45 @@ static void test_greedy_argmax_ties_lowest(void **state)
 	kvd_sampler_free(s);
 }
 
+/*
+ * The caller's logits are never written: the sampler reads them from a
+ * read-only mapping (a write, through a cast or not, faults and fails the
+ * test), and sampling the same array twenty times gives exactly the
+ * tokens that sampling a fresh copy each time gives (a sampler that
+ * changed its input in place, say by applying the repetition penalty to
+ * it, would compound the change and drift).
+ */
 static void test_logits_not_modified(void **state)
 {
 	(void)state;
-	enum { N = 4096 };
-	static float l[N], copy[N];
-	int32_t hist[100];
+	enum { N = 4096, ROUNDS = 20 };
+	static float fresh[N];
+	int32_t hist[100], got[ROUNDS], want[ROUNDS];
 	uint64_t x = 7;
+	size_t bytes = sizeof(float) * N;
+	float *l = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	assert_true(l != MAP_FAILED);
 	for (int i = 0; i < N; i++)
 		l[i] = rand_logit(&x);
 	for (int i = 0; i < 100; i++)
 		hist[i] = (int32_t)(lcg(&x) % N);
-	memcpy(copy, l, sizeof(l));
+	memcpy(fresh, l, bytes);
+	assert_int_equal(mprotect(l, bytes, PROT_READ), 0);
 	struct kvd_sampler_params p = params(0.9f, 0, 0.9f, 0.01f, 3);
 	p.repeat_penalty = 1.3f;
-	struct kvd_sampler *s = kvd_sampler_new(&p, N);
-	for (int i = 0; i < 20; i++)
-		kvd_sampler_sample(s, l, hist, 100);
-	assert_memory_equal(l, copy, sizeof(l));
+	struct kvd_sampler *s = kvd_sampler_new(&p, N), *s2 = kvd_sampler_new(&p, N);
+	for (int i = 0; i < ROUNDS; i++) {
+		got[i] = kvd_sampler_sample(s, l, hist, 100);
+		float copy[N];
+		memcpy(copy, fresh, bytes);
+		want[i] = kvd_sampler_sample(s2, copy, hist, 100);
+	}
+	assert_memory_equal(got, want, sizeof(got));
+	assert_memory_equal(l, fresh, bytes);
 	kvd_sampler_free(s);
+	kvd_sampler_free(s2);
+	munmap(l, bytes);
 }
 
 /* ---- determinism ---- */

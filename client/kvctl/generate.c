@@ -1,0 +1,404 @@
+/*
+ * client/kvctl/generate.c — kvctl generate: send a prompt, stream the
+ * generated text to stdout (or print one JSON object at the end); Ctrl-C
+ * cancels.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvctl.h"
+
+/* ---- generate ----------------------------------------------------------------------------- */
+
+static const char help_generate[] =
+	"NAME\n"
+	"    kvctl generate - generate text with the model loaded in kvd\n"
+	"\n"
+	"SYNOPSIS\n"
+	"    kvctl generate [OPTIONS] [--] [PROMPT...]\n"
+	"    echo PROMPT | kvctl generate [OPTIONS] [-]\n"
+	"\n"
+	"DESCRIPTION\n"
+	"    Sends PROMPT (the arguments joined by spaces; standard input when there are\n"
+	"    none or the only one is \"-\") to kvd and streams the generated text to\n"
+	"    standard output as it is produced. By default the prompt is a user message\n"
+	"    rendered with the model's chat template, and the answer is the assistant's\n"
+	"    reply; --raw completes the text exactly as given instead.\n"
+	"\n"
+	"    The prompt and the generated text share the model's context window (see\n"
+	"    'kvctl version'): prompt tokens + --max-tokens must fit in it, or the\n"
+	"    request is refused (exit status 4) with both figures named.\n"
+	"\n"
+	"    Ctrl-C cancels the generation (the daemon frees its memory at once) and exits\n"
+	"    with status 130. Unless --no-newline is given, a newline is printed after\n"
+	"    text that does not end with one. Options may follow the prompt's words; a\n"
+	"    prompt that begins with \"-\" goes after \"--\".\n"
+	"\n"
+	"OPTIONS\n"
+	"    --raw                plain completion: no chat template; the text is\n"
+	"                         tokenized as plain text (see --special)\n"
+	"    --special            with --raw: special-token texts such as <|im_start|> or\n"
+	"                         <|endoftext|> in the prompt become the model's special\n"
+	"                         tokens (without it they are plain text; 'kvctl tokenize\n"
+	"                         --special' shows the ids)\n"
+	"    --system TEXT        system message for the chat template (not with --raw)\n"
+	"    --max-tokens N       generate at most N tokens (default 256); at most the\n"
+	"                         context window less the prompt\n"
+	"    --temperature T      sampling temperature; 0 means greedy, deterministic\n"
+	"                         decoding (default 0.8)\n"
+	"    --top-p P            nucleus sampling: keep the likeliest tokens whose\n"
+	"                         probabilities add up to P, 0 < P <= 1; 1 is off\n"
+	"                         (default 0.95)\n"
+	"    --top-k K            keep only the K likeliest tokens; 0 is off (default 40)\n"
+	"    --min-p P            drop tokens less likely than P times the likeliest one,\n"
+	"                         0 <= P < 1; 0 is off (default 0.05)\n"
+	"    --repeat-penalty R   penalize tokens seen in the last 64; 1 is off (default)\n"
+	"    --seed N             sampling seed, for reproducible output (default: random)\n"
+	"    --stop STRING        stop when STRING is generated (it is not printed);\n"
+	"                         repeatable, up to 8 strings of up to 256 bytes\n"
+	"    --session ID         continue session ID (see 'kvctl session'): the daemon\n"
+	"                         keeps the conversation's KV cache, so only the new turn\n"
+	"                         is processed\n"
+	"    --json               print nothing while generating; at the end print one JSON\n"
+	"                         object: {\"text\", \"token_ids\", \"finish_reason\",\n"
+	"                         \"prompt_tokens\", \"cached_tokens\", \"generated_tokens\",\n"
+	"                         \"ttft_ms\", \"tokens_per_s\", \"queue_ms\", \"total_ms\",\n"
+	"                         \"model\"}. ttft_ms is the time from the daemon receiving\n"
+	"                         the request to the first token; tokens_per_s the decode\n"
+	"                         speed after the first token. On failure the object has\n"
+	"                         an \"error\" member {\"code\", \"message\"} instead.\n"
+	"    --no-newline         do not add a final newline\n"
+	"\n"
+	"    There are no short options besides -h: '-n 2' is refused, not read as a\n"
+	"    count (the count is --max-tokens 2).\n"
+	"\n" COMMON_HELP "\n" EXIT_STATUS_HELP
+	"\n"
+	"EXAMPLES\n"
+	"    kvctl generate \"Why is the sky blue?\"\n"
+	"    kvctl generate --raw --temperature 0 --max-tokens 20 \"The capital of France is\"\n"
+	"    kvctl generate --raw --special --max-tokens 40 \\\n"
+	"        $'<|im_start|>user\\nName a colour.<|im_end|>\\n<|im_start|>assistant\\n'\n"
+	"    git diff | kvctl generate --system \"Write a commit message.\" --json | jq -r .text\n"
+	"    kvctl generate -- \"-1 times -1 is\"\n"
+	"\n"
+	"SEE ALSO\n"
+	"    kvctl tokenize --help, kvctl session --help, kvctl stats --help\n";
+
+struct gen_out {
+	bool json;
+	char *text;
+	size_t len, cap;
+	int32_t *ids;
+	size_t n_ids, cap_ids;
+	bool last_nl;
+	int io_error;
+};
+
+static int append(void **buf, size_t *cap, size_t need, size_t elem)
+{
+	if (need <= *cap)
+		return 0;
+	size_t nc = *cap ? *cap : 256;
+	while (nc < need)
+		nc *= 2;
+	void *nb = realloc(*buf, nc * elem);
+	if (!nb)
+		return -ENOMEM;
+	*buf = nb;
+	*cap = nc;
+	return 0;
+}
+
+static int gen_event(struct gen_out *o, const struct kvc_event *ev)
+{
+	if (o->json) {
+		if (append((void **)&o->text, &o->cap, o->len + ev->text_len + 1, 1) < 0)
+			return -ENOMEM;
+		memcpy(o->text + o->len, ev->text, ev->text_len);
+		o->len += ev->text_len;
+		if (ev->ids) {
+			if (append((void **)&o->ids, &o->cap_ids, o->n_ids + ev->n_tokens, sizeof(int32_t)) < 0)
+				return -ENOMEM;
+			memcpy(o->ids + o->n_ids, ev->ids, ev->n_tokens * sizeof(int32_t));
+			o->n_ids += ev->n_tokens;
+		}
+		return 0;
+	}
+	if (ev->text_len == 0)
+		return 0;
+	if (fwrite(ev->text, 1, ev->text_len, stdout) != ev->text_len || fflush(stdout) != 0)
+		return -errno ? -errno : -EIO;
+	o->last_nl = ev->text[ev->text_len - 1] == '\n';
+	return 0;
+}
+
+static double ms(uint64_t ns)
+{
+	return (double)ns / 1e6;
+}
+
+static void print_gen_json(const struct gen_out *o, const struct kvc_result *res, int code, const char *model)
+{
+	FILE *f = stdout;
+	fputs("{\"text\":", f);
+	json_str(f, o->text ? o->text : "", o->len);
+	fputs(",\"token_ids\":[", f);
+	for (size_t i = 0; i < o->n_ids; i++)
+		fprintf(f, "%s%" PRId32, i ? "," : "", o->ids[i]);
+	fputs("]", f);
+	if (res) {
+		double tps = res->generated_tokens > 1 && res->decode_ns
+				     ? (double)(res->generated_tokens - 1) * 1e9 / (double)res->decode_ns
+				     : 0.0;
+		fprintf(f,
+			",\"finish_reason\":\"%s\",\"prompt_tokens\":%" PRIu32 ",\"cached_tokens\":%" PRIu32
+			",\"generated_tokens\":%" PRIu32 ",\"ttft_ms\":%.3f,\"tokens_per_s\":%.2f,\"queue_ms\":%.3f"
+			",\"total_ms\":%.3f",
+			kvc_finish_name(res->finish_reason), res->prompt_tokens, res->cached_tokens,
+			res->generated_tokens, ms(res->ttft_ns), tps, ms(res->queue_ns), ms(res->total_ns));
+	}
+	if (model) {
+		fputs(",\"model\":", f);
+		json_str(f, model, strlen(model));
+	}
+	if (code < 0 && code != -ECANCELED) {
+		const char *m = res && res->error_message[0] ? res->error_message : kv_strerror(code);
+		fprintf(f, ",\"error\":{\"code\":%d,\"message\":", code);
+		json_str(f, m, strlen(m));
+		fputs("}", f);
+	}
+	fputs("}\n", f);
+}
+
+static int cmd_generate(struct ctx *x, int argc, char **argv)
+{
+	enum { O_RAW = OPT_FIRST_CMD, O_SYSTEM, O_MAX, O_TEMP, O_TOPP, O_TOPK, O_MINP, O_REP, O_SEED, O_STOP,
+	       O_SESSION, O_JSON, O_SPECIAL, O_NO_NEWLINE };
+	static const struct option longopts[] = {
+		{ "raw", no_argument, NULL, O_RAW },
+		{ "system", required_argument, NULL, O_SYSTEM },
+		{ "max-tokens", required_argument, NULL, O_MAX },
+		{ "temperature", required_argument, NULL, O_TEMP },
+		{ "top-p", required_argument, NULL, O_TOPP },
+		{ "top-k", required_argument, NULL, O_TOPK },
+		{ "min-p", required_argument, NULL, O_MINP },
+		{ "repeat-penalty", required_argument, NULL, O_REP },
+		{ "seed", required_argument, NULL, O_SEED },
+		{ "stop", required_argument, NULL, O_STOP },
+		{ "session", required_argument, NULL, O_SESSION },
+		{ "json", no_argument, NULL, O_JSON },
+		{ "special", no_argument, NULL, O_SPECIAL },
+		{ "no-newline", no_argument, NULL, O_NO_NEWLINE },
+		COMMON_LONGOPTS,
+		{ 0 },
+	};
+	const char *cmd = "generate";
+	struct kvc_gen_params p;
+	const char *stops[8];
+	size_t n_stop = 0;
+	bool json = false, newline = true;
+	double d;
+	uint32_t u;
+	int o, r;
+
+	kvc_gen_params_init(&p);
+	while ((o = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+		if ((r = common_opt(x, cmd, o, optarg)) != 0) {
+			if (r < 0)
+				return EXIT_USAGE;
+			continue;
+		}
+		switch (o) {
+		case 'h':
+			fputs(help_generate, stdout);
+			return EXIT_OK;
+		case O_NO_NEWLINE:
+			newline = false;
+			break;
+		case O_SPECIAL:
+			p.flags |= KVC_GEN_PARSE_SPECIAL;
+			break;
+		case O_RAW:
+			p.flags |= KVC_GEN_RAW;
+			break;
+		case O_SYSTEM:
+			p.system = optarg;
+			break;
+		case O_MAX:
+			if (!parse_u32(optarg, &p.max_tokens) || p.max_tokens == 0)
+				return usage_error(cmd, "--max-tokens: '%s' is not a positive integer", optarg);
+			break;
+		case O_TEMP:
+			if (!parse_double(optarg, &d) || d < 0)
+				return usage_error(cmd, "--temperature: '%s' is not a number >= 0", optarg);
+			p.temperature = (float)d;
+			break;
+		case O_TOPP:
+			if (!parse_double(optarg, &d) || d <= 0 || d > 1)
+				return usage_error(cmd, "--top-p: '%s' is not in (0, 1]", optarg);
+			p.top_p = (float)d;
+			break;
+		case O_TOPK:
+			if (!parse_u32(optarg, &u) || u > INT32_MAX)
+				return usage_error(cmd, "--top-k: '%s' is not an integer >= 0", optarg);
+			p.top_k = (int32_t)u;
+			break;
+		case O_MINP:
+			if (!parse_double(optarg, &d) || d < 0 || d >= 1)
+				return usage_error(cmd, "--min-p: '%s' is not in [0, 1)", optarg);
+			p.min_p = (float)d;
+			break;
+		case O_REP:
+			if (!parse_double(optarg, &d) || d <= 0)
+				return usage_error(cmd, "--repeat-penalty: '%s' is not a number > 0", optarg);
+			p.repeat_penalty = (float)d;
+			break;
+		case O_SEED:
+			if (!parse_u64(optarg, &p.seed) || p.seed == KVC_SEED_RANDOM)
+				return usage_error(cmd, "--seed: '%s' is not an integer below 2^64-1", optarg);
+			break;
+		case O_STOP:
+			if (n_stop == 8)
+				return usage_error(cmd, "--stop: at most 8 stop strings");
+			if (!*optarg || strlen(optarg) > 256)
+				return usage_error(cmd, "--stop: strings must be 1 to 256 bytes long");
+			stops[n_stop++] = optarg;
+			break;
+		case O_SESSION:
+			if (!parse_u64(optarg, &p.session_id) || p.session_id == 0)
+				return usage_error(cmd, "--session: '%s' is not a session id", optarg);
+			break;
+		case O_JSON:
+			json = true;
+			break;
+		case '?':
+			if (optopt == 'n')
+				return usage_error(cmd, "unknown option '-n': the number of tokens to generate is "
+							"--max-tokens N (and --no-newline drops the final newline)");
+			return option_error(cmd, argv, o);
+		default:
+			return option_error(cmd, argv, o);
+		}
+	}
+	if (p.system && (p.flags & KVC_GEN_RAW))
+		return usage_error(cmd, "--system needs the chat template: drop --raw");
+	if ((p.flags & KVC_GEN_PARSE_SPECIAL) && !(p.flags & KVC_GEN_RAW))
+		return usage_error(cmd, "--special goes with --raw: without it the daemon renders the chat "
+					"template itself");
+	p.stop = stops;
+	p.n_stop = n_stop;
+	if (json)
+		p.flags |= KVC_GEN_WANT_IDS;
+
+	char *prompt;
+	size_t len;
+	r = input_text(argc - optind, argv + optind, &prompt, &len);
+	if (r < 0) {
+		log_err("reading the prompt: %s", kv_strerror(r));
+		return r == -E2BIG ? EXIT_REJECTED : EXIT_IO;
+	}
+	if (len == 0) {
+		free(prompt);
+		return usage_error(cmd, "the prompt is empty");
+	}
+
+	kvc_client *c;
+	if ((r = connect_daemon(x, &c)) != 0) {
+		free(prompt);
+		return r;
+	}
+	/* Limits the daemon announced: say which one, with its figure, rather
+	 * than the bare -E2BIG the library would return. */
+	const struct kvc_info *info = kvc_server_info(c);
+	if (info->max_tokens && p.max_tokens > info->max_tokens) {
+		log_err("generate: --max-tokens %" PRIu32 " is more than kvd accepts: at most %" PRIu32
+			" (the model's context window is %" PRIu32 " tokens, shared by the prompt and the answer)",
+			p.max_tokens, info->max_tokens, info->n_ctx);
+		free(prompt);
+		kvc_close(c);
+		return EXIT_REJECTED;
+	}
+	if (info->max_prompt_bytes && len > info->max_prompt_bytes) {
+		log_err("generate: the prompt is %zu bytes; kvd accepts at most %" PRIu32
+			" (server.max_prompt_bytes)", len, info->max_prompt_bytes);
+		free(prompt);
+		kvc_close(c);
+		return EXIT_REJECTED;
+	}
+	install_sigint();
+	struct gen_out out = { .json = json, .last_nl = true };
+	kvc_request *q;
+	r = kvc_request_start(c, prompt, len, &p, &q);
+	free(prompt);
+	if (r < 0) {
+		if (json)
+			print_gen_json(&out, NULL, r, kvc_server_info(c)->model_name);
+		int st = fail(c, "generate", r);
+		kvc_close(c);
+		return st;
+	}
+	/* Publish the request to the SIGINT handler; signals arriving before
+	 * this point just set g_interrupted, which is checked below. */
+	g_sig_request = kvc_request_id(q);
+	g_sig_client = c;
+	if (g_interrupted)
+		kvc_cancel(c, kvc_request_id(q));
+
+	const struct kvc_event *ev;
+	while ((r = kvc_request_next(q, &ev)) == 1) {
+		if (out.io_error)
+			continue;
+		int e = gen_event(&out, ev);
+		if (e < 0) {
+			out.io_error = e;
+			kvc_cancel(c, kvc_request_id(q));
+		}
+	}
+	g_sig_client = NULL;
+	g_sig_request = 0;
+
+	const struct kvc_result *res = kvc_request_result(q);
+	int status;
+	if (out.io_error) {
+		if (out.io_error != -EPIPE) /* a closed pipe (| head) is not worth a message */
+			log_err("writing the output: %s", kv_strerror(out.io_error));
+		status = EXIT_IO;
+	} else if (json) {
+		print_gen_json(&out, res, r, kvc_server_info(c)->model_name);
+		status = r < 0 ? exit_for(r) : EXIT_OK;
+		if (fflush(stdout) != 0)
+			status = EXIT_IO;
+	} else {
+		if (newline && !out.last_nl)
+			fputc('\n', stdout);
+		status = fflush(stdout) != 0 ? EXIT_IO : EXIT_OK;
+		if (r == -ECANCELED) {
+			status = EXIT_CANCELLED;
+		} else if (r < 0) {
+			if (res && res->error_message[0])
+				log_err("generate: %s (%s)", kv_strerror(r), res->error_message);
+			else
+				log_err("generate: %s", kv_strerror(r));
+			status = exit_for(r);
+		}
+	}
+	if (json && r == -ECANCELED)
+		status = EXIT_CANCELLED;
+	kvc_request_finish(q);
+	kvc_close(c);
+	free(out.text);
+	free(out.ids);
+	return status;
+}
+
+const struct kvctl_command kvctl_cmd_generate = {
+	"generate", "generate text from a prompt, streamed to stdout (or as JSON)", cmd_generate, help_generate,
+};

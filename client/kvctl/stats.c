@@ -1,0 +1,303 @@
+/*
+ * client/kvctl/stats.c — kvctl stats and kvctl ps: what the daemon's KV cache
+ * and scheduler hold (pages, counters) and which requests hold them.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvctl.h"
+
+/* ---- stats --------------------------------------------------------------------------------- */
+
+static const char help_stats[] =
+	"NAME\n"
+	"    kvctl stats - show kvd's KV-cache pages and scheduler counters\n"
+	"\n"
+	"SYNOPSIS\n"
+	"    kvctl stats [--json] [--watch [SECS]]\n"
+	"\n"
+	"DESCRIPTION\n"
+	"    The KV cache is a pool of fixed-size pages (block_size tokens each). A page is\n"
+	"    free, used by one or more sequences (shared when by two or more: common\n"
+	"    prefixes are stored once), or cached: no longer used but kept so that a later\n"
+	"    prompt with the same prefix reuses it. Swapped counts pages' worth of\n"
+	"    sequences written to the swap file under memory pressure. Slack is the unused\n"
+	"    tail of partly filled pages: the only waste of paging.\n"
+	"\n"
+	"    The table shows the pool in pages and bytes, the KV bytes one token costs, the\n"
+	"    prefix cache's hit rate (prompt tokens found / looked up), slack, and how many\n"
+	"    requests run, wait for memory, or are swapped out.\n"
+	"\n"
+	"OPTIONS\n"
+	"    --json          print one JSON object with integer members pages_total,\n"
+	"                    pages_free, pages_used, pages_shared, pages_cached,\n"
+	"                    pages_swapped, page_bytes, block_size, kv_bytes_per_token,\n"
+	"                    pool_bytes, tokens_resident, slack_tokens, prefix_lookups,\n"
+	"                    prefix_query_tokens, prefix_hit_tokens, pages_evicted,\n"
+	"                    cow_copies, swap_out_pages, swap_in_pages, swap_bytes,\n"
+	"                    requests_running, requests_waiting, requests_swapped,\n"
+	"                    requests_completed, requests_rejected, clients, sessions,\n"
+	"                    prompt_tokens_total, generated_tokens_total, steps, uptime_ns,\n"
+	"                    ledger_records_dropped, swap_errors, swap_fallback_recomputes,\n"
+	"                    and the strings model and server_version\n"
+	"    --watch [SECS]  repeat every SECS seconds (default 1) until interrupted; with\n"
+	"                    --json, one object per line\n"
+	"\n" COMMON_HELP "\n" EXIT_STATUS_HELP
+	"\n"
+	"EXAMPLES\n"
+	"    kvctl stats\n"
+	"    kvctl stats --json | jq .pages_shared\n"
+	"    kvctl stats --watch 0.5\n";
+
+static void print_stats_json(const struct kvc_stats *s, const struct kvc_info *i)
+{
+	char v[32];
+#define F(name) fprintf(stdout, "\"" #name "\":%" PRIu64 ",", s->name)
+	fputc('{', stdout);
+	F(pages_total); F(pages_free); F(pages_used); F(pages_shared); F(pages_cached); F(pages_swapped);
+	F(page_bytes); F(block_size); F(kv_bytes_per_token); F(pool_bytes); F(tokens_resident); F(slack_tokens);
+	F(prefix_lookups); F(prefix_query_tokens); F(prefix_hit_tokens); F(pages_evicted); F(cow_copies);
+	F(swap_out_pages); F(swap_in_pages); F(swap_bytes); F(requests_running); F(requests_waiting);
+	F(requests_swapped); F(requests_completed); F(requests_rejected); F(clients); F(sessions);
+	F(prompt_tokens_total); F(generated_tokens_total); F(steps); F(uptime_ns);
+	F(ledger_records_dropped); F(swap_errors); F(swap_fallback_recomputes);
+#undef F
+	fputs("\"model\":", stdout);
+	json_str(stdout, i->model_name, strlen(i->model_name));
+	fmt_version(v, sizeof(v), i->server_version);
+	fprintf(stdout, ",\"server_version\":\"%s\"}\n", v);
+}
+
+static double pct(uint64_t a, uint64_t b)
+{
+	return b ? 100.0 * (double)a / (double)b : 0.0;
+}
+
+static void print_stats_table(const struct kvc_stats *s, const struct kvc_info *i)
+{
+	char b1[32], b2[32], b3[32], v[32];
+	uint64_t up = s->uptime_ns / 1000000000u;
+
+	fmt_version(v, sizeof(v), i->server_version);
+	printf("kvd %s, model %s, up %" PRIu64 "h%02" PRIu64 "m%02" PRIu64 "s\n", v, i->model_name, up / 3600,
+	       (up / 60) % 60, up % 60);
+	fmt_bytes(b1, sizeof(b1), (double)s->page_bytes);
+	fmt_bytes(b2, sizeof(b2), (double)s->pages_total * (double)s->page_bytes);
+	fmt_bytes(b3, sizeof(b3), (double)s->kv_bytes_per_token);
+	printf("KV pool   %" PRIu64 " pages x %s = %s   (%" PRIu64 " tokens/page, %s per token)\n", s->pages_total, b1,
+	       b2, s->block_size, b3);
+	printf("          %10s %8s %12s\n", "pages", "share", "bytes");
+	struct {
+		const char *name;
+		uint64_t n;
+	} rows[] = {
+		{ "free", s->pages_free },     { "used", s->pages_used },     { "  shared", s->pages_shared },
+		{ "cached", s->pages_cached }, { "swapped", s->pages_swapped },
+	};
+	for (size_t k = 0; k < sizeof(rows) / sizeof(rows[0]); k++) {
+		fmt_bytes(b1, sizeof(b1), (double)rows[k].n * (double)s->page_bytes);
+		if (k == 4)
+			printf("  %-8s%10" PRIu64 " %8s %12s   (in the swap file)\n", rows[k].name, rows[k].n, "", b1);
+		else
+			printf("  %-8s%10" PRIu64 " %7.1f%% %12s\n", rows[k].name, rows[k].n, pct(rows[k].n, s->pages_total),
+			       b1);
+	}
+	fmt_bytes(b1, sizeof(b1), (double)s->slack_tokens * (double)s->kv_bytes_per_token);
+	printf("tokens    %" PRIu64 " resident; slack %" PRIu64 " token slots (%s) in partly filled pages\n",
+	       s->tokens_resident, s->slack_tokens, b1);
+	printf("prefix    %" PRIu64 " of %" PRIu64 " prompt tokens found in the cache (%.1f%%), %" PRIu64
+	       " lookups; %" PRIu64 " pages evicted, %" PRIu64 " copy-on-write copies\n",
+	       s->prefix_hit_tokens, s->prefix_query_tokens, pct(s->prefix_hit_tokens, s->prefix_query_tokens),
+	       s->prefix_lookups, s->pages_evicted, s->cow_copies);
+	fmt_bytes(b1, sizeof(b1), (double)s->swap_bytes);
+	printf("swap      %" PRIu64 " pages out, %" PRIu64 " in; file %s; %" PRIu64 " I/O errors, %" PRIu64
+	       " requests recomputed after them\n",
+	       s->swap_out_pages, s->swap_in_pages, b1, s->swap_errors, s->swap_fallback_recomputes);
+	printf("requests  %" PRIu64 " running, %" PRIu64 " waiting, %" PRIu64 " swapped; %" PRIu64 " completed, %" PRIu64
+	       " rejected\n",
+	       s->requests_running, s->requests_waiting, s->requests_swapped, s->requests_completed,
+	       s->requests_rejected);
+	printf("clients   %" PRIu64 " connected, %" PRIu64 " sessions; %" PRIu64 " prompt and %" PRIu64
+	       " generated tokens in %" PRIu64 " steps\n",
+	       s->clients, s->sessions, s->prompt_tokens_total, s->generated_tokens_total, s->steps);
+	if (s->ledger_records_dropped)
+		printf("ledger    %" PRIu64 " records could not be written (see kvd's log)\n", s->ledger_records_dropped);
+}
+
+static int cmd_stats(struct ctx *x, int argc, char **argv)
+{
+	enum { O_JSON = OPT_FIRST_CMD, O_WATCH };
+	static const struct option longopts[] = {
+		{ "json", no_argument, NULL, O_JSON },
+		{ "watch", optional_argument, NULL, O_WATCH },
+		COMMON_LONGOPTS,
+		{ 0 },
+	};
+	const char *cmd = "stats";
+	bool json = false;
+	double watch = 0;
+	int o, r;
+
+	while ((o = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+		if ((r = common_opt(x, cmd, o, optarg)) != 0) {
+			if (r < 0)
+				return EXIT_USAGE;
+			continue;
+		}
+		switch (o) {
+		case 'h':
+			fputs(help_stats, stdout);
+			return EXIT_OK;
+		case O_JSON:
+			json = true;
+			break;
+		case O_WATCH:
+			watch = 1;
+			if (optarg) {
+				if (!parse_double(optarg, &watch) || watch <= 0)
+					return usage_error(cmd, "--watch: '%s' is not a number of seconds > 0", optarg);
+			} else if (optind < argc && parse_double(argv[optind], &watch)) {
+				if (watch <= 0)
+					return usage_error(cmd, "--watch: '%s' is not a number of seconds > 0", argv[optind]);
+				optind++;
+			}
+			break;
+		default:
+			return option_error(cmd, argv, o);
+		}
+	}
+	if (optind < argc)
+		return usage_error(cmd, "unexpected argument '%s'", argv[optind]);
+
+	kvc_client *c;
+	if ((r = connect_daemon(x, &c)) != 0)
+		return r;
+	if (watch > 0) {
+		install_sigint_flag();
+	}
+	bool tty = isatty(STDOUT_FILENO);
+	int status = EXIT_OK;
+	do {
+		struct kvc_stats s;
+		r = kvc_stats(c, &s);
+		if (r < 0) {
+			if (g_interrupted)
+				break;
+			status = fail(c, "stats", r);
+			break;
+		}
+		if (json) {
+			print_stats_json(&s, kvc_server_info(c));
+		} else {
+			if (watch > 0 && tty)
+				fputs("\033[H\033[2J", stdout);
+			else if (watch > 0)
+				fputs("\n", stdout);
+			print_stats_table(&s, kvc_server_info(c));
+		}
+		if (fflush(stdout) != 0) {
+			status = EXIT_IO;
+			break;
+		}
+		if (watch > 0)
+			sleep_s(watch);
+	} while (watch > 0 && !g_interrupted);
+	kvc_close(c);
+	return status;
+}
+
+/* ---- ps -------------------------------------------------------------------------------------------- */
+
+static const char help_ps[] =
+	"NAME\n"
+	"    kvctl ps - list the requests live in kvd and the KV pages they hold\n"
+	"\n"
+	"SYNOPSIS\n"
+	"    kvctl ps [--json]\n"
+	"\n"
+	"DESCRIPTION\n"
+	"    One line per request of any client: the client's id (as kvd numbers its\n"
+	"    connections) and the request's id within it, the client's pid and uid, the\n"
+	"    state (uploading its prompt, waiting for memory, prefill, running, swapped),\n"
+	"    prompt tokens and how many of them came from the prefix cache or session,\n"
+	"    tokens generated out of the maximum, KV pages held and how many of those are\n"
+	"    shared with other sequences, age, and session.\n"
+	"\n"
+	"OPTIONS\n"
+	"    --json   print {\"requests\": [{...}, ...]} with the members client_id,\n"
+	"             request_id, pid, uid, state, prompt_tokens, cached_tokens,\n"
+	"             generated_tokens, max_tokens, pages, pages_shared, age_ms, session_id\n"
+	"\n" COMMON_HELP "\n" EXIT_STATUS_HELP
+	"\n"
+	"EXAMPLES\n"
+	"    kvctl ps\n"
+	"    kvctl ps --json | jq '.requests[] | select(.state == \"swapped\")'\n"
+	"\n"
+	"SEE ALSO\n"
+	"    kvctl stats --help\n";
+
+static int cmd_ps(struct ctx *x, int argc, char **argv)
+{
+	const char *cmd = "ps";
+	bool json;
+	int r = parse_json_only(x, cmd, help_ps, argc, argv, &json);
+
+	if (r >= 0)
+		return r;
+	kvc_client *c;
+	if ((r = connect_daemon(x, &c)) != 0)
+		return r;
+	struct kvc_ps_entry *e;
+	size_t n;
+	r = kvc_ps(c, &e, &n);
+	if (r < 0) {
+		int st = fail(c, cmd, r);
+		kvc_close(c);
+		return st;
+	}
+	if (json) {
+		fputs("{\"requests\":[", stdout);
+		for (size_t i = 0; i < n; i++)
+			printf("%s{\"client_id\":%" PRIu64 ",\"request_id\":%" PRIu64 ",\"pid\":%" PRIu32 ",\"uid\":%" PRIu32
+			       ",\"state\":\"%s\",\"prompt_tokens\":%" PRIu32 ",\"cached_tokens\":%" PRIu32
+			       ",\"generated_tokens\":%" PRIu32 ",\"max_tokens\":%" PRIu32 ",\"pages\":%" PRIu32
+			       ",\"pages_shared\":%" PRIu32 ",\"age_ms\":%" PRIu64 ",\"session_id\":%" PRIu64 "}",
+			       i ? "," : "", e[i].client_id, e[i].request_id, e[i].pid, e[i].uid,
+			       kvc_req_state_name((int)e[i].state), e[i].prompt_tokens, e[i].cached_tokens,
+			       e[i].generated_tokens, e[i].max_tokens, e[i].pages, e[i].pages_shared,
+			       e[i].age_ns / 1000000, e[i].session_id);
+		fputs("]}\n", stdout);
+	} else {
+		printf("%8s %8s %8s %6s %-9s %7s %7s %13s %6s %6s %9s %s\n", "CLIENT", "REQ", "PID", "UID", "STATE",
+		       "PROMPT", "CACHED", "GEN/MAX", "PAGES", "SHARED", "AGE", "SESSION");
+		for (size_t i = 0; i < n; i++) {
+			char gen[32], sess[24] = "-";
+			snprintf(gen, sizeof(gen), "%" PRIu32 "/%" PRIu32, e[i].generated_tokens, e[i].max_tokens);
+			if (e[i].session_id)
+				snprintf(sess, sizeof(sess), "%" PRIu64, e[i].session_id);
+			printf("%8" PRIu64 " %8" PRIu64 " %8" PRIu32 " %6" PRIu32 " %-9s %7" PRIu32 " %7" PRIu32
+			       " %13s %6" PRIu32 " %6" PRIu32 " %8.1fs %s\n",
+			       e[i].client_id, e[i].request_id, e[i].pid, e[i].uid, kvc_req_state_name((int)e[i].state),
+			       e[i].prompt_tokens, e[i].cached_tokens, gen, e[i].pages, e[i].pages_shared,
+			       (double)e[i].age_ns / 1e9, sess);
+		}
+	}
+	kvc_free(e);
+	kvc_close(c);
+	return fflush(stdout) != 0 ? EXIT_IO : EXIT_OK;
+}
+
+const struct kvctl_command kvctl_cmd_stats = {
+	"stats", "KV-cache pages (free, used, shared, cached, swapped) and counters", cmd_stats, help_stats,
+};
+const struct kvctl_command kvctl_cmd_ps = {
+	"ps", "live requests and the pages they hold", cmd_ps, help_ps,
+};

@@ -1,0 +1,275 @@
+/*
+ * daemon/ledger.c — the per-request ledger file: whole-line appends, cut
+ * back on a short write, reopened on SIGHUP, never through a symbolic link.
+ * See ledger.h for the contract.
+ */
+#include "ledger.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvmm.h"
+#include "log.h"
+#include "sched.h"
+
+struct kvd_ledger {
+	int fd;
+	char *path;          /* of fd; NULL when none is open */
+	bool failing;        /* the last record was dropped (log once per run) */
+	bool need_newline;   /* a partial line could not be cut back */
+	uint64_t dropped, written;
+	uint64_t dropped_at_failure; /* `dropped` when the run of failures began */
+};
+
+static uint64_t realtime_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Open path for appending: never through a symbolic link (O_NOFOLLOW),
+ * never a FIFO or device (O_NONBLOCK so a FIFO cannot block the open, then
+ * the type is checked and blocking writes restored). Logs why not. */
+static int open_file(const char *path)
+{
+	struct stat st;
+	int fd, fl, r;
+
+	fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK, 0640);
+	if (fd < 0) {
+		r = -errno;
+		if (r == -ELOOP)
+			log_warning("ledger file %s: is a symbolic link, which kvd does not follow "
+				    "(per-request ledger disabled)", path);
+		else
+			log_warning("ledger file %s: %s (per-request ledger disabled)", path, strerror(-r));
+		return r;
+	}
+	if (fstat(fd, &st) < 0) {
+		r = -errno;
+		log_warning("ledger file %s: fstat: %s (per-request ledger disabled)", path, strerror(-r));
+		close(fd);
+		return r;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		log_warning("ledger file %s: not a regular file (per-request ledger disabled)", path);
+		close(fd);
+		return -EINVAL;
+	}
+	fl = fcntl(fd, F_GETFL);
+	if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+		r = -errno;
+		log_warning("ledger file %s: fcntl: %s (per-request ledger disabled)", path, strerror(-r));
+		close(fd);
+		return r;
+	}
+	return fd;
+}
+
+int kvd_ledger_new(const char *path, struct kvd_ledger **ret)
+{
+	struct kvd_ledger *l = calloc(1, sizeof(*l));
+
+	if (!l)
+		return -ENOMEM;
+	l->fd = -1;
+	(void)kvd_ledger_reopen(l, path);
+	*ret = l;
+	return 0;
+}
+
+struct kvd_ledger *kvd_ledger_free(struct kvd_ledger *l)
+{
+	if (!l)
+		return NULL;
+	if (l->fd >= 0)
+		close(l->fd);
+	free(l->path);
+	free(l);
+	return NULL;
+}
+
+int kvd_ledger_reopen(struct kvd_ledger *l, const char *path)
+{
+	char *copy;
+	int fd;
+
+	if (!path || !path[0]) {
+		if (l->fd >= 0)
+			close(l->fd);
+		l->fd = -1;
+		free(l->path);
+		l->path = NULL;
+		return 0;
+	}
+	copy = strdup(path);
+	if (!copy) {
+		log_warning("ledger file %s: out of memory; the current file stays in use", path);
+		return -ENOMEM;
+	}
+	fd = open_file(path);
+	if (fd < 0) {
+		free(copy);
+		if (l->fd >= 0)
+			log_warning("ledger: still writing to the file opened before");
+		return fd;
+	}
+	if (l->fd >= 0)
+		close(l->fd);
+	l->fd = fd;
+	free(l->path);
+	l->path = copy;
+	l->need_newline = false; /* a fresh file: any broken line stayed in the old one */
+	return 0;
+}
+
+static int drop(struct kvd_ledger *l, int err)
+{
+	l->dropped++;
+	if (!l->failing) {
+		l->failing = true;
+		l->dropped_at_failure = l->dropped - 1;
+		log_warning("ledger file %s: cannot append a record: %s; records are dropped (and counted) until "
+			    "writing works again",
+			    l->path ? l->path : "(none)", strerror(-err));
+	}
+	return err;
+}
+
+/* Take back the n bytes a short write left at the end of the file, so the
+ * next record starts a line of its own. With O_APPEND the offset after the
+ * write is the end of our bytes. */
+static void cut_back(struct kvd_ledger *l, size_t n)
+{
+	off_t end = lseek(l->fd, 0, SEEK_CUR);
+
+	if (end >= (off_t)n && ftruncate(l->fd, end - (off_t)n) == 0)
+		return;
+	/* Cannot cut: end the broken line, now or before the next record. */
+	l->need_newline = write(l->fd, "\n", 1) != 1;
+}
+
+int kvd_ledger_append(struct kvd_ledger *l, const char *line, size_t len)
+{
+	char buf[KVD_LEDGER_LINE_MAX + 1];
+	const char *p = line;
+	size_t n = len;
+	ssize_t w;
+
+	if (l->fd < 0)
+		return -EBADF; /* no ledger: nothing to count */
+	if (len == 0 || line[len - 1] != '\n' || memchr(line, '\n', len - 1))
+		return drop(l, -EINVAL);
+	if (len > KVD_LEDGER_LINE_MAX)
+		return drop(l, -EMSGSIZE);
+	if (l->need_newline) {
+		buf[0] = '\n';
+		memcpy(buf + 1, line, len);
+		p = buf;
+		n = len + 1;
+	}
+	w = write(l->fd, p, n);
+	if (w < 0 && errno == EINTR)
+		w = write(l->fd, p, n);
+	if (w < 0)
+		return drop(l, -errno);
+	if ((size_t)w < n) {
+		cut_back(l, (size_t)w);
+		return drop(l, -ENOSPC);
+	}
+	l->need_newline = false;
+	l->written++;
+	if (l->failing) {
+		l->failing = false;
+		log_notice("ledger file %s: appending again; %" PRIu64 " record(s) were dropped meanwhile", l->path,
+			   l->dropped - l->dropped_at_failure);
+	}
+	return 0;
+}
+
+/* s as a JSON string (quotes included) into out; control characters and
+ * bytes of invalid UTF-8 are not checked for beyond escaping < 0x20. */
+static size_t json_str(char *out, size_t cap, const char *s)
+{
+	size_t o = 0;
+
+	if (cap < 3)
+		return 0;
+	out[o++] = '"';
+	for (; *s && o + 8 < cap; s++) {
+		unsigned char c = (unsigned char)*s;
+
+		if (c == '"' || c == '\\') {
+			out[o++] = '\\';
+			out[o++] = (char)c;
+		} else if (c < 0x20 || c == 0x7f) {
+			o += (size_t)snprintf(out + o, cap - o, "\\u%04x", c);
+		} else {
+			out[o++] = (char)c;
+		}
+	}
+	out[o++] = '"';
+	out[o] = 0;
+	return o;
+}
+
+void kvd_ledger_request(struct kvd_ledger *l, const struct kvd_ledger_who *who, uint64_t request_id,
+			uint64_t session_id, const char *finish, const struct kvd_request_result *res)
+{
+	char kv[2048], line[KVD_LEDGER_LINE_MAX];
+	int n;
+
+	if (!l || l->fd < 0)
+		return;
+	if (!res->ledger || kvmm_seq_record_json(res->ledger, kv, sizeof(kv)) < 0)
+		snprintf(kv, sizeof(kv), "null");
+	n = snprintf(line, sizeof(line),
+		     "{\"time_ns\":%" PRIu64 ",\"client_id\":%" PRIu64 ",\"pid\":%" PRId32 ",\"uid\":%" PRIu32
+		     ",\"request_id\":%" PRIu64 ",\"session_id\":%" PRIu64 ",\"finish\":\"%s\",\"error\":%d,"
+		     "\"prompt_tokens\":%u,\"cached_tokens\":%u,\"generated_tokens\":%u,\"queue_ns\":%" PRIu64
+		     ",\"ttft_ns\":%" PRIu64 ",\"decode_ns\":%" PRIu64 ",\"itl_ns\":%" PRIu64
+		     ",\"preemptions\":%u,\"swaps\":%u,\"swap_errors\":%u,\"swap_fallback_recomputes\":%u,\"kv\":%s}\n",
+		     realtime_ns(), who->client_id, who->pid, who->uid, request_id, session_id, finish, res->error,
+		     res->prompt_tokens, res->cached_tokens, res->generated_tokens, res->queue_ns, res->ttft_ns,
+		     res->decode_ns, res->generated_tokens > 1 ? res->decode_ns / (res->generated_tokens - 1) : 0,
+		     res->preemptions, res->swaps, res->swap_errors, res->swap_fallback_recomputes, kv);
+	if (n < 0 || (size_t)n >= sizeof(line)) {
+		drop(l, -EMSGSIZE);
+		return;
+	}
+	(void)kvd_ledger_append(l, line, (size_t)n);
+}
+
+void kvd_ledger_rejected(struct kvd_ledger *l, const struct kvd_ledger_who *who, uint64_t request_id,
+			 uint64_t session_id, int32_t code, const char *reason)
+{
+	char why[2048], line[KVD_LEDGER_LINE_MAX];
+	int n;
+
+	if (!l || l->fd < 0)
+		return;
+	json_str(why, sizeof(why), reason ? reason : "");
+	n = snprintf(line, sizeof(line),
+		     "{\"time_ns\":%" PRIu64 ",\"client_id\":%" PRIu64 ",\"pid\":%" PRId32 ",\"uid\":%" PRIu32
+		     ",\"request_id\":%" PRIu64 ",\"session_id\":%" PRIu64
+		     ",\"finish\":\"rejected\",\"error\":%" PRId32 ",\"reason\":%s}\n",
+		     realtime_ns(), who->client_id, who->pid, who->uid, request_id, session_id, code, why);
+	if (n < 0 || (size_t)n >= sizeof(line)) {
+		drop(l, -EMSGSIZE);
+		return;
+	}
+	(void)kvd_ledger_append(l, line, (size_t)n);
+}
+
+uint64_t kvd_ledger_dropped(const struct kvd_ledger *l) { return l->dropped; }
+uint64_t kvd_ledger_written(const struct kvd_ledger *l) { return l->written; }

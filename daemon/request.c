@@ -1,0 +1,179 @@
+/*
+ * daemon/request.c — rendering, tokenizing, detokenizing and stop strings
+ * for one request.
+ *
+ * The stream side is two stages per token: the detokenizer turns the token
+ * into the bytes of complete UTF-8 characters, and the stop matcher holds
+ * back any tail that could begin a stop string. At the end of the stream
+ * (end-of-generation, max_tokens) both stages are flushed, so a client
+ * gets every byte exactly once.
+ */
+#include "request.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sampler.h"
+#include "tokenizer.h"
+
+/* Stands for an assistant message's content, to find what the template
+ * puts around it. */
+#define REQUEST_CHAT_MARKER "\x1fkvd-turn-marker\x1f"
+
+struct kvd_request {
+	const struct kvd_tokenizer *tok;
+	struct kvd_stop stop;
+	struct kvd_detok detok;
+	char piece[KVD_DETOK_MIN_CAP + KVD_SAMPLER_MAX_STOP_LEN];     /* detokenized */
+	char out[KVD_DETOK_MIN_CAP + 2 * KVD_SAMPLER_MAX_STOP_LEN];    /* released */
+};
+
+int kvd_request_tokenize(const struct kvd_tokenizer *tok, const char *text, size_t len, int add_bos,
+			 int parse_special, int32_t **ret)
+{
+	size_t cap = len + 16;
+	int32_t *ids = malloc(cap * sizeof(*ids));
+	int n;
+
+	if (!ids)
+		return -ENOMEM;
+	n = kvd_tokenize(tok, text, len, add_bos ? kvd_tokenizer_add_bos(tok) : 0, parse_special, ids, cap);
+	if (n > (int)cap) {
+		int32_t *bigger = realloc(ids, (size_t)n * sizeof(*ids));
+		if (!bigger) {
+			free(ids);
+			return -ENOMEM;
+		}
+		ids = bigger;
+		n = kvd_tokenize(tok, text, len, add_bos ? kvd_tokenizer_add_bos(tok) : 0, parse_special, ids,
+				 (size_t)n);
+	}
+	if (n < 0) {
+		free(ids);
+		return n;
+	}
+	*ret = ids;
+	return n;
+}
+
+/* Render msgs into a fresh NUL-terminated buffer. */
+static int render_alloc(const struct kvd_tokenizer *tok, const struct kvd_chat_msg *msgs, size_t n, char **ret)
+{
+	int len = kvd_chat_render(tok, msgs, n, 1, NULL, 0);
+	char *out;
+
+	if (len < 0)
+		return len;
+	out = malloc((size_t)len + 1);
+	if (!out)
+		return -ENOMEM;
+	kvd_chat_render(tok, msgs, n, 1, out, (size_t)len + 1);
+	*ret = out;
+	return len;
+}
+
+/*
+ * A later turn: what the template puts between the end of an assistant
+ * message and the next assistant header is found by rendering a marker as
+ * the assistant's content; the text after the marker is the turn.
+ */
+int kvd_request_render_turn(const struct kvd_tokenizer *tok, const char *system, const char *user,
+			    int continuation, int32_t last_token, char **ret)
+{
+	struct kvd_chat_msg msgs[2];
+	size_t n = 0;
+	char *out;
+	int len;
+
+	if (!user)
+		return -EINVAL;
+	if (!continuation) {
+		if (system && *system)
+			msgs[n++] = (struct kvd_chat_msg){ "system", system };
+		msgs[n++] = (struct kvd_chat_msg){ "user", user };
+		return render_alloc(tok, msgs, n, ret);
+	}
+	msgs[0] = (struct kvd_chat_msg){ "assistant", REQUEST_CHAT_MARKER };
+	msgs[1] = (struct kvd_chat_msg){ "user", user };
+	len = render_alloc(tok, msgs, 2, &out);
+	if (len < 0)
+		return len;
+	char *m = strstr(out, REQUEST_CHAT_MARKER);
+	if (!m) {
+		/* the template dropped the assistant message: render the
+		 * turn on its own */
+		free(out);
+		return kvd_request_render_turn(tok, NULL, user, 0, -1, ret);
+	}
+	char *tail = m + strlen(REQUEST_CHAT_MARKER);
+	if (last_token >= 0 && kvd_tokenizer_is_eog(tok, last_token)) {
+		char eog[256];
+		int k = kvd_token_to_bytes(tok, last_token, 1, eog, sizeof(eog));
+		if (k > 0 && (size_t)k < sizeof(eog) && !strncmp(tail, eog, (size_t)k))
+			tail += k;
+	}
+	len = (int)strlen(tail);
+	memmove(out, tail, (size_t)len + 1);
+	*ret = out;
+	return len;
+}
+
+int kvd_request_is_eog(const struct kvd_tokenizer *tok, int32_t token)
+{
+	return kvd_tokenizer_is_eog(tok, token);
+}
+
+int kvd_request_new(const struct kvd_tokenizer *tok, const char *const *stops, size_t n_stops,
+		    struct kvd_request **ret)
+{
+	struct kvd_request *rq = calloc(1, sizeof(*rq));
+	int r;
+
+	if (!rq)
+		return -ENOMEM;
+	r = kvd_stop_init(&rq->stop, stops, n_stops);
+	if (r < 0) {
+		free(rq);
+		return r;
+	}
+	rq->tok = tok;
+	kvd_detok_init(&rq->detok);
+	*ret = rq;
+	return 0;
+}
+
+struct kvd_request *kvd_request_free(struct kvd_request *rq)
+{
+	free(rq);
+	return NULL;
+}
+
+enum kvd_token_verdict kvd_request_token(struct kvd_request *rq, int32_t token, enum kvd_finish ending,
+					 const char **ret_text, size_t *ret_len)
+{
+	int hit = 0, n;
+	size_t n_out;
+
+	if (ending == KVD_FINISH_EOS) {
+		/* the end-of-generation token itself adds no text */
+		n = kvd_detok_flush(&rq->detok, rq->piece, sizeof(rq->piece));
+		n_out = kvd_stop_feed(&rq->stop, rq->piece, n > 0 ? (size_t)n : 0, rq->out, sizeof(rq->out), &hit);
+		n_out += kvd_stop_flush(&rq->stop, rq->out + n_out, sizeof(rq->out) - n_out);
+	} else {
+		n = kvd_detok_push(rq->tok, &rq->detok, token, rq->piece, sizeof(rq->piece));
+		if (n < 0)
+			n = 0;
+		if (ending != KVD_FINISH_NONE) {
+			int m = kvd_detok_flush(&rq->detok, rq->piece + n, sizeof(rq->piece) - (size_t)n);
+			if (m > 0)
+				n += m;
+		}
+		n_out = kvd_stop_feed(&rq->stop, rq->piece, (size_t)n, rq->out, sizeof(rq->out), &hit);
+		if (!hit && ending != KVD_FINISH_NONE)
+			n_out += kvd_stop_flush(&rq->stop, rq->out + n_out, sizeof(rq->out) - n_out);
+	}
+	*ret_text = rq->out;
+	*ret_len = n_out;
+	return hit ? KVD_TOKEN_STOP : KVD_TOKEN_CONTINUE;
+}

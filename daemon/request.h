@@ -1,0 +1,82 @@
+/*
+ * daemon/request.h — the text of a request, in one place.
+ *
+ * The scheduler deals only in tokens; everything that turns text into
+ * tokens and tokens back into text is here: rendering a chat turn with the
+ * model's template, tokenizing a prompt, and, for the stream a client sees,
+ * detokenizing each sampled token (holding back an incomplete UTF-8
+ * character) and applying the request's stop strings (holding back text
+ * that could be the start of one). The server owns one kvd_request per
+ * generation and feeds it the tokens the scheduler reports; the answer
+ * (continue or stop) goes back to the scheduler.
+ *
+ * The tokenizer is borrowed and must outlive every kvd_request made from
+ * it. A kvd_request belongs to one thread.
+ */
+#ifndef KVD_REQUEST_H
+#define KVD_REQUEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sched.h"
+
+struct kvd_tokenizer;
+struct kvd_request;
+
+/*
+ * Tokenize text[0..len) into a fresh array (*ret, freed by the caller with
+ * free()). With add_bos the model's BOS token is prepended when the model
+ * asks for one; with parse_special the texts of control tokens are matched
+ * as those tokens. Returns the number of tokens (*ret is set even for 0),
+ * or -ENOMEM, -E2BIG past KVD_TOKENIZE_MAX_BYTES, -EINVAL; *ret untouched
+ * on failure.
+ */
+int kvd_request_tokenize(const struct kvd_tokenizer *tok, const char *text, size_t len, int add_bos,
+			 int parse_special, int32_t **ret);
+
+/*
+ * The text of one chat turn, NUL-terminated, in a fresh buffer (*ret, freed
+ * by the caller). A first turn (continuation 0) is the model's template over
+ * [system], user, ending with the assistant's header; tokenize it with
+ * add_bos and parse_special. A later turn of a session continues a sequence
+ * that ends with the assistant's last token (last_token, or -1 when not
+ * known): it is what the template puts between the end of an assistant
+ * message and the next assistant header, then the user's turn, with the
+ * end-of-turn token the model already produced not repeated; tokenize it
+ * without BOS. Returns the length, -ENOTSUP for a template that is not
+ * recognised, -EINVAL (NULL user), -ENOMEM.
+ */
+int kvd_request_render_turn(const struct kvd_tokenizer *tok, const char *system, const char *user,
+			    int continuation, int32_t last_token, char **ret);
+
+/* True when token ends generation for this model (the predicate a
+ * scheduler's is_eog wants). */
+int kvd_request_is_eog(const struct kvd_tokenizer *tok, int32_t token);
+
+/*
+ * A request's output stream: its stop strings (copied; n_stops 0: none)
+ * and its detokenizer. Returns 0, -E2BIG for more than
+ * KVD_SAMPLER_MAX_STOPS strings or one longer than KVD_SAMPLER_MAX_STOP_LEN,
+ * -EINVAL for an empty one, -ENOMEM; *ret untouched on failure.
+ */
+int kvd_request_new(const struct kvd_tokenizer *tok, const char *const *stops, size_t n_stops,
+		    struct kvd_request **ret);
+/* Accepts NULL; returns NULL. */
+struct kvd_request *kvd_request_free(struct kvd_request *rq);
+
+/*
+ * One sampled token, as the scheduler's on_token reports it (`ending` as
+ * there). Sets *ret_text / *ret_len to the text that token releases to the
+ * client — possibly nothing while a multi-byte character or a possible
+ * stop string is held back; valid until the next call. When the stream
+ * ends with this token (ending EOS or LENGTH, or a stop string completes)
+ * everything held back is released, except a stop string and what follows
+ * it, and an end-of-generation token adds no text of its own. Returns
+ * KVD_TOKEN_STOP when a stop string has completed (the text then ends just
+ * before it; feed nothing more), else KVD_TOKEN_CONTINUE.
+ */
+enum kvd_token_verdict kvd_request_token(struct kvd_request *rq, int32_t token, enum kvd_finish ending,
+					 const char **ret_text, size_t *ret_len);
+
+#endif
