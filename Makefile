@@ -158,6 +158,27 @@ $(BUILD)/bin/kvctl: $(call obj,$(KVCTL_SRC)) $(LIBCLIENT_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ -lm
 
+# kvd-http, the OpenAI-compatible HTTP gateway: built on libkvclient only
+# (its sources see client/kvclient.h and system headers), with libmicrohttpd,
+# jansson, inih and libsystemd from Debian. Built when its libraries are there.
+HTTP_SRC  := $(wildcard client/http/*.c)
+HTTP_PKGS := libmicrohttpd jansson inih libsystemd
+HTTP_OK   := $(if $(HTTP_SRC),$(shell pkg-config --exists $(HTTP_PKGS) 2>/dev/null && echo y))
+HTTP_BIN  := $(if $(HTTP_OK),$(BUILD)/bin/kvd-http)
+all: $(HTTP_BIN)
+$(BUILD)/obj/client/http/%.o: client/http/%.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE $(OPT) $(SAN) $(WARN) -pthread -iquote client $(shell pkg-config --cflags $(HTTP_PKGS) 2>/dev/null) $(EXTRA_CFLAGS) -MMD -MP -c $< -o $@
+$(BUILD)/bin/kvd-http: $(call obj,$(HTTP_SRC)) $(LIBCLIENT_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(shell pkg-config --libs $(HTTP_PKGS) 2>/dev/null) -lm
+install: install-http
+.PHONY: install-http
+install-http: $(HTTP_BIN)
+	$(if $(HTTP_BIN),install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)/etc/kvd && \
+	    install -m 0755 $(HTTP_BIN) $(DESTDIR)$(PREFIX)/bin/ && \
+	    install -m 0644 etc/kvd-http.conf $(DESTDIR)/etc/kvd/kvd-http.conf)
+
 $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(CORE_LIBS) $(if $(CLIENT_SRC),$(LIBCLIENT_A))
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(CMOCKA_LIBS) $(LIBS_ALL)

@@ -1,0 +1,155 @@
+/*
+ * client/http/http.h — kvd-http's internal interface, shared by its files.
+ *
+ * kvd-http is the OpenAI-compatible HTTP gateway of kvd. It is a client of
+ * the daemon like any other program: it reaches kvd only through
+ * libkvclient (kvclient.h). Its parts:
+ *
+ *   request.c  turns an untrusted JSON body into a checked generation
+ *              request (jansson does all parsing) and builds the JSON of
+ *              responses, stream chunks and OpenAI error objects; it knows
+ *              nothing of HTTP or of kvd, so a fuzz target can drive it alone;
+ *   config.c   configuration file ([http] keys) and command line;
+ *   server.c   the HTTP server (libmicrohttpd, one thread per connection)
+ *              and the bridge to kvd (a pool of kvc_client connections);
+ *   main.c     start-up: listening socket or socket activation, signals.
+ */
+#ifndef KVD_HTTP_H
+#define KVD_HTTP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+/* ---- limits (named; the configurable ones have defaults here) ---------------- */
+
+#define HTTP_DEFAULT_LISTEN          "127.0.0.1:8484"
+#define HTTP_DEFAULT_MAX_BODY        (1u << 20)  /* bytes of a request body */
+#define HTTP_DEFAULT_MAX_HEADER      (32u << 10) /* bytes of request line + headers */
+#define HTTP_DEFAULT_MAX_CONNECTIONS 256
+#define HTTP_DEFAULT_MAX_PER_IP      0           /* 0: no per-address bound */
+#define HTTP_DEFAULT_CLIENT_TIMEOUT  60          /* s without progress on a connection */
+#define HTTP_DEFAULT_MAX_TOKENS      256         /* when a request names none */
+#define HTTP_MAX_STOP                8           /* stop strings per request (kvd's bound) */
+#define HTTP_MAX_STOP_BYTES          256         /* bytes of one stop string (kvd's bound) */
+#define HTTP_MAX_MESSAGES            64          /* entries of a messages array looked at */
+#define HTTP_MAX_MODEL_ID            128         /* bytes of a model name */
+#define HTTP_MAX_JSON_DEPTH          32          /* nesting of a request body */
+#define HTTP_MAX_API_KEY             512         /* bytes of the API key file */
+
+/* ---- configuration ------------------------------------------------------------ */
+
+struct http_config {
+	char listen[256];          /* "host:port", "[v6]:port" */
+	char kvd_socket[256];      /* "" = $KVD_SOCKET or kvd's default */
+	char api_key_file[256];    /* "" = no key */
+	char model_id[HTTP_MAX_MODEL_ID]; /* "" = the name kvd reports */
+	uint32_t max_body_bytes;
+	uint32_t max_header_bytes;
+	uint32_t max_connections;
+	uint32_t max_connections_per_ip;
+	uint32_t client_timeout_s;
+	uint32_t default_max_tokens;
+	uint32_t backlog;
+};
+
+/* Defaults above. */
+void http_config_defaults(struct http_config *cfg);
+
+/*
+ * Apply key = value of section [http] (section NULL or "http"). Returns 0,
+ * -ENOENT for an unknown key, -EINVAL for a bad value, -E2BIG for a value
+ * too long; *ret_msg (may be NULL) gets a static explanation on failure.
+ */
+int http_config_set(struct http_config *cfg, const char *section, const char *key, const char *value,
+		    const char **ret_msg);
+
+/* Read an ini file into cfg. Returns 0, -ENOENT/-EACCES when it cannot be
+ * opened, or -EINVAL with *ret_line set to the first bad line and *ret_msg
+ * to why. */
+int http_config_load(struct http_config *cfg, const char *path, int *ret_line, const char **ret_msg);
+
+/* The help text listing every key (for --help and the documentation). */
+extern const char http_config_help[];
+
+/* ---- requests ------------------------------------------------------------------ */
+
+enum http_endpoint {
+	HTTP_EP_CHAT = 1,        /* POST /v1/chat/completions */
+	HTTP_EP_COMPLETIONS = 2, /* POST /v1/completions */
+};
+
+/* An OpenAI-style error: HTTP status, error.type, error.param, error.code,
+ * error.message. */
+struct http_error {
+	int status;
+	const char *type;  /* "invalid_request_error", ... (static) */
+	const char *code;  /* static or NULL */
+	char param[64];    /* "" = null */
+	char message[512];
+};
+
+/* Fill e and return -EINVAL (for "return http_fail(e, ...)"). */
+int http_fail(struct http_error *e, int status, const char *type, const char *code, const char *param,
+	      const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* A checked generation request. Strings are owned (free with
+ * http_gen_req_clear); the absent ones are NULL. */
+struct http_gen_req {
+	int endpoint;
+	char *model;
+	char *system;            /* chat: the system (or developer) message */
+	char *prompt;            /* chat: the user message; completions: the prompt */
+	size_t prompt_len;
+	bool stream;
+	bool include_usage;      /* stream_options.include_usage */
+	bool has_max_tokens, has_temperature, has_top_p, has_seed, has_top_k, has_min_p, has_repeat_penalty;
+	uint32_t max_tokens;
+	double temperature, top_p, min_p, repeat_penalty;
+	int32_t top_k;
+	uint64_t seed;
+	char *stop[HTTP_MAX_STOP];
+	size_t n_stop;
+};
+
+/*
+ * Parse and check a request body for endpoint ep. Every parameter the
+ * gateway cannot honour exactly is refused with a 400 naming it (never
+ * ignored silently); unknown keys are ignored, as OpenAI-compatible servers
+ * do. Returns 0 with *ret filled, or -EINVAL with *err filled (ret then
+ * holds nothing to free). body need not be NUL-terminated.
+ */
+int http_parse_gen_request(int ep, const char *body, size_t len, struct http_gen_req *ret, struct http_error *err);
+void http_gen_req_clear(struct http_gen_req *r);
+
+/* ---- responses ------------------------------------------------------------------- */
+
+/* The JSON text of an error object: {"error":{"message","type","param","code"}}.
+ * Returns malloc'd NUL-terminated text or NULL (out of memory). */
+char *http_error_json(const struct http_error *e);
+
+/* What one generation produced, for the final JSON. */
+struct http_usage {
+	uint32_t prompt_tokens, cached_tokens, completion_tokens;
+};
+
+/* "stop" or "length" from kvd's finish reason (enum kvc_finish values). */
+const char *http_finish_reason(int kvc_finish);
+
+/* The non-streaming response. text: text_len bytes. NULL: out of memory. */
+char *http_response_json(int ep, const char *id, long created, const char *model, const char *text, size_t text_len,
+			 const char *finish, const struct http_usage *u);
+
+/*
+ * One server-sent event "data: {...}\n\n" of a stream, malloc'd, *ret_len
+ * set. role_only: the first chat chunk (delta.role). finish non-NULL: the
+ * last chunk of the choice. usage non-NULL: the usage chunk (choices []).
+ * with_usage_null: include_usage is on, so other chunks carry "usage":null.
+ */
+char *http_chunk_sse(int ep, const char *id, long created, const char *model, bool role_only, const char *text,
+		     size_t text_len, const char *finish, const struct http_usage *usage, bool with_usage_null,
+		     size_t *ret_len);
+
+#endif /* KVD_HTTP_H */

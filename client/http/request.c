@@ -1,0 +1,515 @@
+/*
+ * client/http/request.c — OpenAI request bodies in, OpenAI JSON out.
+ *
+ * Untrusted bodies are parsed only by jansson (duplicate keys refused,
+ * NUL characters in strings refused, nesting bounded); this file then
+ * walks the parsed tree and checks every parameter it understands against
+ * what kvd can do today. The rule is "honour exactly or refuse": a
+ * parameter whose meaning the gateway cannot reproduce (n > 1, logprobs,
+ * penalties OpenAI defines differently from kvd's, earlier conversation
+ * turns) gets a 400 naming it, never a silent approximation. Keys this
+ * file does not know are ignored, as every OpenAI-compatible server does,
+ * since clients send vendor extras.
+ *
+ * Nothing here knows HTTP or kvd, so tests/fuzz/fuzz_http_request.c can
+ * drive the parser alone.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "http.h"
+
+int http_fail(struct http_error *e, int status, const char *type, const char *code, const char *param,
+	      const char *fmt, ...)
+{
+	va_list ap;
+
+	e->status = status;
+	e->type = type;
+	e->code = code;
+	snprintf(e->param, sizeof(e->param), "%s", param ? param : "");
+	va_start(ap, fmt);
+	vsnprintf(e->message, sizeof(e->message), fmt, ap);
+	va_end(ap);
+	return -EINVAL;
+}
+
+#define BAD(e, param, ...) http_fail(e, 400, "invalid_request_error", NULL, param, __VA_ARGS__)
+#define UNSUPPORTED(e, param, ...) http_fail(e, 400, "invalid_request_error", "unsupported_parameter", param, __VA_ARGS__)
+
+void http_gen_req_clear(struct http_gen_req *r)
+{
+	free(r->model);
+	free(r->system);
+	free(r->prompt);
+	for (size_t i = 0; i < r->n_stop; i++)
+		free(r->stop[i]);
+	memset(r, 0, sizeof(*r));
+}
+
+/* The value of key k, or NULL when absent or JSON null (OpenAI treats an
+ * explicit null as "not given"). */
+static json_t *opt(json_t *o, const char *k)
+{
+	json_t *v = json_object_get(o, k);
+	return json_is_null(v) ? NULL : v;
+}
+
+static int take_string(json_t *v, char **ret, size_t *ret_len)
+{
+	size_t n = json_string_length(v);
+	char *s = malloc(n + 1);
+	if (!s)
+		return -ENOMEM;
+	memcpy(s, json_string_value(v), n);
+	s[n] = '\0';
+	*ret = s;
+	if (ret_len)
+		*ret_len = n;
+	return 0;
+}
+
+static int oom(struct http_error *e)
+{
+	http_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+	return -ENOMEM;
+}
+
+/* A number in [lo, hi] (lo excluded when lo_open). */
+static int get_number(json_t *o, const char *k, double lo, double hi, bool lo_open, bool *has, double *ret,
+		      struct http_error *e)
+{
+	json_t *v = opt(o, k);
+	if (!v)
+		return 0;
+	if (!json_is_number(v))
+		return BAD(e, k, "'%s' must be a number", k);
+	double d = json_number_value(v);
+	if (!isfinite(d) || d > hi || d < lo || (lo_open && d == lo))
+		return BAD(e, k, "'%s' is %g; it must be %s %g and <= %g", k, d, lo_open ? ">" : ">=", lo, hi);
+	*has = true;
+	*ret = d;
+	return 0;
+}
+
+/* A parameter accepted only at its neutral value: absent, null, or equal
+ * to what "off" means (false, 0, 1, {} or [] as given). */
+static int only_neutral(json_t *o, const char *k, struct http_error *e, const char *why)
+{
+	json_t *v = opt(o, k);
+	if (!v)
+		return 0;
+	if (json_is_false(v))
+		return 0;
+	if (json_is_number(v) && json_number_value(v) == 0 && strcmp(k, "n") != 0 && strcmp(k, "best_of") != 0)
+		return 0;
+	if (json_is_integer(v) && json_integer_value(v) == 1 && (!strcmp(k, "n") || !strcmp(k, "best_of")))
+		return 0;
+	if ((json_is_object(v) && json_object_size(v) == 0) || (json_is_array(v) && json_array_size(v) == 0))
+		return 0;
+	return UNSUPPORTED(e, k, "'%s' is not supported by kvd-http: %s", k, why);
+}
+
+static int parse_stop(json_t *o, struct http_gen_req *r, struct http_error *e)
+{
+	json_t *v = opt(o, "stop");
+	if (!v)
+		return 0;
+	json_t *one[1] = { v };
+	json_t **items = one;
+	size_t n = 1;
+	if (json_is_array(v)) {
+		n = json_array_size(v);
+		if (n > HTTP_MAX_STOP)
+			return BAD(e, "stop", "'stop' has %zu entries; at most %d are allowed", n, HTTP_MAX_STOP);
+		items = NULL;
+	} else if (!json_is_string(v)) {
+		return BAD(e, "stop", "'stop' must be a string or an array of strings");
+	}
+	for (size_t i = 0; i < n; i++) {
+		json_t *s = items ? items[i] : json_array_get(v, i);
+		if (!json_is_string(s))
+			return BAD(e, "stop", "'stop' must be a string or an array of strings");
+		size_t len = json_string_length(s);
+		if (len == 0 || len > HTTP_MAX_STOP_BYTES)
+			return BAD(e, "stop", "each stop string must be 1 to %d bytes long", HTTP_MAX_STOP_BYTES);
+		if (take_string(s, &r->stop[r->n_stop], NULL) < 0)
+			return oom(e);
+		r->n_stop++;
+	}
+	return 0;
+}
+
+/* The text of a message's content: a string, or an array of
+ * {"type":"text","text":...} parts, concatenated. */
+static int content_text(json_t *c, size_t idx, char **ret, size_t *ret_len, struct http_error *e)
+{
+	char param[48];
+
+	snprintf(param, sizeof(param), "messages[%zu].content", idx);
+	if (json_is_string(c))
+		return take_string(c, ret, ret_len) < 0 ? oom(e) : 0;
+	if (!json_is_array(c))
+		return BAD(e, param, "'%s' must be a string or an array of text parts", param);
+	size_t total = 0, i;
+	json_t *part;
+	json_array_foreach(c, i, part) {
+		json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
+		if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0)
+			return UNSUPPORTED(e, param, "only text parts are supported in '%s'", param);
+		if (!json_is_string(text))
+			return BAD(e, param, "a text part of '%s' needs a string 'text'", param);
+		total += json_string_length(text);
+	}
+	char *s = malloc(total + 1);
+	if (!s)
+		return oom(e);
+	size_t off = 0;
+	json_array_foreach(c, i, part) {
+		json_t *text = json_object_get(part, "text");
+		memcpy(s + off, json_string_value(text), json_string_length(text));
+		off += json_string_length(text);
+	}
+	s[off] = '\0';
+	*ret = s;
+	*ret_len = off;
+	return 0;
+}
+
+/*
+ * messages → system + prompt. kvd's protocol carries one system prompt and
+ * one user turn per request, which the daemon renders with the model's chat
+ * template; anything else (earlier user/assistant turns, tool results, an
+ * assistant prefill) cannot be expressed yet and is refused by name.
+ */
+static int parse_messages(json_t *o, struct http_gen_req *r, struct http_error *e)
+{
+	json_t *m = json_object_get(o, "messages");
+	if (!m)
+		return BAD(e, "messages", "'messages' is required");
+	if (!json_is_array(m) || json_array_size(m) == 0)
+		return BAD(e, "messages", "'messages' must be a non-empty array");
+	size_t n = json_array_size(m);
+	if (n > HTTP_MAX_MESSAGES)
+		return BAD(e, "messages", "'messages' has %zu entries; at most %d are allowed", n, HTTP_MAX_MESSAGES);
+	size_t users = 0, systems = 0;
+	for (size_t i = 0; i < n; i++) {
+		json_t *msg = json_array_get(m, i), *role = json_object_get(msg, "role");
+		char param[48];
+		snprintf(param, sizeof(param), "messages[%zu].role", i);
+		if (!json_is_object(msg) || !json_is_string(role))
+			return BAD(e, param, "each message must be an object with a string 'role'");
+		const char *rs = json_string_value(role);
+		if (!strcmp(rs, "system") || !strcmp(rs, "developer")) {
+			if (i != 0)
+				return UNSUPPORTED(e, param, "kvd-http accepts a system message only as the first message");
+			systems++;
+		} else if (!strcmp(rs, "user")) {
+			users++;
+		} else if (!strcmp(rs, "assistant") || !strcmp(rs, "tool") || !strcmp(rs, "function")) {
+			return UNSUPPORTED(e, "messages",
+					   "'messages' holds a '%s' turn: kvd-http cannot pass earlier conversation turns to kvd "
+					   "yet (its protocol carries one optional system message and one user message per "
+					   "request)", rs);
+		} else {
+			return BAD(e, param, "unknown role '%.32s'", rs);
+		}
+	}
+	if (users != 1 || !json_is_string(json_object_get(json_array_get(m, n - 1), "role")) ||
+	    strcmp(json_string_value(json_object_get(json_array_get(m, n - 1), "role")), "user") != 0)
+		return UNSUPPORTED(e, "messages",
+				   "kvd-http needs exactly one user message, last (after an optional system message); "
+				   "earlier conversation turns cannot be passed to kvd yet");
+	for (size_t i = 0; i < n; i++) {
+		json_t *msg = json_array_get(m, i), *c = json_object_get(msg, "content");
+		char **dst = (systems && i == 0) ? &r->system : &r->prompt;
+		size_t len = 0;
+		if (!c || json_is_null(c)) {
+			char param[48];
+			snprintf(param, sizeof(param), "messages[%zu].content", i);
+			return BAD(e, param, "'%s' is required", param);
+		}
+		int x = content_text(c, i, dst, &len, e);
+		if (x < 0)
+			return x;
+		if (dst == &r->prompt)
+			r->prompt_len = len;
+	}
+	return 0;
+}
+
+static int parse_prompt(json_t *o, struct http_gen_req *r, struct http_error *e)
+{
+	json_t *p = json_object_get(o, "prompt");
+	if (!p)
+		return BAD(e, "prompt", "'prompt' is required");
+	if (json_is_array(p)) {
+		if (json_array_size(p) != 1)
+			return UNSUPPORTED(e, "prompt", "'prompt' must be a string or an array of exactly one string "
+					   "(batched prompts are not supported)");
+		p = json_array_get(p, 0);
+	}
+	if (!json_is_string(p))
+		return UNSUPPORTED(e, "prompt", "'prompt' must be text (token arrays are not supported)");
+	return take_string(p, &r->prompt, &r->prompt_len) < 0 ? oom(e) : 0;
+}
+
+static int parse_fields(int ep, json_t *o, struct http_gen_req *r, struct http_error *e)
+{
+	json_t *v;
+	int x;
+
+	r->endpoint = ep;
+	if ((v = opt(o, "model"))) {
+		if (!json_is_string(v) || json_string_length(v) == 0 || json_string_length(v) >= HTTP_MAX_MODEL_ID)
+			return BAD(e, "model", "'model' must be a non-empty string shorter than %d bytes", HTTP_MAX_MODEL_ID);
+		if (take_string(v, &r->model, NULL) < 0)
+			return oom(e);
+	}
+	if ((v = opt(o, "stream"))) {
+		if (!json_is_boolean(v))
+			return BAD(e, "stream", "'stream' must be a boolean");
+		r->stream = json_is_true(v);
+	}
+	if ((v = opt(o, "stream_options"))) {
+		if (!r->stream)
+			return BAD(e, "stream_options", "'stream_options' is only allowed when 'stream' is true");
+		if (!json_is_object(v))
+			return BAD(e, "stream_options", "'stream_options' must be an object");
+		json_t *u = opt(v, "include_usage");
+		if (u && !json_is_boolean(u))
+			return BAD(e, "stream_options.include_usage", "'stream_options.include_usage' must be a boolean");
+		r->include_usage = u && json_is_true(u);
+	}
+	/* max_completion_tokens is the current name, max_tokens the old one */
+	const char *mt = opt(o, "max_completion_tokens") && ep == HTTP_EP_CHAT ? "max_completion_tokens" : "max_tokens";
+	if ((v = opt(o, mt))) {
+		if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > UINT32_MAX)
+			return BAD(e, mt, "'%s' must be a positive integer", mt);
+		r->has_max_tokens = true;
+		r->max_tokens = (uint32_t)json_integer_value(v);
+	}
+	if ((x = get_number(o, "temperature", 0, 2, false, &r->has_temperature, &r->temperature, e)) < 0 ||
+	    (x = get_number(o, "top_p", 0, 1, true, &r->has_top_p, &r->top_p, e)) < 0 ||
+	    (x = get_number(o, "min_p", 0, 1, false, &r->has_min_p, &r->min_p, e)) < 0 ||
+	    (x = get_number(o, "repeat_penalty", 0, 100, true, &r->has_repeat_penalty, &r->repeat_penalty, e)) < 0)
+		return x;
+	if (r->has_min_p && r->min_p >= 1)
+		return BAD(e, "min_p", "'min_p' must be below 1");
+	if ((v = opt(o, "top_k"))) {
+		if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+			return BAD(e, "top_k", "'top_k' must be a non-negative integer");
+		r->has_top_k = true;
+		r->top_k = (int32_t)json_integer_value(v);
+	}
+	if ((v = opt(o, "seed"))) {
+		if (!json_is_integer(v))
+			return BAD(e, "seed", "'seed' must be an integer");
+		r->has_seed = true;
+		r->seed = (uint64_t)json_integer_value(v);
+	}
+	if ((x = parse_stop(o, r, e)) < 0)
+		return x;
+
+	/* What kvd cannot do yet: refused by name. (For completions even
+	 * logprobs 0 asks for the sampled tokens' log-probabilities.) */
+	if (ep == HTTP_EP_COMPLETIONS && opt(o, "logprobs"))
+		return UNSUPPORTED(e, "logprobs", "'logprobs' is not supported by kvd-http: kvd does not return token "
+				   "probabilities yet");
+	if ((x = only_neutral(o, "n", e, "one choice per request (kvd generates one sequence per request; "
+				   "send n requests)")) < 0 ||
+	    (x = only_neutral(o, "presence_penalty", e, "kvd's repeat_penalty is a different, multiplicative rule; "
+				   "use 'repeat_penalty'")) < 0 ||
+	    (x = only_neutral(o, "frequency_penalty", e, "kvd's repeat_penalty is a different, multiplicative rule; "
+				   "use 'repeat_penalty'")) < 0 ||
+	    (x = only_neutral(o, "logit_bias", e, "kvd's sampler takes no per-token biases")) < 0 ||
+	    (x = only_neutral(o, "logprobs", e, "kvd does not return token probabilities yet")) < 0 ||
+	    (x = only_neutral(o, "top_logprobs", e, "kvd does not return token probabilities yet")) < 0 ||
+	    (x = only_neutral(o, "tools", e, "no tool calling")) < 0 ||
+	    (x = only_neutral(o, "functions", e, "no function calling")) < 0)
+		return x;
+	if ((v = opt(o, "tool_choice")) && !(json_is_string(v) && !strcmp(json_string_value(v), "none")))
+		return UNSUPPORTED(e, "tool_choice", "'tool_choice' is not supported by kvd-http: no tool calling");
+	if ((v = opt(o, "response_format"))) {
+		json_t *t = json_object_get(v, "type");
+		if (!json_is_string(t) || strcmp(json_string_value(t), "text") != 0)
+			return UNSUPPORTED(e, "response_format", "only 'response_format' {\"type\": \"text\"} is supported");
+	}
+	if (ep == HTTP_EP_COMPLETIONS) {
+		if ((x = only_neutral(o, "echo", e, "the prompt is not echoed")) < 0 ||
+		    (x = only_neutral(o, "best_of", e, "one sequence per request")) < 0)
+			return x;
+		if ((v = opt(o, "suffix")) && !(json_is_string(v) && json_string_length(v) == 0))
+			return UNSUPPORTED(e, "suffix", "'suffix' (fill-in-the-middle) is not supported by kvd-http");
+		return parse_prompt(o, r, e);
+	}
+	return parse_messages(o, r, e);
+}
+
+int http_parse_gen_request(int ep, const char *body, size_t len, struct http_gen_req *ret, struct http_error *err)
+{
+	json_error_t je;
+	struct http_gen_req r;
+
+	memset(&r, 0, sizeof(r));
+	if (len == 0)
+		return BAD(err, NULL, "the request body is empty; a JSON object is expected");
+	json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+	if (!o)
+		return BAD(err, NULL, "the request body is not valid JSON: %s (at byte %d)", je.text, je.position);
+	int x;
+	if (!json_is_object(o))
+		x = BAD(err, NULL, "the request body must be a JSON object");
+	else
+		x = parse_fields(ep, o, &r, err);
+	json_decref(o);
+	if (x < 0) {
+		http_gen_req_clear(&r);
+		return x;
+	}
+	*ret = r;
+	return 0;
+}
+
+/* ---- responses ------------------------------------------------------------------ */
+
+/* A JSON string from text that should be UTF-8; bytes that are not become
+ * U+FFFD, so one bad byte from the model cannot make a response invalid. */
+static json_t *text_value(const char *s, size_t n)
+{
+	json_t *v = json_stringn(s, n);
+	if (v)
+		return v;
+	char *t = malloc(n * 3 + 1);
+	if (!t)
+		return NULL;
+	size_t o = 0;
+	for (size_t i = 0; i < n;) {
+		unsigned char c = (unsigned char)s[i];
+		size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+		json_t *probe = k && i + k <= n && c ? json_stringn(s + i, k) : NULL;
+		if (probe) {
+			memcpy(t + o, s + i, k);
+			o += k;
+			i += k;
+			json_decref(probe);
+		} else {
+			memcpy(t + o, "\xef\xbf\xbd", 3);
+			o += 3;
+			i++;
+		}
+	}
+	v = json_stringn(t, o);
+	free(t);
+	return v;
+}
+
+static char *dump(json_t *o)
+{
+	if (!o)
+		return NULL;
+	char *s = json_dumps(o, JSON_COMPACT);
+	json_decref(o);
+	return s;
+}
+
+char *http_error_json(const struct http_error *e)
+{
+	return dump(json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", e->message, "type",
+			      e->type ? e->type : "invalid_request_error", "param", e->param[0] ? e->param : NULL,
+			      "code", e->code));
+}
+
+const char *http_finish_reason(int kvc_finish)
+{
+	/* enum kvc_finish: 1 eos, 2 length, 3 stop */
+	return kvc_finish == 2 ? "length" : "stop";
+}
+
+static json_t *usage_json(const struct http_usage *u)
+{
+	return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)u->prompt_tokens, "completion_tokens",
+			 (json_int_t)u->completion_tokens, "total_tokens",
+			 (json_int_t)u->prompt_tokens + (json_int_t)u->completion_tokens, "prompt_tokens_details",
+			 "cached_tokens", (json_int_t)u->cached_tokens);
+}
+
+char *http_response_json(int ep, const char *id, long created, const char *model, const char *text, size_t text_len,
+			 const char *finish, const struct http_usage *u)
+{
+	json_t *t = text_value(text, text_len);
+	json_t *choice;
+
+	if (!t)
+		return NULL;
+	if (ep == HTTP_EP_CHAT)
+		choice = json_pack("{s:i, s:{s:s, s:o}, s:n, s:s}", "index", 0, "message", "role", "assistant", "content",
+				   t, "logprobs", "finish_reason", finish);
+	else
+		choice = json_pack("{s:i, s:o, s:n, s:s}", "index", 0, "text", t, "logprobs", "finish_reason", finish);
+	if (!choice)
+		return NULL;
+	return dump(json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", id, "object",
+			      ep == HTTP_EP_CHAT ? "chat.completion" : "text_completion", "created", (json_int_t)created,
+			      "model", model, "choices", choice, "usage", usage_json(u)));
+}
+
+char *http_chunk_sse(int ep, const char *id, long created, const char *model, bool role_only, const char *text,
+		     size_t text_len, const char *finish, const struct http_usage *usage, bool with_usage_null,
+		     size_t *ret_len)
+{
+	json_t *o = json_pack("{s:s, s:s, s:I, s:s}", "id", id, "object",
+			      ep == HTTP_EP_CHAT ? "chat.completion.chunk" : "text_completion", "created",
+			      (json_int_t)created, "model", model);
+	json_t *choices = json_array();
+	if (!o || !choices)
+		goto fail;
+	json_object_set_new(o, "choices", choices);
+	if (usage) {
+		json_object_set_new(o, "usage", usage_json(usage));
+	} else {
+		json_t *c;
+		if (ep == HTTP_EP_CHAT) {
+			json_t *delta = json_object();
+			if (!delta)
+				goto fail;
+			if (role_only) {
+				json_object_set_new(delta, "role", json_string("assistant"));
+				json_object_set_new(delta, "content", json_string(""));
+			} else if (!finish) {
+				json_object_set_new(delta, "content", text_value(text, text_len));
+			}
+			c = json_pack("{s:i, s:o, s:n, s:s?}", "index", 0, "delta", delta, "logprobs", "finish_reason",
+				      finish);
+		} else {
+			c = json_pack("{s:i, s:o, s:n, s:s?}", "index", 0, "text", text_value(finish ? "" : text,
+				      finish ? 0 : text_len), "logprobs", "finish_reason", finish);
+		}
+		if (!c || json_array_append_new(choices, c) < 0)
+			goto fail;
+		if (with_usage_null)
+			json_object_set_new(o, "usage", json_null());
+	}
+	char *s = dump(o);
+	if (!s)
+		return NULL;
+	size_t n = strlen(s);
+	char *out = malloc(n + 9);
+	if (!out) {
+		free(s);
+		return NULL;
+	}
+	memcpy(out, "data: ", 6);
+	memcpy(out + 6, s, n);
+	memcpy(out + 6 + n, "\n\n", 3);
+	free(s);
+	*ret_len = n + 8;
+	return out;
+fail:
+	json_decref(o);
+	return NULL;
+}
