@@ -234,11 +234,17 @@ int kvd_engine_open(const struct kvd_engine_config *cfg, struct kvd_engine **ret
 	}
 	if (!e->ops && (r = start_cpu(e, &bc, err, errlen)) < 0)
 		goto fail;
-	r = e->ops->load(e->be, kvd_model_weights(e->model));
+	const struct kvd_model_weights *mw = kvd_model_weights(e->model);
+	uint32_t missing = mw->features & ~e->ops->features;
+	r = missing ? -ENOTSUP : e->ops->load(e->be, mw);
 	if (r == -ENOTSUP && e->plugin && !strcmp(want, "auto")) {
-		/* weight types the device cannot compute: "auto" serves on the
-		 * CPU instead, and says so */
-		snprintf(e->note, sizeof(e->note), "cuda backend: this model's weight types are not supported on the GPU");
+		/* weight types or model features the device cannot compute:
+		 * "auto" serves on the CPU instead, and says so */
+		if (missing)
+			snprintf(e->note, sizeof(e->note), "cuda backend: %s is not implemented on the GPU",
+				 kvd_feature_name(missing));
+		else
+			snprintf(e->note, sizeof(e->note), "cuda backend: this model's weight types are not supported on the GPU");
 		e->ops->destroy(e->be);
 		e->be = NULL;
 		dlclose(e->plugin);
@@ -246,7 +252,13 @@ int kvd_engine_open(const struct kvd_engine_config *cfg, struct kvd_engine **ret
 		e->ops = NULL;
 		if ((r = start_cpu(e, &bc, err, errlen)) < 0)
 			goto fail;
-		r = e->ops->load(e->be, kvd_model_weights(e->model));
+		missing = mw->features & ~e->ops->features;
+		r = missing ? -ENOTSUP : e->ops->load(e->be, mw);
+	}
+	if (missing) {
+		snprintf(err, errlen, "%s: the model needs %s, which the %s backend does not implement",
+			 kvd_model_path(e->model), kvd_feature_name(missing), e->ops->name);
+		goto fail;
 	}
 	if (r < 0) {
 		snprintf(err, errlen, "%s: %s backend rejected the weights: %s", kvd_model_path(e->model), e->ops->name,

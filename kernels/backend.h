@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVD_BACKEND_ABI_VERSION 1
+#define KVD_BACKEND_ABI_VERSION 2
 
 /* Weight storage types; the numeric values are ggml's, as stored in GGUF. */
 enum kvd_wtype {
@@ -51,7 +51,48 @@ enum kvd_rope_style {
 	KVD_ROPE_NEOX = 1, /* rotate pairs (i, i + d/2) */
 };
 
-/* Hyper-parameters of a Llama-family model. */
+/* Feed-forward activation of a gated FFN: down(act(gate(x)) * up(x)). */
+enum kvd_act {
+	KVD_ACT_SILU = 0,      /* SwiGLU: silu(g) = g / (1 + exp(-g)) */
+	KVD_ACT_GELU_TANH = 1, /* GeGLU: 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) */
+};
+
+/*
+ * What a model needs beyond the Llama base structure. The base is: pre-norm
+ * RMSNorm before attention and before the FFN, no biases, no Q/K norms,
+ * SwiGLU, full causal attention, one RoPE base for every layer with no
+ * scaling (either pairing style), no embedding scale and attention scores
+ * scaled by 1/sqrt(head_dim). Each bit below names one departure; the model
+ * layer sets a bit in kvd_model_weights.features when any layer uses it.
+ */
+#define KVD_FEAT_QKV_BIAS     (1u << 0) /* bq, bk, bv added after the projections */
+#define KVD_FEAT_QK_NORM      (1u << 1) /* per-head RMSNorm of Q and K (before RoPE) */
+#define KVD_FEAT_POST_NORM    (1u << 2) /* RMSNorm of the attention / FFN output before the residual add */
+#define KVD_FEAT_GELU         (1u << 3) /* some layer uses KVD_ACT_GELU_TANH */
+#define KVD_FEAT_WINDOW       (1u << 4) /* some layer attends over a sliding window */
+#define KVD_FEAT_LAYER_ROPE   (1u << 5) /* RoPE base differs between layers */
+#define KVD_FEAT_ROPE_FREQS   (1u << 6) /* per-dimension frequency divisors (rope_freqs) */
+#define KVD_FEAT_ROPE_LINEAR  (1u << 7) /* positions scaled by rope_freq_scale != 1 */
+#define KVD_FEAT_EMBD_SCALE   (1u << 8) /* embeddings multiplied by embd_scale != 1 */
+#define KVD_FEAT_ATTN_SCALE   (1u << 9) /* scores scaled by attn_scale != 1/sqrt(head_dim) */
+#define KVD_FEAT_ALL          ((1u << 10) - 1)
+
+/* Name of the lowest feature bit set in `missing` ("q/k/v biases"), for
+ * messages; "none" for 0. */
+static inline const char *kvd_feature_name(uint32_t missing)
+{
+	static const char *const names[] = {
+		"q/k/v biases", "per-head q/k norms", "post-attention/post-ffn norms", "GeGLU (tanh GELU)",
+		"sliding-window attention", "per-layer rope base", "rope frequency factors (rope_freqs)",
+		"linear rope scaling", "embedding scale", "attention scale other than 1/sqrt(head size)",
+	};
+	for (unsigned i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		if (missing & (1u << i))
+			return names[i];
+	return missing ? "unknown feature" : "none";
+}
+
+/* Hyper-parameters of a model (values shared by every layer). */
 struct kvd_hparams {
 	int32_t n_vocab;
 	int32_t n_embd;
@@ -62,22 +103,73 @@ struct kvd_hparams {
 	int32_t n_ff;
 	int32_t n_ctx_train;
 	float rms_eps;
-	float rope_theta;
+	float rope_theta;   /* base of the global layers; each layer has its own in kvd_layer_desc */
 	enum kvd_rope_style rope_style;
+	/* 0 in the two below means the Llama value (1 and 1/sqrt(head_dim)) */
+	float embd_scale;   /* token embeddings are multiplied by this (Gemma: sqrt(n_embd)) */
+	float attn_scale;   /* Q.K scores are multiplied by this */
+};
+
+/*
+ * One layer's structure. With h the residual stream and norm(x, w) the
+ * RMSNorm x / sqrt(mean(x^2) + rms_eps) * w:
+ *
+ *   a = norm(h, attn_norm)
+ *   q = wq a (+ bq), k = wk a (+ bk), v = wv a (+ bv)
+ *   q, k per head: norm(., q_norm / k_norm) when present (weights of head_dim)
+ *   q, k: RoPE at position p with frequencies
+ *         theta_i = rope_freq_scale * p * rope_theta^(-2i/head_dim) / freq_factor_i
+ *         (freq_factor_i from kvd_model_weights.rope_freqs, else 1)
+ *   o = wo softmax(attn_scale * q.k over keys j with p - window < j <= p,
+ *                  or 0 <= j <= p when window == 0) v
+ *   h += post_attn_norm ? norm(o, post_attn_norm) : o
+ *   f = norm(h, ffn_norm)
+ *   g = w_down (act(w_gate f) * (w_up f))
+ *   h += post_ffn_norm ? norm(g, post_ffn_norm) : g
+ *
+ * After the last layer: logits = output norm(h, output_norm); before the
+ * first: h = embd_scale * tok_embd[token].
+ */
+struct kvd_layer_desc {
+	enum kvd_act act;
+	int32_t window;        /* 0: full causal attention; else the last `window` positions */
+	float rope_theta;      /* 0: hp.rope_theta */
+	float rope_freq_scale; /* 0 or 1: none; linear scaling multiplies positions by it */
 };
 
 struct kvd_layer_weights {
+	struct kvd_layer_desc d;
 	struct kvd_tensor attn_norm; /* F32 vector of n_embd (rows = 1) */
 	struct kvd_tensor wq, wk, wv, wo;
+	struct kvd_tensor bq, bk, bv;             /* optional (data NULL): F32 vectors of q/kv dim */
+	struct kvd_tensor q_norm, k_norm;         /* optional: F32 vectors of head_dim */
+	struct kvd_tensor post_attn_norm;         /* optional: F32 vector of n_embd */
 	struct kvd_tensor ffn_norm;
 	struct kvd_tensor w_gate, w_up, w_down;
+	struct kvd_tensor post_ffn_norm;          /* optional: F32 vector of n_embd */
 };
 
+/*
+ * The model as every backend receives it: hyper-parameters, one
+ * description per layer, and the weights bound in place.
+ *
+ * Contract (ABI 2): `features` is the union over layers of the KVD_FEAT_*
+ * departures from the Llama base. A backend implements some set of them
+ * and its load refuses, with -ENOTSUP, any model whose features it does not
+ * implement, so that the engine can name the missing feature and `backend =
+ * auto` can fall back to another backend; kvd_model_weights_check() below
+ * does the refusing. A backend that implements a feature computes it as the
+ * formula in kvd_layer_desc states; a backend that ignored a bit would
+ * compute a different model silently.
+ */
 struct kvd_model_weights {
 	struct kvd_hparams hp;
+	uint32_t features;             /* KVD_FEAT_* bits; 0 for a Llama-base model, whose
+	                                  * kvd_layer_desc and scale fields may all be 0 */
 	struct kvd_tensor tok_embd;    /* n_vocab rows of n_embd */
 	struct kvd_tensor output_norm; /* F32 vector */
 	struct kvd_tensor output;      /* n_vocab rows; equals tok_embd when tied */
+	struct kvd_tensor rope_freqs;  /* optional: F32 vector of head_dim / 2 divisors */
 	struct kvd_layer_weights *layers; /* n_layer entries */
 };
 
@@ -202,6 +294,10 @@ struct kvd_backend_ops {
 	int (*suggest_pool_pages)(void *ctx, size_t page_bytes, double fraction, uint32_t *ret_pages);
 	int (*pages_read)(void *ctx, const uint32_t *pages, uint32_t n, void *host_dst);
 	int (*pages_write)(void *ctx, const uint32_t *pages, uint32_t n, const void *host_src);
+	/* KVD_FEAT_* bits this backend's forward implements (0: the Llama base
+	 * only). The engine compares a model's features with it before load, to
+	 * name what is missing and to let `backend = auto` fall back. */
+	uint32_t features;
 };
 
 /* The CPU backend, always built. */
@@ -240,18 +336,25 @@ static inline int kvd_tensor_check_(const struct kvd_tensor *t, int64_t cols, in
 }
 
 /*
- * What every backend's load checks before touching weights: consistent
+ * What every backend's load checks before touching weights: the model's
+ * features within `implemented` (KVD_FEAT_* bits), consistent
  * hyper-parameters (query heads a multiple of KV heads, at most max_group
  * query heads per KV head, even head size), every tensor present with the
  * shape the hyper-parameters give and a row size matching its type, norm
- * vectors in f32. 0 or -EINVAL (22, spelled out to keep this header free of
+ * vectors in f32, optional vectors (biases, Q/K and post norms, rope_freqs)
+ * absent or f32 of their length. 0, -ENOTSUP (95) for a feature outside
+ * `implemented`, or -EINVAL (22) (spelled out to keep this header free of
  * <errno.h>).
  */
-static inline int kvd_model_weights_check(const struct kvd_model_weights *w, int max_group)
+static inline int kvd_model_weights_check_features(const struct kvd_model_weights *w, int max_group,
+						   uint32_t implemented)
 {
 	const struct kvd_hparams *hp = &w->hp;
 	int64_t qd, kvd;
 	int r = 0;
+
+	if (w->features & ~implemented)
+		return -95; /* -ENOTSUP */
 
 	if (hp->n_layer <= 0 || hp->n_embd <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 ||
 	    hp->n_head % hp->n_head_kv || hp->head_dim <= 0 || hp->head_dim % 2 || hp->n_ff <= 0 ||
@@ -275,10 +378,30 @@ static inline int kvd_model_weights_check(const struct kvd_model_weights *w, int
 		r |= kvd_tensor_check_(&L->w_down, hp->n_ff, hp->n_embd);
 		if (L->attn_norm.type != KVD_WTYPE_F32 || L->ffn_norm.type != KVD_WTYPE_F32)
 			r = -1;
+		/* optional vectors: absent, or f32 of the right length */
+		const struct kvd_tensor *ov[] = {&L->bq, &L->bk, &L->bv, &L->q_norm, &L->k_norm,
+						 &L->post_attn_norm, &L->post_ffn_norm};
+		const int64_t olen[] = {qd, kvd, kvd, hp->head_dim, hp->head_dim, hp->n_embd, hp->n_embd};
+		for (unsigned i = 0; i < sizeof(ov) / sizeof(ov[0]); i++)
+			if (ov[i]->data && (kvd_tensor_check_(ov[i], olen[i], 1) || ov[i]->type != KVD_WTYPE_F32))
+				r = -1;
+		if (L->d.window < 0 || !(L->d.rope_theta >= 0) || !(L->d.rope_freq_scale >= 0) ||
+		    (L->d.act != KVD_ACT_SILU && L->d.act != KVD_ACT_GELU_TANH))
+			r = -1;
 	}
 	if (w->output_norm.type != KVD_WTYPE_F32)
 		r = -1;
+	if (w->rope_freqs.data && (kvd_tensor_check_(&w->rope_freqs, hp->head_dim / 2, 1) ||
+				   w->rope_freqs.type != KVD_WTYPE_F32))
+		r = -1;
 	return r ? -22 : 0;
+}
+
+/* The check for a backend that implements the Llama base only (ABI 1's
+ * backends): a model with any KVD_FEAT_* bit is refused (-ENOTSUP). */
+static inline int kvd_model_weights_check(const struct kvd_model_weights *w, int max_group)
+{
+	return kvd_model_weights_check_features(w, max_group, 0);
 }
 /* Name of a weight type ("q4_1"), or "unknown". */
 const char *kvd_wtype_name(enum kvd_wtype t);

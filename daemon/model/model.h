@@ -1,7 +1,10 @@
 /*
- * daemon/model/model.h — a Llama-family model as kvd serves it: the GGUF
- * mapping, its hyper-parameters, its weight matrices bound in place (never
- * copied or dequantized), and its tokenizer.
+ * daemon/model/model.h — a model as kvd serves it: the GGUF mapping, its
+ * description (hyper-parameters and one kvd_layer_desc per layer, see
+ * kernels/backend.h), its weight matrices bound in place (never copied or
+ * dequantized), and its tokenizer. Architectures: llama (with Llama 3.x
+ * rope_freqs, linear RoPE scaling, Mistral's sliding window), qwen2, qwen3,
+ * gemma3.
  *
  * A kvd_model is immutable after kvd_model_load() and may be shared by any
  * number of threads.
@@ -18,7 +21,7 @@ struct kvd_tokenizer;
 struct gguf_file;
 
 /*
- * Load `path`. Checks the architecture (llama), every hyper-parameter, the
+ * Load `path`. Checks the architecture, every hyper-parameter, the
  * presence, shape and type of every tensor the forward pass needs, and
  * builds the tokenizer. Returns 0, or -errno with one line in err naming
  * the file and the problem: -ENOENT/-EACCES (cannot open), -EBADMSG
@@ -28,6 +31,18 @@ struct gguf_file;
  * version, -EISDIR/-EINVAL for what is not a regular file).
  */
 int kvd_model_load(const char *path, struct kvd_model **ret, char *err, size_t errlen);
+/*
+ * The description alone: build *ret from an open GGUF file (hyper-parameters,
+ * per-layer descriptions, features, tensors bound into f's mapping, which must
+ * outlive *ret). *ret_bytes (may be NULL) gets the bytes of tensor data bound.
+ * Errors as kvd_model_load; -ENOTSUP names the key or tensor refused. *ret is
+ * set only on success; free it with kvd_model_weights_release().
+ */
+int kvd_model_weights_from_gguf(const struct gguf_file *f, struct kvd_model_weights *ret, size_t *ret_bytes,
+				char *err, size_t errlen);
+/* Frees the layer array of a description built above and zeroes it; accepts NULL. */
+void kvd_model_weights_release(struct kvd_model_weights *w);
+
 /* Accepts NULL; returns NULL. */
 struct kvd_model *kvd_model_free(struct kvd_model *m);
 
