@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Write tiny random-weight Llama GGUF models for fast engine tests.
+"""Write tiny random-weight GGUF models for fast engine tests.
 
-    scripts/gen_tiny_models.py OUTDIR [--list]
+    scripts/gen_tiny_models.py OUTDIR [--list] [--only NAMES] [--arch]
 
 Each model is a complete Llama-architecture GGUF (all llama.* hyper-parameters,
 a byte-level BPE tokenizer with ChatML special tokens and pre=smollm, a chat
@@ -23,6 +23,17 @@ cases:
            Q5_K for K here, to cover every K-quant format)
   q5       Q5_0 and Q5_1, which K-quant files use for rows that are not a
            multiple of 256
+
+With --arch, the models of the other architectures (ARCH_VARIANTS, written
+only when asked for, by --arch or --only, until every backend runs them):
+
+  qwen2    Q/K/V biases, NEOX RoPE, untied output
+  qwen3    per-head Q/K norms, head size 64 with n_embd 128 and 4 heads
+  gemma3   six layers (five local with a window of 5 positions, one global),
+           GeGLU, Q/K norms, post-attention and post-FFN norms, embedding
+           scale, RoPE bases 10000 (local) and 1e6 (global)
+  llama3   Llama 3.x RoPE: a rope_freqs tensor and linear scaling (factor 2)
+  mistral  llama with attention.sliding_window 5 on every layer
 
 Every matmul's inner dimension is a multiple of 32, the quantization block
 (256, the super-block, for K-quants). Quantization to Q8_0 / Q4_0 / Q4_1 /
@@ -82,6 +93,23 @@ VARIANTS = {
 for _t in ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1"):
     VARIANTS["type-" + _t] = dict(n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=320,
                                   n_vocab=300, wtype=_t, etype=_t)
+
+# Other architectures. "arch" picks the GGUF architecture; the rest of the
+# structure follows from it (see the docstring); "window" is shorter than the
+# reference suite's prompts so that local attention is exercised.
+ARCH_VARIANTS = {
+    "qwen2":    dict(arch="qwen2", n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, n_vocab=300,
+                     wtype="q8_0", etype="f16", otype="q8_0", rope_base=1000000.0, eps=1e-6),
+    "qwen3":    dict(arch="qwen3", n_layer=2, n_embd=128, n_head=4, n_head_kv=2, head_dim=64, n_ff=256,
+                     n_vocab=300, wtype="f16", etype="f16", rope_base=1000000.0, eps=1e-6),
+    "gemma3":   dict(arch="gemma3", n_layer=6, n_embd=128, n_head=2, n_head_kv=1, head_dim=64, n_ff=256,
+                     n_vocab=300, wtype="q8_0", etype="q8_0", rope_base=1000000.0, eps=1e-6, window=5),
+    "llama3":   dict(arch="llama", n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, n_vocab=300,
+                     wtype="f16", etype="f16", rope_base=500000.0, rope_freqs=True, rope_linear=2.0),
+    "mistral":  dict(arch="llama", n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, n_vocab=300,
+                     wtype="q8_0", etype="q8_0", window=5),
+}
+ALL_VARIANTS = dict(VARIANTS, **ARCH_VARIANTS)
 
 FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "bf16": 32, "q4_k": 15}
 
@@ -339,7 +367,8 @@ def build(name, cfg, path):
     seed = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
     rng = np.random.default_rng(seed)
     L, E, H, HKV, F, V = (cfg[k] for k in ("n_layer", "n_embd", "n_head", "n_head_kv", "n_ff", "n_vocab"))
-    D = E // H
+    D = cfg.get("head_dim", E // H)
+    arch = cfg.get("arch", "llama")
     wtype, etype = cfg["wtype"], cfg["etype"]
     otype = cfg.get("otype")
     over = cfg.get("types", {})
@@ -353,7 +382,7 @@ def build(name, cfg, path):
     def norm(n):
         return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
-    w = gguf.GGUFWriter(path, "llama")
+    w = gguf.GGUFWriter(path, arch)
     w.add_name("kvd-tiny-" + name)
     w.add_block_count(L)
     w.add_context_length(512)
@@ -364,6 +393,14 @@ def build(name, cfg, path):
     w.add_rope_freq_base(cfg.get("rope_base", 10000.0))
     w.add_layer_norm_rms_eps(cfg.get("eps", 1e-5))
     w.add_rope_dimension_count(D)
+    if D != E // H:
+        w.add_key_length(D)
+        w.add_value_length(D)
+    if cfg.get("window"):
+        w.add_sliding_window(cfg["window"])
+    if cfg.get("rope_linear"):
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(cfg["rope_linear"])
     w.add_vocab_size(V)
     w.add_file_type(FILE_TYPE[wtype])
     tokens, types, merges = build_vocab(V)
@@ -389,17 +426,30 @@ def build(name, cfg, path):
     # just echo its last input token; the final norm's gain (OUT_GAIN) gives
     # logits a std of a few units, keeping greedy top-2 gaps far above rounding.
     put("token_embd.weight", (EMB_STD * rng.standard_normal((V, E))).astype(np.float32), etype)
+    if cfg.get("rope_freqs"):
+        # Llama 3.x style divisors: 1 for high frequencies rising to 8 for low ones
+        w.add_tensor("rope_freqs.weight", np.geomspace(1.0, 8.0, D // 2).astype(np.float32))
     for i in range(L):
         p = "blk.%d." % i
         w.add_tensor(p + "attn_norm.weight", norm(E))
         put(p + "attn_q.weight", mat(H * D, E), ty("attn_q"))
         put(p + "attn_k.weight", mat(HKV * D, E), ty("attn_k"))
         put(p + "attn_v.weight", mat(HKV * D, E), ty("attn_v"))
+        if arch == "qwen2":
+            for t, n in (("attn_q", H * D), ("attn_k", HKV * D), ("attn_v", HKV * D)):
+                w.add_tensor(p + t + ".bias", (0.5 * rng.standard_normal(n)).astype(np.float32))
+        if arch in ("qwen3", "gemma3"):
+            w.add_tensor(p + "attn_q_norm.weight", norm(D))
+            w.add_tensor(p + "attn_k_norm.weight", norm(D))
         put(p + "attn_output.weight", mat(E, H * D, BLOCK_GAIN), ty("attn_output"))
+        if arch == "gemma3":
+            w.add_tensor(p + "post_attention_norm.weight", norm(E))
         w.add_tensor(p + "ffn_norm.weight", norm(E))
         put(p + "ffn_gate.weight", mat(F, E), ty("ffn_gate"))
         put(p + "ffn_up.weight", mat(F, E), ty("ffn_up"))
         put(p + "ffn_down.weight", mat(E, F, BLOCK_GAIN), ty("ffn_down"))
+        if arch == "gemma3":
+            w.add_tensor(p + "post_ffw_norm.weight", norm(E))
     w.add_tensor("output_norm.weight", (OUT_GAIN if not otype else 1.0) * norm(E))
     if otype:
         put("output.weight", mat(V, E, scale=4.0), otype)
@@ -419,7 +469,7 @@ def generate(outdir, names=None):
         fd, tmp = tempfile.mkstemp(dir=outdir, suffix=".tmp")
         os.close(fd)
         try:
-            build(name, VARIANTS[name], tmp)
+            build(name, ALL_VARIANTS[name], tmp)
             new = open(tmp, "rb").read()
             if os.path.exists(path) and open(path, "rb").read() == new:
                 os.unlink(tmp)
@@ -434,18 +484,19 @@ def generate(outdir, names=None):
 
 
 def main():
-    ap = argparse.ArgumentParser(description="write tiny random-weight Llama GGUF models")
+    ap = argparse.ArgumentParser(description="write tiny random-weight GGUF models")
     ap.add_argument("outdir")
     ap.add_argument("--only", help="comma-separated variant names")
+    ap.add_argument("--arch", action="store_true", help="also the other architectures (ARCH_VARIANTS)")
     ap.add_argument("--list", action="store_true", help="list variants and exit")
     a = ap.parse_args()
     if a.list:
-        for n, c in VARIANTS.items():
+        for n, c in ALL_VARIANTS.items():
             print(n, c)
         return 0
-    names = a.only.split(",") if a.only else None
+    names = a.only.split(",") if a.only else (list(ALL_VARIANTS) if a.arch else None)
     for n, p in generate(a.outdir, names).items():
-        c = VARIANTS[n]
+        c = ALL_VARIANTS[n]
         print("%-12s %s  (%d layers, n_embd %d, heads %d/%d, n_ff %d, vocab %d, %s)" % (
             n, p, c["n_layer"], c["n_embd"], c["n_head"], c["n_head_kv"], c["n_ff"],
             c["n_vocab"], c["wtype"]))

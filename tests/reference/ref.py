@@ -1,10 +1,27 @@
-"""Reference Llama forward pass in NumPy, the oracle kvd's engine is checked against.
+"""Reference forward pass in NumPy, the oracle kvd's engine is checked against.
 
-Written from the model definition (Llama: token embedding, per layer
-RMSNorm -> attention with rotary position embedding and grouped-query heads
--> residual -> RMSNorm -> SwiGLU feed-forward -> residual, then a final
-RMSNorm and the output projection) and from the GGUF file format, so that it
-shares nothing with kvd's C code but the file it reads.
+Written from the model definitions and from the GGUF file format, so that it
+shares nothing with kvd's C code but the file it reads. Architectures:
+
+* llama: token embedding, per layer RMSNorm -> attention with rotary
+  position embedding ("normal" pairs 2i, 2i+1) and grouped-query heads ->
+  residual -> RMSNorm -> SwiGLU feed-forward -> residual, then a final
+  RMSNorm and the output projection. Llama 3.x: the `rope_freqs` tensor
+  divides each pair's frequency; `rope.scaling.type` linear divides
+  positions by `rope.scaling.factor`. Mistral: `attention.sliding_window`
+  limits every layer's attention to the last W positions.
+* qwen2: llama plus Q/K/V biases, NEOX RoPE (pairs i, i + d/2).
+* qwen3: llama plus a per-head RMSNorm of Q and of K (weights of head_dim)
+  before RoPE, NEOX RoPE, head size from `attention.key_length`.
+* gemma3: embeddings times sqrt(n_embd); Q/K norms; the attention output and
+  the FFN output each pass through their own RMSNorm (post_attention_norm,
+  post_ffw_norm) before the residual add; GeGLU with the tanh GELU; scores
+  scaled by 1/sqrt(query_pre_attn_scalar, default head_dim); NEOX RoPE;
+  layer i is global when (i + 1) % 6 == 0 (`attention.sliding_window_pattern`
+  overrides 6) with RoPE base `rope.freq_base` (and the linear scaling), the
+  others local: window `attention.sliding_window`, base 10000
+  (`rope.freq_base_swa` overrides). The norm weights are used as stored: the
+  converter has already added Gemma's +1.
 
 What it does, step by step:
 
@@ -253,9 +270,10 @@ class Model:
         self.dtype = dtype
         r = gguf.GGUFReader(path)
         arch = _meta(r, "general.architecture")
-        if arch != "llama":
-            raise ValueError("%s: architecture %r, expected llama" % (path, arch))
-        a = "llama."
+        if arch not in ("llama", "qwen2", "qwen3", "gemma3"):
+            raise ValueError("%s: architecture %r, expected llama, qwen2, qwen3 or gemma3" % (path, arch))
+        self.arch = arch
+        a = arch + "."
         self.n_layer = int(_meta(r, a + "block_count"))
         self.n_embd = int(_meta(r, a + "embedding_length"))
         self.n_ff = int(_meta(r, a + "feed_forward_length"))
@@ -263,10 +281,29 @@ class Model:
         self.n_head_kv = int(_meta(r, a + "attention.head_count_kv", self.n_head))
         self.eps = float(_meta(r, a + "attention.layer_norm_rms_epsilon"))
         self.rope_base = float(_meta(r, a + "rope.freq_base", 10000.0))
-        self.head_dim = self.n_embd // self.n_head
+        self.head_dim = int(_meta(r, a + "attention.key_length", self.n_embd // self.n_head))
         self.n_rot = int(_meta(r, a + "rope.dimension_count", self.head_dim))
         assert self.n_head % self.n_head_kv == 0
         assert self.n_rot % 2 == 0 and self.n_rot <= self.head_dim
+        self.neox = arch != "llama"
+        gemma = arch == "gemma3"
+        self.embd_scale = np.sqrt(self.n_embd) if gemma else 1.0
+        qpas = _meta(r, a + "attention.query_pre_attn_scalar")
+        self.attn_scale = 1.0 / np.sqrt(float(qpas) if qpas else self.head_dim)
+        self.geglu = gemma
+        window = int(_meta(r, a + "attention.sliding_window", 0))
+        scaling = _meta(r, a + "rope.scaling.type", "none")
+        if scaling not in ("none", "linear"):
+            raise ValueError("rope scaling %r" % scaling)
+        pos_scale = 1.0 / float(_meta(r, a + "rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0
+        # per layer: (window or 0, rope base, position scale)
+        if gemma:
+            pattern = int(_meta(r, a + "attention.sliding_window_pattern", 6))
+            base_swa = float(_meta(r, a + "rope.freq_base_swa", 10000.0))
+            self.layer_attn = [(0, self.rope_base, pos_scale) if (i + 1) % pattern == 0
+                               else (window, base_swa, 1.0) for i in range(self.n_layer)]
+        else:
+            self.layer_attn = [(window, self.rope_base, pos_scale)] * self.n_layer
 
         tensors = {t.name: t for t in r.tensors}
         self.types = {}
@@ -289,6 +326,9 @@ class Model:
             v, _ = load(name)
             return v.astype(np.float64)
 
+        def opt_vec(name):
+            return vec(name) if name in tensors else None
+
         emb, emb_type = load("token_embd.weight")
         self.n_vocab = emb.shape[0]
         self.tok_embd = emb.astype(dtype, copy=False)
@@ -302,6 +342,11 @@ class Model:
                 ffn_norm=vec(p + "ffn_norm.weight"),
                 gate=mat(p + "ffn_gate.weight"), up=mat(p + "ffn_up.weight"),
                 down=mat(p + "ffn_down.weight"),
+                bq=opt_vec(p + "attn_q.bias"), bk=opt_vec(p + "attn_k.bias"),
+                bv=opt_vec(p + "attn_v.bias"),
+                q_norm=opt_vec(p + "attn_q_norm.weight"), k_norm=opt_vec(p + "attn_k_norm.weight"),
+                post_attn_norm=opt_vec(p + "post_attention_norm.weight"),
+                post_ffn_norm=opt_vec(p + "post_ffw_norm.weight"),
             ))
         self.out_norm = vec("output_norm.weight")
         if "output.weight" in tensors:
@@ -313,37 +358,50 @@ class Model:
         assert self.layers[0]["wq"].mat.shape == (self.n_head * self.head_dim, self.n_embd)
         assert self.layers[0]["wk"].mat.shape == (self.n_head_kv * self.head_dim, self.n_embd)
 
-        # RoPE frequencies, "normal" GGUF style: pair (2i, 2i+1) rotates by
-        # pos * base^(-2i / n_rot), for i < n_rot / 2.
-        self.inv_freq = self.rope_base ** (-np.arange(0, self.n_rot, 2, dtype=np.float64) / self.n_rot)
+        # RoPE: pair i (i < n_rot / 2) rotates by pos * scale * base^(-2i / n_rot)
+        # / freq_factor[i]; the pair is (2i, 2i+1) in "normal" style, (i, i + n_rot/2)
+        # in NEOX style.
+        self.freq_factors = vec("rope_freqs.weight") if "rope_freqs.weight" in tensors else None
+        self.inv_freq = self._inv_freq(self.rope_base)
+
+    def _inv_freq(self, base):
+        f = base ** (-np.arange(0, self.n_rot, 2, dtype=np.float64) / self.n_rot)
+        if self.freq_factors is not None:
+            f = f / self.freq_factors
+        return f
 
     # ------------------------------------------------------------------
     def describe(self):
         return ("%d layers, n_embd %d, %d heads / %d kv heads, head_dim %d, n_ff %d, vocab %d, "
-                "%s output, rope base %g, eps %g" % (
+                "%s output, rope base %g, eps %g, %s" % (
                     self.n_layer, self.n_embd, self.n_head, self.n_head_kv, self.head_dim,
                     self.n_ff, self.n_vocab, "tied" if self.tied else "separate",
-                    self.rope_base, self.eps))
+                    self.rope_base, self.eps, self.arch))
 
     def new_cache(self, kv_f16=True):
         return Cache(self.n_layer, kv_f16)
 
     def _rmsnorm(self, x, w):
+        """RMSNorm over the last axis (also per head, for Q/K norms)."""
         x64 = x.astype(np.float64)
         ms = np.mean(x64 * x64, axis=-1, keepdims=True)
         return (x64 / np.sqrt(ms + self.eps) * w).astype(self.dtype)
 
-    def _rope(self, x, pos):
-        """x: (T, heads, head_dim); rotate pairs (2i, 2i+1) of the first n_rot dims."""
-        ang = pos[:, None].astype(np.float64) * self.inv_freq[None, :]   # (T, n_rot/2)
+    def _rope(self, x, pos, base=None, pos_scale=1.0):
+        """x: (T, heads, head_dim); rotate the pairs of the first n_rot dims."""
+        inv_freq = self.inv_freq if base is None or base == self.rope_base else self._inv_freq(base)
+        ang = (pos[:, None].astype(np.float64) * pos_scale) * inv_freq[None, :]   # (T, n_rot/2)
         cos = np.cos(ang)[:, None, :]
         sin = np.sin(ang)[:, None, :]
         x64 = x.astype(np.float64)
-        x0 = x64[..., 0:self.n_rot:2]
-        x1 = x64[..., 1:self.n_rot:2]
+        if self.neox:
+            i0, i1 = slice(0, self.n_rot // 2), slice(self.n_rot // 2, self.n_rot)
+        else:
+            i0, i1 = slice(0, self.n_rot, 2), slice(1, self.n_rot, 2)
+        x0, x1 = x64[..., i0], x64[..., i1]
         out = x64.copy()
-        out[..., 0:self.n_rot:2] = x0 * cos - x1 * sin
-        out[..., 1:self.n_rot:2] = x0 * sin + x1 * cos
+        out[..., i0] = x0 * cos - x1 * sin
+        out[..., i1] = x0 * sin + x1 * cos
         return out.astype(self.dtype)
 
     def forward(self, tokens, cache, act_q8=True, want=None):
@@ -360,19 +418,30 @@ class Model:
         pos = np.arange(p0, p0 + T)
         H, HKV, D = self.n_head, self.n_head_kv, self.head_dim
         group = H // HKV
-        scale = 1.0 / np.sqrt(D)
+        scale = self.attn_scale
         # causal mask over all cached positions: query t (absolute p0+t) sees keys <= p0+t
         kpos = np.arange(p0 + T)
-        mask = kpos[None, :] > pos[:, None]                     # (T, p0+T)
+        causal = kpos[None, :] > pos[:, None]                   # (T, p0+T)
 
-        x = self.tok_embd[tokens].astype(self.dtype)
+        x = self.tok_embd[tokens].astype(np.float64) * self.embd_scale
+        x = x.astype(self.dtype)
         for li, L in enumerate(self.layers):
+            window, base, pos_scale = self.layer_attn[li]
+            mask = causal
+            if window:  # and keys at or before p - window are out of the window
+                mask = causal | (kpos[None, :] <= pos[:, None] - window)
             h = self._rmsnorm(x, L["attn_norm"])
-            q = L["wq"](h, act_q8).reshape(T, H, D)
-            k = L["wk"](h, act_q8).reshape(T, HKV, D)
-            v = L["wv"](h, act_q8).reshape(T, HKV, D)
-            q = self._rope(q, pos)
-            k = self._rope(k, pos)
+            q, k, v = L["wq"](h, act_q8), L["wk"](h, act_q8), L["wv"](h, act_q8)
+            if L["bq"] is not None:
+                q, k, v = q + L["bq"], k + L["bk"], v + L["bv"]
+            q = q.reshape(T, H, D).astype(self.dtype)
+            k = k.reshape(T, HKV, D).astype(self.dtype)
+            v = v.reshape(T, HKV, D).astype(self.dtype)
+            if L["q_norm"] is not None:
+                q = self._rmsnorm(q, L["q_norm"])
+                k = self._rmsnorm(k, L["k_norm"])
+            q = self._rope(q, pos, base, pos_scale)
+            k = self._rope(k, pos, base, pos_scale)
             K, V = cache.store(li, k, v)                         # (p0+T, HKV, D)
             att = np.empty((T, H, D), dtype=self.dtype)
             for kh in range(HKV):
@@ -385,12 +454,22 @@ class Model:
                 p = np.exp(s)
                 p /= p.sum(axis=-1, keepdims=True)
                 att[:, kh * group:(kh + 1) * group, :] = np.einsum("tgs,sd->tgd", p, Vh)
-            x = x + L["wo"](att.reshape(T, H * D), act_q8)
+            o = L["wo"](att.reshape(T, H * D), act_q8)
+            if L["post_attn_norm"] is not None:
+                o = self._rmsnorm(o, L["post_attn_norm"])
+            x = x + o
             h = self._rmsnorm(x, L["ffn_norm"])
             g = L["gate"](h, act_q8).astype(np.float64)
             u = L["up"](h, act_q8).astype(np.float64)
-            a = (g / (1.0 + np.exp(-g)) * u).astype(self.dtype)                # silu(gate) * up
-            x = x + L["down"](a, act_q8)
+            if self.geglu:  # gelu_tanh(gate) * up
+                act = 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g ** 3)))
+            else:           # silu(gate) * up
+                act = g / (1.0 + np.exp(-g))
+            a = (act * u).astype(self.dtype)
+            f = L["down"](a, act_q8)
+            if L["post_ffn_norm"] is not None:
+                f = self._rmsnorm(f, L["post_ffn_norm"])
+            x = x + f
         cache.n_pos += T
         if want is not None:
             x = x[np.asarray(want)]
