@@ -54,7 +54,7 @@ enum pre_pass {
 };
 #define MAX_PASSES 4
 
-enum chat_family { CHAT_UNKNOWN, CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2, CHAT_ZEPHYR };
+enum chat_family { CHAT_UNKNOWN, CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2, CHAT_ZEPHYR, CHAT_GEMMA };
 
 /* Per-token flag bits. */
 #define TOKF_EOG     0x01u /* ends a generation */
@@ -680,7 +680,12 @@ static int load_chat_template(struct kvd_tokenizer *t, const struct gguf_file *f
 	const char *tp;
 	size_t n;
 	if (gguf_get_str(f, "tokenizer.chat_template", &tp, &n) < 0 || n == 0) {
-		t->chat = CHAT_CHATML;
+		/* No template: Gemma's turns when the vocabulary has them as
+		 * control tokens (Gemma 3 files come without a template), else
+		 * plain ChatML. */
+		int32_t so = text_lookup(t, "<start_of_turn>", 15), eo = text_lookup(t, "<end_of_turn>", 13);
+		t->chat = so >= 0 && eo >= 0 && t->type[so] == KVD_TOKEN_CONTROL && t->type[eo] == KVD_TOKEN_CONTROL ? CHAT_GEMMA
+													  : CHAT_CHATML;
 		return 0;
 	}
 	if (n > KVD_CHAT_TEMPLATE_MAX_BYTES) {
@@ -691,7 +696,9 @@ static int load_chat_template(struct kvd_tokenizer *t, const struct gguf_file *f
 		t->chat = CHAT_CHATML;
 		return find_chatml_system(t, tp, n);
 	}
-	if (mem_contains(tp, n, "<|start_header_id|>") && mem_contains(tp, n, "<|end_header_id|>")) {
+	if (mem_contains(tp, n, "<start_of_turn>") && mem_contains(tp, n, "<end_of_turn>")) {
+		t->chat = CHAT_GEMMA;
+	} else if (mem_contains(tp, n, "<|start_header_id|>") && mem_contains(tp, n, "<|end_header_id|>")) {
 		t->chat = CHAT_LLAMA3;
 	} else if (mem_contains(tp, n, "[INST]")) {
 		t->chat = CHAT_LLAMA2;
@@ -1640,6 +1647,27 @@ int kvd_chat_render(const struct kvd_tokenizer *t, const struct kvd_chat_msg *ms
 		if ((r = render_llama2(&b, t, msgs, n_msgs)) < 0)
 			return r;
 		break;
+	case CHAT_GEMMA: {
+		/* A leading system message becomes the first user turn's prefix
+		 * (content + "\n\n"); the rest must alternate user, assistant
+		 * ("model"), ... */
+		size_t i0 = n_msgs && !strcmp(msgs[0].role, "system") ? 1 : 0;
+		for (size_t i = i0; i < n_msgs; i++) {
+			bool user = !strcmp(msgs[i].role, "user");
+			if (user != ((i - i0) % 2 == 0) || !strcmp(msgs[i].role, "system"))
+				return -EINVAL;
+			sb_str(&b, user ? "<start_of_turn>user\n" : "<start_of_turn>model\n");
+			if (i == i0 && i0) {
+				sb_str(&b, msgs[0].content);
+				sb_str(&b, "\n\n");
+			}
+			sb_stripped(&b, msgs[i].content);
+			sb_str(&b, "<end_of_turn>\n");
+		}
+		if (add_assistant)
+			sb_str(&b, "<start_of_turn>model\n");
+		break;
+	}
 	case CHAT_ZEPHYR:
 		for (size_t i = 0; i < n_msgs; i++) {
 			sb_str(&b, "<|");
