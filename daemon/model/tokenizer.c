@@ -51,8 +51,15 @@ enum pre_pass {
 	PASS_DIGITS3,       /* [0-9][0-9][0-9] */
 	PASS_PUNCT_DEFAULT, /* [\p{P}\$\+<=>\^~\|]+ */
 	PASS_PUNCT_FALCON,  /* [\p{P}\$\+<=>\^~\|`]+ */
+	PASS_NEWLINE,       /* [\r\n] */
+	PASS_SP_LETTERS,    /* \s?\p{L}+ */
+	PASS_SP_PUNCT,      /* \s?\p{P}+ */
+	PASS_CJK,           /* [\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+ */
+	PASS_DS_LETTERS,    /* \s?[A-Za-z\u00b5\u00c0-...]+: DeepSeek LLM's cased letters (ascii \s) */
+	PASS_DS_PUNCT,      /* \s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+ */
+	PASS_TRAILING_SP,   /* \s+$ */
 };
-#define MAX_PASSES 4
+#define MAX_PASSES 6
 
 enum chat_family { CHAT_UNKNOWN, CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2, CHAT_ZEPHYR, CHAT_GEMMA };
 
@@ -281,6 +288,21 @@ static int set_pre(struct kvd_tokenizer *t, const char *pre, size_t n)
 	} else if (PRE_IS("qwen2") || PRE_IS("stablelm2") || PRE_IS("deepseek-r1-qwen")) {
 		t->passes[0] = PASS_QWEN2;
 		t->n_passes = 1;
+	} else if (PRE_IS("deepseek-coder")) {
+		t->passes[0] = PASS_NEWLINE;
+		t->passes[1] = PASS_SP_LETTERS;
+		t->passes[2] = PASS_SP_PUNCT;
+		t->passes[3] = PASS_CJK;
+		t->passes[4] = PASS_NUMBER;
+		t->n_passes = 5;
+	} else if (PRE_IS("deepseek-llm")) {
+		t->passes[0] = PASS_NEWLINE;
+		t->passes[1] = PASS_DS_LETTERS;
+		t->passes[2] = PASS_DS_PUNCT;
+		t->passes[3] = PASS_TRAILING_SP;
+		t->passes[4] = PASS_CJK;
+		t->passes[5] = PASS_NUMBER_RUN;
+		t->n_passes = 6;
 	} else if (PRE_IS("falcon")) {
 		t->passes[0] = PASS_PUNCT_FALCON;
 		t->passes[1] = PASS_GPT2;
@@ -1082,6 +1104,84 @@ static bool punct_run_char(struct cpi x, bool backtick)
 	}
 }
 
+/* DeepSeek LLM's letter class: inclusive code point ranges, sorted. */
+static const uint32_t ds_letters[][2] = {
+	{0x41, 0x5A}, {0x61, 0x7A}, {0xB5, 0xB5}, {0xC0, 0xD6}, {0xD8, 0xF6}, {0xF8, 0x1BA},
+	{0x1BC, 0x1BF}, {0x1C4, 0x293}, {0x295, 0x2AF}, {0x370, 0x373}, {0x376, 0x377}, {0x37B, 0x37D},
+	{0x37F, 0x37F}, {0x386, 0x386}, {0x388, 0x38A}, {0x38C, 0x38C}, {0x38E, 0x3A1}, {0x3A3, 0x3F5},
+	{0x3F7, 0x481}, {0x48A, 0x52F}, {0x531, 0x556}, {0x10A0, 0x10C5}, {0x13A0, 0x13F5}, {0x13F8, 0x13FD},
+	{0x1C90, 0x1CBA}, {0x1CBD, 0x1CBF}, {0x1D00, 0x1D2B}, {0x1D6B, 0x1D77}, {0x1D79, 0x1D9A},
+	{0x1E00, 0x1F15}, {0x1F18, 0x1F1D}, {0x1F20, 0x1F45}, {0x1F48, 0x1F4D}, {0x1F50, 0x1F57},
+	{0x1F59, 0x1F59}, {0x1F5B, 0x1F5B}, {0x1F5D, 0x1F5D}, {0x1F5F, 0x1F7D}, {0x1F80, 0x1FB4},
+	{0x1FB6, 0x1FBC}, {0x1FBE, 0x1FBE}, {0x1FC2, 0x1FC4}, {0x1FC6, 0x1FCC}, {0x1FD0, 0x1FD3},
+	{0x1FD6, 0x1FDB}, {0x1FE0, 0x1FEC}, {0x1FF2, 0x1FF4}, {0x1FF6, 0x1FFC}, {0x2102, 0x2102},
+	{0x2107, 0x2107}, {0x210A, 0x2113}, {0x2115, 0x2115}, {0x2119, 0x211D}, {0x2124, 0x2124},
+	{0x2126, 0x2126}, {0x2128, 0x2128}, {0x212A, 0x212D}, {0x212F, 0x2134}, {0x2139, 0x2139},
+	{0x213C, 0x213F}, {0x2145, 0x2149}, {0x214E, 0x214E}, {0x2183, 0x2184}, {0x2C00, 0x2C7B},
+	{0x2C7E, 0x2CE4}, {0x2CEB, 0x2CEE}, {0x2CF2, 0x2CF3}, {0xA640, 0xA66D}, {0xA680, 0xA69B},
+	{0xA722, 0xA76F}, {0xA771, 0xA787}, {0xA78B, 0xA78E}, {0xAB70, 0xABBF}, {0xFB00, 0xFB06},
+	{0xFB13, 0xFB17}, {0xFF21, 0xFF3A}, {0xFF41, 0xFF5A}, {0x10400, 0x1044F}, {0x104B0, 0x104D3},
+	{0x104D8, 0x104FB}, {0x10C80, 0x10CB2}, {0x10CC0, 0x10CF2}, {0x118A0, 0x118DF}, {0x1E900, 0x1E943},
+};
+
+static bool in_ranges(uint32_t cp, const uint32_t (*r)[2], size_t n)
+{
+	size_t lo = 0, hi = n;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		if (cp < r[mid][0])
+			hi = mid;
+		else if (cp > r[mid][1])
+			lo = mid + 1;
+		else
+			return true;
+	}
+	return false;
+}
+
+static bool ds_letter(uint32_t cp)
+{
+	return in_ranges(cp, ds_letters, sizeof(ds_letters) / sizeof(ds_letters[0]));
+}
+
+static bool ds_punct(uint32_t cp)
+{
+	return (cp >= 0x21 && cp <= 0x2F) || (cp >= 0x3A && cp <= 0x7E) || (cp >= 0xFF01 && cp <= 0xFF0F) ||
+	       (cp >= 0xFF1A && cp <= 0xFF5E) || (cp >= 0x2018 && cp <= 0x201F) || (cp >= 0x3000 && cp <= 0x3002);
+}
+
+static bool cjk(uint32_t cp)
+{
+	return (cp >= 0x0800 && cp <= 0x9FA5) || (cp >= 0xAC00 && cp <= 0xD7FF);
+}
+
+static bool ascii_space(uint32_t cp)
+{
+	return cp == ' ' || (cp >= '\t' && cp <= '\r');
+}
+
+/* \s?X+ at pos, X given by in_class (on code points) and \s by space. */
+static size_t match_sp_run(const unsigned char *s, size_t pos, size_t end, bool (*in_class)(struct cpi),
+			   bool unicode_space)
+{
+	struct cpi c = cp_at(s, pos, end);
+	size_t p = pos;
+	if ((unicode_space ? (c.flags & KVD_CPF_SPACE) != 0 : ascii_space(c.cp)) && !in_class(c)) {
+		struct cpi d = cp_at(s, pos + c.len, end);
+		if (!d.len || !in_class(d))
+			return 0;
+		p += c.len;
+	}
+	for (struct cpi x; (x = cp_at(s, p, end)).len && in_class(x);)
+		p += x.len;
+	return p - pos;
+}
+
+static bool cls_letter(struct cpi x) { return (x.flags & KVD_CPF_LETTER) != 0; }
+static bool cls_punct(struct cpi x) { return (x.flags & KVD_CPF_PUNCT) != 0; }
+static bool cls_ds_letter(struct cpi x) { return ds_letter(x.cp); }
+static bool cls_ds_punct(struct cpi x) { return ds_punct(x.cp); }
+
 /* Length of the match of `pass` starting exactly at s[pos], 0 for none. */
 static size_t match(enum pre_pass pass, const unsigned char *s, size_t pos, size_t end)
 {
@@ -1111,6 +1211,22 @@ static size_t match(enum pre_pass pass, const unsigned char *s, size_t pos, size
 		while ((x = cp_at(s, p, end)).len && punct_run_char(x, pass == PASS_PUNCT_FALCON))
 			p += x.len;
 		return p - pos;
+	case PASS_NEWLINE:
+		return pos < end && (s[pos] == '\r' || s[pos] == '\n');
+	case PASS_SP_LETTERS:
+		return match_sp_run(s, pos, end, cls_letter, true);
+	case PASS_SP_PUNCT:
+		return match_sp_run(s, pos, end, cls_punct, true);
+	case PASS_DS_LETTERS:
+		return match_sp_run(s, pos, end, cls_ds_letter, false);
+	case PASS_DS_PUNCT:
+		return match_sp_run(s, pos, end, cls_ds_punct, false);
+	case PASS_CJK:
+		while ((x = cp_at(s, p, end)).len && cjk(x.cp))
+			p += x.len;
+		return p - pos;
+	case PASS_TRAILING_SP:
+		return 0; /* split in pre_split(), in one backward scan */
 	}
 	return 0;
 }
@@ -1125,6 +1241,16 @@ static int pre_split(struct tok_call *c, unsigned k, const unsigned char *s, siz
 	int r;
 	if (k == t->n_passes)
 		return bpe_word(c, s + a, b - a);
+	if (t->passes[k] == PASS_TRAILING_SP) {
+		/* \s+$: the piece's trailing white space (ASCII bytes, so a
+		 * backward byte scan never lands inside a character) */
+		size_t e = b;
+		while (e > a && ascii_space(s[e - 1]))
+			e--;
+		if (e > a && (r = pre_split(c, k + 1, s, a, e)) < 0)
+			return r;
+		return e < b ? pre_split(c, k + 1, s, e, b) : 0;
+	}
 	size_t pos = a, gap = a;
 	while (pos < b) {
 		size_t m = match(t->passes[k], s, pos, b);
