@@ -3,7 +3,7 @@
 logits do not depend on paging, chunking, threads or batch-mates.
 
     check.py [--eval PATH] [--tiny-dir DIR] [--model PATH]
-             [--part ref-self,tiny,real,inv-tiny,inv-real,isa] [--only VARIANT,...]
+             [--part ref-self,tiny,real,inv-tiny,inv-real,isa,arch] [--only VARIANT,...]
 
 The engine is driven by build/tests/kvd_eval (greedy decode; --logits-out
 writes one float32 row of n_vocab per step: row 0 at the last prompt
@@ -23,6 +23,15 @@ Parts
             threads, batch of 8 different prompts vs solo runs: logits files
             must be bit-identical.
   inv-real  the same on the real model, one prompt (and a batch of 8), 4 tokens.
+  arch      the tiny models of the other architectures (gen_tiny_models.py
+            ARCH_VARIANTS: qwen2, qwen3, gemma3, llama3, mistral). The
+            reference on its own: step-by-step decode equals one teacher-
+            forced pass; with sliding windows, a token outside every layer's
+            reach changes no logit bit (mistral: reach n_layer * (W - 1)),
+            and one inside does; gemma3's global layer sees the whole prompt.
+            The engine: a model whose features the CPU backend does not
+            implement must be refused with the feature named; one it
+            accepts is compared with the reference as in "tiny".
   isa       the CPU backend forced to AVX2 (KVD_CPU_NO_AVX512) and to portable
             C (KVD_CPU_GENERIC) on several tiny models, and AVX2 on one real
             prompt (with "real"): the same comparison with the reference.
@@ -388,6 +397,58 @@ def part_tiny(eng, tiny, stats, do_ref, do_inv):
     return fails, n_inv
 
 
+def part_arch(eng, tiny_dir, stats):
+    fails = []
+    arch = gen_tiny_models.generate(tiny_dir, list(gen_tiny_models.ARCH_VARIANTS))
+    for name, path in arch.items():
+        cfg = gen_tiny_models.ARCH_VARIANTS[name]
+        m = ref.Model(path, dtype=np.float64)
+        log("arch-%s: %s" % (name, m.describe()))
+        prompt = tiny_prompts(m.n_vocab, name)[-1]
+        gen, rows = m.greedy(prompt, 8, act_q8=True, kv_f16=True)
+        tf = m.teacher_forced(prompt, gen, act_q8=True, kv_f16=True)
+        d = float(np.abs(rows - tf).max())
+        if d > 1e-9:
+            fails.append("arch-%s: reference decode and teacher-forced pass differ by %.3g" % (name, d))
+        W = cfg.get("window", 0)
+        if W:
+            # the last position's logits with token 0 changed, and with a
+            # token inside every layer's reach changed
+            seq = list(prompt) + list(gen)
+            last = m.forward(seq, m.new_cache(), want=[len(seq) - 1])[0]
+            far = [(seq[0] + 1) % m.n_vocab] + seq[1:]
+            near = seq[:-2] + [(seq[-2] + 1) % m.n_vocab] + seq[-1:]
+            l_far = m.forward(far, m.new_cache(), want=[len(seq) - 1])[0]
+            l_near = m.forward(near, m.new_cache(), want=[len(seq) - 1])[0]
+            reach = m.n_layer * (W - 1)
+            local_only = cfg["arch"] == "llama"
+            if len(seq) - 1 <= reach:
+                fails.append("arch-%s: prompt of %d tokens is within the window reach %d" % (name, len(seq), reach))
+            if local_only and not np.array_equal(last, l_far):
+                fails.append("arch-%s: a token outside every window changed the logits" % name)
+            if not local_only and np.array_equal(last, l_far):
+                fails.append("arch-%s: the global layer does not see the first token" % name)
+            if np.array_equal(last, l_near):
+                fails.append("arch-%s: a token inside the window changed nothing" % name)
+            log("  window %d, reach %d over %d tokens: far change %s, near change %s" % (
+                W, reach, len(seq), "no effect" if np.array_equal(last, l_far) else "effect",
+                "no effect" if np.array_equal(last, l_near) else "effect"))
+        # the engine: refused with the feature named, or compared
+        try:
+            r = eng.run(path, tokens=prompt, n_predict=N_TINY)[0]
+        except Failure as e:
+            msg = str(e)
+            if "does not implement" in msg:
+                log("  engine refuses it: %s" % msg.split("stderr: ")[-1].split(": ", 1)[-1])
+                continue
+            fails.append("arch-%s: %s" % (name, msg))
+            continue
+        q = is_quantized(m)
+        tol, tie = (TOL_QTINY, TIE_QTINY) if q else (TOL_FLOAT, TIE_FLOAT)
+        fails += compare("arch-%s, %d-token prompt" % (name, len(prompt)), m, r, tol, tie, stats, "arch-" + name)
+    return fails
+
+
 # The CPU backend's other instruction sets, forced through its environment
 # switches: each must match the reference on its own (the default run above
 # uses the best the machine has).
@@ -519,7 +580,7 @@ def main():
     ap.add_argument("--eval", default=os.path.join(ROOT, build, "tests", "kvd_eval"))
     ap.add_argument("--tiny-dir", default=os.path.join(ROOT, build, "tiny-models"))
     ap.add_argument("--model", default=os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--part", default="ref-self,tiny,real,inv-tiny,inv-real,isa")
+    ap.add_argument("--part", default="ref-self,tiny,real,inv-tiny,inv-real,isa,arch")
     ap.add_argument("--only", help="comma-separated tiny variants (default all)")
     a = ap.parse_args()
     parts = set(a.part.split(","))
@@ -551,6 +612,9 @@ def main():
                 if "isa" in parts:
                     log("== other instruction sets (%s)" % ", ".join(i for i, _ in ISA_VARIANTS))
                     fails += part_isa(eng, tiny, a.model if "real" in parts else None, stats)
+            if "arch" in parts:
+                log("== other architectures")
+                fails += part_arch(eng, a.tiny_dir, stats)
             if "real" in parts or "inv-real" in parts:
                 log("== real model")
                 f, n = part_real(eng, a.model, stats, "real" in parts, "inv-real" in parts)
