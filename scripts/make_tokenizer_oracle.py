@@ -32,6 +32,20 @@ Invalid UTF-8 gets no ids: llama.cpp replaces each invalid byte with U+FFFD
 before tokenizing, while kvd keeps the byte (so decoding gives the input
 back); the test checks the round trip for those.
 
+With --archs it writes, instead, the files of the other model families
+(leaving the ones above untouched):
+  tiny_bpe_deepseek-llm.gguf, tiny_bpe_deepseek-coder.gguf
+                      byte-level BPE vocabularies trained on the corpus and
+                      on every case string (so merges cross the boundaries
+                      the pre-tokenizer draws in any script), and
+  tiny_chat_gemma.gguf Gemma's chat template
+  archs_cases.txt     llama.cpp's answers and jinja2's renderings for those
+  gemma3_cases.txt    the Gemma 3 270M file (scripts/setup --model
+                      gemma3-270m): every case string, and the chat
+                      renderings of Gemma's template, which the file itself
+                      does not carry (kvd recognises Gemma by its
+                      <start_of_turn> control tokens)
+
 Needs: llama-cpp-python and jinja2 (e.g. a venv made with
 `pip install llama-cpp-python jinja2`). Run from anywhere:
     /path/to/venv/bin/python scripts/make_tokenizer_oracle.py
@@ -234,6 +248,22 @@ CHAT_TEMPLATES = {
              "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}"),
 }
 
+# Gemma 3's chat template (text-only form): a leading system message becomes
+# the prefix of the first user turn; the assistant's role is "model".
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
+    "{%- set loop_messages = messages[1:] -%}{%- else -%}{%- set first_user_prefix = \"\" -%}"
+    "{%- set loop_messages = messages -%}{%- endif -%}{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}"
+    "{%- endif -%}{%- if (message['role'] == 'assistant') -%}{%- set role = \"model\" -%}"
+    "{%- else -%}{%- set role = message['role'] -%}{%- endif -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}"
+    "{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{'<start_of_turn>model\n'}}{%- endif -%}")
+GEMMA_MODEL = "models/gemma-3-270m-q4_k_m.gguf"
+
 # ---- helpers ------------------------------------------------------------------------
 
 
@@ -417,15 +447,17 @@ def bytes_to_unicode():
     return {b: chr(c) for b, c in zip(bs, cs)}
 
 
-def make_tiny_bpe(pre):
+def make_tiny_bpe(pre, rich=False):
+    """rich: merges also trained on every case string, 800 of them."""
     b2u = bytes_to_unicode()
     tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool>"]
     types = [3, 3, 3, 4]
     for b in range(256):
         tokens.append(b2u[b])
         types.append(1)
-    seqs = ["".join(b2u[c] for c in line.encode("utf-8")) for line in CORPUS.splitlines(keepends=True)]
-    merges = train_bpe(seqs, 300)
+    text = CORPUS + ("".join(t for _, t in CASES) if rich else "")
+    seqs = ["".join(b2u[c] for c in line.encode("utf-8")) for line in text.splitlines(keepends=True)]
+    merges = train_bpe(seqs, 800 if rich else 300)
     for a, b in merges:
         if a + b not in tokens:
             tokens.append(a + b)
@@ -487,11 +519,39 @@ def make_tiny_spm():
 # ---- main ----------------------------------------------------------------------------
 
 
+def main_archs(header):
+    lines = list(header)
+    for pre in ("deepseek-llm", "deepseek-coder"):
+        path = make_tiny_bpe(pre, rich=True)
+        lines.append("model\t" + path)
+        lines += tok_lines(load(path), CASES + TINY_CASES[-3:])
+    lines.append("model\t" + make_chat_gguf("gemma", "<bos>", "<eos>", GEMMA_TEMPLATE))
+    lines += chat_lines(GEMMA_TEMPLATE, "<bos>", "<eos>")
+    with open(os.path.join(OUT_DIR, "archs_cases.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("archs_cases.txt: %d tok, %d chat" % (sum(l.startswith("tok\t") for l in lines),
+                                               sum(l.startswith("chat\t") for l in lines)))
+    if not os.path.exists(GEMMA_MODEL):
+        print("gemma3_cases.txt not written: %s is missing (scripts/setup --model gemma3-270m)" % GEMMA_MODEL)
+        return
+    llm = load(GEMMA_MODEL)
+    lines = header + ["model\t" + GEMMA_MODEL] + tok_lines(llm, CASES + TINY_CASES[-3:])
+    for line in chat_lines(GEMMA_TEMPLATE, "<bos>", "<eos>"):
+        lines.append(line)
+        lines += tok_lines(llm, [("chat-" + line.split("\t")[1], bytes.fromhex(line.split("\t")[4]).decode())])
+    with open(os.path.join(OUT_DIR, "gemma3_cases.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("gemma3_cases.txt: %d tok, %d chat" % (sum(l.startswith("tok\t") for l in lines),
+                                                sum(l.startswith("chat\t") for l in lines)))
+
+
 def main():
     os.chdir(ROOT)
     os.makedirs(OUT_DIR, exist_ok=True)
     header = ["# Generated by scripts/make_tokenizer_oracle.py; do not edit.",
               "# Oracle: llama.cpp through llama-cpp-python (vocab_only), chat renderings by jinja2."]
+    if "--archs" in sys.argv[1:]:
+        return main_archs(header)
 
     llm = load(MODEL)
     lines = header + ["model\t" + MODEL] + tok_lines(llm, CASES)

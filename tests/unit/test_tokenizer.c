@@ -8,7 +8,8 @@
  *    "smollm" pre-tokenizer), with special tokens parsed and not;
  *  - the same for small synthetic vocabularies: SentencePiece with byte
  *    fallback, and byte-level BPE under the smollm, llama-bpe, gpt-2,
- *    default and qwen2 pre-tokenizers;
+ *    default, qwen2, deepseek-llm and deepseek-coder pre-tokenizers;
+ *  - Gemma 3 270M's vocabulary when that optional model is present;
  *  - decode(encode(x)) == x for every byte-level case, invalid UTF-8
  *    included (bytes the vocabulary cannot spell at all are dropped);
  *  - streaming detokenization never splits a character;
@@ -42,6 +43,9 @@
 #define MODEL_PATH     "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define SMOLLM2_CASES  "tests/data/tokenizer/smollm2_cases.txt"
 #define SYNTH_CASES    "tests/data/tokenizer/synthetic_cases.txt"
+#define ARCHS_CASES    "tests/data/tokenizer/archs_cases.txt"
+#define GEMMA3_CASES   "tests/data/tokenizer/gemma3_cases.txt"
+#define GEMMA3_MODEL   "models/gemma-3-270m-q4_k_m.gguf"
 #define MAX_IDS        8192
 
 /* ---- helpers ------------------------------------------------------------- */
@@ -363,6 +367,38 @@ static void test_synthetic_oracle(void **state)
 	       "%d chat renderings agree with jinja2\n", st.agree, st.cases, st.round_trips, st.chats);
 	assert_true(st.cases > 0);
 	assert_true(st.chats >= 20);
+	assert_int_equal(st.agree, st.cases);
+}
+
+/* The other families: DeepSeek LLM and Coder pre-tokenizers over vocabularies
+ * whose merges span every script of the case strings, and Gemma's chat
+ * template. */
+static void test_archs_oracle(void **state)
+{
+	(void)state;
+	struct oracle_stats st = { 0 };
+	run_oracle_file(ARCHS_CASES, &st);
+	printf("deepseek/gemma oracle: %d/%d tokenizations agree with llama.cpp, %d chat renderings agree "
+	       "with jinja2\n", st.agree, st.cases, st.chats);
+	assert_true(st.cases >= 200);
+	assert_true(st.chats >= 5);
+	assert_int_equal(st.agree, st.cases);
+}
+
+/* Gemma 3 270M's SentencePiece vocabulary (262k tokens), when the optional
+ * model is here (scripts/setup --model gemma3-270m); skipped otherwise. */
+static void test_gemma3_oracle(void **state)
+{
+	(void)state;
+	if (access(GEMMA3_MODEL, R_OK) != 0) {
+		print_message("skipped: " GEMMA3_MODEL " not present (scripts/setup --model gemma3-270m)\n");
+		skip();
+	}
+	struct oracle_stats st = { 0 };
+	run_oracle_file(GEMMA3_CASES, &st);
+	printf("gemma3 oracle: %d/%d tokenizations agree with llama.cpp, %d chat renderings agree with jinja2\n",
+	       st.agree, st.cases, st.chats);
+	assert_true(st.cases >= 100);
 	assert_int_equal(st.agree, st.cases);
 }
 
@@ -823,6 +859,8 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_synthetic_oracle),
+		cmocka_unit_test(test_archs_oracle),
+		cmocka_unit_test(test_gemma3_oracle),
 		cmocka_unit_test(test_load_validation),
 		cmocka_unit_test(test_extra_oracle),
 		cmocka_unit_test(test_spm_details),
