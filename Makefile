@@ -273,7 +273,7 @@ install: all
 	$(if $(wildcard systemd/*.service),install -d $(DESTDIR)$(PREFIX)/lib/systemd/system && \
 	    install -m 0644 systemd/*.socket $(DESTDIR)$(PREFIX)/lib/systemd/system/ && \
 	    for u in systemd/*.service; do \
-	        sed -e 's%^ExecStart=[^ ]*/kvd\( \|$$\)%ExecStart=$(PREFIX)/bin/kvd\1%' $$u \
+	        sed -e 's%^ExecStart=[^ ]*/bin/\(kvd[a-z-]*\)\( \|$$\)%ExecStart=$(PREFIX)/bin/\1\2%' $$u \
 	            > $(DESTDIR)$(PREFIX)/lib/systemd/system/$$(basename $$u) && \
 	        chmod 0644 $(DESTDIR)$(PREFIX)/lib/systemd/system/$$(basename $$u) || exit 1; \
 	    done)
