@@ -468,6 +468,20 @@ bad:
 	     spec);
 	return -EINVAL;
 }
+
+/*
+ * Test builds only, like KVD_TEST_SWAP_FAULT: KVD_TEST_FAULTS is a
+ * comma-separated list of faults in the server; "peercred" makes every
+ * SO_PEERCRED read fail.
+ */
+static void arm_server_faults(struct kvd_server_hooks *hooks)
+{
+	const char *faults = getenv("KVD_TEST_FAULTS");
+
+	hooks->fault_peercred = faults && strstr(faults, "peercred");
+	if (hooks->fault_peercred)
+		log_warning("TEST BUILD: KVD_TEST_FAULTS: reading peer credentials fails on purpose");
+}
 #endif
 
 int main(int argc, char **argv)
@@ -570,6 +584,9 @@ int main(int argc, char **argv)
 	if (r < 0)
 		goto out;
 	struct kvd_server_hooks hooks = { .reload = reload_hook, .ud = &a };
+#ifdef KVD_FAULT_INJECTION
+	arm_server_faults(&hooks);
+#endif
 	r = kvd_server_create(&cfg, e, listen_fd, sig_fd, &hooks, &srv);
 	listen_fd = sig_fd = -1; /* the server owns them now */
 	if (r < 0) {

@@ -230,14 +230,7 @@ int kvd_server_create(const struct kvd_config *cfg, struct kvd_engine *e, int li
 	if (hooks)
 		srv->hooks = *hooks;
 	srv->t_start = now_ns();
-#ifndef NDEBUG
-	/* Test builds only: comma-separated faults to inject ("peercred":
-	 * every SO_PEERCRED read fails). */
-	const char *faults = getenv("KVD_TEST_FAULTS");
-	srv->fault_peercred = faults && strstr(faults, "peercred");
-	if (srv->fault_peercred)
-		log_warning("KVD_TEST_FAULTS: reading peer credentials fails on purpose");
-#endif
+	srv->fault_peercred = srv->hooks.fault_peercred;
 	uint32_t n_train = (uint32_t)kvd_model_hparams(kvd_engine_model(e))->n_ctx_train;
 	if (!n_train)
 		n_train = 2048;

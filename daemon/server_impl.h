@@ -217,7 +217,7 @@ struct kvd_server {
 	uint64_t accept_paused_until; /* 0: accepting */
 	/* shutdown */
 	bool stopping, cancelled_all;
-	/* fault injection for tests (KVD_TEST_FAULTS, builds without NDEBUG) */
+	/* fault injection for tests (kvd_server_hooks.fault_peercred) */
 	bool fault_peercred;
 	uint64_t drain_deadline, final_deadline;
 };
