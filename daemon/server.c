@@ -46,41 +46,22 @@ static struct kvd_sched_config sched_config(const struct kvd_config *cfg, uint32
 static void apply_reload(struct kvd_server *srv, const struct kvd_config *n)
 {
 	struct kvd_config *o = &srv->cfg;
-#define RESTART(field, name)                                                                       \
-	do {                                                                                       \
-		if (memcmp(&o->field, &n->field, sizeof(o->field)))                               \
-			log_warning("reload: %s changed; it takes effect only after a restart", name); \
-	} while (0)
-	RESTART(model, "model.path");
-	RESTART(backend, "engine.backend");
-	RESTART(threads, "engine.threads");
-	RESTART(pool_bytes, "kv.pool_size");
-	RESTART(pool_fraction, "kv.pool_size");
-	RESTART(block_size, "kv.block_size");
-	RESTART(prefix_caching, "kv.prefix_caching");
-	RESTART(swap_file, "kv.swap_file");
-	RESTART(swap_bytes, "kv.swap_size");
-	RESTART(max_model_len, "scheduler.max_model_len");
-	RESTART(socket, "server.socket");
-	RESTART(socket_mode, "server.socket_mode");
-	RESTART(socket_group, "server.socket_group");
-#undef RESTART
 	struct kvd_config keep = *o;
+
 	*o = *n;
-	/* restart-only fields keep their running values */
-	memcpy(o->model, keep.model, sizeof(o->model));
-	memcpy(o->backend, keep.backend, sizeof(o->backend));
-	o->threads = keep.threads;
-	o->pool_bytes = keep.pool_bytes;
-	o->pool_fraction = keep.pool_fraction;
-	o->block_size = keep.block_size;
-	o->prefix_caching = keep.prefix_caching;
-	memcpy(o->swap_file, keep.swap_file, sizeof(o->swap_file));
-	o->swap_bytes = keep.swap_bytes;
-	o->max_model_len = keep.max_model_len;
-	memcpy(o->socket, keep.socket, sizeof(o->socket));
-	o->socket_mode = keep.socket_mode;
-	memcpy(o->socket_group, keep.socket_group, sizeof(o->socket_group));
+	/* restart-only keys (kvd_conf_keys[].reload) keep their running values */
+	for (size_t i = 0; i < kvd_conf_n_keys; i++) {
+		const struct kvd_conf_key *k = &kvd_conf_keys[i];
+		char *now = (char *)o, *was = (char *)&keep;
+		if (k->reload != KVD_CONF_RESTART)
+			continue;
+		if (memcmp(now + k->off, was + k->off, k->size) ||
+		    (k->size2 && memcmp(now + k->off2, was + k->off2, k->size2)))
+			log_warning("reload: %s.%s changed; it takes effect only after a restart", k->section, k->name);
+		memcpy(now + k->off, was + k->off, k->size);
+		if (k->size2)
+			memcpy(now + k->off2, was + k->off2, k->size2);
+	}
 	kvd_log_level = o->log_level;
 	struct kvd_sched_config sc = sched_config(o, srv->n_ctx);
 	kvd_sched_set_config(srv->sched, &sc);
