@@ -335,7 +335,6 @@ const struct kvd_kv_layout *kvd_engine_kv_layout(const struct kvd_engine *e) { r
 const char *kvd_engine_backend_name(const struct kvd_engine *e) { return e->ops->name; }
 const char *kvd_engine_backend_note(const struct kvd_engine *e) { return e->note[0] ? e->note : NULL; }
 int32_t kvd_engine_n_vocab(const struct kvd_engine *e) { return e->hp.n_vocab; }
-const struct kvd_hparams *kvd_engine_hparams(const struct kvd_engine *e) { return &e->hp; }
 
 static int ensure_items(struct kvd_engine *e, size_t n)
 {

@@ -67,7 +67,6 @@ struct kvd_engine *kvd_engine_close(struct kvd_engine *e);
 
 /* The loaded model; NULL on an engine from kvd_engine_open_backend. */
 const struct kvd_model *kvd_engine_model(const struct kvd_engine *e);
-const struct kvd_hparams *kvd_engine_hparams(const struct kvd_engine *e);
 struct kvmm *kvd_engine_kvmm(struct kvd_engine *e);
 const struct kvd_kv_layout *kvd_engine_kv_layout(const struct kvd_engine *e);
 const char *kvd_engine_backend_name(const struct kvd_engine *e);

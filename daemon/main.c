@@ -559,8 +559,10 @@ int main(int argc, char **argv)
 	}
 	kvd_log_level = cfg.log_level;
 
-	/* Every client holds four descriptors (socket, memfd, two eventfds):
-	 * take the hard limit, as programs that never use select() should. */
+	/* Every client holds two descriptors: its socket and the daemon's end
+	 * of its wake-up socket pair (the memfd and the client's end are closed
+	 * once handed over in WELCOME). Take the hard limit, as programs that
+	 * never use select() should. */
 	struct rlimit rl;
 	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
 		rl.rlim_cur = rl.rlim_max;
