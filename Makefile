@@ -81,7 +81,8 @@ TOOLS  := $(patsubst tests/tools/%.c,$(BUILD)/tests/%,$(TOOL_SRC))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 EXAMPLES := $(if $(CLIENT_SRC),$(patsubst client/examples/%.c,$(BUILD)/examples/%,$(EXAMPLE_SRC)))
 BINS   := $(if $(wildcard daemon/main.c),$(BUILD)/bin/kvd) $(if $(KVCTL_SRC),$(BUILD)/bin/kvctl)
-# kvd built again with -DKVD_FAULT_INJECTION: honours KVD_TEST_SWAP_FAULT (tests only)
+# kvd built again with -DKVD_FAULT_INJECTION: honours KVD_TEST_SWAP_FAULT and
+# KVD_TEST_FAULTS (tests only; bin/kvd reads neither)
 FAULTY := $(if $(wildcard daemon/main.c),$(BUILD)/tests/kvd-faulty)
 CLIENT_LIBS := $(if $(CLIENT_SRC),$(LIBCLIENT_A) $(LIBCLIENT_SO) $(if $(wildcard client/kvclient.pc.in),$(BUILD)/kvclient-uninstalled.pc))
 CUDA_PLUGIN := $(if $(and $(NVCC),$(CUDA_SRC)),$(BUILD)/lib/libkvd-cuda.so)
@@ -273,7 +274,7 @@ install: all
 	$(if $(wildcard systemd/*.service),install -d $(DESTDIR)$(PREFIX)/lib/systemd/system && \
 	    install -m 0644 systemd/*.socket $(DESTDIR)$(PREFIX)/lib/systemd/system/ && \
 	    for u in systemd/*.service; do \
-	        sed -e 's%^ExecStart=[^ ]*/kvd\( \|$$\)%ExecStart=$(PREFIX)/bin/kvd\1%' $$u \
+	        sed -e 's%^ExecStart=[^ ]*/bin/\(kvd[a-z-]*\)\( \|$$\)%ExecStart=$(PREFIX)/bin/\1\2%' $$u \
 	            > $(DESTDIR)$(PREFIX)/lib/systemd/system/$$(basename $$u) && \
 	        chmod 0644 $(DESTDIR)$(PREFIX)/lib/systemd/system/$$(basename $$u) || exit 1; \
 	    done)

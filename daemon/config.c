@@ -1,46 +1,24 @@
 /*
  * daemon/config.c — the key table, value parsers and validation.
+ *
+ * kvd_conf_keys[] is the one list of keys: set_key() parses a value by its
+ * row, kvd_config_defaults() sets every row's default through the same
+ * parser, and main.c (options, --help) and server.c (SIGHUP) read the rows.
  */
 #include "config.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <ctype.h>
 #include <grp.h>
 #include <ini.h>
 #include <limits.h>
+#include <stddef.h>
 #include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-
-void kvd_config_defaults(struct kvd_config *c)
-{
-	memset(c, 0, sizeof(*c));
-	snprintf(c->model, sizeof(c->model), "/var/lib/kvd/models/SmolLM2-135M-Instruct.Q4_1.gguf");
-	snprintf(c->backend, sizeof(c->backend), "auto");
-	c->threads = 0;
-	c->pool_fraction = 0.25;
-	c->block_size = 16;
-	c->prefix_caching = 1;
-	c->swap_bytes = 1ull << 30;
-	c->max_num_seqs = 64;
-	c->max_tokens_per_step = 512;
-	c->max_step_ms = 50;
-	c->max_waiting = 1024;
-	c->session_idle_s = 600;
-	snprintf(c->socket, sizeof(c->socket), "/run/kvd/kvd.sock");
-	c->socket_mode = 0660;
-	c->max_clients = 256;
-	c->max_clients_per_user = 32;
-	c->admin_reserved_clients = 4;
-	c->idle_timeout_s = 300;
-	c->max_requests_per_client = 16;
-	c->max_prompt_bytes = 1u << 20;
-	c->drain_timeout_s = 10;
-	c->token_ring_bytes = 256u << 10;
-	c->log_level = 6;
-}
 
 int kvd_parse_size(const char *s, uint64_t *ret)
 {
@@ -151,165 +129,242 @@ static int parse_ids(const char *v, int (*lookup)(const char *, uint32_t *), uin
 	return 0;
 }
 
+#define FIELD(f) offsetof(struct kvd_config, f), sizeof(((struct kvd_config *)0)->f)
+#define NO_FIELD2 0, 0
+#define OPT(long_name, short_name, arg) long_name, short_name, arg, NULL
+#define NO_OPT NULL, 0, NULL, NULL
+#define STR_MAX(f) (sizeof(((struct kvd_config *)0)->f) - 1)
+
+static const char *const backends[] = { "auto", "cpu", "cuda", NULL };
 static const char *const log_levels[] = {"emerg", "alert", "crit", "err", "warning", "notice", "info", "debug"};
+#define N_LOG_LEVELS (sizeof(log_levels) / sizeof(log_levels[0]))
+
+/* One row per key, in etc/kvd.conf's order. t_config.sh reads the first
+ * line of each row (section, name, type, default) to check etc/kvd.conf. */
+const struct kvd_conf_key kvd_conf_keys[] = {
+	{ "model", "path", KVD_CONF_STR, "/var/lib/kvd/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+	  1, STR_MAX(model), KVD_CONF_RESTART, "GGUF model file", OPT("--model", 'm', "PATH"),
+	  NULL, NULL, FIELD(model), NO_FIELD2 },
+	{ "engine", "backend", KVD_CONF_STR, "auto",
+	  0, STR_MAX(backend), KVD_CONF_RESTART, "auto, cpu or cuda", OPT("--backend", 'b', "NAME"),
+	  backends, "backend must be auto, cpu or cuda, not '%s'", FIELD(backend), NO_FIELD2 },
+	{ "engine", "threads", KVD_CONF_U32, "0",
+	  0, 1024, KVD_CONF_RESTART, "CPU compute threads, 0 = one per CPU", OPT("--threads", 't', "N"),
+	  NULL, NULL, FIELD(threads), NO_FIELD2 },
+	/* bytes: at least min; a percentage: in (0, max] */
+	{ "kv", "pool_size", KVD_CONF_POOL, "25%",
+	  1, 90, KVD_CONF_RESTART, "KV pool: bytes (512M, 2G) or a percentage of available memory (25%)",
+	  OPT("--pool-size", 0, "SIZE"), NULL, "pool_size percentage must be in (0, 90], not '%s'",
+	  FIELD(pool_bytes), FIELD(pool_fraction) },
+	{ "kv", "block_size", KVD_CONF_U32, "16",
+	  1, 1024, KVD_CONF_RESTART, "tokens per KV page", OPT("--block-size", 0, "N"),
+	  NULL, NULL, FIELD(block_size), NO_FIELD2 },
+	{ "kv", "prefix_caching", KVD_CONF_BOOL, "yes",
+	  0, 1, KVD_CONF_RESTART, "do not share or cache prompt prefixes",
+	  "--no-prefix-caching", 0, NULL, "no", NULL, NULL, FIELD(prefix_caching), NO_FIELD2 },
+	{ "kv", "swap_file", KVD_CONF_STR, "",
+	  0, STR_MAX(swap_file), KVD_CONF_RESTART, "swap file for preempted sequences; \"\" = none",
+	  OPT("--swap-file", 0, "PATH"), NULL, NULL, FIELD(swap_file), NO_FIELD2 },
+	{ "kv", "swap_size", KVD_CONF_SIZE, "1G",
+	  0, UINT64_MAX, KVD_CONF_RESTART, "swap file size", OPT("--swap-size", 0, "SIZE"),
+	  NULL, NULL, FIELD(swap_bytes), NO_FIELD2 },
+	{ "scheduler", "max_model_len", KVD_CONF_U32, "0",
+	  0, 1u << 24, KVD_CONF_RESTART, "longest prompt + generation; 0 = the model's context",
+	  OPT("--max-model-len", 0, "N"), NULL, NULL, FIELD(max_model_len), NO_FIELD2 },
+	{ "scheduler", "max_num_seqs", KVD_CONF_U32, "64",
+	  1, 4096, KVD_CONF_LIVE, "sequences decoded together", OPT("--max-num-seqs", 0, "N"),
+	  NULL, NULL, FIELD(max_num_seqs), NO_FIELD2 },
+	{ "scheduler", "max_tokens_per_step", KVD_CONF_U32, "512",
+	  1, 1u << 16, KVD_CONF_LIVE, "tokens computed per step", OPT("--max-tokens-per-step", 0, "N"),
+	  NULL, NULL, FIELD(max_tokens_per_step), NO_FIELD2 },
+	{ "scheduler", "max_step_ms", KVD_CONF_U32, "50",
+	  0, 60000, KVD_CONF_LIVE, "while requests decode, a step lasts about this long at most; 0 = no limit",
+	  OPT("--max-step-ms", 0, "MS"), NULL, NULL, FIELD(max_step_ms), NO_FIELD2 },
+	{ "scheduler", "max_waiting", KVD_CONF_U32, "1024",
+	  1, 1u << 20, KVD_CONF_LIVE, "requests queued (accepted but not started) at most", NO_OPT,
+	  NULL, NULL, FIELD(max_waiting), NO_FIELD2 },
+	{ "scheduler", "session_idle_timeout", KVD_CONF_U32, "600",
+	  0, 86400 * 7, KVD_CONF_LIVE, "seconds an idle session keeps its KV; 0 = never", NO_OPT,
+	  NULL, NULL, FIELD(session_idle_s), NO_FIELD2 },
+	{ "server", "socket", KVD_CONF_STR, "/run/kvd/kvd.sock",
+	  1, 107, KVD_CONF_RESTART, "Unix socket path; \"@name\" for the abstract namespace",
+	  OPT("--socket", 's', "PATH"), NULL, NULL, FIELD(socket), NO_FIELD2 },
+	{ "server", "socket_mode", KVD_CONF_MODE, "0660",
+	  0, 0777, KVD_CONF_RESTART, "permission bits of the socket kvd creates itself", NO_OPT,
+	  NULL, NULL, FIELD(socket_mode), NO_FIELD2 },
+	{ "server", "socket_group", KVD_CONF_STR, "",
+	  0, STR_MAX(socket_group), KVD_CONF_RESTART, "group of the socket kvd creates itself", NO_OPT,
+	  NULL, NULL, FIELD(socket_group), NO_FIELD2 },
+	{ "server", "allowed_users", KVD_CONF_USERS, "",
+	  0, KVD_CONF_MAX_IDS, KVD_CONF_LIVE, "users who may connect (both lists empty: anyone)", NO_OPT,
+	  NULL, NULL, FIELD(allowed_uids), FIELD(n_allowed_uids) },
+	{ "server", "allowed_groups", KVD_CONF_GROUPS, "",
+	  0, KVD_CONF_MAX_IDS, KVD_CONF_LIVE, "groups whose members may connect", NO_OPT,
+	  NULL, NULL, FIELD(allowed_gids), FIELD(n_allowed_gids) },
+	{ "server", "admin_groups", KVD_CONF_GROUPS, "",
+	  0, KVD_CONF_MAX_IDS, KVD_CONF_LIVE, "administrators besides root", NO_OPT,
+	  NULL, NULL, FIELD(admin_gids), FIELD(n_admin_gids) },
+	{ "server", "max_clients", KVD_CONF_U32, "256",
+	  1, 65536, KVD_CONF_LIVE, "connected clients at most", NO_OPT,
+	  NULL, NULL, FIELD(max_clients), NO_FIELD2 },
+	{ "server", "admin_reserved_clients", KVD_CONF_U32, "4",
+	  0, 1024, KVD_CONF_LIVE, "of max_clients, slots only administrators may take", NO_OPT,
+	  NULL, NULL, FIELD(admin_reserved_clients), NO_FIELD2 },
+	{ "server", "max_clients_per_user", KVD_CONF_U32, "32",
+	  1, 65536, KVD_CONF_LIVE, "connections one user may hold at once", NO_OPT,
+	  NULL, NULL, FIELD(max_clients_per_user), NO_FIELD2 },
+	{ "server", "idle_timeout", KVD_CONF_U32, "300",
+	  0, 86400 * 7, KVD_CONF_LIVE, "seconds an idle connection holding nothing stays; 0 = never", NO_OPT,
+	  NULL, NULL, FIELD(idle_timeout_s), NO_FIELD2 },
+	{ "server", "max_requests_per_client", KVD_CONF_U32, "16",
+	  1, 4096, KVD_CONF_LIVE, "requests in flight per client at most", NO_OPT,
+	  NULL, NULL, FIELD(max_requests_per_client), NO_FIELD2 },
+	{ "server", "max_prompt_bytes", KVD_CONF_SIZE, "1M",
+	  1, 16u << 20, KVD_CONF_LIVE, "bytes of prompt text per request at most", NO_OPT,
+	  NULL, NULL, FIELD(max_prompt_bytes), NO_FIELD2 },
+	{ "server", "drain_timeout", KVD_CONF_U32, "10",
+	  0, 3600, KVD_CONF_LIVE, "on SIGTERM, time running requests get to finish",
+	  OPT("--drain-timeout", 0, "SEC"), NULL, NULL, FIELD(drain_timeout_s), NO_FIELD2 },
+	{ "server", "token_ring_size", KVD_CONF_SIZE_POW2, "256K",
+	  16u << 10, 64u << 20, KVD_CONF_LIVE, "each client's ring for the token stream", NO_OPT,
+	  NULL, "token_ring_size must be a power of two from 16K to 64M, not '%s'", FIELD(token_ring_bytes),
+	  NO_FIELD2 },
+	{ "log", "level", KVD_CONF_LOG_LEVEL, "info",
+	  0, N_LOG_LEVELS - 1, KVD_CONF_LIVE, "err, warning, notice, info or debug", OPT("--log-level", 'l', "LEVEL"),
+	  NULL, "log level must be one of emerg..debug (err, warning, notice, info, debug), not '%s'",
+	  FIELD(log_level), NO_FIELD2 },
+	{ "log", "ledger", KVD_CONF_STR, "",
+	  0, STR_MAX(ledger_log), KVD_CONF_LIVE,
+	  "append one JSON record per finished or rejected request (reopened on SIGHUP)", OPT("--ledger", 0, "PATH"),
+	  NULL, NULL, FIELD(ledger_log), NO_FIELD2 },
+};
+const size_t kvd_conf_n_keys = sizeof(kvd_conf_keys) / sizeof(kvd_conf_keys[0]);
+
+/* The row of section.name; NULL when there is none. */
+static const struct kvd_conf_key *kvd_conf_find(const char *section, const char *name)
+{
+	for (size_t i = 0; i < kvd_conf_n_keys; i++)
+		if (!strcmp(kvd_conf_keys[i].section, section) && !strcmp(kvd_conf_keys[i].name, name))
+			return &kvd_conf_keys[i];
+	return NULL;
+}
 
 /* Returns 0 or -EINVAL with the reason (without location) in msg. */
 static int set_key(struct kvd_config *c, const char *sec, const char *key, const char *v, char *msg, size_t ml)
 {
+	const struct kvd_conf_key *k = kvd_conf_find(sec, key);
+	char *field, *field2, bad[128];
 	uint64_t u64;
-	char bad[128];
-	int r;
+	uint32_t u32;
+	size_t len, n;
+	int r, b;
 
-#define IS(s, k) (!strcmp(sec, s) && !strcmp(key, k))
-	if (IS("model", "path")) {
-		if (!*v || copy_str(c->model, sizeof(c->model), v) < 0)
-			goto bad_value;
-	} else if (IS("engine", "backend")) {
-		if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "cuda")) {
-			snprintf(msg, ml, "backend must be auto, cpu or cuda, not '%s'", v);
-			return -EINVAL;
-		}
-		snprintf(c->backend, sizeof(c->backend), "%s", v);
-	} else if (IS("engine", "threads")) {
-		uint32_t n;
-		if (parse_u32(v, 0, 1024, &n) < 0)
-			goto bad_value;
-		c->threads = (int)n;
-	} else if (IS("kv", "pool_size")) {
-		size_t len = strlen(v);
-		if (len > 1 && v[len - 1] == '%') {
-			char *end;
-			double f = strtod(v, &end);
-			if (end != v + len - 1 || !(f > 0 && f <= 90)) {
-				snprintf(msg, ml, "pool_size percentage must be in (0, 90], not '%s'", v);
-				return -EINVAL;
-			}
-			c->pool_fraction = f / 100.0;
-			c->pool_bytes = 0;
-		} else {
-			if (kvd_parse_size(v, &u64) < 0 || u64 == 0)
-				goto bad_value;
-			c->pool_bytes = u64;
-		}
-	} else if (IS("kv", "block_size")) {
-		uint32_t n;
-		if (parse_u32(v, 1, 1024, &n) < 0)
-			goto bad_value;
-		c->block_size = n;
-	} else if (IS("kv", "prefix_caching")) {
-		if (parse_bool(v, &c->prefix_caching) < 0)
-			goto bad_value;
-	} else if (IS("kv", "swap_file")) {
-		if (copy_str(c->swap_file, sizeof(c->swap_file), v) < 0)
-			goto bad_value;
-	} else if (IS("kv", "swap_size")) {
-		if (kvd_parse_size(v, &u64) < 0)
-			goto bad_value;
-		c->swap_bytes = u64;
-	} else if (IS("scheduler", "max_model_len")) {
-		if (parse_u32(v, 0, 1u << 24, &c->max_model_len) < 0)
-			goto bad_value;
-	} else if (IS("scheduler", "max_num_seqs")) {
-		if (parse_u32(v, 1, 4096, &c->max_num_seqs) < 0)
-			goto bad_value;
-	} else if (IS("scheduler", "max_tokens_per_step")) {
-		if (parse_u32(v, 1, 1u << 16, &c->max_tokens_per_step) < 0)
-			goto bad_value;
-	} else if (IS("scheduler", "max_step_ms")) {
-		if (parse_u32(v, 0, 60000, &c->max_step_ms) < 0)
-			goto bad_value;
-	} else if (IS("scheduler", "max_waiting")) {
-		if (parse_u32(v, 1, 1u << 20, &c->max_waiting) < 0)
-			goto bad_value;
-	} else if (IS("scheduler", "session_idle_timeout")) {
-		if (parse_u32(v, 0, 86400 * 7, &c->session_idle_s) < 0)
-			goto bad_value;
-	} else if (IS("server", "socket")) {
-		if (!*v || copy_str(c->socket, sizeof(c->socket), v) < 0 || strlen(v) >= 108)
-			goto bad_value;
-	} else if (IS("server", "socket_mode")) {
-		char *end;
-		unsigned long m = strtoul(v, &end, 8);
-		if (!*v || *end || m > 0777)
-			goto bad_value;
-		c->socket_mode = (mode_t)m;
-	} else if (IS("server", "socket_group")) {
-		if (copy_str(c->socket_group, sizeof(c->socket_group), v) < 0)
-			goto bad_value;
-	} else if (IS("server", "allowed_users")) {
-		r = parse_ids(v, lookup_user, c->allowed_uids, &c->n_allowed_uids, bad, sizeof(bad));
-		if (r == -ENOENT) {
-			snprintf(msg, ml, "unknown user '%s'", bad);
-			return -EINVAL;
-		}
-		if (r < 0)
-			goto bad_value;
-	} else if (IS("server", "allowed_groups")) {
-		r = parse_ids(v, lookup_group, c->allowed_gids, &c->n_allowed_gids, bad, sizeof(bad));
-		if (r == -ENOENT) {
-			snprintf(msg, ml, "unknown group '%s'", bad);
-			return -EINVAL;
-		}
-		if (r < 0)
-			goto bad_value;
-	} else if (IS("server", "admin_groups")) {
-		r = parse_ids(v, lookup_group, c->admin_gids, &c->n_admin_gids, bad, sizeof(bad));
-		if (r == -ENOENT) {
-			snprintf(msg, ml, "unknown group '%s'", bad);
-			return -EINVAL;
-		}
-		if (r < 0)
-			goto bad_value;
-	} else if (IS("server", "max_clients")) {
-		if (parse_u32(v, 1, 65536, &c->max_clients) < 0)
-			goto bad_value;
-	} else if (IS("server", "max_clients_per_user")) {
-		if (parse_u32(v, 1, 65536, &c->max_clients_per_user) < 0)
-			goto bad_value;
-	} else if (IS("server", "admin_reserved_clients")) {
-		if (parse_u32(v, 0, 1024, &c->admin_reserved_clients) < 0)
-			goto bad_value;
-	} else if (IS("server", "idle_timeout")) {
-		if (parse_u32(v, 0, 86400 * 7, &c->idle_timeout_s) < 0)
-			goto bad_value;
-	} else if (IS("server", "max_requests_per_client")) {
-		if (parse_u32(v, 1, 4096, &c->max_requests_per_client) < 0)
-			goto bad_value;
-	} else if (IS("server", "max_prompt_bytes")) {
-		if (kvd_parse_size(v, &u64) < 0 || u64 == 0 || u64 > (16u << 20))
-			goto bad_value;
-		c->max_prompt_bytes = u64;
-	} else if (IS("server", "drain_timeout")) {
-		if (parse_u32(v, 0, 3600, &c->drain_timeout_s) < 0)
-			goto bad_value;
-	} else if (IS("server", "token_ring_size")) {
-		if (kvd_parse_size(v, &u64) < 0 || u64 < (16u << 10) || u64 > (64u << 20) || (u64 & (u64 - 1))) {
-			snprintf(msg, ml, "token_ring_size must be a power of two from 16K to 64M, not '%s'", v);
-			return -EINVAL;
-		}
-		c->token_ring_bytes = (uint32_t)u64;
-	} else if (IS("log", "level")) {
-		size_t i;
-		for (i = 0; i < sizeof(log_levels) / sizeof(log_levels[0]); i++)
-			if (!strcmp(v, log_levels[i]))
-				break;
-		if (i == sizeof(log_levels) / sizeof(log_levels[0])) {
-			snprintf(msg, ml, "log level must be one of emerg..debug (err, warning, notice, info, debug), not '%s'", v);
-			return -EINVAL;
-		}
-		c->log_level = (int)i;
-	} else if (IS("log", "ledger")) {
-		if (copy_str(c->ledger_log, sizeof(c->ledger_log), v) < 0)
-			goto bad_value;
-	} else {
+	if (!k) {
 		snprintf(msg, ml, "unknown key '%s' in section [%s]", key, sec);
 		return -EINVAL;
 	}
+	field = (char *)c + k->off;
+	field2 = (char *)c + k->off2;
+	switch (k->type) {
+	case KVD_CONF_STR:
+		len = strlen(v);
+		if (len < k->min || len > k->max)
+			goto bad_value;
+		if (k->choices) {
+			for (n = 0; k->choices[n] && strcmp(v, k->choices[n]); n++)
+				;
+			if (!k->choices[n])
+				goto bad_value;
+		}
+		memcpy(field, v, len + 1);
+		break;
+	case KVD_CONF_U32:
+		if (parse_u32(v, (uint32_t)k->min, (uint32_t)k->max, &u32) < 0)
+			goto bad_value;
+		assert(k->size == sizeof(u32));
+		memcpy(field, &u32, sizeof(u32)); /* a uint32_t, or an int (threads) */
+		break;
+	case KVD_CONF_BOOL:
+		if (parse_bool(v, &b) < 0)
+			goto bad_value;
+		memcpy(field, &b, sizeof(b));
+		break;
+	case KVD_CONF_SIZE:
+		if (kvd_parse_size(v, &u64) < 0 || u64 < k->min || u64 > k->max)
+			goto bad_value;
+		memcpy(field, &u64, sizeof(u64));
+		break;
+	case KVD_CONF_SIZE_POW2:
+		if (kvd_parse_size(v, &u64) < 0 || u64 < k->min || u64 > k->max || (u64 & (u64 - 1)))
+			goto bad_value;
+		u32 = (uint32_t)u64;
+		memcpy(field, &u32, sizeof(u32));
+		break;
+	case KVD_CONF_MODE: {
+		char *end;
+		unsigned long m = strtoul(v, &end, 8);
+		if (!*v || *end || m > k->max)
+			goto bad_value;
+		*(mode_t *)(void *)field = (mode_t)m;
+		break;
+	}
+	case KVD_CONF_USERS:
+	case KVD_CONF_GROUPS:
+		r = parse_ids(v, k->type == KVD_CONF_USERS ? lookup_user : lookup_group, (uint32_t *)(void *)field,
+			      (size_t *)(void *)field2, bad, sizeof(bad));
+		if (r == -ENOENT) {
+			snprintf(msg, ml, "unknown %s '%s'", k->type == KVD_CONF_USERS ? "user" : "group", bad);
+			return -EINVAL;
+		}
+		if (r < 0)
+			goto bad_value;
+		break;
+	case KVD_CONF_POOL:
+		len = strlen(v);
+		if (len > 1 && v[len - 1] == '%') {
+			char *end;
+			double f = strtod(v, &end);
+			if (end != v + len - 1 || !(f > 0 && f <= (double)k->max))
+				goto bad_message;
+			f /= 100.0;
+			u64 = 0;
+			memcpy(field2, &f, sizeof(f));
+		} else if (kvd_parse_size(v, &u64) < 0 || u64 < k->min) {
+			goto bad_value;
+		}
+		memcpy(field, &u64, sizeof(u64));
+		break;
+	case KVD_CONF_LOG_LEVEL:
+		for (n = 0; n < N_LOG_LEVELS && strcmp(v, log_levels[n]); n++)
+			;
+		if (n == N_LOG_LEVELS)
+			goto bad_message;
+		b = (int)n;
+		memcpy(field, &b, sizeof(b));
+		break;
+	}
 	return 0;
-#undef IS
 bad_value:
+	if (k->bad_msg && k->type != KVD_CONF_POOL)
+		goto bad_message;
 	snprintf(msg, ml, "bad value '%s' for %s.%s", v, sec, key);
 	return -EINVAL;
+bad_message:
+	snprintf(msg, ml, k->bad_msg, v);
+	return -EINVAL;
+}
+
+void kvd_config_defaults(struct kvd_config *c)
+{
+	char msg[256];
+
+	memset(c, 0, sizeof(*c));
+	for (size_t i = 0; i < kvd_conf_n_keys; i++) {
+		int r = set_key(c, kvd_conf_keys[i].section, kvd_conf_keys[i].name, kvd_conf_keys[i].def, msg,
+				sizeof(msg));
+		assert(r == 0); /* the table's own defaults parse */
+		(void)r;
+	}
 }
 
 struct parse_ctx {

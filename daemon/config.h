@@ -2,8 +2,13 @@
  * daemon/config.h — kvd's configuration: defaults, the INI file (inih),
  * and command-line overrides, validated in one place.
  *
- * Every key is documented with its default in etc/kvd.conf. Errors come
- * back as "file:line: message" so an operator can fix them directly.
+ * One table, kvd_conf_keys[], lists every key: its section and name, type,
+ * default, limits, whether SIGHUP applies it, a line of help and the kvd
+ * option that sets it. Parsing, the defaults, kvd --help's option list and
+ * the reload all read that table; etc/kvd.conf documents exactly its keys
+ * with the same defaults (tests/integration/t_config.sh checks both).
+ * Errors come back as "file:line: message" so an operator can fix them
+ * directly.
  */
 #ifndef KVD_CONFIG_H
 #define KVD_CONFIG_H
@@ -55,6 +60,46 @@ struct kvd_config {
 	char model_origin[KVD_CONF_PATH_MAX + 32];
 };
 
+enum kvd_conf_type {
+	KVD_CONF_STR,        /* text; min/max: its length in bytes; choices: allowed values */
+	KVD_CONF_U32,        /* integer in [min, max] (uint32_t or int field) */
+	KVD_CONF_BOOL,       /* yes/no, true/false, on/off, 1/0 (int field) */
+	KVD_CONF_SIZE,       /* bytes with K/M/G/T, in [min, max] (uint64_t field) */
+	KVD_CONF_SIZE_POW2,  /* a power of two of bytes in [min, max] (uint32_t field) */
+	KVD_CONF_MODE,       /* octal permission bits (mode_t field) */
+	KVD_CONF_USERS,      /* user names or uids; field2: the count */
+	KVD_CONF_GROUPS,     /* group names or gids; field2: the count */
+	KVD_CONF_POOL,       /* bytes, or a percentage "25%" (field2: the fraction) */
+	KVD_CONF_LOG_LEVEL,  /* emerg .. debug, stored as 0 .. 7 (int field) */
+};
+
+enum kvd_conf_reload {
+	KVD_CONF_LIVE,       /* SIGHUP applies a new value at once */
+	KVD_CONF_RESTART,    /* SIGHUP keeps the running value and says a restart is needed */
+};
+
+struct kvd_conf_key {
+	const char *section, *name;
+	enum kvd_conf_type type;
+	const char *def;               /* the default, written as in etc/kvd.conf */
+	uint64_t min, max;             /* limits (see the type) */
+	enum kvd_conf_reload reload;
+	const char *help;              /* one sentence, for kvd --help */
+	const char *opt;               /* kvd's option ("--pool-size"), or NULL */
+	char opt_short;                /* its short form ('m'), or 0 */
+	const char *opt_arg;           /* the option's argument ("SIZE"); NULL: it takes none... */
+	const char *opt_value;         /* ...and sets this value */
+	const char *const *choices;    /* KVD_CONF_STR: the allowed values, NULL-terminated; or NULL */
+	const char *bad_msg;           /* message for a refused value (one %s: the value); NULL: "bad value" */
+	size_t off, size;              /* the field in struct kvd_config */
+	size_t off2, size2;            /* a second field it sets (see the type); size2 0: none */
+};
+
+/* Every key, in etc/kvd.conf's order; kvd_conf_n_keys rows. */
+extern const struct kvd_conf_key kvd_conf_keys[];
+extern const size_t kvd_conf_n_keys;
+
+/* Every key at its table default (kvd_conf_keys[].def). */
 void kvd_config_defaults(struct kvd_config *c);
 
 /*

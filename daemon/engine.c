@@ -134,11 +134,15 @@ static int make_pool(struct kvd_engine *e, const struct kvd_engine_config *cfg, 
 	struct kvmm_config kc = {0};
 	int r;
 
-	kvd_kv_layout_init(&e->layout, &e->hp, cfg->block_size ? cfg->block_size : 16);
+	if (cfg->block_size < 1 || cfg->block_size > KVMM_MAX_BLOCK_SIZE) {
+		snprintf(err, errlen, "KV block size %u: must be 1 .. %u tokens", cfg->block_size, KVMM_MAX_BLOCK_SIZE);
+		return -EINVAL;
+	}
+	kvd_kv_layout_init(&e->layout, &e->hp, cfg->block_size);
 	kc.page_bytes = e->layout.page_bytes;
 	kc.block_size = e->layout.block_size;
 	kc.pool_bytes = cfg->kv_pool_bytes;
-	kc.pool_fraction = cfg->kv_pool_fraction > 0 ? cfg->kv_pool_fraction : 0.25;
+	kc.pool_fraction = cfg->kv_pool_fraction;
 	kc.max_seqs = cfg->max_seqs ? cfg->max_seqs : 256;
 	kc.prefix_cache = cfg->prefix_cache;
 	kc.shuffle_seed = cfg->shuffle_seed;
@@ -343,7 +347,6 @@ const struct kvd_kv_layout *kvd_engine_kv_layout(const struct kvd_engine *e) { r
 const char *kvd_engine_backend_name(const struct kvd_engine *e) { return e->ops->name; }
 const char *kvd_engine_backend_note(const struct kvd_engine *e) { return e->note[0] ? e->note : NULL; }
 int32_t kvd_engine_n_vocab(const struct kvd_engine *e) { return e->hp.n_vocab; }
-const struct kvd_hparams *kvd_engine_hparams(const struct kvd_engine *e) { return &e->hp; }
 
 static int ensure_items(struct kvd_engine *e, size_t n)
 {

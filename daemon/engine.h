@@ -33,9 +33,9 @@ struct kvd_engine_config {
 	                          * else ../lib/kvd/ or ../lib/ beside the
 	                          * executable); auto falls back to the CPU */
 	int n_threads;           /* <= 0: one per online CPU */
-	uint32_t block_size;     /* tokens per KV page; 0: 16 */
+	uint32_t block_size;     /* tokens per KV page, 1 .. KVMM_MAX_BLOCK_SIZE (kv.block_size) */
 	uint64_t kv_pool_bytes;  /* 0: kv_pool_fraction of available memory */
-	double kv_pool_fraction; /* 0 with pool_bytes 0: 0.25 */
+	double kv_pool_fraction; /* of available memory, when kv_pool_bytes is 0 (kv.pool_size) */
 	uint32_t max_seqs;       /* 0: 256 */
 	int prefix_cache;
 	uint64_t shuffle_seed;   /* kvmm page placement (tests) */
@@ -67,7 +67,6 @@ struct kvd_engine *kvd_engine_close(struct kvd_engine *e);
 
 /* The loaded model; NULL on an engine from kvd_engine_open_backend. */
 const struct kvd_model *kvd_engine_model(const struct kvd_engine *e);
-const struct kvd_hparams *kvd_engine_hparams(const struct kvd_engine *e);
 struct kvmm *kvd_engine_kvmm(struct kvd_engine *e);
 const struct kvd_kv_layout *kvd_engine_kv_layout(const struct kvd_engine *e);
 const char *kvd_engine_backend_name(const struct kvd_engine *e);

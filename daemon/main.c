@@ -7,6 +7,7 @@
  * a command-line mistake, 78 (EX_CONFIG) for a configuration error (printed
  * as "file:line: message"), 1 when the model or the socket cannot be set up.
  */
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -41,7 +42,7 @@
 #define MAX_OVERRIDES 32
 #define LISTEN_BACKLOG 128
 
-static const char help_text[] =
+static const char help_head[] =
 	"NAME\n"
 	"    kvd - local LLM generation daemon with a paged KV cache\n"
 	"\n"
@@ -69,33 +70,10 @@ static const char help_text[] =
 	"    -c, --config PATH        configuration file (default " DEFAULT_CONFIG ";\n"
 	"                             a missing default file is not an error, a\n"
 	"                             missing file given here is)\n"
-	"    -m, --model PATH         GGUF model file                    [model] path\n"
-	"    -s, --socket PATH        Unix socket path; \"@name\" for the abstract\n"
-	"                             namespace                          [server] socket\n"
-	"    -t, --threads N          CPU compute threads, 0 = one per CPU\n"
-	"                                                                [engine] threads\n"
-	"    -b, --backend NAME       auto, cpu or cuda                  [engine] backend\n"
-	"        --pool-size SIZE     KV pool: bytes (512M, 2G) or a percentage of\n"
-	"                             available memory (25%)             [kv] pool_size\n"
-	"        --block-size N       tokens per KV page                 [kv] block_size\n"
-	"        --swap-file PATH     swap file for preempted sequences; \"\" = none\n"
-	"                                                                [kv] swap_file\n"
-	"        --swap-size SIZE     swap file size                     [kv] swap_size\n"
-	"        --no-prefix-caching  do not share or cache prompt prefixes\n"
-	"                                                                [kv] prefix_caching\n"
-	"        --max-num-seqs N     sequences decoded together         [scheduler] max_num_seqs\n"
-	"        --max-model-len N    longest prompt + generation; 0 = the model's\n"
-	"                             context                            [scheduler] max_model_len\n"
-	"        --max-tokens-per-step N\n"
-	"                             tokens computed per step           [scheduler] max_tokens_per_step\n"
-	"        --max-step-ms MS     while requests decode, a step lasts about this\n"
-	"                             long at most; 0 = no limit         [scheduler] max_step_ms\n"
-	"        --drain-timeout SEC  on SIGTERM, time running requests get to\n"
-	"                             finish                             [server] drain_timeout\n"
-	"        --ledger PATH        append one JSON record per finished or rejected\n"
-	"                             request (reopened on SIGHUP)\n"
-	"                                                                [log] ledger\n"
-	"    -l, --log-level LEVEL    err, warning, notice, info or debug [log] level\n"
+	;
+
+/* After the options the configuration table describes (print_key_option). */
+static const char help_tail[] =
 	"        --check-config       load and check the configuration (and that the\n"
 	"                             model file exists), print a summary, exit\n"
 	"    -V, --version            print the version and exit\n"
@@ -134,44 +112,118 @@ static const char help_text[] =
 	"SEE ALSO\n"
 	"    kvctl(1), systemd.socket(5), sd_notify(3)\n";
 
+/* kvd's own options; those that set a configuration key come from
+ * kvd_conf_keys[] (build_options), long-only ones numbered from
+ * OPT_KEY_BASE + their row. */
 enum {
-	OPT_POOL_SIZE = 256,
-	OPT_BLOCK_SIZE,
-	OPT_SWAP_FILE,
-	OPT_SWAP_SIZE,
-	OPT_NO_PREFIX,
-	OPT_MAX_NUM_SEQS,
-	OPT_MAX_MODEL_LEN,
-	OPT_MAX_TOKENS_PER_STEP,
-	OPT_MAX_STEP_MS,
-	OPT_DRAIN_TIMEOUT,
-	OPT_LEDGER,
-	OPT_CHECK_CONFIG,
+	OPT_CHECK_CONFIG = 256,
+	OPT_KEY_BASE,
 };
+#define MAX_OPTIONS 64 /* own options plus the table's, with the terminating row */
+#define HELP_DESC_COL 29 /* where an option's description starts */
+#define HELP_KEY_COL 64  /* where the key it sets is named */
+#define HELP_WIDTH 78    /* descriptions wrap before this column */
 
-static const struct option long_opts[] = {
+static const struct option own_opts[] = {
 	{ "config", required_argument, NULL, 'c' },
-	{ "model", required_argument, NULL, 'm' },
-	{ "socket", required_argument, NULL, 's' },
-	{ "threads", required_argument, NULL, 't' },
-	{ "backend", required_argument, NULL, 'b' },
-	{ "pool-size", required_argument, NULL, OPT_POOL_SIZE },
-	{ "block-size", required_argument, NULL, OPT_BLOCK_SIZE },
-	{ "swap-file", required_argument, NULL, OPT_SWAP_FILE },
-	{ "swap-size", required_argument, NULL, OPT_SWAP_SIZE },
-	{ "no-prefix-caching", no_argument, NULL, OPT_NO_PREFIX },
-	{ "max-num-seqs", required_argument, NULL, OPT_MAX_NUM_SEQS },
-	{ "max-model-len", required_argument, NULL, OPT_MAX_MODEL_LEN },
-	{ "max-tokens-per-step", required_argument, NULL, OPT_MAX_TOKENS_PER_STEP },
-	{ "max-step-ms", required_argument, NULL, OPT_MAX_STEP_MS },
-	{ "drain-timeout", required_argument, NULL, OPT_DRAIN_TIMEOUT },
-	{ "ledger", required_argument, NULL, OPT_LEDGER },
-	{ "log-level", required_argument, NULL, 'l' },
 	{ "check-config", no_argument, NULL, OPT_CHECK_CONFIG },
 	{ "version", no_argument, NULL, 'V' },
 	{ "help", no_argument, NULL, 'h' },
-	{ 0 },
 };
+#define OWN_SHORT_OPTS "c:Vh"
+
+/* getopt's tables: kvd's own options, then every key with an option. */
+static void build_options(struct option *lo, char *shorts, size_t shorts_cap)
+{
+	size_t n = 0, ns = strlen(OWN_SHORT_OPTS);
+
+	memcpy(lo, own_opts, sizeof(own_opts));
+	n = sizeof(own_opts) / sizeof(own_opts[0]);
+	memcpy(shorts, OWN_SHORT_OPTS, ns + 1);
+	for (size_t i = 0; i < kvd_conf_n_keys; i++) {
+		const struct kvd_conf_key *k = &kvd_conf_keys[i];
+		if (!k->opt)
+			continue;
+		assert(n + 1 < MAX_OPTIONS && ns + 3 < shorts_cap);
+		lo[n++] = (struct option){ k->opt + 2, k->opt_arg ? required_argument : no_argument, NULL,
+					   k->opt_short ? k->opt_short : OPT_KEY_BASE + (int)i };
+		if (k->opt_short) {
+			shorts[ns++] = k->opt_short;
+			if (k->opt_arg)
+				shorts[ns++] = ':';
+			shorts[ns] = 0;
+		}
+	}
+	lo[n] = (struct option){ 0 };
+}
+
+/* The row an option returned by getopt sets; NULL: not a key's option. */
+static const struct kvd_conf_key *key_of_option(int c)
+{
+	if (c >= OPT_KEY_BASE && (size_t)(c - OPT_KEY_BASE) < kvd_conf_n_keys)
+		return &kvd_conf_keys[c - OPT_KEY_BASE];
+	for (size_t i = 0; c > 0 && c < 256 && i < kvd_conf_n_keys; i++)
+		if (kvd_conf_keys[i].opt && kvd_conf_keys[i].opt_short == c)
+			return &kvd_conf_keys[i];
+	return NULL;
+}
+
+/* One option of the table in --help: the option, its description wrapped
+ * from HELP_DESC_COL to HELP_WIDTH, and "[section] key" at HELP_KEY_COL
+ * of its last line (or of a line of its own when the text reaches it). */
+static void print_key_option(FILE *f, const struct kvd_conf_key *k)
+{
+	char line[256], tag[96];
+	const char *w = k->help;
+	int col;
+
+	if (k->opt_short)
+		col = fprintf(f, "    -%c, %s%s%s", k->opt_short, k->opt, k->opt_arg ? " " : "", k->opt_arg ? k->opt_arg : "");
+	else
+		col = fprintf(f, "        %s%s%s", k->opt, k->opt_arg ? " " : "", k->opt_arg ? k->opt_arg : "");
+	if (col > HELP_DESC_COL - 2) {
+		fputc('\n', f);
+		col = 0;
+	}
+	snprintf(tag, sizeof(tag), "[%s] %s", k->section, k->name);
+	while (*w) {
+		/* as many words as fit before HELP_WIDTH */
+		size_t len = 0, room = HELP_WIDTH - HELP_DESC_COL;
+		const char *p = w;
+		while (*p) {
+			const char *e = strchr(p, ' ');
+			size_t wl = e ? (size_t)(e - p) : strlen(p);
+			if (len && len + 1 + wl > room)
+				break;
+			len += (len ? 1 : 0) + wl;
+			p += wl;
+			while (*p == ' ')
+				p++;
+		}
+		snprintf(line, sizeof(line), "%.*s", (int)len, w);
+		w = p;
+		fprintf(f, "%*s%s", HELP_DESC_COL - col, "", line);
+		col = HELP_DESC_COL + (int)len;
+		if (*w) {
+			fputc('\n', f);
+			col = 0;
+		}
+	}
+	if (col > HELP_KEY_COL - 1) {
+		fputc('\n', f);
+		col = 0;
+	}
+	fprintf(f, "%*s%s\n", HELP_KEY_COL - col, "", tag);
+}
+
+static void print_help(FILE *f)
+{
+	fputs(help_head, f);
+	for (size_t i = 0; i < kvd_conf_n_keys; i++)
+		if (kvd_conf_keys[i].opt)
+			print_key_option(f, &kvd_conf_keys[i]);
+	fputs(help_tail, f);
+}
 
 struct override {
 	const char *section, *key, *value, *flag;
@@ -238,40 +290,36 @@ static int add_override(struct args *a, const char *sec, const char *key, const 
 
 static int parse_args(int argc, char **argv, struct args *a)
 {
+	struct option long_opts[MAX_OPTIONS];
+	char short_opts[2 * MAX_OPTIONS + 1];
+	const struct kvd_conf_key *k;
 	int c;
 
+	build_options(long_opts, short_opts, sizeof(short_opts));
 	a->config = DEFAULT_CONFIG;
-	while ((c = getopt_long(argc, argv, "c:m:s:t:b:l:Vh", long_opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, short_opts, long_opts, NULL)) != -1) {
 		switch (c) {
 		case 'c': a->config = optarg; a->config_explicit = true; break;
-		case 'm': add_override(a, "model", "path", optarg, "--model"); break;
-		case 's': add_override(a, "server", "socket", optarg, "--socket"); a->socket_explicit = true; break;
-		case 't': add_override(a, "engine", "threads", optarg, "--threads"); break;
-		case 'b': add_override(a, "engine", "backend", optarg, "--backend"); break;
-		case 'l': add_override(a, "log", "level", optarg, "--log-level"); break;
-		case OPT_POOL_SIZE: add_override(a, "kv", "pool_size", optarg, "--pool-size"); break;
-		case OPT_BLOCK_SIZE: add_override(a, "kv", "block_size", optarg, "--block-size"); break;
-		case OPT_SWAP_FILE: add_override(a, "kv", "swap_file", optarg, "--swap-file"); break;
-		case OPT_SWAP_SIZE: add_override(a, "kv", "swap_size", optarg, "--swap-size"); break;
-		case OPT_NO_PREFIX: add_override(a, "kv", "prefix_caching", "no", "--no-prefix-caching"); break;
-		case OPT_MAX_NUM_SEQS: add_override(a, "scheduler", "max_num_seqs", optarg, "--max-num-seqs"); break;
-		case OPT_MAX_MODEL_LEN: add_override(a, "scheduler", "max_model_len", optarg, "--max-model-len"); break;
-		case OPT_MAX_STEP_MS: add_override(a, "scheduler", "max_step_ms", optarg, "--max-step-ms"); break;
-		case OPT_MAX_TOKENS_PER_STEP:
-			add_override(a, "scheduler", "max_tokens_per_step", optarg, "--max-tokens-per-step");
-			break;
-		case OPT_DRAIN_TIMEOUT: add_override(a, "server", "drain_timeout", optarg, "--drain-timeout"); break;
-		case OPT_LEDGER: add_override(a, "log", "ledger", optarg, "--ledger"); break;
 		case OPT_CHECK_CONFIG: a->check_config = true; break;
 		case 'V':
 			printf("kvd %s (protocol %u)\n", KVD_VERSION, IPC_PROTO_VERSION);
 			exit(0);
 		case 'h':
-			fputs(help_text, stdout);
+			print_help(stdout);
 			exit(0);
 		default:
-			fprintf(stderr, "Try 'kvd --help'.\n");
-			return -EINVAL;
+			k = key_of_option(c);
+			if (!k) {
+				fprintf(stderr, "Try 'kvd --help'.\n");
+				return -EINVAL;
+			}
+			if (add_override(a, k->section, k->name, k->opt_arg ? optarg : k->opt_value, k->opt) < 0) {
+				fprintf(stderr, "kvd: more than %d options\nTry 'kvd --help'.\n", MAX_OVERRIDES);
+				return -EINVAL;
+			}
+			if (!strcmp(k->section, "server") && !strcmp(k->name, "socket"))
+				a->socket_explicit = true;
+			break;
 		}
 	}
 	if (optind < argc) {
@@ -468,6 +516,20 @@ bad:
 	     spec);
 	return -EINVAL;
 }
+
+/*
+ * Test builds only, like KVD_TEST_SWAP_FAULT: KVD_TEST_FAULTS is a
+ * comma-separated list of faults in the server; "peercred" makes every
+ * SO_PEERCRED read fail.
+ */
+static void arm_server_faults(struct kvd_server_hooks *hooks)
+{
+	const char *faults = getenv("KVD_TEST_FAULTS");
+
+	hooks->fault_peercred = faults && strstr(faults, "peercred");
+	if (hooks->fault_peercred)
+		log_warning("TEST BUILD: KVD_TEST_FAULTS: reading peer credentials fails on purpose");
+}
 #endif
 
 int main(int argc, char **argv)
@@ -497,8 +559,10 @@ int main(int argc, char **argv)
 	}
 	kvd_log_level = cfg.log_level;
 
-	/* Every client holds four descriptors (socket, memfd, two eventfds):
-	 * take the hard limit, as programs that never use select() should. */
+	/* Every client holds two descriptors: its socket and the daemon's end
+	 * of its wake-up socket pair (the memfd and the client's end are closed
+	 * once handed over in WELCOME). Take the hard limit, as programs that
+	 * never use select() should. */
 	struct rlimit rl;
 	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
 		rl.rlim_cur = rl.rlim_max;
@@ -570,6 +634,9 @@ int main(int argc, char **argv)
 	if (r < 0)
 		goto out;
 	struct kvd_server_hooks hooks = { .reload = reload_hook, .ud = &a };
+#ifdef KVD_FAULT_INJECTION
+	arm_server_faults(&hooks);
+#endif
 	r = kvd_server_create(&cfg, e, listen_fd, sig_fd, &hooks, &srv);
 	listen_fd = sig_fd = -1; /* the server owns them now */
 	if (r < 0) {

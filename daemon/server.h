@@ -13,6 +13,7 @@
 #ifndef KVD_SERVER_H
 #define KVD_SERVER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "config.h"
@@ -29,6 +30,9 @@ struct kvd_server_hooks {
 	 * applies what can change while running and logs what cannot. */
 	int (*reload)(void *ud, struct kvd_config *ret);
 	void *ud;
+	/* Fault injection, set only by the test build (kvd-faulty, compiled
+	 * with -DKVD_FAULT_INJECTION): every SO_PEERCRED read fails. */
+	bool fault_peercred;
 };
 
 /*

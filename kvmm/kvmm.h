@@ -65,7 +65,12 @@ struct kvmm_config {
 struct kvmm;
 
 /* Create the pool. Returns 0, -EINVAL for a bad config, -ENOMEM when the
- * pool cannot be mapped, or the error of creating the swap file. */
+ * pool cannot be mapped, or the error of creating the swap file.
+ * max_seqs 0 means KVMM_MAX_SEQS. page_ops.read and .write are both set (a
+ * device pool: kvmm maps no host pool, kvmm_pool_base() is NULL and
+ * page_ops.copy is required) or both NULL (a host pool in a memfd). Pages
+ * are handed out lowest first from a fresh pool (shuffle_seed 0) and
+ * last-freed first after that, which keeps hot pages in cache. */
 int kvmm_create(const struct kvmm_config *cfg, struct kvmm **ret);
 /* Free everything; accepts NULL; returns NULL. */
 struct kvmm *kvmm_destroy(struct kvmm *m);
@@ -81,16 +86,19 @@ uint32_t kvmm_available_pages(const struct kvmm *m);
 
 /* A new empty sequence. -ENOSPC when max_seqs are live. */
 int kvmm_seq_new(struct kvmm *m, uint32_t *ret_seq);
-/* A child sharing every page of parent (refcount +1 each). -ENOSPC, -ENOENT. */
+/* A child sharing every page of parent (refcount +1 each). -ENOSPC; -ENOENT
+ * for an unknown or swapped-out parent. */
 int kvmm_seq_fork(struct kvmm *m, uint32_t parent, uint32_t *ret_child);
 /* Drop the sequence; its pages lose one reference each. Full pages known to
  * the prefix index stay cached on the LRU list; others return to the free
- * list. -ENOENT for an unknown id. Also valid for a swapped-out sequence. */
+ * list. -ENOENT for an unknown id. Also valid for a swapped-out sequence,
+ * whose swap slots are freed (no I/O). */
 int kvmm_seq_free(struct kvmm *m, uint32_t seq);
 /* Tokens the sequence holds K/V slots for; 0 for unknown ids. */
 uint32_t kvmm_seq_len(const struct kvmm *m, uint32_t seq);
 /* The sequence's page table (physical page per logical page), valid until
- * the next call that changes the sequence; NULL for an unknown id. */
+ * the next call that changes the sequence; NULL for an unknown id. For a
+ * swapped-out sequence, -1 stands for every page that is in the swap file. */
 const int32_t *kvmm_seq_pages(const struct kvmm *m, uint32_t seq, uint32_t *ret_n_pages);
 
 /* ---- growth: plan, then commit ----------------------------------------- */
@@ -108,20 +116,32 @@ struct kvmm_grow {
  * page, sequence or counter (m is not const: the scan marks sequences to
  * find one named twice).
  * Returns 0 and the pages it needs, -ENOMEM when it does not fit, -ENOENT
- * for an unknown or swapped-out sequence.
+ * for an unknown or swapped-out sequence, -EINVAL for a sequence named
+ * twice, -EOVERFLOW for a length past UINT32_MAX tokens. A grow of 0 tokens
+ * is a no-op; tokens may be NULL, but then the pages it fills are never
+ * indexed.
  */
 int kvmm_plan(struct kvmm *m, const struct kvmm_grow *g, size_t n, uint32_t *ret_pages_needed);
 /*
  * Perform the step: append the tokens, allocating pages as sequences grow
  * into them and copying any shared page about to be written (through
- * page_ops.copy). All or nothing: returns 0, or an error with nothing
- * changed (-ENOMEM if it did not fit, or the copy callback's error).
+ * page_ops.copy). All or nothing: returns 0, or an error with the
+ * sequences unchanged (-ENOMEM if it did not fit, the errors of kvmm_plan,
+ * or the copy callback's error; a failed copy may still have reclaimed
+ * cached pages to make room). Cached prefix pages are reclaimed (here, in
+ * attach and in swap-in) only when the free list is empty: the colder page
+ * goes first, and never before its cached descendants in the index (tails
+ * before heads); reclaiming a page drops the index entries below it, which
+ * no lookup could reach any more.
  */
 int kvmm_commit(struct kvmm *m, const struct kvmm_grow *g, size_t n);
 /*
  * The K/V of everything appended so far is now written: enter the
  * sequence's newly completed full pages into the prefix index (no-op when
- * prefix caching is off). Call after the forward pass succeeded.
+ * prefix caching is off). Call after the forward pass succeeded. A
+ * just-completed page may be replaced by an identical page already in the
+ * index (same tokens after the same prefix), freeing the duplicate; the page
+ * table changes accordingly. -ENOENT for an unknown or swapped-out sequence.
  */
 int kvmm_seq_publish(struct kvmm *m, uint32_t seq);
 
@@ -134,18 +154,24 @@ int kvmm_seq_publish(struct kvmm *m, uint32_t seq);
  * so that at least one token remains to compute; when that leaves the last
  * mapped page partly beyond the hit, it stays shared and is copied on the
  * next write. Tokens are compared on every hit, so a hash collision never
- * maps a wrong page. -ENOENT, -EBUSY if seq is not empty.
+ * maps a wrong page. -ENOENT; -EBUSY if seq is not empty or is swapped out.
  */
 int kvmm_prefix_attach(struct kvmm *m, uint32_t seq, const int32_t *tokens, uint32_t n, uint32_t *ret_hit_tokens);
 
 /* ---- swap ------------------------------------------------------------------ */
 
 /* Write the sequence's private pages to the swap file and free them; shared
- * pages stay resident and referenced. -ENOSPC when swap is full, -EIO and
- * friends from the device; on error the sequence is unchanged and resident. */
+ * pages stay resident and referenced. A page only this sequence maps but
+ * the prefix index knows is written too, and also stays cached in memory.
+ * -ENOSPC when swap is full, -ENODEV without a swap store, -EALREADY when
+ * already swapped out, -EIO and friends from the device; on error the
+ * sequence is unchanged and resident. */
 int kvmm_seq_swap_out(struct kvmm *m, uint32_t seq);
-/* Read them back into fresh pages. -ENOMEM when they do not fit (nothing
- * changed); an I/O error leaves the sequence swapped out. */
+/* Read them back into fresh pages; a page still cached in memory is mapped
+ * back without a read, and pages read are re-entered into the prefix index.
+ * -ENOMEM when they do not fit (nothing changed); -EALREADY when resident;
+ * an I/O error leaves the sequence swapped out with its swapped copy
+ * intact, so a later swap-in can still succeed. */
 int kvmm_seq_swap_in(struct kvmm *m, uint32_t seq);
 int kvmm_seq_is_swapped(const struct kvmm *m, uint32_t seq);
 
@@ -168,53 +194,12 @@ struct kvmm_stats {
 	uint64_t pages_evicted;      /* cached pages reclaimed */
 	uint64_t cow_copies;
 	uint64_t swap_out_pages, swap_in_pages;
-	/* (additions) */
 	uint32_t pages_demoted;      /* of pages_swapped: demoted prefix pages */
 	uint32_t swap_slots;         /* capacity of the swap file, in pages */
 	uint32_t seqs_swapped;       /* of seqs_live: swapped out */
 };
 void kvmm_get_stats(const struct kvmm *m, struct kvmm_stats *ret);
 
-
-/* ==========================================================================
- * Additions to the contract above. Everything below extends it; nothing
- * above changes meaning.
- * ========================================================================== */
-
-/* Undefined cases of the calls above, as kvmm resolves them:
- *  - kvmm_plan/kvmm_commit: a sequence named twice in one step is -EINVAL;
- *    a length past UINT32_MAX tokens is -EOVERFLOW; n_tokens 0 is a no-op;
- *    tokens may be NULL, but then the pages it fills are never indexed.
- *  - kvmm_seq_fork of a swapped-out parent is -ENOENT (as kvmm_plan).
- *  - kvmm_seq_publish of a swapped-out sequence is -ENOENT.
- *  - kvmm_seq_swap_out of a swapped-out sequence and kvmm_seq_swap_in of a
- *    resident one are -EALREADY; kvmm_seq_swap_out without a swap store is
- *    -ENODEV. Swap-out writes every page only this sequence maps (also
- *    indexed ones, which then stay cached in memory as well); swap-in maps
- *    such a page back from the cache when it is still there (no read),
- *    and re-enters read pages into the prefix index. A swap-in I/O error
- *    leaves the swapped copy intact, so a later swap-in can still succeed.
- *  - kvmm_seq_free of a swapped-out sequence frees its slots (no I/O).
- *  - kvmm_seq_pages of a swapped-out sequence gives its table with -1 for
- *    every page that is in the swap file.
- *  - kvmm_prefix_attach on a swapped-out sequence is -EBUSY.
- *  - max_seqs 0 means KVMM_MAX_SEQS.
- *  - page_ops.read and .write are both set (a device pool: kvmm maps no host
- *    pool, kvmm_pool_base() is NULL and page_ops.copy is required) or both
- *    NULL (a host pool in a memfd).
- *  - Pages are handed out lowest first from a fresh pool (shuffle_seed 0)
- *    and last-freed first after that, which keeps hot pages in cache.
- *  - Cached prefix pages are reclaimed by commit/attach/swap-in only when the
- *    free list is empty; the colder page goes first, and a page is never
- *    reclaimed before its cached descendants in the index (tails before
- *    heads). Reclaiming a page drops the index entries below it, which no
- *    lookup could reach any more.
- *  - kvmm_seq_publish may replace a just-completed page of the sequence by an
- *    identical page already in the index (same tokens after the same
- *    prefix), freeing the duplicate; the page table changes accordingly.
- *  - A failed kvmm_commit (copy callback error) may still have reclaimed
- *    cached pages to make room; the sequences are unchanged.
- */
 
 /* ---- pool and metadata ---------------------------------------------------- */
 

@@ -172,9 +172,11 @@ static void pack_one(void *arg, uint32_t i, int tid)
 }
 
 /*
- * Repack every quantized matrix for the tiled kernels when this CPU has
- * them. The packed copy is as large as the stored one (a third larger for
- * q5_0, which is packed as q8_0); once a matrix is
+ * Repack every matrix for the tiled kernels when this CPU has them. The
+ * packed copy is as large as the stored one for q4_0, q4_1, q8_0 and the
+ * float types, about 3% larger for q4_K, and larger where quants are
+ * widened to bytes: q5_0 (packed as q8_0) and q5_1 by half, q5_K by 57%,
+ * q6_K by 30%; once a matrix is
  * packed, its stored pages are handed back to the kernel (MADV_PAGEOUT: a
  * residency hint that never changes their contents — a file mapping
  * rereads, anonymous memory would swap) so peak memory stays near one copy.
@@ -190,7 +192,7 @@ static int pack_weights(struct cpu_ctx *c, const struct kvd_model_weights *w)
 		return -ENOMEM;
 	for (int i = 0; i < n; i++) {
 		const struct kvd_tensor *t = pk_tensor(w, i);
-		size_t b = c->k.gemm[t->type] ? gemm_packed_bytes(t->type, t->rows, t->cols) : 0;
+		size_t b = c->k.gemm[t->type] || c->k.gemmf[t->type] ? gemm_packed_bytes(t->type, t->rows, t->cols) : 0;
 		total += (b + 63) & ~(size_t)63;
 		any |= b != 0;
 	}
@@ -205,7 +207,7 @@ static int pack_weights(struct cpu_ctx *c, const struct kvd_model_weights *w)
 	madvise(c->pack_mem, c->pack_len, MADV_HUGEPAGE);
 	for (int i = 0; i < n; i++) {
 		const struct kvd_tensor *t = pk_tensor(w, i);
-		size_t b = c->k.gemm[t->type] ? gemm_packed_bytes(t->type, t->rows, t->cols) : 0;
+		size_t b = c->k.gemm[t->type] || c->k.gemmf[t->type] ? gemm_packed_bytes(t->type, t->rows, t->cols) : 0;
 		if (!b)
 			continue;
 		c->packed[i] = (char *)c->pack_mem + off;
@@ -358,7 +360,8 @@ static void mm_range(const struct mm_job *j, int64_t r0, int64_t r1)
 	int64_t n = j->w->cols;
 
 	gemm_fn gemm = j->xq && j->wp ? j->c->k.gemm[j->w->type] : NULL;
-	if (gemm) {
+	gemmf_fn gemmf = !j->xq && j->wp ? j->c->k.gemmf[j->w->type] : NULL;
+	if (gemm || gemmf) {
 		/* strips of MM_ROW_TILE rows stay in L1 while all tokens pass
 		 * over them, GEMM_COLS tokens at a time */
 		int64_t nb = n / QK;
@@ -369,8 +372,13 @@ static void mm_range(const struct mm_job *j, int64_t r0, int64_t r1)
 				int C = j->T - t < GEMM_COLS ? j->T - t : GEMM_COLS;
 				for (int64_t r = rt; r < re; r += GEMM_ROWS) {
 					int R = re - r < GEMM_ROWS ? (int)(re - r) : GEMM_ROWS;
-					gemm((const char *)j->wp + (size_t)(r / GEMM_ROWS) * gbytes, nb, R,
-					     j->xq + t * j->ldq, (size_t)j->ldq, C, j->y + t * j->ldy + r, (size_t)j->ldy);
+					const char *g = (const char *)j->wp + (size_t)(r / GEMM_ROWS) * gbytes;
+					if (gemm)
+						gemm(g, nb, R, j->xq + t * j->ldq, (size_t)j->ldq, C, j->y + t * j->ldy + r,
+						     (size_t)j->ldy);
+					else
+						gemmf(g, nb, R, j->x + t * j->ldx, (size_t)j->ldx, C, j->y + t * j->ldy + r,
+						      (size_t)j->ldy);
 				}
 			}
 		}

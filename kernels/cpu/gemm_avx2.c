@@ -11,7 +11,11 @@
  *               of a block add up in int16 without overflow (<= 30480),
  *               then one vpmaddwd;
  *   q8_0:       the stored bytes are flipped back to signed, and |w| times
- *               x with w's sign keeps each pair within int16 (<= 32512).
+ *               x with w's sign keeps each pair within int16 (<= 32512);
+ *   q5_1, q5_K, q6_K: unsigned bytes of at most 63, each pair within
+ *               int16 (<= 16002), widened to int32 per vector;
+ *   q4_K:       as q4_0 and q4_1, per sub-block of 32.
+ * Float weights run the VNNI file's two FMA chains per lane.
  * Either way the block's int32 sum is exact — the same integer the VNNI
  * kernel forms — and the float steps per lane are the VNNI kernel's, so
  * both produce the same bits.
@@ -27,7 +31,10 @@
 #define UNROLL _Pragma("GCC unroll 8")
 #define SUB_COLS 4 /* tokens per pass: the accumulators fit the 16 registers */
 
-enum gemm_kind { K_Q4_0, K_Q4_1, K_Q8_0 };
+enum gemm_kind { K_Q4_0, K_Q4_1, K_Q8_0, K_Q5_1, K_Q4_K, K_Q5_K, K_Q6_K, K_F32, K_F16, K_BF16 };
+#define GSB_Q4_K (8 * 256 + 256 + 64)
+#define GSB_Q5_K (8 * 512 + 256 + 64)
+#define GSB_Q6_K (8 * 512 + 256 + 32)
 
 TGT static inline __attribute__((always_inline)) __m256i bcast4(const int8_t *p)
 {
@@ -41,8 +48,10 @@ TGT static inline __attribute__((always_inline)) void half(enum gemm_kind kind, 
 							    int h, int R, const struct q8_block *xq, size_t ldq,
 							    const int C, float *y, size_t ldy)
 {
-	const size_t gb = kind == K_Q8_0 ? GEMM_ROWS * 34 : kind == K_Q4_1 ? GEMM_ROWS * 20 : GEMM_ROWS * 18;
-	const int qbytes = kind == K_Q8_0 ? 512 : 256;
+	const size_t gb = kind == K_Q8_0 ? GEMM_ROWS * 34 : kind == K_Q5_1 ? GEMM_ROWS * 36
+			  : kind == K_Q4_1 ? GEMM_ROWS * 20 : GEMM_ROWS * 18;
+	const int qbytes = kind == K_Q8_0 || kind == K_Q5_1 ? 512 : 256;
+	const int has_m = kind == K_Q4_1 || kind == K_Q5_1;
 	const __m256i lo4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
 	__m256 acc[SUB_COLS];
 
@@ -63,6 +72,16 @@ TGT static inline __attribute__((always_inline)) void half(enum gemm_kind kind, 
 				UNROLL for (int t = 0; t < C; t++) {
 					__m256i x = bcast4(xq[(size_t)t * ldq + b].q + 4 * j);
 					__m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
+					is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(p, ones));
+				}
+			}
+		} else if (kind == K_Q5_1) {
+			UNROLL for (int t = 0; t < C; t++)
+				is[t] = _mm256_setzero_si256();
+			UNROLL for (int j = 0; j < 8; j++) {
+				__m256i w = _mm256_loadu_si256((const __m256i *)(wp + 64 * j + 32 * h));
+				UNROLL for (int t = 0; t < C; t++) {
+					__m256i p = _mm256_maddubs_epi16(w, bcast4(xq[(size_t)t * ldq + b].q + 4 * j));
 					is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(p, ones));
 				}
 			}
@@ -87,12 +106,12 @@ TGT static inline __attribute__((always_inline)) void half(enum gemm_kind kind, 
 			}
 		}
 		__m256 wd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wp + qbytes + 16 * h)));
-		__m256 wm = kind == K_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wp + qbytes + 32 + 16 * h)))
-					   : _mm256_setzero_ps();
+		__m256 wm = has_m ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wp + qbytes + 32 + 16 * h)))
+				  : _mm256_setzero_ps();
 		UNROLL for (int t = 0; t < C; t++) {
 			const struct q8_block *x = xq + (size_t)t * ldq + b;
 			acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t]), _mm256_mul_ps(wd, _mm256_set1_ps(x->d)), acc[t]);
-			if (kind == K_Q4_1)
+			if (has_m)
 				acc[t] = _mm256_fmadd_ps(wm, _mm256_set1_ps(x->s), acc[t]);
 		}
 	}
@@ -108,21 +127,205 @@ TGT static inline __attribute__((always_inline)) void half(enum gemm_kind kind, 
 	}
 }
 
+/* The result of a half's accumulators: rows 0..R-1 of 8. */
+TGT static inline __attribute__((always_inline)) void store_half(float *y, int R, __m256 acc)
+{
+	if (R >= 8) {
+		_mm256_storeu_ps(y, acc);
+	} else {
+		float tmp[8];
+		_mm256_storeu_ps(tmp, acc);
+		for (int r = 0; r < R; r++)
+			y[r] = tmp[r];
+	}
+}
+
+/* 8 bytes of per-lane integer scales as 8 floats times d (exact). */
+TGT static inline __attribute__((always_inline)) __m256 scale8(const uint8_t *p, int is_signed, __m256 d)
+{
+	__m128i b = _mm_loadl_epi64((const __m128i *)p);
+	__m256i v = is_signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
+	return _mm256_mul_ps(d, _mm256_cvtepi32_ps(v));
+}
+
+/* K-quants: rows h*8 .. h*8+7 of a group times C tokens. */
+TGT static inline __attribute__((always_inline)) void half_k(enum gemm_kind kind, const uint8_t *wp, int64_t nb,
+							      int h, int R, const struct q8_block *xq, size_t ldq,
+							      const int C, float *y, size_t ldy)
+{
+	const int qb = kind == K_Q4_K ? 256 : 512;
+	const size_t gsb = kind == K_Q4_K ? GSB_Q4_K : kind == K_Q5_K ? GSB_Q5_K : GSB_Q6_K;
+	const __m256i lo4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+	__m256 acc[SUB_COLS];
+
+	UNROLL for (int t = 0; t < C; t++)
+		acc[t] = _mm256_setzero_ps();
+	for (int64_t s = 0; s < nb / 8; s++, wp += gsb) {
+		const uint8_t *tail = wp + 8 * qb;
+		__m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tail + 256 + 16 * h)));
+		__m256 dmin = kind == K_Q6_K ? _mm256_setzero_ps()
+					     : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tail + 288 + 16 * h)));
+		for (int j = 0; j < 8; j++) {
+			const int64_t b = 8 * s + j;
+			const uint8_t *wq = wp + (size_t)qb * j + 32 * h;
+			__m256i ia[SUB_COLS], ib[SUB_COLS];
+			if (C <= 2 && h == 0) {
+				UNROLL for (size_t o = 0; o < gsb / 8; o += 64)
+					_mm_prefetch((const char *)wp + GEMM_PF_DIST + gsb / 8 * j + o, _MM_HINT_T0);
+			}
+			if (kind == K_Q4_K) {
+				__m256i s16[SUB_COLS];
+				UNROLL for (int t = 0; t < C; t++)
+					s16[t] = _mm256_setzero_si256();
+				UNROLL for (int v = 0; v < 4; v++) {
+					__m256i raw = _mm256_loadu_si256((const __m256i *)(wq + 64 * v));
+					__m256i wl = _mm256_and_si256(raw, lo4);
+					__m256i wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
+					UNROLL for (int t = 0; t < C; t++) {
+						const int8_t *q = xq[(size_t)t * ldq + b].q;
+						s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(wl, bcast4(q + 4 * v)));
+						s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(wh, bcast4(q + 16 + 4 * v)));
+					}
+				}
+				UNROLL for (int t = 0; t < C; t++) {
+					ia[t] = _mm256_madd_epi16(s16[t], ones);
+					ib[t] = _mm256_setzero_si256();
+				}
+			} else {
+				UNROLL for (int t = 0; t < C; t++) {
+					if (kind == K_Q6_K) {
+						const struct q8_block *row = xq + (size_t)t * ldq;
+						int32_t h0 = q8_row_half_sums(row, nb)[b], h1 = q8_row_sums(row, nb)[b] - h0;
+						ia[t] = _mm256_set1_epi32(-32 * h0);
+						ib[t] = _mm256_set1_epi32(-32 * h1);
+					} else {
+						ia[t] = _mm256_setzero_si256();
+						ib[t] = _mm256_setzero_si256();
+					}
+				}
+				UNROLL for (int v = 0; v < 4; v++) {
+					__m256i w0 = _mm256_loadu_si256((const __m256i *)(wq + 64 * v));
+					__m256i w1 = _mm256_loadu_si256((const __m256i *)(wq + 64 * (v + 4)));
+					UNROLL for (int t = 0; t < C; t++) {
+						const int8_t *q = xq[(size_t)t * ldq + b].q;
+						ia[t] = _mm256_add_epi32(ia[t], _mm256_madd_epi16(
+							_mm256_maddubs_epi16(w0, bcast4(q + 4 * v)), ones));
+						ib[t] = _mm256_add_epi32(ib[t], _mm256_madd_epi16(
+							_mm256_maddubs_epi16(w1, bcast4(q + 16 + 4 * v)), ones));
+					}
+				}
+			}
+			if (kind == K_Q6_K) {
+				__m256 sc0 = scale8(tail + 32 * j + 8 * h, 1, d), sc1 = scale8(tail + 32 * j + 16 + 8 * h, 1, d);
+				UNROLL for (int t = 0; t < C; t++) {
+					__m256 dx = _mm256_set1_ps(xq[(size_t)t * ldq + b].d);
+					acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[t]), _mm256_mul_ps(sc0, dx), acc[t]);
+					acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ib[t]), _mm256_mul_ps(sc1, dx), acc[t]);
+				}
+			} else {
+				__m256 sc = scale8(tail + 16 * j + 8 * h, 0, d), mn = scale8(tail + 128 + 16 * j + 8 * h, 0, dmin);
+				UNROLL for (int t = 0; t < C; t++) {
+					const struct q8_block *x = xq + (size_t)t * ldq + b;
+					__m256 p = _mm256_cvtepi32_ps(_mm256_add_epi32(ia[t], ib[t]));
+					acc[t] = _mm256_fmadd_ps(p, _mm256_mul_ps(sc, _mm256_set1_ps(x->d)), acc[t]);
+					acc[t] = _mm256_fnmadd_ps(mn, _mm256_set1_ps(x->s), acc[t]);
+				}
+			}
+		}
+	}
+	UNROLL for (int t = 0; t < C; t++)
+		store_half(y + (size_t)t * ldy, R, acc[t]);
+}
+
+TGT static inline __attribute__((always_inline)) __m256 load_f(enum gemm_kind kind, const uint8_t *p)
+{
+	if (kind == K_F32)
+		return _mm256_loadu_ps((const float *)(const void *)p);
+	__m128i hv = _mm_loadu_si128((const __m128i *)p);
+	if (kind == K_F16)
+		return _mm256_cvtph_ps(hv);
+	return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(hv), 16));
+}
+
+/* Float weights: rows h*8 .. h*8+7 of a group times C float tokens. */
+TGT static inline __attribute__((always_inline)) void half_f(enum gemm_kind kind, const uint8_t *wp, int64_t nb,
+							      int h, int R, const float *x, size_t ldx, const int C,
+							      float *y, size_t ldy)
+{
+	const size_t cb = kind == K_F32 ? 64 : 32; /* bytes of a column */
+	__m256 a0[SUB_COLS], a1[SUB_COLS];
+
+	UNROLL for (int t = 0; t < C; t++) {
+		a0[t] = _mm256_setzero_ps();
+		a1[t] = _mm256_setzero_ps();
+	}
+	wp += cb / 2 * (size_t)h;
+	for (int64_t i = 0; i < nb * QK; i += 2, wp += 2 * cb) {
+		if (C <= 2 && h == 0) {
+			UNROLL for (size_t o = 0; o < 2 * cb; o += 64)
+				_mm_prefetch((const char *)wp + GEMM_PF_DIST + o, _MM_HINT_T0);
+		}
+		__m256 w0 = load_f(kind, wp), w1 = load_f(kind, wp + cb);
+		UNROLL for (int t = 0; t < C; t++) {
+			const float *xt = x + (size_t)t * ldx + i;
+			a0[t] = _mm256_fmadd_ps(w0, _mm256_set1_ps(xt[0]), a0[t]);
+			a1[t] = _mm256_fmadd_ps(w1, _mm256_set1_ps(xt[1]), a1[t]);
+		}
+	}
+	UNROLL for (int t = 0; t < C; t++)
+		store_half(y + (size_t)t * ldy, R, _mm256_add_ps(a0[t], a1[t]));
+}
+
 #define INST(KIND, CC)                                                                                        \
 	TGT static void half_##KIND##_##CC(const uint8_t *wp, int64_t nb, int h, int R, const struct q8_block *xq, \
 					   size_t ldq, float *y, size_t ldy)                                     \
 	{                                                                                                     \
 		half(KIND, wp, nb, h, R, xq, ldq, CC, y, ldy);                                               \
 	}
+#define INSTQ(KIND, CC)                                                                                         \
+	TGT static void half_##KIND##_##CC(const uint8_t *wp, int64_t nb, int h, int R, const struct q8_block *xq, \
+					   size_t ldq, float *y, size_t ldy)                                     \
+	{                                                                                                     \
+		half_k(KIND, wp, nb, h, R, xq, ldq, CC, y, ldy);                                             \
+	}
+#define INSTF(KIND, CC)                                                                                        \
+	TGT static void half_##KIND##_##CC(const uint8_t *wp, int64_t nb, int h, int R, const float *x, size_t ldx, \
+					   float *y, size_t ldy)                                                 \
+	{                                                                                                      \
+		half_f(KIND, wp, nb, h, R, x, ldx, CC, y, ldy);                                               \
+	}
 #define INSTK(KIND) INST(KIND, 1) INST(KIND, 2) INST(KIND, 3) INST(KIND, 4)
+#define INST4(I, KIND) I(KIND, 1) I(KIND, 2) I(KIND, 3) I(KIND, 4)
 INSTK(K_Q4_0)
 INSTK(K_Q4_1)
 INSTK(K_Q8_0)
+INSTK(K_Q5_1)
+INST4(INSTQ, K_Q4_K)
+INST4(INSTQ, K_Q5_K)
+INST4(INSTQ, K_Q6_K)
+INST4(INSTF, K_F32)
+INST4(INSTF, K_F16)
+INST4(INSTF, K_BF16)
 
 typedef void (*half_fn)(const uint8_t *wp, int64_t nb, int h, int R, const struct q8_block *xq, size_t ldq,
 			float *y, size_t ldy);
 #define TABLE(KIND) {half_##KIND##_1, half_##KIND##_2, half_##KIND##_3, half_##KIND##_4}
-static const half_fn halves[3][SUB_COLS] = {TABLE(K_Q4_0), TABLE(K_Q4_1), TABLE(K_Q8_0)};
+static const half_fn halves[7][SUB_COLS] = {TABLE(K_Q4_0), TABLE(K_Q4_1), TABLE(K_Q8_0), TABLE(K_Q5_1),
+					    TABLE(K_Q4_K), TABLE(K_Q5_K), TABLE(K_Q6_K)};
+typedef void (*halff_fn)(const uint8_t *wp, int64_t nb, int h, int R, const float *x, size_t ldx, float *y,
+			 size_t ldy);
+static const halff_fn halves_f[3][SUB_COLS] = {TABLE(K_F32), TABLE(K_F16), TABLE(K_BF16)};
+
+static inline void run_f(enum gemm_kind kind, const void *wp, int64_t nb, int R, const float *x, size_t ldx, int C,
+			 float *y, size_t ldy)
+{
+	for (int t = 0; t < C; t += SUB_COLS) {
+		int c = C - t < SUB_COLS ? C - t : SUB_COLS;
+		for (int h = 0; h < 2 && 8 * h < R; h++)
+			halves_f[kind - K_F32][c - 1](wp, nb, h, R - 8 * h, x + (size_t)t * ldx, ldx,
+						      y + (size_t)t * ldy + 8 * h, ldy);
+	}
+}
 
 static inline void run(enum gemm_kind kind, const void *wp, int64_t nb, int R, const struct q8_block *xq,
 		       size_t ldq, int C, float *y, size_t ldy)
@@ -153,6 +356,26 @@ static void gemm_q8_0(const void *wp, int64_t nb, int R, const struct q8_block *
 	run(K_Q8_0, wp, nb, R, xq, ldq, C, y, ldy);
 }
 
+#define ENTRY(T, KIND)                                                                                            \
+	static void gemm_##T(const void *wp, int64_t nb, int R, const struct q8_block *xq, size_t ldq, int C, float *y, \
+			     size_t ldy)                                                                          \
+	{                                                                                                         \
+		run(KIND, wp, nb, R, xq, ldq, C, y, ldy);                                                         \
+	}
+#define ENTRYF(T, KIND)                                                                                        \
+	static void gemm_##T(const void *wp, int64_t nb, int R, const float *x, size_t ldx, int C, float *y,     \
+			     size_t ldy)                                                                         \
+	{                                                                                                       \
+		run_f(KIND, wp, nb, R, x, ldx, C, y, ldy);                                                      \
+	}
+ENTRY(q5_1, K_Q5_1)
+ENTRY(q4_K, K_Q4_K)
+ENTRY(q5_K, K_Q5_K)
+ENTRY(q6_K, K_Q6_K)
+ENTRYF(f32, K_F32)
+ENTRYF(f16, K_F16)
+ENTRYF(bf16, K_BF16)
+
 int cpu_kernels_init_gemm_avx2(struct cpu_kernels *k)
 {
 	if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("f16c"))
@@ -161,6 +384,13 @@ int cpu_kernels_init_gemm_avx2(struct cpu_kernels *k)
 	k->gemm[KVD_WTYPE_Q4_1] = gemm_q4_1;
 	k->gemm[KVD_WTYPE_Q8_0] = gemm_q8_0;
 	k->gemm[KVD_WTYPE_Q5_0] = gemm_q8_0; /* packed as q8_0 (gemm_pack) */
+	k->gemm[KVD_WTYPE_Q5_1] = gemm_q5_1;
+	k->gemm[KVD_WTYPE_Q4_K] = gemm_q4_K;
+	k->gemm[KVD_WTYPE_Q5_K] = gemm_q5_K;
+	k->gemm[KVD_WTYPE_Q6_K] = gemm_q6_K;
+	k->gemmf[KVD_WTYPE_F32] = gemm_f32;
+	k->gemmf[KVD_WTYPE_F16] = gemm_f16;
+	k->gemmf[KVD_WTYPE_BF16] = gemm_bf16;
 	return 1;
 }
 #else

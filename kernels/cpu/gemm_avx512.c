@@ -14,9 +14,32 @@
  *   q5_0:       as q8_0: its quants minus 16 are q8_0 quants with the same
  *               scale, so the conversion is exact (34 bytes a block
  *               against the file's 22);
- * followed by the 16 rows' f16 scales d and, for q4_1, their f16 minimums m.
- * Except for q5_0, a group block is exactly as large as the 16 rows' blocks
- * were, so the packed weights take no more memory than the file's.
+ *   q5_1:       eight 64-byte vectors of its unsigned quants (0..31), as
+ *               q8_0's but not flipped;
+ * followed by the 16 rows' f16 scales d and, for q4_1 and q5_1, their f16
+ * minimums m. Except for q5_0 and q5_1, a group block is exactly as large
+ * as the 16 rows' blocks were, so the packed weights take no more memory
+ * than the file's.
+ *
+ * K-quants are packed per "group super-block" of 256 columns: first, per
+ * sub-block j of 32 columns, its quants as a q4_1 group block's four
+ * nibble vectors (q4_K) or as eight byte vectors of unsigned quants (q5_K
+ * 0..31, q6_K 0..63); then the integer scales, lane r of sub-block j at
+ * 16 j + r (q4_K, q5_K: 8 x 16 6-bit scales then 8 x 16 6-bit mins; q6_K:
+ * 16 x 16 int8 scales, one per 16 columns); then the 16 rows' f16 d (and
+ * dmin for q4_K and q5_K). Per lane and sub-block the kernels form the
+ * exact float scale d * sc (and min dmin * m) and scale the exact int32
+ * sum once per 32 columns:
+ *   q4_K, q5_K: acc += float(isum) * (d*sc * d_x); acc -= (dmin*m) * s_x
+ *   q6_K:       acc += float(isum0) * (d*sc0 * d_x);
+ *               acc += float(isum1) * (d*sc1 * d_x)
+ * with q6_K's offset -32 applied in integers to the two halves of 16
+ * (the activation row carries each block's first-half sum).
+ *
+ * Float weights (f32, f16, bf16) are packed column by column: for each
+ * column, the 16 rows' values in their stored type (64 or 32 bytes), and
+ * each lane sums w * x over even and odd columns in two fused
+ * multiply-add chains, added at the end.
  *
  * Kernel: for a group and a tile of up to GEMM_COLS tokens, each block
  * costs 8 vpdpbusd per token (4 quant bytes of the token broadcast against
@@ -36,6 +59,11 @@
 
 #include "ops.h"
 
+/* bytes of a group super-block of the K-quants (256 columns, 16 rows) */
+#define GSB_Q4_K (8 * 256 + 256 + 64)
+#define GSB_Q5_K (8 * 512 + 256 + 64)
+#define GSB_Q6_K (8 * 512 + 256 + 32)
+
 size_t gemm_group_block_bytes(enum kvd_wtype t)
 {
 	switch (t) {
@@ -43,16 +71,79 @@ size_t gemm_group_block_bytes(enum kvd_wtype t)
 	case KVD_WTYPE_Q4_1: return GEMM_ROWS * 20;
 	case KVD_WTYPE_Q8_0:
 	case KVD_WTYPE_Q5_0: return GEMM_ROWS * 34;
+	case KVD_WTYPE_Q5_1: return GEMM_ROWS * 36;
+	/* K-quants: per 32 columns, an eighth of a super-block */
+	case KVD_WTYPE_Q4_K: return GSB_Q4_K / 8;
+	case KVD_WTYPE_Q5_K: return GSB_Q5_K / 8;
+	case KVD_WTYPE_Q6_K: return GSB_Q6_K / 8;
+	case KVD_WTYPE_F32: return GEMM_ROWS * QK * 4;
+	case KVD_WTYPE_F16:
+	case KVD_WTYPE_BF16: return GEMM_ROWS * QK * 2;
 	default: return 0;
 	}
+}
+
+static int is_kquant(enum kvd_wtype t)
+{
+	return t == KVD_WTYPE_Q4_K || t == KVD_WTYPE_Q5_K || t == KVD_WTYPE_Q6_K;
 }
 
 size_t gemm_packed_bytes(enum kvd_wtype t, int64_t rows, int64_t cols)
 {
 	size_t gb = gemm_group_block_bytes(t);
-	if (!gb || rows <= 0 || cols <= 0 || cols % QK)
+	if (!gb || rows <= 0 || cols <= 0 || cols % (is_kquant(t) ? 256 : QK))
 		return 0;
 	return (size_t)((rows + GEMM_ROWS - 1) / GEMM_ROWS) * (size_t)(cols / QK) * gb;
+}
+
+/* One group super-block of a K-quant type from rows[0..nr) (NULL past the
+ * matrix: zero). */
+static void pack_kquant(enum kvd_wtype t, const uint8_t *const *blk, int nr, uint8_t *out)
+{
+	const int qb = t == KVD_WTYPE_Q4_K ? 256 : 512;
+	const size_t gsb = t == KVD_WTYPE_Q4_K ? GSB_Q4_K : t == KVD_WTYPE_Q5_K ? GSB_Q5_K : GSB_Q6_K;
+	uint8_t *tail = out + 8 * qb;
+	uint16_t *dd = (uint16_t *)(void *)(tail + 256);
+
+	memset(out, 0, gsb);
+	for (int r = 0; r < nr; r++) {
+		uint8_t q[256], sc[16], mn[8];
+		uint16_t d, dmin;
+		kq_block_ints(t, blk[r], q, sc, mn, &d, &dmin);
+		for (int j = 0; j < 8; j++) {
+			const uint8_t *qj = q + 32 * j;
+			uint8_t *o = out + (size_t)qb * j;
+			if (t == KVD_WTYPE_Q4_K) /* byte 4v+i: elements 4v+i and 16+4v+i */
+				for (int v = 0; v < 4; v++)
+					for (int i = 0; i < 4; i++)
+						o[64 * v + 4 * r + i] = (uint8_t)(qj[4 * v + i] | qj[16 + 4 * v + i] << 4);
+			else
+				for (int v = 0; v < 8; v++)
+					for (int i = 0; i < 4; i++)
+						o[64 * v + 4 * r + i] = qj[4 * v + i];
+		}
+		if (t == KVD_WTYPE_Q6_K) {
+			for (int k = 0; k < 16; k++)
+				tail[16 * k + r] = sc[k];
+		} else {
+			for (int j = 0; j < 8; j++) {
+				tail[16 * j + r] = sc[j];
+				tail[128 + 16 * j + r] = mn[j];
+			}
+			memcpy(&dd[GEMM_ROWS + r], &dmin, 2);
+		}
+		memcpy(&dd[r], &d, 2);
+	}
+}
+
+/* One group's columns of a float matrix: column i's 16 values at
+ * i * 16 * es. */
+static void pack_float(size_t es, const uint8_t *const *row, int nr, int64_t cols, uint8_t *out)
+{
+	memset(out, 0, (size_t)cols * GEMM_ROWS * es);
+	for (int r = 0; r < nr; r++)
+		for (int64_t i = 0; i < cols; i++)
+			memcpy(out + ((size_t)i * GEMM_ROWS + (size_t)r) * es, row[r] + (size_t)i * es, es);
 }
 
 void gemm_pack(enum kvd_wtype t, const void *src, size_t row_bytes, int64_t rows, int64_t cols, void *dst)
@@ -60,29 +151,52 @@ void gemm_pack(enum kvd_wtype t, const void *src, size_t row_bytes, int64_t rows
 	const size_t gb = gemm_group_block_bytes(t);
 	const int64_t nb = cols / QK, ng = (rows + GEMM_ROWS - 1) / GEMM_ROWS;
 	const size_t sb = row_bytes / (size_t)nb; /* source block bytes */
-	const int nq = t == KVD_WTYPE_Q8_0 || t == KVD_WTYPE_Q5_0 ? 8 : 4; /* quant vectors per group block */
+	const int nq = t == KVD_WTYPE_Q8_0 || t == KVD_WTYPE_Q5_0 || t == KVD_WTYPE_Q5_1 ? 8 : 4; /* quant vectors */
 	const int hdr = t == KVD_WTYPE_Q4_1 ? 4 : 2;
 	const uint32_t flip = t == KVD_WTYPE_Q8_0 ? 0x80808080u : 0;
 	uint8_t *out = dst;
 
 	for (int64_t g = 0; g < ng; g++) {
 		int nr = rows - g * GEMM_ROWS < GEMM_ROWS ? (int)(rows - g * GEMM_ROWS) : GEMM_ROWS;
+		const uint8_t *rowp[GEMM_ROWS];
+		for (int r = 0; r < nr; r++)
+			rowp[r] = (const uint8_t *)src + (size_t)(g * GEMM_ROWS + r) * row_bytes;
+		if (t == KVD_WTYPE_F32 || t == KVD_WTYPE_F16 || t == KVD_WTYPE_BF16) {
+			pack_float(t == KVD_WTYPE_F32 ? 4 : 2, rowp, nr, cols, out);
+			out += (size_t)nb * gb;
+			continue;
+		}
+		if (is_kquant(t)) {
+			size_t kb = row_bytes / (size_t)(cols / 256); /* source super-block bytes */
+			for (int64_t s = 0; s < cols / 256; s++, out += 8 * gb) {
+				const uint8_t *blk[GEMM_ROWS];
+				for (int r = 0; r < nr; r++)
+					blk[r] = rowp[r] + (size_t)s * kb;
+				pack_kquant(t, blk, nr, out);
+			}
+			continue;
+		}
 		for (int64_t b = 0; b < nb; b++, out += gb) {
 			uint32_t *q = (uint32_t *)(void *)out;
 			uint16_t *dm = (uint16_t *)(void *)(out + 64 * nq);
 			if (nr < GEMM_ROWS)
 				memset(out, 0, gb);
 			for (int r = 0; r < nr; r++) {
-				const uint8_t *blk = (const uint8_t *)src + (size_t)(g * GEMM_ROWS + r) * row_bytes + (size_t)b * sb;
-				if (t == KVD_WTYPE_Q5_0) {
-					/* q - 16 in [-16, 15] is a q8_0 quant with the
-					 * same scale: stored as q8_0, exactly */
+				const uint8_t *blk = rowp[r] + (size_t)b * sb;
+				if (t == KVD_WTYPE_Q5_0 || t == KVD_WTYPE_Q5_1) {
+					/* q5_0: q - 16 in [-16, 15] is a q8_0 quant with
+					 * the same scale: stored as q8_0, exactly;
+					 * q5_1: its unsigned quants */
+					int q51 = t == KVD_WTYPE_Q5_1;
 					uint8_t q5[QK];
-					q5_block_quants(blk + 2, blk + 6, q5);
+					q5_block_quants(blk + 2 + 2 * q51, blk + 6 + 2 * q51, q5);
 					for (int j = 0; j < nq; j++)
 						for (int i = 0; i < 4; i++)
-							out[64 * j + 4 * r + i] = (uint8_t)((q5[4 * j + i] - 16) ^ 0x80);
+							out[64 * j + 4 * r + i] =
+								q51 ? q5[4 * j + i] : (uint8_t)((q5[4 * j + i] - 16) ^ 0x80);
 					memcpy(&dm[r], blk, 2);
+					if (q51)
+						memcpy(&dm[GEMM_ROWS + r], blk + 2, 2);
 					continue;
 				}
 				for (int j = 0; j < nq; j++) {
@@ -103,7 +217,7 @@ void gemm_pack(enum kvd_wtype t, const void *src, size_t row_bytes, int64_t rows
 
 #define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,f16c,fma")))
 
-enum gemm_kind { K_Q4_0, K_Q4_1, K_Q8_0 };
+enum gemm_kind { K_Q4_0, K_Q4_1, K_Q8_0, K_Q5_1, K_Q4_K, K_Q5_K, K_Q6_K, K_F32, K_F16, K_BF16 };
 
 /* every loop over tokens and quant vectors fully unrolled, so the
  * per-token accumulators are registers */
@@ -122,8 +236,10 @@ TGT static inline __attribute__((always_inline)) void tile(enum gemm_kind kind, 
 							    __mmask16 m, const struct q8_block *xq, size_t ldq,
 							    const int C, float *y, size_t ldy)
 {
-	const size_t gb = kind == K_Q8_0 ? GEMM_ROWS * 34 : kind == K_Q4_1 ? GEMM_ROWS * 20 : GEMM_ROWS * 18;
-	const int qbytes = kind == K_Q8_0 ? 512 : 256;
+	const size_t gb = kind == K_Q8_0 ? GEMM_ROWS * 34 : kind == K_Q5_1 ? GEMM_ROWS * 36
+			  : kind == K_Q4_1 ? GEMM_ROWS * 20 : GEMM_ROWS * 18;
+	const int qbytes = kind == K_Q8_0 || kind == K_Q5_1 ? 512 : 256;
+	const int has_m = kind == K_Q4_1 || kind == K_Q5_1;
 	const __m512i lo4 = _mm512_set1_epi8(0x0f);
 	__m512 acc[GEMM_COLS];
 
@@ -138,11 +254,10 @@ TGT static inline __attribute__((always_inline)) void tile(enum gemm_kind kind, 
 		UNROLL for (int t = 0; t < C; t++) {
 			const struct q8_block *row = xq + (size_t)t * ldq;
 			int32_t s = q8_row_sums(row, nb)[b];
-			ia[t] = kind == K_Q4_1 ? _mm512_setzero_si512()
-					       : _mm512_set1_epi32(kind == K_Q4_0 ? -8 * s : -128 * s);
+			ia[t] = has_m ? _mm512_setzero_si512() : _mm512_set1_epi32(kind == K_Q4_0 ? -8 * s : -128 * s);
 			ib[t] = _mm512_setzero_si512();
 		}
-		if (kind == K_Q8_0) {
+		if (kind == K_Q8_0 || kind == K_Q5_1) {
 			UNROLL for (int j = 0; j < 8; j += 2) {
 				__m512i w0 = _mm512_loadu_si512(wp + 64 * j);
 				__m512i w1 = _mm512_loadu_si512(wp + 64 * (j + 1));
@@ -165,18 +280,145 @@ TGT static inline __attribute__((always_inline)) void tile(enum gemm_kind kind, 
 			}
 		}
 		__m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wp + qbytes)));
-		__m512 wm = kind == K_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wp + qbytes + 32)))
-					   : _mm512_setzero_ps();
+		__m512 wm = has_m ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wp + qbytes + 32)))
+				  : _mm512_setzero_ps();
 		UNROLL for (int t = 0; t < C; t++) {
 			const struct q8_block *x = xq + (size_t)t * ldq + b;
 			__m512 p = _mm512_cvtepi32_ps(_mm512_add_epi32(ia[t], ib[t]));
 			acc[t] = _mm512_fmadd_ps(p, _mm512_mul_ps(wd, _mm512_set1_ps(x->d)), acc[t]);
-			if (kind == K_Q4_1)
+			if (has_m)
 				acc[t] = _mm512_fmadd_ps(wm, _mm512_set1_ps(x->s), acc[t]);
 		}
 	}
 	UNROLL for (int t = 0; t < C; t++)
 		_mm512_mask_storeu_ps(y + (size_t)t * ldy, m, acc[t]);
+}
+
+/* The K-quants: one group (16 rows) times C tokens, super-block by
+ * super-block (layout above). */
+TGT static inline __attribute__((always_inline)) void tile_k(enum gemm_kind kind, const uint8_t *wp, int64_t nb,
+							      __mmask16 m, const struct q8_block *xq, size_t ldq,
+							      const int C, float *y, size_t ldy)
+{
+	const int qb = kind == K_Q4_K ? 256 : 512;
+	const size_t gsb = kind == K_Q4_K ? GSB_Q4_K : kind == K_Q5_K ? GSB_Q5_K : GSB_Q6_K;
+	const __m512i lo4 = _mm512_set1_epi8(0x0f);
+	__m512 acc[GEMM_COLS];
+
+	UNROLL for (int t = 0; t < C; t++)
+		acc[t] = _mm512_setzero_ps();
+	for (int64_t s = 0; s < nb / 8; s++, wp += gsb) {
+		const uint8_t *tail = wp + 8 * qb;
+		__m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tail + 256)));
+		__m512 dmin = kind == K_Q6_K ? _mm512_setzero_ps()
+					     : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tail + 288)));
+		for (int j = 0; j < 8; j++) {
+			const int64_t b = 8 * s + j;
+			const uint8_t *wq = wp + (size_t)qb * j;
+			__m512i ia[GEMM_COLS], ib[GEMM_COLS];
+			if (C <= 2) {
+				UNROLL for (size_t o = 0; o < gsb / 8; o += 64)
+					_mm_prefetch((const char *)wp + GEMM_PF_DIST + gsb / 8 * j + o, _MM_HINT_T0);
+			}
+			UNROLL for (int t = 0; t < C; t++) {
+				if (kind == K_Q6_K) {
+					const struct q8_block *row = xq + (size_t)t * ldq;
+					int32_t h0 = q8_row_half_sums(row, nb)[b], h1 = q8_row_sums(row, nb)[b] - h0;
+					ia[t] = _mm512_set1_epi32(-32 * h0);
+					ib[t] = _mm512_set1_epi32(-32 * h1);
+				} else {
+					ia[t] = _mm512_setzero_si512();
+					ib[t] = _mm512_setzero_si512();
+				}
+			}
+			if (kind == K_Q4_K) {
+				UNROLL for (int v = 0; v < 4; v++) {
+					__m512i raw = _mm512_loadu_si512(wq + 64 * v);
+					__m512i wl = _mm512_and_si512(raw, lo4);
+					__m512i wh = _mm512_and_si512(_mm512_srli_epi16(raw, 4), lo4);
+					UNROLL for (int t = 0; t < C; t++) {
+						const int8_t *q = xq[(size_t)t * ldq + b].q;
+						ia[t] = _mm512_dpbusd_epi32(ia[t], wl, bcast4(q + 4 * v));
+						ib[t] = _mm512_dpbusd_epi32(ib[t], wh, bcast4(q + 16 + 4 * v));
+					}
+				}
+			} else {
+				/* q6_K: ia sums elements 0..15, ib 16..31 (two
+				 * scales); q5_K: either, the scale is one */
+				UNROLL for (int v = 0; v < 4; v++) {
+					__m512i w0 = _mm512_loadu_si512(wq + 64 * v);
+					__m512i w1 = _mm512_loadu_si512(wq + 64 * (v + 4));
+					UNROLL for (int t = 0; t < C; t++) {
+						const int8_t *q = xq[(size_t)t * ldq + b].q;
+						ia[t] = _mm512_dpbusd_epi32(ia[t], w0, bcast4(q + 4 * v));
+						ib[t] = _mm512_dpbusd_epi32(ib[t], w1, bcast4(q + 16 + 4 * v));
+					}
+				}
+			}
+			if (kind == K_Q6_K) {
+				__m512 sc0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+								     _mm_loadu_si128((const __m128i *)(tail + 32 * j)))));
+				__m512 sc1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+								     _mm_loadu_si128((const __m128i *)(tail + 32 * j + 16)))));
+				UNROLL for (int t = 0; t < C; t++) {
+					__m512 dx = _mm512_set1_ps(xq[(size_t)t * ldq + b].d);
+					acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[t]), _mm512_mul_ps(sc0, dx), acc[t]);
+					acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ib[t]), _mm512_mul_ps(sc1, dx), acc[t]);
+				}
+			} else {
+				__m512 sc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+								    _mm_loadu_si128((const __m128i *)(tail + 16 * j)))));
+				__m512 mn = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+									_mm_loadu_si128((const __m128i *)(tail + 128 + 16 * j)))));
+				UNROLL for (int t = 0; t < C; t++) {
+					const struct q8_block *x = xq + (size_t)t * ldq + b;
+					__m512 p = _mm512_cvtepi32_ps(_mm512_add_epi32(ia[t], ib[t]));
+					acc[t] = _mm512_fmadd_ps(p, _mm512_mul_ps(sc, _mm512_set1_ps(x->d)), acc[t]);
+					acc[t] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(x->s), acc[t]);
+				}
+			}
+		}
+	}
+	UNROLL for (int t = 0; t < C; t++)
+		_mm512_mask_storeu_ps(y + (size_t)t * ldy, m, acc[t]);
+}
+
+/* Float weights: one group times C float tokens (x rows ldx apart). */
+TGT static inline __attribute__((always_inline)) __m512 load_f(enum gemm_kind kind, const uint8_t *p)
+{
+	if (kind == K_F32)
+		return _mm512_loadu_ps(p);
+	__m256i h = _mm256_loadu_si256((const __m256i *)p);
+	if (kind == K_F16)
+		return _mm512_cvtph_ps(h);
+	return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+TGT static inline __attribute__((always_inline)) void tile_f(enum gemm_kind kind, const uint8_t *wp, int64_t nb,
+							      __mmask16 m, const float *x, size_t ldx, const int C,
+							      float *y, size_t ldy)
+{
+	const size_t cb = kind == K_F32 ? 64 : 32; /* bytes of a column */
+	__m512 a0[GEMM_COLS], a1[GEMM_COLS];
+
+	UNROLL for (int t = 0; t < C; t++) {
+		a0[t] = _mm512_setzero_ps();
+		a1[t] = _mm512_setzero_ps();
+	}
+	for (int64_t i = 0; i < nb * QK; i += 2, wp += 2 * cb) {
+		if (C <= 2) {
+			UNROLL for (size_t o = 0; o < 2 * cb; o += 64)
+				_mm_prefetch((const char *)wp + GEMM_PF_DIST + o, _MM_HINT_T0);
+		}
+		__m512 w0 = load_f(kind, wp), w1 = load_f(kind, wp + cb);
+		UNROLL for (int t = 0; t < C; t++) {
+			const float *xt = x + (size_t)t * ldx + i;
+			a0[t] = _mm512_fmadd_ps(w0, _mm512_set1_ps(xt[0]), a0[t]);
+			a1[t] = _mm512_fmadd_ps(w1, _mm512_set1_ps(xt[1]), a1[t]);
+		}
+	}
+	UNROLL for (int t = 0; t < C; t++)
+		_mm512_mask_storeu_ps(y + (size_t)t * ldy, m, _mm512_add_ps(a0[t], a1[t]));
 }
 
 #define INST1(KIND, CC)                                                                                      \
@@ -188,9 +430,29 @@ TGT static inline __attribute__((always_inline)) void tile(enum gemm_kind kind, 
 #define INSTK(KIND)                                                                                             \
 	INST1(KIND, 1) INST1(KIND, 2) INST1(KIND, 3) INST1(KIND, 4) INST1(KIND, 5) INST1(KIND, 6) INST1(KIND, 7) \
 		INST1(KIND, 8)
+#define INSTKQ(KIND, CC)                                                                                      \
+	TGT static void gemm_##KIND##_##CC(const void *wp, int64_t nb, __mmask16 m, const struct q8_block *xq, \
+					   size_t ldq, float *y, size_t ldy)                                   \
+	{                                                                                                    \
+		tile_k(KIND, wp, nb, m, xq, ldq, CC, y, ldy);                                               \
+	}
+#define INSTF(KIND, CC)                                                                                        \
+	TGT static void gemm_##KIND##_##CC(const void *wp, int64_t nb, __mmask16 m, const float *x, size_t ldx, \
+					   float *y, size_t ldy)                                                 \
+	{                                                                                                      \
+		tile_f(KIND, wp, nb, m, x, ldx, CC, y, ldy);                                                  \
+	}
+#define INST8(I, KIND) I(KIND, 1) I(KIND, 2) I(KIND, 3) I(KIND, 4) I(KIND, 5) I(KIND, 6) I(KIND, 7) I(KIND, 8)
 INSTK(K_Q4_0)
 INSTK(K_Q4_1)
 INSTK(K_Q8_0)
+INSTK(K_Q5_1)
+INST8(INSTKQ, K_Q4_K)
+INST8(INSTKQ, K_Q5_K)
+INST8(INSTKQ, K_Q6_K)
+INST8(INSTF, K_F32)
+INST8(INSTF, K_F16)
+INST8(INSTF, K_BF16)
 _Static_assert(GEMM_COLS == 8, "one instance per tile width");
 
 typedef void (*tile_fn)(const void *wp, int64_t nb, __mmask16 m, const struct q8_block *xq, size_t ldq, float *y,
@@ -203,6 +465,14 @@ typedef void (*tile_fn)(const void *wp, int64_t nb, __mmask16 m, const struct q8
 static const tile_fn tiles_q4_0[GEMM_COLS] = TABLE(K_Q4_0);
 static const tile_fn tiles_q4_1[GEMM_COLS] = TABLE(K_Q4_1);
 static const tile_fn tiles_q8_0[GEMM_COLS] = TABLE(K_Q8_0);
+static const tile_fn tiles_q5_1[GEMM_COLS] = TABLE(K_Q5_1);
+static const tile_fn tiles_q4_K[GEMM_COLS] = TABLE(K_Q4_K);
+static const tile_fn tiles_q5_K[GEMM_COLS] = TABLE(K_Q5_K);
+static const tile_fn tiles_q6_K[GEMM_COLS] = TABLE(K_Q6_K);
+typedef void (*tilef_fn)(const void *wp, int64_t nb, __mmask16 m, const float *x, size_t ldx, float *y, size_t ldy);
+static const tilef_fn tiles_f32[GEMM_COLS] = TABLE(K_F32);
+static const tilef_fn tiles_f16[GEMM_COLS] = TABLE(K_F16);
+static const tilef_fn tiles_bf16[GEMM_COLS] = TABLE(K_BF16);
 
 #define ENTRY(T)                                                                                                 \
 	static void gemm_##T(const void *wp, int64_t nb, int R, const struct q8_block *xq, size_t ldq, int C, float *y, \
@@ -213,6 +483,19 @@ static const tile_fn tiles_q8_0[GEMM_COLS] = TABLE(K_Q8_0);
 ENTRY(q4_0)
 ENTRY(q4_1)
 ENTRY(q8_0)
+ENTRY(q5_1)
+ENTRY(q4_K)
+ENTRY(q5_K)
+ENTRY(q6_K)
+#define ENTRYF(T)                                                                                               \
+	static void gemm_##T(const void *wp, int64_t nb, int R, const float *x, size_t ldx, int C, float *y,     \
+			     size_t ldy)                                                                         \
+	{                                                                                                       \
+		tiles_##T[C - 1](wp, nb, (__mmask16)((1u << R) - 1), x, ldx, y, ldy);                              \
+	}
+ENTRYF(f32)
+ENTRYF(f16)
+ENTRYF(bf16)
 
 int cpu_kernels_init_gemm_avx512(struct cpu_kernels *k)
 {
@@ -225,6 +508,13 @@ int cpu_kernels_init_gemm_avx512(struct cpu_kernels *k)
 	k->gemm[KVD_WTYPE_Q4_1] = gemm_q4_1;
 	k->gemm[KVD_WTYPE_Q8_0] = gemm_q8_0;
 	k->gemm[KVD_WTYPE_Q5_0] = gemm_q8_0; /* packed as q8_0 (gemm_pack) */
+	k->gemm[KVD_WTYPE_Q5_1] = gemm_q5_1;
+	k->gemm[KVD_WTYPE_Q4_K] = gemm_q4_K;
+	k->gemm[KVD_WTYPE_Q5_K] = gemm_q5_K;
+	k->gemm[KVD_WTYPE_Q6_K] = gemm_q6_K;
+	k->gemmf[KVD_WTYPE_F32] = gemm_f32;
+	k->gemmf[KVD_WTYPE_F16] = gemm_f16;
+	k->gemmf[KVD_WTYPE_BF16] = gemm_bf16;
 	k->isa = "avx512-vnni";
 	return 1;
 }

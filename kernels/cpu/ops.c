@@ -122,42 +122,67 @@ static void kq_scale_min(const uint8_t *q, int j, int *sc, int *m)
 	}
 }
 
-static void kq_unpack(enum kvd_wtype t, const void *blk, struct kq_unpacked *u)
+void kq_block_ints(enum kvd_wtype t, const void *blk, uint8_t q[QK_K], uint8_t sc[16], uint8_t mn[8], uint16_t *d,
+		   uint16_t *dmin)
 {
 	if (t == KVD_WTYPE_Q6_K) {
 		const struct blk_q6_K *b = blk;
-		float d = fp16_to_f32(b->d);
 		for (int h = 0; h < 2; h++) {
 			const uint8_t *ql = b->ql + 64 * h, *qh = b->qh + 32 * h;
-			int8_t *q = u->q + 128 * h;
+			uint8_t *qq = q + 128 * h;
 			for (int l = 0; l < 32; l++) {
-				q[l] = (int8_t)(((ql[l] & 0xf) | ((qh[l] & 3) << 4)) - 32);
-				q[l + 32] = (int8_t)(((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32);
-				q[l + 64] = (int8_t)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
-				q[l + 96] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+				qq[l] = (uint8_t)((ql[l] & 0xf) | ((qh[l] & 3) << 4));
+				qq[l + 32] = (uint8_t)((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4));
+				qq[l + 64] = (uint8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+				qq[l + 96] = (uint8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
 			}
 		}
-		for (int j = 0; j < QK_K / 16; j++)
-			u->scale[j] = d * (float)b->scales[j];
+		memcpy(sc, b->scales, QK_K / 16);
+		memset(mn, 0, QK_K / 32);
+		*d = b->d;
+		*dmin = 0;
 		return;
 	}
 	/* q4_K and q5_K share the head */
 	const struct blk_q4_K *b4 = blk;
 	const struct blk_q5_K *b5 = blk;
 	const uint8_t *qs = t == KVD_WTYPE_Q5_K ? b5->qs : b4->qs;
-	float d = fp16_to_f32(b4->d), dmin = fp16_to_f32(b4->dmin);
 	for (int j = 0; j < QK_K / 32; j++) {
-		int sc, m, shift = (j & 1) * 4;
+		int s, m, shift = (j & 1) * 4;
 		const uint8_t *src = qs + 32 * (j / 2);
-		kq_scale_min(b4->scales, j, &sc, &m);
-		u->scale[j] = d * (float)sc;
-		u->min[j] = dmin * (float)m;
+		kq_scale_min(b4->scales, j, &s, &m);
+		sc[j] = (uint8_t)s;
+		mn[j] = (uint8_t)m;
 		for (int l = 0; l < 32; l++) {
 			int v = (src[l] >> shift) & 0xf;
 			if (t == KVD_WTYPE_Q5_K)
 				v |= ((b5->qh[l] >> j) & 1) << 4;
-			u->q[32 * j + l] = (int8_t)v;
+			q[32 * j + l] = (uint8_t)v;
 		}
+	}
+	memset(sc + QK_K / 32, 0, QK_K / 32);
+	*d = b4->d;
+	*dmin = b4->dmin;
+}
+
+static void kq_unpack(enum kvd_wtype t, const void *blk, struct kq_unpacked *u)
+{
+	uint8_t q[QK_K], sc[16], mn[8];
+	uint16_t dh, dminh;
+	kq_block_ints(t, blk, q, sc, mn, &dh, &dminh);
+	float d = fp16_to_f32(dh), dmin = fp16_to_f32(dminh);
+	if (t == KVD_WTYPE_Q6_K) {
+		for (int i = 0; i < QK_K; i++)
+			u->q[i] = (int8_t)(q[i] - 32);
+		for (int j = 0; j < QK_K / 16; j++)
+			u->scale[j] = d * (float)(int8_t)sc[j];
+		return;
+	}
+	for (int i = 0; i < QK_K; i++)
+		u->q[i] = (int8_t)q[i];
+	for (int j = 0; j < QK_K / 32; j++) {
+		u->scale[j] = d * (float)sc[j];
+		u->min[j] = dmin * (float)mn[j];
 	}
 }
 
@@ -366,7 +391,7 @@ static void quantize_q8_generic(const float *x, struct q8_block *y, int64_t n)
 	for (int64_t b = 0; b < n / QK; b++) {
 		const float *xb = x + b * QK;
 		float amax = 0;
-		int sum = 0;
+		int sum = 0, half = 0;
 		for (int i = 0; i < QK; i++)
 			amax = fmaxf(amax, fabsf(xb[i]));
 		float d = amax / 127.0f;
@@ -375,10 +400,13 @@ static void quantize_q8_generic(const float *x, struct q8_block *y, int64_t n)
 			int q = (int)nearbyintf(xb[i] * id);
 			y[b].q[i] = (int8_t)q;
 			sum += q;
+			if (i == QK / 2 - 1)
+				half = sum;
 		}
 		y[b].d = d;
 		y[b].s = d * (float)sum;
 		((int32_t *)(void *)(y + n / QK))[b] = sum;
+		((int32_t *)(void *)(y + n / QK))[n / QK + b] = half;
 	}
 }
 
@@ -614,10 +642,14 @@ AVX2 static void quantize_q8_avx2(const float *x, struct q8_block *y, int64_t n)
 		__m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, mul), rnd));
 		__m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, mul), rnd));
 		__m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, mul), rnd));
-		__m256i sum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+		__m256i h01 = _mm256_add_epi32(i0, i1);
+		__m256i sum = _mm256_add_epi32(h01, _mm256_add_epi32(i2, i3));
 		__m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
 		s4 = _mm_hadd_epi32(s4, s4);
 		s4 = _mm_hadd_epi32(s4, s4);
+		__m128i h4 = _mm_add_epi32(_mm256_castsi256_si128(h01), _mm256_extracti128_si256(h01, 1));
+		h4 = _mm_hadd_epi32(h4, h4);
+		h4 = _mm_hadd_epi32(h4, h4);
 		/* pack to int8 in element order */
 		i0 = _mm256_packs_epi32(i0, i1);
 		i2 = _mm256_packs_epi32(i2, i3);
@@ -628,6 +660,7 @@ AVX2 static void quantize_q8_avx2(const float *x, struct q8_block *y, int64_t n)
 		y[b].d = d;
 		y[b].s = d * (float)isum;
 		((int32_t *)(void *)(y + n / QK))[b] = isum;
+		((int32_t *)(void *)(y + n / QK))[n / QK + b] = _mm_cvtsi128_si32(h4);
 	}
 }
 

@@ -36,17 +36,24 @@ float bf16_to_f32(uint16_t h);
 
 /* A quantized activation row of n elements is its n/32 q8_blocks followed
  * by each block's integer sum of quants (int32, for the offsets of q4_0
- * and q8_0 weights in the tiled kernels); this is its length in q8_block
- * units (the row stride). */
+ * and q8_0 weights in the tiled kernels), then each block's sum over its
+ * first 16 quants (int32, for q6_K's offsets, whose scales change every 16
+ * elements); this is its length in q8_block units (the row stride): the
+ * (2 nb + 9) / 10 trailing blocks (40 bytes: ten int32 each) hold both. */
 static inline int64_t q8_row_len(int64_t n)
 {
 	int64_t nb = n / QK;
-	return nb + (nb + 9) / 10;
+	return nb + (2 * nb + 9) / 10;
 }
 
 static inline const int32_t *q8_row_sums(const struct q8_block *row, int64_t nb)
 {
 	return (const int32_t *)(const void *)(row + nb);
+}
+
+static inline const int32_t *q8_row_half_sums(const struct q8_block *row, int64_t nb)
+{
+	return q8_row_sums(row, nb) + nb;
 }
 
 /* Dot product of one weight row (n elements, stored type) with one
@@ -68,6 +75,9 @@ typedef float (*vec_dot_fn)(const void *w, const float *x, const struct q8_block
 #endif
 typedef void (*gemm_fn)(const void *wp, int64_t nb, int R, const struct q8_block *xq, size_t ldq, int C, float *y,
 			size_t ldy);
+/* The same for float weights (f32, f16, bf16) times float activation rows
+ * (ldx floats apart), nb = columns / 32. */
+typedef void (*gemmf_fn)(const void *wp, int64_t nb, int R, const float *x, size_t ldx, int C, float *y, size_t ldy);
 
 /* Bytes of one packed group block of type t (0: t is not packed), of a
  * whole packed matrix, and the packing itself (portable C). */
@@ -76,6 +86,13 @@ size_t gemm_packed_bytes(enum kvd_wtype t, int64_t rows, int64_t cols);
 /* The 32 five-bit quants (0..31) of a q5_0/q5_1 block in element order,
  * from its 4 bytes qh and 16 bytes of nibbles. */
 void q5_block_quants(const uint8_t qh[4], const uint8_t *qs, uint8_t q[32]);
+/* One K-quant super-block (256 elements) as integers: q[i] the unsigned
+ * quant of element i (q4_K 0..15, q5_K 0..31, q6_K 0..63, the latter to be
+ * offset by -32), sc[j] and mn[j] the 6-bit scale and min of sub-block j of
+ * 32 (q4_K, q5_K) or sc[j] the int8 scale of sub-block j of 16 (q6_K, as
+ * uint8 bits), and the f16 d and dmin (0 for q6_K). */
+void kq_block_ints(enum kvd_wtype t, const void *blk, uint8_t q[256], uint8_t sc[16], uint8_t mn[8], uint16_t *d,
+		   uint16_t *dmin);
 void gemm_pack(enum kvd_wtype t, const void *src, size_t row_bytes, int64_t rows, int64_t cols, void *dst);
 
 /* Attention of nr query rows over one chunk of positions (K and V rows in
@@ -96,6 +113,7 @@ struct cpu_kernels {
 	const char *isa; /* "avx2" or "generic" */
 	vec_dot_fn dot[KVD_WTYPE_BF16 + 1]; /* by enum kvd_wtype */
 	gemm_fn gemm[KVD_WTYPE_BF16 + 1];     /* NULL: use dot row by row on unpacked weights */
+	gemmf_fn gemmf[KVD_WTYPE_BF16 + 1];   /* float weights: NULL likewise */
 	/* quantize n floats to a q8 row: n/32 blocks, then their sums */
 	void (*quantize_q8)(const float *x, struct q8_block *y, int64_t n);
 	/* sum_i q[i] * k[i] with k stored as f16 */

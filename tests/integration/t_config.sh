@@ -71,15 +71,40 @@ expect_78 "bad flag value" "^(<3>)?--max-num-seqs: bad value '0'" --config /dev/
 grep -q "configuration OK" "$T/out" || fail "--check-config printed no summary"
 ok "etc/kvd.conf passes --check-config"
 
-# every key the code knows is documented in etc/kvd.conf, and vice versa
-keys_doc=$(grep -E '^[a-z_]+ *=' etc/kvd.conf | sed 's/ *=.*//' | sort -u)
-for k in $keys_doc; do
-	grep -q "\"$k\")" daemon/config.c || fail "etc/kvd.conf documents '$k', which config.c does not know"
+# etc/kvd.conf documents exactly the keys of config.c's table (kvd_conf_keys[]),
+# each in its section and with the table's default: "section.key = default"
+# from each side, compared as sorted lists
+table_keys() { # the first line of each row: { "section", "name", KVD_CONF_TYPE, "default",
+	sed -nE 's/^\t\{ "([a-z]+)", "([a-z_]+)", KVD_CONF_[A-Z0-9_]+, "([^"]*)",$/\1.\2 = \3/p' daemon/config.c | sort
+}
+conf_keys() { # key = value lines of an INI file, with their section
+	awk '/^\[[a-z]+\]/ { sec = substr($0, 2, length($0) - 2); next }
+	     /^[a-z_]+ *=/ { k = $0; sub(/ *=.*/, "", k); v = $0; sub(/^[^=]*= */, "", v); print sec "." k " = " v }' "$1" | sort
+}
+# check_documented CONF: prints what differs, fails when anything does
+check_documented() {
+	local t c
+	t=$(table_keys); c=$(conf_keys "$1")
+	[ "$(echo "$t" | wc -l)" -ge 20 ] || { echo "found only $(echo "$t" | wc -l) rows in config.c's table"; return 1; }
+	diff <(echo "$t") <(echo "$c") | sed -n 's/^< /  table only (or another default): /p; s/^> /  etc\/kvd.conf only (or another default): /p'
+	[ "$t" = "$c" ]
+}
+check_documented etc/kvd.conf || fail "etc/kvd.conf and config.c's key table differ (above)"
+# the check catches a key the file lacks and a default that differs
+sed '/^block_size *=/d' etc/kvd.conf >"$T/less.conf"
+check_documented "$T/less.conf" >/dev/null && fail "the documentation check missed a key missing from kvd.conf"
+sed 's/^max_num_seqs *=.*/max_num_seqs = 65/' etc/kvd.conf >"$T/other.conf"
+check_documented "$T/other.conf" >/dev/null && fail "the documentation check missed a default that differs"
+ok "etc/kvd.conf documents exactly the keys of config.c's table, with its defaults ($(table_keys | wc -l) keys)"
+
+# every key of the table with an option is in --help, with the key it sets
+"$KVD" --help >"$T/help.out" || fail "--help exited $?"
+for opt in $(sed -nE 's/.*OPT\("(--[a-z-]+)".*/\1/p; s/^\t  "(--[a-z-]+)", 0, NULL, ".*/\1/p' daemon/config.c); do
+	grep -qE -- "^ +(-[a-z], )?$opt( [A-Z]+)? " "$T/help.out" || grep -qE -- "^ +(-[a-z], )?$opt( [A-Z]+)?$" "$T/help.out" ||
+		fail "--help does not list $opt"
 done
-for k in $(grep -oE 'IS\("[a-z]+", "[a-z_]+"\)' daemon/config.c | sed -E 's/.*, "([a-z_]+)"\)/\1/'); do
-	echo "$keys_doc" | grep -qx "$k" || fail "key '$k' is not documented in etc/kvd.conf"
-done
-ok "etc/kvd.conf documents exactly the keys kvd knows"
+grep -q '\[kv\] block_size$' "$T/help.out" || fail "--help does not name the key --block-size sets"
+ok "--help lists every option of the key table"
 
 # etc/kvd.conf names the same weight formats as the README's "Supported models"
 fmt_re='\b(f32|f16|bf16|q[0-9]_[0-9k])\b'

@@ -2,7 +2,9 @@
 # t_peer_checks.sh — who a connection is, checked at every point it matters.
 #
 #   - a connection whose credentials (SO_PEERCRED) cannot be read is refused
-#     (fault injected with KVD_TEST_FAULTS=peercred), never taken for uid 0
+#     (fault injected with KVD_TEST_FAULTS=peercred in kvd-faulty, the test
+#     build), never taken for uid 0; the kvd that is installed reads no test
+#     variable, so the same setting there changes nothing
 #   - SIGHUP re-applies server.allowed_users to connections already open: a
 #     user taken off the list is sent IPC_ERR_DENIED and disconnected, and a
 #     user still on it keeps its connection
@@ -15,18 +17,33 @@ command -v setpriv >/dev/null || skip "setpriv missing"
 TINY=$(tiny_model gqa)
 
 # ---- credentials that cannot be read ---------------------------------------------
+FAULTY=$ROOT/$BUILD/tests/kvd-faulty
+[ -x "$FAULTY" ] || skip "$FAULTY not built"
 S=$T/fault.sock
-KVD_TEST_FAULTS=peercred "$KVD" --config /dev/null --socket "$S" --model "$TINY" --pool-size 8M --threads 1 \
+KVD_TEST_FAULTS=peercred "$FAULTY" --config /dev/null --socket "$S" --model "$TINY" --pool-size 8M --threads 1 \
 	2>"$T/fault.log" &
 FP=$!
 PIDS+=("$FP")
 for i in $(seq 1 300); do [ -S "$S" ] && grep -q listening "$T/fault.log" && break; sleep 0.1; done
-grep -q "KVD_TEST_FAULTS" "$T/fault.log" || skip "this kvd build has no fault injection (NDEBUG)"
+grep -q "KVD_TEST_FAULTS" "$T/fault.log" || fail "kvd-faulty did not arm KVD_TEST_FAULTS=peercred: $(cat "$T/fault.log")"
 "$RAW" -s "$S" hello >"$T/fault.out" 2>&1 && fail "a connection without credentials was served"
 grep -q 'code=-1007' "$T/fault.out" || fail "expected IPC_ERR_DENIED: $(cat "$T/fault.out")"
 grep -q "cannot read its credentials" "$T/fault.log" || fail "no log line for the refused connection"
 kill -TERM "$FP"; wait "$FP"
 ok "a connection whose SO_PEERCRED cannot be read is refused (IPC_ERR_DENIED), not taken for root"
+
+# ---- the shipped kvd reads no test variable ---------------------------------------
+S=$T/plain.sock
+KVD_TEST_FAULTS=peercred "$KVD" --config /dev/null --socket "$S" --model "$TINY" --pool-size 8M --threads 1 \
+	2>"$T/plain.log" &
+PP=$!
+PIDS+=("$PP")
+for i in $(seq 1 300); do [ -S "$S" ] && grep -q listening "$T/plain.log" && break; sleep 0.1; done
+grep -q listening "$T/plain.log" || fail "kvd did not start: $(cat "$T/plain.log")"
+"$RAW" -s "$S" hello >"$T/plain.out" 2>&1 || fail "bin/kvd acted on KVD_TEST_FAULTS: $(cat "$T/plain.out")"
+! grep -q "KVD_TEST_FAULTS" "$T/plain.log" || fail "bin/kvd read KVD_TEST_FAULTS: $(grep KVD_TEST_FAULTS "$T/plain.log")"
+stop_kvd "$PP" || fail "kvd exit status $?"
+ok "bin/kvd ignores KVD_TEST_FAULTS (only the test build kvd-faulty injects faults)"
 
 # ---- SIGHUP re-checks the allow-list ------------------------------------------------
 S=$T/kvd.sock

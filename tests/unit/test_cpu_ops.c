@@ -82,11 +82,13 @@ static void test_quantize_q8(void **state)
 {
 	struct cpu_kernels kg, kv;
 	(void)state;
+	assert_int_equal(q8_row_len(256), 10);
+	assert_int_equal(q8_row_len(768), 29);
 	cpu_kernels_init(&kg, 1);
 	cpu_kernels_init(&kv, 0);
 	for (int it = 0; it < 1000; it++) {
 		float x[256];
-		struct q8_block a[9], b[9]; /* q8_row_len(256) */
+		struct q8_block a[10], b[10]; /* q8_row_len(256) */
 		float scale = (float)(next_u32() % 1000) * 0.01f;
 		for (int i = 0; i < 256; i++)
 			x[i] = frand() * scale;
@@ -96,10 +98,12 @@ static void test_quantize_q8(void **state)
 		memset(b, 0xa5, sizeof(b));
 		kg.quantize_q8(x, a, 256);
 		kv.quantize_q8(x, b, 256);
-		assert_memory_equal(a, b, 8 * sizeof(a[0]) + 8 * sizeof(int32_t));
+		assert_memory_equal(a, b, 8 * sizeof(a[0]) + 16 * sizeof(int32_t));
 		for (int bl = 0; bl < 8; bl++) {
 			int sum = 0;
 			for (int i = 0; i < 32; i++) {
+				if (i == 16)
+					assert_int_equal(q8_row_half_sums(a, 8)[bl], sum);
 				float err = fabsf(x[bl * 32 + i] - a[bl].q[i] * a[bl].d);
 				assert_true(err <= a[bl].d * 0.5f * 1.0001f + 1e-30f);
 				assert_true(a[bl].q[i] >= -127 && a[bl].q[i] <= 127);
@@ -174,7 +178,7 @@ static void test_dot_products(void **state)
 			int64_t n = kq ? 256 * (1 + next_u32() % 3) : 32 * (1 + next_u32() % 24);
 			uint8_t w[24 * 32 * 4];
 			float x[24 * 32], wf[24 * 32];
-			struct q8_block xq[27]; /* q8_row_len(768) */
+			struct q8_block xq[29]; /* q8_row_len(768) */
 			fill_weights(t, w, n);
 			for (int64_t i = 0; i < n; i++)
 				x[i] = frand();
@@ -210,13 +214,14 @@ static void test_gemm_pack_layout(void **state)
 			continue;
 		int64_t rows = 19, n = 64;
 		size_t rb = kvd_wtype_row_bytes((enum kvd_wtype)t, n), gb = gemm_group_block_bytes((enum kvd_wtype)t);
-		uint8_t w[19 * 68], p[2 * 2 * GEMM_ROWS * 34];
+		uint8_t w[19 * 68], p[2 * 2 * GEMM_ROWS * 36];
 		assert_int_equal(gemm_packed_bytes((enum kvd_wtype)t, rows, n), 2 * 2 * gb);
 		for (size_t i = 0; i < rows * rb; i++)
 			w[i] = (uint8_t)next_u32();
 		memset(p, 0x5a, sizeof(p));
 		gemm_pack((enum kvd_wtype)t, w, rb, rows, n, p);
-		int nq = t == KVD_WTYPE_Q8_0 || t == KVD_WTYPE_Q5_0 ? 8 : 4, hdr = t == KVD_WTYPE_Q4_1 ? 4 : 2;
+		int q51 = t == KVD_WTYPE_Q5_1;
+		int nq = t == KVD_WTYPE_Q8_0 || t == KVD_WTYPE_Q5_0 || q51 ? 8 : 4, hdr = t == KVD_WTYPE_Q4_1 ? 4 : 2;
 		for (int64_t r = 0; r < 2 * GEMM_ROWS; r++)
 			for (int b = 0; b < 2; b++) {
 				const uint8_t *gblk = p + ((size_t)(r / GEMM_ROWS) * 2 + (size_t)b) * gb;
@@ -225,12 +230,14 @@ static void test_gemm_pack_layout(void **state)
 				uint16_t d;
 				memcpy(&d, gblk + 64 * nq + 2 * lane, 2);
 				uint8_t q5[32];
-				if (t == KVD_WTYPE_Q5_0 && r < rows)
-					q5_block_quants(src + 2, src + 6, q5);
+				if ((t == KVD_WTYPE_Q5_0 || q51) && r < rows)
+					q5_block_quants(src + 2 + 2 * q51, src + 6 + 2 * q51, q5);
 				for (int i = 0; i < 4; i++) {
 					uint8_t want = r < rows ? src[hdr + i] : 0;
 					if (t == KVD_WTYPE_Q5_0 && r < rows) /* converted to q8_0 */
 						want = (uint8_t)((q5[i] - 16) ^ 0x80);
+					else if (q51 && r < rows) /* its quants as bytes */
+						want = q5[i];
 					else if (t == KVD_WTYPE_Q8_0 && r < rows)
 						want ^= 0x80;
 					assert_int_equal(gblk[4 * lane + i], want);
@@ -240,23 +247,41 @@ static void test_gemm_pack_layout(void **state)
 	}
 }
 
+/* every type with tiled kernels */
+static const enum kvd_wtype tile_types[] = {KVD_WTYPE_Q4_0, KVD_WTYPE_Q4_1, KVD_WTYPE_Q5_0, KVD_WTYPE_Q5_1,
+					    KVD_WTYPE_Q8_0, KVD_WTYPE_Q4_K, KVD_WTYPE_Q5_K, KVD_WTYPE_Q6_K,
+					    KVD_WTYPE_F32,  KVD_WTYPE_F16,  KVD_WTYPE_BF16};
+#define N_TILE_TYPES (sizeof(tile_types) / sizeof(tile_types[0]))
+
+/* One tile of the test's matrices (3 groups, activations 29 q8 blocks or
+ * 768 floats apart) through the quantized or the float kernel. */
+static void tile_call(const struct cpu_kernels *kv, enum kvd_wtype t, const uint8_t *wp, int64_t nb, int R,
+		      const struct q8_block *xq, const float *x, int C, float *y)
+{
+	if (wtype_is_quantized(t))
+		kv->gemm[t](wp, nb, R, xq, 29, C, y, 3 * GEMM_ROWS);
+	else
+		kv->gemmf[t](wp, nb, R, x, 24 * 32, C, y, 3 * GEMM_ROWS);
+}
+
 /* Tiled kernels: every (row, token) result is bit-identical for every
  * number of tokens and valid rows, and close to the portable dot product
  * on the stored weights. */
 static void gemm_tiles(struct cpu_kernels *kv, const float *want, float *keep)
 {
-	const enum kvd_wtype types[] = {KVD_WTYPE_Q4_0, KVD_WTYPE_Q4_1, KVD_WTYPE_Q5_0, KVD_WTYPE_Q8_0};
-	enum { NR = 2 * GEMM_ROWS + 5, NC = GEMM_COLS + 3, LDQ = 27 /* q8_row_len(768) */ };
+	enum { NR = 2 * GEMM_ROWS + 5, NC = GEMM_COLS + 3, LDQ = 29 /* q8_row_len(768) */ };
 	struct cpu_kernels kg;
 	cpu_kernels_init(&kg, 1);
 	rng = 0x2545f4914f6cdd1dull; /* the same data for every kernel set */
-	static uint8_t w[NR * 24 * 34], wp[3 * 24 * GEMM_ROWS * 34];
+	static uint8_t w[NR * 24 * 32 * 4], wp[3 * 24 * GEMM_ROWS * 32 * 4];
 	static float x[NC][24 * 32], full[NC][3 * GEMM_ROWS], part[NC][3 * GEMM_ROWS];
 	static struct q8_block xq[NC][LDQ];
-	for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
-		enum kvd_wtype t = types[ti];
+	for (size_t ti = 0; ti < N_TILE_TYPES; ti++) {
+		enum kvd_wtype t = tile_types[ti];
+		int kq = t == KVD_WTYPE_Q4_K || t == KVD_WTYPE_Q5_K || t == KVD_WTYPE_Q6_K;
+		assert_true(kv->gemm[t] || kv->gemmf[t]);
 		for (int it = 0; it < 40; it++) {
-			int64_t n = 32 * (1 + next_u32() % 24), nb = n / 32;
+			int64_t n = kq ? 256 * (1 + next_u32() % 3) : 32 * (1 + next_u32() % 24), nb = n / 32;
 			size_t rb = kvd_wtype_row_bytes(t, n), gbytes = gemm_group_block_bytes(t) * (size_t)nb;
 			for (int r = 0; r < NR; r++)
 				fill_weights(t, w + r * rb, n);
@@ -275,15 +300,14 @@ static void gemm_tiles(struct cpu_kernels *kv, const float *want, float *keep)
 			/* reference: one token at a time, full groups */
 			for (int c = 0; c < NC; c++)
 				for (int g = 0; g < 3; g++)
-					kv->gemm[t](wp + g * gbytes, nb, GEMM_ROWS, &xq[c][0], LDQ, 1, &full[c][g * GEMM_ROWS],
-						   3 * GEMM_ROWS);
+					tile_call(kv, t, wp + g * gbytes, nb, GEMM_ROWS, &xq[c][0], x[c], 1, &full[c][g * GEMM_ROWS]);
 			for (int C = 1; C <= GEMM_COLS; C++)
 				for (int c0 = 0; c0 + C <= NC; c0 += 1 + (C & 1))
 					for (int g = 0; g < 3; g++) {
 						int R = g == 2 ? NR - 2 * GEMM_ROWS : GEMM_ROWS - (C + c0) % 3;
 						memset(part, 0x7f, sizeof(part));
-						kv->gemm[t](wp + g * gbytes, nb, R, &xq[c0][0], LDQ, C,
-							   &part[c0][g * GEMM_ROWS], 3 * GEMM_ROWS);
+						tile_call(kv, t, wp + g * gbytes, nb, R, &xq[c0][0], x[c0], C,
+							  &part[c0][g * GEMM_ROWS]);
 						for (int c = c0; c < c0 + C; c++) {
 							assert_memory_equal(&part[c][g * GEMM_ROWS], &full[c][g * GEMM_ROWS],
 									    sizeof(float) * (size_t)R);
@@ -330,7 +354,7 @@ static void test_gemm_tiles(void **state)
 	if (!have512 && !have2)
 		skip();
 	size_t per = (size_t)(GEMM_COLS + 3) * 3 * GEMM_ROWS;
-	float *saved = calloc(4 * 40 * per, sizeof(float));
+	float *saved = calloc(N_TILE_TYPES * 40 * per, sizeof(float));
 	assert_non_null(saved);
 	if (have512)
 		gemm_tiles(&k512, NULL, saved);

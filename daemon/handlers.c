@@ -1,0 +1,442 @@
+/*
+ * daemon/handlers.c — the request handlers: GENERATE (checks, upload of a
+ * long prompt through the ring, submission to the scheduler), CANCEL and
+ * TOKENIZE.
+ */
+#include "server_impl.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "kvmm.h"
+#include "log.h"
+#include "request.h"
+
+/* ---- generate ---------------------------------------------------------------- */
+
+static void tokenize_reply(struct client *c, uint64_t rid, uint32_t flags, const char *text, size_t len);
+
+static void reject(struct client *c, struct greq *gr, int32_t code, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static void reject(struct client *c, struct greq *gr, int32_t code, const char *fmt, ...)
+{
+	char msg[IPC_MAX_ERROR_MSG_BYTES];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	c->srv->requests_rejected++;
+	kvd_ledger_rejected(c->srv->ledger, &gr->who, gr->id, gr->sess ? gr->sess->id : 0, code, msg);
+	sock_error(c, gr->id, code, "%s", msg);
+	greq_unlink(c, gr);
+	greq_free(gr);
+}
+
+/* The prompt is complete: tokenize, check the context, submit. */
+static void generate_start(struct client *c, struct greq *gr, const char *prompt, size_t len)
+{
+	struct kvd_server *srv = c->srv;
+	struct kvd_request_params p = { 0 };
+	int32_t *ids = NULL;
+	char *text = NULL;
+	int n, r, hist = 0;
+	bool chat = !(gr->g.gen_flags & IPC_GEN_RAW);
+	bool cont = false;
+	int32_t last = -1;
+
+	if (gr->cancel_on_upload) {
+		gr->state = GR_SCHED;
+		gr->finished = true;
+		gr->done = (struct ipc_done){ .finish_reason = IPC_FINISH_CANCELLED, .total_ns = now_ns() - gr->t_recv };
+		client_mark_dirty(c);
+		return;
+	}
+	if (srv->stopping) {
+		reject(c, gr, IPC_ERR_SHUTDOWN, "kvd is shutting down");
+		return;
+	}
+	if (gr->sess) {
+		hist = kvd_sched_session_tokens(srv->sched, gr->sess->id);
+		if (hist < 0)
+			hist = 0;
+		cont = gr->sess->turns > 0;
+		if (cont && hist == 0) {
+			reject(c, gr, IPC_ERR_SESSION, "session %" PRIu64 " has expired", gr->sess->id);
+			return;
+		}
+		if (cont)
+			last = kvd_sched_session_last_token(srv->sched, gr->sess->id);
+	}
+	if (chat) {
+		if (memchr(prompt, 0, len)) {
+			reject(c, gr, -EINVAL, "the prompt contains a NUL byte (not allowed in chat mode)");
+			return;
+		}
+		n = kvd_request_render_turn(srv->tok, gr->system, prompt, cont, last, &text);
+		if (n < 0) {
+			reject(c, gr, n, "cannot render the model's chat template: %s", strerror(-n));
+			return;
+		}
+		if (kvd_log_level >= KVD_LOG_DEBUG)
+			log_debug("request %" PRIu64 ": chat turn%s: %.*s", gr->id, cont ? " (continuation)" : "",
+				  n > 400 ? 400 : n, text);
+		n = kvd_request_tokenize(srv->tok, text, (size_t)n, !cont, 1, &ids);
+		free(text);
+	} else {
+		n = kvd_request_tokenize(srv->tok, prompt, len, !cont, !!(gr->g.gen_flags & IPC_GEN_PARSE_SPECIAL),
+					 &ids);
+	}
+	if (n < 0) {
+		reject(c, gr, n, "cannot tokenize the prompt: %s", strerror(-n));
+		return;
+	}
+	if (n == 0) {
+		free(ids);
+		reject(c, gr, -EINVAL, "the prompt is empty");
+		return;
+	}
+	if ((uint64_t)hist + (uint64_t)n + gr->g.max_tokens > srv->n_ctx) {
+		free(ids);
+		reject(c, gr, IPC_ERR_CONTEXT,
+		       "%s%d prompt tokens + max_tokens %u = %" PRIu64 " exceeds the context window of %u tokens",
+		       hist ? "session history + " : "", hist + n, gr->g.max_tokens,
+		       (uint64_t)hist + (uint64_t)n + gr->g.max_tokens, srv->n_ctx);
+		return;
+	}
+	p.sampling = (struct kvd_sampler_params){
+		.temperature = gr->g.temperature,
+		.top_k = gr->g.top_k,
+		.top_p = gr->g.top_p,
+		.min_p = gr->g.min_p,
+		.repeat_penalty = gr->g.repeat_penalty,
+		.repeat_last_n = gr->g.repeat_last_n,
+		.seed = gr->g.seed,
+	};
+	if (gr->g.seed == IPC_SEED_RANDOM && getrandom(&p.sampling.seed, sizeof(p.sampling.seed), 0) < 0)
+		p.sampling.seed = now_ns();
+	p.max_tokens = gr->g.max_tokens;
+	p.session = gr->sess ? gr->sess->id : 0;
+	p.session_idle_s = gr->sess ? gr->sess->idle_timeout_s : 0;
+	r = kvd_request_new(srv->tok, gr->stops, gr->g.n_stop, &gr->rq);
+	if (r < 0) {
+		free(ids);
+		reject(c, gr, r, "request refused: %s", strerror(-r));
+		return;
+	}
+	gr->t_submit = now_ns();
+	r = kvd_sched_submit(srv->sched, (uint64_t)(uintptr_t)gr, ids, (uint32_t)n, &p);
+	free(ids);
+	switch (r) {
+	case 0:
+		gr->state = GR_SCHED;
+		return;
+	case -E2BIG:
+		reject(c, gr, IPC_ERR_CONTEXT, "prompt + max_tokens exceeds max_model_len (%u tokens)", srv->n_ctx);
+		return;
+	case -ENOSPC:
+		reject(c, gr, -ENOSPC, "%d prompt tokens + max_tokens %u need more KV pages than the whole pool has (%u)",
+		       hist + n, gr->g.max_tokens, kvmm_n_pages(srv->kv));
+		return;
+	case -EBUSY:
+		reject(c, gr, IPC_ERR_LIMIT, "the request queue is full (scheduler.max_waiting = %u)",
+		       srv->cfg.max_waiting);
+		return;
+	default:
+		reject(c, gr, r, "request refused: %s", strerror(-r));
+		return;
+	}
+}
+
+void upload_free(struct upload *u)
+{
+	free(u->buf);
+	free(u);
+}
+
+void upload_done(struct client *c)
+{
+	struct upload *u = c->up_head;
+	c->up_head = u->next;
+	if (!c->up_head)
+		c->up_tail = NULL;
+	c->srv->n_uploading--;
+	c->n_uploads--;
+	if (u->buf)
+		u->buf[u->total] = 0;
+	switch (u->kind) {
+	case UP_GENERATE:
+		generate_start(c, u->gr, u->buf, u->total);
+		break;
+	case UP_TOKENIZE:
+		tokenize_reply(c, u->req_id, u->tok_flags, u->buf, u->total);
+		break;
+	case UP_DISCARD:
+		sock_error(c, u->req_id, u->err_code, "%s", u->err_msg);
+		break;
+	}
+	upload_free(u);
+}
+
+/* Queue an upload of `total` bytes (total > 0). kind UP_DISCARD swallows
+ * the bytes and then sends the stored error. The buffer is allocated when
+ * the first bytes arrive. Returns 0; -EMFILE when the client announced
+ * more uploads than it may have queued, -ENOMEM: the ring cannot be kept
+ * in step then, so the connection is ended (ERROR with request id 0). */
+static int upload_add(struct client *c, enum upload_kind kind, uint64_t rid, uint32_t total, struct greq *gr,
+		      uint32_t tok_flags, int32_t err_code, const char *err_msg)
+{
+	if (c->n_uploads >= SRV_MAX_QUEUED_UPLOADS) {
+		sock_error(c, 0, IPC_ERR_LIMIT, "more than %u ring uploads announced and not sent", SRV_MAX_QUEUED_UPLOADS);
+		client_linger(c, "too many uploads queued");
+		return -EMFILE;
+	}
+	struct upload *u = calloc(1, sizeof(*u));
+	if (!u) {
+		sock_error(c, 0, -ENOMEM, "out of memory");
+		client_linger(c, "out of memory");
+		return -ENOMEM;
+	}
+	u->kind = kind;
+	u->req_id = rid;
+	u->total = total;
+	u->gr = gr;
+	u->tok_flags = tok_flags;
+	u->err_code = err_code;
+	if (err_msg)
+		snprintf(u->err_msg, sizeof(u->err_msg), "%s", err_msg);
+	if (c->up_tail)
+		c->up_tail->next = u;
+	else
+		c->up_head = u;
+	c->up_tail = u;
+	c->srv->n_uploading++;
+	c->n_uploads++;
+	return 0;
+}
+
+/* Record a request refused before it had a greq, with its sender's identity. */
+static void ledger_rejected(struct client *c, uint64_t rid, int32_t code, const char *msg)
+{
+	struct kvd_ledger_who who = { c->id, (int32_t)c->cred.pid, (uint32_t)c->cred.uid };
+	kvd_ledger_rejected(c->srv->ledger, &who, rid, 0, code, msg);
+}
+
+/* An upload that is refused: consume its bytes, then send the error. */
+static void refuse_upload(struct client *c, uint64_t rid, uint32_t bytes, int32_t code, const char *fmt, ...)
+	__attribute__((format(printf, 5, 6)));
+static void refuse_upload(struct client *c, uint64_t rid, uint32_t bytes, int32_t code, const char *fmt, ...)
+{
+	char msg[256];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	c->srv->requests_rejected++;
+	ledger_rejected(c, rid, code, msg);
+	if (!bytes)
+		sock_error(c, rid, code, "%s", msg);
+	else if (upload_add(c, UP_DISCARD, rid, bytes, NULL, 0, code, msg) == 0)
+		client_mark_dirty(c);
+}
+
+void handle_generate(struct client *c, const struct ipc_frame *f)
+{
+	struct kvd_server *srv = c->srv;
+	struct ipc_generate_msg m;
+	uint64_t rid = f->hdr.request_id;
+	int r = ipc_decode_generate(f, &m);
+	bool in_ring;
+	struct greq *gr;
+	struct session *sess = NULL;
+
+	if (r < 0) {
+		srv->requests_rejected++;
+		ledger_rejected(c, rid, r, "malformed GENERATE");
+		sock_error(c, rid, r, "malformed GENERATE: %s", strerror(-r));
+		return;
+	}
+	in_ring = m.g.gen_flags & IPC_GEN_PROMPT_IN_RING;
+	uint32_t up = in_ring ? m.g.prompt_bytes : 0;
+	if (srv->stopping) {
+		refuse_upload(c, rid, up, IPC_ERR_SHUTDOWN, "kvd is shutting down");
+		return;
+	}
+	if (greq_find(c, rid)) {
+		refuse_upload(c, rid, up, -EEXIST, "request id %" PRIu64 " is already in use", rid);
+		return;
+	}
+	if (c->n_inflight >= srv->cfg.max_requests_per_client) {
+		refuse_upload(c, rid, up, IPC_ERR_LIMIT, "too many requests in flight (server.max_requests_per_client = %u)",
+			      srv->cfg.max_requests_per_client);
+		return;
+	}
+	if (m.g.prompt_bytes > srv->cfg.max_prompt_bytes) {
+		refuse_upload(c, rid, up, IPC_ERR_LIMIT,
+			      "prompt of %u bytes exceeds this server's limit of %" PRIu64 " bytes (server.max_prompt_bytes)",
+			      m.g.prompt_bytes, srv->cfg.max_prompt_bytes);
+		return;
+	}
+	if (m.g.session_id) {
+		for (sess = srv->sessions; sess && (sess->id != m.g.session_id || sess->owner != c->cred.uid);
+		     sess = sess->next)
+			;
+		if (!sess) {
+			refuse_upload(c, rid, up, IPC_ERR_SESSION, "unknown session %" PRIu64 " (expired, closed, or not yours)",
+				      m.g.session_id);
+			return;
+		}
+		if (sess->busy) {
+			refuse_upload(c, rid, up, IPC_ERR_SESSION, "session %" PRIu64 " is busy with another turn",
+				      m.g.session_id);
+			return;
+		}
+	}
+	if (!in_ring && m.g.prompt_bytes == 0) {
+		srv->requests_rejected++;
+		ledger_rejected(c, rid, -EINVAL, "the prompt is empty");
+		sock_error(c, rid, -EINVAL, "the prompt is empty");
+		return;
+	}
+	gr = calloc(1, sizeof(*gr));
+	if (!gr)
+		goto oom;
+	gr->c = c;
+	gr->who = (struct kvd_ledger_who){ c->id, (int32_t)c->cred.pid, (uint32_t)c->cred.uid };
+	gr->id = rid;
+	gr->g = m.g;
+	gr->t_recv = now_ns();
+	gr->system = strndup(m.system ? m.system : "", m.g.system_bytes);
+	if (!gr->system)
+		goto oom;
+	if (m.g.n_stop) {
+		size_t tot = 0;
+		for (unsigned i = 0; i < m.g.n_stop; i++)
+			tot += m.stop_len[i] + 1u;
+		gr->stop_buf = malloc(tot);
+		if (!gr->stop_buf)
+			goto oom;
+		char *p = gr->stop_buf;
+		for (unsigned i = 0; i < m.g.n_stop; i++) {
+			memcpy(p, m.stop[i], m.stop_len[i]);
+			p[m.stop_len[i]] = 0;
+			gr->stops[i] = p;
+			p += m.stop_len[i] + 1u;
+		}
+	}
+	gr->sess = sess;
+	if (sess) {
+		sess->busy = gr;
+		sess->last_used_ns = gr->t_recv;
+		kvd_sched_session_touch(c->srv->sched, sess->id);
+	}
+	/* link first: generate_start() may unlink it again */
+	gr->prev = c->reqs_tail;
+	if (c->reqs_tail)
+		c->reqs_tail->next = gr;
+	else
+		c->reqs = gr;
+	c->reqs_tail = gr;
+	c->n_inflight++;
+	if (in_ring && m.g.prompt_bytes > 0) {
+		gr->state = GR_UPLOADING;
+		if (upload_add(c, UP_GENERATE, rid, m.g.prompt_bytes, gr, 0, 0, NULL) < 0)
+			return; /* the connection is ending; its requests go with it */
+		client_mark_dirty(c);
+		return;
+	}
+	if (in_ring) { /* empty upload */
+		reject(c, gr, -EINVAL, "the prompt is empty");
+		return;
+	}
+	char *prompt = malloc((size_t)m.g.prompt_bytes + 1);
+	if (!prompt) {
+		reject(c, gr, -ENOMEM, "out of memory");
+		return;
+	}
+	memcpy(prompt, m.prompt, m.g.prompt_bytes);
+	prompt[m.g.prompt_bytes] = 0;
+	generate_start(c, gr, prompt, m.g.prompt_bytes);
+	free(prompt);
+	return;
+oom:
+	if (gr)
+		greq_free(gr);
+	srv->requests_rejected++;
+	ledger_rejected(c, rid, -ENOMEM, "out of memory");
+	sock_error(c, rid, -ENOMEM, "out of memory");
+}
+
+void handle_cancel(struct client *c, uint64_t rid)
+{
+	struct greq *gr = greq_find(c, rid);
+	if (!gr || gr->finished)
+		return;
+	if (gr->state == GR_UPLOADING) {
+		gr->cancel_on_upload = true;
+		return;
+	}
+	kvd_sched_cancel(c->srv->sched, (uint64_t)(uintptr_t)gr);
+}
+
+/* ---- other requests ---------------------------------------------------------- */
+
+static void tokenize_reply(struct client *c, uint64_t rid, uint32_t flags, const char *text, size_t len)
+{
+	struct kvd_server *srv = c->srv;
+	int32_t *ids = NULL;
+	int n = kvd_request_tokenize(srv->tok, text, len, !!(flags & IPC_TOK_ADD_BOS), !!(flags & IPC_TOK_PARSE_SPECIAL),
+				     &ids);
+	uint8_t buf[IPC_MAX_PAYLOAD_BYTES];
+	uint32_t off = 0;
+
+	if (n < 0) {
+		sock_error(c, rid, n, "cannot tokenize: %s", strerror(-n));
+		return;
+	}
+	do {
+		struct ipc_tokenize_reply tr = { .n_tokens = (uint32_t)n, .offset = off };
+		uint32_t k = (flags & IPC_TOK_COUNT_ONLY) ? 0 : (uint32_t)n - off;
+		if (k > IPC_MAX_IDS_PER_FRAME)
+			k = IPC_MAX_IDS_PER_FRAME;
+		tr.n_ids = k;
+		memcpy(buf, &tr, sizeof(tr));
+		memcpy(buf + sizeof(tr), ids + off, (size_t)k * 4);
+		off += k;
+		bool more = !(flags & IPC_TOK_COUNT_ONLY) && off < (uint32_t)n;
+		if (sock_send(c, IPC_MSG_TOKENIZE_REPLY, more ? IPC_F_MORE : 0, rid, buf, sizeof(tr) + (size_t)k * 4) < 0)
+			break;
+		if (!more)
+			break;
+	} while (1);
+	free(ids);
+}
+
+void handle_tokenize(struct client *c, const struct ipc_frame *f)
+{
+	struct ipc_tokenize_msg m;
+	int r = ipc_decode_tokenize(f, &m);
+	uint64_t rid = f->hdr.request_id;
+
+	if (r < 0) {
+		sock_error(c, rid, r, "malformed TOKENIZE: %s", strerror(-r));
+		return;
+	}
+	bool in_ring = m.t.tok_flags & IPC_TOK_TEXT_IN_RING;
+	if (m.t.text_bytes > c->srv->cfg.max_prompt_bytes) {
+		refuse_upload(c, rid, in_ring ? m.t.text_bytes : 0, IPC_ERR_LIMIT,
+			      "text of %u bytes exceeds this server's limit of %" PRIu64 " bytes (server.max_prompt_bytes)",
+			      m.t.text_bytes, c->srv->cfg.max_prompt_bytes);
+		return;
+	}
+	if (in_ring && m.t.text_bytes > 0) {
+		if (upload_add(c, UP_TOKENIZE, rid, m.t.text_bytes, NULL, m.t.tok_flags, 0, NULL) == 0)
+			client_mark_dirty(c);
+		return;
+	}
+	tokenize_reply(c, rid, m.t.tok_flags, m.text ? m.text : "", in_ring ? 0 : m.t.text_bytes);
+}

@@ -1,0 +1,275 @@
+/*
+ * daemon/server_impl.h — what the files of the server share (server.c,
+ * conn.c, stream.c, handlers.c, session.c, admin.c): its limits, its
+ * objects and the functions one file calls in another. Private to daemon/;
+ * everyone else uses server.h.
+ *
+ * Objects and their lifetimes:
+ *   client   one connection: its socket, its shared-memory channel, its
+ *            requests, its text uploads (a FIFO in socket-frame order, as the
+ *            protocol fixes) and its sessions. Freed at the end of the epoll
+ *            batch in which it closed, so no event of the same batch can
+ *            reach freed memory.
+ *   greq     one GENERATE, from the frame to its terminal ring record. Its
+ *            address is its id in the scheduler (unique while it lives, and
+ *            it lives until the scheduler's on_done). Tokens the scheduler
+ *            produces are queued on it and pushed when the ring has room, so
+ *            a slow reader only gets bigger TOKEN records, never a stall of
+ *            the others. When its client goes away it is cancelled at once
+ *            (its pages are freed by kvd_sched_cancel) and freed.
+ *   session  a conversation whose KV the scheduler keeps between turns;
+ *            owned by the user (uid) that opened it, not by a connection, so
+ *            one-shot clients can continue it; closed on request or after
+ *            its idle timeout. A turn whose client goes away is cancelled,
+ *            and the session stays as it was before that turn.
+ */
+#ifndef KVD_SERVER_IMPL_H
+#define KVD_SERVER_IMPL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <time.h>
+
+#include "ipc.h"
+#include "ledger.h"
+#include "sched.h"
+#include "server.h"
+
+#define SRV_MAX_EVENTS       64
+/*
+ * Fairness between the control plane and the streams. One loop turn runs
+ * one scheduler step, which moves every running stream by one token, so
+ * whatever else a turn does delays every stream. Per client and turn, at
+ * most SRV_TURN_FRAMES socket frames and SRV_TURN_BYTES of them are
+ * handled, and SRV_TURN_CLIENT_NS of work, busy or not, so a newcomer's
+ * HELLO or GENERATE waits at most that much per flooding connection even
+ * while no stream runs; the sockets of a turn are read least recently
+ * read first (sort_events), so no connection waits behind the same others
+ * turn after turn. And while
+ * the scheduler has work, the time a client's frames cost is charged
+ * against a share of the step time, kept per user (uid: all of a user's
+ * connections draw on one account, struct user_share): after each step
+ * every user earns SRV_CTL_SHARE_PERMILLE/1000 of the step's duration, and
+ * a user whose frames have cost more than it earned (plus SRV_CTL_BURST_NS
+ * it may run ahead) is not read until it has earned that back. So one user
+ * flooding TOKENIZE (or anything else), over any number of connections,
+ * adds at most about that share to each stream's time per token; an idle
+ * scheduler throttles nobody, and a user sending the odd request never
+ * waits, since it has no debt.
+ */
+#define SRV_TURN_FRAMES        16
+#define SRV_TURN_BYTES         (256u << 10)
+#define SRV_TURN_CLIENT_NS     1000000ull      /* 1 ms of control work per client and turn */
+#define SRV_CTL_SHARE_PERMILLE 30              /* 3% of the step time per user */
+#define SRV_CTL_BURST_NS       10000000ull     /* 10 ms a client may run ahead */
+#define SRV_STATUS_NS        1000000000ull
+#define SRV_EXPIRE_NS        1000000000ull
+#define SRV_FINAL_FLUSH_NS   2000000000ull /* after cancelling on shutdown, wait this long for rings */
+#define SRV_SNDBUF_BYTES     (1 << 20)
+#define SRV_MAX_GROUPS       256
+#define SRV_MAX_SESSIONS_PER_USER 256
+#define SRV_MAX_QUEUED_UPLOADS 64 /* ring uploads a client may announce ahead */
+#define SRV_HELLO_TIMEOUT_NS 10000000000ull /* a connection must say HELLO this soon */
+#define SRV_LINGER_NS        1000000000ull  /* a refused connection stays open this long for its ERROR */
+#define SRV_MAX_LINGERING    64 /* refused connections kept lingering at once; beyond, closed at once */
+
+enum src_kind { SRC_LISTEN = 1, SRC_SIGNAL, SRC_SOCK, SRC_CHAN };
+
+struct ep_src {
+	enum src_kind kind;
+	void *p;
+};
+
+struct client;
+struct session;
+
+enum greq_state { GR_UPLOADING, GR_SCHED };
+
+struct tok_ent {
+	int32_t id;
+	uint32_t text_bytes;
+};
+
+struct greq {
+	struct greq *next, *prev;     /* the client's requests, oldest first */
+	struct client *c;             /* NULL once the client is gone */
+	uint64_t id;                  /* the client's request id */
+	enum greq_state state;
+	struct ipc_generate g;
+	char *system;                 /* NUL-terminated copy */
+	char *stop_buf;
+	const char *stops[IPC_MAX_STOP_STRINGS];
+	struct session *sess;
+	struct kvd_ledger_who who;    /* the requester, as admitted (outlives c) */
+	struct kvd_request *rq;       /* its text stream, from submit on */
+	bool cancel_on_upload;        /* CANCEL arrived while uploading */
+	bool shutdown;                /* ended by the daemon's shutdown */
+	uint64_t t_recv, t_submit;
+	/* stream, queued until the ring takes it */
+	struct tok_ent *toks;
+	uint32_t n_toks, cap_toks, n_sent;
+	char *text;
+	uint32_t text_bytes, text_cap;
+	bool finished;                /* on_done seen: `done` is the terminal record */
+	struct ipc_done done;
+};
+
+enum upload_kind { UP_GENERATE, UP_TOKENIZE, UP_DISCARD };
+
+struct upload {
+	struct upload *next;
+	enum upload_kind kind;
+	uint64_t req_id;
+	uint32_t total, got;
+	char *buf;                    /* total + 1 bytes (NUL-terminated) */
+	struct greq *gr;              /* UP_GENERATE */
+	uint32_t tok_flags;           /* UP_TOKENIZE */
+	int32_t err_code;             /* UP_DISCARD: the ERROR to send once consumed */
+	char err_msg[256];
+};
+
+struct session {
+	struct session *next;         /* the server's sessions */
+	uint64_t id;
+	uint32_t idle_timeout_s;
+	uint64_t last_used_ns;
+	uint32_t turns;               /* completed turns */
+	struct greq *busy;            /* a turn in flight */
+	uid_t owner;                  /* SO_PEERCRED uid of the client that opened it */
+	uint64_t opener;              /* id of the connection that opened it */
+};
+
+/* One user's (uid's) share of the event loop: all its connections draw on
+ * one account, so opening more connections buys no more loop time. */
+struct user_share {
+	struct user_share *next;
+	uid_t uid;
+	uint32_t refs;                /* connections pointing here */
+	uint64_t ctl_until;           /* control time used, on srv->ctl_earned_ns's scale */
+};
+
+struct client {
+	struct client *next, *prev;
+	struct kvd_server *srv;
+	struct ep_src sock_src, chan_src;
+	int fd;
+	uint64_t id;
+	struct ipc_peer_cred cred;
+	struct ipc_chan *chan;
+	bool welcomed;
+	bool closing;
+	bool lingering;               /* sent a connection ERROR; closing soon */
+	bool admitted;                /* holds one of the max_clients slots */
+	bool admin;                   /* root or a member of server.admin_groups */
+	uint64_t t_accept;
+	uint64_t last_active_ns;      /* last frame received (idle timeout) */
+	struct user_share *share;     /* its user's share of the loop (fairness) */
+	bool sock_paused;             /* over its share: socket out of epoll's read set */
+	uint64_t turn;                /* the loop turn turn_ns counts; last turn it was read */
+	uint64_t turn_ns;             /* control time used in that turn */
+	uint64_t linger_deadline;
+	struct greq *reqs, *reqs_tail;
+	uint32_t n_inflight;
+	struct upload *up_head, *up_tail;
+	uint32_t n_uploads;
+	uint32_t tx_need;             /* payload bytes of the record that did not fit; 0: none */
+	bool dirty;
+	struct client *dirty_next;
+	struct client *free_next;
+};
+
+struct kvd_server {
+	struct kvd_config cfg;
+	struct kvd_engine *e;
+	struct kvmm *kv;
+	const struct kvd_tokenizer *tok;
+	struct kvd_sched *sched;
+	struct kvd_server_hooks hooks;
+	int ep;
+	int listen_fd;
+	int sig_fd;
+	struct ep_src listen_src, sig_src;
+	struct client *clients;
+	uint32_t n_clients;           /* every connection, lingering ones too */
+	uint32_t n_admitted;          /* connections holding a slot */
+	uint32_t n_lingering;
+	uint64_t ctl_earned_ns;       /* control time each client has earned (fairness) */
+	uint32_t n_paused;            /* clients with sock_paused */
+	uint64_t turn;                /* loop turns so far */
+	struct user_share *shares;    /* one per uid with a connection */
+	struct client *dirty;
+	struct client *to_free;
+	uint64_t next_client_id, next_session_id;
+	struct session *sessions;     /* owned by users, not connections */
+	uint32_t n_sessions;
+	uint32_t n_uploading;
+	uint32_t n_ctx;
+	void *rxbuf;                  /* IPC_MAX_FRAME_BYTES, 8-aligned */
+	struct kvd_ledger *ledger;
+	/* counters */
+	uint64_t t_start;
+	uint64_t requests_rejected;
+	uint64_t prompt_tokens_total, generated_tokens_total;
+	/* systemd */
+	uint64_t watchdog_ns, next_watchdog, next_status, next_expire;
+	char last_status[256];
+	uint64_t accept_paused_until; /* 0: accepting */
+	/* shutdown */
+	bool stopping, cancelled_all;
+	/* fault injection for tests (kvd_server_hooks.fault_peercred) */
+	bool fault_peercred;
+	uint64_t drain_deadline, final_deadline;
+};
+
+static inline uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- conn.c: connections ------------------------------------------------- */
+int ep_add(struct kvd_server *srv, int fd, struct ep_src *src);
+int sock_send(struct client *c, uint16_t type, uint32_t flags, uint64_t rid, const void *p, size_t n);
+void sock_error(struct client *c, uint64_t rid, int32_t code, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+bool peer_allowed(struct kvd_server *srv, int fd, const struct ipc_peer_cred *cr);
+bool peer_is_admin(struct kvd_server *srv, int fd, const struct ipc_peer_cred *cr);
+void handle_accept(struct kvd_server *srv);
+void client_linger(struct client *c, const char *why);
+void client_close(struct client *c, const char *why);
+void free_closed(struct kvd_server *srv);
+void resume_paused(struct kvd_server *srv);
+void handle_sock(struct client *c, uint32_t events);
+
+/* ---- stream.c: the stream back to clients, uploads ----------------------- */
+struct greq *greq_free(struct greq *gr);
+void greq_unlink(struct client *c, struct greq *gr);
+struct greq *greq_find(struct client *c, uint64_t id);
+enum kvd_token_verdict on_token(void *ud, uint64_t req_id, int32_t token, enum kvd_finish ending);
+int sched_is_eog(void *ud, int32_t token);
+void on_done(void *ud, uint64_t req_id, const struct kvd_request_result *res);
+void client_service(struct client *c);
+void client_mark_dirty(struct client *c);
+void flush_dirty(struct kvd_server *srv);
+
+/* ---- handlers.c: GENERATE, CANCEL, TOKENIZE ------------------------------ */
+void upload_free(struct upload *u);
+void upload_done(struct client *c);
+void handle_generate(struct client *c, const struct ipc_frame *f);
+void handle_cancel(struct client *c, uint64_t rid);
+void handle_tokenize(struct client *c, const struct ipc_frame *f);
+
+/* ---- session.c: sessions and timeouts ------------------------------------ */
+void session_free(struct kvd_server *srv, struct session *s);
+void handle_session_open(struct client *c, const struct ipc_frame *f);
+void handle_session_close(struct client *c, const struct ipc_frame *f);
+void expire_sessions(struct kvd_server *srv, uint64_t t);
+void on_session_expired(void *ud, uint64_t session);
+
+/* ---- admin.c: STATS, PS -------------------------------------------------- */
+void fill_stats(struct kvd_server *srv, struct ipc_stats *st);
+void handle_ps(struct client *c, uint64_t rid);
+
+#endif
