@@ -35,10 +35,19 @@
 #define ATTN_CHUNK 128 /* positions per attention chunk (see attention()) */
 #define ATTN_TILE 8    /* tokens of one sequence sharing a pass over K/V */
 
+/* The departures from the Llama base this forward pass computes (see
+ * kernels/backend.h); sliding-window attention is not among them yet. The
+ * Llama path is unchanged by them: each applies only when the model's
+ * description uses it. */
+#define CPU_FEATURES (KVD_FEAT_QKV_BIAS | KVD_FEAT_QK_NORM | KVD_FEAT_POST_NORM | KVD_FEAT_GELU | \
+		      KVD_FEAT_LAYER_ROPE | KVD_FEAT_ROPE_FREQS | KVD_FEAT_ROPE_LINEAR | KVD_FEAT_EMBD_SCALE | \
+		      KVD_FEAT_ATTN_SCALE)
+
 struct cpu_ctx {
 	struct tp *pool;
 	struct cpu_kernels k;
 	const struct kvd_model_weights *w;
+	float attn_scale; /* Q.K multiplier: hp.attn_scale, or 1/sqrt(head_dim) */
 	struct kvd_paged_view kv;
 	int kv_attached;
 
@@ -238,13 +247,16 @@ static void cpu_destroy(void *ctx)
 static int cpu_load(void *ctx, const struct kvd_model_weights *w)
 {
 	struct cpu_ctx *c = ctx;
+	int r;
 
 	/* attention keeps one running max per query head of a group: <= 64 */
-	if (kvd_model_weights_check(w, 64) < 0)
-		return -EINVAL;
+	r = kvd_model_weights_check_features(w, 64, CPU_FEATURES);
+	if (r < 0)
+		return r == -ENOTSUP ? r : -EINVAL;
 	free_packed(c);
 	c->w = NULL;
-	int r = pack_weights(c, w);
+	c->attn_scale = w->hp.attn_scale > 0 ? w->hp.attn_scale : 1.0f / sqrtf((float)w->hp.head_dim);
+	r = pack_weights(c, w);
 	if (r < 0) {
 		free_packed(c);
 		return r;
@@ -519,6 +531,20 @@ static void rope_table(float *cs, int hd, int pos, float theta_base)
 	}
 }
 
+/* The same with a layer's RoPE: positions times pos_scale (linear scaling),
+ * pair i's frequency divided by freq_factors[i] (Llama 3.x rope_freqs; NULL
+ * for none). */
+static void rope_table_ext(float *cs, int hd, int pos, float theta_base, float pos_scale, const float *freq_factors)
+{
+	for (int i = 0; i < hd / 2; i++) {
+		double th = (double)pos * pos_scale * pow((double)theta_base, -2.0 * i / hd);
+		if (freq_factors)
+			th /= freq_factors[i];
+		cs[2 * i] = (float)cos(th);
+		cs[2 * i + 1] = (float)sin(th);
+	}
+}
+
 /* Rotate the pairs of one head vector by a token's rope table. */
 static void rope_head(float *v, int hd, const float *tab, enum kvd_rope_style style)
 {
@@ -553,6 +579,22 @@ static void rope_store_worker(void *arg, int ith, int nth)
 		int pos = c->tok_pos[t];
 		float *q = c->q + (int64_t)t * qd, *k = c->kk + (int64_t)t * kvd, *v = c->vv + (int64_t)t * kvd;
 		const float *tab = c->rope + (int64_t)t * hd;
+		const struct kvd_layer_weights *Lw = &c->w->layers[s->layer];
+		if (Lw->bq.data) {
+			const float *bq = Lw->bq.data, *bk = Lw->bk.data, *bv = Lw->bv.data;
+			for (int i = 0; i < qd; i++)
+				q[i] += bq[i];
+			for (int i = 0; i < kvd; i++) {
+				k[i] += bk[i];
+				v[i] += bv[i];
+			}
+		}
+		if (Lw->q_norm.data) {
+			for (int h = 0; h < hp->n_head; h++)
+				rmsnorm_row(q + h * hd, q + h * hd, Lw->q_norm.data, hd, hp->rms_eps);
+			for (int h = 0; h < hp->n_head_kv; h++)
+				rmsnorm_row(k + h * hd, k + h * hd, Lw->k_norm.data, hd, hp->rms_eps);
+		}
 		for (int h = 0; h < hp->n_head; h++)
 			rope_head(q + h * hd, hd, tab, hp->rope_style);
 		for (int h = 0; h < hp->n_head_kv; h++)
@@ -612,7 +654,7 @@ static void attn_chunk(const struct cpu_ctx *c, const struct step *s, int t, int
 	const struct kvd_hparams *hp = &c->w->hp;
 	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv, qd = hp->n_head * hd;
 	const float *q = c->q + (int64_t)t * qd + (int64_t)g * n_rep * hd;
-	float scale = 1.0f / sqrtf((float)hd);
+	float scale = c->attn_scale;
 	int n = p1 - p0;
 	const uint16_t *kp[ATTN_CHUNK], *vp[ATTN_CHUNK];
 
@@ -792,7 +834,7 @@ static void attn_tile_item(void *arg, uint32_t k, int tid)
 	int t0 = a->first[ti], nt = a->first[ti + 1] - t0;
 	int last = c->tok_pos[t0 + nt - 1], nc = n_chunks(last);
 	const struct kvd_batch_seq *sq = &s->b->seqs[c->tok_seq[t0]];
-	float scale = 1.0f / sqrtf((float)hd);
+	float scale = c->attn_scale;
 	float *kscr = c->scores + (size_t)tid * attn_scratch_per(c, c->cap_chunks);
 	float *part = kscr + (size_t)ATTN_CHUNK * ATTN_TILE * n_rep;
 	size_t tok_stride = (size_t)c->cap_chunks * n_rep * (hd + 2);
@@ -907,6 +949,7 @@ struct swiglu_job {
 	struct cpu_ctx *c;
 	int T;
 	int quantize;
+	int gelu;
 };
 
 static void swiglu_worker(void *arg, int ith, int nth)
@@ -917,7 +960,15 @@ static void swiglu_worker(void *arg, int ith, int nth)
 	for (int t = ith; t < j->T; t += nth) {
 		float *g = c->gate + t * n;
 		const float *u = c->up + t * n;
-		c->k.swiglu(g, u, n);
+		if (j->gelu) {
+			/* GeGLU: tanh-approximated GELU of the gate times up */
+			for (int64_t i = 0; i < n; i++) {
+				float x = g[i];
+				g[i] = 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x))) * u[i];
+			}
+		} else {
+			c->k.swiglu(g, u, n);
+		}
 		if (j->quantize)
 			c->k.quantize_q8(g, c->xq + t * q8_row_len(n), n);
 	}
@@ -969,15 +1020,36 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 			rope_table(c->rope + (int64_t)t * hp->head_dim, hp->head_dim, s->pos0 + j, hp->rope_theta);
 			dequantize_row(w->tok_embd.type, (const char *)w->tok_embd.data +
 				       (size_t)s->tokens[j] * w->tok_embd.row_bytes, c->x + (int64_t)t * hp->n_embd, hp->n_embd);
+			if (w->features & KVD_FEAT_EMBD_SCALE)
+				for (int64_t e = 0; e < hp->n_embd; e++)
+					c->x[(int64_t)t * hp->n_embd + e] *= hp->embd_scale;
 		}
 	}
 
 	int64_t ne = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim, kvd = (int64_t)hp->n_head_kv * hp->head_dim;
 	int64_t nff = hp->n_ff;
+	/* the RoPE table in c->rope is for (rope_th, rope_sc): recomputed at a
+	 * layer whose RoPE differs (never for a Llama-base model) */
+	int rope_ext = (w->features & (KVD_FEAT_LAYER_ROPE | KVD_FEAT_ROPE_FREQS | KVD_FEAT_ROPE_LINEAR)) != 0;
+	float rope_th = hp->rope_theta, rope_sc = 1.0f;
+	int rope_fresh = !rope_ext;
 	for (int l = 0; l < hp->n_layer; l++) {
 		const struct kvd_layer_weights *L = &w->layers[l];
 		const void *const *pk = c->packed + (size_t)l * PK_PER_LAYER;
 		struct step st = {c, b, T, l};
+
+		if (rope_ext) {
+			float th = L->d.rope_theta > 0 ? L->d.rope_theta : hp->rope_theta;
+			float sc = L->d.rope_freq_scale > 0 ? L->d.rope_freq_scale : 1.0f;
+			if (!rope_fresh || th != rope_th || sc != rope_sc) {
+				for (int u = 0; u < T; u++)
+					rope_table_ext(c->rope + (int64_t)u * hp->head_dim, hp->head_dim, c->tok_pos[u], th, sc,
+						       w->rope_freqs.data);
+				rope_th = th;
+				rope_sc = sc;
+				rope_fresh = 1;
+			}
+		}
 
 		norm_rows(c, &L->attn_norm, T, 1);
 		struct mm_multi qkv = {
@@ -997,6 +1069,10 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 		/* output projection, added to the residual */
 		quantize_rows(c, c->att, qd, c->xq, q8_row_len(qd), T, qd);
 		matmul(c, &L->wo, pk[PK_O], T, c->att, qd, c->xq, q8_row_len(qd), c->xn, ne);
+		if (L->post_attn_norm.data)
+			for (int u = 0; u < T; u++)
+				rmsnorm_row(c->xn + (int64_t)u * ne, c->xn + (int64_t)u * ne, L->post_attn_norm.data, ne,
+					    hp->rms_eps);
 		for (int64_t i = 0; i < (int64_t)T * ne; i++)
 			c->x[i] += c->xn[i];
 
@@ -1009,9 +1085,13 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 			.n = 2,
 		};
 		mm_run(c, &gu);
-		struct swiglu_job sj = {c, T, wtype_is_quantized(L->w_down.type)};
+		struct swiglu_job sj = {c, T, wtype_is_quantized(L->w_down.type), L->d.act == KVD_ACT_GELU_TANH};
 		run_rows(c, swiglu_worker, &sj, T);
 		matmul(c, &L->w_down, pk[PK_DOWN], T, c->gate, nff, c->xq, q8_row_len(nff), c->xn, ne);
+		if (L->post_ffn_norm.data)
+			for (int u = 0; u < T; u++)
+				rmsnorm_row(c->xn + (int64_t)u * ne, c->xn + (int64_t)u * ne, L->post_ffn_norm.data, ne,
+					    hp->rms_eps);
 		for (int64_t i = 0; i < (int64_t)T * ne; i++)
 			c->x[i] += c->xn[i];
 	}
@@ -1099,6 +1179,7 @@ static int cpu_page_write(void *ctx, uint32_t page, const void *host_src)
 const struct kvd_backend_ops kvd_cpu_backend = {
 	.name = "cpu",
 	.version = KVD_BACKEND_ABI_VERSION,
+	.features = CPU_FEATURES,
 	.init = cpu_init,
 	.load = cpu_load,
 	.attach_kv = cpu_attach_kv,

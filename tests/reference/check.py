@@ -31,7 +31,9 @@ Parts
             and one inside does; gemma3's global layer sees the whole prompt.
             The engine: a model whose features the CPU backend does not
             implement must be refused with the feature named; one it
-            accepts is compared with the reference as in "tiny".
+            accepts is compared with the reference as in "tiny" (also on
+            AVX2 and portable C) and checked for invariance as in
+            "inv-tiny".
   isa       the CPU backend forced to AVX2 (KVD_CPU_NO_AVX512) and to portable
             C (KVD_CPU_GENERIC) on several tiny models, and AVX2 on one real
             prompt (with "real"): the same comparison with the reference.
@@ -446,6 +448,14 @@ def part_arch(eng, tiny_dir, stats):
         q = is_quantized(m)
         tol, tie = (TOL_QTINY, TIE_QTINY) if q else (TOL_FLOAT, TIE_FLOAT)
         fails += compare("arch-%s, %d-token prompt" % (name, len(prompt)), m, r, tol, tie, stats, "arch-" + name)
+        # the other instruction sets against the reference, then invariance
+        for isa, env in ISA_VARIANTS:
+            ri = eng.run(path, tokens=prompt, n_predict=N_TINY, env=env)[0]
+            fails += compare("arch-%s %s" % (name, isa), m, ri, tol, tie, stats, "arch-%s-%s" % (name, isa))
+        prompts = tiny_prompts(m.n_vocab, name)
+        base = [eng.run(path, tokens=p, n_predict=N_TINY)[0] for p in prompts]
+        f, n = invariance(eng, path, "arch-" + name, prompts[2:], base[2:], N_TINY, prompts, base)
+        fails += f
     return fails
 
 
