@@ -36,12 +36,9 @@
 #define ATTN_TILE 8    /* tokens of one sequence sharing a pass over K/V */
 
 /* The departures from the Llama base this forward pass computes (see
- * kernels/backend.h); sliding-window attention is not among them yet. The
- * Llama path is unchanged by them: each applies only when the model's
- * description uses it. */
-#define CPU_FEATURES (KVD_FEAT_QKV_BIAS | KVD_FEAT_QK_NORM | KVD_FEAT_POST_NORM | KVD_FEAT_GELU | \
-		      KVD_FEAT_LAYER_ROPE | KVD_FEAT_ROPE_FREQS | KVD_FEAT_ROPE_LINEAR | KVD_FEAT_EMBD_SCALE | \
-		      KVD_FEAT_ATTN_SCALE)
+ * kernels/backend.h): all of them. The Llama path is unchanged by them:
+ * each applies only when the model's description uses it. */
+#define CPU_FEATURES KVD_FEAT_ALL
 
 struct cpu_ctx {
 	struct tp *pool;
@@ -868,10 +865,44 @@ static void attn_tile_item(void *arg, uint32_t k, int tid)
 	}
 }
 
+/* A sliding-window layer: token t at pos sees positions lo = max(0, pos -
+ * window + 1) .. pos, in the same absolute chunks as full attention with
+ * the first clipped at lo (so the arithmetic depends on positions only, as
+ * everywhere); whole (token, KV head) items per thread. */
+static void attn_worker_window(void *arg, int ith, int nth)
+{
+	const struct step *s = arg;
+	struct cpu_ctx *c = s->c;
+	const struct kvd_hparams *hp = &c->w->hp;
+	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv;
+	int W = c->w->layers[s->layer].d.window;
+	int n_items = s->T * hp->n_head_kv;
+	float *sc = c->scores + (size_t)ith * attn_scratch_per(c, c->cap_chunks);
+	float *po = sc + (size_t)n_rep * ATTN_CHUNK;
+	struct attn_part *pm = (struct attn_part *)(po + (size_t)n_rep * hd * (size_t)c->cap_chunks);
+
+	for (int it = ith; it < n_items; it += nth) {
+		int t = it / hp->n_head_kv, g = it % hp->n_head_kv;
+		int pos = c->tok_pos[t], lo = pos - W + 1 > 0 ? pos - W + 1 : 0;
+		int ci0 = lo / ATTN_CHUNK, nc = n_chunks(pos);
+		for (int ci = ci0; ci < nc; ci++) {
+			int p0 = ci * ATTN_CHUNK > lo ? ci * ATTN_CHUNK : lo;
+			attn_chunk(c, s, t, g, p0, chunk_end(ci, pos), pm + (size_t)(ci - ci0) * n_rep,
+				   po + (size_t)(ci - ci0) * n_rep * hd, sc);
+		}
+		attn_merge(c, t, g, nc - ci0, pm, po);
+	}
+}
+
 static int attention(struct cpu_ctx *c, const struct step *s)
 {
 	const struct kvd_hparams *hp = &c->w->hp;
 	int n_items = s->T * hp->n_head_kv, nth = tp_size(c->pool);
+
+	if (c->w->layers[s->layer].d.window > 0) {
+		tp_run(c->pool, attn_worker_window, (void *)s);
+		return 0;
+	}
 
 	if (n_items >= 2 * nth && c->attn_rows) {
 		int nt = 0;
