@@ -160,7 +160,7 @@ int kvd_request_render_turns(const struct kvd_tokenizer *tok, const char *turns,
 			return why_set(why, why_cap, n, "%d chat turns; at most %u are allowed", k, IPC_MAX_CHAT_TURNS);
 		if (k == 0)
 			return why_set(why, why_cap, n, "the conversation has no turns");
-		return why_set(why, why_cap, n, "the last chat turn is a %s turn; it must be a user turn",
+		return why_set(why, why_cap, n, "the last chat turn is the %s's; it must be the user's",
 			       ipc_chat_role_name(t.role));
 	}
 	msgs = calloc((size_t)n, sizeof(*msgs));
