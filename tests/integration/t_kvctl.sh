@@ -64,7 +64,7 @@ HAVE_CHAT_JSON=1
 printf '[{"role":"user","content":"hi"}]' | "$KVCTL" --socket "$T/none.sock" chat >/dev/null 2>"$T/err"
 if grep -q "built without jansson" "$T/err"; then
 	HAVE_CHAT_JSON=0
-	echo "SKIP (part): kvctl was built without jansson (libjansson-dev): 'kvctl chat' checks left out"
+	echo "skipped: the kvctl chat checks: kvctl was built without jansson (install libjansson-dev)"
 else
 	chat_in '[{"role":"user","content":"hi"}' 2 "bad JSON"
 	grep -q "line 1, column" "$T/err" || fail "chat, bad JSON: $(cat "$T/err")"
