@@ -86,15 +86,16 @@ extern "C" {
 /* ---- version ----------------------------------------------------------- */
 
 #define KVC_VERSION_MAJOR 0
-#define KVC_VERSION_MINOR 1
+#define KVC_VERSION_MINOR 2
 #define KVC_VERSION_PATCH 0
-#define KVC_VERSION_STRING "0.1.0"
-/* One number, comparable: (major << 16) | (minor << 8) | patch. */
+#define KVC_VERSION_STRING "0.2.0"
+/* One number, comparable: (major << 16) | (minor << 8) | patch.
+ * 0.2.0 added conversations (kvc_gen_params.messages, struct kvc_chat_msg). */
 #define KVC_VERSION ((KVC_VERSION_MAJOR << 16) | (KVC_VERSION_MINOR << 8) | KVC_VERSION_PATCH)
 
 /* The version of the library actually loaded, as KVC_VERSION. */
 KVC_EXPORT unsigned kvc_version(void);
-/* The same as a string ("0.1.0"); static, never NULL. */
+/* The same as a string ("0.2.0"); static, never NULL. */
 KVC_EXPORT const char *kvc_version_string(void);
 
 /* ---- error codes (besides negative errno values) -------------------------- */
