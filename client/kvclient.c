@@ -764,7 +764,7 @@ static int encode_turns(const kvc_client *c, const struct kvc_gen_params *p, cha
 	ssize_t n;
 	char *buf = NULL;
 
-	if (!p->messages)
+	if (!p->messages || p->n_messages == 0) /* one without the other: an empty conversation */
 		return -EINVAL;
 	if (p->n_messages > KVC_MAX_CHAT_MSGS)
 		return -E2BIG;

@@ -247,7 +247,7 @@ struct kvc_gen_params {
  * render to the same tokens each time, so the daemon finds them in its
  * prefix cache (kvc_result.cached_tokens grows with the conversation)
  * without keeping any state for it. Refused before anything is sent, with
- * -EINVAL: a NULL messages with n_messages > 0, a NULL role or content, a
+ * -EINVAL: messages without n_messages or the reverse, a NULL role or content, a
  * role other than "system", "user", "assistant", a last message that is
  * not "user", a prompt as well, system, session_id or KVC_GEN_RAW /
  * KVC_GEN_PARSE_SPECIAL set with them (the system prompt is a "system"

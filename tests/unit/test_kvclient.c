@@ -883,6 +883,9 @@ static void test_chat_messages(void **state)
 	assert_int_equal(kvc_generate(c, NULL, 0, &q, NULL, NULL, NULL), -EINVAL);
 	q = p; q.messages = NULL; q.n_messages = 2;
 	assert_int_equal(kvc_generate(c, NULL, 0, &q, NULL, NULL, NULL), -EINVAL);
+	q = p; q.messages = conv; q.n_messages = 0; /* an empty conversation, not a prompt */
+	assert_int_equal(kvc_generate(c, NULL, 0, &q, NULL, NULL, NULL), -EINVAL);
+	assert_int_equal(kvc_generate(c, "hello", KVC_NTS, &q, NULL, NULL, NULL), -EINVAL);
 	q = p; q.messages = conv; q.n_messages = 3; /* ends with the assistant's */
 	assert_int_equal(kvc_generate(c, NULL, 0, &q, NULL, NULL, NULL), -EINVAL);
 	const struct kvc_chat_msg tool[] = { { "tool", "42" }, { "user", "x" } };
