@@ -64,6 +64,13 @@ $(BUILD)/obj/daemon/%.o: INC := -iquote daemon/model -iquote kernels -iquote kvm
 $(BUILD)/obj/daemon/model/%.o: INC := -iquote kernels
 $(BUILD)/obj/client/%.o: INC := -iquote ipc
 $(BUILD)/obj/client/kvctl/%.o: INC := -iquote client
+# kvctl chat reads its JSON conversation with jansson (the library kvd-http
+# uses) when pkg-config finds it; without it kvctl still builds and the
+# command says what is missing.
+KVCTL_JSON := $(shell pkg-config --exists jansson 2>/dev/null && echo y)
+KVCTL_JSON_CFLAGS := $(if $(KVCTL_JSON),-DKVCTL_HAVE_JANSSON $(shell pkg-config --cflags jansson))
+KVCTL_JSON_LIBS := $(if $(KVCTL_JSON),$(shell pkg-config --libs jansson))
+$(BUILD)/obj/client/kvctl/chat.o: INC := -iquote client $(KVCTL_JSON_CFLAGS)
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 
@@ -157,7 +164,7 @@ $(BUILD)/tests/kvd-faulty: $(BUILD)/obj/daemon/main-faulty.o $(CORE_LIBS)
 
 $(BUILD)/bin/kvctl: $(call obj,$(KVCTL_SRC)) $(LIBCLIENT_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS_ALL) -o $@ $^ -lm
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(KVCTL_JSON_LIBS) -lm
 
 # kvd-http, the OpenAI-compatible HTTP gateway: built on libkvclient only
 # (its sources see client/kvclient.h and system headers), with libmicrohttpd,

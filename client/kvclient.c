@@ -753,8 +753,71 @@ const char *kvc_req_state_name(int state)
 	return ipc_req_state_name((uint32_t)state);
 }
 
+static_assert(KVC_MAX_CHAT_MSGS == IPC_MAX_CHAT_TURNS, "message count limit is the wire's");
+static_assert(sizeof(void *) != 8 || sizeof(struct kvc_gen_params) == 136, "kvc_gen_params keeps its size");
+
+/* The conversation in p as the wire's turn list, in a fresh buffer
+ * (*ret, free()d by the caller); its size in *ret_len. */
+static int encode_turns(const kvc_client *c, const struct kvc_gen_params *p, char **ret, size_t *ret_len)
+{
+	struct ipc_chat_turn *t;
+	ssize_t n;
+	char *buf = NULL;
+
+	if (!p->messages || p->n_messages == 0) /* one without the other: an empty conversation */
+		return -EINVAL;
+	if (p->n_messages > KVC_MAX_CHAT_MSGS)
+		return -E2BIG;
+	if ((p->flags & (KVC_GEN_RAW | KVC_GEN_PARSE_SPECIAL)) || p->system || p->session_id)
+		return -EINVAL;
+	if (c->info.server_version < IPC_CHAT_TURNS_SERVER_VERSION)
+		return -EOPNOTSUPP;
+	t = calloc(p->n_messages, sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	for (size_t i = 0; i < p->n_messages; i++) {
+		const struct kvc_chat_msg *m = &p->messages[i];
+		if (!m->role || !m->content) {
+			n = -EINVAL;
+			goto out;
+		}
+		size_t len = strlen(m->content);
+		if (len > IPC_MAX_TEXT_BYTES) {
+			n = -E2BIG;
+			goto out;
+		}
+		t[i] = (struct ipc_chat_turn){ ipc_chat_role_parse(m->role, strlen(m->role)), (uint32_t)len, m->content };
+		if (!t[i].role) {
+			n = -EINVAL;
+			goto out;
+		}
+	}
+	if (t[p->n_messages - 1].role != IPC_CHAT_USER) {
+		n = -EINVAL;
+		goto out;
+	}
+	n = ipc_chat_turns_encode(NULL, 0, t, p->n_messages);
+	if (n < 0)
+		goto out;
+	if ((size_t)n > c->info.max_prompt_bytes) {
+		n = -E2BIG;
+		goto out;
+	}
+	buf = malloc((size_t)n);
+	if (!buf) {
+		n = -ENOMEM;
+		goto out;
+	}
+	ipc_chat_turns_encode(buf, (size_t)n, t, p->n_messages);
+	*ret = buf;
+	*ret_len = (size_t)n;
+out:
+	free(t);
+	return n < 0 ? (int)n : 0;
+}
+
 static int build_generate(const kvc_client *c, const char *prompt, size_t len, const struct kvc_gen_params *p,
-			  struct ipc_generate_msg *m)
+			  bool turns, struct ipc_generate_msg *m)
 {
 	memset(m, 0, sizeof(*m));
 	if (p->flags & ~(KVC_GEN_RAW | KVC_GEN_WANT_IDS | KVC_GEN_PARSE_SPECIAL))
@@ -769,7 +832,7 @@ static int build_generate(const kvc_client *c, const char *prompt, size_t len, c
 		return -E2BIG;
 	if (p->max_tokens > c->info.max_tokens && c->info.max_tokens)
 		return -E2BIG;
-	m->g.gen_flags = p->flags;
+	m->g.gen_flags = p->flags | (turns ? IPC_GEN_CHAT_TURNS : 0);
 	m->g.max_tokens = p->max_tokens;
 	m->g.temperature = p->temperature;
 	m->g.top_p = p->top_p;
@@ -824,17 +887,32 @@ int kvc_request_start(kvc_client *c, const char *prompt, size_t prompt_len, cons
 		prompt = "";
 	if (prompt_len == KVC_NTS)
 		prompt_len = strlen(prompt);
-	int r = build_generate(c, prompt, prompt_len, p, &m);
-	if (r < 0)
+	char *turns = NULL; /* the conversation, encoded: sent as the prompt */
+	bool with_turns = p->n_messages > 0 || p->messages;
+	if (with_turns) {
+		if (prompt_len)
+			return -EINVAL;
+		int e = encode_turns(c, p, &turns, &prompt_len);
+		if (e < 0)
+			return e;
+		prompt = turns;
+	}
+	int r = build_generate(c, prompt, prompt_len, p, with_turns, &m);
+	if (r < 0) {
+		free(turns);
 		return r;
+	}
 	kvc_request *q = calloc(1, sizeof(*q));
-	if (!q)
+	if (!q) {
+		free(turns);
 		return -ENOMEM;
+	}
 	q->c = c;
 	q->id = ++c->next_id;
 	r = (int)ipc_encode_generate(c->txbuf, IPC_MAX_FRAME_BYTES, q->id, &m);
 	if (r < 0) {
 		free(q);
+		free(turns);
 		return r == -EBADMSG || r == -EPROTO ? -EINVAL : r;
 	}
 	/* Send the checked payload through the regular path, which adds the
@@ -848,6 +926,7 @@ int kvc_request_start(kvc_client *c, const char *prompt, size_t prompt_len, cons
 	r = send_frame(c, IPC_MSG_GENERATE, q->id, &v, 1, deadline_in(c->timeout_ms));
 	if (r == 0 && (m.g.gen_flags & IPC_GEN_PROMPT_IN_RING))
 		r = upload(c, q->id, prompt, prompt_len);
+	free(turns);
 	if (r < 0) {
 		kvc_request_finish(q);
 		return r;
