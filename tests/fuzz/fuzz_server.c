@@ -37,10 +37,11 @@
  * connection ended, or stayed open without answering the final PING within
  * SYNC_MS, a fresh client must get WELCOME and PONG within LIVENESS_MS, or
  * the input is reported as a hang (trap); after a command 6 that check runs
- * while the hostile connection is still open, its attack in place. Every QUIET_EVERY inputs the
- * daemon must be back to no running request, no session (those seen are
- * closed first; the idle timeout is 1 s here for the rest), no page in use and no client but the one asking:
- * connections, requests, sessions and pages do not leak.
+ * while the hostile connection is still open, its attack in place. Every
+ * QUIET_EVERY inputs the daemon must be back to no running request, no
+ * session (those seen are closed first; the idle timeout is 1 s here for
+ * the rest), no page in use and no client but the one asking: connections,
+ * requests, sessions and pages do not leak.
  */
 #include <errno.h>
 #include <fcntl.h>
