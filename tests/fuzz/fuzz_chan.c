@@ -9,8 +9,9 @@
  * zeroed file of that size: [u32 offset][u16 length][bytes], in order.
  * The file is sealed as the server seals it, and attached with one end
  * of a fresh AF_UNIX datagram socket pair as the wake-up socket (the other
- * end plays the server's, so wake-ups the client sends land somewhere). The seed corpus holds real channels (KVD_FUZZ_WRITE_SEEDS=DIR
- * writes them: ipc_chan_create() plus server records, as patches).
+ * end plays the server's, so wake-ups the client sends land somewhere).
+ * The seed corpus holds real channels (KVD_FUZZ_WRITE_SEEDS=DIR writes
+ * them: ipc_chan_create() plus server records, as patches).
  *
  * Promises checked: attach either fails with -EBADMSG/-EPROTO (and leaves
  * the fds to the caller) or gives a channel whose reads and writes stay in
