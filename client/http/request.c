@@ -445,9 +445,12 @@ static char *dump(json_t *o)
 	return s;
 }
 
+/* The message may quote the request's bytes (jansson's parse errors do)
+ * and be cut inside a UTF-8 sequence: text_value() keeps it valid JSON. */
 char *http_error_json(const struct http_error *e)
 {
-	return dump(json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", e->message, "type",
+	json_t *msg = text_value(e->message, strlen(e->message));
+	return dump(json_pack("{s:{s:o, s:s, s:s?, s:s?}}", "error", "message", msg, "type",
 			      e->type ? e->type : "invalid_request_error", "param", e->param[0] ? e->param : NULL,
 			      "code", e->code));
 }

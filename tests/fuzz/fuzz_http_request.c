@@ -12,8 +12,9 @@
  * produced it (any bytes, valid UTF-8 or not), and their output must be
  * valid JSON. A broken promise traps.
  *
- * Build and run (from the repository root; clang with libFuzzer, and
- * libjansson-dev):
+ * `make fuzz-build` builds it with the other targets when pkg-config finds
+ * jansson (seeds: tests/fuzz/corpus/fuzz_http_request/). By hand (from the
+ * repository root; clang with libFuzzer, and libjansson-dev):
  *
  *   clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined \
  *       -Iclient/http -Iclient tests/fuzz/fuzz_http_request.c client/http/request.c -ljansson \
