@@ -64,6 +64,13 @@ $(BUILD)/obj/daemon/%.o: INC := -iquote daemon/model -iquote kernels -iquote kvm
 $(BUILD)/obj/daemon/model/%.o: INC := -iquote kernels
 $(BUILD)/obj/client/%.o: INC := -iquote ipc
 $(BUILD)/obj/client/kvctl/%.o: INC := -iquote client
+# kvctl chat reads its JSON conversation with jansson (the library kvd-http
+# uses) when pkg-config finds it; without it kvctl still builds and the
+# command says what is missing.
+KVCTL_JSON := $(shell pkg-config --exists jansson 2>/dev/null && echo y)
+KVCTL_JSON_CFLAGS := $(if $(KVCTL_JSON),-DKVCTL_HAVE_JANSSON $(shell pkg-config --cflags jansson))
+KVCTL_JSON_LIBS := $(if $(KVCTL_JSON),$(shell pkg-config --libs jansson))
+$(BUILD)/obj/client/kvctl/chat.o: INC := -iquote client $(KVCTL_JSON_CFLAGS)
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 
@@ -157,7 +164,7 @@ $(BUILD)/tests/kvd-faulty: $(BUILD)/obj/daemon/main-faulty.o $(CORE_LIBS)
 
 $(BUILD)/bin/kvctl: $(call obj,$(KVCTL_SRC)) $(LIBCLIENT_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS_ALL) -o $@ $^ -lm
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(KVCTL_JSON_LIBS) -lm
 
 # kvd-http, the OpenAI-compatible HTTP gateway: built on libkvclient only
 # (its sources see client/kvclient.h and system headers), with libmicrohttpd,
@@ -221,16 +228,20 @@ asan:
 # FUZZ_SECONDS (tests/fuzz/run.sh: seeds from tests/fuzz/corpus/<target>/, new
 # inputs kept in build-fuzz/corpus/<target>/, crashes in build-fuzz/crashes/);
 # FUZZ_TARGETS="fuzz_frame fuzz_ring" picks some. `make fuzz-build` only builds.
+# fuzz_http_request (kvd-http's request parser, client/http/request.c) needs
+# jansson alone and is built when pkg-config finds it.
 FUZZ_CC      ?= clang
 FUZZ_BUILD   ?= build-fuzz
 FUZZ_SECONDS ?= 60
 FUZZ_SAN     := -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
-FUZZ_BINS     = $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/fuzz/%,$(FUZZ_SRC))
+FUZZ_JANSSON := $(shell pkg-config --exists jansson 2>/dev/null && echo y)
+FUZZ_TARGET_SRC := $(if $(FUZZ_JANSSON),$(FUZZ_SRC),$(filter-out tests/fuzz/fuzz_http_request.c,$(FUZZ_SRC)))
+FUZZ_BINS     = $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/fuzz/%,$(FUZZ_TARGET_SRC))
 .PHONY: fuzz-build
 fuzz-build:
 	$(MAKE) BUILD=$(FUZZ_BUILD) CC=$(FUZZ_CC) OPT="-O1 -g" SAN="$(FUZZ_SAN)" CUDA_SRC= \
 	    WARN="-Wall -Wno-unused-parameter -Wno-unused-command-line-argument" \
-	    $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/fuzz/%,$(FUZZ_SRC))
+	    $(FUZZ_BINS)
 fuzz: fuzz-build
 	FUZZ_BUILD=$(FUZZ_BUILD) tests/fuzz/run.sh $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 # The compute kernels stay uninstrumented gcc objects: clang 14 lacks some
@@ -240,6 +251,18 @@ $(FUZZ_BUILD)/obj/kernels/%.o: override CFLAGS_ALL := $(filter-out -fsanitize=%,
 $(BUILD)/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(CORE_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -fsanitize=fuzzer -o $@ $^ $(LIBS_ALL)
+# kvd-http's parser: its own object (it sees client/http and jansson, as in
+# kvd-http), none of the core libraries.
+FUZZ_JANSSON_CFLAGS = $(shell pkg-config --cflags jansson 2>/dev/null)
+$(BUILD)/obj/tests/fuzz/fuzz_http_request.o: INC := $(INC_ALL) -iquote client/http
+$(BUILD)/obj/tests/fuzz/fuzz_http_request.o: EXTRA_CFLAGS += $(FUZZ_JANSSON_CFLAGS)
+$(BUILD)/obj/fuzz-http/request.o: client/http/request.c Makefile
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE $(OPT) $(SAN) $(WARN) -pthread -iquote client $(FUZZ_JANSSON_CFLAGS) \
+	    -MMD -MP -c $< -o $@
+$(BUILD)/fuzz/fuzz_http_request: $(BUILD)/obj/tests/fuzz/fuzz_http_request.o $(BUILD)/obj/fuzz-http/request.o
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -fsanitize=fuzzer -o $@ $^ $(shell pkg-config --libs jansson 2>/dev/null) -lm
 .PHONY: clean-fuzz
 clean: clean-fuzz
 clean-fuzz:

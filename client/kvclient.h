@@ -86,15 +86,16 @@ extern "C" {
 /* ---- version ----------------------------------------------------------- */
 
 #define KVC_VERSION_MAJOR 0
-#define KVC_VERSION_MINOR 1
+#define KVC_VERSION_MINOR 2
 #define KVC_VERSION_PATCH 0
-#define KVC_VERSION_STRING "0.1.0"
-/* One number, comparable: (major << 16) | (minor << 8) | patch. */
+#define KVC_VERSION_STRING "0.2.0"
+/* One number, comparable: (major << 16) | (minor << 8) | patch.
+ * 0.2.0 added conversations (kvc_gen_params.messages, struct kvc_chat_msg). */
 #define KVC_VERSION ((KVC_VERSION_MAJOR << 16) | (KVC_VERSION_MINOR << 8) | KVC_VERSION_PATCH)
 
 /* The version of the library actually loaded, as KVC_VERSION. */
 KVC_EXPORT unsigned kvc_version(void);
-/* The same as a string ("0.1.0"); static, never NULL. */
+/* The same as a string ("0.2.0"); static, never NULL. */
 KVC_EXPORT const char *kvc_version_string(void);
 
 /* ---- error codes (besides negative errno values) -------------------------- */
@@ -203,6 +204,17 @@ KVC_EXPORT const char *kvc_last_message(const kvc_client *c);
  * refuses the request as a protocol error. */
 #define KVC_GEN_PARSE_SPECIAL 0x8u
 
+/*
+ * One turn of a conversation (kvc_gen_params.messages): role "system",
+ * "user" or "assistant", content its NUL-terminated text. Both strings stay
+ * the caller's; the library copies them while the request is sent.
+ */
+struct kvc_chat_msg {
+	const char *role;
+	const char *content;
+};
+#define KVC_MAX_CHAT_MSGS 1024 /* messages one request may carry */
+
 #define KVC_SEED_RANDOM  UINT64_MAX /* let the daemon pick the seed */
 #define KVC_NTS          ((size_t)-1) /* "the text is NUL-terminated" as a length */
 
@@ -220,8 +232,30 @@ struct kvc_gen_params {
 	const char *system;       /* chat system prompt (NUL-terminated) or NULL; not with KVC_GEN_RAW */
 	const char *const *stop;  /* n_stop NUL-terminated stop strings, each 1..256 bytes */
 	size_t n_stop;            /* 0 .. 8 */
-	uint64_t reserved[8];     /* zero */
+	const struct kvc_chat_msg *messages; /* a whole conversation, or NULL (default): see below */
+	size_t n_messages;        /* 0 .. KVC_MAX_CHAT_MSGS */
+	uint64_t reserved[6];     /* zero */
 };
+
+/*
+ * Conversations. With n_messages > 0 the request's prompt is the
+ * conversation messages[0 .. n_messages), in order, rendered by the daemon
+ * with the model's chat template and ending where the assistant's next
+ * reply begins; the prompt argument of kvc_generate() / kvc_request_start()
+ * must then be NULL or empty. Re-send the whole conversation with every
+ * request (append the reply and the next user message): its earlier turns
+ * render to the same tokens each time, so the daemon finds them in its
+ * prefix cache (kvc_result.cached_tokens grows with the conversation)
+ * without keeping any state for it. Refused before anything is sent, with
+ * -EINVAL: messages without n_messages or the reverse, a NULL role or content, a
+ * role other than "system", "user", "assistant", a last message that is
+ * not "user", a prompt as well, system, session_id or KVC_GEN_RAW /
+ * KVC_GEN_PARSE_SPECIAL set with them (the system prompt is a "system"
+ * message; a session would be a second history); -E2BIG: more than
+ * KVC_MAX_CHAT_MSGS messages, or their texts plus 8 bytes per message
+ * beyond kvc_server_info()->max_prompt_bytes; -EOPNOTSUPP: the daemon is
+ * older than conversations (kvd 0.2.0); -ENOMEM.
+ */
 
 /* Fill *p with the defaults listed above (and zero the reserved fields). */
 KVC_EXPORT void kvc_gen_params_init(struct kvc_gen_params *p);

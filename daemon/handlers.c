@@ -72,7 +72,17 @@ static void generate_start(struct client *c, struct greq *gr, const char *prompt
 		if (cont)
 			last = kvd_sched_session_last_token(srv->sched, gr->sess->id);
 	}
-	if (chat) {
+	if (gr->g.gen_flags & IPC_GEN_CHAT_TURNS) { /* no session: the turns are the history */
+		_Static_assert(KVD_VERSION_NUM >= IPC_CHAT_TURNS_SERVER_VERSION, "clients gate turns on the version");
+		char why[256];
+		n = kvd_request_render_turns(srv->tok, prompt, len, &text, why, sizeof(why));
+		if (n < 0) {
+			reject(c, gr, n, "%s", why);
+			return;
+		}
+		n = kvd_request_tokenize(srv->tok, text, (size_t)n, 1, 1, &ids);
+		free(text);
+	} else if (chat) {
 		if (memchr(prompt, 0, len)) {
 			reject(c, gr, -EINVAL, "the prompt contains a NUL byte (not allowed in chat mode)");
 			return;

@@ -11,8 +11,12 @@
 #include "request.h"
 
 #include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "ipc.h"
 
 #include "sampler.h"
 #include "tokenizer.h"
@@ -117,6 +121,72 @@ int kvd_request_render_turn(const struct kvd_tokenizer *tok, const char *system,
 	memmove(out, tail, (size_t)len + 1);
 	*ret = out;
 	return len;
+}
+
+static int why_set(char *why, size_t cap, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int why_set(char *why, size_t cap, int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (why && cap) {
+		va_start(ap, fmt);
+		vsnprintf(why, cap, fmt, ap);
+		va_end(ap);
+	}
+	return code;
+}
+
+int kvd_request_render_turns(const struct kvd_tokenizer *tok, const char *turns, size_t len, char **ret, char *why,
+			     size_t why_cap)
+{
+	struct kvd_chat_msg *msgs = NULL;
+	char *texts = NULL;
+	struct ipc_chat_turn t;
+	size_t off = 0, pos = 0;
+	int n, r;
+
+	n = ipc_chat_turns_check(turns, len);
+	if (n < 0) {
+		/* Say which rule failed: walk again to find the bad record. */
+		int k = 0;
+		while ((r = ipc_chat_turn_next(turns, len, &off, &t)) > 0)
+			k++;
+		if (r < 0)
+			return why_set(why, why_cap, n, "chat turn %d is malformed (%s)", k,
+				       r == -EPROTO ? "non-zero padding"
+				       : r == -EINVAL ? "unknown role or a NUL byte in its text"
+						      : "it runs past the end of the prompt");
+		if (n == -E2BIG)
+			return why_set(why, why_cap, n, "%d chat turns; at most %u are allowed", k, IPC_MAX_CHAT_TURNS);
+		if (k == 0)
+			return why_set(why, why_cap, n, "the conversation has no turns");
+		return why_set(why, why_cap, n, "the last chat turn is the %s's; it must be the user's",
+			       ipc_chat_role_name(t.role));
+	}
+	msgs = calloc((size_t)n, sizeof(*msgs));
+	texts = malloc(len + 1); /* every text plus its NUL fits in the records' heads */
+	if (!msgs || !texts) {
+		r = why_set(why, why_cap, -ENOMEM, "out of memory");
+		goto out;
+	}
+	for (int i = 0; i < n; i++) {
+		r = ipc_chat_turn_next(turns, len, &off, &t);
+		if (r <= 0) { /* checked above */
+			r = why_set(why, why_cap, -EBADMSG, "chat turn %d is malformed", i);
+			goto out;
+		}
+		memcpy(texts + pos, t.text, t.bytes);
+		texts[pos + t.bytes] = 0;
+		msgs[i] = (struct kvd_chat_msg){ ipc_chat_role_name(t.role), texts + pos };
+		pos += t.bytes + 1u;
+	}
+	r = render_alloc(tok, msgs, (size_t)n, ret);
+	if (r < 0)
+		why_set(why, why_cap, r, "cannot render the model's chat template: %s", strerror(-r));
+out:
+	free(msgs);
+	free(texts);
+	return r;
 }
 
 int kvd_request_is_eog(const struct kvd_tokenizer *tok, int32_t token)

@@ -50,6 +50,24 @@ int kvd_request_tokenize(const struct kvd_tokenizer *tok, const char *text, size
 int kvd_request_render_turn(const struct kvd_tokenizer *tok, const char *system, const char *user,
 			    int continuation, int32_t last_token, char **ret);
 
+/*
+ * The prompt of a request that carries its conversation as chat turns
+ * (IPC_GEN_CHAT_TURNS): turns[0 .. len) is the list of records described in
+ * ipc/ipc.h, checked here in full (it may have come through the upload
+ * ring unchecked). Renders every turn with the model's chat template, the
+ * prompt ending where the assistant's reply begins, into a fresh
+ * NUL-terminated buffer (*ret, freed by the caller); tokenize it with
+ * add_bos and parse_special. Because the rendering of earlier turns does
+ * not depend on later ones, a conversation re-sent with one more turn
+ * shares its earlier tokens (and so its prefix-cache pages) with the last
+ * request. Returns the length, or -EBADMSG / -EPROTO / -EINVAL / -E2BIG
+ * for a malformed list (see ipc_chat_turns_check), -ENOTSUP for a
+ * template that is not recognised, -ENOMEM; on failure why[0 .. why_cap)
+ * (may be NULL) says what was wrong, for the client's error message.
+ */
+int kvd_request_render_turns(const struct kvd_tokenizer *tok, const char *turns, size_t len, char **ret, char *why,
+			     size_t why_cap);
+
 /* True when token ends generation for this model (the predicate a
  * scheduler's is_eog wants). */
 int kvd_request_is_eog(const struct kvd_tokenizer *tok, int32_t token);

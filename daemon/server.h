@@ -18,8 +18,10 @@
 
 #include "config.h"
 
-#define KVD_VERSION     "0.1.0"
-#define KVD_VERSION_NUM ((0u << 16) | (1u << 8) | 0u) /* as in ipc_welcome.server_version */
+/* 0.2.0: GENERATE carries chat turns (IPC_GEN_CHAT_TURNS): clients gate
+ * that flag on this number, so it is at least IPC_CHAT_TURNS_SERVER_VERSION. */
+#define KVD_VERSION     "0.2.0"
+#define KVD_VERSION_NUM ((0u << 16) | (2u << 8) | 0u) /* as in ipc_welcome.server_version */
 
 struct kvd_engine;
 struct kvd_server;

@@ -291,6 +291,9 @@ int ipc_decode_generate(const struct ipc_frame *f, struct ipc_generate_msg *ret)
 		return -EINVAL; /* a system prompt needs the chat template */
 	if ((g->gen_flags & IPC_GEN_PARSE_SPECIAL) && !(g->gen_flags & IPC_GEN_RAW))
 		return -EINVAL; /* the chat template is rendered by the daemon */
+	bool turns = g->gen_flags & IPC_GEN_CHAT_TURNS;
+	if (turns && ((g->gen_flags & IPC_GEN_RAW) || g->system_bytes || g->session_id))
+		return -EINVAL; /* turns are rendered whole: no raw text, separate system text or session */
 	bool in_ring = g->gen_flags & IPC_GEN_PROMPT_IN_RING;
 	if (!in_ring && g->prompt_bytes > IPC_MAX_INLINE_TEXT_BYTES)
 		return -E2BIG;
@@ -323,6 +326,11 @@ int ipc_decode_generate(const struct ipc_frame *f, struct ipc_generate_msg *ret)
 	}
 	if (p != stop_end)
 		return -EBADMSG;
+	if (turns && !in_ring) {
+		int r = ipc_chat_turns_check(p, g->prompt_bytes);
+		if (r < 0)
+			return r;
+	}
 	m.prompt = in_ring ? NULL : p;
 	*ret = m;
 	return 0;
@@ -365,6 +373,108 @@ ssize_t ipc_encode_generate(void *buf, size_t cap, uint64_t request_id, const st
 	struct ipc_generate_msg check;
 	r = ipc_decode_generate(&f, &check);
 	return r < 0 ? r : len;
+}
+
+/* ---- chat turns ------------------------------------------------------------------ */
+
+static_assert(IPC_CHAT_TURN_HEAD_BYTES == 8, "turn head: u8 role, u8 pad[3], u32 bytes");
+static_assert((uint64_t)IPC_MAX_CHAT_TURNS * IPC_CHAT_TURN_HEAD_BYTES < IPC_MAX_TEXT_BYTES,
+	      "a maximal turn count fits the prompt limit");
+
+const char *ipc_chat_role_name(uint32_t role)
+{
+	switch (role) {
+	case IPC_CHAT_SYSTEM: return "system";
+	case IPC_CHAT_USER: return "user";
+	case IPC_CHAT_ASSISTANT: return "assistant";
+	}
+	return NULL;
+}
+
+uint32_t ipc_chat_role_parse(const char *name, size_t len)
+{
+	for (uint32_t r = IPC_CHAT_SYSTEM; r <= IPC_CHAT_ASSISTANT; r++) {
+		const char *s = ipc_chat_role_name(r);
+		if (strlen(s) == len && !memcmp(s, name, len))
+			return r;
+	}
+	return 0;
+}
+
+int ipc_chat_turn_next(const void *buf, size_t len, size_t *off, struct ipc_chat_turn *ret)
+{
+	const uint8_t *b = buf;
+	uint32_t bytes;
+
+	if (*off >= len)
+		return 0;
+	if (len - *off < IPC_CHAT_TURN_HEAD_BYTES)
+		return -EBADMSG;
+	const uint8_t *h = b + *off;
+	if (h[1] || h[2] || h[3])
+		return -EPROTO;
+	if (!ipc_chat_role_name(h[0]))
+		return -EINVAL;
+	memcpy(&bytes, h + 4, 4);
+	if (bytes > len - *off - IPC_CHAT_TURN_HEAD_BYTES)
+		return -EBADMSG;
+	const char *text = (const char *)h + IPC_CHAT_TURN_HEAD_BYTES;
+	if (memchr(text, 0, bytes))
+		return -EINVAL;
+	ret->role = h[0];
+	ret->bytes = bytes;
+	ret->text = text;
+	*off += IPC_CHAT_TURN_HEAD_BYTES + bytes;
+	return 1;
+}
+
+int ipc_chat_turns_check(const void *buf, size_t len)
+{
+	struct ipc_chat_turn t = { 0 };
+	size_t off = 0;
+	int n = 0, r;
+
+	if (len > IPC_MAX_TEXT_BYTES)
+		return -E2BIG;
+	while ((r = ipc_chat_turn_next(buf, len, &off, &t)) > 0)
+		if ((unsigned)++n > IPC_MAX_CHAT_TURNS)
+			return -E2BIG;
+	if (r < 0)
+		return r;
+	if (n == 0 || t.role != IPC_CHAT_USER)
+		return -EINVAL;
+	return n;
+}
+
+ssize_t ipc_chat_turns_encode(void *buf, size_t cap, const struct ipc_chat_turn *turns, size_t n)
+{
+	uint64_t total = 0;
+
+	if (n > IPC_MAX_CHAT_TURNS)
+		return -E2BIG;
+	for (size_t i = 0; i < n; i++) {
+		if (!ipc_chat_role_name(turns[i].role) || (turns[i].bytes && !turns[i].text))
+			return -EINVAL;
+		if (turns[i].bytes > IPC_MAX_TEXT_BYTES)
+			return -E2BIG;
+		if (turns[i].bytes && memchr(turns[i].text, 0, turns[i].bytes))
+			return -EINVAL;
+		total += IPC_CHAT_TURN_HEAD_BYTES + turns[i].bytes;
+		if (total > IPC_MAX_TEXT_BYTES)
+			return -E2BIG;
+	}
+	if (total > cap)
+		return (ssize_t)total;
+	uint8_t *p = buf;
+	for (size_t i = 0; i < n; i++) {
+		uint8_t head[IPC_CHAT_TURN_HEAD_BYTES] = { (uint8_t)turns[i].role };
+		memcpy(head + 4, &turns[i].bytes, 4);
+		memcpy(p, head, sizeof(head));
+		if (turns[i].bytes)
+			memcpy(p + sizeof(head), turns[i].text, turns[i].bytes);
+		p += sizeof(head) + turns[i].bytes;
+	}
+	return (ssize_t)total;
 }
 
 int ipc_decode_prompt_data(const struct ipc_frame *f, struct ipc_prompt_data_msg *ret)

@@ -23,6 +23,8 @@
 
 #include <jansson.h>
 
+#include "kvclient.h"
+
 /* ---- limits (named; the configurable ones have defaults here) ---------------- */
 
 #define HTTP_DEFAULT_LISTEN          "127.0.0.1:8484"
@@ -34,7 +36,7 @@
 #define HTTP_DEFAULT_MAX_TOKENS      256         /* when a request names none */
 #define HTTP_MAX_STOP                8           /* stop strings per request (kvd's bound) */
 #define HTTP_MAX_STOP_BYTES          256         /* bytes of one stop string (kvd's bound) */
-#define HTTP_MAX_MESSAGES            64          /* entries of a messages array looked at */
+#define HTTP_MAX_MESSAGES            KVC_MAX_CHAT_MSGS /* entries of a messages array */
 #define HTTP_MAX_MODEL_ID            128         /* bytes of a model name */
 #define HTTP_MAX_JSON_DEPTH          32          /* nesting of a request body */
 #define HTTP_MAX_API_KEY             512         /* bytes of the API key file */
@@ -103,6 +105,9 @@ struct http_gen_req {
 	char *system;            /* chat: the system (or developer) message */
 	char *prompt;            /* chat: the user message; completions: the prompt */
 	size_t prompt_len;
+	struct kvc_chat_msg *messages; /* chat with more turns than system + user: all of them (contents
+					* owned), and system and prompt NULL */
+	size_t n_messages;
 	bool stream;
 	bool include_usage;      /* stream_options.include_usage */
 	bool has_max_tokens, has_temperature, has_top_p, has_seed, has_top_k, has_min_p, has_repeat_penalty;

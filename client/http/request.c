@@ -46,6 +46,9 @@ void http_gen_req_clear(struct http_gen_req *r)
 	free(r->model);
 	free(r->system);
 	free(r->prompt);
+	for (size_t i = 0; i < r->n_messages; i++)
+		free((char *)r->messages[i].content);
+	free(r->messages);
 	for (size_t i = 0; i < r->n_stop; i++)
 		free(r->stop[i]);
 	memset(r, 0, sizeof(*r));
@@ -181,10 +184,15 @@ static int content_text(json_t *c, size_t idx, char **ret, size_t *ret_len, stru
 }
 
 /*
- * messages → system + prompt. kvd's protocol carries one system prompt and
- * one user turn per request, which the daemon renders with the model's chat
- * template; anything else (earlier user/assistant turns, tool results, an
- * assistant prefill) cannot be expressed yet and is refused by name.
+ * messages → the request's prompt. kvd renders every turn with the model's
+ * chat template itself. A conversation of one optional leading system (or
+ * developer) message and one user message goes as system + prompt, which
+ * any kvd understands; anything longer goes as the whole list of turns
+ * (kvc_gen_params.messages), re-sent with each request, so its earlier
+ * turns come from kvd's prefix cache and usage.cached_tokens grows turn by
+ * turn with no state here. Tool calls and results, and an assistant
+ * message last (a reply prefill), cannot be expressed and are refused by
+ * name.
  */
 static int parse_messages(json_t *o, struct http_gen_req *r, struct http_error *e)
 {
@@ -196,7 +204,7 @@ static int parse_messages(json_t *o, struct http_gen_req *r, struct http_error *
 	size_t n = json_array_size(m);
 	if (n > HTTP_MAX_MESSAGES)
 		return BAD(e, "messages", "'messages' has %zu entries; at most %d are allowed", n, HTTP_MAX_MESSAGES);
-	size_t users = 0, systems = 0;
+	const char *roles[HTTP_MAX_MESSAGES];
 	for (size_t i = 0; i < n; i++) {
 		json_t *msg = json_array_get(m, i), *role = json_object_get(msg, "role");
 		char param[48];
@@ -205,39 +213,59 @@ static int parse_messages(json_t *o, struct http_gen_req *r, struct http_error *
 			return BAD(e, param, "each message must be an object with a string 'role'");
 		const char *rs = json_string_value(role);
 		if (!strcmp(rs, "system") || !strcmp(rs, "developer")) {
-			if (i != 0)
-				return UNSUPPORTED(e, param, "kvd-http accepts a system message only as the first message");
-			systems++;
+			roles[i] = "system";
 		} else if (!strcmp(rs, "user")) {
-			users++;
-		} else if (!strcmp(rs, "assistant") || !strcmp(rs, "tool") || !strcmp(rs, "function")) {
-			return UNSUPPORTED(e, "messages",
-					   "'messages' holds a '%s' turn: kvd-http cannot pass earlier conversation turns to kvd "
-					   "yet (its protocol carries one optional system message and one user message per "
-					   "request)", rs);
+			roles[i] = "user";
+		} else if (!strcmp(rs, "assistant")) {
+			json_t *tc = json_object_get(msg, "tool_calls");
+			if (tc && !json_is_null(tc) && !(json_is_array(tc) && json_array_size(tc) == 0)) {
+				snprintf(param, sizeof(param), "messages[%zu].tool_calls", i);
+				return UNSUPPORTED(e, param, "tool calls are not supported");
+			}
+			roles[i] = "assistant";
+		} else if (!strcmp(rs, "tool") || !strcmp(rs, "function")) {
+			return UNSUPPORTED(e, param, "'%s' messages (tool results) are not supported", rs);
 		} else {
 			return BAD(e, param, "unknown role '%.32s'", rs);
 		}
 	}
-	if (users != 1 || !json_is_string(json_object_get(json_array_get(m, n - 1), "role")) ||
-	    strcmp(json_string_value(json_object_get(json_array_get(m, n - 1), "role")), "user") != 0)
+	if (strcmp(roles[n - 1], "user") != 0)
 		return UNSUPPORTED(e, "messages",
-				   "kvd-http needs exactly one user message, last (after an optional system message); "
-				   "earlier conversation turns cannot be passed to kvd yet");
+				   "the last message must be a user message (an assistant message last, to be "
+				   "continued, is not supported)");
+	bool simple = n == 1 || (n == 2 && !strcmp(roles[0], "system"));
+	if (!simple) {
+		r->messages = calloc(n, sizeof(*r->messages));
+		if (!r->messages)
+			return oom(e);
+	}
 	for (size_t i = 0; i < n; i++) {
 		json_t *msg = json_array_get(m, i), *c = json_object_get(msg, "content");
-		char **dst = (systems && i == 0) ? &r->system : &r->prompt;
+		char *text = NULL;
 		size_t len = 0;
 		if (!c || json_is_null(c)) {
 			char param[48];
 			snprintf(param, sizeof(param), "messages[%zu].content", i);
 			return BAD(e, param, "'%s' is required", param);
 		}
-		int x = content_text(c, i, dst, &len, e);
+		int x = content_text(c, i, &text, &len, e);
 		if (x < 0)
 			return x;
-		if (dst == &r->prompt)
+		if (strlen(text) != len) {
+			free(text);
+			char param[48];
+			snprintf(param, sizeof(param), "messages[%zu].content", i);
+			return BAD(e, param, "'%s' contains a NUL character", param);
+		}
+		if (!simple) {
+			r->messages[i] = (struct kvc_chat_msg){ roles[i], text };
+			r->n_messages = i + 1;
+		} else if (!strcmp(roles[i], "system")) {
+			r->system = text;
+		} else {
+			r->prompt = text;
 			r->prompt_len = len;
+		}
 	}
 	return 0;
 }
@@ -417,9 +445,12 @@ static char *dump(json_t *o)
 	return s;
 }
 
+/* The message may quote the request's bytes (jansson's parse errors do)
+ * and be cut inside a UTF-8 sequence: text_value() keeps it valid JSON. */
 char *http_error_json(const struct http_error *e)
 {
-	return dump(json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", e->message, "type",
+	json_t *msg = text_value(e->message, strlen(e->message));
+	return dump(json_pack("{s:{s:o, s:s, s:s?, s:s?}}", "error", "message", msg, "type",
 			      e->type ? e->type : "invalid_request_error", "param", e->param[0] ? e->param : NULL,
 			      "code", e->code));
 }

@@ -212,6 +212,10 @@ static void map_kvd_error(int code, const char *msg, struct http_error *e)
 	case -E2BIG:
 		http_fail(e, 413, "invalid_request_error", "request_too_large", NULL, "%s", why);
 		break;
+	case -EOPNOTSUPP: /* the only feature gated on kvd's version */
+		http_fail(e, 400, "invalid_request_error", "unsupported_parameter", "messages",
+			  "this kvd is older than 0.2.0 and cannot take earlier conversation turns");
+		break;
 	case KVC_ERR_LIMIT:
 		http_fail(e, 429, "rate_limit_error", "rate_limit_exceeded", NULL, "kvd is at capacity: %s", why);
 		break;
@@ -330,6 +334,8 @@ static void fill_params(const struct conn *c, const struct kvc_info *info, struc
 		p->flags |= KVC_GEN_RAW;
 	else
 		p->system = q->system;
+	p->messages = q->messages;
+	p->n_messages = q->n_messages;
 	p->stop = (const char *const *)q->stop;
 	p->n_stop = q->n_stop;
 }

@@ -178,7 +178,7 @@ static void print_gen_json(const struct gen_out *o, const struct kvc_result *res
 	fputs("}\n", f);
 }
 
-static int cmd_generate(struct ctx *x, int argc, char **argv)
+int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 {
 	enum { O_RAW = OPT_FIRST_CMD, O_SYSTEM, O_MAX, O_TEMP, O_TOPP, O_TOPK, O_MINP, O_REP, O_SEED, O_STOP,
 	       O_SESSION, O_JSON, O_SPECIAL, O_NO_NEWLINE };
@@ -200,7 +200,9 @@ static int cmd_generate(struct ctx *x, int argc, char **argv)
 		COMMON_LONGOPTS,
 		{ 0 },
 	};
-	const char *cmd = "generate";
+	const char *cmd = chat ? "chat" : "generate";
+	const char *help = chat ? kvctl_help_chat : help_generate;
+	struct chat_conv conv = { 0 };
 	struct kvc_gen_params p;
 	const char *stops[8];
 	size_t n_stop = 0;
@@ -218,7 +220,7 @@ static int cmd_generate(struct ctx *x, int argc, char **argv)
 		}
 		switch (o) {
 		case 'h':
-			fputs(help_generate, stdout);
+			fputs(help, stdout);
 			return EXIT_OK;
 		case O_NO_NEWLINE:
 			newline = false;
@@ -288,6 +290,11 @@ static int cmd_generate(struct ctx *x, int argc, char **argv)
 			return option_error(cmd, argv, o);
 		}
 	}
+	if (chat && (p.flags & (KVC_GEN_RAW | KVC_GEN_PARSE_SPECIAL) || p.system || p.session_id))
+		return usage_error(cmd, "--raw, --special, --system and --session are not for conversations: "
+					"a system prompt is a \"system\" message, and the messages are the history");
+	if (chat && argc - optind > 1)
+		return usage_error(cmd, "one conversation FILE at most (or standard input)");
 	if (p.system && (p.flags & KVC_GEN_RAW))
 		return usage_error(cmd, "--system needs the chat template: drop --raw");
 	if ((p.flags & KVC_GEN_PARSE_SPECIAL) && !(p.flags & KVC_GEN_RAW))
@@ -300,29 +307,51 @@ static int cmd_generate(struct ctx *x, int argc, char **argv)
 
 	char *prompt;
 	size_t len;
-	r = input_text(argc - optind, argv + optind, &prompt, &len);
+	if (chat && optind < argc && strcmp(argv[optind], "-") != 0)
+		r = read_file(argv[optind], MAX_INPUT_BYTES, &prompt, &len);
+	else
+		r = input_text(argc - optind, argv + optind, &prompt, &len);
 	if (r < 0) {
-		log_err("reading the prompt: %s", kv_strerror(r));
+		if (chat && optind < argc && strcmp(argv[optind], "-") != 0)
+			log_err("%s: %s: %s", cmd, argv[optind], kv_strerror(r));
+		else
+			log_err("reading the %s: %s", chat ? "conversation" : "prompt", kv_strerror(r));
 		return r == -E2BIG ? EXIT_REJECTED : EXIT_IO;
 	}
 	if (len == 0) {
 		free(prompt);
-		return usage_error(cmd, "the prompt is empty");
+		return usage_error(cmd, chat ? "the conversation is empty" : "the prompt is empty");
+	}
+	if (chat) {
+		char why[256];
+		r = chat_conv_parse(prompt, len, &conv, why, sizeof(why));
+		free(prompt);
+		if (r < 0) {
+			log_err("%s: %s", cmd, r == -EINVAL ? "the conversation is not valid" : kv_strerror(r));
+			log_err("%s: %s", cmd, why);
+			return r == -EOPNOTSUPP ? EXIT_FAIL : r == -EINVAL ? EXIT_USAGE : EXIT_IO;
+		}
+		prompt = NULL;
+		len = 0;
+		p.messages = conv.msgs;
+		p.n_messages = conv.n;
 	}
 
 	kvc_client *c;
 	if ((r = connect_daemon(x, &c)) != 0) {
 		free(prompt);
+		chat_conv_free(&conv);
 		return r;
 	}
 	/* Limits the daemon announced: say which one, with its figure, rather
 	 * than the bare -E2BIG the library would return. */
 	const struct kvc_info *info = kvc_server_info(c);
 	if (info->max_tokens && p.max_tokens > info->max_tokens) {
-		log_err("generate: --max-tokens %" PRIu32 " is more than kvd accepts: at most %" PRIu32
+		log_err("%s: --max-tokens %" PRIu32 " is more than kvd accepts: at most %" PRIu32
 			" (the model's context window is %" PRIu32 " tokens, shared by the prompt and the answer)",
-			p.max_tokens, info->max_tokens, info->n_ctx);
+			cmd, p.max_tokens, info->max_tokens, info->n_ctx);
 		free(prompt);
+		chat_conv_free(&conv);
 		kvc_close(c);
 		return EXIT_REJECTED;
 	}
@@ -338,10 +367,15 @@ static int cmd_generate(struct ctx *x, int argc, char **argv)
 	kvc_request *q;
 	r = kvc_request_start(c, prompt, len, &p, &q);
 	free(prompt);
+	chat_conv_free(&conv); /* the library copied the messages */
 	if (r < 0) {
 		if (json)
 			print_gen_json(&out, NULL, r, kvc_server_info(c)->model_name);
-		int st = fail(c, "generate", r);
+		if (chat && r == -EOPNOTSUPP)
+			log_err("chat: kvd %u.%u.%u is older than conversations (kvd 0.2.0)",
+				info->server_version >> 16, (info->server_version >> 8) & 0xff,
+				info->server_version & 0xff);
+		int st = fail(c, cmd, r);
 		kvc_close(c);
 		return st;
 	}
@@ -384,9 +418,9 @@ static int cmd_generate(struct ctx *x, int argc, char **argv)
 			status = EXIT_CANCELLED;
 		} else if (r < 0) {
 			if (res && res->error_message[0])
-				log_err("generate: %s (%s)", kv_strerror(r), res->error_message);
+				log_err("%s: %s (%s)", cmd, kv_strerror(r), res->error_message);
 			else
-				log_err("generate: %s", kv_strerror(r));
+				log_err("%s: %s", cmd, kv_strerror(r));
 			status = exit_for(r);
 		}
 	}
@@ -397,6 +431,11 @@ static int cmd_generate(struct ctx *x, int argc, char **argv)
 	free(out.text);
 	free(out.ids);
 	return status;
+}
+
+static int cmd_generate(struct ctx *x, int argc, char **argv)
+{
+	return generate_main(x, argc, argv, false);
 }
 
 const struct kvctl_command kvctl_cmd_generate = {

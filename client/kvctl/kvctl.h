@@ -72,7 +72,28 @@ struct kvctl_command {
 };
 
 extern const struct kvctl_command kvctl_cmd_generate, kvctl_cmd_stats, kvctl_cmd_ps, kvctl_cmd_tokenize,
-	kvctl_cmd_count, kvctl_cmd_plan, kvctl_cmd_session, kvctl_cmd_version;
+	kvctl_cmd_count, kvctl_cmd_plan, kvctl_cmd_session, kvctl_cmd_version, kvctl_cmd_chat;
+
+/* ---- generation (generate.c) and conversations (chat.c) --------------------- */
+
+/* 'kvctl generate' (chat false) or 'kvctl chat' (chat true): options,
+ * input, streaming and the exit status. */
+int generate_main(struct ctx *x, int argc, char **argv, bool chat);
+extern const char *const kvctl_help_chat;
+
+/* A conversation read from JSON: msgs[0 .. n) point into priv (the parsed
+ * document), released by chat_conv_free(). */
+struct chat_conv {
+	struct kvc_chat_msg *msgs;
+	size_t n;
+	void *priv;
+};
+/* Parse text[0 .. len) as a JSON array of {"role", "content"} messages, the
+ * last one the user's. Returns 0; -EINVAL with err[0 .. err_cap) saying
+ * what is wrong and where; -ENOMEM; -EOPNOTSUPP when kvctl was built
+ * without a JSON library. */
+int chat_conv_parse(const char *text, size_t len, struct chat_conv *ret, char *err, size_t err_cap);
+void chat_conv_free(struct chat_conv *c);
 
 /* ---- messages (util.c) ----------------------------------------------------- */
 
@@ -104,6 +125,8 @@ void fmt_version(char *out, size_t cap, unsigned v);
 /* Read all of stdin (at most max bytes; -E2BIG beyond). */
 int read_stdin(size_t max, char **ret, size_t *ret_len);
 #define MAX_INPUT_BYTES (64u << 20)
+/* Read all of the file at path the same way. */
+int read_file(const char *path, size_t max, char **ret, size_t *ret_len);
 /* The text operand: words joined by spaces, or stdin for none or "-". */
 int input_text(int argc, char **argv, char **ret, size_t *ret_len);
 /* A JSON string; invalid UTF-8 bytes become U+FFFD. */

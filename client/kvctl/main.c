@@ -69,7 +69,7 @@ static const struct kvctl_command kvctl_cmd_help = {
 
 /* The command table: one row per command, from the family files. */
 static const struct kvctl_command *const commands[] = {
-	&kvctl_cmd_generate, &kvctl_cmd_stats, &kvctl_cmd_tokenize, &kvctl_cmd_count, &kvctl_cmd_plan,
+	&kvctl_cmd_generate, &kvctl_cmd_chat, &kvctl_cmd_stats, &kvctl_cmd_tokenize, &kvctl_cmd_count, &kvctl_cmd_plan,
 	&kvctl_cmd_ps,       &kvctl_cmd_session, &kvctl_cmd_version, &kvctl_cmd_help,
 };
 

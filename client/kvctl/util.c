@@ -5,6 +5,7 @@
  * connecting to the daemon with a hint when that fails, and Ctrl-C handling.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -216,7 +217,7 @@ void fmt_version(char *out, size_t cap, unsigned v)
 }
 
 /* Read all of stdin (at most max bytes; -E2BIG beyond). */
-int read_stdin(size_t max, char **ret, size_t *ret_len)
+static int read_fd(int fd, size_t max, char **ret, size_t *ret_len)
 {
 	size_t cap = 65536, len = 0;
 	char *buf = malloc(cap);
@@ -236,7 +237,7 @@ int read_stdin(size_t max, char **ret, size_t *ret_len)
 			buf = nb;
 			cap *= 2;
 		}
-		ssize_t n = read(STDIN_FILENO, buf + len, cap - len);
+		ssize_t n = read(fd, buf + len, cap - len);
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
@@ -258,6 +259,21 @@ int read_stdin(size_t max, char **ret, size_t *ret_len)
 }
 
 /* The text operand: words joined by spaces, or stdin for none or "-". */
+int read_stdin(size_t max, char **ret, size_t *ret_len)
+{
+	return read_fd(STDIN_FILENO, max, ret, ret_len);
+}
+
+int read_file(const char *path, size_t max, char **ret, size_t *ret_len)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	int r = read_fd(fd, max, ret, ret_len);
+	close(fd);
+	return r;
+}
+
 int input_text(int argc, char **argv, char **ret, size_t *ret_len)
 {
 	if (argc == 0 || (argc == 1 && strcmp(argv[0], "-") == 0))

@@ -7,9 +7,11 @@
  *
  * Input: a u32 file size (clamped to MAX_FILE), then patches applied to a
  * zeroed file of that size: [u32 offset][u16 length][bytes], in order.
- * The file is sealed as the server seals it, and attached with two fresh
- * eventfds. The seed corpus holds real channels (KVD_FUZZ_WRITE_SEEDS=DIR
- * writes them: ipc_chan_create() plus server records, as patches).
+ * The file is sealed as the server seals it, and attached with one end
+ * of a fresh AF_UNIX datagram socket pair as the wake-up socket (the other
+ * end plays the server's, so wake-ups the client sends land somewhere).
+ * The seed corpus holds real channels (KVD_FUZZ_WRITE_SEEDS=DIR writes
+ * them: ipc_chan_create() plus server records, as patches).
  *
  * Promises checked: attach either fails with -EBADMSG/-EPROTO (and leaves
  * the fds to the caller) or gives a channel whose reads and writes stay in
@@ -18,7 +20,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <sys/eventfd.h>
+#include <sys/socket.h>
 
 #include "ipc.h"
 #include "fuzz_util.h"
@@ -118,8 +120,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	int memfd = fuzz_memfd("", 0, path, sizeof(path));
 	if (memfd < 0)
 		return 0;
-	int e1 = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK), e2 = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (e1 < 0 || e2 < 0 || ftruncate(memfd, file_bytes) < 0)
+	int sv[2] = { -1, -1 };
+	if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) < 0 ||
+	    ftruncate(memfd, file_bytes) < 0)
 		goto out;
 	for (;;) {
 		uint32_t off, len;
@@ -135,7 +138,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		goto out;
 
 	struct ipc_chan *c = NULL;
-	int r = ipc_chan_attach(memfd, e1, e2, &c);
+	int r = ipc_chan_attach(memfd, sv[0], &c);
 	if (r < 0) {
 		CHECK(r == -EBADMSG || r == -EPROTO);
 		goto out;
@@ -144,14 +147,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	client_reads(c);
 	client_writes(c);
 	client_reads(c);
-	ipc_chan_free(c); /* closes the three fds */
+	ipc_chan_free(c); /* closes memfd and sv[0] */
+	close(sv[1]);
 	return 0;
 out:
 	close(memfd);
-	if (e1 >= 0)
-		close(e1);
-	if (e2 >= 0)
-		close(e2);
+	for (int i = 0; i < 2; i++)
+		if (sv[i] >= 0)
+			close(sv[i]);
 	return 0;
 }
 
@@ -193,7 +196,7 @@ static void write_seeds(const char *dir)
 {
 	struct ipc_chan_config cc = { .c2s_bytes = IPC_RING_MIN_BYTES, .s2c_bytes = IPC_RING_MIN_BYTES };
 	struct ipc_chan *srv;
-	int fds[IPC_MAX_FDS];
+	int fds[IPC_WELCOME_N_FDS];
 
 	if (ipc_chan_create(&cc, &srv) < 0)
 		exit(1);
@@ -210,8 +213,8 @@ static void write_seeds(const char *dir)
 	char big[3000];
 	memset(big, 'x', sizeof(big));
 	struct ipc_chan *cli;
-	int m2 = dup(fds[0]), t2 = dup(fds[1]), c2 = dup(fds[2]);
-	if (ipc_chan_attach(m2, t2, c2, &cli) < 0)
+	int m2 = dup(fds[IPC_WELCOME_FD_MEMFD]), w2 = dup(fds[IPC_WELCOME_FD_WAKE]);
+	if (ipc_chan_attach(m2, w2, &cli) < 0)
 		exit(1);
 	for (int k = 0; k < 7; k++) {
 		ipc_chan_send_token(srv, 3, (uint32_t)k, 1, NULL, 0, big, sizeof(big));

@@ -65,7 +65,12 @@ static void decode(const struct ipc_frame *f, const uint8_t *frame, size_t n)
 		} else {
 			CHECK(m.g.prompt_bytes <= IPC_MAX_INLINE_TEXT_BYTES);
 			in_payload(m.prompt, m.g.prompt_bytes);
+			/* an inline turn list was checked whole with the frame */
+			if (m.g.gen_flags & IPC_GEN_CHAT_TURNS)
+				CHECK(ipc_chat_turns_check(m.prompt, m.g.prompt_bytes) >= 1);
 		}
+		if (m.g.gen_flags & IPC_GEN_CHAT_TURNS)
+			CHECK(!(m.g.gen_flags & IPC_GEN_RAW) && m.g.system_bytes == 0 && m.g.session_id == 0);
 		/* The client's encoder produces exactly these bytes. */
 		static uint8_t buf[IPC_MAX_FRAME_BYTES];
 		ssize_t len = ipc_encode_generate(buf, sizeof(buf), f->hdr.request_id, &m);
@@ -275,6 +280,17 @@ static void write_seeds(const char *dir)
 	if (n < 0)
 		exit(1);
 	seed(dir, "generate-ring", C_SOCK, IPC_MSG_GENERATE, 0, buf + IPC_HDR_BYTES, (size_t)n - IPC_HDR_BYTES, NULL, 0);
+	static const struct ipc_chat_turn turns[] = { { IPC_CHAT_SYSTEM, 4, "Sys." }, { IPC_CHAT_USER, 2, "Hi" },
+						      { IPC_CHAT_ASSISTANT, 3, "Yo." }, { IPC_CHAT_USER, 5, "Again" } };
+	static char tl[128];
+	ssize_t tn = ipc_chat_turns_encode(tl, sizeof(tl), turns, 4);
+	m.g.gen_flags = IPC_GEN_CHAT_TURNS;
+	m.g.prompt_bytes = (uint32_t)tn;
+	m.prompt = tl;
+	n = ipc_encode_generate(buf, sizeof(buf), 7, &m);
+	if (tn < 0 || n < 0)
+		exit(1);
+	seed(dir, "generate-turns", C_SOCK, IPC_MSG_GENERATE, 0, buf + IPC_HDR_BYTES, (size_t)n - IPC_HDR_BYTES, NULL, 0);
 	struct ipc_prompt_data pd = { 10, 5 };
 	seed(dir, "prompt-data", C_RING, IPC_MSG_PROMPT_DATA, 0, &pd, sizeof(pd), "abcde", 5);
 	struct {

@@ -12,11 +12,12 @@
  * produced it (any bytes, valid UTF-8 or not), and their output must be
  * valid JSON. A broken promise traps.
  *
- * Build and run (from the repository root; clang with libFuzzer, and
- * libjansson-dev):
+ * `make fuzz-build` builds it with the other targets when pkg-config finds
+ * jansson (seeds: tests/fuzz/corpus/fuzz_http_request/). By hand (from the
+ * repository root; clang with libFuzzer, and libjansson-dev):
  *
  *   clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined \
- *       -Iclient/http tests/fuzz/fuzz_http_request.c client/http/request.c -ljansson \
+ *       -Iclient/http -Iclient tests/fuzz/fuzz_http_request.c client/http/request.c -ljansson \
  *       -o build/fuzz_http_request
  *   mkdir -p build/fuzz-http-corpus
  *   build/fuzz_http_request -max_len=4096 -max_total_time=300 build/fuzz-http-corpus
@@ -25,7 +26,7 @@
  * named on the command line under gcc + ASan:
  *
  *   gcc -std=c11 -D_GNU_SOURCE -g -fsanitize=address,undefined -DKVD_FUZZ_STANDALONE \
- *       -Iclient/http tests/fuzz/fuzz_http_request.c client/http/request.c -ljansson \
+ *       -Iclient/http -Iclient tests/fuzz/fuzz_http_request.c client/http/request.c -ljansson \
  *       -o build/fuzz_http_request_replay
  *   build/fuzz_http_request_replay crash-*
  */
@@ -70,7 +71,16 @@ static void one(int ep, const uint8_t *data, size_t size)
 	}
 	CHECK(x == 0);
 	CHECK(r.endpoint == ep);
-	CHECK(r.prompt != NULL && strlen(r.prompt) == r.prompt_len);
+	if (r.n_messages) { /* a conversation: every turn for kvd, the last the user's */
+		CHECK(ep == HTTP_EP_CHAT && r.prompt == NULL && r.system == NULL && r.n_messages <= HTTP_MAX_MESSAGES);
+		for (size_t i = 0; i < r.n_messages; i++)
+			CHECK(r.messages[i].role && r.messages[i].content &&
+			      (!strcmp(r.messages[i].role, "system") || !strcmp(r.messages[i].role, "user") ||
+			       !strcmp(r.messages[i].role, "assistant")));
+		CHECK(!strcmp(r.messages[r.n_messages - 1].role, "user"));
+	} else {
+		CHECK(r.prompt != NULL && strlen(r.prompt) == r.prompt_len);
+	}
 	CHECK(ep == HTTP_EP_CHAT || r.system == NULL);
 	CHECK(r.n_stop <= HTTP_MAX_STOP);
 	for (size_t i = 0; i < r.n_stop; i++)

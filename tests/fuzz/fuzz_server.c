@@ -17,10 +17,16 @@
  *                 client->server ring (after WELCOME)
  *   4 POKE        u32 offset, byte: written anywhere in the shared memory
  *   5 SYNC        PING, then read everything until its PONG
- *   6 HOSTILE_FDS (only with KVD_FUZZ_HOSTILE_FDS=1) bits: clear O_NONBLOCK
- *                 on the eventfd to the server (1), to the client (2) —
- *                 open files the daemon shares —, fill the client's wake-up
- *                 counter (4), announce sleep on the token ring (8)
+ *   6 HOSTILE_FDS bits, an attack on what WELCOME handed over (the
+ *                 client's end of the wake-up socket pair): clear
+ *                 O_NONBLOCK on it (1); fill its send buffer, that is the
+ *                 daemon's receive queue, with wake-up datagrams (2);
+ *                 announce sleep on the token ring, again after every
+ *                 later command, and never read the ring or the wake-up
+ *                 socket again, so the daemon's wake-ups pile up in this
+ *                 end's queue (4); shutdown() it (8).
+ *                 From the first command 6 on, wake-ups are never
+ *                 acknowledged (received) either.
  * and a final SYNC. Replies are read and checked as libkvclient checks
  * them (ipc_recv: the server's frames must be well-formed).
  *
@@ -30,10 +36,12 @@
  * shared-memory corruption; and the daemon keeps serving: whenever a
  * connection ended, or stayed open without answering the final PING within
  * SYNC_MS, a fresh client must get WELCOME and PONG within LIVENESS_MS, or
- * the input is reported as a hang (trap). Every QUIET_EVERY inputs the
- * daemon must be back to no running request, no session (those seen are
- * closed first; the idle timeout is 1 s here for the rest), no page in use and no client but the one asking:
- * connections, requests, sessions and pages do not leak.
+ * the input is reported as a hang (trap); after a command 6 that check runs
+ * while the hostile connection is still open, its attack in place. Every
+ * QUIET_EVERY inputs the daemon must be back to no running request, no
+ * session (those seen are closed first; the idle timeout is 1 s here for
+ * the rest), no page in use and no client but the one asking: connections,
+ * requests, sessions and pages do not leak.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -69,11 +77,19 @@ struct conn {
 	bool closed;        /* EOF, or an ERROR about the connection */
 	bool conn_error;    /* that ERROR came */
 	uint64_t ping_nonce;
-	int efd[2];         /* dups of the WELCOME eventfds (same open files) */
-	bool hostile;       /* command 6 ran: leave the eventfds as they are */
+	int wfd;            /* dup of the WELCOME wake-up end (same open file) */
+	bool hostile;       /* command 6 ran: wake-ups are never received */
+	bool mute;          /* command 6 bit 4: the token ring is never read */
 };
 
-static bool hostile_fds; /* $KVD_FUZZ_HOSTILE_FDS=1: enable command 6 */
+/* Command 6 bits. */
+#define HOSTILE_BLOCKING 0x1u /* clear O_NONBLOCK on the wake-up end */
+#define HOSTILE_FILL     0x2u /* fill the daemon's receive queue */
+#define HOSTILE_MUTE     0x4u /* announce sleep, never read again */
+#define HOSTILE_SHUTDOWN 0x8u /* shutdown(SHUT_RDWR) the wake-up end */
+/* Wake-up datagrams sent by one fill: far beyond any socket queue
+ * (net.unix.max_dgram_qlen, the send buffer), still bounded. */
+#define HOSTILE_FILL_MAX 65536
 
 /* Sessions the fuzzed clients opened (SESSION_OPENED seen): closed by the
  * quiescence check, since they belong to the user, not the connection. */
@@ -96,7 +112,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	int pfd[2], listen_fd;
 
 	kvd_log_level = 0;
-	hostile_fds = getenv("KVD_FUZZ_HOSTILE_FDS") && !strcmp(getenv("KVD_FUZZ_HOSTILE_FDS"), "1");
 	unsetenv("NOTIFY_SOCKET");
 	unsetenv("WATCHDOG_USEC");
 	signal(SIGPIPE, SIG_IGN);
@@ -171,9 +186,9 @@ static int read_frame(struct conn *c, int ms)
 		c->shm = mmap(NULL, w.shm_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
 		CHECK(c->shm != MAP_FAILED);
 		c->shm_bytes = w.shm_bytes;
-		c->efd[0] = fcntl(f.fds[1], F_DUPFD_CLOEXEC, 0);
-		c->efd[1] = fcntl(f.fds[2], F_DUPFD_CLOEXEC, 0);
-		CHECK(ipc_chan_attach(memfd, f.fds[1], f.fds[2], &c->chan) == 0);
+		c->wfd = fcntl(f.fds[IPC_WELCOME_FD_WAKE], F_DUPFD_CLOEXEC, 0);
+		CHECK(c->wfd >= 0);
+		CHECK(ipc_chan_attach(memfd, f.fds[IPC_WELCOME_FD_WAKE], &c->chan) == 0);
 		f.n_fds = 0;
 		break;
 	}
@@ -232,6 +247,10 @@ static void drain_ring(struct conn *c)
 {
 	if (!c->chan)
 		return;
+	if (c->mute) { /* keep announcing sleep: every push wants to wake us */
+		(void)ipc_chan_prepare_wait(c->chan, IPC_WAIT_RX, 0);
+		return;
+	}
 	if (!c->hostile)
 		ipc_chan_ack(c->chan);
 	for (int k = 0; k < 4096; k++) {
@@ -270,15 +289,14 @@ static void conn_close(struct conn *c)
 		munmap(c->shm, c->shm_bytes);
 	if (c->fd >= 0)
 		close(c->fd);
-	for (int i = 0; i < 2; i++)
-		if (c->efd[i] >= 0)
-			close(c->efd[i]);
+	if (c->wfd >= 0)
+		close(c->wfd);
 }
 
 /* A fresh client gets WELCOME and PONG: the daemon still serves. */
 static void check_alive(void)
 {
-	struct conn c = { .fd = -1, .efd = { -1, -1 } };
+	struct conn c = { .fd = -1, .wfd = -1 };
 	CHECK(ipc_connect(sock_path, &c.fd) == 0);
 	struct ipc_hello h = { .client_version = 1, .capabilities = IPC_CAP_RING_PROMPT, .client_name = "liveness" };
 	CHECK(ipc_send(c.fd, IPC_MSG_HELLO, 0, 0, &h, sizeof(h), NULL, 0) == 0);
@@ -306,7 +324,7 @@ static void check_alive(void)
 
 static void check_quiescent(void)
 {
-	struct conn c = { .fd = -1, .efd = { -1, -1 } };
+	struct conn c = { .fd = -1, .wfd = -1 };
 	struct ipc_stats st = { 0 };
 	CHECK(ipc_connect(sock_path, &c.fd) == 0);
 	struct ipc_hello h = { .client_version = 1, .client_name = "quiet" };
@@ -349,6 +367,38 @@ static void check_quiescent(void)
 	conn_close(&c);
 }
 
+/*
+ * Command 6: what a client can do to the one fd of the daemon's it
+ * reaches, its end of the wake-up socket pair. (Protocol 1 handed over
+ * the daemon's own eventfds: clearing O_NONBLOCK and filling the counter
+ * blocked the daemon's write, and every client with it.) None of this
+ * may stall the daemon: its end is a different open file, every call it
+ * makes passes MSG_DONTWAIT, and a datagram end's shutdown() stays local.
+ */
+static void hostile(struct conn *c, unsigned how)
+{
+	if (!c->chan)
+		return;
+	c->hostile = true;
+	if (how & HOSTILE_BLOCKING) {
+		int fl = fcntl(c->wfd, F_GETFL);
+		if (fl >= 0)
+			fcntl(c->wfd, F_SETFL, fl & ~O_NONBLOCK);
+	}
+	if (how & HOSTILE_FILL) {
+		uint8_t b[8] = { 0 };
+		for (int i = 0; i < HOSTILE_FILL_MAX; i++)
+			if (send(c->wfd, b, sizeof(b), MSG_DONTWAIT | MSG_NOSIGNAL) < 0 && errno != EINTR)
+				break; /* EAGAIN: the daemon's queue is full */
+	}
+	if (how & HOSTILE_MUTE) {
+		(void)ipc_chan_prepare_wait(c->chan, IPC_WAIT_RX, 0);
+		c->mute = true;
+	}
+	if (how & HOSTILE_SHUTDOWN)
+		shutdown(c->wfd, SHUT_RDWR);
+}
+
 struct in {
 	const uint8_t *p, *end;
 };
@@ -376,7 +426,7 @@ static const uint8_t *bytes(struct in *s, size_t *len)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct in s = { data, data + size };
-	struct conn c = { .fd = -1, .efd = { -1, -1 } };
+	struct conn c = { .fd = -1, .wfd = -1 };
 	static uint64_t nonce;
 
 	if (ipc_connect(sock_path, &c.fd) < 0) {
@@ -384,7 +434,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	}
 	for (int k = 0; k < MAX_CMDS && s.p < s.end && !c.closed; k++) {
-		unsigned op = u8(&s) % (hostile_fds ? 7 : 6);
+		unsigned op = u8(&s) % 7;
 		switch (op) {
 		case 0: {
 			struct ipc_hello h = { .client_version = 1, .capabilities = u8(&s) & IPC_CAP_ALL,
@@ -429,25 +479,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		case 5:
 			sync_conn(&c, ++nonce << 1);
 			break;
-		case 6: { /* the WELCOME eventfds made blocking, the wake-up counter full */
-			unsigned how = u8(&s);
-			c.hostile = c.chan != NULL;
-			for (int i = 0; i < 2 && c.chan; i++)
-				if (how & (1u << i))
-					fcntl(c.efd[i], F_SETFL, fcntl(c.efd[i], F_GETFL) & ~O_NONBLOCK);
-			if (c.chan && (how & 4)) {
-				uint64_t v = UINT64_MAX - 1;
-				int fl = fcntl(c.efd[1], F_GETFL);
-				fcntl(c.efd[1], F_SETFL, fl | O_NONBLOCK);
-				uint64_t old;
-				(void)!read(c.efd[1], &old, sizeof(old));
-				(void)!write(c.efd[1], &v, sizeof(v));
-				fcntl(c.efd[1], F_SETFL, fl);
-			}
-			if (c.chan && (how & 8))
-				(void)ipc_chan_prepare_wait(c.chan, IPC_WAIT_RX, 0);
+		case 6: /* attack the wake-up socket end WELCOME handed over */
+			hostile(&c, u8(&s));
 			break;
-		}
 		}
 		/* read what is there already, so the server's socket never fills */
 		while (!c.closed && read_frame(&c, 0) == 0)
@@ -455,8 +489,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		drain_ring(&c);
 	}
 	sync_conn(&c, ++nonce << 1);
-	/* ended, or open but no PONG within SYNC_MS: is the daemon stuck? */
-	bool suspect = c.closed || c.ping_nonce;
+	/* attacked, ended, or open but no PONG within SYNC_MS: is the daemon
+	 * stuck? A hostile connection is checked with its attack in place. */
+	bool suspect = c.hostile || c.closed || c.ping_nonce;
+	if (c.hostile)
+		check_alive();
 	conn_close(&c);
 	if (suspect)
 		check_alive();
@@ -586,6 +623,24 @@ static void write_seeds(const char *dir)
 	w_frame(&o, IPC_MSG_CANCEL, 9, NULL, 0);
 	struct ipc_session sc = { 1 };
 	w_frame(&o, IPC_MSG_SESSION_CLOSE, 10, &sc, sizeof(sc));
+	w8(&o, 5);
+	fclose(o.fp);
+
+	/* The attacks of command 6 in place while two streams go to a client
+	 * that never reads them; the daemon must still serve a fresh client. */
+	o = seed_open(dir, "hostile-fds-blocking");
+	w8(&o, 6);
+	w8(&o, HOSTILE_BLOCKING | HOSTILE_FILL | HOSTILE_MUTE);
+	w_generate(&o, 1, "Why is the sky blue?", 0, 0, "Be brief.", "\n\n");
+	w_generate(&o, 2, "Once upon a time", IPC_GEN_RAW | IPC_GEN_WANT_IDS, 0, NULL, NULL);
+	w8(&o, 5);
+	fclose(o.fp);
+
+	o = seed_open(dir, "hostile-fds-shutdown");
+	w8(&o, 6);
+	w8(&o, HOSTILE_BLOCKING | HOSTILE_FILL | HOSTILE_MUTE | HOSTILE_SHUTDOWN);
+	w_generate(&o, 1, "Why is the sky blue?", 0, 0, "Be brief.", "\n\n");
+	w_generate(&o, 2, "Once upon a time", IPC_GEN_RAW | IPC_GEN_WANT_IDS, 0, NULL, NULL);
 	w8(&o, 5);
 	fclose(o.fp);
 

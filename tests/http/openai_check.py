@@ -12,10 +12,14 @@ Each check prints "ok: ..." or raises (exit status 1 with the traceback):
   - seed makes a sampled answer reproducible; max_completion_tokens bounds
     it; content as text parts equals the same content as a string
   - stop strings end the text before the stop string
+  - a multi-turn conversation, re-sent whole with each new turn (earlier
+    user and assistant turns): every turn finds all full KV pages of the
+    previous prompt in kvd's prefix cache, so cached_tokens grows turn by
+    turn; streamed and non-streamed turns give the same text
   - 32 concurrent greedy streams each equal their solo run
-  - errors as the client library's exception classes: 400 for a multi-turn
-    conversation, n > 1 and logprobs; 404 for an unknown model; 401 for a
-    wrong key
+  - errors as the client library's exception classes: 400 for a tool
+    message, a conversation ending in an assistant message, n > 1 and
+    logprobs; 404 for an unknown model; 401 for a wrong key
 """
 import sys
 import threading
@@ -66,6 +70,36 @@ ok(f"streamed chat equals the non-streamed text; usage chunk last; "
 r2 = chat("Name one planet.", max_tokens=8, temperature=0)
 assert r2.usage.prompt_tokens_details.cached_tokens >= 16, r2.usage
 ok(f"a shared system prompt is reused: cached_tokens {r2.usage.prompt_tokens_details.cached_tokens}")
+
+# ---- a multi-turn conversation: the whole history goes with every turn and
+# kvd renders it with the model's template; the earlier turns come from the
+# prefix cache. BLOCK is kvd's default block_size (tokens per KV page): the
+# cache holds full pages, so at most the previous prompt's last partial page
+# is computed again.
+BLOCK = 16
+conv = [{"role": "system", "content": SYS}]
+prev_prompt, prev_cached, grown, cached_seen = 0, -1, [], []
+for turn, question in enumerate(["Name a colour.", "Name another one.", "And a third one?", "Which of them is darkest?"]):
+    conv.append({"role": "user", "content": question})
+    r = client.chat.completions.create(model=model, messages=conv, max_tokens=16, temperature=0)
+    answer = r.choices[0].message.content
+    cached, prompt = r.usage.prompt_tokens_details.cached_tokens, r.usage.prompt_tokens
+    if turn > 0:
+        assert prompt > prev_prompt, (turn, prompt, prev_prompt)
+        assert cached >= prev_prompt // BLOCK * BLOCK, (turn, cached, prev_prompt, r.usage)
+        assert cached >= prev_cached, (turn, cached, prev_cached)
+        # the same turn streamed: same text, and now its own prompt is cached
+        chunks = list(client.chat.completions.create(model=model, messages=conv, max_tokens=16, temperature=0,
+                                                     stream=True, stream_options={"include_usage": True}))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == answer, (chunks, answer)
+        assert chunks[-1].usage.prompt_tokens == prompt
+        assert chunks[-1].usage.prompt_tokens_details.cached_tokens >= prompt // BLOCK * BLOCK, chunks[-1].usage
+    grown.append(f"{cached}/{prompt}")
+    conv.append({"role": "assistant", "content": answer})
+    prev_prompt, prev_cached = prompt, cached
+    cached_seen.append(cached)
+assert cached_seen[-1] >= cached_seen[0] + 3 * BLOCK, cached_seen
+ok(f"multi-turn conversation, re-sent each turn: cached/prompt tokens {' -> '.join(grown)}")
 
 # ---- seed: a sampled (not greedy) answer is reproducible; max_completion_tokens bounds it;
 # content given as text parts is the same message
@@ -137,9 +171,13 @@ def expect(exc, fn, what):
 
 
 e = expect(openai.BadRequestError, lambda: client.chat.completions.create(
-    model=model, messages=[{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-                           {"role": "user", "content": "c"}]), "multi-turn messages")
+    model=model, messages=[{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]),
+    "a conversation ending in an assistant message")
 assert e.body.get("param") == "messages", e.body
+e = expect(openai.BadRequestError, lambda: client.chat.completions.create(
+    model=model, messages=[{"role": "user", "content": "a"}, {"role": "tool", "content": "b", "tool_call_id": "x"},
+                           {"role": "user", "content": "c"}]), "a tool message")
+assert e.body.get("param") == "messages[1].role", e.body
 e = expect(openai.BadRequestError, lambda: client.chat.completions.create(
     model=model, n=2, messages=[{"role": "user", "content": "a"}]), "n = 2")
 assert e.body.get("param") == "n"

@@ -5,8 +5,11 @@
 # with an API key. Checked:
 #   - the official `openai` Python package (tests/http/openai_check.py):
 #     chat and completions, streaming and not, stream_options.include_usage,
-#     cached_tokens from the prefix cache, stop strings, 32 concurrent
-#     greedy streams equal to their solo runs, errors as exception classes
+#     cached_tokens from the prefix cache, a multi-turn conversation whose
+#     cached_tokens grows turn by turn, stop strings, 32 concurrent greedy
+#     streams equal to their solo runs, errors as exception classes
+#   - a conversation with earlier turns gives the same prompt and answer
+#     through kvd-http (streamed or not) as through kvctl chat
 #   - curl: server-sent events ending in "data: [DONE]" whose text equals
 #     the non-streamed answer; status codes 400 / 401 / 404 / 405 / 413 / 431;
 #     /health without a key; /metrics in Prometheus text
@@ -113,6 +116,29 @@ assert chunks[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_
 assert len({c["id"] for c in chunks}) == 1
 PYEOF
 ok "curl: SSE ends in data: [DONE], its text equals the non-streamed answer"
+
+# ---- a conversation with earlier turns: the same prompt and answer as kvctl chat
+CONV='[{"role":"system","content":"Be brief."},{"role":"user","content":"Name a colour."},
+{"role":"assistant","content":"Blue."},{"role":"user","content":"Name another one."}]'
+curl -sf "${AUTH[@]}" "$B/v1/chat/completions" -d "{\"messages\":$CONV,\"max_tokens\":16,\"temperature\":0}" \
+	>"$T/conv.json" || fail "curl multi-turn chat"
+curl -sfN "${AUTH[@]}" "$B/v1/chat/completions" \
+	-d "{\"messages\":$CONV,\"max_tokens\":16,\"temperature\":0,\"stream\":true}" >"$T/conv.sse" ||
+	fail "curl multi-turn chat, streamed"
+echo "$CONV" | KVD_SOCKET=$S "$KVCTL" chat --max-tokens 16 --temperature 0 --json >"$T/conv.kvctl" ||
+	fail "kvctl chat: $(cat "$T/conv.kvctl")"
+$PY - "$T/conv.json" "$T/conv.sse" "$T/conv.kvctl" <<'PYEOF' || fail "multi-turn chat through kvd-http differs from kvctl chat"
+import json, sys
+http = json.load(open(sys.argv[1]))
+sse = [json.loads(e[6:]) for e in open(sys.argv[2]).read().split("\n\n") if e.startswith("data: {")]
+kv = json.load(open(sys.argv[3]))
+text = http["choices"][0]["message"]["content"]
+assert text and text == kv["text"], (http, kv)
+assert "".join(c["choices"][0]["delta"].get("content") or "" for c in sse) == text, sse
+assert http["usage"]["prompt_tokens"] == kv["prompt_tokens"], (http["usage"], kv)
+print(f"ok: a 4-message conversation: {text!r} ({kv['prompt_tokens']} prompt tokens), the same through kvd-http "
+      "(streamed or not) and kvctl chat")
+PYEOF
 
 # ---- status codes
 code() { curl -s -o "$T/code.out" -w '%{http_code}' "$@"; }

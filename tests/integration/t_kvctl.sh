@@ -4,8 +4,11 @@
 # errors that name them (a '-n 2' is not read as a flag and a prompt), plural
 # and singular in 'plan'; then, against kvd on the default model: a
 # --max-tokens beyond the context names the context size, 'generate --raw
-# --special' sends special tokens, and kvd refuses a KV pool smaller than one
-# page by saying so.
+# --special' sends special tokens, 'kvctl chat' (refusals of bad JSON
+# conversations; [system, user] the same as generate --system; the next turn
+# found in the prefix cache; a conversation through the upload ring; kvd's own
+# checks of a turn list), and kvd refuses a KV pool smaller than one page by
+# saying so.
 source "$(dirname "$0")/lib.sh"
 [ -x "$KVCTL" ] || skip "$KVCTL not built"
 
@@ -50,6 +53,40 @@ expect_rc 2 "generate --special without --raw" --socket "$T/none.sock" generate 
 grep -q -- "--special goes with --raw" "$T/err" || fail "--special without --raw: $(cat "$T/err")"
 ok "unknown options and missing values are usage errors that name the option"
 
+# ---- kvctl chat: the conversation is checked before anything is sent ---------------------------------
+chat_in() { # INPUT RC NAME [ARGS...]: kvctl chat reading INPUT on stdin
+	local input=$1 want=$2 name=$3; shift 3
+	printf '%s' "$input" | "$KVCTL" --socket "$T/none.sock" chat "$@" >"$T/out" 2>"$T/err"
+	local rc=$?
+	[ $rc = "$want" ] || fail "chat, $name: exit $rc, expected $want ($(head -n 3 "$T/err"))"
+}
+HAVE_CHAT_JSON=1
+printf '[{"role":"user","content":"hi"}]' | "$KVCTL" --socket "$T/none.sock" chat >/dev/null 2>"$T/err"
+if grep -q "built without jansson" "$T/err"; then
+	HAVE_CHAT_JSON=0
+	echo "skipped: the kvctl chat checks: kvctl was built without jansson (install libjansson-dev)"
+else
+	chat_in '[{"role":"user","content":"hi"}' 2 "bad JSON"
+	grep -q "line 1, column" "$T/err" || fail "chat, bad JSON: $(cat "$T/err")"
+	chat_in '{"role":"user","content":"hi"}' 2 "not an array"
+	grep -q "non-empty JSON array" "$T/err" || fail "chat, not an array: $(cat "$T/err")"
+	chat_in '[{"role":"user","content":"hi"},{"role":"assistant","content":"yo"}]' 2 "assistant last"
+	grep -q "the last message is the assistant's" "$T/err" || fail "chat, assistant last: $(cat "$T/err")"
+	chat_in '[{"role":"tool","content":"x"},{"role":"user","content":"hi"}]' 2 "unknown role"
+	grep -q 'message 0: unknown role "tool"' "$T/err" || fail "chat, tool role: $(cat "$T/err")"
+	chat_in '[{"role":"user","content":"hi","name":"x"}]' 2 "extra member"
+	grep -q 'unknown member "name"' "$T/err" || fail "chat, extra member: $(cat "$T/err")"
+	chat_in '[{"role":"user","content":"a\u0000b"}]' 2 "NUL in content"
+	grep -q 'u0000' "$T/err" || fail "chat, NUL: $(cat "$T/err")"
+	chat_in '[{"role":"user","role":"user","content":"hi"}]' 2 "duplicate key"
+	chat_in '[{"role":"user","content":"hi"}]' 2 "--system" --system x
+	grep -q 'a system prompt is a "system" message' "$T/err" || fail "chat --system: $(cat "$T/err")"
+	chat_in '[{"role":"user","content":"hi"}]' 3 "no daemon" # valid: it gets as far as connecting
+	"$KVCTL" --socket "$T/none.sock" chat "$T/no-such-file.json" >/dev/null 2>"$T/err"; rc=$?
+	[ $rc = 7 ] && grep -q "no-such-file.json: No such file" "$T/err" || fail "chat FILE missing: exit $rc, $(cat "$T/err")"
+	ok "kvctl chat refuses bad conversations by name (bad JSON at line/column, roles, last turn, NUL, duplicates)"
+fi
+
 # ---- plan: singular and plural ----------------------------------------------------------------------
 expect_rc 0 "plan, one of each" plan --layers 1 --kv-heads 1 --head-dim 64 --context 1 --memory 4K
 grep -q -- "-> 1 page -> 1 sequence of 1 token$" "$T/out" || fail "plan singular: $(cat "$T/out")"
@@ -86,6 +123,54 @@ bos=$("$KVCTL" --socket "$S" count --bos --special "$sp")
 [ "$with" = "$bos" ] || fail "generate --raw --special '$sp': $with prompt tokens, expected $bos (count --bos --special)"
 [ "$without" -gt "$with" ] || fail "generate --raw '$sp' without --special: $without prompt tokens, not more than $with"
 ok "generate --raw --special sends '$sp' as a special token ($with prompt tokens; $without as text)"
+
+if [ "$HAVE_CHAT_JSON" = 1 ]; then
+	# a system + user conversation renders exactly like generate --system: same tokens, same answer
+	printf '[{"role":"system","content":"Be brief."},{"role":"user","content":"Name a colour."}]' >"$T/c1.json"
+	expect_rc 0 "chat FILE" --socket "$S" chat --temperature 0 --max-tokens 12 --json "$T/c1.json"
+	cp "$T/out" "$T/c1.out"
+	expect_rc 0 "generate --system" --socket "$S" generate --system "Be brief." --temperature 0 --max-tokens 12 --json \
+		"Name a colour."
+	$PY - "$T/c1.out" "$T/out" <<'PYEOF' || fail "chat [system, user] differs from generate --system"
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+assert a["text"] == b["text"] and a["prompt_tokens"] == b["prompt_tokens"], (a, b)
+PYEOF
+	# the conversation grows by the answer and a new question: its earlier turns come from the cache
+	$PY - "$T/c1.json" "$T/c1.out" >"$T/c2.json" <<'PYEOF'
+import json, sys
+conv = json.load(open(sys.argv[1]))
+conv += [{"role": "assistant", "content": json.load(open(sys.argv[2]))["text"]},
+         {"role": "user", "content": "Name another one."}]
+print(json.dumps(conv))
+PYEOF
+	"$KVCTL" --socket "$S" chat --temperature 0 --max-tokens 12 --json <"$T/c2.json" >"$T/c2.out" ||
+		fail "chat on stdin: $(cat "$T/c2.out")"
+	p1=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["prompt_tokens"])' "$T/c1.out")
+	read -r p2 c2 < <($PY -c 'import json,sys; d = json.load(open(sys.argv[1])); print(d["prompt_tokens"], d["cached_tokens"])' "$T/c2.out")
+	[ "$p2" -gt "$p1" ] && [ "$c2" -ge $((p1 / 16 * 16)) ] && [ "$c2" -gt 0 ] ||
+		fail "second turn: $p2 prompt tokens, $c2 cached; the first turn had $p1 (its full pages should be cached)"
+	ok "chat: [system, user] = generate --system ($p1 prompt tokens); the next turn finds $c2 of its $p2 tokens cached"
+	# a conversation beyond the inline limit travels through the upload ring: kvd renders and counts it
+	$PY -c 'import json; print(json.dumps([{"role":"user","content":"word " * 9000},
+		{"role":"assistant","content":"ok"},{"role":"user","content":"again"}]))' >"$T/big.json"
+	expect_rc 4 "a 45 KB conversation" --socket "$S" chat --max-tokens 8 "$T/big.json"
+	grep -qE "[0-9]{4,} prompt tokens \+ max_tokens 8 = [0-9]+ exceeds the context window of $ctx tokens" "$T/err" ||
+		fail "a 45 KB conversation: $(cat "$T/err")"
+	ok "a 45 KB conversation goes through the ring and is rendered: $(sed 's/^kvctl: //' "$T/err" | head -n 1)"
+	# kvd checks a list that arrived through the ring itself (kvd_raw writes it unchecked)
+	if [ -x "$RAW" ]; then
+		"$RAW" -s "$S" generate --turns --ring -n 4 '2:hi|3:yo' >/dev/null 2>"$T/raw.err"; rc=$?
+		[ $rc = 2 ] && grep -q "code=-22 .*the last chat turn is the assistant's; it must be the user's" "$T/raw.err" ||
+			fail "kvd and a ring list ending with the assistant: exit $rc, $(cat "$T/raw.err")"
+		"$RAW" -s "$S" generate --turns --ring -n 4 '2:hi|9:x|2:again' >/dev/null 2>"$T/raw.err"; rc=$?
+		[ $rc = 2 ] && grep -q "code=-22 .*chat turn 1 is malformed (unknown role" "$T/raw.err" ||
+			fail "kvd and a ring list with role 9: exit $rc, $(cat "$T/raw.err")"
+		"$RAW" -s "$S" generate --turns --ring -n 4 --temperature 0 '1:Be brief.|2:Name a colour.' >/dev/null 2>"$T/raw.err" ||
+			fail "kvd_raw --turns --ring: $(cat "$T/raw.err")"
+		ok "kvd refuses turn lists that arrived malformed through the ring with an ERROR naming the rule; a good one is served"
+	fi
+fi
 stop_kvd "$KVD_PID"
 
 # ---- a KV pool smaller than one page --------------------------------------------------------------------

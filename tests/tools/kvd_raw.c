@@ -5,7 +5,7 @@
  *
  *   kvd_raw [-s SOCK] hello
  *   kvd_raw [-s SOCK] generate [--raw] [--ring] [--ids] [-n N] [--system S]
- *                     [--temperature T] [--seed S] [--stop S] [--hang] PROMPT
+ *                     [--temperature T] [--seed S] [--stop S] [--hang] [--turns] PROMPT
  *   kvd_raw [-s SOCK] session PROMPT [PROMPT ...]   (one session, one turn each)
  *   kvd_raw [-s SOCK] stats                         (JSON, keys as kvctl stats --json)
  *   kvd_raw [-s SOCK] tokenize TEXT                 (ids, special tokens parsed)
@@ -19,6 +19,9 @@
  * reading (for tests that kill a client mid-stream); --slow MS sleeps after
  * every record it reads (a slow reader); --pause MS stops reading for MS
  * after the first record; --cancel-after N sends CANCEL after N tokens.
+ * --turns sends PROMPT as chat turns (IPC_GEN_CHAT_TURNS): "R:text|R:text..."
+ * with R the role's wire number, written as given, unchecked (with --ring
+ * even a list the encoder would refuse reaches the daemon).
  * attack sends one bad thing and expects an ERROR frame back: it prints
  * "ERROR code=.. msg" and exits 0, or exits 1 when none came. KIND: badmagic
  * short badlen unknown-type version reserved oversized-prompt garbage-ring
@@ -158,7 +161,7 @@ static int upload(struct conn *c, uint64_t rid, const char *text, uint32_t len)
 }
 
 struct gen_opts {
-	bool raw, ring, ids, hang;
+	bool raw, ring, ids, hang, turns;
 	unsigned slow_ms;     /* sleep after each record (a slow reader) */
 	unsigned cancel_after; /* send CANCEL after this many tokens; 0: never */
 	unsigned pause_ms;     /* stop reading this long after the first record */
@@ -180,14 +183,38 @@ static int run_generate(struct conn *c, uint64_t rid, const struct gen_opts *o, 
 	unsigned records = 0, max_batch = 0, n_tok = 0;
 	bool cancelled = false;
 
-	m.g.gen_flags = (o->raw ? IPC_GEN_RAW : 0) | (o->ids ? IPC_GEN_WANT_IDS : 0) | (o->ring ? IPC_GEN_PROMPT_IN_RING : 0);
+	static char turns[IPC_MAX_INLINE_TEXT_BYTES * 4];
+	uint32_t prompt_len = (uint32_t)strlen(prompt);
+	if (o->turns) { /* "R:text|R:text": records written as given */
+		size_t k = 0;
+		for (const char *p = prompt; *p;) {
+			const char *end = strchr(p, '|');
+			size_t item = end ? (size_t)(end - p) : strlen(p);
+			const char *colon = memchr(p, ':', item);
+			if (!colon || k + 8 + item > sizeof(turns)) {
+				fprintf(stderr, "--turns: bad turn list\n");
+				return 1;
+			}
+			uint32_t bytes = (uint32_t)(item - (size_t)(colon + 1 - p));
+			memset(turns + k, 0, 8);
+			turns[k] = (char)strtoul(p, NULL, 10);
+			memcpy(turns + k + 4, &bytes, 4);
+			memcpy(turns + k + 8, colon + 1, bytes);
+			k += 8 + bytes;
+			p += item + (end ? 1 : 0);
+		}
+		prompt = turns;
+		prompt_len = (uint32_t)k;
+	}
+	m.g.gen_flags = (o->raw ? IPC_GEN_RAW : 0) | (o->ids ? IPC_GEN_WANT_IDS : 0) | (o->ring ? IPC_GEN_PROMPT_IN_RING : 0) |
+			(o->turns ? IPC_GEN_CHAT_TURNS : 0);
 	m.g.max_tokens = o->max_tokens;
 	m.g.temperature = o->temperature;
 	m.g.top_p = 1.0f;
 	m.g.repeat_penalty = 1.0f;
 	m.g.seed = o->seed;
 	m.g.session_id = o->session;
-	m.g.prompt_bytes = (uint32_t)strlen(prompt);
+	m.g.prompt_bytes = prompt_len;
 	if (o->system) {
 		m.system = o->system;
 		m.g.system_bytes = (uint32_t)strlen(o->system);
@@ -460,7 +487,8 @@ int main(int argc, char **argv)
 		{ "temperature", required_argument, NULL, 'T' }, { "seed", required_argument, NULL, 'e' },
 		{ "stop", required_argument, NULL, 'p' },   { "hang", no_argument, NULL, 'H' },
 		{ "bytes", required_argument, NULL, 'b' },  { "slow", required_argument, NULL, 'w' },
-		{ "cancel-after", required_argument, NULL, 'C' }, { "pause", required_argument, NULL, 'P' }, { 0 },
+		{ "cancel-after", required_argument, NULL, 'C' }, { "pause", required_argument, NULL, 'P' },
+		{ "turns", no_argument, NULL, 'U' }, { 0 },
 	};
 	struct gen_opts o = { .max_tokens = 32, .seed = 1 };
 	uint32_t bytes = 4096;
@@ -483,6 +511,7 @@ int main(int argc, char **argv)
 		case 'w': o.slow_ms = (unsigned)strtoul(optarg, NULL, 0); break;
 		case 'C': o.cancel_after = (unsigned)strtoul(optarg, NULL, 0); break;
 		case 'P': o.pause_ms = (unsigned)strtoul(optarg, NULL, 0); break;
+		case 'U': o.turns = true; break;
 		default: return 64;
 		}
 	}
@@ -508,6 +537,7 @@ int main(int argc, char **argv)
 		case 'w': o.slow_ms = (unsigned)strtoul(optarg, NULL, 0); break;
 		case 'C': o.cancel_after = (unsigned)strtoul(optarg, NULL, 0); break;
 		case 'P': o.pause_ms = (unsigned)strtoul(optarg, NULL, 0); break;
+		case 'U': o.turns = true; break;
 		default: return 64;
 		}
 	}

@@ -471,6 +471,136 @@ static void test_reject_generate(void **state)
 	assert_int_equal(ipc_encode_generate(fbuf, sizeof(fbuf), 1, &m), -EINVAL);
 }
 
+/* One turn record by hand: role, padding, announced length and text. */
+static size_t turn_rec(uint8_t *out, uint8_t role, uint8_t pad, uint32_t bytes, const char *text, size_t text_len)
+{
+	out[0] = role;
+	out[1] = pad;
+	out[2] = out[3] = 0;
+	memcpy(out + 4, &bytes, 4);
+	memcpy(out + 8, text, text_len);
+	return 8 + text_len;
+}
+
+static void test_chat_turns(void **state)
+{
+	(void)state;
+	const struct ipc_chat_turn turns[] = {
+		{ IPC_CHAT_SYSTEM, 9, "Be brief." },
+		{ IPC_CHAT_USER, 2, "Hi" },
+		{ IPC_CHAT_ASSISTANT, 0, "" },
+		{ IPC_CHAT_USER, 5, "Again" },
+	};
+	uint8_t buf[256];
+
+	/* size query, then the exact layout: u8 role, 3 zero bytes, u32 bytes, text */
+	ssize_t n = ipc_chat_turns_encode(NULL, 0, turns, 4);
+	assert_int_equal(n, 4 * 8 + 9 + 2 + 0 + 5);
+	assert_int_equal(ipc_chat_turns_encode(buf, 10, turns, 4), n); /* too small: size, nothing written */
+	memset(buf, 0xee, sizeof(buf));
+	assert_int_equal(ipc_chat_turns_encode(buf, sizeof(buf), turns, 4), n);
+	uint8_t want[] = { 1, 0, 0, 0, 9, 0, 0, 0, 'B', 'e', ' ', 'b', 'r', 'i', 'e', 'f', '.',
+			   2, 0, 0, 0, 2, 0, 0, 0, 'H', 'i', 3, 0, 0, 0, 0, 0, 0, 0,
+			   2, 0, 0, 0, 5, 0, 0, 0, 'A', 'g', 'a', 'i', 'n' };
+	assert_int_equal(sizeof(want), (size_t)n);
+	assert_memory_equal(buf, want, sizeof(want));
+	assert_int_equal(ipc_chat_turns_check(buf, (size_t)n), 4);
+	size_t off = 0;
+	struct ipc_chat_turn t;
+	for (int i = 0; i < 4; i++) {
+		assert_int_equal(ipc_chat_turn_next(buf, (size_t)n, &off, &t), 1);
+		assert_int_equal(t.role, turns[i].role);
+		assert_int_equal(t.bytes, turns[i].bytes);
+		assert_memory_equal(t.text, turns[i].text, t.bytes);
+	}
+	assert_int_equal(ipc_chat_turn_next(buf, (size_t)n, &off, &t), 0);
+	assert_string_equal(ipc_chat_role_name(IPC_CHAT_ASSISTANT), "assistant");
+	assert_null(ipc_chat_role_name(4));
+	assert_int_equal(ipc_chat_role_parse("user", 4), IPC_CHAT_USER);
+	assert_int_equal(ipc_chat_role_parse("users", 5), 0);
+	assert_int_equal(ipc_chat_role_parse("tool", 4), 0);
+
+	/* encoder refusals */
+	struct ipc_chat_turn bad = { 7, 1, "x" };
+	assert_int_equal(ipc_chat_turns_encode(NULL, 0, &bad, 1), -EINVAL);
+	bad = (struct ipc_chat_turn){ IPC_CHAT_USER, 3, "a\0b" };
+	assert_int_equal(ipc_chat_turns_encode(NULL, 0, &bad, 1), -EINVAL);
+	assert_int_equal(ipc_chat_turns_encode(NULL, 0, turns, IPC_MAX_CHAT_TURNS + 1), -E2BIG);
+	bad = (struct ipc_chat_turn){ IPC_CHAT_USER, IPC_MAX_TEXT_BYTES, "" };
+	struct ipc_chat_turn two[2] = { bad, bad };
+	two[0].bytes = two[1].bytes = IPC_MAX_TEXT_BYTES / 2; /* with the heads, past the limit */
+	static char big[IPC_MAX_TEXT_BYTES / 2];
+	memset(big, 'a', sizeof(big));
+	two[0].text = two[1].text = big;
+	assert_int_equal(ipc_chat_turns_encode(NULL, 0, two, 2), -E2BIG);
+
+	/* decoder refusals, record by record */
+	uint8_t r[64];
+	size_t k;
+	k = turn_rec(r, IPC_CHAT_USER, 1, 2, "hi", 2); /* padding not zero */
+	assert_int_equal(ipc_chat_turns_check(r, k), -EPROTO);
+	k = turn_rec(r, 0, 0, 2, "hi", 2); /* role 0 */
+	assert_int_equal(ipc_chat_turns_check(r, k), -EINVAL);
+	k = turn_rec(r, 4, 0, 2, "hi", 2); /* role past assistant */
+	assert_int_equal(ipc_chat_turns_check(r, k), -EINVAL);
+	k = turn_rec(r, IPC_CHAT_USER, 0, 3, "hi", 2); /* text runs past the end */
+	assert_int_equal(ipc_chat_turns_check(r, k), -EBADMSG);
+	k = turn_rec(r, IPC_CHAT_USER, 0, 0xffffffffu, "hi", 2); /* huge length */
+	assert_int_equal(ipc_chat_turns_check(r, k), -EBADMSG);
+	k = turn_rec(r, IPC_CHAT_USER, 0, 2, "hi", 2);
+	assert_int_equal(ipc_chat_turns_check(r, k - 3), -EBADMSG); /* truncated text */
+	assert_int_equal(ipc_chat_turns_check(r, 5), -EBADMSG);     /* truncated head */
+	k = turn_rec(r, IPC_CHAT_USER, 0, 3, "h\0i", 3); /* NUL in the text */
+	assert_int_equal(ipc_chat_turns_check(r, k), -EINVAL);
+	assert_int_equal(ipc_chat_turns_check(r, 0), -EINVAL); /* no turns */
+	k = turn_rec(r, IPC_CHAT_USER, 0, 2, "hi", 2);
+	k += turn_rec(r + k, IPC_CHAT_ASSISTANT, 0, 2, "yo", 2); /* last turn not the user's */
+	assert_int_equal(ipc_chat_turns_check(r, k), -EINVAL);
+	k = turn_rec(r, IPC_CHAT_SYSTEM, 0, 2, "be", 2); /* only a system turn */
+	assert_int_equal(ipc_chat_turns_check(r, k), -EINVAL);
+	/* more than IPC_MAX_CHAT_TURNS empty user turns */
+	static uint8_t many[(IPC_MAX_CHAT_TURNS + 1) * 8];
+	for (unsigned i = 0; i <= IPC_MAX_CHAT_TURNS; i++)
+		turn_rec(many + 8 * i, IPC_CHAT_USER, 0, 0, "", 0);
+	assert_int_equal(ipc_chat_turns_check(many, sizeof(many)), -E2BIG);
+	assert_int_equal(ipc_chat_turns_check(many, sizeof(many) - 8), (int)IPC_MAX_CHAT_TURNS);
+
+	/* A GENERATE carrying turns inline: validated with the frame. */
+	struct ipc_generate g = good_gen();
+	g.gen_flags = IPC_GEN_CHAT_TURNS;
+	g.prompt_bytes = (uint32_t)n;
+	assert_int_equal(gen_check(&g, buf, (size_t)n), 0);
+	k = turn_rec(r, IPC_CHAT_USER, 1, 2, "hi", 2);
+	g.prompt_bytes = (uint32_t)k;
+	assert_int_equal(gen_check(&g, r, k), -EPROTO); /* a bad record refuses the frame */
+	k = turn_rec(r, IPC_CHAT_ASSISTANT, 0, 2, "hi", 2);
+	assert_int_equal(gen_check(&g, r, k), -EINVAL);
+	/* turns exclude raw text, a separate system text and sessions */
+	g = good_gen(); g.gen_flags = IPC_GEN_CHAT_TURNS | IPC_GEN_RAW; g.prompt_bytes = (uint32_t)n;
+	assert_int_equal(gen_check(&g, buf, (size_t)n), -EINVAL);
+	g = good_gen(); g.gen_flags = IPC_GEN_CHAT_TURNS; g.session_id = 5; g.prompt_bytes = (uint32_t)n;
+	assert_int_equal(gen_check(&g, buf, (size_t)n), -EINVAL);
+	uint8_t sys_then[256];
+	sys_then[0] = 'S';
+	memcpy(sys_then + 1, buf, (size_t)n);
+	g = good_gen(); g.gen_flags = IPC_GEN_CHAT_TURNS; g.system_bytes = 1; g.prompt_bytes = (uint32_t)n;
+	assert_int_equal(gen_check(&g, sys_then, (size_t)n + 1), -EINVAL);
+	/* through the ring: only the size is known with the frame; the
+	 * receiver checks the list once it has arrived */
+	g = good_gen(); g.gen_flags = IPC_GEN_CHAT_TURNS | IPC_GEN_PROMPT_IN_RING; g.prompt_bytes = 100000;
+	assert_int_equal(gen_check(&g, NULL, 0), 0);
+	/* the encoder checks an inline list like the decoder */
+	struct ipc_generate_msg m = { .g = good_gen() };
+	m.g.gen_flags = IPC_GEN_CHAT_TURNS;
+	k = turn_rec(r, IPC_CHAT_ASSISTANT, 0, 2, "hi", 2);
+	m.g.prompt_bytes = (uint32_t)k;
+	m.prompt = (const char *)r;
+	assert_int_equal(ipc_encode_generate(fbuf, sizeof(fbuf), 1, &m), -EINVAL);
+	m.g.prompt_bytes = (uint32_t)n;
+	m.prompt = (const char *)buf;
+	assert_true(ipc_encode_generate(fbuf, sizeof(fbuf), 1, &m) > 0);
+}
+
 static void test_reject_payloads(void **state)
 {
 	(void)state;
@@ -1450,6 +1580,7 @@ int main(void)
 		cmocka_unit_test(test_roundtrip_variable),
 		cmocka_unit_test(test_reject_header),
 		cmocka_unit_test(test_reject_generate),
+		cmocka_unit_test(test_chat_turns),
 		cmocka_unit_test(test_reject_payloads),
 		cmocka_unit_test(test_socket_fds_and_limits),
 		cmocka_unit_test(test_socket_listen_connect_cred),

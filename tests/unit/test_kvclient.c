@@ -46,6 +46,7 @@ struct fake_cfg {
 	enum hello_mode hello;
 	int listen_fd;                 /* >= 0: accept one client from it first */
 	bool loop;                     /* with listen_fd: serve clients one after another until stop */
+	uint32_t server_version;       /* in WELCOME; 0: 0.1.0 (before chat turns) */
 };
 
 struct pending {
@@ -231,6 +232,14 @@ static void run_generate(struct fake *s, uint64_t id, const char *prompt, size_t
 {
 	bool ids = s->last_gen.gen_flags & IPC_GEN_WANT_IDS;
 	char text[256];
+
+	if (s->last_gen.gen_flags & IPC_GEN_CHAT_TURNS) { /* the turn list, checked as kvd checks it */
+		snprintf(text, sizeof(text), "turns=%d len=%zu sum=%016llx", ipc_chat_turns_check(prompt, len), len,
+			 (unsigned long long)fnv(prompt, len));
+		push_token(s, id, 0, 1, ids, text);
+		push_done(s, id, IPC_FINISH_LENGTH, (uint32_t)len, 1);
+		return;
+	}
 
 	if (starts(prompt, len, "hello")) {
 		const char *parts[] = { "Hel", "lo", " world", "!" };
@@ -483,7 +492,7 @@ static void handshake(struct fake *s)
 	}
 	struct ipc_chan_config cc = { .c2s_bytes = s->cfg.c2s_bytes, .s2c_bytes = s->cfg.s2c_bytes };
 	SRV_CHECK(s, ipc_chan_create(&cc, &s->ch) == 0);
-	struct ipc_welcome w = { .server_version = 0x000100, .capabilities = IPC_CAP_SESSIONS, .client_id = 7,
+	struct ipc_welcome w = { .server_version = s->cfg.server_version ? s->cfg.server_version : 0x000100, .capabilities = IPC_CAP_SESSIONS, .client_id = 7,
 				 .n_vocab = 49152, .n_ctx = 8192, .block_size = 16, .n_layers = 30, .n_kv_heads = 3,
 				 .head_dim = 64, .kv_dtype_bytes = 4, .max_text_bytes = FAKE_MAX_TEXT,
 				 .max_requests = 8, .max_gen_tokens = 200000, .shm_bytes = ipc_chan_shm_bytes(s->ch),
@@ -789,6 +798,137 @@ static void test_params_on_the_wire(void **state)
 	assert_int_equal(kvc_generate(c, huge, big, NULL, NULL, NULL, NULL), -E2BIG);
 	free(huge);
 	/* The connection is still fine. */
+	assert_int_equal(kvc_generate(c, "hello", KVC_NTS, NULL, NULL, NULL, NULL), 0);
+	fake_finish(s, c);
+}
+
+/* A conversation (kvc_gen_params.messages) goes out as the wire's turn
+ * list, inline or through the ring, and bad ones never leave the client. */
+static void test_chat_messages(void **state)
+{
+	(void)state;
+	kvc_client *c;
+	struct fake_cfg cfg = { .listen_fd = -1, .server_version = IPC_CHAT_TURNS_SERVER_VERSION };
+	struct fake *s = fake_start(&cfg, &c, 0);
+	struct kvc_gen_params p;
+	kvc_gen_params_init(&p);
+	assert_null(p.messages);
+	assert_int_equal(p.n_messages, 0);
+	assert_int_equal(p.reserved[0] | p.reserved[5], 0);
+	if (sizeof(void *) == 8)
+		assert_int_equal(sizeof(p), 136); /* the ABI: members came from the reserved space */
+
+	const struct kvc_chat_msg conv[] = {
+		{ "system", "Be brief." }, { "user", "Name a colour." }, { "assistant", "Blue." }, { "user", "Another?" },
+	};
+	const struct ipc_chat_turn turns[] = {
+		{ IPC_CHAT_SYSTEM, 9, "Be brief." }, { IPC_CHAT_USER, 14, "Name a colour." },
+		{ IPC_CHAT_ASSISTANT, 5, "Blue." }, { IPC_CHAT_USER, 8, "Another?" },
+	};
+	uint8_t enc[256];
+	ssize_t n = ipc_chat_turns_encode(enc, sizeof(enc), turns, 4);
+	assert_true(n > 0);
+	p.messages = conv;
+	p.n_messages = 4;
+	p.temperature = 0;
+	struct collect col = { 0 };
+	assert_int_equal(kvc_generate(c, NULL, 0, &p, collect_cb, &col, NULL), 0);
+	char want[128];
+	snprintf(want, sizeof(want), "turns=4 len=%zd sum=%016llx", n, (unsigned long long)fnv((char *)enc, (size_t)n));
+	assert_string_equal(col.text, want);
+	pthread_mutex_lock(&s->lock);
+	uint32_t flags = s->last_gen.gen_flags, sys = s->last_gen.system_bytes;
+	pthread_mutex_unlock(&s->lock);
+	assert_int_equal(flags, IPC_GEN_CHAT_TURNS);
+	assert_int_equal(sys, 0);
+	/* an empty prompt given as "" (length 0) is the same as NULL */
+	memset(&col, 0, sizeof(col));
+	assert_int_equal(kvc_generate(c, "", 0, &p, collect_cb, &col, NULL), 0);
+	assert_string_equal(col.text, want);
+
+	/* A conversation beyond the inline limit travels through the ring. */
+	size_t big = IPC_MAX_INLINE_TEXT_BYTES + 5000;
+	char *text = malloc(big + 1);
+	memset(text, 'w', big);
+	text[big] = 0;
+	const struct kvc_chat_msg bigconv[] = { { "user", text }, { "assistant", "ok" }, { "user", "more" } };
+	const struct ipc_chat_turn bigturns[] = { { IPC_CHAT_USER, (uint32_t)big, text }, { IPC_CHAT_ASSISTANT, 2, "ok" },
+						  { IPC_CHAT_USER, 4, "more" } };
+	ssize_t bn = ipc_chat_turns_encode(NULL, 0, bigturns, 3);
+	uint8_t *benc = malloc((size_t)bn);
+	assert_int_equal(ipc_chat_turns_encode(benc, (size_t)bn, bigturns, 3), bn);
+	p.messages = bigconv;
+	p.n_messages = 3;
+	memset(&col, 0, sizeof(col));
+	assert_int_equal(kvc_generate(c, NULL, 0, &p, collect_cb, &col, NULL), 0);
+	snprintf(want, sizeof(want), "turns=3 len=%zd sum=%016llx", bn, (unsigned long long)fnv((char *)benc, (size_t)bn));
+	assert_string_equal(col.text, want);
+	pthread_mutex_lock(&s->lock);
+	flags = s->last_gen.gen_flags;
+	pthread_mutex_unlock(&s->lock);
+	assert_int_equal(flags, IPC_GEN_CHAT_TURNS | IPC_GEN_PROMPT_IN_RING);
+	free(benc);
+	free(text);
+
+	/* Refusals, before anything is sent. */
+	struct kvc_gen_params q = p;
+	q.messages = conv;
+	q.n_messages = 4;
+	assert_int_equal(kvc_generate(c, "also a prompt", KVC_NTS, &q, NULL, NULL, NULL), -EINVAL);
+	q.system = "sys";
+	assert_int_equal(kvc_generate(c, NULL, 0, &q, NULL, NULL, NULL), -EINVAL);
+	q = p; q.messages = conv; q.n_messages = 4; q.session_id = FAKE_SESSION;
+	assert_int_equal(kvc_generate(c, NULL, 0, &q, NULL, NULL, NULL), -EINVAL);
+	q = p; q.messages = conv; q.n_messages = 4; q.flags = KVC_GEN_RAW;
+	assert_int_equal(kvc_generate(c, NULL, 0, &q, NULL, NULL, NULL), -EINVAL);
+	q = p; q.messages = NULL; q.n_messages = 2;
+	assert_int_equal(kvc_generate(c, NULL, 0, &q, NULL, NULL, NULL), -EINVAL);
+	q = p; q.messages = conv; q.n_messages = 0; /* an empty conversation, not a prompt */
+	assert_int_equal(kvc_generate(c, NULL, 0, &q, NULL, NULL, NULL), -EINVAL);
+	assert_int_equal(kvc_generate(c, "hello", KVC_NTS, &q, NULL, NULL, NULL), -EINVAL);
+	q = p; q.messages = conv; q.n_messages = 3; /* ends with the assistant's */
+	assert_int_equal(kvc_generate(c, NULL, 0, &q, NULL, NULL, NULL), -EINVAL);
+	const struct kvc_chat_msg tool[] = { { "tool", "42" }, { "user", "x" } };
+	q = p; q.messages = tool; q.n_messages = 2;
+	assert_int_equal(kvc_generate(c, NULL, 0, &q, NULL, NULL, NULL), -EINVAL);
+	const struct kvc_chat_msg nulls[] = { { "user", NULL } };
+	q = p; q.messages = nulls; q.n_messages = 1;
+	assert_int_equal(kvc_generate(c, NULL, 0, &q, NULL, NULL, NULL), -EINVAL);
+	const struct kvc_chat_msg noroles[] = { { NULL, "x" } };
+	q = p; q.messages = noroles; q.n_messages = 1;
+	assert_int_equal(kvc_generate(c, NULL, 0, &q, NULL, NULL, NULL), -EINVAL);
+	struct kvc_chat_msg *lots = calloc(KVC_MAX_CHAT_MSGS + 1, sizeof(*lots));
+	for (size_t i = 0; i <= KVC_MAX_CHAT_MSGS; i++)
+		lots[i] = (struct kvc_chat_msg){ "user", "x" };
+	q = p; q.messages = lots; q.n_messages = KVC_MAX_CHAT_MSGS + 1;
+	assert_int_equal(kvc_generate(c, NULL, 0, &q, NULL, NULL, NULL), -E2BIG);
+	q.n_messages = KVC_MAX_CHAT_MSGS; /* the limit itself is fine */
+	memset(&col, 0, sizeof(col));
+	assert_int_equal(kvc_generate(c, NULL, 0, &q, collect_cb, &col, NULL), 0);
+	assert_non_null(strstr(col.text, "turns=1024 "));
+	free(lots);
+	/* texts plus heads beyond the daemon's max_prompt_bytes */
+	char *huge = malloc(FAKE_MAX_TEXT);
+	memset(huge, 'h', FAKE_MAX_TEXT - 8);
+	huge[FAKE_MAX_TEXT - 8] = 0; /* exactly the limit with one head */
+	const struct kvc_chat_msg at_limit[] = { { "user", huge } };
+	q = p; q.messages = at_limit; q.n_messages = 1;
+	memset(&col, 0, sizeof(col));
+	assert_int_equal(kvc_generate(c, NULL, 0, &q, collect_cb, &col, NULL), 0);
+	assert_non_null(strstr(col.text, "turns=1 "));
+	const struct kvc_chat_msg over[] = { { "system", "s" }, { "user", huge } };
+	q.messages = over; q.n_messages = 2;
+	assert_int_equal(kvc_generate(c, NULL, 0, &q, NULL, NULL, NULL), -E2BIG);
+	free(huge);
+	/* The connection is still fine. */
+	assert_int_equal(kvc_generate(c, "hello", KVC_NTS, NULL, NULL, NULL, NULL), 0);
+	fake_finish(s, c);
+
+	/* A daemon older than chat turns is never sent one: the flag would be
+	 * refused, and a ring upload left unconsumed. */
+	s = fake_start(NULL, &c, 0);
+	q = p; q.messages = conv; q.n_messages = 4;
+	assert_int_equal(kvc_generate(c, NULL, 0, &q, NULL, NULL, NULL), -EOPNOTSUPP);
 	assert_int_equal(kvc_generate(c, "hello", KVC_NTS, NULL, NULL, NULL, NULL), 0);
 	fake_finish(s, c);
 }
@@ -1571,6 +1711,7 @@ int main(void)
 		cmocka_unit_test(test_connect_info_ping),
 		cmocka_unit_test(test_generate_callback),
 		cmocka_unit_test(test_params_on_the_wire),
+		cmocka_unit_test(test_chat_messages),
 		cmocka_unit_test(test_blocking_interleaved),
 		cmocka_unit_test(test_cancel_from_callback),
 		cmocka_unit_test(test_cancel_blocking),

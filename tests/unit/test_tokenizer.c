@@ -37,7 +37,9 @@
 
 #include <cmocka.h>
 
+#include "daemon/request.h"
 #include "gguf.h"
+#include "ipc.h"
 #include "tokenizer.h"
 
 #define MODEL_PATH     "models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -638,6 +640,64 @@ static void test_chat_render_edges(void **state)
 	assert_int_equal(ends, 3);
 }
 
+/* A request's chat turns (IPC_GEN_CHAT_TURNS) render exactly as the same
+ * messages through kvd_chat_render; a list that is not acceptable is
+ * refused with a reason a client can act on. */
+static void test_request_render_turns(void **state)
+{
+	NEED_MODEL(state);
+	const struct kvd_tokenizer *t = *state;
+	const struct ipc_chat_turn turns[] = {
+		{ IPC_CHAT_SYSTEM, 9, "Be brief." }, { IPC_CHAT_USER, 14, "Name a colour." },
+		{ IPC_CHAT_ASSISTANT, 5, "Blue." }, { IPC_CHAT_USER, 0, "" },
+	};
+	struct kvd_chat_msg msgs[] = { { "system", "Be brief." }, { "user", "Name a colour." }, { "assistant", "Blue." },
+				       { "user", "" } };
+	char list[256], want[1024], why[256];
+	char *got = NULL;
+	ssize_t n = ipc_chat_turns_encode(list, sizeof(list), turns, 4);
+	assert_true(n > 0);
+	int w = kvd_chat_render(t, msgs, 4, 1, want, sizeof(want));
+	assert_true(w > 0);
+	assert_int_equal(kvd_request_render_turns(t, list, (size_t)n, &got, why, sizeof(why)), w);
+	assert_string_equal(got, want);
+	free(got);
+	/* the first two turns render to a prefix of the four: what the prefix cache relies on */
+	ssize_t n2 = ipc_chat_turns_encode(list, sizeof(list), turns, 2);
+	got = NULL;
+	int w2 = kvd_request_render_turns(t, list, (size_t)n2, &got, why, sizeof(why));
+	assert_true(w2 > 0 && w2 < w);
+	assert_memory_equal(got, want, (size_t)w2);
+	free(got);
+
+	/* refusals, each with its reason */
+	got = NULL;
+	n = ipc_chat_turns_encode(list, sizeof(list), turns, 3); /* ends with the assistant's */
+	assert_int_equal(kvd_request_render_turns(t, list, (size_t)n, &got, why, sizeof(why)), -EINVAL);
+	assert_string_equal(why, "the last chat turn is the assistant's; it must be the user's");
+	assert_int_equal(kvd_request_render_turns(t, list, 0, &got, why, sizeof(why)), -EINVAL);
+	assert_string_equal(why, "the conversation has no turns");
+	n = ipc_chat_turns_encode(list, sizeof(list), turns, 4);
+	list[17 + 1] = 1; /* padding of turn 1 */
+	assert_int_equal(kvd_request_render_turns(t, list, (size_t)n, &got, why, sizeof(why)), -EPROTO);
+	assert_string_equal(why, "chat turn 1 is malformed (non-zero padding)");
+	list[17 + 1] = 0;
+	list[17] = 7; /* role of turn 1 */
+	assert_int_equal(kvd_request_render_turns(t, list, (size_t)n, &got, why, sizeof(why)), -EINVAL);
+	assert_string_equal(why, "chat turn 1 is malformed (unknown role or a NUL byte in its text)");
+	list[17] = IPC_CHAT_USER;
+	assert_int_equal(kvd_request_render_turns(t, list, (size_t)n - 1, &got, why, sizeof(why)), -EBADMSG);
+	assert_string_equal(why, "chat turn 3 is malformed (it runs past the end of the prompt)");
+	static char many[(IPC_MAX_CHAT_TURNS + 1) * 8];
+	memset(many, 0, sizeof(many));
+	for (unsigned i = 0; i <= IPC_MAX_CHAT_TURNS; i++)
+		many[8 * i] = IPC_CHAT_USER;
+	assert_int_equal(kvd_request_render_turns(t, many, sizeof(many), &got, NULL, 0), -E2BIG); /* why may be NULL */
+	assert_int_equal(kvd_request_render_turns(t, many, sizeof(many), &got, why, sizeof(why)), -E2BIG);
+	assert_string_equal(why, "1025 chat turns; at most 1024 are allowed");
+	assert_null(got);
+}
+
 /* ---- threads: one tokenizer, many callers -------------------------------- */
 
 struct thread_job {
@@ -870,6 +930,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_count_only_and_errors, setup_model, teardown_model),
 		cmocka_unit_test_setup_teardown(test_detok_stream, setup_model, teardown_model),
 		cmocka_unit_test_setup_teardown(test_chat_render_edges, setup_model, teardown_model),
+		cmocka_unit_test_setup_teardown(test_request_render_turns, setup_model, teardown_model),
 		cmocka_unit_test_setup_teardown(test_threads, setup_model, teardown_model),
 		cmocka_unit_test_setup_teardown(test_large_text, setup_model, teardown_model),
 	};
