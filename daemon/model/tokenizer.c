@@ -1774,15 +1774,15 @@ int kvd_chat_render(const struct kvd_tokenizer *t, const struct kvd_chat_msg *ms
 			return r;
 		break;
 	case CHAT_GEMMA: {
-		/* A leading system message becomes the first user turn's prefix
-		 * (content + "\n\n"); the rest must alternate user, assistant
-		 * ("model"), ... */
+		/* A leading system message becomes the first turn's prefix
+		 * (content + "\n\n"); assistant turns are "model" turns, any
+		 * other (a later system message) a user turn. Gemma's template
+		 * refuses conversations that do not alternate user, assistant,
+		 * ...; they are rendered here all the same. */
 		size_t i0 = n_msgs && !strcmp(msgs[0].role, "system") ? 1 : 0;
 		for (size_t i = i0; i < n_msgs; i++) {
-			bool user = !strcmp(msgs[i].role, "user");
-			if (user != ((i - i0) % 2 == 0) || !strcmp(msgs[i].role, "system"))
-				return -EINVAL;
-			sb_str(&b, user ? "<start_of_turn>user\n" : "<start_of_turn>model\n");
+			bool model = !strcmp(msgs[i].role, "assistant");
+			sb_str(&b, model ? "<start_of_turn>model\n" : "<start_of_turn>user\n");
 			if (i == i0 && i0) {
 				sb_str(&b, msgs[0].content);
 				sb_str(&b, "\n\n");

@@ -165,8 +165,9 @@ struct kvd_chat_msg {
  *  - Gemma (<start_of_turn>): "<start_of_turn>user\n" or
  *    "<start_of_turn>model\n" (for assistant) + content stripped +
  *    "<end_of_turn>\n"; a leading system message + "\n\n" starts the first
- *    turn; the other turns must alternate user, assistant, ... (else
- *    -EINVAL), as Gemma's template requires.
+ *    turn, a later one is a user turn (Gemma's template refuses
+ *    conversations that do not alternate user, assistant, ...; kvd renders
+ *    them all the same).
  * A model without a template gets Gemma's turns when its vocabulary has
  * <start_of_turn> and <end_of_turn> control tokens (Gemma 3 files carry no
  * template), plain ChatML otherwise. The BOS token is never
@@ -176,7 +177,7 @@ struct kvd_chat_msg {
  * Returns the length of the rendered text (written like snprintf: at most
  * cap - 1 bytes and a NUL when cap > 0; out may be NULL when cap is 0),
  * -ENOTSUP for a template it does not recognise, -EINVAL for a role other
- * than system/user/assistant (or out of Gemma's order) or a NULL role or content, -E2BIG past
+ * than system/user/assistant or a NULL role or content, -E2BIG past
  * INT_MAX bytes, -ENOMEM.
  */
 int kvd_chat_render(const struct kvd_tokenizer *t, const struct kvd_chat_msg *msgs, size_t n_msgs,

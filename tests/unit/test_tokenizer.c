@@ -404,6 +404,26 @@ static void test_gemma3_oracle(void **state)
 	assert_int_equal(st.agree, st.cases);
 }
 
+/* Gemma turns for conversations its template would refuse (found by
+ * fuzz_chat): rendered, never an error; a later system message is a user
+ * turn. */
+static void test_gemma_chat_any_order(void **state)
+{
+	(void)state;
+	struct kvd_tokenizer *t = open_tokenizer("tests/data/tokenizer/tiny_chat_gemma.gguf");
+	assert_non_null(t);
+	struct kvd_chat_msg m[4] = { { "system", "S" }, { "assistant", " a " }, { "user", "u" }, { "system", "s2" } };
+	char out[256];
+	int n = kvd_chat_render(t, m, 4, 1, out, sizeof(out));
+	assert_int_equal(n, (int)strlen(out));
+	assert_string_equal(out, "<start_of_turn>model\nS\n\na<end_of_turn>\n<start_of_turn>user\nu<end_of_turn>\n"
+				 "<start_of_turn>user\ns2<end_of_turn>\n<start_of_turn>model\n");
+	struct kvd_chat_msg uu[2] = { { "user", "x" }, { "user", "y" } };
+	assert_true(kvd_chat_render(t, uu, 2, 0, out, sizeof(out)) > 0);
+	assert_string_equal(out, "<start_of_turn>user\nx<end_of_turn>\n<start_of_turn>user\ny<end_of_turn>\n");
+	kvd_tokenizer_free(t);
+}
+
 /* Extra oracle files named in $KVD_TOKENIZER_CASES (colon-separated), e.g.
  * randomized cases from a local llama.cpp; nothing to do when unset. */
 static void test_extra_oracle(void **state)
@@ -921,6 +941,7 @@ int main(void)
 		cmocka_unit_test(test_synthetic_oracle),
 		cmocka_unit_test(test_archs_oracle),
 		cmocka_unit_test(test_gemma3_oracle),
+		cmocka_unit_test(test_gemma_chat_any_order),
 		cmocka_unit_test(test_load_validation),
 		cmocka_unit_test(test_extra_oracle),
 		cmocka_unit_test(test_spm_details),
