@@ -123,6 +123,31 @@ TGT static inline __mmask16 tail_mask(int left)
 	return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
 }
 
+/* acc[rr] += e[rr][p] * v[p] for positions [p0, p1) and rows rr < NT (all
+ * RT rows when NT is 0), V rows converted once per position. */
+TGT static inline __attribute__((always_inline)) void pv_rows(const int HD, const int RT, const int NT, int p0,
+							      int p1, int pe, const uint16_t *const *v,
+							      const float *e0, int n16, __m512 acc[][8])
+{
+	enum { MAXV = 8 };
+	const int V = HD / 16;
+	for (int p = p0; p < p1; p++) {
+		__m512 vv[MAXV];
+		if (p + ATTN_PF < pe)
+			UNROLL for (int b = 0; b < HD * 2; b += 64)
+				_mm_prefetch((const char *)v[p + ATTN_PF] + b, _MM_HINT_T0);
+		UNROLL for (int j = 0; j < V; j++)
+			vv[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v[p] + 16 * j)));
+		UNROLL for (int rr = 0; rr < RT; rr++) {
+			if (NT && rr >= NT)
+				break;
+			__m512 e = _mm512_set1_ps(e0[(size_t)rr * n16 + p]);
+			UNROLL for (int j = 0; j < V; j++)
+				acc[rr][j] = _mm512_fmadd_ps(e, vv[j], acc[rr][j]);
+		}
+	}
+}
+
 /* HD (head size) is 64 or 128; RS rows share each K row's conversion, RT
  * rows each V row's. */
 TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, const int RS, const int RT, int nr,
@@ -166,22 +191,12 @@ TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, 
 		}
 		const float *e0 = sc + (size_t)r0 * n16;
 		UNROLL for (int rr = 0; rr < RT; rr++) UNROLL for (int j = 0; j < V; j++) acc[rr][j] = _mm512_setzero_ps();
-		/* positions every row of the group uses: no per-position tests */
-		for (int p = 0; p < pc; p++) {
-			__m512 vv[MAXV];
-			if (p + ATTN_PF < pe)
-				UNROLL for (int b = 0; b < HD * 2; b += 64)
-					_mm_prefetch((const char *)v[p + ATTN_PF] + b, _MM_HINT_T0);
-			UNROLL for (int j = 0; j < V; j++)
-				vv[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v[p] + 16 * j)));
-			UNROLL for (int rr = 0; rr < RT; rr++) {
-				if (rr >= nt)
-					break;
-				__m512 e = _mm512_set1_ps(e0[(size_t)rr * n16 + p]);
-				UNROLL for (int j = 0; j < V; j++)
-					acc[rr][j] = _mm512_fmadd_ps(e, vv[j], acc[rr][j]);
-			}
-		}
+		/* positions every row of the group uses: no per-position tests
+		 * (a full group without per-row tests either) */
+		if (nt == RT)
+			pv_rows(HD, RT, 0, 0, pc, pe, v, e0, n16, acc);
+		else
+			pv_rows(HD, RT, nt, 0, pc, pe, v, e0, n16, acc);
 		for (int p = pc; p < pe; p++) {
 			__m512 vv[MAXV];
 			if (p + ATTN_PF < pe)
