@@ -34,37 +34,42 @@
 #define ATTN_PF 16
 #endif
 
-/* out lane j = sum of the 16 lanes of a[j] (j < 4), by the same tree for
- * every j: lanes i + 8, then i + 4, i + 2, i + 1 are added in. */
-TGT static inline __m128 reduce4(const __m512 a[4])
+/* Level 1 and 2 of the reduction for positions a[0..3]: lanes i + 8, then
+ * i + 4 are added in; 128-bit lane k of the result holds position k's four
+ * partial sums (lane j: (a[i] + a[i + 8]) + (a[i + 4] + a[i + 12]), i = j). */
+TGT static inline __m512 reduce4_half(const __m512 a[4])
 {
-	const __m512i l1a = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
-	const __m512i l1b = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-	const __m512i l2a = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
-	const __m512i l2b = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-	const __m512i l3a = _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 0, 0, 0, 0, 0, 0, 0, 0);
-	const __m512i l3b = _mm512_setr_epi32(2, 3, 6, 7, 10, 11, 14, 15, 0, 0, 0, 0, 0, 0, 0, 0);
-	const __m512i l4a = _mm512_setr_epi32(0, 2, 4, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-	const __m512i l4b = _mm512_setr_epi32(1, 3, 5, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-	__m512 r1[2], r2, r3;
-	UNROLL for (int j = 0; j < 2; j++)
-		r1[j] = _mm512_add_ps(_mm512_permutex2var_ps(a[2 * j], l1a, a[2 * j + 1]),
-				      _mm512_permutex2var_ps(a[2 * j], l1b, a[2 * j + 1]));
-	r2 = _mm512_add_ps(_mm512_permutex2var_ps(r1[0], l2a, r1[1]), _mm512_permutex2var_ps(r1[0], l2b, r1[1]));
-	r3 = _mm512_add_ps(_mm512_permutexvar_ps(l3a, r2), _mm512_permutexvar_ps(l3b, r2));
-	return _mm512_castps512_ps128(_mm512_add_ps(_mm512_permutexvar_ps(l4a, r3), _mm512_permutexvar_ps(l4b, r3)));
+	__m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(a[0], a[1], 0x44), _mm512_shuffle_f32x4(a[0], a[1], 0xee));
+	__m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(a[2], a[3], 0x44), _mm512_shuffle_f32x4(a[2], a[3], 0xee));
+	return _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, 0x88), _mm512_shuffle_f32x4(x01, x23, 0xdd));
+}
+
+/* Level 3 and 4 over four groups t[g] of reduce4_half (positions 4g + k):
+ * partials (j = 0 + j = 2) + (j = 1 + j = 3), the same tree for every
+ * position; out lane p = position p. */
+TGT static inline __m512 reduce16_rest(const __m512 t[4])
+{
+	const __m512i ord = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+	__m512 u0 = _mm512_add_ps(_mm512_shuffle_ps(t[0], t[1], 0x44), _mm512_shuffle_ps(t[0], t[1], 0xee));
+	__m512 u1 = _mm512_add_ps(_mm512_shuffle_ps(t[2], t[3], 0x44), _mm512_shuffle_ps(t[2], t[3], 0xee));
+	__m512 w = _mm512_add_ps(_mm512_shuffle_ps(u0, u1, 0x88), _mm512_shuffle_ps(u0, u1, 0xdd));
+	return _mm512_permutexvar_ps(ord, w);
 }
 
 /* Scores of nr rows against positions [0, max len): RS rows at a time share
- * each K row's conversion, 4 positions at a time share a reduction. Slots
- * past the longest row's end read the last position and are never used. */
+ * each K row's conversion, 4 positions at a time share the first half of a
+ * reduction, 16 its second half. Every position's score is the same tree
+ * (lanes i + 8, i + 4, i + 2, i + 1 added in) whichever slot it occupies.
+ * Slots past the longest row's end read the last position and are never
+ * used (the scores rows are padded to 16). */
 TGT static inline __attribute__((always_inline)) void scores_t(const int HD, const int RS, int nr,
 							       const float *const *q, const int *len,
 							       const uint16_t *const *k, int n, float scale,
 							       float *sc, int ld)
 {
-	enum { MAXV = 8, MAXRS = 3, P = 4 };
+	enum { MAXV = 8, MAXRS = 3, P = 4, G = 4 };
 	const int V = HD / 16;
+	const __m512 vscale = _mm512_set1_ps(scale);
 	for (int r = 0; r < nr; r += RS) {
 		__m512 qv[MAXRS][MAXV];
 		int lr = 0;
@@ -74,24 +79,30 @@ TGT static inline __attribute__((always_inline)) void scores_t(const int HD, con
 			UNROLL for (int j = 0; j < V; j++)
 				qv[rr][j] = _mm512_loadu_ps(q[row] + 16 * j);
 		}
-		for (int p0 = 0; p0 < lr; p0 += P) {
-			__m512 acc[MAXRS][P];
-			if (p0 + ATTN_PF + P <= n)
-				UNROLL for (int i = 0; i < P; i++)
-					UNROLL for (int b = 0; b < HD * 2; b += 64)
-						_mm_prefetch((const char *)k[p0 + ATTN_PF + i] + b, _MM_HINT_T0);
-			UNROLL for (int i = 0; i < P; i++) {
-				const uint16_t *kr = k[p0 + i < n ? p0 + i : n - 1];
-				UNROLL for (int j = 0; j < V; j++) {
-					__m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kr + 16 * j)));
-					UNROLL for (int rr = 0; rr < RS; rr++)
-						acc[rr][i] = j ? _mm512_fmadd_ps(qv[rr][j], kv, acc[rr][i]) : _mm512_mul_ps(qv[rr][0], kv);
+		for (int p16 = 0; p16 < lr; p16 += P * G) {
+			__m512 t[MAXRS][G];
+			UNROLL for (int g = 0; g < G; g++) {
+				int p0 = p16 + P * g;
+				__m512 acc[MAXRS][P];
+				if (p0 + ATTN_PF + P <= n)
+					UNROLL for (int i = 0; i < P; i++)
+						UNROLL for (int b = 0; b < HD * 2; b += 64)
+							_mm_prefetch((const char *)k[p0 + ATTN_PF + i] + b, _MM_HINT_T0);
+				UNROLL for (int i = 0; i < P; i++) {
+					const uint16_t *kr = k[p0 + i < n ? p0 + i : n - 1];
+					UNROLL for (int j = 0; j < V; j++) {
+						__m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kr + 16 * j)));
+						UNROLL for (int rr = 0; rr < RS; rr++)
+							acc[rr][i] = j ? _mm512_fmadd_ps(qv[rr][j], kv, acc[rr][i]) : _mm512_mul_ps(qv[rr][0], kv);
+					}
 				}
+				UNROLL for (int rr = 0; rr < RS; rr++)
+					t[rr][g] = reduce4_half(acc[rr]);
 			}
 			UNROLL for (int rr = 0; rr < RS; rr++) {
 				if (r + rr >= nr)
 					continue;
-				_mm_storeu_ps(sc + (size_t)(r + rr) * ld + p0, _mm_mul_ps(reduce4(acc[rr]), _mm_set1_ps(scale)));
+				_mm512_storeu_ps(sc + (size_t)(r + rr) * ld + p16, _mm512_mul_ps(reduce16_rest(t[rr]), vscale));
 			}
 		}
 	}
@@ -110,6 +121,31 @@ TGT static inline float hsum(__m512 v)
 TGT static inline __mmask16 tail_mask(int left)
 {
 	return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+}
+
+/* acc[rr] += e[rr][p] * v[p] for positions [p0, p1) and rows rr < NT (all
+ * RT rows when NT is 0), V rows converted once per position. */
+TGT static inline __attribute__((always_inline)) void pv_rows(const int HD, const int RT, const int NT, int p0,
+							      int p1, int pe, const uint16_t *const *v,
+							      const float *e0, int n16, __m512 acc[][8])
+{
+	enum { MAXV = 8 };
+	const int V = HD / 16;
+	for (int p = p0; p < p1; p++) {
+		__m512 vv[MAXV];
+		if (p + ATTN_PF < pe)
+			UNROLL for (int b = 0; b < HD * 2; b += 64)
+				_mm_prefetch((const char *)v[p + ATTN_PF] + b, _MM_HINT_T0);
+		UNROLL for (int j = 0; j < V; j++)
+			vv[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v[p] + 16 * j)));
+		UNROLL for (int rr = 0; rr < RT; rr++) {
+			if (NT && rr >= NT)
+				break;
+			__m512 e = _mm512_set1_ps(e0[(size_t)rr * n16 + p]);
+			UNROLL for (int j = 0; j < V; j++)
+				acc[rr][j] = _mm512_fmadd_ps(e, vv[j], acc[rr][j]);
+		}
+	}
 }
 
 /* HD (head size) is 64 or 128; RS rows share each K row's conversion, RT
@@ -148,11 +184,20 @@ TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, 
 
 	for (int r0 = 0; r0 < nr; r0 += RT) {
 		__m512 acc[6][MAXV];
-		int nt = nr - r0 < RT ? nr - r0 : RT, pe = 0;
-		for (int rr = 0; rr < nt; rr++)
+		int nt = nr - r0 < RT ? nr - r0 : RT, pe = 0, pc = n;
+		for (int rr = 0; rr < nt; rr++) {
 			pe = len[r0 + rr] > pe ? len[r0 + rr] : pe;
+			pc = len[r0 + rr] < pc ? len[r0 + rr] : pc;
+		}
+		const float *e0 = sc + (size_t)r0 * n16;
 		UNROLL for (int rr = 0; rr < RT; rr++) UNROLL for (int j = 0; j < V; j++) acc[rr][j] = _mm512_setzero_ps();
-		for (int p = 0; p < pe; p++) {
+		/* positions every row of the group uses: no per-position tests
+		 * (a full group without per-row tests either) */
+		if (nt == RT)
+			pv_rows(HD, RT, 0, 0, pc, pe, v, e0, n16, acc);
+		else
+			pv_rows(HD, RT, nt, 0, pc, pe, v, e0, n16, acc);
+		for (int p = pc; p < pe; p++) {
 			__m512 vv[MAXV];
 			if (p + ATTN_PF < pe)
 				UNROLL for (int b = 0; b < HD * 2; b += 64)
@@ -161,7 +206,7 @@ TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, 
 				vv[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v[p] + 16 * j)));
 			UNROLL for (int rr = 0; rr < RT; rr++) {
 				if (rr < nt && p < len[r0 + rr]) {
-					__m512 e = _mm512_set1_ps(sc[(size_t)(r0 + rr) * n16 + p]);
+					__m512 e = _mm512_set1_ps(e0[(size_t)rr * n16 + p]);
 					UNROLL for (int j = 0; j < V; j++)
 						acc[rr][j] = _mm512_fmadd_ps(e, vv[j], acc[rr][j]);
 				}

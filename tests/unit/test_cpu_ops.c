@@ -427,6 +427,61 @@ static void check_attn_rows(attn_rows_fn (*kernel_for)(int hd))
 	}
 }
 
+/* The AVX-512 and AVX2 attention kernels (whose bits differ: other
+ * reduction trees, another exp) agree within float tolerance on tiles as
+ * large as a prefill's, lengths from 1 to a whole chunk; and the AVX-512
+ * kernel gives a row the same bits in a large tile as alone. */
+static void test_attn_rows_avx2_avx512_agree(void **state)
+{
+	(void)state;
+	enum { NR = 48, NP = 128 };
+	for (int hd = 64; hd <= 128; hd *= 2) {
+		attn_rows_fn f512 = cpu_attn_rows_avx512(hd), f2 = cpu_attn_rows_avx2(hd);
+		if (!f512 || !f2)
+			skip();
+		static uint16_t kv[2][NP][128];
+		static float q[NR][128], o[2][NR][128], ml[2][NR][2], scratch[NP * (NP + NR)];
+		const uint16_t *kp[NP], *vp[NP];
+		for (int it = 0; it < 20; it++) {
+			int nr = 1 + (int)(next_u32() % NR), len[NR];
+			const float *qp[NR];
+			float *mlp[2][NR], *op[2][NR];
+			float scale = 1.0f / sqrtf((float)hd);
+			for (int p = 0; p < NP; p++) {
+				for (int i = 0; i < hd; i++) {
+					kv[0][p][i] = f32_to_fp16(frand() * 2.0f);
+					kv[1][p][i] = f32_to_fp16(frand());
+				}
+				kp[p] = kv[0][p];
+				vp[p] = kv[1][p];
+			}
+			for (int r = 0; r < nr; r++) {
+				len[r] = it % 2 ? NP - (int)(next_u32() % 8) : 1 + (int)(next_u32() % NP);
+				for (int i = 0; i < hd; i++)
+					q[r][i] = frand() * 3.0f;
+				qp[r] = q[r];
+				for (int k = 0; k < 2; k++) {
+					mlp[k][r] = ml[k][r];
+					op[k][r] = o[k][r];
+				}
+			}
+			f512(nr, qp, len, kp, vp, scale, mlp[0], op[0], scratch);
+			f2(nr, qp, len, kp, vp, scale, mlp[1], op[1], scratch);
+			for (int r = 0; r < nr; r++) {
+				float mla[2], oa[128], *mlap = mla, *oap = oa;
+				assert_true(fabsf(ml[0][r][0] - ml[1][r][0]) <= 1e-5f * (1 + fabsf(ml[0][r][0])));
+				assert_true(fabsf(ml[0][r][1] - ml[1][r][1]) <= 1e-5f * ml[0][r][1]);
+				for (int i = 0; i < hd; i++)
+					if (fabsf(o[0][r][i] - o[1][r][i]) > 1e-5f * ml[0][r][1] + 1e-6f)
+						fail_msg("hd %d row %d elem %d: %g vs %g", hd, r, i, o[0][r][i], o[1][r][i]);
+				f512(1, &qp[r], &len[r], kp, vp, scale, &mlap, &oap, scratch);
+				assert_memory_equal(mla, ml[0][r], sizeof(mla));
+				assert_memory_equal(oa, o[0][r], sizeof(float) * (size_t)hd);
+			}
+		}
+	}
+}
+
 static void test_attn_rows_avx512(void **state)
 {
 	(void)state;
@@ -526,6 +581,7 @@ int main(void)
 		cmocka_unit_test(test_gemm_tiles),
 		cmocka_unit_test(test_attn_rows_avx512),
 		cmocka_unit_test(test_attn_rows_avx2),
+		cmocka_unit_test(test_attn_rows_avx2_avx512_agree),
 		cmocka_unit_test(test_attention_helpers),
 		cmocka_unit_test(test_swiglu),
 	};

@@ -1,0 +1,450 @@
+/*
+ * kernels/cpu/attention.c — attention of the CPU forward pass
+ * (kernels/cpu/cpu_backend.c) over K/V in pages, and its scratch.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+
+#define ATTN_CHUNK 128 /* positions per attention chunk (see below) */
+#define ATTN_TILE 8    /* tokens of one sequence sharing a pass over K/V */
+
+#define GROW(ptr, n)                                                  \
+	do {                                                          \
+		void *np_ = realloc((ptr), (size_t)(n) * sizeof(*(ptr))); \
+		if (!np_)                                             \
+			return -ENOMEM;                               \
+		(ptr) = np_;                                          \
+	} while (0)
+
+/* one forward step's attention, for the workers */
+struct attn_step {
+	struct cpu_attn *c;
+	const struct kvd_batch *b;
+	int T;
+	int layer;
+	int window;   /* a sliding-window layer sees this many positions; 0: all */
+};
+
+/* Floats of attention scratch per thread for items of up to nc chunks:
+ * the helpers' path keeps a chunk's scores and every chunk's partials of
+ * one token; the tiled path keeps the kernel's scratch and the partials
+ * of a tile's tokens. */
+static size_t attn_scratch_per(const struct cpu_attn *c, int nc)
+{
+	const struct kvd_hparams *hp = c->hp;
+	size_t n_rep = (size_t)(hp->n_head / hp->n_head_kv), hd = (size_t)hp->head_dim;
+	size_t plain = n_rep * (ATTN_CHUNK + 2 + hd * (size_t)nc) + n_rep * 2 * (size_t)nc;
+	size_t tiled = (size_t)ATTN_CHUNK * ATTN_TILE * n_rep + ATTN_TILE * (size_t)nc * n_rep * (hd + 2);
+	return plain > tiled ? plain : tiled;
+}
+
+/*
+ * Attention, split by absolute position into chunks of ATTN_CHUNK: for each
+ * (token, KV head, chunk) a partial result (per query head of the group:
+ * the chunk's max score m, sum of exp(score - m) l, and sum of
+ * exp(score - m) * V o), then a merge over the chunks in order. The chunks
+ * depend only on positions, never on pages, batch or threads, so the
+ * arithmetic of a token is always the same; how the work is spread over
+ * threads (whole tokens per thread when there are many, chunks per thread
+ * when there are few, as in a long single-stream decode) does not change it.
+ * K and V rows of a KV head are read once for its whole query group.
+ *
+ * Where the CPU has the tiled kernel for the head size (attn_rows_fn,
+ * kernels/cpu/attn_avx512.c), a chunk goes through it, and a prefill's
+ * consecutive tokens share each chunk's pass (attn_tile_item); otherwise
+ * the chunk is computed here from the f16 helpers. Either way a given
+ * build computes a token's attention one way only.
+ */
+
+struct attn_part {
+	float m, l;
+};
+
+/* Where K and V of KV head g live for positions p0 .. p0 + n - 1 of a
+ * sequence, in the pages (read in place). */
+static void kv_rows(const struct cpu_attn *c, int layer, const struct kvd_batch_seq *sq, int g, int p0, int n,
+		    const uint16_t **kp, const uint16_t **vp)
+{
+	const struct kvd_kv_layout *L = &c->kv.layout;
+	const char *layer_base = (const char *)c->kv.base + (size_t)layer * L->layer_stride;
+	int bs = (int)L->block_size, hd = c->hp->head_dim;
+	for (int i = 0; i < n; i++) {
+		int p = p0 + i;
+		const char *pb = layer_base + (size_t)sq->pages[p / bs] * L->page_bytes + (size_t)(p % bs) * L->token_stride;
+		kp[i] = (const uint16_t *)pb + g * hd;
+		vp[i] = (const uint16_t *)(pb + L->v_offset) + g * hd;
+	}
+}
+
+/* One chunk [p0, p1) of token t's attention for KV head g: writes n_rep
+ * (m, l) pairs to pm and n_rep * hd floats to po. sc: the thread's
+ * scratch (attn_scratch_per). */
+static void attn_chunk(const struct cpu_attn *c, const struct attn_step *s, int t, int g, int p0, int p1,
+		       struct attn_part *pm, float *po, float *sc)
+{
+	const struct kvd_hparams *hp = c->hp;
+	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv, qd = hp->n_head * hd;
+	const float *q = c->q + (int64_t)t * qd + (int64_t)g * n_rep * hd;
+	float scale = c->scale;
+	int n = p1 - p0;
+	const uint16_t *kp[ATTN_CHUNK], *vp[ATTN_CHUNK];
+
+	kv_rows(c, s->layer, &s->b->seqs[c->tok_seq[t]], g, p0, n, kp, vp);
+	if (c->rows) {
+		const float *qp[64];
+		float *mlp[64], *op[64];
+		int len[64];
+		for (int r = 0; r < n_rep; r++) {
+			qp[r] = q + r * hd;
+			len[r] = n;
+			mlp[r] = &pm[r].m;
+			op[r] = po + r * hd;
+		}
+		c->rows(n_rep, qp, len, kp, vp, scale, mlp, op, sc);
+		return;
+	}
+	for (int r = 0; r < n_rep; r++)
+		pm[r].m = -INFINITY;
+	/* scores, four positions at a time (the last group padded by repeating
+	 * its last position): which positions share a group depends only on
+	 * the positions, so a query's scores never depend on anything else */
+	for (int i = 0; i < n; i += 4) {
+		const uint16_t *k[4];
+		for (int j = 0; j < 4; j++)
+			k[j] = kp[i + j < n ? i + j : n - 1];
+		for (int r = 0; r < n_rep; r++) {
+			float v4[4];
+			c->k.dot4_f32_f16(q + r * hd, k, hd, v4);
+			for (int j = 0; j < 4 && i + j < n; j++) {
+				float v = v4[j] * scale;
+				sc[r * ATTN_CHUNK + i + j] = v;
+				if (v > pm[r].m)
+					pm[r].m = v;
+			}
+		}
+	}
+	for (int r = 0; r < n_rep; r++) {
+		float sum = 0;
+		for (int i = 0; i < n; i++) {
+			float e = expf(sc[r * ATTN_CHUNK + i] - pm[r].m);
+			sc[r * ATTN_CHUNK + i] = e;
+			sum += e;
+		}
+		pm[r].l = sum;
+		memset(po + r * hd, 0, sizeof(float) * (size_t)hd);
+	}
+	for (int i = 0; i < n; i++) {
+		float w[64];
+		for (int r = 0; r < n_rep; r++)
+			w[r] = sc[r * ATTN_CHUNK + i];
+		c->k.axpyn_f16(po, hd, w, n_rep, vp[i], hd);
+	}
+}
+
+/* y[i] += a * x[i], a multiply then an add per element (no fused
+ * multiply-add: the same bits as the scalar loop), eight lanes at a time */
+typedef float v8f __attribute__((vector_size(32), aligned(4)));
+
+static void axpy_f32(float *restrict y, float a, const float *restrict x, int n)
+{
+	int i = 0;
+	for (; i + 8 <= n; i += 8) {
+		v8f yv, xv;
+		memcpy(&yv, y + i, sizeof(yv));
+		memcpy(&xv, x + i, sizeof(xv));
+		yv += a * xv;
+		memcpy(y + i, &yv, sizeof(yv));
+	}
+	for (; i < n; i++)
+		y[i] += a * x[i];
+}
+
+/* Combine nc chunk partials, in chunk order, into token t's output. */
+static void attn_merge(const struct cpu_attn *c, int t, int g, int nc, const struct attn_part *pm, const float *po)
+{
+	const struct kvd_hparams *hp = c->hp;
+	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv, qd = hp->n_head * hd;
+	float *out = c->att + (int64_t)t * qd + (int64_t)g * n_rep * hd;
+
+	for (int r = 0; r < n_rep; r++) {
+		float M = -INFINITY, Lsum = 0;
+		float *o = out + r * hd;
+		for (int ci = 0; ci < nc; ci++)
+			if (pm[ci * n_rep + r].m > M)
+				M = pm[ci * n_rep + r].m;
+		memset(o, 0, sizeof(float) * (size_t)hd);
+		for (int ci = 0; ci < nc; ci++) {
+			float w = expf(pm[ci * n_rep + r].m - M);
+			const float *src = po + ((size_t)ci * n_rep + r) * hd;
+			Lsum += pm[ci * n_rep + r].l * w;
+			axpy_f32(o, w, src, hd);
+		}
+		float inv = 1.0f / Lsum;
+		for (int i = 0; i < hd; i++)
+			o[i] *= inv;
+	}
+}
+
+static int n_chunks(int pos)
+{
+	return pos / ATTN_CHUNK + 1;
+}
+
+/* one past the last position of chunk ci that a token at pos sees */
+static int chunk_end(int ci, int pos)
+{
+	int e = (ci + 1) * ATTN_CHUNK;
+	return pos + 1 < e ? pos + 1 : e;
+}
+
+/* Many (token, KV head) items: each thread does whole items, chunk by chunk
+ * into its own scratch, then merges. */
+static void attn_worker_items(void *arg, int ith, int nth)
+{
+	const struct attn_step *s = arg;
+	struct cpu_attn *c = s->c;
+	const struct kvd_hparams *hp = c->hp;
+	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv;
+	int n_items = s->T * hp->n_head_kv;
+	float *base = c->scores + (size_t)ith * attn_scratch_per(c, c->cap_chunks);
+	float *sc = base;
+	float *po = sc + (size_t)n_rep * ATTN_CHUNK;
+	struct attn_part *pm = (struct attn_part *)(po + (size_t)n_rep * hd * (size_t)c->cap_chunks);
+
+	for (int it = ith; it < n_items; it += nth) {
+		int t = it / hp->n_head_kv, g = it % hp->n_head_kv;
+		int pos = c->tok_pos[t], nc = n_chunks(pos);
+		for (int ci = 0; ci < nc; ci++) {
+			attn_chunk(c, s, t, g, ci * ATTN_CHUNK, chunk_end(ci, pos), pm + (size_t)ci * n_rep,
+				   po + (size_t)ci * n_rep * hd, sc);
+		}
+		attn_merge(c, t, g, nc, pm, po);
+	}
+}
+
+/* Few items (a short batch over long contexts): threads claim chunks of
+ * all items one at a time; whoever finishes an item's last chunk merges
+ * it (the merge reads the partials in chunk order, so who merges does not
+ * matter). One parallel region per layer. */
+struct attn_split {
+	const struct attn_step *s;
+	int n_items;
+	int *item_first;      /* first global chunk index of each item, then total */
+	atomic_int *left;     /* chunks of each item not yet done */
+};
+
+static void attn_chunk_task(void *arg, uint32_t k, int tid)
+{
+	const struct attn_split *a = arg;
+	const struct attn_step *s = a->s;
+	struct cpu_attn *c = s->c;
+	const struct kvd_hparams *hp = c->hp;
+	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv, gc = (int)k;
+	int lo = 0, hi = a->n_items - 1;
+	while (lo < hi) { /* the item holding chunk gc */
+		int mid = (lo + hi + 1) / 2;
+		if (a->item_first[mid] <= gc)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	int it = lo, t = it / hp->n_head_kv, g = it % hp->n_head_kv;
+	int ci = gc - a->item_first[it], pos = c->tok_pos[t];
+	attn_chunk(c, s, t, g, ci * ATTN_CHUNK, chunk_end(ci, pos), c->attn_pm + (size_t)gc * n_rep,
+		   c->attn_po + (size_t)gc * n_rep * hd,
+		   c->scores + (size_t)tid * attn_scratch_per(c, c->cap_chunks));
+	if (atomic_fetch_sub_explicit(&a->left[it], 1, memory_order_acq_rel) == 1) {
+		int f = a->item_first[it];
+		attn_merge(c, t, g, n_chunks(pos), c->attn_pm + (size_t)f * n_rep, c->attn_po + (size_t)f * n_rep * hd);
+	}
+}
+
+/* Tiled items: (tile, KV head), a tile being up to ATTN_TILE consecutive
+ * tokens of one sequence. For each chunk, the tile's tokens that reach it
+ * (each up to its own position) go through the kernel together, so the
+ * chunk's K and V rows are converted once for all of them; each token's
+ * partials are then merged as in the other paths. */
+struct attn_tiles {
+	const struct attn_step *s;
+	int n_tiles;
+	const int *first;
+};
+
+static void attn_tile_item(void *arg, uint32_t k, int tid)
+{
+	const struct attn_tiles *a = arg;
+	const struct attn_step *s = a->s;
+	struct cpu_attn *c = s->c;
+	const struct kvd_hparams *hp = c->hp;
+	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv, qd = hp->n_head * hd;
+	/* the last tiles first: later positions cost more */
+	int ti = a->n_tiles - 1 - (int)(k / (uint32_t)hp->n_head_kv), g = (int)(k % (uint32_t)hp->n_head_kv);
+	int t0 = a->first[ti], nt = a->first[ti + 1] - t0;
+	int last = c->tok_pos[t0 + nt - 1], nc = n_chunks(last);
+	const struct kvd_batch_seq *sq = &s->b->seqs[c->tok_seq[t0]];
+	float scale = c->scale;
+	float *kscr = c->scores + (size_t)tid * attn_scratch_per(c, c->cap_chunks);
+	float *part = kscr + (size_t)ATTN_CHUNK * ATTN_TILE * n_rep;
+	size_t tok_stride = (size_t)c->cap_chunks * n_rep * (hd + 2);
+	const uint16_t *kp[ATTN_CHUNK], *vp[ATTN_CHUNK];
+	const float *qp[ATTN_TILE * 64];
+	float *mlp[ATTN_TILE * 64], *op[ATTN_TILE * 64];
+	int len[ATTN_TILE * 64];
+
+	for (int ci = 0; ci < nc; ci++) {
+		int p0 = ci * ATTN_CHUNK, n = chunk_end(ci, last) - p0, nr = 0;
+		kv_rows(c, s->layer, sq, g, p0, n, kp, vp);
+		for (int tt = 0; tt < nt; tt++) {
+			int pos = c->tok_pos[t0 + tt];
+			if (pos < p0)
+				continue;
+			struct attn_part *pm = (struct attn_part *)(part + tt * tok_stride);
+			float *po = (float *)(pm + (size_t)c->cap_chunks * n_rep);
+			for (int r = 0; r < n_rep; r++, nr++) {
+				qp[nr] = c->q + (int64_t)(t0 + tt) * qd + (int64_t)(g * n_rep + r) * hd;
+				len[nr] = chunk_end(ci, pos) - p0;
+				mlp[nr] = &pm[ci * n_rep + r].m;
+				op[nr] = po + ((size_t)ci * n_rep + r) * hd;
+			}
+		}
+		c->rows(nr, qp, len, kp, vp, scale, mlp, op, kscr);
+	}
+	for (int tt = 0; tt < nt; tt++) {
+		const struct attn_part *pm = (const struct attn_part *)(part + tt * tok_stride);
+		attn_merge(c, t0 + tt, g, n_chunks(c->tok_pos[t0 + tt]), pm,
+			   (const float *)(pm + (size_t)c->cap_chunks * n_rep));
+	}
+}
+
+/* A sliding-window layer: token t at pos sees positions lo = max(0, pos -
+ * window + 1) .. pos, in the same absolute chunks as full attention with
+ * the first clipped at lo (so the arithmetic depends on positions only, as
+ * everywhere); whole (token, KV head) items per thread. */
+static void attn_worker_window(void *arg, int ith, int nth)
+{
+	const struct attn_step *s = arg;
+	struct cpu_attn *c = s->c;
+	const struct kvd_hparams *hp = c->hp;
+	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv;
+	int W = s->window;
+	int n_items = s->T * hp->n_head_kv;
+	float *sc = c->scores + (size_t)ith * attn_scratch_per(c, c->cap_chunks);
+	float *po = sc + (size_t)n_rep * ATTN_CHUNK;
+	struct attn_part *pm = (struct attn_part *)(po + (size_t)n_rep * hd * (size_t)c->cap_chunks);
+
+	for (int it = ith; it < n_items; it += nth) {
+		int t = it / hp->n_head_kv, g = it % hp->n_head_kv;
+		int pos = c->tok_pos[t], lo = pos - W + 1 > 0 ? pos - W + 1 : 0;
+		int ci0 = lo / ATTN_CHUNK, nc = n_chunks(pos);
+		for (int ci = ci0; ci < nc; ci++) {
+			int p0 = ci * ATTN_CHUNK > lo ? ci * ATTN_CHUNK : lo;
+			attn_chunk(c, s, t, g, p0, chunk_end(ci, pos), pm + (size_t)(ci - ci0) * n_rep,
+				   po + (size_t)(ci - ci0) * n_rep * hd, sc);
+		}
+		attn_merge(c, t, g, nc - ci0, pm, po);
+	}
+}
+
+static int attention(struct cpu_attn *c, const struct attn_step *s)
+{
+	const struct kvd_hparams *hp = c->hp;
+	int n_items = s->T * hp->n_head_kv, nth = tp_size(c->pool);
+
+	if (s->window > 0) {
+		tp_run(c->pool, attn_worker_window, (void *)s);
+		return 0;
+	}
+
+	if (n_items >= 2 * nth && c->rows) {
+		int nt = 0;
+		if (s->T + 1 > c->cap_tiles) {
+			GROW(c->tile_first, s->T + 1);
+			c->cap_tiles = s->T + 1;
+		}
+		for (int t = 0; t < s->T; t++)
+			if (t == 0 || t - c->tile_first[nt - 1] == ATTN_TILE || c->tok_seq[t] != c->tok_seq[t - 1] ||
+			    c->tok_pos[t] != c->tok_pos[t - 1] + 1)
+				c->tile_first[nt++] = t;
+		c->tile_first[nt] = s->T;
+		struct attn_tiles a = {s, nt, c->tile_first};
+		tp_for(c->pool, attn_tile_item, &a, (uint32_t)(nt * hp->n_head_kv));
+		return 0;
+	}
+	if (n_items >= 2 * nth) {
+		tp_run(c->pool, attn_worker_items, (void *)s);
+		return 0;
+	}
+
+	int total = 0;
+	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv;
+	if (n_items > c->cap_items) {
+		GROW(c->item_first, n_items + 1);
+		GROW(c->item_left, n_items);
+		c->cap_items = n_items;
+	}
+	for (int it = 0; it < n_items; it++) {
+		int nc = n_chunks(c->tok_pos[it / hp->n_head_kv]);
+		c->item_first[it] = total;
+		atomic_init(&c->item_left[it], nc);
+		total += nc;
+	}
+	c->item_first[n_items] = total;
+	if (total > c->cap_split) {
+		GROW(c->attn_pm, (size_t)total * n_rep);
+		GROW(c->attn_po, (size_t)total * n_rep * hd);
+		c->cap_split = total;
+	}
+	struct attn_split a = {s, n_items, c->item_first, c->item_left};
+	tp_for(c->pool, attn_chunk_task, &a, (uint32_t)total);
+	return 0;
+}
+
+
+void cpu_attn_setup(struct cpu_attn *c, struct tp *pool, const struct cpu_kernels *k, const struct kvd_hparams *hp,
+		    float scale)
+{
+	cpu_attn_free(c);
+	c->scale = scale;
+	c->pool = pool;
+	c->k = *k;
+	c->hp = hp;
+	c->rows = k->attn_rows_for ? k->attn_rows_for(hp->head_dim) : NULL;
+}
+
+int cpu_attn_reserve(struct cpu_attn *c, int max_pos)
+{
+	if (max_pos / ATTN_CHUNK + 1 > c->cap_chunks) {
+		int nc = max_pos / ATTN_CHUNK + 1 < 16 ? 16 : max_pos / ATTN_CHUNK + 1;
+		GROW(c->scores, attn_scratch_per(c, nc) * (size_t)tp_size(c->pool));
+		c->cap_chunks = nc;
+	}
+	return 0;
+}
+
+int cpu_attn_run(struct cpu_attn *c, const struct kvd_paged_view *kv, const struct kvd_batch *b, int layer, int window,
+		 int T, const int32_t *tok_seq, const int32_t *tok_pos, const float *q, float *att)
+{
+	struct attn_step s = {c, b, T, layer, window};
+	c->kv = *kv;
+	c->tok_seq = tok_seq;
+	c->tok_pos = tok_pos;
+	c->q = q;
+	c->att = att;
+	return attention(c, &s);
+}
+
+void cpu_attn_free(struct cpu_attn *c)
+{
+	free(c->scores);
+	free(c->tile_first);
+	free(c->item_first);
+	free(c->item_left);
+	free(c->attn_pm);
+	free(c->attn_po);
+	memset(c, 0, sizeof(*c));
+}

@@ -1,0 +1,59 @@
+/*
+ * kernels/cpu/attention.h — attention of the CPU forward pass over K/V in
+ * pages (kernels/cpu/attention.c): for every row of a step, its query
+ * heads against positions 0..pos of its sequence, split into fixed chunks
+ * of positions so that a token's result is bit-identical whatever the
+ * batch, the chunking of its prompt, the pages or the threads.
+ */
+#ifndef KVD_CPU_ATTENTION_H
+#define KVD_CPU_ATTENTION_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "ops.h"
+#include "threadpool.h"
+
+struct attn_part;
+
+/* The attention state of a CPU context: the kernels, the model's shape and
+ * scratch grown as needed. Zero-initialised before the first setup. */
+struct cpu_attn {
+	struct tp *pool;
+	struct cpu_kernels k;
+	const struct kvd_hparams *hp;
+	attn_rows_fn rows;    /* the tiled attention kernel, or NULL */
+	float scale;          /* scores are q·k times this */
+	/* the step being computed (cpu_attn_run) */
+	struct kvd_paged_view kv;
+	const int32_t *tok_seq, *tok_pos; /* [T] sequence index, position */
+	const float *q;       /* [T][n_head * head_dim] */
+	float *att;           /* [T][n_head * head_dim] output */
+	/* scratch */
+	int *tile_first;      /* tiled attention: first row of each tile, then T */
+	int cap_tiles;
+	int cap_chunks;       /* attention chunks per item the scratch holds */
+	float *scores;        /* per thread: scores, chunk partials */
+	int *item_first;      /* split attention: first chunk of each item */
+	atomic_int *item_left; /* split attention: chunks of each item to go */
+	int cap_items;
+	struct attn_part *attn_pm; /* split attention: partials of every chunk */
+	float *attn_po;
+	int cap_split;
+};
+
+/* For a loaded model (drops any scratch): its kernels, pool and shape. */
+void cpu_attn_setup(struct cpu_attn *a, struct tp *pool, const struct cpu_kernels *k, const struct kvd_hparams *hp,
+		    float scale);
+/* Grow the scratch for positions up to max_pos; 0 or -ENOMEM. */
+int cpu_attn_reserve(struct cpu_attn *a, int max_pos);
+/* att = attention of the T rows (query q, sequence tok_seq, position
+ * tok_pos; K/V of layer already stored for every position up to each) over
+ * the batch's pages; 0 or -ENOMEM. */
+int cpu_attn_run(struct cpu_attn *a, const struct kvd_paged_view *kv, const struct kvd_batch *b, int layer, int window,
+		 int T, const int32_t *tok_seq, const int32_t *tok_pos, const float *q, float *att);
+/* Free the scratch and clear the state. */
+void cpu_attn_free(struct cpu_attn *a);
+
+#endif
