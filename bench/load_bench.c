@@ -29,7 +29,9 @@
  * them (an event covering k tokens counts as k gaps of its gap / k: bursts
  * read at once show as zeros, stalls as the tail); the daemon's swap and preemption counters over the load;
  * lost (an error, or no DONE) and corrupted (differs from solo) answers;
- * pages_used / pages_swapped / clients, and with --pid the daemon's open
+ * pages_used / pages_swapped (pages of requests in swap: the cached prefix
+ * pages the daemon keeps there, demoted_pages, are a cache tier, not held by
+ * anyone) / clients, and with --pid the daemon's open
  * fds and memfds, before and after. Exit status 0 only when nothing was
  * lost or corrupted and everything came back to baseline.
  */
@@ -369,7 +371,7 @@ int main(int argc, char **argv)
 		if (pid)
 			count_fds(pid, &f1);
 		if (s2.clients == s0.clients && s2.requests_running == 0 && s2.requests_waiting == 0 &&
-		    s2.pages_used == s0.pages_used && s2.pages_swapped == s0.pages_swapped &&
+		    s2.pages_used == s0.pages_used && s2.pages_swapped - s2.pages_demoted == s0.pages_swapped - s0.pages_demoted &&
 		    (!pid || (f1.fds == f0.fds && f1.memfds == f0.memfds)))
 			break;
 		usleep(100000);
@@ -422,7 +424,7 @@ int main(int argc, char **argv)
 	qsort(ttft_daemon.v, ttft_daemon.n, sizeof(double), cmp_d);
 	qsort(itl.v, itl.n, sizeof(double), cmp_d);
 	qsort(gap.v, gap.n, sizeof(double), cmp_d);
-	bool baseline = s2.pages_used == s0.pages_used && s2.pages_swapped == s0.pages_swapped &&
+	bool baseline = s2.pages_used == s0.pages_used && s2.pages_swapped - s2.pages_demoted == s0.pages_swapped - s0.pages_demoted &&
 			s2.clients == s0.clients && (!pid || (f1.fds == f0.fds && f1.memfds == f0.memfds));
 
 	printf("{\n");
@@ -440,20 +442,21 @@ int main(int argc, char **argv)
 	       itl.n);
 	printf("  \"token_gap_ms\": {\"p50\": %.2f, \"p99\": %.2f, \"max\": %.1f},\n", pct(&gap, 0.5) * 1e3,
 	       pct(&gap, 0.99) * 1e3, pct(&gap, 1.0) * 1e3);
-	printf("  \"pool_pages\": %llu, \"swap_out_pages\": %llu, \"swap_in_pages\": %llu, \"pages_evicted\": %llu,\n",
+	printf("  \"pool_pages\": %llu, \"swap_out_pages\": %llu, \"swap_in_pages\": %llu, \"pages_evicted\": %llu, "
+	       "\"demoted_pages\": %llu,\n",
 	       (unsigned long long)s0.pages_total, (unsigned long long)(s1.swap_out_pages - s0.swap_out_pages),
 	       (unsigned long long)(s1.swap_in_pages - s0.swap_in_pages),
-	       (unsigned long long)(s1.pages_evicted - s0.pages_evicted));
+	       (unsigned long long)(s1.pages_evicted - s0.pages_evicted), (unsigned long long)s2.pages_demoted);
 	printf("  \"prefix_hit_tokens\": %llu, \"cow_copies\": %llu,\n",
 	       (unsigned long long)(s1.prefix_hit_tokens - s0.prefix_hit_tokens),
 	       (unsigned long long)(s1.cow_copies - s0.cow_copies));
 	printf("  \"lost\": %d, \"corrupted\": %d, \"solo_failed\": %d, \"compared\": %s,\n", lost, corrupted, solo_failed,
 	       solo ? "true" : "false");
 	printf("  \"before\": {\"pages_used\": %llu, \"pages_swapped\": %llu, \"clients\": %llu, \"fds\": %d, \"memfds\": %d},\n",
-	       (unsigned long long)s0.pages_used, (unsigned long long)s0.pages_swapped, (unsigned long long)s0.clients,
+	       (unsigned long long)s0.pages_used, (unsigned long long)(s0.pages_swapped - s0.pages_demoted), (unsigned long long)s0.clients,
 	       f0.fds, f0.memfds);
 	printf("  \"after\": {\"pages_used\": %llu, \"pages_swapped\": %llu, \"clients\": %llu, \"fds\": %d, \"memfds\": %d},\n",
-	       (unsigned long long)s2.pages_used, (unsigned long long)s2.pages_swapped, (unsigned long long)s2.clients,
+	       (unsigned long long)s2.pages_used, (unsigned long long)(s2.pages_swapped - s2.pages_demoted), (unsigned long long)s2.clients,
 	       f1.fds, f1.memfds);
 	printf("  \"baseline_restored\": %s\n}\n", baseline ? "true" : "false");
 

@@ -60,6 +60,7 @@ static int stats_reply(kvc_client *c, const struct ipc_frame *f, void *arg)
 	o->ledger_records_dropped = s.ledger_records_dropped;
 	o->swap_errors = s.swap_errors;
 	o->swap_fallback_recomputes = s.swap_fallback_recomputes;
+	o->pages_demoted = s.pages_demoted;
 	return 1;
 }
 

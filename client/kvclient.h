@@ -451,7 +451,10 @@ struct kvc_stats {
 	uint64_t ledger_records_dropped; /* per-request ledger records that could not be written */
 	uint64_t swap_errors;         /* swap page transfers that failed (I/O error, short, full) */
 	uint64_t swap_fallback_recomputes; /* requests' KV recomputed because swap I/O failed */
-	uint64_t reserved[6];
+	uint64_t pages_demoted;       /* of pages_swapped: cached prefix pages kept in swap (a cache
+	                               * tier, read back on a prefix hit); the rest belong to
+	                               * preempted requests */
+	uint64_t reserved[5];
 };
 KVC_EXPORT int kvc_stats(kvc_client *c, struct kvc_stats *ret);
 

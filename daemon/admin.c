@@ -56,6 +56,7 @@ void fill_stats(struct kvd_server *srv, struct ipc_stats *st)
 	st->ledger_records_dropped = kvd_ledger_dropped(srv->ledger);
 	st->swap_errors = led.swap_errors;
 	st->swap_fallback_recomputes = ss.swap_fallback_recomputes;
+	st->pages_demoted = ks.pages_demoted;
 }
 
 void handle_ps(struct client *c, uint64_t rid)

@@ -396,7 +396,8 @@ struct ipc_stats {
 	uint64_t ledger_records_dropped; /* ledger records that could not be written */
 	uint64_t swap_errors;         /* swap page transfers that failed (I/O error, short, full) */
 	uint64_t swap_fallback_recomputes; /* requests' KV recomputed because swap I/O failed */
-	uint64_t reserved[6];
+	uint64_t pages_demoted;       /* of pages_swapped: cached prefix pages kept in swap (a cache tier) */
+	uint64_t reserved[5];
 };
 
 #define IPC_TOK_ADD_BOS       0x1u /* prepend BOS when the model has one */

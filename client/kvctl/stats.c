@@ -46,7 +46,7 @@ static const char help_stats[] =
 	"                    requests_running, requests_waiting, requests_swapped,\n"
 	"                    requests_completed, requests_rejected, clients, sessions,\n"
 	"                    prompt_tokens_total, generated_tokens_total, steps, uptime_ns,\n"
-	"                    ledger_records_dropped, swap_errors, swap_fallback_recomputes,\n"
+	"                    ledger_records_dropped, swap_errors, swap_fallback_recomputes, pages_demoted,\n"
 	"                    and the strings model and server_version\n"
 	"    --watch [SECS]  repeat every SECS seconds (default 1) until interrupted; with\n"
 	"                    --json, one object per line\n"
@@ -68,7 +68,7 @@ static void print_stats_json(const struct kvc_stats *s, const struct kvc_info *i
 	F(swap_out_pages); F(swap_in_pages); F(swap_bytes); F(requests_running); F(requests_waiting);
 	F(requests_swapped); F(requests_completed); F(requests_rejected); F(clients); F(sessions);
 	F(prompt_tokens_total); F(generated_tokens_total); F(steps); F(uptime_ns);
-	F(ledger_records_dropped); F(swap_errors); F(swap_fallback_recomputes);
+	F(ledger_records_dropped); F(swap_errors); F(swap_fallback_recomputes); F(pages_demoted);
 #undef F
 	fputs("\"model\":", stdout);
 	json_str(stdout, i->model_name, strlen(i->model_name));
@@ -118,9 +118,9 @@ static void print_stats_table(const struct kvc_stats *s, const struct kvc_info *
 	       s->prefix_hit_tokens, s->prefix_query_tokens, pct(s->prefix_hit_tokens, s->prefix_query_tokens),
 	       s->prefix_lookups, s->pages_evicted, s->cow_copies);
 	fmt_bytes(b1, sizeof(b1), (double)s->swap_bytes);
-	printf("swap      %" PRIu64 " pages out, %" PRIu64 " in; file %s; %" PRIu64 " I/O errors, %" PRIu64
-	       " requests recomputed after them\n",
-	       s->swap_out_pages, s->swap_in_pages, b1, s->swap_errors, s->swap_fallback_recomputes);
+	printf("swap      %" PRIu64 " pages out, %" PRIu64 " in; file %s, holding %" PRIu64 " cached prefix pages; %" PRIu64
+	       " I/O errors, %" PRIu64 " requests recomputed after them\n",
+	       s->swap_out_pages, s->swap_in_pages, b1, s->pages_demoted, s->swap_errors, s->swap_fallback_recomputes);
 	printf("requests  %" PRIu64 " running, %" PRIu64 " waiting, %" PRIu64 " swapped; %" PRIu64 " completed, %" PRIu64
 	       " rejected\n",
 	       s->requests_running, s->requests_waiting, s->requests_swapped, s->requests_completed,

@@ -313,7 +313,7 @@ static int cmd_stats(struct conn *c)
 	F(swap_out_pages); F(swap_in_pages); F(swap_bytes); F(requests_running); F(requests_waiting);
 	F(requests_swapped); F(requests_completed); F(requests_rejected); F(clients); F(sessions);
 	F(prompt_tokens_total); F(generated_tokens_total); F(steps); F(uptime_ns);
-	F(ledger_records_dropped); F(swap_errors); F(swap_fallback_recomputes);
+	F(ledger_records_dropped); F(swap_errors); F(swap_fallback_recomputes); F(pages_demoted);
 	printf("}\n");
 #undef F
 	return 0;
