@@ -29,38 +29,13 @@
 
 /* ---- a tiny GGUF writer: metadata and f32 tensors ---- */
 
-struct buf {
-	uint8_t *p;
-	size_t n, cap;
-};
-
-static void put(struct buf *b, const void *d, size_t n)
-{
-	if (b->n + n > b->cap) {
-		size_t cap = b->cap ? b->cap : 256;
-		while (cap < b->n + n)
-			cap *= 2;
-		b->p = realloc(b->p, cap);
-		assert_non_null(b->p);
-		b->cap = cap;
-	}
-	memcpy(b->p + b->n, d, n);
-	b->n += n;
-}
-
-static void put_u32(struct buf *b, uint32_t v) { put(b, &v, 4); }
-static void put_u64(struct buf *b, uint64_t v) { put(b, &v, 8); }
-static void put_str(struct buf *b, const char *s)
-{
-	put_u64(b, strlen(s));
-	put(b, s, strlen(s));
-}
+#include "gguf_writer.h"
 
 #define MAX_T 256
 
 struct spec {
 	const char *arch;
-	struct buf kv;
+	struct wbuf kv;
 	uint64_t n_kv;
 	char *tname[MAX_T];
 	uint64_t ne0[MAX_T], ne1[MAX_T];
@@ -69,25 +44,25 @@ struct spec {
 
 static void kv_u32(struct spec *s, const char *key, uint32_t v)
 {
-	put_str(&s->kv, key);
-	put_u32(&s->kv, GGUF_VT_UINT32);
-	put_u32(&s->kv, v);
+	w_str(&s->kv, key);
+	w_u32(&s->kv, GGUF_VT_UINT32);
+	w_u32(&s->kv, v);
 	s->n_kv++;
 }
 
 static void kv_f32(struct spec *s, const char *key, float v)
 {
-	put_str(&s->kv, key);
-	put_u32(&s->kv, GGUF_VT_FLOAT32);
-	put(&s->kv, &v, 4);
+	w_str(&s->kv, key);
+	w_u32(&s->kv, GGUF_VT_FLOAT32);
+	w_bytes(&s->kv, &v, 4);
 	s->n_kv++;
 }
 
 static void kv_str(struct spec *s, const char *key, const char *v)
 {
-	put_str(&s->kv, key);
-	put_u32(&s->kv, GGUF_VT_STRING);
-	put_str(&s->kv, v);
+	w_str(&s->kv, key);
+	w_u32(&s->kv, GGUF_VT_STRING);
+	w_str(&s->kv, v);
 	s->n_kv++;
 }
 
@@ -178,30 +153,30 @@ struct fixture {
 /* Writes s to the fixture's file (freeing s) and opens it. */
 static void write_spec(struct fixture *fx, struct spec *s)
 {
-	struct buf out = {0}, ti = {0};
+	struct wbuf out = {0}, ti = {0};
 	uint64_t off = 0;
 	for (int i = 0; i < s->n_t; i++) {
-		put_str(&ti, s->tname[i]);
-		put_u32(&ti, s->ne1[i] > 1 ? 2 : 1);
-		put_u64(&ti, s->ne0[i]);
+		w_str(&ti, s->tname[i]);
+		w_u32(&ti, s->ne1[i] > 1 ? 2 : 1);
+		w_u64(&ti, s->ne0[i]);
 		if (s->ne1[i] > 1)
-			put_u64(&ti, s->ne1[i]);
-		put_u32(&ti, GGML_DT_F32);
-		put_u64(&ti, off);
+			w_u64(&ti, s->ne1[i]);
+		w_u32(&ti, GGML_DT_F32);
+		w_u64(&ti, off);
 		off += (s->ne0[i] * s->ne1[i] * 4 + 31) / 32 * 32;
 	}
-	put(&out, "GGUF", 4);
-	put_u32(&out, 3);
-	put_u64(&out, (uint64_t)s->n_t);
-	put_u64(&out, s->n_kv);
-	put(&out, s->kv.p, s->kv.n);
-	put(&out, ti.p, ti.n);
+	w_bytes(&out, "GGUF", 4);
+	w_u32(&out, 3);
+	w_u64(&out, (uint64_t)s->n_t);
+	w_u64(&out, s->n_kv);
+	w_bytes(&out, s->kv.p, s->kv.n);
+	w_bytes(&out, ti.p, ti.n);
 	while (out.n % 32)
-		put(&out, "", 1);
+		w_bytes(&out, "", 1);
 	uint8_t zero[256] = {0};
 	for (uint64_t left = off; left > 0;) {
 		size_t k = left > sizeof(zero) ? sizeof(zero) : (size_t)left;
-		put(&out, zero, k);
+		w_bytes(&out, zero, k);
 		left -= k;
 	}
 	FILE *fp = fopen(fx->path, "wb");
