@@ -28,7 +28,7 @@ fi
 # are rewritten); .venv (scripts/setup) has the gguf package
 GEN_PY=.venv/bin/python
 [ -x "$GEN_PY" ] || GEN_PY=${PY:-/usr/bin/python3}
-mkdir -p "$TINY" && "$GEN_PY" scripts/gen_tiny_models.py "$TINY" > /dev/null 2>&1
+mkdir -p "$TINY" && "$GEN_PY" scripts/gen_tiny_models.py "$TINY" --arch > /dev/null 2>&1
 [ -x "$EVAL" ] || { echo "skipped: engine check needs $EVAL (make all)"; exit 77; }
 [ -f "$TINY/tiny-gqa.gguf" ] || { echo "skipped: engine check needs $TINY (scripts/gen_tiny_models.py with .venv)"; exit 77; }
 if [ -z "$PY" ] || ! "$PY" -c 'import numpy' 2>/dev/null; then
@@ -83,4 +83,22 @@ if [ -f "$TINY/$m.gguf" ]; then
 	cmp -s "$TMP/cpu.bin" "$TMP/auto.bin" || { echo "engine $m: CPU fallback logits differ from the CPU backend's"; exit 1; }
 	echo "engine $m: the plug-in refused K-quant weights; auto served on the CPU, logits identical"
 fi
+# models of the other architectures: the plug-in implements the Llama base
+# only, so "auto" must refuse each on the GPU naming the missing feature and
+# serve it on the CPU with the CPU backend's exact logits (tiny models from
+# scripts/gen_tiny_models.py --arch)
+for m in tiny-qwen2 tiny-qwen3 tiny-gemma3 tiny-llama3 tiny-mistral; do
+	if [ ! -f "$TINY/$m.gguf" ]; then
+		echo "engine check: $TINY/$m.gguf missing (scripts/gen_tiny_models.py --arch)"; exit 1
+	fi
+	args=(--model "$TINY/$m.gguf" --tokens "$toks" --n-predict 10)
+	env -u KVD_CUDA_PLUGIN "$EVAL" "${args[@]}" --logits-out "$TMP/cpu.bin" > /dev/null || exit 1
+	"$EVAL" "${args[@]}" --timing --logits-out "$TMP/auto.bin" > /dev/null 2> "$TMP/auto.err" || {
+		cat "$TMP/auto.err"; exit 1; }
+	if ! grep -q "backend cpu" "$TMP/auto.err" || ! grep -q "is not implemented on the GPU" "$TMP/auto.err"; then
+		echo "engine $m: expected the CPU with a note naming the feature the GPU lacks:"; cat "$TMP/auto.err"; exit 1
+	fi
+	cmp -s "$TMP/cpu.bin" "$TMP/auto.bin" || { echo "engine $m: CPU fallback logits differ from the CPU backend's"; exit 1; }
+	echo "engine $m: $(grep -o 'cuda backend: [^;]*is not implemented on the GPU' "$TMP/auto.err" | head -1); auto served on the CPU, logits identical"
+done
 echo "engine check passed"
