@@ -50,8 +50,9 @@ struct stub {
 	uint64_t forwards;
 	uint64_t max_batch;   /* most sequences in one forward */
 	/* simulated time: each forward advances *clock by step_ns plus
-	 * token_ns per token (when clock is set) */
-	uint64_t *clock, step_ns, token_ns;
+	 * token_ns per token plus pair_ns per (token, earlier position) pair
+	 * its attention reads (when clock is set) */
+	uint64_t *clock, step_ns, token_ns, pair_ns;
 };
 
 static struct stub *g_stub; /* the live one, for fault injection */
@@ -121,8 +122,10 @@ static int stub_forward(void *ctx, const struct kvd_batch *b)
 	}
 	if (st->clock) {
 		*st->clock += st->step_ns;
-		for (int32_t i = 0; i < b->n_seqs; i++)
-			*st->clock += st->token_ns * (uint64_t)b->seqs[i].n_tokens;
+		for (int32_t i = 0; i < b->n_seqs; i++) {
+			uint64_t n = (uint64_t)b->seqs[i].n_tokens, p0 = (uint64_t)b->seqs[i].pos0;
+			*st->clock += st->token_ns * n + st->pair_ns * (n * p0 + n * (n - 1) / 2);
+		}
 	}
 	for (int32_t i = 0; i < b->n_seqs; i++) {
 		const struct kvd_batch_seq *s = &b->seqs[i];
@@ -586,6 +589,69 @@ static uint64_t step_budget_run(uint32_t max_step_ms, uint32_t *ret_idle_steps)
 	return longest;
 }
 
+/* The same with attention's cost: a 1,900-token prompt whose chunks cost
+ * more per token the deeper they are (0.1 ms a token plus 0.1 us per
+ * token and earlier position, so a token at depth 1,900 costs three times
+ * one at depth 0). The budget follows the depth: no step that carries the
+ * stream's decode overruns 20 ms once two prefill steps are measured, and
+ * the prompt still gets through in a bounded number of steps. Returns the
+ * longest such step. */
+static uint64_t deep_budget_run(uint32_t max_step_ms, uint32_t *ret_steps)
+{
+	struct ctx c;
+	enum { N = 1900 };
+	static int32_t a[8], b[N];
+	int32_t want[4];
+	uint64_t longest = 0;
+	int mixed = 0;
+
+	for (int k = 0; k < 8; k++)
+		a[k] = (int32_t)((k * 5 + 2) % N_VOCAB);
+	for (int k = 0; k < N; k++)
+		b[k] = (int32_t)((k * 29 + 11) % N_VOCAB);
+	open_ctx(&c, &(struct setup){ .block_size = 16, .pages = 256, .max_step_ms = max_step_ms });
+	g_stub->clock = &c.clock_ns;
+	g_stub->step_ns = 2000000;
+	g_stub->token_ns = 100000;
+	g_stub->pair_ns = 100;
+	struct kvd_request_params rs = greedy(2000, 0), rp = greedy(4, 0);
+	assert_int_equal(kvd_sched_submit(c.s, 0, a, 8, &rs), 0);
+	while (c.r[0].n < 5)
+		assert_true(kvd_sched_step(c.s) > 0);
+	assert_int_equal(kvd_sched_submit(c.s, 1, b, N, &rp), 0);
+	*ret_steps = 0;
+	while (!c.r[1].done) {
+		uint32_t before = c.r[0].n;
+		uint64_t t0 = c.clock_ns;
+		assert_true(kvd_sched_step(c.s) > 0);
+		++*ret_steps;
+		assert_false(c.r[0].done);
+		if (c.r[0].n > before && c.r[1].n == 0 && ++mixed > 2 && c.clock_ns - t0 > longest)
+			longest = c.clock_ns - t0;
+	}
+	expected(b, N, 4, want);
+	assert_memory_equal(c.r[1].toks, want, sizeof(want));
+	assert_int_equal(kvd_sched_cancel(c.s, 0), 0);
+	run_until_idle(&c);
+	close_ctx(&c);
+	return longest;
+}
+
+static void test_step_budget_depth(void **state)
+{
+	uint32_t steps = 0;
+	(void)state;
+
+	uint64_t longest = deep_budget_run(20, &steps);
+	print_message("deep prompt: longest step with a decode %.2f ms, %u steps\n", longest / 1e6, steps);
+	assert_true(longest <= 20000000);
+	/* the time the decodes leave (about 18 ms of 20) is used: at the
+	 * mean cost, 0.2 ms a token, 1900 tokens take about 21 steps; one
+	 * that assumed the deepest rate everywhere would need 32; allow for
+	 * the fit's first steps */
+	assert_true(steps <= 28);
+}
+
 static void test_step_budget(void **state)
 {
 	uint32_t idle_steps = 0;
@@ -1029,6 +1095,7 @@ int main(void)
 		cmocka_unit_test(test_engine_failure),
 		cmocka_unit_test(test_demote_ahead_of_pressure),
 		cmocka_unit_test(test_step_budget),
+		cmocka_unit_test(test_step_budget_depth),
 		cmocka_unit_test(test_sampling_same_under_any_load),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
