@@ -101,7 +101,7 @@ TGT static inline __attribute__((always_inline)) void scores8(const int HD, int 
 	}
 }
 
-/* HD (head size) is 64 or 128. */
+/* HD (head size) is 64, 128 or 256. */
 TGT static inline __attribute__((always_inline)) void attn_rows8(const int HD, int nr, const float *const *q,
 								 const int *len, const uint16_t *const *k,
 								 const uint16_t *const *v, float scale,
@@ -177,13 +177,25 @@ TGT static void attn_rows8_128(int nr, const float *const *q, const int *len, co
 	attn_rows8(128, nr, q, len, k, v, scale, ml, o, scratch);
 }
 
+TGT static void attn_rows8_256(int nr, const float *const *q, const int *len, const uint16_t *const *k,
+			       const uint16_t *const *v, float scale, float *const *ml, float *const *o, float *scratch)
+{
+	attn_rows8(256, nr, q, len, k, v, scale, ml, o, scratch);
+}
+
 attn_rows_fn cpu_attn_rows_avx2(int hd)
 {
 	if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("f16c"))
 		return NULL;
-	return hd == 64 ? attn_rows8_64 : hd == 128 ? attn_rows8_128 : NULL;
+	return hd == 64 ? attn_rows8_64 : hd == 128 ? attn_rows8_128 : hd == 256 ? attn_rows8_256 : NULL;
 }
 #else
+TGT static void attn_rows8_256(int nr, const float *const *q, const int *len, const uint16_t *const *k,
+			       const uint16_t *const *v, float scale, float *const *ml, float *const *o, float *scratch)
+{
+	attn_rows8(256, nr, q, len, k, v, scale, ml, o, scratch);
+}
+
 attn_rows_fn cpu_attn_rows_avx2(int hd)
 {
 	(void)hd;

@@ -67,7 +67,7 @@ TGT static inline __attribute__((always_inline)) void scores_t(const int HD, con
 							       const uint16_t *const *k, int n, float scale,
 							       float *sc, int ld)
 {
-	enum { MAXV = 8, MAXRS = 3, P = 4, G = 4 };
+	enum { MAXV = 16, MAXRS = 3, P = 4, G = 4 };
 	const int V = HD / 16;
 	const __m512 vscale = _mm512_set1_ps(scale);
 	for (int r = 0; r < nr; r += RS) {
@@ -127,9 +127,9 @@ TGT static inline __mmask16 tail_mask(int left)
  * RT rows when NT is 0), V rows converted once per position. */
 TGT static inline __attribute__((always_inline)) void pv_rows(const int HD, const int RT, const int NT, int p0,
 							      int p1, int pe, const uint16_t *const *v,
-							      const float *e0, int n16, __m512 acc[][8])
+							      const float *e0, int n16, __m512 acc[][16])
 {
-	enum { MAXV = 8 };
+	enum { MAXV = 16 };
 	const int V = HD / 16;
 	for (int p = p0; p < p1; p++) {
 		__m512 vv[MAXV];
@@ -148,15 +148,15 @@ TGT static inline __attribute__((always_inline)) void pv_rows(const int HD, cons
 	}
 }
 
-/* HD (head size) is 64 or 128; RS rows share each K row's conversion, RT
- * rows each V row's. */
+/* HD (head size) is 64, 128 or 256; RS rows share each K row's conversion,
+ * RT rows each V row's. */
 TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, const int RS, const int RT, int nr,
 								  const float *const *q, const int *len,
 								  const uint16_t *const *k, const uint16_t *const *v,
 								  float scale, float *const *ml, float *const *o,
 								  float *scratch)
 {
-	enum { MAXV = 8 };
+	enum { MAXV = 16 };
 	const int V = HD / 16;
 	int n = 0;
 	for (int r = 0; r < nr; r++)
@@ -231,15 +231,31 @@ TGT static void attn_rows_128(int nr, const float *const *q, const int *len, con
 	attn_rows_t(128, 2, 2, nr, q, len, k, v, scale, ml, o, scratch);
 }
 
+/* head size 256 (Gemma 3): a row's query and accumulator fill 16 registers
+ * each, so one row at a time */
+TGT static void attn_rows_256(int nr, const float *const *q, const int *len, const uint16_t *const *k,
+			      const uint16_t *const *v, float scale, float *const *ml, float *const *o, float *scratch)
+{
+	attn_rows_t(256, 1, 1, nr, q, len, k, v, scale, ml, o, scratch);
+}
+
 attn_rows_fn cpu_attn_rows_avx512(int hd)
 {
 	if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512dq") ||
 	    !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl") ||
 	    !__builtin_cpu_supports("f16c") || !__builtin_cpu_supports("fma"))
 		return NULL;
-	return hd == 64 ? attn_rows_64 : hd == 128 ? attn_rows_128 : NULL;
+	return hd == 64 ? attn_rows_64 : hd == 128 ? attn_rows_128 : hd == 256 ? attn_rows_256 : NULL;
 }
 #else
+/* head size 256 (Gemma 3): a row's query and accumulator fill 16 registers
+ * each, so one row at a time */
+TGT static void attn_rows_256(int nr, const float *const *q, const int *len, const uint16_t *const *k,
+			      const uint16_t *const *v, float scale, float *const *ml, float *const *o, float *scratch)
+{
+	attn_rows_t(256, 1, 1, nr, q, len, k, v, scale, ml, o, scratch);
+}
+
 attn_rows_fn cpu_attn_rows_avx512(int hd)
 {
 	(void)hd;

@@ -613,15 +613,10 @@ static void swiglu_worker(void *arg, int ith, int nth)
 	for (int t = ith; t < j->T; t += nth) {
 		float *g = c->gate + t * n;
 		const float *u = c->up + t * n;
-		if (j->gelu) {
-			/* GeGLU: tanh-approximated GELU of the gate times up */
-			for (int64_t i = 0; i < n; i++) {
-				float x = g[i];
-				g[i] = 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x))) * u[i];
-			}
-		} else {
+		if (j->gelu) /* GeGLU: tanh-approximated GELU of the gate times up */
+			c->k.geglu(g, u, n);
+		else
 			c->k.swiglu(g, u, n);
-		}
 		if (j->quantize)
 			c->k.quantize_q8(g, c->xq + t * q8_row_len(n), n);
 	}

@@ -570,6 +570,19 @@ static void swiglu_generic(float *g, const float *u, int64_t n)
 		g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+/* 0.5 x (1 + tanh(z)) = x sigmoid(2 z) = x / (1 + exp(-2 z)) */
+#define GELU_2K 1.5957691216f /* 2 sqrt(2 / pi) */
+#define GELU_C 0.044715f
+
+static void geglu_generic(float *g, const float *u, int64_t n)
+{
+	for (int64_t i = 0; i < n; i++) {
+		float x = g[i];
+		float y = GELU_2K * (x + GELU_C * x * x * x);
+		g[i] = x / (1.0f + expf(-y)) * u[i];
+	}
+}
+
 static void store_f16_generic(uint16_t *dst, const float *src, int n)
 {
 	for (int i = 0; i < n; i++)
@@ -929,6 +942,24 @@ AVX2 static void swiglu_avx2(float *g, const float *u, int64_t n)
 	swiglu_generic(g + i, u + i, n - i);
 }
 
+/* GeGLU as sigmoid(y), y = 2 z, from e = exp(-|y|) as swiglu_avx2 does */
+AVX2 static void geglu_avx2(float *g, const float *u, int64_t n)
+{
+	const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+	const __m256 k2 = _mm256_set1_ps(GELU_2K), c = _mm256_set1_ps(GELU_C);
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		__m256 x = _mm256_loadu_ps(g + i);
+		__m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+		__m256 y = _mm256_mul_ps(k2, _mm256_fmadd_ps(c, x3, x));
+		__m256 e = exp_neg8(_mm256_or_ps(y, sign));
+		__m256 num = _mm256_blendv_ps(one, e, y); /* sign bit of y selects e */
+		__m256 s = _mm256_div_ps(num, _mm256_add_ps(one, e));
+		_mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_mul_ps(x, s), _mm256_loadu_ps(u + i)));
+	}
+	geglu_generic(g + i, u + i, n - i);
+}
+
 AVX2 static void store_f16_avx2(uint16_t *dst, const float *src, int n)
 {
 	int i = 0;
@@ -963,6 +994,7 @@ void cpu_kernels_init(struct cpu_kernels *k, int force_generic)
 	k->axpyn_f16 = axpyn_f16_generic;
 	k->store_f16 = store_f16_generic;
 	k->swiglu = swiglu_generic;
+	k->geglu = geglu_generic;
 #if defined(__x86_64__)
 	if (!force_generic && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
 	    __builtin_cpu_supports("f16c")) {
@@ -983,6 +1015,7 @@ void cpu_kernels_init(struct cpu_kernels *k, int force_generic)
 		k->axpyn_f16 = axpyn_f16_avx2;
 		k->store_f16 = store_f16_avx2;
 		k->swiglu = swiglu_avx2;
+		k->geglu = geglu_avx2;
 		/* the tiled AVX-512 VNNI kernels, where the CPU has them */
 		if (!getenv("KVD_CPU_NO_AVX512") && cpu_kernels_init_gemm_avx512(k)) {
 			k->attn_rows_for = cpu_attn_rows_avx512;

@@ -132,6 +132,9 @@ struct cpu_kernels {
 	void (*store_f16)(uint16_t *dst, const float *src, int n);
 	/* g[i] = silu(g[i]) * u[i], silu(x) = x / (1 + exp(-x)) */
 	void (*swiglu)(float *g, const float *u, int64_t n);
+	/* g = gelu_tanh(g) * u (GeGLU), gelu_tanh(x) = x * sigmoid(2 z),
+	 * z = sqrt(2 / pi) (x + 0.044715 x^3), which equals the tanh form */
+	void (*geglu)(float *g, const float *u, int64_t n);
 };
 
 /* Fill the table for this CPU (force_generic: portable versions only;

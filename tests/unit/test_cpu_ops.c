@@ -367,12 +367,12 @@ static void test_gemm_tiles(void **state)
  * match float64, and a row alone gives the same bits as in any tile. */
 static void check_attn_rows(attn_rows_fn (*kernel_for)(int hd))
 {
-	for (int hd = 64; hd <= 128; hd *= 2) {
+	for (int hd = 64; hd <= 256; hd *= 2) {
 		attn_rows_fn fn = kernel_for(hd);
 		if (!fn)
 			skip();
-		static uint16_t kv[2][128][128];
-		static float q[12][128], o[12][128], o1[128], scratch[128 * (128 + 12)];
+		static uint16_t kv[2][128][256];
+		static float q[12][256], o[12][256], o1[256], scratch[128 * (128 + 12)];
 		const uint16_t *kp[128], *vp[128];
 		for (int it = 0; it < 30; it++) {
 			int nr = 1 + (int)(next_u32() % 12), len[12];
@@ -435,12 +435,12 @@ static void test_attn_rows_avx2_avx512_agree(void **state)
 {
 	(void)state;
 	enum { NR = 48, NP = 128 };
-	for (int hd = 64; hd <= 128; hd *= 2) {
+	for (int hd = 64; hd <= 256; hd *= 2) {
 		attn_rows_fn f512 = cpu_attn_rows_avx512(hd), f2 = cpu_attn_rows_avx2(hd);
 		if (!f512 || !f2)
 			skip();
-		static uint16_t kv[2][NP][128];
-		static float q[NR][128], o[2][NR][128], ml[2][NR][2], scratch[NP * (NP + NR)];
+		static uint16_t kv[2][NP][256];
+		static float q[NR][256], o[2][NR][256], ml[2][NR][2], scratch[NP * (NP + NR)];
 		const uint16_t *kp[NP], *vp[NP];
 		for (int it = 0; it < 20; it++) {
 			int nr = 1 + (int)(next_u32() % NR), len[NR];
@@ -468,7 +468,7 @@ static void test_attn_rows_avx2_avx512_agree(void **state)
 			f512(nr, qp, len, kp, vp, scale, mlp[0], op[0], scratch);
 			f2(nr, qp, len, kp, vp, scale, mlp[1], op[1], scratch);
 			for (int r = 0; r < nr; r++) {
-				float mla[2], oa[128], *mlap = mla, *oap = oa;
+				float mla[2], oa[256], *mlap = mla, *oap = oa;
 				assert_true(fabsf(ml[0][r][0] - ml[1][r][0]) <= 1e-5f * (1 + fabsf(ml[0][r][0])));
 				assert_true(fabsf(ml[0][r][1] - ml[1][r][1]) <= 1e-5f * ml[0][r][1]);
 				for (int i = 0; i < hd; i++)
