@@ -405,17 +405,18 @@ static int bench_swap(struct run *r, size_t mib, const char *file)
 		e = r->ops->page_read(r->ctx, list[i], (char *)r->host + (size_t)list[i] * pb);
 	double t_pinned = now_s() - t0;
 	t0 = now_s();
-	if (!e && r->ops->pages_read) /* optional slot */
+	int batched = (r->ops->caps & KVD_CAP_BATCHED_SWAP) != 0;
+	if (!e && batched)
 		e = r->ops->pages_read(r->ctx, list, n, r->host);
-	double t_gather = r->ops->pages_read ? now_s() - t0 : 0;
+	double t_gather = batched ? now_s() - t0 : 0;
 	t0 = now_s();
 	for (uint32_t i = 0; i < n && !e; i++)
 		e = r->ops->page_read(r->ctx, list[i], pageable + (size_t)i * pb);
 	double t_pageable = now_s() - t0;
 	t0 = now_s();
-	if (!e && r->ops->pages_write)
+	if (!e && batched)
 		e = r->ops->pages_write(r->ctx, list, n, r->host);
-	double t_scatter = r->ops->pages_write ? now_s() - t0 : 0;
+	double t_scatter = batched ? now_s() - t0 : 0;
 	double t_file = 0;
 	if (!e && file) {
 		int fd = open(file, O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0600);

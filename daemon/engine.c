@@ -52,6 +52,18 @@ static int engine_page_write(void *ud, uint32_t page, const void *host_src)
 	return e->ops->page_write(e->be, page, host_src);
 }
 
+static int engine_pages_read(void *ud, const uint32_t *pages, uint32_t n, void *host_dst)
+{
+	struct kvd_engine *e = ud;
+	return e->ops->pages_read(e->be, pages, n, host_dst);
+}
+
+static int engine_pages_write(void *ud, const uint32_t *pages, uint32_t n, const void *host_src)
+{
+	struct kvd_engine *e = ud;
+	return e->ops->pages_write(e->be, pages, n, host_src);
+}
+
 /* Where the CUDA plug-in lives: $KVD_CUDA_PLUGIN, else next to the
  * executable's lib directories (installed: PREFIX/lib/kvd/, build tree:
  * build/lib/). */
@@ -96,9 +108,11 @@ static int try_cuda(struct kvd_engine *e, const struct kvd_backend_config *bc)
 	}
 	*(void **)&entry = dlsym(h, PLUGIN_ENTRY);
 	ops = entry ? entry() : NULL;
-	if (!ops || ops->version != KVD_BACKEND_ABI_VERSION) {
+	if (!ops || kvd_backend_ops_check(ops) < 0) {
 		snprintf(e->note, sizeof(e->note), "cuda backend: %s: %s", path,
-			 ops ? "backend ABI version mismatch" : "no " PLUGIN_ENTRY " entry point");
+			 !ops ? "no " PLUGIN_ENTRY " entry point"
+			 : ops->version != KVD_BACKEND_ABI_VERSION ? "backend ABI version mismatch"
+								  : "backend table lacks slots its capabilities promise");
 		dlclose(h);
 		return -ELIBBAD;
 	}
@@ -150,13 +164,17 @@ static int make_pool(struct kvd_engine *e, const struct kvd_engine_config *cfg, 
 	kc.swap_bytes = cfg->swap_bytes;
 	kc.page_ops.copy = engine_page_copy;
 	kc.page_ops.ud = e;
-	if (e->ops->suggest_pool_pages) {
-		/* a device backend: the pool lives in device memory, kvmm keeps
-		 * only its bookkeeping and moves pages through the backend;
-		 * without an explicit size it takes a fraction of what is free
-		 * after the weights */
+	if (e->ops->caps & KVD_CAP_DEVICE_POOL) {
+		/* the pool lives in device memory, kvmm keeps only its
+		 * bookkeeping and moves pages through the backend (a swap batch
+		 * in one call when the backend can); without an explicit size
+		 * it takes a fraction of what is free after the weights */
 		kc.page_ops.read = engine_page_read;
 		kc.page_ops.write = engine_page_write;
+		if (e->ops->caps & KVD_CAP_BATCHED_SWAP) {
+			kc.page_ops.read_n = engine_pages_read;
+			kc.page_ops.write_n = engine_pages_write;
+		}
 		if (!kc.pool_bytes) {
 			uint32_t pages = 0;
 			double frac = cfg->kv_pool_fraction > 0 ? cfg->kv_pool_fraction : 0.9;
@@ -293,6 +311,12 @@ int kvd_engine_open_backend(const struct kvd_engine_config *cfg, const struct kv
 		err[0] = 0;
 	if (!ops || !hp || hp->n_vocab <= 0 || hp->n_layer <= 0 || hp->n_head_kv <= 0 || hp->head_dim <= 0) {
 		snprintf(err, errlen, "backend or hyper-parameters missing");
+		kvmm_swap_io_free(swap_io);
+		return -EINVAL;
+	}
+	if (kvd_backend_ops_check(ops) < 0) {
+		snprintf(err, errlen, "%s backend: not a backend table of ABI %d with the slots its capabilities promise",
+			 ops->name ? ops->name : "unnamed", KVD_BACKEND_ABI_VERSION);
 		kvmm_swap_io_free(swap_io);
 		return -EINVAL;
 	}

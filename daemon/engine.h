@@ -56,7 +56,8 @@ int kvd_engine_open(const struct kvd_engine_config *cfg, struct kvd_engine **ret
  * test stub — can run real steps over a real kvmm pool. cfg->model_path
  * and cfg->backend are ignored; the pool is laid out from hp (n_layer,
  * n_head_kv, head_dim) and cfg->block_size. kvd_engine_model() is NULL on
- * such an engine. Returns 0, -EINVAL for a NULL ops or hp, or hp without
+ * such an engine. Returns 0, -EINVAL for a NULL ops or hp, a table that
+ * kvd_backend_ops_check() refuses, or hp without
  * n_vocab, n_layer, n_head_kv or head_dim, or the backend's or kvmm's
  * error, with one line in err.
  */

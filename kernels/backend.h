@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVD_BACKEND_ABI_VERSION 2
+#define KVD_BACKEND_ABI_VERSION 3
 
 /* Weight storage types; the numeric values are ggml's, as stored in GGUF. */
 enum kvd_wtype {
@@ -244,6 +244,24 @@ struct kvd_backend_config {
 };
 
 /*
+ * What a backend's table promises beyond the required slots (the `caps`
+ * field), so that nobody infers it from which optional slots are set.
+ *
+ * KVD_CAP_DEVICE_POOL: the KV pool lives in device memory. attach_kv accepts
+ *     a view whose base is NULL (kvmm's device pool mode: pages reached only
+ *     through page_copy, page_read and page_write), and when base is a host
+ *     mapping it pins it as the host tier for page_read/page_write; the
+ *     device copy is the authoritative one either way. page_read,
+ *     page_write and suggest_pool_pages are set.
+ * KVD_CAP_BATCHED_SWAP: pages_read and pages_write are set, and moving n
+ *     pages with one of them costs one device synchronisation (a swap batch
+ *     goes through them, not page by page).
+ */
+#define KVD_CAP_DEVICE_POOL  (1u << 0)
+#define KVD_CAP_BATCHED_SWAP (1u << 1)
+#define KVD_CAP_ALL          ((1u << 2) - 1)
+
+/*
  * The backend table. Every slot is required unless marked optional.
  *
  * init:        create a context. Returns 0 or -errno (-ENODEV: no device).
@@ -257,27 +275,32 @@ struct kvd_backend_config {
  *              backends state their tolerance).
  * page_copy:   copy the first n_tokens token rows of every layer, K and V,
  *              from page src to page dst (copy-on-write).
- * page_read:   optional; copy a whole page to host memory (swap-out) when the
- *              pool is not host-addressable.
- * page_write:  optional; the reverse (swap-in).
+ * page_read:   copy a whole page to host memory (swap-out); required with
+ *              KVD_CAP_DEVICE_POOL, else optional (a host pool is read in
+ *              place).
+ * page_write:  the reverse (swap-in); as page_read.
  * destroy:     free the context; accepts NULL.
  *
- * Optional slots appended after destroy (NULL where a backend lacks them;
- * callers check before use):
- *
- * suggest_pool_pages: after load, how many pages of page_bytes fit in
- *              `fraction` (0 < fraction <= 1) of the device memory still
- *              free (less a reserve for activations), for sizing the pool
- *              of a device backend. 0 with *ret_pages set, or -errno.
- * pages_read:  swap-out of n pages at once: page pages[i] to host_dst +
- *              i * page_bytes. Returns when the copy is complete.
+ * suggest_pool_pages: with KVD_CAP_DEVICE_POOL (else NULL): after load, how
+ *              many pages of page_bytes fit in `fraction` (0 < fraction <= 1)
+ *              of the device memory still free (less a reserve for
+ *              activations), for sizing the pool. 0 with *ret_pages set, or
+ *              -errno.
+ * pages_read:  with KVD_CAP_BATCHED_SWAP (else NULL): swap-out of n pages at
+ *              once, page pages[i] to host_dst + i * page_bytes. Returns when
+ *              the copy is complete; -EINVAL (nothing copied) for a page out
+ *              of range.
  * pages_write: swap-in, the reverse: host_src + i * page_bytes to pages[i].
+ * features:    KVD_FEAT_* bits this backend's forward implements (0: the
+ *              Llama base only). The engine compares a model's features with
+ *              it before load, to name what is missing and to let `backend =
+ *              auto` fall back.
+ * caps:        KVD_CAP_* bits above; 0 for a backend computing on a host pool.
  *
- * A device backend (one with suggest_pool_pages) keeps the pool in device
- * memory: its attach_kv accepts a view whose base is NULL (kvmm's device
- * pool mode, pages reached only through page_copy/page_read/page_write),
- * and when base is a host mapping it pins it as the host tier for
- * page_read/page_write; the device copy is the authoritative one either way.
+ * ABI 3 added `caps`; ABI 2 had the same slots with the device pool
+ * inferred from suggest_pool_pages being set. The engine refuses a table of
+ * another version, and one whose caps lack the slots they promise
+ * (kvd_backend_ops_check()).
  */
 struct kvd_backend_ops {
 	const char *name;
@@ -290,15 +313,26 @@ struct kvd_backend_ops {
 	int (*page_read)(void *ctx, uint32_t page, void *host_dst);
 	int (*page_write)(void *ctx, uint32_t page, const void *host_src);
 	void (*destroy)(void *ctx);
-	/* optional, see above */
 	int (*suggest_pool_pages)(void *ctx, size_t page_bytes, double fraction, uint32_t *ret_pages);
 	int (*pages_read)(void *ctx, const uint32_t *pages, uint32_t n, void *host_dst);
 	int (*pages_write)(void *ctx, const uint32_t *pages, uint32_t n, const void *host_src);
-	/* KVD_FEAT_* bits this backend's forward implements (0: the Llama base
-	 * only). The engine compares a model's features with it before load, to
-	 * name what is missing and to let `backend = auto` fall back. */
 	uint32_t features;
+	uint32_t caps;
 };
+
+/* 0 when the table is of this ABI, has every required slot and every slot
+ * its caps promise, and no unknown cap bit; -22 (-EINVAL) otherwise. */
+static inline int kvd_backend_ops_check(const struct kvd_backend_ops *o)
+{
+	if (!o || o->version != KVD_BACKEND_ABI_VERSION || !o->name || !o->init || !o->load || !o->attach_kv ||
+	    !o->forward || !o->page_copy || !o->destroy || (o->caps & ~KVD_CAP_ALL))
+		return -22;
+	if ((o->caps & KVD_CAP_DEVICE_POOL) && (!o->page_read || !o->page_write || !o->suggest_pool_pages))
+		return -22;
+	if ((o->caps & KVD_CAP_BATCHED_SWAP) && (!o->pages_read || !o->pages_write))
+		return -22;
+	return 0;
+}
 
 /* The CPU backend, always built. */
 extern const struct kvd_backend_ops kvd_cpu_backend;

@@ -44,6 +44,13 @@ struct kvmm_page_ops {
 	 * memory for swap. */
 	int (*read)(void *ud, uint32_t page, void *host_dst);
 	int (*write)(void *ud, uint32_t page, const void *host_src);
+	/* Optional, device pools only, both or neither: n pages in one call,
+	 * page pages[i] to (read_n) or from (write_n) host + i * page_bytes,
+	 * complete on return. With them a swap batch (up to
+	 * KVMM_SWAP_QUEUE_DEPTH pages) costs the device one call and one
+	 * synchronisation instead of one per page; read/write stay required. */
+	int (*read_n)(void *ud, const uint32_t *pages, uint32_t n, void *host_dst);
+	int (*write_n)(void *ud, const uint32_t *pages, uint32_t n, const void *host_src);
 	void *ud;
 };
 
@@ -68,7 +75,9 @@ struct kvmm;
  * pool cannot be mapped, or the error of creating the swap file.
  * max_seqs 0 means KVMM_MAX_SEQS. page_ops.read and .write are both set (a
  * device pool: kvmm maps no host pool, kvmm_pool_base() is NULL and
- * page_ops.copy is required) or both NULL (a host pool in a memfd). Pages
+ * page_ops.copy is required) or both NULL (a host pool in a memfd);
+ * page_ops.read_n and .write_n are both NULL or, in a device pool, both set
+ * (-EINVAL otherwise). Pages
  * are handed out lowest first from a fresh pool (shuffle_seed 0) and
  * last-freed first after that, which keeps hot pages in cache. */
 int kvmm_create(const struct kvmm_config *cfg, struct kvmm **ret);

@@ -287,6 +287,8 @@ static int check_config(const struct kvmm_config *cfg)
 		return -EINVAL;
 	if (cfg->page_ops.read && !cfg->page_ops.copy)
 		return -EINVAL;
+	if (!cfg->page_ops.read_n != !cfg->page_ops.write_n || (cfg->page_ops.read_n && !cfg->page_ops.read))
+		return -EINVAL;
 	return 0;
 }
 

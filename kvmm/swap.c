@@ -8,7 +8,9 @@
  * from and to pool pages when the pool is host memory with aligned pages
  * (the pool is then registered with the store in chunks of at most 1 GiB, so
  * io_uring uses fixed buffers); otherwise through a few bounce buffers, via
- * page_ops.read/write for a device pool. Every transfer either completes in
+ * page_ops for a device pool: one batched read_n/write_n per chunk when the
+ * owner gives them, so the device synchronises once per chunk, else one
+ * read/write per page. Every transfer either completes in
  * full or counts as failed, and each operation is undone when one of its
  * transfers fails, so an I/O error costs the sequence (or cache entry)
  * concerned and nothing else.
@@ -149,15 +151,75 @@ static void report(struct kvmm *m, struct kvmm_swap_incident *inc, uint32_t what
 }
 
 /*
+ * A device pool with batched page_ops: one read_n of `cnt` pages into the
+ * bounce buffers, each landing at its slot (read_n packs them page_bytes
+ * apart; when slots are larger, spread them from the last one down, where
+ * no move overwrites a page not yet moved). 0 or the callback's error.
+ */
+static int stage_out_batch(struct kvmm *m, const int32_t *pages, uint32_t cnt)
+{
+	uint32_t list[KVMM_SWAP_QUEUE_DEPTH];
+	int r;
+
+	for (uint32_t j = 0; j < cnt; j++)
+		list[j] = (uint32_t)pages[j];
+	r = m->page_ops.read_n(m->page_ops.ud, list, cnt, m->bounce);
+	if (r < 0)
+		return r;
+	if (m->slot_bytes != m->page_bytes)
+		for (uint32_t j = cnt; j-- > 1;)
+			memmove((char *)m->bounce + (size_t)j * m->slot_bytes,
+				(char *)m->bounce + (size_t)j * m->page_bytes, m->page_bytes);
+	return 0;
+}
+
+/*
+ * The reverse for the pages of a chunk whose reads succeeded (res 0): pack
+ * their bounce buffers page_bytes apart from the start, in order (each move
+ * goes to a lower or equal address, so none overwrites a page not yet moved),
+ * and hand them to the device in one write_n. On its failure every one of
+ * them takes its error.
+ */
+static void stage_in_batch(struct kvmm *m, const int32_t *pages, const uint32_t *map, uint32_t nq, int *res)
+{
+	uint32_t list[KVMM_SWAP_QUEUE_DEPTH];
+	uint32_t n = 0;
+	int r;
+
+	for (uint32_t k = 0; k < nq; k++) {
+		char *dst = (char *)m->bounce + (size_t)n * m->page_bytes;
+
+		if (res[map[k]] != 0)
+			continue;
+		if ((char *)m->reqs[k].buf != dst)
+			memmove(dst, m->reqs[k].buf, m->page_bytes);
+		list[n++] = (uint32_t)pages[map[k]];
+	}
+	if (n == 0)
+		return;
+	r = m->page_ops.write_n(m->page_ops.ud, list, n, m->bounce);
+	if (r < 0)
+		for (uint32_t k = 0; k < nq; k++)
+			if (res[map[k]] == 0)
+				res[map[k]] = r;
+}
+
+/*
  * Move page pages[j] to (op WRITE) or from (READ) slot slots[j], j < n, and set
  * res[j] to 0 or a negative errno (a short transfer is -EIO). Returns the
  * first error or 0. Counts bytes, time and errors in the ledger, and fills
  * *inc (op, first error, pages, failed and short ones) for report().
+ *
+ * Pages go by chunks: up to reqs_cap straight from the pool, or up to
+ * n_bounce through the bounce buffers. A device pool with batched page_ops
+ * stages each chunk with one call (one device synchronisation per chunk);
+ * without them, one read or write per page.
  */
 static int xfer(struct kvmm *m, uint32_t op, const int32_t *pages, const int32_t *slots, uint32_t n, int *res,
 		struct kvmm_swap_incident *inc)
 {
 	uint32_t chunk = m->io_from_pool ? m->reqs_cap : m->n_bounce;
+	bool batched = m->device_pool && m->page_ops.read_n;
 	uint32_t map[REQS_CAP];
 	uint64_t t0 = kvmm_now_ns(), bytes = 0, errors = 0;
 	uint32_t shorts = 0;
@@ -165,8 +227,10 @@ static int xfer(struct kvmm *m, uint32_t op, const int32_t *pages, const int32_t
 
 	for (uint32_t base = 0; base < n; base += chunk) {
 		uint32_t cnt = n - base < chunk ? n - base : chunk, nq = 0;
-		int r;
+		int r, staged = 0;
 
+		if (op == KVMM_IO_WRITE && batched)
+			staged = stage_out_batch(m, pages + base, cnt);
 		for (uint32_t j = 0; j < cnt; j++) {
 			struct kvmm_io_req *q = &m->reqs[nq];
 			int32_t p = pages[base + j];
@@ -186,15 +250,17 @@ static int xfer(struct kvmm *m, uint32_t op, const int32_t *pages, const int32_t
 				q->len = m->slot_bytes;
 				q->buf_index = m->bounce_buf_index;
 				if (op == KVMM_IO_WRITE) {
-					if (m->device_pool) {
-						int rr = m->page_ops.read(m->page_ops.ud, (uint32_t)p, q->buf);
+					int rr = 0;
 
-						if (rr < 0) {
-							res[base + j] = rr;
-							continue;
-						}
-					} else {
+					if (batched)
+						rr = staged;
+					else if (m->device_pool)
+						rr = m->page_ops.read(m->page_ops.ud, (uint32_t)p, q->buf);
+					else
 						memcpy(q->buf, page_ptr(m, p), m->page_bytes);
+					if (rr < 0) {
+						res[base + j] = rr;
+						continue;
 					}
 				}
 			}
@@ -211,7 +277,7 @@ static int xfer(struct kvmm *m, uint32_t op, const int32_t *pages, const int32_t
 				res[j] = q->result < 0 ? (int)q->result : -EIO;
 				shorts += q->result >= 0;
 			}
-			if (res[j] == 0 && op == KVMM_IO_READ && !m->io_from_pool) {
+			if (res[j] == 0 && op == KVMM_IO_READ && !m->io_from_pool && !batched) {
 				if (m->device_pool)
 					res[j] = m->page_ops.write(m->page_ops.ud, (uint32_t)pages[j], q->buf);
 				else
@@ -219,9 +285,12 @@ static int xfer(struct kvmm *m, uint32_t op, const int32_t *pages, const int32_t
 				if (res[j] > 0)
 					res[j] = 0;
 			}
-			if (res[j] == 0)
-				bytes += q->len;
 		}
+		if (op == KVMM_IO_READ && batched)
+			stage_in_batch(m, pages, map, nq, res);
+		for (uint32_t k = 0; k < nq; k++)
+			if (res[map[k]] == 0)
+				bytes += m->reqs[k].len;
 	}
 	for (uint32_t j = 0; j < n; j++)
 		if (res[j] < 0) {

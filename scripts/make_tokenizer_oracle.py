@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """scripts/make_tokenizer_oracle.py — expected answers for kvd's tokenizer test.
 
-kvd's tokenizer (daemon/model/tokenizer.c) is meant to give the same token
+kvd's tokenizer (daemon/model/tokenizer*.c) is meant to give the same token
 ids as llama.cpp. This script asks llama.cpp (through llama-cpp-python,
 vocab_only) and writes the answers where tests/unit/test_tokenizer.c reads
 them, in a line format C can parse without a JSON library:

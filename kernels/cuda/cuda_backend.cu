@@ -1021,6 +1021,8 @@ static const struct kvd_backend_ops cuda_ops = {
 	cuda_suggest_pool_pages,
 	cuda_pages_read,
 	cuda_pages_write,
+	0, /* features: the Llama base */
+	KVD_CAP_DEVICE_POOL | KVD_CAP_BATCHED_SWAP,
 };
 
 extern "C" __attribute__((visibility("default"))) const struct kvd_backend_ops *kvd_backend_plugin_entry(void)

@@ -98,7 +98,8 @@ MAX_FILE_LINES=1000
 # generated, not read by people
 size_exempt="daemon/model/unicode_tables.c"
 # over the limit today, each waiting for its own split: reported, not failed
-size_pending="daemon/model/tokenizer.c"
+# (none: the limit holds for every hand-written source)
+size_pending=""
 # check_lengths FILE... — prints one line per file over the limit, sets bad=1
 check_lengths() {
 	local f lines

@@ -1,9 +1,10 @@
 /*
  * tests/fuzz/fuzz_chat.c — libFuzzer target for chat-template handling
- * (daemon/model/tokenizer.c): recognising the template a GGUF file carries
- * (tokenizer.chat_template, including the default system message read out
- * of a ChatML template's string literal) and rendering a conversation with
- * it, as a GENERATE without IPC_GEN_RAW does with the client's text.
+ * (daemon/model/tokenizer_load.c, tokenizer_chat.c): recognising the
+ * template a GGUF file carries (tokenizer.chat_template, including the
+ * default system message read out of a ChatML template's string literal)
+ * and rendering a conversation with it, as a GENERATE without IPC_GEN_RAW
+ * does with the client's text.
  *
  * Input: the template, a NUL, then messages: a role byte (low two bits: 0
  * system, 1 user, 2 assistant, 3 an invalid role; bit 7 of the last one:

@@ -1,6 +1,6 @@
 /*
  * tests/fuzz/fuzz_tokenizer.c — libFuzzer target for the tokenizer
- * (daemon/model/tokenizer.c, unicode.c) with a real vocabulary: the
+ * (daemon/model/tokenizer*.c, unicode.c) with a real vocabulary: the
  * default model's (models/SmolLM2-135M-Instruct.Q4_1.gguf, byte-level BPE
  * with the smollm pre-tokenizer), or $KVD_FUZZ_VOCAB, or the seed model
  * when neither is there. Any client can send any bytes to be tokenized.

@@ -3,7 +3,8 @@
 # plug-in against the CPU backend: build/tests/kvd_eval greedy-decodes the
 # tiny models (scripts/gen_tiny_models.py, in build/tests/tiny-models) with
 # the "auto" backend loading PLUGIN (KVD_CUDA_PLUGIN), whole-prompt and
-# chunked prefill, pages handed out in shuffled order; the logits rows must
+# chunked prefill, pages handed out in shuffled order, and every sequence
+# swapped out and back in after every step; the logits rows must
 # match the CPU backend's within the conformance tolerance for quantized
 # models (0.12 relative L2). A K-quant model, which the plug-in refuses,
 # must fall back to the CPU under "auto". Used by t_cuda_emulated.sh (emulated plug-in)
@@ -44,12 +45,22 @@ trap 'rm -rf "$TMP"' EXIT
 toks=$(seq -s, 1 37)
 for m in tiny-gqa tiny-odd tiny-mqa; do
 	[ -f "$TINY/$m.gguf" ] || continue
-	for chunk in 0 13; do
+	# "13+swap": every sequence swapped out and back in after every step
+	# (kvd_eval --swap-each-step), through the plug-in's device pool and
+	# batched page moves; the CPU reference does not swap, and the CPU
+	# with the same swapping must give the very same bytes
+	for chunk in 0 13 13+swap; do
+		swap=()
+		[ "${chunk%+swap}" != "$chunk" ] && swap=(--swap-each-step)
 		args=(--model "$TINY/$m.gguf" --tokens "$toks" --n-predict 10 --shuffle-seed 7)
-		[ $chunk -gt 0 ] && args+=(--chunk $chunk)
+		[ "${chunk%+swap}" -gt 0 ] && args+=(--chunk "${chunk%+swap}")
 		env -u KVD_CUDA_PLUGIN "$EVAL" "${args[@]}" --logits-out "$TMP/cpu.bin" > "$TMP/cpu.json" || exit 1
-		"$EVAL" "${args[@]}" --timing --logits-out "$TMP/cuda.bin" > "$TMP/cuda.json" 2> "$TMP/cuda.err" || {
+		"$EVAL" "${args[@]}" "${swap[@]}" --timing --logits-out "$TMP/cuda.bin" > "$TMP/cuda.json" 2> "$TMP/cuda.err" || {
 			cat "$TMP/cuda.err"; exit 1; }
+		if [ ${#swap[@]} -gt 0 ]; then
+			env -u KVD_CUDA_PLUGIN "$EVAL" "${args[@]}" "${swap[@]}" --logits-out "$TMP/cpuswap.bin" > /dev/null || exit 1
+			cmp -s "$TMP/cpu.bin" "$TMP/cpuswap.bin" || { echo "engine $m: the CPU's logits change when swapping"; exit 1; }
+		fi
 		grep -q "backend cuda" "$TMP/cuda.err" || { echo "engine did not use the plug-in:"; cat "$TMP/cuda.err"; exit 1; }
 		"$PY" - "$TMP/cpu.bin" "$TMP/cuda.bin" "$TMP/cpu.json" "$TMP/cuda.json" "$m chunk=$chunk" <<'PYEOF' || exit 1
 # Rows up to the first differing generated token were computed from the

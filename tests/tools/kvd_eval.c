@@ -39,7 +39,11 @@ static const char usage[] =
 	"                     generated token i-1 (N rows); FILE.<i> per batch sequence\n"
 	"  --timing           report prefill and decode tokens/s on stderr\n"
 	"  --pool-pages N     KV pool size in pages (default: what the run needs, x3)\n"
-	"  --parse-special    match special-token texts (<|im_start|>) in --prompt\n";
+	"  --parse-special    match special-token texts (<|im_start|>) in --prompt\n"
+	"  --swap-each-step   after prefill and every decode step, swap every sequence out\n"
+	"                     (to a memory store), overwrite the freed pages with another\n"
+	"                     sequence's prefill, and swap them back in: the logits must\n"
+	"                     not change\n";
 
 struct seq {
 	int32_t *toks;
@@ -96,6 +100,51 @@ static int32_t argmax(const float *x, int n)
 	return best;
 }
 
+/*
+ * --swap-each-step: every sequence out to the swap store, a filler sequence
+ * prefilled over the freed pages (so stale K/V left in them cannot pass for
+ * swapped-in content), the filler freed, every sequence back in (last out,
+ * first in, so pages change places). 0 or -errno, said on stderr.
+ */
+static int swap_round(struct kvd_engine *e, const struct seq *seqs, int n_seqs)
+{
+	struct kvmm *kv = kvd_engine_kvmm(e);
+	uint32_t filler;
+	int32_t *ft;
+	int n = 0, r;
+
+	for (int i = 0; i < n_seqs; i++) {
+		n += (int)kvmm_seq_len(kv, seqs[i].id);
+		if ((r = kvmm_seq_swap_out(kv, seqs[i].id)) < 0) {
+			fprintf(stderr, "kvd_eval: swap-out: %s\n", strerror(-r));
+			return r;
+		}
+	}
+	ft = malloc(sizeof(*ft) * (size_t)(n > 0 ? n : 1));
+	if (!ft)
+		return -ENOMEM;
+	for (int i = 0; i < n; i++)
+		ft[i] = (int32_t)((i * 7 + 3) % 5); /* any valid ids: tokens 0..4 */
+	r = kvmm_seq_new(kv, &filler);
+	if (r == 0) {
+		struct kvd_engine_item it = {.seq = filler, .tokens = ft, .n_tokens = n};
+
+		r = n > 0 ? kvd_engine_step(e, &it, 1) : 0;
+		kvmm_seq_free(kv, filler);
+	}
+	free(ft);
+	if (r < 0) {
+		fprintf(stderr, "kvd_eval: filler prefill: %s\n", strerror(-r));
+		return r;
+	}
+	for (int i = n_seqs; i-- > 0;)
+		if ((r = kvmm_seq_swap_in(kv, seqs[i].id)) < 0) {
+			fprintf(stderr, "kvd_eval: swap-in: %s\n", strerror(-r));
+			return r;
+		}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -105,10 +154,11 @@ int main(int argc, char **argv)
 		{"block-size", required_argument, 0, 'B'}, {"chunk", required_argument, 0, 'c'},
 		{"shuffle-seed", required_argument, 0, 's'}, {"logits-out", required_argument, 0, 'o'},
 		{"timing", no_argument, 0, 'T'},        {"pool-pages", required_argument, 0, 'P'},
-		{"parse-special", no_argument, 0, 'S'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
+		{"parse-special", no_argument, 0, 'S'}, {"help", no_argument, 0, 'h'},
+		{"swap-each-step", no_argument, 0, 'W'}, {0, 0, 0, 0},
 	};
 	const char *model = NULL, *tokens = NULL, *prompt = NULL, *batch = NULL, *logits_out = NULL;
-	int n_predict = 32, threads = 0, chunk = 0, timing = 0, parse_special = 0;
+	int n_predict = 32, threads = 0, chunk = 0, timing = 0, parse_special = 0, swap_each = 0;
 	long pool_pages = 0;
 	uint32_t block_size = 16;
 	uint64_t shuffle = 0;
@@ -129,6 +179,7 @@ int main(int argc, char **argv)
 		case 'T': timing = 1; break;
 		case 'P': pool_pages = atol(optarg); break;
 		case 'S': parse_special = 1; break;
+		case 'W': swap_each = 1; break;
 		case 'h': fputs(usage, stdout); return 0;
 		default: fputs(usage, stderr); return 2;
 		}
@@ -218,6 +269,16 @@ int main(int argc, char **argv)
 		.shuffle_seed = shuffle,
 	};
 	struct kvd_engine *e;
+	if (swap_each) {
+		/* room for every sequence; the pool holds them and the filler */
+		pool_pages = need_pages * 2 + 8;
+		ec.kv_pool_bytes = (uint64_t)pool_pages * l0.page_bytes;
+		r = kvmm_swap_io_mem_new((uint64_t)(need_pages + 8) * l0.page_bytes, &ec.swap_io);
+		if (r < 0) {
+			fprintf(stderr, "kvd_eval: swap store: %s\n", strerror(-r));
+			return 1;
+		}
+	}
 	r = kvd_engine_open(&ec, &e, err, sizeof(err));
 	if (r < 0) {
 		fprintf(stderr, "kvd_eval: %s\n", err);
@@ -278,6 +339,8 @@ int main(int argc, char **argv)
 		}
 	}
 	double t1 = now_s();
+	if (swap_each && (r = swap_round(e, seqs, n_seqs)) < 0)
+		goto out;
 	for (int step = 0; step < n_predict; step++) {
 		int n_items = 0;
 		for (int i = 0; i < n_seqs; i++) {
@@ -298,6 +361,8 @@ int main(int argc, char **argv)
 			fprintf(stderr, "kvd_eval: decode step: %s\n", strerror(-r));
 			goto out;
 		}
+		if (n_items && swap_each && (r = swap_round(e, seqs, n_seqs)) < 0)
+			goto out;
 	}
 	double t2 = now_s();
 	for (int i = 0; i < n_seqs; i++) {

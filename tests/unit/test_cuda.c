@@ -189,6 +189,9 @@ static void test_plugin_abi(void **state)
 	assert_non_null(ops->suggest_pool_pages);
 	assert_non_null(ops->pages_read);
 	assert_non_null(ops->pages_write);
+	/* the device pool and batched swap are declared, not inferred */
+	assert_int_equal(ops->caps, KVD_CAP_DEVICE_POOL | KVD_CAP_BATCHED_SWAP);
+	assert_int_equal(kvd_backend_ops_check(ops), 0);
 	ops->destroy(NULL); /* accepts NULL */
 }
 

@@ -1578,6 +1578,137 @@ static void test_device_pool_swaps_through_callbacks(void **state)
 	assert_int_equal(kvmm_create(&c, &m), -EINVAL);
 }
 
+/* A device whose batched callbacks count their calls and the pages in them;
+ * the per-page ones count too, and the test expects them unused. */
+struct bdevice {
+	struct device d;
+	int read_batches, write_batches;
+	uint32_t read_pages, write_pages;
+	int fail_read_n, fail_write_n; /* -errno to return from the next batch */
+};
+
+static int bdev_read_n(void *ud, const uint32_t *pages, uint32_t n, void *host)
+{
+	struct bdevice *b = ud;
+
+	b->read_batches++;
+	if (b->fail_read_n) {
+		int r = b->fail_read_n;
+
+		b->fail_read_n = 0;
+		return r;
+	}
+	for (uint32_t i = 0; i < n; i++)
+		memcpy((char *)host + i * b->d.pb, b->d.mem + pages[i] * b->d.pb, b->d.pb);
+	b->read_pages += n;
+	return 0;
+}
+
+static int bdev_write_n(void *ud, const uint32_t *pages, uint32_t n, const void *host)
+{
+	struct bdevice *b = ud;
+
+	b->write_batches++;
+	if (b->fail_write_n) {
+		int r = b->fail_write_n;
+
+		b->fail_write_n = 0;
+		return r;
+	}
+	for (uint32_t i = 0; i < n; i++)
+		memcpy(b->d.mem + pages[i] * b->d.pb, (const char *)host + i * b->d.pb, b->d.pb);
+	b->write_pages += n;
+	return 0;
+}
+
+/*
+ * A device pool with batched page_ops: a sequence of n pages swaps out with
+ * one read_n of n pages and back in with one write_n, never page by page,
+ * and its content survives exactly; with a store whose alignment makes a
+ * slot larger than a page (align 64, pages of 32 bytes) as well as with slots
+ * of exactly one page. A failed batch fails the whole operation and leaves
+ * the sequence where it was.
+ */
+static void test_device_pool_batches_swap(void **state)
+{
+	(void)state;
+	for (int aligned = 0; aligned < 2; aligned++) {
+		struct kvmm_config c = cfg_of(4, 16);
+		struct bdevice b = {.d = {.pb = 4 * TB}};
+		struct kvmm_swap_io *io = NULL;
+		struct kvmm *m = NULL;
+		uint32_t a, np;
+		const int32_t *p;
+		char saved[6][4 * TB];
+		int32_t t[22];
+		struct kvmm_grow g = {0, 22, t};
+
+		b.d.mem = calloc(16, b.d.pb);
+		assert_non_null(b.d.mem);
+		c.page_ops = (struct kvmm_page_ops){.copy = dev_copy, .read = dev_read, .write = dev_write,
+						    .read_n = bdev_read_n, .write_n = bdev_write_n, .ud = &b};
+		assert_int_equal(kvmm_swap_io_mem_new(64 * 64, &io), 0);
+		if (aligned)
+			io->align = 64; /* the memory store takes any alignment it is told */
+		assert_int_equal(kvmm_create_with_io(&c, io, &m), 0);
+		a = new_seq(m);
+		g.seq = a;
+		iota(t, 22, 100);
+		assert_int_equal(kvmm_commit(m, &g, 1), 0);
+		p = kvmm_seq_pages(m, a, &np);
+		assert_int_equal(np, 6);
+		for (uint32_t i = 0; i < np; i++) {
+			for (size_t k = 0; k < b.d.pb; k++)
+				b.d.mem[p[i] * b.d.pb + k] = (char)(i * 37 + k * 3 + 1);
+			memcpy(saved[i], b.d.mem + p[i] * b.d.pb, b.d.pb);
+		}
+
+		/* a failed batched read: nothing written, the sequence stays resident */
+		b.fail_read_n = -EIO;
+		assert_int_equal(kvmm_seq_swap_out(m, a), -EIO);
+		assert_int_equal(b.read_batches, 1);
+		assert_int_equal(kvmm_seq_len(m, a), 22);
+		p = kvmm_seq_pages(m, a, &np);
+		for (uint32_t i = 0; i < np; i++)
+			assert_true(p[i] >= 0);
+
+		assert_int_equal(kvmm_seq_swap_out(m, a), 0);
+		assert_int_equal(b.read_batches, 2);
+		assert_int_equal(b.read_pages, 6);
+		memset(b.d.mem, 0, 16 * b.d.pb);
+
+		/* a failed batched write: the sequence stays swapped out */
+		b.fail_write_n = -EIO;
+		assert_int_equal(kvmm_seq_swap_in(m, a), -EIO);
+		assert_int_equal(b.write_batches, 1);
+		p = kvmm_seq_pages(m, a, &np);
+		for (uint32_t i = 0; i < np; i++)
+			assert_int_equal(p[i], -1);
+
+		assert_int_equal(kvmm_seq_swap_in(m, a), 0);
+		assert_int_equal(b.write_batches, 2);
+		assert_int_equal(b.write_pages, 6);
+		assert_int_equal(b.d.reads, 0); /* never page by page */
+		assert_int_equal(b.d.writes, 0);
+		p = kvmm_seq_pages(m, a, &np);
+		for (uint32_t i = 0; i < np; i++)
+			assert_memory_equal(b.d.mem + p[i] * b.d.pb, saved[i], b.d.pb);
+		done(m);
+		free(b.d.mem);
+	}
+	{
+		/* batched callbacks come in pairs, and only with a device pool */
+		struct kvmm_config c = cfg_of(4, 8);
+		struct kvmm *m = NULL;
+
+		c.page_ops = (struct kvmm_page_ops){.copy = dev_copy, .read = dev_read, .write = dev_write,
+						    .read_n = bdev_read_n};
+		assert_int_equal(kvmm_create(&c, &m), -EINVAL);
+		c.page_ops = (struct kvmm_page_ops){.read_n = bdev_read_n, .write_n = bdev_write_n};
+		assert_int_equal(kvmm_create(&c, &m), -EINVAL);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1616,6 +1747,7 @@ int main(void)
 		cmocka_unit_test(test_swap_file_preallocation_failure),
 		cmocka_unit_test(test_shuffle_seed_scrambles_placement),
 		cmocka_unit_test(test_device_pool_swaps_through_callbacks),
+		cmocka_unit_test(test_device_pool_batches_swap),
 	};
 
 	return cmocka_run_group_tests_name("kvmm", tests, NULL, NULL);

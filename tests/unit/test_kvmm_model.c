@@ -5,7 +5,8 @@
  * growth with copy-on-write, fork, free, publish, evict, demote, swap out,
  * swap in, each I/O operation sometimes under an injected fault, copy
  * failures, reads of the metadata memfd) are run over several pool
- * configurations (block sizes 1 to 16, host and device pools, memory and
+ * configurations (block sizes 1 to 16, host and device pools, the latter
+ * moved page by page or in batches, memory and
  * io_uring stores with and without O_DIRECT, shuffled placement, hash keys
  * cut to 3 bits so collisions are everyday, prefix caching off). After every
  * step the pool is checked against a reference model kept here:
@@ -48,7 +49,11 @@
 #define DEFAULT_SEED 0x6b766d6d2024ull
 #define DEFAULT_OPS 200000u
 
-enum store { ST_MEM, ST_URING_DIRECT, ST_URING_BUFFERED };
+/* ST_MEM_ALIGN64: the memory store told to want 64-byte alignment, so that
+ * a slot is larger than a page of the runs' sizes */
+enum store { ST_MEM, ST_URING_DIRECT, ST_URING_BUFFERED, ST_MEM_ALIGN64 };
+
+enum dev { DEV_NONE, DEV_PAGES, DEV_BATCHED }; /* pool in host memory, or behind page_ops (page by page, batched) */
 
 struct run_cfg {
 	const char *name;
@@ -57,17 +62,18 @@ struct run_cfg {
 	unsigned hash_bits; /* 0: full keys */
 	uint64_t shuffle;
 	enum store store;
-	bool device;      /* pool behind page_ops callbacks */
+	enum dev device;
 	bool layout_copy; /* copy callback that copies only n_tokens slots */
 };
 
 static const struct run_cfg runs[] = {
-	{"bs4-mem-layoutcopy-shuffled", 4, 48, 8, 64, 3, true, 0, 7, ST_MEM, false, true},
-	{"bs1-uring-buffered-collisions", 1, 40, 8, 48, 3, true, 3, 0, ST_URING_BUFFERED, false, false},
-	{"bs16-uring-direct-fixedbufs", 16, 24, 256, 32, 2, true, 0, 9, ST_URING_DIRECT, false, false},
-	{"bs3-device-pool-collisions", 3, 40, 8, 48, 4, true, 5, 3, ST_MEM, true, false},
-	{"bs2-noprefix-uring-direct-bounce", 2, 32, 8, 40, 3, false, 0, 11, ST_URING_DIRECT, false, true},
-	{"bs8-large-pool-mem", 8, 160, 8, 200, 2, true, 0, 5, ST_MEM, false, false},
+	{"bs4-mem-layoutcopy-shuffled", 4, 48, 8, 64, 3, true, 0, 7, ST_MEM, DEV_NONE, true},
+	{"bs1-uring-buffered-collisions", 1, 40, 8, 48, 3, true, 3, 0, ST_URING_BUFFERED, DEV_NONE, false},
+	{"bs16-uring-direct-fixedbufs", 16, 24, 256, 32, 2, true, 0, 9, ST_URING_DIRECT, DEV_NONE, false},
+	{"bs3-device-pool-collisions", 3, 40, 8, 48, 4, true, 5, 3, ST_MEM, DEV_PAGES, false},
+	{"bs5-device-batched-aligned-slots", 5, 40, 8, 48, 3, true, 0, 13, ST_MEM_ALIGN64, DEV_BATCHED, false},
+	{"bs2-noprefix-uring-direct-bounce", 2, 32, 8, 40, 3, false, 0, 11, ST_URING_DIRECT, DEV_NONE, true},
+	{"bs8-large-pool-mem", 8, 160, 8, 200, 2, true, 0, 5, ST_MEM, DEV_NONE, false},
 };
 #define N_RUNS (sizeof(runs) / sizeof(runs[0]))
 
@@ -94,7 +100,7 @@ struct model {
 	uint32_t dead_next;
 	uint32_t *refs;
 	uint32_t max_len;
-	uint64_t n_hits, n_hit_tokens, n_swaps, n_faults, n_cow_fail;
+	uint64_t n_hits, n_hit_tokens, n_swaps, n_faults, n_cow_fail, n_batches;
 };
 
 static void die(struct model *md, const char *fmt, ...)
@@ -182,6 +188,50 @@ static int dev_write(void *ud, uint32_t page, const void *host)
 	struct model *md = ud;
 
 	memcpy(md->dev + (size_t)page * md->page_bytes, host, md->page_bytes);
+	return 0;
+}
+
+static int dev_read_unused(void *ud, uint32_t page, void *host)
+{
+	(void)host;
+	die(ud, "page_ops.read(%u) with batched callbacks set", page);
+	return -EIO;
+}
+
+static int dev_write_unused(void *ud, uint32_t page, const void *host)
+{
+	(void)host;
+	die(ud, "page_ops.write(%u) with batched callbacks set", page);
+	return -EIO;
+}
+
+/* Batched: pages packed page_bytes apart in host memory, at most one swap
+ * queue's worth per call. */
+static int dev_read_n(void *ud, const uint32_t *pages, uint32_t n, void *host)
+{
+	struct model *md = ud;
+
+	EXPECT(md, n >= 1 && n <= KVMM_SWAP_QUEUE_DEPTH, "read_n of %u pages", n);
+	for (uint32_t i = 0; i < n; i++) {
+		EXPECT(md, pages[i] < md->c->n_pages, "read_n page %u", pages[i]);
+		memcpy((char *)host + (size_t)i * md->page_bytes, md->dev + (size_t)pages[i] * md->page_bytes,
+		       md->page_bytes);
+	}
+	md->n_batches++;
+	return 0;
+}
+
+static int dev_write_n(void *ud, const uint32_t *pages, uint32_t n, const void *host)
+{
+	struct model *md = ud;
+
+	EXPECT(md, n >= 1 && n <= KVMM_SWAP_QUEUE_DEPTH, "write_n of %u pages", n);
+	for (uint32_t i = 0; i < n; i++) {
+		EXPECT(md, pages[i] < md->c->n_pages, "write_n page %u", pages[i]);
+		memcpy(md->dev + (size_t)pages[i] * md->page_bytes, (const char *)host + (size_t)i * md->page_bytes,
+		       md->page_bytes);
+	}
+	md->n_batches++;
 	return 0;
 }
 
@@ -640,11 +690,14 @@ static uint64_t env_u64(const char *name, uint64_t def)
 static struct kvmm_swap_io *open_store(const struct run_cfg *c, size_t page_bytes)
 {
 	struct kvmm_swap_io *io = NULL, *f = NULL;
-	uint64_t slot = c->store == ST_URING_DIRECT ? (page_bytes + 4095) / 4096 * 4096 : page_bytes;
+	uint64_t slot = c->store == ST_URING_DIRECT ? (page_bytes + 4095) / 4096 * 4096
+			: c->store == ST_MEM_ALIGN64 ? (page_bytes + 63) / 64 * 64 : page_bytes;
 	uint64_t bytes = (uint64_t)c->n_slots * slot;
 
-	if (c->store == ST_MEM) {
+	if (c->store == ST_MEM || c->store == ST_MEM_ALIGN64) {
 		assert_int_equal(kvmm_swap_io_mem_new(bytes, &io), 0);
+		if (c->store == ST_MEM_ALIGN64)
+			io->align = 64;
 	} else {
 		char path[4096];
 		const char *d = getenv("TMPDIR");
@@ -689,6 +742,13 @@ static void run_model(const struct run_cfg *c, uint64_t base_seed, uint64_t ops)
 		md->dev = calloc(c->n_pages, md->page_bytes);
 		assert_non_null(md->dev);
 		kc.page_ops = (struct kvmm_page_ops){.copy = copy_cb, .read = dev_read, .write = dev_write, .ud = md};
+		if (c->device == DEV_BATCHED) {
+			/* the per-page callbacks stay set (kvmm requires them) but must go unused */
+			kc.page_ops.read = dev_read_unused;
+			kc.page_ops.write = dev_write_unused;
+			kc.page_ops.read_n = dev_read_n;
+			kc.page_ops.write_n = dev_write_n;
+		}
 	} else if (c->layout_copy) {
 		kc.page_ops = (struct kvmm_page_ops){.copy = copy_cb, .ud = md};
 	}
@@ -733,6 +793,10 @@ static void run_model(const struct run_cfg *c, uint64_t base_seed, uint64_t ops)
 	       c->name, ops, md->n_hits, md->n_hit_tokens, st.cow_copies, md->n_swaps, l.swap_in_remapped_pages,
 	       md->n_faults, md->n_cow_fail, l.pages_demoted, l.pages_promoted, l.pages_deduplicated, st.pages_evicted,
 	       l.pages_evicted_reclaim, l.pages_evicted_orphan);
+	if (c->device == DEV_BATCHED) {
+		printf("    %s: %" PRIu64 " batched device transfers\n", c->name, md->n_batches);
+		EXPECT(md, md->n_batches > 0, "the batched device callbacks were never used");
+	}
 	/* Everything freed: the whole pool is back. */
 	md->op = "teardown";
 	for (uint32_t id = 0; id < MAX_SEQS; id++)

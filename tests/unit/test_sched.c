@@ -15,7 +15,9 @@
  *
  * What is checked: tokens equal expected() alone and under any batch mix
  * (chunked prefill, block sizes 1 to 32, prefix sharing); admission from
- * free pages; preemption with recompute and with swap; cancel (waiting,
+ * free pages; preemption with recompute and with swap (host pool, device
+ * pool page by page and batched, per the backend's declared caps); a backend
+ * table whose caps do not hold is refused; cancel (waiting,
  * running, swapped); sessions (history reuse, rollback of a cancelled
  * turn, close, expiry on a clock the test drives); stop verdicts,
  * end-of-generation, ignore_eos and max_tokens; submit's limits; an engine
@@ -53,6 +55,10 @@ struct stub {
 	 * token_ns per token plus pair_ns per (token, earlier position) pair
 	 * its attention reads (when clock is set) */
 	uint64_t *clock, step_ns, token_ns, pair_ns;
+	/* as a device backend (stub_dev_ops, stub_dev_batched_ops): the pool
+	 * kvmm does not map, and the page moves it was asked for */
+	unsigned char *dev;
+	uint64_t page_reads, page_writes, batch_reads, batch_writes, batch_pages;
 };
 
 static struct stub *g_stub; /* the live one, for fault injection */
@@ -96,9 +102,15 @@ static int stub_load(void *ctx, const struct kvd_model_weights *w)
 static int stub_attach(void *ctx, const struct kvd_paged_view *v)
 {
 	struct stub *st = ctx;
-	if (!v->base || v->layout.token_stride < 8)
+	if (v->layout.token_stride < 8)
 		return -EINVAL;
 	st->view = *v;
+	if (!v->base) { /* a device pool: this stub's own memory */
+		st->dev = calloc(v->n_pages, v->layout.page_bytes);
+		if (!st->dev)
+			return -ENOMEM;
+		st->view.base = st->dev;
+	}
 	return 0;
 }
 
@@ -177,6 +189,7 @@ static int stub_page_copy(void *ctx, uint32_t dst, uint32_t src, uint32_t n_toke
 static int stub_page_read(void *ctx, uint32_t page, void *dst)
 {
 	struct stub *st = ctx;
+	st->page_reads++;
 	memcpy(dst, (unsigned char *)st->view.base + page * st->view.layout.page_bytes, st->view.layout.page_bytes);
 	return 0;
 }
@@ -184,14 +197,46 @@ static int stub_page_read(void *ctx, uint32_t page, void *dst)
 static int stub_page_write(void *ctx, uint32_t page, const void *src)
 {
 	struct stub *st = ctx;
+	st->page_writes++;
 	memcpy((unsigned char *)st->view.base + page * st->view.layout.page_bytes, src, st->view.layout.page_bytes);
+	return 0;
+}
+
+static int stub_pages_read(void *ctx, const uint32_t *pages, uint32_t n, void *dst)
+{
+	struct stub *st = ctx;
+	size_t pb = st->view.layout.page_bytes;
+	st->batch_reads++;
+	st->batch_pages += n;
+	for (uint32_t i = 0; i < n; i++)
+		memcpy((unsigned char *)dst + i * pb, (unsigned char *)st->view.base + pages[i] * pb, pb);
+	return 0;
+}
+
+static int stub_pages_write(void *ctx, const uint32_t *pages, uint32_t n, const void *src)
+{
+	struct stub *st = ctx;
+	size_t pb = st->view.layout.page_bytes;
+	st->batch_writes++;
+	st->batch_pages += n;
+	for (uint32_t i = 0; i < n; i++)
+		memcpy((unsigned char *)st->view.base + pages[i] * pb, (const unsigned char *)src + i * pb, pb);
+	return 0;
+}
+
+static int stub_suggest_pool_pages(void *ctx, size_t page_bytes, double fraction, uint32_t *ret_pages)
+{
+	*ret_pages = 64;
 	return 0;
 }
 
 static void stub_destroy(void *ctx)
 {
+	struct stub *st = ctx;
 	if (ctx == g_stub)
 		g_stub = NULL;
+	if (st)
+		free(st->dev);
 	free(ctx);
 }
 
@@ -206,6 +251,39 @@ static const struct kvd_backend_ops stub_ops = {
 	.page_read = stub_page_read,
 	.page_write = stub_page_write,
 	.destroy = stub_destroy,
+};
+
+/* The same stub declaring a device pool, page by page and batched. */
+static const struct kvd_backend_ops stub_dev_ops = {
+	.name = "stub-dev",
+	.version = KVD_BACKEND_ABI_VERSION,
+	.init = stub_init,
+	.load = stub_load,
+	.attach_kv = stub_attach,
+	.forward = stub_forward,
+	.page_copy = stub_page_copy,
+	.page_read = stub_page_read,
+	.page_write = stub_page_write,
+	.destroy = stub_destroy,
+	.suggest_pool_pages = stub_suggest_pool_pages,
+	.caps = KVD_CAP_DEVICE_POOL,
+};
+
+static const struct kvd_backend_ops stub_dev_batched_ops = {
+	.name = "stub-dev-batched",
+	.version = KVD_BACKEND_ABI_VERSION,
+	.init = stub_init,
+	.load = stub_load,
+	.attach_kv = stub_attach,
+	.forward = stub_forward,
+	.page_copy = stub_page_copy,
+	.page_read = stub_page_read,
+	.page_write = stub_page_write,
+	.destroy = stub_destroy,
+	.suggest_pool_pages = stub_suggest_pool_pages,
+	.pages_read = stub_pages_read,
+	.pages_write = stub_pages_write,
+	.caps = KVD_CAP_DEVICE_POOL | KVD_CAP_BATCHED_SWAP,
 };
 
 /* The tokens greedy decoding must give after prompt p[0..n). */
@@ -289,6 +367,7 @@ static void on_expired(void *ud, uint64_t session)
 }
 
 struct setup {
+	const struct kvd_backend_ops *ops; /* NULL: stub_ops */
 	uint32_t block_size;
 	uint32_t pages;
 	uint32_t per_step;
@@ -319,7 +398,7 @@ static void open_ctx(struct ctx *c, const struct setup *su)
 	memset(c, 0, sizeof(*c));
 	c->eog = -1;
 	c->clock_ns = 1000000000ull;
-	int r = kvd_engine_open_backend(&ec, &stub_ops, &hp, &c->e, err, sizeof(err));
+	int r = kvd_engine_open_backend(&ec, su->ops ? su->ops : &stub_ops, &hp, &c->e, err, sizeof(err));
 	if (r < 0)
 		print_error("engine: %s\n", err);
 	assert_int_equal(r, 0);
@@ -664,35 +743,87 @@ static void test_step_budget(void **state)
 	assert_int_equal(idle_steps, 2);
 }
 
+/*
+ * Preemption by swap gives every request its exact tokens, on a host pool
+ * (the stub reads pages in place: no page moves through the backend), on a
+ * device pool moved page by page, and on one whose backend declares
+ * batched swap: there every swap goes through pages_read/pages_write, at
+ * most one call per swap queue's worth of pages, never page by page.
+ */
 static void test_preempt_swap(void **state)
 {
-	/* kvmm creates the swap file itself and refuses an existing path */
-	char dir[] = "/tmp/kvd-test-sched-swap-XXXXXX", path[64];
-	struct ctx c;
-	int32_t p[64], want[GEN];
-	uint32_t swaps = 0;
+	static const struct kvd_backend_ops *const ops[] = {&stub_ops, &stub_dev_ops, &stub_dev_batched_ops};
 	(void)state;
 
-	assert_non_null(mkdtemp(dir));
-	snprintf(path, sizeof(path), "%s/swap", dir);
-	open_ctx(&c, &(struct setup){ .block_size = 4, .pages = 40, .swap = path });
-	for (int i = 0; i < 16; i++) {
-		uint32_t np = prompt_of(i, 0, p);
-		struct kvd_request_params rp = greedy(GEN, 0);
-		assert_int_equal(kvd_sched_submit(c.s, (uint64_t)i, p, np, &rp), 0);
+	for (unsigned o = 0; o < sizeof(ops) / sizeof(ops[0]); o++) {
+		/* kvmm creates the swap file itself and refuses an existing path */
+		char dir[] = "/tmp/kvd-test-sched-swap-XXXXXX", path[64];
+		struct ctx c;
+		int32_t p[64], want[GEN];
+		uint32_t swaps = 0;
+
+		assert_non_null(mkdtemp(dir));
+		snprintf(path, sizeof(path), "%s/swap", dir);
+		open_ctx(&c, &(struct setup){ .ops = ops[o], .block_size = 4, .pages = 40, .swap = path });
+		assert_true((kvmm_pool_base(kvd_engine_kvmm(c.e)) == NULL) == ((ops[o]->caps & KVD_CAP_DEVICE_POOL) != 0));
+		for (int i = 0; i < 16; i++) {
+			uint32_t np = prompt_of(i, 0, p);
+			struct kvd_request_params rp = greedy(GEN, 0);
+			assert_int_equal(kvd_sched_submit(c.s, (uint64_t)i, p, np, &rp), 0);
+		}
+		run_until_idle(&c);
+		for (int i = 0; i < 16; i++) {
+			uint32_t np = prompt_of(i, 0, p);
+			expected(p, np, GEN, want);
+			assert_int_equal(c.r[i].res.finish, KVD_FINISH_LENGTH);
+			assert_memory_equal(c.r[i].toks, want, sizeof(want));
+			swaps += c.r[i].res.swaps;
+		}
+		assert_true(swaps > 0);
+		struct kvmm_ledger l;
+		kvmm_get_ledger(kvd_engine_kvmm(c.e), &l);
+		assert_true(l.swap_out_pages > 0);
+		if (ops[o] == &stub_dev_batched_ops) {
+			assert_int_equal(g_stub->page_reads + g_stub->page_writes, 0);
+			assert_true(g_stub->batch_reads > 0 && g_stub->batch_writes > 0);
+			assert_int_equal(g_stub->batch_pages, l.swap_out_pages + l.swap_in_pages);
+			/* fewer calls than pages: batches, not pages */
+			assert_true(g_stub->batch_reads + g_stub->batch_writes < g_stub->batch_pages);
+		} else if (ops[o] == &stub_dev_ops) {
+			assert_int_equal(g_stub->batch_reads + g_stub->batch_writes, 0);
+			assert_int_equal(g_stub->page_reads + g_stub->page_writes, l.swap_out_pages + l.swap_in_pages);
+		} else {
+			assert_int_equal(g_stub->page_reads + g_stub->page_writes + g_stub->batch_pages, 0);
+		}
+		assert_int_equal(pages_used(&c), 0);
+		close_ctx(&c);
+		rmdir(dir);
 	}
-	run_until_idle(&c);
-	for (int i = 0; i < 16; i++) {
-		uint32_t np = prompt_of(i, 0, p);
-		expected(p, np, GEN, want);
-		assert_int_equal(c.r[i].res.finish, KVD_FINISH_LENGTH);
-		assert_memory_equal(c.r[i].toks, want, sizeof(want));
-		swaps += c.r[i].res.swaps;
+}
+
+/* A table whose caps promise slots it lacks, or name unknown caps, is
+ * refused before anything starts. */
+static void test_backend_caps_checked(void **state)
+{
+	struct kvd_hparams hp = { .n_vocab = N_VOCAB, .n_embd = 4, .n_layer = 1, .n_head = 1, .n_head_kv = 1,
+				  .head_dim = 4, .n_ff = 4, .n_ctx_train = 4096 };
+	struct kvd_engine_config ec = { .block_size = 4, .kv_pool_bytes = 1u << 16, .max_seqs = 4 };
+	struct kvd_backend_ops bad[4];
+	struct kvd_engine *e = NULL;
+	char err[256];
+	(void)state;
+
+	bad[0] = stub_ops, bad[0].caps = KVD_CAP_BATCHED_SWAP;          /* no pages_read/pages_write */
+	bad[1] = stub_dev_ops, bad[1].suggest_pool_pages = NULL;         /* device pool without sizing */
+	bad[2] = stub_ops, bad[2].caps = KVD_CAP_ALL + 1;                /* a cap this ABI does not know */
+	bad[3] = stub_dev_batched_ops, bad[3].version = KVD_BACKEND_ABI_VERSION - 1;
+	for (int i = 0; i < 4; i++) {
+		assert_int_equal(kvd_engine_open_backend(&ec, &bad[i], &hp, &e, err, sizeof(err)), -EINVAL);
+		assert_non_null(strstr(err, "not a backend table of ABI"));
+		assert_null(g_stub); /* never started */
 	}
-	assert_true(swaps > 0);
-	assert_int_equal(pages_used(&c), 0);
-	close_ctx(&c);
-	rmdir(dir);
+	assert_int_equal(kvd_backend_ops_check(&stub_ops), 0);
+	assert_int_equal(kvd_backend_ops_check(&stub_dev_batched_ops), 0);
 }
 
 static void test_cancel(void **state)
@@ -1086,6 +1217,7 @@ int main(void)
 		cmocka_unit_test(test_admission_from_free_pages),
 		cmocka_unit_test(test_preempt_recompute),
 		cmocka_unit_test(test_preempt_swap),
+		cmocka_unit_test(test_backend_caps_checked),
 		cmocka_unit_test(test_cancel),
 		cmocka_unit_test(test_session),
 		cmocka_unit_test(test_session_reclaimed_under_pressure),

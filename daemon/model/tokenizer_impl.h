@@ -1,0 +1,291 @@
+/*
+ * daemon/model/tokenizer_impl.h — what the tokenizer's files share, private
+ * to them: the tokenizer object, its lookup helpers, and the scratch state
+ * of one kvd_tokenize() call with the entry points of its stages.
+ *
+ *   tokenizer.c         kvd_tokenize (special tokens, fragments), detokenizing, accessors
+ *   tokenizer_load.c    building the object from GGUF metadata
+ *   tokenizer_pretok.c  the pre-tokenizer passes of byte-level vocabularies
+ *   tokenizer_bpe.c     byte-level BPE merges of one pre-token
+ *   tokenizer_spm.c     SentencePiece BPE of one fragment
+ *   tokenizer_chat.c    chat template rendering
+ */
+#ifndef KVD_TOKENIZER_IMPL_H
+#define KVD_TOKENIZER_IMPL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "tokenizer.h"
+
+enum tok_model { MODEL_BPE, MODEL_SPM };
+
+/* One "find all matches" pass of a pre-tokenizer (see match()). */
+enum pre_pass {
+	PASS_GPT2,          /* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
+	PASS_LLAMA3,        /* (?i:'s|...)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
+	PASS_QWEN2,         /* the same with \p{N} instead of \p{N}{1,3} */
+	PASS_NUMBER,        /* \p{N} */
+	PASS_NUMBER_RUN,    /* \p{N}+ */
+	PASS_DIGITS3,       /* [0-9][0-9][0-9] */
+	PASS_PUNCT_DEFAULT, /* [\p{P}\$\+<=>\^~\|]+ */
+	PASS_PUNCT_FALCON,  /* [\p{P}\$\+<=>\^~\|`]+ */
+	PASS_NEWLINE,       /* [\r\n] */
+	PASS_SP_LETTERS,    /* \s?\p{L}+ */
+	PASS_SP_PUNCT,      /* \s?\p{P}+ */
+	PASS_CJK,           /* [\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+ */
+	PASS_DS_LETTERS,    /* \s?[A-Za-z\u00b5\u00c0-...]+: DeepSeek LLM's cased letters (ascii \s) */
+	PASS_DS_PUNCT,      /* \s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+ */
+	PASS_TRAILING_SP,   /* \s+$ */
+};
+#define MAX_PASSES 6
+
+enum chat_family { CHAT_UNKNOWN, CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2, CHAT_ZEPHYR, CHAT_GEMMA };
+
+/* Per-token flag bits. */
+#define TOKF_EOG     0x01u /* ends a generation */
+#define TOKF_SPECIAL 0x02u /* matched in text (CONTROL, USER, UNKNOWN) */
+#define TOKF_PARSE   0x04u /* ... only when parse_special (CONTROL, UNKNOWN) */
+#define TOKF_HIDDEN  0x08u /* rendered only with render_special */
+
+/* Open-addressing map from token text to id. */
+struct text_slot {
+	uint32_t hash;
+	int32_t id; /* -1: empty */
+};
+
+/* Open-addressing map from (left id, right id) to merge rank and result. */
+struct merge_slot {
+	uint64_t key; /* left << 32 | right; MERGE_EMPTY when free */
+	int32_t rank;
+	int32_t result;
+};
+#define MERGE_EMPTY UINT64_MAX
+
+struct kvd_tokenizer {
+	enum tok_model model;
+	int32_t n_vocab;
+
+	char *text;          /* token texts, concatenated */
+	uint32_t *text_off;  /* n_vocab + 1 offsets into text */
+	char *dec;           /* each token's bytes as kvd_token_to_bytes gives them */
+	uint32_t *dec_off;   /* n_vocab + 1 offsets into dec */
+	uint8_t *type;       /* KVD_TOKEN_* */
+	uint8_t *flags;      /* TOKF_* */
+	float *score;        /* SPM merge scores (NULL for BPE) */
+	size_t max_token_bytes;
+
+	struct text_slot *text_map;
+	uint32_t text_mask;
+	struct merge_slot *merge_map;
+	uint32_t merge_bits;
+
+	int32_t byte_tok[256]; /* token of each raw byte, -1 if none */
+
+	/* Special tokens by first byte, longest first within a byte. */
+	int32_t *special;
+	uint32_t special_start[257];
+	bool special_starts[256]; /* some special token starts with this byte */
+
+	enum pre_pass passes[MAX_PASSES];
+	unsigned n_passes;
+	bool ignore_merges;    /* a pre-token that is itself a token is taken whole */
+	bool add_space_prefix; /* SPM: a space before text that starts a fragment */
+	bool add_bos;
+
+	int32_t bos, eos, eot, unk;
+
+	enum chat_family chat;
+	char *chat_system;     /* ChatML default system message, or NULL */
+	size_t chat_system_len;
+	bool l2_sys; /* Llama-2 template with a <<SYS>> block */
+	enum { ZEPHYR_END_ENDOFTEXT, ZEPHYR_END_EOS, ZEPHYR_END_PHI3 } zephyr_end; /* what ends a turn */
+};
+
+/* ---- lookups ------------------------------------------------------------- */
+
+static inline uint32_t hash_bytes(const void *p, size_t n)
+{
+	/* FNV-1a, 32 bits: token texts are short. */
+	const unsigned char *s = p;
+	uint32_t h = 2166136261u;
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ s[i]) * 16777619u;
+	return h;
+}
+
+static inline const char *tok_text(const struct kvd_tokenizer *t, int32_t id, size_t *ret_len)
+{
+	*ret_len = t->text_off[id + 1] - t->text_off[id];
+	return t->text + t->text_off[id];
+}
+
+/* Token id of text[0..n), or -1. */
+static inline int32_t text_lookup(const struct kvd_tokenizer *t, const void *s, size_t n)
+{
+	uint32_t h = hash_bytes(s, n);
+	for (uint32_t i = h & t->text_mask;; i = (i + 1) & t->text_mask) {
+		const struct text_slot *sl = &t->text_map[i];
+		if (sl->id < 0)
+			return -1;
+		if (sl->hash == h) {
+			size_t len;
+			const char *tx = tok_text(t, sl->id, &len);
+			if (len == n && memcmp(tx, s, n) == 0)
+				return sl->id;
+		}
+	}
+}
+
+static inline uint32_t merge_hash(uint64_t key, uint32_t bits)
+{
+	return (uint32_t)((key * 0x9E3779B97F4A7C15ull) >> (64 - bits));
+}
+
+static inline const struct merge_slot *merge_lookup(const struct kvd_tokenizer *t, int32_t a, int32_t b)
+{
+	uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+	uint32_t mask = (1u << t->merge_bits) - 1;
+	for (uint32_t i = merge_hash(key, t->merge_bits);; i = (i + 1) & mask) {
+		const struct merge_slot *sl = &t->merge_map[i];
+		if (sl->key == key)
+			return sl;
+		if (sl->key == MERGE_EMPTY)
+			return NULL;
+	}
+}
+
+/* GPT-2's byte-to-unicode alphabet: printable bytes stand for themselves,
+ * the 68 others for U+0100.. in byte order. */
+static inline uint32_t byte_to_cp(unsigned b)
+{
+	if ((b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE)
+		return b;
+	if (b <= 0x20)
+		return 0x100 + b;
+	if (b <= 0xA0)
+		return 0x100 + 33 + (b - 0x7F);
+	return 0x100 + 67; /* 0xAD */
+}
+
+/* Inverse of byte_to_cp; -1 for a code point outside the alphabet. */
+static inline int cp_to_byte(uint32_t cp)
+{
+	if (cp < 0x100)
+		return ((cp >= 0x21 && cp <= 0x7E) || (cp >= 0xA1 && cp <= 0xAC) || cp >= 0xAE) ? (int)cp : -1;
+	if (cp >= 0x100 + 68)
+		return -1;
+	unsigned n = cp - 0x100;
+	if (n <= 32)
+		return (int)n;
+	if (n <= 66)
+		return (int)(0x7F + n - 33);
+	return 0xAD;
+}
+
+/* ---- tokenizing: shared state of one call -------------------------------- */
+
+struct bpe_sym {
+	int32_t id;   /* -1: a byte without a token; -2: merged away */
+	int32_t prev, next;
+};
+
+struct bpe_cand {
+	int32_t rank;
+	int32_t left;
+};
+
+struct spm_sym {
+	uint32_t off, len; /* into the escaped text; len 0: merged away */
+	int32_t prev, next;
+};
+
+struct spm_cand {
+	float score;
+	int32_t left, right;
+	uint32_t len;
+};
+
+struct tok_call {
+	const struct kvd_tokenizer *t;
+	int32_t *out;
+	size_t max_out;
+	size_t n_out;
+	void *sym;   /* bpe_sym[] or spm_sym[] */
+	size_t sym_cap;
+	void *heap;  /* bpe_cand[] or spm_cand[] */
+	size_t heap_cap, heap_n;
+	char *buf;
+	size_t buf_cap;
+};
+
+/* PFX_heap_add / PFX_pop: a binary heap of T in c->heap whose top is the
+ * element that BEFORE(x, y) puts first (both merge loops use one). */
+#define DEFINE_CAND_HEAP(PFX, T, BEFORE)                             \
+	static void PFX##_heap_add(struct tok_call *c, T v)           \
+	{                                                             \
+		T *h = c->heap;                                       \
+		size_t i = c->heap_n++;                               \
+		while (i > 0) {                                       \
+			size_t parent = (i - 1) / 2;                  \
+			if (!BEFORE(v, h[parent]))                    \
+				break;                                \
+			h[i] = h[parent];                             \
+			i = parent;                                   \
+		}                                                     \
+		h[i] = v;                                             \
+	}                                                             \
+	static T PFX##_pop(struct tok_call *c)                        \
+	{                                                             \
+		T *h = c->heap;                                       \
+		T top = h[0], v = h[--c->heap_n];                     \
+		size_t n = c->heap_n, i = 0;                          \
+		for (;;) {                                            \
+			size_t l = 2 * i + 1;                         \
+			if (l >= n)                                   \
+				break;                                \
+			if (l + 1 < n && BEFORE(h[l + 1], h[l]))      \
+				l++;                                  \
+			if (!BEFORE(h[l], v))                         \
+				break;                                \
+			h[i] = h[l];                                  \
+			i = l;                                        \
+		}                                                     \
+		if (n)                                                \
+			h[i] = v;                                     \
+		return top;                                           \
+	}
+
+static inline void emit(struct tok_call *c, int32_t id)
+{
+	if (c->n_out < c->max_out)
+		c->out[c->n_out] = id;
+	c->n_out++;
+}
+
+/* A symbol without a token (a byte the vocabulary cannot spell) becomes
+ * the unknown token when the vocabulary has a real one, else nothing, as
+ * in llama.cpp: SmolLM2's "unknown" is <|endoftext|>, which must not
+ * appear in the middle of a prompt. */
+static inline void emit_symbol(struct tok_call *c, int32_t id)
+{
+	if (id >= 0)
+		emit(c, id);
+	else if (c->t->unk >= 0 && c->t->type[c->t->unk] == KVD_TOKEN_UNKNOWN)
+		emit(c, c->t->unk);
+}
+
+/* Grow *p (of *cap elements of elem bytes) to hold need: 0 or -ENOMEM. */
+int tok_grow(void **p, size_t *cap, size_t need, size_t elem);
+/* Run pre-tokenizer pass k over s[a..b) and the passes after it; the
+ * pieces of the last pass go to tok_bpe_word(). 0 or -errno. */
+int tok_pre_split(struct tok_call *c, unsigned k, const unsigned char *s, size_t a, size_t b);
+/* Byte-level BPE of one pre-token p[0..n): its token ids emitted. 0 or -errno. */
+int tok_bpe_word(struct tok_call *c, const unsigned char *p, size_t n);
+/* SentencePiece BPE of one raw fragment (a space prepended when
+ * prefix_space): its token ids emitted. 0 or -errno. */
+int tok_spm_fragment(struct tok_call *c, const char *s, size_t n, bool prefix_space);
+
+#endif /* KVD_TOKENIZER_IMPL_H */
