@@ -332,25 +332,21 @@ static int parse_args(int argc, char **argv, struct args *a)
 	return 0;
 }
 
-/* The listening socket: the one systemd passed, or our own at cfg->socket
+/* The listening socket: the one systemd passed (n fds from
+ * sd_listen_fds_with_names, with their names), or our own at cfg->socket
  * (*ret_own set: kvd removes that file when it exits). */
-static int open_listener(const struct kvd_config *cfg, int *ret_fd, bool *ret_own)
+static int open_listener(const struct kvd_config *cfg, int n, char **names, int *ret_fd, bool *ret_own)
 {
-	char **names = NULL;
-	int n = sd_listen_fds_with_names(1, &names), fd = -1, n_sock = 0, r;
+	int fd = -1, n_sock = 0, r;
 
 	/* The fd store's memfds (persist.h) come in the same list; they are
-	 * not sockets and were taken already. */
+	 * not sockets and were taken (and closed) already. */
 	for (int i = 0; i < n; i++) {
 		if (names && kvd_persist_fd_name(names[i]))
 			continue;
 		if (n_sock++ == 0)
 			fd = SD_LISTEN_FDS_START + i;
 	}
-	if (names)
-		for (int i = 0; i < n; i++)
-			free(names[i]);
-	free(names);
 	if (n < 0) {
 		log_error("socket activation: %s", strerror(-n));
 		return n;
@@ -554,7 +550,8 @@ int main(int argc, char **argv)
 	struct kvd_engine *e = NULL;
 	struct kvd_server *srv = NULL;
 	struct kvd_persist *persist = NULL;
-	char err[1024];
+	char err[1024], **listen_names = NULL;
+	int n_listen = 0;
 	int r, listen_fd = -1, sig_fd = -1, status = 1;
 	bool own_socket = false;
 	sigset_t mask;
@@ -616,7 +613,10 @@ int main(int argc, char **argv)
 		goto out;
 	}
 #endif
-	persist = kvd_persist_new(&cfg);
+	/* What systemd passed, read once (the fd store's memfds are closed
+	 * or adopted before the socket is looked at). */
+	n_listen = sd_listen_fds_with_names(1, &listen_names);
+	persist = kvd_persist_new(&cfg, n_listen, listen_names);
 	if (!persist) {
 		log_error("out of memory");
 		goto out;
@@ -654,7 +654,7 @@ int main(int argc, char **argv)
 			 cfg.prefix_caching ? "on" : "off", cfg.swap_file[0] ? cfg.swap_file : "none");
 	}
 	kvd_persist_adopt(persist, e);
-	r = open_listener(&cfg, &listen_fd, &own_socket);
+	r = open_listener(&cfg, n_listen, listen_names, &listen_fd, &own_socket);
 	if (r < 0)
 		goto out;
 	struct kvd_server_hooks hooks = { .reload = reload_hook, .ud = &a };
@@ -674,6 +674,9 @@ int main(int argc, char **argv)
 out:
 	srv = kvd_server_free(srv);
 	persist = kvd_persist_free(persist);
+	for (int i = 0; listen_names && i < n_listen; i++)
+		free(listen_names[i]);
+	free(listen_names);
 	e = kvd_engine_close(e);
 	if (listen_fd >= 0)
 		close(listen_fd);

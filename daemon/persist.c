@@ -186,11 +186,11 @@ static void discard(struct kvd_persist *p, const char *why)
 	p->index_bytes = 0;
 }
 
-struct kvd_persist *kvd_persist_new(const struct kvd_config *cfg)
+struct kvd_persist *kvd_persist_new(const struct kvd_config *cfg, int n, char **names)
 {
 	struct kvd_persist *p = calloc(1, sizeof(*p));
-	char **names = NULL, why[160];
-	int n, index_fd = -1, r;
+	char why[160];
+	int index_fd = -1, r;
 
 	if (!p)
 		return NULL;
@@ -199,7 +199,6 @@ struct kvd_persist *kvd_persist_new(const struct kvd_config *cfg)
 	p->prefix = cfg->prefix_caching;
 	p->pool_bytes = cfg->pool_bytes;
 	p->model_id_err = model_identity(cfg->model, &p->model);
-	n = sd_listen_fds_with_names(0, &names);
 	for (int i = 0; i < n; i++) {
 		int fd = SD_LISTEN_FDS_START + i;
 
@@ -213,10 +212,6 @@ struct kvd_persist *kvd_persist_new(const struct kvd_config *cfg)
 		else
 			close(fd);
 	}
-	if (names)
-		for (int i = 0; i < n; i++)
-			free(names[i]);
-	free(names);
 	if (p->pool_fd < 0 && index_fd < 0)
 		return p;
 	/* Ours now: the store keeps nothing stale for the next start. */

@@ -49,7 +49,7 @@ struct kvd_persist;
  * read (through its seals), checked and closed. Anything passed but
  * unusable is discarded with one log line. NULL only for lack of memory.
  */
-struct kvd_persist *kvd_persist_new(const struct kvd_config *cfg);
+struct kvd_persist *kvd_persist_new(const struct kvd_config *cfg, int n_fds, char **names);
 /* Accepts NULL; closes a pool fd not adopted; returns NULL. */
 struct kvd_persist *kvd_persist_free(struct kvd_persist *p);
 

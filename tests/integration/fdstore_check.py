@@ -19,10 +19,13 @@ LISTEN_FDS from fd 3, LISTEN_FDNAMES, LISTEN_PID. Cases:
   unsealed-pool   the pool's bytes in a memfd without the shrink seal
   short-pool      the pool's first half, sealed
   index-only      the index without a pool
+  cuda            the genuine fds (copies) to kvd on the CUDA plug-in, when
+                  $KVD_TEST_CUDA_PLUGIN names one (the emulated build of
+                  tests/gpu/t_cuda_emulated.sh): its pool is in device memory
 
 For every case it writes DIR/CASE.log (kvd's stderr), DIR/CASE.out (the
 generated text), DIR/CASE.ids (token ids) and DIR/CASE.done (the DONE line);
-DIR/stored-N.txt lists the names kvd stored at each stop. The shell test
+DIR/stored-CASE.txt lists the names kvd stored at its stop. The shell test
 judges them. Exits non-zero only when the harness itself fails (kvd not
 ready, a client error).
 """
@@ -125,10 +128,14 @@ def receive(store, timeout):
     return lines
 
 
-def run(case, passed, n_run):
+def run(case, passed, plugin=None):
     """Start kvd with `passed` [(name, fd)], generate once, stop it.
     Returns the [(name, fd)] it stored."""
     env = dict(os.environ, NOTIFY_SOCKET=NOTIFY)
+    backend = ["--backend", "cpu"]
+    if plugin:
+        env.update(KVD_CUDA_PLUGIN=plugin, KVD_CUDA_EMULATED="1")
+        backend = ["--backend", "cuda"]
     for k in ("LISTEN_FDS", "LISTEN_FDNAMES", "LISTEN_PID"):
         env.pop(k, None)
     high = [os.dup(fd) for _, fd in passed]  # above 3 + len: dup2 cannot clobber a source
@@ -141,7 +148,7 @@ def run(case, passed, n_run):
             os.dup2(fd, 3 + i)
 
     cmd = ["/bin/sh", "-c", 'LISTEN_PID=$$; [ -n "$LISTEN_FDS" ] && export LISTEN_PID; exec "$0" "$@"', KVD,
-           "--config", "/dev/null", "--model", MODEL, "--socket", SOCK, "--threads", "2", "--pool-size", "2M"]
+           "--config", "/dev/null", "--model", MODEL, "--socket", SOCK, "--threads", "2", "--pool-size", "2M"] + backend
     log = open(os.path.join(DIR, case + ".log"), "wb")
     p = subprocess.Popen(cmd, env=env, stderr=log, preexec_fn=child, pass_fds=tuple(range(3, 3 + len(high))))
     log.close()
@@ -172,12 +179,12 @@ def run(case, passed, n_run):
         receive(store, 0.1)
     while receive(store, 0.05) is not None:
         pass
-    with open(os.path.join(DIR, "stored-%d.txt" % n_run), "w") as f:
+    with open(os.path.join(DIR, "stored-%s.txt" % case), "w") as f:
         f.write("".join(n + "\n" for n, _ in store))
     return store
 
 
-stored = run("cold", [], 0)
+stored = run("cold", [])
 names = dict(stored)
 if set(names) != {"kv-pool", "kv-index"}:
     sys.exit("cold run stored %s, expected kv-pool and kv-index" % sorted(names))
@@ -218,13 +225,13 @@ cases.append(("short-pool", lambda: [("kv-pool", memfd(pool_bytes[: len(pool_byt
                                      ("kv-index", memfd(index_bytes, ALL_SEALS))]))
 cases.append(("index-only", lambda: [("kv-index", memfd(index_bytes, ALL_SEALS))]))
 
-n = 1
-for name, make in cases:
+plugin = os.environ.get("KVD_TEST_CUDA_PLUGIN")
+for name, make in cases + ([("cuda", lambda: [("kv-pool", pool_copy()), ("kv-index", memfd(index_bytes, ALL_SEALS))])]
+                           if plugin else []):
     passed = make()
-    for _, fd in run(name, passed, n):
+    for _, fd in run(name, passed, plugin if name == "cuda" else None):
         os.close(fd)
     for _, fd in passed:
         os.close(fd)
-    n += 1
 # Last, the genuine fds: adopted.
-run("valid", [("kv-pool", pool), ("kv-index", index)], n)
+run("valid", [("kv-pool", pool), ("kv-index", index)])
