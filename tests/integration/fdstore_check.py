@@ -148,7 +148,7 @@ def run(case, passed, plugin=None):
             os.dup2(fd, 3 + i)
 
     cmd = ["/bin/sh", "-c", 'LISTEN_PID=$$; [ -n "$LISTEN_FDS" ] && export LISTEN_PID; exec "$0" "$@"', KVD,
-           "--config", "/dev/null", "--model", MODEL, "--socket", SOCK, "--threads", "2", "--pool-size", "2M"] + backend
+           "--config", "/dev/null", "--model", MODEL, "--socket", SOCK, "--threads", "2", "--pool-size", os.environ.get("KVD_TEST_POOL_SIZE", "2M")] + backend
     log = open(os.path.join(DIR, case + ".log"), "wb")
     p = subprocess.Popen(cmd, env=env, stderr=log, preexec_fn=child, pass_fds=tuple(range(3, 3 + len(high))))
     log.close()
