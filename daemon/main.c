@@ -1,7 +1,9 @@
 /*
  * daemon/main.c — the kvd program: command line and configuration, model
  * loading, the listening socket (socket activation or a path of its own),
- * signals through a signalfd, then the server loop until SIGTERM.
+ * signals through a signalfd, then the server loop until SIGTERM. Under
+ * systemd the KV pool and prefix index kept from the last clean stop are
+ * adopted at start and handed over again at the stop (persist.h).
  *
  * Exit status follows sysexits where one fits: 0 after a clean drain, 64 for
  * a command-line mistake, 78 (EX_CONFIG) for a configuration error (printed

@@ -26,7 +26,8 @@ LISTEN_FDS from fd 3, LISTEN_FDNAMES, LISTEN_PID. Cases:
 For every case it writes DIR/CASE.log (kvd's stderr), DIR/CASE.out (the
 generated text), DIR/CASE.ids (token ids) and DIR/CASE.done (the DONE line);
 DIR/stored-CASE.txt lists the names kvd stored at its stop. The shell test
-judges them. Exits non-zero only when the harness itself fails (kvd not
+judges them. $KVD_TEST_POOL_SIZE (default 2M) sizes the pool; $KVD_TEST_ARGS
+adds kvd options (e.g. a swap file). Exits non-zero only when the harness itself fails (kvd not
 ready, a client error).
 """
 import array
@@ -148,7 +149,7 @@ def run(case, passed, plugin=None):
             os.dup2(fd, 3 + i)
 
     cmd = ["/bin/sh", "-c", 'LISTEN_PID=$$; [ -n "$LISTEN_FDS" ] && export LISTEN_PID; exec "$0" "$@"', KVD,
-           "--config", "/dev/null", "--model", MODEL, "--socket", SOCK, "--threads", "2", "--pool-size", os.environ.get("KVD_TEST_POOL_SIZE", "2M")] + backend
+           "--config", "/dev/null", "--model", MODEL, "--socket", SOCK, "--threads", "2", "--pool-size", os.environ.get("KVD_TEST_POOL_SIZE", "2M")] + backend + os.environ.get("KVD_TEST_ARGS", "").split()
     log = open(os.path.join(DIR, case + ".log"), "wb")
     p = subprocess.Popen(cmd, env=env, stderr=log, preexec_fn=child, pass_fds=tuple(range(3, 3 + len(high))))
     log.close()
