@@ -28,6 +28,7 @@ struct kvd_engine {
 	char note[PATH_MAX + 128]; /* why a requested device backend is not used */
 	struct kvmm *kv;
 	struct kvd_kv_layout layout;
+	int pool_adopted;      /* kvd_engine_pool_adopted() */
 	/* step scratch */
 	struct kvmm_grow *grow;
 	struct kvd_batch_seq *bseq;
@@ -195,7 +196,19 @@ static int make_pool(struct kvd_engine *e, const struct kvd_engine_config *cfg, 
 			 (unsigned long long)kc.pool_bytes, e->layout.page_bytes, e->layout.block_size);
 		return -EINVAL;
 	}
-	r = kvmm_create_with_io(&kc, *swap_io, &e->kv);
+	if (cfg->pool_adopt) {
+		uint32_t n_pages = 0;
+		int fd = cfg->pool_adopt(cfg->pool_adopt_ud, &e->layout, e->ops->name, kc.page_ops.read != NULL,
+					 kc.pool_bytes, &n_pages);
+
+		if (fd >= 0) {
+			r = kvmm_create_adopt(&kc, *swap_io, fd, n_pages, &e->kv);
+			e->pool_adopted = r < 0 ? r : 1;
+			if (r < 0)
+				close(fd);
+		}
+	}
+	r = e->kv ? 0 : kvmm_create_with_io(&kc, *swap_io, &e->kv);
 	if (r == 0)
 		*swap_io = NULL;
 	if (r < 0) {
@@ -370,6 +383,11 @@ struct kvmm *kvd_engine_kvmm(struct kvd_engine *e) { return e->kv; }
 const struct kvd_kv_layout *kvd_engine_kv_layout(const struct kvd_engine *e) { return &e->layout; }
 const char *kvd_engine_backend_name(const struct kvd_engine *e) { return e->ops->name; }
 const char *kvd_engine_backend_note(const struct kvd_engine *e) { return e->note[0] ? e->note : NULL; }
+int kvd_engine_pool_adopted(const struct kvd_engine *e)
+{
+	return e->pool_adopted;
+}
+
 int32_t kvd_engine_n_vocab(const struct kvd_engine *e) { return e->hp.n_vocab; }
 
 static int ensure_items(struct kvd_engine *e, size_t n)

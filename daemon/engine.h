@@ -44,6 +44,15 @@ struct kvd_engine_config {
 	struct kvmm_swap_io *swap_io; /* a swap store the caller opened (then
 	                          * swap_path is ignored); the engine owns it
 	                          * from the call on, on failure too */
+	/* Optional: a KV pool memfd kept from an earlier run. Called once the
+	 * pool's layout is known, before it is created, with the backend's
+	 * name, whether that backend keeps the pool in device memory (nothing
+	 * can then be adopted) and the configured pool size (0: a fraction).
+	 * Returns a memfd of *ret_n_pages pages to adopt (kvmm_create_adopt;
+	 * the engine owns it from then on), or -1 for a fresh pool. */
+	int (*pool_adopt)(void *ud, const struct kvd_kv_layout *layout, const char *backend, int device_pool,
+			  uint64_t pool_bytes, uint32_t *ret_n_pages);
+	void *pool_adopt_ud;
 };
 
 /* Load the model, start the backend, create the pool. Returns 0 or -errno
@@ -75,6 +84,10 @@ const char *kvd_engine_backend_name(const struct kvd_engine *e);
  * NULL. With "cuda" the same reason is kvd_engine_open's error instead. */
 const char *kvd_engine_backend_note(const struct kvd_engine *e);
 int32_t kvd_engine_n_vocab(const struct kvd_engine *e);
+/* 1 when the pool was adopted from the memfd cfg->pool_adopt returned, 0
+ * when there was none (a fresh pool), or kvmm_create_adopt's error when
+ * that memfd was refused (the pool is then a fresh one). */
+int kvd_engine_pool_adopted(const struct kvd_engine *e);
 
 /* One sequence's part of a step: tokens appended at its current length.
  * logits: NULL, or n_vocab floats for the last token (n_tokens * n_vocab

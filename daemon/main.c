@@ -1,7 +1,9 @@
 /*
  * daemon/main.c — the kvd program: command line and configuration, model
  * loading, the listening socket (socket activation or a path of its own),
- * signals through a signalfd, then the server loop until SIGTERM.
+ * signals through a signalfd, then the server loop until SIGTERM. Under
+ * systemd the KV pool and prefix index kept from the last clean stop are
+ * adopted at start and handed over again at the stop (persist.h).
  *
  * Exit status follows sysexits where one fits: 0 after a clean drain, 64 for
  * a command-line mistake, 78 (EX_CONFIG) for a configuration error (printed
@@ -34,6 +36,7 @@
 #include "kvmm.h"
 #include "log.h"
 #include "model.h"
+#include "persist.h"
 #include "server.h"
 
 #define EXIT_USAGE  64
@@ -82,9 +85,11 @@ static const char help_tail[] =
 	"ENVIRONMENT\n"
 	"    KVD_SOCKET       socket path; overrides the file's server.socket (an\n"
 	"                     explicit --socket wins over it)\n"
-	"    LISTEN_FDS, LISTEN_PID\n"
+	"    LISTEN_FDS, LISTEN_PID, LISTEN_FDNAMES\n"
 	"                     socket activation (sd_listen_fds(3)): exactly one\n"
-	"                     listening SOCK_SEQPACKET Unix socket\n"
+	"                     listening SOCK_SEQPACKET Unix socket; and the fds\n"
+	"                     named kv-pool and kv-index that kvd stored at its\n"
+	"                     last clean stop (FileDescriptorStoreMax=)\n"
 	"    NOTIFY_SOCKET, WATCHDOG_USEC, WATCHDOG_PID\n"
 	"                     systemd readiness, status and watchdog (sd_notify(3))\n"
 	"\n"
@@ -329,22 +334,30 @@ static int parse_args(int argc, char **argv, struct args *a)
 	return 0;
 }
 
-/* The listening socket: the one systemd passed, or our own at cfg->socket
+/* The listening socket: the one systemd passed (n fds from
+ * sd_listen_fds_with_names, with their names), or our own at cfg->socket
  * (*ret_own set: kvd removes that file when it exits). */
-static int open_listener(const struct kvd_config *cfg, int *ret_fd, bool *ret_own)
+static int open_listener(const struct kvd_config *cfg, int n, char **names, int *ret_fd, bool *ret_own)
 {
-	int n = sd_listen_fds(1), fd, r;
+	int fd = -1, n_sock = 0, r;
 
+	/* The fd store's memfds (persist.h) come in the same list; they are
+	 * not sockets and were taken (and closed) already. */
+	for (int i = 0; i < n; i++) {
+		if (names && kvd_persist_fd_name(names[i]))
+			continue;
+		if (n_sock++ == 0)
+			fd = SD_LISTEN_FDS_START + i;
+	}
 	if (n < 0) {
 		log_error("socket activation: %s", strerror(-n));
 		return n;
 	}
-	if (n > 1) {
-		log_error("socket activation: %d sockets passed; kvd takes exactly one", n);
+	if (n_sock > 1) {
+		log_error("socket activation: %d sockets passed; kvd takes exactly one", n_sock);
 		return -EINVAL;
 	}
-	if (n == 1) {
-		fd = SD_LISTEN_FDS_START;
+	if (n_sock == 1) {
 		if (sd_is_socket_unix(fd, SOCK_SEQPACKET, 1, NULL, 0) <= 0) {
 			log_error("socket activation: fd %d is not a listening SOCK_SEQPACKET Unix socket "
 				  "(kvd.socket needs ListenSequentialPacket=)", fd);
@@ -538,7 +551,9 @@ int main(int argc, char **argv)
 	struct kvd_config cfg;
 	struct kvd_engine *e = NULL;
 	struct kvd_server *srv = NULL;
-	char err[1024];
+	struct kvd_persist *persist = NULL;
+	char err[1024], **listen_names = NULL;
+	int n_listen = 0;
 	int r, listen_fd = -1, sig_fd = -1, status = 1;
 	bool own_socket = false;
 	sigset_t mask;
@@ -600,6 +615,14 @@ int main(int argc, char **argv)
 		goto out;
 	}
 #endif
+	/* What systemd passed, read once (the fd store's memfds are closed
+	 * or adopted before the socket is looked at). */
+	n_listen = sd_listen_fds_with_names(1, &listen_names);
+	persist = kvd_persist_new(&cfg, n_listen, listen_names);
+	if (!persist) {
+		log_error("out of memory");
+		goto out;
+	}
 	sd_notifyf(0, "STATUS=loading model %s", cfg.model);
 	struct kvd_engine_config ec = {
 		.model_path = cfg.model,
@@ -611,6 +634,8 @@ int main(int argc, char **argv)
 		.max_seqs = cfg.max_num_seqs * 2 + 256 < KVMM_MAX_SEQS ? cfg.max_num_seqs * 2 + 256 : KVMM_MAX_SEQS,
 		.prefix_cache = cfg.prefix_caching,
 		.swap_io = swap_io, /* the engine owns it from here on */
+		.pool_adopt = kvd_persist_pool_adopt,
+		.pool_adopt_ud = persist,
 	};
 	r = kvd_engine_open(&ec, &e, err, sizeof(err));
 	if (r < 0) {
@@ -630,7 +655,8 @@ int main(int argc, char **argv)
 			 (double)kvmm_n_pages(kv) * (double)kvmm_page_bytes(kv) / 1048576.0,
 			 cfg.prefix_caching ? "on" : "off", cfg.swap_file[0] ? cfg.swap_file : "none");
 	}
-	r = open_listener(&cfg, &listen_fd, &own_socket);
+	kvd_persist_adopt(persist, e);
+	r = open_listener(&cfg, n_listen, listen_names, &listen_fd, &own_socket);
 	if (r < 0)
 		goto out;
 	struct kvd_server_hooks hooks = { .reload = reload_hook, .ud = &a };
@@ -645,8 +671,14 @@ int main(int argc, char **argv)
 	}
 	r = kvd_server_run(srv);
 	status = r < 0 ? 1 : 0;
+	if (status == 0)
+		kvd_persist_hand_over(persist, e);
 out:
 	srv = kvd_server_free(srv);
+	persist = kvd_persist_free(persist);
+	for (int i = 0; listen_names && i < n_listen; i++)
+		free(listen_names[i]);
+	free(listen_names);
 	e = kvd_engine_close(e);
 	if (listen_fd >= 0)
 		close(listen_fd);

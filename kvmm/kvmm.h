@@ -279,6 +279,8 @@ struct kvmm_ledger {
 	uint64_t kv_read_bytes_last_step;
 	/* Reported by the scheduler (kvmm_seq_add_time). */
 	uint64_t mem_wait_ns, compute_ns;
+	/* Cached prefix pages taken over from an earlier run (kvmm_prefix_import). */
+	uint64_t pages_adopted;
 };
 /* Fill *ret with the pool ledger. */
 void kvmm_get_ledger(const struct kvmm *m, struct kvmm_ledger *ret);
@@ -515,6 +517,97 @@ void kvmm_set_swap_error_handler(struct kvmm *m, kvmm_swap_error_fn fn, void *ud
 /* Swap slots in the store, and how many hold nothing. */
 uint32_t kvmm_swap_slots(const struct kvmm *m);
 uint32_t kvmm_swap_slots_free(const struct kvmm *m);
+
+/* ---- hand-over across restarts (persist.c) ----------------------------------------- */
+
+/*
+ * A host pool lives in a memfd (kvmm_pool_fd) that can outlive its process
+ * (in a service manager's file-descriptor store). Its cached prefixes can be
+ * taken over by the next run: the old owner exports the prefix index into a
+ * buffer (kvmm_prefix_export, then kvmm_persist_memfd for a sealed memfd);
+ * the new one creates its pool over the same memfd (kvmm_create_adopt) and
+ * imports the index (kvmm_prefix_import). The buffer also carries the
+ * owner's own bytes (its fingerprint of model and layout), which kvmm only
+ * stores; the owner compares them (kvmm_persist_parse) before adopting.
+ * No page content is ever in the buffer.
+ */
+#define KVMM_PERSIST_VERSION   1u
+#define KVMM_PERSIST_OWNER_MAX 1024u /* bytes of owner data at most */
+
+/*
+ * Serialise the resident part of the prefix index: for each indexed page,
+ * its parent, page number, tokens and recency; demoted entries and whatever
+ * hangs below them are left out (their swap file dies with the process).
+ * Pages mapped by live sequences are included (they are full and published,
+ * so their content is final); refcounts are not. owner (owner_bytes <=
+ * KVMM_PERSIST_OWNER_MAX) is copied in. *ret_buf is malloc()ed, the caller
+ * frees it. -EINVAL, -ENOMEM, -EOPNOTSUPP for a device pool. With prefix
+ * caching off the buffer holds no entries.
+ */
+int kvmm_prefix_export(const struct kvmm *m, const void *owner, size_t owner_bytes, void **ret_buf,
+		       size_t *ret_bytes);
+
+/* What an exported buffer says about itself. owner points into the buffer. */
+struct kvmm_persist_info {
+	uint32_t version;
+	uint32_t block_size;
+	uint64_t page_bytes;
+	uint32_t n_pages;     /* of the pool it was exported from */
+	uint32_t n_entries;
+	const void *owner;    /* NULL when owner_bytes is 0 */
+	uint32_t owner_bytes;
+};
+/*
+ * Check a buffer's structure (magic, sizes, counts, checksum) without a
+ * pool. Any byte string may be passed: returns 0, -EBADMSG for anything
+ * malformed or corrupt, -EPROTO for another format version.
+ */
+int kvmm_persist_parse(const void *buf, size_t bytes, struct kvmm_persist_info *ret);
+
+/*
+ * Enter the buffer's pages into the prefix index of a fresh pool (no
+ * sequence created, nothing allocated) as cached pages, most recently used
+ * first as they were. Every entry is validated first (parents before
+ * children, pages in range and each once, no two entries for the same
+ * tokens under one parent); all or nothing. Only meaningful over the memfd
+ * the buffer was exported from (kvmm_create_adopt): kvmm cannot check page
+ * content. Returns 0 and the pages adopted; the errors of
+ * kvmm_persist_parse; -ESTALE when block size, page size or page count
+ * differ from this pool's; -EBUSY for a pool already in use; -EOPNOTSUPP
+ * for a device pool, or prefix caching off with entries to import; -ENOMEM.
+ * Counted in kvmm_ledger.pages_adopted.
+ */
+int kvmm_prefix_import(struct kvmm *m, const void *buf, size_t bytes, uint32_t *ret_pages);
+
+/*
+ * kvmm_create_with_io() over an existing pool memfd instead of a new one:
+ * n_pages pages of cfg->page_bytes (cfg->pool_bytes and pool_fraction are
+ * ignored). The fd must be a regular file sealed against shrinking
+ * (F_SEAL_SHRINK, as kvmm seals its own pools, so nobody can truncate it
+ * under the mapping) and hold n_pages pages (a hugetlb memfd may be larger
+ * by less than one huge page). On success kvmm owns pool_fd (and io); on
+ * failure the caller still owns both. Every page starts free: import the
+ * index next. -EINVAL for a bad config or n_pages, -EOPNOTSUPP for a device
+ * pool (page_ops.read set), -EPERM for an fd without the seal, -EBADFD for
+ * one of the wrong size or kind, or the errors of kvmm_create_with_io.
+ */
+int kvmm_create_adopt(const struct kvmm_config *cfg, struct kvmm_swap_io *io, int pool_fd, uint32_t n_pages,
+		      struct kvmm **ret);
+
+/* A sealed memfd (no write, grow, shrink or new seal) holding bytes of buf.
+ * 0 and the fd (close-on-exec), or -errno. */
+int kvmm_persist_memfd(const void *buf, size_t bytes, int *ret_fd);
+/* Read such a memfd into a malloc()ed buffer. The fd is trusted only as far
+ * as its seals go: -EPERM unless it is a memfd sealed against writing,
+ * growing and shrinking (its content can then not change while or after it
+ * is read), -EFBIG when empty or larger than max_bytes, -EBADF for no
+ * regular file, or read's error. */
+int kvmm_persist_read_memfd(int fd, size_t max_bytes, void **ret_buf, size_t *ret_bytes);
+
+/* Tests and fuzzing only: recompute the checksum of an exported buffer
+ * after changing it, so that validation past the checksum is reached.
+ * -EINVAL when bytes is too short for a header. */
+int kvmm_debug_persist_checksum(void *buf, size_t bytes);
 
 /* ---- checking ------------------------------------------------------------------ */
 

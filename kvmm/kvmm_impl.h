@@ -9,7 +9,8 @@
  *  - prefix.c: the prefix index (a tree of nodes in a hash table), the LRU
  *    lists of the two cache tiers, eviction, publish and attach;
  *  - swap.c: swap slots, sequence swap-out/in, demotion and promotion;
- *  - swap_io.c: the swap stores (io_uring file, memory, fault layer).
+ *  - swap_io.c: the swap stores (io_uring file, memory, fault layer);
+ *  - persist.c: export and import of the prefix index across restarts.
  *
  * Ids are int32: pages, nodes and slots are indices into arrays, -1 is none.
  * A page's refcount lives in its state word in the metadata memfd (so other
@@ -84,6 +85,7 @@ enum kvmm_word {
 	W_KV_READ_LAST,
 	W_MEM_WAIT_NS,
 	W_COMPUTE_NS,
+	W_PAGES_ADOPTED,
 	W__COUNT
 };
 

@@ -27,6 +27,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -34,6 +35,9 @@
 
 #ifndef MFD_HUGETLB
 #define MFD_HUGETLB 0x0004U
+#endif
+#ifndef HUGETLBFS_MAGIC
+#define HUGETLBFS_MAGIC 0x958458f6
 #endif
 #ifndef F_SEAL_FUTURE_WRITE
 #define F_SEAL_FUTURE_WRITE 0x0010
@@ -194,11 +198,12 @@ static int map_pool(struct kvmm *m, uint64_t bytes)
 
 	/* Huge pages first: they only exist when the administrator reserved
 	 * some (vm.nr_hugepages); mmap then fails with ENOMEM and we fall back. */
-	fd = memfd_create("kvd-kv-pool", MFD_CLOEXEC | MFD_HUGETLB);
+	fd = memfd_create("kvd-kv-pool", MFD_CLOEXEC | MFD_HUGETLB | MFD_ALLOW_SEALING);
 	if (fd >= 0) {
 		uint64_t hb = (bytes + HUGE_PAGE_BYTES - 1) / HUGE_PAGE_BYTES * HUGE_PAGE_BYTES;
 
 		if (ftruncate(fd, (off_t)hb) == 0) {
+			(void)fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
 			p = mmap(NULL, hb, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 			if (p != MAP_FAILED) {
 				m->pool_fd = fd;
@@ -210,7 +215,7 @@ static int map_pool(struct kvmm *m, uint64_t bytes)
 		}
 		close(fd);
 	}
-	fd = memfd_create("kvd-kv-pool", MFD_CLOEXEC);
+	fd = memfd_create("kvd-kv-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0)
 		return -errno;
 	if (ftruncate(fd, (off_t)bytes) < 0) {
@@ -219,6 +224,9 @@ static int map_pool(struct kvmm *m, uint64_t bytes)
 		close(fd);
 		return r == -EFBIG ? -ENOMEM : r;
 	}
+	/* Sealed at its size: whoever else holds it later (a service
+	 * manager's fd store) cannot truncate it under a mapping. */
+	(void)fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
 	p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED) {
 		close(fd);
@@ -230,6 +238,38 @@ static int map_pool(struct kvmm *m, uint64_t bytes)
 	m->pool_fd = fd;
 	m->pool = p;
 	m->pool_map_bytes = bytes;
+	return 0;
+}
+
+/* Map an existing pool memfd (kvmm_create_adopt). The caller keeps fd on
+ * failure. */
+static int adopt_pool(struct kvmm *m, int fd, uint64_t bytes)
+{
+	struct stat st;
+	struct statfs sf;
+	int seals;
+	void *p;
+
+	if (fstat(fd, &st) < 0)
+		return -errno;
+	if (!S_ISREG(st.st_mode))
+		return -EBADFD;
+	seals = fcntl(fd, F_GET_SEALS);
+	if (seals < 0 || !(seals & F_SEAL_SHRINK))
+		return -EPERM;
+	if (fstatfs(fd, &sf) < 0)
+		return -errno;
+	m->hugetlb = sf.f_type == HUGETLBFS_MAGIC;
+	if ((uint64_t)st.st_size < bytes || (uint64_t)st.st_size - bytes >= (m->hugetlb ? HUGE_PAGE_BYTES : 1))
+		return -EBADFD;
+	p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		return -errno;
+	if (!m->hugetlb)
+		(void)madvise(p, (size_t)st.st_size, MADV_HUGEPAGE);
+	m->pool_fd = fd;
+	m->pool = p;
+	m->pool_map_bytes = (size_t)st.st_size;
 	return 0;
 }
 
@@ -292,7 +332,8 @@ static int check_config(const struct kvmm_config *cfg)
 	return 0;
 }
 
-int kvmm_create_with_io(const struct kvmm_config *cfg, struct kvmm_swap_io *io, struct kvmm **ret)
+static int create(const struct kvmm_config *cfg, struct kvmm_swap_io *io, int adopt_fd, uint32_t adopt_pages,
+		  struct kvmm **ret)
 {
 	struct kvmm *m;
 	uint64_t pool_bytes, n_pages;
@@ -301,7 +342,13 @@ int kvmm_create_with_io(const struct kvmm_config *cfg, struct kvmm_swap_io *io, 
 	if (r < 0)
 		return r;
 	pool_bytes = cfg->pool_bytes;
-	if (pool_bytes == 0) {
+	if (adopt_fd >= 0) {
+		if (cfg->page_ops.read)
+			return -EOPNOTSUPP;
+		if (adopt_pages == 0)
+			return -EINVAL;
+		pool_bytes = (uint64_t)adopt_pages * cfg->page_bytes;
+	} else if (pool_bytes == 0) {
 		uint64_t avail;
 
 		r = mem_available_bytes(&avail);
@@ -328,7 +375,11 @@ int kvmm_create_with_io(const struct kvmm_config *cfg, struct kvmm_swap_io *io, 
 	m->key_mask = UINT64_MAX;
 	m->pool_buf_index = m->bounce_buf_index = -1;
 
-	if (!m->device_pool) {
+	if (adopt_fd >= 0) {
+		r = adopt_pool(m, adopt_fd, n_pages * cfg->page_bytes);
+		if (r < 0)
+			goto fail;
+	} else if (!m->device_pool) {
 		r = map_pool(m, n_pages * cfg->page_bytes);
 		if (r < 0)
 			goto fail;
@@ -405,8 +456,23 @@ int kvmm_create_with_io(const struct kvmm_config *cfg, struct kvmm_swap_io *io, 
 fail:
 	if (io && m->io == io)
 		m->io = NULL; /* the caller keeps its store on failure */
+	if (adopt_fd >= 0 && m->pool_fd == adopt_fd)
+		m->pool_fd = -1; /* and its pool memfd */
 	kvmm_destroy(m);
 	return r;
+}
+
+int kvmm_create_with_io(const struct kvmm_config *cfg, struct kvmm_swap_io *io, struct kvmm **ret)
+{
+	return create(cfg, io, -1, 0, ret);
+}
+
+int kvmm_create_adopt(const struct kvmm_config *cfg, struct kvmm_swap_io *io, int pool_fd, uint32_t n_pages,
+		      struct kvmm **ret)
+{
+	if (pool_fd < 0)
+		return -EBADF;
+	return create(cfg, io, pool_fd, n_pages, ret);
 }
 
 int kvmm_create(const struct kvmm_config *cfg, struct kvmm **ret)
@@ -523,6 +589,7 @@ static void ledger_from_words(const uint64_t *w, const struct kvmm_shm *h, struc
 		.kv_read_bytes_last_step = w[W_KV_READ_LAST],
 		.mem_wait_ns = w[W_MEM_WAIT_NS],
 		.compute_ns = w[W_COMPUTE_NS],
+		.pages_adopted = w[W_PAGES_ADOPTED],
 	};
 }
 

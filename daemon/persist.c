@@ -1,0 +1,391 @@
+/*
+ * daemon/persist.c — the KV pool and its prefix index handed to systemd's
+ * file-descriptor store at a clean stop and adopted at the next start
+ * (see persist.h for the protocol and the fingerprint).
+ *
+ * Everything that comes back from the store is checked before use: the
+ * index memfd must be sealed against writes and resizing, its structure and
+ * checksum must hold (kvmm_persist_parse), its fingerprint must match this
+ * run exactly, and kvmm validates every entry again on import. The pool
+ * memfd must be sealed against shrinking and have the exact size. A pool
+ * whose pages were in the swap file at the stop lost those pages (the swap
+ * file is unlinked and dies with the process): they are simply not in the
+ * index. On any mismatch the pool is dropped with one log line, and kvd
+ * starts cold.
+ */
+#include "persist.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <systemd/sd-daemon.h>
+
+#include "config.h"
+#include "engine.h"
+#include "kvmm.h"
+#include "log.h"
+
+/* Bumped whenever the meaning of a pool's bytes or of the fingerprint
+ * changes, so that an older kvd's pool is never adopted. */
+#define KVD_PERSIST_FORMAT 1u
+/* KV element types (the layout's token_stride is in the fingerprint too). */
+#define KVD_KV_TYPE_F16 1u
+#define MODEL_HEAD_BYTES (1u << 20)
+#define BARRIER_USEC (5 * 1000000ull)
+
+/* The owner bytes of the exported index (kvmm stores them, kvd compares). */
+struct fingerprint {
+	uint32_t format;
+	uint32_t kv_type;
+	uint64_t model_dev, model_ino, model_size, model_mtime_ns;
+	uint64_t model_head_hash;
+	uint32_t block_size, n_layer, kv_dim, reserved;
+	uint64_t token_stride, page_bytes;
+	uint64_t pool_bytes; /* as configured; 0: a fraction of memory */
+	char backend[16];
+};
+
+struct kvd_persist {
+	struct fingerprint model; /* the model fields, from the start */
+	int model_id_err;         /* stat/read error of the model file, or 0 */
+	int keep, prefix;
+	uint64_t pool_bytes;      /* kv.pool_size in bytes, 0: a fraction */
+	int pool_fd;              /* passed back, not yet given to the engine */
+	void *index;              /* the index read back */
+	size_t index_bytes;
+	bool adopting;
+};
+
+static uint64_t hash_bytes(const uint8_t *p, size_t n)
+{
+	uint64_t h = 0xcbf29ce484222325ull ^ n;
+	size_t i = 0;
+
+	for (; i + 8 <= n; i += 8) {
+		uint64_t v;
+
+		memcpy(&v, p + i, 8);
+		h = (h ^ v) * 0x9e3779b97f4a7c15ull;
+		h ^= h >> 31;
+	}
+	for (; i < n; i++)
+		h = (h ^ p[i]) * 0x100000001b3ull;
+	return h ^ (h >> 29);
+}
+
+/* The model file's identity: stat fields and the hash of its first MiB. */
+static int model_identity(const char *path, struct fingerprint *fp)
+{
+	struct stat st;
+	uint8_t *buf;
+	size_t want, got = 0;
+	int fd = open(path, O_RDONLY | O_CLOEXEC), r = 0;
+
+	if (fd < 0)
+		return -errno;
+	if (fstat(fd, &st) < 0) {
+		r = -errno;
+		goto out;
+	}
+	fp->model_dev = st.st_dev;
+	fp->model_ino = st.st_ino;
+	fp->model_size = (uint64_t)st.st_size;
+	fp->model_mtime_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
+	want = (uint64_t)st.st_size < MODEL_HEAD_BYTES ? (size_t)st.st_size : MODEL_HEAD_BYTES;
+	buf = malloc(want ? want : 1);
+	if (!buf) {
+		r = -ENOMEM;
+		goto out;
+	}
+	while (got < want) {
+		ssize_t n = pread(fd, buf + got, want - got, (off_t)got);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			r = n < 0 ? -errno : -EIO;
+			break;
+		}
+		got += (size_t)n;
+	}
+	if (r == 0)
+		fp->model_head_hash = hash_bytes(buf, want);
+	free(buf);
+out:
+	close(fd);
+	return r;
+}
+
+/* This run's fingerprint for a pool of this layout. */
+static void fingerprint_of(const struct kvd_persist *p, const struct kvd_kv_layout *l, const char *backend,
+			   uint64_t pool_bytes, struct fingerprint *ret)
+{
+	*ret = p->model;
+	ret->format = KVD_PERSIST_FORMAT;
+	ret->kv_type = KVD_KV_TYPE_F16;
+	ret->block_size = l->block_size;
+	ret->n_layer = l->n_layer;
+	ret->kv_dim = l->kv_dim;
+	ret->reserved = 0;
+	ret->token_stride = l->token_stride;
+	ret->page_bytes = l->page_bytes;
+	ret->pool_bytes = pool_bytes;
+	memset(ret->backend, 0, sizeof(ret->backend));
+	snprintf(ret->backend, sizeof(ret->backend), "%s", backend);
+}
+
+/* Why `old` (handed over) does not fit `now`, or NULL when it does. */
+static const char *mismatch(const struct fingerprint *old, const struct fingerprint *now, uint32_t old_pages,
+			    char *buf, size_t size)
+{
+	if (old->format != now->format)
+		return snprintf(buf, size, "written by a kvd of another hand-over format (%u, this one %u)", old->format,
+				now->format), buf;
+	if (old->model_dev != now->model_dev || old->model_ino != now->model_ino)
+		return "the model file is another file (device or inode changed)";
+	if (old->model_size != now->model_size || old->model_mtime_ns != now->model_mtime_ns)
+		return "the model file changed (size or modification time)";
+	if (old->model_head_hash != now->model_head_hash)
+		return "the model file's header changed";
+	if (strncmp(old->backend, now->backend, sizeof(old->backend)))
+		return snprintf(buf, size, "computed by the %.16s backend, now %.16s", old->backend, now->backend), buf;
+	if (old->block_size != now->block_size)
+		return snprintf(buf, size, "block size %u, now %u", old->block_size, now->block_size), buf;
+	if (old->kv_type != now->kv_type)
+		return snprintf(buf, size, "KV element type %u, now %u", old->kv_type, now->kv_type), buf;
+	if (old->n_layer != now->n_layer || old->kv_dim != now->kv_dim || old->token_stride != now->token_stride ||
+	    old->page_bytes != now->page_bytes)
+		return snprintf(buf, size, "page layout differs (%u layers x %u KV dim, %" PRIu64 " bytes a page; now "
+				"%u x %u, %" PRIu64 ")", old->n_layer, old->kv_dim, old->page_bytes, now->n_layer,
+				now->kv_dim, now->page_bytes), buf;
+	if (now->pool_bytes && now->pool_bytes / now->page_bytes != old_pages)
+		return snprintf(buf, size, "pool of %u pages handed over, kv.pool_size now gives %" PRIu64, old_pages,
+				now->pool_bytes / now->page_bytes), buf;
+	return NULL;
+}
+
+bool kvd_persist_fd_name(const char *name)
+{
+	return name && (!strcmp(name, KVD_PERSIST_FDNAME_POOL) || !strcmp(name, KVD_PERSIST_FDNAME_INDEX));
+}
+
+static void discard(struct kvd_persist *p, const char *why)
+{
+	log_notice("restart cache: discarded the previous run's KV pool: %s", why);
+	if (p->pool_fd >= 0)
+		close(p->pool_fd);
+	p->pool_fd = -1;
+	free(p->index);
+	p->index = NULL;
+	p->index_bytes = 0;
+}
+
+struct kvd_persist *kvd_persist_new(const struct kvd_config *cfg, int n, char **names)
+{
+	struct kvd_persist *p = calloc(1, sizeof(*p));
+	char why[160];
+	int index_fd = -1, r;
+
+	if (!p)
+		return NULL;
+	p->pool_fd = -1;
+	p->keep = cfg->keep_on_restart;
+	p->prefix = cfg->prefix_caching;
+	p->pool_bytes = cfg->pool_bytes;
+	p->model_id_err = model_identity(cfg->model, &p->model);
+	for (int i = 0; i < n; i++) {
+		int fd = SD_LISTEN_FDS_START + i;
+
+		if (!names || !kvd_persist_fd_name(names[i]))
+			continue;
+		/* One of each is taken; a duplicate (never stored by kvd) is closed. */
+		if (!strcmp(names[i], KVD_PERSIST_FDNAME_POOL) && p->pool_fd < 0)
+			p->pool_fd = fd;
+		else if (!strcmp(names[i], KVD_PERSIST_FDNAME_INDEX) && index_fd < 0)
+			index_fd = fd;
+		else
+			close(fd);
+	}
+	if (p->pool_fd < 0 && index_fd < 0)
+		return p;
+	/* Ours now: the store keeps nothing stale for the next start. */
+	sd_notify(0, "FDSTOREREMOVE=1\nFDNAME=" KVD_PERSIST_FDNAME_POOL);
+	sd_notify(0, "FDSTOREREMOVE=1\nFDNAME=" KVD_PERSIST_FDNAME_INDEX);
+	if (p->pool_fd < 0 || index_fd < 0) {
+		discard(p, p->pool_fd < 0 ? "an index was passed back without its pool" : "the pool was passed back without its index");
+		goto out;
+	}
+	r = kvmm_persist_read_memfd(index_fd, (size_t)KVD_PERSIST_MAX_INDEX_BYTES, &p->index, &p->index_bytes);
+	if (r < 0) {
+		snprintf(why, sizeof(why), "cannot use the index memfd: %s",
+			 r == -EPERM ? "not a memfd sealed against writing and resizing" : strerror(-r));
+		discard(p, why);
+		goto out;
+	}
+	{
+		struct kvmm_persist_info info;
+
+		r = kvmm_persist_parse(p->index, p->index_bytes, &info);
+		if (r < 0 || info.owner_bytes != sizeof(struct fingerprint)) {
+			snprintf(why, sizeof(why), "the prefix index is %s",
+				 r == -EPROTO ? "of another kvmm format version" : r < 0 ? "corrupt (checksum or structure)"
+				 : "from another kvd (fingerprint size)");
+			discard(p, why);
+		}
+	}
+out:
+	if (index_fd >= 0)
+		close(index_fd);
+	return p;
+}
+
+struct kvd_persist *kvd_persist_free(struct kvd_persist *p)
+{
+	if (!p)
+		return NULL;
+	if (p->pool_fd >= 0)
+		close(p->pool_fd);
+	free(p->index);
+	free(p);
+	return NULL;
+}
+
+int kvd_persist_pool_adopt(void *ud, const struct kvd_kv_layout *layout, const char *backend, int device_pool,
+			   uint64_t pool_bytes, uint32_t *ret_n_pages)
+{
+	struct kvd_persist *p = ud;
+	struct kvmm_persist_info info;
+	struct fingerprint old, now;
+	const char *why;
+	char buf[200];
+	int fd;
+
+	if (!p || p->pool_fd < 0 || !p->index)
+		return -1;
+	if (device_pool) {
+		snprintf(buf, sizeof(buf), "the %s backend keeps its KV pool in device memory, which cannot be adopted",
+			 backend);
+		discard(p, buf);
+		return -1;
+	}
+	if (!p->prefix) {
+		discard(p, "prefix caching is off (kv.prefix_caching)");
+		return -1;
+	}
+	if (p->model_id_err) {
+		snprintf(buf, sizeof(buf), "cannot identify the model file: %s", strerror(-p->model_id_err));
+		discard(p, buf);
+		return -1;
+	}
+	if (kvmm_persist_parse(p->index, p->index_bytes, &info) < 0) { /* checked in kvd_persist_new */
+		discard(p, "the prefix index is corrupt");
+		return -1;
+	}
+	memcpy(&old, info.owner, sizeof(old));
+	fingerprint_of(p, layout, backend, pool_bytes, &now);
+	why = mismatch(&old, &now, info.n_pages, buf, sizeof(buf));
+	if (why) {
+		discard(p, why);
+		return -1;
+	}
+	fd = p->pool_fd;
+	p->pool_fd = -1; /* the engine's now */
+	p->adopting = true;
+	*ret_n_pages = info.n_pages;
+	return fd;
+}
+
+void kvd_persist_adopt(struct kvd_persist *p, struct kvd_engine *e)
+{
+	struct kvmm *kv = kvd_engine_kvmm(e);
+	int r = kvd_engine_pool_adopted(e);
+	uint32_t pages = 0;
+	char why[160];
+
+	if (!p || !p->adopting)
+		return;
+	p->adopting = false;
+	if (r < 0) {
+		snprintf(why, sizeof(why), "cannot map the pool memfd: %s",
+			 r == -EPERM ? "not sealed against shrinking" : r == -EBADFD ? "wrong size or kind of file"
+										: strerror(-r));
+		discard(p, why);
+		return;
+	}
+	r = kvmm_prefix_import(kv, p->index, p->index_bytes, &pages);
+	if (r < 0) {
+		snprintf(why, sizeof(why), "the prefix index was refused: %s",
+			 r == -EBADMSG ? "invalid entries" : strerror(-r));
+		discard(p, why);
+		return;
+	}
+	log_info("restart cache: adopted %u cached prefix pages (%" PRIu64 " tokens) of a %u-page pool from the "
+		 "previous run", pages, (uint64_t)pages * kvmm_block_size(kv), kvmm_n_pages(kv));
+	free(p->index);
+	p->index = NULL;
+	p->index_bytes = 0;
+}
+
+int kvd_persist_hand_over(struct kvd_persist *p, struct kvd_engine *e)
+{
+	struct kvmm *kv = kvd_engine_kvmm(e);
+	struct kvmm_persist_info info;
+	struct fingerprint fp;
+	void *buf = NULL;
+	size_t bytes = 0;
+	int pool_fd = kvmm_pool_fd(kv), index_fd = -1, r;
+	const char *ns = getenv("NOTIFY_SOCKET");
+
+	if (!p || !p->keep || !ns || !*ns)
+		return 0;
+	if (pool_fd < 0) {
+		log_info("restart cache: not kept: the %s backend's KV pool is in device memory",
+			 kvd_engine_backend_name(e));
+		return 0;
+	}
+	if (!p->prefix)
+		return 0;
+	if (p->model_id_err) {
+		log_warning("restart cache: not kept: cannot identify the model file: %s", strerror(-p->model_id_err));
+		return p->model_id_err;
+	}
+	/* pool_bytes as configured: the fingerprint says "a fraction" by 0,
+	 * and then the next run takes the pool at the size handed over. */
+	fingerprint_of(p, kvd_engine_kv_layout(e), kvd_engine_backend_name(e), p->pool_bytes, &fp);
+	r = kvmm_prefix_export(kv, &fp, sizeof(fp), &buf, &bytes);
+	if (r == 0)
+		r = kvmm_persist_memfd(buf, bytes, &index_fd);
+	if (r == 0)
+		r = kvmm_persist_parse(buf, bytes, &info);
+	free(buf);
+	if (r < 0) {
+		log_warning("restart cache: not kept: cannot export the prefix index: %s", strerror(-r));
+		goto out;
+	}
+	r = sd_pid_notify_with_fds(0, 0, "FDSTORE=1\nFDNAME=" KVD_PERSIST_FDNAME_POOL, &pool_fd, 1);
+	if (r > 0)
+		r = sd_pid_notify_with_fds(0, 0, "FDSTORE=1\nFDNAME=" KVD_PERSIST_FDNAME_INDEX, &index_fd, 1);
+	if (r <= 0) {
+		log_warning("restart cache: not kept: cannot pass the memfds to the service manager: %s",
+			    r < 0 ? strerror(-r) : "no notification socket");
+		r = r < 0 ? r : -ENOTCONN;
+		goto out;
+	}
+	/* The manager reads them before it sees this process exit. */
+	r = sd_notify_barrier(0, BARRIER_USEC);
+	if (r < 0)
+		log_warning("restart cache: the service manager did not confirm the hand-over: %s", strerror(-r));
+	log_info("restart cache: handed the KV pool (%u pages) and %u cached prefix pages to the service manager",
+		 kvmm_n_pages(kv), info.n_entries);
+	r = 0;
+out:
+	if (index_fd >= 0)
+		close(index_fd);
+	return r;
+}
