@@ -105,7 +105,6 @@ $(BUILD)/obj/%.o: %.c Makefile
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
 
-$(LIBKERNELS): $(call obj,$(KERNELS_SRC))
 $(LIBCORE): $(call obj,$(CORE_SRC))
 $(BUILD)/lib%.a:
 	@mkdir -p $(dir $@)
@@ -113,7 +112,7 @@ $(BUILD)/lib%.a:
 
 # These archives export only their public prefix: their objects are linked
 # into one relocatable object whose other global symbols are made local, so
-# an internal name (page_alloc, lru_push, …) cannot clash with a program
+# an internal name (page_alloc, lru_push, tp_run, …) cannot clash with a program
 # that links the library. tests/checks/t_layering.sh checks the result.
 # $(call export-only,object files,symbol patterns)
 define export-only
@@ -124,6 +123,10 @@ define export-only
 endef
 $(LIBKVMM): $(call obj,$(KVMM_SRC)) Makefile
 	$(call export-only,$^,kvmm_*)
+# the backend table and kvd_wtype_name (kvd_), and the CPU kernels' entry
+# points the kernel tests and benchmarks call (cpu_)
+$(LIBKERNELS): $(call obj,$(KERNELS_SRC)) Makefile
+	$(call export-only,$^,kvd_* cpu_*)
 $(LIBIPC): $(call obj,$(IPC_SRC)) Makefile
 	$(call export-only,$^,ipc_*)
 $(LIBCLIENT_A): $(call obj,$(CLIENT_SRC)) $(call obj,$(IPC_SRC)) Makefile

@@ -148,11 +148,11 @@ static struct kvd_tensor gen_tensor(enum kvd_wtype t, int64_t cols, int64_t rows
 			((float *)p)[i] = a * (2.0f * (float)(rnd64() >> 40) / 16777216.0f - 1.0f);
 	} else if (t == KVD_WTYPE_F16) {
 		for (size_t i = 0; i < (size_t)cols * rows; i++)
-			((uint16_t *)p)[i] = f32_to_fp16(a * (2.0f * (float)(rnd64() >> 40) / 16777216.0f - 1.0f));
+			((uint16_t *)p)[i] = cpu_f32_to_fp16(a * (2.0f * (float)(rnd64() >> 40) / 16777216.0f - 1.0f));
 	} else {
 		size_t bb = t == KVD_WTYPE_Q4_0 ? 18 : t == KVD_WTYPE_Q4_1 ? 20 : 34;
-		uint16_t d = f32_to_fp16(t == KVD_WTYPE_Q8_0 ? a / 127.0f : a / 8.0f);
-		uint16_t m = f32_to_fp16(-a);
+		uint16_t d = cpu_f32_to_fp16(t == KVD_WTYPE_Q8_0 ? a / 127.0f : a / 8.0f);
+		uint16_t m = cpu_f32_to_fp16(-a);
 		for (size_t b = 0; b < bytes / bb; b++) {
 			memcpy(p + b * bb, &d, 2);
 			if (t == KVD_WTYPE_Q4_1)

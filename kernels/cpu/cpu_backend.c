@@ -153,7 +153,7 @@ static void pack_one(void *arg, uint32_t i, int tid)
 	(void)tid;
 	if (!j->c->packed[i])
 		return;
-	gemm_pack(t->type, t->data, t->row_bytes, t->rows, t->cols, (void *)j->c->packed[i]);
+	cpu_gemm_pack(t->type, t->data, t->row_bytes, t->rows, t->cols, (void *)j->c->packed[i]);
 #ifdef MADV_PAGEOUT
 	/* (a tied embedding table too: the few token rows a step reads
 	 * fault back in) */
@@ -187,7 +187,7 @@ static int pack_weights(struct cpu_ctx *c, const struct kvd_model_weights *w)
 		return -ENOMEM;
 	for (int i = 0; i < n; i++) {
 		const struct kvd_tensor *t = pk_tensor(w, i);
-		size_t b = c->k.gemm[t->type] || c->k.gemmf[t->type] ? gemm_packed_bytes(t->type, t->rows, t->cols) : 0;
+		size_t b = c->k.gemm[t->type] || c->k.gemmf[t->type] ? cpu_gemm_packed_bytes(t->type, t->rows, t->cols) : 0;
 		total += (b + 63) & ~(size_t)63;
 		any |= b != 0;
 	}
@@ -202,7 +202,7 @@ static int pack_weights(struct cpu_ctx *c, const struct kvd_model_weights *w)
 	madvise(c->pack_mem, c->pack_len, MADV_HUGEPAGE);
 	for (int i = 0; i < n; i++) {
 		const struct kvd_tensor *t = pk_tensor(w, i);
-		size_t b = c->k.gemm[t->type] || c->k.gemmf[t->type] ? gemm_packed_bytes(t->type, t->rows, t->cols) : 0;
+		size_t b = c->k.gemm[t->type] || c->k.gemmf[t->type] ? cpu_gemm_packed_bytes(t->type, t->rows, t->cols) : 0;
 		if (!b)
 			continue;
 		c->packed[i] = (char *)c->pack_mem + off;
@@ -340,7 +340,7 @@ static void mm_range(const struct mm_job *j, int64_t r0, int64_t r1)
 		/* strips of MM_ROW_TILE rows stay in L1 while all tokens pass
 		 * over them, GEMM_COLS tokens at a time */
 		int64_t nb = n / QK;
-		size_t gbytes = gemm_group_block_bytes(j->w->type) * (size_t)nb;
+		size_t gbytes = cpu_gemm_group_block_bytes(j->w->type) * (size_t)nb;
 		for (int64_t rt = r0; rt < r1; rt += MM_ROW_TILE) {
 			int64_t re = rt + MM_ROW_TILE < r1 ? rt + MM_ROW_TILE : r1;
 			for (int t = 0; t < j->T; t += GEMM_COLS) {
@@ -666,7 +666,7 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 			c->tok_seq[t] = i;
 			c->tok_pos[t] = s->pos0 + j;
 			rope_table(c->rope + (int64_t)t * hp->head_dim, hp->head_dim, s->pos0 + j, hp->rope_theta);
-			dequantize_row(w->tok_embd.type, (const char *)w->tok_embd.data +
+			cpu_dequantize_row(w->tok_embd.type, (const char *)w->tok_embd.data +
 				       (size_t)s->tokens[j] * w->tok_embd.row_bytes, c->x + (int64_t)t * hp->n_embd, hp->n_embd);
 			if (w->features & KVD_FEAT_EMBD_SCALE)
 				for (int64_t e = 0; e < hp->n_embd; e++)

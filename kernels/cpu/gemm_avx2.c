@@ -383,7 +383,7 @@ int cpu_kernels_init_gemm_avx2(struct cpu_kernels *k)
 	k->gemm[KVD_WTYPE_Q4_0] = gemm_q4_0;
 	k->gemm[KVD_WTYPE_Q4_1] = gemm_q4_1;
 	k->gemm[KVD_WTYPE_Q8_0] = gemm_q8_0;
-	k->gemm[KVD_WTYPE_Q5_0] = gemm_q8_0; /* packed as q8_0 (gemm_pack) */
+	k->gemm[KVD_WTYPE_Q5_0] = gemm_q8_0; /* packed as q8_0 (cpu_gemm_pack) */
 	k->gemm[KVD_WTYPE_Q5_1] = gemm_q5_1;
 	k->gemm[KVD_WTYPE_Q4_K] = gemm_q4_K;
 	k->gemm[KVD_WTYPE_Q5_K] = gemm_q5_K;

@@ -3,7 +3,7 @@
  * over weights repacked at load time so that the 16 lanes of a vector are
  * 16 weight rows.
  *
- * Packed layout (gemm_pack): rows in groups of GEMM_ROWS = 16, a missing
+ * Packed layout (cpu_gemm_pack): rows in groups of GEMM_ROWS = 16, a missing
  * row of the last group being zero. A group stores, for each block of 32
  * columns in order, a "group block":
  *   q4_0, q4_1: four 64-byte vectors; vector j holds, in lane r, bytes
@@ -64,7 +64,7 @@
 #define GSB_Q5_K (8 * 512 + 256 + 64)
 #define GSB_Q6_K (8 * 512 + 256 + 32)
 
-size_t gemm_group_block_bytes(enum kvd_wtype t)
+size_t cpu_gemm_group_block_bytes(enum kvd_wtype t)
 {
 	switch (t) {
 	case KVD_WTYPE_Q4_0: return GEMM_ROWS * 18;
@@ -88,9 +88,9 @@ static int is_kquant(enum kvd_wtype t)
 	return t == KVD_WTYPE_Q4_K || t == KVD_WTYPE_Q5_K || t == KVD_WTYPE_Q6_K;
 }
 
-size_t gemm_packed_bytes(enum kvd_wtype t, int64_t rows, int64_t cols)
+size_t cpu_gemm_packed_bytes(enum kvd_wtype t, int64_t rows, int64_t cols)
 {
-	size_t gb = gemm_group_block_bytes(t);
+	size_t gb = cpu_gemm_group_block_bytes(t);
 	if (!gb || rows <= 0 || cols <= 0 || cols % (is_kquant(t) ? 256 : QK))
 		return 0;
 	return (size_t)((rows + GEMM_ROWS - 1) / GEMM_ROWS) * (size_t)(cols / QK) * gb;
@@ -146,9 +146,9 @@ static void pack_float(size_t es, const uint8_t *const *row, int nr, int64_t col
 			memcpy(out + ((size_t)i * GEMM_ROWS + (size_t)r) * es, row[r] + (size_t)i * es, es);
 }
 
-void gemm_pack(enum kvd_wtype t, const void *src, size_t row_bytes, int64_t rows, int64_t cols, void *dst)
+void cpu_gemm_pack(enum kvd_wtype t, const void *src, size_t row_bytes, int64_t rows, int64_t cols, void *dst)
 {
-	const size_t gb = gemm_group_block_bytes(t);
+	const size_t gb = cpu_gemm_group_block_bytes(t);
 	const int64_t nb = cols / QK, ng = (rows + GEMM_ROWS - 1) / GEMM_ROWS;
 	const size_t sb = row_bytes / (size_t)nb; /* source block bytes */
 	const int nq = t == KVD_WTYPE_Q8_0 || t == KVD_WTYPE_Q5_0 || t == KVD_WTYPE_Q5_1 ? 8 : 4; /* quant vectors */
@@ -189,7 +189,7 @@ void gemm_pack(enum kvd_wtype t, const void *src, size_t row_bytes, int64_t rows
 					 * q5_1: its unsigned quants */
 					int q51 = t == KVD_WTYPE_Q5_1;
 					uint8_t q5[QK];
-					q5_block_quants(blk + 2 + 2 * q51, blk + 6 + 2 * q51, q5);
+					cpu_q5_block_quants(blk + 2 + 2 * q51, blk + 6 + 2 * q51, q5);
 					for (int j = 0; j < nq; j++)
 						for (int i = 0; i < 4; i++)
 							out[64 * j + 4 * r + i] =
@@ -507,7 +507,7 @@ int cpu_kernels_init_gemm_avx512(struct cpu_kernels *k)
 	k->gemm[KVD_WTYPE_Q4_0] = gemm_q4_0;
 	k->gemm[KVD_WTYPE_Q4_1] = gemm_q4_1;
 	k->gemm[KVD_WTYPE_Q8_0] = gemm_q8_0;
-	k->gemm[KVD_WTYPE_Q5_0] = gemm_q8_0; /* packed as q8_0 (gemm_pack) */
+	k->gemm[KVD_WTYPE_Q5_0] = gemm_q8_0; /* packed as q8_0 (cpu_gemm_pack) */
 	k->gemm[KVD_WTYPE_Q5_1] = gemm_q5_1;
 	k->gemm[KVD_WTYPE_Q4_K] = gemm_q4_K;
 	k->gemm[KVD_WTYPE_Q5_K] = gemm_q5_K;

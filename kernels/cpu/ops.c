@@ -52,7 +52,7 @@ struct blk_q5_1 {
 _Static_assert(sizeof(struct blk_q5_0) == 22, "q5_0 block");
 _Static_assert(sizeof(struct blk_q5_1) == 24, "q5_1 block");
 
-void q5_block_quants(const uint8_t qh4[4], const uint8_t *qs, uint8_t q[QK])
+void cpu_q5_block_quants(const uint8_t qh4[4], const uint8_t *qs, uint8_t q[QK])
 {
 	uint32_t qh;
 	memcpy(&qh, qh4, 4);
@@ -170,7 +170,7 @@ static void kq_unpack(enum kvd_wtype t, const void *blk, struct kq_unpacked *u)
 	uint8_t q[QK_K], sc[16], mn[8];
 	uint16_t dh, dminh;
 	kq_block_ints(t, blk, q, sc, mn, &dh, &dminh);
-	float d = fp16_to_f32(dh), dmin = fp16_to_f32(dminh);
+	float d = cpu_fp16_to_f32(dh), dmin = cpu_fp16_to_f32(dminh);
 	if (t == KVD_WTYPE_Q6_K) {
 		for (int i = 0; i < QK_K; i++)
 			u->q[i] = (int8_t)(q[i] - 32);
@@ -233,7 +233,7 @@ static float kq_dot(enum kvd_wtype t, const void *w, const struct q8_block *xq, 
 
 /* ---- conversions ------------------------------------------------------- */
 
-float fp16_to_f32(uint16_t h)
+float cpu_fp16_to_f32(uint16_t h)
 {
 	uint32_t sign = (uint32_t)(h & 0x8000) << 16;
 	uint32_t exp = (h >> 10) & 0x1f;
@@ -262,7 +262,7 @@ float fp16_to_f32(uint16_t h)
 	return f;
 }
 
-uint16_t f32_to_fp16(float f)
+uint16_t cpu_f32_to_fp16(float f)
 {
 	uint32_t x;
 	uint32_t sign, exp, man;
@@ -295,7 +295,7 @@ uint16_t f32_to_fp16(float f)
 	return (uint16_t)half;
 }
 
-float bf16_to_f32(uint16_t h)
+float cpu_bf16_to_f32(uint16_t h)
 {
 	uint32_t bits = (uint32_t)h << 16;
 	float f;
@@ -303,7 +303,7 @@ float bf16_to_f32(uint16_t h)
 	return f;
 }
 
-void dequantize_row(enum kvd_wtype t, const void *src, float *dst, int64_t n)
+void cpu_dequantize_row(enum kvd_wtype t, const void *src, float *dst, int64_t n)
 {
 	int64_t i, b;
 
@@ -314,19 +314,19 @@ void dequantize_row(enum kvd_wtype t, const void *src, float *dst, int64_t n)
 	case KVD_WTYPE_F16: {
 		const uint16_t *s = src;
 		for (i = 0; i < n; i++)
-			dst[i] = fp16_to_f32(s[i]);
+			dst[i] = cpu_fp16_to_f32(s[i]);
 		break;
 	}
 	case KVD_WTYPE_BF16: {
 		const uint16_t *s = src;
 		for (i = 0; i < n; i++)
-			dst[i] = bf16_to_f32(s[i]);
+			dst[i] = cpu_bf16_to_f32(s[i]);
 		break;
 	}
 	case KVD_WTYPE_Q4_0: {
 		const struct blk_q4_0 *s = src;
 		for (b = 0; b < n / QK; b++) {
-			float d = fp16_to_f32(s[b].d);
+			float d = cpu_fp16_to_f32(s[b].d);
 			for (i = 0; i < QK / 2; i++) {
 				dst[b * QK + i] = ((s[b].qs[i] & 0xf) - 8) * d;
 				dst[b * QK + i + QK / 2] = ((s[b].qs[i] >> 4) - 8) * d;
@@ -337,7 +337,7 @@ void dequantize_row(enum kvd_wtype t, const void *src, float *dst, int64_t n)
 	case KVD_WTYPE_Q4_1: {
 		const struct blk_q4_1 *s = src;
 		for (b = 0; b < n / QK; b++) {
-			float d = fp16_to_f32(s[b].d), m = fp16_to_f32(s[b].m);
+			float d = cpu_fp16_to_f32(s[b].d), m = cpu_fp16_to_f32(s[b].m);
 			for (i = 0; i < QK / 2; i++) {
 				dst[b * QK + i] = (s[b].qs[i] & 0xf) * d + m;
 				dst[b * QK + i + QK / 2] = (s[b].qs[i] >> 4) * d + m;
@@ -348,7 +348,7 @@ void dequantize_row(enum kvd_wtype t, const void *src, float *dst, int64_t n)
 	case KVD_WTYPE_Q8_0: {
 		const struct blk_q8_0 *s = src;
 		for (b = 0; b < n / QK; b++) {
-			float d = fp16_to_f32(s[b].d);
+			float d = cpu_fp16_to_f32(s[b].d);
 			for (i = 0; i < QK; i++)
 				dst[b * QK + i] = s[b].qs[i] * d;
 		}
@@ -358,8 +358,8 @@ void dequantize_row(enum kvd_wtype t, const void *src, float *dst, int64_t n)
 		const struct blk_q5_0 *s = src;
 		uint8_t q[QK];
 		for (b = 0; b < n / QK; b++) {
-			float d = fp16_to_f32(s[b].d);
-			q5_block_quants(s[b].qh, s[b].qs, q);
+			float d = cpu_fp16_to_f32(s[b].d);
+			cpu_q5_block_quants(s[b].qh, s[b].qs, q);
 			for (i = 0; i < QK; i++)
 				dst[b * QK + i] = ((int)q[i] - 16) * d;
 		}
@@ -369,8 +369,8 @@ void dequantize_row(enum kvd_wtype t, const void *src, float *dst, int64_t n)
 		const struct blk_q5_1 *s = src;
 		uint8_t q[QK];
 		for (b = 0; b < n / QK; b++) {
-			float d = fp16_to_f32(s[b].d), m = fp16_to_f32(s[b].m);
-			q5_block_quants(s[b].qh, s[b].qs, q);
+			float d = cpu_fp16_to_f32(s[b].d), m = cpu_fp16_to_f32(s[b].m);
+			cpu_q5_block_quants(s[b].qh, s[b].qs, q);
 			for (i = 0; i < QK; i++)
 				dst[b * QK + i] = q[i] * d + m;
 		}
@@ -426,7 +426,7 @@ static float dot_f16_generic(const void *w, const float *x, const struct q8_bloc
 	float acc = 0;
 	(void)xq;
 	for (int64_t i = 0; i < n; i++)
-		acc += fp16_to_f32(a[i]) * x[i];
+		acc += cpu_fp16_to_f32(a[i]) * x[i];
 	return acc;
 }
 
@@ -436,7 +436,7 @@ static float dot_bf16_generic(const void *w, const float *x, const struct q8_blo
 	float acc = 0;
 	(void)xq;
 	for (int64_t i = 0; i < n; i++)
-		acc += bf16_to_f32(a[i]) * x[i];
+		acc += cpu_bf16_to_f32(a[i]) * x[i];
 	return acc;
 }
 
@@ -451,7 +451,7 @@ static float dot_q4_0_generic(const void *w, const float *x, const struct q8_blo
 			s += ((a[b].qs[i] & 0xf) - 8) * xq[b].q[i];
 			s += ((a[b].qs[i] >> 4) - 8) * xq[b].q[i + QK / 2];
 		}
-		acc += fp16_to_f32(a[b].d) * xq[b].d * (float)s;
+		acc += cpu_fp16_to_f32(a[b].d) * xq[b].d * (float)s;
 	}
 	return acc;
 }
@@ -467,8 +467,8 @@ static float dot_q4_1_generic(const void *w, const float *x, const struct q8_blo
 			s += (a[b].qs[i] & 0xf) * xq[b].q[i];
 			s += (a[b].qs[i] >> 4) * xq[b].q[i + QK / 2];
 		}
-		acc += fp16_to_f32(a[b].d) * xq[b].d * (float)s;
-		summs += fp16_to_f32(a[b].m) * xq[b].s;
+		acc += cpu_fp16_to_f32(a[b].d) * xq[b].d * (float)s;
+		summs += cpu_fp16_to_f32(a[b].m) * xq[b].s;
 	}
 	return acc + summs;
 }
@@ -481,10 +481,10 @@ static float dot_q5_0_generic(const void *w, const float *x, const struct q8_blo
 	(void)x;
 	for (int64_t b = 0; b < n / QK; b++) {
 		int s = 0;
-		q5_block_quants(a[b].qh, a[b].qs, q);
+		cpu_q5_block_quants(a[b].qh, a[b].qs, q);
 		for (int i = 0; i < QK; i++)
 			s += ((int)q[i] - 16) * xq[b].q[i];
-		acc += fp16_to_f32(a[b].d) * xq[b].d * (float)s;
+		acc += cpu_fp16_to_f32(a[b].d) * xq[b].d * (float)s;
 	}
 	return acc;
 }
@@ -497,11 +497,11 @@ static float dot_q5_1_generic(const void *w, const float *x, const struct q8_blo
 	(void)x;
 	for (int64_t b = 0; b < n / QK; b++) {
 		int s = 0;
-		q5_block_quants(a[b].qh, a[b].qs, q);
+		cpu_q5_block_quants(a[b].qh, a[b].qs, q);
 		for (int i = 0; i < QK; i++)
 			s += q[i] * xq[b].q[i];
-		acc += fp16_to_f32(a[b].d) * xq[b].d * (float)s;
-		summs += fp16_to_f32(a[b].m) * xq[b].s;
+		acc += cpu_fp16_to_f32(a[b].d) * xq[b].d * (float)s;
+		summs += cpu_fp16_to_f32(a[b].m) * xq[b].s;
 	}
 	return acc + summs;
 }
@@ -533,7 +533,7 @@ static float dot_q8_0_generic(const void *w, const float *x, const struct q8_blo
 		int s = 0;
 		for (int i = 0; i < QK; i++)
 			s += a[b].qs[i] * xq[b].q[i];
-		acc += fp16_to_f32(a[b].d) * xq[b].d * (float)s;
+		acc += cpu_fp16_to_f32(a[b].d) * xq[b].d * (float)s;
 	}
 	return acc;
 }
@@ -542,14 +542,14 @@ static float dot_f32_f16_generic(const float *q, const uint16_t *k, int n)
 {
 	float acc = 0;
 	for (int i = 0; i < n; i++)
-		acc += q[i] * fp16_to_f32(k[i]);
+		acc += q[i] * cpu_fp16_to_f32(k[i]);
 	return acc;
 }
 
 static void axpy_f16_generic(float *y, float a, const uint16_t *v, int n)
 {
 	for (int i = 0; i < n; i++)
-		y[i] += a * fp16_to_f32(v[i]);
+		y[i] += a * cpu_fp16_to_f32(v[i]);
 }
 
 static void dot4_f32_f16_generic(const float *q, const uint16_t *const k[4], int n, float out[4])
@@ -586,7 +586,7 @@ static void geglu_generic(float *g, const float *u, int64_t n)
 static void store_f16_generic(uint16_t *dst, const float *src, int n)
 {
 	for (int i = 0; i < n; i++)
-		dst[i] = f32_to_fp16(src[i]);
+		dst[i] = cpu_f32_to_fp16(src[i]);
 }
 
 /* ---- AVX2 / FMA / F16C ------------------------------------------------- */
@@ -860,7 +860,7 @@ AVX2 static float dot_bf16_avx2(const void *w, const float *x, const struct q8_b
 	}
 	float s = hsum_ps(acc);
 	for (; i < n; i++)
-		s += bf16_to_f32(a[i]) * x[i];
+		s += cpu_bf16_to_f32(a[i]) * x[i];
 	return s;
 }
 
@@ -967,7 +967,7 @@ AVX2 static void store_f16_avx2(uint16_t *dst, const float *src, int n)
 		_mm_storeu_si128((__m128i *)(dst + i),
 				 _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
 	for (; i < n; i++)
-		dst[i] = f32_to_fp16(src[i]);
+		dst[i] = cpu_f32_to_fp16(src[i]);
 }
 #endif /* __x86_64__ */
 

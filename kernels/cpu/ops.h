@@ -30,9 +30,9 @@ struct q8_block {
 	int8_t q[QK];
 };
 
-float fp16_to_f32(uint16_t h);
-uint16_t f32_to_fp16(float f); /* round to nearest even */
-float bf16_to_f32(uint16_t h);
+float cpu_fp16_to_f32(uint16_t h);
+uint16_t cpu_f32_to_fp16(float f); /* round to nearest even */
+float cpu_bf16_to_f32(uint16_t h);
 
 /* A quantized activation row of n elements is its n/32 q8_blocks followed
  * by each block's integer sum of quants (int32, for the offsets of q4_0
@@ -60,7 +60,7 @@ static inline const int32_t *q8_row_half_sums(const struct q8_block *row, int64_
  * activation row given both as floats and as q8 blocks (n / 32 of them). */
 typedef float (*vec_dot_fn)(const void *w, const float *x, const struct q8_block *xq, int64_t n);
 
-/* The tiled kernels work on weights repacked by gemm_pack (layout in
+/* The tiled kernels work on weights repacked by cpu_gemm_pack (layout in
  * gemm_avx512.c): one call multiplies a group of GEMM_ROWS rows (the first R
  * valid), nb blocks long, with C <= GEMM_COLS activation rows (q8 rows,
  * ldq blocks apart): y[t * ldy + r] for r < R. Each (row, token) result is
@@ -81,11 +81,11 @@ typedef void (*gemmf_fn)(const void *wp, int64_t nb, int R, const float *x, size
 
 /* Bytes of one packed group block of type t (0: t is not packed), of a
  * whole packed matrix, and the packing itself (portable C). */
-size_t gemm_group_block_bytes(enum kvd_wtype t);
-size_t gemm_packed_bytes(enum kvd_wtype t, int64_t rows, int64_t cols);
+size_t cpu_gemm_group_block_bytes(enum kvd_wtype t);
+size_t cpu_gemm_packed_bytes(enum kvd_wtype t, int64_t rows, int64_t cols);
 /* The 32 five-bit quants (0..31) of a q5_0/q5_1 block in element order,
  * from its 4 bytes qh and 16 bytes of nibbles. */
-void q5_block_quants(const uint8_t qh[4], const uint8_t *qs, uint8_t q[32]);
+void cpu_q5_block_quants(const uint8_t qh[4], const uint8_t *qs, uint8_t q[32]);
 /* One K-quant super-block (256 elements) as integers: q[i] the unsigned
  * quant of element i (q4_K 0..15, q5_K 0..31, q6_K 0..63, the latter to be
  * offset by -32), sc[j] and mn[j] the 6-bit scale and min of sub-block j of
@@ -93,7 +93,7 @@ void q5_block_quants(const uint8_t qh[4], const uint8_t *qs, uint8_t q[32]);
  * uint8 bits), and the f16 d and dmin (0 for q6_K). */
 void kq_block_ints(enum kvd_wtype t, const void *blk, uint8_t q[256], uint8_t sc[16], uint8_t mn[8], uint16_t *d,
 		   uint16_t *dmin);
-void gemm_pack(enum kvd_wtype t, const void *src, size_t row_bytes, int64_t rows, int64_t cols, void *dst);
+void cpu_gemm_pack(enum kvd_wtype t, const void *src, size_t row_bytes, int64_t rows, int64_t cols, void *dst);
 
 /* Attention of nr query rows over one chunk of positions (K and V rows in
  * f16, k[p] and v[p] pointing at position p's head): row r (query q[r])
@@ -154,6 +154,6 @@ static inline int wtype_is_quantized(enum kvd_wtype t)
 }
 
 /* Decode n elements of a stored row to floats (embedding lookups). */
-void dequantize_row(enum kvd_wtype t, const void *src, float *dst, int64_t n);
+void cpu_dequantize_row(enum kvd_wtype t, const void *src, float *dst, int64_t n);
 
 #endif

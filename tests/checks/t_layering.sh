@@ -6,9 +6,10 @@
 #    its own folder or to a public header it is allowed to use. A relative
 #    path ("../kvmm/kvmm_impl.h") is resolved too, so it cannot get round
 #    the rule.
-# 2. Symbols: the static libraries export only their public prefix, so no
-#    internal name (page_alloc, lru_push, …) can clash with a program that
-#    links them.
+# 2. Symbols: the static libraries (libkvmm, libipc, libkvclient,
+#    libkernels) export only their public prefix, so no internal name
+#    (page_alloc, lru_push, tp_run, …) can clash with a program that links
+#    them.
 # 3. Size: no hand-written .c/.h in kvmm, ipc, kernels, daemon or client
 #    is over MAX_FILE_LINES lines (generated tables are exempt by name; the
 #    files still waiting for their split are listed and only reported).
@@ -87,6 +88,10 @@ check_exports() { # archive pattern
 }
 check_exports "$BUILD/libkvmm.a" '^kvmm_'
 check_exports "$BUILD/libipc.a" '^ipc_'
+# the backend table and kvd_wtype_name; the CPU kernels' cpu_ entry points
+# that test_cpu_ops, test_cuda and gpu_bench call (tp_run, kq_block_ints, …
+# stay inside)
+check_exports "$BUILD/libkernels.a" '^(kvd_|cpu_)'
 check_exports "$BUILD/libkvclient.a" '^(kvc_|kv_strerror$)'
 if [ -f "$BUILD/libkvclient.so" ]; then
 	extra=$(nm -D --defined-only "$BUILD/libkvclient.so" | awk '{ print $3 }' | grep -Ev '^(kvc_|kv_strerror$)')
@@ -140,5 +145,17 @@ if [[ "$probe" == *"daemon/long.c has $((MAX_FILE_LINES + 1)) lines"* ]]; then
 	echo "ok: a planted file over $MAX_FILE_LINES lines is reported"
 else
 	violation "the size check missed a planted long file (got: ${probe:-nothing})"
+fi
+# ... and a planted archive exporting an unprefixed name
+printf 'int tp_probe(void) { return 0; }\n' > "$tmp/probe.c"
+if ${CC:-cc} -c -o "$tmp/probe.o" "$tmp/probe.c" && ar rcs "$tmp/libprobe.a" "$tmp/probe.o"; then
+	probe=$( bad=0 && check_exports "$tmp/libprobe.a" '^(kvd_|cpu_)' )
+	if [[ "$probe" == *"exports names outside"*"tp_probe"* ]]; then
+		echo "ok: a planted unprefixed export is reported"
+	else
+		violation "the export check missed a planted unprefixed symbol (got: ${probe:-nothing})"
+	fi
+else
+	violation "cannot build the planted archive for the export check"
 fi
 exit $bad

@@ -31,12 +31,12 @@ static void test_fp16_roundtrip_exhaustive(void **state)
 {
 	(void)state;
 	for (uint32_t h = 0; h < 65536; h++) {
-		float f = fp16_to_f32((uint16_t)h);
+		float f = cpu_fp16_to_f32((uint16_t)h);
 		if (isnan(f)) {
-			assert_true(isnan(fp16_to_f32(f32_to_fp16(f))));
+			assert_true(isnan(cpu_fp16_to_f32(cpu_f32_to_fp16(f))));
 			continue;
 		}
-		assert_int_equal(f32_to_fp16(f), h);
+		assert_int_equal(cpu_f32_to_fp16(f), h);
 	}
 }
 
@@ -44,16 +44,16 @@ static void test_fp16_roundtrip_exhaustive(void **state)
 static void test_fp16_rounding(void **state)
 {
 	(void)state;
-	assert_int_equal(f32_to_fp16(1.0f), 0x3c00);
+	assert_int_equal(cpu_f32_to_fp16(1.0f), 0x3c00);
 	/* 1 + 2^-11 is halfway between 1 and 1 + 2^-10: ties to even (1.0) */
-	assert_int_equal(f32_to_fp16(1.0f + 0x1p-11f), 0x3c00);
+	assert_int_equal(cpu_f32_to_fp16(1.0f + 0x1p-11f), 0x3c00);
 	/* 1 + 3 * 2^-11 is halfway between 1+2^-10 and 1+2^-9: to even (1+2^-9) */
-	assert_int_equal(f32_to_fp16(1.0f + 3 * 0x1p-11f), 0x3c02);
-	assert_int_equal(f32_to_fp16(65504.0f), 0x7bff);
-	assert_int_equal(f32_to_fp16(65520.0f), 0x7c00); /* rounds up to inf */
-	assert_int_equal(f32_to_fp16(0x1p-24f), 0x0001); /* smallest subnormal */
-	assert_int_equal(f32_to_fp16(0x1p-25f), 0x0000); /* tie to even: zero */
-	assert_int_equal(f32_to_fp16(-2.0f), 0xc000);
+	assert_int_equal(cpu_f32_to_fp16(1.0f + 3 * 0x1p-11f), 0x3c02);
+	assert_int_equal(cpu_f32_to_fp16(65504.0f), 0x7bff);
+	assert_int_equal(cpu_f32_to_fp16(65520.0f), 0x7c00); /* rounds up to inf */
+	assert_int_equal(cpu_f32_to_fp16(0x1p-24f), 0x0001); /* smallest subnormal */
+	assert_int_equal(cpu_f32_to_fp16(0x1p-25f), 0x0000); /* tie to even: zero */
+	assert_int_equal(cpu_f32_to_fp16(-2.0f), 0xc000);
 	/* against the hardware conversion on random values, when present */
 	struct cpu_kernels k;
 	cpu_kernels_init(&k, 0);
@@ -61,7 +61,7 @@ static void test_fp16_rounding(void **state)
 		float f = frand() * (float)(1 << (next_u32() % 20)) * 0x1p-8f;
 		uint16_t a, b;
 		k.store_f16(&a, &f, 1);
-		b = f32_to_fp16(f);
+		b = cpu_f32_to_fp16(f);
 		float src[8] = {f, f, f, f, f, f, f, f};
 		uint16_t dst[8];
 		k.store_f16(dst, src, 8); /* vector path */
@@ -73,8 +73,8 @@ static void test_fp16_rounding(void **state)
 static void test_bf16(void **state)
 {
 	(void)state;
-	assert_true(bf16_to_f32(0x3f80) == 1.0f);
-	assert_true(bf16_to_f32(0xc040) == -3.0f);
+	assert_true(cpu_bf16_to_f32(0x3f80) == 1.0f);
+	assert_true(cpu_bf16_to_f32(0xc040) == -3.0f);
 }
 
 /* q8 quantization: |x - q*d| <= d/2, sums consistent, SIMD == portable. */
@@ -126,17 +126,17 @@ static void fill_weights(enum kvd_wtype t, void *w, int64_t n)
 	    t == KVD_WTYPE_Q5_1) {
 		size_t bb = bytes / (size_t)(n / 32);
 		for (int64_t b = 0; b < n / 32; b++) {
-			uint16_t d = f32_to_fp16(frand() * 0.05f);
+			uint16_t d = cpu_f32_to_fp16(frand() * 0.05f);
 			memcpy(p + b * bb, &d, 2);
 			if (t == KVD_WTYPE_Q4_1 || t == KVD_WTYPE_Q5_1) {
-				uint16_t m = f32_to_fp16(frand() * 0.1f);
+				uint16_t m = cpu_f32_to_fp16(frand() * 0.1f);
 				memcpy(p + b * bb + 2, &m, 2);
 			}
 		}
 	} else if (t == KVD_WTYPE_Q4_K || t == KVD_WTYPE_Q5_K || t == KVD_WTYPE_Q6_K) {
 		size_t bb = bytes / (size_t)(n / 256);
 		for (int64_t b = 0; b < n / 256; b++) {
-			uint16_t d = f32_to_fp16(frand() * 0.002f), dmin = f32_to_fp16(frand() * 0.004f);
+			uint16_t d = cpu_f32_to_fp16(frand() * 0.002f), dmin = cpu_f32_to_fp16(frand() * 0.004f);
 			memcpy(p + b * bb + (t == KVD_WTYPE_Q6_K ? 208 : 0), &d, 2);
 			if (t != KVD_WTYPE_Q6_K)
 				memcpy(p + b * bb + 2, &dmin, 2);
@@ -144,7 +144,7 @@ static void fill_weights(enum kvd_wtype t, void *w, int64_t n)
 	} else if (t == KVD_WTYPE_F16) {
 		uint16_t *h = w;
 		for (int64_t i = 0; i < n; i++)
-			h[i] = f32_to_fp16(frand());
+			h[i] = cpu_f32_to_fp16(frand());
 	} else if (t == KVD_WTYPE_BF16) {
 		uint16_t *h = w;
 		for (int64_t i = 0; i < n; i++) {
@@ -183,7 +183,7 @@ static void test_dot_products(void **state)
 			for (int64_t i = 0; i < n; i++)
 				x[i] = frand();
 			kg.quantize_q8(x, xq, n);
-			dequantize_row(t, w, wf, n);
+			cpu_dequantize_row(t, w, wf, n);
 			double ref = 0, mag = 0;
 			for (int64_t i = 0; i < n; i++) {
 				double xi = wtype_is_quantized(t) ? xq[i / 32].q[i % 32] * (double)xq[i / 32].d : x[i];
@@ -210,16 +210,16 @@ static void test_gemm_pack_layout(void **state)
 {
 	(void)state;
 	for (int t = KVD_WTYPE_Q4_0; t <= KVD_WTYPE_Q8_0; t++) {
-		if (!gemm_group_block_bytes((enum kvd_wtype)t))
+		if (!cpu_gemm_group_block_bytes((enum kvd_wtype)t))
 			continue;
 		int64_t rows = 19, n = 64;
-		size_t rb = kvd_wtype_row_bytes((enum kvd_wtype)t, n), gb = gemm_group_block_bytes((enum kvd_wtype)t);
+		size_t rb = kvd_wtype_row_bytes((enum kvd_wtype)t, n), gb = cpu_gemm_group_block_bytes((enum kvd_wtype)t);
 		uint8_t w[19 * 68], p[2 * 2 * GEMM_ROWS * 36];
-		assert_int_equal(gemm_packed_bytes((enum kvd_wtype)t, rows, n), 2 * 2 * gb);
+		assert_int_equal(cpu_gemm_packed_bytes((enum kvd_wtype)t, rows, n), 2 * 2 * gb);
 		for (size_t i = 0; i < rows * rb; i++)
 			w[i] = (uint8_t)next_u32();
 		memset(p, 0x5a, sizeof(p));
-		gemm_pack((enum kvd_wtype)t, w, rb, rows, n, p);
+		cpu_gemm_pack((enum kvd_wtype)t, w, rb, rows, n, p);
 		int q51 = t == KVD_WTYPE_Q5_1;
 		int nq = t == KVD_WTYPE_Q8_0 || t == KVD_WTYPE_Q5_0 || q51 ? 8 : 4, hdr = t == KVD_WTYPE_Q4_1 ? 4 : 2;
 		for (int64_t r = 0; r < 2 * GEMM_ROWS; r++)
@@ -231,7 +231,7 @@ static void test_gemm_pack_layout(void **state)
 				memcpy(&d, gblk + 64 * nq + 2 * lane, 2);
 				uint8_t q5[32];
 				if ((t == KVD_WTYPE_Q5_0 || q51) && r < rows)
-					q5_block_quants(src + 2 + 2 * q51, src + 6 + 2 * q51, q5);
+					cpu_q5_block_quants(src + 2 + 2 * q51, src + 6 + 2 * q51, q5);
 				for (int i = 0; i < 4; i++) {
 					uint8_t want = r < rows ? src[hdr + i] : 0;
 					if (t == KVD_WTYPE_Q5_0 && r < rows) /* converted to q8_0 */
@@ -282,10 +282,10 @@ static void gemm_tiles(struct cpu_kernels *kv, const float *want, float *keep)
 		assert_true(kv->gemm[t] || kv->gemmf[t]);
 		for (int it = 0; it < 40; it++) {
 			int64_t n = kq ? 256 * (1 + next_u32() % 3) : 32 * (1 + next_u32() % 24), nb = n / 32;
-			size_t rb = kvd_wtype_row_bytes(t, n), gbytes = gemm_group_block_bytes(t) * (size_t)nb;
+			size_t rb = kvd_wtype_row_bytes(t, n), gbytes = cpu_gemm_group_block_bytes(t) * (size_t)nb;
 			for (int r = 0; r < NR; r++)
 				fill_weights(t, w + r * rb, n);
-			gemm_pack(t, w, rb, NR, n, wp);
+			cpu_gemm_pack(t, w, rb, NR, n, wp);
 			for (int c = 0; c < NC; c++) {
 				for (int64_t i = 0; i < n; i++)
 					x[c][i] = frand();
@@ -381,8 +381,8 @@ static void check_attn_rows(attn_rows_fn (*kernel_for)(int hd))
 			float scale = 1.0f / sqrtf((float)hd);
 			for (int p = 0; p < 128; p++) {
 				for (int i = 0; i < hd; i++) {
-					kv[0][p][i] = f32_to_fp16(frand() * 2.0f);
-					kv[1][p][i] = f32_to_fp16(frand());
+					kv[0][p][i] = cpu_f32_to_fp16(frand() * 2.0f);
+					kv[1][p][i] = cpu_f32_to_fp16(frand());
 				}
 				kp[p] = kv[0][p];
 				vp[p] = kv[1][p];
@@ -401,7 +401,7 @@ static void check_attn_rows(attn_rows_fn (*kernel_for)(int hd))
 				for (int p = 0; p < len[r]; p++) {
 					double d = 0;
 					for (int i = 0; i < hd; i++)
-						d += (double)q[r][i] * fp16_to_f32(kv[0][p][i]);
+						d += (double)q[r][i] * cpu_fp16_to_f32(kv[0][p][i]);
 					sc[p] = d * scale;
 					mx = sc[p] > mx ? sc[p] : mx;
 				}
@@ -412,8 +412,8 @@ static void check_attn_rows(attn_rows_fn (*kernel_for)(int hd))
 				for (int i = 0; i < hd; i++) {
 					double acc = 0, mag = 0;
 					for (int p = 0; p < len[r]; p++) {
-						acc += exp(sc[p] - mx) * fp16_to_f32(kv[1][p][i]);
-						mag += exp(sc[p] - mx) * fabs(fp16_to_f32(kv[1][p][i]));
+						acc += exp(sc[p] - mx) * cpu_fp16_to_f32(kv[1][p][i]);
+						mag += exp(sc[p] - mx) * fabs(cpu_fp16_to_f32(kv[1][p][i]));
 					}
 					if (fabs(o[r][i] - acc) > 1e-5 * mag + 1e-6)
 						fail_msg("hd %d row %d len %d elem %d: %g vs %g", hd, r, len[r], i, o[r][i], acc);
@@ -449,8 +449,8 @@ static void test_attn_rows_avx2_avx512_agree(void **state)
 			float scale = 1.0f / sqrtf((float)hd);
 			for (int p = 0; p < NP; p++) {
 				for (int i = 0; i < hd; i++) {
-					kv[0][p][i] = f32_to_fp16(frand() * 2.0f);
-					kv[1][p][i] = f32_to_fp16(frand());
+					kv[0][p][i] = cpu_f32_to_fp16(frand() * 2.0f);
+					kv[1][p][i] = cpu_f32_to_fp16(frand());
 				}
 				kp[p] = kv[0][p];
 				vp[p] = kv[1][p];
@@ -532,8 +532,8 @@ static void test_attention_helpers(void **state)
 		double ref = 0;
 		for (int i = 0; i < n; i++) {
 			q[i] = frand();
-			k[i] = f32_to_fp16(frand());
-			ref += (double)q[i] * fp16_to_f32(k[i]);
+			k[i] = cpu_f32_to_fp16(frand());
+			ref += (double)q[i] * cpu_fp16_to_f32(k[i]);
 			y1[i] = y2[i] = frand();
 		}
 		assert_true(fabs(kg.dot_f32_f16(q, k, n) - ref) < 1e-4);
@@ -546,7 +546,7 @@ static void test_attention_helpers(void **state)
 		const uint16_t *rows[4] = {k, k, k, k};
 		uint16_t k2[130];
 		for (int i = 0; i < n; i++)
-			k2[i] = f32_to_fp16(frand());
+			k2[i] = cpu_f32_to_fp16(frand());
 		rows[2] = k2;
 		float o4g[4], o4v[4];
 		kg.dot4_f32_f16(q, rows, n, o4g);
@@ -554,7 +554,7 @@ static void test_attention_helpers(void **state)
 		for (int j = 0; j < 4; j++) {
 			double rj = 0;
 			for (int i = 0; i < n; i++)
-				rj += (double)q[i] * fp16_to_f32(rows[j][i]);
+				rj += (double)q[i] * cpu_fp16_to_f32(rows[j][i]);
 			assert_true(fabs(o4g[j] - rj) < 1e-4);
 			assert_true(fabs(o4v[j] - rj) < 1e-4);
 		}

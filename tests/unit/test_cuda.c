@@ -301,7 +301,7 @@ static struct kvd_tensor make_tensor(struct tmodel *m, enum kvd_wtype t, int64_t
 				break;
 			}
 			case KVD_WTYPE_F16: {
-				uint16_t h = f32_to_fp16(rnd_unit() * scale);
+				uint16_t h = cpu_f32_to_fp16(rnd_unit() * scale);
 				memcpy(row + b * 2, &h, 2);
 				break;
 			}
@@ -315,7 +315,7 @@ static struct kvd_tensor make_tensor(struct tmodel *m, enum kvd_wtype t, int64_t
 			}
 			case KVD_WTYPE_Q8_0: {
 				uint8_t *blk = row + b * 34;
-				uint16_t d = f32_to_fp16(scale / 127.0f * (0.75f + 0.25f * rnd_unit()));
+				uint16_t d = cpu_f32_to_fp16(scale / 127.0f * (0.75f + 0.25f * rnd_unit()));
 				memcpy(blk, &d, 2);
 				for (int i = 0; i < 32; i++)
 					blk[2 + i] = (uint8_t)(int8_t)((int)(rnd_u32() % 255) - 127);
@@ -323,7 +323,7 @@ static struct kvd_tensor make_tensor(struct tmodel *m, enum kvd_wtype t, int64_t
 			}
 			case KVD_WTYPE_Q4_0: {
 				uint8_t *blk = row + b * 18;
-				uint16_t d = f32_to_fp16(scale / 8.0f * (0.75f + 0.25f * rnd_unit()));
+				uint16_t d = cpu_f32_to_fp16(scale / 8.0f * (0.75f + 0.25f * rnd_unit()));
 				memcpy(blk, &d, 2);
 				for (int i = 0; i < 16; i++)
 					blk[2 + i] = (uint8_t)rnd_u32();
@@ -331,8 +331,8 @@ static struct kvd_tensor make_tensor(struct tmodel *m, enum kvd_wtype t, int64_t
 			}
 			case KVD_WTYPE_Q4_1: {
 				uint8_t *blk = row + b * 20;
-				uint16_t d = f32_to_fp16(scale * 2.0f / 15.0f * (0.75f + 0.25f * rnd_unit()));
-				uint16_t mm = f32_to_fp16(-scale * (0.75f + 0.25f * rnd_unit()));
+				uint16_t d = cpu_f32_to_fp16(scale * 2.0f / 15.0f * (0.75f + 0.25f * rnd_unit()));
+				uint16_t mm = cpu_f32_to_fp16(-scale * (0.75f + 0.25f * rnd_unit()));
 				memcpy(blk, &d, 2);
 				memcpy(blk + 2, &mm, 2);
 				for (int i = 0; i < 16; i++)
@@ -416,7 +416,7 @@ static void free_model(struct tmodel *m)
 
 /* ---- float64 reference, rounding what the CUDA backend rounds ----------------- */
 
-static double h16(double v) { return fp16_to_f32(f32_to_fp16((float)v)); }
+static double h16(double v) { return cpu_fp16_to_f32(cpu_f32_to_fp16((float)v)); }
 
 /* W (rows x cols) dequantized, optionally rounded to fp16. */
 static double *deq(const struct kvd_tensor *t, int f16)
@@ -426,7 +426,7 @@ static double *deq(const struct kvd_tensor *t, int f16)
 	assert_non_null(out);
 	assert_non_null(row);
 	for (int64_t r = 0; r < t->rows; r++) {
-		dequantize_row(t->type, (const char *)t->data + (size_t)r * t->row_bytes, row, t->cols);
+		cpu_dequantize_row(t->type, (const char *)t->data + (size_t)r * t->row_bytes, row, t->cols);
 		for (int64_t c = 0; c < t->cols; c++)
 			out[r * t->cols + c] = f16 ? h16(row[c]) : row[c];
 	}
@@ -480,7 +480,7 @@ static void reference_forward(const struct kvd_model_weights *w, const int32_t *
 	assert_true(x && xn && q && K && V && att && tmp && g && u && sc && row);
 
 	for (int t = 0; t < n; t++) {
-		dequantize_row(w->tok_embd.type, (const char *)w->tok_embd.data + (size_t)tokens[t] * w->tok_embd.row_bytes,
+		cpu_dequantize_row(w->tok_embd.type, (const char *)w->tok_embd.data + (size_t)tokens[t] * w->tok_embd.row_bytes,
 			       row, ne);
 		for (int64_t i = 0; i < ne; i++)
 			x[t * ne + i] = row[i];
@@ -682,8 +682,8 @@ static void conf_check_kv(struct conf *C)
 				const uint16_t *gk = (const uint16_t *)((const char *)pg + blk * L->v_offset);
 				const uint16_t *ck = (const uint16_t *)(cp + blk * L->v_offset);
 				for (size_t i = 0; i < (size_t)rows * L->kv_dim; i++) {
-					a[i] = fp16_to_f32(gk[i]);
-					b[i] = fp16_to_f32(ck[i]);
+					a[i] = cpu_fp16_to_f32(gk[i]);
+					b[i] = cpu_fp16_to_f32(ck[i]);
 				}
 				double e = rel_l2(a, b, (size_t)rows * L->kv_dim);
 				if (e > C->worst_kv)
