@@ -31,17 +31,13 @@
 #include <time.h>
 
 #include "engine.h"
+#include "step_model.h"
 #include "kvmm.h"
 #include "log.h"
 
 #define SCHED_DEMOTE_RESERVE_DIV 16 /* keep 1/16 of the pool free ahead of a step */
 #define SCHED_DEMOTE_BATCH       32 /* pages demoted in one step at most */
-#define SCHED_PROBE_CHUNK        16 /* prefill beside decodes before the cost of a token is known */
 #define SCHED_MIN_CHUNK           4 /* prefill beside decodes never shrinks below this */
-#define SCHED_EWMA_SHIFT          2 /* the decode-step estimate moves 1/4 of the way to each sample */
-#define SCHED_FIT_DECAY        0.875 /* weight of the prefill-cost fit's history per step */
-#define SCHED_FIT_MIN             3 /* prefill steps measured before a and b are fitted */
-#define SCHED_PAIR_PRIOR     1024.0 /* until then, b = a / this */
 
 enum req_state {
 	RS_WAITING = 0,  /* no sequence yet (or dropped for recompute) */
@@ -85,14 +81,8 @@ struct kvd_sched {
 	size_t n_reqs, cap_reqs;
 	uint64_t arrivals;
 	struct kvd_sched_stats st;
-	/* Step-time model for max_step_ms (see prefill_cost): a moving average
-	 * of a step that only decodes, and the sums of an exponentially
-	 * weighted least-squares fit of the prefill share of a step, all from
-	 * measured steps, so the budget follows the machine and the depth. */
-	uint64_t est_decode_ns;
-	double fit_tt, fit_tw, fit_ww, fit_ty, fit_wy; /* decayed sums over prefill steps */
-	double est_token_ns, est_pair_ns;             /* the fitted a and b; a == 0: not measured yet */
-	uint64_t fit_n;                               /* prefill steps measured */
+	/* step-time model for max_step_ms (step_model.h), from measured steps */
+	struct kvd_step_model model;
 	/* step scratch */
 	struct kvd_engine_item *items;
 	struct req **item_req;
@@ -747,91 +737,10 @@ static void demote_ahead(struct kvd_sched *s, uint32_t need)
 	s->st.pages_demoted += got;
 }
 
-/*
- * The step budget: a step that carries decodes of running streams must not
- * keep them waiting longer than max_step_ms, so the prefill that shares it
- * (chunks of prompts being read, admissions) gets only the time the decodes
- * leave. A prefill chunk of n tokens at positions p0 .. p0 + n - 1 is
- * modelled as costing
- *
- *     a * n + b * w,   w = n * p0 + n * (n - 1) / 2
- *
- * where w counts the (query, earlier key) pairs its attention reads: the
- * matrix products grow with n, attention with n times the depth, so the
- * last chunks of a long prompt cost several times the first ones per token
- * and a per-token average alone lets steps overrun as the prompt deepens.
- * a and b are fitted by least squares, exponentially weighted
- * (SCHED_FIT_DECAY per step), over the prefill share (step time less the
- * decodes' estimate) of measured steps. Until a prefill step has been
- * measured a probe chunk is used; a step with nothing to decode keeps the
- * whole max_tokens_per_step, so a prompt alone is read at full speed.
- * Chunking never changes results (a sequence's logits do not depend on how
- * its prompt was split), so this trades only latency between requests.
- */
-static double prefill_cost(const struct kvd_sched *s, uint32_t n, uint32_t p0)
-{
-	double w = (double)n * p0 + (double)n * (n - 1) / 2;
-	return s->est_token_ns * n + s->est_pair_ns * w;
-}
-
-/* The most tokens a chunk starting at p0 can take within left_ns. */
-static uint32_t prefill_cap(const struct kvd_sched *s, double left_ns, uint32_t p0, uint32_t most)
-{
-	if (left_ns <= 0)
-		return 0;
-	if (s->est_token_ns <= 0) /* not measured yet: one probe chunk */
-		return most < SCHED_PROBE_CHUNK ? most : SCHED_PROBE_CHUNK;
-	/* cost(n) is increasing in n: bisect for the largest n within left_ns */
-	uint32_t lo = 0, hi = most;
-	while (lo < hi) {
-		uint32_t mid = lo + (hi - lo + 1) / 2;
-		if (prefill_cost(s, mid, p0) <= left_ns)
-			lo = mid;
-		else
-			hi = mid - 1;
-	}
-	return lo;
-}
-
-static uint64_t ewma(uint64_t avg, uint64_t sample)
-{
-	if (!avg)
-		return sample ? sample : 1;
-	return avg + (((int64_t)sample - (int64_t)avg) >> SCHED_EWMA_SHIFT);
-}
-
-/* Solve the weighted least squares for a and b from the decayed sums. A
- * fit from fewer than SCHED_FIT_MIN steps, ill-conditioned (every chunk
- * at one depth) or with a negative coefficient falls back to a prior. */
-static void refit_step_time(struct kvd_sched *s)
-{
-	double det = s->fit_tt * s->fit_ww - s->fit_tw * s->fit_tw;
-	double a = 0, b = 0;
-
-	if (s->fit_n >= SCHED_FIT_MIN && s->fit_tt > 0 && s->fit_ww > 0 && det > 1e-6 * s->fit_tt * s->fit_ww) {
-		a = (s->fit_ty * s->fit_ww - s->fit_wy * s->fit_tw) / det;
-		b = (s->fit_wy * s->fit_tt - s->fit_ty * s->fit_tw) / det;
-	}
-	if (!(a > 0 && b >= 0)) {
-		/* too few or too alike samples: the per-token average, and the
-		 * prior that a token's attention costs its matrix products at
-		 * depth SCHED_PAIR_PRIOR (more than small models measure: the
-		 * safe side until the fit takes over) */
-		a = s->fit_tt > 0 ? s->fit_ty / s->fit_tt : 0;
-		b = a / SCHED_PAIR_PRIOR;
-	}
-	if (!(a > 0))
-		a = 1; /* a measured step: never "unknown" again */
-	s->est_token_ns = a;
-	s->est_pair_ns = b;
-}
-
-/* Fold a measured step into the step-time model: a step of decodes only
- * moves the decode estimate; otherwise the step time less the decode
- * estimate (the decodes it carried, or for a step of prefill alone the
- * fixed cost of a step, which the estimate of a decode step stands for) is
- * one sample of a * tokens + b * pairs. Called before the items'
- * n_computed advance, so r->n_computed is each chunk's p0. */
+/* Fold a measured step into the step-time model (step_model.h): a step of
+ * decodes only is a decode sample; otherwise its prefill chunks' tokens and
+ * attention pairs, counted before the items' n_computed advance (so
+ * r->n_computed is each chunk's p0). */
 static void learn_step_time(struct kvd_sched *s, size_t n_items, uint64_t dt)
 {
 	double t = 0, w = 0;
@@ -842,27 +751,12 @@ static void learn_step_time(struct kvd_sched *s, size_t n_items, uint64_t dt)
 		if (n == 1 && r->n_computed + 1 == r->n_toks && r->n_generated)
 			continue; /* a decode: in the decode estimate */
 		t += n;
-		w += (double)n * r->n_computed + (double)n * (n - 1) / 2;
+		w += kvd_step_pairs(n, r->n_computed);
 	}
-	if (t == 0) {
-		s->est_decode_ns = ewma(s->est_decode_ns, dt);
-		return;
-	}
-	/* a step of prefill alone carries the fixed cost of a step, which the
-	 * decode estimate (a step of one-token chunks) stands for: until a
-	 * decode step has been measured there is nothing to subtract, and the
-	 * sample would charge that fixed cost to the tokens */
-	uint64_t dec = s->est_decode_ns;
-	if (!dec)
-		return;
-	double y = dt > dec ? (double)(dt - dec) : 1;
-	s->fit_tt = s->fit_tt * SCHED_FIT_DECAY + t * t;
-	s->fit_tw = s->fit_tw * SCHED_FIT_DECAY + t * w;
-	s->fit_ww = s->fit_ww * SCHED_FIT_DECAY + w * w;
-	s->fit_ty = s->fit_ty * SCHED_FIT_DECAY + t * y;
-	s->fit_wy = s->fit_wy * SCHED_FIT_DECAY + w * y;
-	s->fit_n++;
-	refit_step_time(s);
+	if (t == 0)
+		kvd_step_model_decode(&s->model, dt);
+	else
+		kvd_step_model_prefill(&s->model, t, w, dt);
 }
 
 int kvd_sched_step(struct kvd_sched *s)
@@ -893,7 +787,7 @@ int kvd_sched_step(struct kvd_sched *s)
 		if (pass == 1 && n_items && s->cfg.max_step_ms) {
 			uint64_t target = (uint64_t)s->cfg.max_step_ms * 1000000u;
 			timed = 1;
-			left_ns = target > s->est_decode_ns ? (double)(target - s->est_decode_ns) : 0;
+			left_ns = kvd_step_model_left(&s->model, target);
 		}
 		for (size_t i = 0; i < s->n_reqs && budget > 0; i++) {
 			struct req *r = s->reqs[i];
@@ -933,7 +827,7 @@ int kvd_sched_step(struct kvd_sched *s)
 				continue;
 			uint32_t take = pending < budget ? pending : budget;
 			if (timed && pass > 0) {
-				uint32_t cap = prefill_cap(s, left_ns, r->n_computed, take);
+				uint32_t cap = kvd_step_model_cap(&s->model, left_ns, r->n_computed, take);
 				if (prefill_taken + cap < SCHED_MIN_CHUNK) /* never below a minimum chunk */
 					cap = SCHED_MIN_CHUNK - prefill_taken;
 				if (cap == 0 && pass == 1)
@@ -941,7 +835,7 @@ int kvd_sched_step(struct kvd_sched *s)
 				if (cap == 0)
 					cap = 1; /* admitted this step: at least one token */
 				take = cap < take ? cap : take;
-				left_ns -= s->est_token_ns > 0 ? prefill_cost(s, take, r->n_computed) : left_ns;
+				left_ns -= kvd_step_model_charge(&s->model, left_ns, take, r->n_computed);
 				prefill_taken += take;
 			}
 			s->items[n_items] = (struct kvd_engine_item){

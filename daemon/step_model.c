@@ -1,0 +1,99 @@
+/*
+ * daemon/step_model.c — the scheduler's step-time model (step_model.h).
+ */
+#include "step_model.h"
+
+#define EWMA_SHIFT     2       /* the decode estimate moves 1/4 of the way to each sample */
+#define FIT_DECAY      0.875   /* weight of the prefill fit's history per step */
+#define FIT_MIN        3       /* prefill steps measured before a and b are fitted */
+#define PAIR_PRIOR     1024.0  /* until then, b = a / this */
+
+static uint64_t ewma(uint64_t avg, uint64_t sample)
+{
+	if (!avg)
+		return sample ? sample : 1;
+	return avg + (((int64_t)sample - (int64_t)avg) >> EWMA_SHIFT);
+}
+
+void kvd_step_model_decode(struct kvd_step_model *m, uint64_t dt_ns)
+{
+	m->decode_ns = ewma(m->decode_ns, dt_ns);
+}
+
+/* Solve the weighted least squares for a and b from the decayed sums. A
+ * fit from fewer than FIT_MIN steps, ill-conditioned (every chunk at one
+ * depth) or with a negative coefficient falls back to the per-token
+ * average, and the prior that a token's attention costs its matrix
+ * products at depth PAIR_PRIOR (more than small models measure: the safe
+ * side until the fit takes over). */
+static void refit(struct kvd_step_model *m)
+{
+	double det = m->s_tt * m->s_ww - m->s_tw * m->s_tw;
+	double a = 0, b = 0;
+
+	if (m->n >= FIT_MIN && m->s_tt > 0 && m->s_ww > 0 && det > 1e-6 * m->s_tt * m->s_ww) {
+		a = (m->s_ty * m->s_ww - m->s_wy * m->s_tw) / det;
+		b = (m->s_wy * m->s_tt - m->s_ty * m->s_tw) / det;
+	}
+	if (!(a > 0 && b >= 0)) {
+		a = m->s_tt > 0 ? m->s_ty / m->s_tt : 0;
+		b = a / PAIR_PRIOR;
+	}
+	if (!(a > 0))
+		a = 1; /* a measured step: never "unknown" again */
+	m->a = a;
+	m->b = b;
+}
+
+/* The step time less the decode estimate (the decodes the step carried,
+ * or for a step of prefill alone the fixed cost of a step, which the
+ * estimate of a decode step stands for) is one sample of a * t + b * w.
+ * Until a decode step has been measured there is nothing to subtract, and
+ * the sample would charge that fixed cost to the tokens: it is skipped. */
+void kvd_step_model_prefill(struct kvd_step_model *m, double t, double w, uint64_t dt_ns)
+{
+	uint64_t dec = m->decode_ns;
+	if (!dec || t <= 0)
+		return;
+	double y = dt_ns > dec ? (double)(dt_ns - dec) : 1;
+	m->s_tt = m->s_tt * FIT_DECAY + t * t;
+	m->s_tw = m->s_tw * FIT_DECAY + t * w;
+	m->s_ww = m->s_ww * FIT_DECAY + w * w;
+	m->s_ty = m->s_ty * FIT_DECAY + t * y;
+	m->s_wy = m->s_wy * FIT_DECAY + w * y;
+	m->n++;
+	refit(m);
+}
+
+double kvd_step_model_left(const struct kvd_step_model *m, uint64_t target_ns)
+{
+	return target_ns > m->decode_ns ? (double)(target_ns - m->decode_ns) : 0;
+}
+
+static double cost(const struct kvd_step_model *m, uint32_t n, uint32_t p0)
+{
+	return m->a * n + m->b * kvd_step_pairs(n, p0);
+}
+
+uint32_t kvd_step_model_cap(const struct kvd_step_model *m, double left_ns, uint32_t p0, uint32_t most)
+{
+	if (left_ns <= 0)
+		return 0;
+	if (m->a <= 0)
+		return most < KVD_STEP_PROBE_CHUNK ? most : KVD_STEP_PROBE_CHUNK;
+	/* cost(n) increases with n: bisect for the largest n within left_ns */
+	uint32_t lo = 0, hi = most;
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo + 1) / 2;
+		if (cost(m, mid, p0) <= left_ns)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	return lo;
+}
+
+double kvd_step_model_charge(const struct kvd_step_model *m, double left_ns, uint32_t n, uint32_t p0)
+{
+	return m->a > 0 ? cost(m, n, p0) : left_ns;
+}
