@@ -205,7 +205,7 @@ void handle_hist(struct client *c, uint64_t rid)
 
 	kvd_sched_get_stats(c->srv->sched, &ss);
 	memset(&h, 0, sizeof(h));
-	hist_to_wire(&ss.ttft, &h.ttft);
+	hist_to_wire(&c->srv->ttft, &h.ttft);
 	hist_to_wire(&ss.itl, &h.itl);
 	sock_send(c, IPC_MSG_HIST_REPLY, 0, rid, &h, sizeof(h));
 }

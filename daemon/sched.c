@@ -693,7 +693,6 @@ static void emit(struct kvd_sched *s, struct req *r)
 	if (!r->t_first) {
 		r->t_first = now;
 		r->res.ttft_ns = now - r->t_submit;
-		kvd_hist_add(&s->st.ttft, r->res.ttft_ns);
 	} else {
 		kvd_hist_add(&s->st.itl, now - r->t_last);
 	}

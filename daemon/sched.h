@@ -137,8 +137,9 @@ struct kvd_sched_stats {
 	 * kvmm): the context they brought and the history they reused, counted
 	 * as prefix lookups and hits in the daemon's stats. */
 	uint64_t session_lookups, session_query_tokens, session_hit_tokens;
-	struct kvd_hist ttft;     /* submit -> first token, per request that produced one */
-	struct kvd_hist itl;      /* gap before each later token */
+	struct kvd_hist itl;      /* inter-token latency: the gap before each token after a
+	                           * request's first (time to first token is the server's,
+	                           * which sees the request arrive) */
 };
 
 int kvd_sched_create(const struct kvd_sched_config *cfg, struct kvd_engine *e, const struct kvd_sched_events *ev,

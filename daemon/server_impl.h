@@ -31,6 +31,7 @@
 #include <sys/types.h>
 #include <time.h>
 
+#include "hist.h"
 #include "ipc.h"
 #include "ledger.h"
 #include "sched.h"
@@ -211,6 +212,7 @@ struct kvd_server {
 	uint64_t t_start;
 	uint64_t requests_rejected;
 	uint64_t prompt_tokens_total, generated_tokens_total;
+	struct kvd_hist ttft;         /* GENERATE received -> first token, per request that produced one */
 	/* systemd */
 	uint64_t watchdog_ns, next_watchdog, next_status, next_expire;
 	char last_status[256];
