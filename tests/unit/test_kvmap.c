@@ -12,7 +12,9 @@
  *     snapshots taken while another thread keeps forking and freeing are
  *     never a mix of the states before and after a call;
  *   - the reader refuses a file that is not what the description says, and
- *     the wire decoder a description that does not fit its file.
+ *     the wire decoder a description that does not fit its file;
+ *   - and the decoders of the other views' payloads (HIST_REPLY, LEDGER,
+ *     LEDGER_REPLY) refuse what a broken peer could send.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -392,6 +394,116 @@ static void test_decoder_checks_the_description(void **state)
 	assert_null(kvmm_destroy(m));
 }
 
+/* ---- the other views' payloads: HIST_REPLY, LEDGER, LEDGER_REPLY ------------------ */
+
+static void frame_of(uint16_t type, unsigned from, const void *p, size_t n, uint8_t *buf, struct ipc_frame *f)
+{
+	struct iovec iov = { (void *)p, n };
+
+	memset(f, 0, sizeof(*f));
+	assert_int_equal(ipc_frame_build(buf, IPC_MAX_FRAME_BYTES, type, 0, 9, &iov, 1), (ssize_t)(IPC_HDR_BYTES + n));
+	assert_int_equal(ipc_frame_check(buf, IPC_HDR_BYTES + n, 0, from, IPC_VIA_SOCKET, &f->hdr), 0);
+	f->payload = buf + IPC_HDR_BYTES;
+}
+
+static void test_hist_decoder(void **state)
+{
+	static uint8_t buf[IPC_MAX_FRAME_BYTES];
+	struct ipc_hist_reply h = { 0 }, b, out;
+	struct ipc_frame f;
+
+	(void)state;
+	h.ttft.n_bounds = h.itl.n_bounds = 3;
+	for (int i = 0; i < 3; i++)
+		h.ttft.bound_ns[i] = h.itl.bound_ns[i] = 1000u << i;
+	h.ttft.bucket[0] = 2, h.ttft.bucket[3] = 1, h.ttft.count = 3, h.ttft.sum_ns = 12345;
+	frame_of(IPC_MSG_HIST_REPLY, IPC_FROM_SERVER, &h, sizeof(h), buf, &f);
+	assert_int_equal(ipc_decode_hist(&f, &out), 0);
+	assert_memory_equal(&out, &h, sizeof(h));
+	b = h, b.ttft.count = 4; /* not the sum of the buckets */
+	frame_of(IPC_MSG_HIST_REPLY, IPC_FROM_SERVER, &b, sizeof(b), buf, &f);
+	assert_int_equal(ipc_decode_hist(&f, &out), -EINVAL);
+	b = h, b.itl.bound_ns[2] = b.itl.bound_ns[1]; /* not increasing */
+	frame_of(IPC_MSG_HIST_REPLY, IPC_FROM_SERVER, &b, sizeof(b), buf, &f);
+	assert_int_equal(ipc_decode_hist(&f, &out), -EINVAL);
+	b = h, b.ttft.bucket[5] = 1, b.ttft.count = 4; /* a bucket past the last bound's +Inf */
+	frame_of(IPC_MSG_HIST_REPLY, IPC_FROM_SERVER, &b, sizeof(b), buf, &f);
+	assert_int_equal(ipc_decode_hist(&f, &out), -EINVAL);
+	b = h, b.itl.n_bounds = IPC_HIST_MAX_BOUNDS + 1;
+	frame_of(IPC_MSG_HIST_REPLY, IPC_FROM_SERVER, &b, sizeof(b), buf, &f);
+	assert_int_equal(ipc_decode_hist(&f, &out), -EINVAL);
+	b = h, b.reserved[0] = 1;
+	frame_of(IPC_MSG_HIST_REPLY, IPC_FROM_SERVER, &b, sizeof(b), buf, &f);
+	assert_int_equal(ipc_decode_hist(&f, &out), -EPROTO);
+}
+
+/* A LEDGER_REPLY payload of the given records (n_total = n). */
+static size_t ledger_payload(uint8_t *p, const char *const *lines, uint32_t n)
+{
+	struct ipc_ledger_reply r = { n, n };
+	size_t off = sizeof(r);
+
+	memcpy(p, &r, sizeof(r));
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t uid = 1000 + i, len = (uint32_t)strlen(lines[i]);
+		memcpy(p + off, &uid, 4);
+		memcpy(p + off + 4, &len, 4);
+		memcpy(p + off + 8, lines[i], len);
+		memset(p + off + 8 + len, 0, ipc_ledger_record_size(len) - 8 - len);
+		off += ipc_ledger_record_size(len);
+	}
+	return off;
+}
+
+static void test_ledger_decoders(void **state)
+{
+	static uint8_t buf[IPC_MAX_FRAME_BYTES], p[4096];
+	const char *lines[] = { "{\"a\":1}", "{\"request_id\":22}" }, *bad[] = { "{\n}" };
+	struct ipc_ledger_reply_msg m;
+	struct ipc_ledger_record rec;
+	struct ipc_ledger_req q = { .max_records = 5 }, qo;
+	struct ipc_frame f;
+	size_t n, off = 0;
+
+	(void)state;
+	n = ledger_payload(p, lines, 2);
+	frame_of(IPC_MSG_LEDGER_REPLY, IPC_FROM_SERVER, p, n, buf, &f);
+	assert_int_equal(ipc_decode_ledger_reply(&f, &m), 0);
+	for (int i = 0; i < 2; i++) {
+		assert_int_equal(ipc_ledger_record_next(&m, &off, &rec), 1);
+		assert_int_equal(rec.uid, 1000 + i);
+		assert_int_equal(rec.bytes, strlen(lines[i]));
+		assert_memory_equal(rec.json, lines[i], rec.bytes);
+	}
+	assert_int_equal(ipc_ledger_record_next(&m, &off, &rec), 0);
+	/* one record fewer than announced in this frame */
+	frame_of(IPC_MSG_LEDGER_REPLY, IPC_FROM_SERVER, p, n - ipc_ledger_record_size((uint32_t)strlen(lines[1])), buf,
+		 &f);
+	assert_int_equal(ipc_decode_ledger_reply(&f, &m), -EBADMSG);
+	/* a length running past the frame */
+	n = ledger_payload(p, lines, 1);
+	frame_of(IPC_MSG_LEDGER_REPLY, IPC_FROM_SERVER, p, n - 8, buf, &f);
+	assert_int_equal(ipc_decode_ledger_reply(&f, &m), -EBADMSG);
+	/* non-zero padding */
+	p[8 + 8 + strlen(lines[0])] = 'x';
+	frame_of(IPC_MSG_LEDGER_REPLY, IPC_FROM_SERVER, p, n, buf, &f);
+	assert_int_equal(ipc_decode_ledger_reply(&f, &m), -EPROTO);
+	/* a newline inside a record */
+	n = ledger_payload(p, bad, 1);
+	frame_of(IPC_MSG_LEDGER_REPLY, IPC_FROM_SERVER, p, n, buf, &f);
+	assert_int_equal(ipc_decode_ledger_reply(&f, &m), -EINVAL);
+	/* the request */
+	frame_of(IPC_MSG_LEDGER, IPC_FROM_CLIENT, &q, sizeof(q), buf, &f);
+	assert_int_equal(ipc_decode_ledger_req(&f, &qo), 0);
+	assert_int_equal(qo.max_records, 5);
+	q.max_records = IPC_LEDGER_MAX_RECORDS + 1;
+	frame_of(IPC_MSG_LEDGER, IPC_FROM_CLIENT, &q, sizeof(q), buf, &f);
+	assert_int_equal(ipc_decode_ledger_req(&f, &qo), -E2BIG);
+	q = (struct ipc_ledger_req){ .flags = 1 };
+	frame_of(IPC_MSG_LEDGER, IPC_FROM_CLIENT, &q, sizeof(q), buf, &f);
+	assert_int_equal(ipc_decode_ledger_req(&f, &qo), -EPROTO);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -401,6 +513,8 @@ int main(void)
 		cmocka_unit_test(test_reader_waits_out_the_lock),
 		cmocka_unit_test(test_reader_refuses_what_does_not_fit),
 		cmocka_unit_test(test_decoder_checks_the_description),
+		cmocka_unit_test(test_hist_decoder),
+		cmocka_unit_test(test_ledger_decoders),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
