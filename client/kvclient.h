@@ -586,7 +586,7 @@ struct kvc_ledger_record {
  * The last max_records (0: all the daemon keeps, up to 1024 since it
  * started) per-request ledger records, oldest first: every user's for root
  * and members of the daemon's server.admin_groups, for anyone else only
- * their own uid's. *ret_records (one block: kvc_free) holds *ret_n.
+ * their own uid's; at most 512 KiB of them (the newest that fit). *ret_records (one block: kvc_free) holds *ret_n.
  * -EOPNOTSUPP from a daemon older than this call; -E2BIG for max_records
  * over 1024.
  */

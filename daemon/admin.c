@@ -214,6 +214,7 @@ void handle_hist(struct client *c, uint64_t rid)
 
 _Static_assert(KVD_LEDGER_RECENT <= IPC_LEDGER_MAX_RECORDS, "every kept record can be asked for");
 _Static_assert(KVD_LEDGER_LINE_MAX <= IPC_LEDGER_MAX_LINE_BYTES + 1, "every kept line fits a record");
+_Static_assert(IPC_LEDGER_MAX_REPLY_BYTES <= SRV_SNDBUF_BYTES / 2, "a whole LEDGER reply fits the socket buffer");
 
 void handle_ledger(struct client *c, const struct ipc_frame *f)
 {
@@ -233,6 +234,13 @@ void handle_ledger(struct client *c, const struct ipc_frame *f)
 	}
 	/* administrators see everyone's records; others only their own uid's */
 	n = kvd_ledger_recent(c->srv->ledger, c->admin ? -1 : (int64_t)c->cred.uid, q.max_records, recs);
+	/* the newest records whose reply fits the socket buffer at once: a
+	 * reply the buffer cannot take would cost the client its connection */
+	size_t bytes = 0, first = n;
+	while (first > 0 && bytes + ipc_ledger_record_size(recs[first - 1].len) <= IPC_LEDGER_MAX_REPLY_BYTES)
+		bytes += ipc_ledger_record_size(recs[--first].len);
+	memmove(recs, recs + first, (n - first) * sizeof(*recs));
+	n -= first;
 	do {
 		uint8_t buf[IPC_MAX_PAYLOAD_BYTES];
 		size_t off = sizeof(struct ipc_ledger_reply), k = 0;

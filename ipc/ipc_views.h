@@ -92,13 +92,16 @@ struct ipc_hist_reply {
  * ledger file) since it started, each the same line of JSON as in the
  * ledger file. LEDGER asks for the last max_records of them (0: all kept)
  * that the caller may see: every user's for administrators, its own uid's
- * for anyone else. The reply lists them oldest first, over one or more
+ * for anyone else; the reply holds the newest of those whose records take
+ * at most IPC_LEDGER_MAX_REPLY_BYTES (so that it always fits the socket's
+ * buffer). The reply lists them oldest first, over one or more
  * frames (IPC_F_MORE on all but the last); each record is
  *
  *     u32 uid | u32 bytes | bytes of JSON (no newline) | zero padding to 8
  */
 #define IPC_LEDGER_MAX_RECORDS 1024u
 #define IPC_LEDGER_MAX_LINE_BYTES 8192u
+#define IPC_LEDGER_MAX_REPLY_BYTES (512u << 10) /* records of one reply in all: the newest that fit */
 struct ipc_ledger_req {
 	uint32_t max_records;       /* 0 .. IPC_LEDGER_MAX_RECORDS; 0: all */
 	uint32_t flags;             /* none defined: 0 */
