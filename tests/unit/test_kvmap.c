@@ -11,6 +11,7 @@
  *   - a reader never returns a copy taken while kvmm is inside a call, and
  *     snapshots taken while another thread keeps forking and freeing are
  *     never a mix of the states before and after a call;
+ *   - a device pool (the CUDA plug-in's) has the same map;
  *   - the reader refuses a file that is not what the description says, and
  *     the wire decoder a description that does not fit its file;
  *   - and the decoders of the other views' payloads (HIST_REPLY, LEDGER,
@@ -302,6 +303,57 @@ static void test_snapshots_while_the_pool_changes(void **state)
 	assert_null(kvmm_destroy(ch.m));
 }
 
+/* A device pool (the CUDA plug-in's: pages in device memory, reached
+ * through callbacks) keeps its metadata in the same host memfd: the map
+ * works there as well. */
+static char dev_mem[16 * BS * TB];
+static int dev_copy(void *ud, uint32_t dst, uint32_t src, uint32_t n)
+{
+	(void)ud;
+	memcpy(dev_mem + dst * BS * TB, dev_mem + src * BS * TB, n * TB);
+	return 0;
+}
+static int dev_read(void *ud, uint32_t page, void *host)
+{
+	(void)ud;
+	memcpy(host, dev_mem + page * BS * TB, BS * TB);
+	return 0;
+}
+static int dev_write(void *ud, uint32_t page, const void *host)
+{
+	(void)ud;
+	memcpy(dev_mem + page * BS * TB, host, BS * TB);
+	return 0;
+}
+
+static void test_device_pool(void **state)
+{
+	struct kvmm_config c = {
+		.page_bytes = BS * TB, .block_size = BS, .pool_bytes = 16 * BS * TB, .max_seqs = 8, .prefix_cache = 1,
+		.page_ops = { .copy = dev_copy, .read = dev_read, .write = dev_write },
+	};
+	struct kvmm *m = NULL;
+	struct kvc_kvmap_counts k;
+	uint32_t a, b, pages[16];
+	int32_t t[10] = { 0 };
+
+	(void)state;
+	assert_int_equal(kvmm_create(&c, &m), 0);
+	assert_null(kvmm_pool_base(m));
+	assert_int_equal(kvmm_stats_fd_sealed(m), 1);
+	a = new_seq(m);
+	grow(m, a, t, 10);
+	assert_int_equal(kvmm_seq_fork(m, a, &b), 0);
+	kvc_kvmap *km = attach(m);
+	assert_int_equal(kvc_kvmap_read(km, pages, &k), 0);
+	assert_int_equal(k.pages_shared, 3);
+	assert_int_equal(k.pages_free, 13);
+	for (uint32_t p = 0; p < 16; p++)
+		assert_int_equal(pages[p], expected_state(m, p));
+	kvc_kvmap_close(km);
+	assert_null(kvmm_destroy(m));
+}
+
 /* While kvmm is inside a call (the lock odd), no copy is consistent: the
  * reader gives up with -EAGAIN rather than return what it saw; once the
  * call ends it reads the new state. */
@@ -511,6 +563,7 @@ int main(void)
 		cmocka_unit_test(test_snapshot_in_child_matches_owner),
 		cmocka_unit_test(test_snapshots_while_the_pool_changes),
 		cmocka_unit_test(test_reader_waits_out_the_lock),
+		cmocka_unit_test(test_device_pool),
 		cmocka_unit_test(test_reader_refuses_what_does_not_fit),
 		cmocka_unit_test(test_decoder_checks_the_description),
 		cmocka_unit_test(test_hist_decoder),
