@@ -33,8 +33,8 @@
  *     PROMPT_DATA records on the client->server ring
  *          <------------------ ring -------  TOKEN, TOKEN, ..., DONE
  *   CANCEL ------------------ socket ----->  (DONE with IPC_FINISH_CANCELLED)
- *   STATS / TOKENIZE / SESSION_* / PS / PING on the socket; each reply on
- *   the socket carries the request's id.
+ *   STATS / TOKENIZE / SESSION_* / PS / PING / KVMAP / HIST / LEDGER on the
+ *   socket; each reply on the socket carries the request's id.
  *
  * Request ids are chosen by the client: non-zero, unique among its live
  * requests (a counter is enough). 0 means "the connection": an ERROR with

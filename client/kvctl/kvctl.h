@@ -81,10 +81,6 @@ extern const struct kvctl_command kvctl_cmd_ledger;
  * 1 always, 0 never, -1 on a terminal unless NO_COLOR is set. Returns the
  * exit status. */
 int map_main(kvc_client *c, double watch, int color_mode);
-/* Whether to colour, for color_mode as above. */
-bool map_color(int color_mode);
-/* Columns of the terminal (stdout), else $COLUMNS, else 80. */
-unsigned map_width(void);
 /* The stats and histograms in Prometheus' text exposition format. */
 void prom_print(FILE *f, const struct kvc_stats *s, const struct kvc_histograms *h, const struct kvc_info *i);
 

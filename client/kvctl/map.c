@@ -142,7 +142,8 @@ static void legend_end(struct canvas *cv)
 	cv->lcol = 0;
 }
 
-unsigned map_width(void)
+/* Columns of the terminal (stdout), else $COLUMNS, else 80. */
+static unsigned map_width(void)
 {
 	struct winsize ws;
 	const char *e = getenv("COLUMNS");
@@ -155,7 +156,9 @@ unsigned map_width(void)
 	return 80;
 }
 
-bool map_color(int mode)
+/* Whether to colour: mode 1 always, 0 never, -1 on a terminal unless
+ * NO_COLOR is set. */
+static bool map_color(int mode)
 {
 	const char *nc = getenv("NO_COLOR");
 
