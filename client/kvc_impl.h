@@ -89,6 +89,14 @@ int upload(kvc_client *c, uint64_t id, const char *text, size_t len);
 int ctl_call(kvc_client *c, uint16_t type, const struct iovec *iov, int n_iov, const char *up, size_t up_len,
 	     ctl_fn fn, void *arg);
 
+/* ---- kvc_kvmap.c ---------------------------------------------------------------------- */
+
+/* Map a KV map file described by d (decoded with ipc_decode_kvmap): checks
+ * its seals and size; the fd stays the caller's. -EPROTO for a file that
+ * is not what d says, -ENOMEM, mmap's error. (kvc_kvmap_open's second
+ * half; tests map a kvmm's metadata memfd with it.) */
+int kvc_kvmap_attach_fd(int fd, const struct ipc_kvmap *d, kvc_kvmap **ret);
+
 #pragma GCC visibility pop
 
 #endif

@@ -494,6 +494,105 @@ KVC_EXPORT int kvc_ps(kvc_client *c, struct kvc_ps_entry **ret_entries, size_t *
 /* Round trip to the daemon; *ret_rtt_ns (may be NULL) gets its duration. */
 KVC_EXPORT int kvc_ping(kvc_client *c, uint64_t *ret_rtt_ns);
 
+/* ---- the KV map ------------------------------------------------------------------------ */
+
+/*
+ * The daemon's page pool, page by page, for pictures of it (kvctl stats
+ * --map). kvc_kvmap_open() asks the daemon for its KV manager's metadata
+ * (a memfd the daemon keeps up to date and hands out sealed read-only) and
+ * maps it; kvc_kvmap_read() then copies a consistent snapshot without any
+ * message to the daemon and without ever making it wait, as often as the
+ * caller likes. The map stays valid after kvc_close() (it then shows the
+ * pool as it was when the daemon's connection ended, or until the daemon
+ * exits). Everyone may open it, as everyone may read kvc_stats(): it shows
+ * the state of each page, never whose it is.
+ *
+ * Returns 0; -EOPNOTSUPP when the daemon is older than the map or cannot
+ * seal it; -EPROTO when what it sent does not describe a sane sealed file;
+ * -ENOMEM; the errors of a control call.
+ */
+typedef struct kvc_kvmap kvc_kvmap;
+KVC_EXPORT int kvc_kvmap_open(kvc_client *c, kvc_kvmap **ret);
+/* Unmap; accepts NULL; returns NULL. */
+KVC_EXPORT kvc_kvmap *kvc_kvmap_close(kvc_kvmap *m);
+
+struct kvc_kvmap_info {
+	uint32_t n_pages;             /* pages in the pool (cells of the map) */
+	uint32_t block_size;          /* tokens per page */
+	uint64_t page_bytes;
+	uint32_t swap_slots;          /* pages the swap file holds at most (0: no swap) */
+	uint32_t reserved0;
+	uint64_t reserved[4];
+};
+/* Valid until kvc_kvmap_close(); never NULL. */
+KVC_EXPORT const struct kvc_kvmap_info *kvc_kvmap_info(const kvc_kvmap *m);
+
+/* A page's state in kvc_kvmap_read()'s pages[]: a number of sequences
+ * mapping it (1: private, >= 2: shared), or one of these. (0, a page in
+ * between, is never part of a consistent snapshot: a reader that shows one
+ * has found a bug.) */
+#define KVC_PAGE_FREE   UINT32_MAX          /* on the free list */
+#define KVC_PAGE_CACHED (UINT32_MAX - 1)    /* unused, kept on the LRU for prefix reuse */
+
+struct kvc_kvmap_counts {
+	uint32_t pages_free;
+	uint32_t pages_private;       /* mapped by one sequence */
+	uint32_t pages_shared;        /* by two or more */
+	uint32_t pages_cached;
+	uint32_t pages_swapped;       /* pages in the swap file, demoted ones included (kvc_stats) */
+	uint32_t pages_demoted;       /* of those, cached prefix pages (a cache tier) */
+	uint32_t refcount_max;        /* the most sequences any page has */
+	uint32_t reserved0;
+	uint64_t reserved[4];
+};
+/*
+ * Copy one consistent snapshot: pages (may be NULL) gets
+ * kvc_kvmap_info()->n_pages states, *ret (may be NULL) the counts, which
+ * add up to n_pages (free + private + shared + cached) and equal
+ * kvc_stats()' for the same moment. Returns 0, or -EAGAIN when the daemon
+ * changed the pool during every one of many tries (it never waits for a
+ * reader; try again).
+ */
+KVC_EXPORT int kvc_kvmap_read(kvc_kvmap *m, uint32_t *pages, struct kvc_kvmap_counts *ret);
+
+/* ---- latency histograms --------------------------------------------------------------- */
+
+#define KVC_HIST_MAX_BOUNDS 24
+struct kvc_histogram {
+	uint32_t n_bounds;            /* finite upper bounds */
+	uint32_t reserved0;
+	uint64_t count;               /* samples */
+	uint64_t sum_ns;              /* their sum */
+	uint64_t bound_ns[KVC_HIST_MAX_BOUNDS];    /* increasing, n_bounds of them */
+	uint64_t bucket[KVC_HIST_MAX_BOUNDS + 1];  /* samples in (bound[i-1], bound[i]]; [n_bounds]: above */
+};
+struct kvc_histograms {
+	struct kvc_histogram ttft;    /* arrival -> first token, one sample per request that produced one */
+	struct kvc_histogram itl;     /* inter-token latency: one sample per token after a request's first */
+	uint64_t reserved[8];
+};
+/* The daemon's histograms since it started. -EOPNOTSUPP from a daemon older
+ * than them. */
+KVC_EXPORT int kvc_histograms(kvc_client *c, struct kvc_histograms *ret);
+
+/* ---- the per-request ledger ----------------------------------------------------------- */
+
+struct kvc_ledger_record {
+	uint32_t uid;                 /* of the requester */
+	uint32_t len;                 /* of json */
+	const char *json;             /* one JSON object, as in the daemon's ledger file; NUL-terminated */
+};
+/*
+ * The last max_records (0: all the daemon keeps, up to 1024 since it
+ * started) per-request ledger records, oldest first: every user's for root
+ * and members of the daemon's server.admin_groups, for anyone else only
+ * their own uid's; at most 512 KiB of them (the newest that fit). *ret_records (one block: kvc_free) holds *ret_n.
+ * -EOPNOTSUPP from a daemon older than this call; -E2BIG for max_records
+ * over 1024.
+ */
+KVC_EXPORT int kvc_ledger(kvc_client *c, unsigned max_records, struct kvc_ledger_record **ret_records,
+			  size_t *ret_n);
+
 /* Release memory returned by this library; accepts NULL. */
 KVC_EXPORT void kvc_free(void *p);
 

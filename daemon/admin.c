@@ -1,7 +1,8 @@
 /*
- * daemon/admin.c — STATS and PS. Counters are for everyone; PS shows a
- * request's owner and details only to its own user or an admin
- * (root or server.admin_groups).
+ * daemon/admin.c — STATS, PS, KVMAP, HIST and LEDGER. Counters, latency
+ * histograms and the KV map (page states, never whose pages they are) are
+ * for everyone; PS and LEDGER show a request's owner and details only to
+ * its own user or an admin (root or server.admin_groups).
  */
 #include "server_impl.h"
 
@@ -9,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hist.h"
+#include "kvmap.h"
 #include "kvmm.h"
 
 void fill_stats(struct kvd_server *srv, struct ipc_stats *st)
@@ -34,9 +37,10 @@ void fill_stats(struct kvd_server *srv, struct ipc_stats *st)
 	st->tokens_resident = ks.tokens_resident;
 	if (st->kv_bytes_per_token && led.kv_bytes_allocated > led.kv_bytes_useful)
 		st->slack_tokens = (led.kv_bytes_allocated - led.kv_bytes_useful) / st->kv_bytes_per_token;
-	st->prefix_lookups = ks.prefix_lookups;
-	st->prefix_query_tokens = ks.prefix_query_tokens;
-	st->prefix_hit_tokens = ks.prefix_hit_tokens;
+	/* a session turn reusing its kept KV is a prefix hit kvmm never saw */
+	st->prefix_lookups = ks.prefix_lookups + ss.session_lookups;
+	st->prefix_query_tokens = ks.prefix_query_tokens + ss.session_query_tokens;
+	st->prefix_hit_tokens = ks.prefix_hit_tokens + ss.session_hit_tokens;
 	st->pages_evicted = ks.pages_evicted;
 	st->cow_copies = ks.cow_copies;
 	st->swap_out_pages = ks.swap_out_pages;
@@ -137,4 +141,126 @@ void handle_ps(struct client *c, uint64_t rid)
 	return;
 oom:
 	sock_error(c, rid, -ENOMEM, "out of memory");
+}
+
+/* ---- KVMAP: the page pool's metadata memfd, read-only ---------------------------- */
+
+_Static_assert(IPC_KVMAP_PAGE_REF_MASK == KVMM_PAGE_REF_MASK && IPC_KVMAP_PAGE_INDEXED == KVMM_PAGE_INDEXED &&
+		       IPC_KVMAP_PAGE_FREE == KVMM_PAGE_FREE,
+	       "the KV map's page state bits are kvmm's");
+
+void kvd_kvmap_describe(const struct kvmm *kv, struct ipc_kvmap *ret)
+{
+	struct kvmm_meta_layout lo;
+
+	kvmm_meta_layout(kv, &lo);
+	*ret = (struct ipc_kvmap){
+		.file_bytes = lo.file_bytes,
+		.seq_offset = lo.seq_offset,
+		.words_offset = lo.words_offset,
+		.page_words_offset = lo.page_words_offset,
+		.page_bytes = kvmm_page_bytes(kv),
+		.n_pages = lo.n_pages,
+		.block_size = kvmm_block_size(kv),
+		.n_words = lo.n_words,
+		.swap_slots = lo.swap_slots,
+		.word_slots_used = lo.word_slots_used,
+		.word_pages_demoted = lo.word_pages_demoted,
+	};
+}
+
+void handle_kvmap(struct client *c, uint64_t rid)
+{
+	struct ipc_kvmap k;
+	int fd = kvmm_stats_fd(c->srv->kv);
+
+	/* kvmm reads the page words back: the fd goes out only when nobody
+	 * who receives it can write, resize or punch holes in it. */
+	if (!kvmm_stats_fd_sealed(c->srv->kv)) {
+		sock_error(c, rid, -EOPNOTSUPP, "this kernel cannot seal the KV map against writes (Linux 5.1 or later)");
+		return;
+	}
+	kvd_kvmap_describe(c->srv->kv, &k);
+	sock_send_fds(c, IPC_MSG_KVMAP_REPLY, 0, rid, &k, sizeof(k), &fd, 1);
+}
+
+/* ---- HIST: latency histograms ------------------------------------------------------- */
+
+_Static_assert(KVD_HIST_BOUNDS <= IPC_HIST_MAX_BOUNDS, "the histograms fit the wire");
+
+static void hist_to_wire(const struct kvd_hist *h, struct ipc_hist *w)
+{
+	memset(w, 0, sizeof(*w));
+	w->n_bounds = KVD_HIST_BOUNDS;
+	w->count = h->count;
+	w->sum_ns = h->sum_ns;
+	memcpy(w->bound_ns, kvd_hist_bounds_ns, sizeof(kvd_hist_bounds_ns));
+	memcpy(w->bucket, h->bucket, sizeof(h->bucket));
+}
+
+void handle_hist(struct client *c, uint64_t rid)
+{
+	struct kvd_sched_stats ss;
+	struct ipc_hist_reply h;
+
+	kvd_sched_get_stats(c->srv->sched, &ss);
+	memset(&h, 0, sizeof(h));
+	hist_to_wire(&c->srv->ttft, &h.ttft);
+	hist_to_wire(&ss.itl, &h.itl);
+	sock_send(c, IPC_MSG_HIST_REPLY, 0, rid, &h, sizeof(h));
+}
+
+/* ---- LEDGER: the last per-request records ------------------------------------------- */
+
+_Static_assert(KVD_LEDGER_RECENT <= IPC_LEDGER_MAX_RECORDS, "every kept record can be asked for");
+_Static_assert(KVD_LEDGER_LINE_MAX <= IPC_LEDGER_MAX_LINE_BYTES + 1, "every kept line fits a record");
+_Static_assert(IPC_LEDGER_MAX_REPLY_BYTES <= SRV_SNDBUF_BYTES / 2, "a whole LEDGER reply fits the socket buffer");
+
+void handle_ledger(struct client *c, const struct ipc_frame *f)
+{
+	struct kvd_ledger_rec *recs;
+	uint64_t rid = f->hdr.request_id;
+	struct ipc_ledger_req q;
+	size_t n, i = 0;
+
+	if (ipc_decode_ledger_req(f, &q) < 0) {
+		sock_error(c, rid, -EINVAL, "malformed LEDGER");
+		return;
+	}
+	recs = malloc(KVD_LEDGER_RECENT * sizeof(*recs));
+	if (!recs) {
+		sock_error(c, rid, -ENOMEM, "out of memory");
+		return;
+	}
+	/* administrators see everyone's records; others only their own uid's */
+	n = kvd_ledger_recent(c->srv->ledger, c->admin ? -1 : (int64_t)c->cred.uid, q.max_records, recs);
+	/* the newest records whose reply fits the socket buffer at once: a
+	 * reply the buffer cannot take would cost the client its connection */
+	size_t bytes = 0, first = n;
+	while (first > 0 && bytes + ipc_ledger_record_size(recs[first - 1].len) <= IPC_LEDGER_MAX_REPLY_BYTES)
+		bytes += ipc_ledger_record_size(recs[--first].len);
+	memmove(recs, recs + first, (n - first) * sizeof(*recs));
+	n -= first;
+	do {
+		uint8_t buf[IPC_MAX_PAYLOAD_BYTES];
+		size_t off = sizeof(struct ipc_ledger_reply), k = 0;
+
+		while (i + k < n && off + ipc_ledger_record_size(recs[i + k].len) <= sizeof(buf)) {
+			const struct kvd_ledger_rec *r = &recs[i + k];
+			size_t size = ipc_ledger_record_size(r->len);
+
+			memcpy(buf + off, &r->uid, 4);
+			memcpy(buf + off + 4, &r->len, 4);
+			memcpy(buf + off + 8, r->line, r->len);
+			memset(buf + off + 8 + r->len, 0, size - 8 - r->len);
+			off += size;
+			k++;
+		}
+		struct ipc_ledger_reply lr = { .n_total = (uint32_t)n, .n_records = (uint32_t)k };
+		memcpy(buf, &lr, sizeof(lr));
+		i += k;
+		if (sock_send(c, IPC_MSG_LEDGER_REPLY, i < n ? IPC_F_MORE : 0, rid, buf, off) < 0)
+			break;
+	} while (i < n);
+	free(recs);
 }

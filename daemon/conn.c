@@ -33,7 +33,13 @@ int ep_add(struct kvd_server *srv, int fd, struct ep_src *src)
  * reading its replies; it is dropped rather than let it stall the loop. */
 int sock_send(struct client *c, uint16_t type, uint32_t flags, uint64_t rid, const void *p, size_t n)
 {
-	int r = ipc_send_nowait(c->fd, type, flags, rid, p, n, NULL, 0);
+	return sock_send_fds(c, type, flags, rid, p, n, NULL, 0);
+}
+
+int sock_send_fds(struct client *c, uint16_t type, uint32_t flags, uint64_t rid, const void *p, size_t n,
+		  const int *fds, unsigned n_fds)
+{
+	int r = ipc_send_nowait(c->fd, type, flags, rid, p, n, fds, n_fds);
 	if (r == -EAGAIN)
 		client_close(c, "socket buffer full (client does not read its replies)");
 	else if (r < 0 && r != -EPIPE && r != -ECONNRESET)
@@ -612,6 +618,15 @@ static void handle_sock_frames(struct client *c, bool busy, uint64_t *t_charged)
 		}
 		case IPC_MSG_PS:
 			handle_ps(c, rid);
+			break;
+		case IPC_MSG_KVMAP:
+			handle_kvmap(c, rid);
+			break;
+		case IPC_MSG_HIST:
+			handle_hist(c, rid);
+			break;
+		case IPC_MSG_LEDGER:
+			handle_ledger(c, &f);
 			break;
 		default:
 			sock_error(c, rid, -EPROTO, "%s is not a request", ipc_type_name(f.hdr.type));

@@ -1,6 +1,7 @@
 /*
  * daemon/ledger.c — the per-request ledger file: whole-line appends, cut
- * back on a short write, reopened on SIGHUP, never through a symbolic link.
+ * back on a short write, reopened on SIGHUP, never through a symbolic link;
+ * and the last records kept in memory for `kvctl ledger`.
  * See ledger.h for the contract.
  */
 #include "ledger.h"
@@ -20,7 +21,15 @@
 #include "log.h"
 #include "sched.h"
 
+struct recent {
+	uint32_t uid;
+	uint32_t len;
+	char *line; /* without the newline */
+};
+
 struct kvd_ledger {
+	struct recent recent[KVD_LEDGER_RECENT]; /* a ring: the newest at head - 1 */
+	size_t head, n_recent;
 	int fd;
 	char *path;          /* of fd; NULL when none is open */
 	bool failing;        /* the last record was dropped (log once per run) */
@@ -94,6 +103,8 @@ struct kvd_ledger *kvd_ledger_free(struct kvd_ledger *l)
 		return NULL;
 	if (l->fd >= 0)
 		close(l->fd);
+	for (size_t i = 0; i < KVD_LEDGER_RECENT; i++)
+		free(l->recent[i].line);
 	free(l->path);
 	free(l);
 	return NULL;
@@ -197,6 +208,44 @@ int kvd_ledger_append(struct kvd_ledger *l, const char *line, size_t len)
 	return 0;
 }
 
+/* Keep line[0 .. len) (no newline) among the recent records; without
+ * memory the record is only not kept. */
+static void keep(struct kvd_ledger *l, uint32_t uid, const char *line, size_t len)
+{
+	struct recent *r = &l->recent[l->head];
+	char *copy = malloc(len + 1);
+
+	if (!copy)
+		return;
+	memcpy(copy, line, len);
+	copy[len] = 0;
+	free(r->line);
+	*r = (struct recent){ .uid = uid, .len = (uint32_t)len, .line = copy };
+	l->head = (l->head + 1) % KVD_LEDGER_RECENT;
+	if (l->n_recent < KVD_LEDGER_RECENT)
+		l->n_recent++;
+}
+
+size_t kvd_ledger_recent(const struct kvd_ledger *l, int64_t uid, size_t max, struct kvd_ledger_rec *out)
+{
+	size_t n = 0, first;
+
+	if (max == 0 || max > KVD_LEDGER_RECENT)
+		max = KVD_LEDGER_RECENT;
+	/* newest first, to find where the last `max` matching ones begin */
+	for (first = 0; first < l->n_recent && n < max; first++) {
+		const struct recent *r = &l->recent[(l->head + KVD_LEDGER_RECENT - 1 - first) % KVD_LEDGER_RECENT];
+		n += uid < 0 || r->uid == (uint64_t)uid;
+	}
+	n = 0;
+	while (first-- > 0) {
+		const struct recent *r = &l->recent[(l->head + KVD_LEDGER_RECENT - 1 - first) % KVD_LEDGER_RECENT];
+		if (uid < 0 || r->uid == (uint64_t)uid)
+			out[n++] = (struct kvd_ledger_rec){ r->uid, r->len, r->line };
+	}
+	return n;
+}
+
 /* s as a JSON string (quotes included) into out; control characters and
  * bytes of invalid UTF-8 are not checked for beyond escaping < 0x20. */
 static size_t json_str(char *out, size_t cap, const char *s)
@@ -223,13 +272,27 @@ static size_t json_str(char *out, size_t cap, const char *s)
 	return o;
 }
 
+/* A formatted record (snprintf's n, newline included): kept among the
+ * recent ones, and appended when a file is open. */
+static void record(struct kvd_ledger *l, uint32_t uid, const char *line, int n)
+{
+	if (n < 0 || (size_t)n >= KVD_LEDGER_LINE_MAX) {
+		if (l->fd >= 0)
+			drop(l, -EMSGSIZE);
+		return;
+	}
+	keep(l, uid, line, (size_t)n - 1);
+	if (l->fd >= 0)
+		(void)kvd_ledger_append(l, line, (size_t)n);
+}
+
 void kvd_ledger_request(struct kvd_ledger *l, const struct kvd_ledger_who *who, uint64_t request_id,
 			uint64_t session_id, const char *finish, const struct kvd_request_result *res)
 {
 	char kv[2048], line[KVD_LEDGER_LINE_MAX];
 	int n;
 
-	if (!l || l->fd < 0)
+	if (!l)
 		return;
 	if (!res->ledger || kvmm_seq_record_json(res->ledger, kv, sizeof(kv)) < 0)
 		snprintf(kv, sizeof(kv), "null");
@@ -243,11 +306,7 @@ void kvd_ledger_request(struct kvd_ledger *l, const struct kvd_ledger_who *who, 
 		     res->prompt_tokens, res->cached_tokens, res->generated_tokens, res->queue_ns, res->ttft_ns,
 		     res->decode_ns, res->generated_tokens > 1 ? res->decode_ns / (res->generated_tokens - 1) : 0,
 		     res->preemptions, res->swaps, res->swap_errors, res->swap_fallback_recomputes, kv);
-	if (n < 0 || (size_t)n >= sizeof(line)) {
-		drop(l, -EMSGSIZE);
-		return;
-	}
-	(void)kvd_ledger_append(l, line, (size_t)n);
+	record(l, who->uid, line, n);
 }
 
 void kvd_ledger_rejected(struct kvd_ledger *l, const struct kvd_ledger_who *who, uint64_t request_id,
@@ -256,7 +315,7 @@ void kvd_ledger_rejected(struct kvd_ledger *l, const struct kvd_ledger_who *who,
 	char why[2048], line[KVD_LEDGER_LINE_MAX];
 	int n;
 
-	if (!l || l->fd < 0)
+	if (!l)
 		return;
 	json_str(why, sizeof(why), reason ? reason : "");
 	n = snprintf(line, sizeof(line),
@@ -264,11 +323,7 @@ void kvd_ledger_rejected(struct kvd_ledger *l, const struct kvd_ledger_who *who,
 		     ",\"request_id\":%" PRIu64 ",\"session_id\":%" PRIu64
 		     ",\"finish\":\"rejected\",\"error\":%" PRId32 ",\"reason\":%s}\n",
 		     realtime_ns(), who->client_id, who->pid, who->uid, request_id, session_id, code, why);
-	if (n < 0 || (size_t)n >= sizeof(line)) {
-		drop(l, -EMSGSIZE);
-		return;
-	}
-	(void)kvd_ledger_append(l, line, (size_t)n);
+	record(l, who->uid, line, n);
 }
 
 uint64_t kvd_ledger_dropped(const struct kvd_ledger *l) { return l->dropped; }

@@ -16,6 +16,10 @@
  * request (struct kvd_ledger_who), so a request whose client died meanwhile
  * is still recorded with that client's id, pid and uid.
  *
+ * The last records are also kept in memory (kvd_ledger_recent), for
+ * `kvctl ledger` to ask the daemon rather than read a file that holds every
+ * user's records.
+ *
  * Single-threaded: the server's loop owns the ledger.
  */
 #ifndef KVD_LEDGER_H
@@ -63,6 +67,22 @@ void kvd_ledger_request(struct kvd_ledger *l, const struct kvd_ledger_who *who, 
  * error code sent to the client, and the reason it was told. */
 void kvd_ledger_rejected(struct kvd_ledger *l, const struct kvd_ledger_who *who, uint64_t request_id,
 			 uint64_t session_id, int32_t code, const char *reason);
+
+/*
+ * The last KVD_LEDGER_RECENT records, kept in memory whether or not a file
+ * is open (the same lines, without the newline), for `kvctl ledger`. Fills
+ * out[] with the last max (0 or more than KVD_LEDGER_RECENT: all kept) of
+ * those whose uid is `uid` (< 0: everyone's), oldest first, and returns
+ * their number; out must hold that many. The lines stay valid until the
+ * next record.
+ */
+#define KVD_LEDGER_RECENT 1024u
+struct kvd_ledger_rec {
+	uint32_t uid;
+	uint32_t len;
+	const char *line;
+};
+size_t kvd_ledger_recent(const struct kvd_ledger *l, int64_t uid, size_t max, struct kvd_ledger_rec *out);
 
 /* Records dropped since kvd_ledger_new(), and records written. */
 uint64_t kvd_ledger_dropped(const struct kvd_ledger *l);

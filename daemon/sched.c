@@ -430,6 +430,9 @@ int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt
 		r->state = RS_RUNNING; /* its sequence is resident */
 		r->t_admit = r->t_submit;
 		kvmm_seq_set_prompt_tokens(s->kv, r->seq, r->n_toks);
+		s->st.session_lookups++;
+		s->st.session_query_tokens += r->n_toks;
+		s->st.session_hit_tokens += r->n_computed;
 	}
 	r->arrival = ++s->arrivals;
 	s->reqs[s->n_reqs++] = r;
@@ -687,6 +690,8 @@ static void emit(struct kvd_sched *s, struct req *r)
 	if (!r->t_first) {
 		r->t_first = now;
 		r->res.ttft_ns = now - r->t_submit;
+	} else {
+		kvd_hist_add(&s->st.itl, now - r->t_last);
 	}
 	r->t_last = now;
 	if (!r->ignore_eos && s->ev.is_eog && s->ev.is_eog(s->ev.ud, t))

@@ -34,6 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "hist.h"
 #include "sampler.h"
 
 struct kvd_engine;
@@ -132,6 +133,13 @@ struct kvd_sched_stats {
 	uint64_t demote_errors;   /* demotions that failed on I/O (the pages stayed cached) */
 	uint64_t swap_incidents;  /* swap operations that had failed transfers (each logged once) */
 	uint64_t swap_fallback_recomputes; /* requests' KV recomputed after a failed swap-out or swap-in */
+	/* Session turns that continued from their kept KV (no prefix lookup in
+	 * kvmm): the context they brought and the history they reused, counted
+	 * as prefix lookups and hits in the daemon's stats. */
+	uint64_t session_lookups, session_query_tokens, session_hit_tokens;
+	struct kvd_hist itl;      /* inter-token latency: the gap before each token after a
+	                           * request's first (time to first token is the server's,
+	                           * which sees the request arrive) */
 };
 
 int kvd_sched_create(const struct kvd_sched_config *cfg, struct kvd_engine *e, const struct kvd_sched_events *ev,

@@ -31,6 +31,7 @@
 #include <sys/types.h>
 #include <time.h>
 
+#include "hist.h"
 #include "ipc.h"
 #include "ledger.h"
 #include "sched.h"
@@ -211,6 +212,7 @@ struct kvd_server {
 	uint64_t t_start;
 	uint64_t requests_rejected;
 	uint64_t prompt_tokens_total, generated_tokens_total;
+	struct kvd_hist ttft;         /* GENERATE received -> first token, per request that produced one */
 	/* systemd */
 	uint64_t watchdog_ns, next_watchdog, next_status, next_expire;
 	char last_status[256];
@@ -232,6 +234,9 @@ static inline uint64_t now_ns(void)
 /* ---- conn.c: connections ------------------------------------------------- */
 int ep_add(struct kvd_server *srv, int fd, struct ep_src *src);
 int sock_send(struct client *c, uint16_t type, uint32_t flags, uint64_t rid, const void *p, size_t n);
+/* sock_send() passing fds (SCM_RIGHTS; still the caller's). */
+int sock_send_fds(struct client *c, uint16_t type, uint32_t flags, uint64_t rid, const void *p, size_t n,
+		  const int *fds, unsigned n_fds);
 void sock_error(struct client *c, uint64_t rid, int32_t code, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 bool peer_allowed(struct kvd_server *srv, int fd, const struct ipc_peer_cred *cr);
@@ -268,8 +273,11 @@ void handle_session_close(struct client *c, const struct ipc_frame *f);
 void expire_sessions(struct kvd_server *srv, uint64_t t);
 void on_session_expired(void *ud, uint64_t session);
 
-/* ---- admin.c: STATS, PS -------------------------------------------------- */
+/* ---- admin.c: STATS, PS, KVMAP, HIST, LEDGER ------------------------------ */
 void fill_stats(struct kvd_server *srv, struct ipc_stats *st);
 void handle_ps(struct client *c, uint64_t rid);
+void handle_kvmap(struct client *c, uint64_t rid);
+void handle_hist(struct client *c, uint64_t rid);
+void handle_ledger(struct client *c, const struct ipc_frame *f);
 
 #endif

@@ -124,6 +124,8 @@ void on_done(void *ud, uint64_t req_id, const struct kvd_request_result *res)
 	kvd_ledger_request(srv->ledger, &gr->who, gr->id, gr->sess ? gr->sess->id : 0, finish_name(res->finish), res);
 	srv->prompt_tokens_total += res->prompt_tokens;
 	srv->generated_tokens_total += res->generated_tokens;
+	if (res->generated_tokens) /* time to first token as the client sees it: from the GENERATE */
+		kvd_hist_add(&srv->ttft, res->ttft_ns + pre);
 	if (gr->sess) {
 		struct session *s = gr->sess;
 		s->busy = NULL;

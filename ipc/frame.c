@@ -88,6 +88,12 @@ static const struct type_info types[IPC_MSG_TYPE_MAX + 1] = {
 	[IPC_MSG_PONG] = { "PONG", S2C_SOCK, sizeof(struct ipc_ping), false, 0, 0 },
 	[IPC_MSG_PS] = { "PS", C2S_SOCK, 0, false, 0, 0 },
 	[IPC_MSG_PS_REPLY] = { "PS_REPLY", S2C_SOCK, sizeof(struct ipc_ps_reply), true, IPC_F_MORE, 0 },
+	[IPC_MSG_KVMAP] = { "KVMAP", C2S_SOCK, 0, false, 0, 0 },
+	[IPC_MSG_KVMAP_REPLY] = { "KVMAP_REPLY", S2C_SOCK, sizeof(struct ipc_kvmap), false, 0, 1 },
+	[IPC_MSG_HIST] = { "HIST", C2S_SOCK, 0, false, 0, 0 },
+	[IPC_MSG_HIST_REPLY] = { "HIST_REPLY", S2C_SOCK, sizeof(struct ipc_hist_reply), false, 0, 0 },
+	[IPC_MSG_LEDGER] = { "LEDGER", C2S_SOCK, sizeof(struct ipc_ledger_req), false, 0, 0 },
+	[IPC_MSG_LEDGER_REPLY] = { "LEDGER_REPLY", S2C_SOCK, sizeof(struct ipc_ledger_reply), true, IPC_F_MORE, 0 },
 };
 
 const char *ipc_type_name(uint32_t type)

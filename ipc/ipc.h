@@ -33,8 +33,8 @@
  *     PROMPT_DATA records on the client->server ring
  *          <------------------ ring -------  TOKEN, TOKEN, ..., DONE
  *   CANCEL ------------------ socket ----->  (DONE with IPC_FINISH_CANCELLED)
- *   STATS / TOKENIZE / SESSION_* / PS / PING on the socket; each reply on
- *   the socket carries the request's id.
+ *   STATS / TOKENIZE / SESSION_* / PS / PING / KVMAP / HIST / LEDGER on the
+ *   socket; each reply on the socket carries the request's id.
  *
  * Request ids are chosen by the client: non-zero, unique among its live
  * requests (a counter is enough). 0 means "the connection": an ERROR with
@@ -206,7 +206,14 @@ enum ipc_type {
 	IPC_MSG_PS = 19,             /* c->s socket  empty */
 	IPC_MSG_PS_REPLY = 20,       /* s->c socket  struct ipc_ps_reply + entries; IPC_F_MORE;
 				      * all users' requests for administrators, else the caller's uid's */
-	IPC_MSG_TYPE_MAX = 20,
+	IPC_MSG_KVMAP = 21,          /* c->s socket  empty */
+	IPC_MSG_KVMAP_REPLY = 22,    /* s->c socket  struct ipc_kvmap + 1 fd (the KV map memfd, read-only) */
+	IPC_MSG_HIST = 23,           /* c->s socket  empty */
+	IPC_MSG_HIST_REPLY = 24,     /* s->c socket  struct ipc_hist_reply */
+	IPC_MSG_LEDGER = 25,         /* c->s socket  struct ipc_ledger_req */
+	IPC_MSG_LEDGER_REPLY = 26,   /* s->c socket  struct ipc_ledger_reply + records; IPC_F_MORE;
+				      * all users' records for administrators, else the caller's uid's */
+	IPC_MSG_TYPE_MAX = 26,
 };
 
 /* Name of a type for logs ("GENERATE"), "?" when unknown. Never NULL. */
@@ -917,5 +924,9 @@ int ipc_chan_ack(struct ipc_chan *c);
  * closed).
  */
 int ipc_chan_wake_peer(struct ipc_chan *c);
+
+/* The payloads of KVMAP, HIST and LEDGER (the daemon's bookkeeping, shown
+ * by kvctl stats --map / --prometheus and kvctl ledger), and their decoders. */
+#include "ipc_views.h"
 
 #endif /* KVD_IPC_H */

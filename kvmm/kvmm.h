@@ -222,12 +222,40 @@ int kvmm_pool_hugetlb(const struct kvmm *m);
 /*
  * The metadata memfd: a header, the pool counters and ledger (struct
  * kvmm_stats and struct kvmm_ledger) under a sequence lock, and one 32-bit
- * state word per page (refcount and flags, see KVMM_PAGE_*). It is sealed
- * against resizing and against new writable mappings (F_SEAL_FUTURE_WRITE),
- * so any process handed this fd (SCM_RIGHTS) can map it read-only and no
- * one but kvmm can change it. Owned by kvmm; dup() it to keep it.
+ * state word per page (refcount and flags, see KVMM_PAGE_*). kvmm reads the
+ * page words back (they hold the refcounts), so the file is sealed against
+ * resizing, hole punching and new writable mappings (F_SEAL_FUTURE_WRITE,
+ * Linux 5.1 and later; kvmm_stats_fd_sealed() says whether it is): a process
+ * handed this fd (SCM_RIGHTS) can then map it read-only and no one but kvmm
+ * can change it. Owned by kvmm; dup() it to keep it.
  */
 int kvmm_stats_fd(const struct kvmm *m);
+/* 1 when the metadata memfd carries every seal above (it may be handed to
+ * another process), 0 when the kernel refused F_SEAL_FUTURE_WRITE. */
+int kvmm_stats_fd_sealed(const struct kvmm *m);
+
+/*
+ * Where a reader finds things in the metadata memfd, in byte offsets from
+ * its start, so that its owner can describe the file to a process it hands
+ * the fd to. The reader copies what it needs between two reads of the
+ * sequence lock (u64 at seq_offset, odd while kvmm updates: load it with
+ * acquire, copy, fence with acquire, load it again; equal and even means
+ * the copy is consistent). Counter words are u64; word_slots_used and
+ * word_pages_demoted index the two a page map needs (struct kvmm_stats
+ * pages_swapped and pages_demoted). Page state words are u32 (KVMM_PAGE_*).
+ */
+struct kvmm_meta_layout {
+	uint64_t file_bytes;
+	uint64_t seq_offset;
+	uint64_t words_offset;
+	uint64_t page_words_offset;
+	uint32_t n_words;
+	uint32_t n_pages;
+	uint32_t swap_slots;
+	uint32_t word_slots_used;
+	uint32_t word_pages_demoted;
+};
+void kvmm_meta_layout(const struct kvmm *m, struct kvmm_meta_layout *ret);
 
 /* Bits of a page state word in the metadata memfd. */
 #define KVMM_PAGE_REF_MASK 0x00ffffffu /* sequences referencing the page */
@@ -285,15 +313,6 @@ struct kvmm_ledger {
 /* Fill *ret with the pool ledger. */
 void kvmm_get_ledger(const struct kvmm *m, struct kvmm_ledger *ret);
 
-/*
- * Read the statistics and the ledger from a metadata memfd (kvmm_stats_fd),
- * from any process, without disturbing the owner: the fd is mapped read-only
- * and the sequence lock retried until a consistent copy is read. Either
- * output may be NULL. Returns 0, -EBADF/-EINVAL for an fd that is not kvmm
- * metadata (bad magic, version or size), -EAGAIN when no consistent copy
- * could be read (an owner that died while updating), or mmap's error.
- */
-int kvmm_stats_read_fd(int fd, struct kvmm_stats *ret_stats, struct kvmm_ledger *ret_ledger);
 
 /* One sequence's ledger; kvmm_seq_finish() returns the last one. */
 struct kvmm_seq_record {

@@ -14,14 +14,15 @@
  * The metadata memfd carries the counters of struct kvmm_stats and struct
  * kvmm_ledger plus one state word per page. The owner updates them with
  * relaxed atomic stores inside a sequence lock taken by every public call
- * that changes state; readers in other processes copy them and retry when the
- * lock moved, so the owner never waits for a reader.
+ * that changes state; readers in other processes (libkvclient's KV map, which
+ * the daemon hands this fd with kvmm_meta_layout()'s description) copy them
+ * and retry when the lock moved, so the owner never waits for a reader.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <sched.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,7 +46,6 @@
 
 #define HUGE_PAGE_BYTES (2u << 20)
 #define SHUFFLE_WINDOW 8 /* a shuffled pool hands out one of the first 8 free pages */
-#define READER_TRIES 100000
 
 uint64_t kvmm_now_ns(void)
 {
@@ -305,7 +305,8 @@ static int map_meta(struct kvmm *m)
 	s->page_words_offset = hdr;
 	s->total_bytes = bytes;
 	/* Our writable mapping stays; nobody can add another, resize the file
-	 * or remove the seals. Kernels before 5.1 lack FUTURE_WRITE. */
+	 * or remove the seals. Kernels before 5.1 lack FUTURE_WRITE: the fd
+	 * then stays private (kvmm_stats_fd_sealed() says 0). */
 	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) < 0)
 		(void)fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
 	m->meta_fd = fd;
@@ -516,6 +517,29 @@ int kvmm_pool_fd(const struct kvmm *m) { return m->pool_fd; }
 int kvmm_pool_hugetlb(const struct kvmm *m) { return m->hugetlb; }
 int kvmm_stats_fd(const struct kvmm *m) { return m->meta_fd; }
 
+int kvmm_stats_fd_sealed(const struct kvmm *m)
+{
+	const int all = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL;
+	int seals = fcntl(m->meta_fd, F_GET_SEALS);
+
+	return seals >= 0 && (seals & all) == all;
+}
+
+void kvmm_meta_layout(const struct kvmm *m, struct kvmm_meta_layout *ret)
+{
+	*ret = (struct kvmm_meta_layout){
+		.file_bytes = m->shm_bytes,
+		.seq_offset = offsetof(struct kvmm_shm, seq),
+		.words_offset = offsetof(struct kvmm_shm, words),
+		.page_words_offset = m->shm->page_words_offset,
+		.n_words = KVMM_SHM_WORDS,
+		.n_pages = m->n_pages,
+		.swap_slots = m->n_slots,
+		.word_slots_used = W_SLOTS_USED,
+		.word_pages_demoted = W_PAGES_DEMOTED,
+	};
+}
+
 uint32_t kvmm_page_refcount(const struct kvmm *m, uint32_t page)
 {
 	return page < m->n_pages ? page_ref(m, (int32_t)page) : 0;
@@ -613,65 +637,6 @@ void kvmm_get_ledger(const struct kvmm *m, struct kvmm_ledger *ret)
 
 	owner_words(m, w);
 	ledger_from_words(w, m->shm, ret);
-}
-
-int kvmm_stats_read_fd(int fd, struct kvmm_stats *ret_stats, struct kvmm_ledger *ret_ledger)
-{
-	struct stat st;
-	struct kvmm_shm *h, hc;
-	uint64_t w[W__COUNT];
-	int r = -EAGAIN;
-
-	if (fd < 0)
-		return -EBADF;
-	if (fstat(fd, &st) < 0)
-		return -errno;
-	if ((uint64_t)st.st_size < sizeof(struct kvmm_shm))
-		return -EINVAL;
-	h = mmap(NULL, sizeof(struct kvmm_shm), PROT_READ, MAP_SHARED, fd, 0);
-	if (h == MAP_FAILED)
-		return -errno;
-	/* The constant header is trusted only after it is checked against the
-	 * file it came from. */
-	hc = (struct kvmm_shm){
-		.magic = h->magic, .version = h->version, .hdr_bytes = h->hdr_bytes, .n_words = h->n_words,
-		.n_pages = h->n_pages, .block_size = h->block_size, .page_bytes = h->page_bytes,
-		.total_bytes = h->total_bytes, .swap_slots = h->swap_slots,
-	};
-	if (hc.magic != KVMM_SHM_MAGIC || hc.version != KVMM_SHM_VERSION || hc.hdr_bytes != sizeof(struct kvmm_shm) ||
-	    hc.n_words < W__COUNT || hc.total_bytes > (uint64_t)st.st_size || hc.block_size == 0) {
-		r = -EINVAL;
-		goto out;
-	}
-	for (int tries = 0; tries < READER_TRIES; tries++) {
-		/* Acquire: the counters read below are at least as new as s1. */
-		uint64_t s1 = atomic_load_explicit(&h->seq, memory_order_acquire), s2;
-
-		if (s1 & 1) {
-			if (tries % 64 == 63)
-				sched_yield();
-			continue;
-		}
-		for (int i = 0; i < W__COUNT; i++)
-			w[i] = atomic_load_explicit(&h->words[i], memory_order_relaxed);
-		/* Orders the counter loads before the second sequence load: if
-		 * the owner wrote any counter we read, s2 shows it moved. */
-		atomic_thread_fence(memory_order_acquire);
-		s2 = atomic_load_explicit(&h->seq, memory_order_relaxed);
-		if (s1 == s2) {
-			r = 0;
-			break;
-		}
-	}
-	if (r == 0) {
-		if (ret_stats)
-			stats_from_words(w, &hc, ret_stats);
-		if (ret_ledger)
-			ledger_from_words(w, &hc, ret_ledger);
-	}
-out:
-	munmap(h, sizeof(struct kvmm_shm));
-	return r;
 }
 
 /* ---- invariant checker ------------------------------------------------------------- */

@@ -73,6 +73,16 @@ struct kvctl_command {
 
 extern const struct kvctl_command kvctl_cmd_generate, kvctl_cmd_stats, kvctl_cmd_ps, kvctl_cmd_tokenize,
 	kvctl_cmd_count, kvctl_cmd_plan, kvctl_cmd_session, kvctl_cmd_version, kvctl_cmd_chat;
+extern const struct kvctl_command kvctl_cmd_ledger;
+
+/* ---- stats --map (map.c) and --prometheus (prom.c) --------------------------- */
+
+/* Draw the KV pool (once, or every watch seconds until SIGINT); color_mode
+ * 1 always, 0 never, -1 on a terminal unless NO_COLOR is set. Returns the
+ * exit status. */
+int map_main(kvc_client *c, double watch, int color_mode);
+/* The stats and histograms in Prometheus' text exposition format. */
+void prom_print(FILE *f, const struct kvc_stats *s, const struct kvc_histograms *h, const struct kvc_info *i);
 
 /* ---- generation (generate.c) and conversations (chat.c) --------------------- */
 

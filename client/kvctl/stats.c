@@ -23,6 +23,8 @@ static const char help_stats[] =
 	"\n"
 	"SYNOPSIS\n"
 	"    kvctl stats [--json] [--watch [SECS]]\n"
+	"    kvctl stats --map [--color WHEN] [--watch [SECS]]\n"
+	"    kvctl stats --prometheus\n"
 	"\n"
 	"DESCRIPTION\n"
 	"    The KV cache is a pool of fixed-size pages (block_size tokens each). A page is\n"
@@ -50,12 +52,28 @@ static const char help_stats[] =
 	"                    and the strings model and server_version\n"
 	"    --watch [SECS]  repeat every SECS seconds (default 1) until interrupted; with\n"
 	"                    --json, one object per line\n"
+	"    --map           draw the pool, one cell per page: . free, o private (one\n"
+	"                    sequence), 2-9 or + shared (the digit: how many sequences\n"
+	"                    map it), c cached (unused, kept on the LRU for prefix\n"
+	"                    reuse); then the swap file, one cell per page: s swapped\n"
+	"                    (a preempted request's), d demoted (a cached prefix page\n"
+	"                    kept in swap), _ free. A legend gives the totals. Rows are\n"
+	"                    as wide as the terminal ($COLUMNS, else 80, in a pipe).\n"
+	"                    The picture is read from the daemon's page metadata, shared\n"
+	"                    read-only: redrawing it costs the daemon nothing\n"
+	"    --color WHEN    colour the map: auto (default: on a terminal, unless NO_COLOR\n"
+	"                    is set), always or never\n"
+	"    --prometheus    every counter and gauge, and the histograms of time to first\n"
+	"                    token and inter-token latency, in Prometheus' text format\n"
+	"                    (counters end in _total; hit rates are left to the query)\n"
 	"\n" COMMON_HELP "\n" EXIT_STATUS_HELP
 	"\n"
 	"EXAMPLES\n"
 	"    kvctl stats\n"
 	"    kvctl stats --json | jq .pages_shared\n"
-	"    kvctl stats --watch 0.5\n";
+	"    kvctl stats --watch 0.5\n"
+	"    kvctl stats --map --watch\n"
+	"    kvctl stats --prometheus > /var/lib/node_exporter/kvd.prom\n";
 
 static void print_stats_json(const struct kvc_stats *s, const struct kvc_info *i)
 {
@@ -134,15 +152,19 @@ static void print_stats_table(const struct kvc_stats *s, const struct kvc_info *
 
 static int cmd_stats(struct ctx *x, int argc, char **argv)
 {
-	enum { O_JSON = OPT_FIRST_CMD, O_WATCH };
+	enum { O_JSON = OPT_FIRST_CMD, O_WATCH, O_MAP, O_COLOR, O_PROM };
 	static const struct option longopts[] = {
 		{ "json", no_argument, NULL, O_JSON },
 		{ "watch", optional_argument, NULL, O_WATCH },
+		{ "map", no_argument, NULL, O_MAP },
+		{ "color", required_argument, NULL, O_COLOR },
+		{ "prometheus", no_argument, NULL, O_PROM },
 		COMMON_LONGOPTS,
 		{ 0 },
 	};
 	const char *cmd = "stats";
-	bool json = false;
+	bool json = false, map = false, prom = false;
+	int color = -1;
 	double watch = 0;
 	int o, r;
 
@@ -170,16 +192,53 @@ static int cmd_stats(struct ctx *x, int argc, char **argv)
 				optind++;
 			}
 			break;
+		case O_MAP:
+			map = true;
+			break;
+		case O_COLOR:
+			if (strcmp(optarg, "auto") == 0)
+				color = -1;
+			else if (strcmp(optarg, "always") == 0)
+				color = 1;
+			else if (strcmp(optarg, "never") == 0)
+				color = 0;
+			else
+				return usage_error(cmd, "--color: '%s' is not auto, always or never", optarg);
+			break;
+		case O_PROM:
+			prom = true;
+			break;
 		default:
 			return option_error(cmd, argv, o);
 		}
 	}
 	if (optind < argc)
 		return usage_error(cmd, "unexpected argument '%s'", argv[optind]);
+	if (json + map + prom > 1)
+		return usage_error(cmd, "--json, --map and --prometheus exclude one another");
+	if (prom && watch > 0)
+		return usage_error(cmd, "--prometheus prints one scrape: no --watch");
 
 	kvc_client *c;
 	if ((r = connect_daemon(x, &c)) != 0)
 		return r;
+	if (map) {
+		r = map_main(c, watch, color);
+		kvc_close(c);
+		return r;
+	}
+	if (prom) {
+		struct kvc_stats s;
+		struct kvc_histograms h;
+		if ((r = kvc_stats(c, &s)) < 0 || (r = kvc_histograms(c, &h)) < 0) {
+			int st = fail(c, "stats --prometheus", r);
+			kvc_close(c);
+			return st;
+		}
+		prom_print(stdout, &s, &h, kvc_server_info(c));
+		kvc_close(c);
+		return fflush(stdout) != 0 ? EXIT_IO : EXIT_OK;
+	}
 	if (watch > 0) {
 		install_sigint_flag();
 	}

@@ -173,7 +173,41 @@ static void decode(const struct ipc_frame *f, const uint8_t *frame, size_t n)
 		}
 		break;
 	}
-	default: /* CANCEL, STATS, PS: no payload to decode */
+	case IPC_MSG_KVMAP_REPLY: {
+		struct ipc_kvmap k;
+		if (ipc_decode_kvmap(f, &k) == 0)
+			CHECK(k.n_pages > 0 && k.page_words_offset + 4ull * k.n_pages <= k.file_bytes &&
+			      k.word_slots_used < k.n_words);
+		break;
+	}
+	case IPC_MSG_HIST_REPLY: {
+		struct ipc_hist_reply h;
+		if (ipc_decode_hist(f, &h) == 0)
+			CHECK(h.ttft.n_bounds <= IPC_HIST_MAX_BOUNDS && h.itl.n_bounds <= IPC_HIST_MAX_BOUNDS);
+		break;
+	}
+	case IPC_MSG_LEDGER: {
+		struct ipc_ledger_req q;
+		if (ipc_decode_ledger_req(f, &q) == 0)
+			CHECK(q.max_records <= IPC_LEDGER_MAX_RECORDS && q.flags == 0);
+		break;
+	}
+	case IPC_MSG_LEDGER_REPLY: {
+		struct ipc_ledger_reply_msg m;
+		if (ipc_decode_ledger_reply(f, &m) == 0) {
+			struct ipc_ledger_record rec;
+			size_t off = 0;
+			uint32_t k = 0;
+			while (ipc_ledger_record_next(&m, &off, &rec) == 1) {
+				in_payload(rec.json, rec.bytes);
+				CHECK(rec.bytes > 0 && !memchr(rec.json, '\n', rec.bytes));
+				k++;
+			}
+			CHECK(k == m.r.n_records);
+		}
+		break;
+	}
+	default: /* CANCEL, STATS, PS, KVMAP, HIST: no payload to decode */
 		CHECK(f->hdr.length == 0);
 		break;
 	}
@@ -328,4 +362,21 @@ static void write_seeds(const char *dir)
 	} ps = { { 1, 1 }, { .request_id = 1, .client_id = 2, .state = IPC_REQ_RUNNING, .pages = 3, .pages_shared = 1,
 			     .prompt_tokens = 10, .cached_tokens = 5 } };
 	seed(dir, "ps-reply", S_SOCK, IPC_MSG_PS_REPLY, 0, &ps, sizeof(ps), NULL, 0);
+	seed(dir, "kvmap", C_SOCK, IPC_MSG_KVMAP, 0, NULL, 0, NULL, 0);
+	struct ipc_kvmap km = { .file_bytes = 8192, .seq_offset = 64, .words_offset = 128, .page_words_offset = 1024,
+				.page_bytes = 4096, .n_pages = 100, .block_size = 16, .n_words = 64,
+				.swap_slots = 10, .word_slots_used = 5, .word_pages_demoted = 4 };
+	seed(dir, "kvmap-reply", S_SOCK | (1u << 2), IPC_MSG_KVMAP_REPLY, 0, &km, sizeof(km), NULL, 0);
+	seed(dir, "hist", C_SOCK, IPC_MSG_HIST, 0, NULL, 0, NULL, 0);
+	struct ipc_hist_reply hr = { .ttft = { .n_bounds = 2, .count = 3, .bound_ns = { 10, 20 }, .bucket = { 1, 1, 1 } },
+				     .itl = { .n_bounds = 1, .bound_ns = { 5 } } };
+	seed(dir, "hist-reply", S_SOCK, IPC_MSG_HIST_REPLY, 0, &hr, sizeof(hr), NULL, 0);
+	struct ipc_ledger_req lq = { .max_records = 10 };
+	seed(dir, "ledger", C_SOCK, IPC_MSG_LEDGER, 0, &lq, sizeof(lq), NULL, 0);
+	struct {
+		struct ipc_ledger_reply r;
+		uint32_t uid, bytes;
+		char json[8];
+	} lr = { { 1, 1 }, 1000, 7, "{\"a\":1}" };
+	seed(dir, "ledger-reply", S_SOCK, IPC_MSG_LEDGER_REPLY, 0, &lr, sizeof(lr), NULL, 0);
 }

@@ -236,6 +236,21 @@ static int read_frame(struct conn *c, int ms)
 		CHECK(ipc_decode_done(&f, &d) == 0);
 		break;
 	}
+	case IPC_MSG_KVMAP_REPLY: {
+		struct ipc_kvmap k;
+		CHECK(ipc_decode_kvmap(&f, &k) == 0 && f.n_fds == 1);
+		break;
+	}
+	case IPC_MSG_HIST_REPLY: {
+		struct ipc_hist_reply h;
+		CHECK(ipc_decode_hist(&f, &h) == 0);
+		break;
+	}
+	case IPC_MSG_LEDGER_REPLY: {
+		struct ipc_ledger_reply_msg m;
+		CHECK(ipc_decode_ledger_reply(&f, &m) == 0);
+		break;
+	}
 	default:
 		CHECK(0);
 	}
@@ -623,6 +638,16 @@ static void write_seeds(const char *dir)
 	w_frame(&o, IPC_MSG_CANCEL, 9, NULL, 0);
 	struct ipc_session sc = { 1 };
 	w_frame(&o, IPC_MSG_SESSION_CLOSE, 10, &sc, sizeof(sc));
+	w8(&o, 5);
+	fclose(o.fp);
+
+	o = seed_open(dir, "views");
+	w_frame(&o, IPC_MSG_KVMAP, 11, NULL, 0);
+	w_frame(&o, IPC_MSG_HIST, 12, NULL, 0);
+	w_generate(&o, 13, "Hello", 0, 0, NULL, NULL);
+	w8(&o, 5);
+	struct ipc_ledger_req lq = { .max_records = 3 };
+	w_frame(&o, IPC_MSG_LEDGER, 14, &lq, sizeof(lq));
 	w8(&o, 5);
 	fclose(o.fp);
 

@@ -3,8 +3,9 @@
  * configuration, sequences, plan/commit with copy-on-write, publish and
  * prefix attach (hash collisions included), LRU reclaim order, eviction,
  * demotion and promotion, sequence swap through every store (memory,
- * io_uring file, fault layer), the metadata memfd read from another process,
- * the ledger, shuffled placement and device pools.
+ * io_uring file, fault layer), the ledger, shuffled placement and device
+ * pools. (The metadata memfd, read from another process through
+ * libkvclient's KV map, has its own tests in test_kvmap.c.)
  *
  * The test plays the engine: after a commit it writes a known pattern into
  * the new tokens' slots (8 bytes per token: a function of token id and
@@ -1336,73 +1337,6 @@ static void test_large_step(void **state)
 
 /* ---- metadata memfd, ledger, placement, device pools --------------------------------------------- */
 
-static void expect_same_stats(const struct kvmm_stats *a, const struct kvmm_stats *b)
-{
-#define SAME(f) assert_int_equal(a->f, b->f)
-	SAME(pages_total), SAME(pages_free), SAME(pages_used), SAME(pages_shared), SAME(pages_cached);
-	SAME(pages_swapped), SAME(page_bytes), SAME(block_size), SAME(seqs_live), SAME(tokens_resident);
-	SAME(prefix_lookups), SAME(prefix_query_tokens), SAME(prefix_hit_tokens), SAME(pages_evicted);
-	SAME(cow_copies), SAME(swap_out_pages), SAME(swap_in_pages), SAME(pages_demoted), SAME(swap_slots);
-	SAME(seqs_swapped);
-#undef SAME
-}
-
-static void test_stats_fd_read_from_another_process(void **state)
-{
-	struct kvmm *m = make(4, 32);
-	uint32_t a = new_seq(m), b;
-	int32_t t[20];
-	struct kvmm_stats mine, theirs;
-	struct kvmm_ledger lm, lt;
-	int pfd[2], fd = kvmm_stats_fd(m), st;
-	pid_t pid;
-
-	(void)state;
-	iota(t, 20, 0);
-	assert_int_equal(grow(m, a, t, 20), 0);
-	assert_int_equal(kvmm_seq_publish(m, a), 0);
-	assert_int_equal(kvmm_seq_fork(m, a, &b), 0);
-	assert_true(fd >= 0);
-	/* Sealed: nobody can map it writable or resize it. */
-	assert_true(mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) == MAP_FAILED);
-	assert_int_equal(ftruncate(fd, 0), -1);
-	assert_int_equal(pipe(pfd), 0);
-	pid = fork();
-	assert_true(pid >= 0);
-	if (pid == 0) {
-		struct kvmm_stats s;
-		struct kvmm_ledger l;
-		int r = kvmm_stats_read_fd(fd, &s, &l);
-
-		if (write(pfd[1], &r, sizeof(r)) != sizeof(r) || write(pfd[1], &s, sizeof(s)) != sizeof(s) ||
-		    write(pfd[1], &l, sizeof(l)) != sizeof(l))
-			_exit(2);
-		_exit(0);
-	}
-	{
-		int r;
-
-		assert_int_equal(read(pfd[0], &r, sizeof(r)), sizeof(r));
-		assert_int_equal(r, 0);
-		assert_int_equal(read(pfd[0], &theirs, sizeof(theirs)), sizeof(theirs));
-		assert_int_equal(read(pfd[0], &lt, sizeof(lt)), sizeof(lt));
-	}
-	assert_int_equal(waitpid(pid, &st, 0), pid);
-	assert_int_equal(WEXITSTATUS(st), 0);
-	close(pfd[0]);
-	close(pfd[1]);
-	kvmm_get_stats(m, &mine);
-	kvmm_get_ledger(m, &lm);
-	expect_same_stats(&mine, &theirs);
-	assert_memory_equal(&lm, &lt, sizeof(lm));
-	assert_int_equal(theirs.pages_used, 5);
-	assert_int_equal(theirs.pages_shared, 5);
-	assert_int_equal(theirs.seqs_live, 2);
-	assert_int_equal(kvmm_stats_read_fd(-1, &theirs, NULL), -EBADF);
-	assert_int_equal(kvmm_stats_read_fd(kvmm_pool_fd(m), &theirs, NULL), -EINVAL);
-	done(m);
-}
-
 static void test_ledger_and_record(void **state)
 {
 	struct kvmm *m = make(4, 32);
@@ -1740,7 +1674,6 @@ int main(void)
 		cmocka_unit_test(test_promotion_failure_mid_chain),
 		cmocka_unit_test(test_unkeyed_growth_is_never_indexed),
 		cmocka_unit_test(test_large_step),
-		cmocka_unit_test(test_stats_fd_read_from_another_process),
 		cmocka_unit_test(test_ledger_and_record),
 		cmocka_unit_test(test_swap_file_refuses_existing_file),
 		cmocka_unit_test(test_swap_file_refuses_symlink),

@@ -43,6 +43,8 @@
 #include <cmocka.h>
 
 #include "kvmm.h"
+#include "client/kvc_impl.h"
+#include "daemon/kvmap.h"
 
 #define MAX_SEQS 24
 #define DEAD_PROMPTS 8
@@ -662,20 +664,35 @@ static void op_swap_in(struct model *md)
 	md->n_faults += armed && r != -ENOMEM;
 }
 
-static void op_stats_fd(struct model *md)
+/* Another process's picture of the pool (libkvclient's KV map over the
+ * metadata memfd, as the daemon describes it) against the model's owners of
+ * each page (counted by the last check_all, nothing changed since) and
+ * kvmm's counters. */
+static void op_map(struct model *md)
 {
-	struct kvmm_stats a, b;
-	struct kvmm_ledger la, lb;
+	uint32_t n = kvmm_n_pages(md->m), *pages = calloc(n, sizeof(*pages));
+	struct kvc_kvmap_counts k;
+	struct kvmm_stats st;
+	struct ipc_kvmap d;
+	kvc_kvmap *km = NULL;
 
-	md->op = "stats_fd";
-	kvmm_get_stats(md->m, &a);
-	kvmm_get_ledger(md->m, &la);
-	EXPECT(md, kvmm_stats_read_fd(kvmm_stats_fd(md->m), &b, &lb) == 0, "stats_read_fd");
-	EXPECT(md, a.pages_free == b.pages_free && a.pages_used == b.pages_used && a.pages_cached == b.pages_cached &&
-			   a.tokens_resident == b.tokens_resident && a.prefix_hit_tokens == b.prefix_hit_tokens &&
-			   a.pages_swapped == b.pages_swapped,
-	       "metadata memfd disagrees with kvmm_get_stats");
-	EXPECT(md, !memcmp(&la, &lb, sizeof(la)), "metadata memfd ledger disagrees");
+	md->op = "map";
+	EXPECT(md, pages != NULL, "calloc");
+	kvd_kvmap_describe(md->m, &d);
+	EXPECT(md, kvc_kvmap_attach_fd(kvmm_stats_fd(md->m), &d, &km) == 0, "kvc_kvmap_attach_fd");
+	EXPECT(md, kvc_kvmap_read(km, pages, &k) == 0, "kvc_kvmap_read");
+	for (uint32_t p = 0; p < n; p++)
+		EXPECT(md, md->refs[p] ? pages[p] == md->refs[p] : pages[p] == KVC_PAGE_FREE || pages[p] == KVC_PAGE_CACHED,
+		       "page %u: map %#x, owners %u", p, pages[p], md->refs[p]);
+	kvmm_get_stats(md->m, &st);
+	EXPECT(md, k.pages_free == st.pages_free && k.pages_private + k.pages_shared == st.pages_used &&
+			   k.pages_shared == st.pages_shared && k.pages_cached == st.pages_cached &&
+			   k.pages_swapped == st.pages_swapped && k.pages_demoted == st.pages_demoted,
+	       "map counts %u/%u/%u/%u/%u/%u, stats %u/%u/%u/%u/%u", k.pages_free, k.pages_private, k.pages_shared,
+	       k.pages_cached, k.pages_swapped, k.pages_demoted, st.pages_free, st.pages_used, st.pages_shared,
+	       st.pages_cached, st.pages_swapped);
+	kvc_kvmap_close(km);
+	free(pages);
 }
 
 /* ---- one run --------------------------------------------------------------------------------------- */
@@ -781,7 +798,7 @@ static void run_model(const struct run_cfg *c, uint64_t base_seed, uint64_t ops)
 		else if (w < 99)
 			op_swap_in(md);
 		else
-			op_stats_fd(md);
+			op_map(md);
 		check_all(md);
 	}
 	kvmm_get_stats(md->m, &st);

@@ -2,8 +2,9 @@
  * tests/unit/test_ledger.c — the per-request ledger file (daemon/ledger.c):
  * whole lines or nothing, cut back after a short write (RLIMIT_FSIZE plays a
  * full disk, in a child process), dropped records counted, no symbolic
- * links or FIFOs followed or opened, reopen after a rename (logrotate), and
- * rejection records with the requester's identity and an escaped reason.
+ * links or FIFOs followed or opened, reopen after a rename (logrotate),
+ * rejection records with the requester's identity and an escaped reason, and
+ * the last records kept in memory for kvctl ledger.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -259,6 +260,70 @@ static void test_records_keep_identity_and_reason(void **state)
 	dir_free(&d);
 }
 
+/* The records kept in memory (kvctl ledger): the same lines as the file,
+ * the last KVD_LEDGER_RECENT of them, filtered by uid, oldest first; kept
+ * without a file too. */
+static void test_recent_records(void **state)
+{
+	struct dir d;
+	struct kvd_ledger *l = NULL, *nofile = NULL;
+	struct kvd_request_result res = {.finish = KVD_FINISH_LENGTH, .prompt_tokens = 3, .generated_tokens = 2};
+	struct kvd_ledger_rec *out = calloc(KVD_LEDGER_RECENT, sizeof(*out));
+	char *file = malloc(1 << 20), *line;
+	size_t n, total = KVD_LEDGER_RECENT + 10;
+
+	(void)state;
+	assert_non_null(out);
+	assert_non_null(file);
+	dir_new(&d);
+	assert_int_equal(kvd_ledger_new(d.file, &l), 0);
+	assert_int_equal(kvd_ledger_recent(l, -1, 0, out), 0);
+	/* uid 1000 for every third request, 2000 for the others */
+	for (size_t i = 0; i < total; i++) {
+		struct kvd_ledger_who who = {.client_id = i, .pid = 1, .uid = i % 3 == 0 ? 1000 : 2000};
+		kvd_ledger_request(l, &who, i + 1, 0, "length", &res);
+	}
+	slurp(d.file, file, 1 << 20);
+	/* everyone's: the file's last KVD_LEDGER_RECENT lines, in order */
+	n = kvd_ledger_recent(l, -1, 0, out);
+	assert_int_equal(n, KVD_LEDGER_RECENT);
+	line = file;
+	for (size_t i = 0; i < total - KVD_LEDGER_RECENT; i++)
+		line = strchr(line, '\n') + 1;
+	for (size_t i = 0; i < n; i++) {
+		char *nl = strchr(line, '\n');
+		assert_int_equal(out[i].len, nl - line);
+		assert_memory_equal(out[i].line, line, out[i].len);
+		assert_int_equal(out[i].uid, (total - KVD_LEDGER_RECENT + i) % 3 == 0 ? 1000 : 2000);
+		line = nl + 1;
+	}
+	/* one user's last 5, oldest first */
+	n = kvd_ledger_recent(l, 1000, 5, out);
+	assert_int_equal(n, 5);
+	for (size_t i = 0; i < n; i++) {
+		char want[64];
+		size_t req = (total - 1) / 3 * 3 - (4 - i) * 3 + 1; /* request ids of uid 1000: 1, 4, 7, ... */
+		snprintf(want, sizeof(want), "\"uid\":1000,\"request_id\":%zu,", req);
+		assert_int_equal(out[i].uid, 1000);
+		if (!strstr(out[i].line, want))
+			fail_msg("record %zu: %s lacks %s", i, out[i].line, want);
+	}
+	/* a uid with none, and more asked for than kept */
+	assert_int_equal(kvd_ledger_recent(l, 3000, 0, out), 0);
+	assert_int_equal(kvd_ledger_recent(l, 2000, 100000, out), (KVD_LEDGER_RECENT * 2 + 2) / 3);
+	/* without a file the records are still kept */
+	assert_int_equal(kvd_ledger_new("", &nofile), 0);
+	kvd_ledger_rejected(nofile, &(struct kvd_ledger_who){.client_id = 1, .pid = 2, .uid = 3}, 4, 0, -7, "no");
+	assert_int_equal(kvd_ledger_recent(nofile, 3, 0, out), 1);
+	assert_non_null(strstr(out[0].line, "\"finish\":\"rejected\""));
+	assert_int_equal(kvd_ledger_dropped(nofile), 0);
+	kvd_ledger_free(nofile);
+	kvd_ledger_free(l);
+	free(out);
+	free(file);
+	dir_free(&d);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -267,6 +332,7 @@ int main(void)
 		cmocka_unit_test(test_symlink_and_fifo_refused),
 		cmocka_unit_test(test_reopen_after_rename),
 		cmocka_unit_test(test_records_keep_identity_and_reason),
+		cmocka_unit_test(test_recent_records),
 	};
 
 	return cmocka_run_group_tests(tests, setup, NULL);

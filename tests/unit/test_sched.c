@@ -21,7 +21,8 @@
  * running, swapped); sessions (history reuse, rollback of a cancelled
  * turn, close, expiry on a clock the test drives); stop verdicts,
  * end-of-generation, ignore_eos and max_tokens; submit's limits; an engine
- * failure; seeded sampling is the same under any load.
+ * failure; seeded sampling is the same under any load; the inter-token
+ * latency histogram and the sessions' reuse counters.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -488,10 +489,20 @@ static void batch_check(const struct setup *su, int n, int shared, int expect_pr
 	kvd_sched_get_stats(c.s, &st);
 	assert_int_equal(st.requests_done, (uint64_t)n);
 	assert_int_equal(st.tokens_generated, (uint64_t)n * GEN);
-	if (expect_preempt)
+	/* one inter-token gap per token after each request's first */
+	assert_int_equal(st.itl.count, (uint64_t)n * (GEN - 1));
+	if (expect_preempt) {
 		assert_true(st.preemptions > 0);
-	else
+	} else {
+		/* a running sequence gets one token a step, and a step is 1 ms:
+		 * every gap is 1 ms, counted in the bucket whose bound it is */
+		unsigned b = 0;
+		while (kvd_hist_bounds_ns[b] != 1000000)
+			b++;
 		assert_int_equal(st.preemptions, 0);
+		assert_int_equal(st.itl.sum_ns, (uint64_t)n * (GEN - 1) * 1000000);
+		assert_int_equal(st.itl.bucket[b], (uint64_t)n * (GEN - 1));
+	}
 	assert_int_equal(pages_used(&c), 0);
 	close_ctx(&c);
 }
@@ -901,6 +912,14 @@ static void test_session(void **state)
 	run_until_idle(&c);
 	assert_int_equal(c.r[1].res.prompt_tokens, n1 + GEN + n2);
 	assert_int_equal(c.r[1].res.cached_tokens, n1 + GEN - 1); /* the last token was never computed */
+	/* the turn's reuse of its kept KV, for the daemon's prefix counters */
+	{
+		struct kvd_sched_stats st;
+		kvd_sched_get_stats(c.s, &st);
+		assert_int_equal(st.session_lookups, 1);
+		assert_int_equal(st.session_query_tokens, n1 + GEN + n2);
+		assert_int_equal(st.session_hit_tokens, n1 + GEN - 1);
+	}
 	memcpy(all, p1, n1 * 4);
 	memcpy(all + n1, c.r[0].toks, GEN * 4);
 	memcpy(all + n1 + GEN, p2, n2 * 4);
