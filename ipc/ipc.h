@@ -132,6 +132,9 @@
 #define IPC_MAX_TOKENS_PER_RECORD 256u       /* tokens one TOKEN record covers */
 #define IPC_MAX_TOKEN_TEXT_BYTES 4096u       /* text bytes in one TOKEN record */
 #define IPC_MAX_ERROR_MSG_BYTES  512u
+#define IPC_MAX_SAMPLES          16u         /* samples of one GENERATE (ipc_generate.n_samples) */
+#define IPC_MAX_TOP_LOGPROBS     20u         /* alternatives per token (ipc_generate.top_logprobs) */
+#define IPC_MAX_PIECE_BYTES      128u        /* bytes of one token's text in a log-probability entry */
 #define IPC_MODEL_NAME_BYTES     64u         /* NUL-padded field */
 #define IPC_CLIENT_NAME_BYTES    32u         /* NUL-padded field */
 /* Token ids in one TOKENIZE_REPLY frame, PS entries in one PS_REPLY. */
@@ -177,6 +180,7 @@ struct ipc_hdr {
 
 /* Header flags. */
 #define IPC_F_MORE 0x1u /* TOKENIZE_REPLY, PS_REPLY: more frames follow */
+#define IPC_F_SAMPLE 0x2u /* TOKEN, DONE: a struct ipc_sample follows the fixed struct */
 
 /* Where a message may travel (checked by ipc_frame_check). */
 #define IPC_FROM_CLIENT 0x1u
@@ -260,7 +264,8 @@ struct ipc_welcome {
 #define IPC_GEN_PROMPT_IN_RING 0x4u /* prompt follows as PROMPT_DATA records */
 #define IPC_GEN_PARSE_SPECIAL  0x8u /* with IPC_GEN_RAW: special-token texts become special tokens */
 #define IPC_GEN_CHAT_TURNS     0x10u /* the prompt is a list of chat turns (see below) */
-#define IPC_GEN_ALL            0x1fu
+#define IPC_GEN_LOGPROBS       0x20u /* TOKEN records carry log-probabilities (see "Samples") */
+#define IPC_GEN_ALL            0x3fu
 
 struct ipc_generate {
 	uint32_t gen_flags;       /* IPC_GEN_* */
@@ -276,7 +281,8 @@ struct ipc_generate {
 	uint32_t prompt_bytes;    /* 0 .. IPC_MAX_TEXT_BYTES (inline: .. IPC_MAX_INLINE_TEXT_BYTES) */
 	uint32_t system_bytes;    /* 0 .. IPC_MAX_SYSTEM_BYTES; chat mode only */
 	uint16_t n_stop;          /* 0 .. IPC_MAX_STOP_STRINGS */
-	uint16_t reserved0;
+	uint8_t n_samples;        /* 0 or 1: one sample; 2 .. IPC_MAX_SAMPLES (see "Samples") */
+	uint8_t top_logprobs;     /* 0 .. IPC_MAX_TOP_LOGPROBS alternatives; only with IPC_GEN_LOGPROBS */
 	uint32_t stop_bytes;      /* size of the stop area: per string u16 length + bytes */
 };
 /* Payload: struct ipc_generate | system text | stop area | prompt (inline only). */
@@ -316,6 +322,62 @@ enum ipc_chat_role {
 #define IPC_CHAT_TURN_HEAD_BYTES      8u
 #define IPC_MAX_CHAT_TURNS            1024u
 #define IPC_CHAT_TURNS_SERVER_VERSION ((0u << 16) | (2u << 8) | 0u)
+
+/*
+ * Samples and log-probabilities. A GENERATE with n_samples = N >= 2 asks
+ * for N independent continuations of one prompt: the daemon computes the
+ * prompt once and forks its KV (the prompt's full pages are shared, only a
+ * partly filled last page is copied when a sample first writes to it).
+ * Sample 0 samples with the request's seed, sample i >= 1 with SplitMix64's
+ * output function applied to seed + i * 0x9e3779b97f4a7c15 (mod 2^64), so
+ * a seeded request is reproducible and its sample 0 equals a one-sample
+ * request with the same seed. Not with a
+ * session (-EINVAL). With IPC_GEN_LOGPROBS every generated token also
+ * carries its log-probability and the top_logprobs most likely
+ * alternatives: the log-softmax of the model's logits for that position,
+ * before repetition penalty, temperature and truncation (as OpenAI's).
+ *
+ * Such a request (N >= 2 or IPC_GEN_LOGPROBS) streams TOKEN records with
+ * IPC_F_SAMPLE:
+ *
+ *     struct ipc_token | struct ipc_sample | ids | text | [log-probabilities]
+ *
+ * each record covering tokens of one sample; the samples' records
+ * interleave (each sample's in order, its index counting its own tokens).
+ * Each sample ends with its own DONE with IPC_F_SAMPLE (struct ipc_done |
+ * struct ipc_sample, n_top and lp_flags 0) carrying that sample's finish
+ * and token count; the request is over after N of them (N = 1 for a
+ * one-sample request with log-probabilities), or at an ERROR, which ends
+ * every sample. With IPC_LP_PRESENT, the log-probability area holds, for
+ * each token of the record in order, 1 + n_top struct ipc_logprob entries
+ * (the sampled token first, then the alternatives, most likely first) and
+ * then those entries' piece bytes, concatenated in entry order. A piece is
+ * the token's text as raw bytes (possibly part of a UTF-8 character), cut
+ * to IPC_MAX_PIECE_BYTES; a control token's piece is its text.
+ *
+ * Compatibility: the protocol version stays 2. Daemons older than these
+ * fields refuse non-zero n_samples / top_logprobs and the flag with -EPROTO
+ * before reading the prompt; a refused ring upload would leave the ring
+ * out of step, so libkvclient asks for them only from a daemon whose
+ * WELCOME.server_version is at least IPC_SAMPLES_SERVER_VERSION and
+ * refuses the request itself (-EOPNOTSUPP) otherwise. A request without
+ * them is streamed exactly as before.
+ */
+#define IPC_SAMPLES_SERVER_VERSION ((0u << 16) | (3u << 8) | 0u)
+#define IPC_LP_PRESENT 0x1u        /* ipc_sample.lp_flags: the record has a log-probability area */
+
+struct ipc_sample {
+	uint32_t sample;          /* 0 .. IPC_MAX_SAMPLES - 1 */
+	uint16_t n_top;           /* TOKEN: alternatives per token, 0 .. IPC_MAX_TOP_LOGPROBS; DONE: 0 */
+	uint16_t lp_flags;        /* TOKEN: IPC_LP_*; DONE: 0 */
+};
+
+struct ipc_logprob {
+	int32_t id;               /* token id */
+	float logprob;            /* <= 0 (-inf allowed), not NaN */
+	uint16_t piece_bytes;     /* 0 .. IPC_MAX_PIECE_BYTES */
+	uint16_t reserved0;
+};
 
 struct ipc_prompt_data {
 	uint32_t offset;          /* of these bytes within the upload */
@@ -468,7 +530,10 @@ struct ipc_ps_entry {
 	uint32_t cached_tokens;
 	uint32_t generated_tokens;
 	uint32_t max_tokens;
-	uint32_t reserved0;
+	uint32_t sample;          /* sample index (see "Samples"); 0 for a one-sample request. A
+				   * daemon sends non-zero only to clients whose HELLO.client_version
+				   * is at least IPC_SAMPLES_SERVER_VERSION (older ones required 0
+				   * here, and are not sent the other samples' entries) */
 };
 
 struct ipc_ps_reply {
@@ -671,11 +736,47 @@ struct ipc_token_msg {
 	struct ipc_token t;
 	const uint8_t *ids;    /* n_ids int32 values, possibly unaligned: use ipc_token_id() */
 	const char *text;      /* t.text_bytes */
+	/* IPC_F_SAMPLE (else has_sample false, s zero, no area) */
+	bool has_sample;
+	struct ipc_sample s;
+	const uint8_t *lp;     /* the log-probability area (validated), lp_bytes long */
+	uint32_t lp_bytes;
 };
+/* Validates the log-probability area too: entry counts, ids >= 0,
+ * log-probabilities (not NaN, <= 0), piece lengths, reserved fields. */
 int ipc_decode_token(const struct ipc_frame *f, struct ipc_token_msg *ret);
 int32_t ipc_token_id(const struct ipc_token_msg *m, uint32_t i);
 
+/* One token's log-probabilities out of a decoded TOKEN record. */
+struct ipc_token_lp {
+	uint32_t n;                                   /* 1 + n_top */
+	struct ipc_logprob e[1 + IPC_MAX_TOP_LOGPROBS]; /* [0]: the sampled token */
+	const char *piece[1 + IPC_MAX_TOP_LOGPROBS];  /* e[i].piece_bytes bytes, into the frame */
+};
+/* Walk the area of a decoded record: start with *off = 0; returns 1 with
+ * the next token's entries, 0 after the last (or without an area). */
+int ipc_token_lp_next(const struct ipc_token_msg *m, size_t *off, struct ipc_token_lp *ret);
+/*
+ * Append one token's entries to an area being built in buf[*len .. cap):
+ * n entries (ids, logprobs, pieces with their lengths, cut to
+ * IPC_MAX_PIECE_BYTES). Returns 0, or -E2BIG when they do not fit (nothing
+ * written). Bytes one token takes: ipc_token_lp_bytes(n, sum of pieces).
+ */
+int ipc_token_lp_put(uint8_t *buf, size_t cap, size_t *len, uint32_t n, const int32_t *ids, const float *logprobs,
+		     const char *const *pieces, const uint32_t *piece_bytes);
+/*
+ * Encode a TOKEN payload with IPC_F_SAMPLE (no header: send it with
+ * ipc_chan_send(..., IPC_MSG_TOKEN, IPC_F_SAMPLE, ...)) into buf[0 .. cap):
+ * t | s | ids (t->n_ids) | text (t->text_bytes) | lp (lp_bytes). Checked
+ * with the decoder. Returns the payload size or a validation error.
+ */
+ssize_t ipc_encode_token_sample(void *buf, size_t cap, const struct ipc_token *t, const struct ipc_sample *s,
+				const int32_t *ids, const char *text, const void *lp, uint32_t lp_bytes);
+
+/* DONE; with IPC_F_SAMPLE also *ret_sample (may be NULL; zeroed without
+ * the flag). */
 int ipc_decode_done(const struct ipc_frame *f, struct ipc_done *ret);
+int ipc_decode_done_sample(const struct ipc_frame *f, struct ipc_done *ret, struct ipc_sample *ret_sample);
 
 struct ipc_error_msg {
 	int32_t code;
