@@ -68,6 +68,7 @@ struct type_info {
 	bool variable;     /* payload may extend beyond `fixed` */
 	uint32_t flags;    /* header flag bits the type defines */
 	unsigned n_fds;    /* exact number of fds */
+	uint32_t sample;   /* bytes IPC_F_SAMPLE adds to `fixed` (a struct ipc_sample) */
 };
 
 #define C2S_SOCK (IPC_FROM_CLIENT | IPC_VIA_SOCKET)
@@ -79,10 +80,10 @@ static const struct type_info types[IPC_MSG_TYPE_MAX + 1] = {
 	[IPC_MSG_GENERATE] = { "GENERATE", C2S_SOCK, sizeof(struct ipc_generate), true, 0, 0 },
 	[IPC_MSG_PROMPT_DATA] = { "PROMPT_DATA", IPC_FROM_CLIENT | IPC_VIA_RING, sizeof(struct ipc_prompt_data),
 				  true, 0, 0 },
-	[IPC_MSG_TOKEN] = { "TOKEN", IPC_FROM_SERVER | IPC_VIA_RING, sizeof(struct ipc_token), true, IPC_F_SAMPLE, 0 },
-	/* variable: IPC_F_SAMPLE appends a struct ipc_sample (the decoder checks the exact size) */
+	[IPC_MSG_TOKEN] = { "TOKEN", IPC_FROM_SERVER | IPC_VIA_RING, sizeof(struct ipc_token), true, IPC_F_SAMPLE, 0,
+			    sizeof(struct ipc_sample) },
 	[IPC_MSG_DONE] = { "DONE", IPC_FROM_SERVER | IPC_VIA_RING | IPC_VIA_SOCKET, sizeof(struct ipc_done),
-			   true, IPC_F_SAMPLE, 0 },
+			   false, IPC_F_SAMPLE, 0, sizeof(struct ipc_sample) },
 	[IPC_MSG_CANCEL] = { "CANCEL", C2S_SOCK, 0, false, 0, 0 },
 	[IPC_MSG_ERROR] = { "ERROR", IPC_FROM_SERVER | IPC_VIA_SOCKET | IPC_VIA_RING, sizeof(struct ipc_error),
 			    true, 0, 0 },
@@ -171,7 +172,8 @@ int ipc_frame_check(const void *buf, size_t n, unsigned n_fds, unsigned from, un
 		return -EPROTO;
 	if (h.flags & ~t->flags)
 		return -EPROTO;
-	if (h.length < t->fixed || (!t->variable && h.length != t->fixed))
+	uint32_t fixed = t->fixed + ((h.flags & IPC_F_SAMPLE) ? t->sample : 0);
+	if (h.length < fixed || (!t->variable && h.length != fixed))
 		return -EBADMSG;
 	if (n_fds > t->n_fds)
 		return -ETOOMANYREFS;

@@ -324,44 +324,31 @@ enum ipc_chat_role {
 #define IPC_CHAT_TURNS_SERVER_VERSION ((0u << 16) | (2u << 8) | 0u)
 
 /*
- * Samples and log-probabilities. A GENERATE with n_samples = N >= 2 asks
- * for N independent continuations of one prompt: the daemon computes the
- * prompt once and forks its KV (the prompt's full pages are shared, only a
- * partly filled last page is copied when a sample first writes to it).
- * Sample 0 samples with the request's seed, sample i >= 1 with SplitMix64's
- * output function applied to seed + i * 0x9e3779b97f4a7c15 (mod 2^64), so
- * a seeded request is reproducible and its sample 0 equals a one-sample
- * request with the same seed. Not with a
- * session (-EINVAL). With IPC_GEN_LOGPROBS every generated token also
- * carries its log-probability and the top_logprobs most likely
- * alternatives: the log-softmax of the model's logits for that position,
- * before repetition penalty, temperature and truncation (as OpenAI's).
- *
- * Such a request (N >= 2 or IPC_GEN_LOGPROBS) streams TOKEN records with
- * IPC_F_SAMPLE:
- *
+ * Samples and log-probabilities. n_samples = N >= 2 asks for N independent
+ * continuations of one prompt: the daemon computes the prompt once and
+ * forks its KV (full pages shared, a partly filled last page copied on a
+ * sample's first write). Sample 0 samples with the request's seed, sample
+ * i >= 1 with SplitMix64's output function of seed + i * 0x9e3779b97f4a7c15
+ * (mod 2^64): reproducible, and sample 0 is what a one-sample request with
+ * that seed gives. Not with a session (-EINVAL). IPC_GEN_LOGPROBS adds to
+ * each token its log-probability and the top_logprobs likeliest tokens:
+ * log-softmax of the model's logits before repetition penalty, temperature
+ * and truncation (as OpenAI's).
+ * Such a request (N >= 2 or the flag) streams TOKEN records with
+ * IPC_F_SAMPLE, each covering tokens of one sample (index counting that
+ * sample's tokens; samples interleave):
  *     struct ipc_token | struct ipc_sample | ids | text | [log-probabilities]
- *
- * each record covering tokens of one sample; the samples' records
- * interleave (each sample's in order, its index counting its own tokens).
- * Each sample ends with its own DONE with IPC_F_SAMPLE (struct ipc_done |
- * struct ipc_sample, n_top and lp_flags 0) carrying that sample's finish
- * and token count; the request is over after N of them (N = 1 for a
- * one-sample request with log-probabilities), or at an ERROR, which ends
- * every sample. With IPC_LP_PRESENT, the log-probability area holds, for
- * each token of the record in order, 1 + n_top struct ipc_logprob entries
- * (the sampled token first, then the alternatives, most likely first) and
- * then those entries' piece bytes, concatenated in entry order. A piece is
- * the token's text as raw bytes (possibly part of a UTF-8 character), cut
- * to IPC_MAX_PIECE_BYTES; a control token's piece is its text.
- *
- * Compatibility: the protocol version stays 2. Daemons older than these
- * fields refuse non-zero n_samples / top_logprobs and the flag with -EPROTO
- * before reading the prompt; a refused ring upload would leave the ring
- * out of step, so libkvclient asks for them only from a daemon whose
- * WELCOME.server_version is at least IPC_SAMPLES_SERVER_VERSION and
- * refuses the request itself (-EOPNOTSUPP) otherwise. A request without
- * them is streamed exactly as before.
+ * With IPC_LP_PRESENT the area holds, per token in order, 1 + n_top struct
+ * ipc_logprob (the sampled token first, then the alternatives, likeliest
+ * first, ties by lower id) followed by their pieces' bytes in entry order;
+ * a piece is the token's raw bytes (maybe part of a UTF-8 character; a
+ * control token's text), cut to IPC_MAX_PIECE_BYTES. Each sample ends with
+ * its own DONE with IPC_F_SAMPLE (struct ipc_done | struct ipc_sample, n_top
+ * and lp_flags 0); the request is over after N of them, or at an ERROR,
+ * which ends every sample.
+ * Compatibility as for chat turns above: older daemons refuse these fields
+ * (-EPROTO), so libkvclient sends them only to a daemon of at least
+ * IPC_SAMPLES_SERVER_VERSION (else -EOPNOTSUPP).
  */
 #define IPC_SAMPLES_SERVER_VERSION ((0u << 16) | (3u << 8) | 0u)
 #define IPC_LP_PRESENT 0x1u        /* ipc_sample.lp_flags: the record has a log-probability area */
@@ -530,10 +517,8 @@ struct ipc_ps_entry {
 	uint32_t cached_tokens;
 	uint32_t generated_tokens;
 	uint32_t max_tokens;
-	uint32_t sample;          /* sample index (see "Samples"); 0 for a one-sample request. A
-				   * daemon sends non-zero only to clients whose HELLO.client_version
-				   * is at least IPC_SAMPLES_SERVER_VERSION (older ones required 0
-				   * here, and are not sent the other samples' entries) */
+	uint32_t sample;          /* sample index ("Samples"); clients older than IPC_SAMPLES_SERVER_VERSION
+				   * (HELLO) required 0 here: they get only sample 0's entries */
 };
 
 struct ipc_ps_reply {
@@ -756,25 +741,18 @@ struct ipc_token_lp {
 /* Walk the area of a decoded record: start with *off = 0; returns 1 with
  * the next token's entries, 0 after the last (or without an area). */
 int ipc_token_lp_next(const struct ipc_token_msg *m, size_t *off, struct ipc_token_lp *ret);
-/*
- * Append one token's entries to an area being built in buf[*len .. cap):
- * n entries (ids, logprobs, pieces with their lengths, cut to
- * IPC_MAX_PIECE_BYTES). Returns 0, or -E2BIG when they do not fit (nothing
- * written). Bytes one token takes: ipc_token_lp_bytes(n, sum of pieces).
- */
+/* Append one token's n entries (ids, logprobs, pieces cut to
+ * IPC_MAX_PIECE_BYTES) to an area in buf[*len .. cap). 0, -EINVAL for n
+ * outside 1 .. 1 + IPC_MAX_TOP_LOGPROBS, -E2BIG when they do not fit. */
 int ipc_token_lp_put(uint8_t *buf, size_t cap, size_t *len, uint32_t n, const int32_t *ids, const float *logprobs,
 		     const char *const *pieces, const uint32_t *piece_bytes);
-/*
- * Encode a TOKEN payload with IPC_F_SAMPLE (no header: send it with
- * ipc_chan_send(..., IPC_MSG_TOKEN, IPC_F_SAMPLE, ...)) into buf[0 .. cap):
- * t | s | ids (t->n_ids) | text (t->text_bytes) | lp (lp_bytes). Checked
- * with the decoder. Returns the payload size or a validation error.
- */
+/* A TOKEN payload with IPC_F_SAMPLE (no header: ipc_chan_send() adds it)
+ * in buf[0 .. cap): t | s | ids | text | lp. Checked with the decoder;
+ * returns the payload size or a validation error. */
 ssize_t ipc_encode_token_sample(void *buf, size_t cap, const struct ipc_token *t, const struct ipc_sample *s,
 				const int32_t *ids, const char *text, const void *lp, uint32_t lp_bytes);
 
-/* DONE; with IPC_F_SAMPLE also *ret_sample (may be NULL; zeroed without
- * the flag). */
+/* DONE; with IPC_F_SAMPLE also *ret_sample (may be NULL; zero without it). */
 int ipc_decode_done(const struct ipc_frame *f, struct ipc_done *ret);
 int ipc_decode_done_sample(const struct ipc_frame *f, struct ipc_done *ret, struct ipc_sample *ret_sample);
 
