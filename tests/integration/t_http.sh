@@ -7,7 +7,8 @@
 #     chat and completions, streaming and not, stream_options.include_usage,
 #     cached_tokens from the prefix cache, a multi-turn conversation whose
 #     cached_tokens grows turn by turn, stop strings, 32 concurrent greedy
-#     streams equal to their solo runs, errors as exception classes
+#     streams equal to their solo runs, errors as exception classes; n
+#     and logprobs / top_logprobs (tests/http/samples_check.py)
 #   - a conversation with earlier turns gives the same prompt and answer
 #     through kvd-http (streamed or not) as through kvctl chat
 #   - curl: server-sent events ending in "data: [DONE]" whose text equals
@@ -95,6 +96,8 @@ ok "kvd-http on 127.0.0.1:$PORT serves '$MODEL'"
 
 # ---- the official openai package
 "$VPY" "$ROOT/tests/http/openai_check.py" "$B/v1" "$KEY" "$MODEL" || fail "openai client checks"
+# n and log-probabilities
+"$VPY" "$ROOT/tests/http/samples_check.py" "$B/v1" "$KEY" "$MODEL" "$KVCTL" "$S" || fail "n / logprobs checks"
 
 # ---- curl: SSE
 REQ='{"messages":[{"role":"user","content":"Why is the sky blue?"}],"max_tokens":24,"temperature":0'
