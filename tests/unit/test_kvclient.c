@@ -214,7 +214,7 @@ static void run_samples(struct fake *s, uint64_t id, bool hostile)
 		for (uint32_t i = 0; i < n; i++) {
 			if (k > i)
 				continue;
-			char text[32], pieces[1 + IPC_MAX_TOP_LOGPROBS][8];
+			char text[32], pieces[1 + IPC_MAX_TOP_LOGPROBS][16];
 			int32_t ids[1 + IPC_MAX_TOP_LOGPROBS];
 			float vals[1 + IPC_MAX_TOP_LOGPROBS];
 			const char *pp[1 + IPC_MAX_TOP_LOGPROBS];
