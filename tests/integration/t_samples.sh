@@ -20,6 +20,9 @@
 #     row (the quantized model's established tolerance is larger);
 #   - samples count as requests: -n 5 over server.max_requests_per_client = 4
 #     is refused with a message saying so; -n 17 never leaves kvctl.
+# On the CUDA plug-in, emulated on the CPU (tests/gpu/emu), greedy -n 3
+# gives the CPU backend's tokens (the fork's copy-on-write goes through the
+# plug-in's page copy).
 source "$(dirname "$0")/lib.sh"
 need_bins
 [ -x "$KVCTL" ] || skip "$KVCTL not built"
@@ -77,8 +80,38 @@ text=$("$KVCTL" generate --raw --temperature 0 --max-tokens 6 -n 3 "$P") || fail
 [ "$(grep -c '^--- sample [0-2] (' <<<"$text")" = 3 ] || fail "text output of -n 3: $text"
 stop_kvd "$KVD_PID" || fail "kvd (tiny) exited badly"
 
+# ---- the CUDA plug-in, emulated (tests/gpu/emu): samples fork through its page copy
+EMU=$ROOT/$BUILD/gpu-emu
+if [ ! -f "$EMU/libkvd-cuda.so" ] && command -v g++ >/dev/null; then
+	mkdir -p "$EMU/src"
+	for f in kernels/cuda/*.cu; do python3 tests/gpu/emu/rewrite.py "$f" "$EMU/src/$(basename "$f" .cu).cc" || break; done
+	nice g++ -std=c++17 -O2 -fPIC -shared -Itests/gpu/emu/include -I. -Ikernels -Ikernels/cuda "$EMU"/src/*.cc \
+		tests/gpu/emu/emu.cc -o "$EMU/libkvd-cuda.so" 2>"$T/emu.err" || rm -f "$EMU/libkvd-cuda.so"
+fi
+if [ -f "$EMU/libkvd-cuda.so" ] && ls kernels/cuda/*.cu >/dev/null 2>&1; then
+	GQA=$(tiny_model gqa)
+	Q="hello world, the quick brown fox jumps over the lazy dog again and again"
+	for be in cpu cuda; do
+		KVD_CUDA_EMULATED=1 KVD_CUDA_PLUGIN=$EMU/libkvd-cuda.so start_kvd "emu-$be" "$T/$be.sock" --model "$GQA" \
+			--pool-size 8M --threads 1 --backend "$be"
+		KVD_SOCKET=$T/$be.sock "$KVCTL" generate --raw --temperature 0 -n 3 --max-tokens 20 --json "$Q" >"$T/emu-$be.json" ||
+			fail "generate -n 3 on the $be backend"
+		stop_kvd "$KVD_PID" || fail "kvd ($be) exited badly"
+	done
+	grep -q "cuda backend" "$T/emu-cuda.log" || fail "the emulated plug-in was not used: $(head -3 "$T/emu-cuda.log")"
+	$PY - "$T/emu-cpu.json" "$T/emu-cuda.json" <<'PYEOF' || fail "samples on the emulated CUDA plug-in differ from the CPU's"
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+assert [s["token_ids"] for s in a["samples"]] == [s["token_ids"] for s in b["samples"]], (a, b)
+assert len(b["samples"]) == 3 and all(len(s["token_ids"]) == 20 for s in b["samples"])
+PYEOF
+	ok "the CUDA plug-in (emulated): -n 3 greedy samples equal the CPU backend's"
+else
+	echo "skipped: the emulated CUDA plug-in could not be built (g++ missing or kernels/cuda absent): samples not run on it"
+fi
+
 # ---- the default model ------------------------------------------------------------------
-[ -f "$REAL_MODEL" ] || { echo "note: $REAL_MODEL absent: the 135M part is not run"; exit 0; }
+[ -f "$REAL_MODEL" ] || { echo "skipped: $REAL_MODEL absent (scripts/setup): the SmolLM2 part is not run"; exit 0; }
 S=$T/real.sock
 printf '[server]\nmax_requests_per_client = 4\n' >"$T/real.conf"
 start_kvd real "$S" --config "$T/real.conf" --model "$REAL_MODEL" --pool-size 64M --threads 1 --no-prefix-caching
