@@ -179,7 +179,7 @@ static int flush_one(struct client *c, struct greq *gr, uint32_t si, struct gsam
 					.n_top = (uint16_t)(gr->xs->logprobs ? gr->xs->top_logprobs : 0),
 					.lp_flags = gr->xs->logprobs ? IPC_LP_PRESENT : 0 };
 		ssize_t len = ipc_encode_token_sample(buf, sizeof(buf), &t, &s, ids, x->text + text_off,
-						      x->lp + lp_off, (uint32_t)lpb);
+						      x->lp ? x->lp + lp_off : NULL, (uint32_t)lpb);
 		if (len < 0)
 			return (int)len;
 		r = ipc_chan_send(c->chan, IPC_MSG_TOKEN, IPC_F_SAMPLE, gr->id, buf, (size_t)len, NULL, 0);
@@ -199,8 +199,10 @@ static int flush_one(struct client *c, struct greq *gr, uint32_t si, struct gsam
 		x->n_toks -= i;
 		memmove(x->text, x->text + text_off, x->text_bytes - text_off);
 		x->text_bytes -= text_off;
-		memmove(x->lp, x->lp + lp_off, x->lp_bytes - lp_off);
-		x->lp_bytes -= lp_off;
+		if (x->lp) { /* (none without log-probabilities) */
+			memmove(x->lp, x->lp + lp_off, x->lp_bytes - lp_off);
+			x->lp_bytes -= lp_off;
+		}
 	}
 	if (r == -EAGAIN)
 		return 0;
