@@ -264,7 +264,7 @@ struct ipc_welcome {
 #define IPC_GEN_PROMPT_IN_RING 0x4u /* prompt follows as PROMPT_DATA records */
 #define IPC_GEN_PARSE_SPECIAL  0x8u /* with IPC_GEN_RAW: special-token texts become special tokens */
 #define IPC_GEN_CHAT_TURNS     0x10u /* the prompt is a list of chat turns (see below) */
-#define IPC_GEN_LOGPROBS       0x20u /* TOKEN records carry log-probabilities (see "Samples") */
+#define IPC_GEN_LOGPROBS       0x20u /* TOKEN records carry log-probabilities (ipc_samples.h) */
 #define IPC_GEN_ALL            0x3fu
 
 struct ipc_generate {
@@ -281,7 +281,7 @@ struct ipc_generate {
 	uint32_t prompt_bytes;    /* 0 .. IPC_MAX_TEXT_BYTES (inline: .. IPC_MAX_INLINE_TEXT_BYTES) */
 	uint32_t system_bytes;    /* 0 .. IPC_MAX_SYSTEM_BYTES; chat mode only */
 	uint16_t n_stop;          /* 0 .. IPC_MAX_STOP_STRINGS */
-	uint8_t n_samples;        /* 0 or 1: one sample; 2 .. IPC_MAX_SAMPLES (see "Samples") */
+	uint8_t n_samples;        /* 0 or 1: one sample; 2 .. IPC_MAX_SAMPLES (ipc_samples.h) */
 	uint8_t top_logprobs;     /* 0 .. IPC_MAX_TOP_LOGPROBS alternatives; only with IPC_GEN_LOGPROBS */
 	uint32_t stop_bytes;      /* size of the stop area: per string u16 length + bytes */
 };
@@ -323,49 +323,6 @@ enum ipc_chat_role {
 #define IPC_MAX_CHAT_TURNS            1024u
 #define IPC_CHAT_TURNS_SERVER_VERSION ((0u << 16) | (2u << 8) | 0u)
 
-/*
- * Samples and log-probabilities. n_samples = N >= 2 asks for N independent
- * continuations of one prompt: the daemon computes the prompt once and
- * forks its KV (full pages shared, a partly filled last page copied on a
- * sample's first write). Sample 0 samples with the request's seed, sample
- * i >= 1 with SplitMix64's output function of seed + i * 0x9e3779b97f4a7c15
- * (mod 2^64): reproducible, and sample 0 is what a one-sample request with
- * that seed gives. Not with a session (-EINVAL). IPC_GEN_LOGPROBS adds to
- * each token its log-probability and the top_logprobs likeliest tokens:
- * log-softmax of the model's logits before repetition penalty, temperature
- * and truncation (as OpenAI's).
- * Such a request (N >= 2 or the flag) streams TOKEN records with
- * IPC_F_SAMPLE, each covering tokens of one sample (index counting that
- * sample's tokens; samples interleave):
- *     struct ipc_token | struct ipc_sample | ids | text | [log-probabilities]
- * With IPC_LP_PRESENT the area holds, per token in order, 1 + n_top struct
- * ipc_logprob (the sampled token first, then the alternatives, likeliest
- * first, ties by lower id) followed by their pieces' bytes in entry order;
- * a piece is the token's raw bytes (maybe part of a UTF-8 character; a
- * control token's text), cut to IPC_MAX_PIECE_BYTES. Each sample ends with
- * its own DONE with IPC_F_SAMPLE (struct ipc_done | struct ipc_sample, n_top
- * and lp_flags 0); the request is over after N of them, or at an ERROR,
- * which ends every sample.
- * Compatibility as for chat turns above: older daemons refuse these fields
- * (-EPROTO), so libkvclient sends them only to a daemon of at least
- * IPC_SAMPLES_SERVER_VERSION (else -EOPNOTSUPP).
- */
-#define IPC_SAMPLES_SERVER_VERSION ((0u << 16) | (3u << 8) | 0u)
-#define IPC_LP_PRESENT 0x1u        /* ipc_sample.lp_flags: the record has a log-probability area */
-
-struct ipc_sample {
-	uint32_t sample;          /* 0 .. IPC_MAX_SAMPLES - 1 */
-	uint16_t n_top;           /* TOKEN: alternatives per token, 0 .. IPC_MAX_TOP_LOGPROBS; DONE: 0 */
-	uint16_t lp_flags;        /* TOKEN: IPC_LP_*; DONE: 0 */
-};
-
-struct ipc_logprob {
-	int32_t id;               /* token id */
-	float logprob;            /* <= 0 (-inf allowed), not NaN */
-	uint16_t piece_bytes;     /* 0 .. IPC_MAX_PIECE_BYTES */
-	uint16_t reserved0;
-};
-
 struct ipc_prompt_data {
 	uint32_t offset;          /* of these bytes within the upload */
 	uint32_t bytes;           /* >= 1; the record's remaining payload */
@@ -376,6 +333,13 @@ struct ipc_token {
 	uint32_t n_tokens;        /* 1 .. IPC_MAX_TOKENS_PER_RECORD */
 	uint32_t n_ids;           /* 0, or n_tokens when IPC_GEN_WANT_IDS was set */
 	uint32_t text_bytes;      /* 0 .. IPC_MAX_TOKEN_TEXT_BYTES */
+};
+/* With IPC_F_SAMPLE (samples, log-probabilities: ipc_samples.h) this follows
+ * struct ipc_token (and struct ipc_done). */
+struct ipc_sample {
+	uint32_t sample;          /* 0 .. IPC_MAX_SAMPLES - 1 */
+	uint16_t n_top;           /* TOKEN: alternatives per token, 0 .. IPC_MAX_TOP_LOGPROBS; DONE: 0 */
+	uint16_t lp_flags;        /* TOKEN: IPC_LP_*; DONE: 0 */
 };
 /* Payload: struct ipc_token | int32 ids[n_ids] | text. Text is the
  * detokenized output; a partial UTF-8 character may be held back until a
@@ -517,7 +481,7 @@ struct ipc_ps_entry {
 	uint32_t cached_tokens;
 	uint32_t generated_tokens;
 	uint32_t max_tokens;
-	uint32_t sample;          /* sample index ("Samples"); clients older than IPC_SAMPLES_SERVER_VERSION
+	uint32_t sample;          /* sample index (ipc_samples.h); clients older than IPC_SAMPLES_SERVER_VERSION
 				   * (HELLO) required 0 here: they get only sample 0's entries */
 };
 
@@ -732,29 +696,7 @@ struct ipc_token_msg {
 int ipc_decode_token(const struct ipc_frame *f, struct ipc_token_msg *ret);
 int32_t ipc_token_id(const struct ipc_token_msg *m, uint32_t i);
 
-/* One token's log-probabilities out of a decoded TOKEN record. */
-struct ipc_token_lp {
-	uint32_t n;                                   /* 1 + n_top */
-	struct ipc_logprob e[1 + IPC_MAX_TOP_LOGPROBS]; /* [0]: the sampled token */
-	const char *piece[1 + IPC_MAX_TOP_LOGPROBS];  /* e[i].piece_bytes bytes, into the frame */
-};
-/* Walk the area of a decoded record: start with *off = 0; returns 1 with
- * the next token's entries, 0 after the last (or without an area). */
-int ipc_token_lp_next(const struct ipc_token_msg *m, size_t *off, struct ipc_token_lp *ret);
-/* Append one token's n entries (ids, logprobs, pieces cut to
- * IPC_MAX_PIECE_BYTES) to an area in buf[*len .. cap). 0, -EINVAL for n
- * outside 1 .. 1 + IPC_MAX_TOP_LOGPROBS, -E2BIG when they do not fit. */
-int ipc_token_lp_put(uint8_t *buf, size_t cap, size_t *len, uint32_t n, const int32_t *ids, const float *logprobs,
-		     const char *const *pieces, const uint32_t *piece_bytes);
-/* A TOKEN payload with IPC_F_SAMPLE (no header: ipc_chan_send() adds it)
- * in buf[0 .. cap): t | s | ids | text | lp. Checked with the decoder;
- * returns the payload size or a validation error. */
-ssize_t ipc_encode_token_sample(void *buf, size_t cap, const struct ipc_token *t, const struct ipc_sample *s,
-				const int32_t *ids, const char *text, const void *lp, uint32_t lp_bytes);
-
-/* DONE; with IPC_F_SAMPLE also *ret_sample (may be NULL; zero without it). */
 int ipc_decode_done(const struct ipc_frame *f, struct ipc_done *ret);
-int ipc_decode_done_sample(const struct ipc_frame *f, struct ipc_done *ret, struct ipc_sample *ret_sample);
 
 struct ipc_error_msg {
 	int32_t code;
@@ -996,5 +938,9 @@ int ipc_chan_ack(struct ipc_chan *c);
  * closed).
  */
 int ipc_chan_wake_peer(struct ipc_chan *c);
+
+/* Samples and log-probabilities: the IPC_F_SAMPLE stream, its log-probability
+ * area and their helpers. */
+#include "ipc_samples.h"
 
 #endif /* KVD_IPC_H */
