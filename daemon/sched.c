@@ -50,6 +50,29 @@
 #define SCHED_MIN_CHUNK           4 /* prefill beside decodes never shrinks below this */
 #define SCHED_EWMA_SHIFT          2 /* step-time estimates move 1/4 of the way to each sample */
 
+struct kvd_sched {
+	struct kvd_sched_config cfg;
+	struct kvd_engine *e;
+	struct kvmm *kv;
+	struct kvd_sched_events ev;
+	int32_t n_vocab;
+	uint32_t block_size;
+	struct req **reqs; /* by arrival */
+	size_t n_reqs, cap_reqs;
+	uint64_t arrivals;
+	struct kvd_sched_stats st;
+	/* Step-time model for max_step_ms: moving averages of a step that only
+	 * decodes and of one prefill token's share of a step (0: not measured
+	 * yet), both from measured steps, so the budget follows the machine. */
+	uint64_t est_decode_ns, est_token_ns;
+	/* step scratch */
+	struct kvd_engine_item *items;
+	struct req **item_req;
+	size_t cap_items;
+	struct req *attaching;  /* whose prefix kvmm_prefix_attach is looking up */
+	int demote_failing;     /* the last demotion failed (logged once until one works) */
+};
+
 static uint64_t now_ns(const struct kvd_sched *s)
 {
 	struct timespec ts;
@@ -169,6 +192,16 @@ void req_free(struct req *r)
 	free(r);
 }
 
+static int find_ptr(const struct kvd_sched *s, const struct req *r, size_t *ret_i)
+{
+	for (size_t i = 0; i < s->n_reqs; i++)
+		if (s->reqs[i] == r) {
+			*ret_i = i;
+			return 1;
+		}
+	return 0;
+}
+
 static void drop_seq(struct kvd_sched *s, struct req *r)
 {
 	if (r->has_seq) {
@@ -271,7 +304,7 @@ static void finish(struct kvd_sched *s, struct req *r, enum kvd_finish why, int 
 	if (s->ev.on_done)
 		s->ev.on_done(s->ev.ud, r->id, &r->res);
 	r->res.ledger = NULL;
-	done_unforked(s, r);
+	done_unforked(&s->ev, r);
 	req_free(r);
 }
 
@@ -691,12 +724,31 @@ static void emit(struct kvd_sched *s, struct req *r)
 }
 
 /* p's prompt is computed and its logits are in: fork the other samples
- * (sched_samples.c), then every sample has its first token. */
+ * (sched_samples.c), right after p in the array, then every sample has
+ * its first token. */
 static void start_samples(struct kvd_sched *s, struct req *p)
 {
 	struct req *kids[KVD_MAX_SAMPLES];
-	uint32_t n = fork_samples(s, p, kids);
+	size_t at;
 
+	if (s->n_reqs + p->n_samples > s->cap_reqs) {
+		size_t cap = s->cap_reqs;
+		while (cap < s->n_reqs + p->n_samples)
+			cap *= 2;
+		struct req **nr = realloc(s->reqs, cap * sizeof(*nr));
+		if (nr) {
+			s->reqs = nr;
+			s->cap_reqs = cap;
+		}
+	}
+	struct sched_fork x = { s->kv, s->n_vocab, &s->ev, &s->st };
+	uint32_t n = fork_samples(&x, p, kids, s->cap_reqs - s->n_reqs);
+	if (find_ptr(s, p, &at)) {
+		at++;
+		memmove(&s->reqs[at + n], &s->reqs[at], (s->n_reqs - at) * sizeof(*s->reqs));
+		memcpy(&s->reqs[at], kids, n * sizeof(*kids));
+		s->n_reqs += n;
+	}
 	emit(s, p); /* may finish and free p */
 	for (uint32_t i = 0; i < n; i++)
 		if (kids[i]->state == RS_RUNNING)

@@ -47,49 +47,33 @@ struct req {
 	uint64_t t_submit, t_admit, t_first, t_last, t_used;
 };
 
-struct kvd_sched {
-	struct kvd_sched_config cfg;
-	struct kvd_engine *e;
-	struct kvmm *kv;
-	struct kvd_sched_events ev;
-	int32_t n_vocab;
-	uint32_t block_size;
-	struct req **reqs; /* by arrival */
-	size_t n_reqs, cap_reqs;
-	uint64_t arrivals;
-	struct kvd_sched_stats st;
-	/* Step-time model for max_step_ms: moving averages of a step that only
-	 * decodes and of one prefill token's share of a step (0: not measured
-	 * yet), both from measured steps, so the budget follows the machine. */
-	uint64_t est_decode_ns, est_token_ns;
-	/* step scratch */
-	struct kvd_engine_item *items;
-	struct req **item_req;
-	size_t cap_items;
-	struct req *attaching;  /* whose prefix kvmm_prefix_attach is looking up */
-	int demote_failing;     /* the last demotion failed (logged once until one works) */
-};
-
 /* ---- sched.c ---- */
 void req_free(struct req *r);
 int reserve_toks(struct req *r, uint32_t n);
 
 /* ---- sched_samples.c ---- */
-/* 1 and *ret_i when r is in the array. */
-int find_ptr(const struct kvd_sched *s, const struct req *r, size_t *ret_i);
+/* What forking needs of the scheduler (sched.c fills it in). */
+struct sched_fork {
+	struct kvmm *kv;
+	int32_t n_vocab;
+	const struct kvd_sched_events *ev;
+	struct kvd_sched_stats *st;   /* samples_forked, requests_done */
+};
 /* Sequences a running request stands for: its samples until they are forked. */
 uint32_t slots(const struct req *r);
 /* r ends before its samples were forked: report the other samples as
  * ending the same way (on_done), with nothing generated. */
-void done_unforked(struct kvd_sched *s, const struct req *r);
+void done_unforked(const struct kvd_sched_events *ev, const struct req *r);
 /*
- * p's prompt is computed and its logits are in: fork the other n_samples - 1
- * samples (kvmm_seq_fork), placed right after p in the array with p's
- * arrival, each with a copy of the logits and a sampler seeded
- * kvd_sample_seed(seed, i). A sample that cannot be made (out of memory)
- * ends at once with ERROR (on_done). Returns how many were made, in kids;
- * none has sampled yet (the caller emits p's first token, then theirs).
+ * p's prompt is computed and its logits are in: make the other
+ * n_samples - 1 samples (at most room of them), each with p's arrival, a
+ * copy of the logits, a sampler seeded kvd_sample_seed(seed, i) and a fork
+ * of p's sequence (kvmm_seq_fork; a failed fork leaves the child waiting,
+ * to recompute its prompt like a preempted request). A sample that cannot
+ * be made (out of memory, no room) ends at once with ERROR (on_done).
+ * Returns how many were made, in kids, for the caller to place right after
+ * p; none has sampled yet.
  */
-uint32_t fork_samples(struct kvd_sched *s, struct req *p, struct req **kids);
+uint32_t fork_samples(const struct sched_fork *x, struct req *p, struct req **kids, size_t room);
 
 #endif

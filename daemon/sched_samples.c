@@ -16,21 +16,11 @@
 #include "kvmm.h"
 #include "sched_impl.h"
 
-int find_ptr(const struct kvd_sched *s, const struct req *r, size_t *ret_i)
-{
-	for (size_t i = 0; i < s->n_reqs; i++)
-		if (s->reqs[i] == r) {
-			*ret_i = i;
-			return 1;
-		}
-	return 0;
-}
-
 /* A request that ends before its samples were forked: report the others
  * as ending the same way, with nothing generated. */
-void done_unforked(struct kvd_sched *s, const struct req *r)
+void done_unforked(const struct kvd_sched_events *ev, const struct req *r)
 {
-	if (r->forked || !s->ev.on_done)
+	if (r->forked || !ev->on_done)
 		return;
 	for (uint32_t i = 1; i < r->n_samples; i++) {
 		struct kvd_request_result res = r->res;
@@ -38,7 +28,7 @@ void done_unforked(struct kvd_sched *s, const struct req *r)
 		res.generated_tokens = 0;
 		res.ttft_ns = res.decode_ns = 0;
 		res.ledger = NULL;
-		s->ev.on_done(s->ev.ud, r->id, &res);
+		ev->on_done(ev->ud, r->id, &res);
 	}
 }
 
@@ -52,20 +42,20 @@ uint32_t slots(const struct req *r)
  * sequence. A failed fork leaves the child waiting, to recompute its
  * prompt (through the prefix cache) like a preempted request. NULL when
  * out of memory. */
-static struct req *fork_child(struct kvd_sched *s, struct req *p, uint32_t i)
+static struct req *fork_child(const struct sched_fork *x, struct req *p, uint32_t i)
 {
 	struct req *c = calloc(1, sizeof(*c));
 	if (!c)
 		return NULL;
 	struct kvd_sampler_params sp = p->sp;
 	sp.seed = kvd_sample_seed(p->sp.seed, i);
-	c->sampler = kvd_sampler_new(&sp, s->n_vocab);
-	c->logits = malloc((size_t)s->n_vocab * sizeof(float));
+	c->sampler = kvd_sampler_new(&sp, x->n_vocab);
+	c->logits = malloc((size_t)x->n_vocab * sizeof(float));
 	if (!c->sampler || !c->logits || reserve_toks(c, p->cap_toks) < 0) {
 		req_free(c);
 		return NULL;
 	}
-	memcpy(c->logits, p->logits, (size_t)s->n_vocab * sizeof(float));
+	memcpy(c->logits, p->logits, (size_t)x->n_vocab * sizeof(float));
 	memcpy(c->toks, p->toks, p->n_toks * sizeof(*c->toks));
 	c->id = p->id;
 	c->arrival = p->arrival;
@@ -83,53 +73,36 @@ static struct req *fork_child(struct kvd_sched *s, struct req *p, uint32_t i)
 	c->res.cached_tokens = p->res.cached_tokens;
 	c->t_submit = p->t_submit;
 	c->t_admit = p->t_admit;
-	if (kvmm_seq_fork(s->kv, p->seq, &c->seq) == 0) {
+	if (kvmm_seq_fork(x->kv, p->seq, &c->seq) == 0) {
 		c->has_seq = 1;
 		c->n_computed = p->n_computed;
 		c->state = RS_RUNNING;
-		s->st.samples_forked++;
+		x->st->samples_forked++;
 	} else {
 		c->state = RS_WAITING;
 	}
 	return c;
 }
 
-uint32_t fork_samples(struct kvd_sched *s, struct req *p, struct req **kids)
+uint32_t fork_samples(const struct sched_fork *x, struct req *p, struct req **kids, size_t room)
 {
 	uint32_t n = 0;
-	size_t at;
 
 	p->forked = 1;
-	if (s->n_reqs + p->n_samples > s->cap_reqs) {
-		size_t cap = s->cap_reqs;
-		while (cap < s->n_reqs + p->n_samples)
-			cap *= 2;
-		struct req **nr = realloc(s->reqs, cap * sizeof(*nr));
-		if (nr) {
-			s->reqs = nr;
-			s->cap_reqs = cap;
-		}
-	}
 	for (uint32_t i = 1; i < p->n_samples; i++) {
-		struct req *c = s->n_reqs + n < s->cap_reqs ? fork_child(s, p, i) : NULL;
+		struct req *c = n < room ? fork_child(x, p, i) : NULL;
 		if (!c) {
 			/* this sample cannot be made: it ends at once */
 			struct kvd_request_result res = { .finish = KVD_FINISH_ERROR, .error = -ENOMEM,
 							  .prompt_tokens = p->res.prompt_tokens,
 							  .cached_tokens = p->res.cached_tokens,
 							  .sample = i, .n_samples = p->n_samples };
-			s->st.requests_done++;
-			if (s->ev.on_done)
-				s->ev.on_done(s->ev.ud, p->id, &res);
+			x->st->requests_done++;
+			if (x->ev->on_done)
+				x->ev->on_done(x->ev->ud, p->id, &res);
 			continue;
 		}
 		kids[n++] = c;
-	}
-	if (find_ptr(s, p, &at)) {
-		at++;
-		memmove(&s->reqs[at + n], &s->reqs[at], (s->n_reqs - at) * sizeof(*s->reqs));
-		memcpy(&s->reqs[at], kids, n * sizeof(*kids));
-		s->n_reqs += n;
 	}
 	return n;
 }
