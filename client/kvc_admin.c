@@ -252,6 +252,7 @@ static int ps_reply(kvc_client *c, const struct ipc_frame *f, void *arg)
 		o->cached_tokens = w.cached_tokens;
 		o->generated_tokens = w.generated_tokens;
 		o->max_tokens = w.max_tokens;
+		o->sample = w.sample;
 	}
 	a->n += m.r.n_entries;
 	if (m.more)

@@ -45,6 +45,9 @@ const char *kvc_req_state_name(int state)
 
 static_assert(KVC_MAX_CHAT_MSGS == IPC_MAX_CHAT_TURNS, "message count limit is the wire's");
 static_assert(sizeof(void *) != 8 || sizeof(struct kvc_gen_params) == 136, "kvc_gen_params keeps its size");
+static_assert(KVC_GEN_LOGPROBS == IPC_GEN_LOGPROBS && KVC_MAX_SAMPLES == IPC_MAX_SAMPLES &&
+		      KVC_MAX_TOP_LOGPROBS == IPC_MAX_TOP_LOGPROBS,
+	      "flags and limits are the wire's");
 
 /* The conversation in p as the wire's turn list, in a fresh buffer
  * (*ret, free()d by the caller); its size in *ret_len. */
@@ -110,8 +113,13 @@ static int build_generate(const kvc_client *c, const char *prompt, size_t len, c
 			  bool turns, struct ipc_generate_msg *m)
 {
 	memset(m, 0, sizeof(*m));
-	if (p->flags & ~(KVC_GEN_RAW | KVC_GEN_WANT_IDS | KVC_GEN_PARSE_SPECIAL))
+	if (p->flags & ~(KVC_GEN_RAW | KVC_GEN_WANT_IDS | KVC_GEN_PARSE_SPECIAL | KVC_GEN_LOGPROBS))
 		return -EINVAL;
+	if (p->n_samples > KVC_MAX_SAMPLES || p->top_logprobs > KVC_MAX_TOP_LOGPROBS ||
+	    (p->top_logprobs && !(p->flags & KVC_GEN_LOGPROBS)) || (p->n_samples > 1 && p->session_id))
+		return -EINVAL;
+	if ((p->n_samples > 1 || (p->flags & KVC_GEN_LOGPROBS)) && c->info.server_version < IPC_SAMPLES_SERVER_VERSION)
+		return -EOPNOTSUPP;
 	if ((p->flags & KVC_GEN_PARSE_SPECIAL) && !(p->flags & KVC_GEN_RAW))
 		return -EINVAL;
 	if (p->n_stop > IPC_MAX_STOP_STRINGS)
@@ -132,6 +140,8 @@ static int build_generate(const kvc_client *c, const char *prompt, size_t len, c
 	m->g.repeat_last_n = p->repeat_last_n;
 	m->g.seed = p->seed;
 	m->g.session_id = p->session_id;
+	m->g.n_samples = (uint8_t)p->n_samples;
+	m->g.top_logprobs = (uint8_t)p->top_logprobs;
 	m->g.prompt_bytes = (uint32_t)len;
 	if (p->system) {
 		size_t n = strlen(p->system);
@@ -199,8 +209,25 @@ int kvc_request_start(kvc_client *c, const char *prompt, size_t prompt_len, cons
 	}
 	q->c = c;
 	q->id = ++c->next_id;
+	q->n_samples = p->n_samples > 1 ? p->n_samples : 1;
+	q->logprobs = p->flags & KVC_GEN_LOGPROBS;
+	q->top_logprobs = p->top_logprobs;
+	q->ext = q->n_samples > 1 || q->logprobs;
+	if (q->ext) {
+		q->sample_res = calloc(q->n_samples, sizeof(*q->sample_res));
+		q->sample_done = calloc(q->n_samples, 1);
+		if (!q->sample_res || !q->sample_done) {
+			free(q->sample_res);
+			free(q->sample_done);
+			free(q);
+			free(turns);
+			return -ENOMEM;
+		}
+	}
 	r = (int)ipc_encode_generate(c->txbuf, IPC_MAX_FRAME_BYTES, q->id, &m);
 	if (r < 0) {
+		free(q->sample_res);
+		free(q->sample_done);
 		free(q);
 		free(turns);
 		return r == -EBADMSG || r == -EPROTO ? -EINVAL : r;
@@ -257,6 +284,13 @@ const struct kvc_result *kvc_request_result(const kvc_request *r)
 	return r->finished && !r->head ? &r->result : NULL;
 }
 
+const struct kvc_result *kvc_request_sample_result(const kvc_request *r, uint32_t i)
+{
+	if (!r || !r->finished || r->head || i >= r->n_samples)
+		return NULL;
+	return r->sample_res ? &r->sample_res[i] : &r->result;
+}
+
 kvc_request *kvc_request_finish(kvc_request *r)
 {
 	if (!r)
@@ -276,6 +310,8 @@ kvc_request *kvc_request_finish(kvc_request *r)
 		r->head = e->next;
 		free(e);
 	}
+	free(r->sample_res);
+	free(r->sample_done);
 	free(r);
 	return NULL;
 }

@@ -39,6 +39,13 @@ struct kvc_request {
 	bool finished;              /* the terminal event arrived (result valid) */
 	int status;                 /* 0, -ECANCELED or the error; when finished */
 	struct kvc_result result;
+	/* samples and log-probabilities (IPC_F_SAMPLE stream) */
+	bool ext;                   /* asked for: TOKEN and DONE carry IPC_F_SAMPLE */
+	bool logprobs;
+	uint32_t top_logprobs;
+	uint32_t n_samples, n_done;
+	struct kvc_result *sample_res; /* n_samples; NULL unless ext */
+	uint8_t *sample_done;       /* n_samples flags */
 };
 
 typedef int (*ctl_fn)(kvc_client *c, const struct ipc_frame *f, void *arg);

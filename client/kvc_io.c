@@ -93,6 +93,62 @@ static void req_end(kvc_request *r, int status, int reason, int error, const cha
 		r->result.decode_ns = d->decode_ns;
 		r->result.total_ns = d->total_ns;
 	}
+	/* samples that had no DONE of their own end as the request did */
+	for (uint32_t i = 0; r->sample_res && i < r->n_samples; i++)
+		if (!r->sample_done[i]) {
+			r->sample_res[i] = r->result;
+			r->sample_done[i] = 1;
+		}
+}
+
+static int result_rank(int reason)
+{
+	return reason == KVC_FINISH_ERROR ? 2 : reason == KVC_FINISH_CANCELLED ? 1 : 0;
+}
+
+/* One sample's DONE (IPC_F_SAMPLE); the request ends with the last. */
+static int sample_done(kvc_request *r, const struct ipc_done *d, uint32_t sample)
+{
+	if (!r->ext || sample >= r->n_samples || r->sample_done[sample])
+		return -EPROTO;
+	struct kvc_result *x = &r->sample_res[sample];
+	x->finish_reason = (int)d->finish_reason;
+	x->error = d->error;
+	x->prompt_tokens = d->prompt_tokens;
+	x->cached_tokens = d->cached_tokens;
+	x->generated_tokens = d->generated_tokens;
+	x->queue_ns = d->queue_ns;
+	x->ttft_ns = d->ttft_ns;
+	x->decode_ns = d->decode_ns;
+	x->total_ns = d->total_ns;
+	r->sample_done[sample] = 1;
+	if (++r->n_done < r->n_samples)
+		return 0;
+	/* the whole request: see kvc_request_result() in kvclient.h */
+	struct ipc_done all = *d;
+	const struct kvc_result *worst = &r->sample_res[0];
+	all.generated_tokens = 0;
+	for (uint32_t i = 0; i < r->n_samples; i++) {
+		const struct kvc_result *y = &r->sample_res[i];
+		all.generated_tokens += y->generated_tokens;
+		if (y->decode_ns > all.decode_ns)
+			all.decode_ns = y->decode_ns;
+		if (y->total_ns > all.total_ns)
+			all.total_ns = y->total_ns;
+		if (result_rank(y->finish_reason) > result_rank(worst->finish_reason))
+			worst = y;
+	}
+	all.prompt_tokens = r->sample_res[0].prompt_tokens;
+	all.cached_tokens = r->sample_res[0].cached_tokens;
+	all.queue_ns = r->sample_res[0].queue_ns;
+	all.ttft_ns = r->sample_res[0].ttft_ns;
+	all.finish_reason = (uint32_t)worst->finish_reason;
+	all.error = worst->error;
+	int status = all.finish_reason == IPC_FINISH_CANCELLED ? -ECANCELED
+		     : all.finish_reason == IPC_FINISH_ERROR   ? all.error
+							       : 0;
+	req_end(r, status, (int)all.finish_reason, all.error, NULL, 0, &all);
+	return 0;
 }
 
 /* The connection is unusable from now on: every request and the control
@@ -119,15 +175,32 @@ static void fail_conn(kvc_client *c, int err)
 
 /* ---- the token ring ---------------------------------------------------------------- */
 
+/* The record's shape must be what the request asked for. */
+static bool token_fits_request(const kvc_request *r, const struct ipc_token_msg *m)
+{
+	if (m->has_sample != r->ext)
+		return false;
+	if (!r->ext)
+		return true;
+	return m->s.sample < r->n_samples && !!m->lp == r->logprobs && (!m->lp || m->s.n_top == r->top_logprobs);
+}
+
 static int enqueue_token(kvc_request *r, const struct ipc_token_msg *m)
 {
 	size_t ids_bytes = 4u * m->t.n_ids;
-	struct evnode *e = malloc(sizeof(*e) + ids_bytes + m->t.text_bytes + 1);
+	uint32_t per = 1u + m->s.n_top;
+	/* the log-probabilities: n_tokens kvc_token_logprobs, then their top
+	 * entries, then a copy of the wire's area (the pieces point into it) */
+	size_t lpt_bytes = m->lp ? m->t.n_tokens * sizeof(struct kvc_token_logprobs) : 0;
+	size_t lpe_bytes = m->lp ? (size_t)m->t.n_tokens * m->s.n_top * sizeof(struct kvc_logprob) : 0;
+	size_t ids_pad = (ids_bytes + 7) & ~(size_t)7; /* the structs after the ids are 8-aligned */
+	size_t text_at = ids_pad + lpt_bytes + lpe_bytes;
+	struct evnode *e = malloc(sizeof(*e) + text_at + m->t.text_bytes + 1 + m->lp_bytes);
 	if (!e)
 		return -ENOMEM;
 	e->next = NULL;
 	memcpy(e->data, m->ids, ids_bytes);
-	char *text = (char *)e->data + ids_bytes;
+	char *text = (char *)e->data + text_at;
 	memcpy(text, m->text, m->t.text_bytes);
 	text[m->t.text_bytes] = '\0';
 	e->ev = (struct kvc_event){
@@ -138,7 +211,30 @@ static int enqueue_token(kvc_request *r, const struct ipc_token_msg *m)
 		.index = m->t.index,
 		.n_tokens = m->t.n_tokens,
 		.ids = m->t.n_ids ? (const int32_t *)(void *)e->data : NULL,
+		.sample = m->s.sample,
 	};
+	if (m->lp) {
+		struct kvc_token_logprobs *lt = (struct kvc_token_logprobs *)(void *)(e->data + ids_pad);
+		struct kvc_logprob *le = (struct kvc_logprob *)(void *)(e->data + ids_pad + lpt_bytes);
+		uint8_t *area = (uint8_t *)text + m->t.text_bytes + 1;
+		memcpy(area, m->lp, m->lp_bytes);
+		struct ipc_token_msg local = *m;
+		local.lp = area; /* pieces then point into our copy */
+		struct ipc_token_lp tl;
+		size_t off = 0;
+		for (uint32_t t = 0; t < m->t.n_tokens && ipc_token_lp_next(&local, &off, &tl) > 0; t++) {
+			for (uint32_t i = 0; i < per; i++) {
+				struct kvc_logprob v = { tl.e[i].id, tl.e[i].logprob, tl.piece[i], tl.e[i].piece_bytes };
+				if (i == 0)
+					lt[t].token = v;
+				else
+					le[(size_t)t * m->s.n_top + i - 1] = v;
+			}
+			lt[t].n_top = m->s.n_top;
+			lt[t].top = m->s.n_top ? &le[(size_t)t * m->s.n_top] : NULL;
+		}
+		e->ev.logprobs = lt;
+	}
 	if (r->tail)
 		r->tail->next = e;
 	else
@@ -172,6 +268,8 @@ static int handle_ring_frame(kvc_client *c, const struct ipc_frame *f)
 			return -EPROTO;
 		if (!r || r->finished)
 			return 0; /* a request given up with kvc_request_finish() */
+		if (!token_fits_request(r, &m))
+			return -EPROTO;
 		if (enqueue_token(r, &m) < 0) {
 			req_end(r, -ENOMEM, KVC_FINISH_ERROR, -ENOMEM, NULL, 0, NULL);
 			kvc_cancel(c, r->id);
@@ -180,8 +278,11 @@ static int handle_ring_frame(kvc_client *c, const struct ipc_frame *f)
 	}
 	case IPC_MSG_DONE: {
 		struct ipc_done d;
-		if (ipc_decode_done(f, &d) < 0)
+		struct ipc_sample smp;
+		if (ipc_decode_done_sample(f, &d, &smp) < 0)
 			return -EPROTO;
+		if (r && !r->finished && (f->hdr.flags & IPC_F_SAMPLE))
+			return sample_done(r, &d, smp.sample);
 		if (r)
 			end_by_done(r, &d);
 		return 0;
@@ -257,10 +358,13 @@ static int handle_sock_frame(kvc_client *c, const struct ipc_frame *f)
 	}
 	case IPC_MSG_DONE: {
 		struct ipc_done d;
-		if (ipc_decode_done(f, &d) < 0)
+		struct ipc_sample smp;
+		if (ipc_decode_done_sample(f, &d, &smp) < 0)
 			return -EPROTO;
 		if ((r = find_req(c, id)) && !r->finished) {
 			drain_ring(c);
+			if (f->hdr.flags & IPC_F_SAMPLE)
+				return sample_done(r, &d, smp.sample);
 			end_by_done(r, &d);
 		}
 		return 0;

@@ -86,16 +86,19 @@ extern "C" {
 /* ---- version ----------------------------------------------------------- */
 
 #define KVC_VERSION_MAJOR 0
-#define KVC_VERSION_MINOR 2
+#define KVC_VERSION_MINOR 3
 #define KVC_VERSION_PATCH 0
-#define KVC_VERSION_STRING "0.2.0"
+#define KVC_VERSION_STRING "0.3.0"
 /* One number, comparable: (major << 16) | (minor << 8) | patch.
- * 0.2.0 added conversations (kvc_gen_params.messages, struct kvc_chat_msg). */
+ * 0.2.0 added conversations (kvc_gen_params.messages, struct kvc_chat_msg).
+ * 0.3.0 added parallel samples and log-probabilities (kvc_gen_params.n_samples,
+ * .top_logprobs, KVC_GEN_LOGPROBS, kvc_event.sample and .logprobs,
+ * kvc_request_sample_result()). */
 #define KVC_VERSION ((KVC_VERSION_MAJOR << 16) | (KVC_VERSION_MINOR << 8) | KVC_VERSION_PATCH)
 
 /* The version of the library actually loaded, as KVC_VERSION. */
 KVC_EXPORT unsigned kvc_version(void);
-/* The same as a string ("0.2.0"); static, never NULL. */
+/* The same as a string ("0.3.0"); static, never NULL. */
 KVC_EXPORT const char *kvc_version_string(void);
 
 /* ---- error codes (besides negative errno values) -------------------------- */
@@ -203,6 +206,9 @@ KVC_EXPORT const char *kvc_last_message(const kvc_client *c);
  * Only with KVC_GEN_RAW (-EINVAL otherwise). A daemon older than this flag
  * refuses the request as a protocol error. */
 #define KVC_GEN_PARSE_SPECIAL 0x8u
+/* Events carry each token's log-probability and its top_logprobs likeliest
+ * alternatives (kvc_event.logprobs; see "Samples and log-probabilities"). */
+#define KVC_GEN_LOGPROBS 0x20u
 
 /*
  * One turn of a conversation (kvc_gen_params.messages): role "system",
@@ -234,8 +240,36 @@ struct kvc_gen_params {
 	size_t n_stop;            /* 0 .. 8 */
 	const struct kvc_chat_msg *messages; /* a whole conversation, or NULL (default): see below */
 	size_t n_messages;        /* 0 .. KVC_MAX_CHAT_MSGS */
-	uint64_t reserved[6];     /* zero */
+	uint32_t n_samples;       /* samples of the prompt: 0 or 1 (default) one; 2 .. KVC_MAX_SAMPLES */
+	uint32_t top_logprobs;    /* with KVC_GEN_LOGPROBS: alternatives per token, 0 .. KVC_MAX_TOP_LOGPROBS */
+	uint64_t reserved[5];     /* zero */
 };
+
+#define KVC_MAX_SAMPLES      16
+#define KVC_MAX_TOP_LOGPROBS 20
+
+/*
+ * Samples and log-probabilities. With n_samples = N >= 2 the daemon
+ * generates N independent continuations of the prompt: it computes the
+ * prompt once and shares its KV pages between the samples (copy-on-write;
+ * `kvctl ps` shows one line per sample and the pages they share). Events
+ * of the samples interleave; kvc_event.sample says whose an event is, and
+ * each sample's index counts its own tokens. Sample 0 samples with `seed`,
+ * sample i >= 1 with SplitMix64's output function of seed + i *
+ * 0x9e3779b97f4a7c15, so a seeded request is reproducible and its sample 0
+ * is what a one-sample request with that seed gives. Each sample counts
+ * as one request against kvc_server_info()->max_requests. The request
+ * ends when every sample has ended: kvc_request_sample_result() has each
+ * one's outcome, kvc_request_result() the whole request's (see there).
+ * With KVC_GEN_LOGPROBS each event also carries, per token, its
+ * log-probability and the top_logprobs likeliest alternatives: natural
+ * logs of the softmax of the model's logits before repetition penalty,
+ * temperature, top-k/top-p/min-p (the model's own distribution, as
+ * OpenAI reports it). Refused before anything is sent with -EINVAL:
+ * n_samples above KVC_MAX_SAMPLES, top_logprobs above KVC_MAX_TOP_LOGPROBS
+ * or without KVC_GEN_LOGPROBS, several samples with a session_id;
+ * -EOPNOTSUPP: the daemon is older than samples (kvd 0.3.0).
+ */
 
 /*
  * Conversations. With n_messages > 0 the request's prompt is the
@@ -266,14 +300,31 @@ enum kvc_event_type {
 	KVC_EVENT_TOKEN = 1, /* text produced by one or more tokens */
 };
 
+/* One token with its log-probability (KVC_GEN_LOGPROBS). */
+struct kvc_logprob {
+	int32_t id;
+	float logprob;            /* natural log, <= 0; -INFINITY for an impossible token */
+	const char *bytes;        /* the token's raw bytes (possibly part of a UTF-8 character; at most
+				   * 128, a longer token cut), not NUL-terminated */
+	size_t n_bytes;
+};
+struct kvc_token_logprobs {
+	struct kvc_logprob token; /* the token generated */
+	size_t n_top;             /* kvc_gen_params.top_logprobs */
+	const struct kvc_logprob *top; /* the likeliest tokens there, most likely first (ties: lower id) */
+};
+
 struct kvc_event {
 	int type;                 /* enum kvc_event_type */
 	uint64_t request_id;
 	const char *text;         /* text_len bytes of UTF-8, NUL-terminated for convenience */
 	size_t text_len;          /* may be 0: a partial character is held back until complete */
-	uint32_t index;           /* position of this event's first token in the generation */
+	uint32_t index;           /* position of this event's first token in the generation (its sample's) */
 	uint32_t n_tokens;        /* tokens this event covers (>= 1) */
 	const int32_t *ids;       /* n_tokens ids with KVC_GEN_WANT_IDS, else NULL */
+	/* since 0.3.0 */
+	uint32_t sample;          /* the sample this event belongs to (0 with one sample) */
+	const struct kvc_token_logprobs *logprobs; /* n_tokens entries with KVC_GEN_LOGPROBS, else NULL */
 };
 
 enum kvc_finish {
@@ -360,8 +411,17 @@ KVC_EXPORT int kvc_request_next(kvc_request *r, const struct kvc_event **ret_ev)
 KVC_EXPORT uint64_t kvc_request_id(const kvc_request *r);
 
 /* The outcome once kvc_request_next() returned <= 0 (other than
- * -ETIMEDOUT); NULL before. Valid until kvc_request_finish(). */
+ * -ETIMEDOUT); NULL before. Valid until kvc_request_finish(). With several
+ * samples: generated_tokens is their sum, prompt_tokens and cached_tokens
+ * the prompt's (counted once), decode_ns and total_ns the longest sample's;
+ * finish_reason is an error or cancellation of any sample when there was
+ * one, else sample 0's. */
 KVC_EXPORT const struct kvc_result *kvc_request_result(const kvc_request *r);
+/* Sample i's own outcome (finish_reason, generated_tokens, ...), under
+ * the same conditions; NULL also for i beyond the request's samples.
+ * kvc_request_sample_result(r, 0) of a one-sample request is
+ * kvc_request_result(r). */
+KVC_EXPORT const struct kvc_result *kvc_request_sample_result(const kvc_request *r, uint32_t i);
 
 /*
  * Release the request. If it is still running it is cancelled and its
@@ -483,7 +543,7 @@ struct kvc_ps_entry {
 	uint32_t cached_tokens;
 	uint32_t generated_tokens;
 	uint32_t max_tokens;
-	uint32_t reserved0;
+	uint32_t sample;              /* which sample of its request (since 0.3.0; see n_samples) */
 	uint64_t reserved[4];
 };
 /* The daemon's live requests: *ret_entries (kvc_free) holds *ret_n entries.

@@ -94,6 +94,9 @@ void handle_ps(struct client *c, uint64_t rid)
 		struct greq *gr = (struct greq *)(uintptr_t)info[i].req_id;
 		if (!c->admin && (!gr->c || gr->c->cred.uid != c->cred.uid))
 			continue;
+		/* clients older than samples require sample 0: they see the first only */
+		if (info[i].sample && c->client_version < IPC_SAMPLES_SERVER_VERSION)
+			continue;
 		ent[n_ent++] = (struct ipc_ps_entry){
 			.request_id = gr->id,
 			.client_id = gr->c ? gr->c->id : 0,
@@ -108,6 +111,7 @@ void handle_ps(struct client *c, uint64_t rid)
 			.cached_tokens = info[i].cached_tokens,
 			.generated_tokens = info[i].generated_tokens,
 			.max_tokens = info[i].max_tokens,
+			.sample = info[i].sample,
 		};
 	}
 	for (struct client *o = srv->clients; o; o = o->next)

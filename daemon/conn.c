@@ -124,6 +124,7 @@ static void handle_hello(struct client *c, const struct ipc_frame *f)
 		return;
 	}
 	c->welcomed = true;
+	c->client_version = h.client_version;
 	h.client_name[IPC_CLIENT_NAME_BYTES - 1] = 0;
 	log_debug("client %" PRIu64 " (pid %d uid %u) says hello as '%s' version %u.%u.%u", c->id, (int)c->cred.pid,
 		  (unsigned)c->cred.uid, h.client_name, h.client_version >> 16, (h.client_version >> 8) & 0xff,

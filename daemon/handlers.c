@@ -130,9 +130,14 @@ static void generate_start(struct client *c, struct greq *gr, const char *prompt
 	if (gr->g.seed == IPC_SEED_RANDOM && getrandom(&p.sampling.seed, sizeof(p.sampling.seed), 0) < 0)
 		p.sampling.seed = now_ns();
 	p.max_tokens = gr->g.max_tokens;
+	p.n_samples = greq_weight(&gr->g);
+	p.logprobs = !!(gr->g.gen_flags & IPC_GEN_LOGPROBS);
+	p.top_logprobs = gr->g.top_logprobs;
 	p.session = gr->sess ? gr->sess->id : 0;
 	p.session_idle_s = gr->sess ? gr->sess->idle_timeout_s : 0;
 	r = kvd_request_new(srv->tok, gr->stops, gr->g.n_stop, &gr->rq);
+	if (r == 0)
+		r = gsamples_setup(srv, gr);
 	if (r < 0) {
 		free(ids);
 		reject(c, gr, r, "request refused: %s", strerror(-r));
@@ -155,6 +160,10 @@ static void generate_start(struct client *c, struct greq *gr, const char *prompt
 	case -EBUSY:
 		reject(c, gr, IPC_ERR_LIMIT, "the request queue is full (scheduler.max_waiting = %u)",
 		       srv->cfg.max_waiting);
+		return;
+	case -ERANGE:
+		reject(c, gr, IPC_ERR_LIMIT, "%u samples exceed scheduler.max_num_seqs (%u sequences at once)",
+		       p.n_samples, srv->cfg.max_num_seqs);
 		return;
 	default:
 		reject(c, gr, r, "request refused: %s", strerror(-r));
@@ -285,6 +294,14 @@ void handle_generate(struct client *c, const struct ipc_frame *f)
 			      srv->cfg.max_requests_per_client);
 		return;
 	}
+	/* each sample counts as a request in flight */
+	if (c->n_inflight + greq_weight(&m.g) > srv->cfg.max_requests_per_client) {
+		refuse_upload(c, rid, up, IPC_ERR_LIMIT,
+			      "%u samples count as %u requests; with %u in flight that exceeds "
+			      "server.max_requests_per_client = %u",
+			      greq_weight(&m.g), greq_weight(&m.g), c->n_inflight, srv->cfg.max_requests_per_client);
+		return;
+	}
 	if (m.g.prompt_bytes > srv->cfg.max_prompt_bytes) {
 		refuse_upload(c, rid, up, IPC_ERR_LIMIT,
 			      "prompt of %u bytes exceeds this server's limit of %" PRIu64 " bytes (server.max_prompt_bytes)",
@@ -351,7 +368,7 @@ void handle_generate(struct client *c, const struct ipc_frame *f)
 	else
 		c->reqs = gr;
 	c->reqs_tail = gr;
-	c->n_inflight++;
+	c->n_inflight += greq_weight(&gr->g);
 	if (in_ring && m.g.prompt_bytes > 0) {
 		gr->state = GR_UPLOADING;
 		if (upload_add(c, UP_GENERATE, rid, m.g.prompt_bytes, gr, 0, 0, NULL) < 0)

@@ -219,6 +219,20 @@ struct kvd_request *kvd_request_free(struct kvd_request *rq)
 	return NULL;
 }
 
+int kvd_request_token_piece(const struct kvd_tokenizer *tok, int32_t token, char *buf, size_t cap)
+{
+	char tmp[KVD_DETOK_MIN_CAP];
+	int n = kvd_token_to_bytes(tok, token, 1, tmp, sizeof(tmp));
+	if (n < 0)
+		return n;
+	if ((size_t)n > sizeof(tmp))
+		n = (int)sizeof(tmp); /* longer than any vocabulary kvd serves: cut */
+	if ((size_t)n > cap)
+		n = (int)cap;
+	memcpy(buf, tmp, (size_t)n);
+	return n;
+}
+
 enum kvd_token_verdict kvd_request_token(struct kvd_request *rq, int32_t token, enum kvd_finish ending,
 					 const char **ret_text, size_t *ret_len)
 {

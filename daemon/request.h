@@ -68,6 +68,12 @@ int kvd_request_render_turn(const struct kvd_tokenizer *tok, const char *system,
 int kvd_request_render_turns(const struct kvd_tokenizer *tok, const char *turns, size_t len, char **ret, char *why,
 			     size_t why_cap);
 
+/* The raw bytes token stands for, as a log-probability entry names it
+ * (byte-level pieces decoded, possibly part of a UTF-8 character; a control
+ * token's text), cut to cap bytes. Returns the length, -EINVAL for an id
+ * out of range. */
+int kvd_request_token_piece(const struct kvd_tokenizer *tok, int32_t token, char *buf, size_t cap);
+
 /* True when token ends generation for this model (the predicate a
  * scheduler's is_eog wants). */
 int kvd_request_is_eog(const struct kvd_tokenizer *tok, int32_t token);

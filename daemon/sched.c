@@ -20,6 +20,15 @@
  *
  * Each finished request's KV ledger (kvmm_seq_finish) is handed to on_done
  * for the per-request ledger log.
+ *
+ * Parallel samples: a request for n samples runs as one request (sample 0)
+ * until its prompt is computed; then, before its first token is sampled,
+ * fork_samples() forks its sequence n - 1 times (kvmm_seq_fork: every page
+ * shared, a partly filled last page copied by kvmm on the first write into
+ * it) and adds the children right after it in the array, with its arrival,
+ * each with a copy of the logits and its own sampler. From then on every
+ * sample is an ordinary request under the same id (found by pointer, not
+ * id, where it matters); cancel ends them all.
  */
 #include "sched.h"
 
@@ -34,41 +43,11 @@
 #include "step_model.h"
 #include "kvmm.h"
 #include "log.h"
+#include "sched_impl.h"
 
 #define SCHED_DEMOTE_RESERVE_DIV 16 /* keep 1/16 of the pool free ahead of a step */
 #define SCHED_DEMOTE_BATCH       32 /* pages demoted in one step at most */
 #define SCHED_MIN_CHUNK           4 /* prefill beside decodes never shrinks below this */
-
-enum req_state {
-	RS_WAITING = 0,  /* no sequence yet (or dropped for recompute) */
-	RS_RUNNING = 1,  /* resident, in the batch */
-	RS_SWAPPED = 2,  /* preempted to the swap file */
-	RS_SESSION = 3,  /* finished, KV kept for the session's next turn */
-};
-
-struct req {
-	uint64_t id;
-	uint64_t session;
-	uint64_t arrival;
-	enum req_state state;
-	int32_t *toks;
-	uint32_t n_toks, cap_toks;
-	uint32_t n_prompt;       /* tokens of this turn's prompt */
-	uint32_t n_history;      /* tokens before this turn (sessions) */
-	uint32_t n_computed;     /* tokens whose K/V is in the sequence */
-	uint32_t n_generated;
-	uint32_t max_tokens;
-	uint32_t seq;
-	int has_seq;
-	int ignore_eos;
-	uint32_t idle_s;         /* session idle time; 0: the config's */
-	int admitted_now;        /* admitted during the step being built */
-	int swap_failed;         /* kvmm reported an I/O error on its sequence */
-	struct kvd_sampler *sampler;
-	float *logits;
-	struct kvd_request_result res;
-	uint64_t t_submit, t_admit, t_first, t_last, t_used;
-};
 
 struct kvd_sched {
 	struct kvd_sched_config cfg;
@@ -200,7 +179,7 @@ static uint32_t pages_for(const struct kvd_sched *s, uint32_t tokens)
 	return (tokens + s->block_size - 1) / s->block_size;
 }
 
-static void req_free(struct req *r)
+void req_free(struct req *r)
 {
 	if (!r)
 		return;
@@ -208,6 +187,16 @@ static void req_free(struct req *r)
 	free(r->toks);
 	free(r->logits);
 	free(r);
+}
+
+static int find_ptr(const struct kvd_sched *s, const struct req *r, size_t *ret_i)
+{
+	for (size_t i = 0; i < s->n_reqs; i++)
+		if (s->reqs[i] == r) {
+			*ret_i = i;
+			return 1;
+		}
+	return 0;
 }
 
 static void drop_seq(struct kvd_sched *s, struct req *r)
@@ -254,6 +243,8 @@ static void finish(struct kvd_sched *s, struct req *r, enum kvd_finish why, int 
 	uint64_t t = now_ns(s);
 	struct kvmm_seq_record rec;
 
+	r->res.sample = r->sample;
+	r->res.n_samples = r->n_samples;
 	r->res.finish = why;
 	r->res.error = error;
 	r->res.generated_tokens = r->n_generated;
@@ -262,7 +253,7 @@ static void finish(struct kvd_sched *s, struct req *r, enum kvd_finish why, int 
 	if (r->t_admit)
 		r->res.queue_ns = r->t_admit - r->t_submit;
 	s->st.requests_done++;
-	if (find(s, r->id, &i))
+	if (find_ptr(s, r, &i))
 		remove_at(s, i);
 	r->res.ledger = NULL;
 	if (r->session && (why == KVD_FINISH_ERROR || why == KVD_FINISH_CANCELLED) && r->n_history > 0) {
@@ -309,6 +300,8 @@ static void finish(struct kvd_sched *s, struct req *r, enum kvd_finish why, int 
 	drop_seq(s, r);
 	if (s->ev.on_done)
 		s->ev.on_done(s->ev.ud, r->id, &r->res);
+	r->res.ledger = NULL;
+	done_unforked(&s->ev, r);
 	req_free(r);
 }
 
@@ -334,7 +327,7 @@ struct kvd_sched *kvd_sched_destroy(struct kvd_sched *s)
 	return NULL;
 }
 
-static int reserve_toks(struct req *r, uint32_t n)
+int reserve_toks(struct req *r, uint32_t n)
 {
 	if (n <= r->cap_toks)
 		return 0;
@@ -357,10 +350,17 @@ int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt
 	uint32_t hist = 0;
 	int rc;
 
+	uint32_t n_samples = p->n_samples ? p->n_samples : 1;
+
 	if (!n_prompt || !p->max_tokens)
 		return -EINVAL;
 	if (kvd_sampler_params_check(&p->sampling) < 0)
 		return -EINVAL;
+	if (n_samples > KVD_MAX_SAMPLES || (n_samples > 1 && p->session) || p->top_logprobs > KVD_LOGPROBS_MAX_TOP ||
+	    (int32_t)p->top_logprobs > s->n_vocab)
+		return -EINVAL;
+	if (n_samples > s->cfg.max_num_seqs)
+		return -ERANGE;
 	for (uint32_t i = 0; i < n_prompt; i++)
 		if (prompt[i] < 0 || prompt[i] >= s->n_vocab)
 			return -EINVAL;
@@ -379,7 +379,9 @@ int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt
 	}
 	if ((uint64_t)hist + n_prompt + p->max_tokens > s->cfg.max_model_len)
 		return -E2BIG;
-	if (pages_for(s, hist + n_prompt + p->max_tokens) > kvmm_n_pages(s->kv))
+	/* alone: the prompt's full pages once, the rest of each sample's own */
+	uint64_t all = pages_for(s, hist + n_prompt + p->max_tokens), full = (hist + n_prompt) / s->block_size;
+	if (all + (uint64_t)(n_samples - 1) * (all - full) > kvmm_n_pages(s->kv))
 		return -ENOSPC;
 	if (s->n_reqs == s->cap_reqs) {
 		size_t cap = s->cap_reqs ? s->cap_reqs * 2 : 64;
@@ -418,6 +420,12 @@ int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt
 	r->max_tokens = p->max_tokens;
 	r->ignore_eos = p->ignore_eos;
 	r->idle_s = p->session_idle_s;
+	r->sample = 0;
+	r->n_samples = n_samples;
+	r->forked = n_samples == 1;
+	r->logprobs = p->logprobs;
+	r->top_logprobs = p->top_logprobs;
+	r->sp = p->sampling;
 	r->t_submit = now_ns(s);
 	r->t_admit = r->t_first = r->t_last = 0;
 	/* a session turn computes over its history too: report the whole
@@ -455,7 +463,9 @@ int kvd_sched_cancel(struct kvd_sched *s, uint64_t req_id)
 	struct req *r = find(s, req_id, NULL);
 	if (!r)
 		return -ENOENT;
-	finish(s, r, KVD_FINISH_CANCELLED, 0);
+	do
+		finish(s, r, KVD_FINISH_CANCELLED, 0);
+	while ((r = find(s, req_id, NULL)));
 	return 0;
 }
 
@@ -601,6 +611,7 @@ size_t kvd_sched_list(const struct kvd_sched *s, struct kvd_sched_req_info *out,
 			.pages = np,
 			.pages_shared = shared,
 			.age_ns = t - r->t_submit,
+			.sample = r->sample,
 		};
 	}
 	return n;
@@ -680,6 +691,8 @@ static void resume_swapped(struct kvd_sched *s, uint32_t n_running)
 static void emit(struct kvd_sched *s, struct req *r)
 {
 	int32_t t = kvd_sampler_sample(r->sampler, r->logits, r->toks, r->n_toks);
+	struct kvd_logprobs lp;
+	int with_lp = r->logprobs && kvd_logprobs_compute(r->logits, s->n_vocab, t, r->top_logprobs, &lp) == 0;
 	uint64_t now = now_ns(s);
 	enum kvd_finish ending = KVD_FINISH_NONE;
 	enum kvd_token_verdict verdict = KVD_TOKEN_CONTINUE;
@@ -698,14 +711,50 @@ static void emit(struct kvd_sched *s, struct req *r)
 		ending = KVD_FINISH_EOS;
 	else if (r->n_generated == r->max_tokens)
 		ending = KVD_FINISH_LENGTH;
-	if (s->ev.on_token)
+	if (s->ev.on_sample_token) {
+		struct kvd_token_event ev = { r->sample, t, ending, with_lp ? &lp : NULL };
+		verdict = s->ev.on_sample_token(s->ev.ud, r->id, &ev);
+	} else if (s->ev.on_token) {
 		verdict = s->ev.on_token(s->ev.ud, r->id, t, ending);
+	}
 	if (ending == KVD_FINISH_EOS)
 		finish(s, r, KVD_FINISH_EOS, 0);
 	else if (verdict == KVD_TOKEN_STOP)
 		finish(s, r, KVD_FINISH_STOP, 0);
 	else if (ending == KVD_FINISH_LENGTH)
 		finish(s, r, KVD_FINISH_LENGTH, 0);
+}
+
+/* p's prompt is computed and its logits are in: fork the other samples
+ * (sched_samples.c), right after p in the array, then every sample has
+ * its first token. */
+static void start_samples(struct kvd_sched *s, struct req *p)
+{
+	struct req *kids[KVD_MAX_SAMPLES];
+	size_t at;
+
+	if (s->n_reqs + p->n_samples > s->cap_reqs) {
+		size_t cap = s->cap_reqs;
+		while (cap < s->n_reqs + p->n_samples)
+			cap *= 2;
+		struct req **nr = realloc(s->reqs, cap * sizeof(*nr));
+		if (nr) {
+			s->reqs = nr;
+			s->cap_reqs = cap;
+		}
+	}
+	struct sched_fork x = { s->kv, s->n_vocab, &s->ev, &s->st };
+	uint32_t n = fork_samples(&x, p, kids, s->cap_reqs - s->n_reqs);
+	if (find_ptr(s, p, &at)) {
+		at++;
+		memmove(&s->reqs[at + n], &s->reqs[at], (s->n_reqs - at) * sizeof(*s->reqs));
+		memcpy(&s->reqs[at], kids, n * sizeof(*kids));
+		s->n_reqs += n;
+	}
+	emit(s, p); /* may finish and free p */
+	for (uint32_t i = 0; i < n; i++)
+		if (kids[i]->state == RS_RUNNING)
+			emit(s, kids[i]);
 }
 
 /*
@@ -778,7 +827,7 @@ int kvd_sched_step(struct kvd_sched *s)
 	resume_swapped(s, n_running);
 	n_running = 0;
 	for (size_t i = 0; i < s->n_reqs; i++)
-		n_running += s->reqs[i]->state == RS_RUNNING;
+		n_running += s->reqs[i]->state == RS_RUNNING ? slots(s->reqs[i]) : 0;
 
 	/* pass 1: decodes of running requests, oldest first; pass 2: their
 	 * prefill chunks; pass 3: admissions */
@@ -801,7 +850,8 @@ int kvd_sched_step(struct kvd_sched *s)
 					blocked = 1;
 				if (r->state != RS_WAITING || blocked)
 					continue;
-				if (n_running >= s->cfg.max_num_seqs)
+				if (n_running >= s->cfg.max_num_seqs ||
+				    (n_running && n_running + slots(r) > s->cfg.max_num_seqs))
 					break;
 				if (timed && left_ns <= 0 && prefill_taken >= SCHED_MIN_CHUNK)
 					break; /* the step's time is spent: admit next step */
@@ -823,7 +873,7 @@ int kvd_sched_step(struct kvd_sched *s)
 				r->admitted_now = 1;
 				r->t_admit = now_ns(s);
 				kvmm_seq_set_prompt_tokens(s->kv, r->seq, r->n_history + r->n_prompt);
-				n_running++;
+				n_running += slots(r);
 			} else if (r->state != RS_RUNNING) {
 				continue;
 			}
@@ -921,8 +971,12 @@ int kvd_sched_step(struct kvd_sched *s)
 	}
 	/* emit after the bookkeeping: emit may finish and free requests */
 	for (size_t i = 0; i < n_items; i++)
-		if (s->items[i].logits)
-			emit(s, s->item_req[i]);
+		if (s->items[i].logits) {
+			if (!s->item_req[i]->forked)
+				start_samples(s, s->item_req[i]);
+			else
+				emit(s, s->item_req[i]);
+		}
 	return (int)n_items;
 fail:
 	for (size_t i = 0; i < n_items; i++)

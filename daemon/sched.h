@@ -68,6 +68,25 @@ struct kvd_request_params {
 	uint64_t session;             /* 0: none; else continue / keep this session */
 	uint32_t session_idle_s;      /* the session closes after this long unused;
 	                               * 0: the config's session_idle_s */
+	/* Parallel samples: 0 or 1 is one; 2 .. KVD_MAX_SAMPLES forks the
+	 * sequence once the prompt is computed (its full pages shared, a
+	 * partly filled last page copied on first write), each sample i then
+	 * decoding on its own with the seed kvd_sample_seed(sampling.seed, i).
+	 * Not with a session. Each sample counts as a sequence against
+	 * max_num_seqs from admission on. */
+	uint32_t n_samples;
+	int logprobs;                 /* report log-probabilities with each token */
+	uint32_t top_logprobs;        /* alternatives with them, 0 .. KVD_LOGPROBS_MAX_TOP */
+};
+
+#define KVD_MAX_SAMPLES 16
+
+/* A sampled token, for on_sample_token. */
+struct kvd_token_event {
+	uint32_t sample;              /* 0 .. n_samples - 1 */
+	int32_t token;
+	enum kvd_finish ending;       /* as on_token's */
+	const struct kvd_logprobs *lp; /* with params.logprobs, else NULL; valid during the call */
 };
 
 /* What on_token answers: go on, or stop now (a stop string appeared). */
@@ -93,6 +112,8 @@ struct kvd_request_result {
 	 * live record of a kept session); NULL when it never had one. Valid
 	 * only during on_done. */
 	const struct kvmm_seq_record *ledger;
+	uint32_t sample;              /* which sample this result is (0 for one-sample requests) */
+	uint32_t n_samples;           /* the request's samples (>= 1): on_done comes once for each */
 };
 
 /* Callbacks, all optional, all given ud. None may call back into the
@@ -106,7 +127,10 @@ struct kvd_sched_events {
 	 * max_tokens-th token). KVD_TOKEN_STOP ends the request with
 	 * KVD_FINISH_STOP (unless ending is EOS). NULL: always continue. */
 	enum kvd_token_verdict (*on_token)(void *ud, uint64_t req_id, int32_t token, enum kvd_finish ending);
-	/* The request is over; called exactly once per accepted request. */
+	/* The request (one sample of it) is over; called exactly once per
+	 * accepted request and sample (res->sample, res->n_samples). A request
+	 * that ends before its samples were forked (cancelled, failed) reports
+	 * every sample, with no tokens. */
 	void (*on_done)(void *ud, uint64_t req_id, const struct kvd_request_result *res);
 	/* Whether a token ends generation (the model's end-of-generation
 	 * tokens); NULL: none does, generation ends only by length or stop. */
@@ -117,6 +141,9 @@ struct kvd_sched_events {
 	/* An idle session was closed by kvd_sched_expire_sessions. */
 	void (*on_session_expired)(void *ud, uint64_t session);
 	void *ud;
+	/* When set, called instead of on_token, with the sample index and the
+	 * log-probabilities a request asked for; same contract otherwise. */
+	enum kvd_token_verdict (*on_sample_token)(void *ud, uint64_t req_id, const struct kvd_token_event *ev);
 };
 
 struct kvd_sched_stats {
@@ -140,6 +167,7 @@ struct kvd_sched_stats {
 	struct kvd_hist itl;      /* inter-token latency: the gap before each token after a
 	                           * request's first (time to first token is the server's,
 	                           * which sees the request arrive) */
+	uint64_t samples_forked;  /* sequences forked for parallel samples */
 };
 
 int kvd_sched_create(const struct kvd_sched_config *cfg, struct kvd_engine *e, const struct kvd_sched_events *ev,
@@ -152,7 +180,9 @@ struct kvd_sched *kvd_sched_destroy(struct kvd_sched *s);
  * Queue a request. The prompt is copied. Returns 0; -E2BIG when history +
  * prompt + max_tokens exceeds max_model_len; -ENOSPC when it could not fit
  * in the whole KV pool even alone; -EINVAL for an empty prompt, a token
- * out of range or bad sampling parameters; -EBUSY when the queue is full
+ * out of range or bad sampling parameters, n_samples above KVD_MAX_SAMPLES,
+ * samples with a session or top_logprobs above KVD_LOGPROBS_MAX_TOP;
+ * -ERANGE for n_samples above max_num_seqs; -EBUSY when the queue is full
  * or the session is in use; -EEXIST for a duplicate request id; -ENOMEM.
  * On success on_done will be called exactly once.
  * With params->session != 0 the sequence is kept after a request that
@@ -165,8 +195,8 @@ struct kvd_sched *kvd_sched_destroy(struct kvd_sched *s);
  */
 int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt, uint32_t n_prompt,
 		     const struct kvd_request_params *params);
-/* Cancel a queued or running request (on_done with CANCELLED, its pages
- * freed at once). -ENOENT if unknown. */
+/* Cancel a queued or running request, every sample of it (on_done with
+ * CANCELLED, its pages freed at once). -ENOENT if unknown. */
 int kvd_sched_cancel(struct kvd_sched *s, uint64_t req_id);
 /* Drop a session and its pages. -ENOENT, -EBUSY while a request uses it. */
 int kvd_sched_session_close(struct kvd_sched *s, uint64_t session);
@@ -204,6 +234,7 @@ struct kvd_sched_req_info {
 	uint32_t prompt_tokens, cached_tokens, generated_tokens, max_tokens, kv_tokens;
 	uint32_t pages, pages_shared;
 	uint64_t age_ns;
+	uint32_t sample;         /* one entry per sample of a request, once forked */
 };
 size_t kvd_sched_list(const struct kvd_sched *s, struct kvd_sched_req_info *out, size_t cap);
 

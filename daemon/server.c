@@ -228,6 +228,7 @@ int kvd_server_create(const struct kvd_config *cfg, struct kvd_engine *e, int li
 		.is_eog = sched_is_eog,
 		.on_session_expired = on_session_expired,
 		.ud = srv,
+		.on_sample_token = on_sample_token,
 	};
 	r = kvd_sched_create(&sc, e, &ev, &srv->sched);
 	if (r < 0)

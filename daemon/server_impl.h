@@ -92,6 +92,32 @@ struct tok_ent {
 	uint32_t text_bytes;
 };
 
+struct gtok {
+	int32_t id;
+	uint32_t text_bytes;
+	uint32_t lp_bytes;            /* its log-probability entries (in gsample.lp) */
+};
+
+/* One sample's stream of a request that streams with IPC_F_SAMPLE
+ * (samples or log-probabilities; see "Samples" in ipc/ipc.h). */
+struct gsample {
+	struct kvd_request *rq;       /* its text (stop strings, detokenizer) */
+	struct gtok *toks;
+	uint32_t n_toks, cap_toks, n_sent;
+	char *text;
+	uint32_t text_bytes, text_cap;
+	uint8_t *lp;                  /* queued tokens' log-probability entries, in order */
+	size_t lp_bytes, lp_cap;
+	bool finished, done_sent;
+	struct ipc_done done;
+};
+struct gsamples {
+	uint32_t n, n_done;
+	bool logprobs;
+	uint32_t top_logprobs;
+	struct gsample s[];
+};
+
 struct greq {
 	struct greq *next, *prev;     /* the client's requests, oldest first */
 	struct client *c;             /* NULL once the client is gone */
@@ -114,6 +140,7 @@ struct greq {
 	uint32_t text_bytes, text_cap;
 	bool finished;                /* on_done seen: `done` is the terminal record */
 	struct ipc_done done;
+	struct gsamples *xs;          /* IPC_F_SAMPLE stream (samples.c); NULL: the plain one above */
 };
 
 enum upload_kind { UP_GENERATE, UP_TOKENIZE, UP_DISCARD };
@@ -164,6 +191,7 @@ struct client {
 	bool admitted;                /* holds one of the max_clients slots */
 	bool admin;                   /* root or a member of server.admin_groups */
 	uint64_t t_accept;
+	uint32_t client_version;      /* HELLO's */
 	uint64_t last_active_ns;      /* last frame received (idle timeout) */
 	struct user_share *share;     /* its user's share of the loop (fairness) */
 	bool sock_paused;             /* over its share: socket out of epoll's read set */
@@ -265,6 +293,18 @@ void upload_done(struct client *c);
 void handle_generate(struct client *c, const struct ipc_frame *f);
 void handle_cancel(struct client *c, uint64_t rid);
 void handle_tokenize(struct client *c, const struct ipc_frame *f);
+
+/* ---- samples.c: the IPC_F_SAMPLE stream (samples, log-probabilities) ------ */
+/* Requests in flight a GENERATE counts as against max_requests_per_client:
+ * one per sample. */
+uint32_t greq_weight(const struct ipc_generate *g);
+/* Give gr its per-sample streams when its GENERATE asks for them (0, -ENOMEM,
+ * or kvd_request_new's error). */
+int gsamples_setup(struct kvd_server *srv, struct greq *gr);
+void gsamples_free(struct gsamples *xs);
+enum kvd_token_verdict on_sample_token(void *ud, uint64_t req_id, const struct kvd_token_event *ev);
+/* greq_flush for a request with xs: same contract. */
+int samples_flush(struct client *c, struct greq *gr);
 
 /* ---- session.c: sessions and timeouts ------------------------------------ */
 void session_free(struct kvd_server *srv, struct session *s);

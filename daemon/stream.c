@@ -27,6 +27,7 @@ struct greq *greq_free(struct greq *gr)
 	kvd_request_free(gr->rq);
 	free(gr->toks);
 	free(gr->text);
+	gsamples_free(gr->xs);
 	free(gr);
 	return NULL;
 }
@@ -42,7 +43,7 @@ void greq_unlink(struct client *c, struct greq *gr)
 	else
 		c->reqs_tail = gr->prev;
 	gr->next = gr->prev = NULL;
-	c->n_inflight--;
+	c->n_inflight -= greq_weight(&gr->g);
 }
 
 struct greq *greq_find(struct client *c, uint64_t id)
@@ -122,7 +123,8 @@ void on_done(void *ud, uint64_t req_id, const struct kvd_request_result *res)
 	uint64_t pre = gr->t_submit - gr->t_recv; /* upload and tokenization */
 
 	kvd_ledger_request(srv->ledger, &gr->who, gr->id, gr->sess ? gr->sess->id : 0, finish_name(res->finish), res);
-	srv->prompt_tokens_total += res->prompt_tokens;
+	if (res->sample == 0) /* the samples share one prompt */
+		srv->prompt_tokens_total += res->prompt_tokens;
 	srv->generated_tokens_total += res->generated_tokens;
 	if (res->generated_tokens) /* time to first token as the client sees it: from the GENERATE */
 		kvd_hist_add(&srv->ttft, res->ttft_ns + pre);
@@ -135,7 +137,6 @@ void on_done(void *ud, uint64_t req_id, const struct kvd_request_result *res)
 			s->turns++;
 		gr->sess = NULL; /* the session may go before this request's last record */
 	}
-	gr->finished = true;
 	gr->done = (struct ipc_done){
 		.finish_reason = finish_to_ipc(res->finish),
 		.error = res->finish == KVD_FINISH_ERROR ? (ipc_error_code_valid(res->error) ? res->error : IPC_ERR_ENGINE) : 0,
@@ -159,6 +160,16 @@ void on_done(void *ud, uint64_t req_id, const struct kvd_request_result *res)
 				  ? (double)(res->generated_tokens - 1) * 1e9 / (double)res->decode_ns
 				  : 0.0,
 			  res->preemptions);
+	if (gr->xs && res->sample < gr->xs->n) {
+		gr->xs->s[res->sample].finished = true;
+		gr->xs->s[res->sample].done = gr->done;
+		if (++gr->xs->n_done < gr->xs->n) {
+			if (gr->c)
+				client_mark_dirty(gr->c);
+			return; /* the others are still running */
+		}
+	}
+	gr->finished = true;
 	if (!gr->c) {
 		greq_free(gr);
 		return;
@@ -178,6 +189,8 @@ static int greq_flush(struct client *c, struct greq *gr)
 	uint32_t text_off = 0, i = 0;
 	int r = 0;
 
+	if (gr->xs)
+		return samples_flush(c, gr);
 	while (i < gr->n_toks) {
 		uint32_t k = 0, tb = 0;
 		while (i + k < gr->n_toks && k < IPC_MAX_TOKENS_PER_RECORD &&

@@ -43,6 +43,16 @@ static_assert(sizeof(struct ipc_ping) == 8, "ipc_ping size");
 static_assert(sizeof(struct ipc_ps_entry) == 72, "ipc_ps_entry size");
 static_assert(offsetof(struct ipc_ps_entry, pid) == 32, "ipc_ps_entry layout");
 static_assert(sizeof(struct ipc_ps_reply) == 8, "ipc_ps_reply size");
+static_assert(sizeof(struct ipc_sample) == 8, "ipc_sample size");
+static_assert(sizeof(struct ipc_logprob) == 12, "ipc_logprob size");
+static_assert(IPC_MAX_SAMPLES <= UINT8_MAX && IPC_MAX_TOP_LOGPROBS <= UINT8_MAX, "limits fit their u8 fields");
+/* The daemon sends a record with log-probabilities as soon as it has one
+ * token's worth: one token with all its entries, maximal pieces and a
+ * maximal text fits the smallest ring's largest record. */
+static_assert(IPC_HDR_BYTES + sizeof(struct ipc_token) + sizeof(struct ipc_sample) + 4 + IPC_MAX_TOKEN_TEXT_BYTES +
+			      (1 + IPC_MAX_TOP_LOGPROBS) * (sizeof(struct ipc_logprob) + IPC_MAX_PIECE_BYTES) <=
+		      IPC_RING_MIN_BYTES / 2,
+	      "a one-token TOKEN record with log-probabilities fits the smallest ring");
 static_assert(IPC_MAX_INLINE_TEXT_BYTES + IPC_MAX_SYSTEM_BYTES +
 		      IPC_MAX_STOP_STRINGS * (2 + IPC_MAX_STOP_BYTES) + sizeof(struct ipc_generate) <=
 	      IPC_MAX_PAYLOAD_BYTES, "a maximal GENERATE fits one frame");
@@ -58,6 +68,7 @@ struct type_info {
 	bool variable;     /* payload may extend beyond `fixed` */
 	uint32_t flags;    /* header flag bits the type defines */
 	unsigned n_fds;    /* exact number of fds */
+	uint32_t sample;   /* bytes IPC_F_SAMPLE adds to `fixed` (a struct ipc_sample) */
 };
 
 #define C2S_SOCK (IPC_FROM_CLIENT | IPC_VIA_SOCKET)
@@ -69,9 +80,10 @@ static const struct type_info types[IPC_MSG_TYPE_MAX + 1] = {
 	[IPC_MSG_GENERATE] = { "GENERATE", C2S_SOCK, sizeof(struct ipc_generate), true, 0, 0 },
 	[IPC_MSG_PROMPT_DATA] = { "PROMPT_DATA", IPC_FROM_CLIENT | IPC_VIA_RING, sizeof(struct ipc_prompt_data),
 				  true, 0, 0 },
-	[IPC_MSG_TOKEN] = { "TOKEN", IPC_FROM_SERVER | IPC_VIA_RING, sizeof(struct ipc_token), true, 0, 0 },
+	[IPC_MSG_TOKEN] = { "TOKEN", IPC_FROM_SERVER | IPC_VIA_RING, sizeof(struct ipc_token), true, IPC_F_SAMPLE, 0,
+			    sizeof(struct ipc_sample) },
 	[IPC_MSG_DONE] = { "DONE", IPC_FROM_SERVER | IPC_VIA_RING | IPC_VIA_SOCKET, sizeof(struct ipc_done),
-			   false, 0, 0 },
+			   false, IPC_F_SAMPLE, 0, sizeof(struct ipc_sample) },
 	[IPC_MSG_CANCEL] = { "CANCEL", C2S_SOCK, 0, false, 0, 0 },
 	[IPC_MSG_ERROR] = { "ERROR", IPC_FROM_SERVER | IPC_VIA_SOCKET | IPC_VIA_RING, sizeof(struct ipc_error),
 			    true, 0, 0 },
@@ -166,7 +178,8 @@ int ipc_frame_check(const void *buf, size_t n, unsigned n_fds, unsigned from, un
 		return -EPROTO;
 	if (h.flags & ~t->flags)
 		return -EPROTO;
-	if (h.length < t->fixed || (!t->variable && h.length != t->fixed))
+	uint32_t fixed = t->fixed + ((h.flags & IPC_F_SAMPLE) ? t->sample : 0);
+	if (h.length < fixed || (!t->variable && h.length != fixed))
 		return -EBADMSG;
 	if (n_fds > t->n_fds)
 		return -ETOOMANYREFS;
@@ -277,8 +290,12 @@ int ipc_decode_generate(const struct ipc_frame *f, struct ipc_generate_msg *ret)
 	memcpy(&m.g, f->payload, sizeof(m.g));
 	if (g->gen_flags & ~IPC_GEN_ALL)
 		return -EPROTO;
-	if (g->reserved0)
-		return -EPROTO;
+	if (g->n_samples > IPC_MAX_SAMPLES || g->top_logprobs > IPC_MAX_TOP_LOGPROBS)
+		return -E2BIG;
+	if (g->top_logprobs && !(g->gen_flags & IPC_GEN_LOGPROBS))
+		return -EINVAL; /* alternatives come only with log-probabilities */
+	if (g->n_samples > 1 && g->session_id)
+		return -EINVAL; /* a session continues one sequence */
 	if (g->max_tokens == 0)
 		return -EINVAL;
 	if (g->max_tokens > IPC_MAX_GEN_TOKENS)
@@ -501,9 +518,41 @@ int ipc_decode_prompt_data(const struct ipc_frame *f, struct ipc_prompt_data_msg
 	return 0;
 }
 
+/* Check a log-probability area of n_tokens tokens with n_top alternatives each. */
+static int check_lp_area(const uint8_t *p, size_t len, uint32_t n_tokens, uint32_t n_top)
+{
+	size_t off = 0;
+	uint32_t n = 1 + n_top;
+
+	for (uint32_t t = 0; t < n_tokens; t++) {
+		size_t pieces = 0;
+		if (len - off < (size_t)n * sizeof(struct ipc_logprob))
+			return -EBADMSG;
+		for (uint32_t i = 0; i < n; i++) {
+			struct ipc_logprob e;
+			memcpy(&e, p + off + i * sizeof(e), sizeof(e));
+			if (e.reserved0)
+				return -EPROTO;
+			if (e.id < 0 || isnan(e.logprob) || e.logprob > 0.0f)
+				return -EINVAL;
+			if (e.piece_bytes > IPC_MAX_PIECE_BYTES)
+				return -E2BIG;
+			pieces += e.piece_bytes;
+		}
+		off += (size_t)n * sizeof(struct ipc_logprob);
+		if (len - off < pieces)
+			return -EBADMSG;
+		off += pieces;
+	}
+	return off == len ? 0 : -EBADMSG;
+}
+
 int ipc_decode_token(const struct ipc_frame *f, struct ipc_token_msg *ret)
 {
 	struct ipc_token t;
+	struct ipc_sample s = { 0 };
+	bool ext = f->hdr.flags & IPC_F_SAMPLE;
+	size_t head = sizeof(t) + (ext ? sizeof(s) : 0);
 
 	assert(f->hdr.type == IPC_MSG_TOKEN && f->hdr.length >= sizeof(t));
 	memcpy(&t, f->payload, sizeof(t));
@@ -513,11 +562,34 @@ int ipc_decode_token(const struct ipc_frame *f, struct ipc_token_msg *ret)
 		return -E2BIG;
 	if (t.index > IPC_MAX_GEN_TOKENS || t.n_tokens > IPC_MAX_GEN_TOKENS - t.index)
 		return -E2BIG;
-	if ((uint64_t)sizeof(t) + 4ull * t.n_ids + t.text_bytes != f->hdr.length)
+	if (ext) {
+		if (f->hdr.length < head)
+			return -EBADMSG;
+		memcpy(&s, f->payload + sizeof(t), sizeof(s));
+		if (s.lp_flags & ~IPC_LP_PRESENT)
+			return -EPROTO;
+		if (s.sample >= IPC_MAX_SAMPLES || s.n_top > IPC_MAX_TOP_LOGPROBS)
+			return -E2BIG;
+		if (s.n_top && !(s.lp_flags & IPC_LP_PRESENT))
+			return -EINVAL;
+	}
+	uint64_t fixed = (uint64_t)head + 4ull * t.n_ids + t.text_bytes;
+	if (fixed > f->hdr.length || (!(s.lp_flags & IPC_LP_PRESENT) && fixed != f->hdr.length))
 		return -EBADMSG;
+	const uint8_t *lp = f->payload + fixed;
+	uint32_t lp_bytes = f->hdr.length - (uint32_t)fixed;
+	if (s.lp_flags & IPC_LP_PRESENT) {
+		int r = check_lp_area(lp, lp_bytes, t.n_tokens, s.n_top);
+		if (r < 0)
+			return r;
+	}
 	ret->t = t;
-	ret->ids = f->payload + sizeof(t);
-	ret->text = (const char *)f->payload + sizeof(t) + 4u * t.n_ids;
+	ret->ids = f->payload + head;
+	ret->text = (const char *)f->payload + head + 4u * t.n_ids;
+	ret->has_sample = ext;
+	ret->s = s;
+	ret->lp = (s.lp_flags & IPC_LP_PRESENT) ? lp : NULL;
+	ret->lp_bytes = (s.lp_flags & IPC_LP_PRESENT) ? lp_bytes : 0;
 	return 0;
 }
 
@@ -530,12 +602,23 @@ int32_t ipc_token_id(const struct ipc_token_msg *m, uint32_t i)
 	return id;
 }
 
-int ipc_decode_done(const struct ipc_frame *f, struct ipc_done *ret)
+int ipc_decode_done_sample(const struct ipc_frame *f, struct ipc_done *ret, struct ipc_sample *ret_sample)
 {
 	struct ipc_done d;
+	struct ipc_sample s = { 0 };
+	bool ext = f->hdr.flags & IPC_F_SAMPLE;
 
-	assert(f->hdr.type == IPC_MSG_DONE && f->hdr.length == sizeof(d));
+	assert(f->hdr.type == IPC_MSG_DONE && f->hdr.length >= sizeof(d));
+	if (f->hdr.length != sizeof(d) + (ext ? sizeof(s) : 0))
+		return -EBADMSG;
 	memcpy(&d, f->payload, sizeof(d));
+	if (ext) {
+		memcpy(&s, f->payload + sizeof(d), sizeof(s));
+		if (s.n_top || s.lp_flags)
+			return -EPROTO;
+		if (s.sample >= IPC_MAX_SAMPLES)
+			return -E2BIG;
+	}
 	if (d.reserved0)
 		return -EPROTO;
 	if (d.finish_reason < IPC_FINISH_EOS || d.finish_reason > IPC_FINISH_ERROR)
@@ -547,7 +630,14 @@ int ipc_decode_done(const struct ipc_frame *f, struct ipc_done *ret)
 	if (d.cached_tokens > d.prompt_tokens || d.generated_tokens > IPC_MAX_GEN_TOKENS)
 		return -EINVAL;
 	*ret = d;
+	if (ret_sample)
+		*ret_sample = s;
 	return 0;
+}
+
+int ipc_decode_done(const struct ipc_frame *f, struct ipc_done *ret)
+{
+	return ipc_decode_done_sample(f, ret, NULL);
 }
 
 int ipc_decode_error(const struct ipc_frame *f, struct ipc_error_msg *ret)
@@ -692,8 +782,8 @@ int ipc_decode_ps_reply(const struct ipc_frame *f, struct ipc_ps_reply_msg *ret)
 	for (uint32_t i = 0; i < r.n_entries; i++) {
 		struct ipc_ps_entry e;
 		memcpy(&e, f->payload + sizeof(r) + i * sizeof(e), sizeof(e));
-		if (e.reserved0)
-			return -EPROTO;
+		if (e.sample >= IPC_MAX_SAMPLES)
+			return -E2BIG;
 		if (e.state < IPC_REQ_WAITING || e.state > IPC_REQ_UPLOADING || e.pages_shared > e.pages ||
 		    e.cached_tokens > e.prompt_tokens)
 			return -EINVAL;

@@ -132,6 +132,9 @@
 #define IPC_MAX_TOKENS_PER_RECORD 256u       /* tokens one TOKEN record covers */
 #define IPC_MAX_TOKEN_TEXT_BYTES 4096u       /* text bytes in one TOKEN record */
 #define IPC_MAX_ERROR_MSG_BYTES  512u
+#define IPC_MAX_SAMPLES          16u         /* samples of one GENERATE (ipc_generate.n_samples) */
+#define IPC_MAX_TOP_LOGPROBS     20u         /* alternatives per token (ipc_generate.top_logprobs) */
+#define IPC_MAX_PIECE_BYTES      128u        /* bytes of one token's text in a log-probability entry */
 #define IPC_MODEL_NAME_BYTES     64u         /* NUL-padded field */
 #define IPC_CLIENT_NAME_BYTES    32u         /* NUL-padded field */
 /* Token ids in one TOKENIZE_REPLY frame, PS entries in one PS_REPLY. */
@@ -177,6 +180,7 @@ struct ipc_hdr {
 
 /* Header flags. */
 #define IPC_F_MORE 0x1u /* TOKENIZE_REPLY, PS_REPLY: more frames follow */
+#define IPC_F_SAMPLE 0x2u /* TOKEN, DONE: a struct ipc_sample follows the fixed struct */
 
 /* Where a message may travel (checked by ipc_frame_check). */
 #define IPC_FROM_CLIENT 0x1u
@@ -267,7 +271,8 @@ struct ipc_welcome {
 #define IPC_GEN_PROMPT_IN_RING 0x4u /* prompt follows as PROMPT_DATA records */
 #define IPC_GEN_PARSE_SPECIAL  0x8u /* with IPC_GEN_RAW: special-token texts become special tokens */
 #define IPC_GEN_CHAT_TURNS     0x10u /* the prompt is a list of chat turns (see below) */
-#define IPC_GEN_ALL            0x1fu
+#define IPC_GEN_LOGPROBS       0x20u /* TOKEN records carry log-probabilities (ipc_samples.h) */
+#define IPC_GEN_ALL            0x3fu
 
 struct ipc_generate {
 	uint32_t gen_flags;       /* IPC_GEN_* */
@@ -283,7 +288,8 @@ struct ipc_generate {
 	uint32_t prompt_bytes;    /* 0 .. IPC_MAX_TEXT_BYTES (inline: .. IPC_MAX_INLINE_TEXT_BYTES) */
 	uint32_t system_bytes;    /* 0 .. IPC_MAX_SYSTEM_BYTES; chat mode only */
 	uint16_t n_stop;          /* 0 .. IPC_MAX_STOP_STRINGS */
-	uint16_t reserved0;
+	uint8_t n_samples;        /* 0 or 1: one sample; 2 .. IPC_MAX_SAMPLES (ipc_samples.h) */
+	uint8_t top_logprobs;     /* 0 .. IPC_MAX_TOP_LOGPROBS alternatives; only with IPC_GEN_LOGPROBS */
 	uint32_t stop_bytes;      /* size of the stop area: per string u16 length + bytes */
 };
 /* Payload: struct ipc_generate | system text | stop area | prompt (inline only). */
@@ -334,6 +340,13 @@ struct ipc_token {
 	uint32_t n_tokens;        /* 1 .. IPC_MAX_TOKENS_PER_RECORD */
 	uint32_t n_ids;           /* 0, or n_tokens when IPC_GEN_WANT_IDS was set */
 	uint32_t text_bytes;      /* 0 .. IPC_MAX_TOKEN_TEXT_BYTES */
+};
+/* With IPC_F_SAMPLE (samples, log-probabilities: ipc_samples.h) this follows
+ * struct ipc_token (and struct ipc_done). */
+struct ipc_sample {
+	uint32_t sample;          /* 0 .. IPC_MAX_SAMPLES - 1 */
+	uint16_t n_top;           /* TOKEN: alternatives per token, 0 .. IPC_MAX_TOP_LOGPROBS; DONE: 0 */
+	uint16_t lp_flags;        /* TOKEN: IPC_LP_*; DONE: 0 */
 };
 /* Payload: struct ipc_token | int32 ids[n_ids] | text. Text is the
  * detokenized output; a partial UTF-8 character may be held back until a
@@ -475,7 +488,8 @@ struct ipc_ps_entry {
 	uint32_t cached_tokens;
 	uint32_t generated_tokens;
 	uint32_t max_tokens;
-	uint32_t reserved0;
+	uint32_t sample;          /* sample index (ipc_samples.h); clients older than IPC_SAMPLES_SERVER_VERSION
+				   * (HELLO) required 0 here: they get only sample 0's entries */
 };
 
 struct ipc_ps_reply {
@@ -678,7 +692,14 @@ struct ipc_token_msg {
 	struct ipc_token t;
 	const uint8_t *ids;    /* n_ids int32 values, possibly unaligned: use ipc_token_id() */
 	const char *text;      /* t.text_bytes */
+	/* IPC_F_SAMPLE (else has_sample false, s zero, no area) */
+	bool has_sample;
+	struct ipc_sample s;
+	const uint8_t *lp;     /* the log-probability area (validated), lp_bytes long */
+	uint32_t lp_bytes;
 };
+/* Validates the log-probability area too: entry counts, ids >= 0,
+ * log-probabilities (not NaN, <= 0), piece lengths, reserved fields. */
 int ipc_decode_token(const struct ipc_frame *f, struct ipc_token_msg *ret);
 int32_t ipc_token_id(const struct ipc_token_msg *m, uint32_t i);
 
@@ -928,5 +949,9 @@ int ipc_chan_wake_peer(struct ipc_chan *c);
 /* The payloads of KVMAP, HIST and LEDGER (the daemon's bookkeeping, shown
  * by kvctl stats --map / --prometheus and kvctl ledger), and their decoders. */
 #include "ipc_views.h"
+
+/* Samples and log-probabilities: the IPC_F_SAMPLE stream, its log-probability
+ * area and their helpers. */
+#include "ipc_samples.h"
 
 #endif /* KVD_IPC_H */

@@ -40,6 +40,8 @@
 #define HTTP_MAX_MODEL_ID            128         /* bytes of a model name */
 #define HTTP_MAX_JSON_DEPTH          32          /* nesting of a request body */
 #define HTTP_MAX_API_KEY             512         /* bytes of the API key file */
+#define HTTP_MAX_N                   KVC_MAX_SAMPLES      /* choices of one request ('n') */
+#define HTTP_MAX_TOP_LOGPROBS        KVC_MAX_TOP_LOGPROBS /* 'top_logprobs' (chat), 'logprobs' (completions) */
 
 /* ---- configuration ------------------------------------------------------------ */
 
@@ -117,6 +119,9 @@ struct http_gen_req {
 	uint64_t seed;
 	char *stop[HTTP_MAX_STOP];
 	size_t n_stop;
+	uint32_t n;              /* choices, 1 .. HTTP_MAX_N (0: not given, one) */
+	bool logprobs;           /* chat: 'logprobs': true; completions: 'logprobs': K given */
+	uint32_t top_logprobs;   /* chat: 'top_logprobs'; completions: 'logprobs' K */
 };
 
 /*
@@ -130,6 +135,10 @@ int http_parse_gen_request(int ep, const char *body, size_t len, struct http_gen
 void http_gen_req_clear(struct http_gen_req *r);
 
 /* ---- responses ------------------------------------------------------------------- */
+
+/* A JSON string of text that should be UTF-8 (invalid bytes become U+FFFD);
+ * NULL when out of memory. */
+json_t *http_text_json(const char *s, size_t n);
 
 /* The JSON text of an error object: {"error":{"message","type","param","code"}}.
  * Returns malloc'd NUL-terminated text or NULL (out of memory). */

@@ -286,6 +286,43 @@ static int parse_prompt(json_t *o, struct http_gen_req *r, struct http_error *e)
 	return take_string(p, &r->prompt, &r->prompt_len) < 0 ? oom(e) : 0;
 }
 
+/* n, and log-probabilities: chat's 'logprobs' (boolean) and 'top_logprobs'
+ * (0 .. HTTP_MAX_TOP_LOGPROBS, only with logprobs true); completions'
+ * 'logprobs' (the number of alternatives, 0 .. HTTP_MAX_TOP_LOGPROBS; 0
+ * still returns the chosen tokens' own). */
+static int parse_choices(int ep, json_t *o, struct http_gen_req *r, struct http_error *e)
+{
+	json_t *v;
+
+	if ((v = opt(o, "n"))) {
+		if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > HTTP_MAX_N)
+			return BAD(e, "n", "'n' must be an integer from 1 to %d (kvd forks at most %d samples of one prompt)",
+				   HTTP_MAX_N, HTTP_MAX_N);
+		r->n = (uint32_t)json_integer_value(v);
+	}
+	if (ep == HTTP_EP_CHAT) {
+		if ((v = opt(o, "logprobs"))) {
+			if (!json_is_boolean(v))
+				return BAD(e, "logprobs", "'logprobs' must be a boolean");
+			r->logprobs = json_is_true(v);
+		}
+		if ((v = opt(o, "top_logprobs"))) {
+			if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > HTTP_MAX_TOP_LOGPROBS)
+				return BAD(e, "top_logprobs", "'top_logprobs' must be an integer from 0 to %d",
+					   HTTP_MAX_TOP_LOGPROBS);
+			if (!r->logprobs)
+				return BAD(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+			r->top_logprobs = (uint32_t)json_integer_value(v);
+		}
+	} else if ((v = opt(o, "logprobs"))) {
+		if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > HTTP_MAX_TOP_LOGPROBS)
+			return BAD(e, "logprobs", "'logprobs' must be an integer from 0 to %d", HTTP_MAX_TOP_LOGPROBS);
+		r->logprobs = true;
+		r->top_logprobs = (uint32_t)json_integer_value(v);
+	}
+	return 0;
+}
+
 static int parse_fields(int ep, json_t *o, struct http_gen_req *r, struct http_error *e)
 {
 	json_t *v;
@@ -342,21 +379,15 @@ static int parse_fields(int ep, json_t *o, struct http_gen_req *r, struct http_e
 	}
 	if ((x = parse_stop(o, r, e)) < 0)
 		return x;
+	if ((x = parse_choices(ep, o, r, e)) < 0)
+		return x;
 
-	/* What kvd cannot do yet: refused by name. (For completions even
-	 * logprobs 0 asks for the sampled tokens' log-probabilities.) */
-	if (ep == HTTP_EP_COMPLETIONS && opt(o, "logprobs"))
-		return UNSUPPORTED(e, "logprobs", "'logprobs' is not supported by kvd-http: kvd does not return token "
-				   "probabilities yet");
-	if ((x = only_neutral(o, "n", e, "one choice per request (kvd generates one sequence per request; "
-				   "send n requests)")) < 0 ||
-	    (x = only_neutral(o, "presence_penalty", e, "kvd's repeat_penalty is a different, multiplicative rule; "
+	/* What kvd cannot do: refused by name. */
+	if ((x = only_neutral(o, "presence_penalty", e, "kvd's repeat_penalty is a different, multiplicative rule; "
 				   "use 'repeat_penalty'")) < 0 ||
 	    (x = only_neutral(o, "frequency_penalty", e, "kvd's repeat_penalty is a different, multiplicative rule; "
 				   "use 'repeat_penalty'")) < 0 ||
 	    (x = only_neutral(o, "logit_bias", e, "kvd's sampler takes no per-token biases")) < 0 ||
-	    (x = only_neutral(o, "logprobs", e, "kvd does not return token probabilities yet")) < 0 ||
-	    (x = only_neutral(o, "top_logprobs", e, "kvd does not return token probabilities yet")) < 0 ||
 	    (x = only_neutral(o, "tools", e, "no tool calling")) < 0 ||
 	    (x = only_neutral(o, "functions", e, "no function calling")) < 0)
 		return x;
@@ -369,7 +400,7 @@ static int parse_fields(int ep, json_t *o, struct http_gen_req *r, struct http_e
 	}
 	if (ep == HTTP_EP_COMPLETIONS) {
 		if ((x = only_neutral(o, "echo", e, "the prompt is not echoed")) < 0 ||
-		    (x = only_neutral(o, "best_of", e, "one sequence per request")) < 0)
+		    (x = only_neutral(o, "best_of", e, "kvd returns every sample it makes: use 'n'")) < 0)
 			return x;
 		if ((v = opt(o, "suffix")) && !(json_is_string(v) && json_string_length(v) == 0))
 			return UNSUPPORTED(e, "suffix", "'suffix' (fill-in-the-middle) is not supported by kvd-http");
@@ -434,6 +465,11 @@ static json_t *text_value(const char *s, size_t n)
 	v = json_stringn(t, o);
 	free(t);
 	return v;
+}
+
+json_t *http_text_json(const char *s, size_t n)
+{
+	return text_value(s, n);
 }
 
 static char *dump(json_t *o)

@@ -39,74 +39,7 @@
 
 #include "kvclient.h"
 #include "server.h"
-
-#define HTTP_POLL_MS          100   /* longest wait for kvd before looking at the HTTP client again */
-#define HTTP_START_TIMEOUT_MS 30000 /* sending a request (and a large prompt) to kvd */
-#define HTTP_CTL_TIMEOUT_MS   5000  /* stats / ping for /metrics and /health */
-#define HTTP_KVD_POOL_MAX     64    /* idle kvd connections kept */
-#define HTTP_THREAD_STACK     (512u << 10)
-
-enum route {
-	ROUTE_NONE = 0,
-	ROUTE_CHAT,
-	ROUTE_COMPLETIONS,
-	ROUTE_MODELS,
-	ROUTE_MODEL,
-	ROUTE_HEALTH,
-	ROUTE_METRICS,
-};
-
-/* status codes counted for /metrics */
-static const int counted_status[] = { 200, 400, 401, 404, 405, 413, 429, 500, 503 };
-#define N_STATUS (sizeof(counted_status) / sizeof(counted_status[0]))
-
-struct http_server {
-	struct http_config cfg;
-	struct MHD_Daemon *mhd;
-	char api_key[HTTP_MAX_API_KEY + 1];
-	size_t api_key_len;
-	long started;
-
-	pthread_mutex_t lock; /* guards pool, n_pool, model */
-	kvc_client *pool[HTTP_KVD_POOL_MAX];
-	size_t n_pool;
-	char model[HTTP_MAX_MODEL_ID];
-	uint32_t n_ctx;       /* kvd's context window, tokens (0 until known) */
-
-	atomic_uint_fast64_t responses[N_STATUS + 1]; /* last: other codes */
-	atomic_uint_fast64_t generations[3];          /* by endpoint */
-	atomic_uint_fast64_t active_generations;
-	atomic_uint_fast64_t disconnects;             /* generations cancelled by a client leaving */
-	atomic_uint_fast64_t prompt_tokens, cached_tokens, completion_tokens;
-	atomic_uint_fast64_t id_counter;
-};
-
-struct conn {
-	struct http_server *s;
-	enum route route;
-	bool authorized;
-	char *body;
-	size_t body_len;
-	bool body_too_large;
-	size_t body_dropped;
-
-	/* a generation */
-	struct http_gen_req req;
-	kvc_client *kc;
-	kvc_request *kr;
-	bool kr_done;       /* kvd ended the request (any way) */
-	int sock;           /* the HTTP client's socket */
-	char id[48];
-	long created;
-	char model[HTTP_MAX_MODEL_ID];
-	bool counted_active;
-	int64_t last_check_ms; /* when the HTTP socket was last looked at */
-
-	/* bytes waiting to be sent (stream) or the collected text (non-stream) */
-	char *out;
-	size_t out_len, out_off, out_cap;
-	bool stream_ended;  /* the last bytes ([DONE]) are in out */
-};
+#include "server_impl.h"
 
 /* ---- small helpers ------------------------------------------------------------------ */
 
@@ -121,7 +54,7 @@ static void log_msg(int prio, const char *fmt, ...)
 	fputc('\n', stderr);
 }
 
-static int out_append(struct conn *c, const char *s, size_t n)
+int out_append(struct conn *c, const char *s, size_t n)
 {
 	if (c->out_len + n + 1 > c->out_cap) {
 		size_t cap = c->out_cap ? c->out_cap : 4096;
@@ -139,7 +72,7 @@ static int out_append(struct conn *c, const char *s, size_t n)
 	return 0;
 }
 
-static int out_take(struct conn *c, char *s, size_t n)
+int out_take(struct conn *c, char *s, size_t n)
 {
 	if (!s)
 		return -ENOMEM;
@@ -158,7 +91,7 @@ static int out_chunk(struct conn *c, bool role_only, const char *text, size_t le
 	return out_take(c, sse, n);
 }
 
-static void count_status(struct http_server *s, int status)
+void count_status(struct http_server *s, int status)
 {
 	size_t i;
 	for (i = 0; i < N_STATUS && counted_status[i] != status; i++)
@@ -181,7 +114,7 @@ static enum MHD_Result send_body(struct MHD_Connection *con, struct http_server 
 	return x;
 }
 
-static enum MHD_Result send_json(struct MHD_Connection *con, struct http_server *s, int status, char *json)
+enum MHD_Result send_json(struct MHD_Connection *con, struct http_server *s, int status, char *json)
 {
 	if (!json)
 		return send_body(con, s, 500, "application/json",
@@ -197,7 +130,7 @@ static enum MHD_Result send_error(struct MHD_Connection *con, struct http_server
 }
 
 /* kvd's answer code → an OpenAI error. msg: kvd's explanation or "". */
-static void map_kvd_error(int code, const char *msg, struct http_error *e)
+void map_kvd_error(int code, const char *msg, struct http_error *e)
 {
 	const char *why = msg && msg[0] ? msg : kv_strerror(code);
 
@@ -212,9 +145,10 @@ static void map_kvd_error(int code, const char *msg, struct http_error *e)
 	case -E2BIG:
 		http_fail(e, 413, "invalid_request_error", "request_too_large", NULL, "%s", why);
 		break;
-	case -EOPNOTSUPP: /* the only feature gated on kvd's version */
-		http_fail(e, 400, "invalid_request_error", "unsupported_parameter", "messages",
-			  "this kvd is older than 0.2.0 and cannot take earlier conversation turns");
+	case -EOPNOTSUPP: /* features gated on kvd's version */
+		http_fail(e, 400, "invalid_request_error", "unsupported_parameter", NULL,
+			  "this kvd is too old: earlier conversation turns need 0.2.0, 'n' > 1 and "
+			  "log-probabilities 0.3.0");
 		break;
 	case KVC_ERR_LIMIT:
 		http_fail(e, 429, "rate_limit_error", "rate_limit_exceeded", NULL, "kvd is at capacity: %s", why);
@@ -338,6 +272,11 @@ static void fill_params(const struct conn *c, const struct kvc_info *info, struc
 	p->n_messages = q->n_messages;
 	p->stop = (const char *const *)q->stop;
 	p->n_stop = q->n_stop;
+	p->n_samples = q->n;
+	if (q->logprobs) {
+		p->flags |= KVC_GEN_LOGPROBS | KVC_GEN_WANT_IDS;
+		p->top_logprobs = q->top_logprobs;
+	}
 }
 
 /* Send the request to kvd: 0, or an error code with e filled. */
@@ -385,7 +324,7 @@ static int start_generation(struct conn *c, struct http_error *e)
 	return -ECONNRESET;
 }
 
-static void add_usage(struct conn *c, const struct kvc_result *res, struct http_usage *u)
+void add_usage(struct conn *c, const struct kvc_result *res, struct http_usage *u)
 {
 	u->prompt_tokens = res->prompt_tokens;
 	u->cached_tokens = res->cached_tokens;
@@ -410,7 +349,7 @@ static int64_t mono_ms(void)
  * queued or prefilling request) or busy (tokens arriving faster than that,
  * for a non-streamed answer that writes nothing until the end).
  */
-static int next_event(struct conn *c, const struct kvc_event **ret_ev, int *ret_code)
+int next_event(struct conn *c, const struct kvc_event **ret_ev, int *ret_code)
 {
 	for (;;) {
 		int r = kvc_request_next(c->kr, ret_ev);
@@ -432,7 +371,7 @@ static int next_event(struct conn *c, const struct kvc_event **ret_ev, int *ret_
 }
 
 /* The error of an ended request: its code, and kvd's message. */
-static void ended_error(struct conn *c, int code, struct http_error *e)
+void ended_error(struct conn *c, int code, struct http_error *e)
 {
 	const struct kvc_result *res = kvc_request_result(c->kr);
 	if (code == -ECANCELED)
@@ -447,7 +386,9 @@ static int stream_close(struct conn *c, int code)
 	const struct kvc_result *res = kvc_request_result(c->kr);
 	int r = 0;
 
-	if (code == 0 && res) {
+	if (code == 0 && res && c->ch) {
+		r = choices_stream_finish(c);
+	} else if (code == 0 && res) {
 		struct http_usage u;
 		add_usage(c, res, &u);
 		r = out_chunk(c, false, NULL, 0, http_finish_reason(res->finish_reason), NULL, c->req.include_usage);
@@ -474,6 +415,8 @@ static int stream_close(struct conn *c, int code)
 
 static int stream_event(struct conn *c, const struct kvc_event *ev)
 {
+	if (c->ch)
+		return choices_stream_event(c, ev);
 	if (ev->text_len == 0)
 		return 0;
 	return out_chunk(c, false, ev->text, ev->text_len, NULL, NULL, c->req.include_usage);
@@ -532,6 +475,8 @@ static enum MHD_Result generate(struct MHD_Connection *con, struct conn *c)
 		 c->req.endpoint == HTTP_EP_CHAT ? "chatcmpl" : "cmpl", rnd, atomic_fetch_add(&s->id_counter, 1) & 0xffffffff);
 	c->created = (long)time(NULL);
 
+	if (choices_wanted(&c->req) && choices_init(c) < 0)
+		return MHD_NO;
 	if (start_generation(c, &e) < 0)
 		return send_error(con, s, &e);
 	atomic_fetch_add(&s->generations[c->req.endpoint], 1);
@@ -551,7 +496,8 @@ static enum MHD_Result generate(struct MHD_Connection *con, struct conn *c)
 
 	if (c->req.stream) {
 		/* chat streams open with the role; completions with the first text */
-		int x = c->req.endpoint == HTTP_EP_CHAT ? out_chunk(c, true, "", 0, NULL, NULL, c->req.include_usage) : 0;
+		int x = c->ch ? choices_stream_open(c)
+			: c->req.endpoint == HTTP_EP_CHAT ? out_chunk(c, true, "", 0, NULL, NULL, c->req.include_usage) : 0;
 		if (x == 0)
 			x = r == 1 ? stream_event(c, ev) : stream_close(c, code);
 		if (x < 0)
@@ -570,7 +516,7 @@ static enum MHD_Result generate(struct MHD_Connection *con, struct conn *c)
 
 	/* non-streaming: collect the text, then answer */
 	while (r == 1) {
-		if (out_append(c, ev->text, ev->text_len) < 0)
+		if ((c->ch ? choices_collect(c, ev) : out_append(c, ev->text, ev->text_len)) < 0)
 			return MHD_NO;
 		r = next_event(c, &ev, &code);
 		if (r < 0)
@@ -580,6 +526,8 @@ static enum MHD_Result generate(struct MHD_Connection *con, struct conn *c)
 		ended_error(c, code, &e);
 		return send_error(con, s, &e);
 	}
+	if (c->ch)
+		return send_json(con, s, 200, choices_response(c));
 	const struct kvc_result *res = kvc_request_result(c->kr);
 	struct http_usage u;
 	add_usage(c, res, &u);
@@ -919,6 +867,7 @@ static void on_completed(void *cls, struct MHD_Connection *con, void **con_cls, 
 	kvd_put(s, c->kc);
 	if (c->counted_active)
 		atomic_fetch_sub(&s->active_generations, 1);
+	choices_free(c);
 	http_gen_req_clear(&c->req);
 	free(c->body);
 	free(c->out);

@@ -46,7 +46,8 @@ static const char help_chat[] =
 	"\n"
 	"OPTIONS\n"
 	"    --max-tokens N, --temperature T, --top-p P, --top-k K, --min-p P,\n"
-	"    --repeat-penalty R, --seed N, --stop STRING, --json, --no-newline\n"
+	"    --repeat-penalty R, --seed N, --stop STRING, --json, --no-newline,\n"
+	"    -n/--samples N, --logprobs K\n"
 	"                         as for 'kvctl generate' (see kvctl generate --help)\n"
 	"\n" COMMON_HELP "\n" EXIT_STATUS_HELP
 	"    A conversation that is not valid JSON of the shape above is refused with\n"

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "kvctl.h"
+#include "gen_samples.h"
 
 /* ---- generate ----------------------------------------------------------------------------- */
 
@@ -76,9 +77,23 @@ static const char help_generate[] =
 	"                         speed after the first token. On failure the object has\n"
 	"                         an \"error\" member {\"code\", \"message\"} instead.\n"
 	"    --no-newline         do not add a final newline\n"
+	"    -n, --samples N      N independent samples of the prompt, 1 <= N <= 16: the\n"
+	"                         daemon computes the prompt once and the samples share its\n"
+	"                         KV pages ('kvctl ps' lists each). Printed at the end, each\n"
+	"                         under a \"--- sample I (finish, N tokens) ---\" line; with\n"
+	"                         --json a \"samples\" array of {\"sample\", \"text\",\n"
+	"                         \"token_ids\", \"finish_reason\", \"generated_tokens\"} and the\n"
+	"                         request's totals. With --seed S sample 0 is what a\n"
+	"                         one-sample run with seed S gives, sample i >= 1 uses a\n"
+	"                         seed derived from S and i. Each sample counts as a\n"
+	"                         request against server.max_requests_per_client\n"
+	"    --logprobs K         with --json: each generated token's log-probability and\n"
+	"                         its K likeliest alternatives, 0 <= K <= 20, in a\n"
+	"                         \"logprobs\" array of {\"token\", \"id\", \"logprob\",\n"
+	"                         \"bytes\", \"top_logprobs\"}: natural logs of the model's own\n"
+	"                         distribution (before temperature, penalties and top-k/p)\n"
 	"\n"
-	"    There are no short options besides -h: '-n 2' is refused, not read as a\n"
-	"    count (the count is --max-tokens 2).\n"
+	"    -n is the number of samples, not of tokens (that is --max-tokens).\n"
 	"\n" COMMON_HELP "\n" EXIT_STATUS_HELP
 	"\n"
 	"EXAMPLES\n"
@@ -88,6 +103,8 @@ static const char help_generate[] =
 	"        $'<|im_start|>user\\nName a colour.<|im_end|>\\n<|im_start|>assistant\\n'\n"
 	"    git diff | kvctl generate --system \"Write a commit message.\" --json | jq -r .text\n"
 	"    kvctl generate -- \"-1 times -1 is\"\n"
+	"    kvctl generate -n 4 --seed 7 \"Name a colour.\"\n"
+	"    kvctl generate --raw --temperature 0 --logprobs 5 --json \"The sky is\"\n"
 	"\n"
 	"SEE ALSO\n"
 	"    kvctl tokenize --help, kvctl session --help, kvctl stats --help\n";
@@ -181,7 +198,7 @@ static void print_gen_json(const struct gen_out *o, const struct kvc_result *res
 int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 {
 	enum { O_RAW = OPT_FIRST_CMD, O_SYSTEM, O_MAX, O_TEMP, O_TOPP, O_TOPK, O_MINP, O_REP, O_SEED, O_STOP,
-	       O_SESSION, O_JSON, O_SPECIAL, O_NO_NEWLINE };
+	       O_SESSION, O_JSON, O_SPECIAL, O_NO_NEWLINE, O_SAMPLES, O_LOGPROBS };
 	static const struct option longopts[] = {
 		{ "raw", no_argument, NULL, O_RAW },
 		{ "system", required_argument, NULL, O_SYSTEM },
@@ -197,6 +214,8 @@ int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 		{ "json", no_argument, NULL, O_JSON },
 		{ "special", no_argument, NULL, O_SPECIAL },
 		{ "no-newline", no_argument, NULL, O_NO_NEWLINE },
+		{ "samples", required_argument, NULL, O_SAMPLES },
+		{ "logprobs", required_argument, NULL, O_LOGPROBS },
 		COMMON_LONGOPTS,
 		{ 0 },
 	};
@@ -212,7 +231,7 @@ int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 	int o, r;
 
 	kvc_gen_params_init(&p);
-	while ((o = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+	while ((o = getopt_long(argc, argv, ":hn:", longopts, NULL)) != -1) {
 		if ((r = common_opt(x, cmd, o, optarg)) != 0) {
 			if (r < 0)
 				return EXIT_USAGE;
@@ -281,10 +300,22 @@ int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 		case O_JSON:
 			json = true;
 			break;
+		case 'n':
+		case O_SAMPLES:
+			if (!parse_u32(optarg, &u) || u == 0 || u > KVC_MAX_SAMPLES)
+				return usage_error(cmd, "-n/--samples: '%s' is not a number of samples from 1 to %d "
+							"(the number of tokens is --max-tokens)",
+						   optarg, KVC_MAX_SAMPLES);
+			p.n_samples = u;
+			break;
+		case O_LOGPROBS:
+			if (!parse_u32(optarg, &u) || u > KVC_MAX_TOP_LOGPROBS)
+				return usage_error(cmd, "--logprobs: '%s' is not a number of alternatives from 0 to %d",
+						   optarg, KVC_MAX_TOP_LOGPROBS);
+			p.flags |= KVC_GEN_LOGPROBS;
+			p.top_logprobs = u;
+			break;
 		case '?':
-			if (optopt == 'n')
-				return usage_error(cmd, "unknown option '-n': the number of tokens to generate is "
-							"--max-tokens N (and --no-newline drops the final newline)");
 			return option_error(cmd, argv, o);
 		default:
 			return option_error(cmd, argv, o);
@@ -300,10 +331,16 @@ int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 	if ((p.flags & KVC_GEN_PARSE_SPECIAL) && !(p.flags & KVC_GEN_RAW))
 		return usage_error(cmd, "--special goes with --raw: without it the daemon renders the chat "
 					"template itself");
+	if (p.n_samples > 1 && p.session_id)
+		return usage_error(cmd, "-n: a session continues one conversation; several samples go without --session");
+	if ((p.flags & KVC_GEN_LOGPROBS) && !json)
+		return usage_error(cmd, "--logprobs: log-probabilities are printed with --json");
 	p.stop = stops;
 	p.n_stop = n_stop;
 	if (json)
 		p.flags |= KVC_GEN_WANT_IDS;
+	/* several samples or log-probabilities: collected per sample, printed at the end */
+	bool multi = p.n_samples > 1 || (p.flags & KVC_GEN_LOGPROBS);
 
 	char *prompt;
 	size_t len;
@@ -364,13 +401,34 @@ int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 	}
 	install_sigint();
 	struct gen_out out = { .json = json, .last_nl = true };
+	struct gen_samples *gs = NULL;
+	if (multi && (!(gs = malloc(sizeof(*gs))) || gen_samples_init(gs, p.n_samples, json, p.flags & KVC_GEN_LOGPROBS))) {
+		log_err("%s: out of memory", cmd);
+		if (gs)
+			gen_samples_free(gs);
+		free(gs);
+		free(prompt);
+		chat_conv_free(&conv);
+		kvc_close(c);
+		return EXIT_FAIL;
+	}
 	kvc_request *q;
 	r = kvc_request_start(c, prompt, len, &p, &q);
 	free(prompt);
 	chat_conv_free(&conv); /* the library copied the messages */
 	if (r < 0) {
-		if (json)
+		if (json && gs)
+			gen_samples_print_json(gs, NULL, r, kvc_server_info(c)->model_name);
+		else if (json)
 			print_gen_json(&out, NULL, r, kvc_server_info(c)->model_name);
+		if (gs) {
+			gen_samples_free(gs);
+			free(gs);
+		}
+		if (r == -EOPNOTSUPP && multi)
+			log_err("%s: kvd %u.%u.%u is older than samples and log-probabilities (kvd 0.3.0)", cmd,
+				info->server_version >> 16, (info->server_version >> 8) & 0xff,
+				info->server_version & 0xff);
 		if (chat && r == -EOPNOTSUPP)
 			log_err("chat: kvd %u.%u.%u is older than conversations (kvd 0.2.0)",
 				info->server_version >> 16, (info->server_version >> 8) & 0xff,
@@ -390,7 +448,7 @@ int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 	while ((r = kvc_request_next(q, &ev)) == 1) {
 		if (out.io_error)
 			continue;
-		int e = gen_event(&out, ev);
+		int e = gs ? gen_samples_event(gs, ev) : gen_event(&out, ev);
 		if (e < 0) {
 			out.io_error = e;
 			kvc_cancel(c, kvc_request_id(q));
@@ -405,15 +463,23 @@ int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 		if (out.io_error != -EPIPE) /* a closed pipe (| head) is not worth a message */
 			log_err("writing the output: %s", kv_strerror(out.io_error));
 		status = EXIT_IO;
+	} else if (json && gs) {
+		gen_samples_print_json(gs, q, r, kvc_server_info(c)->model_name);
+		status = r < 0 ? exit_for(r) : EXIT_OK;
+		if (fflush(stdout) != 0)
+			status = EXIT_IO;
 	} else if (json) {
 		print_gen_json(&out, res, r, kvc_server_info(c)->model_name);
 		status = r < 0 ? exit_for(r) : EXIT_OK;
 		if (fflush(stdout) != 0)
 			status = EXIT_IO;
 	} else {
-		if (newline && !out.last_nl)
+		if (gs)
+			status = gen_samples_print_text(gs, q, newline) < 0 ? EXIT_IO : EXIT_OK;
+		else if (newline && !out.last_nl)
 			fputc('\n', stdout);
-		status = fflush(stdout) != 0 ? EXIT_IO : EXIT_OK;
+		if (!gs)
+			status = fflush(stdout) != 0 ? EXIT_IO : EXIT_OK;
 		if (r == -ECANCELED) {
 			status = EXIT_CANCELLED;
 		} else if (r < 0) {
@@ -430,6 +496,10 @@ int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 	kvc_close(c);
 	free(out.text);
 	free(out.ids);
+	if (gs) {
+		gen_samples_free(gs);
+		free(gs);
+	}
 	return status;
 }
 

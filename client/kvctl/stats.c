@@ -288,12 +288,15 @@ static const char help_ps[] =
 	"    state (uploading its prompt, waiting for memory, prefill, running, swapped),\n"
 	"    prompt tokens and how many of them came from the prefix cache or session,\n"
 	"    tokens generated out of the maximum, KV pages held and how many of those are\n"
-	"    shared with other sequences, age, and session.\n"
+	"    shared with other sequences, age, session, and which sample of its request\n"
+	"    the line is ('kvctl generate -n N': one line per sample once the prompt is\n"
+	"    computed; the samples share the prompt's full pages).\n"
 	"\n"
 	"OPTIONS\n"
 	"    --json   print {\"requests\": [{...}, ...]} with the members client_id,\n"
 	"             request_id, pid, uid, state, prompt_tokens, cached_tokens,\n"
-	"             generated_tokens, max_tokens, pages, pages_shared, age_ms, session_id\n"
+	"             generated_tokens, max_tokens, pages, pages_shared, age_ms, session_id,\n"
+	"             sample\n"
 	"\n" COMMON_HELP "\n" EXIT_STATUS_HELP
 	"\n"
 	"EXAMPLES\n"
@@ -328,25 +331,26 @@ static int cmd_ps(struct ctx *x, int argc, char **argv)
 			printf("%s{\"client_id\":%" PRIu64 ",\"request_id\":%" PRIu64 ",\"pid\":%" PRIu32 ",\"uid\":%" PRIu32
 			       ",\"state\":\"%s\",\"prompt_tokens\":%" PRIu32 ",\"cached_tokens\":%" PRIu32
 			       ",\"generated_tokens\":%" PRIu32 ",\"max_tokens\":%" PRIu32 ",\"pages\":%" PRIu32
-			       ",\"pages_shared\":%" PRIu32 ",\"age_ms\":%" PRIu64 ",\"session_id\":%" PRIu64 "}",
+			       ",\"pages_shared\":%" PRIu32 ",\"age_ms\":%" PRIu64 ",\"session_id\":%" PRIu64
+			       ",\"sample\":%" PRIu32 "}",
 			       i ? "," : "", e[i].client_id, e[i].request_id, e[i].pid, e[i].uid,
 			       kvc_req_state_name((int)e[i].state), e[i].prompt_tokens, e[i].cached_tokens,
 			       e[i].generated_tokens, e[i].max_tokens, e[i].pages, e[i].pages_shared,
-			       e[i].age_ns / 1000000, e[i].session_id);
+			       e[i].age_ns / 1000000, e[i].session_id, e[i].sample);
 		fputs("]}\n", stdout);
 	} else {
-		printf("%8s %8s %8s %6s %-9s %7s %7s %13s %6s %6s %9s %s\n", "CLIENT", "REQ", "PID", "UID", "STATE",
-		       "PROMPT", "CACHED", "GEN/MAX", "PAGES", "SHARED", "AGE", "SESSION");
+		printf("%8s %8s %8s %6s %-9s %7s %7s %13s %6s %6s %9s %-20s %s\n", "CLIENT", "REQ", "PID", "UID",
+		       "STATE", "PROMPT", "CACHED", "GEN/MAX", "PAGES", "SHARED", "AGE", "SESSION", "SAMPLE");
 		for (size_t i = 0; i < n; i++) {
 			char gen[32], sess[24] = "-";
 			snprintf(gen, sizeof(gen), "%" PRIu32 "/%" PRIu32, e[i].generated_tokens, e[i].max_tokens);
 			if (e[i].session_id)
 				snprintf(sess, sizeof(sess), "%" PRIu64, e[i].session_id);
 			printf("%8" PRIu64 " %8" PRIu64 " %8" PRIu32 " %6" PRIu32 " %-9s %7" PRIu32 " %7" PRIu32
-			       " %13s %6" PRIu32 " %6" PRIu32 " %8.1fs %s\n",
+			       " %13s %6" PRIu32 " %6" PRIu32 " %8.1fs %-20s %" PRIu32 "\n",
 			       e[i].client_id, e[i].request_id, e[i].pid, e[i].uid, kvc_req_state_name((int)e[i].state),
 			       e[i].prompt_tokens, e[i].cached_tokens, gen, e[i].pages, e[i].pages_shared,
-			       (double)e[i].age_ns / 1e9, sess);
+			       (double)e[i].age_ns / 1e9, sess, e[i].sample);
 		}
 	}
 	kvc_free(e);

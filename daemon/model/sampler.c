@@ -85,6 +85,68 @@ static double rng_uniform(uint64_t s[4])
 	return (double)(rng_next(s) >> 11) * 0x1.0p-53;
 }
 
+uint64_t kvd_sample_seed(uint64_t seed, uint32_t i)
+{
+	if (i == 0)
+		return seed;
+	uint64_t x = seed + (uint64_t)(i - 1) * 0x9e3779b97f4a7c15ull;
+	return splitmix64(&x); /* adds the constant once more: seed + i * constant */
+}
+
+/* ---- log-probabilities ---- */
+
+static float lp_logit(const float *l, int32_t i)
+{
+	return isnan(l[i]) ? -INFINITY : l[i];
+}
+
+/* a before b in the sampler's order: larger logit, then lower id */
+static bool lp_before(float va, int32_t a, float vb, int32_t b)
+{
+	return va > vb || (va == vb && a < b);
+}
+
+int kvd_logprobs_compute(const float *logits, int32_t n_vocab, int32_t token, uint32_t n_top,
+			 struct kvd_logprobs *ret)
+{
+	if (token < 0 || token >= n_vocab || n_top > KVD_LOGPROBS_MAX_TOP || n_top > (uint32_t)n_vocab)
+		return -EINVAL;
+	float m = -INFINITY;
+	for (int32_t i = 0; i < n_vocab; i++)
+		if (lp_logit(logits, i) > m)
+			m = lp_logit(logits, i);
+	double sum = 0;
+	if (isfinite(m))
+		for (int32_t i = 0; i < n_vocab; i++)
+			sum += exp((double)lp_logit(logits, i) - (double)m);
+	/* all -inf (or +inf): no distribution; report a uniform one */
+	double logz = isfinite(m) ? (double)m + log(sum) : 0;
+	double uniform = -log((double)n_vocab);
+#define LP(i) (isfinite(m) ? (float)((double)lp_logit(logits, i) - logz) : (float)uniform)
+	/* top n_top: a sorted insertion list, entered only by values that beat
+	 * its last entry (rare after the first few hundred ids) */
+	uint32_t k = 0;
+	int32_t *ids = ret->top_id;
+	for (int32_t i = 0; i < n_vocab && n_top; i++) {
+		float v = lp_logit(logits, i);
+		if (k == n_top && !lp_before(v, i, lp_logit(logits, ids[k - 1]), ids[k - 1]))
+			continue;
+		uint32_t j = k < n_top ? k++ : k - 1;
+		while (j > 0 && lp_before(v, i, lp_logit(logits, ids[j - 1]), ids[j - 1])) {
+			ids[j] = ids[j - 1];
+			j--;
+		}
+		ids[j] = i;
+	}
+	ret->token = token;
+	ret->logprob = LP(token);
+	ret->n_top = n_top;
+	for (uint32_t j = 0; j < n_top; j++)
+		ret->top_logprob[j] = LP(ids[j]);
+#undef LP
+	return 0;
+}
+
 /* ---- parameters ---- */
 
 void kvd_sampler_params_default(struct kvd_sampler_params *p)

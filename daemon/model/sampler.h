@@ -67,6 +67,34 @@ struct kvd_sampler *kvd_sampler_free(struct kvd_sampler *s);
 int32_t kvd_sampler_sample(struct kvd_sampler *s, const float *logits, const int32_t *history, size_t n_history);
 
 /*
+ * Parallel samples: sample i of a request seeded with `seed` uses
+ * kvd_sample_seed(seed, i): seed itself for i = 0 (so sample 0 equals a
+ * one-sample request with that seed), else SplitMix64's output function
+ * applied to seed + i * 0x9e3779b97f4a7c15 (mod 2^64).
+ */
+uint64_t kvd_sample_seed(uint64_t seed, uint32_t i);
+
+/*
+ * Log-probabilities of one position: the log-softmax of the model's logits
+ * as they come (before repetition penalty, temperature and truncation, like
+ * OpenAI's), computed in double: logprob(id) = l[id] - (m + log sum exp(l - m)),
+ * m the largest logit; NaN logits count as -inf. `token`'s value and the
+ * n_top largest (by logit, ties by lower id, the sampler's order).
+ */
+#define KVD_LOGPROBS_MAX_TOP 20
+struct kvd_logprobs {
+	int32_t token;
+	float logprob;
+	uint32_t n_top;
+	int32_t top_id[KVD_LOGPROBS_MAX_TOP];
+	float top_logprob[KVD_LOGPROBS_MAX_TOP];
+};
+/* 0, or -EINVAL for token outside [0, n_vocab), n_top > KVD_LOGPROBS_MAX_TOP
+ * or n_top > n_vocab. O(n_vocab * log n_top) at worst, no allocation. */
+int kvd_logprobs_compute(const float *logits, int32_t n_vocab, int32_t token, uint32_t n_top,
+			 struct kvd_logprobs *ret);
+
+/*
  * Stop strings: the generated text is fed as it streams; kvd_stop_feed
  * reports when one of the strings has appeared and how much of the text
  * must be held back because it could be the start of a stop string.

@@ -18,8 +18,9 @@ Each check prints "ok: ..." or raises (exit status 1 with the traceback):
     turn; streamed and non-streamed turns give the same text
   - 32 concurrent greedy streams each equal their solo run
   - errors as the client library's exception classes: 400 for a tool
-    message, a conversation ending in an assistant message, n > 1 and
-    logprobs; 404 for an unknown model; 401 for a wrong key
+    message, a conversation ending in an assistant message, n > 16 and
+    top_logprobs without logprobs; 404 for an unknown model; 401 for a
+    wrong key (n and log-probabilities themselves: samples_check.py)
 """
 import sys
 import threading
@@ -179,11 +180,11 @@ e = expect(openai.BadRequestError, lambda: client.chat.completions.create(
                            {"role": "user", "content": "c"}]), "a tool message")
 assert e.body.get("param") == "messages[1].role", e.body
 e = expect(openai.BadRequestError, lambda: client.chat.completions.create(
-    model=model, n=2, messages=[{"role": "user", "content": "a"}]), "n = 2")
+    model=model, n=17, messages=[{"role": "user", "content": "a"}]), "n = 17")
 assert e.body.get("param") == "n"
 e = expect(openai.BadRequestError, lambda: client.chat.completions.create(
-    model=model, logprobs=True, messages=[{"role": "user", "content": "a"}]), "logprobs")
-assert e.body.get("param") == "logprobs"
+    model=model, top_logprobs=2, messages=[{"role": "user", "content": "a"}]), "top_logprobs without logprobs")
+assert e.body.get("param") == "top_logprobs"
 expect(openai.NotFoundError, lambda: client.chat.completions.create(
     model="no-such-model", messages=[{"role": "user", "content": "a"}]), "unknown model")
 bad_key = openai.OpenAI(base_url=base, api_key="wrong-" + key, max_retries=0)

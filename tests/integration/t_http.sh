@@ -7,14 +7,16 @@
 #     chat and completions, streaming and not, stream_options.include_usage,
 #     cached_tokens from the prefix cache, a multi-turn conversation whose
 #     cached_tokens grows turn by turn, stop strings, 32 concurrent greedy
-#     streams equal to their solo runs, errors as exception classes
+#     streams equal to their solo runs, errors as exception classes; n
+#     and logprobs / top_logprobs (tests/http/samples_check.py)
 #   - a conversation with earlier turns gives the same prompt and answer
 #     through kvd-http (streamed or not) as through kvctl chat
 #   - curl: server-sent events ending in "data: [DONE]" whose text equals
 #     the non-streamed answer; status codes 400 / 401 / 404 / 405 / 413 / 431;
 #     /health without a key; /metrics in Prometheus text
 #   - an HTTP client that disconnects mid-stream (and one that gives up on a
-#     non-streamed answer): kvd's used pages return to their baseline
+#     non-streamed answer, and one streaming n = 3 choices): kvd's used pages
+#     return to their baseline
 #     (kvctl stats --json), the ledger says "cancelled", /metrics counts it
 #   - a client that sends its headers too slowly is cut off (client_timeout)
 #   - connections beyond max_connections are refused
@@ -95,6 +97,8 @@ ok "kvd-http on 127.0.0.1:$PORT serves '$MODEL'"
 
 # ---- the official openai package
 "$VPY" "$ROOT/tests/http/openai_check.py" "$B/v1" "$KEY" "$MODEL" || fail "openai client checks"
+# n and log-probabilities
+"$VPY" "$ROOT/tests/http/samples_check.py" "$B/v1" "$KEY" "$MODEL" "$KVCTL" "$S" || fail "n / logprobs checks"
 
 # ---- curl: SSE
 REQ='{"messages":[{"role":"user","content":"Why is the sky blue?"}],"max_tokens":24,"temperature":0'
@@ -182,12 +186,14 @@ wait_pages() { # KEY VALUE
 base_used=$(pages pages_used)
 [ "$base_used" = 0 ] || fail "pages_used is $base_used before the disconnect test"
 LONG='{"prompt":"Here is a very long story about a dragon.","max_tokens":4000,"temperature":0,"stream":true}'
-for how in stream whole; do
-	body=$LONG; [ $how = whole ] && body=${LONG/,\"stream\":true/}
+for how in stream whole samples; do
+	body=$LONG; running=1
+	[ $how = whole ] && body=${LONG/,\"stream\":true/}
+	[ $how = samples ] && { body=${LONG/\"stream\":true/\"stream\":true,\"n\":3}; running=3; } # three forked samples
 	curl -sN "${AUTH[@]}" "$B/v1/completions" -d "$body" >"$T/dis.out" 2>/dev/null &
 	CP=$!
-	for i in $(seq 1 100); do [ "$(pages requests_running)" = 1 ] && break; sleep 0.05; done
-	[ "$(pages requests_running)" = 1 ] || fail "$how: the long request is not running"
+	for i in $(seq 1 100); do [ "$(pages requests_running)" = $running ] && break; sleep 0.05; done
+	[ "$(pages requests_running)" = $running ] || fail "$how: the long request is not running"
 	sleep 0.5
 	used=$(pages pages_used)
 	[ "$used" -gt 0 ] || fail "$how: no pages used mid-generation"
@@ -196,10 +202,10 @@ for how in stream whole; do
 	wait_pages requests_running 0 || fail "$how: request still running"
 	[ "$(tail -1 "$T/ledger.jsonl" | $PY -c 'import json,sys; print(json.load(sys.stdin)["finish"])')" = cancelled ] ||
 		fail "$how: ledger: $(tail -1 "$T/ledger.jsonl")"
-	[ $how = stream ] && { grep -q '^data: ' "$T/dis.out" || fail "stream: nothing streamed before the disconnect"; }
+	[ $how != whole ] && { grep -q '^data: ' "$T/dis.out" || fail "$how: nothing streamed before the disconnect"; }
 	ok "$how: HTTP client left mid-generation -> cancelled in kvd, pages_used $used -> $base_used"
 done
-curl -sf "${AUTH[@]}" "$B/metrics" | grep -qx 'kvd_http_client_disconnects_total 2' || fail "/metrics: disconnects not counted"
+curl -sf "${AUTH[@]}" "$B/metrics" | grep -qx 'kvd_http_client_disconnects_total 3' || fail "/metrics: disconnects not counted"
 # the gateway still serves, and its pooled kvd connections are healthy
 curl -sf "${AUTH[@]}" "$B/v1/completions" -d '{"prompt":"hello","max_tokens":4}' >/dev/null || fail "serving after disconnects"
 

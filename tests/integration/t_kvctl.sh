@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # t_kvctl.sh — kvctl's command line: every command's manual (--help, and
 # 'kvctl help COMMAND', 'kvctl help --help'), options it does not know are
-# errors that name them (a '-n 2' is not read as a flag and a prompt), plural
+# errors that name them (a '-n 40' is refused as a number of samples), plural
 # and singular in 'plan'; then, against kvd on the default model: a
 # --max-tokens beyond the context names the context size, 'generate --raw
 # --special' sends special tokens, 'kvctl chat' (refusals of bad JSON
@@ -38,9 +38,12 @@ expect_rc 2 "kvctl help nosuch" help nosuch
 grep -q "no command 'nosuch'" "$T/err" || fail "help nosuch: $(cat "$T/err")"
 
 # ---- unknown options are errors that name them --------------------------------------------------
-expect_rc 2 "generate -n 2" --socket "$T/none.sock" generate -n 2 "hi"
-grep -q "unknown option '-n'" "$T/err" && grep -q -- "--max-tokens" "$T/err" ||
-	fail "generate -n 2: $(cat "$T/err")"
+expect_rc 2 "generate -x" --socket "$T/none.sock" generate -x "hi"
+grep -q "unknown option '-x'" "$T/err" || fail "generate -x: $(cat "$T/err")"
+# -n is the number of samples: a token count there is refused, naming --max-tokens
+expect_rc 2 "generate -n 40" --socket "$T/none.sock" generate -n 40 "hi"
+grep -q "samples from 1 to 16" "$T/err" && grep -q -- "--max-tokens" "$T/err" ||
+	fail "generate -n 40: $(cat "$T/err")"
 expect_rc 2 "stats -x" --socket "$T/none.sock" stats -x
 grep -q "unknown option '-x'" "$T/err" || fail "stats -x: $(cat "$T/err")"
 expect_rc 2 "plan --bogus" plan --bogus=3

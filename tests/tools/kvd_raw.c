@@ -411,7 +411,8 @@ static int cmd_attack(const char *kind, uint32_t bytes)
 		ssize_t n = ipc_encode_generate(b, sizeof(b), 11, &m);
 		if (n < 0)
 			return 1;
-		((struct ipc_generate *)(b + IPC_HDR_BYTES))->reserved0 = 1;
+		/* a field out of its range: 255 samples (the byte that was reserved before samples) */
+		((struct ipc_generate *)(b + IPC_HDR_BYTES))->n_samples = 255;
 		r = (int)send(c.fd, b, (size_t)n, 0);
 		keep = true;
 	} else if (!strcmp(kind, "oversized-prompt")) {

@@ -406,8 +406,19 @@ static void test_reject_generate(void **state)
 	assert_int_equal(gen_check(&g, "hi", 2), -E2BIG);
 	g = good_gen(); g.gen_flags = 0x100;
 	assert_int_equal(gen_check(&g, "hi", 2), -EPROTO);
-	g = good_gen(); g.reserved0 = 1;
-	assert_int_equal(gen_check(&g, "hi", 2), -EPROTO);
+	/* samples and log-probabilities: bounded, the alternatives only with the flag, no session */
+	g = good_gen(); g.n_samples = IPC_MAX_SAMPLES; g.gen_flags = IPC_GEN_LOGPROBS; g.top_logprobs = IPC_MAX_TOP_LOGPROBS;
+	assert_int_equal(gen_check(&g, "hi", 2), 0);
+	g = good_gen(); g.n_samples = IPC_MAX_SAMPLES + 1;
+	assert_int_equal(gen_check(&g, "hi", 2), -E2BIG);
+	g = good_gen(); g.n_samples = 255;
+	assert_int_equal(gen_check(&g, "hi", 2), -E2BIG);
+	g = good_gen(); g.gen_flags = IPC_GEN_LOGPROBS; g.top_logprobs = IPC_MAX_TOP_LOGPROBS + 1;
+	assert_int_equal(gen_check(&g, "hi", 2), -E2BIG);
+	g = good_gen(); g.top_logprobs = 3; /* without IPC_GEN_LOGPROBS */
+	assert_int_equal(gen_check(&g, "hi", 2), -EINVAL);
+	g = good_gen(); g.n_samples = 2; g.session_id = 9;
+	assert_int_equal(gen_check(&g, "hi", 2), -EINVAL);
 	/* prompt_bytes disagreeing with the frame */
 	g = good_gen(); g.prompt_bytes = 3;
 	assert_int_equal(gen_check(&g, "hi", 2), -EBADMSG);
@@ -599,6 +610,182 @@ static void test_chat_turns(void **state)
 	m.g.prompt_bytes = (uint32_t)n;
 	m.prompt = (const char *)buf;
 	assert_true(ipc_encode_generate(fbuf, sizeof(fbuf), 1, &m) > 0);
+}
+
+/* ---- samples and log-probabilities (IPC_F_SAMPLE) ------------------------------ */
+
+static int token_check(uint32_t flags, const void *p, size_t n, struct ipc_token_msg *m)
+{
+	struct ipc_frame f;
+	int r = check1(IPC_MSG_TOKEN, flags, p, n, IPC_FROM_SERVER, IPC_VIA_RING, &f);
+	return r < 0 ? r : ipc_decode_token(&f, m);
+}
+
+/* A TOKEN payload of 2 tokens of sample 3, each with 1 + 2 entries. */
+static size_t sample_token(uint8_t *buf, size_t cap)
+{
+	static uint8_t area[512];
+	size_t alen = 0;
+	const int32_t ids0[3] = { 7, 7, 9 }, ids1[3] = { 12, 5, 12 };
+	const float lp0[3] = { -0.25f, -0.25f, -1.5f }, lp1[3] = { -3.0f, -0.1f, -3.0f };
+	const char *pc0[3] = { " Paris", " Paris", "\xe2\x82" }, *pc1[3] = { ".", "", "." };
+	const uint32_t pl0[3] = { 6, 6, 2 }, pl1[3] = { 1, 0, 1 };
+	assert_int_equal(ipc_token_lp_put(area, sizeof(area), &alen, 3, ids0, lp0, pc0, pl0), 0);
+	assert_int_equal(ipc_token_lp_put(area, sizeof(area), &alen, 3, ids1, lp1, pc1, pl1), 0);
+	assert_int_equal(alen, 2 * 3 * sizeof(struct ipc_logprob) + 14 + 2);
+	struct ipc_token t = { .index = 4, .n_tokens = 2, .n_ids = 2, .text_bytes = 7 };
+	struct ipc_sample sm = { .sample = 3, .n_top = 2, .lp_flags = IPC_LP_PRESENT };
+	const int32_t ids[2] = { 7, 12 };
+	ssize_t len = ipc_encode_token_sample(buf, cap, &t, &sm, ids, " Paris.", area, (uint32_t)alen);
+	assert_true(len > 0);
+	return (size_t)len;
+}
+
+static void test_sample_frames(void **state)
+{
+	(void)state;
+	uint8_t pl[1024];
+	struct ipc_token_msg m;
+	struct ipc_token_lp tl;
+	size_t n = sample_token(pl, sizeof(pl)), off = 0;
+
+	assert_int_equal(token_check(IPC_F_SAMPLE, pl, n, &m), 0);
+	assert_true(m.has_sample);
+	assert_int_equal(m.s.sample, 3);
+	assert_int_equal(m.t.n_tokens, 2);
+	assert_int_equal(ipc_token_id(&m, 1), 12);
+	assert_memory_equal(m.text, " Paris.", 7);
+	assert_int_equal(ipc_token_lp_next(&m, &off, &tl), 1);
+	assert_int_equal(tl.n, 3);
+	assert_int_equal(tl.e[0].id, 7);
+	assert_true(tl.e[2].logprob == -1.5f);
+	assert_int_equal(tl.e[2].piece_bytes, 2);
+	assert_memory_equal(tl.piece[2], "\xe2\x82", 2);
+	assert_memory_equal(tl.piece[1], " Paris", 6);
+	assert_int_equal(ipc_token_lp_next(&m, &off, &tl), 1);
+	assert_int_equal(tl.e[1].id, 5);
+	assert_int_equal(tl.e[1].piece_bytes, 0);
+	assert_memory_equal(tl.piece[2], ".", 1);
+	assert_int_equal(ipc_token_lp_next(&m, &off, &tl), 0);
+
+	/* the same record without the flag is malformed (bytes beyond the text) */
+	assert_int_equal(token_check(0, pl, n, &m), -EBADMSG);
+	/* hostile fields, each on its own */
+	uint8_t bad[1024];
+	size_t lp_at = sizeof(struct ipc_token) + sizeof(struct ipc_sample) + 8 + 7;
+	struct ipc_sample sm;
+	struct ipc_logprob e;
+#define MUTATE_SAMPLE(field, value, want)                                                                 \
+	do {                                                                                              \
+		memcpy(bad, pl, n);                                                                       \
+		memcpy(&sm, bad + sizeof(struct ipc_token), sizeof(sm));                                 \
+		sm.field = value;                                                                         \
+		memcpy(bad + sizeof(struct ipc_token), &sm, sizeof(sm));                                 \
+		if (want)                                                                                 \
+			assert_int_equal(token_check(IPC_F_SAMPLE, bad, n, &m), want);                    \
+		else                                                                                      \
+			assert_int_not_equal(token_check(IPC_F_SAMPLE, bad, n, &m), 0);                   \
+	} while (0)
+	MUTATE_SAMPLE(sample, IPC_MAX_SAMPLES, -E2BIG);
+	MUTATE_SAMPLE(sample, UINT32_MAX, -E2BIG);
+	MUTATE_SAMPLE(n_top, IPC_MAX_TOP_LOGPROBS + 1, -E2BIG);
+	MUTATE_SAMPLE(n_top, 3, 0); /* the area read with the wrong count: refused, whatever it then finds */
+	MUTATE_SAMPLE(n_top, 1, 0);
+	MUTATE_SAMPLE(n_top, 0, 0);
+	MUTATE_SAMPLE(lp_flags, 0x2 | IPC_LP_PRESENT, -EPROTO);
+	MUTATE_SAMPLE(lp_flags, 0, -EINVAL); /* alternatives announced without an area */
+#define MUTATE_ENTRY(field, value, want)                                                                  \
+	do {                                                                                              \
+		memcpy(bad, pl, n);                                                                       \
+		memcpy(&e, bad + lp_at + sizeof(e), sizeof(e));                                           \
+		e.field = value;                                                                          \
+		memcpy(bad + lp_at + sizeof(e), &e, sizeof(e));                                           \
+		assert_int_equal(token_check(IPC_F_SAMPLE, bad, n, &m), want);                            \
+	} while (0)
+	MUTATE_ENTRY(logprob, NAN, -EINVAL);
+	MUTATE_ENTRY(logprob, 0.5f, -EINVAL);
+	MUTATE_ENTRY(logprob, -INFINITY, 0);
+	MUTATE_ENTRY(id, -1, -EINVAL);
+	MUTATE_ENTRY(reserved0, 1, -EPROTO);
+	MUTATE_ENTRY(piece_bytes, IPC_MAX_PIECE_BYTES + 1, -E2BIG);
+	MUTATE_ENTRY(piece_bytes, 60000, -E2BIG);
+	memcpy(bad, pl, n); /* pieces no longer where the entries say: refused, whatever is read instead */
+	memcpy(&e, bad + lp_at + sizeof(e), sizeof(e));
+	e.piece_bytes = 7;
+	memcpy(bad + lp_at + sizeof(e), &e, sizeof(e));
+	assert_int_not_equal(token_check(IPC_F_SAMPLE, bad, n, &m), 0);
+#undef MUTATE_SAMPLE
+#undef MUTATE_ENTRY
+	/* cut short anywhere in the area, or one byte more */
+	for (size_t k = lp_at; k < n; k++)
+		assert_int_not_equal(token_check(IPC_F_SAMPLE, pl, k, &m), 0);
+	memcpy(bad, pl, n);
+	bad[n] = 0;
+	assert_int_equal(token_check(IPC_F_SAMPLE, bad, n + 1, &m), -EBADMSG);
+	/* a flagged record without log-probabilities */
+	struct ipc_token t = { .index = 0, .n_tokens = 1, .n_ids = 0, .text_bytes = 2 };
+	struct ipc_sample s0 = { .sample = 15 };
+	ssize_t len = ipc_encode_token_sample(bad, sizeof(bad), &t, &s0, NULL, "hi", NULL, 0);
+	assert_true(len > 0);
+	assert_int_equal(token_check(IPC_F_SAMPLE, bad, (size_t)len, &m), 0);
+	assert_int_equal(m.s.sample, 15);
+	off = 0;
+	assert_int_equal(ipc_token_lp_next(&m, &off, &tl), 0);
+	/* the encoder refuses what the decoder would */
+	s0.sample = 16;
+	assert_int_equal(ipc_encode_token_sample(bad, sizeof(bad), &t, &s0, NULL, "hi", NULL, 0), -E2BIG);
+	/* lp_put bounds */
+	size_t alen = 0;
+	const int32_t one_id = 1;
+	const float one_lp = -1.0f;
+	const char *one_piece = "x";
+	const uint32_t one_len = 1;
+	assert_int_equal(ipc_token_lp_put(bad, 4, &alen, 1, &one_id, &one_lp, &one_piece, &one_len), -E2BIG);
+	assert_int_equal(alen, 0);
+	assert_int_equal(ipc_token_lp_put(bad, sizeof(bad), &alen, 0, &one_id, &one_lp, &one_piece, &one_len), -EINVAL);
+
+	/* DONE with IPC_F_SAMPLE: exact size, index bounded, no TOKEN-only fields */
+	struct ipc_frame f;
+	struct ipc_done d = { .finish_reason = IPC_FINISH_LENGTH, .prompt_tokens = 5, .generated_tokens = 3 }, dd;
+	struct ipc_sample ds = { .sample = 2 }, got;
+	memcpy(bad, &d, sizeof(d));
+	memcpy(bad + sizeof(d), &ds, sizeof(ds));
+	assert_int_equal(check1(IPC_MSG_DONE, IPC_F_SAMPLE, bad, sizeof(d) + sizeof(ds), IPC_FROM_SERVER, IPC_VIA_RING, &f), 0);
+	assert_int_equal(ipc_decode_done_sample(&f, &dd, &got), 0);
+	assert_int_equal(got.sample, 2);
+	assert_int_equal(dd.generated_tokens, 3);
+	assert_int_equal(ipc_decode_done(&f, &dd), 0);
+	check1(IPC_MSG_DONE, 0, bad, sizeof(d) + sizeof(ds), IPC_FROM_SERVER, IPC_VIA_RING, &f);
+	assert_int_equal(ipc_decode_done(&f, &dd), -EBADMSG); /* trailing bytes without the flag */
+	check1(IPC_MSG_DONE, IPC_F_SAMPLE, bad, sizeof(d), IPC_FROM_SERVER, IPC_VIA_RING, &f);
+	assert_int_equal(ipc_decode_done(&f, &dd), -EBADMSG); /* the flag without its struct */
+	check1(IPC_MSG_DONE, 0, bad, sizeof(d), IPC_FROM_SERVER, IPC_VIA_SOCKET, &f);
+	assert_int_equal(ipc_decode_done_sample(&f, &dd, &got), 0);
+	assert_int_equal(got.sample, 0);
+	ds.sample = IPC_MAX_SAMPLES;
+	memcpy(bad + sizeof(d), &ds, sizeof(ds));
+	check1(IPC_MSG_DONE, IPC_F_SAMPLE, bad, sizeof(d) + sizeof(ds), IPC_FROM_SERVER, IPC_VIA_RING, &f);
+	assert_int_equal(ipc_decode_done(&f, &dd), -E2BIG);
+	ds = (struct ipc_sample){ .sample = 1, .n_top = 1 };
+	memcpy(bad + sizeof(d), &ds, sizeof(ds));
+	check1(IPC_MSG_DONE, IPC_F_SAMPLE, bad, sizeof(d) + sizeof(ds), IPC_FROM_SERVER, IPC_VIA_RING, &f);
+	assert_int_equal(ipc_decode_done(&f, &dd), -EPROTO);
+	/* the flag means nothing on other types */
+	assert_int_equal(check1(IPC_MSG_ERROR, IPC_F_SAMPLE, bad, sizeof(struct ipc_error), IPC_FROM_SERVER,
+				IPC_VIA_RING, &f),
+			 -EPROTO);
+
+	/* PS entries: the sample index is bounded */
+	struct {
+		struct ipc_ps_reply r;
+		struct ipc_ps_entry e;
+	} ps = { { 1, 1 }, { .state = IPC_REQ_RUNNING, .sample = IPC_MAX_SAMPLES - 1 } };
+	struct ipc_ps_reply_msg pm;
+	check1(IPC_MSG_PS_REPLY, 0, &ps, sizeof(ps), IPC_FROM_SERVER, IPC_VIA_SOCKET, &f);
+	assert_int_equal(ipc_decode_ps_reply(&f, &pm), 0);
+	ps.e.sample = IPC_MAX_SAMPLES;
+	check1(IPC_MSG_PS_REPLY, 0, &ps, sizeof(ps), IPC_FROM_SERVER, IPC_VIA_SOCKET, &f);
+	assert_int_equal(ipc_decode_ps_reply(&f, &pm), -E2BIG);
 }
 
 static void test_reject_payloads(void **state)
@@ -1582,6 +1769,7 @@ int main(void)
 		cmocka_unit_test(test_reject_generate),
 		cmocka_unit_test(test_chat_turns),
 		cmocka_unit_test(test_reject_payloads),
+		cmocka_unit_test(test_sample_frames),
 		cmocka_unit_test(test_socket_fds_and_limits),
 		cmocka_unit_test(test_socket_listen_connect_cred),
 		cmocka_unit_test(test_ring_basic),

@@ -164,10 +164,11 @@ static int poll_socket(struct fake *s)
 }
 
 /* Push one ring record, sleeping (with the flag protocol) while full. */
-static int push_rec(struct fake *s, uint16_t type, uint64_t id, const void *p1, size_t n1, const void *p2, size_t n2)
+static int push_rec_f(struct fake *s, uint16_t type, uint32_t flags, uint64_t id, const void *p1, size_t n1,
+		      const void *p2, size_t n2)
 {
 	for (;;) {
-		int r = ipc_chan_send(s->ch, type, 0, id, p1, n1, p2, n2);
+		int r = ipc_chan_send(s->ch, type, flags, id, p1, n1, p2, n2);
 		if (r == 0) {
 			ipc_chan_wake_peer(s->ch);
 			return 0;
@@ -189,6 +190,72 @@ static int push_rec(struct fake *s, uint16_t type, uint64_t id, const void *p1, 
 			}
 		}
 	}
+}
+
+static int push_rec(struct fake *s, uint16_t type, uint64_t id, const void *p1, size_t n1, const void *p2, size_t n2)
+{
+	return push_rec_f(s, type, 0, id, p1, n1, p2, n2);
+}
+
+/* Samples and log-probabilities, as kvd streams them: n samples, sample i
+ * with i + 1 tokens ("s<i>t<k>", id 100 * i + k), interleaved; with the
+ * flag each token has 1 + top entries: itself at -0.5 - k, then ids
+ * 900 + j at -1 - j with the piece "a<j>"; each sample ends with its own
+ * DONE (sample 0 by eos, the others by length). "badsample": a record for
+ * sample n. */
+static void run_samples(struct fake *s, uint64_t id, bool hostile)
+{
+	const struct ipc_generate *g = &s->last_gen;
+	uint32_t n = g->n_samples > 1 ? g->n_samples : 1, top = g->top_logprobs;
+	bool lp = g->gen_flags & IPC_GEN_LOGPROBS;
+	uint8_t buf[4096], area[2048];
+
+	for (uint32_t k = 0; k < n; k++)
+		for (uint32_t i = 0; i < n; i++) {
+			if (k > i)
+				continue;
+			char text[32], pieces[1 + IPC_MAX_TOP_LOGPROBS][16];
+			int32_t ids[1 + IPC_MAX_TOP_LOGPROBS];
+			float vals[1 + IPC_MAX_TOP_LOGPROBS];
+			const char *pp[1 + IPC_MAX_TOP_LOGPROBS];
+			uint32_t pl[1 + IPC_MAX_TOP_LOGPROBS];
+			size_t alen = 0;
+			snprintf(text, sizeof(text), "s%ut%u", i, k);
+			int32_t tid = (int32_t)(100 * i + k);
+			for (uint32_t j = 0; j <= top; j++) {
+				ids[j] = j ? (int32_t)(900 + j) : tid;
+				vals[j] = j ? -1.0f - (float)j : -0.5f - (float)k;
+				if (j)
+					snprintf(pieces[j], sizeof(pieces[j]), "a%u", j);
+				else
+					snprintf(pieces[j], sizeof(pieces[j]), "T");
+				pp[j] = pieces[j];
+				pl[j] = (uint32_t)strlen(pieces[j]);
+			}
+			if (lp)
+				SRV_CHECK(s, ipc_token_lp_put(area, sizeof(area), &alen, 1 + top, ids, vals, pp, pl) == 0);
+			struct ipc_token t = { .index = k, .n_tokens = 1, .n_ids = 1, .text_bytes = (uint32_t)strlen(text) };
+			struct ipc_sample sm = { .sample = hostile ? n : i, .n_top = (uint16_t)(lp ? top : 0),
+						 .lp_flags = lp ? IPC_LP_PRESENT : 0 };
+			ssize_t len = ipc_encode_token_sample(buf, sizeof(buf), &t, &sm, &tid, text, area, (uint32_t)alen);
+			if (hostile) { /* what the encoder refuses, on the wire by hand */
+				memcpy(buf, &t, sizeof(t));
+				memcpy(buf + sizeof(t), &sm, sizeof(sm));
+				memcpy(buf + sizeof(t) + sizeof(sm), &tid, 4);
+				memcpy(buf + sizeof(t) + sizeof(sm) + 4, text, t.text_bytes);
+				len = (ssize_t)(sizeof(t) + sizeof(sm) + 4 + t.text_bytes);
+			}
+			SRV_CHECK(s, len > 0);
+			if (push_rec_f(s, IPC_MSG_TOKEN, IPC_F_SAMPLE, id, buf, (size_t)len, NULL, 0) < 0 || hostile)
+				return;
+			if (k == i) {
+				struct ipc_done d = { .finish_reason = i ? IPC_FINISH_LENGTH : IPC_FINISH_EOS,
+						      .prompt_tokens = 5, .cached_tokens = 2, .generated_tokens = i + 1,
+						      .decode_ns = 1000u * (i + 1), .total_ns = 5000u + i };
+				struct ipc_sample ds = { .sample = i };
+				push_rec_f(s, IPC_MSG_DONE, IPC_F_SAMPLE, id, &d, sizeof(d), &ds, sizeof(ds));
+			}
+		}
 }
 
 static int push_token(struct fake *s, uint64_t id, uint32_t index, int32_t tid, bool want_ids, const char *text)
@@ -241,7 +308,9 @@ static void run_generate(struct fake *s, uint64_t id, const char *prompt, size_t
 		return;
 	}
 
-	if (starts(prompt, len, "hello")) {
+	if (starts(prompt, len, "samples") || starts(prompt, len, "badsample")) {
+		run_samples(s, id, starts(prompt, len, "badsample"));
+	} else if (starts(prompt, len, "hello")) {
 		const char *parts[] = { "Hel", "lo", " world", "!" };
 		for (uint32_t i = 0; i < 4; i++)
 			if (push_token(s, id, i, 10 + (int32_t)i, ids, parts[i]) < 0)
@@ -802,6 +871,111 @@ static void test_params_on_the_wire(void **state)
 	fake_finish(s, c);
 }
 
+/* Samples and log-probabilities: the events of each sample, their
+ * log-probabilities with the pieces, each sample's result and the
+ * request's; bad parameters never leave the client; a record for a sample
+ * the request does not have ends the connection. */
+static void test_samples_and_logprobs(void **state)
+{
+	(void)state;
+	kvc_client *c;
+	struct fake *s = fake_start(&(struct fake_cfg){ .server_version = IPC_SAMPLES_SERVER_VERSION }, &c, 0);
+	struct kvc_gen_params p;
+	kvc_gen_params_init(&p);
+	p.n_samples = 3;
+	p.flags = KVC_GEN_LOGPROBS | KVC_GEN_WANT_IDS;
+	p.top_logprobs = 2;
+	kvc_request *q;
+	const struct kvc_event *ev;
+	uint32_t next[3] = { 0 };
+	char text[3][64] = { "", "", "" };
+	assert_int_equal(kvc_request_start(c, "samples", KVC_NTS, &p, &q), 0);
+	int r;
+	while ((r = kvc_request_next(q, &ev)) == 1) {
+		assert_true(ev->sample < 3);
+		assert_int_equal(ev->index, next[ev->sample]); /* each sample's own order */
+		next[ev->sample] += ev->n_tokens;
+		strncat(text[ev->sample], ev->text, ev->text_len);
+		assert_non_null(ev->logprobs);
+		for (uint32_t t = 0; t < ev->n_tokens; t++) {
+			const struct kvc_token_logprobs *tl = &ev->logprobs[t];
+			uint32_t k = ev->index + t;
+			assert_int_equal(tl->token.id, ev->ids[t]);
+			assert_int_equal(tl->token.id, (int32_t)(100 * ev->sample + k));
+			assert_true(tl->token.logprob == -0.5f - (float)k);
+			assert_int_equal(tl->token.n_bytes, 1);
+			assert_memory_equal(tl->token.bytes, "T", 1);
+			assert_int_equal(tl->n_top, 2);
+			for (uint32_t j = 0; j < 2; j++) {
+				char want[8];
+				snprintf(want, sizeof(want), "a%u", j + 1);
+				assert_int_equal(tl->top[j].id, 901 + (int32_t)j);
+				assert_true(tl->top[j].logprob == -2.0f - (float)j);
+				assert_int_equal(tl->top[j].n_bytes, 2);
+				assert_memory_equal(tl->top[j].bytes, want, 2);
+			}
+		}
+	}
+	assert_int_equal(r, 0);
+	assert_string_equal(text[0], "s0t0");
+	assert_string_equal(text[1], "s1t0s1t1");
+	assert_string_equal(text[2], "s2t0s2t1s2t2");
+	for (uint32_t i = 0; i < 3; i++) {
+		const struct kvc_result *sr = kvc_request_sample_result(q, i);
+		assert_non_null(sr);
+		assert_int_equal(sr->finish_reason, i ? KVC_FINISH_LENGTH : KVC_FINISH_EOS);
+		assert_int_equal(sr->generated_tokens, i + 1);
+	}
+	assert_null(kvc_request_sample_result(q, 3));
+	const struct kvc_result *res = kvc_request_result(q);
+	assert_int_equal(res->generated_tokens, 6);
+	assert_int_equal(res->prompt_tokens, 5);
+	assert_int_equal(res->finish_reason, KVC_FINISH_EOS); /* sample 0's: no sample failed */
+	assert_int_equal(res->decode_ns, 3000);
+	kvc_request_finish(q);
+
+	/* one sample with log-probabilities but no alternatives, through the callback form */
+	kvc_gen_params_init(&p);
+	p.flags = KVC_GEN_LOGPROBS;
+	struct collect col = { 0 };
+	struct kvc_result rr;
+	assert_int_equal(kvc_generate(c, "samples", KVC_NTS, &p, collect_cb, &col, &rr), 0);
+	assert_string_equal(col.text, "s0t0");
+	assert_int_equal(rr.generated_tokens, 1);
+
+	/* refused before sending */
+	kvc_gen_params_init(&p);
+	p.n_samples = KVC_MAX_SAMPLES + 1;
+	assert_int_equal(kvc_generate(c, "samples", KVC_NTS, &p, NULL, NULL, NULL), -EINVAL);
+	kvc_gen_params_init(&p);
+	p.top_logprobs = 2; /* without KVC_GEN_LOGPROBS */
+	assert_int_equal(kvc_generate(c, "samples", KVC_NTS, &p, NULL, NULL, NULL), -EINVAL);
+	p.flags = KVC_GEN_LOGPROBS;
+	p.top_logprobs = KVC_MAX_TOP_LOGPROBS + 1;
+	assert_int_equal(kvc_generate(c, "samples", KVC_NTS, &p, NULL, NULL, NULL), -EINVAL);
+	kvc_gen_params_init(&p);
+	p.n_samples = 2;
+	p.session_id = FAKE_SESSION;
+	assert_int_equal(kvc_generate(c, "samples", KVC_NTS, &p, NULL, NULL, NULL), -EINVAL);
+
+	/* a hostile daemon: a record for sample 2 of a 2-sample request */
+	kvc_gen_params_init(&p);
+	p.n_samples = 2;
+	assert_int_equal(kvc_generate(c, "badsample", KVC_NTS, &p, NULL, NULL, NULL), -EPROTO);
+	fake_finish(s, c);
+
+	/* a daemon older than samples: -EOPNOTSUPP, nothing sent */
+	s = fake_start(&(struct fake_cfg){ .server_version = IPC_CHAT_TURNS_SERVER_VERSION }, &c, 0);
+	kvc_gen_params_init(&p);
+	p.n_samples = 2;
+	assert_int_equal(kvc_generate(c, "samples", KVC_NTS, &p, NULL, NULL, NULL), -EOPNOTSUPP);
+	kvc_gen_params_init(&p);
+	p.flags = KVC_GEN_LOGPROBS;
+	assert_int_equal(kvc_generate(c, "samples", KVC_NTS, &p, NULL, NULL, NULL), -EOPNOTSUPP);
+	assert_int_equal(kvc_generate(c, "hello", KVC_NTS, NULL, NULL, NULL, NULL), 0);
+	fake_finish(s, c);
+}
+
 /* A conversation (kvc_gen_params.messages) goes out as the wire's turn
  * list, inline or through the ring, and bad ones never leave the client. */
 static void test_chat_messages(void **state)
@@ -814,7 +988,7 @@ static void test_chat_messages(void **state)
 	kvc_gen_params_init(&p);
 	assert_null(p.messages);
 	assert_int_equal(p.n_messages, 0);
-	assert_int_equal(p.reserved[0] | p.reserved[5], 0);
+	assert_int_equal(p.reserved[0] | p.reserved[4] | p.n_samples | p.top_logprobs, 0);
 	if (sizeof(void *) == 8)
 		assert_int_equal(sizeof(p), 136); /* the ABI: members came from the reserved space */
 
@@ -1711,6 +1885,7 @@ int main(void)
 		cmocka_unit_test(test_connect_info_ping),
 		cmocka_unit_test(test_generate_callback),
 		cmocka_unit_test(test_params_on_the_wire),
+		cmocka_unit_test(test_samples_and_logprobs),
 		cmocka_unit_test(test_chat_messages),
 		cmocka_unit_test(test_blocking_interleaved),
 		cmocka_unit_test(test_cancel_from_callback),

@@ -842,10 +842,69 @@ static void test_stop_chunking_invariant(void **state)
 	}
 }
 
+/* Log-probabilities: log-softmax in double, NaN as -inf, top-n in the
+ * sampler's order (ties by lower id), bounds. */
+static void test_logprobs(void **state)
+{
+	(void)state;
+	float l[6] = { 1.0f, 3.0f, NAN, 3.0f, -INFINITY, 0.5f };
+	struct kvd_logprobs lp;
+	double z = exp(1.0) + 2 * exp(3.0) + exp(0.5);
+
+	assert_int_equal(kvd_logprobs_compute(l, 6, 5, 4, &lp), 0);
+	assert_int_equal(lp.token, 5);
+	assert_float_equal(lp.logprob, 0.5 - log(z), 1e-6);
+	assert_int_equal(lp.n_top, 4);
+	assert_int_equal(lp.top_id[0], 1); /* tie with 3: lower id first */
+	assert_int_equal(lp.top_id[1], 3);
+	assert_int_equal(lp.top_id[2], 0);
+	assert_int_equal(lp.top_id[3], 5);
+	assert_float_equal(lp.top_logprob[0], 3.0 - log(z), 1e-6);
+	assert_float_equal(lp.top_logprob[2], 1.0 - log(z), 1e-6);
+	assert_int_equal(kvd_logprobs_compute(l, 6, 2, 0, &lp), 0);
+	assert_true(isinf(lp.logprob) && lp.logprob < 0); /* NaN counts as -inf */
+	assert_int_equal(kvd_logprobs_compute(l, 6, 4, 6, &lp), 0);
+	assert_true(isinf(lp.top_logprob[5]) && lp.top_logprob[5] < 0);
+	/* a large vocabulary: the probabilities add up to one, top-20 sorted */
+	enum { V = 50000 };
+	static float big[V];
+	uint64_t x = 1;
+	for (int i = 0; i < V; i++) {
+		x = x * 6364136223846793005ull + 1442695040888963407ull;
+		big[i] = (float)((x >> 40) % 20000) / 1000.0f - 10.0f;
+	}
+	double sum = 0;
+	for (int i = 0; i < V; i++) {
+		assert_int_equal(kvd_logprobs_compute(big, V, i, i == 0 ? KVD_LOGPROBS_MAX_TOP : 0, &lp), 0);
+		sum += exp((double)lp.logprob);
+		if (i == 0)
+			for (int k = 1; k < KVD_LOGPROBS_MAX_TOP; k++)
+				assert_true(big[lp.top_id[k - 1]] > big[lp.top_id[k]] ||
+					    (big[lp.top_id[k - 1]] == big[lp.top_id[k]] && lp.top_id[k - 1] < lp.top_id[k]));
+	}
+	assert_float_equal(sum, 1.0, 1e-3);
+	/* bounds */
+	assert_int_equal(kvd_logprobs_compute(l, 6, 6, 0, &lp), -EINVAL);
+	assert_int_equal(kvd_logprobs_compute(l, 6, -1, 0, &lp), -EINVAL);
+	assert_int_equal(kvd_logprobs_compute(l, 6, 0, 7, &lp), -EINVAL);
+	assert_int_equal(kvd_logprobs_compute(big, V, 0, KVD_LOGPROBS_MAX_TOP + 1, &lp), -EINVAL);
+	/* the samples' seeds: sample 0 keeps the seed, the others all differ */
+	assert_int_equal(kvd_sample_seed(77, 0), 77);
+	for (uint32_t i = 1; i < 16; i++) {
+		assert_true(kvd_sample_seed(77, i) != 77);
+		for (uint32_t j = 1; j < i; j++)
+			assert_true(kvd_sample_seed(77, i) != kvd_sample_seed(77, j));
+	}
+	/* SplitMix64's first output for state 0 is 0xe220a8397b1dcdaf: the rule
+	 * "output function of seed + i * 0x9e3779b97f4a7c15" for seed 0, i 1 */
+	assert_true(kvd_sample_seed(0, 1) == 0xe220a8397b1dcdafull);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_params),
+		cmocka_unit_test(test_logprobs),
 		cmocka_unit_test(test_greedy_argmax_ties_lowest),
 		cmocka_unit_test(test_logits_not_modified),
 		cmocka_unit_test(test_seed_determinism),

@@ -25,6 +25,7 @@
  * latency histogram and the sessions' reuse counters.
  */
 #include <errno.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -316,10 +317,30 @@ struct rec {
 	struct kvd_request_result res;
 };
 
+/* What one sample of a request got (setup.samples: on_sample_token). */
+#define SAMPLE_REQS 4
+#define SAMPLE_TOKS 64
+#define SAMPLE_TOP  5
+struct srec {
+	int32_t toks[SAMPLE_TOKS];
+	uint32_t n;
+	int done;
+	struct kvd_request_result res;
+	int n_lp;                    /* tokens that came with log-probabilities */
+	float lp[SAMPLE_TOKS];
+	uint32_t n_top;
+	int32_t top_id[SAMPLE_TOKS][SAMPLE_TOP];
+	float top_lp[SAMPLE_TOKS][SAMPLE_TOP];
+};
+
 struct ctx {
 	struct kvd_engine *e;
 	struct kvd_sched *s;
 	struct rec r[MAX_REQ];
+	struct srec sr[SAMPLE_REQS][KVD_MAX_SAMPLES];
+	uint32_t log_id[4096], log_sample[4096]; /* every on_sample_token, in order */
+	uint32_t n_log;
+	int samples;        /* setup.samples */
 	int32_t eog;        /* the end-of-generation token, -1: none */
 	uint64_t clock_ns;
 	uint64_t expired[8];
@@ -338,9 +359,40 @@ static enum kvd_token_verdict on_token(void *ud, uint64_t id, int32_t t, enum kv
 	return r->stop_at && r->n == r->stop_at ? KVD_TOKEN_STOP : KVD_TOKEN_CONTINUE;
 }
 
+static enum kvd_token_verdict on_sample_token(void *ud, uint64_t id, const struct kvd_token_event *ev)
+{
+	struct ctx *c = ud;
+	assert_true(id < SAMPLE_REQS && ev->sample < KVD_MAX_SAMPLES);
+	struct srec *r = &c->sr[id][ev->sample];
+	assert_false(r->done);
+	assert_true(r->n < SAMPLE_TOKS && c->n_log < 4096);
+	c->log_id[c->n_log] = (uint32_t)id;
+	c->log_sample[c->n_log++] = ev->sample;
+	if (ev->lp) {
+		assert_int_equal(ev->lp->token, ev->token);
+		assert_true(ev->lp->n_top <= SAMPLE_TOP);
+		r->lp[r->n] = ev->lp->logprob;
+		r->n_top = ev->lp->n_top;
+		memcpy(r->top_id[r->n], ev->lp->top_id, ev->lp->n_top * sizeof(int32_t));
+		memcpy(r->top_lp[r->n], ev->lp->top_logprob, ev->lp->n_top * sizeof(float));
+		r->n_lp++;
+	}
+	r->toks[r->n++] = ev->token;
+	return KVD_TOKEN_CONTINUE;
+}
+
 static void on_done(void *ud, uint64_t id, const struct kvd_request_result *res)
 {
 	struct ctx *c = ud;
+	if (c->samples) {
+		assert_true(id < SAMPLE_REQS && res->sample < res->n_samples && res->n_samples <= KVD_MAX_SAMPLES);
+		struct srec *r = &c->sr[id][res->sample];
+		assert_false(r->done);
+		r->done = 1;
+		r->res = *res;
+		r->res.ledger = NULL;
+		return;
+	}
 	assert_true(id < MAX_REQ);
 	assert_false(c->r[id].done);
 	c->r[id].done = 1;
@@ -378,6 +430,7 @@ struct setup {
 	uint32_t session_idle_s;
 	uint32_t max_waiting;
 	uint32_t max_step_ms;
+	int samples;        /* report through on_sample_token (struct srec) */
 };
 
 static void open_ctx(struct ctx *c, const struct setup *su)
@@ -397,6 +450,7 @@ static void open_ctx(struct ctx *c, const struct setup *su)
 		.swap_bytes = su->swap ? 4u << 20 : 0,
 	};
 	memset(c, 0, sizeof(*c));
+	c->samples = su->samples;
 	c->eog = -1;
 	c->clock_ns = 1000000000ull;
 	int r = kvd_engine_open_backend(&ec, su->ops ? su->ops : &stub_ops, &hp, &c->e, err, sizeof(err));
@@ -414,7 +468,8 @@ static void open_ctx(struct ctx *c, const struct setup *su)
 		.max_step_ms = su->max_step_ms,
 	};
 	struct kvd_sched_events ev = { .on_token = on_token, .on_done = on_done, .is_eog = is_eog,
-				       .now_ns = clock_of, .on_session_expired = on_expired, .ud = c };
+				       .now_ns = clock_of, .on_session_expired = on_expired, .ud = c,
+				       .on_sample_token = su->samples ? on_sample_token : NULL };
 	assert_int_equal(kvd_sched_create(&sc, c->e, &ev, &c->s), 0);
 }
 
@@ -1229,6 +1284,297 @@ static void test_sampling_same_under_any_load(void **state)
 	}
 }
 
+/* ---- parallel samples -------------------------------------------------------- */
+
+static struct kvd_request_params sampled(uint32_t max_tokens, uint32_t n_samples, uint64_t seed)
+{
+	struct kvd_request_params p = { .max_tokens = max_tokens, .n_samples = n_samples };
+	kvd_sampler_params_default(&p.sampling);
+	p.sampling.temperature = 1.5f;
+	p.sampling.top_k = 0;
+	p.sampling.min_p = 0;
+	p.sampling.seed = seed;
+	return p;
+}
+
+static void step_n(struct ctx *c, int n)
+{
+	for (int i = 0; i < n; i++) {
+		c->clock_ns += 1000000;
+		assert_true(kvd_sched_step(c->s) > 0);
+	}
+}
+
+/* n = 4 greedy samples of an 18-token prompt, 4-token pages: the prompt's
+ * 4 full pages exist once, each sample holds only its own tail. */
+static void test_samples_share_prompt_pages(void **state)
+{
+	struct ctx c;
+	int32_t p[18], want[GEN];
+	struct kvmm_stats ks;
+	struct kvd_sched_stats st;
+	struct kvd_sched_req_info info[8];
+	(void)state;
+
+	for (int k = 0; k < 18; k++)
+		p[k] = (int32_t)(k * 37 % N_VOCAB);
+	expected(p, 18, GEN, want);
+	open_ctx(&c, &(struct setup){ .block_size = 4, .pages = 64, .samples = 1 });
+	struct kvd_request_params rp = greedy(GEN, 0);
+	rp.n_samples = 4;
+	assert_int_equal(kvd_sched_submit(c.s, 0, p, 18, &rp), 0);
+	step_n(&c, 1); /* the prompt, once; then the fork and every sample's first token */
+	assert_int_equal(kvd_sched_list(c.s, info, 8), 4);
+	for (uint32_t i = 0; i < 4; i++) {
+		assert_int_equal(info[i].sample, i); /* the samples follow their parent */
+		assert_int_equal(info[i].req_id, 0);
+		assert_int_equal(c.sr[0][i].n, 1);
+	}
+	kvmm_get_stats(kvd_engine_kvmm(c.e), &ks);
+	assert_int_equal(ks.pages_used, 5); /* still one sequence's pages: the fork copied nothing */
+	assert_int_equal(ks.pages_shared, 5);
+	step_n(&c, 3); /* each sample has now written 3 tokens of its own: 21 tokens, 6 pages */
+	uint32_t full = 18 / 4, all = (21 + 3) / 4 /* 21 tokens in KV */, tail = all - full;
+	kvmm_get_stats(kvd_engine_kvmm(c.e), &ks);
+	assert_int_equal(ks.pages_used, full + 4 * tail); /* 4 + 4 * 2 = 12, not 4 * 6 = 24 */
+	assert_int_equal(ks.pages_shared, full);
+	assert_int_equal(ks.cow_copies, 3); /* the partial page: three copies, the last writer keeps it */
+	assert_int_equal(kvd_sched_list(c.s, info, 8), 4);
+	for (int i = 0; i < 4; i++) {
+		assert_int_equal(info[i].pages, all);
+		assert_int_equal(info[i].pages_shared, full);
+	}
+	kvd_sched_get_stats(c.s, &st);
+	assert_int_equal(st.samples_forked, 3);
+	assert_int_equal(st.running, 4);
+	run_until_idle(&c);
+	for (int i = 0; i < 4; i++) {
+		assert_true(c.sr[0][i].done);
+		assert_int_equal(c.sr[0][i].res.sample, i);
+		assert_int_equal(c.sr[0][i].res.n_samples, 4);
+		assert_int_equal(c.sr[0][i].res.finish, KVD_FINISH_LENGTH);
+		assert_int_equal(c.sr[0][i].res.generated_tokens, GEN);
+		assert_int_equal(c.sr[0][i].res.prompt_tokens, 18);
+		assert_int_equal(c.sr[0][i].n, GEN);
+		assert_memory_equal(c.sr[0][i].toks, want, sizeof(want)); /* greedy: all equal the reference */
+	}
+	/* stream order: every step reports the samples in index order */
+	assert_int_equal(c.n_log, 4 * GEN);
+	for (uint32_t k = 0; k < c.n_log; k++)
+		assert_int_equal(c.log_sample[k], k % 4);
+	assert_int_equal(pages_used(&c), 0);
+	close_ctx(&c);
+
+	/* a prompt that ends on a page boundary: every prompt page is shared */
+	open_ctx(&c, &(struct setup){ .block_size = 4, .pages = 64, .samples = 1 });
+	assert_int_equal(kvd_sched_submit(c.s, 1, p, 16, &rp), 0);
+	step_n(&c, 3);
+	kvmm_get_stats(kvd_engine_kvmm(c.e), &ks);
+	assert_int_equal(ks.pages_used, 4 + 4 * 1);
+	assert_int_equal(ks.pages_shared, 4);
+	assert_int_equal(ks.cow_copies, 0);
+	run_until_idle(&c);
+	close_ctx(&c);
+}
+
+/* Seeded samples: sample i is what a one-sample request with the seed
+ * kvd_sample_seed(seed, i) gives (sample 0: the seed itself), under any
+ * load; the samples differ from each other. */
+static void test_samples_seeded(void **state)
+{
+	static int32_t ref[KVD_MAX_SAMPLES][20];
+	int32_t p[64];
+	const uint64_t seed = 4242;
+	(void)state;
+
+	uint32_t np = prompt_of(3, 0, p);
+	for (uint32_t i = 0; i < 6; i++) {
+		struct ctx c;
+		open_ctx(&c, &(struct setup){ .block_size = 16, .pages = 200 });
+		struct kvd_request_params rp = sampled(20, 1, kvd_sample_seed(seed, i));
+		assert_int_equal(kvd_sched_submit(c.s, 0, p, np, &rp), 0);
+		run_until_idle(&c);
+		assert_int_equal(c.r[0].n, 20);
+		memcpy(ref[i], c.r[0].toks, sizeof(ref[i]));
+		close_ctx(&c);
+	}
+	assert_int_equal(kvd_sample_seed(seed, 0), seed);
+	int differ = 0;
+	for (int i = 1; i < 6; i++)
+		differ += memcmp(ref[0], ref[i], sizeof(ref[0])) != 0;
+	assert_int_equal(differ, 5);
+
+	char dir[] = "/tmp/kvd-test-sched-swap-XXXXXX", path[64];
+	assert_non_null(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/swap", dir);
+	const struct setup mixes[] = {
+		{ .block_size = 16, .pages = 200, .samples = 1 },
+		{ .block_size = 3, .pages = 64, .per_step = 16, .prefix_cache = 1, .samples = 1 }, /* tight: recompute */
+		{ .block_size = 5, .pages = 200, .max_seqs = 8, .samples = 1 },
+		{ .block_size = 3, .pages = 64, .per_step = 16, .swap = path, .samples = 1 }, /* tight: swap */
+	};
+	for (int m = 0; m < 4; m++) {
+		struct ctx c;
+		int32_t q[64];
+		open_ctx(&c, &mixes[m]);
+		struct kvd_request_params rp = sampled(20, 6, seed);
+		assert_int_equal(kvd_sched_submit(c.s, 0, p, np, &rp), 0);
+		step_n(&c, 2);
+		for (int j = 1; j < SAMPLE_REQS; j++) { /* company: other sampled requests, arriving later */
+			uint32_t nq = prompt_of(j + 7, 1, q);
+			struct kvd_request_params o = sampled(20, 2, (uint64_t)j);
+			assert_int_equal(kvd_sched_submit(c.s, (uint64_t)j, q, nq, &o), 0);
+		}
+		run_until_idle(&c);
+		for (int i = 0; i < 6; i++) {
+			assert_true(c.sr[0][i].done);
+			assert_int_equal(c.sr[0][i].n, 20);
+			assert_memory_equal(c.sr[0][i].toks, ref[i], sizeof(ref[i]));
+		}
+		for (int j = 1; j < SAMPLE_REQS; j++)
+			assert_true(c.sr[j][0].done && c.sr[j][1].done && !c.sr[j][2].done);
+		struct kvd_sched_stats st;
+		kvd_sched_get_stats(c.s, &st);
+		if (m == 1 || m == 3)
+			assert_true(st.preemptions > 0); /* samples were preempted, and resumed */
+		if (m == 3) {
+			struct kvmm_stats ks;
+			kvmm_get_stats(kvd_engine_kvmm(c.e), &ks);
+			assert_true(ks.swap_out_pages > 0 && ks.swap_in_pages > 0);
+		}
+		assert_int_equal(pages_used(&c), 0);
+		close_ctx(&c);
+	}
+	unlink(path);
+	rmdir(dir);
+}
+
+/* log-softmax of the stub's logits after history h, in double. */
+static double ref_logprob(uint64_t h, int32_t t)
+{
+	double m = -1e30, sum = 0;
+	for (int32_t i = 0; i < N_VOCAB; i++)
+		if (logit_of(h, i) > m)
+			m = logit_of(h, i);
+	for (int32_t i = 0; i < N_VOCAB; i++)
+		sum += exp((double)logit_of(h, i) - m);
+	return (double)logit_of(h, t) - m - log(sum);
+}
+
+/* Log-probabilities of every token and its top alternatives, against the
+ * log-softmax of the logits computed here; they are those of the model's
+ * distribution, not of the tempered one the sampler draws from. */
+static void test_samples_logprobs(void **state)
+{
+	struct ctx c;
+	int32_t p[20];
+	(void)state;
+
+	for (int k = 0; k < 20; k++)
+		p[k] = (int32_t)(k * 91 % N_VOCAB);
+	open_ctx(&c, &(struct setup){ .block_size = 8, .pages = 100, .samples = 1 });
+	struct kvd_request_params rp = sampled(10, 3, 99);
+	rp.logprobs = 1;
+	rp.top_logprobs = SAMPLE_TOP;
+	assert_int_equal(kvd_sched_submit(c.s, 0, p, 20, &rp), 0);
+	struct kvd_request_params plain = sampled(10, 1, 5); /* no log-probabilities asked */
+	assert_int_equal(kvd_sched_submit(c.s, 1, p, 20, &plain), 0);
+	run_until_idle(&c);
+	assert_int_equal(c.sr[1][0].n_lp, 0);
+	for (int i = 0; i < 3; i++) {
+		struct srec *r = &c.sr[0][i];
+		assert_int_equal(r->n, 10);
+		assert_int_equal(r->n_lp, 10);
+		assert_int_equal(r->n_top, SAMPLE_TOP);
+		uint64_t h = H0;
+		uint32_t pos = 0;
+		for (; pos < 20; pos++)
+			h = fold(h, p[pos], pos);
+		for (uint32_t g = 0; g < 10; g++, pos++) {
+			assert_float_equal(r->lp[g], ref_logprob(h, r->toks[g]), 1e-5);
+			/* the top ones: in order, the likeliest of all */
+			int32_t best[SAMPLE_TOP];
+			for (int k = 0; k < SAMPLE_TOP; k++) {
+				best[k] = -1;
+				for (int32_t t = 0; t < N_VOCAB; t++) {
+					int taken = 0;
+					for (int j = 0; j < k; j++)
+						taken |= best[j] == t;
+					if (!taken && (best[k] < 0 || logit_of(h, t) > logit_of(h, best[k])))
+						best[k] = t;
+				}
+				assert_int_equal(r->top_id[g][k], best[k]);
+				assert_float_equal(r->top_lp[g][k], ref_logprob(h, best[k]), 1e-5);
+			}
+			h = fold(h, r->toks[g], pos);
+		}
+	}
+	close_ctx(&c);
+}
+
+/* Samples are sequences: counted against max_num_seqs at admission,
+ * bounded, cancelled together, refused with sessions. */
+static void test_samples_admission_cancel_limits(void **state)
+{
+	struct ctx c;
+	int32_t p[12];
+	struct kvd_sched_stats st;
+	(void)state;
+
+	for (int k = 0; k < 12; k++)
+		p[k] = (int32_t)(k * 5 % N_VOCAB);
+	open_ctx(&c, &(struct setup){ .block_size = 4, .pages = 100, .max_seqs = 5, .samples = 1 });
+	struct kvd_request_params rp = sampled(GEN, 3, 1);
+	assert_int_equal(kvd_sched_submit(c.s, 0, p, 12, &rp), 0);
+	assert_int_equal(kvd_sched_submit(c.s, 1, p, 12, &rp), 0); /* 3 + 3 > 5: waits */
+	step_n(&c, 1);
+	kvd_sched_get_stats(c.s, &st);
+	assert_int_equal(st.running, 3);
+	assert_int_equal(st.waiting, 1);
+	run_until_idle(&c);
+	for (int i = 0; i < 3; i++)
+		assert_true(c.sr[0][i].done && c.sr[1][i].done);
+	/* limits */
+	struct kvd_request_params bad = sampled(GEN, KVD_MAX_SAMPLES + 1, 1);
+	assert_int_equal(kvd_sched_submit(c.s, 2, p, 12, &bad), -EINVAL);
+	bad = sampled(GEN, 6, 1);
+	assert_int_equal(kvd_sched_submit(c.s, 2, p, 12, &bad), -ERANGE); /* more than max_num_seqs */
+	bad = sampled(GEN, 2, 1);
+	bad.session = 5;
+	assert_int_equal(kvd_sched_submit(c.s, 2, p, 12, &bad), -EINVAL);
+	bad = sampled(GEN, 2, 1);
+	bad.logprobs = 1;
+	bad.top_logprobs = KVD_LOGPROBS_MAX_TOP + 1;
+	assert_int_equal(kvd_sched_submit(c.s, 2, p, 12, &bad), -EINVAL);
+	/* the pool holds one 12 + 90 token sequence (26 of its 100 pages) but
+	 * not 5 of them sharing only 3 prompt pages: 26 + 4 * 23 > 100 */
+	bad = sampled(90, 5, 1);
+	assert_int_equal(kvd_sched_submit(c.s, 2, p, 12, &bad), -ENOSPC);
+	bad = sampled(90, 4, 1); /* 26 + 3 * 23 = 95 */
+	assert_int_equal(kvd_sched_submit(c.s, 2, p, 12, &bad), 0);
+	assert_int_equal(kvd_sched_cancel(c.s, 2), 0); /* before the fork: every sample reports */
+	for (int i = 0; i < 4; i++) {
+		assert_true(c.sr[2][i].done);
+		assert_int_equal(c.sr[2][i].res.finish, KVD_FINISH_CANCELLED);
+		assert_int_equal(c.sr[2][i].res.generated_tokens, 0);
+	}
+	assert_false(c.sr[2][4].done);
+	struct kvd_request_params four = sampled(40, 4, 1);
+	assert_int_equal(kvd_sched_submit(c.s, 3, p, 12, &four), 0);
+	step_n(&c, 3);
+	assert_true(pages_used(&c) > 0);
+	assert_int_equal(kvd_sched_cancel(c.s, 3), 0); /* after: all four, pages freed */
+	assert_int_equal(kvd_sched_cancel(c.s, 3), -ENOENT);
+	for (int i = 0; i < 4; i++) {
+		assert_true(c.sr[3][i].done);
+		assert_int_equal(c.sr[3][i].res.finish, KVD_FINISH_CANCELLED);
+		assert_int_equal(c.sr[3][i].res.generated_tokens, 3);
+	}
+	assert_int_equal(pages_used(&c), 0);
+	assert_true(kvd_sched_idle(c.s));
+	close_ctx(&c);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1248,6 +1594,10 @@ int main(void)
 		cmocka_unit_test(test_step_budget),
 		cmocka_unit_test(test_step_budget_depth),
 		cmocka_unit_test(test_sampling_same_under_any_load),
+		cmocka_unit_test(test_samples_share_prompt_pages),
+		cmocka_unit_test(test_samples_seeded),
+		cmocka_unit_test(test_samples_logprobs),
+		cmocka_unit_test(test_samples_admission_cancel_limits),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
