@@ -81,6 +81,73 @@ static void kv_rows(const struct cpu_attn *c, int layer, const struct kvd_batch_
 	}
 }
 
+/* The same for a K/V type other than f16: the rows of KV head g as bytes. */
+static void kv_rows_q(const struct cpu_attn *c, int layer, const struct kvd_batch_seq *sq, int g, int p0, int n,
+		      const unsigned char **kp, const unsigned char **vp)
+{
+	const struct kvd_kv_layout *L = &c->kv.layout;
+	const char *layer_base = (const char *)c->kv.base + (size_t)layer * L->layer_stride;
+	size_t hb = kvd_kv_row_bytes(L->type, (uint32_t)c->hp->head_dim);
+	int bs = (int)L->block_size;
+	for (int i = 0; i < n; i++) {
+		int p = p0 + i;
+		const char *pb = layer_base + (size_t)sq->pages[p / bs] * L->page_bytes + (size_t)(p % bs) * L->token_stride;
+		kp[i] = (const unsigned char *)pb + g * hb;
+		vp[i] = (const unsigned char *)pb + L->v_offset + g * hb;
+	}
+}
+
+/* The tiled kernel when it applies: f16 K/V only. */
+static attn_rows_fn tiled_rows(const struct cpu_attn *c)
+{
+	return c->kv.layout.type == KVD_KV_F16 ? c->rows : NULL;
+}
+
+/* attn_chunk for K/V of a type other than f16 (kvquant.h): the portable
+ * path's structure, each K and V row read in place in its stored form,
+ * one K row's blocks converted once for the whole query group. */
+static void attn_chunk_q(const struct cpu_attn *c, const struct attn_step *s, int t, int g, int p0, int p1,
+			 struct attn_part *pm, float *po, float *sc)
+{
+	const struct kvd_hparams *hp = c->hp;
+	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv, qd = hp->n_head * hd;
+	const float *q = c->q + (int64_t)t * qd + (int64_t)g * n_rep * hd;
+	enum kvd_kv_type kt = c->kv.layout.type;
+	float scale = c->scale;
+	int n = p1 - p0;
+	const unsigned char *kp[ATTN_CHUNK], *vp[ATTN_CHUNK];
+
+	kv_rows_q(c, s->layer, &s->b->seqs[c->tok_seq[t]], g, p0, n, kp, vp);
+	for (int r = 0; r < n_rep; r++)
+		pm[r].m = -INFINITY;
+	for (int i = 0; i < n; i++) {
+		float v[64];
+		c->kq.dotn(kt, q, hd, n_rep, kp[i], hd, v);
+		for (int r = 0; r < n_rep; r++) {
+			float x = v[r] * scale;
+			sc[r * ATTN_CHUNK + i] = x;
+			if (x > pm[r].m)
+				pm[r].m = x;
+		}
+	}
+	for (int r = 0; r < n_rep; r++) {
+		float sum = 0;
+		for (int i = 0; i < n; i++) {
+			float e = expf(sc[r * ATTN_CHUNK + i] - pm[r].m);
+			sc[r * ATTN_CHUNK + i] = e;
+			sum += e;
+		}
+		pm[r].l = sum;
+		memset(po + r * hd, 0, sizeof(float) * (size_t)hd);
+	}
+	for (int i = 0; i < n; i++) {
+		float w[64];
+		for (int r = 0; r < n_rep; r++)
+			w[r] = sc[r * ATTN_CHUNK + i];
+		c->kq.axpyn(kt, po, hd, w, n_rep, vp[i], hd);
+	}
+}
+
 /* One chunk [p0, p1) of token t's attention for KV head g: writes n_rep
  * (m, l) pairs to pm and n_rep * hd floats to po. sc: the thread's
  * scratch (attn_scratch_per). */
@@ -94,6 +161,10 @@ static void attn_chunk(const struct cpu_attn *c, const struct attn_step *s, int 
 	int n = p1 - p0;
 	const uint16_t *kp[ATTN_CHUNK], *vp[ATTN_CHUNK];
 
+	if (c->kv.layout.type != KVD_KV_F16) {
+		attn_chunk_q(c, s, t, g, p0, p1, pm, po, sc);
+		return;
+	}
 	kv_rows(c, s->layer, &s->b->seqs[c->tok_seq[t]], g, p0, n, kp, vp);
 	if (c->rows) {
 		const float *qp[64];
@@ -360,7 +431,7 @@ static int attention(struct cpu_attn *c, const struct attn_step *s)
 		return 0;
 	}
 
-	if (n_items >= 2 * nth && c->rows) {
+	if (n_items >= 2 * nth && tiled_rows(c)) {
 		int nt = 0;
 		if (s->T + 1 > c->cap_tiles) {
 			GROW(c->tile_first, s->T + 1);
@@ -414,6 +485,7 @@ void cpu_attn_setup(struct cpu_attn *c, struct tp *pool, const struct cpu_kernel
 	c->k = *k;
 	c->hp = hp;
 	c->rows = k->attn_rows_for ? k->attn_rows_for(hp->head_dim) : NULL;
+	kvq_kernels_init(&c->kq, strcmp(k->isa, "generic") != 0);
 }
 
 int cpu_attn_reserve(struct cpu_attn *c, int max_pos)

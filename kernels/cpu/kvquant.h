@@ -1,0 +1,57 @@
+/*
+ * kernels/cpu/kvquant.h — K/V rows in the f32, q8_0 and q4_0 element types
+ * of kernels/backend.h (enum kvd_kv_type): storing a row into a page,
+ * reading one back, and the two products attention needs, computed on the
+ * stored rows in place (each 32-element block is converted to floats in
+ * registers and scaled once; nothing is staged per page).
+ *
+ * Exact arithmetic, the same in every build (so the portable and the AVX2
+ * versions give the same bits, and a token's attention does not depend on
+ * the instruction set the CPU backend picked):
+ *
+ *   dot, query row q against a K row k of n elements, per block b of 32
+ *   with scale d_b (1 for f32) and elements k_i as floats (quants exactly):
+ *     p_l = ((q_l k_l + q_{l+8} k_{l+8}) + q_{l+16} k_{l+16}) + q_{l+24} k_{l+24}
+ *     acc_l += d_b * p_l        (l = 0..7, elements relative to the block;
+ *                                 f32: acc_l += p_l)
+ *     result = ((acc_0 + acc_4) + (acc_2 + acc_6)) + ((acc_1 + acc_5) + (acc_3 + acc_7))
+ *   axpy, y += a * v for a V row v:
+ *     y_i += (a * d_b) * v_i    (f32: y_i += a * v_i)
+ *
+ * Every product and sum is one IEEE single operation (no fused multiply-
+ * add: the sources are compiled as ISO C, whose default forbids
+ * contraction, and the AVX2 versions do not enable FMA).
+ */
+#ifndef KVD_CPU_KVQUANT_H
+#define KVD_CPU_KVQUANT_H
+
+#include <stdint.h>
+
+#include "backend.h"
+
+/* Store n floats (n a multiple of 32 for the quantized types) as one row of
+ * type t at dst (kvd_kv_row_bytes(t, n) bytes). f16 rounds to nearest
+ * even. Portable C, one version for every CPU. */
+void kvq_store_row(enum kvd_kv_type t, void *dst, const float *src, int n);
+
+/* The n floats a stored row of type t holds (the exact stored values). */
+void kvq_load_row(enum kvd_kv_type t, const void *src, float *dst, int n);
+
+/* out[r] = q_r . k for nr <= 64 query rows q_r = q + r * ldq, k one row of
+ * n elements (a head: n a multiple of 32) of type t != f16; see above. */
+typedef void (*kvq_dotn_fn)(enum kvd_kv_type t, const float *q, int ldq, int nr, const void *k, int n, float *out);
+/* y[r * ldy + i] += a[r] * v[i] for r < nr <= 64, v one row of n elements of
+ * type t != f16; see above. */
+typedef void (*kvq_axpyn_fn)(enum kvd_kv_type t, float *y, int ldy, const float *a, int nr, const void *v, int n);
+
+struct kvq_kernels {
+	const char *isa; /* "avx2" or "generic" */
+	kvq_dotn_fn dotn;
+	kvq_axpyn_fn axpyn;
+};
+
+/* The versions for this CPU: AVX2 where it has it and allow_simd is set,
+ * else portable C. Both give identical bits. */
+void kvq_kernels_init(struct kvq_kernels *k, int allow_simd);
+
+#endif
