@@ -15,6 +15,9 @@
  *       memory bandwidth, STREAM triad a[i] = b[i] + s * c[i] over N
  *       threads, best of 5
  *
+ * --cache-type f16|q8_0|q4_0|f32 (before the figure) sets the K/V element
+ * type (default f16).
+ *
  * Prompts are deterministic pseudo-random token ids (the same ones the
  * llama.cpp side uses, from the same generator: x = x * 1103515245 + 12345,
  * id = 100 + (x >> 8) % (n_vocab - 200)). Greedy decoding, EOS ignored.
@@ -136,11 +139,12 @@ int main(int argc, char **argv)
 		{"depth", required_argument, 0, 'd'}, {"tokens", required_argument, 0, 'n'},
 		{"seqs", required_argument, 0, 's'},  {"suffix", required_argument, 0, 'k'},
 		{"mib", required_argument, 0, 'M'},   {"chunk", required_argument, 0, 'c'},
-		{0, 0, 0, 0},
+		{"cache-type", required_argument, 0, 'K'}, {0, 0, 0, 0},
 	};
 	const char *model = NULL;
 	int threads = 1, depth = 128, tokens = 64, seqs = 1, suffix = 16, chunk = 512;
 	size_t mib = 1024;
+	enum kvd_kv_type kv_type = KVD_KV_F16;
 	int c;
 
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -153,6 +157,12 @@ int main(int argc, char **argv)
 		case 'k': suffix = atoi(optarg); break;
 		case 'M': mib = (size_t)atol(optarg); break;
 		case 'c': chunk = atoi(optarg); break;
+		case 'K':
+			if (kvd_kv_type_parse(optarg, &kv_type) < 0) {
+				fprintf(stderr, "kvd_bench: --cache-type: '%s' is not f16, q8_0, q4_0 or f32\n", optarg);
+				return 2;
+			}
+			break;
 		default:
 			fprintf(stderr, "usage: see the comment at the top of bench/kvd_bench.c\n");
 			return 2;
@@ -176,6 +186,7 @@ int main(int argc, char **argv)
 		.model_path = model,
 		.n_threads = threads,
 		.block_size = 16,
+		.kv_type = kv_type,
 		.max_seqs = 512,
 		.prefix_cache = !strcmp(what, "prefix"),
 	};
@@ -187,7 +198,12 @@ int main(int argc, char **argv)
 			return 1;
 		}
 		struct kvd_kv_layout l;
-		kvd_kv_layout_init(&l, kvd_model_hparams(m), 16);
+		if (kvd_kv_layout_init_type(&l, kvd_model_hparams(m), 16, kv_type) < 0) {
+			fprintf(stderr, "kvd_bench: cache type %s does not fit this model's head size\n",
+				kvd_kv_type_name(kv_type));
+			kvd_model_free(m);
+			return 1;
+		}
 		long tok = (long)seqs * (depth + tokens + 16) + 2L * (tokens + suffix + 32);
 		ec.kv_pool_bytes = (uint64_t)(tok / 16 + 64) * l.page_bytes;
 		kvd_model_free(m);
@@ -254,9 +270,9 @@ int main(int argc, char **argv)
 		double kv_tok = (double)L->page_bytes / L->block_size;
 		double step_bytes = (double)kvd_model_weight_bytes(kvd_engine_model(R.e)) +
 				    kv_tok * seqs * (depth + tokens / 2.0);
-		printf("{\"figure\":\"%s\",\"depth\":%d,\"seqs\":%d,\"tokens\":%d,\"threads\":%d,\"seconds\":%.6f,"
+		printf("{\"figure\":\"%s\",\"cache_type\":\"%s\",\"depth\":%d,\"seqs\":%d,\"tokens\":%d,\"threads\":%d,\"seconds\":%.6f,"
 		       "\"tokens_per_s\":%.3f,\"bytes_per_step\":%.0f,\"peak_rss_kib\":%ld}\n",
-		       what, depth, seqs, tokens, threads, dt, (double)tokens * seqs / dt, step_bytes, peak_rss_kib());
+		       what, kvd_kv_type_name(L->type), depth, seqs, tokens, threads, dt, (double)tokens * seqs / dt, step_bytes, peak_rss_kib());
 	} else if (!strcmp(what, "prefix")) {
 		/* cold: prefix + suffix A; warm: same prefix + suffix B */
 		uint32_t a, b;

@@ -118,34 +118,22 @@ static void attn_chunk_q(const struct cpu_attn *c, const struct attn_step *s, in
 	const unsigned char *kp[ATTN_CHUNK], *vp[ATTN_CHUNK];
 
 	kv_rows_q(c, s->layer, &s->b->seqs[c->tok_seq[t]], g, p0, n, kp, vp);
-	for (int r = 0; r < n_rep; r++)
-		pm[r].m = -INFINITY;
-	for (int i = 0; i < n; i++) {
-		float v[64];
-		c->kq.dotn(kt, q, hd, n_rep, kp[i], hd, v);
-		for (int r = 0; r < n_rep; r++) {
-			float x = v[r] * scale;
-			sc[r * ATTN_CHUNK + i] = x;
-			if (x > pm[r].m)
-				pm[r].m = x;
-		}
-	}
+	c->kq.scores(kt, q, hd, n_rep, kp, n, hd, scale, sc, ATTN_CHUNK);
 	for (int r = 0; r < n_rep; r++) {
-		float sum = 0;
+		float m = -INFINITY, sum = 0;
+		for (int i = 0; i < n; i++)
+			if (sc[r * ATTN_CHUNK + i] > m)
+				m = sc[r * ATTN_CHUNK + i];
 		for (int i = 0; i < n; i++) {
-			float e = expf(sc[r * ATTN_CHUNK + i] - pm[r].m);
+			float e = expf(sc[r * ATTN_CHUNK + i] - m);
 			sc[r * ATTN_CHUNK + i] = e;
 			sum += e;
 		}
+		pm[r].m = m;
 		pm[r].l = sum;
 		memset(po + r * hd, 0, sizeof(float) * (size_t)hd);
 	}
-	for (int i = 0; i < n; i++) {
-		float w[64];
-		for (int r = 0; r < n_rep; r++)
-			w[r] = sc[r * ATTN_CHUNK + i];
-		c->kq.axpyn(kt, po, hd, w, n_rep, vp[i], hd);
-	}
+	c->kq.accum(kt, po, hd, n_rep, sc, ATTN_CHUNK, vp, n, hd);
 }
 
 /* One chunk [p0, p1) of token t's attention for KV head g: writes n_rep

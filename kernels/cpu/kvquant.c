@@ -18,6 +18,10 @@
 
 #define QB KVD_KV_QBLOCK
 
+/* 8-lane vectors pass by value only between always-inline helpers of this
+ * file, never across an ABI boundary */
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 typedef float v8f __attribute__((vector_size(32), aligned(4)));
 typedef int8_t v8b __attribute__((vector_size(8), aligned(1)));
 
@@ -145,114 +149,191 @@ INLINE size_t block_bytes(enum kvd_kv_type t)
 	return t == KVD_KV_Q8_0 ? 34 : t == KVD_KV_Q4_0 ? 18 : QB * sizeof(float);
 }
 
+INLINE v8f ld8(const float *p)
+{
+	v8f v;
+	memcpy(&v, p, sizeof(v));
+	return v;
+}
+
 /* Block blk of type t as its scale *d (1 for f32) and 32 floats in kf[4]
- * (quants converted exactly). */
-INLINE void block_floats(enum kvd_kv_type t, const uint8_t *blk, v8f kf[4], float *d)
+ * (quants converted exactly), portable C. */
+typedef void (*block_fn)(enum kvd_kv_type t, const uint8_t *blk, v8f kf[4], float *d);
+
+INLINE void block_floats_generic(enum kvd_kv_type t, const uint8_t *blk, v8f kf[4], float *d)
 {
 	if (t == KVD_KV_F32) {
-		memcpy(kf, blk, 4 * sizeof(v8f));
+		for (int j = 0; j < 4; j++)
+			kf[j] = ld8((const float *)(const void *)blk + 8 * j);
 		*d = 1.0f;
 		return;
 	}
-	const int8_t *q = (const int8_t *)(blk + 2);
-	int8_t un[QB];
 	*d = h2f(blk);
 	if (t == KVD_KV_Q4_0) {
 		for (int j = 0; j < QB / 2; j++) {
-			un[j] = (int8_t)((blk[2 + j] & 15) - 8);
-			un[j + QB / 2] = (int8_t)((blk[2 + j] >> 4) - 8);
+			kf[j / 8][j % 8] = (float)((blk[2 + j] & 15) - 8);
+			kf[2 + j / 8][j % 8] = (float)((blk[2 + j] >> 4) - 8);
 		}
-		q = un;
+		return;
 	}
-	for (int j = 0; j < 4; j++) {
-		v8b b;
-		memcpy(&b, q + 8 * j, sizeof(b));
-		kf[j] = __builtin_convertvector(b, v8f);
-	}
+	for (int i = 0; i < QB; i++)
+		kf[i / 8][i % 8] = (float)(int8_t)blk[2 + i];
 }
 
-INLINE float hsum8(const v8f *v)
+INLINE float hsum8_generic(const v8f *pa)
 {
-	const v8f a = *v;
+	const v8f a = *pa;
 	return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
 }
 
-INLINE void dotn_body(enum kvd_kv_type t, const float *q, int ldq, int nr, const void *k, int n, float *out)
-{
-	v8f acc[64];
-	size_t bb = block_bytes(t);
-	for (int r = 0; r < nr; r++)
-		acc[r] = (v8f){0};
-	for (int b = 0; b < n / QB; b++) {
-		v8f kf[4];
-		float d;
-		block_floats(t, (const uint8_t *)k + (size_t)b * bb, kf, &d);
-		for (int r = 0; r < nr; r++) {
-			v8f qv[4];
-			memcpy(qv, q + (size_t)r * ldq + b * QB, sizeof(qv));
-			v8f p = qv[0] * kf[0] + qv[1] * kf[1];
-			p = p + qv[2] * kf[2];
-			p = p + qv[3] * kf[3];
-			acc[r] = acc[r] + d * p;
-		}
-	}
-	for (int r = 0; r < nr; r++)
-		out[r] = hsum8(&acc[r]);
-}
+typedef float (*hsum_fn)(const v8f *a);
 
-INLINE void axpyn_body(enum kvd_kv_type t, float *y, int ldy, const float *a, int nr, const void *v, int n)
+
+/* sc[r * ldsc + i] = (q_r . k_i) * scale for positions i < n (see kvquant.h
+ * for the order), rows r < nr: four rows at a time share each K block's
+ * conversion, their accumulators held in registers */
+INLINE void scores_body(block_fn conv, hsum_fn hsum, enum kvd_kv_type t, const float *q, int ldq, int nr,
+			const unsigned char *const *k, int n, int hd, float scale, float *sc, int ldsc)
 {
 	size_t bb = block_bytes(t);
-	for (int b = 0; b < n / QB; b++) {
-		v8f vf[4];
-		float d;
-		block_floats(t, (const uint8_t *)v + (size_t)b * bb, vf, &d);
-		for (int r = 0; r < nr; r++) {
-			float w = a[r] * d;
-			float *yr = y + (size_t)r * ldy + b * QB;
-			v8f yv[4];
-			memcpy(yv, yr, sizeof(yv));
-			for (int j = 0; j < 4; j++)
-				yv[j] = yv[j] + w * vf[j];
-			memcpy(yr, yv, sizeof(yv));
+	int nb = hd / QB;
+	for (int r0 = 0; r0 < nr; r0 += 4) {
+		int nt = nr - r0 < 4 ? nr - r0 : 4;
+		const float *qr = q + (size_t)r0 * ldq;
+		for (int i = 0; i < n; i++) {
+			v8f acc[4] = {{0}, {0}, {0}, {0}};
+			for (int b = 0; b < nb; b++) {
+				v8f kf[4];
+				float d;
+				conv(t, k[i] + (size_t)b * bb, kf, &d);
+				for (int rr = 0; rr < 4; rr++) {
+					if (rr >= nt)
+						break;
+					const float *qb = qr + (size_t)rr * ldq + b * QB;
+					v8f p = ld8(qb) * kf[0] + ld8(qb + 8) * kf[1];
+					p = p + ld8(qb + 16) * kf[2];
+					p = p + ld8(qb + 24) * kf[3];
+					acc[rr] = acc[rr] + d * p;
+				}
+			}
+			for (int rr = 0; rr < nt; rr++)
+				sc[(size_t)(r0 + rr) * ldsc + i] = hsum(&acc[rr]) * scale;
 		}
 	}
 }
 
-static void dotn_generic(enum kvd_kv_type t, const float *q, int ldq, int nr, const void *k, int n, float *out)
+/* o_r += w[r * ldw + i] * v_i for positions i < n in order, rows r < nr */
+INLINE void accum_body(block_fn conv, enum kvd_kv_type t, float *o, int ldo, int nr, const float *w, int ldw,
+		       const unsigned char *const *v, int n, int hd)
 {
-	dotn_body(t, q, ldq, nr, k, n, out);
+	size_t bb = block_bytes(t);
+	int nb = hd / QB;
+	for (int b = 0; b < nb; b++) {
+		for (int r0 = 0; r0 < nr; r0 += 4) {
+			int nt = nr - r0 < 4 ? nr - r0 : 4;
+			v8f acc[4][4];
+			for (int rr = 0; rr < nt; rr++)
+				for (int j = 0; j < 4; j++)
+					acc[rr][j] = ld8(o + (size_t)(r0 + rr) * ldo + b * QB + 8 * j);
+			for (int i = 0; i < n; i++) {
+				v8f vf[4];
+				float d;
+				conv(t, v[i] + (size_t)b * bb, vf, &d);
+				for (int rr = 0; rr < 4; rr++) {
+					if (rr >= nt)
+						break;
+					float a = w[(size_t)(r0 + rr) * ldw + i] * d;
+					for (int j = 0; j < 4; j++)
+						acc[rr][j] = acc[rr][j] + a * vf[j];
+				}
+			}
+			for (int rr = 0; rr < nt; rr++)
+				memcpy(o + (size_t)(r0 + rr) * ldo + b * QB, acc[rr], sizeof(acc[rr]));
+		}
+	}
 }
 
-static void axpyn_generic(enum kvd_kv_type t, float *y, int ldy, const float *a, int nr, const void *v, int n)
+static void scores_generic(enum kvd_kv_type t, const float *q, int ldq, int nr, const unsigned char *const *k, int n,
+			   int hd, float scale, float *sc, int ldsc)
 {
-	axpyn_body(t, y, ldy, a, nr, v, n);
+	scores_body(block_floats_generic, hsum8_generic, t, q, ldq, nr, k, n, hd, scale, sc, ldsc);
+}
+
+static void accum_generic(enum kvd_kv_type t, float *o, int ldo, int nr, const float *w, int ldw,
+			  const unsigned char *const *v, int n, int hd)
+{
+	accum_body(block_floats_generic, t, o, ldo, nr, w, ldw, v, n, hd);
 }
 
 #if defined(__x86_64__)
+#include <immintrin.h>
 /* no "fma": a multiply and an add stay two roundings, as in the portable build */
 #define AVX2 __attribute__((target("avx2")))
-AVX2 static void dotn_avx2(enum kvd_kv_type t, const float *q, int ldq, int nr, const void *k, int n, float *out)
+
+/* block_floats_generic with AVX2 conversions (the same values: int8 and
+ * int32 to float are exact) */
+AVX2 INLINE void block_floats_avx2(enum kvd_kv_type t, const uint8_t *blk, v8f kf[4], float *d)
 {
-	dotn_body(t, q, ldq, nr, k, n, out);
+	__m128i lo, hi;
+	if (t == KVD_KV_F32) {
+		for (int j = 0; j < 4; j++)
+			kf[j] = ld8((const float *)(const void *)blk + 8 * j);
+		*d = 1.0f;
+		return;
+	}
+	*d = h2f(blk);
+	if (t == KVD_KV_Q4_0) {
+		const __m128i m = _mm_set1_epi8(15), e = _mm_set1_epi8(8);
+		__m128i x = _mm_loadu_si128((const __m128i *)(blk + 2));
+		lo = _mm_sub_epi8(_mm_and_si128(x, m), e);
+		hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(x, 4), m), e);
+	} else {
+		lo = _mm_loadu_si128((const __m128i *)(blk + 2));
+		hi = _mm_loadu_si128((const __m128i *)(blk + 18));
+	}
+	__m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+	__m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+	__m256 f2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+	__m256 f3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+	kf[0] = (v8f)f0;
+	kf[1] = (v8f)f1;
+	kf[2] = (v8f)f2;
+	kf[3] = (v8f)f3;
 }
 
-AVX2 static void axpyn_avx2(enum kvd_kv_type t, float *y, int ldy, const float *a, int nr, const void *v, int n)
+/* hsum8_generic's tree: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)) */
+AVX2 INLINE float hsum8_avx2(const v8f *pa)
 {
-	axpyn_body(t, y, ldy, a, nr, v, n);
+	__m256 v = (__m256)*pa;
+	__m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+	h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+	h = _mm_add_ss(h, _mm_movehdup_ps(h));
+	return _mm_cvtss_f32(h);
+}
+
+AVX2 static void scores_avx2(enum kvd_kv_type t, const float *q, int ldq, int nr, const unsigned char *const *k, int n,
+			     int hd, float scale, float *sc, int ldsc)
+{
+	scores_body(block_floats_avx2, hsum8_avx2, t, q, ldq, nr, k, n, hd, scale, sc, ldsc);
+}
+
+AVX2 static void accum_avx2(enum kvd_kv_type t, float *o, int ldo, int nr, const float *w, int ldw,
+			    const unsigned char *const *v, int n, int hd)
+{
+	accum_body(block_floats_avx2, t, o, ldo, nr, w, ldw, v, n, hd);
 }
 #endif
 
 void kvq_kernels_init(struct kvq_kernels *k, int allow_simd)
 {
 	k->isa = "generic";
-	k->dotn = dotn_generic;
-	k->axpyn = axpyn_generic;
+	k->scores = scores_generic;
+	k->accum = accum_generic;
 #if defined(__x86_64__)
 	if (allow_simd && __builtin_cpu_supports("avx2")) {
 		k->isa = "avx2";
-		k->dotn = dotn_avx2;
-		k->axpyn = axpyn_avx2;
+		k->scores = scores_avx2;
+		k->accum = accum_avx2;
 	}
 #else
 	(void)allow_simd;

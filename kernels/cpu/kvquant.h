@@ -37,17 +37,20 @@ void kvq_store_row(enum kvd_kv_type t, void *dst, const float *src, int n);
 /* The n floats a stored row of type t holds (the exact stored values). */
 void kvq_load_row(enum kvd_kv_type t, const void *src, float *dst, int n);
 
-/* out[r] = q_r . k for nr <= 64 query rows q_r = q + r * ldq, k one row of
- * n elements (a head: n a multiple of 32) of type t != f16; see above. */
-typedef void (*kvq_dotn_fn)(enum kvd_kv_type t, const float *q, int ldq, int nr, const void *k, int n, float *out);
-/* y[r * ldy + i] += a[r] * v[i] for r < nr <= 64, v one row of n elements of
- * type t != f16; see above. */
-typedef void (*kvq_axpyn_fn)(enum kvd_kv_type t, float *y, int ldy, const float *a, int nr, const void *v, int n);
+/* Scores of nr <= 64 query rows q_r = q + r * ldq against n K rows k[i]
+ * (one head each: hd elements, a multiple of 32) of type t != f16:
+ * sc[r * ldsc + i] = (q_r . k_i) * scale, the dot as stated above. */
+typedef void (*kvq_scores_fn)(enum kvd_kv_type t, const float *q, int ldq, int nr, const unsigned char *const *k,
+			      int n, int hd, float scale, float *sc, int ldsc);
+/* o_r += w[r * ldw + i] * v_i for the n V rows v[i] in position order (each
+ * an axpy as stated above), rows o_r = o + r * ldo, r < nr. */
+typedef void (*kvq_accum_fn)(enum kvd_kv_type t, float *o, int ldo, int nr, const float *w, int ldw,
+			     const unsigned char *const *v, int n, int hd);
 
 struct kvq_kernels {
 	const char *isa; /* "avx2" or "generic" */
-	kvq_dotn_fn dotn;
-	kvq_axpyn_fn axpyn;
+	kvq_scores_fn scores;
+	kvq_accum_fn accum;
 };
 
 /* The versions for this CPU: AVX2 where it has it and allow_simd is set,
