@@ -4,10 +4,11 @@
  * dot and axpy products attention runs on rows in place.
  *
  * The products are written once, over 8-lane GCC vectors, and compiled
- * twice: portable (SSE2 on x86-64) and with AVX2 enabled. The operations
- * and their order are those kvquant.h states in both, so the two give the
- * same bits; AVX2 only makes them faster (one 256-bit instruction where
- * SSE2 needs two, and a wider int8 -> float conversion).
+ * twice: portable and with AVX2 and FMA. The operations and their order
+ * are those kvquant.h states in both, so the two give the same bits: a
+ * fused multiply-add is fmaf() in the portable build (exact in software
+ * where the CPU lacks it) and vfmadd in the other, and the reductions
+ * follow one tree in both.
  */
 #include <math.h>
 #include <stdint.h>
@@ -180,95 +181,172 @@ INLINE void block_floats_generic(enum kvd_kv_type t, const uint8_t *blk, v8f kf[
 		kf[i / 8][i % 8] = (float)(int8_t)blk[2 + i];
 }
 
-INLINE float hsum8_generic(const v8f *pa)
+/* The arithmetic both builds share, as three primitives each build
+ * provides: fma8 (a * b + c per lane, one rounding: fmaf in the portable
+ * build), hsum8x8 (lane j of the result: the sum of vector a[j]'s lanes by
+ * the tree ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))) and conv
+ * (block_floats). */
+typedef v8f (*fma8_fn)(v8f a, v8f b, v8f c);
+typedef v8f (*hsum8x8_fn)(const v8f *a);
+
+INLINE v8f fma8_generic(v8f a, v8f b, v8f c)
 {
-	const v8f a = *pa;
-	return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+	v8f r;
+	for (int l = 0; l < 8; l++)
+		r[l] = fmaf(a[l], b[l], c[l]);
+	return r;
 }
 
-typedef float (*hsum_fn)(const v8f *a);
-
-
-/* sc[r * ldsc + i] = (q_r . k_i) * scale for positions i < n (see kvquant.h
- * for the order), rows r < nr: four rows at a time share each K block's
- * conversion, their accumulators held in registers */
-INLINE void scores_body(block_fn conv, hsum_fn hsum, enum kvd_kv_type t, const float *q, int ldq, int nr,
-			const unsigned char *const *k, int n, int hd, float scale, float *sc, int ldsc)
+INLINE v8f hsum8x8_generic(const v8f *a)
 {
-	size_t bb = block_bytes(t);
+	v8f r;
+	for (int j = 0; j < 8; j++) {
+		const v8f x = a[j];
+		r[j] = ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]));
+	}
+	return r;
+}
+
+/* K and V rows are prefetched this many positions ahead: a chunk's rows lie
+ * in several pages, where hardware prefetchers stop */
+#define KVQ_PF 16
+#define UNROLL _Pragma("GCC unroll 8")
+
+INLINE void prefetch_row(const unsigned char *r, size_t bytes)
+{
+	for (size_t o = 0; o < bytes; o += 64)
+		__builtin_prefetch(r + o, 0, 3);
+}
+
+/* Scores of NT rows (a compile-time count, so that the accumulators stay
+ * in registers) for positions [0, n), eight positions sharing one
+ * reduction (the last group padded by repeating position n - 1, whose
+ * extra copies are not stored). */
+INLINE void scores_rows(const int NT, block_fn conv, fma8_fn fma8, hsum8x8_fn hsum, enum kvd_kv_type t,
+			const float *const *q, const unsigned char *const *k, int n, int hd, float scale, float *const *sc)
+{
+	size_t bb = block_bytes(t), rb = bb * (size_t)(hd / QB);
 	int nb = hd / QB;
-	for (int r0 = 0; r0 < nr; r0 += 4) {
-		int nt = nr - r0 < 4 ? nr - r0 : 4;
-		const float *qr = q + (size_t)r0 * ldq;
-		for (int i = 0; i < n; i++) {
-			v8f acc[4] = {{0}, {0}, {0}, {0}};
+	for (int i0 = 0; i0 < n; i0 += 8) {
+		v8f part[4][8];
+		for (int j = 0; j < 8; j++) {
+			int i = i0 + j < n ? i0 + j : n - 1;
+			const unsigned char *kr = k[i];
+			if (i + KVQ_PF < n)
+				prefetch_row(k[i + KVQ_PF], rb);
+			v8f acc[4];
+			UNROLL for (int rr = 0; rr < NT; rr++)
+				acc[rr] = (v8f){0};
 			for (int b = 0; b < nb; b++) {
 				v8f kf[4];
 				float d;
-				conv(t, k[i] + (size_t)b * bb, kf, &d);
-				for (int rr = 0; rr < 4; rr++) {
-					if (rr >= nt)
-						break;
-					const float *qb = qr + (size_t)rr * ldq + b * QB;
-					v8f p = ld8(qb) * kf[0] + ld8(qb + 8) * kf[1];
-					p = p + ld8(qb + 16) * kf[2];
-					p = p + ld8(qb + 24) * kf[3];
-					acc[rr] = acc[rr] + d * p;
+				conv(t, kr + (size_t)b * bb, kf, &d);
+				v8f dv = (v8f){0} + d;
+				UNROLL for (int rr = 0; rr < NT; rr++) {
+					const float *qb = q[rr] + b * QB;
+					v8f p = ld8(qb) * kf[0];
+					p = fma8(ld8(qb + 8), kf[1], p);
+					p = fma8(ld8(qb + 16), kf[2], p);
+					p = fma8(ld8(qb + 24), kf[3], p);
+					acc[rr] = fma8(dv, p, acc[rr]);
 				}
 			}
-			for (int rr = 0; rr < nt; rr++)
-				sc[(size_t)(r0 + rr) * ldsc + i] = hsum(&acc[rr]) * scale;
+			UNROLL for (int rr = 0; rr < NT; rr++)
+				part[rr][j] = acc[rr];
+		}
+		int m = n - i0 < 8 ? n - i0 : 8;
+		UNROLL for (int rr = 0; rr < NT; rr++) {
+			v8f sv = hsum(part[rr]) * scale;
+			memcpy(sc[rr] + i0, &sv, sizeof(float) * (size_t)m);
 		}
 	}
 }
 
-/* o_r += w[r * ldw + i] * v_i for positions i < n in order, rows r < nr */
-INLINE void accum_body(block_fn conv, enum kvd_kv_type t, float *o, int ldo, int nr, const float *w, int ldw,
-		       const unsigned char *const *v, int n, int hd)
+/* sc[r * ldsc + i] = (q_r . k_i) * scale for positions i < n (see kvquant.h
+ * for the arithmetic), rows r < nr, up to four sharing each K block's
+ * conversion */
+INLINE void scores_body(block_fn conv, fma8_fn fma8, hsum8x8_fn hsum, enum kvd_kv_type t, const float *const *q,
+			int nr, const unsigned char *const *k, int n, int hd, float scale, float *sc, int ldsc)
 {
-	size_t bb = block_bytes(t);
-	int nb = hd / QB;
-	for (int b = 0; b < nb; b++) {
-		for (int r0 = 0; r0 < nr; r0 += 4) {
-			int nt = nr - r0 < 4 ? nr - r0 : 4;
-			v8f acc[4][4];
-			for (int rr = 0; rr < nt; rr++)
-				for (int j = 0; j < 4; j++)
-					acc[rr][j] = ld8(o + (size_t)(r0 + rr) * ldo + b * QB + 8 * j);
-			for (int i = 0; i < n; i++) {
-				v8f vf[4];
-				float d;
-				conv(t, v[i] + (size_t)b * bb, vf, &d);
-				for (int rr = 0; rr < 4; rr++) {
-					if (rr >= nt)
-						break;
-					float a = w[(size_t)(r0 + rr) * ldw + i] * d;
-					for (int j = 0; j < 4; j++)
-						acc[rr][j] = acc[rr][j] + a * vf[j];
-				}
-			}
-			for (int rr = 0; rr < nt; rr++)
-				memcpy(o + (size_t)(r0 + rr) * ldo + b * QB, acc[rr], sizeof(acc[rr]));
+	for (int r0 = 0; r0 < nr; r0 += 4) {
+		float *scr[4];
+		for (int rr = 0; rr < 4; rr++)
+			scr[rr] = sc + (size_t)(r0 + rr) * ldsc;
+		switch (nr - r0 < 4 ? nr - r0 : 4) {
+		case 1: scores_rows(1, conv, fma8, hsum, t, q + r0, k, n, hd, scale, scr); break;
+		case 2: scores_rows(2, conv, fma8, hsum, t, q + r0, k, n, hd, scale, scr); break;
+		case 3: scores_rows(3, conv, fma8, hsum, t, q + r0, k, n, hd, scale, scr); break;
+		default: scores_rows(4, conv, fma8, hsum, t, q + r0, k, n, hd, scale, scr); break;
 		}
 	}
 }
 
-static void scores_generic(enum kvd_kv_type t, const float *q, int ldq, int nr, const unsigned char *const *k, int n,
+/* o[rr] += w[rr * ldw + i] * v_i for NT rows (compile-time), positions
+ * i < len[rr] in order, block b of each V row */
+INLINE void accum_rows(const int NT, block_fn conv, fma8_fn fma8, enum kvd_kv_type t, float *const *o,
+		       const int *len, const float *w, int ldw, const unsigned char *const *v, int b, size_t bb,
+		       size_t rb)
+{
+	int n = 0, nc = len[0];
+	for (int rr = 0; rr < NT; rr++) {
+		n = len[rr] > n ? len[rr] : n;
+		nc = len[rr] < nc ? len[rr] : nc;
+	}
+	v8f acc[3][4];
+	UNROLL for (int rr = 0; rr < NT; rr++)
+		UNROLL for (int j = 0; j < 4; j++)
+			acc[rr][j] = ld8(o[rr] + b * QB + 8 * j);
+	for (int i = 0; i < n; i++) {
+		v8f vf[4];
+		float d;
+		if (b == 0 && i + KVQ_PF < n)
+			prefetch_row(v[i + KVQ_PF], rb);
+		conv(t, v[i] + (size_t)b * bb, vf, &d);
+		UNROLL for (int rr = 0; rr < NT; rr++) {
+			if (i >= nc && i >= len[rr]) /* past this row's end */
+				continue;
+			v8f a = (v8f){0} + w[(size_t)rr * ldw + i] * d;
+			UNROLL for (int j = 0; j < 4; j++)
+				acc[rr][j] = fma8(a, vf[j], acc[rr][j]);
+		}
+	}
+	UNROLL for (int rr = 0; rr < NT; rr++)
+		memcpy(o[rr] + b * QB, acc[rr], sizeof(acc[rr]));
+}
+
+/* o_r += w[r * ldw + i] * v_i for positions i < len[r] in order, rows r < nr:
+ * per block, y = fma(w * d, v, y); up to three rows share each conversion */
+INLINE void accum_body(block_fn conv, fma8_fn fma8, enum kvd_kv_type t, float *const *o, int nr, const int *len,
+		       const float *w, int ldw, const unsigned char *const *v, int hd)
+{
+	size_t bb = block_bytes(t), rb = bb * (size_t)(hd / QB);
+	for (int b = 0; b < hd / QB; b++) {
+		for (int r0 = 0; r0 < nr; r0 += 3) {
+			const float *wr = w + (size_t)r0 * ldw;
+			switch (nr - r0 < 3 ? nr - r0 : 3) {
+			case 1: accum_rows(1, conv, fma8, t, o + r0, len + r0, wr, ldw, v, b, bb, rb); break;
+			case 2: accum_rows(2, conv, fma8, t, o + r0, len + r0, wr, ldw, v, b, bb, rb); break;
+			default: accum_rows(3, conv, fma8, t, o + r0, len + r0, wr, ldw, v, b, bb, rb); break;
+			}
+		}
+	}
+}
+
+static void scores_generic(enum kvd_kv_type t, const float *const *q, int nr, const unsigned char *const *k, int n,
 			   int hd, float scale, float *sc, int ldsc)
 {
-	scores_body(block_floats_generic, hsum8_generic, t, q, ldq, nr, k, n, hd, scale, sc, ldsc);
+	scores_body(block_floats_generic, fma8_generic, hsum8x8_generic, t, q, nr, k, n, hd, scale, sc, ldsc);
 }
 
-static void accum_generic(enum kvd_kv_type t, float *o, int ldo, int nr, const float *w, int ldw,
-			  const unsigned char *const *v, int n, int hd)
+static void accum_generic(enum kvd_kv_type t, float *const *o, int nr, const int *len, const float *w, int ldw,
+			  const unsigned char *const *v, int hd)
 {
-	accum_body(block_floats_generic, t, o, ldo, nr, w, ldw, v, n, hd);
+	accum_body(block_floats_generic, fma8_generic, t, o, nr, len, w, ldw, v, hd);
 }
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-/* no "fma": a multiply and an add stay two roundings, as in the portable build */
-#define AVX2 __attribute__((target("avx2")))
+#define AVX2 __attribute__((target("avx2,fma")))
 
 /* block_floats_generic with AVX2 conversions (the same values: int8 and
  * int32 to float are exact) */
@@ -291,36 +369,38 @@ AVX2 INLINE void block_floats_avx2(enum kvd_kv_type t, const uint8_t *blk, v8f k
 		lo = _mm_loadu_si128((const __m128i *)(blk + 2));
 		hi = _mm_loadu_si128((const __m128i *)(blk + 18));
 	}
-	__m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
-	__m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
-	__m256 f2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
-	__m256 f3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
-	kf[0] = (v8f)f0;
-	kf[1] = (v8f)f1;
-	kf[2] = (v8f)f2;
-	kf[3] = (v8f)f3;
+	kf[0] = (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+	kf[1] = (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+	kf[2] = (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+	kf[3] = (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
 }
 
-/* hsum8_generic's tree: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)) */
-AVX2 INLINE float hsum8_avx2(const v8f *pa)
+AVX2 INLINE v8f fma8_avx2(v8f a, v8f b, v8f c)
 {
-	__m256 v = (__m256)*pa;
-	__m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-	h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-	h = _mm_add_ss(h, _mm_movehdup_ps(h));
-	return _mm_cvtss_f32(h);
+	return (v8f)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
 }
 
-AVX2 static void scores_avx2(enum kvd_kv_type t, const float *q, int ldq, int nr, const unsigned char *const *k, int n,
+/* hsum8x8_generic's tree for eight vectors at once: horizontal adds pair
+ * lanes (x0 + x1, x2 + x3), then the pairs, then the two 128-bit halves */
+AVX2 INLINE v8f hsum8x8_avx2(const v8f *a)
+{
+	__m256 h01 = _mm256_hadd_ps((__m256)a[0], (__m256)a[1]), h23 = _mm256_hadd_ps((__m256)a[2], (__m256)a[3]);
+	__m256 h45 = _mm256_hadd_ps((__m256)a[4], (__m256)a[5]), h67 = _mm256_hadd_ps((__m256)a[6], (__m256)a[7]);
+	__m256 g0 = _mm256_hadd_ps(h01, h23), g1 = _mm256_hadd_ps(h45, h67);
+	/* g0: lanes 0-3 the first halves of vectors 0-3, lanes 4-7 their second halves */
+	return (v8f)_mm256_add_ps(_mm256_permute2f128_ps(g0, g1, 0x20), _mm256_permute2f128_ps(g0, g1, 0x31));
+}
+
+AVX2 static void scores_avx2(enum kvd_kv_type t, const float *const *q, int nr, const unsigned char *const *k, int n,
 			     int hd, float scale, float *sc, int ldsc)
 {
-	scores_body(block_floats_avx2, hsum8_avx2, t, q, ldq, nr, k, n, hd, scale, sc, ldsc);
+	scores_body(block_floats_avx2, fma8_avx2, hsum8x8_avx2, t, q, nr, k, n, hd, scale, sc, ldsc);
 }
 
-AVX2 static void accum_avx2(enum kvd_kv_type t, float *o, int ldo, int nr, const float *w, int ldw,
-			    const unsigned char *const *v, int n, int hd)
+AVX2 static void accum_avx2(enum kvd_kv_type t, float *const *o, int nr, const int *len, const float *w, int ldw,
+			    const unsigned char *const *v, int hd)
 {
-	accum_body(block_floats_avx2, t, o, ldo, nr, w, ldw, v, n, hd);
+	accum_body(block_floats_avx2, fma8_avx2, t, o, nr, len, w, ldw, v, hd);
 }
 #endif
 
@@ -330,7 +410,7 @@ void kvq_kernels_init(struct kvq_kernels *k, int allow_simd)
 	k->scores = scores_generic;
 	k->accum = accum_generic;
 #if defined(__x86_64__)
-	if (allow_simd && __builtin_cpu_supports("avx2")) {
+	if (allow_simd && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
 		k->isa = "avx2";
 		k->scores = scores_avx2;
 		k->accum = accum_avx2;

@@ -7,20 +7,20 @@
  *
  * Exact arithmetic, the same in every build (so the portable and the AVX2
  * versions give the same bits, and a token's attention does not depend on
- * the instruction set the CPU backend picked):
+ * the instruction set the CPU backend picked), with fma(a, b, c) = a * b + c
+ * rounded once:
  *
  *   dot, query row q against a K row k of n elements, per block b of 32
- *   with scale d_b (1 for f32) and elements k_i as floats (quants exactly):
- *     p_l = ((q_l k_l + q_{l+8} k_{l+8}) + q_{l+16} k_{l+16}) + q_{l+24} k_{l+24}
- *     acc_l += d_b * p_l        (l = 0..7, elements relative to the block;
- *                                 f32: acc_l += p_l)
- *     result = ((acc_0 + acc_4) + (acc_2 + acc_6)) + ((acc_1 + acc_5) + (acc_3 + acc_7))
- *   axpy, y += a * v for a V row v:
- *     y_i += (a * d_b) * v_i    (f32: y_i += a * v_i)
+ *   with scale d_b (1 for f32) and elements k_i as floats (quants exactly),
+ *   for lanes l = 0..7 (elements relative to the block):
+ *     p_l = fma(q_{l+24}, k_{l+24}, fma(q_{l+16}, k_{l+16}, fma(q_{l+8}, k_{l+8}, q_l k_l)))
+ *     acc_l = fma(d_b, p_l, acc_l)                  (acc_l = 0 before block 0)
+ *     result = ((acc_0 + acc_1) + (acc_2 + acc_3)) + ((acc_4 + acc_5) + (acc_6 + acc_7))
+ *   axpy, y += a * v for a V row v, per block b:
+ *     y_i = fma(a * d_b, v_i, y_i)
  *
- * Every product and sum is one IEEE single operation (no fused multiply-
- * add: the sources are compiled as ISO C, whose default forbids
- * contraction, and the AVX2 versions do not enable FMA).
+ * No other multiply and add is contracted: the sources are ISO C, whose
+ * default forbids it.
  */
 #ifndef KVD_CPU_KVQUANT_H
 #define KVD_CPU_KVQUANT_H
@@ -37,15 +37,16 @@ void kvq_store_row(enum kvd_kv_type t, void *dst, const float *src, int n);
 /* The n floats a stored row of type t holds (the exact stored values). */
 void kvq_load_row(enum kvd_kv_type t, const void *src, float *dst, int n);
 
-/* Scores of nr <= 64 query rows q_r = q + r * ldq against n K rows k[i]
- * (one head each: hd elements, a multiple of 32) of type t != f16:
- * sc[r * ldsc + i] = (q_r . k_i) * scale, the dot as stated above. */
-typedef void (*kvq_scores_fn)(enum kvd_kv_type t, const float *q, int ldq, int nr, const unsigned char *const *k,
+/* Scores of nr query rows q[r] against n K rows k[i] (one head each: hd
+ * elements, a multiple of 32) of type t != f16: sc[r * ldsc + i] =
+ * dot(q[r], k[i]) * scale, the dot as stated above. */
+typedef void (*kvq_scores_fn)(enum kvd_kv_type t, const float *const *q, int nr, const unsigned char *const *k,
 			      int n, int hd, float scale, float *sc, int ldsc);
-/* o_r += w[r * ldw + i] * v_i for the n V rows v[i] in position order (each
- * an axpy as stated above), rows o_r = o + r * ldo, r < nr. */
-typedef void (*kvq_accum_fn)(enum kvd_kv_type t, float *o, int ldo, int nr, const float *w, int ldw,
-			     const unsigned char *const *v, int n, int hd);
+/* For rows r < nr: o[r] += w[r * ldw + i] * v[i] for positions i < len[r]
+ * in position order (each an axpy as stated above), v[i] V rows of one
+ * head (hd elements) of type t != f16. */
+typedef void (*kvq_accum_fn)(enum kvd_kv_type t, float *const *o, int nr, const int *len, const float *w, int ldw,
+			     const unsigned char *const *v, int hd);
 
 struct kvq_kernels {
 	const char *isa; /* "avx2" or "generic" */

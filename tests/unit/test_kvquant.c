@@ -7,8 +7,9 @@
  *     format's own definition (backend.h, GGML's q8_0/q4_0) in double and
  *     compares byte for byte, and the round trip error stays within half a
  *     quantization step (q4_0: one step at the clamped end);
- *   - the attention products against float64 over the stored values, the
- *     portable and AVX2 versions bit-identical;
+ *   - the attention products against float64 over the stored values (rows
+ *     of a tile with different lengths, as in a prefill), the portable and
+ *     AVX2 versions bit-identical;
  *   - a whole attention (scores, softmax, weighted V) over a quantized
  *     cache against the same attention over the f32 values, 384 positions
  *     of head size 64, within stated bounds on the relative L2 error of
@@ -251,10 +252,19 @@ static void test_products(void **state)
 						o_g[i] = o_s[i] = frand();
 					float o0[MAXR * MAXHD];
 					memcpy(o0, o_g, sizeof(float) * (size_t)(nr * hd));
-					g.scores(t, q, hd, nr, kp, n, hd, 0.125f, sc_g, n);
-					s.scores(t, q, hd, nr, kp, n, hd, 0.125f, sc_s, n);
-					g.accum(t, o_g, hd, nr, w, n, vp, n, hd);
-					s.accum(t, o_s, hd, nr, w, n, vp, n, hd);
+					const float *qp[MAXR];
+					float *opg[MAXR], *ops[MAXR];
+					int len[MAXR];
+					for (int r = 0; r < nr; r++) {
+						qp[r] = q + r * hd;
+						opg[r] = o_g + r * hd;
+						ops[r] = o_s + r * hd;
+						len[r] = n - r % 3 > 0 ? n - r % 3 : 1; /* rows of a prefill tile */
+					}
+					g.scores(t, qp, nr, kp, n, hd, 0.125f, sc_g, n);
+					s.scores(t, qp, nr, kp, n, hd, 0.125f, sc_s, n);
+					g.accum(t, opg, nr, len, w, n, vp, hd);
+					s.accum(t, ops, nr, len, w, n, vp, hd);
 					assert_memory_equal(sc_g, sc_s, sizeof(float) * (size_t)(nr * n));
 					assert_memory_equal(o_g, o_s, sizeof(float) * (size_t)(nr * hd));
 					for (int r = 0; r < nr; r++) {
@@ -272,7 +282,7 @@ static void test_products(void **state)
 						}
 						for (int i = 0; i < hd; i++) {
 							double y = o0[r * hd + i], a = fabs(y);
-							for (int p = 0; p < n; p++) {
+							for (int p = 0; p < len[r]; p++) {
 								double e = (double)w[r * n + p] * ref_element(t, vp[p], i);
 								y += e;
 								a += fabs(e);
@@ -342,15 +352,17 @@ static void test_attention_vs_f32(void **state)
 			}
 			attend(KVD_KV_F32, q, (const uint8_t(*)[512])kf, (const uint8_t(*)[512])vf, N, HD, 0.125, ref);
 			/* the kernels on the quantized cache */
-			kk.scores(cases[ci].t, q, HD, 1, kp, N, HD, 0.125f, sc, N);
-			float m = -INFINITY, l = 0, o[HD] = {0};
+			const float *qp[1] = {q};
+			float m = -INFINITY, l = 0, o[HD] = {0}, *op[1] = {o};
+			int len[1] = {N};
+			kk.scores(cases[ci].t, qp, 1, kp, N, HD, 0.125f, sc, N);
 			for (int p = 0; p < N; p++)
 				m = fmaxf(m, sc[p]);
 			for (int p = 0; p < N; p++) {
 				sc[p] = expf(sc[p] - m);
 				l += sc[p];
 			}
-			kk.accum(cases[ci].t, o, HD, 1, sc, N, vp, N, HD);
+			kk.accum(cases[ci].t, op, 1, len, sc, N, vp, HD);
 			double num = 0, den = 0;
 			for (int i = 0; i < HD; i++) {
 				num += (o[i] / l - ref[i]) * (o[i] / l - ref[i]);
