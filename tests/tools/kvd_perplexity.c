@@ -303,7 +303,7 @@ int main(int argc, char **argv)
 	rc = 0;
 	if (!json)
 		printf("%s: %d tokens, %d used: %d window(s) of %d, %ld scored positions\n"
-		       "%-6s %12s %10s %12s %12s %8s\n", text, n_tok, total, n_win, ctx, tr[0].n,
+		       "%-6s %12s %10s %12s %12s %8s\n", text, n_tok, n_win * ctx, n_win, ctx, tr[0].n,
 		       "type", "bytes/token", "ppl", "kl_mean", "kl_max", "top1");
 	for (int i = 0; i < n_types; i++) {
 		double ppl = exp(tr[i].nll / (double)tr[i].n), klm = tr[i].kl_sum / (double)tr[i].n;
