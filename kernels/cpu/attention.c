@@ -511,7 +511,9 @@ void cpu_attn_setup(struct cpu_attn *c, struct tp *pool, const struct cpu_kernel
 	c->k = *k;
 	c->hp = hp;
 	c->rows = k->attn_rows_for ? k->attn_rows_for(hp->head_dim) : NULL;
-	kvq_kernels_init(&c->kq, strcmp(k->isa, "generic") != 0);
+	/* the CPU backend's switches: KVD_CPU_GENERIC (k->isa "generic"),
+	 * KVD_CPU_NO_AVX512 */
+	kvq_kernels_init(&c->kq, !strcmp(k->isa, "generic") ? 0 : getenv("KVD_CPU_NO_AVX512") ? 1 : 2);
 }
 
 int cpu_attn_reserve(struct cpu_attn *c, int max_pos)

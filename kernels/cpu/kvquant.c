@@ -27,6 +27,7 @@ typedef float v8f __attribute__((vector_size(32), aligned(4)));
 typedef int8_t v8b __attribute__((vector_size(8), aligned(1)));
 
 #define INLINE static inline __attribute__((always_inline))
+#define UNROLL _Pragma("GCC unroll 8")
 
 /* IEEE half to single (exact) */
 INLINE float h2f(const uint8_t *p)
@@ -164,7 +165,7 @@ typedef void (*block_fn)(enum kvd_kv_type t, const uint8_t *blk, v8f kf[4], floa
 INLINE void block_floats_generic(enum kvd_kv_type t, const uint8_t *blk, v8f kf[4], float *d)
 {
 	if (t == KVD_KV_F32) {
-		for (int j = 0; j < 4; j++)
+		UNROLL for (int j = 0; j < 4; j++)
 			kf[j] = ld8((const float *)(const void *)blk + 8 * j);
 		*d = 1.0f;
 		return;
@@ -210,7 +211,6 @@ INLINE v8f hsum8x8_generic(const v8f *a)
 /* K and V rows are prefetched this many positions ahead: a chunk's rows lie
  * in several pages, where hardware prefetchers stop */
 #define KVQ_PF 16
-#define UNROLL _Pragma("GCC unroll 8")
 
 INLINE void prefetch_row(const unsigned char *r, size_t bytes)
 {
@@ -354,7 +354,7 @@ AVX2 INLINE void block_floats_avx2(enum kvd_kv_type t, const uint8_t *blk, v8f k
 {
 	__m128i lo, hi;
 	if (t == KVD_KV_F32) {
-		for (int j = 0; j < 4; j++)
+		UNROLL for (int j = 0; j < 4; j++)
 			kf[j] = ld8((const float *)(const void *)blk + 8 * j);
 		*d = 1.0f;
 		return;
@@ -402,20 +402,173 @@ AVX2 static void accum_avx2(enum kvd_kv_type t, float *const *o, int nr, const i
 {
 	accum_body(block_floats_avx2, fma8_avx2, t, o, nr, len, w, ldw, v, hd);
 }
+
+/* ---- AVX-512: two 8-lane computations per instruction ---------------------
+ *
+ * The same arithmetic lane for lane: in the scores, the two halves of a
+ * 16-lane register hold two positions (each half the 8 lanes of the
+ * portable code, q broadcast to both), in the weighted sums two rows (each
+ * half one row's 8 lanes, V broadcast to both); a row that has ended is
+ * masked out instead of skipped. So every (row, position) goes through the
+ * same roundings as in the other builds. */
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
+
+/* Block b of the rows of two positions, as 16-lane vectors: lanes 0-7 of
+ * kf[m] are elements 8m..8m+7 of the first, lanes 8-15 of the second; dv
+ * their scales. */
+AVX512 INLINE void block2_floats_avx512(enum kvd_kv_type t, const uint8_t *b0, const uint8_t *b1, __m512 kf[4],
+					 __m512 *dv)
+{
+	if (t == KVD_KV_F32) {
+		UNROLL for (int m = 0; m < 4; m++)
+			kf[m] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps((const float *)(const void *)b0 + 8 * m)),
+						   _mm256_loadu_ps((const float *)(const void *)b1 + 8 * m), 1);
+		*dv = _mm512_set1_ps(1.0f);
+		return;
+	}
+	*dv = _mm512_insertf32x8(_mm512_set1_ps(h2f(b0)), _mm256_set1_ps(h2f(b1)), 1);
+	__m128i lo0, hi0, lo1, hi1;
+	if (t == KVD_KV_Q4_0) {
+		const __m128i m = _mm_set1_epi8(15), e = _mm_set1_epi8(8);
+		__m128i x0 = _mm_loadu_si128((const __m128i *)(b0 + 2)), x1 = _mm_loadu_si128((const __m128i *)(b1 + 2));
+		lo0 = _mm_sub_epi8(_mm_and_si128(x0, m), e);
+		hi0 = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(x0, 4), m), e);
+		lo1 = _mm_sub_epi8(_mm_and_si128(x1, m), e);
+		hi1 = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(x1, 4), m), e);
+	} else {
+		lo0 = _mm_loadu_si128((const __m128i *)(b0 + 2));
+		hi0 = _mm_loadu_si128((const __m128i *)(b0 + 18));
+		lo1 = _mm_loadu_si128((const __m128i *)(b1 + 2));
+		hi1 = _mm_loadu_si128((const __m128i *)(b1 + 18));
+	}
+	kf[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpacklo_epi64(lo0, lo1)));
+	kf[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpackhi_epi64(lo0, lo1)));
+	kf[2] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpacklo_epi64(hi0, hi1)));
+	kf[3] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpackhi_epi64(hi0, hi1)));
+}
+
+AVX512 INLINE __m512 bcast8(const float *p)
+{
+	return _mm512_broadcast_f32x8(_mm256_loadu_ps(p));
+}
+
+AVX512 INLINE void scores_rows_avx512(const int NT, enum kvd_kv_type t, const float *const *q,
+				      const unsigned char *const *k, int n, int hd, float scale, float *const *sc)
+{
+	size_t bb = block_bytes(t), rb = bb * (size_t)(hd / QB);
+	int nb = hd / QB;
+	for (int i0 = 0; i0 < n; i0 += 8) {
+		v8f part[4][8];
+		for (int j = 0; j < 8; j += 2) {
+			int ia = i0 + j < n ? i0 + j : n - 1, ib = i0 + j + 1 < n ? i0 + j + 1 : n - 1;
+			if (ib + KVQ_PF < n) {
+				prefetch_row(k[ia + KVQ_PF], rb);
+				prefetch_row(k[ib + KVQ_PF], rb);
+			}
+			__m512 acc[4];
+			UNROLL for (int rr = 0; rr < NT; rr++)
+				acc[rr] = _mm512_setzero_ps();
+			for (int b = 0; b < nb; b++) {
+				__m512 kf[4], dv;
+				block2_floats_avx512(t, k[ia] + (size_t)b * bb, k[ib] + (size_t)b * bb, kf, &dv);
+				UNROLL for (int rr = 0; rr < NT; rr++) {
+					const float *qb = q[rr] + b * QB;
+					__m512 p = _mm512_mul_ps(bcast8(qb), kf[0]);
+					p = _mm512_fmadd_ps(bcast8(qb + 8), kf[1], p);
+					p = _mm512_fmadd_ps(bcast8(qb + 16), kf[2], p);
+					p = _mm512_fmadd_ps(bcast8(qb + 24), kf[3], p);
+					acc[rr] = _mm512_fmadd_ps(dv, p, acc[rr]);
+				}
+			}
+			UNROLL for (int rr = 0; rr < NT; rr++) {
+				part[rr][j] = (v8f)_mm512_castps512_ps256(acc[rr]);
+				part[rr][j + 1] = (v8f)_mm512_extractf32x8_ps(acc[rr], 1);
+			}
+		}
+		int m = n - i0 < 8 ? n - i0 : 8;
+		UNROLL for (int rr = 0; rr < NT; rr++) {
+			v8f sv = hsum8x8_avx2(part[rr]) * scale;
+			memcpy(sc[rr] + i0, &sv, sizeof(float) * (size_t)m);
+		}
+	}
+}
+
+AVX512 static void scores_avx512(enum kvd_kv_type t, const float *const *q, int nr, const unsigned char *const *k,
+				 int n, int hd, float scale, float *sc, int ldsc)
+{
+	for (int r0 = 0; r0 < nr; r0 += 4) {
+		float *scr[4];
+		for (int rr = 0; rr < 4; rr++)
+			scr[rr] = sc + (size_t)(r0 + rr) * ldsc;
+		switch (nr - r0 < 4 ? nr - r0 : 4) {
+		case 1: scores_rows_avx512(1, t, q + r0, k, n, hd, scale, scr); break;
+		case 2: scores_rows_avx512(2, t, q + r0, k, n, hd, scale, scr); break;
+		case 3: scores_rows_avx512(3, t, q + r0, k, n, hd, scale, scr); break;
+		default: scores_rows_avx512(4, t, q + r0, k, n, hd, scale, scr); break;
+		}
+	}
+}
+
+/* Rows r and r + 1 of the weighted V sum, block b: one row per half. */
+AVX512 static void accum_pair_avx512(enum kvd_kv_type t, float *o0, float *o1, int len0, int len1, const float *w0,
+				     const float *w1, const unsigned char *const *v, int b, size_t bb, size_t rb)
+{
+	int n = len0 > len1 ? len0 : len1;
+	__m512 acc[4];
+	UNROLL for (int j = 0; j < 4; j++)
+		acc[j] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(o0 + b * QB + 8 * j)),
+					    _mm256_loadu_ps(o1 + b * QB + 8 * j), 1);
+	for (int i = 0; i < n; i++) {
+		v8f vf[4];
+		float d;
+		if (b == 0 && i + KVQ_PF < n)
+			prefetch_row(v[i + KVQ_PF], rb);
+		block_floats_avx2(t, v[i] + (size_t)b * bb, vf, &d);
+		/* a row past its end keeps its lanes (masked) */
+		__mmask16 live = (__mmask16)((i < len0 ? 0x00ff : 0) | (i < len1 ? 0xff00 : 0));
+		__m512 a = _mm512_insertf32x8(_mm512_set1_ps(w0[i] * d), _mm256_set1_ps(w1[i] * d), 1);
+		UNROLL for (int j = 0; j < 4; j++)
+			acc[j] = _mm512_mask3_fmadd_ps(a, _mm512_broadcast_f32x8((__m256)vf[j]), acc[j], live);
+	}
+	UNROLL for (int j = 0; j < 4; j++) {
+		_mm256_storeu_ps(o0 + b * QB + 8 * j, _mm512_castps512_ps256(acc[j]));
+		_mm256_storeu_ps(o1 + b * QB + 8 * j, _mm512_extractf32x8_ps(acc[j], 1));
+	}
+}
+
+AVX512 static void accum_avx512(enum kvd_kv_type t, float *const *o, int nr, const int *len, const float *w, int ldw,
+				const unsigned char *const *v, int hd)
+{
+	size_t bb = block_bytes(t), rb = bb * (size_t)(hd / QB);
+	for (int b = 0; b < hd / QB; b++) {
+		int r = 0;
+		for (; r + 2 <= nr; r += 2)
+			accum_pair_avx512(t, o[r], o[r + 1], len[r], len[r + 1], w + (size_t)r * ldw,
+					  w + (size_t)(r + 1) * ldw, v, b, bb, rb);
+		if (r < nr) /* the odd row: the 8-lane code, the same arithmetic */
+			accum_rows(1, block_floats_avx2, fma8_avx2, t, o + r, len + r, w + (size_t)r * ldw, ldw, v, b, bb, rb);
+	}
+}
 #endif
 
-void kvq_kernels_init(struct kvq_kernels *k, int allow_simd)
+void kvq_kernels_init(struct kvq_kernels *k, int level)
 {
 	k->isa = "generic";
 	k->scores = scores_generic;
 	k->accum = accum_generic;
 #if defined(__x86_64__)
-	if (allow_simd && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+	if (level >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
 		k->isa = "avx2";
 		k->scores = scores_avx2;
 		k->accum = accum_avx2;
 	}
+	if (level >= 2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+	    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma")) {
+		k->isa = "avx512";
+		k->scores = scores_avx512;
+		k->accum = accum_avx512;
+	}
 #else
-	(void)allow_simd;
+	(void)level;
 #endif
 }

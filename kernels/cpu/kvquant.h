@@ -5,8 +5,8 @@
  * stored rows in place (each 32-element block is converted to floats in
  * registers and scaled once; nothing is staged per page).
  *
- * Exact arithmetic, the same in every build (so the portable and the AVX2
- * versions give the same bits, and a token's attention does not depend on
+ * Exact arithmetic, the same in every build (so the portable, AVX2 and
+ * AVX-512 versions give the same bits, and a token's attention does not depend on
  * the instruction set the CPU backend picked), with fma(a, b, c) = a * b + c
  * rounded once:
  *
@@ -49,13 +49,13 @@ typedef void (*kvq_accum_fn)(enum kvd_kv_type t, float *const *o, int nr, const 
 			     const unsigned char *const *v, int hd);
 
 struct kvq_kernels {
-	const char *isa; /* "avx2" or "generic" */
+	const char *isa; /* "avx512", "avx2" or "generic" */
 	kvq_scores_fn scores;
 	kvq_accum_fn accum;
 };
 
-/* The versions for this CPU: AVX2 where it has it and allow_simd is set,
- * else portable C. Both give identical bits. */
-void kvq_kernels_init(struct kvq_kernels *k, int allow_simd);
+/* The versions for this CPU, up to `level`: 2 AVX-512 (with AVX2 and FMA),
+ * 1 AVX2 and FMA, 0 portable C. All give identical bits. */
+void kvq_kernels_init(struct kvq_kernels *k, int level);
 
 #endif

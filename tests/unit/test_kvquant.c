@@ -8,8 +8,8 @@
  *     compares byte for byte, and the round trip error stays within half a
  *     quantization step (q4_0: one step at the clamped end);
  *   - the attention products against float64 over the stored values (rows
- *     of a tile with different lengths, as in a prefill), the portable and
- *     AVX2 versions bit-identical;
+ *     of a tile with different lengths, as in a prefill), the portable,
+ *     AVX2 and AVX-512 versions bit-identical;
  *   - a whole attention (scores, softmax, weighted V) over a quantized
  *     cache against the same attention over the f32 values, 384 positions
  *     of head size 64, within stated bounds on the relative L2 error of
@@ -217,15 +217,19 @@ static void test_products(void **state)
 {
 	(void)state;
 	enum { MAXN = 40, MAXR = 9, MAXHD = 128 };
-	struct kvq_kernels g, s;
+	struct kvq_kernels g, s, x;
 	kvq_kernels_init(&g, 0);
 	kvq_kernels_init(&s, 1);
+	kvq_kernels_init(&x, 2);
 	assert_string_equal(g.isa, "generic");
+	printf("comparing the %s, %s and %s versions\n", g.isa, s.isa, x.isa);
 	if (!strcmp(s.isa, "generic"))
 		printf("skipped: no AVX2 on this CPU: the portable version only\n");
+	else if (strcmp(x.isa, "avx512"))
+		printf("skipped: no AVX-512 on this CPU: the portable and AVX2 versions only\n");
 	static uint8_t krows[MAXN][MAXHD * 4], vrows[MAXN][MAXHD * 4];
 	float q[MAXR * MAXHD], kx[MAXHD], sc_g[MAXR * MAXN], sc_s[MAXR * MAXN], w[MAXR * MAXN];
-	float o_g[MAXR * MAXHD], o_s[MAXR * MAXHD];
+	float o_g[MAXR * MAXHD], o_s[MAXR * MAXHD], o_x[MAXR * MAXHD], sc_x[MAXR * MAXN];
 	const unsigned char *kp[MAXN], *vp[MAXN];
 	const enum kvd_kv_type qt[] = {KVD_KV_F32, KVD_KV_Q8_0, KVD_KV_Q4_0};
 	const int hds[] = {32, 64, 128}, nrs[] = {1, 3, 4, 5, 9}, ns[] = {1, 7, 40};
@@ -249,24 +253,29 @@ static void test_products(void **state)
 					for (int i = 0; i < nr * n; i++)
 						w[i] = fabsf(frand());
 					for (int i = 0; i < nr * hd; i++)
-						o_g[i] = o_s[i] = frand();
+						o_g[i] = o_s[i] = o_x[i] = frand();
 					float o0[MAXR * MAXHD];
 					memcpy(o0, o_g, sizeof(float) * (size_t)(nr * hd));
 					const float *qp[MAXR];
-					float *opg[MAXR], *ops[MAXR];
+					float *opg[MAXR], *ops[MAXR], *opx[MAXR];
 					int len[MAXR];
 					for (int r = 0; r < nr; r++) {
 						qp[r] = q + r * hd;
 						opg[r] = o_g + r * hd;
 						ops[r] = o_s + r * hd;
+						opx[r] = o_x + r * hd;
 						len[r] = n - r % 3 > 0 ? n - r % 3 : 1; /* rows of a prefill tile */
 					}
 					g.scores(t, qp, nr, kp, n, hd, 0.125f, sc_g, n);
 					s.scores(t, qp, nr, kp, n, hd, 0.125f, sc_s, n);
+					x.scores(t, qp, nr, kp, n, hd, 0.125f, sc_x, n);
 					g.accum(t, opg, nr, len, w, n, vp, hd);
 					s.accum(t, ops, nr, len, w, n, vp, hd);
+					x.accum(t, opx, nr, len, w, n, vp, hd);
 					assert_memory_equal(sc_g, sc_s, sizeof(float) * (size_t)(nr * n));
+					assert_memory_equal(sc_g, sc_x, sizeof(float) * (size_t)(nr * n));
 					assert_memory_equal(o_g, o_s, sizeof(float) * (size_t)(nr * hd));
+					assert_memory_equal(o_g, o_x, sizeof(float) * (size_t)(nr * hd));
 					for (int r = 0; r < nr; r++) {
 						for (int p = 0; p < n; p++) {
 							double d = 0, a = 0;
@@ -328,7 +337,7 @@ static void test_attention_vs_f32(void **state)
 	enum { N = 384, HD = 64 };
 	static uint8_t kf[N][128 * 4], vf[N][128 * 4], kq[N][128 * 4], vq[N][128 * 4];
 	struct kvq_kernels kk;
-	kvq_kernels_init(&kk, 1);
+	kvq_kernels_init(&kk, 2);
 	const unsigned char *kp[N], *vp[N];
 	float q[HD], x[HD], sc[N];
 	double ref[HD];
