@@ -97,5 +97,12 @@ if [ -f "$TINY/$m.gguf" ]; then
 	fi
 	cmp -s "$TMP/cpu.bin" "$TMP/auto.bin" || { echo "engine $m q8_0: CPU fallback logits differ from the CPU backend's"; exit 1; }
 	echo "engine $m: the plug-in refused a q8_0 KV cache; auto served on the CPU, logits identical"
+	# asked for explicitly, the GPU's refusal is the error
+	if "$EVAL" "${args[@]}" --backend cuda > /dev/null 2> "$TMP/cuda.err"; then
+		echo "engine $m q8_0: --backend cuda served a KV type the plug-in does not implement"; exit 1
+	fi
+	grep -q "KV cache type q8_0 is not implemented on the GPU" "$TMP/cuda.err" || {
+		echo "engine $m q8_0, --backend cuda: unclear error:"; cat "$TMP/cuda.err"; exit 1; }
+	echo "engine $m: with backend cuda, a q8_0 KV cache is refused: $(cat "$TMP/cuda.err")"
 fi
 echo "engine check passed"

@@ -24,7 +24,7 @@ static const char usage[] =
 	"usage: kvd_eval --model PATH (--tokens ID,ID,... | --prompt TEXT | --batch-file FILE)\n"
 	"                [--n-predict N] [--threads N] [--block-size N] [--chunk N]\n"
 	"                [--shuffle-seed S] [--logits-out FILE] [--timing] [--pool-pages N]\n"
-	"                [--cache-type f16|q8_0|q4_0|f32]\n"
+	"                [--cache-type f16|q8_0|q4_0|f32] [--backend auto|cpu|cuda]\n"
 	"\n"
 	"Greedy-decodes N tokens (default 32, EOS ignored) after the prompt and prints\n"
 	"{\"prompt_tokens\":[...],\"generated\":[...],\"n_vocab\":V} (one object per\n"
@@ -41,7 +41,8 @@ static const char usage[] =
 	"  --timing           report prefill and decode tokens/s on stderr\n"
 	"  --pool-pages N     KV pool size in pages (default: what the run needs, x3)\n"
 	"  --parse-special    match special-token texts (<|im_start|>) in --prompt\n"
-	"  --cache-type TYPE  K/V element type (default f16)\n";
+	"  --cache-type TYPE  K/V element type (default f16)\n"
+	"  --backend NAME     auto (default), cpu or cuda\n";
 
 struct seq {
 	int32_t *toks;
@@ -108,9 +109,9 @@ int main(int argc, char **argv)
 		{"shuffle-seed", required_argument, 0, 's'}, {"logits-out", required_argument, 0, 'o'},
 		{"timing", no_argument, 0, 'T'},        {"pool-pages", required_argument, 0, 'P'},
 		{"parse-special", no_argument, 0, 'S'}, {"help", no_argument, 0, 'h'},
-		{"cache-type", required_argument, 0, 'K'}, {0, 0, 0, 0},
+		{"cache-type", required_argument, 0, 'K'}, {"backend", required_argument, 0, 'D'}, {0, 0, 0, 0},
 	};
-	const char *model = NULL, *tokens = NULL, *prompt = NULL, *batch = NULL, *logits_out = NULL;
+	const char *model = NULL, *tokens = NULL, *prompt = NULL, *batch = NULL, *logits_out = NULL, *backend = NULL;
 	int n_predict = 32, threads = 0, chunk = 0, timing = 0, parse_special = 0;
 	long pool_pages = 0;
 	uint32_t block_size = 16;
@@ -133,6 +134,7 @@ int main(int argc, char **argv)
 		case 'T': timing = 1; break;
 		case 'P': pool_pages = atol(optarg); break;
 		case 'S': parse_special = 1; break;
+		case 'D': backend = optarg; break;
 		case 'K':
 			if (kvd_kv_type_parse(optarg, &kv_type) < 0) {
 				fprintf(stderr, "kvd_eval: --cache-type: '%s' is not f16, q8_0, q4_0 or f32\n", optarg);
@@ -223,6 +225,7 @@ int main(int argc, char **argv)
 
 	struct kvd_engine_config ec = {
 		.model_path = model,
+		.backend = backend,
 		.n_threads = threads,
 		.block_size = block_size,
 		.kv_type = kv_type,
