@@ -8,7 +8,8 @@
 #     it serves a generation;
 #   - the determinism guarantee holds for quantized caches: with q8_0 and
 #     q4_0, a prompt's logits are bit-identical under other page sizes,
-#     shuffled pages, chunked prefill, other thread counts, and in a batch.
+#     shuffled pages, chunked prefill, other thread counts, and in a batch,
+#     and the AVX2 build's are the AVX-512 build's (where the CPU has both).
 # Their quality is measured by t_kv_quality.sh.
 source "$(dirname "$0")/lib.sh"
 need_bins
@@ -75,4 +76,15 @@ for ty in q8_0 q4_0; do
 		--shuffle-seed 3 --logits-out "$T/batch.bin" >/dev/null || fail "$ty: batch failed"
 	cmp -s "$T/base.bin" "$T/batch.bin.0" || fail "$ty: logits in a batch of 3 differ from solo"
 	ok "$ty: logits bit-identical under page sizes 1/64, shuffled pages, chunks 7/1, 1/2 threads, a batch"
+	# the quantized attention is one arithmetic in every build, and the
+	# rest of the AVX2 build matches the AVX-512 one (tiled GEMMs): so the
+	# whole model's logits do too (with f16 K/V they do not: its attention
+	# kernels differ)
+	if grep -qw avx512f /proc/cpuinfo; then
+		KVD_CPU_NO_AVX512=1 "$EVAL" "${base[@]}" --logits-out "$T/avx2.bin" >/dev/null || fail "$ty: AVX2 run failed"
+		cmp -s "$T/base.bin" "$T/avx2.bin" || fail "$ty: the AVX2 build's logits differ from the AVX-512 build's"
+		ok "$ty: the AVX2 build's logits are the AVX-512 build's, bit for bit"
+	else
+		echo "skipped: no AVX-512 on this CPU: the AVX2 and AVX-512 builds of $ty are not compared here"
+	fi
 done
