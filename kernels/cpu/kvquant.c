@@ -4,11 +4,13 @@
  * dot and axpy products attention runs on rows in place.
  *
  * The products are written once, over 8-lane GCC vectors, and compiled
- * twice: portable and with AVX2 and FMA. The operations and their order
- * are those kvquant.h states in both, so the two give the same bits: a
- * fused multiply-add is fmaf() in the portable build (exact in software
- * where the CPU lacks it) and vfmadd in the other, and the reductions
- * follow one tree in both.
+ * twice: portable and with AVX2 and FMA; an AVX-512 version (at the end)
+ * runs two of those 8-lane computations per instruction. The operations
+ * and their order are those kvquant.h states in all three, so they give
+ * the same bits: a fused multiply-add is fmaf() in the portable build
+ * (correctly rounded in software where the CPU lacks one) and vfmadd in
+ * the others, and every reduction follows the one tree. The row store is
+ * portable C only (one row per token and layer: not worth a second build).
  */
 #include <math.h>
 #include <stdint.h>
