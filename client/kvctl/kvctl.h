@@ -73,6 +73,9 @@ struct kvctl_command {
 
 extern const struct kvctl_command kvctl_cmd_generate, kvctl_cmd_stats, kvctl_cmd_ps, kvctl_cmd_tokenize,
 	kvctl_cmd_count, kvctl_cmd_plan, kvctl_cmd_session, kvctl_cmd_version, kvctl_cmd_chat;
+/* kvd's KV element type ("f16", "q8_0", ...) that costs kv_bytes_per_token
+ * for this shape, or NULL (plan.c). */
+const char *kv_cache_type_name(uint64_t kv_bytes_per_token, uint32_t layers, uint32_t kv_heads, uint32_t head_dim);
 
 /* ---- generation (generate.c) and conversations (chat.c) --------------------- */
 

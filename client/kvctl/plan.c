@@ -76,6 +76,15 @@ static const struct { const char *name; uint32_t bytes_per_32; } cache_types[] =
 	{"f16", 64}, {"f32", 128}, {"q8_0", 34}, {"q4_0", 18},
 };
 
+const char *kv_cache_type_name(uint64_t kv_bytes_per_token, uint32_t layers, uint32_t kv_heads, uint32_t head_dim)
+{
+	uint64_t elems = (uint64_t)2 * layers * kv_heads * head_dim;
+	for (size_t k = 0; elems && k < sizeof(cache_types) / sizeof(cache_types[0]); k++)
+		if (elems * cache_types[k].bytes_per_32 == kv_bytes_per_token * 32)
+			return cache_types[k].name;
+	return NULL;
+}
+
 static int cmd_plan(struct ctx *x, int argc, char **argv)
 {
 	enum { O_LAYERS = OPT_FIRST_CMD, O_KVH, O_HDIM, O_DTYPE, O_BLOCK, O_CTX, O_MEM, O_JSON, O_CTYPE };

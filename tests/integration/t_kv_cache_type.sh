@@ -2,7 +2,7 @@
 # t_kv_cache_type.sh — [kv] cache_type end to end on the default model.
 #
 #   - kvd started with --cache-type q8_0 (and q4_0) lays its pages out for the
-#     type: `kvctl stats` and `kvctl plan` report the bytes per token the
+#     type: `kvctl stats` and `kvctl plan` report the type and bytes per token the
 #     block format gives (2 x layers x KV heads x head_dim / 32 x 34 or 18,
 #     the shape read from the GGUF file by the gguf package, not by kvd), and
 #     it serves a generation;
@@ -54,6 +54,8 @@ assert b["sequences"] == b["pages"] // p["pages_per_request"]
 EOF
 	KVD_SOCKET=$S "$KVCTL" plan --context 2048 | grep -q "x $per32/32 bytes ($ty) = $want B" ||
 		fail "$ty: kvctl plan does not show the block size: $(KVD_SOCKET=$S "$KVCTL" plan)"
+	KVD_SOCKET=$S "$KVCTL" stats | grep -q "per token, $ty)" ||
+		fail "$ty: kvctl stats does not name the type: $(KVD_SOCKET=$S "$KVCTL" stats | head -2)"
 	KVD_SOCKET=$S "$KVCTL" generate --raw --temperature 0 --max-tokens 8 "The capital of France is" >"$T/gen.out" ||
 		fail "$ty: generate failed"
 	[ -s "$T/gen.out" ] || fail "$ty: empty generation"
