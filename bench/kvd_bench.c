@@ -15,6 +15,17 @@
  *       memory bandwidth, STREAM triad a[i] = b[i] + s * c[i] over N
  *       threads, best of 5
  *
+ * --cache-type f16|q8_0|q4_0|f32 (before the figure) sets the K/V element
+ * type (default f16). --fast-depth (decode, batch): the first D - 1
+ * positions of each context are only allocated (kvmm_commit), their K/V
+ * left as the pool holds them (zeros), and the last one is computed: the
+ * decode figure at depth D without the minutes a long prefill takes (a
+ * decode step's work does not depend on the values it reads; the
+ * generated tokens are then meaningless). Those pages are filled with
+ * pseudo-random K/V rows stored in the cache's type, so that every page is
+ * real, distinct memory (untouched pages of the pool's memfd could all be
+ * read from one zero page, and caches would flatter the figure).
+ *
  * Prompts are deterministic pseudo-random token ids (the same ones the
  * llama.cpp side uses, from the same generator: x = x * 1103515245 + 12345,
  * id = 100 + (x >> 8) % (n_vocab - 200)). Greedy decoding, EOS ignored.
@@ -29,6 +40,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "cpu/kvquant.h"
 #include "daemon/engine.h"
 #include "kvmm.h"
 #include "model.h"
@@ -108,6 +120,32 @@ static double triad(size_t mib, int threads)
 	return best;
 }
 
+/* Every row of the sequence's first n_pages pages: pseudo-random K/V in
+ * the pool's type (see --fast-depth). */
+static int fill_pages(struct kvd_engine *e, uint32_t seq, uint32_t n_tokens)
+{
+	struct kvmm *kv = kvd_engine_kvmm(e);
+	const struct kvd_kv_layout *L = kvd_engine_kv_layout(e);
+	uint32_t np = 0;
+	const int32_t *pages = kvmm_seq_pages(kv, seq, &np);
+	float *row = malloc(sizeof(float) * L->kv_dim);
+	uint32_t x = 12345;
+	if (!row || !pages)
+		return free(row), -1;
+	for (uint32_t p = 0; p < np && p * L->block_size < n_tokens; p++) {
+		char *page = (char *)kvmm_pool_base(kv) + (size_t)pages[p] * L->page_bytes;
+		for (uint32_t r = 0; r < 2 * L->n_layer * L->block_size; r++) {
+			for (uint32_t i = 0; i < L->kv_dim; i++) {
+				x = x * 1103515245u + 12345u;
+				row[i] = (float)((int)(x >> 16) % 2001 - 1000) / 500.0f;
+			}
+			cpu_kvq_store_row(L->type, page + (size_t)r * L->token_stride, row, (int)L->kv_dim);
+		}
+	}
+	free(row);
+	return 0;
+}
+
 struct run {
 	struct kvd_engine *e;
 	struct kvmm *kv;
@@ -136,12 +174,14 @@ int main(int argc, char **argv)
 		{"depth", required_argument, 0, 'd'}, {"tokens", required_argument, 0, 'n'},
 		{"seqs", required_argument, 0, 's'},  {"suffix", required_argument, 0, 'k'},
 		{"mib", required_argument, 0, 'M'},   {"chunk", required_argument, 0, 'c'},
+		{"cache-type", required_argument, 0, 'K'}, {"fast-depth", no_argument, 0, 'F'},
 		{0, 0, 0, 0},
 	};
 	const char *model = NULL;
 	int threads = 1, depth = 128, tokens = 64, seqs = 1, suffix = 16, chunk = 512;
 	size_t mib = 1024;
-	int c;
+	enum kvd_kv_type kv_type = KVD_KV_F16;
+	int c, fast_depth = 0;
 
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (c) {
@@ -153,6 +193,13 @@ int main(int argc, char **argv)
 		case 'k': suffix = atoi(optarg); break;
 		case 'M': mib = (size_t)atol(optarg); break;
 		case 'c': chunk = atoi(optarg); break;
+		case 'F': fast_depth = 1; break;
+		case 'K':
+			if (kvd_kv_type_parse(optarg, &kv_type) < 0) {
+				fprintf(stderr, "kvd_bench: --cache-type: '%s' is not f16, q8_0, q4_0 or f32\n", optarg);
+				return 2;
+			}
+			break;
 		default:
 			fprintf(stderr, "usage: see the comment at the top of bench/kvd_bench.c\n");
 			return 2;
@@ -176,6 +223,7 @@ int main(int argc, char **argv)
 		.model_path = model,
 		.n_threads = threads,
 		.block_size = 16,
+		.kv_type = kv_type,
 		.max_seqs = 512,
 		.prefix_cache = !strcmp(what, "prefix"),
 	};
@@ -187,7 +235,12 @@ int main(int argc, char **argv)
 			return 1;
 		}
 		struct kvd_kv_layout l;
-		kvd_kv_layout_init(&l, kvd_model_hparams(m), 16);
+		if (kvd_kv_layout_init_type(&l, kvd_model_hparams(m), 16, kv_type) < 0) {
+			fprintf(stderr, "kvd_bench: cache type %s does not fit this model's head size\n",
+				kvd_kv_type_name(kv_type));
+			kvd_model_free(m);
+			return 1;
+		}
 		long tok = (long)seqs * (depth + tokens + 16) + 2L * (tokens + suffix + 32);
 		ec.kv_pool_bytes = (uint64_t)(tok / 16 + 64) * l.page_bytes;
 		kvd_model_free(m);
@@ -228,7 +281,16 @@ int main(int argc, char **argv)
 		for (int i = 0; i < seqs; i++) {
 			prompt_ids(toks + (size_t)i * maxlen, depth, R.n_vocab, 1 + (uint32_t)i);
 			kvmm_seq_new(R.kv, &sid[i]);
-			if (prefill(&R, sid[i], toks + (size_t)i * maxlen, depth, chunk) < 0) {
+			if (fast_depth && depth > 1) {
+				struct kvmm_grow g = {sid[i], (uint32_t)depth - 1, toks + (size_t)i * maxlen};
+				if (kvmm_commit(R.kv, &g, 1) < 0 || kvmm_seq_publish(R.kv, sid[i]) < 0 ||
+				    fill_pages(R.e, sid[i], (uint32_t)depth - 1) < 0) {
+					kvd_sampler_free(smp);
+					goto out;
+				}
+			}
+			int skip = fast_depth && depth > 1 ? depth - 1 : 0;
+			if (prefill(&R, sid[i], toks + (size_t)i * maxlen + skip, depth - skip, chunk) < 0) {
 				kvd_sampler_free(smp);
 				goto out;
 			}
@@ -254,9 +316,10 @@ int main(int argc, char **argv)
 		double kv_tok = (double)L->page_bytes / L->block_size;
 		double step_bytes = (double)kvd_model_weight_bytes(kvd_engine_model(R.e)) +
 				    kv_tok * seqs * (depth + tokens / 2.0);
-		printf("{\"figure\":\"%s\",\"depth\":%d,\"seqs\":%d,\"tokens\":%d,\"threads\":%d,\"seconds\":%.6f,"
-		       "\"tokens_per_s\":%.3f,\"bytes_per_step\":%.0f,\"peak_rss_kib\":%ld}\n",
-		       what, depth, seqs, tokens, threads, dt, (double)tokens * seqs / dt, step_bytes, peak_rss_kib());
+		printf("{\"figure\":\"%s\",\"cache_type\":\"%s\",\"depth\":%d,\"seqs\":%d,\"tokens\":%d,\"threads\":%d,\"seconds\":%.6f,"
+		       "\"tokens_per_s\":%.3f,\"bytes_per_step\":%.0f,\"fast_depth\":%s,\"peak_rss_kib\":%ld}\n",
+		       what, kvd_kv_type_name(L->type), depth, seqs, tokens, threads, dt, (double)tokens * seqs / dt, step_bytes,
+		       fast_depth ? "true" : "false", peak_rss_kib());
 	} else if (!strcmp(what, "prefix")) {
 		/* cold: prefix + suffix A; warm: same prefix + suffix B */
 		uint32_t a, b;

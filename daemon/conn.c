@@ -99,7 +99,9 @@ static void handle_hello(struct client *c, const struct ipc_frame *f)
 	w.n_layers = (uint32_t)hp->n_layer;
 	w.n_kv_heads = (uint32_t)hp->n_head_kv;
 	w.head_dim = (uint32_t)hp->head_dim;
-	w.kv_dtype_bytes = 2;
+	/* whole bytes per element, rounded up for the quantized types, whose
+	 * exact cost (scales included) is kv_bytes_per_token */
+	w.kv_dtype_bytes = (uint32_t)((kvd_kv_row_bytes(lay->type, lay->kv_dim) + lay->kv_dim - 1) / lay->kv_dim);
 	w.max_text_bytes = (uint32_t)srv->cfg.max_prompt_bytes;
 	w.max_requests = srv->cfg.max_requests_per_client;
 	w.max_gen_tokens = srv->n_ctx < IPC_MAX_GEN_TOKENS ? srv->n_ctx : IPC_MAX_GEN_TOKENS;

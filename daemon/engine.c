@@ -153,7 +153,15 @@ static int make_pool(struct kvd_engine *e, const struct kvd_engine_config *cfg, 
 		snprintf(err, errlen, "KV block size %u: must be 1 .. %u tokens", cfg->block_size, KVMM_MAX_BLOCK_SIZE);
 		return -EINVAL;
 	}
-	kvd_kv_layout_init(&e->layout, &e->hp, cfg->block_size);
+	if (kvd_kv_layout_init_type(&e->layout, &e->hp, cfg->block_size, cfg->kv_type) < 0) {
+		const char *tn = kvd_kv_type_name(cfg->kv_type);
+		if (tn)
+			snprintf(err, errlen, "KV cache type %s needs a head size that is a multiple of %d; this model's is %d",
+				 tn, KVD_KV_QBLOCK, e->hp.head_dim);
+		else
+			snprintf(err, errlen, "KV cache type %d is unknown", (int)cfg->kv_type);
+		return -EINVAL;
+	}
 	kc.page_bytes = e->layout.page_bytes;
 	kc.block_size = e->layout.block_size;
 	kc.pool_bytes = cfg->kv_pool_bytes;
@@ -222,6 +230,11 @@ static int make_pool(struct kvd_engine *e, const struct kvd_engine_config *cfg, 
 		.layout = e->layout,
 	};
 	r = e->ops->attach_kv(e->be, &view);
+	if (r == -ENOTSUP) {
+		snprintf(err, errlen, "%s backend: KV cache type %s is not implemented (kv.cache_type)", e->ops->name,
+			 kvd_kv_type_name(e->layout.type));
+		return r;
+	}
 	if (r < 0) {
 		snprintf(err, errlen, "%s backend: cannot attach the KV pool: %s", e->ops->name, strerror(-r));
 		return r;
@@ -301,6 +314,34 @@ int kvd_engine_open(const struct kvd_engine_config *cfg, struct kvd_engine **ret
 		goto fail;
 	}
 	e->hp = *kvd_model_hparams(e->model);
+	if (e->plugin && cfg->kv_type != KVD_KV_F16) {
+		/* ask the device whether it implements the KV element type
+		 * (backend.h: a view of no pages only checks the layout) */
+		struct kvd_paged_view probe = {0};
+		if (kvd_kv_layout_init_type(&probe.layout, &e->hp, cfg->block_size, cfg->kv_type) == 0 &&
+		    e->ops->attach_kv(e->be, &probe) == -ENOTSUP) {
+			snprintf(e->note, sizeof(e->note), "cuda backend: KV cache type %s is not implemented on the GPU",
+				 kvd_kv_type_name(cfg->kv_type));
+			if (strcmp(want, "auto")) {
+				snprintf(err, errlen, "%s (kv.cache_type = f16 or backend = cpu serve it)", e->note);
+				r = -ENOTSUP;
+				goto fail;
+			}
+			e->ops->destroy(e->be);
+			e->be = NULL;
+			dlclose(e->plugin);
+			e->plugin = NULL;
+			e->ops = NULL;
+			if ((r = start_cpu(e, &bc, err, errlen)) < 0)
+				goto fail;
+			r = e->ops->load(e->be, mw);
+			if (r < 0) {
+				snprintf(err, errlen, "%s: %s backend rejected the weights: %s", kvd_model_path(e->model),
+					 e->ops->name, strerror(-r));
+				goto fail;
+			}
+		}
+	}
 	r = make_pool(e, cfg, &swap_io, err, errlen);
 	if (r < 0)
 		goto fail;

@@ -34,6 +34,7 @@ struct kvd_engine_config {
 	                          * executable); auto falls back to the CPU */
 	int n_threads;           /* <= 0: one per online CPU */
 	uint32_t block_size;     /* tokens per KV page, 1 .. KVMM_MAX_BLOCK_SIZE (kv.block_size) */
+	enum kvd_kv_type kv_type; /* K/V element type (kv.cache_type); 0 is f16 */
 	uint64_t kv_pool_bytes;  /* 0: kv_pool_fraction of available memory */
 	double kv_pool_fraction; /* of available memory, when kv_pool_bytes is 0 (kv.pool_size) */
 	uint32_t max_seqs;       /* 0: 256 */

@@ -566,8 +566,8 @@ int main(int argc, char **argv)
 	}
 	if (a.check_config) {
 		printf("%s: configuration OK\n  model %s\n  backend %s, threads %d\n  socket %s\n"
-		       "  block_size %u, prefix_caching %s, swap %s\n  max_num_seqs %u, max_tokens_per_step %u\n",
-		       a.config, cfg.model, cfg.backend, cfg.threads, cfg.socket, cfg.block_size,
+		       "  block_size %u, cache_type %s, prefix_caching %s, swap %s\n  max_num_seqs %u, max_tokens_per_step %u\n",
+		       a.config, cfg.model, cfg.backend, cfg.threads, cfg.socket, cfg.block_size, cfg.cache_type,
 		       cfg.prefix_caching ? "yes" : "no", cfg.swap_file[0] ? cfg.swap_file : "none", cfg.max_num_seqs,
 		       cfg.max_tokens_per_step);
 		return 0;
@@ -624,11 +624,14 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	sd_notifyf(0, "STATUS=loading model %s", cfg.model);
+	enum kvd_kv_type kv_type = KVD_KV_F16;
+	(void)kvd_kv_type_parse(cfg.cache_type, &kv_type); /* the key's choices are the type names */
 	struct kvd_engine_config ec = {
 		.model_path = cfg.model,
 		.backend = cfg.backend,
 		.n_threads = cfg.threads,
 		.block_size = cfg.block_size,
+		.kv_type = kv_type,
 		.kv_pool_bytes = cfg.pool_bytes,
 		.kv_pool_fraction = cfg.pool_fraction,
 		.max_seqs = cfg.max_num_seqs * 2 + 256 < KVMM_MAX_SEQS ? cfg.max_num_seqs * 2 + 256 : KVMM_MAX_SEQS,
@@ -650,8 +653,9 @@ int main(int argc, char **argv)
 		log_info("model '%s': %d layers, n_embd %d, %d/%d heads, vocab %d, context %d; %s backend",
 			 kvd_model_name(m), hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv, hp->n_vocab, hp->n_ctx_train,
 			 kvd_engine_backend_name(e));
-		log_info("KV pool: %u pages of %u tokens (%zu bytes each, %.1f MiB), prefix caching %s, swap %s",
+		log_info("KV pool: %u pages of %u tokens (%zu bytes each, %s K/V, %.1f MiB), prefix caching %s, swap %s",
 			 kvmm_n_pages(kv), kvmm_block_size(kv), kvmm_page_bytes(kv),
+			 kvd_kv_type_name(kvd_engine_kv_layout(e)->type),
 			 (double)kvmm_n_pages(kv) * (double)kvmm_page_bytes(kv) / 1048576.0,
 			 cfg.prefix_caching ? "on" : "off", cfg.swap_file[0] ? cfg.swap_file : "none");
 	}

@@ -34,8 +34,8 @@
 /* Bumped whenever the meaning of a pool's bytes or of the fingerprint
  * changes, so that an older kvd's pool is never adopted. */
 #define KVD_PERSIST_FORMAT 1u
-/* KV element types (the layout's token_stride is in the fingerprint too). */
-#define KVD_KV_TYPE_F16 1u
+/* The KV element type is the layout's enum kvd_kv_type plus one (0 is never
+ * written), beside the token_stride that follows from it. */
 #define MODEL_HEAD_BYTES (1u << 20)
 #define BARRIER_USEC (5 * 1000000ull)
 
@@ -128,7 +128,7 @@ static void fingerprint_of(const struct kvd_persist *p, const struct kvd_kv_layo
 {
 	*ret = p->model;
 	ret->format = KVD_PERSIST_FORMAT;
-	ret->kv_type = KVD_KV_TYPE_F16;
+	ret->kv_type = (uint32_t)l->type + 1u;
 	ret->block_size = l->block_size;
 	ret->n_layer = l->n_layer;
 	ret->kv_dim = l->kv_dim;
@@ -138,6 +138,12 @@ static void fingerprint_of(const struct kvd_persist *p, const struct kvd_kv_layo
 	ret->pool_bytes = pool_bytes;
 	memset(ret->backend, 0, sizeof(ret->backend));
 	snprintf(ret->backend, sizeof(ret->backend), "%s", backend);
+}
+
+static const char *kv_type_name(uint32_t v)
+{
+	const char *n = v && v <= 16 ? kvd_kv_type_name((enum kvd_kv_type)(v - 1)) : NULL;
+	return n ? n : "unknown";
 }
 
 /* Why `old` (handed over) does not fit `now`, or NULL when it does. */
@@ -158,7 +164,8 @@ static const char *mismatch(const struct fingerprint *old, const struct fingerpr
 	if (old->block_size != now->block_size)
 		return snprintf(buf, size, "block size %u, now %u", old->block_size, now->block_size), buf;
 	if (old->kv_type != now->kv_type)
-		return snprintf(buf, size, "KV element type %u, now %u", old->kv_type, now->kv_type), buf;
+		return snprintf(buf, size, "KV element type %s, now %s (kv.cache_type)", kv_type_name(old->kv_type),
+				kv_type_name(now->kv_type)), buf;
 	if (old->n_layer != now->n_layer || old->kv_dim != now->kv_dim || old->token_stride != now->token_stride ||
 	    old->page_bytes != now->page_bytes)
 		return snprintf(buf, size, "page layout differs (%u layers x %u KV dim, %" PRIu64 " bytes a page; now "

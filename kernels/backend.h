@@ -174,15 +174,91 @@ struct kvd_model_weights {
 };
 
 /*
+ * KV element types (ABI 3). A token's K (or V) row of one layer holds kv_dim
+ * = n_head_kv * head_dim elements, stored as:
+ *
+ *   KVD_KV_F16   kv_dim IEEE half floats (2 bytes each), the default;
+ *   KVD_KV_F32   kv_dim floats (4 bytes each), the reference;
+ *   KVD_KV_Q8_0  kv_dim / 32 blocks of 34 bytes, block b covering elements
+ *                32b .. 32b+31: an f16 scale d, then 32 int8 quants q[i];
+ *                element = d * q[i]. Quantized as GGML's q8_0: d = max|x| /
+ *                127, q = round(x / d) (half away from zero).
+ *   KVD_KV_Q4_0  kv_dim / 32 blocks of 18 bytes: an f16 scale d, then 16
+ *                bytes whose low nibble j holds element j and high nibble
+ *                element j + 16 (j < 16), as unsigned n in 0..15;
+ *                element = d * (n - 8). Quantized as GGML's q4_0: with m the
+ *                element of largest magnitude (its sign kept), d = m / -8,
+ *                n = min(15, trunc(x / d + 8.5)).
+ *
+ * Blocks run along the row from element 0, so with head_dim a multiple of
+ * 32 (required for the quantized types) head g's elements are its own
+ * blocks, head_dim / 32 of them starting at byte g * kvd_kv_row_bytes(type,
+ * head_dim) of the row. Scales are little-endian f16 and may be unaligned.
+ * The numeric values of the enum are fixed (configuration, fingerprints).
+ */
+enum kvd_kv_type {
+	KVD_KV_F16 = 0,
+	KVD_KV_F32 = 1,
+	KVD_KV_Q8_0 = 2,
+	KVD_KV_Q4_0 = 3,
+};
+#define KVD_KV_QBLOCK 32 /* elements per quantization block */
+
+/* Bytes of `n` elements of type t (one row, or one head of a row), or 0 if
+ * t is unknown or n is not a whole number of the type's blocks. */
+static inline size_t kvd_kv_row_bytes(enum kvd_kv_type t, uint32_t n)
+{
+	switch (t) {
+	case KVD_KV_F16: return (size_t)n * 2;
+	case KVD_KV_F32: return (size_t)n * 4;
+	case KVD_KV_Q8_0: return n % KVD_KV_QBLOCK ? 0 : (size_t)n / KVD_KV_QBLOCK * 34;
+	case KVD_KV_Q4_0: return n % KVD_KV_QBLOCK ? 0 : (size_t)n / KVD_KV_QBLOCK * 18;
+	}
+	return 0;
+}
+
+/* "f16", "f32", "q8_0", "q4_0"; NULL for an unknown value. */
+static inline const char *kvd_kv_type_name(enum kvd_kv_type t)
+{
+	switch (t) {
+	case KVD_KV_F16: return "f16";
+	case KVD_KV_F32: return "f32";
+	case KVD_KV_Q8_0: return "q8_0";
+	case KVD_KV_Q4_0: return "q4_0";
+	}
+	return NULL;
+}
+
+/* The type named `s` (as kvd_kv_type_name spells it): 0 with *ret set, or
+ * -22 (-EINVAL) for another name. */
+static inline int kvd_kv_type_parse(const char *s, enum kvd_kv_type *ret)
+{
+	static const enum kvd_kv_type all[] = {KVD_KV_F16, KVD_KV_F32, KVD_KV_Q8_0, KVD_KV_Q4_0};
+	for (unsigned i = 0; s && i < sizeof(all) / sizeof(all[0]); i++) {
+		const char *n = kvd_kv_type_name(all[i]), *a = s;
+		while (*n && *n == *a)
+			n++, a++;
+		if (!*n && !*a) {
+			*ret = all[i];
+			return 0;
+		}
+	}
+	return -22;
+}
+
+/*
  * KV page layout. A page holds `block_size` consecutive tokens of one
- * sequence for every layer, K and V, stored as IEEE half floats:
+ * sequence for every layer, K and V, each token row stored as `type` says
+ * (above):
  *
- *   page + layer * layer_stride + 0            : K[block_size][kv_dim]
- *   page + layer * layer_stride + v_offset     : V[block_size][kv_dim]
+ *   page + layer * layer_stride + 0            : K[block_size][row]
+ *   page + layer * layer_stride + v_offset     : V[block_size][row]
  *
- * with kv_dim = n_head_kv * head_dim, row (token) stride kv_dim * 2 bytes,
- * and page_bytes = n_layer * layer_stride. One page is one contiguous swap
- * unit. kvd_kv_layout_init() fills the fields from the hyper-parameters.
+ * with row = kvd_kv_row_bytes(type, kv_dim) bytes (the token stride),
+ * kv_dim = n_head_kv * head_dim, and page_bytes = n_layer * layer_stride.
+ * One page is one contiguous swap unit. kvd_kv_layout_init_type() fills
+ * the fields from the hyper-parameters and the type; a zeroed `type` is
+ * f16 (ABI 2's only layout).
  */
 struct kvd_kv_layout {
 	uint32_t block_size;
@@ -192,18 +268,35 @@ struct kvd_kv_layout {
 	size_t v_offset;     /* bytes from a layer's K block to its V block */
 	size_t layer_stride; /* bytes between layers inside a page */
 	size_t page_bytes;
+	enum kvd_kv_type type; /* element type of the K and V rows */
 };
 
-static inline void kvd_kv_layout_init(struct kvd_kv_layout *l, const struct kvd_hparams *hp,
-				      uint32_t block_size)
+/* Fill l for the model's shape, block_size tokens per page and element
+ * type t. 0, or -22 (-EINVAL) when t is unknown or is a quantized type and
+ * head_dim is not a multiple of KVD_KV_QBLOCK (l is then untouched). */
+static inline int kvd_kv_layout_init_type(struct kvd_kv_layout *l, const struct kvd_hparams *hp,
+					  uint32_t block_size, enum kvd_kv_type t)
 {
+	uint32_t kv_dim = (uint32_t)(hp->n_head_kv * hp->head_dim);
+	if (!kvd_kv_row_bytes(t, kv_dim) || !kvd_kv_row_bytes(t, (uint32_t)hp->head_dim))
+		return -22;
 	l->block_size = block_size;
 	l->n_layer = (uint32_t)hp->n_layer;
-	l->kv_dim = (uint32_t)(hp->n_head_kv * hp->head_dim);
-	l->token_stride = (size_t)l->kv_dim * 2;
+	l->kv_dim = kv_dim;
+	l->type = t;
+	l->token_stride = kvd_kv_row_bytes(t, kv_dim);
 	l->v_offset = l->token_stride * block_size;
 	l->layer_stride = 2 * l->v_offset;
 	l->page_bytes = l->layer_stride * l->n_layer;
+	return 0;
+}
+
+/* The f16 layout (every model with head_dim > 0 has one; else all 0). */
+static inline void kvd_kv_layout_init(struct kvd_kv_layout *l, const struct kvd_hparams *hp,
+				      uint32_t block_size)
+{
+	*l = (struct kvd_kv_layout){0};
+	(void)kvd_kv_layout_init_type(l, hp, block_size, KVD_KV_F16);
 }
 
 /* The pool as the backend sees it: page p starts at base + p * page_bytes. */
@@ -268,6 +361,9 @@ struct kvd_backend_config {
  * load:        bind the model's weights. The tensors stay valid until
  *              destroy; a device backend copies them, the CPU one reads in place.
  * attach_kv:   tell the backend where the KV pool is. Called once after load.
+ *              A backend that does not implement the layout's element type
+ *              refuses it with -ENOTSUP before allocating anything, so that
+ *              the engine can say so and `backend = auto` can fall back.
  * forward:     run one step over a batch (prefill chunks and decodes mixed).
  *              The result for each sequence is bit-identical whatever the
  *              other sequences in the batch, the chunking of its prompt and
@@ -297,10 +393,16 @@ struct kvd_backend_config {
  *              auto` fall back.
  * caps:        KVD_CAP_* bits above; 0 for a backend computing on a host pool.
  *
- * ABI 3 added `caps`; ABI 2 had the same slots with the device pool
- * inferred from suggest_pool_pages being set. The engine refuses a table of
+ * ABI 3 added `caps` and the KV element type of struct kvd_kv_layout;
+ * ABI 2 had the same slots with the device pool inferred from
+ * suggest_pool_pages being set, and f16 pages only. The engine refuses a table of
  * another version, and one whose caps lack the slots they promise
  * (kvd_backend_ops_check()).
+ *
+ * Given a view with n_pages 0, a device-pool backend's attach_kv only checks
+ * the layout (-ENOTSUP for an element type it does not implement) and
+ * allocates and attaches nothing: the engine asks so before it creates the
+ * pool.
  */
 struct kvd_backend_ops {
 	const char *name;

@@ -83,6 +83,9 @@ extern const struct kvctl_command kvctl_cmd_ledger;
 int map_main(kvc_client *c, double watch, int color_mode);
 /* The stats and histograms in Prometheus' text exposition format. */
 void prom_print(FILE *f, const struct kvc_stats *s, const struct kvc_histograms *h, const struct kvc_info *i);
+/* kvd's KV element type ("f16", "q8_0", ...) that costs kv_bytes_per_token
+ * for this shape, or NULL (plan.c). */
+const char *kv_cache_type_name(uint64_t kv_bytes_per_token, uint32_t layers, uint32_t kv_heads, uint32_t head_dim);
 
 /* ---- generation (generate.c) and conversations (chat.c) --------------------- */
 

@@ -23,7 +23,7 @@ static const char help_plan[] =
 	"\n"
 	"SYNOPSIS\n"
 	"    kvctl plan [--context N] [--memory SIZE] [--json]\n"
-	"    kvctl plan --layers N --kv-heads N --head-dim N [--dtype-bytes B]\n"
+	"    kvctl plan --layers N --kv-heads N --head-dim N [--dtype-bytes B | --cache-type T]\n"
 	"               [--block-size N] [--context N] [--memory SIZE] [--json]\n"
 	"\n"
 	"DESCRIPTION\n"
@@ -36,7 +36,9 @@ static const char help_plan[] =
 	"    so a request of C tokens of context holds ceil(C / block) pages, and a memory\n"
 	"    budget M holds floor(M / page bytes) pages, i.e. that many pages divided by\n"
 	"    the pages of one request concurrent sequences at full length. Models with\n"
-	"    grouped-query attention (fewer KV heads than attention heads) are cheaper.\n"
+	"    grouped-query attention (fewer KV heads than attention heads) are cheaper,\n"
+	"    and so are quantized caches ([kv] cache_type): q8_0 and q4_0 keep blocks of\n"
+	"    32 elements in 34 and 18 bytes (8 or 4 bits each and one 16-bit scale).\n"
 	"\n"
 	"    Without the model options, the figures are those of the model loaded in kvd,\n"
 	"    the context defaults to its context length and the budget to its KV pool.\n"
@@ -50,11 +52,13 @@ static const char help_plan[] =
 	"    --head-dim N     dimension of one head\n"
 	"    --dtype-bytes B  bytes per K or V element: 2 for F16/BF16 (default), 4 for F32,\n"
 	"                     1 for 8-bit caches\n"
+	"    --cache-type T   instead of --dtype-bytes: kvd's KV element type, f16, f32,\n"
+	"                     q8_0 (34 bytes per 32 elements) or q4_0 (18 per 32)\n"
 	"    --block-size N   tokens per page (default 16, or the daemon's)\n"
 	"    --context N      tokens of context per request (prompt + generated)\n"
 	"    --memory SIZE    memory for the KV cache: bytes, or with a K, M, G or T suffix\n"
 	"                     (powers of 1024; KiB, MB and the like are accepted too)\n"
-	"    --json           print {\"kv_bytes_per_token\", \"page_bytes\", \"block_size\",\n"
+	"    --json           print {\"kv_bytes_per_token\", \"cache_type\", \"page_bytes\", \"block_size\",\n"
 	"                     \"context_tokens\", \"pages_per_request\",\n"
 	"                     \"bytes_per_request\", \"budgets\": [{\"memory_bytes\",\n"
 	"                     \"pages\", \"sequences\"}...]}\n"
@@ -63,11 +67,27 @@ static const char help_plan[] =
 	"EXAMPLES\n"
 	"    kvctl plan\n"
 	"    kvctl plan --context 32768\n"
-	"    kvctl plan --layers 32 --kv-heads 8 --head-dim 128 --context 8192 --memory 24G\n";
+	"    kvctl plan --layers 32 --kv-heads 8 --head-dim 128 --context 8192 --memory 24G\n"
+	"    kvctl plan --layers 30 --kv-heads 3 --head-dim 64 --cache-type q8_0 --memory 256M\n";
+
+/* kvd's KV element types (kernels/backend.h, enum kvd_kv_type): bytes per
+ * block of 32 elements; "" for a plain --dtype-bytes */
+static const struct { const char *name; uint32_t bytes_per_32; } cache_types[] = {
+	{"f16", 64}, {"f32", 128}, {"q8_0", 34}, {"q4_0", 18},
+};
+
+const char *kv_cache_type_name(uint64_t kv_bytes_per_token, uint32_t layers, uint32_t kv_heads, uint32_t head_dim)
+{
+	uint64_t elems = (uint64_t)2 * layers * kv_heads * head_dim;
+	for (size_t k = 0; elems && k < sizeof(cache_types) / sizeof(cache_types[0]); k++)
+		if (elems * cache_types[k].bytes_per_32 == kv_bytes_per_token * 32)
+			return cache_types[k].name;
+	return NULL;
+}
 
 static int cmd_plan(struct ctx *x, int argc, char **argv)
 {
-	enum { O_LAYERS = OPT_FIRST_CMD, O_KVH, O_HDIM, O_DTYPE, O_BLOCK, O_CTX, O_MEM, O_JSON };
+	enum { O_LAYERS = OPT_FIRST_CMD, O_KVH, O_HDIM, O_DTYPE, O_BLOCK, O_CTX, O_MEM, O_JSON, O_CTYPE };
 	static const struct option longopts[] = {
 		{ "layers", required_argument, NULL, O_LAYERS },
 		{ "kv-heads", required_argument, NULL, O_KVH },
@@ -77,6 +97,7 @@ static int cmd_plan(struct ctx *x, int argc, char **argv)
 		{ "context", required_argument, NULL, O_CTX },
 		{ "memory", required_argument, NULL, O_MEM },
 		{ "json", no_argument, NULL, O_JSON },
+		{ "cache-type", required_argument, NULL, O_CTYPE },
 		COMMON_LONGOPTS,
 		{ 0 },
 	};
@@ -84,7 +105,7 @@ static int cmd_plan(struct ctx *x, int argc, char **argv)
 	uint32_t layers = 0, kvh = 0, hdim = 0, dtype = 0, block = 0, ctx = 0;
 	uint64_t mem = 0;
 	bool json = false;
-	int o, r;
+	int o, r, ctype = -1; /* index in cache_types, -1: none named */
 
 	while ((o = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
 		if ((r = common_opt(x, cmd, o, optarg)) != 0) {
@@ -111,6 +132,13 @@ static int cmd_plan(struct ctx *x, int argc, char **argv)
 		case O_JSON:
 			json = true;
 			break;
+		case O_CTYPE:
+			for (size_t i = 0; i < sizeof(cache_types) / sizeof(cache_types[0]); i++)
+				if (!strcmp(optarg, cache_types[i].name))
+					ctype = (int)i;
+			if (ctype < 0)
+				return usage_error(cmd, "--cache-type: '%s' is not f16, f32, q8_0 or q4_0", optarg);
+			break;
 		default:
 			return option_error(cmd, argv, o);
 		}
@@ -121,10 +149,18 @@ static int cmd_plan(struct ctx *x, int argc, char **argv)
 		return usage_error(cmd, "unexpected argument '%s'", argv[optind]);
 
 	bool given = layers || kvh || hdim;
+	uint64_t daemon_per_token = 0; /* the daemon's exact figure, scales included */
 	char model[80] = "";
 	if (given) {
 		if (!layers || !kvh || !hdim)
 			return usage_error(cmd, "--layers, --kv-heads and --head-dim go together");
+		if (dtype && ctype >= 0)
+			return usage_error(cmd, "--dtype-bytes and --cache-type exclude each other");
+		if (ctype >= 0 && cache_types[ctype].bytes_per_32 % 32 && hdim % 32)
+			return usage_error(cmd, "--cache-type %s needs a head dimension that is a multiple of 32",
+					   cache_types[ctype].name);
+		if (ctype >= 0)
+			dtype = (cache_types[ctype].bytes_per_32 + 31) / 32;
 		if (!dtype)
 			dtype = 2;
 		if (!block)
@@ -133,8 +169,8 @@ static int cmd_plan(struct ctx *x, int argc, char **argv)
 			ctx = 4096;
 		snprintf(model, sizeof(model), "given");
 	} else {
-		if (dtype)
-			return usage_error(cmd, "--dtype-bytes needs --layers, --kv-heads and --head-dim");
+		if (dtype || ctype >= 0)
+			return usage_error(cmd, "--dtype-bytes and --cache-type need --layers, --kv-heads and --head-dim");
 		kvc_client *c;
 		if ((r = connect_daemon(x, &c)) != 0)
 			return r;
@@ -143,6 +179,7 @@ static int cmd_plan(struct ctx *x, int argc, char **argv)
 		kvh = i->n_kv_heads;
 		hdim = i->head_dim;
 		dtype = i->kv_dtype_bytes;
+		daemon_per_token = i->kv_bytes_per_token;
 		if (!block)
 			block = i->block_size;
 		if (!ctx)
@@ -159,9 +196,26 @@ static int cmd_plan(struct ctx *x, int argc, char **argv)
 
 	/* All factors are at most 2^24 and the product is kept in 128 bits'
 	 * worth of checks: overflow is reported, never wrapped. */
-	uint64_t per_token, page_bytes, pages_per_req, req_bytes;
-	if (__builtin_mul_overflow((uint64_t)2 * layers * kvh, (uint64_t)hdim * dtype, &per_token) ||
-	    __builtin_mul_overflow(per_token, (uint64_t)block, &page_bytes)) {
+	uint64_t per_token, page_bytes, pages_per_req, req_bytes, elems;
+	uint32_t b32 = ctype >= 0 ? cache_types[ctype].bytes_per_32 : dtype * 32;
+	if (__builtin_mul_overflow((uint64_t)2 * layers * kvh, (uint64_t)hdim, &elems) ||
+	    __builtin_mul_overflow(elems, (uint64_t)b32, &per_token)) {
+		log_err("plan: these figures overflow 64 bits");
+		return EXIT_USAGE;
+	}
+	per_token /= 32;
+	if (daemon_per_token) {
+		/* the daemon's cache type: the one whose size it reports */
+		per_token = daemon_per_token;
+		for (size_t k = 0; k < sizeof(cache_types) / sizeof(cache_types[0]); k++)
+			if (elems * cache_types[k].bytes_per_32 == per_token * 32)
+				ctype = (int)k;
+	}
+	if (ctype < 0) /* a plain element size: name it when it is one of kvd's */
+		ctype = dtype == 2 ? 0 : dtype == 4 ? 1 : -1;
+	const char *tname = ctype >= 0 ? cache_types[ctype].name : "";
+	bool blocked = ctype >= 0 && cache_types[ctype].bytes_per_32 % 32;
+	if (__builtin_mul_overflow(per_token, (uint64_t)block, &page_bytes)) {
 		log_err("plan: these figures overflow 64 bits");
 		return EXIT_USAGE;
 	}
@@ -182,6 +236,7 @@ static int cmd_plan(struct ctx *x, int argc, char **argv)
 	if (json) {
 		printf("{\"model\":");
 		json_str(stdout, model, strlen(model));
+		printf(",\"cache_type\":\"%s\"", tname);
 		printf(",\"layers\":%u,\"kv_heads\":%u,\"head_dim\":%u,\"dtype_bytes\":%u,\"kv_bytes_per_token\":%" PRIu64
 		       ",\"block_size\":%u,\"page_bytes\":%" PRIu64 ",\"context_tokens\":%u,\"pages_per_request\":%" PRIu64
 		       ",\"bytes_per_request\":%" PRIu64 ",\"budgets\":[",
@@ -195,8 +250,12 @@ static int cmd_plan(struct ctx *x, int argc, char **argv)
 	} else {
 		fmt_bytes(b1, sizeof(b1), (double)per_token);
 		printf("model              %s\n", model);
-		printf("KV per token       2 x %u layers x %u KV heads x %u dims x %u bytes = %" PRIu64 " B (%s)\n", layers,
-		       kvh, hdim, dtype, per_token, b1);
+		if (blocked)
+			printf("KV per token       2 x %u layers x %u KV heads x %u dims x %u/32 bytes (%s) = %" PRIu64
+			       " B (%s)\n", layers, kvh, hdim, cache_types[ctype].bytes_per_32, tname, per_token, b1);
+		else
+			printf("KV per token       2 x %u layers x %u KV heads x %u dims x %u bytes = %" PRIu64 " B (%s)\n",
+			       layers, kvh, hdim, dtype, per_token, b1);
 		fmt_bytes(b1, sizeof(b1), (double)page_bytes);
 		printf("page               %u %s = %" PRIu64 " B (%s)\n", block, block == 1 ? "token" : "tokens", page_bytes, b1);
 		fmt_bytes(b1, sizeof(b1), (double)req_bytes);

@@ -58,7 +58,10 @@ static size_t attn_scratch_per(const struct cpu_attn *c, int nc)
  * kernels/cpu/attn_avx512.c), a chunk goes through it, and a prefill's
  * consecutive tokens share each chunk's pass (attn_tile_item); otherwise
  * the chunk is computed here from the f16 helpers. Either way a given
- * build computes a token's attention one way only.
+ * build computes a token's attention one way only. K/V stored in another
+ * type (f32, q8_0, q4_0: kvquant.h) go through attn_rows_q, the same
+ * contract over the stored rows, in every build and both paths (a
+ * prefill's tokens sharing chunks, or one token's chunks alone).
  */
 
 struct attn_part {
@@ -81,6 +84,87 @@ static void kv_rows(const struct cpu_attn *c, int layer, const struct kvd_batch_
 	}
 }
 
+/* The same for a K/V type other than f16: the rows of KV head g as bytes. */
+static void kv_rows_q(const struct cpu_attn *c, int layer, const struct kvd_batch_seq *sq, int g, int p0, int n,
+		      const unsigned char **kp, const unsigned char **vp)
+{
+	const struct kvd_kv_layout *L = &c->kv.layout;
+	const char *layer_base = (const char *)c->kv.base + (size_t)layer * L->layer_stride;
+	size_t hb = kvd_kv_row_bytes(L->type, (uint32_t)c->hp->head_dim);
+	int bs = (int)L->block_size;
+	for (int i = 0; i < n; i++) {
+		int p = p0 + i;
+		const char *pb = layer_base + (size_t)sq->pages[p / bs] * L->page_bytes + (size_t)(p % bs) * L->token_stride;
+		kp[i] = (const unsigned char *)pb + g * hb;
+		vp[i] = (const unsigned char *)pb + L->v_offset + g * hb;
+	}
+}
+
+/* Whether prefill tokens share chunks (attn_tile_item): with the tiled
+ * f16 kernel, and always for the other K/V types (attn_rows_q). */
+static int tiled(const struct cpu_attn *c)
+{
+	return c->kv.layout.type != KVD_KV_F16 || c->rows;
+}
+
+/* The attn_rows_fn contract (ops.h) for K/V of a type other than f16
+ * (kvquant.h): nr query rows over one chunk's K and V rows (bytes, read in
+ * place), row r seeing the first len[r]; ml[r][0] = max score, ml[r][1] =
+ * sum of exp(score - max), o[r] = the weighted V sum. Each (row, position)
+ * score and each row's sums are the same whatever the other rows, so a
+ * token's result is the same alone (attn_chunk_q) or in a prefill tile. sc:
+ * nr * ATTN_CHUNK floats. */
+static void attn_rows_q(const struct cpu_attn *c, int nr, const float *const *qp, const int *len,
+			const unsigned char *const *kp, const unsigned char *const *vp, float *const *ml,
+			float *const *op, float *sc)
+{
+	enum kvd_kv_type kt = c->kv.layout.type;
+	int hd = c->hp->head_dim, n = 0;
+
+	for (int r = 0; r < nr; r++)
+		n = len[r] > n ? len[r] : n;
+	c->kq.scores(kt, qp, nr, kp, n, hd, c->scale, sc, ATTN_CHUNK);
+	for (int r = 0; r < nr; r++) {
+		float m = -INFINITY, sum = 0, *sr = sc + (size_t)r * ATTN_CHUNK;
+		for (int i = 0; i < len[r]; i++)
+			if (sr[i] > m)
+				m = sr[i];
+		for (int i = 0; i < len[r]; i++) {
+			float e = expf(sr[i] - m);
+			sr[i] = e;
+			sum += e;
+		}
+		ml[r][0] = m;
+		ml[r][1] = sum;
+		memset(op[r], 0, sizeof(float) * (size_t)hd);
+	}
+	c->kq.accum(kt, op, nr, len, sc, ATTN_CHUNK, vp, hd);
+}
+
+/* attn_chunk for K/V of a type other than f16: the group's rows through
+ * attn_rows_q. */
+static void attn_chunk_q(const struct cpu_attn *c, const struct attn_step *s, int t, int g, int p0, int p1,
+			 struct attn_part *pm, float *po, float *sc)
+{
+	const struct kvd_hparams *hp = c->hp;
+	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv, qd = hp->n_head * hd;
+	const float *q = c->q + (int64_t)t * qd + (int64_t)g * n_rep * hd;
+	int n = p1 - p0;
+	const unsigned char *kp[ATTN_CHUNK], *vp[ATTN_CHUNK];
+	const float *qp[64] = {0};
+	float *op[64] = {0}, *mlp[64] = {0};
+	int len[64] = {0};
+
+	kv_rows_q(c, s->layer, &s->b->seqs[c->tok_seq[t]], g, p0, n, kp, vp);
+	for (int r = 0; r < n_rep; r++) {
+		qp[r] = q + r * hd;
+		op[r] = po + r * hd;
+		mlp[r] = &pm[r].m;
+		len[r] = n;
+	}
+	attn_rows_q(c, n_rep, qp, len, kp, vp, mlp, op, sc);
+}
+
 /* One chunk [p0, p1) of token t's attention for KV head g: writes n_rep
  * (m, l) pairs to pm and n_rep * hd floats to po. sc: the thread's
  * scratch (attn_scratch_per). */
@@ -94,6 +178,10 @@ static void attn_chunk(const struct cpu_attn *c, const struct attn_step *s, int 
 	int n = p1 - p0;
 	const uint16_t *kp[ATTN_CHUNK], *vp[ATTN_CHUNK];
 
+	if (c->kv.layout.type != KVD_KV_F16) {
+		attn_chunk_q(c, s, t, g, p0, p1, pm, po, sc);
+		return;
+	}
 	kv_rows(c, s->layer, &s->b->seqs[c->tok_seq[t]], g, p0, n, kp, vp);
 	if (c->rows) {
 		const float *qp[64];
@@ -296,9 +384,15 @@ static void attn_tile_item(void *arg, uint32_t k, int tid)
 	float *mlp[ATTN_TILE * 64], *op[ATTN_TILE * 64];
 	int len[ATTN_TILE * 64];
 
+	const unsigned char *kq[ATTN_CHUNK], *vq[ATTN_CHUNK];
+	int quant = c->kv.layout.type != KVD_KV_F16;
+
 	for (int ci = 0; ci < nc; ci++) {
 		int p0 = ci * ATTN_CHUNK, n = chunk_end(ci, last) - p0, nr = 0;
-		kv_rows(c, s->layer, sq, g, p0, n, kp, vp);
+		if (quant)
+			kv_rows_q(c, s->layer, sq, g, p0, n, kq, vq);
+		else
+			kv_rows(c, s->layer, sq, g, p0, n, kp, vp);
 		for (int tt = 0; tt < nt; tt++) {
 			int pos = c->tok_pos[t0 + tt];
 			if (pos < p0)
@@ -312,7 +406,10 @@ static void attn_tile_item(void *arg, uint32_t k, int tid)
 				op[nr] = po + ((size_t)ci * n_rep + r) * hd;
 			}
 		}
-		c->rows(nr, qp, len, kp, vp, scale, mlp, op, kscr);
+		if (quant)
+			attn_rows_q(c, nr, qp, len, kq, vq, mlp, op, kscr);
+		else
+			c->rows(nr, qp, len, kp, vp, scale, mlp, op, kscr);
 	}
 	for (int tt = 0; tt < nt; tt++) {
 		const struct attn_part *pm = (const struct attn_part *)(part + tt * tok_stride);
@@ -360,7 +457,7 @@ static int attention(struct cpu_attn *c, const struct attn_step *s)
 		return 0;
 	}
 
-	if (n_items >= 2 * nth && c->rows) {
+	if (n_items >= 2 * nth && tiled(c)) {
 		int nt = 0;
 		if (s->T + 1 > c->cap_tiles) {
 			GROW(c->tile_first, s->T + 1);
@@ -414,6 +511,9 @@ void cpu_attn_setup(struct cpu_attn *c, struct tp *pool, const struct cpu_kernel
 	c->k = *k;
 	c->hp = hp;
 	c->rows = k->attn_rows_for ? k->attn_rows_for(hp->head_dim) : NULL;
+	/* the CPU backend's switches: KVD_CPU_GENERIC (k->isa "generic"),
+	 * KVD_CPU_NO_AVX512 */
+	cpu_kvq_kernels_init(&c->kq, !strcmp(k->isa, "generic") ? 0 : getenv("KVD_CPU_NO_AVX512") ? 1 : 2);
 }
 
 int cpu_attn_reserve(struct cpu_attn *c, int max_pos)

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "kvquant.h"
 #include "ops.h"
 #include "threadpool.h"
 
@@ -23,7 +24,8 @@ struct cpu_attn {
 	struct tp *pool;
 	struct cpu_kernels k;
 	const struct kvd_hparams *hp;
-	attn_rows_fn rows;    /* the tiled attention kernel, or NULL */
+	attn_rows_fn rows;    /* the tiled attention kernel (f16 K/V), or NULL */
+	struct kvq_kernels kq; /* products over K/V rows of the other types */
 	float scale;          /* scores are q·k times this */
 	/* the step being computed (cpu_attn_run) */
 	struct kvd_paged_view kv;

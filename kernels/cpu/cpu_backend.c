@@ -29,6 +29,7 @@
 
 #include "attention.h"
 #include "backend.h"
+#include "kvquant.h"
 #include "ops.h"
 #include "threadpool.h"
 
@@ -251,12 +252,17 @@ static int cpu_attach_kv(void *ctx, const struct kvd_paged_view *view)
 {
 	struct cpu_ctx *c = ctx;
 	const struct kvd_hparams *hp;
+	struct kvd_kv_layout want;
 
 	if (!c->w)
 		return -EINVAL;
 	hp = &c->w->hp;
-	if (!view->base || view->layout.n_layer != (uint32_t)hp->n_layer ||
-	    view->layout.kv_dim != (uint32_t)(hp->n_head_kv * hp->head_dim) || view->layout.block_size == 0)
+	/* every element type is implemented; the strides must be the type's */
+	if (!view->base || view->layout.block_size == 0 ||
+	    kvd_kv_layout_init_type(&want, hp, view->layout.block_size, view->layout.type) < 0 ||
+	    view->layout.n_layer != want.n_layer || view->layout.kv_dim != want.kv_dim ||
+	    view->layout.token_stride != want.token_stride || view->layout.v_offset != want.v_offset ||
+	    view->layout.layer_stride != want.layer_stride || view->layout.page_bytes != want.page_bytes)
 		return -EINVAL;
 	c->kv = *view;
 	c->kv_attached = 1;
@@ -528,7 +534,8 @@ struct step {
 	int layer;
 };
 
-/* RoPE on Q and K, then K and V stored into their pages as f16. */
+/* RoPE on Q and K, then K and V stored into their pages in the pool's
+ * element type (f16, or kvquant.h's). */
 static void rope_store_worker(void *arg, int ith, int nth)
 {
 	const struct step *s = arg;
@@ -565,8 +572,13 @@ static void rope_store_worker(void *arg, int ith, int nth)
 		int32_t page = sq->pages[pos / (int)L->block_size];
 		char *base = (char *)c->kv.base + (size_t)page * L->page_bytes + (size_t)s->layer * L->layer_stride +
 			     (size_t)(pos % (int)L->block_size) * L->token_stride;
-		c->k.store_f16((uint16_t *)base, k, kvd);
-		c->k.store_f16((uint16_t *)(base + L->v_offset), v, kvd);
+		if (L->type == KVD_KV_F16) {
+			c->k.store_f16((uint16_t *)base, k, kvd);
+			c->k.store_f16((uint16_t *)(base + L->v_offset), v, kvd);
+		} else {
+			cpu_kvq_store_row(L->type, base, k, kvd);
+			cpu_kvq_store_row(L->type, base + L->v_offset, v, kvd);
+		}
 	}
 }
 

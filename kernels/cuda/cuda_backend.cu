@@ -14,8 +14,9 @@
  *    matrices are also kept in their stored type, and steps of at most N
  *    tokens (decode) run a dequantizing GEMV over them instead, reading
  *    a quarter of the bytes for q4 weights.
- *  - KV: a device pool of the view's n_pages pages in the layout of
- *    kernels/backend.h. When the view has a host mapping (kvmm's memfd),
+ *  - KV: a device pool of the view's n_pages pages in the f16 layout of
+ *    kernels/backend.h (attach_kv refuses the other element types with
+ *    -ENOTSUP; the engine then serves them on the CPU). When the view has a host mapping (kvmm's memfd),
  *    it is registered as pinned memory: the host tier that page_read and
  *    page_write (swap) move pages to and from, by DMA on a copy stream of
  *    their own. The host mapping is never the authoritative copy.
@@ -536,6 +537,11 @@ static int cuda_attach_kv(void *ctx, const struct kvd_paged_view *view)
 
 	if (!c->loaded || c->kv_attached)
 		return -EINVAL;
+	/* the kernels read and write f16 K/V only: another element type is
+	 * refused before anything is allocated, so `backend = auto` can
+	 * serve it on the CPU */
+	if (vl->type != KVD_KV_F16)
+		return -ENOTSUP;
 	kvd_kv_layout_init(&want, &c->hp, vl->block_size);
 	if (vl->block_size == 0 || view->n_pages == 0 || vl->n_layer != want.n_layer || vl->kv_dim != want.kv_dim ||
 	    vl->token_stride != want.token_stride || vl->v_offset != want.v_offset ||

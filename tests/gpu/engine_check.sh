@@ -7,7 +7,8 @@
 # swapped out and back in after every step; the logits rows must
 # match the CPU backend's within the conformance tolerance for quantized
 # models (0.12 relative L2). A K-quant model, which the plug-in refuses,
-# must fall back to the CPU under "auto". Used by t_cuda_emulated.sh (emulated plug-in)
+# must fall back to the CPU under "auto", and so must a q8_0 KV cache (the
+# plug-in serves f16 K/V only). Used by t_cuda_emulated.sh (emulated plug-in)
 # and run.sh (the real one).
 #
 # Exit 0 passed, 1 failed, 77 when kvd_eval, the tiny models or NumPy are
@@ -112,4 +113,25 @@ for m in tiny-qwen2 tiny-qwen3 tiny-gemma3 tiny-llama3 tiny-mistral; do
 	cmp -s "$TMP/cpu.bin" "$TMP/auto.bin" || { echo "engine $m: CPU fallback logits differ from the CPU backend's"; exit 1; }
 	echo "engine $m: $(grep -o 'cuda backend: [^;]*is not implemented on the GPU' "$TMP/auto.err" | head -1); auto served on the CPU, logits identical"
 done
+# a quantized KV cache: the plug-in refuses a non-f16 layout in attach_kv,
+# and "auto" serves it on the CPU (same bytes as the CPU backend), saying why
+m=tiny-gqa
+if [ -f "$TINY/$m.gguf" ]; then
+	args=(--model "$TINY/$m.gguf" --tokens "$toks" --n-predict 10 --cache-type q8_0)
+	env -u KVD_CUDA_PLUGIN "$EVAL" "${args[@]}" --logits-out "$TMP/cpu.bin" > /dev/null || exit 1
+	"$EVAL" "${args[@]}" --timing --logits-out "$TMP/auto.bin" > /dev/null 2> "$TMP/auto.err" || {
+		cat "$TMP/auto.err"; exit 1; }
+	if ! grep -q "backend cpu" "$TMP/auto.err" || ! grep -q "KV cache type q8_0 is not implemented on the GPU" "$TMP/auto.err"; then
+		echo "engine $m q8_0: expected the CPU with a note on the GPU's KV types:"; cat "$TMP/auto.err"; exit 1
+	fi
+	cmp -s "$TMP/cpu.bin" "$TMP/auto.bin" || { echo "engine $m q8_0: CPU fallback logits differ from the CPU backend's"; exit 1; }
+	echo "engine $m: the plug-in refused a q8_0 KV cache; auto served on the CPU, logits identical"
+	# asked for explicitly, the GPU's refusal is the error
+	if "$EVAL" "${args[@]}" --backend cuda > /dev/null 2> "$TMP/cuda.err"; then
+		echo "engine $m q8_0: --backend cuda served a KV type the plug-in does not implement"; exit 1
+	fi
+	grep -q "KV cache type q8_0 is not implemented on the GPU" "$TMP/cuda.err" || {
+		echo "engine $m q8_0, --backend cuda: unclear error:"; cat "$TMP/cuda.err"; exit 1; }
+	echo "engine $m: with backend cuda, a q8_0 KV cache is refused: $(cat "$TMP/cuda.err")"
+fi
 echo "engine check passed"

@@ -34,6 +34,10 @@ Parts
             accepts is compared with the reference as in "tiny" (also on
             AVX2 and portable C) and checked for invariance as in
             "inv-tiny".
+  kvtype    KV caches of type f32, q8_0 and q4_0 ([kv] cache_type) on tiny
+            models with head sizes of 32 and 64: every logits row against the
+            reference storing K/V in the same blocks (ref.kv_store_round),
+            greedy tokens identical; q4_0 also on portable C.
   isa       the CPU backend forced to AVX2 (KVD_CPU_NO_AVX512) and to portable
             C (KVD_CPU_GENERIC) on several tiny models, and AVX2 on one real
             prompt (with "real"): the same comparison with the reference.
@@ -108,6 +112,7 @@ import gen_tiny_models  # noqa: E402
 
 TOL_FLOAT, TIE_FLOAT = 5e-3, 1e-2
 TOL_QTINY, TIE_QTINY = 0.2, 0.2
+TOL_KVQ = 0.02   # float weights, q8_0/q4_0 KV cache (part kvtype)
 TOL_REAL, TOL_REAL_RMS, TIE_REAL = 1.0, 0.35, 0.3
 
 N_TINY = 20   # tokens generated per tiny prompt (crosses a 16-token page)
@@ -239,13 +244,14 @@ class Stats:
         s["ties"] += ties
 
 
-def compare(label, m, res, tol, tie, stats, stats_key, tol_rms=None):
-    """Compare one engine run with the reference teacher-forced on its tokens.
+def compare(label, m, res, tol, tie, stats, stats_key, tol_rms=None, kv=True):
+    """Compare one engine run with the reference teacher-forced on its tokens
+    (kv: the reference's KV storage, True for f16 or a kvd KV type name).
     Returns a list of failure strings (empty when it passed)."""
     prompt, gen, got = res["prompt_tokens"], res["generated"], res["logits"]
     if res["n_vocab"] != m.n_vocab:
         return ["%s: n_vocab %d, reference %d" % (label, res["n_vocab"], m.n_vocab)]
-    want = m.teacher_forced(prompt, gen, act_q8=True, kv_f16=True)
+    want = m.teacher_forced(prompt, gen, act_q8=True, kv_f16=kv)
     std = want.std(axis=1)
     diff = np.abs(got - want)
     rel_rows = diff.max(axis=1) / std
@@ -459,6 +465,39 @@ def part_arch(eng, tiny_dir, stats):
     return fails
 
 
+# KV element types ([kv] cache_type): the engine with a quantized (or f32)
+# cache against the reference storing the same blocks (ref.kv_store_round),
+# on tiny models whose head size is a multiple of 32, with the portable
+# build too (the quantized products are the same code in every build).
+KV_TYPES = ("f32", "q8_0", "q4_0")
+KV_TINY = ("gqa", "mqa", "odd", "type-f32", "type-q4_0", "hd64")
+
+
+def part_kvtype(eng, tiny, stats):
+    fails = []
+    for name in KV_TINY:
+        if name not in tiny:
+            continue
+        m = ref.Model(tiny[name], dtype=np.float64)
+        q = is_quantized(m)
+        log("tiny-%s: %s" % (name, m.describe()))
+        for p in tiny_prompts(m.n_vocab, name)[2:]:
+            for kv in KV_TYPES:
+                # q8_0/q4_0 round like int8 activations do: a last-bit
+                # difference can move a quant by one step, which on float
+                # weights was seen to move logits by up to 9e-3 std (and
+                # 1e-5 std without such a step). The bound tells the types
+                # apart: the q8_0 engine against an f16 reference differs
+                # by 4e-2 std (tiny-hd64), q4_0 by 0.7 std; a wrong scale,
+                # nibble order or block moves logits by O(0.1..1) std
+                tol, tie = (TOL_QTINY, TIE_QTINY) if q else (TOL_FLOAT, TIE_FLOAT) if kv == "f32" else (TOL_KVQ, TIE_QTINY)
+                for isa, env in (("", None),) + (tuple(ISA_VARIANTS[1:]) if kv == "q4_0" else ()):
+                    r = eng.run(tiny[name], tokens=p, n_predict=N_TINY, extra=["--cache-type", kv], env=env)[0]
+                    fails += compare("tiny-%s kv %s%s, %d-token prompt" % (name, kv, " " + isa if isa else "", len(p)),
+                                     m, r, tol, tie, stats, "kv %s tiny" % kv, kv=kv)
+    return fails
+
+
 # The CPU backend's other instruction sets, forced through its environment
 # switches: each must match the reference on its own (the default run above
 # uses the best the machine has).
@@ -590,7 +629,7 @@ def main():
     ap.add_argument("--eval", default=os.path.join(ROOT, build, "tests", "kvd_eval"))
     ap.add_argument("--tiny-dir", default=os.path.join(ROOT, build, "tiny-models"))
     ap.add_argument("--model", default=os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--part", default="ref-self,tiny,real,inv-tiny,inv-real,isa,arch")
+    ap.add_argument("--part", default="ref-self,tiny,real,inv-tiny,inv-real,isa,arch,kvtype")
     ap.add_argument("--only", help="comma-separated tiny variants (default all)")
     a = ap.parse_args()
     parts = set(a.part.split(","))
@@ -609,7 +648,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="kvd-ref-") as tmp:
         eng = Engine(a.eval, tmp)
         try:
-            if parts & {"ref-self", "tiny", "inv-tiny", "isa"}:
+            if parts & {"ref-self", "tiny", "inv-tiny", "isa", "kvtype"}:
                 names = a.only.split(",") if a.only else None
                 tiny = gen_tiny_models.generate(a.tiny_dir, names)
                 log("== tiny models in %s: %s" % (a.tiny_dir, ", ".join(tiny)))
@@ -622,6 +661,9 @@ def main():
                 if "isa" in parts:
                     log("== other instruction sets (%s)" % ", ".join(i for i, _ in ISA_VARIANTS))
                     fails += part_isa(eng, tiny, a.model if "real" in parts else None, stats)
+                if "kvtype" in parts:
+                    log("== KV element types (%s) against the reference storing the same blocks" % ", ".join(KV_TYPES))
+                    fails += part_kvtype(eng, tiny, stats)
             if "arch" in parts:
                 log("== other architectures")
                 fails += part_arch(eng, a.tiny_dir, stats)

@@ -39,7 +39,12 @@ that the remaining differences are only rounding of sums:
 
 * `kv_f16=True`: K and V are rounded to IEEE float16 when stored in the cache
   (kvd keeps its KV pages in f16); every position, including the current
-  one, attends to the rounded values.
+  one, attends to the rounded values. `kv_f16` may also name one of kvd's
+  KV element types ([kv] cache_type): "f16" (the same as True), "f32" (K/V
+  rounded to float32), "q8_0" or "q4_0": each token's K and V rows
+  (n_head_kv * head_dim elements) are quantized per block of 32 as
+  kernels/backend.h defines it (GGML's q8_0 and q4_0: float32 arithmetic,
+  the scale stored as float16), and attended in their dequantized form.
 * `act_q8=True`: the input vector of every matmul whose weight is Q4_0, Q4_1
   or Q8_0 is quantized per block of 32 elements, as integer dot-product
   kernels do: d = float32(max|x| / 127), q = rint(x * float32(1/d)) clipped
@@ -242,6 +247,35 @@ class Weight:
         return x @ self.mat.T
 
 
+def _round_half_away(v):
+    return np.sign(v) * np.floor(np.abs(v) + np.float32(0.5))
+
+
+def kv_store_round(x, kv_type):
+    """The values kvd's KV type `kv_type` stores for rows x (..., n), n a
+    multiple of 32 for q8_0/q4_0; computed in float32 as kvd does."""
+    if kv_type == "f32":
+        return x.astype(np.float32).astype(x.dtype)
+    if kv_type == "f16":
+        return x.astype(np.float16).astype(x.dtype)
+    shape = x.shape
+    b = x.astype(np.float32).reshape(-1, 32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if kv_type == "q8_0":
+            d = np.abs(b).max(axis=1, keepdims=True) / np.float32(127)
+            idv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+            q = np.clip(_round_half_away((b * idv).astype(np.float32)), -127, 127)
+        elif kv_type == "q4_0":
+            m = np.take_along_axis(b, np.abs(b).argmax(axis=1)[:, None], axis=1)
+            d = m / np.float32(-8)
+            idv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+            q = np.clip(np.floor((b * idv).astype(np.float32) + np.float32(8.5)), 0, 15) - 8
+        else:
+            raise ValueError("unknown KV type %r" % kv_type)
+    d16 = d.astype(np.float16).astype(np.float32)
+    return (d16 * q.astype(np.float32)).reshape(shape).astype(x.dtype)
+
+
 class Cache:
     """Per-layer K and V of every position fed so far: lists of arrays of
     shape (n_pos, n_head_kv, head_dim)."""
@@ -254,8 +288,10 @@ class Cache:
 
     def store(self, layer, k, v):
         if self.kv_f16:
-            k = k.astype(np.float16).astype(k.dtype)
-            v = v.astype(np.float16).astype(v.dtype)
+            t = "f16" if self.kv_f16 is True else self.kv_f16
+            # rows of n_head_kv * head_dim elements, blocks along them
+            k = kv_store_round(k.reshape(k.shape[0], -1), t).reshape(k.shape)
+            v = kv_store_round(v.reshape(v.shape[0], -1), t).reshape(v.shape)
         if self.k[layer] is None:
             self.k[layer], self.v[layer] = k, v
         else:

@@ -24,6 +24,7 @@ static const char usage[] =
 	"usage: kvd_eval --model PATH (--tokens ID,ID,... | --prompt TEXT | --batch-file FILE)\n"
 	"                [--n-predict N] [--threads N] [--block-size N] [--chunk N]\n"
 	"                [--shuffle-seed S] [--logits-out FILE] [--timing] [--pool-pages N]\n"
+	"                [--cache-type f16|q8_0|q4_0|f32] [--backend auto|cpu|cuda]\n"
 	"\n"
 	"Greedy-decodes N tokens (default 32, EOS ignored) after the prompt and prints\n"
 	"{\"prompt_tokens\":[...],\"generated\":[...],\"n_vocab\":V} (one object per\n"
@@ -43,7 +44,9 @@ static const char usage[] =
 	"  --swap-each-step   after prefill and every decode step, swap every sequence out\n"
 	"                     (to a memory store), overwrite the freed pages with another\n"
 	"                     sequence's prefill, and swap them back in: the logits must\n"
-	"                     not change\n";
+	"                     not change\n"
+	"  --cache-type TYPE  K/V element type (default f16)\n"
+	"  --backend NAME     auto (default), cpu or cuda\n";
 
 struct seq {
 	int32_t *toks;
@@ -155,13 +158,15 @@ int main(int argc, char **argv)
 		{"shuffle-seed", required_argument, 0, 's'}, {"logits-out", required_argument, 0, 'o'},
 		{"timing", no_argument, 0, 'T'},        {"pool-pages", required_argument, 0, 'P'},
 		{"parse-special", no_argument, 0, 'S'}, {"help", no_argument, 0, 'h'},
-		{"swap-each-step", no_argument, 0, 'W'}, {0, 0, 0, 0},
+		{"swap-each-step", no_argument, 0, 'W'}, {"cache-type", required_argument, 0, 'K'},
+		{"backend", required_argument, 0, 'D'}, {0, 0, 0, 0},
 	};
-	const char *model = NULL, *tokens = NULL, *prompt = NULL, *batch = NULL, *logits_out = NULL;
+	const char *model = NULL, *tokens = NULL, *prompt = NULL, *batch = NULL, *logits_out = NULL, *backend = NULL;
 	int n_predict = 32, threads = 0, chunk = 0, timing = 0, parse_special = 0, swap_each = 0;
 	long pool_pages = 0;
 	uint32_t block_size = 16;
 	uint64_t shuffle = 0;
+	enum kvd_kv_type kv_type = KVD_KV_F16;
 	int c, r, rc = 1;
 
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -180,6 +185,13 @@ int main(int argc, char **argv)
 		case 'P': pool_pages = atol(optarg); break;
 		case 'S': parse_special = 1; break;
 		case 'W': swap_each = 1; break;
+		case 'D': backend = optarg; break;
+		case 'K':
+			if (kvd_kv_type_parse(optarg, &kv_type) < 0) {
+				fprintf(stderr, "kvd_eval: --cache-type: '%s' is not f16, q8_0, q4_0 or f32\n", optarg);
+				return 2;
+			}
+			break;
 		case 'h': fputs(usage, stdout); return 0;
 		default: fputs(usage, stderr); return 2;
 		}
@@ -254,15 +266,20 @@ int main(int argc, char **argv)
 	}
 	const struct kvd_kv_layout *lay;
 	struct kvd_kv_layout l0;
-	kvd_kv_layout_init(&l0, kvd_model_hparams(m), block_size);
+	if (kvd_kv_layout_init_type(&l0, kvd_model_hparams(m), block_size, kv_type) < 0) {
+		fprintf(stderr, "kvd_eval: cache type %s does not fit this model's head size\n", kvd_kv_type_name(kv_type));
+		return 1;
+	}
 	kvd_model_free(m);
 	if (!pool_pages)
 		pool_pages = need_pages * 3 + 8;
 
 	struct kvd_engine_config ec = {
 		.model_path = model,
+		.backend = backend,
 		.n_threads = threads,
 		.block_size = block_size,
+		.kv_type = kv_type,
 		.kv_pool_bytes = (uint64_t)pool_pages * l0.page_bytes,
 		.max_seqs = MAX_SEQS,
 		.prefix_cache = 0,

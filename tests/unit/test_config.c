@@ -18,6 +18,7 @@
 
 #include <cmocka.h>
 
+#include "backend.h"
 #include "daemon/config.h"
 
 static int set(struct kvd_config *c, const struct kvd_conf_key *k, const char *v, char *err, size_t errlen)
@@ -103,7 +104,7 @@ static void test_integer_limits(void **state)
 static void test_reload_classes(void **state)
 {
 	static const char *const restart[] = { "model.path", "engine.backend", "engine.threads", "kv.pool_size",
-					       "kv.block_size", "kv.prefix_caching", "kv.swap_file", "kv.swap_size", "kv.keep_on_restart",
+					       "kv.block_size", "kv.cache_type", "kv.prefix_caching", "kv.swap_file", "kv.swap_size", "kv.keep_on_restart",
 					       "scheduler.max_model_len", "server.socket", "server.socket_mode",
 					       "server.socket_group" };
 	size_t n_restart = 0;
@@ -181,6 +182,41 @@ static void test_messages(void **state)
 	free(c);
 }
 
+/* kv.cache_type: f16 by default; its choices are exactly the KV element
+ * types kernels/backend.h names; anything else is refused by name. */
+static void test_cache_type(void **state)
+{
+	struct kvd_config *c = malloc(sizeof(*c));
+	const struct kvd_conf_key *k = row("kv", "cache_type");
+	char err[512];
+	size_t n = 0;
+
+	assert_non_null(c);
+	kvd_config_defaults(c);
+	assert_string_equal(c->cache_type, "f16");
+	assert_string_equal(k->opt, "--cache-type");
+	for (n = 0; k->choices[n]; n++) {
+		enum kvd_kv_type t = (enum kvd_kv_type)99;
+		assert_int_equal(kvd_config_set(c, "kv", "cache_type", k->choices[n], "f:1", err, sizeof(err)), 0);
+		assert_string_equal(c->cache_type, k->choices[n]);
+		assert_int_equal(kvd_kv_type_parse(c->cache_type, &t), 0);
+		assert_string_equal(kvd_kv_type_name(t), k->choices[n]);
+	}
+	assert_int_equal(n, 4);
+	const char *bad[] = {"q8", "Q8_0", "q4_1", "", "f16 ", "bf16"};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char want[128];
+		assert_int_equal(kvd_config_set(c, "kv", "cache_type", bad[i], "f:7", err, sizeof(err)), -EINVAL);
+		snprintf(want, sizeof(want), "f:7: cache_type must be f16, q8_0, q4_0 or f32, not '%s'", bad[i]);
+		if (bad[i][0])
+			assert_string_equal(err, want);
+		else
+			assert_non_null(strstr(err, "f:7: "));
+	}
+	assert_string_equal(c->cache_type, "f32"); /* the last good value stays */
+	free(c);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -189,6 +225,7 @@ int main(void)
 		cmocka_unit_test(test_reload_classes),
 		cmocka_unit_test(test_options),
 		cmocka_unit_test(test_messages),
+		cmocka_unit_test(test_cache_type),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

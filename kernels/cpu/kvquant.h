@@ -1,0 +1,61 @@
+/*
+ * kernels/cpu/kvquant.h — K/V rows in the f32, q8_0 and q4_0 element types
+ * of kernels/backend.h (enum kvd_kv_type): storing a row into a page,
+ * reading one back, and the two products attention needs, computed on the
+ * stored rows in place (each 32-element block is converted to floats in
+ * registers and scaled once; nothing is staged per page).
+ *
+ * Exact arithmetic, the same in every build (so the portable, AVX2 and
+ * AVX-512 versions give the same bits, and a token's attention does not depend on
+ * the instruction set the CPU backend picked), with fma(a, b, c) = a * b + c
+ * rounded once:
+ *
+ *   dot, query row q against a K row k of n elements, per block b of 32
+ *   with scale d_b (1 for f32) and elements k_i as floats (quants exactly),
+ *   for lanes l = 0..7 (elements relative to the block):
+ *     p_l = fma(q_{l+24}, k_{l+24}, fma(q_{l+16}, k_{l+16}, fma(q_{l+8}, k_{l+8}, q_l k_l)))
+ *     acc_l = fma(d_b, p_l, acc_l)                  (acc_l = 0 before block 0)
+ *     result = ((acc_0 + acc_1) + (acc_2 + acc_3)) + ((acc_4 + acc_5) + (acc_6 + acc_7))
+ *   axpy, y += a * v for a V row v, per block b:
+ *     y_i = fma(a * d_b, v_i, y_i)
+ *
+ * No other multiply and add is contracted: the sources are ISO C, whose
+ * default forbids it.
+ */
+#ifndef KVD_CPU_KVQUANT_H
+#define KVD_CPU_KVQUANT_H
+
+#include <stdint.h>
+
+#include "backend.h"
+
+/* Store n floats (n a multiple of 32 for the quantized types) as one row of
+ * type t at dst (kvd_kv_row_bytes(t, n) bytes). f16 rounds to nearest
+ * even. Portable C, one version for every CPU. */
+void cpu_kvq_store_row(enum kvd_kv_type t, void *dst, const float *src, int n);
+
+/* The n floats a stored row of type t holds (the exact stored values). */
+void cpu_kvq_load_row(enum kvd_kv_type t, const void *src, float *dst, int n);
+
+/* Scores of nr query rows q[r] against n K rows k[i] (one head each: hd
+ * elements, a multiple of 32) of type t != f16: sc[r * ldsc + i] =
+ * dot(q[r], k[i]) * scale, the dot as stated above. */
+typedef void (*kvq_scores_fn)(enum kvd_kv_type t, const float *const *q, int nr, const unsigned char *const *k,
+			      int n, int hd, float scale, float *sc, int ldsc);
+/* For rows r < nr: o[r] += w[r * ldw + i] * v[i] for positions i < len[r]
+ * in position order (each an axpy as stated above), v[i] V rows of one
+ * head (hd elements) of type t != f16. */
+typedef void (*kvq_accum_fn)(enum kvd_kv_type t, float *const *o, int nr, const int *len, const float *w, int ldw,
+			     const unsigned char *const *v, int hd);
+
+struct kvq_kernels {
+	const char *isa; /* "avx512", "avx2" or "generic" */
+	kvq_scores_fn scores;
+	kvq_accum_fn accum;
+};
+
+/* The versions for this CPU, up to `level`: 2 AVX-512 (with AVX2 and FMA),
+ * 1 AVX2 and FMA, 0 portable C. All give identical bits. */
+void cpu_kvq_kernels_init(struct kvq_kernels *k, int level);
+
+#endif
