@@ -298,6 +298,21 @@ struct kvd_backend_ops {
 	 * only). The engine compares a model's features with it before load, to
 	 * name what is missing and to let `backend = auto` fall back. */
 	uint32_t features;
+	/*
+	 * kv_shift: optional (NULL: the backend cannot, and the engine refuses
+	 * the context policies that drop KV from inside a sequence). Re-rotate
+	 * the cached keys of the first n_tokens token slots of pages[0 ..
+	 * n_pages) (page i holding tokens [i * block_size, (i + 1) * block_size);
+	 * every layer and KV head; values untouched) as if each had been
+	 * computed `delta` positions later: a key stored rotated at position p
+	 * becomes the key rotated at p + delta, with each layer's RoPE (pairing
+	 * style, base, linear scaling, rope_freqs) exactly as forward applies
+	 * it. RoPE rotates each pair by an angle linear in the position, so this
+	 * is one rotation by delta's angles, whatever p. Returns 0, -EINVAL for a
+	 * page out of range or n_tokens beyond the pages, -ENOTSUP for a KV
+	 * element type other than f16.
+	 */
+	int (*kv_shift)(void *ctx, const int32_t *pages, uint32_t n_pages, uint32_t n_tokens, int32_t delta);
 };
 
 /* The CPU backend, always built. */
