@@ -447,6 +447,22 @@ int kvd_engine_step(struct kvd_engine *e, const struct kvd_engine_item *items, s
 
 /* ---- context windows ---------------------------------------------------------- */
 
+int kvd_window_make(uint32_t block_size, uint32_t max_len, int sinks_on, uint32_t sinks, uint32_t window,
+		    struct kvd_window *ret)
+{
+	uint64_t sink_pages = sinks_on ? ((uint64_t)(sinks ? sinks : 4) + block_size - 1) / block_size : 0;
+	uint64_t room = (uint64_t)max_len, used = sink_pages * block_size + block_size - 1;
+
+	if (used >= room)
+		return -E2BIG;
+	if (!window)
+		window = (uint32_t)(room - used);
+	if (used + window > room)
+		return -E2BIG;
+	*ret = (struct kvd_window){ (uint32_t)sink_pages, window + block_size - 1 };
+	return 0;
+}
+
 int kvd_engine_can_shift(const struct kvd_engine *e)
 {
 	return e->ops->kv_shift != NULL;

@@ -124,6 +124,16 @@ struct kvd_window {
 	uint32_t max_window;  /* window tokens after them at most, >= block_size */
 };
 
+/*
+ * The window of a policy: sinks_on with `sinks` first tokens (0: 4) kept as
+ * whole pages, the last `window` tokens (0: as many as fit) seen by every
+ * token at least, all positions below max_len. 0, or -E2BIG when the sinks
+ * and the window do not fit in max_len (sinks rounded up to pages, plus
+ * the window, plus block_size - 1 tokens of page-granular slack).
+ */
+int kvd_window_make(uint32_t block_size, uint32_t max_len, int sinks_on, uint32_t sinks, uint32_t window,
+		    struct kvd_window *ret);
+
 /* Whether the backend can re-rotate cached keys (kv_shift): the window
  * policies need it. */
 int kvd_engine_can_shift(const struct kvd_engine *e);

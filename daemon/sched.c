@@ -64,6 +64,10 @@ struct req {
 	int ignore_eos;
 	uint32_t idle_s;         /* session idle time; 0: the config's */
 	int admitted_now;        /* admitted during the step being built */
+	int windowed;            /* a window policy: w applies, KV holds toks[0, sink) and
+	                          * toks[sink + n_dropped, n_computed) */
+	struct kvd_window w;
+	uint32_t n_dropped;
 	int swap_failed;         /* kvmm reported an I/O error on its sequence */
 	struct kvd_sampler *sampler;
 	float *logits;
@@ -219,7 +223,7 @@ static void drop_seq(struct kvd_sched *s, struct req *r)
 		kvmm_seq_free(s->kv, r->seq);
 		r->has_seq = 0;
 	}
-	r->n_computed = 0;
+	r->n_computed = r->n_dropped = 0;
 }
 
 static void remove_at(struct kvd_sched *s, size_t i)
@@ -380,9 +384,21 @@ int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt
 		if (sess)
 			hist = sess->n_toks;
 	}
-	if ((uint64_t)hist + n_prompt + p->max_tokens > s->cfg.max_model_len)
+	struct kvd_window w = {0};
+	int windowed = p->ctx_policy == KVD_CTX_SLIDING_WINDOW || p->ctx_policy == KVD_CTX_SINKS;
+	uint64_t kv_need = (uint64_t)hist + n_prompt + p->max_tokens;
+	if (windowed) {
+		if (!kvd_engine_can_shift(s->e))
+			return -ENOTSUP;
+		if (kvd_window_make(s->block_size, s->cfg.max_model_len, p->ctx_policy == KVD_CTX_SINKS, p->ctx_sinks,
+				    p->ctx_window, &w) < 0)
+			return -E2BIG;
+		if (kv_need > (uint64_t)w.sink_pages * s->block_size + w.max_window)
+			kv_need = (uint64_t)w.sink_pages * s->block_size + w.max_window;
+	} else if (kv_need > s->cfg.max_model_len) {
 		return -E2BIG;
-	if (pages_for(s, hist + n_prompt + p->max_tokens) > kvmm_n_pages(s->kv))
+	}
+	if (pages_for(s, (uint32_t)kv_need) > kvmm_n_pages(s->kv))
 		return -ENOSPC;
 	if (s->n_reqs == s->cap_reqs) {
 		size_t cap = s->cap_reqs ? s->cap_reqs * 2 : 64;
@@ -403,7 +419,7 @@ int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt
 		if (!r)
 			return -ENOMEM;
 	}
-	rc = reserve_toks(r, hist + n_prompt + p->max_tokens);
+	rc = reserve_toks(r, hist + n_prompt + p->max_tokens); /* (bounded by the wire's limits) */
 	if (rc < 0)
 		goto fail;
 	r->sampler = kvd_sampler_new(&p->sampling, s->n_vocab);
@@ -421,12 +437,17 @@ int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt
 	r->max_tokens = p->max_tokens;
 	r->ignore_eos = p->ignore_eos;
 	r->idle_s = p->session_idle_s;
+	if (r->windowed != windowed || memcmp(&r->w, &w, sizeof(w)))
+		drop_seq(s, r); /* a session's KV kept under another policy is not this one's */
+	r->windowed = windowed;
+	r->w = w;
 	r->t_submit = now_ns(s);
 	r->t_admit = r->t_first = r->t_last = 0;
 	/* a session turn computes over its history too: report the whole
 	 * context, with the history the session kept as cached */
 	r->res.prompt_tokens = hist + n_prompt;
 	r->res.cached_tokens = sess ? r->n_computed : 0;
+	r->res.context_dropped_tokens = 0;
 	if (!sess || !r->has_seq) {
 		r->state = RS_WAITING; /* (a session whose pages were given up recomputes) */
 	} else {
@@ -470,6 +491,22 @@ int kvd_sched_session_close(struct kvd_sched *s, uint64_t session)
 	remove_at(s, i);
 	drop_seq(s, r);
 	req_free(r);
+	return 0;
+}
+
+int kvd_sched_session_truncate(struct kvd_sched *s, uint64_t session, uint32_t keep, uint32_t drop)
+{
+	struct req *r = find_session(s, session, NULL);
+
+	if (!r)
+		return -ENOENT;
+	if (r->state != RS_SESSION)
+		return -EBUSY;
+	if (!drop || (uint64_t)keep + drop > r->n_toks)
+		return -EINVAL;
+	memmove(r->toks + keep, r->toks + keep + drop, (r->n_toks - keep - drop) * sizeof(*r->toks));
+	r->n_toks -= drop;
+	drop_seq(s, r);
 	return 0;
 }
 
@@ -597,7 +634,7 @@ size_t kvd_sched_list(const struct kvd_sched *s, struct kvd_sched_req_info *out,
 			.cached_tokens = r->res.cached_tokens,
 			.generated_tokens = r->n_generated,
 			.max_tokens = r->max_tokens,
-			.kv_tokens = r->n_computed,
+			.kv_tokens = r->n_computed - r->n_dropped,
 			.pages = np,
 			.pages_shared = shared,
 			.age_ns = t - r->t_submit,
@@ -656,7 +693,7 @@ static void resume_swapped(struct kvd_sched *s, uint32_t n_running)
 		struct req *r = s->reqs[i];
 		if (r->state != RS_SWAPPED)
 			continue;
-		uint32_t need = pages_for(s, r->n_computed) + n_running + 1;
+		uint32_t need = pages_for(s, r->n_computed - r->n_dropped) + n_running + 1;
 		if (need > kvmm_n_pages(s->kv))
 			need = kvmm_n_pages(s->kv); /* alone it always fits (checked at submit) */
 		if (kvmm_available_pages(s->kv) < need)
@@ -830,9 +867,11 @@ int kvd_sched_step(struct kvd_sched *s)
 					break;
 				r->has_seq = 1;
 				r->n_computed = 0;
-				uint32_t hit = 0;
+				uint32_t hit = 0, n_look = r->n_toks;
+				if (r->windowed && n_look > r->w.sink_pages * s->block_size + r->w.max_window)
+					n_look = r->w.sink_pages * s->block_size + r->w.max_window; /* before any drop */
 				s->attaching = r; /* a failed promotion is charged to r */
-				int ar = kvmm_prefix_attach(s->kv, r->seq, r->toks, r->n_toks, &hit);
+				int ar = kvmm_prefix_attach(s->kv, r->seq, r->toks, n_look, &hit);
 				s->attaching = NULL;
 				if (ar == 0)
 					r->n_computed = hit;
@@ -849,7 +888,16 @@ int kvd_sched_step(struct kvd_sched *s)
 			uint32_t pending = r->n_toks - r->n_computed;
 			if ((pass == 0) != (pending == 1) && pass != 2)
 				continue;
-			uint32_t take = pending < budget ? pending : budget;
+			uint32_t take = pending < budget ? pending : budget, dropped = 0;
+			if (r->windowed) { /* drop what leaves the window; stop at its next edge */
+				int wr = kvd_engine_window_prepare(s->e, r->seq, &r->w, take, &take, &dropped);
+				if (wr < 0) { /* -ENOMEM: try again next step; else it fails below */
+					r->res.error = wr == -ENOMEM ? 0 : wr;
+					continue;
+				}
+				r->n_dropped += dropped;
+				r->res.context_dropped_tokens += dropped;
+			}
 			s->items[n_items] = (struct kvd_engine_item){
 				.seq = r->seq,
 				.tokens = r->toks + r->n_computed,
@@ -860,6 +908,11 @@ int kvd_sched_step(struct kvd_sched *s)
 			budget -= take;
 		}
 	}
+	for (size_t i = 0; i < s->n_reqs;) /* a window its KV could not follow */
+		if (s->reqs[i]->state == RS_RUNNING && s->reqs[i]->res.error < 0)
+			finish(s, s->reqs[i], KVD_FINISH_ERROR, s->reqs[i]->res.error);
+		else
+			i++;
 	if (!n_items)
 		return 0;
 

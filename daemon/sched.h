@@ -67,6 +67,20 @@ struct kvd_request_params {
 	uint64_t session;             /* 0: none; else continue / keep this session */
 	uint32_t session_idle_s;      /* the session closes after this long unused;
 	                               * 0: the config's session_idle_s */
+	/* Context policy (enum kvd_ctx_policy). The window policies drop the
+	 * oldest KV as the request runs (engine.h says how); truncate-oldest is
+	 * the caller's (kvd_sched_session_truncate) and acts here as ERROR. */
+	uint32_t ctx_policy;
+	uint32_t ctx_window;          /* window policies: tokens; 0 = as many as fit */
+	uint32_t ctx_sinks;           /* KVD_CTX_SINKS: first tokens kept; 0 = 4 */
+};
+
+/* The values are the wire's (enum ipc_context_policy). */
+enum kvd_ctx_policy {
+	KVD_CTX_ERROR = 0,
+	KVD_CTX_TRUNCATE_OLDEST = 1,
+	KVD_CTX_SLIDING_WINDOW = 2,
+	KVD_CTX_SINKS = 3,
 };
 
 /* What on_token answers: go on, or stop now (a stop string appeared). */
@@ -92,6 +106,9 @@ struct kvd_request_result {
 	 * live record of a kept session); NULL when it never had one. Valid
 	 * only during on_done. */
 	const struct kvmm_seq_record *ledger;
+	uint32_t context_dropped_tokens; /* KV tokens a window policy dropped in this request */
+	uint32_t context_truncated_turns; /* set by the caller: turns truncate-oldest removed */
+	uint32_t context_policy;          /* set by the caller (enum kvd_ctx_policy), for the ledger */
 };
 
 /* Callbacks, all optional, all given ud. None may call back into the
@@ -142,7 +159,9 @@ struct kvd_sched *kvd_sched_destroy(struct kvd_sched *s);
 
 /*
  * Queue a request. The prompt is copied. Returns 0; -E2BIG when history +
- * prompt + max_tokens exceeds max_model_len; -ENOSPC when it could not fit
+ * prompt + max_tokens exceeds max_model_len (without a window policy), or
+ * when a window policy's sinks and window do not fit in it; -ENOTSUP for a
+ * window policy the backend cannot do (no kv_shift); -ENOSPC when it could not fit
  * in the whole KV pool even alone; -EINVAL for an empty prompt, a token
  * out of range or bad sampling parameters; -EBUSY when the queue is full
  * or the session is in use; -EEXIST for a duplicate request id; -ENOMEM.
@@ -160,6 +179,11 @@ int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt
 /* Cancel a queued or running request (on_done with CANCELLED, its pages
  * freed at once). -ENOENT if unknown. */
 int kvd_sched_cancel(struct kvd_sched *s, uint64_t req_id);
+/* truncate-oldest: remove tokens [keep, keep + drop) of an idle session's
+ * history and give up its KV (the next turn recomputes the rest, the kept
+ * head through the prefix cache). -ENOENT; -EBUSY while a turn runs;
+ * -EINVAL for drop 0 or a range past the history. */
+int kvd_sched_session_truncate(struct kvd_sched *s, uint64_t session, uint32_t keep, uint32_t drop);
 /* Drop a session and its pages. -ENOENT, -EBUSY while a request uses it. */
 int kvd_sched_session_close(struct kvd_sched *s, uint64_t session);
 /* Tokens a session holds (history a next turn continues), or -ENOENT when

@@ -260,7 +260,8 @@ struct ipc_welcome {
 #define IPC_GEN_PROMPT_IN_RING 0x4u /* prompt follows as PROMPT_DATA records */
 #define IPC_GEN_PARSE_SPECIAL  0x8u /* with IPC_GEN_RAW: special-token texts become special tokens */
 #define IPC_GEN_CHAT_TURNS     0x10u /* the prompt is a list of chat turns (see below) */
-#define IPC_GEN_ALL            0x1fu
+#define IPC_GEN_CONTEXT        0x20u /* a struct ipc_gen_context follows the stop area */
+#define IPC_GEN_ALL            0x3fu
 
 struct ipc_generate {
 	uint32_t gen_flags;       /* IPC_GEN_* */
@@ -279,7 +280,39 @@ struct ipc_generate {
 	uint16_t reserved0;
 	uint32_t stop_bytes;      /* size of the stop area: per string u16 length + bytes */
 };
-/* Payload: struct ipc_generate | system text | stop area | prompt (inline only). */
+/* Payload: struct ipc_generate | system text | stop area | [struct ipc_gen_context
+ * with IPC_GEN_CONTEXT] | prompt (inline only). */
+
+/*
+ * What happens when a request (or a session's next turn) would not fit in
+ * the context window. IPC_CTX_ERROR refuses it (IPC_ERR_CONTEXT), as
+ * without the block. IPC_CTX_TRUNCATE_OLDEST (sessions only) drops the
+ * session's oldest turns, keeping the system prompt, until the turn fits.
+ * IPC_CTX_SLIDING_WINDOW keeps the last window_tokens tokens (at least; the
+ * KV is dropped a page at a time) and IPC_CTX_SINKS also keeps the first
+ * sink_tokens tokens (StreamingLLM's attention sinks, rounded up to whole
+ * pages); with these two, generation may run past the context: the KV of
+ * older tokens is freed as it leaves the window. The DONE record says how
+ * many tokens of context were dropped.
+ */
+enum ipc_context_policy {
+	IPC_CTX_ERROR = 0,
+	IPC_CTX_TRUNCATE_OLDEST = 1,
+	IPC_CTX_SLIDING_WINDOW = 2,
+	IPC_CTX_SINKS = 3,
+	IPC_CTX_POLICY_MAX = 3,
+};
+struct ipc_gen_context {
+	uint32_t policy;          /* enum ipc_context_policy */
+	uint32_t window_tokens;   /* sliding-window, sinks: 0 = as large as the context allows */
+	uint32_t sink_tokens;     /* sinks: 0 = 4; else 0 */
+	uint32_t reserved0;
+};
+#define IPC_MAX_CONTEXT_TOKENS (1u << 24) /* window_tokens, sink_tokens at most */
+/* "error", "truncate-oldest", "sliding-window", "sinks", or NULL. */
+const char *ipc_context_policy_name(uint32_t policy);
+/* The policy named by name (exact), or -EINVAL. */
+int ipc_context_policy_parse(const char *name);
 
 /*
  * Chat turns (IPC_GEN_CHAT_TURNS). The prompt — inline or uploaded through
@@ -347,7 +380,9 @@ struct ipc_done {
 	uint32_t prompt_tokens;   /* after templating */
 	uint32_t cached_tokens;   /* of those, found in the prefix cache or session */
 	uint32_t generated_tokens;
-	uint32_t reserved0;
+	uint32_t context_dropped_tokens; /* dropped by the request's context policy
+	                                  * (truncated turns, or KV left behind a
+	                                  * window); 0 under IPC_CTX_ERROR */
 	uint64_t queue_ns;        /* received -> admitted */
 	uint64_t ttft_ns;         /* received -> first token produced */
 	uint64_t decode_ns;       /* first token -> last token */
@@ -432,10 +467,13 @@ struct ipc_tokenize_reply {
  * at a time: a GENERATE naming a session busy with another gets
  * IPC_ERR_SESSION, as does an unknown, expired or foreign id.
  */
+#define IPC_SESSION_CONTEXT 0x1u /* a struct ipc_gen_context follows: the session's
+				  * context policy (a turn's own block overrides it) */
 struct ipc_session_open {
-	uint32_t flags;           /* none defined: 0 */
+	uint32_t flags;           /* IPC_SESSION_* */
 	uint32_t idle_timeout_s;  /* 0: the server's default */
 };
+/* Payload: struct ipc_session_open | [struct ipc_gen_context with IPC_SESSION_CONTEXT]. */
 
 struct ipc_session {
 	uint64_t session_id;      /* non-zero */
@@ -615,6 +653,7 @@ struct ipc_generate_msg {
 	const char *stop[IPC_MAX_STOP_STRINGS];    /* g.n_stop strings */
 	uint16_t stop_len[IPC_MAX_STOP_STRINGS];
 	const char *prompt;                        /* inline prompt; NULL when in ring */
+	struct ipc_gen_context ctx;                /* with IPC_GEN_CONTEXT; zero otherwise */
 };
 int ipc_decode_generate(const struct ipc_frame *f, struct ipc_generate_msg *ret);
 /*
@@ -701,6 +740,12 @@ int ipc_decode_tokenize_reply(const struct ipc_frame *f, struct ipc_tokenize_rep
 int32_t ipc_reply_id(const struct ipc_tokenize_reply_msg *m, uint32_t i);
 
 int ipc_decode_session_open(const struct ipc_frame *f, struct ipc_session_open *ret);
+/* SESSION_OPEN with its optional context block (*ret_ctx zero without one). */
+int ipc_decode_session_open_ctx(const struct ipc_frame *f, struct ipc_session_open *ret,
+				struct ipc_gen_context *ret_ctx);
+/* A context block's fields: policy known, sizes within IPC_MAX_CONTEXT_TOKENS,
+ * sink_tokens only with IPC_CTX_SINKS, window only with a window policy. */
+int ipc_gen_context_check(const struct ipc_gen_context *c);
 /* SESSION_OPENED, SESSION_CLOSE, SESSION_CLOSED: session_id != 0. */
 int ipc_decode_session(const struct ipc_frame *f, struct ipc_session *ret);
 /* PING, PONG. */
