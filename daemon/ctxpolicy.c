@@ -36,6 +36,20 @@ void ctx_request_params(const struct greq *gr, struct kvd_request_params *p)
 	p->ctx_sinks = gr->ctx.sink_tokens;
 }
 
+void ctx_server_default(const struct kvd_server *srv, struct ipc_gen_context *ret)
+{
+	int policy = ipc_context_policy_parse(srv->cfg.context_policy); /* checked by the config parser */
+
+	*ret = (struct ipc_gen_context){0};
+	if (policy <= 0)
+		return;
+	ret->policy = (uint32_t)policy;
+	if (policy == IPC_CTX_SLIDING_WINDOW || policy == IPC_CTX_SINKS)
+		ret->window_tokens = srv->cfg.context_window;
+	if (policy == IPC_CTX_SINKS)
+		ret->sink_tokens = srv->cfg.context_sinks;
+}
+
 static uint32_t common_prefix(const int32_t *a, uint32_t na, const int32_t *b, uint32_t nb)
 {
 	uint32_t i = 0;

@@ -374,8 +374,10 @@ void handle_generate(struct client *c, const struct ipc_frame *f)
 	gr->sess = sess;
 	if (m.g.gen_flags & IPC_GEN_CONTEXT)
 		gr->ctx = m.ctx;
-	else if (sess)
+	else if (sess && sess->ctx_set)
 		gr->ctx = sess->ctx;
+	else
+		ctx_server_default(srv, &gr->ctx);
 	if (sess) {
 		sess->busy = gr;
 		sess->last_used_ns = gr->t_recv;

@@ -144,6 +144,7 @@ struct session {
 	uid_t owner;                  /* SO_PEERCRED uid of the client that opened it */
 	uint64_t opener;              /* id of the connection that opened it */
 	struct ipc_gen_context ctx;   /* the session's context policy (SESSION_OPEN) */
+	bool ctx_set;                 /* opened with one; else the server's default */
 	uint32_t head_tokens;         /* history tokens truncate-oldest always keeps
 	                               * (up to the end of the system prompt) */
 	uint32_t *turn_start;         /* history offset where each completed turn began */
@@ -275,6 +276,7 @@ void handle_tokenize(struct client *c, const struct ipc_frame *f);
 void session_free(struct kvd_server *srv, struct session *s);
 /* ctxpolicy.c: context policies of requests and sessions */
 void ctx_request_params(const struct greq *gr, struct kvd_request_params *p);
+void ctx_server_default(const struct kvd_server *srv, struct ipc_gen_context *ret);
 uint32_t ctx_first_turn_head(struct kvd_server *srv, const char *system, const int32_t *ids, uint32_t n);
 int ctx_truncate_oldest(struct kvd_server *srv, struct greq *gr, uint32_t *hist, uint64_t need, char *why,
 			size_t why_cap);

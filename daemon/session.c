@@ -53,6 +53,7 @@ void handle_session_open(struct client *c, const struct ipc_frame *f)
 	}
 	s->id = ++srv->next_session_id;
 	s->ctx = ctx;
+	s->ctx_set = so.flags & IPC_SESSION_CONTEXT;
 	s->idle_timeout_s = so.idle_timeout_s ? so.idle_timeout_s : srv->cfg.session_idle_s;
 	if (srv->cfg.session_idle_s && s->idle_timeout_s > srv->cfg.session_idle_s)
 		s->idle_timeout_s = srv->cfg.session_idle_s; /* the server's bound */

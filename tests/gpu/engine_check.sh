@@ -83,4 +83,18 @@ if [ -f "$TINY/$m.gguf" ]; then
 	cmp -s "$TMP/cpu.bin" "$TMP/auto.bin" || { echo "engine $m: CPU fallback logits differ from the CPU backend's"; exit 1; }
 	echo "engine $m: the plug-in refused K-quant weights; auto served on the CPU, logits identical"
 fi
+# the window context policies need kv_shift, which the plug-in does not
+# implement: the engine refuses them (kvd then answers such a request with
+# an error naming the backend), while full attention still runs
+STREAM=$BUILD/tests/kvd_stream
+if [ -x "$STREAM" ]; then
+	echo "$toks" >"$TMP/toks"
+	"$STREAM" --model "$TINY/tiny-gqa.gguf" --tokens-file "$TMP/toks" --policy none >/dev/null 2>"$TMP/w.err" || {
+		echo "engine: full attention through kvd_stream failed on the plug-in:"; cat "$TMP/w.err"; exit 1; }
+	if "$STREAM" --model "$TINY/tiny-gqa.gguf" --tokens-file "$TMP/toks" --policy sinks --window 16 \
+		>/dev/null 2>"$TMP/w.err" || ! grep -q "not supported" "$TMP/w.err"; then
+		echo "engine: a sinks window on the plug-in was not refused:"; cat "$TMP/w.err"; exit 1
+	fi
+	echo "engine: the plug-in refuses the window context policies (no kv_shift)"
+fi
 echo "engine check passed"

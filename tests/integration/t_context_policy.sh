@@ -130,3 +130,23 @@ PYEOF
 ok "truncate-oldest drops the oldest turns and keeps the system prompt"
 
 stop_kvd "$KVD_PID" || fail "kvd exited with an error"
+
+# ---- the configured default ([scheduler] context_policy) ------------------------------
+S2=$T/kvd2.sock
+export KVD_SOCKET=$S2
+start_kvd second "$S2" --model "$M" --max-model-len 128 --pool-size 4M --threads 1 --context-policy sinks \
+	--ledger "$T/ledger2.jsonl"
+LONG="$PROMPT $PROMPT $PROMPT $PROMPT $PROMPT $PROMPT $PROMPT $PROMPT $PROMPT $PROMPT"
+"$KVCTL" generate --raw --temperature 0 --max-tokens 100 --json "$LONG" >"$T/default.json" ||
+	fail "with context_policy = sinks, a request past the context failed: $(cat "$T/default.json")"
+$PY - "$T/default.json" "$T/ledger2.jsonl" <<'PYEOF' || fail "configured default policy: see above"
+import json, sys
+d = json.load(open(sys.argv[1]))
+r = [json.loads(l) for l in open(sys.argv[2])][-1]
+assert d["prompt_tokens"] + d["generated_tokens"] > 128, d
+assert d["context_dropped_tokens"] > 0 and r["context_policy"] == "sinks", (d, r)
+print("  no policy named, [scheduler] context_policy = sinks: %d + %d tokens, %d dropped" % (
+    d["prompt_tokens"], d["generated_tokens"], d["context_dropped_tokens"]))
+PYEOF
+ok "the configured context policy applies to requests that name none"
+stop_kvd "$KVD_PID" || fail "kvd exited with an error"

@@ -255,6 +255,11 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kvd_stream: %s\n", err);
 		goto out;
 	}
+	if (mode && !kvd_engine_can_shift(e)) {
+		fprintf(stderr, "kvd_stream: the %s backend cannot re-rotate cached keys (kv_shift): %s\n",
+			kvd_engine_backend_name(e), strerror(ENOTSUP));
+		goto out;
+	}
 	struct kvmm *kv = kvd_engine_kvmm(e);
 	if (kvmm_seq_new(kv, &seq) < 0)
 		goto out;
