@@ -7,7 +7,10 @@ the result is the same as token by token); every token is scored against
 the logits before it. Figures per segment of the stream show whether a
 policy stays bounded once the stream is far past its window.
 
-    bench/window_ppl.py [--model PATH] [--text FILE] [--tokens N] [--windows 128,256] [--sinks 4]
+    bench/window_ppl.py [--model PATH] [--text FILE|REV:PATH] [--tokens N] [--windows 128,256] [--sinks 4]
+
+The default text is README.md as of commit 2b7b33a (git show), so the
+figures do not move when the README does.
 
 Prints a table: policy, window, overall perplexity, perplexity per segment,
 KV pages in use at most. Runs `nice`d; about 20 s per policy for 4,096
@@ -19,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,7 +40,8 @@ def run(exe, a, policy, window):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--text", default=os.path.join(ROOT, "README.md"))
+    # a fixed text: README.md as of a fixed commit (REV:PATH is read with git show)
+    ap.add_argument("--text", default="2b7b33a:README.md", help="FILE, or REV:PATH of this repository")
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--windows", default="128,256")
     ap.add_argument("--sinks", type=int, default=4)
@@ -46,9 +51,25 @@ def main():
     ap.add_argument("--build", default=os.environ.get("KVD_BUILD", os.path.join(ROOT, "build")))
     a = ap.parse_args()
     exe = os.path.join(a.build, "tests", "kvd_stream")
-    text_hash = hashlib.sha1(open(a.text, "rb").read()).hexdigest()[:12]
-    print("model %s; text %s (sha1 %s), first %d tokens; segments of %d tokens; KV pages of 16 tokens" % (
-        os.path.basename(a.model), os.path.relpath(a.text, ROOT), text_hash, a.tokens, a.segment))
+    label = a.text
+    if not os.path.exists(a.text) and ":" in a.text:
+        data = subprocess.run(["git", "-C", ROOT, "show", a.text], capture_output=True, check=True).stdout
+        tmp = tempfile.NamedTemporaryFile(prefix="kvd-ppl-", suffix=".txt", delete=False)
+        tmp.write(data)
+        tmp.close()
+        a.text = tmp.name
+    try:
+        text_hash = hashlib.sha1(open(a.text, "rb").read()).hexdigest()[:12]
+        print("model %s; text %s (sha1 %s), first %d tokens; segments of %d tokens; KV pages of 16 tokens" % (
+            os.path.basename(a.model), label, text_hash, a.tokens, a.segment))
+        table(exe, a)
+    finally:
+        if a.text != label:
+            os.unlink(a.text)
+    return 0
+
+
+def table(exe, a):
     rows = [("full attention", 0, run(exe, a, "none", 1))]
     for w in [int(x) for x in a.windows.split(",")]:
         rows.append(("sliding-window", w, run(exe, a, "sliding-window", w)))
@@ -57,7 +78,6 @@ def main():
     for name, w, r in rows:
         print("%-16s %6s %8.2f  %-60s %d" % (name, w or "-", r["ppl"], " ".join("%.1f" % x for x in r["ppl_segments"]),
                                              r["pages_used_max"]))
-    return 0
 
 
 if __name__ == "__main__":
