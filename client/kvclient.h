@@ -328,8 +328,9 @@ struct kvc_result {
 	uint64_t decode_ns;       /* first token -> last token */
 	uint64_t total_ns;        /* arrival -> end */
 	uint32_t context_dropped_tokens; /* tokens of context its policy dropped: the
-	                                  * oldest turns (truncate-oldest) or KV left
-	                                  * behind the window; 0 under the default */
+	                                  * oldest turns (truncate-oldest) or the tokens
+	                                  * (a session's history included) left behind
+	                                  * the window; 0 under the default */
 	uint32_t reserved32;
 	uint64_t reserved[7];
 };

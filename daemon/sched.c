@@ -263,6 +263,7 @@ static void finish(struct kvd_sched *s, struct req *r, enum kvd_finish why, int 
 
 	r->res.finish = why;
 	r->res.error = error;
+	r->res.context_dropped_tokens = r->n_dropped; /* what the KV no longer holds, replays counted once */
 	r->res.generated_tokens = r->n_generated;
 	if (r->t_first)
 		r->res.decode_ns = r->t_last - r->t_first;
@@ -447,7 +448,6 @@ int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt
 	 * context, with the history the session kept as cached */
 	r->res.prompt_tokens = hist + n_prompt;
 	r->res.cached_tokens = sess ? r->n_computed : 0;
-	r->res.context_dropped_tokens = 0;
 	if (!sess || !r->has_seq) {
 		r->state = RS_WAITING; /* (a session whose pages were given up recomputes) */
 	} else {
@@ -896,7 +896,6 @@ int kvd_sched_step(struct kvd_sched *s)
 					continue;
 				}
 				r->n_dropped += dropped;
-				r->res.context_dropped_tokens += dropped;
 			}
 			s->items[n_items] = (struct kvd_engine_item){
 				.seq = r->seq,

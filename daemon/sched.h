@@ -106,7 +106,8 @@ struct kvd_request_result {
 	 * live record of a kept session); NULL when it never had one. Valid
 	 * only during on_done. */
 	const struct kvmm_seq_record *ledger;
-	uint32_t context_dropped_tokens; /* KV tokens a window policy dropped in this request */
+	uint32_t context_dropped_tokens; /* window policies: tokens of the context (a session's
+	                                  * history included) whose K/V was dropped by the end */
 	uint32_t context_truncated_turns; /* set by the caller: turns truncate-oldest removed */
 	uint32_t context_policy;          /* set by the caller (enum kvd_ctx_policy), for the ledger */
 };

@@ -380,9 +380,10 @@ struct ipc_done {
 	uint32_t prompt_tokens;   /* after templating */
 	uint32_t cached_tokens;   /* of those, found in the prefix cache or session */
 	uint32_t generated_tokens;
-	uint32_t context_dropped_tokens; /* dropped by the request's context policy
-	                                  * (truncated turns, or KV left behind a
-	                                  * window); 0 under IPC_CTX_ERROR */
+	uint32_t context_dropped_tokens; /* dropped by the request's context policy:
+	                                  * the turns truncate-oldest removed, or the
+	                                  * tokens (a session's history included) a
+	                                  * window left behind; 0 under IPC_CTX_ERROR */
 	uint64_t queue_ns;        /* received -> admitted */
 	uint64_t ttft_ns;         /* received -> first token produced */
 	uint64_t decode_ns;       /* first token -> last token */

@@ -149,10 +149,11 @@ int kvmm_seq_publish(struct kvmm *m, uint32_t seq);
  * Context policies (sliding window, attention sinks): drop the n_drop full
  * logical pages first .. first + n_drop - 1 from inside the sequence. Its
  * later pages move down by n_drop places and its length shrinks by n_drop *
- * block_size tokens; those later pages become private first (a page shared
- * with another sequence or known to the prefix index is copied through
- * page_ops.copy), because the caller rewrites their content (re-rotates
- * their keys to the new positions). The sequence is never indexed again
+ * block_size tokens; those later pages become private first, because the
+ * caller rewrites their content (re-rotates their keys to the new
+ * positions): a page another sequence maps is copied through
+ * page_ops.copy, a page only this one maps leaves the prefix index (with
+ * its cached descendants) if it was there. The sequence is never indexed again
  * (its content no longer matches its tokens' natural prefix); pages before
  * `first` are untouched and stay shared. The dropped pages lose one
  * reference each (cached or freed as in kvmm_seq_free).

@@ -438,7 +438,7 @@ int kvmm_seq_drop_pages(struct kvmm *m, uint32_t seq, uint32_t first, uint32_t n
 	for (uint32_t i = first; i < end; i++)
 		freed += page_ref(m, s->pages[i]) == 1;
 	for (uint32_t i = end; i < s->n_pages; i++)
-		copies += page_ref(m, s->pages[i]) > 1 || m->pg[s->pages[i]].node >= 0;
+		copies += page_ref(m, s->pages[i]) > 1;
 	if (copies > avail_pages(m) + freed)
 		return -ENOMEM;
 	kvmm_shm_begin(m);
@@ -459,8 +459,13 @@ int kvmm_seq_drop_pages(struct kvmm *m, uint32_t seq, uint32_t first, uint32_t n
 		int32_t src = s->pages[i], dst;
 		uint32_t fill = i + 1 < s->n_pages || s->len % m->bs == 0 ? m->bs : s->len % m->bs;
 
-		if (page_ref(m, src) == 1 && m->pg[src].node < 0)
+		if (page_ref(m, src) == 1) {
+			/* ours alone: leave the index (with the entries below it,
+			 * which no lookup could reach any more) instead of copying */
+			if (m->pg[src].node >= 0)
+				index_drop_subtree(m, m->pg[src].node, W_EVICT_EXPLICIT);
 			continue;
+		}
 		dst = page_alloc(m); /* counted above: cannot fail */
 		r = cow_copy(m, dst, src, fill);
 		if (r < 0) {

@@ -132,7 +132,7 @@ static void test_drop_shared_and_indexed(void **state)
 	pa = kvmm_seq_pages(m, a, &np);
 	assert_int_equal(np, 3);
 	assert_int_equal(pa[0], first_page);       /* untouched, still shared */
-	assert_true(pa[1] != moved2);              /* copied: b and the index see the original */
+	assert_true(pa[1] != moved2);              /* copied: b sees the original */
 	assert_int_equal(kvmm_page_refcount(m, (uint32_t)first_page), 2);
 	assert_int_equal(kvmm_page_refcount(m, (uint32_t)dropped), 1); /* b's only */
 	assert_int_equal(kvmm_page_refcount(m, (uint32_t)pa[1]), 1);
@@ -189,12 +189,22 @@ static void test_drop_refusals(void **state)
 	assert_int_equal(kvmm_seq_drop_pages(m, a, 0, 1), -ENOMEM);
 	assert_int_equal(kvmm_seq_len(m, a), len);
 	check(m);
-	/* once b is gone, a's page 1 is private but indexed: still one copy,
-	 * and the dropped page 0 (now referenced once, cached) makes room */
+	/* once b is gone, a's pages are its own: page 1, indexed, leaves the
+	 * index instead of being copied, so no free page is needed */
 	assert_int_equal(kvmm_seq_free(m, b), 0);
 	assert_int_equal(kvmm_available_pages(m), 0);
+	struct kvmm_seq_record rec;
+	assert_int_equal(kvmm_seq_ledger(m, a, &rec), 0);
+	uint32_t cows = rec.cow_copies;
+	uint32_t np;
+	int32_t p1 = kvmm_seq_pages(m, a, &np)[1];
+	assert_true(kvmm_page_state(m, (uint32_t)p1) & KVMM_PAGE_INDEXED);
 	assert_int_equal(kvmm_seq_drop_pages(m, a, 0, 1), 0);
 	assert_int_equal(kvmm_seq_len(m, a), len - BS);
+	assert_int_equal(kvmm_seq_pages(m, a, &np)[0], p1);
+	assert_int_equal(kvmm_page_state(m, (uint32_t)p1) & KVMM_PAGE_INDEXED, 0);
+	assert_int_equal(kvmm_seq_ledger(m, a, &rec), 0);
+	assert_int_equal(rec.cow_copies, cows);
 	check(m);
 	kvmm_destroy(m);
 }

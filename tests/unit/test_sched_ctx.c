@@ -11,7 +11,8 @@
  * token that would overflow it. Checked: long prompts prefilled in big
  * chunks give the same tokens as the definition (chunks stop at the
  * eviction points), generation runs past max_model_len, pages in use stay
- * bounded, the result counts the dropped tokens, and a backend without
+ * bounded, a sequence preempted and recomputed (no swap) replays its drops
+ * and gives the same tokens, the result counts the dropped tokens, and a backend without
  * kv_shift or a window that does not fit is refused.
  */
 #include <errno.h>
@@ -175,23 +176,23 @@ static void on_done(void *ud, uint64_t id, const struct kvd_request_result *res)
 	r->res = *res;
 }
 
-static void open_sched(const struct kvd_backend_ops *ops, struct run *runs, struct kvd_engine **e,
-		       struct kvd_sched **s)
+static void open_sched(const struct kvd_backend_ops *ops, struct run *runs, uint32_t pool_pages,
+		       struct kvd_engine **e, struct kvd_sched **s)
 {
 	char err[256];
 	struct kvd_hparams hp = { .n_vocab = N_VOCAB, .n_embd = 4, .n_layer = 1, .n_head = 1, .n_head_kv = 1,
 				  .head_dim = 4, .n_ff = 4, .n_ctx_train = MAX_LEN };
 	struct kvd_kv_layout l;
 	kvd_kv_layout_init(&l, &hp, BS);
-	struct kvd_engine_config ec = { .block_size = BS, .kv_pool_bytes = 64 * l.page_bytes, .max_seqs = 8,
+	struct kvd_engine_config ec = { .block_size = BS, .kv_pool_bytes = pool_pages * l.page_bytes, .max_seqs = 8,
 					.prefix_cache = 1, .shuffle_seed = 3 };
 	assert_int_equal(kvd_engine_open_backend(&ec, ops, &hp, e, err, sizeof(err)), 0);
-	struct kvd_sched_config sc = { .max_num_seqs = 8, .max_tokens_per_step = 256, .max_model_len = MAX_LEN };
+	struct kvd_sched_config sc = { .max_num_seqs = 8, .max_tokens_per_step = pool_pages < 32 ? 8 : 256, .max_model_len = MAX_LEN };
 	struct kvd_sched_events ev = { .on_token = on_token, .on_done = on_done, .ud = runs };
 	assert_int_equal(kvd_sched_create(&sc, *e, &ev, s), 0);
 }
 
-static void check_policy(uint32_t policy, uint32_t window, uint32_t sinks, uint32_t n_prompt)
+static void check_policy(uint32_t policy, uint32_t window, uint32_t sinks, uint32_t n_prompt, uint32_t pool_pages)
 {
 	struct run runs[3] = {0};
 	struct kvd_engine *e;
@@ -202,7 +203,7 @@ static void check_policy(uint32_t policy, uint32_t window, uint32_t sinks, uint3
 
 	for (uint32_t i = 0; i < n_prompt; i++)
 		prompt[i] = (int32_t)((i * 37 + 11) % N_VOCAB);
-	open_sched(&shift_ops, runs, &e, &s);
+	open_sched(&shift_ops, runs, pool_pages, &e, &s);
 	struct kvd_request_params p = { .sampling = { .temperature = 0, .top_p = 1, .repeat_penalty = 1 },
 					.max_tokens = N_GEN, .ctx_policy = policy, .ctx_window = window,
 					.ctx_sinks = sinks };
@@ -231,6 +232,10 @@ static void check_policy(uint32_t policy, uint32_t window, uint32_t sinks, uint3
 	}
 	/* both sequences' pages: the sinks and the window, each */
 	assert_true(pages_max <= 2 * (w.sink_pages + (w.max_window + BS - 1) / BS));
+	struct kvd_sched_stats st;
+	kvd_sched_get_stats(s, &st);
+	if (pool_pages < 2 * (w.sink_pages + (w.max_window + BS - 1) / BS))
+		assert_true(st.preemptions > 0); /* recomputed: the drops replay at the same points */
 	kvd_sched_destroy(s);
 	kvd_engine_close(e);
 }
@@ -238,15 +243,17 @@ static void check_policy(uint32_t policy, uint32_t window, uint32_t sinks, uint3
 static void test_sliding_window(void **state)
 {
 	(void)state;
-	check_policy(KVD_CTX_SLIDING_WINDOW, 20, 0, 10);
-	check_policy(KVD_CTX_SLIDING_WINDOW, 0, 0, 150); /* a prompt past the context, the largest window */
+	check_policy(KVD_CTX_SLIDING_WINDOW, 20, 0, 10, 64);
+	check_policy(KVD_CTX_SLIDING_WINDOW, 0, 0, 150, 64); /* a prompt past the context, the largest window */
+	check_policy(KVD_CTX_SLIDING_WINDOW, 0, 0, 150, 20); /* two do not fit: preempted and recomputed */
 }
 
 static void test_sinks(void **state)
 {
 	(void)state;
-	check_policy(KVD_CTX_SINKS, 16, 0, 10);  /* 4 sinks: one page */
-	check_policy(KVD_CTX_SINKS, 24, 6, 150); /* 6 sinks: two pages */
+	check_policy(KVD_CTX_SINKS, 16, 0, 10, 64);  /* 4 sinks: one page */
+	check_policy(KVD_CTX_SINKS, 24, 6, 150, 64); /* 6 sinks: two pages */
+	check_policy(KVD_CTX_SINKS, 40, 4, 150, 14); /* preempted and recomputed */
 }
 
 static void test_refusals(void **state)
@@ -259,7 +266,7 @@ static void test_refusals(void **state)
 	struct kvd_request_params p = { .sampling = { .temperature = 0, .top_p = 1, .repeat_penalty = 1 },
 					.max_tokens = 10, .ctx_policy = KVD_CTX_SINKS };
 
-	open_sched(&noshift_ops, runs, &e, &s);
+	open_sched(&noshift_ops, runs, 64, &e, &s);
 	assert_int_equal(kvd_sched_submit(s, 0, prompt, 4, &p), -ENOTSUP);
 	p.ctx_policy = KVD_CTX_ERROR;
 	p.max_tokens = MAX_LEN;
@@ -267,7 +274,7 @@ static void test_refusals(void **state)
 	kvd_sched_destroy(s);
 	kvd_engine_close(e);
 
-	open_sched(&shift_ops, runs, &e, &s);
+	open_sched(&shift_ops, runs, 64, &e, &s);
 	p.ctx_policy = KVD_CTX_SLIDING_WINDOW;
 	p.ctx_window = MAX_LEN - BS + 2; /* with a page of slack, past the context */
 	assert_int_equal(kvd_sched_submit(s, 0, prompt, 4, &p), -E2BIG);
