@@ -490,7 +490,7 @@ int kvd_engine_window_prepare(struct kvd_engine *e, uint32_t seq, const struct k
 			      uint32_t *ret_room, uint32_t *ret_dropped)
 {
 	uint32_t bs = e->layout.block_size, len = kvmm_seq_len(e->kv, seq), dropped = 0;
-	uint64_t sink = (uint64_t)w->sink_pages * bs, cap = sink + w->max_window, room;
+	uint64_t cap = kvd_window_cap(w, bs), room;
 	int r;
 
 	if (w->max_window < bs || want == 0)

@@ -123,6 +123,11 @@ struct kvd_window {
 	uint32_t sink_pages;  /* pages at the start that are never dropped */
 	uint32_t max_window;  /* window tokens after them at most, >= block_size */
 };
+/* The most tokens a sequence under w holds (and its positions' bound). */
+static inline uint32_t kvd_window_cap(const struct kvd_window *w, uint32_t block_size)
+{
+	return w->sink_pages * block_size + w->max_window;
+}
 
 /*
  * The window of a policy: sinks_on with `sinks` first tokens (0: 4) kept as

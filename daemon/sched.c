@@ -64,8 +64,7 @@ struct req {
 	int ignore_eos;
 	uint32_t idle_s;         /* session idle time; 0: the config's */
 	int admitted_now;        /* admitted during the step being built */
-	int windowed;            /* a window policy: w applies, KV holds toks[0, sink) and
-	                          * toks[sink + n_dropped, n_computed) */
+	int windowed;            /* a window policy: w applies, the KV holds toks[0, sink), toks[sink + n_dropped, n_computed) */
 	struct kvd_window w;
 	uint32_t n_dropped;
 	int swap_failed;         /* kvmm reported an I/O error on its sequence */
@@ -394,8 +393,7 @@ int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt
 		if (kvd_window_make(s->block_size, s->cfg.max_model_len, p->ctx_policy == KVD_CTX_SINKS, p->ctx_sinks,
 				    p->ctx_window, &w) < 0)
 			return -E2BIG;
-		if (kv_need > (uint64_t)w.sink_pages * s->block_size + w.max_window)
-			kv_need = (uint64_t)w.sink_pages * s->block_size + w.max_window;
+		kv_need = kv_need < kvd_window_cap(&w, s->block_size) ? kv_need : kvd_window_cap(&w, s->block_size);
 	} else if (kv_need > s->cfg.max_model_len) {
 		return -E2BIG;
 	}
@@ -834,7 +832,7 @@ int kvd_sched_step(struct kvd_sched *s)
 {
 	size_t n_items = 0;
 	uint32_t budget = s->cfg.max_tokens_per_step, n_running = 0;
-	int rc;
+	int rc, starved = 0;
 
 	rc = ensure_items(s, s->n_reqs + 1);
 	if (rc < 0)
@@ -867,9 +865,9 @@ int kvd_sched_step(struct kvd_sched *s)
 					break;
 				r->has_seq = 1;
 				r->n_computed = 0;
-				uint32_t hit = 0, n_look = r->n_toks;
-				if (r->windowed && n_look > r->w.sink_pages * s->block_size + r->w.max_window)
-					n_look = r->w.sink_pages * s->block_size + r->w.max_window; /* before any drop */
+				uint32_t hit = 0, n_look = r->n_toks; /* windows: what is there before any drop */
+				if (r->windowed && n_look > kvd_window_cap(&r->w, s->block_size))
+					n_look = kvd_window_cap(&r->w, s->block_size);
 				s->attaching = r; /* a failed promotion is charged to r */
 				int ar = kvmm_prefix_attach(s->kv, r->seq, r->toks, n_look, &hit);
 				s->attaching = NULL;
@@ -893,6 +891,7 @@ int kvd_sched_step(struct kvd_sched *s)
 				int wr = kvd_engine_window_prepare(s->e, r->seq, &r->w, take, &take, &dropped);
 				if (wr < 0) { /* -ENOMEM: try again next step; else it fails below */
 					r->res.error = wr == -ENOMEM ? 0 : wr;
+					starved = starved || wr == -ENOMEM;
 					continue;
 				}
 				r->n_dropped += dropped;
@@ -912,6 +911,16 @@ int kvd_sched_step(struct kvd_sched *s)
 			finish(s, s->reqs[i], KVD_FINISH_ERROR, s->reqs[i]->res.error);
 		else
 			i++;
+	struct req *w = NULL; /* windows all waiting for copies of shared pages: drop the youngest's KV */
+	for (size_t i = 0; !n_items && starved && i < s->n_reqs; i++)
+		if (s->reqs[i]->state == RS_RUNNING && (!w || s->reqs[i]->arrival > w->arrival))
+			w = s->reqs[i];
+	if (w) { /* (not a swap-out: that keeps the shared pages) */
+		s->st.preemptions++;
+		w->res.preemptions++;
+		drop_seq(s, w);
+		w->state = RS_WAITING;
+	}
 	if (!n_items)
 		return 0;
 

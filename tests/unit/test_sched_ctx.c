@@ -256,6 +256,52 @@ static void test_sinks(void **state)
 	check_policy(KVD_CTX_SINKS, 40, 4, 150, 14); /* preempted and recomputed */
 }
 
+/* Two windows over the same tokens: the second's prompt is the first's
+ * stream so far, so it maps the first's cached pages while both still
+ * hold them, in a pool too small for a copy of them. Each then reaches its
+ * first drop needing copies of the pages they share, which do not fit:
+ * the younger's KV must be given up (recomputed later) for either to go
+ * on. Both must end, with the policy's tokens. */
+static void test_shared_prompt(void **state)
+{
+	(void)state;
+	struct run runs[3] = {0};
+	struct kvd_engine *e;
+	struct kvd_sched *s;
+	int32_t a_prompt[10], b_prompt[54], want[N_GEN];
+	struct kvd_window w;
+	uint64_t steps = 0;
+
+	for (uint32_t i = 0; i < 10; i++)
+		a_prompt[i] = (int32_t)((i * 29 + 5) % N_VOCAB);
+	open_sched(&shift_ops, runs, 20, &e, &s);
+	assert_int_equal(kvd_window_make(BS, MAX_LEN, 1, 0, 0, &w), 0);
+	struct kvd_request_params p = { .sampling = { .temperature = 0, .top_p = 1, .repeat_penalty = 1 },
+					.max_tokens = N_GEN, .ctx_policy = KVD_CTX_SINKS };
+	assert_int_equal(kvd_sched_submit(s, 0, a_prompt, 10, &p), 0);
+	while (runs[0].n < 44) {
+		assert_true(kvd_sched_step(s) > 0);
+		steps++;
+	}
+	memcpy(b_prompt, a_prompt, sizeof(a_prompt));
+	memcpy(b_prompt + 10, runs[0].toks, 44 * sizeof(int32_t));
+	assert_int_equal(kvd_sched_submit(s, 1, b_prompt, 54, &p), 0);
+	while (!kvd_sched_idle(s) && steps < 100000) {
+		assert_true(kvd_sched_step(s) >= 0);
+		steps++;
+	}
+	assert_true(kvd_sched_idle(s));
+	expected(a_prompt, 10, w.sink_pages * BS, w.max_window, want);
+	assert_int_equal(runs[0].n, N_GEN);
+	assert_memory_equal(runs[0].toks, want, sizeof(want));
+	expected(b_prompt, 54, w.sink_pages * BS, w.max_window, want);
+	assert_int_equal(runs[1].n, N_GEN);
+	assert_memory_equal(runs[1].toks, want, sizeof(want));
+	assert_true(runs[1].res.preemptions > 0); /* the younger gave up its KV */
+	kvd_sched_destroy(s);
+	kvd_engine_close(e);
+}
+
 static void test_refusals(void **state)
 {
 	(void)state;
@@ -292,6 +338,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_sliding_window),
 		cmocka_unit_test(test_sinks),
+		cmocka_unit_test(test_shared_prompt),
 		cmocka_unit_test(test_refusals),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
