@@ -196,6 +196,22 @@ int kvc_session_open(kvc_client *c, uint32_t idle_timeout_s, uint64_t *ret_sessi
 	return r;
 }
 
+int kvc_session_open_policy(kvc_client *c, uint32_t idle_timeout_s, uint32_t context_policy, uint32_t context_window,
+			    uint32_t context_sinks, uint64_t *ret_session_id)
+{
+	struct ipc_session_open o = { .flags = IPC_SESSION_CONTEXT, .idle_timeout_s = idle_timeout_s };
+	struct ipc_gen_context ctx = { context_policy, context_window, context_sinks, 0 };
+	struct iovec v[2] = { { &o, sizeof(o) }, { &ctx, sizeof(ctx) } };
+	uint64_t id = 0; /* 0: expecting SESSION_OPENED */
+
+	if (!c || !ret_session_id || ipc_gen_context_check(&ctx) < 0)
+		return -EINVAL;
+	int r = ctl_call(c, IPC_MSG_SESSION_OPEN, v, 2, NULL, 0, session_reply, &id);
+	if (r == 0)
+		*ret_session_id = id;
+	return r;
+}
+
 int kvc_session_close(kvc_client *c, uint64_t session_id)
 {
 	struct ipc_session s = { .session_id = session_id };

@@ -128,7 +128,9 @@ static int build_generate(const kvc_client *c, const char *prompt, size_t len, c
 		return -EINVAL;
 	if (len > IPC_MAX_TEXT_BYTES || len > c->info.max_prompt_bytes)
 		return -E2BIG;
-	if (p->max_tokens > c->info.max_tokens && c->info.max_tokens)
+	/* the announced limit is the context's; a window policy may run past it */
+	bool windowed = p->context_policy == KVC_CONTEXT_SLIDING_WINDOW || p->context_policy == KVC_CONTEXT_SINKS;
+	if (p->max_tokens > c->info.max_tokens && c->info.max_tokens && !windowed)
 		return -E2BIG;
 	m->g.gen_flags = p->flags | (turns ? IPC_GEN_CHAT_TURNS : 0);
 	m->g.max_tokens = p->max_tokens;
@@ -162,11 +164,28 @@ static int build_generate(const kvc_client *c, const char *prompt, size_t len, c
 		m->stop[i] = p->stop[i];
 		m->stop_len[i] = (uint16_t)n;
 	}
+	if (p->context_policy != KVC_CONTEXT_ERROR || p->context_window || p->context_sinks) {
+		m->g.gen_flags |= IPC_GEN_CONTEXT;
+		m->ctx = (struct ipc_gen_context){ p->context_policy, p->context_window, p->context_sinks, 0 };
+		int r = ipc_gen_context_check(&m->ctx);
+		if (r < 0 || p->reserved_ctx)
+			return r < 0 ? r : -EINVAL;
+	}
 	if (len > IPC_MAX_INLINE_TEXT_BYTES)
 		m->g.gen_flags |= IPC_GEN_PROMPT_IN_RING;
 	else
 		m->prompt = prompt;
 	return 0;
+}
+
+const char *kvc_context_policy_name(uint32_t policy)
+{
+	return ipc_context_policy_name(policy);
+}
+
+int kvc_context_policy_parse(const char *name)
+{
+	return ipc_context_policy_parse(name);
 }
 
 int kvc_request_start(kvc_client *c, const char *prompt, size_t prompt_len, const struct kvc_gen_params *p,

@@ -92,6 +92,7 @@ static void req_end(kvc_request *r, int status, int reason, int error, const cha
 		r->result.ttft_ns = d->ttft_ns;
 		r->result.decode_ns = d->decode_ns;
 		r->result.total_ns = d->total_ns;
+		r->result.context_dropped_tokens = d->context_dropped_tokens;
 	}
 	/* samples that had no DONE of their own end as the request did */
 	for (uint32_t i = 0; r->sample_res && i < r->n_samples; i++)

@@ -242,7 +242,11 @@ struct kvc_gen_params {
 	size_t n_messages;        /* 0 .. KVC_MAX_CHAT_MSGS */
 	uint32_t n_samples;       /* samples of the prompt: 0 or 1 (default) one; 2 .. KVC_MAX_SAMPLES */
 	uint32_t top_logprobs;    /* with KVC_GEN_LOGPROBS: alternatives per token, 0 .. KVC_MAX_TOP_LOGPROBS */
-	uint64_t reserved[5];     /* zero */
+	uint32_t context_policy;  /* enum kvc_context_policy; default KVC_CONTEXT_ERROR */
+	uint32_t context_window;  /* sliding-window, sinks: tokens kept at least; 0 = as many as fit */
+	uint32_t context_sinks;   /* sinks: first tokens kept (rounded up to KV pages); 0 = 4 */
+	uint32_t reserved_ctx;    /* zero */
+	uint64_t reserved[3];     /* zero */
 };
 
 #define KVC_MAX_SAMPLES      16
@@ -270,6 +274,32 @@ struct kvc_gen_params {
  * or without KVC_GEN_LOGPROBS, several samples with a session_id;
  * -EOPNOTSUPP: the daemon is older than samples (kvd 0.3.0).
  */
+
+/*
+ * Context policies: what happens when a request would not fit the model's
+ * context window (kvc_result.context_dropped_tokens says what was dropped).
+ *   KVC_CONTEXT_ERROR            refuse it (KVC_ERR_CONTEXT): the default
+ *   KVC_CONTEXT_TRUNCATE_OLDEST  sessions: drop the oldest turns, keep the
+ *                                system prompt, until the new turn fits
+ *   KVC_CONTEXT_SLIDING_WINDOW   keep the last context_window tokens; older
+ *                                KV is freed, generation may run past the
+ *                                context
+ *   KVC_CONTEXT_SINKS            the same, also keeping the first
+ *                                context_sinks tokens (StreamingLLM)
+ * The window policies need a backend that can re-rotate cached keys (the
+ * CPU backend); the daemon refuses them otherwise (-EOPNOTSUPP, with a
+ * message). Sending one to a daemon older than them gives -EPROTO.
+ */
+enum kvc_context_policy {
+	KVC_CONTEXT_ERROR = 0,
+	KVC_CONTEXT_TRUNCATE_OLDEST = 1,
+	KVC_CONTEXT_SLIDING_WINDOW = 2,
+	KVC_CONTEXT_SINKS = 3,
+};
+/* "error", "truncate-oldest", "sliding-window", "sinks", or NULL; static. */
+KVC_EXPORT const char *kvc_context_policy_name(uint32_t policy);
+/* The policy named by name, or -EINVAL. */
+KVC_EXPORT int kvc_context_policy_parse(const char *name);
 
 /*
  * Conversations. With n_messages > 0 the request's prompt is the
@@ -348,7 +378,12 @@ struct kvc_result {
 	uint64_t ttft_ns;         /* arrival -> first token (time to first token) */
 	uint64_t decode_ns;       /* first token -> last token */
 	uint64_t total_ns;        /* arrival -> end */
-	uint64_t reserved[8];
+	uint32_t context_dropped_tokens; /* tokens of context its policy dropped: the
+	                                  * oldest turns (truncate-oldest) or the tokens
+	                                  * (a session's history included) left behind
+	                                  * the window; 0 under the default */
+	uint32_t reserved32;
+	uint64_t reserved[7];
 };
 
 /* ---- generation: callback form -------------------------------------------------- */
@@ -455,6 +490,12 @@ KVC_EXPORT int kvc_cancel(kvc_client *c, uint64_t request_id);
  * -EOPNOTSUPP when the daemon has no sessions.
  */
 KVC_EXPORT int kvc_session_open(kvc_client *c, uint32_t idle_timeout_s, uint64_t *ret_session_id);
+/* kvc_session_open() with the session's context policy (enum
+ * kvc_context_policy, window and sinks as in kvc_gen_params), which every
+ * turn uses unless its kvc_gen_params name one. -EINVAL for a bad policy;
+ * -EPROTO from a daemon older than context policies. */
+KVC_EXPORT int kvc_session_open_policy(kvc_client *c, uint32_t idle_timeout_s, uint32_t context_policy,
+				       uint32_t context_window, uint32_t context_sinks, uint64_t *ret_session_id);
 /* Close it and free its memory. KVC_ERR_SESSION when unknown or expired. */
 KVC_EXPORT int kvc_session_close(kvc_client *c, uint64_t session_id);
 

@@ -138,6 +138,7 @@ static int parse_ids(const char *v, int (*lookup)(const char *, uint32_t *), uin
 static const char *const backends[] = { "auto", "cpu", "cuda", NULL };
 /* kvd_kv_type_name()'s spellings (kernels/backend.h) */
 static const char *const cache_types[] = { "f16", "q8_0", "q4_0", "f32", NULL };
+static const char *const context_policies[] = { "error", "truncate-oldest", "sliding-window", "sinks", NULL };
 static const char *const log_levels[] = {"emerg", "alert", "crit", "err", "warning", "notice", "info", "debug"};
 #define N_LOG_LEVELS (sizeof(log_levels) / sizeof(log_levels[0]))
 
@@ -195,6 +196,18 @@ const struct kvd_conf_key kvd_conf_keys[] = {
 	{ "scheduler", "session_idle_timeout", KVD_CONF_U32, "600",
 	  0, 86400 * 7, KVD_CONF_LIVE, "seconds an idle session keeps its KV; 0 = never", NO_OPT,
 	  NULL, NULL, FIELD(session_idle_s), NO_FIELD2 },
+	{ "scheduler", "context_policy", KVD_CONF_STR, "error",
+	  1, STR_MAX(context_policy), KVD_CONF_LIVE,
+	  "requests and sessions that name no policy: error, truncate-oldest, sliding-window or sinks",
+	  OPT("--context-policy", 0, "POLICY"), context_policies,
+	  "context_policy must be error, truncate-oldest, sliding-window or sinks, not '%s'", FIELD(context_policy),
+	  NO_FIELD2 },
+	{ "scheduler", "context_window", KVD_CONF_U32, "0",
+	  0, 1u << 24, KVD_CONF_LIVE, "tokens the window policies keep at least; 0 = as many as fit", NO_OPT,
+	  NULL, NULL, FIELD(context_window), NO_FIELD2 },
+	{ "scheduler", "context_sinks", KVD_CONF_U32, "4",
+	  1, 1u << 24, KVD_CONF_LIVE, "first tokens the sinks policy keeps (rounded up to KV pages)", NO_OPT,
+	  NULL, NULL, FIELD(context_sinks), NO_FIELD2 },
 	{ "server", "socket", KVD_CONF_STR, "/run/kvd/kvd.sock",
 	  1, 107, KVD_CONF_RESTART, "Unix socket path; \"@name\" for the abstract namespace",
 	  OPT("--socket", 's', "PATH"), NULL, NULL, FIELD(socket), NO_FIELD2 },

@@ -38,6 +38,9 @@ struct kvd_config {
 	uint32_t max_step_ms;
 	uint32_t max_waiting;
 	uint32_t session_idle_s;
+	char context_policy[16];   /* error | truncate-oldest | sliding-window | sinks */
+	uint32_t context_window;   /* window policies: tokens; 0 = as many as fit */
+	uint32_t context_sinks;    /* sinks: first tokens kept */
 	char socket[KVD_CONF_PATH_MAX];
 	mode_t socket_mode;
 	char socket_group[64];     /* empty: leave the group alone */

@@ -527,3 +527,70 @@ int kvd_engine_step(struct kvd_engine *e, const struct kvd_engine_item *items, s
 	}
 	return 0;
 }
+
+/* ---- context windows ---------------------------------------------------------- */
+
+int kvd_window_make(uint32_t block_size, uint32_t max_len, int sinks_on, uint32_t sinks, uint32_t window,
+		    struct kvd_window *ret)
+{
+	uint64_t sink_pages = sinks_on ? ((uint64_t)(sinks ? sinks : 4) + block_size - 1) / block_size : 0;
+	uint64_t room = (uint64_t)max_len, used = sink_pages * block_size + block_size - 1;
+
+	if (used >= room)
+		return -E2BIG;
+	if (!window)
+		window = (uint32_t)(room - used);
+	if (used + window > room)
+		return -E2BIG;
+	*ret = (struct kvd_window){ (uint32_t)sink_pages, window + block_size - 1 };
+	return 0;
+}
+
+int kvd_engine_can_shift(const struct kvd_engine *e)
+{
+	return e->ops->kv_shift != NULL && e->layout.type == KVD_KV_F16;
+}
+
+int kvd_engine_seq_evict(struct kvd_engine *e, uint32_t seq, uint32_t first, uint32_t n_drop)
+{
+	uint32_t bs = e->layout.block_size, np = 0, len;
+	const int32_t *pages;
+	int r;
+
+	if (!e->ops->kv_shift)
+		return -ENOTSUP;
+	r = kvmm_seq_drop_pages(e->kv, seq, first, n_drop);
+	if (r < 0)
+		return r;
+	pages = kvmm_seq_pages(e->kv, seq, &np);
+	len = kvmm_seq_len(e->kv, seq);
+	if (!pages || np <= first)
+		return 0; /* nothing after the dropped pages */
+	return e->ops->kv_shift(e->be, pages + first, np - first, len - first * bs, -(int32_t)(n_drop * bs));
+}
+
+int kvd_engine_window_prepare(struct kvd_engine *e, uint32_t seq, const struct kvd_window *w, uint32_t want,
+			      uint32_t *ret_room, uint32_t *ret_dropped)
+{
+	uint32_t bs = e->layout.block_size, len = kvmm_seq_len(e->kv, seq), dropped = 0;
+	uint64_t cap = kvd_window_cap(w, bs), room;
+	int r;
+
+	if (w->max_window < bs || want == 0)
+		return -EINVAL;
+	if (len >= cap) {
+		/* full (or past it, only if a caller appended more): back to one
+		 * page below the cap */
+		uint32_t n = (uint32_t)((len - cap) / bs + 1);
+		r = kvd_engine_seq_evict(e, seq, w->sink_pages, n);
+		if (r < 0)
+			return r;
+		dropped = n * bs;
+		len -= dropped;
+	}
+	room = cap - len;
+	*ret_room = room < want ? (uint32_t)room : want;
+	if (ret_dropped)
+		*ret_dropped = dropped;
+	return 0;
+}

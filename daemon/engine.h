@@ -111,4 +111,69 @@ int kvd_engine_plan(const struct kvd_engine *e, const struct kvd_engine_item *it
  */
 int kvd_engine_step(struct kvd_engine *e, const struct kvd_engine_item *items, size_t n);
 
+/* ---- context windows (sliding window, attention sinks) ----------------------- *
+ *
+ * How positions are handled: keys are cached after RoPE. When a window
+ * policy drops the oldest window page of a sequence, every later token
+ * moves down by one page's worth of positions, and the backend re-rotates
+ * the moved keys by the same negative delta (kv_shift in kernels/backend.h),
+ * so the cache always holds the surviving tokens at contiguous positions
+ * 0 .. len - 1, as if they had been computed there, and positions never pass
+ * sink + max_window tokens: a stream can run far past the model's context.
+ * Values carry no position and stay as computed; so do the K/V of deeper
+ * layers, which were computed while the dropped tokens were still visible
+ * (StreamingLLM's semantics).
+ *
+ * Eviction is page-granular and happens at fixed points of the stream: a
+ * sequence's first sink_pages pages are kept for ever (the attention sinks:
+ * the first tokens rounded up to whole pages; 0 for a plain sliding
+ * window), and the window after them grows to max_window tokens; before a
+ * token would make it max_window + 1, its oldest page goes. A token thus
+ * sees the sinks and between max_window - block_size + 1 and max_window
+ * window tokens (itself included). Because the points depend only on the
+ * stream position, a prompt cut into chunks at most as long as the room
+ * left (kvd_engine_window_prepare) gives the same result as token by token.
+ */
+struct kvd_window {
+	uint32_t sink_pages;  /* pages at the start that are never dropped */
+	uint32_t max_window;  /* window tokens after them at most, >= block_size */
+};
+/* The most tokens a sequence under w holds (and its positions' bound). */
+static inline uint32_t kvd_window_cap(const struct kvd_window *w, uint32_t block_size)
+{
+	return w->sink_pages * block_size + w->max_window;
+}
+
+/*
+ * The window of a policy: sinks_on with `sinks` first tokens (0: 4) kept as
+ * whole pages, the last `window` tokens (0: as many as fit) seen by every
+ * token at least, all positions below max_len. 0, or -E2BIG when the sinks
+ * and the window do not fit in max_len (sinks rounded up to pages, plus
+ * the window, plus block_size - 1 tokens of page-granular slack).
+ */
+int kvd_window_make(uint32_t block_size, uint32_t max_len, int sinks_on, uint32_t sinks, uint32_t window,
+		    struct kvd_window *ret);
+
+/* Whether the backend can re-rotate cached keys (kv_shift) of this pool's
+ * KV element type (f16 only): the window policies need it. */
+int kvd_engine_can_shift(const struct kvd_engine *e);
+/*
+ * Drop n_drop pages of seq after its first `first` pages and re-rotate the
+ * keys of the pages that moved down by -n_drop * block_size positions.
+ * 0; -ENOTSUP when the backend has no kv_shift (nothing changed); the
+ * errors of kvmm_seq_drop_pages (-ENOMEM: nothing changed); or the
+ * backend's error, after which the sequence must be freed.
+ */
+int kvd_engine_seq_evict(struct kvd_engine *e, uint32_t seq, uint32_t first, uint32_t n_drop);
+/*
+ * Before appending up to `want` tokens to seq under window w: drop the
+ * oldest window page when the window is full (see above), and return in
+ * *ret_room how many tokens may be appended in this step (1 .. want) so
+ * that no token passes an eviction point. *ret_dropped (may be NULL) gets
+ * the tokens dropped now. Errors as kvd_engine_seq_evict, and -EINVAL for
+ * a window below one page.
+ */
+int kvd_engine_window_prepare(struct kvd_engine *e, uint32_t seq, const struct kvd_window *w, uint32_t want,
+			      uint32_t *ret_room, uint32_t *ret_dropped);
+
 #endif

@@ -110,7 +110,29 @@ static void generate_start(struct client *c, struct greq *gr, const char *prompt
 		reject(c, gr, -EINVAL, "the prompt is empty");
 		return;
 	}
-	if ((uint64_t)hist + (uint64_t)n + gr->g.max_tokens > srv->n_ctx) {
+	/* context policies (ctxpolicy.c): a first turn notes what truncation
+	 * keeps; a turn that does not fit drops the session's oldest turns;
+	 * the window policies let the history run past the context */
+	bool windowed = gr->ctx.policy == IPC_CTX_SLIDING_WINDOW || gr->ctx.policy == IPC_CTX_SINKS;
+	if (gr->sess && !cont)
+		gr->head_tokens = chat ? ctx_first_turn_head(srv, gr->system, ids, (uint32_t)n) : 0;
+	if (!windowed && gr->sess && cont && gr->ctx.policy == IPC_CTX_TRUNCATE_OLDEST &&
+	    (uint64_t)hist + (uint64_t)n + gr->g.max_tokens > srv->n_ctx) {
+		char why[256];
+		uint32_t h = (uint32_t)hist;
+		if (ctx_truncate_oldest(srv, gr, &h, (uint64_t)hist + (uint64_t)n + gr->g.max_tokens, why, sizeof(why)) < 0) {
+			free(ids);
+			reject(c, gr, IPC_ERR_CONTEXT, "session history + %d prompt tokens + max_tokens %u exceed the "
+			       "context window of %u tokens, and truncate-oldest cannot help: %s",
+			       hist + n, gr->g.max_tokens, srv->n_ctx, why);
+			return;
+		}
+		log_info("request %" PRIu64 ": session %" PRIu64 ": truncate-oldest dropped %u turn(s), %u tokens",
+			 gr->id, gr->sess->id, gr->trunc_turns, gr->trunc_tokens);
+		hist = (int)h;
+	}
+	gr->turn_start = (uint32_t)hist;
+	if (!windowed && (uint64_t)hist + (uint64_t)n + gr->g.max_tokens > srv->n_ctx) {
 		free(ids);
 		reject(c, gr, IPC_ERR_CONTEXT,
 		       "%s%d prompt tokens + max_tokens %u = %" PRIu64 " exceeds the context window of %u tokens",
@@ -135,6 +157,7 @@ static void generate_start(struct client *c, struct greq *gr, const char *prompt
 	p.top_logprobs = gr->g.top_logprobs;
 	p.session = gr->sess ? gr->sess->id : 0;
 	p.session_idle_s = gr->sess ? gr->sess->idle_timeout_s : 0;
+	ctx_request_params(gr, &p);
 	r = kvd_request_new(srv->tok, gr->stops, gr->g.n_stop, &gr->rq);
 	if (r == 0)
 		r = gsamples_setup(srv, gr);
@@ -151,8 +174,18 @@ static void generate_start(struct client *c, struct greq *gr, const char *prompt
 		gr->state = GR_SCHED;
 		return;
 	case -E2BIG:
+		if (windowed) {
+			char why[IPC_MAX_ERROR_MSG_BYTES];
+			reject(c, gr, IPC_ERR_CONTEXT, "%s", ctx_refusal(srv, gr, r, why, sizeof(why)));
+			return;
+		}
 		reject(c, gr, IPC_ERR_CONTEXT, "prompt + max_tokens exceeds max_model_len (%u tokens)", srv->n_ctx);
 		return;
+	case -ENOTSUP: {
+		char why[IPC_MAX_ERROR_MSG_BYTES];
+		reject(c, gr, -EOPNOTSUPP, "%s", ctx_refusal(srv, gr, r, why, sizeof(why)));
+		return;
+	}
 	case -ENOSPC:
 		reject(c, gr, -ENOSPC, "%d prompt tokens + max_tokens %u need more KV pages than the whole pool has (%u)",
 		       hist + n, gr->g.max_tokens, kvmm_n_pages(srv->kv));
@@ -356,6 +389,12 @@ void handle_generate(struct client *c, const struct ipc_frame *f)
 		}
 	}
 	gr->sess = sess;
+	if (m.g.gen_flags & IPC_GEN_CONTEXT)
+		gr->ctx = m.ctx;
+	else if (sess && sess->ctx_set)
+		gr->ctx = sess->ctx;
+	else
+		ctx_server_default(srv, &gr->ctx);
 	if (sess) {
 		sess->busy = gr;
 		sess->last_used_ns = gr->t_recv;

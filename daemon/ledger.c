@@ -286,6 +286,9 @@ static void record(struct kvd_ledger *l, uint32_t uid, const char *line, int n)
 		(void)kvd_ledger_append(l, line, (size_t)n);
 }
 
+/* enum kvd_ctx_policy */
+static const char *const policy_names[] = {"error", "truncate-oldest", "sliding-window", "sinks"};
+
 void kvd_ledger_request(struct kvd_ledger *l, const struct kvd_ledger_who *who, uint64_t request_id,
 			uint64_t session_id, const char *finish, const struct kvd_request_result *res)
 {
@@ -301,11 +304,14 @@ void kvd_ledger_request(struct kvd_ledger *l, const struct kvd_ledger_who *who, 
 		     ",\"request_id\":%" PRIu64 ",\"session_id\":%" PRIu64 ",\"finish\":\"%s\",\"error\":%d,"
 		     "\"prompt_tokens\":%u,\"cached_tokens\":%u,\"generated_tokens\":%u,\"queue_ns\":%" PRIu64
 		     ",\"ttft_ns\":%" PRIu64 ",\"decode_ns\":%" PRIu64 ",\"itl_ns\":%" PRIu64
-		     ",\"preemptions\":%u,\"swaps\":%u,\"swap_errors\":%u,\"swap_fallback_recomputes\":%u,\"kv\":%s}\n",
+		     ",\"preemptions\":%u,\"swaps\":%u,\"swap_errors\":%u,\"swap_fallback_recomputes\":%u,"
+		     "\"context_policy\":\"%s\",\"context_dropped_tokens\":%u,\"context_truncated_turns\":%u,\"kv\":%s}\n",
 		     realtime_ns(), who->client_id, who->pid, who->uid, request_id, session_id, finish, res->error,
 		     res->prompt_tokens, res->cached_tokens, res->generated_tokens, res->queue_ns, res->ttft_ns,
 		     res->decode_ns, res->generated_tokens > 1 ? res->decode_ns / (res->generated_tokens - 1) : 0,
-		     res->preemptions, res->swaps, res->swap_errors, res->swap_fallback_recomputes, kv);
+		     res->preemptions, res->swaps, res->swap_errors, res->swap_fallback_recomputes,
+		     res->context_policy < 4 ? policy_names[res->context_policy] : "?",
+		     res->context_dropped_tokens, res->context_truncated_turns, kv);
 	record(l, who->uid, line, n);
 }
 

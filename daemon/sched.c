@@ -49,28 +49,7 @@
 #define SCHED_DEMOTE_BATCH       32 /* pages demoted in one step at most */
 #define SCHED_MIN_CHUNK           4 /* prefill beside decodes never shrinks below this */
 
-struct kvd_sched {
-	struct kvd_sched_config cfg;
-	struct kvd_engine *e;
-	struct kvmm *kv;
-	struct kvd_sched_events ev;
-	int32_t n_vocab;
-	uint32_t block_size;
-	struct req **reqs; /* by arrival */
-	size_t n_reqs, cap_reqs;
-	uint64_t arrivals;
-	struct kvd_sched_stats st;
-	/* step-time model for max_step_ms (step_model.h), from measured steps */
-	struct kvd_step_model model;
-	/* step scratch */
-	struct kvd_engine_item *items;
-	struct req **item_req;
-	size_t cap_items;
-	struct req *attaching;  /* whose prefix kvmm_prefix_attach is looking up */
-	int demote_failing;     /* the last demotion failed (logged once until one works) */
-};
-
-static uint64_t now_ns(const struct kvd_sched *s)
+uint64_t sched_now_ns(const struct kvd_sched *s)
 {
 	struct timespec ts;
 
@@ -199,16 +178,16 @@ static int find_ptr(const struct kvd_sched *s, const struct req *r, size_t *ret_
 	return 0;
 }
 
-static void drop_seq(struct kvd_sched *s, struct req *r)
+void sched_drop_seq(struct kvd_sched *s, struct req *r)
 {
 	if (r->has_seq) {
 		kvmm_seq_free(s->kv, r->seq);
 		r->has_seq = 0;
 	}
-	r->n_computed = 0;
+	r->n_computed = r->n_dropped = 0;
 }
 
-static void remove_at(struct kvd_sched *s, size_t i)
+void sched_remove_at(struct kvd_sched *s, size_t i)
 {
 	memmove(&s->reqs[i], &s->reqs[i + 1], (s->n_reqs - i - 1) * sizeof(*s->reqs));
 	s->n_reqs--;
@@ -225,7 +204,7 @@ static struct req *find(const struct kvd_sched *s, uint64_t id, size_t *ret_i)
 	return NULL;
 }
 
-static struct req *find_session(const struct kvd_sched *s, uint64_t session, size_t *ret_i)
+struct req *sched_find_session(const struct kvd_sched *s, uint64_t session, size_t *ret_i)
 {
 	for (size_t i = 0; i < s->n_reqs; i++)
 		if (s->reqs[i]->session == session) {
@@ -240,13 +219,14 @@ static struct req *find_session(const struct kvd_sched *s, uint64_t session, siz
 static void finish(struct kvd_sched *s, struct req *r, enum kvd_finish why, int error)
 {
 	size_t i;
-	uint64_t t = now_ns(s);
+	uint64_t t = sched_now_ns(s);
 	struct kvmm_seq_record rec;
 
 	r->res.sample = r->sample;
 	r->res.n_samples = r->n_samples;
 	r->res.finish = why;
 	r->res.error = error;
+	r->res.context_dropped_tokens = r->n_dropped; /* what the KV no longer holds, replays counted once */
 	r->res.generated_tokens = r->n_generated;
 	if (r->t_first)
 		r->res.decode_ns = r->t_last - r->t_first;
@@ -254,7 +234,7 @@ static void finish(struct kvd_sched *s, struct req *r, enum kvd_finish why, int 
 		r->res.queue_ns = r->t_admit - r->t_submit;
 	s->st.requests_done++;
 	if (find_ptr(s, r, &i))
-		remove_at(s, i);
+		sched_remove_at(s, i);
 	r->res.ledger = NULL;
 	if (r->session && (why == KVD_FINISH_ERROR || why == KVD_FINISH_CANCELLED) && r->n_history > 0) {
 		/* roll the session back to the end of its previous turn: its KV
@@ -264,7 +244,7 @@ static void finish(struct kvd_sched *s, struct req *r, enum kvd_finish why, int 
 			r->has_seq = 0;
 			r->res.ledger = &rec;
 		}
-		drop_seq(s, r);
+		sched_drop_seq(s, r);
 		r->n_toks = r->n_history;
 		r->state = RS_SESSION;
 		r->t_used = t;
@@ -297,7 +277,7 @@ static void finish(struct kvd_sched *s, struct req *r, enum kvd_finish why, int 
 		r->has_seq = 0;
 		r->res.ledger = &rec;
 	}
-	drop_seq(s, r);
+	sched_drop_seq(s, r);
 	if (s->ev.on_done)
 		s->ev.on_done(s->ev.ud, r->id, &r->res);
 	r->res.ledger = NULL;
@@ -314,7 +294,7 @@ struct kvd_sched *kvd_sched_destroy(struct kvd_sched *s)
 		struct req *r = s->reqs[s->n_reqs - 1];
 		if (r->state == RS_SESSION) {
 			s->n_reqs--;
-			drop_seq(s, r);
+			sched_drop_seq(s, r);
 			req_free(r);
 		} else {
 			finish(s, r, KVD_FINISH_CANCELLED, 0);
@@ -356,7 +336,10 @@ int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt
 		return -EINVAL;
 	if (kvd_sampler_params_check(&p->sampling) < 0)
 		return -EINVAL;
-	if (n_samples > KVD_MAX_SAMPLES || (n_samples > 1 && p->session) || p->top_logprobs > KVD_LOGPROBS_MAX_TOP ||
+	/* samples fork one sequence: not with a session's, nor under a window
+	 * policy (its drops are per sequence) */
+	if (n_samples > KVD_MAX_SAMPLES || (n_samples > 1 && (p->session || p->ctx_policy != KVD_CTX_ERROR)) ||
+	    p->top_logprobs > KVD_LOGPROBS_MAX_TOP ||
 	    (int32_t)p->top_logprobs > s->n_vocab)
 		return -EINVAL;
 	if (n_samples > s->cfg.max_num_seqs)
@@ -371,16 +354,29 @@ int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt
 	if (waiting >= s->cfg.max_waiting)
 		return -EBUSY;
 	if (p->session) {
-		sess = find_session(s, p->session, &si);
+		sess = sched_find_session(s, p->session, &si);
 		if (sess && sess->state != RS_SESSION)
 			return -EBUSY; /* a turn of this session is still running */
 		if (sess)
 			hist = sess->n_toks;
 	}
-	if ((uint64_t)hist + n_prompt + p->max_tokens > s->cfg.max_model_len)
+	struct kvd_window w = {0};
+	int windowed = p->ctx_policy == KVD_CTX_SLIDING_WINDOW || p->ctx_policy == KVD_CTX_SINKS;
+	uint64_t kv_need = (uint64_t)hist + n_prompt + p->max_tokens;
+	if (windowed) {
+		if (!kvd_engine_can_shift(s->e))
+			return -ENOTSUP;
+		if (kvd_window_make(s->block_size, s->cfg.max_model_len, p->ctx_policy == KVD_CTX_SINKS, p->ctx_sinks,
+				    p->ctx_window, &w) < 0)
+			return -E2BIG;
+		kv_need = kv_need < kvd_window_cap(&w, s->block_size) ? kv_need : kvd_window_cap(&w, s->block_size);
+	} else if (kv_need > s->cfg.max_model_len) {
 		return -E2BIG;
+	}
 	/* alone: the prompt's full pages once, the rest of each sample's own */
-	uint64_t all = pages_for(s, hist + n_prompt + p->max_tokens), full = (hist + n_prompt) / s->block_size;
+	uint64_t all = pages_for(s, (uint32_t)kv_need), full = (hist + n_prompt) / s->block_size;
+	if (full > all)
+		full = all;
 	if (all + (uint64_t)(n_samples - 1) * (all - full) > kvmm_n_pages(s->kv))
 		return -ENOSPC;
 	if (s->n_reqs == s->cap_reqs) {
@@ -394,7 +390,7 @@ int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt
 	if (sess) {
 		/* the session's request object becomes this turn */
 		r = sess;
-		remove_at(s, si);
+		sched_remove_at(s, si);
 		memset(&r->res, 0, sizeof(r->res));
 		r->n_history = hist;
 	} else {
@@ -402,7 +398,7 @@ int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt
 		if (!r)
 			return -ENOMEM;
 	}
-	rc = reserve_toks(r, hist + n_prompt + p->max_tokens);
+	rc = reserve_toks(r, hist + n_prompt + p->max_tokens); /* (bounded by the wire's limits) */
 	if (rc < 0)
 		goto fail;
 	r->sampler = kvd_sampler_new(&p->sampling, s->n_vocab);
@@ -426,7 +422,11 @@ int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt
 	r->logprobs = p->logprobs;
 	r->top_logprobs = p->top_logprobs;
 	r->sp = p->sampling;
-	r->t_submit = now_ns(s);
+	if (r->windowed != windowed || memcmp(&r->w, &w, sizeof(w)))
+		sched_drop_seq(s, r); /* a session's KV kept under another policy is not this one's */
+	r->windowed = windowed;
+	r->w = w;
+	r->t_submit = sched_now_ns(s);
 	r->t_admit = r->t_first = r->t_last = 0;
 	/* a session turn computes over its history too: report the whole
 	 * context, with the history the session kept as cached */
@@ -469,45 +469,6 @@ int kvd_sched_cancel(struct kvd_sched *s, uint64_t req_id)
 	return 0;
 }
 
-int kvd_sched_session_close(struct kvd_sched *s, uint64_t session)
-{
-	size_t i;
-	struct req *r = find_session(s, session, &i);
-	if (!r)
-		return -ENOENT;
-	if (r->state != RS_SESSION)
-		return -EBUSY;
-	remove_at(s, i);
-	drop_seq(s, r);
-	req_free(r);
-	return 0;
-}
-
-int kvd_sched_session_tokens(const struct kvd_sched *s, uint64_t session)
-{
-	struct req *r = find_session(s, session, NULL);
-	if (!r || r->state != RS_SESSION)
-		return -ENOENT;
-	return (int)r->n_toks;
-}
-
-int kvd_sched_session_touch(struct kvd_sched *s, uint64_t session)
-{
-	struct req *r = find_session(s, session, NULL);
-	if (!r || r->state != RS_SESSION)
-		return -ENOENT;
-	r->t_used = now_ns(s);
-	return 0;
-}
-
-int kvd_sched_session_last_token(const struct kvd_sched *s, uint64_t session)
-{
-	struct req *r = find_session(s, session, NULL);
-	if (!r || r->state != RS_SESSION || !r->n_toks)
-		return -ENOENT;
-	return r->toks[r->n_toks - 1];
-}
-
 void kvd_sched_set_config(struct kvd_sched *s, const struct kvd_sched_config *cfg)
 {
 	if (cfg->max_num_seqs)
@@ -520,101 +481,6 @@ void kvd_sched_set_config(struct kvd_sched *s, const struct kvd_sched_config *cf
 		s->cfg.max_waiting = cfg->max_waiting;
 	s->cfg.session_idle_s = cfg->session_idle_s;
 	s->cfg.max_step_ms = cfg->max_step_ms;
-}
-
-/* Give up the KV of the least recently used idle session that still holds
- * pages; its tokens stay, to be recomputed by its next turn. Returns 1 when
- * one was dropped, 0 when none holds pages. */
-static int reclaim_session(struct kvd_sched *s)
-{
-	struct req *v = NULL;
-	for (size_t i = 0; i < s->n_reqs; i++) {
-		struct req *r = s->reqs[i];
-		if (r->state == RS_SESSION && r->has_seq && (!v || r->t_used < v->t_used))
-			v = r;
-	}
-	if (!v)
-		return 0;
-	drop_seq(s, v);
-	return 1;
-}
-
-int kvd_sched_expire_sessions(struct kvd_sched *s)
-{
-	uint64_t t = now_ns(s);
-	int n = 0;
-
-	for (size_t i = 0; i < s->n_reqs;) {
-		struct req *r = s->reqs[i];
-		uint64_t idle_ns = (uint64_t)(r->idle_s ? r->idle_s : s->cfg.session_idle_s) * 1000000000ull;
-		if (r->state == RS_SESSION && idle_ns && t - r->t_used > idle_ns) {
-			uint64_t session = r->session;
-			remove_at(s, i);
-			drop_seq(s, r);
-			req_free(r);
-			n++;
-			if (s->ev.on_session_expired)
-				s->ev.on_session_expired(s->ev.ud, session);
-			continue;
-		}
-		i++;
-	}
-	return n;
-}
-
-int kvd_sched_idle(const struct kvd_sched *s)
-{
-	for (size_t i = 0; i < s->n_reqs; i++)
-		if (s->reqs[i]->state != RS_SESSION)
-			return 0;
-	return 1;
-}
-
-void kvd_sched_get_stats(const struct kvd_sched *s, struct kvd_sched_stats *ret)
-{
-	struct kvd_sched_stats st = s->st;
-	st.running = st.waiting = st.swapped = st.sessions = 0;
-	for (size_t i = 0; i < s->n_reqs; i++) {
-		switch (s->reqs[i]->state) {
-		case RS_WAITING: st.waiting++; break;
-		case RS_RUNNING: st.running++; break;
-		case RS_SWAPPED: st.swapped++; break;
-		case RS_SESSION: st.sessions++; break;
-		}
-	}
-	*ret = st;
-}
-
-size_t kvd_sched_list(const struct kvd_sched *s, struct kvd_sched_req_info *out, size_t cap)
-{
-	size_t n = 0;
-	uint64_t t = now_ns(s);
-	for (size_t i = 0; i < s->n_reqs && n < cap; i++) {
-		const struct req *r = s->reqs[i];
-		if (r->state == RS_SESSION)
-			continue;
-		uint32_t np = 0, shared = 0;
-		if (r->has_seq && r->state == RS_RUNNING) {
-			const int32_t *pt = kvmm_seq_pages(s->kv, r->seq, &np);
-			for (uint32_t k = 0; pt && k < np; k++)
-				shared += pt[k] >= 0 && kvmm_page_refcount(s->kv, (uint32_t)pt[k]) > 1;
-		}
-		out[n++] = (struct kvd_sched_req_info){
-			.req_id = r->id,
-			.session = r->session,
-			.state = r->state == RS_WAITING ? 0 : r->state == RS_SWAPPED ? 3 : r->n_computed + 1 < r->n_toks ? 1 : 2,
-			.prompt_tokens = r->n_prompt,
-			.cached_tokens = r->res.cached_tokens,
-			.generated_tokens = r->n_generated,
-			.max_tokens = r->max_tokens,
-			.kv_tokens = r->n_computed,
-			.pages = np,
-			.pages_shared = shared,
-			.age_ns = t - r->t_submit,
-			.sample = r->sample,
-		};
-	}
-	return n;
 }
 
 static int ensure_items(struct kvd_sched *s, size_t n)
@@ -645,14 +511,14 @@ static void preempt(struct kvd_sched *s, struct req *r)
 		return;
 	}
 	count_fallback(s, r);
-	drop_seq(s, r);
+	sched_drop_seq(s, r);
 	r->state = RS_WAITING;
 }
 
 /* Undo an admission made while building this step. */
 static void unadmit(struct kvd_sched *s, struct req *r)
 {
-	drop_seq(s, r);
+	sched_drop_seq(s, r);
 	r->state = RS_WAITING;
 	r->admitted_now = 0;
 	r->t_admit = 0;
@@ -667,7 +533,7 @@ static void resume_swapped(struct kvd_sched *s, uint32_t n_running)
 		struct req *r = s->reqs[i];
 		if (r->state != RS_SWAPPED)
 			continue;
-		uint32_t need = pages_for(s, r->n_computed) + n_running + 1;
+		uint32_t need = pages_for(s, r->n_computed - r->n_dropped) + n_running + 1;
 		if (need > kvmm_n_pages(s->kv))
 			need = kvmm_n_pages(s->kv); /* alone it always fits (checked at submit) */
 		if (kvmm_available_pages(s->kv) < need)
@@ -678,7 +544,7 @@ static void resume_swapped(struct kvd_sched *s, uint32_t n_running)
 		if (rc < 0) {
 			/* its swapped K/V is lost: recompute from the tokens */
 			count_fallback(s, r);
-			drop_seq(s, r);
+			sched_drop_seq(s, r);
 			r->state = RS_WAITING;
 			continue;
 		}
@@ -693,7 +559,7 @@ static void emit(struct kvd_sched *s, struct req *r)
 	int32_t t = kvd_sampler_sample(r->sampler, r->logits, r->toks, r->n_toks);
 	struct kvd_logprobs lp;
 	int with_lp = r->logprobs && kvd_logprobs_compute(r->logits, s->n_vocab, t, r->top_logprobs, &lp) == 0;
-	uint64_t now = now_ns(s);
+	uint64_t now = sched_now_ns(s);
 	enum kvd_finish ending = KVD_FINISH_NONE;
 	enum kvd_token_verdict verdict = KVD_TOKEN_CONTINUE;
 
@@ -817,7 +683,7 @@ int kvd_sched_step(struct kvd_sched *s)
 {
 	size_t n_items = 0;
 	uint32_t budget = s->cfg.max_tokens_per_step, n_running = 0;
-	int rc;
+	int rc, starved = 0;
 
 	rc = ensure_items(s, s->n_reqs + 1);
 	if (rc < 0)
@@ -857,13 +723,15 @@ int kvd_sched_step(struct kvd_sched *s)
 					break; /* the step's time is spent: admit next step */
 				/* admit: a sequence, and whatever the prefix cache has */
 				if (kvmm_seq_new(s->kv, &r->seq) < 0 &&
-				    (!reclaim_session(s) || kvmm_seq_new(s->kv, &r->seq) < 0))
+				    (!sched_reclaim_session(s) || kvmm_seq_new(s->kv, &r->seq) < 0))
 					break;
 				r->has_seq = 1;
 				r->n_computed = 0;
-				uint32_t hit = 0;
+				uint32_t hit = 0, n_look = r->n_toks; /* windows: what is there before any drop */
+				if (r->windowed && n_look > kvd_window_cap(&r->w, s->block_size))
+					n_look = kvd_window_cap(&r->w, s->block_size);
 				s->attaching = r; /* a failed promotion is charged to r */
-				int ar = kvmm_prefix_attach(s->kv, r->seq, r->toks, r->n_toks, &hit);
+				int ar = kvmm_prefix_attach(s->kv, r->seq, r->toks, n_look, &hit);
 				s->attaching = NULL;
 				if (ar == 0)
 					r->n_computed = hit;
@@ -871,7 +739,7 @@ int kvd_sched_step(struct kvd_sched *s)
 					r->res.cached_tokens = hit;
 				r->state = RS_RUNNING;
 				r->admitted_now = 1;
-				r->t_admit = now_ns(s);
+				r->t_admit = sched_now_ns(s);
 				kvmm_seq_set_prompt_tokens(s->kv, r->seq, r->n_history + r->n_prompt);
 				n_running += slots(r);
 			} else if (r->state != RS_RUNNING) {
@@ -880,7 +748,16 @@ int kvd_sched_step(struct kvd_sched *s)
 			uint32_t pending = r->n_toks - r->n_computed;
 			if ((pass == 0) != (pending == 1) && pass != 2)
 				continue;
-			uint32_t take = pending < budget ? pending : budget;
+			uint32_t take = pending < budget ? pending : budget, dropped = 0;
+			if (r->windowed) { /* drop what leaves the window; stop at its next edge */
+				int wr = kvd_engine_window_prepare(s->e, r->seq, &r->w, take, &take, &dropped);
+				if (wr < 0) { /* -ENOMEM: try again next step; else it fails below */
+					r->res.error = wr == -ENOMEM ? 0 : wr;
+					starved = starved || wr == -ENOMEM;
+					continue;
+				}
+				r->n_dropped += dropped;
+			}
 			if (timed && pass > 0) {
 				uint32_t cap = kvd_step_model_cap(&s->model, left_ns, r->n_computed, take);
 				if (prefill_taken + cap < SCHED_MIN_CHUNK) /* never below a minimum chunk */
@@ -903,6 +780,21 @@ int kvd_sched_step(struct kvd_sched *s)
 			budget -= take;
 		}
 	}
+	for (size_t i = 0; i < s->n_reqs;) /* a window its KV could not follow */
+		if (s->reqs[i]->state == RS_RUNNING && s->reqs[i]->res.error < 0)
+			finish(s, s->reqs[i], KVD_FINISH_ERROR, s->reqs[i]->res.error);
+		else
+			i++;
+	struct req *w = NULL; /* windows all waiting for copies of shared pages: drop the youngest's KV */
+	for (size_t i = 0; !n_items && starved && i < s->n_reqs; i++)
+		if (s->reqs[i]->state == RS_RUNNING && (!w || s->reqs[i]->arrival > w->arrival))
+			w = s->reqs[i];
+	if (w) { /* (not a swap-out: that keeps the shared pages) */
+		s->st.preemptions++;
+		w->res.preemptions++;
+		sched_drop_seq(s, w);
+		w->state = RS_WAITING;
+	}
 	if (!n_items)
 		return 0;
 
@@ -912,7 +804,7 @@ int kvd_sched_step(struct kvd_sched *s)
 		rc = kvd_engine_plan(s->e, s->items, n_items, &need);
 		if (rc != -ENOMEM)
 			break;
-		if (reclaim_session(s))
+		if (sched_reclaim_session(s))
 			continue;
 		size_t v = 0;
 		for (size_t i = 1; i < n_items; i++)
@@ -952,11 +844,11 @@ int kvd_sched_step(struct kvd_sched *s)
 	if (rc < 0)
 		goto fail;
 	demote_ahead(s, need);
-	uint64_t t0 = now_ns(s);
+	uint64_t t0 = sched_now_ns(s);
 	rc = kvd_engine_step(s->e, s->items, n_items);
 	if (rc < 0)
 		goto fail;
-	uint64_t t1 = now_ns(s);
+	uint64_t t1 = sched_now_ns(s);
 	s->st.steps++;
 	learn_step_time(s, n_items, t1 - t0);
 	for (size_t i = 0; i < n_items; i++) {

@@ -77,6 +77,12 @@ struct kvd_request_params {
 	uint32_t n_samples;
 	int logprobs;                 /* report log-probabilities with each token */
 	uint32_t top_logprobs;        /* alternatives with them, 0 .. KVD_LOGPROBS_MAX_TOP */
+	/* Context policy (enum kvd_ctx_policy). The window policies drop the
+	 * oldest KV as the request runs (engine.h says how); truncate-oldest is
+	 * the caller's (kvd_sched_session_truncate) and acts here as ERROR. */
+	uint32_t ctx_policy;
+	uint32_t ctx_window;          /* window policies: tokens; 0 = as many as fit */
+	uint32_t ctx_sinks;           /* KVD_CTX_SINKS: first tokens kept; 0 = 4 */
 };
 
 #define KVD_MAX_SAMPLES 16
@@ -87,6 +93,14 @@ struct kvd_token_event {
 	int32_t token;
 	enum kvd_finish ending;       /* as on_token's */
 	const struct kvd_logprobs *lp; /* with params.logprobs, else NULL; valid during the call */
+};
+
+/* The values are the wire's (enum ipc_context_policy). */
+enum kvd_ctx_policy {
+	KVD_CTX_ERROR = 0,
+	KVD_CTX_TRUNCATE_OLDEST = 1,
+	KVD_CTX_SLIDING_WINDOW = 2,
+	KVD_CTX_SINKS = 3,
 };
 
 /* What on_token answers: go on, or stop now (a stop string appeared). */
@@ -114,6 +128,10 @@ struct kvd_request_result {
 	const struct kvmm_seq_record *ledger;
 	uint32_t sample;              /* which sample this result is (0 for one-sample requests) */
 	uint32_t n_samples;           /* the request's samples (>= 1): on_done comes once for each */
+	uint32_t context_dropped_tokens; /* window policies: tokens of the context (a session's
+	                                  * history included) whose K/V was dropped by the end */
+	uint32_t context_truncated_turns; /* set by the caller: turns truncate-oldest removed */
+	uint32_t context_policy;          /* set by the caller (enum kvd_ctx_policy), for the ledger */
 };
 
 /* Callbacks, all optional, all given ud. None may call back into the
@@ -178,7 +196,9 @@ struct kvd_sched *kvd_sched_destroy(struct kvd_sched *s);
 
 /*
  * Queue a request. The prompt is copied. Returns 0; -E2BIG when history +
- * prompt + max_tokens exceeds max_model_len; -ENOSPC when it could not fit
+ * prompt + max_tokens exceeds max_model_len (without a window policy), or
+ * when a window policy's sinks and window do not fit in it; -ENOTSUP for a
+ * window policy the backend cannot do (no kv_shift); -ENOSPC when it could not fit
  * in the whole KV pool even alone; -EINVAL for an empty prompt, a token
  * out of range or bad sampling parameters, n_samples above KVD_MAX_SAMPLES,
  * samples with a session or top_logprobs above KVD_LOGPROBS_MAX_TOP;
@@ -198,6 +218,11 @@ int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt
 /* Cancel a queued or running request, every sample of it (on_done with
  * CANCELLED, its pages freed at once). -ENOENT if unknown. */
 int kvd_sched_cancel(struct kvd_sched *s, uint64_t req_id);
+/* truncate-oldest: remove tokens [keep, keep + drop) of an idle session's
+ * history and give up its KV (the next turn recomputes the rest, the kept
+ * head through the prefix cache). -ENOENT; -EBUSY while a turn runs;
+ * -EINVAL for drop 0 or a range past the history. */
+int kvd_sched_session_truncate(struct kvd_sched *s, uint64_t session, uint32_t keep, uint32_t drop);
 /* Drop a session and its pages. -ENOENT, -EBUSY while a request uses it. */
 int kvd_sched_session_close(struct kvd_sched *s, uint64_t session);
 /* Tokens a session holds (history a next turn continues), or -ENOENT when

@@ -1,7 +1,8 @@
 /*
  * daemon/sched_impl.h — the scheduler's private state, shared by sched.c
- * (batching, admission, preemption) and sched_samples.c (parallel samples
- * forked from one prompt). Nothing outside these two files includes it.
+ * (batching, admission, preemption), sched_session.c (kept sessions, stats,
+ * listing) and sched_samples.c (parallel samples forked from one prompt).
+ * Nothing outside these files includes it.
  */
 #ifndef KVD_SCHED_IMPL_H
 #define KVD_SCHED_IMPL_H
@@ -9,7 +10,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine.h"
 #include "sched.h"
+#include "step_model.h"
 
 enum req_state {
 	RS_WAITING = 0,  /* no sequence yet (or dropped for recompute) */
@@ -40,6 +43,9 @@ struct req {
 	int logprobs;
 	uint32_t top_logprobs;
 	struct kvd_sampler_params sp; /* the request's, for the samples' samplers */
+	int windowed;            /* a window policy: w applies, the KV holds toks[0, sink), toks[sink + n_dropped, n_computed) */
+	struct kvd_window w;
+	uint32_t n_dropped;
 	int swap_failed;         /* kvmm reported an I/O error on its sequence */
 	struct kvd_sampler *sampler;
 	float *logits;
@@ -47,9 +53,44 @@ struct req {
 	uint64_t t_submit, t_admit, t_first, t_last, t_used;
 };
 
+/* The scheduler; its functions are in sched.c, sched_session.c (sessions,
+ * listing) and sched_samples.c. */
+struct kvd_sched {
+	struct kvd_sched_config cfg;
+	struct kvd_engine *e;
+	struct kvmm *kv;
+	struct kvd_sched_events ev;
+	int32_t n_vocab;
+	uint32_t block_size;
+	struct req **reqs; /* by arrival */
+	size_t n_reqs, cap_reqs;
+	uint64_t arrivals;
+	struct kvd_sched_stats st;
+	/* step-time model for max_step_ms (step_model.h), from measured steps */
+	struct kvd_step_model model;
+	/* step scratch */
+	struct kvd_engine_item *items;
+	struct req **item_req;
+	size_t cap_items;
+	struct req *attaching;  /* whose prefix kvmm_prefix_attach is looking up */
+	int demote_failing;     /* the last demotion failed (logged once until one works) */
+};
+
 /* ---- sched.c ---- */
 void req_free(struct req *r);
 int reserve_toks(struct req *r, uint32_t n);
+uint64_t sched_now_ns(const struct kvd_sched *s);
+/* the finished session of that id (and its index), or NULL */
+struct req *sched_find_session(const struct kvd_sched *s, uint64_t session, size_t *ret_i);
+/* take reqs[i] out of the array (not freed) */
+void sched_remove_at(struct kvd_sched *s, size_t i);
+/* give up r's sequence and its pages, if it has one */
+void sched_drop_seq(struct kvd_sched *s, struct req *r);
+
+/* ---- sched_session.c ---- */
+/* Give up the KV of the least recently used idle session that still holds
+ * pages; 1 when one was dropped, 0 when none holds pages. */
+int sched_reclaim_session(struct kvd_sched *s);
 
 /* ---- sched_samples.c ---- */
 /* What forking needs of the scheduler (sched.c fills it in). */

@@ -141,6 +141,11 @@ struct greq {
 	bool finished;                /* on_done seen: `done` is the terminal record */
 	struct ipc_done done;
 	struct gsamples *xs;          /* IPC_F_SAMPLE stream (samples.c); NULL: the plain one above */
+	/* context policy (ctxpolicy.c): the request's block, else its session's */
+	struct ipc_gen_context ctx;
+	uint32_t turn_start;          /* session turns: history tokens before this turn */
+	uint32_t head_tokens;         /* a first turn: tokens truncate-oldest keeps */
+	uint32_t trunc_turns, trunc_tokens; /* what truncate-oldest removed for it */
 };
 
 enum upload_kind { UP_GENERATE, UP_TOKENIZE, UP_DISCARD };
@@ -166,6 +171,12 @@ struct session {
 	struct greq *busy;            /* a turn in flight */
 	uid_t owner;                  /* SO_PEERCRED uid of the client that opened it */
 	uint64_t opener;              /* id of the connection that opened it */
+	struct ipc_gen_context ctx;   /* the session's context policy (SESSION_OPEN) */
+	bool ctx_set;                 /* opened with one; else the server's default */
+	uint32_t head_tokens;         /* history tokens truncate-oldest always keeps
+	                               * (up to the end of the system prompt) */
+	uint32_t *turn_start;         /* history offset where each completed turn began */
+	uint32_t n_turn_start, cap_turn_start;
 };
 
 /* One user's (uid's) share of the event loop: all its connections draw on
@@ -308,6 +319,14 @@ int samples_flush(struct client *c, struct greq *gr);
 
 /* ---- session.c: sessions and timeouts ------------------------------------ */
 void session_free(struct kvd_server *srv, struct session *s);
+/* ctxpolicy.c: context policies of requests and sessions */
+void ctx_request_params(const struct greq *gr, struct kvd_request_params *p);
+void ctx_server_default(const struct kvd_server *srv, struct ipc_gen_context *ret);
+uint32_t ctx_first_turn_head(struct kvd_server *srv, const char *system, const int32_t *ids, uint32_t n);
+int ctx_truncate_oldest(struct kvd_server *srv, struct greq *gr, uint32_t *hist, uint64_t need, char *why,
+			size_t why_cap);
+void ctx_turn_done(struct session *s, const struct greq *gr);
+const char *ctx_refusal(struct kvd_server *srv, const struct greq *gr, int r, char *buf, size_t cap);
 void handle_session_open(struct client *c, const struct ipc_frame *f);
 void handle_session_close(struct client *c, const struct ipc_frame *f);
 void expire_sessions(struct kvd_server *srv, uint64_t t);

@@ -23,6 +23,7 @@ void session_free(struct kvd_server *srv, struct session *s)
 	}
 	kvd_sched_session_close(srv->sched, s->id);
 	srv->n_sessions--;
+	free(s->turn_start);
 	free(s);
 }
 
@@ -30,7 +31,8 @@ void handle_session_open(struct client *c, const struct ipc_frame *f)
 {
 	struct kvd_server *srv = c->srv;
 	struct ipc_session_open so;
-	int r = ipc_decode_session_open(f, &so);
+	struct ipc_gen_context ctx;
+	int r = ipc_decode_session_open_ctx(f, &so, &ctx);
 
 	if (r < 0) {
 		sock_error(c, f->hdr.request_id, r, "malformed SESSION_OPEN: %s", strerror(-r));
@@ -50,6 +52,8 @@ void handle_session_open(struct client *c, const struct ipc_frame *f)
 		return;
 	}
 	s->id = ++srv->next_session_id;
+	s->ctx = ctx;
+	s->ctx_set = so.flags & IPC_SESSION_CONTEXT;
 	s->idle_timeout_s = so.idle_timeout_s ? so.idle_timeout_s : srv->cfg.session_idle_s;
 	if (srv->cfg.session_idle_s && s->idle_timeout_s > srv->cfg.session_idle_s)
 		s->idle_timeout_s = srv->cfg.session_idle_s; /* the server's bound */
@@ -145,6 +149,7 @@ void on_session_expired(void *ud, uint64_t session)
 			 s->idle_timeout_s);
 		*pp = s->next;
 		srv->n_sessions--;
+		free(s->turn_start);
 		free(s);
 		return;
 	}

@@ -115,12 +115,18 @@ static const char *finish_name(enum kvd_finish f)
 	return ipc_finish_name(finish_to_ipc(f));
 }
 
-void on_done(void *ud, uint64_t req_id, const struct kvd_request_result *res)
+void on_done(void *ud, uint64_t req_id, const struct kvd_request_result *res_sched)
 {
 	struct kvd_server *srv = ud;
 	struct greq *gr = (struct greq *)(uintptr_t)req_id;
 	uint64_t t = now_ns();
 	uint64_t pre = gr->t_submit - gr->t_recv; /* upload and tokenization */
+	struct kvd_request_result res_all = *res_sched, *res = &res_all;
+
+	/* what truncate-oldest removed before submitting counts as dropped too */
+	res_all.context_dropped_tokens += gr->trunc_tokens;
+	res_all.context_truncated_turns = gr->trunc_turns;
+	res_all.context_policy = gr->ctx.policy;
 
 	kvd_ledger_request(srv->ledger, &gr->who, gr->id, gr->sess ? gr->sess->id : 0, finish_name(res->finish), res);
 	if (res->sample == 0) /* the samples share one prompt */
@@ -133,8 +139,10 @@ void on_done(void *ud, uint64_t req_id, const struct kvd_request_result *res)
 		s->busy = NULL;
 		s->last_used_ns = t;
 		/* a cancelled or failed turn leaves the session as it was */
-		if (res->finish != KVD_FINISH_CANCELLED && res->finish != KVD_FINISH_ERROR)
+		if (res->finish != KVD_FINISH_CANCELLED && res->finish != KVD_FINISH_ERROR) {
 			s->turns++;
+			ctx_turn_done(s, gr);
+		}
 		gr->sess = NULL; /* the session may go before this request's last record */
 	}
 	gr->done = (struct ipc_done){
@@ -143,6 +151,7 @@ void on_done(void *ud, uint64_t req_id, const struct kvd_request_result *res)
 		.prompt_tokens = res->prompt_tokens,
 		.cached_tokens = res->cached_tokens,
 		.generated_tokens = res->generated_tokens,
+		.context_dropped_tokens = res->context_dropped_tokens,
 		.queue_ns = res->queue_ns + pre,
 		.ttft_ns = res->ttft_ns ? res->ttft_ns + pre : 0,
 		.decode_ns = res->decode_ns,

@@ -38,6 +38,7 @@ static_assert(sizeof(struct ipc_stats) == 40 * 8, "ipc_stats size");
 static_assert(sizeof(struct ipc_tokenize) == 8, "ipc_tokenize size");
 static_assert(sizeof(struct ipc_tokenize_reply) == 16, "ipc_tokenize_reply size");
 static_assert(sizeof(struct ipc_session_open) == 8, "ipc_session_open size");
+static_assert(sizeof(struct ipc_gen_context) == 16, "ipc_gen_context size");
 static_assert(sizeof(struct ipc_session) == 8, "ipc_session size");
 static_assert(sizeof(struct ipc_ping) == 8, "ipc_ping size");
 static_assert(sizeof(struct ipc_ps_entry) == 72, "ipc_ps_entry size");
@@ -92,7 +93,7 @@ static const struct type_info types[IPC_MSG_TYPE_MAX + 1] = {
 	[IPC_MSG_TOKENIZE] = { "TOKENIZE", C2S_SOCK, sizeof(struct ipc_tokenize), true, 0, 0 },
 	[IPC_MSG_TOKENIZE_REPLY] = { "TOKENIZE_REPLY", S2C_SOCK, sizeof(struct ipc_tokenize_reply), true,
 				     IPC_F_MORE, 0 },
-	[IPC_MSG_SESSION_OPEN] = { "SESSION_OPEN", C2S_SOCK, sizeof(struct ipc_session_open), false, 0, 0 },
+	[IPC_MSG_SESSION_OPEN] = { "SESSION_OPEN", C2S_SOCK, sizeof(struct ipc_session_open), true, 0, 0 },
 	[IPC_MSG_SESSION_OPENED] = { "SESSION_OPENED", S2C_SOCK, sizeof(struct ipc_session), false, 0, 0 },
 	[IPC_MSG_SESSION_CLOSE] = { "SESSION_CLOSE", C2S_SOCK, sizeof(struct ipc_session), false, 0, 0 },
 	[IPC_MSG_SESSION_CLOSED] = { "SESSION_CLOSED", S2C_SOCK, sizeof(struct ipc_session), false, 0, 0 },
@@ -323,7 +324,9 @@ int ipc_decode_generate(const struct ipc_frame *f, struct ipc_generate_msg *ret)
 	if (in_ring && g->prompt_bytes == 0)
 		return -EINVAL;
 	/* All sizes are bounded above, so this sum cannot overflow. */
-	uint64_t expect = (uint64_t)sizeof(m.g) + g->system_bytes + g->stop_bytes + (in_ring ? 0 : g->prompt_bytes);
+	bool has_ctx = g->gen_flags & IPC_GEN_CONTEXT;
+	uint64_t expect = (uint64_t)sizeof(m.g) + g->system_bytes + g->stop_bytes + (in_ring ? 0 : g->prompt_bytes) +
+			  (has_ctx ? sizeof(m.ctx) : 0);
 	if (expect != f->hdr.length)
 		return -EBADMSG;
 
@@ -349,6 +352,13 @@ int ipc_decode_generate(const struct ipc_frame *f, struct ipc_generate_msg *ret)
 	}
 	if (p != stop_end)
 		return -EBADMSG;
+	if (has_ctx) {
+		memcpy(&m.ctx, p, sizeof(m.ctx));
+		p += sizeof(m.ctx);
+		int r = ipc_gen_context_check(&m.ctx);
+		if (r < 0)
+			return r;
+	}
 	if (turns && !in_ring) {
 		int r = ipc_chat_turns_check(p, g->prompt_bytes);
 		if (r < 0)
@@ -363,7 +373,7 @@ ssize_t ipc_encode_generate(void *buf, size_t cap, uint64_t request_id, const st
 {
 	struct ipc_generate g = m->g;
 	uint16_t lens[IPC_MAX_STOP_STRINGS];
-	struct iovec iov[2 + 2 * IPC_MAX_STOP_STRINGS + 1];
+	struct iovec iov[3 + 2 * IPC_MAX_STOP_STRINGS + 1];
 	int n = 0;
 
 	if (g.n_stop > IPC_MAX_STOP_STRINGS)
@@ -379,6 +389,8 @@ ssize_t ipc_encode_generate(void *buf, size_t cap, uint64_t request_id, const st
 		iov[n++] = (struct iovec){ &lens[i], 2 };
 		iov[n++] = (struct iovec){ (void *)m->stop[i], m->stop_len[i] };
 	}
+	if (g.gen_flags & IPC_GEN_CONTEXT)
+		iov[n++] = (struct iovec){ (void *)&m->ctx, sizeof(m->ctx) };
 	if (!(g.gen_flags & IPC_GEN_PROMPT_IN_RING) && g.prompt_bytes) {
 		if (g.prompt_bytes > IPC_MAX_INLINE_TEXT_BYTES)
 			return -E2BIG;
@@ -619,8 +631,6 @@ int ipc_decode_done_sample(const struct ipc_frame *f, struct ipc_done *ret, stru
 		if (s.sample >= IPC_MAX_SAMPLES)
 			return -E2BIG;
 	}
-	if (d.reserved0)
-		return -EPROTO;
 	if (d.finish_reason < IPC_FINISH_EOS || d.finish_reason > IPC_FINISH_ERROR)
 		return -EINVAL;
 	if ((d.finish_reason == IPC_FINISH_ERROR) != (d.error != 0))
@@ -734,16 +744,63 @@ int32_t ipc_reply_id(const struct ipc_tokenize_reply_msg *m, uint32_t i)
 	return id;
 }
 
-int ipc_decode_session_open(const struct ipc_frame *f, struct ipc_session_open *ret)
+int ipc_decode_session_open_ctx(const struct ipc_frame *f, struct ipc_session_open *ret,
+				struct ipc_gen_context *ret_ctx)
 {
 	struct ipc_session_open s;
+	struct ipc_gen_context c = {0};
 
-	assert(f->hdr.type == IPC_MSG_SESSION_OPEN && f->hdr.length == sizeof(s));
+	assert(f->hdr.type == IPC_MSG_SESSION_OPEN && f->hdr.length >= sizeof(s));
 	memcpy(&s, f->payload, sizeof(s));
-	if (s.flags)
+	if (s.flags & ~IPC_SESSION_CONTEXT)
 		return -EPROTO;
+	if (f->hdr.length != sizeof(s) + (s.flags & IPC_SESSION_CONTEXT ? sizeof(c) : 0))
+		return -EBADMSG;
+	if (s.flags & IPC_SESSION_CONTEXT) {
+		memcpy(&c, f->payload + sizeof(s), sizeof(c));
+		int r = ipc_gen_context_check(&c);
+		if (r < 0)
+			return r;
+	}
 	*ret = s;
+	if (ret_ctx)
+		*ret_ctx = c;
 	return 0;
+}
+
+int ipc_decode_session_open(const struct ipc_frame *f, struct ipc_session_open *ret)
+{
+	return ipc_decode_session_open_ctx(f, ret, NULL);
+}
+
+int ipc_gen_context_check(const struct ipc_gen_context *c)
+{
+	if (c->reserved0)
+		return -EPROTO;
+	if (c->policy > IPC_CTX_POLICY_MAX)
+		return -EINVAL;
+	if (c->window_tokens > IPC_MAX_CONTEXT_TOKENS || c->sink_tokens > IPC_MAX_CONTEXT_TOKENS)
+		return -E2BIG;
+	if (c->sink_tokens && c->policy != IPC_CTX_SINKS)
+		return -EINVAL;
+	if (c->window_tokens && c->policy != IPC_CTX_SINKS && c->policy != IPC_CTX_SLIDING_WINDOW)
+		return -EINVAL;
+	return 0;
+}
+
+static const char *const ctx_policy_names[] = {"error", "truncate-oldest", "sliding-window", "sinks"};
+
+const char *ipc_context_policy_name(uint32_t policy)
+{
+	return policy <= IPC_CTX_POLICY_MAX ? ctx_policy_names[policy] : NULL;
+}
+
+int ipc_context_policy_parse(const char *name)
+{
+	for (int i = 0; i <= (int)IPC_CTX_POLICY_MAX; i++)
+		if (name && !strcmp(name, ctx_policy_names[i]))
+			return i;
+	return -EINVAL;
 }
 
 int ipc_decode_session(const struct ipc_frame *f, struct ipc_session *ret)

@@ -272,7 +272,8 @@ struct ipc_welcome {
 #define IPC_GEN_PARSE_SPECIAL  0x8u /* with IPC_GEN_RAW: special-token texts become special tokens */
 #define IPC_GEN_CHAT_TURNS     0x10u /* the prompt is a list of chat turns (see below) */
 #define IPC_GEN_LOGPROBS       0x20u /* TOKEN records carry log-probabilities (ipc_samples.h) */
-#define IPC_GEN_ALL            0x3fu
+#define IPC_GEN_CONTEXT        0x40u /* a struct ipc_gen_context follows the stop area */
+#define IPC_GEN_ALL            0x7fu
 
 struct ipc_generate {
 	uint32_t gen_flags;       /* IPC_GEN_* */
@@ -292,7 +293,11 @@ struct ipc_generate {
 	uint8_t top_logprobs;     /* 0 .. IPC_MAX_TOP_LOGPROBS alternatives; only with IPC_GEN_LOGPROBS */
 	uint32_t stop_bytes;      /* size of the stop area: per string u16 length + bytes */
 };
-/* Payload: struct ipc_generate | system text | stop area | prompt (inline only). */
+/* Payload: struct ipc_generate | system text | stop area | [struct ipc_gen_context
+ * with IPC_GEN_CONTEXT] | prompt (inline only). */
+
+/* Context policies: struct ipc_gen_context and its helpers. */
+#include "ipc_context.h"
 
 /*
  * Chat turns (IPC_GEN_CHAT_TURNS). The prompt — inline or uploaded through
@@ -367,7 +372,10 @@ struct ipc_done {
 	uint32_t prompt_tokens;   /* after templating */
 	uint32_t cached_tokens;   /* of those, found in the prefix cache or session */
 	uint32_t generated_tokens;
-	uint32_t reserved0;
+	uint32_t context_dropped_tokens; /* dropped by the request's context policy:
+	                                  * the turns truncate-oldest removed, or the
+	                                  * tokens (a session's history included) a
+	                                  * window left behind; 0 under IPC_CTX_ERROR */
 	uint64_t queue_ns;        /* received -> admitted */
 	uint64_t ttft_ns;         /* received -> first token produced */
 	uint64_t decode_ns;       /* first token -> last token */
@@ -452,10 +460,13 @@ struct ipc_tokenize_reply {
  * at a time: a GENERATE naming a session busy with another gets
  * IPC_ERR_SESSION, as does an unknown, expired or foreign id.
  */
+#define IPC_SESSION_CONTEXT 0x1u /* a struct ipc_gen_context follows: the session's
+				  * context policy (a turn's own block overrides it) */
 struct ipc_session_open {
-	uint32_t flags;           /* none defined: 0 */
+	uint32_t flags;           /* IPC_SESSION_* */
 	uint32_t idle_timeout_s;  /* 0: the server's default */
 };
+/* Payload: struct ipc_session_open | [struct ipc_gen_context with IPC_SESSION_CONTEXT]. */
 
 struct ipc_session {
 	uint64_t session_id;      /* non-zero */
@@ -636,6 +647,7 @@ struct ipc_generate_msg {
 	const char *stop[IPC_MAX_STOP_STRINGS];    /* g.n_stop strings */
 	uint16_t stop_len[IPC_MAX_STOP_STRINGS];
 	const char *prompt;                        /* inline prompt; NULL when in ring */
+	struct ipc_gen_context ctx;                /* with IPC_GEN_CONTEXT; zero otherwise */
 };
 int ipc_decode_generate(const struct ipc_frame *f, struct ipc_generate_msg *ret);
 /*
@@ -729,6 +741,9 @@ int ipc_decode_tokenize_reply(const struct ipc_frame *f, struct ipc_tokenize_rep
 int32_t ipc_reply_id(const struct ipc_tokenize_reply_msg *m, uint32_t i);
 
 int ipc_decode_session_open(const struct ipc_frame *f, struct ipc_session_open *ret);
+/* SESSION_OPEN with its optional context block (*ret_ctx zero without one). */
+int ipc_decode_session_open_ctx(const struct ipc_frame *f, struct ipc_session_open *ret,
+				struct ipc_gen_context *ret_ctx);
 /* SESSION_OPENED, SESSION_CLOSE, SESSION_CLOSED: session_id != 0. */
 int ipc_decode_session(const struct ipc_frame *f, struct ipc_session *ret);
 /* PING, PONG. */

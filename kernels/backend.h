@@ -420,6 +420,21 @@ struct kvd_backend_ops {
 	int (*pages_write)(void *ctx, const uint32_t *pages, uint32_t n, const void *host_src);
 	uint32_t features;
 	uint32_t caps;
+	/*
+	 * kv_shift: optional (NULL: the backend cannot, and the engine refuses
+	 * the context policies that drop KV from inside a sequence). Re-rotate
+	 * the cached keys of the first n_tokens token slots of pages[0 ..
+	 * n_pages) (page i holding tokens [i * block_size, (i + 1) * block_size);
+	 * every layer and KV head; values untouched) as if each had been
+	 * computed `delta` positions later: a key stored rotated at position p
+	 * becomes the key rotated at p + delta, with each layer's RoPE (pairing
+	 * style, base, linear scaling, rope_freqs) exactly as forward applies
+	 * it. RoPE rotates each pair by an angle linear in the position, so this
+	 * is one rotation by delta's angles, whatever p. Returns 0, -EINVAL for a
+	 * page out of range or n_tokens beyond the pages, -ENOTSUP for a KV
+	 * element type other than f16.
+	 */
+	int (*kv_shift)(void *ctx, const int32_t *pages, uint32_t n_pages, uint32_t n_tokens, int32_t delta);
 };
 
 /* 0 when the table is of this ABI, has every required slot and every slot

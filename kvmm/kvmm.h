@@ -154,6 +154,27 @@ int kvmm_commit(struct kvmm *m, const struct kvmm_grow *g, size_t n);
  */
 int kvmm_seq_publish(struct kvmm *m, uint32_t seq);
 
+/*
+ * Context policies (sliding window, attention sinks): drop the n_drop full
+ * logical pages first .. first + n_drop - 1 from inside the sequence. Its
+ * later pages move down by n_drop places and its length shrinks by n_drop *
+ * block_size tokens; those later pages become private first, because the
+ * caller rewrites their content (re-rotates their keys to the new
+ * positions): a page another sequence maps is copied through
+ * page_ops.copy, a page only this one maps leaves the prefix index (with
+ * its cached descendants) if it was there. The sequence is never indexed again
+ * (its content no longer matches its tokens' natural prefix); pages before
+ * `first` are untouched and stay shared. The dropped pages lose one
+ * reference each (cached or freed as in kvmm_seq_free).
+ * Returns 0; -ENOENT for an unknown or swapped-out sequence; -EINVAL when
+ * n_drop is 0 or the range is not made of full pages below the last page
+ * (first + n_drop < n_pages, or == n_pages with a page-aligned length);
+ * -ENOMEM when the copies do not fit (nothing changed); or the copy
+ * callback's error, after which the sequence is consistent for kvmm but
+ * holds mixed content and should be freed.
+ */
+int kvmm_seq_drop_pages(struct kvmm *m, uint32_t seq, uint32_t first, uint32_t n_drop);
+
 /* ---- prefix cache -------------------------------------------------------- */
 
 /*
@@ -337,6 +358,8 @@ struct kvmm_seq_record {
 	uint64_t kv_read_bytes;        /* over its steps, as in kvmm_ledger */
 	uint64_t mem_wait_ns, compute_ns;
 	uint64_t lifetime_ns;          /* creation to now / to the finish */
+	uint32_t dropped_tokens;       /* removed by kvmm_seq_drop_pages (context policies) */
+	uint32_t drops;                /* kvmm_seq_drop_pages calls */
 };
 
 /* Tokens at positions < n_prompt_tokens are the prompt, later ones are

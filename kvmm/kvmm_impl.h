@@ -165,6 +165,7 @@ struct kvmm_seq {
 	uint32_t swap_outs, swap_ins, swap_out_pages, swap_in_pages, swap_in_remapped, swap_errors;
 	uint64_t swap_bytes, swap_ns, steps, kv_read_bytes, mem_wait_ns, compute_ns;
 	uint64_t created_ns;
+	uint32_t dropped_tokens, drops; /* kvmm_seq_drop_pages */
 };
 
 struct kvmm {

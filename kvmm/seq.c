@@ -112,13 +112,14 @@ int kvmm_seq_fork(struct kvmm *m, uint32_t parent, uint32_t *ret_child)
 
 static void fill_record(const struct kvmm *m, const struct kvmm_seq *s, uint32_t id, struct kvmm_seq_record *r)
 {
-	uint32_t prompt = s->prompt_tokens < s->len ? s->prompt_tokens : s->len;
+	uint32_t total = s->len + s->dropped_tokens; /* tokens the sequence has seen */
+	uint32_t prompt = s->prompt_tokens < total ? s->prompt_tokens : total;
 
 	*r = (struct kvmm_seq_record){
 		.seq = id,
 		.len_tokens = s->len,
 		.prompt_tokens = prompt,
-		.generated_tokens = s->len - prompt,
+		.generated_tokens = total - prompt,
 		.shared_prefix_tokens = s->shared_prefix_tokens,
 		.pages = s->n_pages,
 		.pages_peak = s->pages_peak,
@@ -140,6 +141,8 @@ static void fill_record(const struct kvmm *m, const struct kvmm_seq *s, uint32_t
 		.mem_wait_ns = s->mem_wait_ns,
 		.compute_ns = s->compute_ns,
 		.lifetime_ns = kvmm_now_ns() - s->created_ns,
+		.dropped_tokens = s->dropped_tokens,
+		.drops = s->drops,
 	};
 }
 
@@ -419,6 +422,69 @@ out:
 	return r;
 }
 
+/* ---- context policies ---------------------------------------------------------------------- */
+
+int kvmm_seq_drop_pages(struct kvmm *m, uint32_t seq, uint32_t first, uint32_t n_drop)
+{
+	struct kvmm_seq *s = seq_get(m, seq);
+	uint32_t copies = 0, freed = 0, end;
+	int r = 0;
+
+	if (!s || s->swapped)
+		return -ENOENT;
+	end = first + n_drop;
+	if (n_drop == 0 || end < first || end > s->n_pages || (end == s->n_pages && s->len % m->bs))
+		return -EINVAL;
+	for (uint32_t i = first; i < end; i++)
+		freed += page_ref(m, s->pages[i]) == 1;
+	for (uint32_t i = end; i < s->n_pages; i++)
+		copies += page_ref(m, s->pages[i]) > 1;
+	if (copies > avail_pages(m) + freed)
+		return -ENOMEM;
+	kvmm_shm_begin(m);
+	for (uint32_t i = first; i < end; i++)
+		page_put(m, s->pages[i]);
+	memmove(s->pages + first, s->pages + end, (size_t)(s->n_pages - end) * sizeof(*s->pages));
+	s->n_pages -= n_drop;
+	s->len -= n_drop * m->bs;
+	s->dropped_tokens += n_drop * m->bs;
+	s->drops++;
+	ctr_sub(m, W_TOKENS_RESIDENT, (uint64_t)n_drop * m->bs);
+	/* never indexed again: the content of the moved pages is not what
+	 * their tokens give at their new positions from scratch */
+	s->unkeyed = true;
+	if (s->n_published > first)
+		s->n_published = first;
+	for (uint32_t i = first; i < s->n_pages; i++) {
+		int32_t src = s->pages[i], dst;
+		uint32_t fill = i + 1 < s->n_pages || s->len % m->bs == 0 ? m->bs : s->len % m->bs;
+
+		if (page_ref(m, src) == 1) {
+			/* ours alone: leave the index (with the entries below it,
+			 * which no lookup could reach any more) instead of copying */
+			if (m->pg[src].node >= 0)
+				index_drop_subtree(m, m->pg[src].node, W_EVICT_EXPLICIT);
+			continue;
+		}
+		dst = page_alloc(m); /* counted above: cannot fail */
+		r = cow_copy(m, dst, src, fill);
+		if (r < 0) {
+			page_free(m, dst);
+			ctr_sub(m, W_PAGES_ALLOCATED, 1);
+			break;
+		}
+		page_get(m, dst);
+		page_set_fill(m, dst, fill);
+		s->pages[i] = dst;
+		page_put(m, src);
+		s->cow_copies++;
+		s->pages_allocated++;
+		ctr_add(m, W_COW_COPIES, 1);
+	}
+	kvmm_shm_end(m);
+	return r;
+}
+
 /* ---- ledger ------------------------------------------------------------------------------ */
 
 int kvmm_seq_set_prompt_tokens(struct kvmm *m, uint32_t seq, uint32_t n_prompt_tokens)
@@ -473,12 +539,14 @@ int kvmm_seq_record_json(const struct kvmm_seq_record *r, char *buf, size_t size
 			 ",\"swap_in_pages\":%" PRIu32 ",\"swap_in_remapped_pages\":%" PRIu32
 			 ",\"swap_errors\":%" PRIu32 ",\"swap_bytes\":%" PRIu64 ",\"swap_ns\":%" PRIu64
 			 ",\"steps\":%" PRIu64 ",\"kv_read_bytes\":%" PRIu64 ",\"mem_wait_ns\":%" PRIu64
-			 ",\"compute_ns\":%" PRIu64 ",\"lifetime_ns\":%" PRIu64 "}",
+			 ",\"compute_ns\":%" PRIu64 ",\"lifetime_ns\":%" PRIu64 ",\"dropped_tokens\":%" PRIu32
+			 ",\"drops\":%" PRIu32 "}",
 			 r->seq, r->len_tokens, r->prompt_tokens, r->generated_tokens, r->shared_prefix_tokens,
 			 r->retained_tokens, r->pages, r->pages_peak, r->kv_bytes_allocated, r->kv_bytes_useful,
 			 r->slack_tokens, r->pages_allocated, r->cow_copies, r->swap_outs, r->swap_ins,
 			 r->swap_out_pages, r->swap_in_pages, r->swap_in_remapped_pages, r->swap_errors, r->swap_bytes,
-			 r->swap_ns, r->steps, r->kv_read_bytes, r->mem_wait_ns, r->compute_ns, r->lifetime_ns);
+			 r->swap_ns, r->steps, r->kv_read_bytes, r->mem_wait_ns, r->compute_ns, r->lifetime_ns,
+			 r->dropped_tokens, r->drops);
 
 	if (n < 0)
 		return -EINVAL;

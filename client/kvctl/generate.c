@@ -68,6 +68,17 @@ static const char help_generate[] =
 	"    --session ID         continue session ID (see 'kvctl session'): the daemon\n"
 	"                         keeps the conversation's KV cache, so only the new turn\n"
 	"                         is processed\n"
+	"    --context-policy P   when the context window would overflow: error (default),\n"
+	"                         truncate-oldest (sessions: drop the oldest turns, keep\n"
+	"                         the system prompt), sliding-window (keep the last\n"
+	"                         --window tokens, freeing older KV; may run past the\n"
+	"                         context) or sinks (also keep the first --sinks tokens)\n"
+	"    --window W           tokens the window policies keep at least (default: as\n"
+	"                         many as fit the context)\n"
+	"    --sinks S            first tokens the sinks policy keeps, rounded up to KV\n"
+	"                         pages (default 4)\n"
+	"                         What was dropped is said on stderr and in --json as\n"
+	"                         \"context_dropped_tokens\".\n"
 	"    --json               print nothing while generating; at the end print one JSON\n"
 	"                         object: {\"text\", \"token_ids\", \"finish_reason\",\n"
 	"                         \"prompt_tokens\", \"cached_tokens\", \"generated_tokens\",\n"
@@ -181,6 +192,7 @@ static void print_gen_json(const struct gen_out *o, const struct kvc_result *res
 			",\"total_ms\":%.3f",
 			kvc_finish_name(res->finish_reason), res->prompt_tokens, res->cached_tokens,
 			res->generated_tokens, ms(res->ttft_ns), tps, ms(res->queue_ns), ms(res->total_ns));
+		fprintf(f, ",\"context_dropped_tokens\":%" PRIu32, res->context_dropped_tokens);
 	}
 	if (model) {
 		fputs(",\"model\":", f);
@@ -198,7 +210,8 @@ static void print_gen_json(const struct gen_out *o, const struct kvc_result *res
 int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 {
 	enum { O_RAW = OPT_FIRST_CMD, O_SYSTEM, O_MAX, O_TEMP, O_TOPP, O_TOPK, O_MINP, O_REP, O_SEED, O_STOP,
-	       O_SESSION, O_JSON, O_SPECIAL, O_NO_NEWLINE, O_SAMPLES, O_LOGPROBS };
+	       O_SESSION, O_JSON, O_SPECIAL, O_NO_NEWLINE, O_SAMPLES, O_LOGPROBS,
+	       O_CTX_POLICY, O_CTX_WINDOW, O_CTX_SINKS };
 	static const struct option longopts[] = {
 		{ "raw", no_argument, NULL, O_RAW },
 		{ "system", required_argument, NULL, O_SYSTEM },
@@ -216,6 +229,9 @@ int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 		{ "no-newline", no_argument, NULL, O_NO_NEWLINE },
 		{ "samples", required_argument, NULL, O_SAMPLES },
 		{ "logprobs", required_argument, NULL, O_LOGPROBS },
+		{ "context-policy", required_argument, NULL, O_CTX_POLICY },
+		{ "window", required_argument, NULL, O_CTX_WINDOW },
+		{ "sinks", required_argument, NULL, O_CTX_SINKS },
 		COMMON_LONGOPTS,
 		{ 0 },
 	};
@@ -315,6 +331,20 @@ int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 			p.flags |= KVC_GEN_LOGPROBS;
 			p.top_logprobs = u;
 			break;
+		case O_CTX_POLICY:
+			if ((r = kvc_context_policy_parse(optarg)) < 0)
+				return usage_error(cmd, "--context-policy: '%s' is not error, truncate-oldest, "
+						   "sliding-window or sinks", optarg);
+			p.context_policy = (uint32_t)r;
+			break;
+		case O_CTX_WINDOW:
+			if (!parse_u32(optarg, &p.context_window) || !p.context_window)
+				return usage_error(cmd, "--window: '%s' is not a positive integer", optarg);
+			break;
+		case O_CTX_SINKS:
+			if (!parse_u32(optarg, &p.context_sinks) || !p.context_sinks)
+				return usage_error(cmd, "--sinks: '%s' is not a positive integer", optarg);
+			break;
 		case '?':
 			return option_error(cmd, argv, o);
 		default:
@@ -326,6 +356,10 @@ int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 					"a system prompt is a \"system\" message, and the messages are the history");
 	if (chat && argc - optind > 1)
 		return usage_error(cmd, "one conversation FILE at most (or standard input)");
+	if (p.context_window && p.context_policy != KVC_CONTEXT_SLIDING_WINDOW && p.context_policy != KVC_CONTEXT_SINKS)
+		return usage_error(cmd, "--window goes with --context-policy sliding-window or sinks");
+	if (p.context_sinks && p.context_policy != KVC_CONTEXT_SINKS)
+		return usage_error(cmd, "--sinks goes with --context-policy sinks");
 	if (p.system && (p.flags & KVC_GEN_RAW))
 		return usage_error(cmd, "--system needs the chat template: drop --raw");
 	if ((p.flags & KVC_GEN_PARSE_SPECIAL) && !(p.flags & KVC_GEN_RAW))
@@ -383,7 +417,8 @@ int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 	/* Limits the daemon announced: say which one, with its figure, rather
 	 * than the bare -E2BIG the library would return. */
 	const struct kvc_info *info = kvc_server_info(c);
-	if (info->max_tokens && p.max_tokens > info->max_tokens) {
+	bool windowed = p.context_policy == KVC_CONTEXT_SLIDING_WINDOW || p.context_policy == KVC_CONTEXT_SINKS;
+	if (info->max_tokens && p.max_tokens > info->max_tokens && !windowed) {
 		log_err("%s: --max-tokens %" PRIu32 " is more than kvd accepts: at most %" PRIu32
 			" (the model's context window is %" PRIu32 " tokens, shared by the prompt and the answer)",
 			cmd, p.max_tokens, info->max_tokens, info->n_ctx);
@@ -480,6 +515,10 @@ int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 			fputc('\n', stdout);
 		if (!gs)
 			status = fflush(stdout) != 0 ? EXIT_IO : EXIT_OK;
+		if (res && res->context_dropped_tokens)
+			fprintf(stderr, "kvctl: %s%s dropped %" PRIu32 " tokens of context\n",
+				p.context_policy ? "context policy " : "the session's context policy",
+				p.context_policy ? kvc_context_policy_name(p.context_policy) : "", res->context_dropped_tokens);
 		if (r == -ECANCELED) {
 			status = EXIT_CANCELLED;
 		} else if (r < 0) {

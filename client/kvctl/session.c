@@ -22,7 +22,7 @@ static const char help_session[] =
 	"    kvctl session - open and close kvd sessions\n"
 	"\n"
 	"SYNOPSIS\n"
-	"    kvctl session open [--idle SECS]\n"
+	"    kvctl session open [--idle SECS] [--context-policy P [--window W] [--sinks S]]\n"
 	"    kvctl session close ID\n"
 	"\n"
 	"DESCRIPTION\n"
@@ -35,6 +35,11 @@ static const char help_session[] =
 	"OPTIONS\n"
 	"    --idle SECS   with 'open': close the session after SECS seconds without a\n"
 	"                  request (default: the daemon's scheduler.session_idle_timeout)\n"
+	"    --context-policy P, --window W, --sinks S\n"
+	"                  with 'open': what the session's turns do when the history would\n"
+	"                  overflow the context (see 'kvctl generate --help'); with\n"
+	"                  truncate-oldest the oldest turns are dropped, the system prompt\n"
+	"                  kept. A turn's own --context-policy overrides it.\n"
 	"\n" COMMON_HELP "\n" EXIT_STATUS_HELP
 	"\n"
 	"EXAMPLES\n"
@@ -45,15 +50,18 @@ static const char help_session[] =
 
 static int cmd_session(struct ctx *x, int argc, char **argv)
 {
-	enum { O_IDLE = OPT_FIRST_CMD };
+	enum { O_IDLE = OPT_FIRST_CMD, O_CTX_POLICY, O_CTX_WINDOW, O_CTX_SINKS };
 	static const struct option longopts[] = {
 		{ "idle", required_argument, NULL, O_IDLE },
+		{ "context-policy", required_argument, NULL, O_CTX_POLICY },
+		{ "window", required_argument, NULL, O_CTX_WINDOW },
+		{ "sinks", required_argument, NULL, O_CTX_SINKS },
 		COMMON_LONGOPTS,
 		{ 0 },
 	};
 	const char *cmd = "session";
-	uint32_t idle = 0;
-	int o, r;
+	uint32_t idle = 0, window = 0, sinks = 0;
+	int o, r, policy = -1;
 
 	while ((o = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
 		if ((r = common_opt(x, cmd, o, optarg)) != 0) {
@@ -69,6 +77,19 @@ static int cmd_session(struct ctx *x, int argc, char **argv)
 			if (!parse_u32(optarg, &idle) || idle == 0)
 				return usage_error(cmd, "--idle: '%s' is not a number of seconds > 0", optarg);
 			break;
+		case O_CTX_POLICY:
+			if ((policy = kvc_context_policy_parse(optarg)) < 0)
+				return usage_error(cmd, "--context-policy: '%s' is not error, truncate-oldest, "
+						   "sliding-window or sinks", optarg);
+			break;
+		case O_CTX_WINDOW:
+			if (!parse_u32(optarg, &window) || !window)
+				return usage_error(cmd, "--window: '%s' is not a positive integer", optarg);
+			break;
+		case O_CTX_SINKS:
+			if (!parse_u32(optarg, &sinks) || !sinks)
+				return usage_error(cmd, "--sinks: '%s' is not a positive integer", optarg);
+			break;
 		default:
 			return option_error(cmd, argv, o);
 		}
@@ -80,6 +101,12 @@ static int cmd_session(struct ctx *x, int argc, char **argv)
 	uint64_t id = 0;
 	if (!open_ && !close_)
 		return usage_error(cmd, "expected 'open' or 'close ID'");
+	if (window && policy != KVC_CONTEXT_SLIDING_WINDOW && policy != KVC_CONTEXT_SINKS)
+		return usage_error(cmd, "--window goes with --context-policy sliding-window or sinks");
+	if (sinks && policy != KVC_CONTEXT_SINKS)
+		return usage_error(cmd, "--sinks goes with --context-policy sinks");
+	if (close_ && policy >= 0)
+		return usage_error(cmd, "--context-policy goes with 'open'");
 	if (close_ && (!parse_u64(args[1], &id) || id == 0))
 		return usage_error(cmd, "'%s' is not a session id", args[1]);
 	kvc_client *c;
@@ -87,7 +114,8 @@ static int cmd_session(struct ctx *x, int argc, char **argv)
 		return r;
 	int status = EXIT_OK;
 	if (open_) {
-		r = kvc_session_open(c, idle, &id);
+		r = policy >= 0 ? kvc_session_open_policy(c, idle, (uint32_t)policy, window, sinks, &id)
+				: kvc_session_open(c, idle, &id);
 		if (r < 0)
 			status = fail(c, "session open", r);
 		else

@@ -30,6 +30,7 @@
 #include "attention.h"
 #include "backend.h"
 #include "kvquant.h"
+#include "kvshift.h"
 #include "ops.h"
 #include "threadpool.h"
 
@@ -836,6 +837,15 @@ static int cpu_page_write(void *ctx, uint32_t page, const void *host_src)
 	return 0;
 }
 
+static int cpu_kv_shift_op(void *ctx, const int32_t *pages, uint32_t n_pages, uint32_t n_tokens, int32_t delta)
+{
+	struct cpu_ctx *c = ctx;
+
+	if (!c->kv_attached || !c->w)
+		return -EINVAL;
+	return cpu_kv_shift(c->w, &c->kv, pages, n_pages, n_tokens, delta);
+}
+
 const struct kvd_backend_ops kvd_cpu_backend = {
 	.name = "cpu",
 	.version = KVD_BACKEND_ABI_VERSION,
@@ -848,4 +858,5 @@ const struct kvd_backend_ops kvd_cpu_backend = {
 	.page_read = cpu_page_read,
 	.page_write = cpu_page_write,
 	.destroy = cpu_destroy,
+	.kv_shift = cpu_kv_shift_op,
 };

@@ -133,5 +133,18 @@ if [ -f "$TINY/$m.gguf" ]; then
 	grep -q "KV cache type q8_0 is not implemented on the GPU" "$TMP/cuda.err" || {
 		echo "engine $m q8_0, --backend cuda: unclear error:"; cat "$TMP/cuda.err"; exit 1; }
 	echo "engine $m: with backend cuda, a q8_0 KV cache is refused: $(cat "$TMP/cuda.err")"
+# the window context policies need kv_shift, which the plug-in does not
+# implement: the engine refuses them (kvd then answers such a request with
+# an error naming the backend), while full attention still runs
+STREAM=$BUILD/tests/kvd_stream
+if [ -x "$STREAM" ]; then
+	echo "$toks" >"$TMP/toks"
+	"$STREAM" --model "$TINY/tiny-gqa.gguf" --tokens-file "$TMP/toks" --policy none >/dev/null 2>"$TMP/w.err" || {
+		echo "engine: full attention through kvd_stream failed on the plug-in:"; cat "$TMP/w.err"; exit 1; }
+	if "$STREAM" --model "$TINY/tiny-gqa.gguf" --tokens-file "$TMP/toks" --policy sinks --window 16 \
+		>/dev/null 2>"$TMP/w.err" || ! grep -q "not supported" "$TMP/w.err"; then
+		echo "engine: a sinks window on the plug-in was not refused:"; cat "$TMP/w.err"; exit 1
+	fi
+	echo "engine: the plug-in refuses the window context policies (no kv_shift)"
 fi
 echo "engine check passed"

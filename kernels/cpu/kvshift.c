@@ -1,0 +1,84 @@
+/*
+ * kernels/cpu/kvshift.c — kv_shift for the CPU backend: cached keys moved to
+ * new positions by rotating them again.
+ *
+ * The forward pass stores keys after RoPE (kernels/backend.h, kvd_layer_desc):
+ * pair i of a key at position p is rotated by the angle
+ *   a_i(p) = rope_freq_scale * p * rope_theta^(-2i/head_dim) / freq_factor_i,
+ * pairs being (2i, 2i+1) (normal) or (i, i + head_dim/2) (NEOX). The angle is
+ * linear in p, so a key rotated at p becomes the key rotated at p + delta by
+ * one more rotation by a_i(delta). The cos/sin table is computed in double,
+ * as the forward pass computes its own, the rotation in float from the f16
+ * key, and the result is rounded back to f16: the shifted key differs from a
+ * key computed at p + delta directly by the f16 rounding of one extra step.
+ */
+#include "kvshift.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "ops.h"
+
+/* cos, sin of every pair's angle at position delta for one layer. */
+static void delta_table(float *cs, int hd, int32_t delta, float theta, float pos_scale, const float *freq_factors)
+{
+	for (int i = 0; i < hd / 2; i++) {
+		double th = (double)delta * pos_scale * pow((double)theta, -2.0 * i / hd);
+		if (freq_factors)
+			th /= freq_factors[i];
+		cs[2 * i] = (float)cos(th);
+		cs[2 * i + 1] = (float)sin(th);
+	}
+}
+
+static void rotate_head_f16(uint16_t *k, int hd, const float *cs, enum kvd_rope_style style)
+{
+	for (int i = 0; i < hd / 2; i++) {
+		int a = style == KVD_ROPE_NEOX ? i : 2 * i;
+		int b = style == KVD_ROPE_NEOX ? i + hd / 2 : 2 * i + 1;
+		float x0 = cpu_fp16_to_f32(k[a]), x1 = cpu_fp16_to_f32(k[b]);
+		float c = cs[2 * i], s = cs[2 * i + 1];
+		k[a] = cpu_f32_to_fp16(x0 * c - x1 * s);
+		k[b] = cpu_f32_to_fp16(x0 * s + x1 * c);
+	}
+}
+
+int cpu_kv_shift(const struct kvd_model_weights *w, const struct kvd_paged_view *kv, const int32_t *pages,
+		 uint32_t n_pages, uint32_t n_tokens, int32_t delta)
+{
+	const struct kvd_hparams *hp = &w->hp;
+	const struct kvd_kv_layout *L = &kv->layout;
+	int hd = hp->head_dim;
+	float *cs;
+
+	if (!kv->base || hd <= 0 || hd % 2)
+		return -EINVAL;
+	/* f16 rows only: any other element type has another row size */
+	if (L->token_stride != (size_t)L->kv_dim * 2 || L->kv_dim != (uint32_t)(hp->n_head_kv * hd))
+		return -ENOTSUP;
+	if (n_tokens > (uint64_t)n_pages * L->block_size)
+		return -EINVAL;
+	for (uint32_t i = 0; i < (n_tokens + L->block_size - 1) / L->block_size; i++)
+		if (pages[i] < 0 || (uint32_t)pages[i] >= kv->n_pages)
+			return -EINVAL;
+	if (delta == 0 || n_tokens == 0)
+		return 0;
+	cs = malloc(sizeof(float) * (size_t)hd);
+	if (!cs)
+		return -ENOMEM;
+	for (int l = 0; l < hp->n_layer; l++) {
+		const struct kvd_layer_desc *d = &w->layers[l].d;
+		float theta = d->rope_theta > 0 ? d->rope_theta : hp->rope_theta;
+		float sc = d->rope_freq_scale > 0 ? d->rope_freq_scale : 1.0f;
+		delta_table(cs, hd, delta, theta, sc, w->rope_freqs.data);
+		for (uint32_t t = 0; t < n_tokens; t++) {
+			char *row = (char *)kv->base + (size_t)pages[t / L->block_size] * L->page_bytes +
+				    (size_t)l * L->layer_stride + (size_t)(t % L->block_size) * L->token_stride;
+			for (int h = 0; h < hp->n_head_kv; h++)
+				rotate_head_f16((uint16_t *)row + (size_t)h * hd, hd, cs, hp->rope_style);
+		}
+	}
+	free(cs);
+	return 0;
+}

@@ -1,0 +1,22 @@
+/*
+ * kernels/cpu/kvshift.h — re-rotation of cached keys by a position delta
+ * (the CPU backend's kv_shift, see kernels/backend.h).
+ */
+#ifndef KVD_CPU_KVSHIFT_H
+#define KVD_CPU_KVSHIFT_H
+
+#include <stdint.h>
+
+#include "backend.h"
+
+/*
+ * Rotate the keys of the first n_tokens token slots of pages[0 .. n_pages)
+ * of the pool `kv` by delta positions, for every layer of w, as the forward
+ * pass's RoPE would have rotated them delta positions later. f16 pages only
+ * (-ENOTSUP otherwise); -EINVAL for a page out of range or n_tokens beyond
+ * the pages; 0 on success (nothing changed on failure).
+ */
+int cpu_kv_shift(const struct kvd_model_weights *w, const struct kvd_paged_view *kv, const int32_t *pages,
+		 uint32_t n_pages, uint32_t n_tokens, int32_t delta);
+
+#endif

@@ -1,0 +1,179 @@
+/*
+ * tests/unit/test_ipc_ctx.c — the context-policy block of GENERATE and
+ * SESSION_OPEN (ipc/ipc.h): round trips, its place in the payload (after
+ * the stop area, before an inline prompt), every field checked, frames
+ * without the block unchanged, and DONE's context_dropped_tokens.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ipc.h"
+
+static _Alignas(64) uint8_t fbuf[IPC_MAX_FRAME_BYTES];
+
+static int decode_gen(ssize_t len, struct ipc_generate_msg *d)
+{
+	struct ipc_frame f = { .payload = fbuf + IPC_HDR_BYTES };
+	assert_true(len > 0);
+	int r = ipc_frame_check(fbuf, (size_t)len, 0, IPC_FROM_CLIENT, IPC_VIA_SOCKET, &f.hdr);
+	return r < 0 ? r : ipc_decode_generate(&f, d);
+}
+
+static struct ipc_generate_msg base_msg(const char *prompt)
+{
+	struct ipc_generate_msg m = { .g = { .max_tokens = 4000, .top_p = 1.0f, .repeat_penalty = 1.0f,
+					     .prompt_bytes = (uint32_t)strlen(prompt), .n_stop = 1 } };
+	m.stop[0] = "END";
+	m.stop_len[0] = 3;
+	m.prompt = prompt;
+	return m;
+}
+
+static void test_generate_context_roundtrip(void **state)
+{
+	(void)state;
+	const char *prompt = "stream on";
+	struct ipc_generate_msg m = base_msg(prompt), d;
+
+	/* without the block: unchanged size, zero block decoded */
+	ssize_t plain = ipc_encode_generate(fbuf, sizeof(fbuf), 1, &m);
+	assert_int_equal(decode_gen(plain, &d), 0);
+	assert_int_equal(d.ctx.policy, IPC_CTX_ERROR);
+	assert_int_equal(plain, IPC_HDR_BYTES + sizeof(struct ipc_generate) + 2 + 3 + strlen(prompt));
+
+	m.g.gen_flags |= IPC_GEN_CONTEXT;
+	m.ctx = (struct ipc_gen_context){ IPC_CTX_SINKS, 1000, 4, 0 };
+	ssize_t len = ipc_encode_generate(fbuf, sizeof(fbuf), 2, &m);
+	assert_int_equal(len, plain + (ssize_t)sizeof(struct ipc_gen_context));
+	assert_int_equal(decode_gen(len, &d), 0);
+	assert_int_equal(d.ctx.policy, IPC_CTX_SINKS);
+	assert_int_equal(d.ctx.window_tokens, 1000);
+	assert_int_equal(d.ctx.sink_tokens, 4);
+	assert_memory_equal(d.prompt, prompt, strlen(prompt)); /* the prompt follows the block */
+	assert_int_equal(d.stop_len[0], 3);
+	/* where the block sits: right after the stop area */
+	struct ipc_gen_context at;
+	memcpy(&at, fbuf + IPC_HDR_BYTES + sizeof(struct ipc_generate) + 2 + 3, sizeof(at));
+	assert_int_equal(at.policy, IPC_CTX_SINKS);
+
+	/* in the ring: the block is still in the frame */
+	m.g.gen_flags |= IPC_GEN_PROMPT_IN_RING;
+	m.g.prompt_bytes = 1u << 20;
+	len = ipc_encode_generate(fbuf, sizeof(fbuf), 3, &m);
+	assert_int_equal(decode_gen(len, &d), 0);
+	assert_null(d.prompt);
+	assert_int_equal(d.ctx.window_tokens, 1000);
+}
+
+static void test_generate_context_refused(void **state)
+{
+	(void)state;
+	struct ipc_generate_msg m = base_msg("x"), d;
+	const struct { struct ipc_gen_context c; int err; } bad[] = {
+		{ { IPC_CTX_POLICY_MAX + 1, 0, 0, 0 }, -EINVAL },
+		{ { IPC_CTX_SINKS, 0, 0, 1 }, -EPROTO },
+		{ { IPC_CTX_SLIDING_WINDOW, 0, 4, 0 }, -EINVAL },    /* sinks without the sinks policy */
+		{ { IPC_CTX_TRUNCATE_OLDEST, 64, 0, 0 }, -EINVAL },  /* a window without a window policy */
+		{ { IPC_CTX_SINKS, IPC_MAX_CONTEXT_TOKENS + 1, 0, 0 }, -E2BIG },
+		{ { IPC_CTX_SINKS, 0, IPC_MAX_CONTEXT_TOKENS + 1, 0 }, -E2BIG },
+	};
+	m.g.gen_flags |= IPC_GEN_CONTEXT;
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		m.ctx = bad[i].c;
+		/* the encoder refuses what the decoder would */
+		assert_int_equal(ipc_encode_generate(fbuf, sizeof(fbuf), 1, &m), bad[i].err);
+		assert_int_equal(ipc_gen_context_check(&bad[i].c), bad[i].err);
+	}
+	/* a frame whose flag promises the block but is 16 bytes short */
+	m.ctx = (struct ipc_gen_context){ IPC_CTX_SLIDING_WINDOW, 0, 0, 0 };
+	m.g.gen_flags &= ~IPC_GEN_CONTEXT;
+	ssize_t len = ipc_encode_generate(fbuf, sizeof(fbuf), 1, &m);
+	assert_true(len > 0);
+	struct ipc_generate g;
+	memcpy(&g, fbuf + IPC_HDR_BYTES, sizeof(g));
+	g.gen_flags |= IPC_GEN_CONTEXT;
+	memcpy(fbuf + IPC_HDR_BYTES, &g, sizeof(g));
+	assert_int_equal(decode_gen(len, &d), -EBADMSG);
+}
+
+static void test_session_open_context(void **state)
+{
+	(void)state;
+	struct ipc_session_open so = { .flags = IPC_SESSION_CONTEXT, .idle_timeout_s = 60 };
+	struct ipc_gen_context c = { IPC_CTX_TRUNCATE_OLDEST, 0, 0, 0 }, got;
+	struct iovec v[2] = { { &so, sizeof(so) }, { &c, sizeof(c) } };
+	struct ipc_session_open dso;
+	struct ipc_frame f = { .payload = fbuf + IPC_HDR_BYTES };
+
+	ssize_t len = ipc_frame_build(fbuf, sizeof(fbuf), IPC_MSG_SESSION_OPEN, 0, 1, v, 2);
+	assert_int_equal(ipc_frame_check(fbuf, (size_t)len, 0, IPC_FROM_CLIENT, IPC_VIA_SOCKET, &f.hdr), 0);
+	assert_int_equal(ipc_decode_session_open_ctx(&f, &dso, &got), 0);
+	assert_int_equal(got.policy, IPC_CTX_TRUNCATE_OLDEST);
+	assert_int_equal(dso.idle_timeout_s, 60);
+	/* the flag without the block, the block without the flag, unknown flags */
+	len = ipc_frame_build(fbuf, sizeof(fbuf), IPC_MSG_SESSION_OPEN, 0, 1, v, 1);
+	assert_int_equal(ipc_frame_check(fbuf, (size_t)len, 0, IPC_FROM_CLIENT, IPC_VIA_SOCKET, &f.hdr), 0);
+	assert_int_equal(ipc_decode_session_open_ctx(&f, &dso, &got), -EBADMSG);
+	so.flags = 0;
+	len = ipc_frame_build(fbuf, sizeof(fbuf), IPC_MSG_SESSION_OPEN, 0, 1, v, 2);
+	assert_int_equal(ipc_frame_check(fbuf, (size_t)len, 0, IPC_FROM_CLIENT, IPC_VIA_SOCKET, &f.hdr), 0);
+	assert_int_equal(ipc_decode_session_open_ctx(&f, &dso, &got), -EBADMSG);
+	so.flags = 0x2;
+	len = ipc_frame_build(fbuf, sizeof(fbuf), IPC_MSG_SESSION_OPEN, 0, 1, v, 1);
+	assert_int_equal(ipc_frame_check(fbuf, (size_t)len, 0, IPC_FROM_CLIENT, IPC_VIA_SOCKET, &f.hdr), 0);
+	assert_int_equal(ipc_decode_session_open(&f, &dso), -EPROTO);
+	/* a bad block */
+	so.flags = IPC_SESSION_CONTEXT;
+	c.sink_tokens = 4;
+	len = ipc_frame_build(fbuf, sizeof(fbuf), IPC_MSG_SESSION_OPEN, 0, 1, v, 2);
+	assert_int_equal(ipc_frame_check(fbuf, (size_t)len, 0, IPC_FROM_CLIENT, IPC_VIA_SOCKET, &f.hdr), 0);
+	assert_int_equal(ipc_decode_session_open_ctx(&f, &dso, &got), -EINVAL);
+	/* the old form still decodes */
+	so.flags = 0;
+	len = ipc_frame_build(fbuf, sizeof(fbuf), IPC_MSG_SESSION_OPEN, 0, 1, v, 1);
+	assert_int_equal(ipc_frame_check(fbuf, (size_t)len, 0, IPC_FROM_CLIENT, IPC_VIA_SOCKET, &f.hdr), 0);
+	assert_int_equal(ipc_decode_session_open_ctx(&f, &dso, &got), 0);
+	assert_int_equal(got.policy, IPC_CTX_ERROR);
+}
+
+static void test_done_context_dropped(void **state)
+{
+	(void)state;
+	struct ipc_done d = { .finish_reason = IPC_FINISH_LENGTH, .prompt_tokens = 10, .generated_tokens = 4000,
+			      .context_dropped_tokens = 3500 }, got;
+	struct iovec v = { &d, sizeof(d) };
+	struct ipc_frame f = { .payload = fbuf + IPC_HDR_BYTES };
+	ssize_t len = ipc_frame_build(fbuf, sizeof(fbuf), IPC_MSG_DONE, 0, 1, &v, 1);
+	assert_int_equal(ipc_frame_check(fbuf, (size_t)len, 0, IPC_FROM_SERVER, IPC_VIA_RING, &f.hdr), 0);
+	assert_int_equal(ipc_decode_done(&f, &got), 0);
+	assert_int_equal(got.context_dropped_tokens, 3500);
+}
+
+static void test_policy_names(void **state)
+{
+	(void)state;
+	for (uint32_t p = 0; p <= IPC_CTX_POLICY_MAX; p++)
+		assert_int_equal(ipc_context_policy_parse(ipc_context_policy_name(p)), (int)p);
+	assert_string_equal(ipc_context_policy_name(IPC_CTX_SINKS), "sinks");
+	assert_null(ipc_context_policy_name(IPC_CTX_POLICY_MAX + 1));
+	assert_int_equal(ipc_context_policy_parse("Sinks"), -EINVAL);
+	assert_int_equal(ipc_context_policy_parse(NULL), -EINVAL);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_generate_context_roundtrip),
+		cmocka_unit_test(test_generate_context_refused),
+		cmocka_unit_test(test_session_open_context),
+		cmocka_unit_test(test_done_context_dropped),
+		cmocka_unit_test(test_policy_names),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
