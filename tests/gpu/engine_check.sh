@@ -133,6 +133,7 @@ if [ -f "$TINY/$m.gguf" ]; then
 	grep -q "KV cache type q8_0 is not implemented on the GPU" "$TMP/cuda.err" || {
 		echo "engine $m q8_0, --backend cuda: unclear error:"; cat "$TMP/cuda.err"; exit 1; }
 	echo "engine $m: with backend cuda, a q8_0 KV cache is refused: $(cat "$TMP/cuda.err")"
+fi
 # the window context policies need kv_shift, which the plug-in does not
 # implement: the engine refuses them (kvd then answers such a request with
 # an error naming the backend), while full attention still runs
