@@ -6,7 +6,9 @@
 #define EWMA_SHIFT     2       /* the decode estimate moves 1/4 of the way to each sample */
 #define FIT_DECAY      0.875   /* weight of the prefill fit's history per step */
 #define FIT_MIN        3       /* prefill steps measured before a and b are fitted */
-#define PAIR_PRIOR     1024.0  /* until then, b = a / this */
+#define PAIR_PRIOR     1024.0  /* otherwise b = a / this */
+#define FIT_COND       1e-2    /* det / (s_tt s_ww) = 1 - corr(t, w)^2 below this: t and w
+                                * too alike (chunks of one size at slowly growing depth) */
 
 static uint64_t ewma(uint64_t avg, uint64_t sample)
 {
@@ -21,22 +23,27 @@ void kvd_step_model_decode(struct kvd_step_model *m, uint64_t dt_ns)
 }
 
 /* Solve the weighted least squares for a and b from the decayed sums. A
- * fit from fewer than FIT_MIN steps, ill-conditioned (every chunk at one
- * depth) or with a negative coefficient falls back to the per-token
- * average, and the prior that a token's attention costs its matrix
- * products at depth PAIR_PRIOR (more than small models measure: the safe
- * side until the fit takes over). */
+ * fit from fewer than FIT_MIN steps, ill-conditioned (the samples' t and w
+ * nearly proportional, as when every chunk is of one size at slowly
+ * growing depth) or with a negative coefficient falls back to the prior
+ * that a token's attention costs its matrix products at depth PAIR_PRIOR
+ * (b = a / PAIR_PRIOR), with a fitted to the samples under that ratio, so
+ * the depth the samples were taken at is not counted twice. */
 static void refit(struct kvd_step_model *m)
 {
 	double det = m->s_tt * m->s_ww - m->s_tw * m->s_tw;
 	double a = 0, b = 0;
 
-	if (m->n >= FIT_MIN && m->s_tt > 0 && m->s_ww > 0 && det > 1e-6 * m->s_tt * m->s_ww) {
+	if (m->n >= FIT_MIN && m->s_tt > 0 && m->s_ww > 0 && det > FIT_COND * m->s_tt * m->s_ww) {
 		a = (m->s_ty * m->s_ww - m->s_wy * m->s_tw) / det;
 		b = (m->s_wy * m->s_tt - m->s_ty * m->s_tw) / det;
 	}
 	if (!(a > 0 && b >= 0)) {
-		a = m->s_tt > 0 ? m->s_ty / m->s_tt : 0;
+		/* one parameter: cost = a * (t + w / PAIR_PRIOR), a by least
+		 * squares on x = t + w / PAIR_PRIOR from the same sums */
+		double xx = m->s_tt + 2 * m->s_tw / PAIR_PRIOR + m->s_ww / (PAIR_PRIOR * PAIR_PRIOR);
+		double xy = m->s_ty + m->s_wy / PAIR_PRIOR;
+		a = xx > 0 ? xy / xx : 0;
 		b = a / PAIR_PRIOR;
 	}
 	if (!(a > 0))

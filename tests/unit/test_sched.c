@@ -39,6 +39,7 @@
 
 #include "daemon/engine.h"
 #include "daemon/sched.h"
+#include "daemon/step_model.h"
 #include "kvmm.h"
 
 #define N_VOCAB 512
@@ -795,6 +796,36 @@ static void test_step_budget_depth(void **state)
 	 * that assumed the deepest rate everywhere would need 32; allow for
 	 * the fit's first steps */
 	assert_true(steps <= 28);
+}
+
+/* The step-time model on samples it cannot separate a from b with: chunks
+ * of one size at slowly growing depth (what a long prompt beside a stream
+ * turns into). The prediction for such a chunk must stay near its measured
+ * cost, and the chunk the budget allows near the true one: a fallback
+ * that counted the samples' depth twice would shrink it threefold. */
+static void test_step_model_collinear(void **state)
+{
+	(void)state;
+	struct kvd_step_model m = {0};
+	const double a = 700e3, b = 1100; /* ns a token, ns a pair */
+	const uint64_t dec = 3000000;
+	for (int i = 0; i < 5; i++)
+		kvd_step_model_decode(&m, dec);
+	uint32_t p0 = 2000;
+	for (int i = 0; i < 200; i++, p0 += 4) {
+		double w = kvd_step_pairs(4, p0);
+		kvd_step_model_prefill(&m, 4, w, dec + (uint64_t)(a * 4 + b * w));
+	}
+	double truth = a * 4 + b * kvd_step_pairs(4, p0);
+	double pred = kvd_step_model_charge(&m, 1e9, 4, p0);
+	assert_true(fabs(pred - truth) < 0.15 * truth);
+	/* the true largest chunk within 45 ms at p0 */
+	uint32_t n = 1;
+	while (a * (n + 1) + b * kvd_step_pairs(n + 1, p0) <= 45e6)
+		n++;
+	uint32_t cap = kvd_step_model_cap(&m, 45e6, p0, 512);
+	print_message("collinear samples: predicted %.2f ms for %.2f ms; cap %u, true %u\n", pred / 1e6, truth / 1e6, cap, n);
+	assert_true(cap >= n * 8 / 10 && cap <= n * 12 / 10 + 1);
 }
 
 static void test_step_budget(void **state)
@@ -1593,6 +1624,7 @@ int main(void)
 		cmocka_unit_test(test_demote_ahead_of_pressure),
 		cmocka_unit_test(test_step_budget),
 		cmocka_unit_test(test_step_budget_depth),
+		cmocka_unit_test(test_step_model_collinear),
 		cmocka_unit_test(test_sampling_same_under_any_load),
 		cmocka_unit_test(test_samples_share_prompt_pages),
 		cmocka_unit_test(test_samples_seeded),
