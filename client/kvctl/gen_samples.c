@@ -15,21 +15,6 @@
 #include "kvctl.h"
 #include "gen_samples.h"
 
-static int grow(void **buf, size_t *cap, size_t need, size_t elem)
-{
-	if (need <= *cap)
-		return 0;
-	size_t nc = *cap ? *cap : 256;
-	while (nc < need)
-		nc *= 2;
-	void *nb = realloc(*buf, nc * elem);
-	if (!nb)
-		return -ENOMEM;
-	*buf = nb;
-	*cap = nc;
-	return 0;
-}
-
 int gen_samples_init(struct gen_samples *g, uint32_t n, bool json, bool logprobs)
 {
 	memset(g, 0, sizeof(*g));
@@ -85,12 +70,12 @@ int gen_samples_event(struct gen_samples *g, const struct kvc_event *ev)
 	if (ev->sample >= g->n)
 		return -EPROTO;
 	struct gen_sample *s = &g->s[ev->sample];
-	if (grow((void **)&s->text, &s->cap, s->len + ev->text_len + 1, 1) < 0)
+	if (grow_array((void **)&s->text, &s->cap, s->len + ev->text_len + 1, 1) < 0)
 		return -ENOMEM;
 	memcpy(s->text + s->len, ev->text, ev->text_len);
 	s->len += ev->text_len;
 	if (ev->ids) {
-		if (grow((void **)&s->ids, &s->cap_ids, s->n_ids + ev->n_tokens, sizeof(int32_t)) < 0)
+		if (grow_array((void **)&s->ids, &s->cap_ids, s->n_ids + ev->n_tokens, sizeof(int32_t)) < 0)
 			return -ENOMEM;
 		memcpy(s->ids + s->n_ids, ev->ids, ev->n_tokens * sizeof(int32_t));
 		s->n_ids += ev->n_tokens;

@@ -130,30 +130,15 @@ struct gen_out {
 	int io_error;
 };
 
-static int append(void **buf, size_t *cap, size_t need, size_t elem)
-{
-	if (need <= *cap)
-		return 0;
-	size_t nc = *cap ? *cap : 256;
-	while (nc < need)
-		nc *= 2;
-	void *nb = realloc(*buf, nc * elem);
-	if (!nb)
-		return -ENOMEM;
-	*buf = nb;
-	*cap = nc;
-	return 0;
-}
-
 static int gen_event(struct gen_out *o, const struct kvc_event *ev)
 {
 	if (o->json) {
-		if (append((void **)&o->text, &o->cap, o->len + ev->text_len + 1, 1) < 0)
+		if (grow_array((void **)&o->text, &o->cap, o->len + ev->text_len + 1, 1) < 0)
 			return -ENOMEM;
 		memcpy(o->text + o->len, ev->text, ev->text_len);
 		o->len += ev->text_len;
 		if (ev->ids) {
-			if (append((void **)&o->ids, &o->cap_ids, o->n_ids + ev->n_tokens, sizeof(int32_t)) < 0)
+			if (grow_array((void **)&o->ids, &o->cap_ids, o->n_ids + ev->n_tokens, sizeof(int32_t)) < 0)
 				return -ENOMEM;
 			memcpy(o->ids + o->n_ids, ev->ids, ev->n_tokens * sizeof(int32_t));
 			o->n_ids += ev->n_tokens;

@@ -128,6 +128,10 @@ __attribute__((format(printf, 2, 3))) int usage_error(const char *cmd, const cha
 
 /* ---- parsing and formatting (util.c) ---------------------------------------- */
 
+/* *buf (of *cap elements of elem bytes) grown to hold at least need, by
+ * doubling from 256: 0, or -ENOMEM with *buf unchanged. */
+int grow_array(void **buf, size_t *cap, size_t need, size_t elem);
+
 bool parse_u64(const char *s, uint64_t *ret);
 bool parse_u32(const char *s, uint32_t *ret);
 bool parse_double(const char *s, double *ret);

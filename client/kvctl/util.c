@@ -197,6 +197,21 @@ bool parse_size(const char *s, uint64_t *ret)
 	return true;
 }
 
+int grow_array(void **buf, size_t *cap, size_t need, size_t elem)
+{
+	if (need <= *cap)
+		return 0;
+	size_t nc = *cap ? *cap : 256;
+	while (nc < need)
+		nc *= 2;
+	void *nb = realloc(*buf, nc * elem);
+	if (!nb)
+		return -ENOMEM;
+	*buf = nb;
+	*cap = nc;
+	return 0;
+}
+
 void fmt_bytes(char *out, size_t cap, double b)
 {
 	static const char *units[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB" };

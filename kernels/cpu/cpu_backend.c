@@ -509,20 +509,6 @@ static void rope_table(float *cs, int hd, int pos, float theta_base)
 	}
 }
 
-/* The same with a layer's RoPE: positions times pos_scale (linear scaling),
- * pair i's frequency divided by freq_factors[i] (Llama 3.x rope_freqs; NULL
- * for none). */
-static void rope_table_ext(float *cs, int hd, int pos, float theta_base, float pos_scale, const float *freq_factors)
-{
-	for (int i = 0; i < hd / 2; i++) {
-		double th = (double)pos * pos_scale * pow((double)theta_base, -2.0 * i / hd);
-		if (freq_factors)
-			th /= freq_factors[i];
-		cs[2 * i] = (float)cos(th);
-		cs[2 * i + 1] = (float)sin(th);
-	}
-}
-
 /* Rotate the pairs of one head vector by a token's rope table. */
 static void rope_head(float *v, int hd, const float *tab, enum kvd_rope_style style)
 {
@@ -712,7 +698,7 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 			float sc = L->d.rope_freq_scale > 0 ? L->d.rope_freq_scale : 1.0f;
 			if (!rope_fresh || th != rope_th || sc != rope_sc) {
 				for (int u = 0; u < T; u++)
-					rope_table_ext(c->rope + (int64_t)u * hp->head_dim, hp->head_dim, c->tok_pos[u], th, sc,
+					cpu_rope_table(c->rope + (int64_t)u * hp->head_dim, hp->head_dim, c->tok_pos[u], th, sc,
 						       w->rope_freqs.data);
 				rope_th = th;
 				rope_sc = sc;

@@ -20,11 +20,15 @@
 
 #include "ops.h"
 
-/* cos, sin of every pair's angle at position delta for one layer. */
-static void delta_table(float *cs, int hd, int32_t delta, float theta, float pos_scale, const float *freq_factors)
+/* cos and sin of pair i's angle at position pos for one layer's RoPE:
+ * positions times pos_scale (linear scaling), pair i's frequency divided by
+ * freq_factors[i] (Llama 3.x rope_freqs; NULL for none). The forward pass
+ * rotates with these tables too, so a shift by delta is the same rotation
+ * a key computed delta positions later got. */
+void cpu_rope_table(float *cs, int hd, int32_t pos, float theta, float pos_scale, const float *freq_factors)
 {
 	for (int i = 0; i < hd / 2; i++) {
-		double th = (double)delta * pos_scale * pow((double)theta, -2.0 * i / hd);
+		double th = (double)pos * pos_scale * pow((double)theta, -2.0 * i / hd);
 		if (freq_factors)
 			th /= freq_factors[i];
 		cs[2 * i] = (float)cos(th);
@@ -71,7 +75,7 @@ int cpu_kv_shift(const struct kvd_model_weights *w, const struct kvd_paged_view 
 		const struct kvd_layer_desc *d = &w->layers[l].d;
 		float theta = d->rope_theta > 0 ? d->rope_theta : hp->rope_theta;
 		float sc = d->rope_freq_scale > 0 ? d->rope_freq_scale : 1.0f;
-		delta_table(cs, hd, delta, theta, sc, w->rope_freqs.data);
+		cpu_rope_table(cs, hd, delta, theta, sc, w->rope_freqs.data);
 		for (uint32_t t = 0; t < n_tokens; t++) {
 			char *row = (char *)kv->base + (size_t)pages[t / L->block_size] * L->page_bytes +
 				    (size_t)l * L->layer_stride + (size_t)(t % L->block_size) * L->token_stride;

@@ -16,6 +16,10 @@
  * (-ENOTSUP otherwise); -EINVAL for a page out of range or n_tokens beyond
  * the pages; 0 on success (nothing changed on failure).
  */
+/* cos, sin of each pair's angle at position pos for one layer's RoPE
+ * (kvshift.c); hd / 2 pairs into cs[0 .. hd). */
+void cpu_rope_table(float *cs, int hd, int32_t pos, float theta, float pos_scale, const float *freq_factors);
+
 int cpu_kv_shift(const struct kvd_model_weights *w, const struct kvd_paged_view *kv, const int32_t *pages,
 		 uint32_t n_pages, uint32_t n_tokens, int32_t delta);
 
