@@ -61,6 +61,8 @@ static int stats_reply(kvc_client *c, const struct ipc_frame *f, void *arg)
 	o->swap_errors = s.swap_errors;
 	o->swap_fallback_recomputes = s.swap_fallback_recomputes;
 	o->pages_demoted = s.pages_demoted;
+	o->samples_forked = s.samples_forked;
+	o->pages_adopted = s.pages_adopted;
 	return 1;
 }
 

@@ -555,7 +555,10 @@ struct kvc_stats {
 	uint64_t pages_demoted;       /* of pages_swapped: cached prefix pages kept in swap (a cache
 	                               * tier, read back on a prefix hit); the rest belong to
 	                               * preempted requests */
-	uint64_t reserved[5];
+	uint64_t samples_forked;      /* sequences forked from a prompt for parallel samples (0.3.0) */
+	uint64_t pages_adopted;       /* cached prefix pages adopted from the previous run at start
+	                               * (systemd's fd store; 0.3.0) */
+	uint64_t reserved[3];
 };
 KVC_EXPORT int kvc_stats(kvc_client *c, struct kvc_stats *ret);
 

@@ -61,6 +61,8 @@ void fill_stats(struct kvd_server *srv, struct ipc_stats *st)
 	st->swap_errors = led.swap_errors;
 	st->swap_fallback_recomputes = ss.swap_fallback_recomputes;
 	st->pages_demoted = ks.pages_demoted;
+	st->samples_forked = ss.samples_forked;
+	st->pages_adopted = led.pages_adopted;
 }
 
 void handle_ps(struct client *c, uint64_t rid)

@@ -425,7 +425,9 @@ struct ipc_stats {
 	uint64_t swap_errors;         /* swap page transfers that failed (I/O error, short, full) */
 	uint64_t swap_fallback_recomputes; /* requests' KV recomputed because swap I/O failed */
 	uint64_t pages_demoted;       /* of pages_swapped: cached prefix pages kept in swap (a cache tier) */
-	uint64_t reserved[5];
+	uint64_t samples_forked;      /* sequences forked from a prompt for parallel samples */
+	uint64_t pages_adopted;       /* cached prefix pages adopted from the previous run at start */
+	uint64_t reserved[3];
 };
 
 #define IPC_TOK_ADD_BOS       0x1u /* prepend BOS when the model has one */

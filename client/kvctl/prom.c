@@ -86,6 +86,8 @@ void prom_print(FILE *f, const struct kvc_stats *s, const struct kvc_histograms 
 		s->prefix_hit_tokens);
 	COUNTER("pages_evicted", "Cached pages dropped from the pool.", s->pages_evicted);
 	COUNTER("cow_copies", "Shared pages copied before a write (copy-on-write).", s->cow_copies);
+	COUNTER("samples_forked", "Sequences forked from a computed prompt for parallel samples.", s->samples_forked);
+	COUNTER("pages_adopted", "Cached prefix pages adopted from the previous run at start.", s->pages_adopted);
 	COUNTER("swap_out_pages", "Pages written to the swap file.", s->swap_out_pages);
 	COUNTER("swap_in_pages", "Pages read back from the swap file.", s->swap_in_pages);
 	COUNTER("swap_errors", "Swap page transfers that failed.", s->swap_errors);

@@ -80,6 +80,11 @@ want=$(( PL / 16 * 16 )); [ "$want" -lt "$PL" ] || want=$(( PL - 1 ))
 cmp -s "$T/cold.ids" "$T/warm.ids" && cmp -s "$T/cold.out" "$T/warm.out" ||
 	inner_fail "tokens after adoption differ from the cold run: $(tr '\n' ' ' <"$T/cold.ids") / $(tr '\n' ' ' <"$T/warm.ids")"
 ok "systemctl restart: the same prompt found $c of $PL tokens cached in the adopted pool; tokens identical to the cold run (seed 7)"
+adopted=$(IN /run/stage/bin/kvd_raw -s /run/kvd/kvd.sock stats | sed -n 's/.*"pages_adopted": *\([0-9]*\).*/\1/p')
+logged=$(IN grep -o 'restart cache: adopted [0-9]*' /run/stage/kvd.log | tail -1 | grep -o '[0-9]*$')
+[ -n "$adopted" ] && [ "$adopted" = "$logged" ] && [ "$adopted" -ge "$(( want / 16 ))" ] ||
+	inner_fail "stats: pages_adopted '$adopted', the log said $logged, the prompt alone has $(( want / 16 )) full pages"
+ok "stats: pages_adopted $adopted, as logged"
 
 # ---- fingerprint mismatch: another block size ----------------------------------------
 conf /run/stage/model.gguf 8

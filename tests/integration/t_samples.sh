@@ -163,6 +163,9 @@ assert len({r["request_id"] for r in reqs}) == 1
 assert all(r["pages_shared"] == F for r in reqs), reqs
 PYEOF
 ok "kvctl ps lists the four samples of one request, each sharing the prompt's $(( NP / 16 )) full pages"
+forked=$("$KVCTL" stats --json | $PY -c 'import json, sys; print(json.load(sys.stdin)["samples_forked"])')
+[ "$forked" = 3 ] || fail "stats: samples_forked $forked after one request of 4 samples, expected 3"
+ok "kvctl stats: samples_forked 3 (the prompt's sequence forked for samples 1..3)"
 
 P="The three primary colours are red, yellow and"
 IDS=$("$KVCTL" tokenize --bos "$P" | tr -s ' \n' ',')

@@ -74,7 +74,7 @@ static int conn_open(struct conn *c, bool say_hello)
 	}
 	if (!say_hello)
 		return 0;
-	struct ipc_hello h = { .client_version = 0x000100, .capabilities = IPC_CAP_RING_PROMPT };
+	struct ipc_hello h = { .client_version = IPC_SAMPLES_SERVER_VERSION, .capabilities = IPC_CAP_RING_PROMPT };
 	snprintf(h.client_name, sizeof(h.client_name), "kvd_raw");
 	r = ipc_send(c->fd, IPC_MSG_HELLO, 0, 0, &h, sizeof(h), NULL, 0);
 	if (r < 0) {
@@ -314,6 +314,7 @@ static int cmd_stats(struct conn *c)
 	F(requests_swapped); F(requests_completed); F(requests_rejected); F(clients); F(sessions);
 	F(prompt_tokens_total); F(generated_tokens_total); F(steps); F(uptime_ns);
 	F(ledger_records_dropped); F(swap_errors); F(swap_fallback_recomputes); F(pages_demoted);
+	F(samples_forked); F(pages_adopted);
 	printf("}\n");
 #undef F
 	return 0;
