@@ -166,6 +166,13 @@ static void generate_start(struct client *c, struct greq *gr, const char *prompt
 		reject(c, gr, r, "request refused: %s", strerror(-r));
 		return;
 	}
+	if (p.n_samples > 1 && p.ctx_policy != KVD_CTX_ERROR) {
+		/* samples fork one sequence; a window policy drops per sequence */
+		free(ids);
+		reject(c, gr, -EINVAL, "%u samples cannot be combined with context policy %s (one sample, or the "
+		       "default policy error)", p.n_samples, ipc_context_policy_name(p.ctx_policy));
+		return;
+	}
 	gr->t_submit = now_ns();
 	r = kvd_sched_submit(srv->sched, (uint64_t)(uintptr_t)gr, ids, (uint32_t)n, &p);
 	free(ids);

@@ -85,6 +85,11 @@ out=$("$KVCTL" generate --raw --max-tokens 10 --context-policy sinks --window 50
 	fail "a window larger than the context was accepted"
 echo "$out" | grep -q "do not fit the context" || fail "oversized window: unclear refusal: $out"
 ok "a window that does not fit the context is refused ($out)"
+out=$("$KVCTL" generate --raw --max-tokens 10 -n 2 --context-policy sliding-window --window 100 "$PROMPT" 2>&1) &&
+	fail "samples under a window policy were served: $out"
+grep -q "2 samples cannot be combined with context policy sliding-window" <<<"$out" ||
+	fail "samples under a window policy: unclear refusal: $out"
+ok "parallel samples under a window policy are refused with a reason"
 
 # ---- truncate-oldest on a session ------------------------------------------------
 SYS="Be terse."
