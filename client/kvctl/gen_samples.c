@@ -100,7 +100,7 @@ static double ms(uint64_t ns)
 	return (double)ns / 1e6;
 }
 
-static void result_json(FILE *f, const struct kvc_result *res)
+void gen_result_json(FILE *f, const struct kvc_result *res)
 {
 	double tps = res->generated_tokens > 1 && res->decode_ns
 			     ? (double)(res->generated_tokens - 1) * 1e9 / (double)res->decode_ns
@@ -155,8 +155,13 @@ void gen_samples_print_json(struct gen_samples *g, const kvc_request *q, int cod
 	}
 	if (res) {
 		fputs(",", f);
-		result_json(f, res);
+		gen_result_json(f, res);
 	}
+	gen_json_close(f, res, code, model);
+}
+
+void gen_json_close(FILE *f, const struct kvc_result *res, int code, const char *model)
+{
 	if (model) {
 		fputs(",\"model\":", f);
 		json_str(f, model, strlen(model));

@@ -37,6 +37,12 @@ int gen_samples_event(struct gen_samples *g, const struct kvc_event *ev);
 /* The JSON object of `generate --json` (q may be NULL: the request never
  * started; code < 0 adds "error"). */
 void gen_samples_print_json(struct gen_samples *g, const kvc_request *q, int code, const char *model);
+/* A result's "finish_reason", token counts and timings as JSON members
+ * (no leading comma), as `generate --json` prints them. */
+void gen_result_json(FILE *f, const struct kvc_result *res);
+/* The end of a `generate --json` object: "model" when known, "error" for
+ * code < 0 (other than -ECANCELED), the closing brace and a newline. */
+void gen_json_close(FILE *f, const struct kvc_result *res, int code, const char *model);
 /* Each sample's text; with several, each under a "--- sample I (finish,
  * N tokens) ---" line. 0 or -EIO. */
 int gen_samples_print_text(const struct gen_samples *g, const kvc_request *q, bool newline);

@@ -153,11 +153,6 @@ static int gen_event(struct gen_out *o, const struct kvc_event *ev)
 	return 0;
 }
 
-static double ms(uint64_t ns)
-{
-	return (double)ns / 1e6;
-}
-
 static void print_gen_json(const struct gen_out *o, const struct kvc_result *res, int code, const char *model)
 {
 	FILE *f = stdout;
@@ -168,28 +163,11 @@ static void print_gen_json(const struct gen_out *o, const struct kvc_result *res
 		fprintf(f, "%s%" PRId32, i ? "," : "", o->ids[i]);
 	fputs("]", f);
 	if (res) {
-		double tps = res->generated_tokens > 1 && res->decode_ns
-				     ? (double)(res->generated_tokens - 1) * 1e9 / (double)res->decode_ns
-				     : 0.0;
-		fprintf(f,
-			",\"finish_reason\":\"%s\",\"prompt_tokens\":%" PRIu32 ",\"cached_tokens\":%" PRIu32
-			",\"generated_tokens\":%" PRIu32 ",\"ttft_ms\":%.3f,\"tokens_per_s\":%.2f,\"queue_ms\":%.3f"
-			",\"total_ms\":%.3f",
-			kvc_finish_name(res->finish_reason), res->prompt_tokens, res->cached_tokens,
-			res->generated_tokens, ms(res->ttft_ns), tps, ms(res->queue_ns), ms(res->total_ns));
+		fputs(",", f);
+		gen_result_json(f, res);
 		fprintf(f, ",\"context_dropped_tokens\":%" PRIu32, res->context_dropped_tokens);
 	}
-	if (model) {
-		fputs(",\"model\":", f);
-		json_str(f, model, strlen(model));
-	}
-	if (code < 0 && code != -ECANCELED) {
-		const char *m = res && res->error_message[0] ? res->error_message : kv_strerror(code);
-		fprintf(f, ",\"error\":{\"code\":%d,\"message\":", code);
-		json_str(f, m, strlen(m));
-		fputs("}", f);
-	}
-	fputs("}\n", f);
+	gen_json_close(f, res, code, model);
 }
 
 int generate_main(struct ctx *x, int argc, char **argv, bool chat)
