@@ -541,7 +541,7 @@ void cpu_kernels_init(struct cpu_kernels *k, int force_generic)
 	k->dot[KVD_WTYPE_Q8_0] = dot_q8_0_generic;
 	k->dot[KVD_WTYPE_Q5_0] = dot_q5_0_generic;
 	k->dot[KVD_WTYPE_Q5_1] = dot_q5_1_generic;
-	/* K-quants: the portable code on every CPU */
+	/* K-quants (ops_avx2.c replaces these where the CPU has AVX2) */
 	k->dot[KVD_WTYPE_Q4_K] = dot_q4_K_generic;
 	k->dot[KVD_WTYPE_Q5_K] = dot_q5_K_generic;
 	k->dot[KVD_WTYPE_Q6_K] = dot_q6_K_generic;
