@@ -51,8 +51,16 @@ struct kvmm_page_ops {
 	 * synchronisation instead of one per page; read/write stay required. */
 	int (*read_n)(void *ud, const uint32_t *pages, uint32_t n, void *host_dst);
 	int (*write_n)(void *ud, const uint32_t *pages, uint32_t n, const void *host_src);
+	/* Required when kvmm_config.pack_slots is 1 .. KVMM_PACK_MAX (else
+	 * unused): copy the share of page src that outlives its release (the
+	 * layers without a window) into slot `slot` of packed page dst. */
+	int (*pack)(void *ud, uint32_t dst, uint32_t slot, uint32_t src);
 	void *ud;
 };
+
+/* kvmm_config.pack_slots: what kvmm_seq_release() keeps of a page. */
+#define KVMM_PACK_MAX  255u        /* most slots a packed page may have */
+#define KVMM_PACK_NONE 0xffffffffu /* nothing: a released page is simply freed */
 
 struct kvmm_config {
 	size_t page_bytes;       /* bytes of one page (> 0) */
@@ -66,6 +74,11 @@ struct kvmm_config {
 	                          * independence); 0: lowest page first */
 	const char *swap_path;   /* NULL: no swap */
 	uint64_t swap_bytes;
+	/* kvmm_seq_release(): 0, it is refused (-EOPNOTSUPP); 1 ..
+	 * KVMM_PACK_MAX, the kept share of that many released pages shares
+	 * one packed page (page_ops.pack required); KVMM_PACK_NONE, released
+	 * pages are freed whole. */
+	uint32_t pack_slots;
 	struct kvmm_page_ops page_ops;
 };
 
@@ -175,6 +188,42 @@ int kvmm_seq_publish(struct kvmm *m, uint32_t seq);
  */
 int kvmm_seq_drop_pages(struct kvmm *m, uint32_t seq, uint32_t first, uint32_t n_drop);
 
+/*
+ * Release (models whose layers mostly attend over a window, e.g. Gemma 3's
+ * five local layers of six): once every windowed layer is done with a
+ * logical page (all its positions are older than the widest window before
+ * any position still to come), most of the page is dead; only the layers
+ * without a window (the global layers) still read it. kvmm_seq_release()
+ * frees the oldest such pages, logical pages n_released .. upto - 1, after
+ * keeping that live share: with pack_slots = k, the share of logical page
+ * i goes to slot i % k of the packed page that the page table holds at
+ * position i - i % k (allocated when slot 0 is released, copied first if
+ * it is shared, e.g. with a fork); every other released position holds
+ * KVMM_RELEASED. With KVMM_PACK_NONE nothing is kept and every released
+ * position holds KVMM_RELEASED. The sequence keeps its length and
+ * positions; released pages are the prefix 0 .. n_released - 1 of its
+ * page table and never come back (an indexed page released stays cached in
+ * the prefix index for other prompts; the sequence's later pages stay
+ * indexed but nothing is published under a released page).
+ *
+ * upto may not pass the pages already published (kvmm_seq_publish), so a
+ * page is offered to the prefix index before it is released. Best effort
+ * on memory: when a packed page is needed and none is available, it stops
+ * there. *ret_released (may be NULL): the sequence's released pages after
+ * the call. Returns 0; -ENOENT for an unknown or swapped-out sequence;
+ * -EOPNOTSUPP when pack_slots is 0; -EINVAL when upto is past the
+ * published pages; or the pack or copy callback's error (the pages
+ * released until then stay released, the sequence is consistent).
+ */
+#define KVMM_RELEASED (-2)
+int kvmm_seq_release(struct kvmm *m, uint32_t seq, uint32_t upto, uint32_t *ret_released);
+/* Released logical pages of the sequence (0 for unknown ids). */
+uint32_t kvmm_seq_released(const struct kvmm *m, uint32_t seq);
+/* Pages the sequence references now (page table entries that are pages,
+ * packed pages included; for a swapped-out sequence, those still
+ * resident); 0 for unknown ids. */
+uint32_t kvmm_seq_pages_held(const struct kvmm *m, uint32_t seq);
+
 /* ---- prefix cache -------------------------------------------------------- */
 
 /*
@@ -227,6 +276,8 @@ struct kvmm_stats {
 	uint32_t pages_demoted;      /* of pages_swapped: demoted prefix pages */
 	uint32_t swap_slots;         /* capacity of the swap file, in pages */
 	uint32_t seqs_swapped;       /* of seqs_live: swapped out */
+	uint32_t pages_packed;       /* of pages_used: packed pages (kvmm_seq_release) */
+	uint64_t pages_released;     /* logical pages released so far */
 };
 void kvmm_get_stats(const struct kvmm *m, struct kvmm_stats *ret);
 
@@ -282,11 +333,12 @@ void kvmm_meta_layout(const struct kvmm *m, struct kvmm_meta_layout *ret);
 #define KVMM_PAGE_REF_MASK 0x00ffffffu /* sequences referencing the page */
 #define KVMM_PAGE_INDEXED  0x01000000u /* the page is in the prefix index */
 #define KVMM_PAGE_FREE     0x02000000u /* on the free list */
+#define KVMM_PAGE_PACKED   0x04000000u /* a packed page (kvmm_seq_release) */
 
 /* Refcount of a page (sequences mapping it), 0 for free, cached or out of
  * range. For tests and tools. */
 uint32_t kvmm_page_refcount(const struct kvmm *m, uint32_t page);
-/* The page's state word (refcount | KVMM_PAGE_INDEXED | KVMM_PAGE_FREE), 0
+/* The page's state word (refcount | KVMM_PAGE_* flags), 0
  * out of range. For tests and tools. */
 uint32_t kvmm_page_state(const struct kvmm *m, uint32_t page);
 
@@ -343,10 +395,13 @@ struct kvmm_seq_record {
 	uint32_t generated_tokens;
 	uint32_t shared_prefix_tokens; /* from the prefix cache */
 	uint32_t retained_tokens;      /* left in the prefix index (at finish) */
-	uint32_t pages;                /* page table length now */
+	uint32_t pages;                /* pages referenced now (kvmm_seq_pages_held
+	                                * while resident; the page table's length
+	                                * when swapped out) */
 	uint32_t pages_peak;
 	uint64_t kv_bytes_allocated;   /* pages * page_bytes */
-	uint64_t kv_bytes_useful;      /* len_tokens * token bytes */
+	uint64_t kv_bytes_useful;      /* len_tokens * token bytes (released
+	                                * tokens: their packed share) */
 	uint32_t slack_tokens;         /* pages * block_size - len_tokens */
 	uint32_t pages_allocated;      /* new pages and CoW copies, lifetime */
 	uint32_t cow_copies;
@@ -360,6 +415,8 @@ struct kvmm_seq_record {
 	uint64_t lifetime_ns;          /* creation to now / to the finish */
 	uint32_t dropped_tokens;       /* removed by kvmm_seq_drop_pages (context policies) */
 	uint32_t drops;                /* kvmm_seq_drop_pages calls */
+	uint32_t released_tokens;      /* of len_tokens: in released pages (kvmm_seq_release) */
+	uint32_t packed_pages;         /* of pages: packed pages holding their kept share */
 };
 
 /* Tokens at positions < n_prompt_tokens are the prompt, later ones are

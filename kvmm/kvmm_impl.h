@@ -10,7 +10,8 @@
  *    lists of the two cache tiers, eviction, publish and attach;
  *  - swap.c: swap slots, sequence swap-out/in, demotion and promotion;
  *  - swap_io.c: the swap stores (io_uring file, memory, fault layer);
- *  - persist.c: export and import of the prefix index across restarts.
+ *  - persist.c: export and import of the prefix index across restarts;
+ *  - release.c: releasing the windowed layers' dead pages (kvmm_seq_release).
  *
  * Ids are int32: pages, nodes and slots are indices into arrays, -1 is none.
  * A page's refcount lives in its state word in the metadata memfd (so other
@@ -24,6 +25,14 @@
  * published yet, a page another sibling published under a deduplicated
  * parent. Dropping a subtree therefore frees unreferenced pages and merely
  * un-indexes referenced ones, which never changes what a sequence maps.
+ * A third: a sequence with released pages (release.c) maps its first kept
+ * page without the released one before it.
+ *
+ * Released pages: positions 0 .. n_released - 1 of a page table hold
+ * KVMM_RELEASED, except that with pack_slots = k the position of every
+ * k-th one (i % k == 0) holds the packed page of its group: a page like any
+ * other for references, swap and forks (fill = block size, never indexed,
+ * its tokens -1).
  */
 #ifndef KVD_KVMM_IMPL_H
 #define KVD_KVMM_IMPL_H
@@ -86,6 +95,8 @@ enum kvmm_word {
 	W_MEM_WAIT_NS,
 	W_COMPUTE_NS,
 	W_PAGES_ADOPTED,
+	W_PAGES_PACKED,   /* packed pages referenced now (kvmm_seq_release) */
+	W_PAGES_RELEASED, /* logical pages released, cumulative */
 	W__COUNT
 };
 
@@ -121,6 +132,7 @@ struct kvmm_page {
 	int32_t node;  /* prefix index node, or -1 */
 	uint32_t fill; /* token slots holding K/V */
 	uint32_t pending; /* plan scratch: writers in this step; 0 between calls */
+	bool packed;      /* holds released pages' kept share (release.c) */
 };
 
 #define NODE_LIVE 0x1u
@@ -166,6 +178,7 @@ struct kvmm_seq {
 	uint64_t swap_bytes, swap_ns, steps, kv_read_bytes, mem_wait_ns, compute_ns;
 	uint64_t created_ns;
 	uint32_t dropped_tokens, drops; /* kvmm_seq_drop_pages */
+	uint32_t n_released, n_packed;  /* kvmm_seq_release: leading pages released, packed pages held */
 };
 
 struct kvmm {
@@ -175,6 +188,7 @@ struct kvmm {
 	struct kvmm_page_ops page_ops;
 	bool device_pool;
 	bool prefix;
+	uint32_t pack_slots; /* kvmm_config.pack_slots */
 
 	int pool_fd;
 	void *pool;
@@ -304,6 +318,9 @@ void page_put(struct kvmm *m, int32_t p);
 /* Set how many token slots of a page hold K/V. */
 void page_set_fill(struct kvmm *m, int32_t p, uint32_t fill);
 void page_set_indexed(struct kvmm *m, int32_t p, int32_t node);
+/* Mark a referenced, unindexed page as a packed page (release.c): full,
+ * no tokens, counted in W_PAGES_PACKED until freed. */
+void page_set_packed(struct kvmm *m, int32_t p);
 
 /* ---- prefix.c ----------------------------------------------------------------- */
 
@@ -349,5 +366,15 @@ int swap_promote_nodes(struct kvmm *m, const int32_t *nodes, uint32_t n, uint32_
 /* ---- seq.c ------------------------------------------------------------------------ */
 
 int seq_reserve(struct kvmm_seq *s, uint32_t n_pages);
+/* Copy-on-write of the first n_tokens slots of src into dst (and their tokens). */
+int cow_copy(struct kvmm *m, int32_t dst, int32_t src, uint32_t n_tokens);
+
+/* ---- release.c ---------------------------------------------------------------------- */
+
+/* Whether position i of s's page table holds a packed page. */
+static inline bool seq_packed_at(const struct kvmm *m, const struct kvmm_seq *s, uint32_t i)
+{
+	return i < s->n_released && m->pack_slots != KVMM_PACK_NONE && i % m->pack_slots == 0;
+}
 
 #endif /* KVD_KVMM_IMPL_H */

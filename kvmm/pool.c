@@ -114,6 +114,10 @@ int32_t page_alloc(struct kvmm *m)
 
 void page_free(struct kvmm *m, int32_t p)
 {
+	if (m->pg[p].packed) {
+		m->pg[p].packed = false;
+		ctr_sub(m, W_PAGES_PACKED, 1);
+	}
 	m->pg[p].next = m->free_head;
 	m->pg[p].fill = 0;
 	m->free_head = p;
@@ -160,6 +164,18 @@ void page_set_fill(struct kvmm *m, int32_t p, uint32_t fill)
 	if (page_ref(m, p) > 0)
 		ctr_set(m, W_FILL_USED, ctr_get(m, W_FILL_USED) - m->pg[p].fill + fill);
 	m->pg[p].fill = fill;
+}
+
+void page_set_packed(struct kvmm *m, int32_t p)
+{
+	if (!m->pg[p].packed) {
+		m->pg[p].packed = true;
+		ctr_add(m, W_PAGES_PACKED, 1);
+	}
+	page_word_set(m, p, page_word(m, p) | KVMM_PAGE_PACKED);
+	page_set_fill(m, p, m->bs);
+	for (uint32_t t = 0; t < m->bs; t++)
+		m->page_tokens[(size_t)p * m->bs + t] = -1;
 }
 
 void page_set_indexed(struct kvmm *m, int32_t p, int32_t node)
@@ -330,6 +346,10 @@ static int check_config(const struct kvmm_config *cfg)
 		return -EINVAL;
 	if (!cfg->page_ops.read_n != !cfg->page_ops.write_n || (cfg->page_ops.read_n && !cfg->page_ops.read))
 		return -EINVAL;
+	if (cfg->pack_slots > KVMM_PACK_MAX && cfg->pack_slots != KVMM_PACK_NONE)
+		return -EINVAL;
+	if (cfg->pack_slots && cfg->pack_slots != KVMM_PACK_NONE && !cfg->page_ops.pack)
+		return -EINVAL;
 	return 0;
 }
 
@@ -372,6 +392,7 @@ static int create(const struct kvmm_config *cfg, struct kvmm_swap_io *io, int ad
 	m->page_ops = cfg->page_ops;
 	m->device_pool = cfg->page_ops.read != NULL;
 	m->prefix = cfg->prefix_cache != 0;
+	m->pack_slots = cfg->pack_slots;
 	m->max_seqs = cfg->max_seqs ? cfg->max_seqs : KVMM_MAX_SEQS;
 	m->key_mask = UINT64_MAX;
 	m->pool_buf_index = m->bounce_buf_index = -1;
@@ -575,6 +596,8 @@ static void stats_from_words(const uint64_t *w, const struct kvmm_shm *h, struct
 		.pages_demoted = (uint32_t)w[W_PAGES_DEMOTED],
 		.swap_slots = h->swap_slots,
 		.seqs_swapped = (uint32_t)w[W_SEQS_SWAPPED],
+		.pages_packed = (uint32_t)w[W_PAGES_PACKED],
+		.pages_released = w[W_PAGES_RELEASED],
 	};
 }
 
@@ -672,7 +695,7 @@ int kvmm_check(const struct kvmm *m, char *why_buf, size_t why_size)
 	uint32_t *refs = calloc(m->n_pages, sizeof(*refs));
 	uint8_t *seen = calloc(m->n_pages + 1, 1);
 	uint8_t *slot_seen = calloc(m->n_slots + 1, 1);
-	uint32_t n_free = 0, n_used = 0, n_shared = 0, n_cached = 0, n_demoted = 0, slots_used = 0;
+	uint32_t n_free = 0, n_used = 0, n_shared = 0, n_cached = 0, n_demoted = 0, slots_used = 0, n_packed = 0;
 	uint64_t tokens_resident = 0, fill_used = 0;
 	uint32_t live = 0, swapped = 0;
 	int r = 0;
@@ -705,6 +728,10 @@ int kvmm_check(const struct kvmm *m, char *why_buf, size_t why_size)
 		CHECK(s->n_pages == want, "seq %u: %u pages for %u tokens", id, s->n_pages, s->len);
 		CHECK(s->n_published <= s->len / m->bs, "seq %u: %u published pages for %u tokens", id,
 		      s->n_published, s->len);
+		CHECK(s->n_released <= s->n_published, "seq %u: %u released pages, %u published", id, s->n_released, s->n_published);
+		CHECK(s->n_packed == (m->pack_slots && m->pack_slots != KVMM_PACK_NONE
+					      ? (s->n_released + m->pack_slots - 1) / m->pack_slots : 0),
+		      "seq %u: %u packed pages for %u released", id, s->n_packed, s->n_released);
 		if (s->swapped)
 			swapped++;
 		else
@@ -722,16 +749,23 @@ int kvmm_check(const struct kvmm *m, char *why_buf, size_t why_size)
 				slots_used++;
 				continue;
 			}
+			if (i < s->n_released && !seq_packed_at(m, s, i)) {
+				CHECK(p == KVMM_RELEASED, "seq %u: released page %u maps %d", id, i, p);
+				continue;
+			}
 			CHECK(p >= 0 && (uint32_t)p < m->n_pages, "seq %u: page %u maps %d", id, i, p);
 			CHECK(page_ref(m, p) > 0, "seq %u maps page %d with refcount 0", id, p);
 			refs[p]++;
 			for (uint32_t j = 0; j < i; j++)
 				CHECK(s->pages[j] != p, "seq %u maps page %d twice", id, p);
+			CHECK(m->pg[p].packed == seq_packed_at(m, s, i), "seq %u: page %d at %u: packed %d", id, p, i,
+			      (int)m->pg[p].packed);
+			CHECK(!m->pg[p].packed || m->pg[p].node < 0, "seq %u: packed page %d is indexed", id, p);
 			if (m->pg[p].node >= 0) {
 				const struct kvmm_node *nd = &m->nodes[m->pg[p].node];
 
 				/* The index invariant of kvmm_impl.h. */
-				CHECK(s->swapped || i == 0 || i >= s->n_published ||
+				CHECK(s->swapped || i == 0 || i >= s->n_published || i - 1 < s->n_released ||
 					      (nd->parent >= 0 && m->pg[s->pages[i - 1]].node == nd->parent),
 				      "seq %u: indexed page %d at %u without its parent before it", id, p, i);
 				CHECK(i > 0 || nd->parent < 0, "seq %u: indexed page %d at 0 has a parent", id, p);
@@ -755,6 +789,10 @@ int kvmm_check(const struct kvmm *m, char *why_buf, size_t why_size)
 		CHECK(!!(page_word(m, (int32_t)p) & KVMM_PAGE_INDEXED) == (m->pg[p].node >= 0),
 		      "page %u: indexed flag disagrees", p);
 		CHECK(m->pg[p].fill <= m->bs, "page %u: fill %u", p, m->pg[p].fill);
+		CHECK(m->pg[p].packed == !!(page_word(m, (int32_t)p) & KVMM_PAGE_PACKED), "page %u: packed flag disagrees",
+		      p);
+		CHECK(!m->pg[p].packed || ref > 0, "page %u: packed but unreferenced", p);
+		n_packed += m->pg[p].packed;
 		if (ref > 0) {
 			n_used++;
 			fill_used += m->pg[p].fill;
@@ -770,6 +808,8 @@ int kvmm_check(const struct kvmm *m, char *why_buf, size_t why_size)
 			CHECK(m->nodes[m->pg[p].node].page == (int32_t)p, "page %u: node %d points elsewhere", p,
 			      m->pg[p].node);
 	}
+	CHECK(n_packed == ctr_get(m, W_PAGES_PACKED), "packed %u vs counter %" PRIu64, n_packed,
+	      ctr_get(m, W_PAGES_PACKED));
 	CHECK(n_used == ctr_get(m, W_PAGES_USED), "used %u vs counter %" PRIu64, n_used, ctr_get(m, W_PAGES_USED));
 	CHECK(n_shared == ctr_get(m, W_PAGES_SHARED), "shared %u vs counter %" PRIu64, n_shared,
 	      ctr_get(m, W_PAGES_SHARED));

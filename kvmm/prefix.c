@@ -320,6 +320,8 @@ int32_t index_publish_page(struct kvmm *m, struct kvmm_seq *s, uint32_t i, int32
 	if (m->pg[p].node >= 0)
 		return p; /* mapped from the index, or shared with a fork that published it */
 	if (i > 0) {
+		if (i - 1 < s->n_released)
+			return p; /* the page above was released: no key to hang this on */
 		parent = m->pg[s->pages[i - 1]].node;
 		if (parent < 0)
 			return p; /* the chain above is not indexed: no key to hang this on */

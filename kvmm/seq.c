@@ -98,8 +98,11 @@ int kvmm_seq_fork(struct kvmm *m, uint32_t parent, uint32_t *ret_child)
 	if (p->n_pages)
 		memcpy(c->pages, p->pages, (size_t)p->n_pages * sizeof(*c->pages));
 	for (uint32_t i = 0; i < p->n_pages; i++)
-		page_get(m, p->pages[i]);
+		if (p->pages[i] >= 0)
+			page_get(m, p->pages[i]);
 	c->n_pages = c->pages_peak = p->n_pages;
+	c->n_released = p->n_released;
+	c->n_packed = p->n_packed;
 	c->len = p->len;
 	c->n_published = p->n_published;
 	c->unkeyed = p->unkeyed;
@@ -114,6 +117,12 @@ static void fill_record(const struct kvmm *m, const struct kvmm_seq *s, uint32_t
 {
 	uint32_t total = s->len + s->dropped_tokens; /* tokens the sequence has seen */
 	uint32_t prompt = s->prompt_tokens < total ? s->prompt_tokens : total;
+	uint32_t released = s->n_released * m->bs;
+	uint32_t held = s->n_pages - s->n_released + s->n_packed;
+	uint64_t useful = tok_bytes(m, s->len - released);
+
+	if (m->pack_slots && m->pack_slots != KVMM_PACK_NONE)
+		useful += (uint64_t)s->n_released * (m->page_bytes / m->pack_slots);
 
 	*r = (struct kvmm_seq_record){
 		.seq = id,
@@ -121,10 +130,10 @@ static void fill_record(const struct kvmm *m, const struct kvmm_seq *s, uint32_t
 		.prompt_tokens = prompt,
 		.generated_tokens = total - prompt,
 		.shared_prefix_tokens = s->shared_prefix_tokens,
-		.pages = s->n_pages,
+		.pages = held,
 		.pages_peak = s->pages_peak,
-		.kv_bytes_allocated = (uint64_t)s->n_pages * m->page_bytes,
-		.kv_bytes_useful = tok_bytes(m, s->len),
+		.kv_bytes_allocated = (uint64_t)held * m->page_bytes,
+		.kv_bytes_useful = useful,
 		.slack_tokens = (uint32_t)((uint64_t)s->n_pages * m->bs - s->len),
 		.pages_allocated = s->pages_allocated,
 		.cow_copies = s->cow_copies,
@@ -143,6 +152,8 @@ static void fill_record(const struct kvmm *m, const struct kvmm_seq *s, uint32_t
 		.lifetime_ns = kvmm_now_ns() - s->created_ns,
 		.dropped_tokens = s->dropped_tokens,
 		.drops = s->drops,
+		.released_tokens = released,
+		.packed_pages = s->n_packed,
 	};
 }
 
@@ -168,6 +179,8 @@ int kvmm_seq_finish(struct kvmm *m, uint32_t seq, struct kvmm_seq_record *ret_re
 			slot_free(m, s->swp[i].slot);
 			continue;
 		}
+		if (p < 0)
+			continue; /* released */
 		if (m->pg[p].node >= 0 && (i + 1) * (uint64_t)m->bs <= s->len)
 			retained++;
 		page_put(m, p);
@@ -295,7 +308,7 @@ int kvmm_plan(struct kvmm *m, const struct kvmm_grow *g, size_t n, uint32_t *ret
 	return 0;
 }
 
-static int cow_copy(struct kvmm *m, int32_t dst, int32_t src, uint32_t n_tokens)
+int cow_copy(struct kvmm *m, int32_t dst, int32_t src, uint32_t n_tokens)
 {
 	if (m->page_ops.copy) {
 		int r = m->page_ops.copy(m->page_ops.ud, (uint32_t)dst, (uint32_t)src, n_tokens);
@@ -432,6 +445,8 @@ int kvmm_seq_drop_pages(struct kvmm *m, uint32_t seq, uint32_t first, uint32_t n
 
 	if (!s || s->swapped)
 		return -ENOENT;
+	if (s->n_released)
+		return -EBUSY; /* positions no longer contiguous in full pages */
 	end = first + n_drop;
 	if (n_drop == 0 || end < first || end > s->n_pages || (end == s->n_pages && s->len % m->bs))
 		return -EINVAL;
@@ -520,7 +535,7 @@ int kvmm_seq_ledger(const struct kvmm *m, uint32_t seq, struct kvmm_seq_record *
 	if (!s)
 		return -ENOENT;
 	fill_record(m, s, seq, ret);
-	for (uint32_t i = 0; i < s->n_pages && !s->swapped; i++)
+	for (uint32_t i = s->n_released; i < s->n_pages && !s->swapped; i++)
 		if (m->pg[s->pages[i]].node >= 0 && (i + 1) * (uint64_t)m->bs <= s->len)
 			retained++;
 	ret->retained_tokens = retained * m->bs;
@@ -540,13 +555,13 @@ int kvmm_seq_record_json(const struct kvmm_seq_record *r, char *buf, size_t size
 			 ",\"swap_errors\":%" PRIu32 ",\"swap_bytes\":%" PRIu64 ",\"swap_ns\":%" PRIu64
 			 ",\"steps\":%" PRIu64 ",\"kv_read_bytes\":%" PRIu64 ",\"mem_wait_ns\":%" PRIu64
 			 ",\"compute_ns\":%" PRIu64 ",\"lifetime_ns\":%" PRIu64 ",\"dropped_tokens\":%" PRIu32
-			 ",\"drops\":%" PRIu32 "}",
+			 ",\"drops\":%" PRIu32 ",\"released_tokens\":%" PRIu32 ",\"packed_pages\":%" PRIu32 "}",
 			 r->seq, r->len_tokens, r->prompt_tokens, r->generated_tokens, r->shared_prefix_tokens,
 			 r->retained_tokens, r->pages, r->pages_peak, r->kv_bytes_allocated, r->kv_bytes_useful,
 			 r->slack_tokens, r->pages_allocated, r->cow_copies, r->swap_outs, r->swap_ins,
 			 r->swap_out_pages, r->swap_in_pages, r->swap_in_remapped_pages, r->swap_errors, r->swap_bytes,
 			 r->swap_ns, r->steps, r->kv_read_bytes, r->mem_wait_ns, r->compute_ns, r->lifetime_ns,
-			 r->dropped_tokens, r->drops);
+			 r->dropped_tokens, r->drops, r->released_tokens, r->packed_pages);
 
 	if (n < 0)
 		return -EINVAL;

@@ -387,7 +387,7 @@ int kvmm_seq_swap_out(struct kvmm *m, uint32_t seq)
 	if (!m->io)
 		return -ENODEV;
 	for (uint32_t i = 0; i < s->n_pages; i++)
-		if (page_ref(m, s->pages[i]) == 1)
+		if (s->pages[i] >= 0 && page_ref(m, s->pages[i]) == 1)
 			k++;
 	if (k > m->n_slot_free + m->swp_lru.n)
 		return -ENOSPC;
@@ -405,7 +405,7 @@ int kvmm_seq_swap_out(struct kvmm *m, uint32_t seq)
 	while (m->n_slot_free < k)
 		index_drop_subtree(m, lru_victim(m, &m->swp_lru), W_EVICT_ORPHAN);
 	for (uint32_t i = 0; i < s->n_pages; i++)
-		if (page_ref(m, s->pages[i]) == 1) {
+		if (s->pages[i] >= 0 && page_ref(m, s->pages[i]) == 1) {
 			arr[j] = s->pages[i];
 			arr[k + j] = slot_alloc(m);
 			j++;
@@ -425,7 +425,7 @@ int kvmm_seq_swap_out(struct kvmm *m, uint32_t seq)
 	for (uint32_t i = s->n_pages; i-- > 0;) {
 		int32_t p = s->pages[i];
 
-		if (page_ref(m, p) != 1) {
+		if (p < 0 || page_ref(m, p) != 1) { /* released, or shared */
 			s->swp[i] = (struct kvmm_swp){-1, -1, 0};
 			continue;
 		}
@@ -545,7 +545,8 @@ int kvmm_seq_swap_in(struct kvmm *m, uint32_t seq)
 		if (kind[i] == SW_RESIDENT) {
 			/* A page only swapped-out sequences held may have lost its
 			 * index entry with an ancestor: enter it again. */
-			if (m->prefix && i < s->n_published && !s->unkeyed && m->pg[p].node < 0) {
+			if (m->prefix && i < s->n_published && i >= s->n_released && !s->unkeyed &&
+			    m->pg[p].node < 0) {
 				int32_t q = index_publish_page(m, s, i, p);
 
 				if (q != p) {
@@ -564,10 +565,12 @@ int kvmm_seq_swap_in(struct kvmm *m, uint32_t seq)
 			/* An indexed page is always full, even where this sequence
 			 * uses only part of it (a capped prefix hit). */
 			page_set_fill(m, p, e->node >= 0 ? m->bs : fill);
-			if (swp_node_alive(m, e)) {
+			if (seq_packed_at(m, s, i)) {
+				page_set_packed(m, p); /* never indexed */
+			} else if (swp_node_alive(m, e)) {
 				/* Demoted while we were out: our copy is its content. */
 				attach_to_demoted(m, e->node, p);
-			} else if (m->prefix && i < s->n_published && !s->unkeyed) {
+			} else if (m->prefix && i < s->n_published && i >= s->n_released && !s->unkeyed) {
 				/* Its node was dropped: enter the page again, or map a
 				 * twin someone indexed since. */
 				int32_t q = index_publish_page(m, s, i, p);
