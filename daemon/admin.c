@@ -152,7 +152,7 @@ oom:
 /* ---- KVMAP: the page pool's metadata memfd, read-only ---------------------------- */
 
 _Static_assert(IPC_KVMAP_PAGE_REF_MASK == KVMM_PAGE_REF_MASK && IPC_KVMAP_PAGE_INDEXED == KVMM_PAGE_INDEXED &&
-		       IPC_KVMAP_PAGE_FREE == KVMM_PAGE_FREE,
+		       IPC_KVMAP_PAGE_FREE == KVMM_PAGE_FREE && IPC_KVMAP_PAGE_PACKED == KVMM_PAGE_PACKED,
 	       "the KV map's page state bits are kvmm's");
 
 void kvd_kvmap_describe(const struct kvmm *kv, struct ipc_kvmap *ret)

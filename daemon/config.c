@@ -175,6 +175,11 @@ const struct kvd_conf_key kvd_conf_keys[] = {
 	{ "kv", "swap_size", KVD_CONF_SIZE, "1G",
 	  0, UINT64_MAX, KVD_CONF_RESTART, "swap file size", OPT("--swap-size", 0, "SIZE"),
 	  NULL, NULL, FIELD(swap_bytes), NO_FIELD2 },
+	{ "kv", "release_local", KVD_CONF_BOOL, "yes",
+	  0, 1, KVD_CONF_RESTART,
+	  "keep every layer's K/V for the whole context even where a model's windowed layers no longer read it "
+	  "(Gemma 3's local layers)",
+	  "--no-release-local", 0, NULL, "no", NULL, NULL, FIELD(release_local), NO_FIELD2 },
 	{ "kv", "keep_on_restart", KVD_CONF_BOOL, "yes",
 	  0, 1, KVD_CONF_RESTART, "do not hand the KV pool and prefix index to systemd's fd store at a clean stop",
 	  "--no-keep-on-restart", 0, NULL, "no", NULL, NULL, FIELD(keep_on_restart), NO_FIELD2 },

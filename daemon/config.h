@@ -32,6 +32,7 @@ struct kvd_config {
 	char swap_file[KVD_CONF_PATH_MAX]; /* empty: no swap */
 	uint64_t swap_bytes;
 	int keep_on_restart;       /* hand the pool to systemd's fd store at a clean stop */
+	int release_local;         /* release pages windowed layers are done with */
 	uint32_t max_model_len;    /* 0: the model's context length */
 	uint32_t max_num_seqs;
 	uint32_t max_tokens_per_step;

@@ -29,16 +29,36 @@ struct kvd_engine {
 	struct kvmm *kv;
 	struct kvd_kv_layout layout;
 	int pool_adopted;      /* kvd_engine_pool_adopted() */
+	/* releasing windowed layers' pages (kvd_engine_step) */
+	int release;           /* on */
+	uint32_t pack_slots, n_global, max_window;
+	int32_t *glob_layer;   /* the layers without a window, n_global of them */
 	/* step scratch */
 	struct kvmm_grow *grow;
 	struct kvd_batch_seq *bseq;
 	size_t cap_items;
+	int32_t *ptab;         /* page tables with released entries, as the backend takes them */
+	size_t cap_ptab;
 };
 
 static int engine_page_copy(void *ud, uint32_t dst, uint32_t src, uint32_t n_tokens)
 {
 	struct kvd_engine *e = ud;
 	return e->ops->page_copy(e->be, dst, src, n_tokens);
+}
+
+/* Slot `slot` of packed page dst := the global layers of page src (host
+ * pool; the layout of kvd_kv_pack_slots in kernels/backend.h). */
+static int engine_page_pack(void *ud, uint32_t dst, uint32_t slot, uint32_t src)
+{
+	struct kvd_engine *e = ud;
+	const struct kvd_kv_layout *L = &e->layout;
+	char *base = kvmm_pool_base(e->kv);
+
+	for (uint32_t g = 0; g < e->n_global; g++)
+		memcpy(base + (size_t)dst * L->page_bytes + ((size_t)slot * e->n_global + g) * L->layer_stride,
+		       base + (size_t)src * L->page_bytes + (size_t)e->glob_layer[g] * L->layer_stride, L->layer_stride);
+	return 0;
 }
 
 static int engine_page_read(void *ud, uint32_t page, void *host_dst)
@@ -173,6 +193,24 @@ static int make_pool(struct kvd_engine *e, const struct kvd_engine_config *cfg, 
 	kc.swap_bytes = cfg->swap_bytes;
 	kc.page_ops.copy = engine_page_copy;
 	kc.page_ops.ud = e;
+	if (e->model && !cfg->keep_local && (e->ops->caps & KVD_CAP_PACKED_KV) &&
+	    !(e->ops->caps & KVD_CAP_DEVICE_POOL)) {
+		const struct kvd_model_weights *mw = kvd_model_weights(e->model);
+		e->pack_slots = kvd_kv_pack_slots(mw, &e->n_global, &e->max_window);
+		if (e->max_window && e->n_global < (uint32_t)mw->hp.n_layer) {
+			e->glob_layer = malloc(sizeof(*e->glob_layer) * (e->n_global ? e->n_global : 1));
+			if (!e->glob_layer) {
+				snprintf(err, errlen, "out of memory");
+				return -ENOMEM;
+			}
+			for (int32_t l = 0, g = 0; l < mw->hp.n_layer; l++)
+				if (mw->layers[l].d.window <= 0)
+					e->glob_layer[g++] = l;
+			e->release = 1;
+			kc.pack_slots = e->pack_slots ? e->pack_slots : KVMM_PACK_NONE;
+			kc.page_ops.pack = engine_page_pack;
+		}
+	}
 	if (e->ops->caps & KVD_CAP_DEVICE_POOL) {
 		/* the pool lives in device memory, kvmm keeps only its
 		 * bookkeeping and moves pages through the backend (a swap batch
@@ -413,6 +451,8 @@ struct kvd_engine *kvd_engine_close(struct kvd_engine *e)
 	if (e->plugin)
 		dlclose(e->plugin);
 	kvd_model_free(e->model);
+	free(e->glob_layer);
+	free(e->ptab);
 	free(e->grow);
 	free(e->bseq);
 	free(e);
@@ -506,9 +546,37 @@ int kvd_engine_step(struct kvd_engine *e, const struct kvd_engine_item *items, s
 	r = kvmm_commit(e->kv, e->grow, n);
 	if (r < 0)
 		return r;
+	size_t n_ptab = 0;
+	for (size_t i = 0; e->release && i < n; i++)
+		if (kvmm_seq_released(e->kv, items[i].seq)) {
+			uint32_t np = 0;
+			(void)kvmm_seq_pages(e->kv, items[i].seq, &np);
+			n_ptab += np;
+		}
+	if (n_ptab > e->cap_ptab) {
+		int32_t *t = realloc(e->ptab, n_ptab * sizeof(*t));
+		if (!t)
+			return -ENOMEM; /* the step's sequences hold unwritten slots */
+		e->ptab = t;
+		e->cap_ptab = n_ptab;
+	}
+	n_ptab = 0;
 	for (size_t i = 0; i < n; i++) {
 		uint32_t np = 0;
 		const int32_t *pages = kvmm_seq_pages(e->kv, items[i].seq, &np);
+		uint32_t rel = e->release ? kvmm_seq_released(e->kv, items[i].seq) : 0;
+		if (rel) {
+			/* released entries as the backend reads them: each one's
+			 * packed page and slot */
+			int32_t *t = e->ptab + n_ptab;
+			for (uint32_t k = 0; k < np; k++)
+				t[k] = k >= rel ? pages[k]
+				       : e->pack_slots ? kvd_page_packed((uint32_t)pages[k - k % e->pack_slots],
+									 k % e->pack_slots)
+						       : KVD_PAGE_RELEASED;
+			pages = t;
+			n_ptab += np;
+		}
 		e->bseq[i].tokens = items[i].tokens;
 		e->bseq[i].n_tokens = items[i].n_tokens;
 		e->bseq[i].pages = pages;
@@ -525,7 +593,27 @@ int kvd_engine_step(struct kvd_engine *e, const struct kvd_engine_item *items, s
 		if (r < 0)
 			return r;
 	}
+	for (size_t i = 0; e->release && i < n; i++) {
+		uint32_t len = kvmm_seq_len(e->kv, items[i].seq);
+		if (items[i].keep_local || len < e->max_window + e->layout.block_size)
+			continue;
+		/* page k is dead once (k + 1) * block_size + max_window <= len */
+		r = kvmm_seq_release(e->kv, items[i].seq, (len - e->max_window) / e->layout.block_size, NULL);
+		if (r < 0)
+			return r;
+	}
 	return 0;
+}
+
+int kvd_engine_release_info(const struct kvd_engine *e, uint32_t *ret_pack_slots, uint32_t *ret_max_window)
+{
+	if (!e->release)
+		return 0;
+	if (ret_pack_slots)
+		*ret_pack_slots = e->pack_slots;
+	if (ret_max_window)
+		*ret_max_window = e->max_window;
+	return 1;
 }
 
 /* ---- context windows ---------------------------------------------------------- */

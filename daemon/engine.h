@@ -39,6 +39,8 @@ struct kvd_engine_config {
 	double kv_pool_fraction; /* of available memory, when kv_pool_bytes is 0 (kv.pool_size) */
 	uint32_t max_seqs;       /* 0: 256 */
 	int prefix_cache;
+	int keep_local;          /* never release the pages windowed layers are done
+	                          * with (kv.release_local = no); see kvd_engine_step */
 	uint64_t shuffle_seed;   /* kvmm page placement (tests) */
 	const char *swap_path;   /* NULL: no swap */
 	uint64_t swap_bytes;
@@ -99,6 +101,8 @@ struct kvd_engine_item {
 	int32_t n_tokens;
 	float *logits;
 	int all_logits;
+	int keep_local; /* this sequence's pages are never released (a window
+	                 * policy drops pages itself: kvd_engine_seq_evict) */
 };
 
 /* Pages the step would need; 0, or -ENOMEM when it does not fit now. */
@@ -108,8 +112,23 @@ int kvd_engine_plan(const struct kvd_engine *e, const struct kvd_engine_item *it
  * changed); -EINVAL for bad items (unknown sequence, token out of range,
  * a sequence twice); or the backend's error, in which case the step's
  * sequences hold unwritten slots and must be freed by the caller.
+ *
+ * Local-window layers (Gemma 3's five of six, Mistral's every layer): after
+ * the step, each sequence's pages that every windowed layer is done with
+ * (all positions p with p + widest window <= its length, whole pages) are
+ * released (kvmm_seq_release): their global layers' K/V moves into packed
+ * pages and the rest is freed, so a long context costs its global layers
+ * plus one window. Logits do not change (the windowed layers never look
+ * there again). Only with a backend that has KVD_CAP_PACKED_KV and a host
+ * pool, unless the engine's keep_local or the item's is set;
+ * kvd_engine_release_info() says whether it is on.
  */
 int kvd_engine_step(struct kvd_engine *e, const struct kvd_engine_item *items, size_t n);
+
+/* Whether steps release windowed layers' pages (see kvd_engine_step): 1 and
+ * the packing (slots per packed page, 0 when nothing is kept; the widest
+ * window), or 0. */
+int kvd_engine_release_info(const struct kvd_engine *e, uint32_t *ret_pack_slots, uint32_t *ret_max_window);
 
 /* ---- context windows (sliding window, attention sinks) ----------------------- *
  *

@@ -636,6 +636,7 @@ int main(int argc, char **argv)
 		.kv_pool_fraction = cfg.pool_fraction,
 		.max_seqs = cfg.max_num_seqs * 2 + 256 < KVMM_MAX_SEQS ? cfg.max_num_seqs * 2 + 256 : KVMM_MAX_SEQS,
 		.prefix_cache = cfg.prefix_caching,
+		.keep_local = !cfg.release_local,
 		.swap_io = swap_io, /* the engine owns it from here on */
 		.pool_adopt = kvd_persist_pool_adopt,
 		.pool_adopt_ud = persist,

@@ -153,9 +153,22 @@ int kvd_sched_create(const struct kvd_sched_config *cfg, struct kvd_engine *e, c
 	return 0;
 }
 
-static uint32_t pages_for(const struct kvd_sched *s, uint32_t tokens)
+/* Pages a sequence of `tokens` tokens holds at most. Where steps release
+ * the pages windowed layers are done with (kvd_engine_step), that is one
+ * window and a step's tokens of whole pages, and the packed pages of the
+ * rest; else every page. */
+static uint64_t pages_bound(const struct kvd_sched *s, uint64_t tokens, int windowed)
 {
-	return (tokens + s->block_size - 1) / s->block_size;
+	uint64_t all = (tokens + s->block_size - 1) / s->block_size, live, rel;
+	uint32_t slots = 0, win = 0;
+
+	if (windowed || !kvd_engine_release_info(s->e, &slots, &win))
+		return all;
+	live = ((uint64_t)win + s->cfg.max_tokens_per_step + 2 * s->block_size - 1) / s->block_size + 1;
+	if (live >= all)
+		return all;
+	rel = all - live;
+	return live + (slots ? (rel + slots - 1) / slots : 0);
 }
 
 void req_free(struct req *r)
@@ -374,7 +387,7 @@ int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt
 		return -E2BIG;
 	}
 	/* alone: the prompt's full pages once, the rest of each sample's own */
-	uint64_t all = pages_for(s, (uint32_t)kv_need), full = (hist + n_prompt) / s->block_size;
+	uint64_t all = pages_bound(s, kv_need, windowed), full = (hist + n_prompt) / s->block_size;
 	if (full > all)
 		full = all;
 	if (all + (uint64_t)(n_samples - 1) * (all - full) > kvmm_n_pages(s->kv))
@@ -533,7 +546,7 @@ static void resume_swapped(struct kvd_sched *s, uint32_t n_running)
 		struct req *r = s->reqs[i];
 		if (r->state != RS_SWAPPED)
 			continue;
-		uint32_t need = pages_for(s, r->n_computed - r->n_dropped) + n_running + 1;
+		uint32_t need = kvmm_seq_pages_held(s->kv, r->seq) + n_running + 1; /* what swap-in maps */
 		if (need > kvmm_n_pages(s->kv))
 			need = kvmm_n_pages(s->kv); /* alone it always fits (checked at submit) */
 		if (kvmm_available_pages(s->kv) < need)
@@ -775,6 +788,7 @@ int kvd_sched_step(struct kvd_sched *s)
 				.tokens = r->toks + r->n_computed,
 				.n_tokens = (int32_t)take,
 				.logits = take == pending ? r->logits : NULL,
+				.keep_local = r->windowed, /* its policy drops pages itself */
 			};
 			s->item_req[n_items++] = r;
 			budget -= take;

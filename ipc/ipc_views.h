@@ -35,7 +35,9 @@
  *                      and IPC_KVMAP_PAGE_FREE (on the free list). A page is
  *                      free (FREE), cached (refcount 0, INDEXED: kept on the
  *                      LRU for prefix reuse), private (refcount 1) or shared
- *                      (refcount >= 2).
+ *                      (refcount >= 2). IPC_KVMAP_PAGE_PACKED marks a
+ *                      referenced page holding released pages' global
+ *                      layers ([kv] release_local); readers may ignore it.
  * Swapped pages have no state word: they live in the swap file's swap_slots
  * slots; word_slots_used counts the slots holding pages, of which
  * word_pages_demoted are cached prefix pages (a cache tier) and the rest
@@ -44,6 +46,7 @@
 #define IPC_KVMAP_PAGE_REF_MASK 0x00ffffffu
 #define IPC_KVMAP_PAGE_INDEXED  0x01000000u
 #define IPC_KVMAP_PAGE_FREE     0x02000000u
+#define IPC_KVMAP_PAGE_PACKED   0x04000000u
 #define IPC_KVMAP_MAX_PAGES     (1u << 30) /* pages a map may describe */
 #define IPC_KVMAP_MAX_WORDS     4096u      /* counter words a map may describe */
 

@@ -299,6 +299,62 @@ static inline void kvd_kv_layout_init(struct kvd_kv_layout *l, const struct kvd_
 	(void)kvd_kv_layout_init_type(l, hp, block_size, KVD_KV_F16);
 }
 
+/*
+ * Released pages (KVD_CAP_PACKED_KV; kvmm_seq_release). When every layer
+ * with a window (kvd_layer_desc.window > 0, the "local" layers) is done with
+ * a logical page, i.e. all its positions are older than the widest window
+ * before every position still to come, the engine may release it: only the
+ * layers without a window (the "global" layers, n_global of them) still read
+ * it, and their share is kept in a slot of a packed page, a page of the
+ * same layout whose layer region s * n_global + g holds global layer g
+ * (the g-th layer without a window) of the page in slot s, for
+ * kvd_kv_pack_slots() slots. A released logical page appears in
+ * kvd_batch_seq.pages as kvd_page_packed(page, slot), or as
+ * KVD_PAGE_RELEASED when the model has no global layer (nothing is kept).
+ * A backend with the cap reads the global layers' K/V of those positions
+ * from the packed page; its windowed layers never reach them.
+ */
+#define KVD_PAGE_RELEASED (-2)
+
+/* Slots of a packed page: n_layer / n_global (at most 255); 0 when the
+ * model has no global layer (released pages keep nothing) or no windowed
+ * layer (nothing is ever released). */
+static inline uint32_t kvd_kv_pack_slots(const struct kvd_model_weights *w, uint32_t *ret_n_global,
+					 uint32_t *ret_max_window)
+{
+	uint32_t n_global = 0, max_window = 0, n = (uint32_t)w->hp.n_layer;
+	for (uint32_t l = 0; l < n; l++) {
+		uint32_t win = w->layers[l].d.window > 0 ? (uint32_t)w->layers[l].d.window : 0;
+		n_global += win == 0;
+		max_window = win > max_window ? win : max_window;
+	}
+	if (ret_n_global)
+		*ret_n_global = n_global;
+	if (ret_max_window)
+		*ret_max_window = max_window;
+	if (!max_window || !n_global)
+		return 0;
+	return n / n_global < 255 ? n / n_global : 255;
+}
+/* The page table entry of a released page kept in slot `slot` of packed
+ * page `page` (page < 2^23, slot < 256); decoded by the two below. */
+static inline int32_t kvd_page_packed(uint32_t page, uint32_t slot)
+{
+	return -(int32_t)(3 + (slot | (page << 8)));
+}
+static inline int kvd_page_is_packed(int32_t e)
+{
+	return e <= -3;
+}
+static inline uint32_t kvd_packed_page(int32_t e)
+{
+	return (uint32_t)(-(int64_t)e - 3) >> 8;
+}
+static inline uint32_t kvd_packed_slot(int32_t e)
+{
+	return (uint32_t)(-(int64_t)e - 3) & 255u;
+}
+
 /* The pool as the backend sees it: page p starts at base + p * page_bytes. */
 struct kvd_paged_view {
 	void *base;
@@ -349,10 +405,18 @@ struct kvd_backend_config {
  * KVD_CAP_BATCHED_SWAP: pages_read and pages_write are set, and moving n
  *     pages with one of them costs one device synchronisation (a swap batch
  *     goes through them, not page by page).
+ * KVD_CAP_PACKED_KV: forward takes page tables with released pages
+ *     (kvd_page_packed, KVD_PAGE_RELEASED: see above) and checks them: a
+ *     released entry is refused (-EINVAL) unless all its positions are
+ *     older than every windowed layer's window of the step's first token,
+ *     and a packed entry unless its page and slot are in range. The
+ *     engine packs pages in a host pool itself (it is the only kind the
+ *     cap is used with).
  */
 #define KVD_CAP_DEVICE_POOL  (1u << 0)
 #define KVD_CAP_BATCHED_SWAP (1u << 1)
-#define KVD_CAP_ALL          ((1u << 2) - 1)
+#define KVD_CAP_PACKED_KV    (1u << 2)
+#define KVD_CAP_ALL          ((1u << 3) - 1)
 
 /*
  * The backend table. Every slot is required unless marked optional.

@@ -219,9 +219,9 @@ int kvmm_seq_drop_pages(struct kvmm *m, uint32_t seq, uint32_t first, uint32_t n
 int kvmm_seq_release(struct kvmm *m, uint32_t seq, uint32_t upto, uint32_t *ret_released);
 /* Released logical pages of the sequence (0 for unknown ids). */
 uint32_t kvmm_seq_released(const struct kvmm *m, uint32_t seq);
-/* Pages the sequence references now (page table entries that are pages,
- * packed pages included; for a swapped-out sequence, those still
- * resident); 0 for unknown ids. */
+/* Pages the sequence maps: its page table's entries that are not
+ * KVMM_RELEASED, packed pages included (for a swapped-out sequence, what
+ * swap-in maps again); 0 for unknown ids. */
 uint32_t kvmm_seq_pages_held(const struct kvmm *m, uint32_t seq);
 
 /* ---- prefix cache -------------------------------------------------------- */
@@ -395,9 +395,7 @@ struct kvmm_seq_record {
 	uint32_t generated_tokens;
 	uint32_t shared_prefix_tokens; /* from the prefix cache */
 	uint32_t retained_tokens;      /* left in the prefix index (at finish) */
-	uint32_t pages;                /* pages referenced now (kvmm_seq_pages_held
-	                                * while resident; the page table's length
-	                                * when swapped out) */
+	uint32_t pages;                /* pages it maps (kvmm_seq_pages_held) */
 	uint32_t pages_peak;
 	uint64_t kv_bytes_allocated;   /* pages * page_bytes */
 	uint64_t kv_bytes_useful;      /* len_tokens * token bytes (released

@@ -31,11 +31,8 @@ uint32_t kvmm_seq_released(const struct kvmm *m, uint32_t seq)
 uint32_t kvmm_seq_pages_held(const struct kvmm *m, uint32_t seq)
 {
 	const struct kvmm_seq *s = seq_get(m, seq);
-	uint32_t n = 0;
 
-	for (uint32_t i = 0; s && i < s->n_pages; i++)
-		n += s->pages[i] >= 0;
-	return n;
+	return s ? s->n_pages - s->n_released + s->n_packed : 0;
 }
 
 /* Position i's packed page, made private and ready for slot i % k: a new

@@ -68,17 +68,31 @@ struct attn_part {
 	float m, l;
 };
 
+/* The K row of position p of a sequence in layer `layer` (V follows at
+ * v_offset): in its page, or, for a released page (only global layers reach
+ * those: cpu_attn_check_pages), in its packed page's slot. */
+static inline const char *kv_row(const struct cpu_attn *c, int layer, const struct kvd_batch_seq *sq, int p)
+{
+	const struct kvd_kv_layout *L = &c->kv.layout;
+	int bs = (int)L->block_size;
+	int32_t e = sq->pages[p / bs];
+	size_t off = (size_t)(p % bs) * L->token_stride;
+
+	if (e >= 0)
+		return (const char *)c->kv.base + (size_t)e * L->page_bytes + (size_t)layer * L->layer_stride + off;
+	return (const char *)c->kv.base + (size_t)kvd_packed_page(e) * L->page_bytes +
+	       ((size_t)kvd_packed_slot(e) * c->n_global + (size_t)c->glob_idx[layer]) * L->layer_stride + off;
+}
+
 /* Where K and V of KV head g live for positions p0 .. p0 + n - 1 of a
  * sequence, in the pages (read in place). */
 static void kv_rows(const struct cpu_attn *c, int layer, const struct kvd_batch_seq *sq, int g, int p0, int n,
 		    const uint16_t **kp, const uint16_t **vp)
 {
 	const struct kvd_kv_layout *L = &c->kv.layout;
-	const char *layer_base = (const char *)c->kv.base + (size_t)layer * L->layer_stride;
-	int bs = (int)L->block_size, hd = c->hp->head_dim;
+	int hd = c->hp->head_dim;
 	for (int i = 0; i < n; i++) {
-		int p = p0 + i;
-		const char *pb = layer_base + (size_t)sq->pages[p / bs] * L->page_bytes + (size_t)(p % bs) * L->token_stride;
+		const char *pb = kv_row(c, layer, sq, p0 + i);
 		kp[i] = (const uint16_t *)pb + g * hd;
 		vp[i] = (const uint16_t *)(pb + L->v_offset) + g * hd;
 	}
@@ -89,12 +103,9 @@ static void kv_rows_q(const struct cpu_attn *c, int layer, const struct kvd_batc
 		      const unsigned char **kp, const unsigned char **vp)
 {
 	const struct kvd_kv_layout *L = &c->kv.layout;
-	const char *layer_base = (const char *)c->kv.base + (size_t)layer * L->layer_stride;
 	size_t hb = kvd_kv_row_bytes(L->type, (uint32_t)c->hp->head_dim);
-	int bs = (int)L->block_size;
 	for (int i = 0; i < n; i++) {
-		int p = p0 + i;
-		const char *pb = layer_base + (size_t)sq->pages[p / bs] * L->page_bytes + (size_t)(p % bs) * L->token_stride;
+		const char *pb = kv_row(c, layer, sq, p0 + i);
 		kp[i] = (const unsigned char *)pb + g * hb;
 		vp[i] = (const unsigned char *)pb + L->v_offset + g * hb;
 	}
@@ -538,8 +549,48 @@ int cpu_attn_run(struct cpu_attn *c, const struct kvd_paged_view *kv, const stru
 	return attention(c, &s);
 }
 
+int cpu_attn_set_packing(struct cpu_attn *c, const struct kvd_model_weights *w)
+{
+	int32_t *gi = malloc(sizeof(*gi) * (size_t)(w->hp.n_layer > 0 ? w->hp.n_layer : 1));
+	int32_t g = 0;
+
+	if (!gi)
+		return -ENOMEM;
+	for (int l = 0; l < w->hp.n_layer; l++)
+		gi[l] = w->layers[l].d.window > 0 ? -1 : g++;
+	free(c->glob_idx);
+	c->glob_idx = gi;
+	c->pack_slots = kvd_kv_pack_slots(w, &c->n_global, &c->max_window);
+	return 0;
+}
+
+int cpu_attn_check_pages(const struct cpu_attn *c, const struct kvd_paged_view *kv, const struct kvd_batch_seq *s)
+{
+	int64_t bs = kv->layout.block_size, end = (int64_t)s->pos0 + s->n_tokens;
+
+	for (int64_t p = 0; p < (end + bs - 1) / bs; p++) {
+		int32_t e = s->pages[p];
+
+		if (e >= 0) {
+			if ((uint32_t)e >= kv->n_pages)
+				return -EINVAL;
+			continue;
+		}
+		/* released: every windowed layer's window of the first new
+		 * token (positions > pos0 - max_window) must lie past it */
+		if (!c->max_window || (p + 1) * bs + c->max_window > (int64_t)s->pos0 + 1)
+			return -EINVAL;
+		if (e == KVD_PAGE_RELEASED ? c->n_global != 0
+					   : !kvd_page_is_packed(e) || !c->n_global || kvd_packed_page(e) >= kv->n_pages ||
+						     kvd_packed_slot(e) >= c->pack_slots)
+			return -EINVAL;
+	}
+	return 0;
+}
+
 void cpu_attn_free(struct cpu_attn *c)
 {
+	free(c->glob_idx);
 	free(c->scores);
 	free(c->tile_first);
 	free(c->item_first);

@@ -43,11 +43,22 @@ struct cpu_attn {
 	struct attn_part *attn_pm; /* split attention: partials of every chunk */
 	float *attn_po;
 	int cap_split;
+	/* released pages (KVD_CAP_PACKED_KV): per layer, its index among the
+	 * layers without a window, or -1; the packing of the model */
+	int32_t *glob_idx;
+	uint32_t n_global, pack_slots, max_window;
 };
 
 /* For a loaded model (drops any scratch): its kernels, pool and shape. */
 void cpu_attn_setup(struct cpu_attn *a, struct tp *pool, const struct cpu_kernels *k, const struct kvd_hparams *hp,
 		    float scale);
+/* For the model just set up: where its global layers' K/V of released
+ * pages live (kvd_kv_pack_slots). 0 or -ENOMEM. */
+int cpu_attn_set_packing(struct cpu_attn *a, const struct kvd_model_weights *w);
+/* Whether s's page table entries covering positions 0 .. pos0 + n_tokens - 1
+ * are pages of the view, or released pages the step may hold (see
+ * KVD_CAP_PACKED_KV): 0 or -EINVAL. */
+int cpu_attn_check_pages(const struct cpu_attn *a, const struct kvd_paged_view *kv, const struct kvd_batch_seq *s);
 /* Grow the scratch for positions up to max_pos; 0 or -ENOMEM. */
 int cpu_attn_reserve(struct cpu_attn *a, int max_pos);
 /* att = attention of the T rows (query q, sequence tok_seq, position

@@ -244,8 +244,13 @@ static int cpu_load(void *ctx, const struct kvd_model_weights *w)
 		free_packed(c);
 		return r;
 	}
-	c->w = w;
 	cpu_attn_setup(&c->attn, c->pool, &c->k, &w->hp, c->attn_scale);
+	r = cpu_attn_set_packing(&c->attn, w);
+	if (r < 0) {
+		free_packed(c);
+		return r;
+	}
+	c->w = w;
 	return 0;
 }
 
@@ -649,9 +654,8 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 			return -EINVAL;
 		if (end > (int64_t)s->n_pages * c->kv.layout.block_size || T + (int64_t)s->n_tokens > CPU_MAX_BATCH_TOKENS)
 			return -E2BIG;
-		for (int p = 0; p < (int)((end + c->kv.layout.block_size - 1) / c->kv.layout.block_size); p++)
-			if (s->pages[p] < 0 || (uint32_t)s->pages[p] >= c->kv.n_pages)
-				return -EINVAL;
+		if (cpu_attn_check_pages(&c->attn, &c->kv, s) < 0)
+			return -EINVAL;
 		for (int t = 0; t < s->n_tokens; t++)
 			if (s->tokens[t] < 0 || s->tokens[t] >= hp->n_vocab)
 				return -EINVAL;
@@ -844,6 +848,7 @@ const struct kvd_backend_ops kvd_cpu_backend = {
 	.name = "cpu",
 	.version = KVD_BACKEND_ABI_VERSION,
 	.features = CPU_FEATURES,
+	.caps = KVD_CAP_PACKED_KV,
 	.init = cpu_init,
 	.load = cpu_load,
 	.attach_kv = cpu_attach_kv,

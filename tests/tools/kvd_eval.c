@@ -24,11 +24,12 @@ static const char usage[] =
 	"usage: kvd_eval --model PATH (--tokens ID,ID,... | --prompt TEXT | --batch-file FILE)\n"
 	"                [--n-predict N] [--threads N] [--block-size N] [--chunk N]\n"
 	"                [--shuffle-seed S] [--logits-out FILE] [--timing] [--pool-pages N]\n"
-	"                [--cache-type f16|q8_0|q4_0|f32] [--backend auto|cpu|cuda]\n"
+	"                [--cache-type f16|q8_0|q4_0|f32] [--backend auto|cpu|cuda] [--keep-local]\n"
 	"\n"
 	"Greedy-decodes N tokens (default 32, EOS ignored) after the prompt and prints\n"
-	"{\"prompt_tokens\":[...],\"generated\":[...],\"n_vocab\":V} (one object per\n"
-	"sequence, one per line, for --batch-file).\n"
+	"{\"prompt_tokens\":[...],\"generated\":[...],\"n_vocab\":V,...} (one object per\n"
+	"sequence, one per line, for --batch-file), with the KV it holds at the end\n"
+	"(kv_pages_held, kv_pages_released) and the pool's peak (pool_pages_peak).\n"
 	"\n"
 	"  --tokens LIST      prompt as comma-separated token ids\n"
 	"  --prompt TEXT      prompt as raw text, tokenized by the model's tokenizer\n"
@@ -46,7 +47,9 @@ static const char usage[] =
 	"                     sequence's prefill, and swap them back in: the logits must\n"
 	"                     not change\n"
 	"  --cache-type TYPE  K/V element type (default f16)\n"
-	"  --backend NAME     auto (default), cpu or cuda\n";
+	"  --backend NAME     auto (default), cpu or cuda\n"
+	"  --keep-local       keep every layer's K/V of the whole context (no release of\n"
+	"                     what windowed layers no longer read: kv.release_local = no)\n";
 
 struct seq {
 	int32_t *toks;
@@ -55,6 +58,13 @@ struct seq {
 	float *logits;
 	FILE *out;
 };
+
+static uint32_t pages_used_max(const struct kvmm *kv, uint32_t peak)
+{
+	struct kvmm_stats st;
+	kvmm_get_stats(kv, &st);
+	return st.pages_used > peak ? st.pages_used : peak;
+}
 
 static double now_s(void)
 {
@@ -159,10 +169,12 @@ int main(int argc, char **argv)
 		{"timing", no_argument, 0, 'T'},        {"pool-pages", required_argument, 0, 'P'},
 		{"parse-special", no_argument, 0, 'S'}, {"help", no_argument, 0, 'h'},
 		{"swap-each-step", no_argument, 0, 'W'}, {"cache-type", required_argument, 0, 'K'},
-		{"backend", required_argument, 0, 'D'}, {0, 0, 0, 0},
+		{"backend", required_argument, 0, 'D'}, {"keep-local", no_argument, 0, 'L'},
+		{0, 0, 0, 0},
 	};
 	const char *model = NULL, *tokens = NULL, *prompt = NULL, *batch = NULL, *logits_out = NULL, *backend = NULL;
-	int n_predict = 32, threads = 0, chunk = 0, timing = 0, parse_special = 0, swap_each = 0;
+	int n_predict = 32, threads = 0, chunk = 0, timing = 0, parse_special = 0, swap_each = 0, keep_local = 0;
+	uint32_t pool_peak = 0;
 	long pool_pages = 0;
 	uint32_t block_size = 16;
 	uint64_t shuffle = 0;
@@ -185,6 +197,7 @@ int main(int argc, char **argv)
 		case 'P': pool_pages = atol(optarg); break;
 		case 'S': parse_special = 1; break;
 		case 'W': swap_each = 1; break;
+		case 'L': keep_local = 1; break;
 		case 'D': backend = optarg; break;
 		case 'K':
 			if (kvd_kv_type_parse(optarg, &kv_type) < 0) {
@@ -283,6 +296,7 @@ int main(int argc, char **argv)
 		.kv_pool_bytes = (uint64_t)pool_pages * l0.page_bytes,
 		.max_seqs = MAX_SEQS,
 		.prefix_cache = 0,
+		.keep_local = keep_local,
 		.shuffle_seed = shuffle,
 	};
 	struct kvd_engine *e;
@@ -354,6 +368,7 @@ int main(int argc, char **argv)
 			fprintf(stderr, "kvd_eval: prefill step: %s\n", strerror(-r));
 			goto out;
 		}
+		pool_peak = pages_used_max(kv, pool_peak);
 	}
 	double t1 = now_s();
 	if (swap_each && (r = swap_round(e, seqs, n_seqs)) < 0)
@@ -378,6 +393,7 @@ int main(int argc, char **argv)
 			fprintf(stderr, "kvd_eval: decode step: %s\n", strerror(-r));
 			goto out;
 		}
+		pool_peak = pages_used_max(kv, pool_peak);
 		if (n_items && swap_each && (r = swap_round(e, seqs, n_seqs)) < 0)
 			goto out;
 	}
@@ -389,7 +405,8 @@ int main(int argc, char **argv)
 		printf("],\"generated\":[");
 		for (int j = seqs[i].n_prompt; j < seqs[i].n; j++)
 			printf("%s%d", j > seqs[i].n_prompt ? "," : "", seqs[i].toks[j]);
-		printf("],\"n_vocab\":%d}\n", n_vocab);
+		printf("],\"n_vocab\":%d,\"kv_pages_held\":%u,\"kv_pages_released\":%u,\"pool_pages_peak\":%u}\n", n_vocab,
+		       kvmm_seq_pages_held(kv, seqs[i].id), kvmm_seq_released(kv, seqs[i].id), pool_peak);
 	}
 	if (timing) {
 		long dec = (long)n_seqs * (n_predict - 1);

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# t_local_release.sh — releasing the K/V that windowed layers no longer read
+# ([kv] release_local, kvmm_seq_release).
+#
+# tiny-gemma3 has six layers: five attend over a window of 5 positions, one
+# (the last) over everything (scripts/gen_tiny_models.py); tiny-mistral's two
+# layers both have the window. Once a page is older than the window, only
+# the global layer reads it: its share goes to a packed page holding six
+# pages' worth (n_layer / n_global = 6), and with no global layer nothing is
+# kept. Checked here:
+#   - logits are bit-identical with and without release, for page sizes 1, 4
+#     and 16, whole and chunked prompts, a batch of sequences, shuffled page
+#     placement, and every sequence swapped out and back in after each step
+#   - the pages a sequence holds at the end are what that layout gives,
+#     computed here from the model's structure: L tokens, page size B,
+#     window W: released r = (L - W) / B pages (when L >= W + B), held =
+#     ceil(L / B) - r + ceil(r / 6) for tiny-gemma3 and ceil(L / B) - r for
+#     tiny-mistral
+#   - the daemon does it by default and not with --no-release-local (the
+#     ledger's kv record: released_tokens, packed_pages), with the same text
+source "$(dirname "$0")/lib.sh"
+need_bins
+EVAL=$ROOT/$BUILD/tests/kvd_eval
+[ -x "$EVAL" ] || fail "$EVAL missing (make)"
+G=$(tiny_model gemma3)
+M=$(tiny_model mistral)
+toks=$(seq -s, 3 2 121) # 60 prompt tokens
+
+expect_held() { # MODEL_KIND LEN B -> "held released"
+	$PY - "$@" <<'PYEOF'
+import sys
+kind, L, B = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+W = 5
+n = (L + B - 1) // B
+r = (L - W) // B if L >= W + B else 0
+held = n - r + ((r + 5) // 6 if kind == "gemma3" else 0)
+print(held, r)
+PYEOF
+}
+
+n=0
+for kind in gemma3 mistral; do
+	model=$G; [ $kind = mistral ] && model=$M
+	for bs in 1 4 16; do
+		for chunk in 0 7; do
+			args=(--model "$model" --tokens "$toks" --n-predict 90 --block-size $bs --chunk $chunk --threads 2)
+			"$EVAL" "${args[@]}" --logits-out "$T/rel.bin" >"$T/rel.json" || fail "kvd_eval $kind bs $bs"
+			"$EVAL" "${args[@]}" --keep-local --logits-out "$T/keep.bin" >"$T/keep.json" || fail "kvd_eval --keep-local"
+			cmp -s "$T/rel.bin" "$T/keep.bin" || fail "$kind bs $bs chunk $chunk: logits differ with release"
+			read -r held rel < <(expect_held $kind $((60 + 89)) $bs)
+			$PY - "$T/rel.json" "$T/keep.json" "$held" "$rel" "$bs" <<'PYEOF' || fail "$kind bs $bs: pages held"
+import json, sys
+a, k = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+held, rel, bs = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+assert a["generated"] == k["generated"], (a["generated"], k["generated"])
+assert a["kv_pages_released"] == rel and a["kv_pages_held"] == held, (a, held, rel)
+assert k["kv_pages_released"] == 0 and k["kv_pages_held"] == (149 + bs - 1) // bs, k
+PYEOF
+			n=$((n + 1))
+		done
+	done
+done
+ok "$n runs: logits identical with release; pages held as the layout gives (e.g. gemma3 page 4: $(expect_held gemma3 149 4) of 38)"
+
+# a batch with shuffled placement, and every sequence swapped out and in
+# after every step (packed pages go to swap and come back)
+for i in 1 2 3; do seq -s, $i 3 $((100 + i * 20)); done >"$T/batch"
+for kind in gemma3 mistral; do
+	model=$G; [ $kind = mistral ] && model=$M
+	args=(--model "$model" --batch-file "$T/batch" --n-predict 40 --block-size 4 --chunk 9 --shuffle-seed 7)
+	"$EVAL" "${args[@]}" --logits-out "$T/b_rel" >"$T/b_rel.json" || fail "kvd_eval batch $kind"
+	"$EVAL" "${args[@]}" --keep-local --logits-out "$T/b_keep" >"$T/b_keep.json" || fail "kvd_eval batch --keep-local"
+	"$EVAL" "${args[@]}" --swap-each-step --logits-out "$T/b_swap" >"$T/b_swap.json" || fail "kvd_eval batch --swap-each-step"
+	for i in 0 1 2; do
+		cmp -s "$T/b_rel.$i" "$T/b_keep.$i" || fail "$kind batch sequence $i: logits differ with release"
+		cmp -s "$T/b_rel.$i" "$T/b_swap.$i" || fail "$kind batch sequence $i: logits differ after swapping"
+	done
+	grep -q '"kv_pages_released":[1-9]' "$T/b_swap.json" || fail "$kind: nothing was released: $(cat "$T/b_swap.json")"
+done
+ok "batches with shuffled pages, swapped out and in after every step: logits identical"
+
+# the daemon: on by default, off with --no-release-local; same text
+text=$(for i in $(seq 1 40); do printf 'word%d and ' $i; done)
+for mode in on off; do
+	extra=(); [ $mode = off ] && extra=(--no-release-local)
+	printf '[log]\nledger = %s\n' "$T/ledger-$mode.jsonl" >"$T/kvd-$mode.conf"
+	start_kvd $mode "$T/$mode.sock" --config "$T/kvd-$mode.conf" --model "$G" --pool-size 16M --threads 2 \
+		--block-size 4 "${extra[@]}"
+	"$RAW" -s "$T/$mode.sock" generate --raw -n 40 --temperature 0 "$text" >"$T/out-$mode.txt" 2>"$T/done-$mode.txt" ||
+		fail "generate ($mode): $(cat "$T/done-$mode.txt")"
+	stop_kvd "$KVD_PID" || fail "kvd ($mode) did not stop cleanly"
+done
+cmp -s "$T/out-on.txt" "$T/out-off.txt" || fail "the daemon's text differs with release"
+$PY - "$T/ledger-on.jsonl" "$T/ledger-off.jsonl" <<'PYEOF' || fail "ledger: $(cat "$T"/ledger-*.jsonl)"
+import json, sys
+on = [json.loads(l) for l in open(sys.argv[1])][-1]["kv"]
+off = [json.loads(l) for l in open(sys.argv[2])][-1]["kv"]
+L = on["len_tokens"]
+assert L == off["len_tokens"] and L > 100, (on, off)
+r = (L - 5) // 4
+assert on["released_tokens"] == 4 * r and on["packed_pages"] == (r + 5) // 6, on
+assert on["pages"] == (L + 3) // 4 - r + (r + 5) // 6, on
+assert off["released_tokens"] == 0 and off["packed_pages"] == 0 and off["pages"] == (L + 3) // 4, off
+print(f"{L} tokens: {on['pages']} pages held with release, {off['pages']} without")
+PYEOF
+ok "the daemon releases by default (ledger), not with --no-release-local, and says the same"
+
+# a context whose whole K/V would not fit the pool is served with release
+# (its pages held stay bounded), and refused without it. tiny-gemma3's
+# pages of 4 tokens are 6 layers x K,V x 4 x 64 x 2 bytes = 6144 bytes.
+for mode in on off; do
+	extra=(); [ $mode = off ] && extra=(--no-release-local)
+	start_kvd small-$mode "$T/s-$mode.sock" --model "$G" --pool-size $((40 * 6144)) --threads 2 --block-size 4 \
+		--max-tokens-per-step 16 --no-prefix-caching "${extra[@]}"
+	"$RAW" -s "$T/s-$mode.sock" generate --raw -n 40 --temperature 0 "$text" >"$T/small-$mode.txt" 2>"$T/small-done-$mode.txt"
+	echo $? >"$T/small-rc-$mode"
+	stop_kvd "$KVD_PID" || fail "kvd (small pool, $mode) did not stop cleanly"
+done
+[ "$(cat "$T/small-rc-on")" = 0 ] || fail "with release, 271 tokens in 40 pages: $(cat "$T/small-done-on.txt")"
+cmp -s "$T/small-on.txt" "$T/out-on.txt" || fail "the small pool's text differs"
+[ "$(cat "$T/small-rc-off")" = 2 ] && grep -q "^ERROR" "$T/small-done-off.txt" ||
+	fail "without release, 68 pages in a pool of 40 should be refused: $(cat "$T/small-done-off.txt")"
+ok "a 271-token context runs in a 40-page pool with release (68 pages without: refused: $(head -c 120 "$T/small-done-off.txt"))"
