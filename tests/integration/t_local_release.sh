@@ -17,7 +17,11 @@
 #     ceil(L / B) - r + ceil(r / 6) for tiny-gemma3 and ceil(L / B) - r for
 #     tiny-mistral
 #   - the daemon does it by default and not with --no-release-local (the
-#     ledger's kv record: released_tokens, packed_pages), with the same text
+#     ledger's kv record: released_tokens, packed_pages), with the same
+#     text, the same seeded parallel samples (forks of released sequences)
+#     and the same two-turn session (its second turn reusing the first's KV)
+#   - a context whose whole K/V would not fit the pool is served with
+#     release and refused without
 source "$(dirname "$0")/lib.sh"
 need_bins
 EVAL=$ROOT/$BUILD/tests/kvd_eval
@@ -79,7 +83,9 @@ for kind in gemma3 mistral; do
 done
 ok "batches with shuffled pages, swapped out and in after every step: logits identical"
 
-# the daemon: on by default, off with --no-release-local; same text
+# the daemon: on by default, off with --no-release-local; the same text,
+# the same seeded samples (forks share packed pages, copy them before
+# writing) and the same two-turn session
 text=$(for i in $(seq 1 40); do printf 'word%d and ' $i; done)
 for mode in on off; do
 	extra=(); [ $mode = off ] && extra=(--no-release-local)
@@ -88,13 +94,29 @@ for mode in on off; do
 		--block-size 4 "${extra[@]}"
 	"$RAW" -s "$T/$mode.sock" generate --raw -n 40 --temperature 0 "$text" >"$T/out-$mode.txt" 2>"$T/done-$mode.txt" ||
 		fail "generate ($mode): $(cat "$T/done-$mode.txt")"
+	KVD_SOCKET=$T/$mode.sock "$KVCTL" generate --raw -n 3 --seed 11 --temperature 3 --max-tokens 30 --json \
+		"$text" >"$T/samples-$mode.json" || fail "generate -n 3 ($mode)"
+	"$RAW" -s "$T/$mode.sock" session --raw -n 20 --temperature 0 "$text" "and then $text" >"$T/session-$mode.txt" \
+		2>"$T/session-$mode.err" || fail "session ($mode): $(cat "$T/session-$mode.err")"
+	grep -o 'prompt=[0-9]* cached=[0-9]* generated=[0-9]*' "$T/session-$mode.err" >"$T/session-$mode.done"
 	stop_kvd "$KVD_PID" || fail "kvd ($mode) did not stop cleanly"
 done
 cmp -s "$T/out-on.txt" "$T/out-off.txt" || fail "the daemon's text differs with release"
+$PY - "$T/samples-on.json" "$T/samples-off.json" <<'PYEOF' || fail "seeded samples differ with release"
+import json, sys
+a, b = (json.load(open(f))["samples"] for f in sys.argv[1:3])
+assert len(a) == 3 and [s["token_ids"] for s in a] == [s["token_ids"] for s in b], (a, b)
+PYEOF
+cmp -s "$T/session-on.txt" "$T/session-off.txt" && cmp -s "$T/session-on.done" "$T/session-off.done" ||
+	fail "the session's turns differ with release: $(cat "$T"/session-*.done)"
+grep -q "cached=2[0-9][0-9] " "$T/session-on.done" || fail "the second turn did not reuse the session's KV: $(cat "$T/session-on.done")"
 $PY - "$T/ledger-on.jsonl" "$T/ledger-off.jsonl" <<'PYEOF' || fail "ledger: $(cat "$T"/ledger-*.jsonl)"
 import json, sys
-on = [json.loads(l) for l in open(sys.argv[1])][-1]["kv"]
-off = [json.loads(l) for l in open(sys.argv[2])][-1]["kv"]
+recs_on = [json.loads(l) for l in open(sys.argv[1])]
+on = recs_on[0]["kv"]
+off = [json.loads(l) for l in open(sys.argv[2])][0]["kv"]
+# the samples and the session's turns released pages too
+assert sum(r["kv"]["released_tokens"] > 0 for r in recs_on[1:]) >= 4, recs_on[1:]
 L = on["len_tokens"]
 assert L == off["len_tokens"] and L > 100, (on, off)
 r = (L - 5) // 4
@@ -103,7 +125,7 @@ assert on["pages"] == (L + 3) // 4 - r + (r + 5) // 6, on
 assert off["released_tokens"] == 0 and off["packed_pages"] == 0 and off["pages"] == (L + 3) // 4, off
 print(f"{L} tokens: {on['pages']} pages held with release, {off['pages']} without")
 PYEOF
-ok "the daemon releases by default (ledger), not with --no-release-local, and says the same"
+ok "the daemon releases by default (ledger), not with --no-release-local; text, seeded samples and a session the same"
 
 # a context whose whole K/V would not fit the pool is served with release
 # (its pages held stay bounded), and refused without it. tiny-gemma3's
