@@ -63,6 +63,8 @@ static int stats_reply(kvc_client *c, const struct ipc_frame *f, void *arg)
 	o->pages_demoted = s.pages_demoted;
 	o->samples_forked = s.samples_forked;
 	o->pages_adopted = s.pages_adopted;
+	o->pages_packed = s.pages_packed;
+	o->pages_released = s.pages_released;
 	return 1;
 }
 

@@ -86,19 +86,20 @@ extern "C" {
 /* ---- version ----------------------------------------------------------- */
 
 #define KVC_VERSION_MAJOR 0
-#define KVC_VERSION_MINOR 3
+#define KVC_VERSION_MINOR 4
 #define KVC_VERSION_PATCH 0
-#define KVC_VERSION_STRING "0.3.0"
+#define KVC_VERSION_STRING "0.4.0"
 /* One number, comparable: (major << 16) | (minor << 8) | patch.
  * 0.2.0 added conversations (kvc_gen_params.messages, struct kvc_chat_msg).
  * 0.3.0 added parallel samples and log-probabilities (kvc_gen_params.n_samples,
  * .top_logprobs, KVC_GEN_LOGPROBS, kvc_event.sample and .logprobs,
- * kvc_request_sample_result()). */
+ * kvc_request_sample_result()).
+ * 0.4.0 added kvc_stats.pages_packed and .pages_released. */
 #define KVC_VERSION ((KVC_VERSION_MAJOR << 16) | (KVC_VERSION_MINOR << 8) | KVC_VERSION_PATCH)
 
 /* The version of the library actually loaded, as KVC_VERSION. */
 KVC_EXPORT unsigned kvc_version(void);
-/* The same as a string ("0.3.0"); static, never NULL. */
+/* The same as a string ("0.4.0"); static, never NULL. */
 KVC_EXPORT const char *kvc_version_string(void);
 
 /* ---- error codes (besides negative errno values) -------------------------- */
@@ -558,7 +559,10 @@ struct kvc_stats {
 	uint64_t samples_forked;      /* sequences forked from a prompt for parallel samples (0.3.0) */
 	uint64_t pages_adopted;       /* cached prefix pages adopted from the previous run at start
 	                               * (systemd's fd store; 0.3.0) */
-	uint64_t reserved[3];
+	uint64_t pages_packed;        /* of pages_used: packed pages holding released pages' global layers
+	                               * ([kv] release_local; 0.4.0, 0 from older daemons) */
+	uint64_t pages_released;      /* pages windowed layers were done with, released (0.4.0) */
+	uint64_t reserved[1];
 };
 KVC_EXPORT int kvc_stats(kvc_client *c, struct kvc_stats *ret);
 

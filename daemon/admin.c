@@ -63,6 +63,8 @@ void fill_stats(struct kvd_server *srv, struct ipc_stats *st)
 	st->pages_demoted = ks.pages_demoted;
 	st->samples_forked = ss.samples_forked;
 	st->pages_adopted = led.pages_adopted;
+	st->pages_packed = ks.pages_packed;
+	st->pages_released = ks.pages_released;
 }
 
 void handle_ps(struct client *c, uint64_t rid)

@@ -601,6 +601,8 @@ static void handle_sock_frames(struct client *c, bool busy, uint64_t *t_charged)
 			fill_stats(srv, &st);
 			if (c->client_version < IPC_SAMPLES_SERVER_VERSION) /* fields after 0.2's are its reserved zeros */
 				st.samples_forked = st.pages_adopted = 0;
+			if (c->client_version < IPC_RELEASE_SERVER_VERSION) /* and after 0.3's */
+				st.pages_packed = st.pages_released = 0;
 			sock_send(c, IPC_MSG_STATS_REPLY, 0, rid, &st, sizeof(st));
 			break;
 		}

@@ -21,9 +21,10 @@
 /* 0.2.0: GENERATE carries chat turns (IPC_GEN_CHAT_TURNS): clients gate
  * that flag on this number, so it is at least IPC_CHAT_TURNS_SERVER_VERSION.
  * 0.3.0: parallel samples and log-probabilities (ipc_generate.n_samples,
- * IPC_GEN_LOGPROBS), gated on IPC_SAMPLES_SERVER_VERSION. */
-#define KVD_VERSION     "0.3.0"
-#define KVD_VERSION_NUM ((0u << 16) | (3u << 8) | 0u) /* as in ipc_welcome.server_version */
+ * IPC_GEN_LOGPROBS), gated on IPC_SAMPLES_SERVER_VERSION.
+ * 0.4.0: STATS carries pages_packed and pages_released (IPC_RELEASE_SERVER_VERSION). */
+#define KVD_VERSION     "0.4.0"
+#define KVD_VERSION_NUM ((0u << 16) | (4u << 8) | 0u) /* as in ipc_welcome.server_version */
 
 struct kvd_engine;
 struct kvd_server;

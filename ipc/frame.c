@@ -679,7 +679,7 @@ int ipc_decode_stats(const struct ipc_frame *f, struct ipc_stats *ret)
 			return -EPROTO;
 	/* Counts that cannot hold in any pool mean a corrupt reply. */
 	if (s.pages_free > s.pages_total || s.pages_used > s.pages_total || s.pages_cached > s.pages_total ||
-	    s.pages_shared > s.pages_used)
+	    s.pages_shared > s.pages_used || s.pages_packed > s.pages_used)
 		return -EINVAL;
 	if (s.prefix_hit_tokens > s.prefix_query_tokens)
 		return -EINVAL;

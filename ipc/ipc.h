@@ -427,8 +427,13 @@ struct ipc_stats {
 	uint64_t pages_demoted;       /* of pages_swapped: cached prefix pages kept in swap (a cache tier) */
 	uint64_t samples_forked;      /* sequences forked from a prompt for parallel samples */
 	uint64_t pages_adopted;       /* cached prefix pages adopted from the previous run at start */
-	uint64_t reserved[3];
+	/* since IPC_RELEASE_SERVER_VERSION (zero for older clients, whose reserved fields they are) */
+	uint64_t pages_packed;        /* of pages_used: packed pages holding released pages' global layers */
+	uint64_t pages_released;      /* pages windowed layers were done with, released ([kv] release_local) */
+	uint64_t reserved[1];
 };
+/* kvd 0.4.0: ipc_stats.pages_packed and .pages_released. */
+#define IPC_RELEASE_SERVER_VERSION ((0u << 16) | (4u << 8) | 0u)
 
 #define IPC_TOK_ADD_BOS       0x1u /* prepend BOS when the model has one */
 #define IPC_TOK_PARSE_SPECIAL 0x2u /* match special-token texts */

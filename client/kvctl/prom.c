@@ -70,6 +70,7 @@ void prom_print(FILE *f, const struct kvc_stats *s, const struct kvc_histograms 
 	GAUGE("pages_cached", "KV pages no sequence uses, kept for prefix reuse.", s->pages_cached);
 	GAUGE("pages_swapped", "Pages' worth of KV in the swap file.", s->pages_swapped);
 	GAUGE("pages_demoted", "Cached prefix pages kept in the swap file (of pages_swapped).", s->pages_demoted);
+	GAUGE("pages_packed", "Packed pages holding released pages' global layers (of pages_used).", s->pages_packed);
 	GAUGE("page_bytes", "Bytes of one KV page.", s->page_bytes);
 	GAUGE("block_size_tokens", "Tokens one KV page holds.", s->block_size);
 	GAUGE("kv_bytes_per_token", "KV bytes one token costs.", s->kv_bytes_per_token);
@@ -88,6 +89,7 @@ void prom_print(FILE *f, const struct kvc_stats *s, const struct kvc_histograms 
 	COUNTER("cow_copies", "Shared pages copied before a write (copy-on-write).", s->cow_copies);
 	COUNTER("samples_forked", "Sequences forked from a computed prompt for parallel samples.", s->samples_forked);
 	COUNTER("pages_adopted", "Cached prefix pages adopted from the previous run at start.", s->pages_adopted);
+	COUNTER("pages_released", "Pages windowed layers were done with, released.", s->pages_released);
 	COUNTER("swap_out_pages", "Pages written to the swap file.", s->swap_out_pages);
 	COUNTER("swap_in_pages", "Pages read back from the swap file.", s->swap_in_pages);
 	COUNTER("swap_errors", "Swap page transfers that failed.", s->swap_errors);

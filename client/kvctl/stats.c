@@ -49,7 +49,7 @@ static const char help_stats[] =
 	"                    requests_completed, requests_rejected, clients, sessions,\n"
 	"                    prompt_tokens_total, generated_tokens_total, steps, uptime_ns,\n"
 	"                    ledger_records_dropped, swap_errors, swap_fallback_recomputes, pages_demoted,\n"
-	"                    samples_forked, pages_adopted,\n"
+	"                    samples_forked, pages_adopted, pages_packed, pages_released,\n"
 	"                    and the strings model and server_version\n"
 	"    --watch [SECS]  repeat every SECS seconds (default 1) until interrupted; with\n"
 	"                    --json, one object per line\n"
@@ -88,7 +88,7 @@ static void print_stats_json(const struct kvc_stats *s, const struct kvc_info *i
 	F(requests_swapped); F(requests_completed); F(requests_rejected); F(clients); F(sessions);
 	F(prompt_tokens_total); F(generated_tokens_total); F(steps); F(uptime_ns);
 	F(ledger_records_dropped); F(swap_errors); F(swap_fallback_recomputes); F(pages_demoted);
-	F(samples_forked); F(pages_adopted);
+	F(samples_forked); F(pages_adopted); F(pages_packed); F(pages_released);
 #undef F
 	fputs("\"model\":", stdout);
 	json_str(stdout, i->model_name, strlen(i->model_name));

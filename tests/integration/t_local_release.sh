@@ -96,6 +96,8 @@ for mode in on off; do
 		fail "generate ($mode): $(cat "$T/done-$mode.txt")"
 	KVD_SOCKET=$T/$mode.sock "$KVCTL" generate --raw -n 3 --seed 11 --temperature 3 --max-tokens 30 --json \
 		"$text" >"$T/samples-$mode.json" || fail "generate -n 3 ($mode)"
+	"$RAW" -s "$T/$mode.sock" stats >"$T/stats-$mode.json" || fail "stats ($mode)"
+	KVD_RAW_CLIENT_VERSION=0x000300 "$RAW" -s "$T/$mode.sock" stats >"$T/stats03-$mode.json" || fail "stats as 0.3 ($mode)"
 	"$RAW" -s "$T/$mode.sock" session --raw -n 20 --temperature 0 "$text" "and then $text" >"$T/session-$mode.txt" \
 		2>"$T/session-$mode.err" || fail "session ($mode): $(cat "$T/session-$mode.err")"
 	grep -o 'prompt=[0-9]* cached=[0-9]* generated=[0-9]*' "$T/session-$mode.err" >"$T/session-$mode.done"
@@ -124,6 +126,18 @@ assert on["released_tokens"] == 4 * r and on["packed_pages"] == (r + 5) // 6, on
 assert on["pages"] == (L + 3) // 4 - r + (r + 5) // 6, on
 assert off["released_tokens"] == 0 and off["packed_pages"] == 0 and off["pages"] == (L + 3) // 4, off
 print(f"{L} tokens: {on['pages']} pages held with release, {off['pages']} without")
+PYEOF
+$PY - "$T" <<'PYEOF' || fail "stats: $(cat "$T"/stats*.json)"
+import json, sys
+t = sys.argv[1]
+on, off, old = (json.load(open(t + "/%s.json" % n)) for n in ("stats-on", "stats-off", "stats03-on"))
+# the first request and the samples' prompt (forks inherit what it released)
+# each released the pages of at least 266 tokens less the window
+assert on["pages_released"] >= 2 * ((266 - 5) // 4), on
+assert on["pages_packed"] == 0 and on["pages_used"] == 0, on   # all finished: packed pages freed
+assert off["pages_released"] == 0, off
+assert old["pages_released"] == 0 and old["pages_packed"] == 0, old  # a 0.3 client's reserved fields
+print("stats: pages_released", on["pages_released"])
 PYEOF
 ok "the daemon releases by default (ledger), not with --no-release-local; text, seeded samples and a session the same"
 

@@ -22,6 +22,8 @@
  * --turns sends PROMPT as chat turns (IPC_GEN_CHAT_TURNS): "R:text|R:text..."
  * with R the role's wire number, written as given, unchecked (with --ring
  * even a list the encoder would refuse reaches the daemon).
+ * KVD_RAW_CLIENT_VERSION (e.g. 0x000300) is the version HELLO says instead of
+ * this build's.
  * attack sends one bad thing and expects an ERROR frame back: it prints
  * "ERROR code=.. msg" and exits 0, or exits 1 when none came. KIND: badmagic
  * short badlen unknown-type version reserved oversized-prompt garbage-ring
@@ -74,7 +76,11 @@ static int conn_open(struct conn *c, bool say_hello)
 	}
 	if (!say_hello)
 		return 0;
-	struct ipc_hello h = { .client_version = IPC_SAMPLES_SERVER_VERSION, .capabilities = IPC_CAP_RING_PROMPT };
+	struct ipc_hello h = { .client_version = IPC_RELEASE_SERVER_VERSION, .capabilities = IPC_CAP_RING_PROMPT };
+	/* KVD_RAW_CLIENT_VERSION=0x000300: say an older version (tests of what
+	 * the daemon holds back from older clients) */
+	if (getenv("KVD_RAW_CLIENT_VERSION"))
+		h.client_version = (uint32_t)strtoul(getenv("KVD_RAW_CLIENT_VERSION"), NULL, 0);
 	snprintf(h.client_name, sizeof(h.client_name), "kvd_raw");
 	r = ipc_send(c->fd, IPC_MSG_HELLO, 0, 0, &h, sizeof(h), NULL, 0);
 	if (r < 0) {
@@ -314,7 +320,7 @@ static int cmd_stats(struct conn *c)
 	F(requests_swapped); F(requests_completed); F(requests_rejected); F(clients); F(sessions);
 	F(prompt_tokens_total); F(generated_tokens_total); F(steps); F(uptime_ns);
 	F(ledger_records_dropped); F(swap_errors); F(swap_fallback_recomputes); F(pages_demoted);
-	F(samples_forked); F(pages_adopted);
+	F(samples_forked); F(pages_adopted); F(pages_packed); F(pages_released);
 	printf("}\n");
 #undef F
 	return 0;
