@@ -257,6 +257,8 @@ static int make_pool(struct kvd_engine *e, const struct kvd_engine_config *cfg, 
 	r = e->kv ? 0 : kvmm_create_with_io(&kc, *swap_io, &e->kv);
 	if (r == 0)
 		*swap_io = NULL;
+	if (r == 0 && kvmm_n_pages(e->kv) > KVD_PACKED_MAX_PAGES)
+		e->release = 0; /* packed entries name pages below that */
 	if (r < 0) {
 		snprintf(err, errlen, "KV pool: cannot create (%llu bytes, pages of %zu bytes): %s",
 			 (unsigned long long)cfg->kv_pool_bytes, e->layout.page_bytes, strerror(-r));

@@ -337,7 +337,9 @@ static inline uint32_t kvd_kv_pack_slots(const struct kvd_model_weights *w, uint
 	return n / n_global < 255 ? n / n_global : 255;
 }
 /* The page table entry of a released page kept in slot `slot` of packed
- * page `page` (page < 2^23, slot < 256); decoded by the two below. */
+ * page `page` (page < KVD_PACKED_MAX_PAGES, slot < 256); decoded by the two
+ * below. */
+#define KVD_PACKED_MAX_PAGES (1u << 22)
 static inline int32_t kvd_page_packed(uint32_t page, uint32_t slot)
 {
 	return -(int32_t)(3 + (slot | (page << 8)));

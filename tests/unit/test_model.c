@@ -8,7 +8,9 @@
  * bases and scales, activations, optional tensors and feature bits for
  * llama (plain, Llama 3.x rope_freqs, linear scaling, Mistral window),
  * qwen2, qwen3 and gemma3; then the refusals, each of which must return
- * -ENOTSUP (or -EBADMSG) with a message naming the key or tensor.
+ * -ENOTSUP (or -EBADMSG) with a message naming the key or tensor; and
+ * the packing of released pages for windowed models, with the CPU backend's
+ * checks of page tables that hold them.
  */
 #include <errno.h>
 #include <math.h>
@@ -479,6 +481,90 @@ static void test_refusals(void **state)
 	expect_refused(fx, &s, -EBADMSG, "rope_freqs.weight");
 }
 
+/* ---- released pages (KVD_CAP_PACKED_KV): the packing and the CPU
+ * backend's checks of page tables that hold them ---- */
+
+static int forward_with(void *ctx, const int32_t *pages, int32_t n_pages, int32_t pos0)
+{
+	int32_t tok = 3;
+	struct kvd_batch_seq sq = {.tokens = &tok, .n_tokens = 1, .pos0 = pos0, .pages = pages, .n_pages = n_pages};
+	struct kvd_batch b = {1, &sq};
+	return kvd_cpu_backend.forward(ctx, &b);
+}
+
+static void test_released_pages(void **state)
+{
+	struct fixture *fx = *state;
+	struct spec s;
+	uint32_t n_global = 0, max_window = 0;
+
+	/* the encoding of a released page's entry */
+	int32_t e = kvd_page_packed(KVD_PACKED_MAX_PAGES - 1, 255);
+	assert_true(kvd_page_is_packed(e));
+	assert_int_equal(kvd_packed_page(e), KVD_PACKED_MAX_PAGES - 1);
+	assert_int_equal(kvd_packed_slot(e), 255);
+	assert_int_equal(kvd_packed_page(kvd_page_packed(0, 0)), 0);
+	assert_false(kvd_page_is_packed(KVD_PAGE_RELEASED));
+	assert_false(kvd_page_is_packed(-1));
+	assert_false(kvd_page_is_packed(0));
+
+	/* Gemma 3, seven layers: six local (window 5), layer 5 global */
+	gemma3_spec(&s, 7);
+	assert_int_equal(describe(fx, &s), 0);
+	assert_int_equal(kvd_kv_pack_slots(&fx->w, &n_global, &max_window), 7);
+	assert_int_equal(n_global, 1);
+	assert_int_equal(max_window, 5);
+	assert_true(kvd_cpu_backend.caps & KVD_CAP_PACKED_KV);
+
+	void *ctx = NULL;
+	struct kvd_backend_config bc = {.n_threads = 1};
+	struct kvd_kv_layout L;
+	assert_int_equal(kvd_cpu_backend.init(&bc, &ctx), 0);
+	assert_int_equal(kvd_cpu_backend.load(ctx, &fx->w), 0);
+	kvd_kv_layout_init(&L, &fx->w.hp, 4);
+	void *pool = calloc(16, L.page_bytes);
+	assert_non_null(pool);
+	struct kvd_paged_view view = {pool, 16, L};
+	assert_int_equal(kvd_cpu_backend.attach_kv(ctx, &view), 0);
+
+	/* one token at position 20 (pages of 4: pages 0..5); its windowed
+	 * layers see positions 16..20, so pages 0..3 may be released */
+	int32_t ok[6] = {kvd_page_packed(8, 0), kvd_page_packed(8, 1), kvd_page_packed(8, 2), kvd_page_packed(8, 3), 4, 5};
+	assert_int_equal(forward_with(ctx, ok, 6, 20), 0);
+	int32_t t[6];
+	memcpy(t, ok, sizeof(t));
+	t[4] = kvd_page_packed(8, 4); /* positions 16..19: a windowed layer still reads them */
+	assert_int_equal(forward_with(ctx, t, 6, 20), -EINVAL);
+	memcpy(t, ok, sizeof(t));
+	t[0] = KVD_PAGE_RELEASED; /* the global layer still reads page 0 */
+	assert_int_equal(forward_with(ctx, t, 6, 20), -EINVAL);
+	t[0] = kvd_page_packed(8, 7); /* seven slots */
+	assert_int_equal(forward_with(ctx, t, 6, 20), -EINVAL);
+	t[0] = kvd_page_packed(16, 0); /* past the pool */
+	assert_int_equal(forward_with(ctx, t, 6, 20), -EINVAL);
+	t[0] = -1;
+	assert_int_equal(forward_with(ctx, t, 6, 20), -EINVAL);
+	kvd_cpu_backend.destroy(ctx);
+
+	/* without a window nothing is ever released */
+	base(&s, "llama", 2, 32);
+	assert_int_equal(describe(fx, &s), 0);
+	assert_int_equal(kvd_kv_pack_slots(&fx->w, &n_global, &max_window), 0);
+	assert_int_equal(max_window, 0);
+	ctx = NULL;
+	assert_int_equal(kvd_cpu_backend.init(&bc, &ctx), 0);
+	assert_int_equal(kvd_cpu_backend.load(ctx, &fx->w), 0);
+	kvd_kv_layout_init(&L, &fx->w.hp, 4);
+	view = (struct kvd_paged_view){pool, (uint32_t)(16 * view.layout.page_bytes / L.page_bytes), L};
+	assert_int_equal(kvd_cpu_backend.attach_kv(ctx, &view), 0);
+	int32_t plain[6] = {0, 1, 2, 3, 4, 5};
+	assert_int_equal(forward_with(ctx, plain, 6, 20), 0);
+	plain[0] = kvd_page_packed(6, 0);
+	assert_int_equal(forward_with(ctx, plain, 6, 20), -EINVAL);
+	kvd_cpu_backend.destroy(ctx);
+	free(pool);
+}
+
 static void test_feature_names(void **state)
 {
 	(void)state;
@@ -499,6 +585,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_qwen3_qk_norm_head_size, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_gemma3, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_released_pages, setup, teardown),
 		cmocka_unit_test(test_feature_names),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
