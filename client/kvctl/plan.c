@@ -24,7 +24,8 @@ static const char help_plan[] =
 	"SYNOPSIS\n"
 	"    kvctl plan [--context N] [--memory SIZE] [--json]\n"
 	"    kvctl plan --layers N --kv-heads N --head-dim N [--dtype-bytes B | --cache-type T]\n"
-	"               [--block-size N] [--context N] [--memory SIZE] [--json]\n"
+	"               [--block-size N] [--context N] [--memory SIZE]\n"
+	"               [--window W --global-layers G] [--json]\n"
 	"\n"
 	"DESCRIPTION\n"
 	"    Every token a sequence holds costs, in every layer, one key and one value\n"
@@ -46,6 +47,15 @@ static const char help_plan[] =
 	"    then defaults to 4096 and, without --memory, budgets of 1, 4, 16 and 64 GiB\n"
 	"    are shown.\n"
 	"\n"
+	"    Models whose other layers attend over a window of W positions (Gemma 3: five\n"
+	"    local layers of six, W = 512) need less: kvd releases a page once every\n"
+	"    windowed layer is done with it ([kv] release_local) and keeps only the G\n"
+	"    global layers' share, layers / G pages' worth packed into one page. A request\n"
+	"    of C tokens then holds the pages of its last W tokens whole, r = floor((C -\n"
+	"    W) / block) released ones in ceil(r / floor(layers / G)) packed pages (none\n"
+	"    when G is 0), as it finishes; while a prompt is computed it holds one\n"
+	"    prefill step of whole pages more.\n"
+	"\n"
 	"OPTIONS\n"
 	"    --layers N       transformer layers\n"
 	"    --kv-heads N     key/value heads per layer\n"
@@ -58,8 +68,11 @@ static const char help_plan[] =
 	"    --context N      tokens of context per request (prompt + generated)\n"
 	"    --memory SIZE    memory for the KV cache: bytes, or with a K, M, G or T suffix\n"
 	"                     (powers of 1024; KiB, MB and the like are accepted too)\n"
+	"    --window W       with --global-layers: the window of the windowed layers\n"
+	"    --global-layers G  layers without a window (0: every layer has one)\n"
 	"    --json           print {\"kv_bytes_per_token\", \"cache_type\", \"page_bytes\", \"block_size\",\n"
-	"                     \"context_tokens\", \"pages_per_request\",\n"
+	"                     \"context_tokens\", \"pages_per_request\", \"released_pages\",\n"
+	"                     \"packed_pages\",\n"
 	"                     \"bytes_per_request\", \"budgets\": [{\"memory_bytes\",\n"
 	"                     \"pages\", \"sequences\"}...]}\n"
 	"\n" COMMON_HELP "\n" EXIT_STATUS_HELP
@@ -68,7 +81,9 @@ static const char help_plan[] =
 	"    kvctl plan\n"
 	"    kvctl plan --context 32768\n"
 	"    kvctl plan --layers 32 --kv-heads 8 --head-dim 128 --context 8192 --memory 24G\n"
-	"    kvctl plan --layers 30 --kv-heads 3 --head-dim 64 --cache-type q8_0 --memory 256M\n";
+	"    kvctl plan --layers 30 --kv-heads 3 --head-dim 64 --cache-type q8_0 --memory 256M\n"
+	"    kvctl plan --layers 18 --kv-heads 1 --head-dim 256 --window 512 --global-layers 3 \\\n"
+	"               --context 32768 --memory 1G\n";
 
 /* kvd's KV element types (kernels/backend.h, enum kvd_kv_type): bytes per
  * block of 32 elements; "" for a plain --dtype-bytes */
@@ -87,7 +102,7 @@ const char *kv_cache_type_name(uint64_t kv_bytes_per_token, uint32_t layers, uin
 
 static int cmd_plan(struct ctx *x, int argc, char **argv)
 {
-	enum { O_LAYERS = OPT_FIRST_CMD, O_KVH, O_HDIM, O_DTYPE, O_BLOCK, O_CTX, O_MEM, O_JSON, O_CTYPE };
+	enum { O_LAYERS = OPT_FIRST_CMD, O_KVH, O_HDIM, O_DTYPE, O_BLOCK, O_CTX, O_MEM, O_JSON, O_CTYPE, O_WIN, O_GLOB };
 	static const struct option longopts[] = {
 		{ "layers", required_argument, NULL, O_LAYERS },
 		{ "kv-heads", required_argument, NULL, O_KVH },
@@ -98,11 +113,14 @@ static int cmd_plan(struct ctx *x, int argc, char **argv)
 		{ "memory", required_argument, NULL, O_MEM },
 		{ "json", no_argument, NULL, O_JSON },
 		{ "cache-type", required_argument, NULL, O_CTYPE },
+		{ "window", required_argument, NULL, O_WIN },
+		{ "global-layers", required_argument, NULL, O_GLOB },
 		COMMON_LONGOPTS,
 		{ 0 },
 	};
 	const char *cmd = "plan";
-	uint32_t layers = 0, kvh = 0, hdim = 0, dtype = 0, block = 0, ctx = 0;
+	uint32_t layers = 0, kvh = 0, hdim = 0, dtype = 0, block = 0, ctx = 0, window = 0, glob = 0;
+	bool glob_given = false;
 	uint64_t mem = 0;
 	bool json = false;
 	int o, r, ctype = -1; /* index in cache_types, -1: none named */
@@ -125,6 +143,12 @@ static int cmd_plan(struct ctx *x, int argc, char **argv)
 		case O_DTYPE: dst = &dtype; name = "--dtype-bytes"; break;
 		case O_BLOCK: dst = &block; name = "--block-size"; break;
 		case O_CTX: dst = &ctx; name = "--context"; break;
+		case O_WIN: dst = &window; name = "--window"; break;
+		case O_GLOB:
+			if (!parse_u32(optarg, &glob) || glob > (1u << 24))
+				return usage_error(cmd, "--global-layers: '%s' is not an integer in 0..16777216", optarg);
+			glob_given = true;
+			break;
 		case O_MEM:
 			if (!parse_size(optarg, &mem) || mem == 0)
 				return usage_error(cmd, "--memory: '%s' is not a size (e.g. 512M, 24G)", optarg);
@@ -149,6 +173,13 @@ static int cmd_plan(struct ctx *x, int argc, char **argv)
 		return usage_error(cmd, "unexpected argument '%s'", argv[optind]);
 
 	bool given = layers || kvh || hdim;
+	if (!window != !glob_given)
+		return usage_error(cmd, "--window and --global-layers go together");
+	if (window && !given)
+		return usage_error(cmd, "--window and --global-layers need --layers, --kv-heads and --head-dim");
+	if (window && glob >= layers)
+		return usage_error(cmd, "--global-layers %u: a windowed model has fewer global layers than its %u layers",
+				   glob, layers);
 	uint64_t daemon_per_token = 0; /* the daemon's exact figure, scales included */
 	char model[80] = "";
 	if (given) {
@@ -220,6 +251,13 @@ static int cmd_plan(struct ctx *x, int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	pages_per_req = ((uint64_t)ctx + block - 1) / block;
+	/* windowed layers: what a request holds as it finishes (see the help) */
+	uint64_t released = 0, packed = 0;
+	if (window && (uint64_t)ctx >= (uint64_t)window + block) {
+		released = ((uint64_t)ctx - window) / block;
+		packed = glob ? (released + layers / glob - 1) / (layers / glob) : 0;
+		pages_per_req = pages_per_req - released + packed;
+	}
 	if (__builtin_mul_overflow(pages_per_req, page_bytes, &req_bytes)) {
 		log_err("plan: these figures overflow 64 bits");
 		return EXIT_USAGE;
@@ -239,8 +277,9 @@ static int cmd_plan(struct ctx *x, int argc, char **argv)
 		printf(",\"cache_type\":\"%s\"", tname);
 		printf(",\"layers\":%u,\"kv_heads\":%u,\"head_dim\":%u,\"dtype_bytes\":%u,\"kv_bytes_per_token\":%" PRIu64
 		       ",\"block_size\":%u,\"page_bytes\":%" PRIu64 ",\"context_tokens\":%u,\"pages_per_request\":%" PRIu64
-		       ",\"bytes_per_request\":%" PRIu64 ",\"budgets\":[",
-		       layers, kvh, hdim, dtype, per_token, block, page_bytes, ctx, pages_per_req, req_bytes);
+		       ",\"bytes_per_request\":%" PRIu64 ",\"released_pages\":%" PRIu64 ",\"packed_pages\":%" PRIu64
+		       ",\"budgets\":[",
+		       layers, kvh, hdim, dtype, per_token, block, page_bytes, ctx, pages_per_req, req_bytes, released, packed);
 		for (size_t k = 0; k < n_budgets; k++) {
 			uint64_t pages = budgets[k] / page_bytes;
 			printf("%s{\"memory_bytes\":%" PRIu64 ",\"pages\":%" PRIu64 ",\"sequences\":%" PRIu64 "}",
@@ -262,7 +301,10 @@ static int cmd_plan(struct ctx *x, int argc, char **argv)
 		fmt_bytes(b2, sizeof(b2), (double)ctx * (double)per_token);
 		printf("per request        %u %s -> %" PRIu64 " %s = %s", ctx, ctx == 1 ? "token" : "tokens", pages_per_req,
 		       pages_per_req == 1 ? "page" : "pages", b1);
-		if ((uint64_t)ctx != pages_per_req * block) /* the last page is partly empty */
+		if (window)
+			printf(" (%" PRIu64 " of %" PRIu64 " pages released, their %u global %s in %" PRIu64 " packed)",
+			       released, ((uint64_t)ctx + block - 1) / block, glob, glob == 1 ? "layer" : "layers", packed);
+		else if ((uint64_t)ctx != pages_per_req * block) /* the last page is partly empty */
 			printf(" (%s hold tokens)", b2);
 		fputc('\n', stdout);
 		for (size_t k = 0; k < n_budgets; k++) {

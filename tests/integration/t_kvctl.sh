@@ -96,6 +96,9 @@ grep -q -- "-> 1 page -> 1 sequence of 1 token$" "$T/out" || fail "plan singular
 expect_rc 0 "plan, several" plan --layers 1 --kv-heads 1 --head-dim 64 --context 32 --memory 16K
 grep -q -- "-> 4 pages -> 2 sequences of 32 tokens$" "$T/out" || fail "plan plural: $(cat "$T/out")"
 ok "plan: '1 page -> 1 sequence', '4 pages -> 2 sequences'"
+expect_rc 2 "plan --window without --global-layers" plan --layers 6 --kv-heads 1 --head-dim 64 --window 5
+expect_rc 2 "plan --global-layers without the model" plan --window 5 --global-layers 1
+expect_rc 2 "plan, every layer global" plan --layers 6 --kv-heads 1 --head-dim 64 --window 5 --global-layers 6
 
 # ---- against the daemon --------------------------------------------------------------------------------
 [ -f "$REAL_MODEL" ] || skip "the default model $REAL_MODEL is missing (scripts/setup fetches it); the checks without a daemon passed"

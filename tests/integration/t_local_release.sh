@@ -126,6 +126,18 @@ assert on["released_tokens"] == 4 * r and on["packed_pages"] == (r + 5) // 6, on
 assert on["pages"] == (L + 3) // 4 - r + (r + 5) // 6, on
 assert off["released_tokens"] == 0 and off["packed_pages"] == 0 and off["pages"] == (L + 3) // 4, off
 print(f"{L} tokens: {on['pages']} pages held with release, {off['pages']} without")
+open(sys.argv[1] + ".len", "w").write(str(L))
+PYEOF
+# kvctl plan's bill for this model's layout agrees with what the daemon held
+L=$(cat "$T/ledger-on.jsonl.len")
+"$KVCTL" plan --layers 6 --kv-heads 1 --head-dim 64 --block-size 4 --window 5 --global-layers 1 --context "$L" \
+	--json >"$T/plan.json" || fail "kvctl plan --window"
+$PY - "$T/plan.json" "$T/ledger-on.jsonl" <<'PYEOF' || fail "kvctl plan: $(cat "$T/plan.json")"
+import json, sys
+plan = json.load(open(sys.argv[1]))
+kv = [json.loads(l) for l in open(sys.argv[2])][0]["kv"]
+assert plan["pages_per_request"] == kv["pages"], (plan, kv)
+assert plan["released_pages"] * 4 == kv["released_tokens"] and plan["packed_pages"] == kv["packed_pages"], (plan, kv)
 PYEOF
 $PY - "$T" <<'PYEOF' || fail "stats: $(cat "$T"/stats*.json)"
 import json, sys
