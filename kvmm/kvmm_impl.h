@@ -26,7 +26,10 @@
  * parent. Dropping a subtree therefore frees unreferenced pages and merely
  * un-indexes referenced ones, which never changes what a sequence maps.
  * A third: a sequence with released pages (release.c) maps its first kept
- * page without the released one before it.
+ * page without the released one before it; once that one leaves the cache,
+ * its kept pages leave the index with it, and a fork sibling that
+ * deduplicated one of them may index the next under its twin.
+ * (Lookups stay exact whatever the shape: tokens are compared on every hit.)
  *
  * Released pages: positions 0 .. n_released - 1 of a page table hold
  * KVMM_RELEASED, except that with pack_slots = k the position of every

@@ -765,7 +765,7 @@ int kvmm_check(const struct kvmm *m, char *why_buf, size_t why_size)
 				const struct kvmm_node *nd = &m->nodes[m->pg[p].node];
 
 				/* The index invariant of kvmm_impl.h. */
-				CHECK(s->swapped || i == 0 || i >= s->n_published || i - 1 < s->n_released ||
+				CHECK(s->swapped || i == 0 || i >= s->n_published || s->n_released ||
 					      (nd->parent >= 0 && m->pg[s->pages[i - 1]].node == nd->parent),
 				      "seq %u: indexed page %d at %u without its parent before it", id, p, i);
 				CHECK(i > 0 || nd->parent < 0, "seq %u: indexed page %d at 0 has a parent", id, p);

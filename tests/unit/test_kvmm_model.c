@@ -3,8 +3,9 @@
  *
  * At least 200,000 random operations (create with prefix lookup, batched
  * growth with copy-on-write, fork, free, publish, evict, demote, swap out,
- * swap in, each I/O operation sometimes under an injected fault, copy
- * failures, reads of the metadata memfd) are run over several pool
+ * swap in, release of old pages into packed pages, each I/O operation
+ * sometimes under an injected fault, copy failures, reads of the metadata
+ * memfd) are run over several pool
  * configurations (block sizes 1 to 16, host and device pools, the latter
  * moved page by page or in batches, memory and
  * io_uring stores with and without O_DIRECT, shuffled placement, hash keys
@@ -18,6 +19,8 @@
  *  - the K/V content of every token of every resident sequence reads back
  *    exactly: the test plays the engine and writes, after each commit, a
  *    pattern that is a function of the token's whole prefix and position;
+ *    of a released page, the share its pack callback keeps (the first
+ *    block_size / pack_slots token slots) reads back from its packed page;
  *  - a prefix lookup never returns less than what live sequences have
  *    published for that prefix, never more than n - 1 tokens, and (by the
  *    content check) never a wrong page;
@@ -66,16 +69,18 @@ struct run_cfg {
 	enum store store;
 	enum dev device;
 	bool layout_copy; /* copy callback that copies only n_tokens slots */
+	uint32_t pack;    /* kvmm_config.pack_slots: 0, 1 .. bs, or KVMM_PACK_NONE */
 };
 
 static const struct run_cfg runs[] = {
-	{"bs4-mem-layoutcopy-shuffled", 4, 48, 8, 64, 3, true, 0, 7, ST_MEM, DEV_NONE, true},
-	{"bs1-uring-buffered-collisions", 1, 40, 8, 48, 3, true, 3, 0, ST_URING_BUFFERED, DEV_NONE, false},
-	{"bs16-uring-direct-fixedbufs", 16, 24, 256, 32, 2, true, 0, 9, ST_URING_DIRECT, DEV_NONE, false},
-	{"bs3-device-pool-collisions", 3, 40, 8, 48, 4, true, 5, 3, ST_MEM, DEV_PAGES, false},
-	{"bs5-device-batched-aligned-slots", 5, 40, 8, 48, 3, true, 0, 13, ST_MEM_ALIGN64, DEV_BATCHED, false},
-	{"bs2-noprefix-uring-direct-bounce", 2, 32, 8, 40, 3, false, 0, 11, ST_URING_DIRECT, DEV_NONE, true},
-	{"bs8-large-pool-mem", 8, 160, 8, 200, 2, true, 0, 5, ST_MEM, DEV_NONE, false},
+	{"bs4-mem-layoutcopy-shuffled-pack2", 4, 48, 8, 64, 3, true, 0, 7, ST_MEM, DEV_NONE, true, 2},
+	{"bs1-uring-buffered-collisions-pack1", 1, 40, 8, 48, 3, true, 3, 0, ST_URING_BUFFERED, DEV_NONE, false, 1},
+	{"bs16-uring-direct-fixedbufs-pack4", 16, 24, 256, 32, 2, true, 0, 9, ST_URING_DIRECT, DEV_NONE, false, 4},
+	{"bs3-device-pool-collisions-pack3", 3, 40, 8, 48, 4, true, 5, 3, ST_MEM, DEV_PAGES, false, 3},
+	{"bs5-device-batched-aligned-slots-nopack", 5, 40, 8, 48, 3, true, 0, 13, ST_MEM_ALIGN64, DEV_BATCHED, false,
+	 KVMM_PACK_NONE},
+	{"bs2-noprefix-uring-direct-bounce-pack2", 2, 32, 8, 40, 3, false, 0, 11, ST_URING_DIRECT, DEV_NONE, true, 2},
+	{"bs8-large-pool-mem", 8, 160, 8, 200, 2, true, 0, 5, ST_MEM, DEV_NONE, false, 0},
 };
 #define N_RUNS (sizeof(runs) / sizeof(runs[0]))
 
@@ -85,6 +90,7 @@ struct mseq {
 	uint64_t *ph; /* ph[i]: hash of tok[0..i] */
 	uint32_t len, cap;
 	uint32_t published;
+	uint32_t released; /* kvmm_seq_release: leading pages released */
 };
 
 struct model {
@@ -102,7 +108,7 @@ struct model {
 	uint32_t dead_next;
 	uint32_t *refs;
 	uint32_t max_len;
-	uint64_t n_hits, n_hit_tokens, n_swaps, n_faults, n_cow_fail, n_batches;
+	uint64_t n_hits, n_hit_tokens, n_swaps, n_faults, n_cow_fail, n_batches, n_released;
 };
 
 static void die(struct model *md, const char *fmt, ...)
@@ -174,6 +180,25 @@ static int copy_cb(void *ud, uint32_t dst, uint32_t src, uint32_t n_tokens)
 	memset(base + (size_t)dst * md->page_bytes, 0xee, md->page_bytes);
 	memcpy(base + (size_t)dst * md->page_bytes, base + (size_t)src * md->page_bytes,
 	       (size_t)n_tokens * md->c->token_bytes);
+	return 0;
+}
+
+/* The share of a page that outlives its release: its first bs / pack token
+ * slots, kept in slot `slot` of the packed page. */
+static uint32_t kept_tokens(const struct model *md)
+{
+	return md->c->pack && md->c->pack != KVMM_PACK_NONE ? md->c->bs / md->c->pack : 0;
+}
+
+static int pack_cb(void *ud, uint32_t dst, uint32_t slot, uint32_t src)
+{
+	struct model *md = ud;
+	char *base = md->c->device ? md->dev : kvmm_pool_base(md->m);
+	size_t share = (size_t)kept_tokens(md) * md->c->token_bytes;
+
+	EXPECT(md, slot < md->c->pack && dst < md->c->n_pages && src < md->c->n_pages && dst != src,
+	       "pack(%u, %u, %u)", dst, slot, src);
+	memcpy(base + (size_t)dst * md->page_bytes + slot * share, base + (size_t)src * md->page_bytes, share);
 	return 0;
 }
 
@@ -256,7 +281,7 @@ static void mseq_push(struct mseq *s, int32_t tok)
 static void mseq_clear(struct mseq *s)
 {
 	s->live = s->swapped = false;
-	s->len = s->published = 0;
+	s->len = s->published = s->released = 0;
 }
 
 static uint32_t pick(struct model *md, int want_swapped) /* -1: any live */
@@ -375,8 +400,13 @@ static void check_all(struct model *md)
 		pg = kvmm_seq_pages(m, id, &np);
 		EXPECT(md, pg && np == (s->len + bs - 1) / bs, "seq %u: %u pages for %u tokens", id, np, s->len);
 		for (uint32_t i = 0; i < np; i++) {
+			bool head = md->c->pack != KVMM_PACK_NONE && md->c->pack && i % md->c->pack == 0;
+			if (i < s->released && !head) {
+				EXPECT(md, pg[i] == KVMM_RELEASED, "seq %u released page %u maps %d", id, i, pg[i]);
+				continue;
+			}
 			if (pg[i] < 0) {
-				EXPECT(md, s->swapped, "resident seq %u has no page %u", id, i);
+				EXPECT(md, s->swapped && pg[i] == -1, "resident seq %u has no page %u (%d)", id, i, pg[i]);
 				continue;
 			}
 			EXPECT(md, (uint32_t)pg[i] < n_pages, "seq %u page %u = %d", id, i, pg[i]);
@@ -387,8 +417,16 @@ static void check_all(struct model *md)
 			continue;
 		}
 		resident += s->len;
-		for (uint32_t pos = 0; pos < s->len; pos++)
-			check_token(md, id, pg[pos / bs], pos, s->ph[pos]);
+		for (uint32_t pos = 0; pos < s->len; pos++) {
+			uint32_t i = pos / bs, k = md->c->pack;
+			if (i >= s->released) {
+				check_token(md, id, pg[i], pos, s->ph[pos]);
+			} else if (pos % bs < kept_tokens(md)) {
+				/* the packed page's slot i % k holds the kept tokens */
+				uint32_t at = (i % k) * kept_tokens(md) + pos % bs;
+				check_token(md, id, pg[i - i % k], at, s->ph[pos]);
+			}
+		}
 	}
 	for (uint32_t p = 0; p < n_pages; p++) {
 		EXPECT(md, kvmm_page_refcount(m, p) == md->refs[p], "page %u: refcount %u, owners %u", p,
@@ -438,7 +476,8 @@ static uint32_t lower_bound(struct model *md, const int32_t *prompt, uint32_t n)
 		const struct mseq *s = &md->s[id];
 		uint32_t c = 0, full, cand;
 
-		if (!s->live || s->swapped)
+		/* a released page may have left the cache: nothing is promised */
+		if (!s->live || s->swapped || s->released)
 			continue;
 		while (c < n && c < s->len && s->tok[c] == prompt[c])
 			c++;
@@ -561,6 +600,7 @@ static void op_fork(struct model *md)
 	for (uint32_t i = 0; i < md->s[p].len; i++)
 		mseq_push(&md->s[c], md->s[p].tok[i]);
 	md->s[c].published = md->s[p].published;
+	md->s[c].released = md->s[p].released;
 }
 
 static void op_free(struct model *md)
@@ -664,6 +704,44 @@ static void op_swap_in(struct model *md)
 	md->n_faults += armed && r != -ENOMEM;
 }
 
+/* Release the oldest pages of a resident sequence, up to a random point at
+ * most its published pages; with no room for a packed page kvmm stops
+ * early, never goes back. */
+static void op_release(struct model *md)
+{
+	uint32_t id = pick(md, 0), rel = 0, upto;
+	struct mseq *s;
+	int r;
+
+	md->op = "release";
+	if (id == UINT32_MAX)
+		return;
+	s = &md->s[id];
+	upto = s->released + below(md, s->published - s->released + 1);
+	if (chance(md, 5))
+		upto = s->published + 1 + below(md, 3); /* past the published pages */
+	r = kvmm_seq_release(md->m, id, upto, &rel);
+	if (!md->c->pack) {
+		EXPECT(md, r == -EOPNOTSUPP, "release without pack slots: %d", r);
+		return;
+	}
+	if (upto > s->published) {
+		EXPECT(md, r == -EINVAL, "release past the published pages: %d", r);
+		return;
+	}
+	EXPECT(md, r == 0, "release: %d", r);
+	EXPECT(md, rel >= s->released && rel <= (upto > s->released ? upto : s->released), "released %u (was %u, upto %u)",
+	       rel, s->released, upto);
+	EXPECT(md, rel == kvmm_seq_released(md->m, id), "kvmm_seq_released");
+	/* it stops short only for want of a page (a packed page, or a copy of
+	 * a shared one) */
+	EXPECT(md, rel == upto || upto < s->released ||
+			   (md->c->pack != KVMM_PACK_NONE && kvmm_available_pages(md->m) == 0),
+	       "release stopped at %u of %u with %u pages available", rel, upto, kvmm_available_pages(md->m));
+	md->n_released += rel - s->released;
+	s->released = rel;
+}
+
 /* Another process's picture of the pool (libkvclient's KV map over the
  * metadata memfd, as the daemon describes it) against the model's owners of
  * each page (counted by the last check_all, nothing changed since) and
@@ -755,6 +833,7 @@ static void run_model(const struct run_cfg *c, uint64_t base_seed, uint64_t ops)
 	kc.max_seqs = MAX_SEQS;
 	kc.prefix_cache = c->prefix;
 	kc.shuffle_seed = c->shuffle;
+	kc.pack_slots = c->pack;
 	if (c->device) {
 		md->dev = calloc(c->n_pages, md->page_bytes);
 		assert_non_null(md->dev);
@@ -769,6 +848,8 @@ static void run_model(const struct run_cfg *c, uint64_t base_seed, uint64_t ops)
 	} else if (c->layout_copy) {
 		kc.page_ops = (struct kvmm_page_ops){.copy = copy_cb, .ud = md};
 	}
+	kc.page_ops.pack = pack_cb;
+	kc.page_ops.ud = md;
 	md->fault = open_store(c, md->page_bytes);
 	EXPECT(md, kvmm_create_with_io(&kc, md->fault, &md->m) == 0, "create");
 	if (c->hash_bits)
@@ -785,10 +866,12 @@ static void run_model(const struct run_cfg *c, uint64_t base_seed, uint64_t ops)
 			op_grow(md);
 		else if (w < 51)
 			op_fork(md);
-		else if (w < 62)
+		else if (w < 61)
 			op_free(md);
-		else if (w < 67)
+		else if (w < 64)
 			op_publish(md);
+		else if (w < 67)
+			op_release(md);
 		else if (w < 70)
 			op_evict(md);
 		else if (w < 75)
@@ -810,6 +893,9 @@ static void run_model(const struct run_cfg *c, uint64_t base_seed, uint64_t ops)
 	       c->name, ops, md->n_hits, md->n_hit_tokens, st.cow_copies, md->n_swaps, l.swap_in_remapped_pages,
 	       md->n_faults, md->n_cow_fail, l.pages_demoted, l.pages_promoted, l.pages_deduplicated, st.pages_evicted,
 	       l.pages_evicted_reclaim, l.pages_evicted_orphan);
+	printf("    %s: %" PRIu64 " pages released, %u packed now\n", c->name, md->n_released, st.pages_packed);
+	if (c->pack)
+		EXPECT(md, md->n_released > 0, "nothing was ever released");
 	if (c->device == DEV_BATCHED) {
 		printf("    %s: %" PRIu64 " batched device transfers\n", c->name, md->n_batches);
 		EXPECT(md, md->n_batches > 0, "the batched device callbacks were never used");
