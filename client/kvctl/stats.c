@@ -36,7 +36,10 @@ static const char help_stats[] =
 	"\n"
 	"    The table shows the pool in pages and bytes, the KV bytes one token costs, the\n"
 	"    prefix cache's hit rate (prompt tokens found / looked up), slack, and how many\n"
-	"    requests run, wait for memory, or are swapped out.\n"
+	"    requests run, wait for memory, or are swapped out. For a model whose layers\n"
+	"    mostly attend over a window (Gemma 3), a 'windows' line counts the pages\n"
+	"    released once no windowed layer reads them ([kv] release_local) and the\n"
+	"    packed pages that keep their global layers.\n"
 	"\n"
 	"OPTIONS\n"
 	"    --json          print one JSON object with integer members pages_total,\n"
@@ -134,6 +137,12 @@ static void print_stats_table(const struct kvc_stats *s, const struct kvc_info *
 	fmt_bytes(b1, sizeof(b1), (double)s->slack_tokens * (double)s->kv_bytes_per_token);
 	printf("tokens    %" PRIu64 " resident; slack %" PRIu64 " token slots (%s) in partly filled pages\n",
 	       s->tokens_resident, s->slack_tokens, b1);
+	if (s->pages_released) {
+		fmt_bytes(b1, sizeof(b1), (double)s->pages_packed * (double)s->page_bytes);
+		printf("windows   %" PRIu64 " pages released once the windowed layers were done with them; %" PRIu64
+		       " of the used pages (%s) hold their global layers, packed\n",
+		       s->pages_released, s->pages_packed, b1);
+	}
 	printf("prefix    %" PRIu64 " of %" PRIu64 " prompt tokens found in the cache (%.1f%%), %" PRIu64
 	       " lookups; %" PRIu64 " pages evicted, %" PRIu64 " copy-on-write copies\n",
 	       s->prefix_hit_tokens, s->prefix_query_tokens, pct(s->prefix_hit_tokens, s->prefix_query_tokens),
