@@ -33,6 +33,10 @@
 #ifndef ATTN_PF
 #define ATTN_PF 16
 #endif
+/* and a tile of at most this many rows prefetches its whole chunk first */
+#ifndef ATTN_PF_ALL_ROWS
+#define ATTN_PF_ALL_ROWS 8
+#endif
 
 /* Level 1 and 2 of the reduction for positions a[0..3]: lanes i + 8, then
  * i + 4 are added in; 128-bit lane k of the result holds position k's four
@@ -163,6 +167,19 @@ TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, 
 		n = len[r] > n ? len[r] : n;
 	const int n16 = (n + 15) & ~15;
 	float *sc = scratch; /* nr x n16 scores, then weights */
+
+	/* few rows (a decode's query group): the chunk's K and V rows, in
+	 * pages all over memory, are requested into L2 at once, so their
+	 * misses overlap instead of each waiting out the short distance of
+	 * the prefetches below (a prefill tile finds them there already) */
+	if (nr <= ATTN_PF_ALL_ROWS) {
+		for (int p = 0; p < n; p++)
+			UNROLL for (int b = 0; b < HD * 2; b += 64)
+				_mm_prefetch((const char *)k[p] + b, _MM_HINT_T1);
+		for (int p = 0; p < n; p++)
+			UNROLL for (int b = 0; b < HD * 2; b += 64)
+				_mm_prefetch((const char *)v[p] + b, _MM_HINT_T1);
+	}
 
 	scores_t(HD, RS, nr, q, len, k, n, scale, sc, n16);
 
