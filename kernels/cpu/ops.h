@@ -135,6 +135,11 @@ struct cpu_kernels {
 	/* g = gelu_tanh(g) * u (GeGLU), gelu_tanh(x) = x * sigmoid(2 z),
 	 * z = sqrt(2 / pi) (x + 0.044715 x^3), which equals the tanh form */
 	void (*geglu)(float *g, const float *u, int64_t n);
+	/* dst[i] = x[i] * s * g[i] (dst may be x), s = 1 / sqrt(mean of x^2
+	 * + eps); the sum of squares in double over 8 interleaved partial
+	 * sums (partial j: elements j, j + 8, ...), combined as ((p0 + p4) +
+	 * (p2 + p6)) + ((p1 + p5) + (p3 + p7)): every version the same bits */
+	void (*rmsnorm)(float *dst, const float *x, const float *g, int64_t n, float eps);
 };
 
 /* Fill the table for this CPU (force_generic: portable versions only;
