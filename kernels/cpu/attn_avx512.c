@@ -152,8 +152,59 @@ TGT static inline __attribute__((always_inline)) void pv_rows(const int HD, cons
 	}
 }
 
+/* o[r] = sum e[r][p] v[p] for the nr rows, for a head too large for a
+ * row's accumulators and a V row's conversion to stay in registers (256):
+ * a quarter of the head (64 lanes) at a time, so that one conversion of
+ * a V row's quarter serves up to RQ rows. Each output lane is the same
+ * chain of multiply-adds over positions in order as in pv_rows. */
+TGT static inline __attribute__((always_inline)) void pv_quarters(const int HD, int nr, const int *len,
+								  const uint16_t *const *v, const float *sc,
+								  int n16, float *const *o)
+{
+	enum { RQ = 4, VQ = 4 };
+	for (int r0 = 0; r0 < nr; r0 += RQ) {
+		int nt = nr - r0 < RQ ? nr - r0 : RQ, pe = 0, pc = 1 << 30;
+		for (int rr = 0; rr < nt; rr++) {
+			pe = len[r0 + rr] > pe ? len[r0 + rr] : pe;
+			pc = len[r0 + rr] < pc ? len[r0 + rr] : pc;
+		}
+		const float *e0 = sc + (size_t)r0 * n16;
+		for (int d0 = 0; d0 < HD; d0 += 16 * VQ) {
+			__m512 acc[RQ][VQ];
+			UNROLL for (int rr = 0; rr < RQ; rr++) UNROLL for (int j = 0; j < VQ; j++) acc[rr][j] = _mm512_setzero_ps();
+			for (int p = 0; p < pe; p++) {
+				__m512 vv[VQ];
+				if (p + ATTN_PF < pe)
+					_mm_prefetch((const char *)(v[p + ATTN_PF] + d0), _MM_HINT_T0),
+						_mm_prefetch((const char *)(v[p + ATTN_PF] + d0) + 64, _MM_HINT_T0);
+				UNROLL for (int j = 0; j < VQ; j++)
+					vv[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v[p] + d0 + 16 * j)));
+				if (nt == RQ && p < pc) {
+					UNROLL for (int rr = 0; rr < RQ; rr++) {
+						__m512 e = _mm512_set1_ps(e0[(size_t)rr * n16 + p]);
+						UNROLL for (int j = 0; j < VQ; j++)
+							acc[rr][j] = _mm512_fmadd_ps(e, vv[j], acc[rr][j]);
+					}
+				} else {
+					UNROLL for (int rr = 0; rr < RQ; rr++) {
+						if (rr < nt && p < len[r0 + rr]) {
+							__m512 e = _mm512_set1_ps(e0[(size_t)rr * n16 + p]);
+							UNROLL for (int j = 0; j < VQ; j++)
+								acc[rr][j] = _mm512_fmadd_ps(e, vv[j], acc[rr][j]);
+						}
+					}
+				}
+			}
+			UNROLL for (int rr = 0; rr < RQ; rr++)
+				if (rr < nt)
+					UNROLL for (int j = 0; j < VQ; j++)
+						_mm512_storeu_ps(o[r0 + rr] + d0 + 16 * j, acc[rr][j]);
+		}
+	}
+}
+
 /* HD (head size) is 64, 128 or 256; RS rows share each K row's conversion,
- * RT rows each V row's. */
+ * RT rows each V row's (256: pv_quarters instead). */
 TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, const int RS, const int RT, int nr,
 								  const float *const *q, const int *len,
 								  const uint16_t *const *k, const uint16_t *const *v,
@@ -199,6 +250,10 @@ TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, 
 		ml[r][1] = hsum(sum);
 	}
 
+	if (HD == 256) {
+		pv_quarters(HD, nr, len, v, sc, n16, o);
+		return;
+	}
 	for (int r0 = 0; r0 < nr; r0 += RT) {
 		__m512 acc[6][MAXV];
 		int nt = nr - r0 < RT ? nr - r0 : RT, pe = 0, pc = n;
@@ -248,8 +303,8 @@ TGT static void attn_rows_128(int nr, const float *const *q, const int *len, con
 	attn_rows_t(128, 2, 2, nr, q, len, k, v, scale, ml, o, scratch);
 }
 
-/* head size 256 (Gemma 3): a row's query and accumulator fill 16 registers
- * each, so one row at a time */
+/* head size 256 (Gemma 3): a row's query fills 16 registers, so scores one
+ * row at a time; V rows by quarters for four rows (pv_quarters) */
 TGT static void attn_rows_256(int nr, const float *const *q, const int *len, const uint16_t *const *k,
 			      const uint16_t *const *v, float scale, float *const *ml, float *const *o, float *scratch)
 {
