@@ -112,6 +112,60 @@ TGT static inline __attribute__((always_inline)) void scores_t(const int HD, con
 	}
 }
 
+/* scores_t for a head too large for a row's query to stay in registers
+ * (256): up to four rows share each K row's conversion, their query
+ * vectors read from memory (L1) at each use. Every (row, position) score
+ * is the same chain of multiply-adds and the same reduction tree as in
+ * scores_t, whatever the rows beside it. */
+TGT static inline __attribute__((always_inline)) void scores_wide(const int HD, int nr, const float *const *q,
+								  const int *len, const uint16_t *const *k, int n,
+								  float scale, float *sc, int ld)
+{
+	enum { RS = 4, P = 4, G = 4 };
+	const int V = HD / 16;
+	const __m512 vscale = _mm512_set1_ps(scale);
+	for (int r = 0; r < nr; r += RS) {
+		const float *qr[RS];
+		int lr = 0;
+		UNROLL for (int rr = 0; rr < RS; rr++) {
+			int row = r + rr < nr ? r + rr : r;
+			lr = len[row] > lr ? len[row] : lr;
+			qr[rr] = q[row];
+		}
+		for (int p16 = 0; p16 < lr; p16 += P * G) {
+			__m512 t[RS][G];
+			for (int g = 0; g < G; g++) {
+				int p0 = p16 + P * g;
+				__m512 acc[RS][P];
+				const uint16_t *kr[P];
+				if (p0 + ATTN_PF + P <= n)
+					UNROLL for (int i = 0; i < P; i++)
+						UNROLL for (int b = 0; b < HD * 2; b += 64)
+							_mm_prefetch((const char *)k[p0 + ATTN_PF + i] + b, _MM_HINT_T0);
+				UNROLL for (int i = 0; i < P; i++)
+					kr[i] = k[p0 + i < n ? p0 + i : n - 1];
+				UNROLL for (int j = 0; j < V; j++) {
+					__m512 kv[P];
+					UNROLL for (int i = 0; i < P; i++)
+						kv[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kr[i] + 16 * j)));
+					UNROLL for (int rr = 0; rr < RS; rr++) {
+						__m512 qv = _mm512_loadu_ps(qr[rr] + 16 * j);
+						UNROLL for (int i = 0; i < P; i++)
+							acc[rr][i] = j ? _mm512_fmadd_ps(qv, kv[i], acc[rr][i]) : _mm512_mul_ps(qv, kv[i]);
+					}
+				}
+				UNROLL for (int rr = 0; rr < RS; rr++)
+					t[rr][g] = reduce4_half(acc[rr]);
+			}
+			UNROLL for (int rr = 0; rr < RS; rr++) {
+				if (r + rr >= nr)
+					continue;
+				_mm512_storeu_ps(sc + (size_t)(r + rr) * ld + p16, _mm512_mul_ps(reduce16_rest(t[rr]), vscale));
+			}
+		}
+	}
+}
+
 /* fixed order: 16 -> 8 -> 4 -> 2 -> 1 */
 TGT static inline float hsum(__m512 v)
 {
@@ -232,7 +286,10 @@ TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, 
 				_mm_prefetch((const char *)v[p] + b, _MM_HINT_T1);
 	}
 
-	scores_t(HD, RS, nr, q, len, k, n, scale, sc, n16);
+	if (HD == 256)
+		scores_wide(HD, nr, q, len, k, n, scale, sc, n16);
+	else
+		scores_t(HD, RS, nr, q, len, k, n, scale, sc, n16);
 
 	for (int r = 0; r < nr; r++) {
 		float *s = sc + (size_t)r * n16;
