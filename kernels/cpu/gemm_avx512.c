@@ -216,6 +216,14 @@ void cpu_gemm_pack(enum kvd_wtype t, const void *src, size_t row_bytes, int64_t 
 #include <immintrin.h>
 
 #define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,f16c,fma")))
+/* Weights are streamed once per step, far more of them than the caches
+ * hold: non-temporal prefetches (which on x86 bring a line close to the
+ * core without making it displace the cache's other contents, as a
+ * normal fill would) leave L2 and L3 to what a step reuses, the K/V
+ * pages and activations. */
+#ifndef GEMM_PF_HINT
+#define GEMM_PF_HINT _MM_HINT_NTA
+#endif
 
 enum gemm_kind { K_Q4_0, K_Q4_1, K_Q8_0, K_Q5_1, K_Q4_K, K_Q5_K, K_Q6_K, K_F32, K_F16, K_BF16 };
 
@@ -249,7 +257,7 @@ TGT static inline __attribute__((always_inline)) void tile(enum gemm_kind kind, 
 		__m512i ia[GEMM_COLS], ib[GEMM_COLS];
 		if (C <= 2) {
 			UNROLL for (size_t o = 0; o < gb; o += 64)
-				_mm_prefetch((const char *)wp + GEMM_PF_DIST + o, _MM_HINT_T0);
+				_mm_prefetch((const char *)wp + GEMM_PF_DIST + o, GEMM_PF_HINT);
 		}
 		UNROLL for (int t = 0; t < C; t++) {
 			const struct q8_block *row = xq + (size_t)t * ldq;
@@ -318,7 +326,7 @@ TGT static inline __attribute__((always_inline)) void tile_k(enum gemm_kind kind
 			__m512i ia[GEMM_COLS], ib[GEMM_COLS];
 			if (C <= 2) {
 				UNROLL for (size_t o = 0; o < gsb / 8; o += 64)
-					_mm_prefetch((const char *)wp + GEMM_PF_DIST + gsb / 8 * j + o, _MM_HINT_T0);
+					_mm_prefetch((const char *)wp + GEMM_PF_DIST + gsb / 8 * j + o, GEMM_PF_HINT);
 			}
 			UNROLL for (int t = 0; t < C; t++) {
 				if (kind == K_Q6_K) {
@@ -408,7 +416,7 @@ TGT static inline __attribute__((always_inline)) void tile_f(enum gemm_kind kind
 	for (int64_t i = 0; i < nb * QK; i += 2, wp += 2 * cb) {
 		if (C <= 2) {
 			UNROLL for (size_t o = 0; o < 2 * cb; o += 64)
-				_mm_prefetch((const char *)wp + GEMM_PF_DIST + o, _MM_HINT_T0);
+				_mm_prefetch((const char *)wp + GEMM_PF_DIST + o, GEMM_PF_HINT);
 		}
 		__m512 w0 = load_f(kind, wp), w1 = load_f(kind, wp + cb);
 		UNROLL for (int t = 0; t < C; t++) {
