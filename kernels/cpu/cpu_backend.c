@@ -70,6 +70,7 @@ struct cpu_ctx {
 	int32_t *tok_seq; /* [T] sequence index of each row */
 	int32_t *tok_pos; /* [T] position of each row */
 	float *rope;      /* [T][head_dim]: cos, sin of each rotated pair */
+	float *rope_alt;  /* the same for the RoPE used before (per-layer RoPE) */
 	struct cpu_attn attn; /* attention and its scratch (attention.c) */
 	float *logit_rows;/* [T][n_embd] normalised rows that want logits */
 	int32_t *logit_src;/* [T] row index feeding each logit row */
@@ -105,9 +106,10 @@ static void free_scratch(struct cpu_ctx *c)
 {
 	free(c->x); free(c->xn); free(c->xq); free(c->q); free(c->kk); free(c->vv);
 	free(c->att); free(c->gate); free(c->up); free(c->tok_seq); free(c->tok_pos); free(c->rope);
+	free(c->rope_alt);
 	free(c->logit_rows); free(c->logit_src); free(c->logits_tmp);
 	c->x = c->xn = c->q = c->kk = c->vv = c->att = c->gate = c->up = NULL;
-	c->logit_rows = c->logits_tmp = c->rope = NULL;
+	c->logit_rows = c->logits_tmp = c->rope = c->rope_alt = NULL;
 	c->xq = NULL;
 	c->tok_seq = c->tok_pos = c->logit_src = NULL;
 	c->cap_tokens = 0;
@@ -300,6 +302,7 @@ static int ensure_scratch(struct cpu_ctx *c, int T, int max_pos, int n_logit_row
 		GROW(c->tok_seq, n);
 		GROW(c->tok_pos, n);
 		GROW(c->rope, n * (int64_t)hp->head_dim);
+		GROW(c->rope_alt, n * (int64_t)hp->head_dim);
 		c->cap_tokens = n;
 	}
 	if (n_logit_rows > c->cap_logit_rows) {
@@ -483,6 +486,7 @@ static void matmul(struct cpu_ctx *c, const struct kvd_tensor *w, const void *wp
 /* x[i] += y[i] (the residual stream), four lanes at a time: the same
  * float sums as the scalar loop */
 typedef float v4f __attribute__((vector_size(16), aligned(4)));
+typedef int32_t v4i __attribute__((vector_size(16)));
 
 static void add_row(float *x, const float *y, int64_t n)
 {
@@ -509,10 +513,40 @@ static void rope_table(float *cs, int hd, int pos, float theta_base)
 	}
 }
 
-/* Rotate the pairs of one head vector by a token's rope table. */
+/* Rotate the pairs of one head vector by a token's rope table: each
+ * rotated value a product, a product and a sum or difference, as
+ * x0 * cs - x1 * sn and x0 * sn + x1 * cs; four lanes at a time. */
 static void rope_head(float *v, int hd, const float *tab, enum kvd_rope_style style)
 {
-	for (int i = 0; i < hd / 2; i++) {
+	int i = 0;
+	if (style == KVD_ROPE_NEOX) {
+		/* pair i is (i, i + hd / 2): the halves as vectors, the table
+		 * de-interleaved */
+		for (; i + 4 <= hd / 2; i += 4) {
+			v4f t0, t1, x0, x1;
+			memcpy(&t0, tab + 2 * i, sizeof(t0));
+			memcpy(&t1, tab + 2 * i + 4, sizeof(t1));
+			memcpy(&x0, v + i, sizeof(x0));
+			memcpy(&x1, v + i + hd / 2, sizeof(x1));
+			v4f cs = __builtin_shuffle(t0, t1, (v4i){0, 2, 4, 6});
+			v4f sn = __builtin_shuffle(t0, t1, (v4i){1, 3, 5, 7});
+			v4f y0 = x0 * cs - x1 * sn, y1 = x0 * sn + x1 * cs;
+			memcpy(v + i, &y0, sizeof(y0));
+			memcpy(v + i + hd / 2, &y1, sizeof(y1));
+		}
+	} else {
+		/* pair i is (2i, 2i + 1), laid out as the table's (cos, sin) */
+		for (; i + 2 <= hd / 2; i += 2) {
+			v4f t, x;
+			memcpy(&t, tab + 2 * i, sizeof(t));
+			memcpy(&x, v + 2 * i, sizeof(x));
+			v4f a = __builtin_shuffle(x, (v4i){0, 0, 2, 2}) * t;
+			v4f b = __builtin_shuffle(x, (v4i){1, 1, 3, 3}) * __builtin_shuffle(t, (v4i){1, 0, 3, 2});
+			v4f y = __builtin_shuffle(a - b, a + b, (v4i){0, 5, 2, 7});
+			memcpy(v + 2 * i, &y, sizeof(y));
+		}
+	}
+	for (; i < hd / 2; i++) {
 		float cs = tab[2 * i], sn = tab[2 * i + 1];
 		int a = style == KVD_ROPE_NEOX ? i : 2 * i;
 		int b = style == KVD_ROPE_NEOX ? i + hd / 2 : 2 * i + 1;
@@ -731,6 +765,11 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 	int rope_ext = (w->features & (KVD_FEAT_LAYER_ROPE | KVD_FEAT_ROPE_FREQS | KVD_FEAT_ROPE_LINEAR)) != 0;
 	float rope_th = hp->rope_theta, rope_sc = 1.0f;
 	int rope_fresh = !rope_ext;
+	/* c->rope_alt holds the table for (alt_th, alt_sc) when alt_ok: a
+	 * model alternating between two RoPEs (Gemma 3's local and global
+	 * layers) computes each once a step */
+	float alt_th = 0, alt_sc = 0;
+	int alt_ok = 0;
 	if (!rope_ext) {
 		struct rope_job rj = {c, T, 0, hp->rope_theta, 1.0f};
 		run_rows(c, rope_worker, &rj, T);
@@ -744,8 +783,16 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 			float th = L->d.rope_theta > 0 ? L->d.rope_theta : hp->rope_theta;
 			float sc = L->d.rope_freq_scale > 0 ? L->d.rope_freq_scale : 1.0f;
 			if (!rope_fresh || th != rope_th || sc != rope_sc) {
-				struct rope_job rj = {c, T, 1, th, sc};
-				run_rows(c, rope_worker, &rj, T);
+				float *tab = c->rope;
+				c->rope = c->rope_alt;
+				c->rope_alt = tab;
+				if (!alt_ok || th != alt_th || sc != alt_sc) {
+					struct rope_job rj = {c, T, 1, th, sc};
+					run_rows(c, rope_worker, &rj, T);
+				}
+				alt_ok = rope_fresh;
+				alt_th = rope_th;
+				alt_sc = rope_sc;
 				rope_th = th;
 				rope_sc = sc;
 				rope_fresh = 1;
