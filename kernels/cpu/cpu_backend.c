@@ -743,15 +743,24 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 	if (r < 0)
 		return r;
 
-	/* embeddings and the row -> (sequence, position) map */
+	/* embeddings and the row -> (sequence, position) map; a tied table
+	 * is read from the output matrix's packed copy where that keeps the
+	 * stored bytes (its own pages were handed back after packing, and
+	 * each token's row would fault in from the file) */
+	const void *emb_packed = w->output.data == w->tok_embd.data ? c->packed[hp->n_layer * PK_PER_LAYER] : NULL;
 	int t = 0;
 	for (int i = 0; i < b->n_seqs; i++) {
 		const struct kvd_batch_seq *s = &b->seqs[i];
 		for (int j = 0; j < s->n_tokens; j++, t++) {
 			c->tok_seq[t] = i;
 			c->tok_pos[t] = s->pos0 + j;
-			cpu_dequantize_row(w->tok_embd.type, (const char *)w->tok_embd.data +
-				       (size_t)s->tokens[j] * w->tok_embd.row_bytes, c->x + (int64_t)t * hp->n_embd, hp->n_embd);
+			const void *row = (const char *)w->tok_embd.data + (size_t)s->tokens[j] * w->tok_embd.row_bytes;
+			/* xn's row is free until the first norm, and holds n_embd
+			 * floats: as many bytes as any stored row */
+			void *tmp = c->xn + (int64_t)t * hp->n_embd;
+			if (emb_packed && cpu_gemm_unpack_row(w->tok_embd.type, emb_packed, hp->n_embd, s->tokens[j], tmp) == 0)
+				row = tmp;
+			cpu_dequantize_row(w->tok_embd.type, row, c->x + (int64_t)t * hp->n_embd, hp->n_embd);
 			if (w->features & KVD_FEAT_EMBD_SCALE)
 				for (int64_t e = 0; e < hp->n_embd; e++)
 					c->x[(int64_t)t * hp->n_embd + e] *= hp->embd_scale;

@@ -212,6 +212,41 @@ void cpu_gemm_pack(enum kvd_wtype t, const void *src, size_t row_bytes, int64_t 
 	}
 }
 
+int cpu_gemm_unpack_row(enum kvd_wtype t, const void *packed, int64_t cols, int64_t r, void *row)
+{
+	const size_t gb = cpu_gemm_group_block_bytes(t);
+	const int64_t nb = cols / QK, g = r / GEMM_ROWS;
+	const int lane = (int)(r % GEMM_ROWS);
+	const uint8_t *grp = (const uint8_t *)packed + (size_t)g * (size_t)nb * gb;
+	uint8_t *out = row;
+
+	if (t == KVD_WTYPE_F32 || t == KVD_WTYPE_F16 || t == KVD_WTYPE_BF16) {
+		size_t es = t == KVD_WTYPE_F32 ? 4 : 2;
+		for (int64_t i = 0; i < cols; i++)
+			memcpy(out + (size_t)i * es, grp + ((size_t)i * GEMM_ROWS + (size_t)lane) * es, es);
+		return 0;
+	}
+	if (t != KVD_WTYPE_Q4_0 && t != KVD_WTYPE_Q4_1 && t != KVD_WTYPE_Q8_0)
+		return -1;
+	const int nq = t == KVD_WTYPE_Q8_0 ? 8 : 4, hdr = t == KVD_WTYPE_Q4_1 ? 4 : 2;
+	const uint32_t flip = t == KVD_WTYPE_Q8_0 ? 0x80808080u : 0;
+	const size_t sb = (size_t)hdr + 4 * (size_t)nq; /* stored block bytes */
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *blk = grp + (size_t)b * gb;
+		uint8_t *o = out + (size_t)b * sb;
+		for (int j = 0; j < nq; j++) {
+			uint32_t w;
+			memcpy(&w, blk + 64 * j + 4 * lane, 4);
+			w ^= flip;
+			memcpy(o + hdr + 4 * j, &w, 4);
+		}
+		memcpy(o, blk + 64 * nq + 2 * lane, 2);
+		if (t == KVD_WTYPE_Q4_1)
+			memcpy(o + 2, blk + 64 * nq + 2 * (GEMM_ROWS + lane), 2);
+	}
+	return 0;
+}
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 

@@ -94,6 +94,10 @@ void cpu_q5_block_quants(const uint8_t qh[4], const uint8_t *qs, uint8_t q[32]);
 void kq_block_ints(enum kvd_wtype t, const void *blk, uint8_t q[256], uint8_t sc[16], uint8_t mn[8], uint16_t *d,
 		   uint16_t *dmin);
 void cpu_gemm_pack(enum kvd_wtype t, const void *src, size_t row_bytes, int64_t rows, int64_t cols, void *dst);
+/* The stored bytes of row r (row_bytes of them) back from a matrix packed
+ * by cpu_gemm_pack, exactly as they were; returns 0, or -1 for the types
+ * whose packing does not keep their bytes (q5_0, q5_1, the K-quants). */
+int cpu_gemm_unpack_row(enum kvd_wtype t, const void *packed, int64_t cols, int64_t r, void *row);
 
 /* Attention of nr query rows over one chunk of positions (K and V rows in
  * f16, k[p] and v[p] pointing at position p's head): row r (query q[r])

@@ -286,6 +286,16 @@ static void gemm_tiles(struct cpu_kernels *kv, const float *want, float *keep)
 			for (int r = 0; r < NR; r++)
 				fill_weights(t, w + r * rb, n);
 			cpu_gemm_pack(t, w, rb, NR, n, wp);
+			/* the stored rows come back from the packed copy, byte for
+			 * byte, for the types whose packing keeps them */
+			for (int r = 0; r < NR; r++) {
+				static uint8_t back[24 * 32 * 4];
+				int keeps = t == KVD_WTYPE_Q4_0 || t == KVD_WTYPE_Q4_1 || t == KVD_WTYPE_Q8_0 ||
+					    t == KVD_WTYPE_F32 || t == KVD_WTYPE_F16 || t == KVD_WTYPE_BF16;
+				assert_int_equal(cpu_gemm_unpack_row(t, wp, n, r, back), keeps ? 0 : -1);
+				if (keeps)
+					assert_memory_equal(back, w + r * rb, rb);
+			}
 			for (int c = 0; c < NC; c++) {
 				for (int64_t i = 0; i < n; i++)
 					x[c][i] = frand();
