@@ -33,6 +33,10 @@
 #ifndef ATTN_PF
 #define ATTN_PF 16
 #endif
+/* and a tile of at most this many rows prefetches its whole chunk first */
+#ifndef ATTN_PF_ALL_ROWS
+#define ATTN_PF_ALL_ROWS 8
+#endif
 
 /* Level 1 and 2 of the reduction for positions a[0..3]: lanes i + 8, then
  * i + 4 are added in; 128-bit lane k of the result holds position k's four
@@ -108,6 +112,60 @@ TGT static inline __attribute__((always_inline)) void scores_t(const int HD, con
 	}
 }
 
+/* scores_t for a head too large for a row's query to stay in registers
+ * (256): up to four rows share each K row's conversion, their query
+ * vectors read from memory (L1) at each use. Every (row, position) score
+ * is the same chain of multiply-adds and the same reduction tree as in
+ * scores_t, whatever the rows beside it. */
+TGT static inline __attribute__((always_inline)) void scores_wide(const int HD, int nr, const float *const *q,
+								  const int *len, const uint16_t *const *k, int n,
+								  float scale, float *sc, int ld)
+{
+	enum { RS = 4, P = 4, G = 4 };
+	const int V = HD / 16;
+	const __m512 vscale = _mm512_set1_ps(scale);
+	for (int r = 0; r < nr; r += RS) {
+		const float *qr[RS];
+		int lr = 0;
+		UNROLL for (int rr = 0; rr < RS; rr++) {
+			int row = r + rr < nr ? r + rr : r;
+			lr = len[row] > lr ? len[row] : lr;
+			qr[rr] = q[row];
+		}
+		for (int p16 = 0; p16 < lr; p16 += P * G) {
+			__m512 t[RS][G];
+			for (int g = 0; g < G; g++) {
+				int p0 = p16 + P * g;
+				__m512 acc[RS][P];
+				const uint16_t *kr[P];
+				if (p0 + ATTN_PF + P <= n)
+					UNROLL for (int i = 0; i < P; i++)
+						UNROLL for (int b = 0; b < HD * 2; b += 64)
+							_mm_prefetch((const char *)k[p0 + ATTN_PF + i] + b, _MM_HINT_T0);
+				UNROLL for (int i = 0; i < P; i++)
+					kr[i] = k[p0 + i < n ? p0 + i : n - 1];
+				UNROLL for (int j = 0; j < V; j++) {
+					__m512 kv[P];
+					UNROLL for (int i = 0; i < P; i++)
+						kv[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kr[i] + 16 * j)));
+					UNROLL for (int rr = 0; rr < RS; rr++) {
+						__m512 qv = _mm512_loadu_ps(qr[rr] + 16 * j);
+						UNROLL for (int i = 0; i < P; i++)
+							acc[rr][i] = j ? _mm512_fmadd_ps(qv, kv[i], acc[rr][i]) : _mm512_mul_ps(qv, kv[i]);
+					}
+				}
+				UNROLL for (int rr = 0; rr < RS; rr++)
+					t[rr][g] = reduce4_half(acc[rr]);
+			}
+			UNROLL for (int rr = 0; rr < RS; rr++) {
+				if (r + rr >= nr)
+					continue;
+				_mm512_storeu_ps(sc + (size_t)(r + rr) * ld + p16, _mm512_mul_ps(reduce16_rest(t[rr]), vscale));
+			}
+		}
+	}
+}
+
 /* fixed order: 16 -> 8 -> 4 -> 2 -> 1 */
 TGT static inline float hsum(__m512 v)
 {
@@ -148,8 +206,59 @@ TGT static inline __attribute__((always_inline)) void pv_rows(const int HD, cons
 	}
 }
 
+/* o[r] = sum e[r][p] v[p] for the nr rows, for a head too large for a
+ * row's accumulators and a V row's conversion to stay in registers (256):
+ * a quarter of the head (64 lanes) at a time, so that one conversion of
+ * a V row's quarter serves up to RQ rows. Each output lane is the same
+ * chain of multiply-adds over positions in order as in pv_rows. */
+TGT static inline __attribute__((always_inline)) void pv_quarters(const int HD, int nr, const int *len,
+								  const uint16_t *const *v, const float *sc,
+								  int n16, float *const *o)
+{
+	enum { RQ = 4, VQ = 4 };
+	for (int r0 = 0; r0 < nr; r0 += RQ) {
+		int nt = nr - r0 < RQ ? nr - r0 : RQ, pe = 0, pc = 1 << 30;
+		for (int rr = 0; rr < nt; rr++) {
+			pe = len[r0 + rr] > pe ? len[r0 + rr] : pe;
+			pc = len[r0 + rr] < pc ? len[r0 + rr] : pc;
+		}
+		const float *e0 = sc + (size_t)r0 * n16;
+		for (int d0 = 0; d0 < HD; d0 += 16 * VQ) {
+			__m512 acc[RQ][VQ];
+			UNROLL for (int rr = 0; rr < RQ; rr++) UNROLL for (int j = 0; j < VQ; j++) acc[rr][j] = _mm512_setzero_ps();
+			for (int p = 0; p < pe; p++) {
+				__m512 vv[VQ];
+				if (p + ATTN_PF < pe)
+					_mm_prefetch((const char *)(v[p + ATTN_PF] + d0), _MM_HINT_T0),
+						_mm_prefetch((const char *)(v[p + ATTN_PF] + d0) + 64, _MM_HINT_T0);
+				UNROLL for (int j = 0; j < VQ; j++)
+					vv[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v[p] + d0 + 16 * j)));
+				if (nt == RQ && p < pc) {
+					UNROLL for (int rr = 0; rr < RQ; rr++) {
+						__m512 e = _mm512_set1_ps(e0[(size_t)rr * n16 + p]);
+						UNROLL for (int j = 0; j < VQ; j++)
+							acc[rr][j] = _mm512_fmadd_ps(e, vv[j], acc[rr][j]);
+					}
+				} else {
+					UNROLL for (int rr = 0; rr < RQ; rr++) {
+						if (rr < nt && p < len[r0 + rr]) {
+							__m512 e = _mm512_set1_ps(e0[(size_t)rr * n16 + p]);
+							UNROLL for (int j = 0; j < VQ; j++)
+								acc[rr][j] = _mm512_fmadd_ps(e, vv[j], acc[rr][j]);
+						}
+					}
+				}
+			}
+			UNROLL for (int rr = 0; rr < RQ; rr++)
+				if (rr < nt)
+					UNROLL for (int j = 0; j < VQ; j++)
+						_mm512_storeu_ps(o[r0 + rr] + d0 + 16 * j, acc[rr][j]);
+		}
+	}
+}
+
 /* HD (head size) is 64, 128 or 256; RS rows share each K row's conversion,
- * RT rows each V row's. */
+ * RT rows each V row's (256: pv_quarters instead). */
 TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, const int RS, const int RT, int nr,
 								  const float *const *q, const int *len,
 								  const uint16_t *const *k, const uint16_t *const *v,
@@ -164,7 +273,23 @@ TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, 
 	const int n16 = (n + 15) & ~15;
 	float *sc = scratch; /* nr x n16 scores, then weights */
 
-	scores_t(HD, RS, nr, q, len, k, n, scale, sc, n16);
+	/* few rows (a decode's query group): the chunk's K and V rows, in
+	 * pages all over memory, are requested into L2 at once, so their
+	 * misses overlap instead of each waiting out the short distance of
+	 * the prefetches below (a prefill tile finds them there already) */
+	if (nr <= ATTN_PF_ALL_ROWS) {
+		for (int p = 0; p < n; p++)
+			UNROLL for (int b = 0; b < HD * 2; b += 64)
+				_mm_prefetch((const char *)k[p] + b, _MM_HINT_T1);
+		for (int p = 0; p < n; p++)
+			UNROLL for (int b = 0; b < HD * 2; b += 64)
+				_mm_prefetch((const char *)v[p] + b, _MM_HINT_T1);
+	}
+
+	if (HD == 256)
+		scores_wide(HD, nr, q, len, k, n, scale, sc, n16);
+	else
+		scores_t(HD, RS, nr, q, len, k, n, scale, sc, n16);
 
 	for (int r = 0; r < nr; r++) {
 		float *s = sc + (size_t)r * n16;
@@ -182,6 +307,10 @@ TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, 
 		ml[r][1] = hsum(sum);
 	}
 
+	if (HD == 256) {
+		pv_quarters(HD, nr, len, v, sc, n16, o);
+		return;
+	}
 	for (int r0 = 0; r0 < nr; r0 += RT) {
 		__m512 acc[6][MAXV];
 		int nt = nr - r0 < RT ? nr - r0 : RT, pe = 0, pc = n;
@@ -231,8 +360,8 @@ TGT static void attn_rows_128(int nr, const float *const *q, const int *len, con
 	attn_rows_t(128, 2, 2, nr, q, len, k, v, scale, ml, o, scratch);
 }
 
-/* head size 256 (Gemma 3): a row's query and accumulator fill 16 registers
- * each, so one row at a time */
+/* head size 256 (Gemma 3): a row's query fills 16 registers, so scores one
+ * row at a time; V rows by quarters for four rows (pv_quarters) */
 TGT static void attn_rows_256(int nr, const float *const *q, const int *len, const uint16_t *const *k,
 			      const uint16_t *const *v, float scale, float *const *ml, float *const *o, float *scratch)
 {

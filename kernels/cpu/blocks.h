@@ -71,6 +71,7 @@ float cpu_kq_dot(enum kvd_wtype t, const void *w, const struct q8_block *xq, int
 /* the portable activations, which the vector versions use for their tails */
 void cpu_swiglu_generic(float *g, const float *u, int64_t n);
 void cpu_geglu_generic(float *g, const float *u, int64_t n);
+void cpu_rmsnorm_generic(float *dst, const float *x, const float *g, int64_t n, float eps);
 #define GELU_2K 1.5957691216f /* 2 sqrt(2 / pi) */
 #define GELU_C 0.044715f
 

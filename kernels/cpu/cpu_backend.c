@@ -70,6 +70,7 @@ struct cpu_ctx {
 	int32_t *tok_seq; /* [T] sequence index of each row */
 	int32_t *tok_pos; /* [T] position of each row */
 	float *rope;      /* [T][head_dim]: cos, sin of each rotated pair */
+	float *rope_alt;  /* the same for the RoPE used before (per-layer RoPE) */
 	struct cpu_attn attn; /* attention and its scratch (attention.c) */
 	float *logit_rows;/* [T][n_embd] normalised rows that want logits */
 	int32_t *logit_src;/* [T] row index feeding each logit row */
@@ -105,9 +106,10 @@ static void free_scratch(struct cpu_ctx *c)
 {
 	free(c->x); free(c->xn); free(c->xq); free(c->q); free(c->kk); free(c->vv);
 	free(c->att); free(c->gate); free(c->up); free(c->tok_seq); free(c->tok_pos); free(c->rope);
+	free(c->rope_alt);
 	free(c->logit_rows); free(c->logit_src); free(c->logits_tmp);
 	c->x = c->xn = c->q = c->kk = c->vv = c->att = c->gate = c->up = NULL;
-	c->logit_rows = c->logits_tmp = c->rope = NULL;
+	c->logit_rows = c->logits_tmp = c->rope = c->rope_alt = NULL;
 	c->xq = NULL;
 	c->tok_seq = c->tok_pos = c->logit_src = NULL;
 	c->cap_tokens = 0;
@@ -305,6 +307,7 @@ static int ensure_scratch(struct cpu_ctx *c, int T, int max_pos, int n_logit_row
 		GROW(c->tok_seq, n);
 		GROW(c->tok_pos, n);
 		GROW(c->rope, n * (int64_t)hp->head_dim);
+		GROW(c->rope_alt, n * (int64_t)hp->head_dim);
 		c->cap_tokens = n;
 	}
 	if (n_logit_rows > c->cap_logit_rows) {
@@ -485,22 +488,23 @@ static void matmul(struct cpu_ctx *c, const struct kvd_tensor *w, const void *wp
 	mm_run(c, &m);
 }
 
-/* The sum of squares in double over 8 interleaved partial sums combined
- * in a fixed tree: the same order on every CPU (plain C, no reassociation
- * by the compiler), and 8 independent chains instead of one. */
-static void rmsnorm_row(float *dst, const float *x, const float *g, int64_t n, float eps)
+/* x[i] += y[i] (the residual stream), four lanes at a time: the same
+ * float sums as the scalar loop */
+typedef float v4f __attribute__((vector_size(16), aligned(4)));
+typedef int32_t v4i __attribute__((vector_size(16)));
+
+static void add_row(float *x, const float *y, int64_t n)
 {
-	double p[8] = {0};
 	int64_t i = 0;
-	for (; i + 8 <= n; i += 8)
-		for (int j = 0; j < 8; j++)
-			p[j] += (double)x[i + j] * x[i + j];
-	for (int j = 0; i < n; i++, j++)
-		p[j] += (double)x[i] * x[i];
-	double ss = ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
-	float scale = (float)(1.0 / sqrt(ss / (double)n + eps));
-	for (i = 0; i < n; i++)
-		dst[i] = x[i] * scale * g[i];
+	for (; i + 4 <= n; i += 4) {
+		v4f a, b;
+		memcpy(&a, x + i, sizeof(a));
+		memcpy(&b, y + i, sizeof(b));
+		a += b;
+		memcpy(x + i, &a, sizeof(a));
+	}
+	for (; i < n; i++)
+		x[i] += y[i];
 }
 
 /* cos and sin of pair i's angle at position pos, computed in double once
@@ -514,10 +518,40 @@ static void rope_table(float *cs, int hd, int pos, float theta_base)
 	}
 }
 
-/* Rotate the pairs of one head vector by a token's rope table. */
+/* Rotate the pairs of one head vector by a token's rope table: each
+ * rotated value a product, a product and a sum or difference, as
+ * x0 * cs - x1 * sn and x0 * sn + x1 * cs; four lanes at a time. */
 static void rope_head(float *v, int hd, const float *tab, enum kvd_rope_style style)
 {
-	for (int i = 0; i < hd / 2; i++) {
+	int i = 0;
+	if (style == KVD_ROPE_NEOX) {
+		/* pair i is (i, i + hd / 2): the halves as vectors, the table
+		 * de-interleaved */
+		for (; i + 4 <= hd / 2; i += 4) {
+			v4f t0, t1, x0, x1;
+			memcpy(&t0, tab + 2 * i, sizeof(t0));
+			memcpy(&t1, tab + 2 * i + 4, sizeof(t1));
+			memcpy(&x0, v + i, sizeof(x0));
+			memcpy(&x1, v + i + hd / 2, sizeof(x1));
+			v4f cs = __builtin_shuffle(t0, t1, (v4i){0, 2, 4, 6});
+			v4f sn = __builtin_shuffle(t0, t1, (v4i){1, 3, 5, 7});
+			v4f y0 = x0 * cs - x1 * sn, y1 = x0 * sn + x1 * cs;
+			memcpy(v + i, &y0, sizeof(y0));
+			memcpy(v + i + hd / 2, &y1, sizeof(y1));
+		}
+	} else {
+		/* pair i is (2i, 2i + 1), laid out as the table's (cos, sin) */
+		for (; i + 2 <= hd / 2; i += 2) {
+			v4f t, x;
+			memcpy(&t, tab + 2 * i, sizeof(t));
+			memcpy(&x, v + 2 * i, sizeof(x));
+			v4f a = __builtin_shuffle(x, (v4i){0, 0, 2, 2}) * t;
+			v4f b = __builtin_shuffle(x, (v4i){1, 1, 3, 3}) * __builtin_shuffle(t, (v4i){1, 0, 3, 2});
+			v4f y = __builtin_shuffle(a - b, a + b, (v4i){0, 5, 2, 7});
+			memcpy(v + 2 * i, &y, sizeof(y));
+		}
+	}
+	for (; i < hd / 2; i++) {
 		float cs = tab[2 * i], sn = tab[2 * i + 1];
 		int a = style == KVD_ROPE_NEOX ? i : 2 * i;
 		int b = style == KVD_ROPE_NEOX ? i + hd / 2 : 2 * i + 1;
@@ -561,9 +595,9 @@ static void rope_store_worker(void *arg, int ith, int nth)
 		}
 		if (Lw->q_norm.data) {
 			for (int h = 0; h < hp->n_head; h++)
-				rmsnorm_row(q + h * hd, q + h * hd, Lw->q_norm.data, hd, hp->rms_eps);
+				c->k.rmsnorm(q + h * hd, q + h * hd, Lw->q_norm.data, hd, hp->rms_eps);
 			for (int h = 0; h < hp->n_head_kv; h++)
-				rmsnorm_row(k + h * hd, k + h * hd, Lw->k_norm.data, hd, hp->rms_eps);
+				c->k.rmsnorm(k + h * hd, k + h * hd, Lw->k_norm.data, hd, hp->rms_eps);
 		}
 		for (int h = 0; h < hp->n_head; h++)
 			rope_head(q + h * hd, hd, tab, hp->rope_style);
@@ -582,12 +616,16 @@ static void rope_store_worker(void *arg, int ith, int nth)
 	}
 }
 
-/* xn = rmsnorm(x) * g for every row, then its q8 form. */
+/* Per row: with `residual`, a sublayer's output in xn (normalised by
+ * `post` first where the model has such a norm) is added to x; then, with
+ * g, xn = rmsnorm(x) * g and its q8 form. */
 struct norm_job {
 	struct cpu_ctx *c;
 	const float *g;
 	int T;
 	int quantize;
+	int residual;
+	const float *post;
 };
 
 static void norm_worker(void *arg, int ith, int nth)
@@ -597,16 +635,56 @@ static void norm_worker(void *arg, int ith, int nth)
 	const struct kvd_hparams *hp = &c->w->hp;
 	int64_t n = hp->n_embd;
 	for (int t = ith; t < j->T; t += nth) {
-		rmsnorm_row(c->xn + t * n, c->x + t * n, j->g, n, hp->rms_eps);
+		float *x = c->x + t * n, *xn = c->xn + t * n;
+		if (j->residual) {
+			if (j->post)
+				c->k.rmsnorm(xn, xn, j->post, n, hp->rms_eps);
+			add_row(x, xn, n);
+		}
+		if (!j->g)
+			continue;
+		c->k.rmsnorm(xn, x, j->g, n, hp->rms_eps);
 		if (j->quantize)
-			c->k.quantize_q8(c->xn + t * n, c->xq + t * q8_row_len(n), n);
+			c->k.quantize_q8(xn, c->xq + t * q8_row_len(n), n);
 	}
 }
 
 static void norm_rows(struct cpu_ctx *c, const struct kvd_tensor *g, int T, int quantize)
 {
-	struct norm_job j = {c, g->data, T, quantize};
+	struct norm_job j = {c, g->data, T, quantize, 0, NULL};
 	run_rows(c, norm_worker, &j, T);
+}
+
+/* x += post-norm(xn), then (g non-NULL) xn = rmsnorm(x) * g, quantized:
+ * one parallel region for the end of a sublayer and the next one's input. */
+static void residual_norm_rows(struct cpu_ctx *c, const float *post, const float *g, int T)
+{
+	struct norm_job j = {c, g, T, 1, 1, post};
+	run_rows(c, norm_worker, &j, T);
+}
+
+/* Every row's RoPE table (cos, sin of each pair at its position) for
+ * (theta, pos_scale); ext: through cpu_rope_table (per-layer RoPE, scaled
+ * positions, frequency factors), else rope_table. */
+struct rope_job {
+	struct cpu_ctx *c;
+	int T;
+	int ext;
+	float theta, scale;
+};
+
+static void rope_worker(void *arg, int ith, int nth)
+{
+	const struct rope_job *j = arg;
+	struct cpu_ctx *c = j->c;
+	int hd = c->w->hp.head_dim;
+	for (int t = ith; t < j->T; t += nth) {
+		if (j->ext)
+			cpu_rope_table(c->rope + (int64_t)t * hd, hd, c->tok_pos[t], j->theta, j->scale,
+				       c->w->rope_freqs.data);
+		else
+			rope_table(c->rope + (int64_t)t * hd, hd, c->tok_pos[t], j->theta);
+	}
 }
 
 /* h = silu(gate) * up, in place into gate; then its q8 form. */
@@ -669,16 +747,24 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 	if (r < 0)
 		return r;
 
-	/* embeddings and the row -> (sequence, position) map */
+	/* embeddings and the row -> (sequence, position) map; a tied table
+	 * is read from the output matrix's packed copy where that keeps the
+	 * stored bytes (its own pages were handed back after packing, and
+	 * each token's row would fault in from the file) */
+	const void *emb_packed = w->output.data == w->tok_embd.data ? c->packed[hp->n_layer * PK_PER_LAYER] : NULL;
 	int t = 0;
 	for (int i = 0; i < b->n_seqs; i++) {
 		const struct kvd_batch_seq *s = &b->seqs[i];
 		for (int j = 0; j < s->n_tokens; j++, t++) {
 			c->tok_seq[t] = i;
 			c->tok_pos[t] = s->pos0 + j;
-			rope_table(c->rope + (int64_t)t * hp->head_dim, hp->head_dim, s->pos0 + j, hp->rope_theta);
-			cpu_dequantize_row(w->tok_embd.type, (const char *)w->tok_embd.data +
-				       (size_t)s->tokens[j] * w->tok_embd.row_bytes, c->x + (int64_t)t * hp->n_embd, hp->n_embd);
+			const void *row = (const char *)w->tok_embd.data + (size_t)s->tokens[j] * w->tok_embd.row_bytes;
+			/* xn's row is free until the first norm, and holds n_embd
+			 * floats: as many bytes as any stored row */
+			void *tmp = c->xn + (int64_t)t * hp->n_embd;
+			if (emb_packed && cpu_gemm_unpack_row(w->tok_embd.type, emb_packed, hp->n_embd, s->tokens[j], tmp) == 0)
+				row = tmp;
+			cpu_dequantize_row(w->tok_embd.type, row, c->x + (int64_t)t * hp->n_embd, hp->n_embd);
 			if (w->features & KVD_FEAT_EMBD_SCALE)
 				for (int64_t e = 0; e < hp->n_embd; e++)
 					c->x[(int64_t)t * hp->n_embd + e] *= hp->embd_scale;
@@ -692,6 +778,15 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 	int rope_ext = (w->features & (KVD_FEAT_LAYER_ROPE | KVD_FEAT_ROPE_FREQS | KVD_FEAT_ROPE_LINEAR)) != 0;
 	float rope_th = hp->rope_theta, rope_sc = 1.0f;
 	int rope_fresh = !rope_ext;
+	/* c->rope_alt holds the table for (alt_th, alt_sc) when alt_ok: a
+	 * model alternating between two RoPEs (Gemma 3's local and global
+	 * layers) computes each once a step */
+	float alt_th = 0, alt_sc = 0;
+	int alt_ok = 0;
+	if (!rope_ext) {
+		struct rope_job rj = {c, T, 0, hp->rope_theta, 1.0f};
+		run_rows(c, rope_worker, &rj, T);
+	}
 	for (int l = 0; l < hp->n_layer; l++) {
 		const struct kvd_layer_weights *L = &w->layers[l];
 		const void *const *pk = c->packed + (size_t)l * PK_PER_LAYER;
@@ -701,16 +796,24 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 			float th = L->d.rope_theta > 0 ? L->d.rope_theta : hp->rope_theta;
 			float sc = L->d.rope_freq_scale > 0 ? L->d.rope_freq_scale : 1.0f;
 			if (!rope_fresh || th != rope_th || sc != rope_sc) {
-				for (int u = 0; u < T; u++)
-					cpu_rope_table(c->rope + (int64_t)u * hp->head_dim, hp->head_dim, c->tok_pos[u], th, sc,
-						       w->rope_freqs.data);
+				float *tab = c->rope;
+				c->rope = c->rope_alt;
+				c->rope_alt = tab;
+				if (!alt_ok || th != alt_th || sc != alt_sc) {
+					struct rope_job rj = {c, T, 1, th, sc};
+					run_rows(c, rope_worker, &rj, T);
+				}
+				alt_ok = rope_fresh;
+				alt_th = rope_th;
+				alt_sc = rope_sc;
 				rope_th = th;
 				rope_sc = sc;
 				rope_fresh = 1;
 			}
 		}
 
-		norm_rows(c, &L->attn_norm, T, 1);
+		if (l == 0)
+			norm_rows(c, &L->attn_norm, T, 1);
 		struct mm_multi qkv = {
 			.jobs = {
 				{c, &L->wq, T, c->xn, ne, wtype_is_quantized(L->wq.type) ? c->xq : NULL, q8_row_len(ne), c->q, qd, pk[PK_Q]},
@@ -728,14 +831,7 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 		/* output projection, added to the residual */
 		quantize_rows(c, c->att, qd, c->xq, q8_row_len(qd), T, qd);
 		matmul(c, &L->wo, pk[PK_O], T, c->att, qd, c->xq, q8_row_len(qd), c->xn, ne);
-		if (L->post_attn_norm.data)
-			for (int u = 0; u < T; u++)
-				rmsnorm_row(c->xn + (int64_t)u * ne, c->xn + (int64_t)u * ne, L->post_attn_norm.data, ne,
-					    hp->rms_eps);
-		for (int64_t i = 0; i < (int64_t)T * ne; i++)
-			c->x[i] += c->xn[i];
-
-		norm_rows(c, &L->ffn_norm, T, 1);
+		residual_norm_rows(c, L->post_attn_norm.data, L->ffn_norm.data, T);
 		struct mm_multi gu = {
 			.jobs = {
 				{c, &L->w_gate, T, c->xn, ne, wtype_is_quantized(L->w_gate.type) ? c->xq : NULL, q8_row_len(ne), c->gate, nff, pk[PK_GATE]},
@@ -747,12 +843,8 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 		struct swiglu_job sj = {c, T, wtype_is_quantized(L->w_down.type), L->d.act == KVD_ACT_GELU_TANH};
 		run_rows(c, swiglu_worker, &sj, T);
 		matmul(c, &L->w_down, pk[PK_DOWN], T, c->gate, nff, c->xq, q8_row_len(nff), c->xn, ne);
-		if (L->post_ffn_norm.data)
-			for (int u = 0; u < T; u++)
-				rmsnorm_row(c->xn + (int64_t)u * ne, c->xn + (int64_t)u * ne, L->post_ffn_norm.data, ne,
-					    hp->rms_eps);
-		for (int64_t i = 0; i < (int64_t)T * ne; i++)
-			c->x[i] += c->xn[i];
+		/* and the next layer's input */
+		residual_norm_rows(c, L->post_ffn_norm.data, l + 1 < hp->n_layer ? w->layers[l + 1].attn_norm.data : NULL, T);
 	}
 
 	/* logits for the rows that want them */
@@ -770,7 +862,7 @@ static int cpu_forward(void *ctx, const struct kvd_batch *b)
 		t += s->n_tokens;
 	}
 	for (int i = 0; i < n_logit_rows; i++)
-		rmsnorm_row(c->logit_rows + (int64_t)i * ne, c->x + (int64_t)c->logit_src[i] * ne,
+		c->k.rmsnorm(c->logit_rows + (int64_t)i * ne, c->x + (int64_t)c->logit_src[i] * ne,
 			    w->output_norm.data, ne, hp->rms_eps);
 	if (wtype_is_quantized(w->output.type))
 		quantize_rows(c, c->logit_rows, ne, c->xq, q8_row_len(ne), n_logit_rows, ne);

@@ -212,10 +212,53 @@ void cpu_gemm_pack(enum kvd_wtype t, const void *src, size_t row_bytes, int64_t 
 	}
 }
 
+int cpu_gemm_unpack_row(enum kvd_wtype t, const void *packed, int64_t cols, int64_t r, void *row)
+{
+	const size_t gb = cpu_gemm_group_block_bytes(t);
+	const int64_t nb = cols / QK, g = r / GEMM_ROWS;
+	const int lane = (int)(r % GEMM_ROWS);
+	const uint8_t *grp = (const uint8_t *)packed + (size_t)g * (size_t)nb * gb;
+	uint8_t *out = row;
+
+	if (t == KVD_WTYPE_F32 || t == KVD_WTYPE_F16 || t == KVD_WTYPE_BF16) {
+		size_t es = t == KVD_WTYPE_F32 ? 4 : 2;
+		for (int64_t i = 0; i < cols; i++)
+			memcpy(out + (size_t)i * es, grp + ((size_t)i * GEMM_ROWS + (size_t)lane) * es, es);
+		return 0;
+	}
+	if (t != KVD_WTYPE_Q4_0 && t != KVD_WTYPE_Q4_1 && t != KVD_WTYPE_Q8_0)
+		return -1;
+	const int nq = t == KVD_WTYPE_Q8_0 ? 8 : 4, hdr = t == KVD_WTYPE_Q4_1 ? 4 : 2;
+	const uint32_t flip = t == KVD_WTYPE_Q8_0 ? 0x80808080u : 0;
+	const size_t sb = (size_t)hdr + 4 * (size_t)nq; /* stored block bytes */
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *blk = grp + (size_t)b * gb;
+		uint8_t *o = out + (size_t)b * sb;
+		for (int j = 0; j < nq; j++) {
+			uint32_t w;
+			memcpy(&w, blk + 64 * j + 4 * lane, 4);
+			w ^= flip;
+			memcpy(o + hdr + 4 * j, &w, 4);
+		}
+		memcpy(o, blk + 64 * nq + 2 * lane, 2);
+		if (t == KVD_WTYPE_Q4_1)
+			memcpy(o + 2, blk + 64 * nq + 2 * (GEMM_ROWS + lane), 2);
+	}
+	return 0;
+}
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 
 #define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,f16c,fma")))
+/* Weights are streamed once per step, far more of them than the caches
+ * hold: non-temporal prefetches (which on x86 bring a line close to the
+ * core without making it displace the cache's other contents, as a
+ * normal fill would) leave L2 and L3 to what a step reuses, the K/V
+ * pages and activations. */
+#ifndef GEMM_PF_HINT
+#define GEMM_PF_HINT _MM_HINT_NTA
+#endif
 
 enum gemm_kind { K_Q4_0, K_Q4_1, K_Q8_0, K_Q5_1, K_Q4_K, K_Q5_K, K_Q6_K, K_F32, K_F16, K_BF16 };
 
@@ -249,7 +292,7 @@ TGT static inline __attribute__((always_inline)) void tile(enum gemm_kind kind, 
 		__m512i ia[GEMM_COLS], ib[GEMM_COLS];
 		if (C <= 2) {
 			UNROLL for (size_t o = 0; o < gb; o += 64)
-				_mm_prefetch((const char *)wp + GEMM_PF_DIST + o, _MM_HINT_T0);
+				_mm_prefetch((const char *)wp + GEMM_PF_DIST + o, GEMM_PF_HINT);
 		}
 		UNROLL for (int t = 0; t < C; t++) {
 			const struct q8_block *row = xq + (size_t)t * ldq;
@@ -318,7 +361,7 @@ TGT static inline __attribute__((always_inline)) void tile_k(enum gemm_kind kind
 			__m512i ia[GEMM_COLS], ib[GEMM_COLS];
 			if (C <= 2) {
 				UNROLL for (size_t o = 0; o < gsb / 8; o += 64)
-					_mm_prefetch((const char *)wp + GEMM_PF_DIST + gsb / 8 * j + o, _MM_HINT_T0);
+					_mm_prefetch((const char *)wp + GEMM_PF_DIST + gsb / 8 * j + o, GEMM_PF_HINT);
 			}
 			UNROLL for (int t = 0; t < C; t++) {
 				if (kind == K_Q6_K) {
@@ -408,7 +451,7 @@ TGT static inline __attribute__((always_inline)) void tile_f(enum gemm_kind kind
 	for (int64_t i = 0; i < nb * QK; i += 2, wp += 2 * cb) {
 		if (C <= 2) {
 			UNROLL for (size_t o = 0; o < 2 * cb; o += 64)
-				_mm_prefetch((const char *)wp + GEMM_PF_DIST + o, _MM_HINT_T0);
+				_mm_prefetch((const char *)wp + GEMM_PF_DIST + o, GEMM_PF_HINT);
 		}
 		__m512 w0 = load_f(kind, wp), w1 = load_f(kind, wp + cb);
 		UNROLL for (int t = 0; t < C; t++) {

@@ -529,6 +529,23 @@ static void store_f16_generic(uint16_t *dst, const float *src, int n)
 }
 
 
+/* RMS norm (struct cpu_kernels): plain C, in the order every vector
+ * version follows; no reassociation by the compiler. */
+void cpu_rmsnorm_generic(float *dst, const float *x, const float *g, int64_t n, float eps)
+{
+	double p[8] = {0};
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		for (int j = 0; j < 8; j++)
+			p[j] += (double)x[i + j] * x[i + j];
+	for (int j = 0; i < n; i++, j++)
+		p[j] += (double)x[i] * x[i];
+	double ss = ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
+	float scale = (float)(1.0 / sqrt(ss / (double)n + eps));
+	for (i = 0; i < n; i++)
+		dst[i] = x[i] * scale * g[i];
+}
+
 void cpu_kernels_init(struct cpu_kernels *k, int force_generic)
 {
 	memset(k, 0, sizeof(*k));
@@ -553,6 +570,7 @@ void cpu_kernels_init(struct cpu_kernels *k, int force_generic)
 	k->store_f16 = store_f16_generic;
 	k->swiglu = cpu_swiglu_generic;
 	k->geglu = cpu_geglu_generic;
+	k->rmsnorm = cpu_rmsnorm_generic;
 #if defined(__x86_64__)
 	if (!force_generic && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
 	    __builtin_cpu_supports("f16c")) {

@@ -94,6 +94,10 @@ void cpu_q5_block_quants(const uint8_t qh[4], const uint8_t *qs, uint8_t q[32]);
 void kq_block_ints(enum kvd_wtype t, const void *blk, uint8_t q[256], uint8_t sc[16], uint8_t mn[8], uint16_t *d,
 		   uint16_t *dmin);
 void cpu_gemm_pack(enum kvd_wtype t, const void *src, size_t row_bytes, int64_t rows, int64_t cols, void *dst);
+/* The stored bytes of row r (row_bytes of them) back from a matrix packed
+ * by cpu_gemm_pack, exactly as they were; returns 0, or -1 for the types
+ * whose packing does not keep their bytes (q5_0, q5_1, the K-quants). */
+int cpu_gemm_unpack_row(enum kvd_wtype t, const void *packed, int64_t cols, int64_t r, void *row);
 
 /* Attention of nr query rows over one chunk of positions (K and V rows in
  * f16, k[p] and v[p] pointing at position p's head): row r (query q[r])
@@ -135,6 +139,11 @@ struct cpu_kernels {
 	/* g = gelu_tanh(g) * u (GeGLU), gelu_tanh(x) = x * sigmoid(2 z),
 	 * z = sqrt(2 / pi) (x + 0.044715 x^3), which equals the tanh form */
 	void (*geglu)(float *g, const float *u, int64_t n);
+	/* dst[i] = x[i] * s * g[i] (dst may be x), s = 1 / sqrt(mean of x^2
+	 * + eps); the sum of squares in double over 8 interleaved partial
+	 * sums (partial j: elements j, j + 8, ...), combined as ((p0 + p4) +
+	 * (p2 + p6)) + ((p1 + p5) + (p3 + p7)): every version the same bits */
+	void (*rmsnorm)(float *dst, const float *x, const float *g, int64_t n, float eps);
 };
 
 /* Fill the table for this CPU (force_generic: portable versions only;

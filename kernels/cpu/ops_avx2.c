@@ -390,6 +390,32 @@ AVX2 static void store_f16_avx2(uint16_t *dst, const float *src, int n)
 		dst[i] = cpu_f32_to_fp16(src[i]);
 }
 
+/* cpu_rmsnorm_generic's arithmetic: partial sums 0..3 and 4..7 are the
+ * lanes of two double vectors (a product, then a sum, no FMA), the same
+ * tree, then x * s * g as two products */
+AVX2 static void rmsnorm_avx2(float *dst, const float *x, const float *g, int64_t n, float eps)
+{
+	__m256d p03 = _mm256_setzero_pd(), p47 = _mm256_setzero_pd();
+	double p[8];
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		__m256d a = _mm256_cvtps_pd(_mm_loadu_ps(x + i)), b = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4));
+		p03 = _mm256_add_pd(p03, _mm256_mul_pd(a, a));
+		p47 = _mm256_add_pd(p47, _mm256_mul_pd(b, b));
+	}
+	_mm256_storeu_pd(p, p03);
+	_mm256_storeu_pd(p + 4, p47);
+	for (int j = 0; i < n; i++, j++)
+		p[j] += (double)x[i] * x[i];
+	double ss = ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
+	float scale = (float)(1.0 / sqrt(ss / (double)n + eps));
+	const __m256 vs = _mm256_set1_ps(scale);
+	for (i = 0; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs), _mm256_loadu_ps(g + i)));
+	for (; i < n; i++)
+		dst[i] = x[i] * scale * g[i];
+}
+
 void cpu_kernels_init_avx2(struct cpu_kernels *k)
 {
 	k->isa = "avx2";
@@ -410,5 +436,6 @@ void cpu_kernels_init_avx2(struct cpu_kernels *k)
 	k->store_f16 = store_f16_avx2;
 	k->swiglu = swiglu_avx2;
 	k->geglu = geglu_avx2;
+	k->rmsnorm = rmsnorm_avx2;
 }
 #endif /* __x86_64__ */

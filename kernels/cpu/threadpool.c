@@ -1,30 +1,40 @@
 /*
  * kernels/cpu/threadpool.c — persistent workers sharing out chunks of work.
  *
- * A job is n chunks. The driver publishes the job and then the claim word
- * (generation << 32 | next chunk); workers and the driver itself take
- * chunks by compare-and-swap on that word, and each adds the number of
- * chunks it ran to `done` once, when it finds none left. The driver returns when done == n. It never waits for a worker
- * that has not woken up: if the OS does not schedule a worker, the driver
- * (and any other worker) simply takes its chunks. On a machine shared with
- * other loads this turns a preempted thread from a stall of a whole time
- * slice per step into, at worst, one chunk's delay.
+ * A job is n chunks, cut into one contiguous range per thread (slot s:
+ * chunks [s n / nth, (s + 1) n / nth)). Each slot has its own claim word
+ * (generation << 32 | next chunk of the range) on its own cache line.
+ * Every thread takes chunks by compare-and-swap from its own slot first,
+ * in order, then from the others' (thread tid tries slots tid, tid + 1,
+ * ... wrapping), and adds the number of chunks it ran to `done` once, when
+ * it finds none left anywhere. So a thread runs, as long as nothing holds
+ * it up, one contiguous run of chunks (for a matrix product: one stream of
+ * weights, whose prefetches carry on from chunk to chunk) with claims that
+ * stay in its own cache; the ends of the ranges are shared out as the
+ * threads get there. The driver returns when done == n. It never waits for
+ * a worker that has not woken up: if the OS does not schedule a worker,
+ * the driver (and any other worker) simply takes its chunks. On a machine
+ * shared with other loads this turns a preempted thread from a stall of a
+ * whole time slice per step into, at worst, one chunk's delay.
  *
  * Publishing a job (driver):
- *   1. claim = (g << 32) | EXHAUSTED   (release) — no chunk of the old or
- *      new job can be taken while the job's fields change;
+ *   1. every slot's claim = (g << 32) | EXHAUSTED (release) — no chunk of
+ *      the old or new job can be taken while the job's fields change;
  *   2. write fn, arg, n (relaxed atomics);
- *   3. done = 0; claim = (g << 32) | 0 (release) — the job is open;
+ *   3. done = 0; every slot's claim = (g << 32) | its first chunk
+ *      (release) — the job is open;
  *   4. gen = g (seq_cst), futex wake if a worker sleeps.
- * Taking a chunk (anyone): load claim (acquire); if its low half is a chunk
- * index below the job's n, read fn/arg and CAS claim to index + 1. A
- * successful CAS proves the job was still open, hence that the fields read
- * after the acquire load belong to it (they only change after step 1 of the
- * next job, which would have made the CAS fail). The job cannot close
- * before a thread's chunks are counted, so all the chunks one call of
- * work() runs belong to one job. The count is added with release order;
- * the driver's acquire load of done == n makes every chunk's writes
- * visible to it.
+ * Taking a chunk (anyone): load a slot's claim (acquire); if its low half
+ * is a chunk index below the slot's end for the job's n, read fn/arg and
+ * CAS the claim to index + 1. A successful CAS proves the job was still
+ * open, hence that the fields read after the acquire load belong to it
+ * (they only change after step 1 of the next job, which would have made
+ * the CAS fail). The job cannot close before a thread's chunks are
+ * counted, so all the chunks one call of work() runs belong to one job
+ * (a thread that has run none may find the next job open in a later slot
+ * and run that job's chunks: they are its only ones). The count is added
+ * with release order; the driver's acquire load of done == n makes every
+ * chunk's writes visible to it.
  */
 #include "threadpool.h"
 
@@ -47,13 +57,18 @@ struct tp_worker {
 	pthread_t thread;
 };
 
+/* one thread's range of the open job */
+struct tp_slot {
+	_Alignas(64) _Atomic uint64_t claim; /* generation << 32 | next chunk */
+};
+
 struct tp {
 	int n;
 	struct tp_worker *workers;
+	struct tp_slot *slots;     /* n of them */
 	uint32_t next_gen;         /* driver only */
 	/* the job, read together by whoever takes a chunk */
-	_Alignas(64) _Atomic uint64_t claim; /* generation << 32 | next chunk */
-	_Atomic(tp_for_fn) fn;
+	_Alignas(64) _Atomic(tp_for_fn) fn;
 	_Atomic(void *) arg;
 	_Atomic uint32_t n_chunks;
 	/* each thread adds the chunks it ran once, when it finds none left */
@@ -82,30 +97,41 @@ static inline void cpu_relax(void)
 #endif
 }
 
+/* the first chunk of slot s of a job of n chunks over nth slots */
+static inline uint32_t slot_start(int s, uint32_t n, int nth)
+{
+	return (uint32_t)((uint64_t)n * (uint64_t)s / (uint64_t)nth);
+}
+
 /* Take and run chunks of the open job until none is left. tid: the
  * calling thread's index. */
 static void work(struct tp *p, int tid)
 {
 	uint32_t ran = 0, n = 0;
 
-	for (;;) {
-		uint64_t c = atomic_load_explicit(&p->claim, memory_order_acquire);
-		uint32_t idx = (uint32_t)c;
-		if (idx == TP_EXHAUSTED)
-			break;
-		uint32_t nc = atomic_load_explicit(&p->n_chunks, memory_order_relaxed);
-		if (idx >= nc)
-			break;
-		tp_for_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
-		void *arg = atomic_load_explicit(&p->arg, memory_order_relaxed);
-		if (!atomic_compare_exchange_weak_explicit(&p->claim, &c, c + 1, memory_order_acq_rel,
-							   memory_order_relaxed))
-			continue;
-		/* the CAS proved nc is this job's: every chunk this call runs
-		 * belongs to one job, which stays open until they are counted */
-		n = nc;
-		fn(arg, idx, tid);
-		ran++;
+	for (int k = 0; k < p->n; k++) {
+		int s = tid + k < p->n ? tid + k : tid + k - p->n;
+		_Atomic uint64_t *claim = &p->slots[s].claim;
+		for (;;) {
+			uint64_t c = atomic_load_explicit(claim, memory_order_acquire);
+			uint32_t idx = (uint32_t)c;
+			if (idx == TP_EXHAUSTED)
+				break;
+			uint32_t nc = atomic_load_explicit(&p->n_chunks, memory_order_relaxed);
+			if (idx >= slot_start(s + 1, nc, p->n))
+				break;
+			tp_for_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
+			void *arg = atomic_load_explicit(&p->arg, memory_order_relaxed);
+			if (!atomic_compare_exchange_weak_explicit(claim, &c, c + 1, memory_order_acq_rel,
+								   memory_order_relaxed))
+				continue;
+			/* the CAS proved nc is this job's: every chunk this
+			 * call runs belongs to one job, which stays open
+			 * until they are counted */
+			n = nc;
+			fn(arg, idx, tid);
+			ran++;
+		}
 	}
 	/* seq_cst: Dekker with the driver's driver_sleeping store */
 	if (ran && atomic_fetch_add_explicit(&p->done, ran, memory_order_seq_cst) + ran == n &&
@@ -152,12 +178,16 @@ int tp_create(int n_threads, struct tp **ret)
 	if (!p)
 		return -ENOMEM;
 	p->n = n_threads;
-	atomic_store(&p->claim, TP_EXHAUSTED);
+	p->slots = aligned_alloc(_Alignof(struct tp_slot), (size_t)n_threads * sizeof(*p->slots));
 	p->workers = calloc((size_t)n_threads, sizeof(*p->workers));
-	if (!p->workers) {
+	if (!p->workers || !p->slots) {
+		free(p->workers);
+		free(p->slots);
 		free(p);
 		return -ENOMEM;
 	}
+	for (i = 0; i < n_threads; i++)
+		atomic_init(&p->slots[i].claim, TP_EXHAUSTED);
 	for (i = 1; i < n_threads; i++) {
 		p->workers[i].pool = p;
 		p->workers[i].ith = i;
@@ -184,6 +214,7 @@ struct tp *tp_destroy(struct tp *p)
 	for (i = 1; i < p->n; i++)
 		pthread_join(p->workers[i].thread, NULL);
 	free(p->workers);
+	free(p->slots);
 	free(p);
 	return NULL;
 }
@@ -206,12 +237,14 @@ void tp_for(struct tp *p, tp_for_fn fn, void *arg, uint32_t n)
 		return;
 	}
 	uint64_t g = ++p->next_gen;
-	atomic_store_explicit(&p->claim, g << 32 | TP_EXHAUSTED, memory_order_release);
+	for (int s = 0; s < p->n; s++)
+		atomic_store_explicit(&p->slots[s].claim, g << 32 | TP_EXHAUSTED, memory_order_release);
 	atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
 	atomic_store_explicit(&p->arg, arg, memory_order_relaxed);
 	atomic_store_explicit(&p->n_chunks, n, memory_order_relaxed);
 	atomic_store_explicit(&p->done, 0, memory_order_relaxed);
-	atomic_store_explicit(&p->claim, g << 32, memory_order_release);
+	for (int s = 0; s < p->n; s++)
+		atomic_store_explicit(&p->slots[s].claim, g << 32 | slot_start(s, n, p->n), memory_order_release);
 	atomic_store_explicit(&p->gen, (uint32_t)g, memory_order_seq_cst);
 	if (atomic_load_explicit(&p->sleepers, memory_order_seq_cst))
 		futex_wake(&p->gen, INT_MAX);
@@ -228,7 +261,8 @@ void tp_for(struct tp *p, tp_for_fn fn, void *arg, uint32_t n)
 		atomic_store_explicit(&p->driver_sleeping, 0, memory_order_relaxed);
 	}
 	/* close the job so late workers find nothing to take */
-	atomic_store_explicit(&p->claim, g << 32 | TP_EXHAUSTED, memory_order_release);
+	for (int s = 0; s < p->n; s++)
+		atomic_store_explicit(&p->slots[s].claim, g << 32 | TP_EXHAUSTED, memory_order_release);
 }
 
 struct run_adapter {

@@ -3,9 +3,10 @@
  *
  * tp_for() runs fn(arg, i, tid) for every i in [0, n) on the pool's threads
  * (the caller takes part) and returns when all n calls have finished. tid is
- * the index of the thread making the call, for per-thread scratch. Chunks
- * are claimed from a shared counter, so a thread the OS does not schedule
- * delays nothing: the others take its share. Dispatch and join spin briefly
+ * the index of the thread making the call, for per-thread scratch. Each
+ * thread claims the chunks of its own contiguous share of [0, n) in order,
+ * then what is left of the others' shares, so a thread the OS does not
+ * schedule delays nothing: the others take its share. Dispatch and join spin briefly
  * and then sleep on a futex, so back-to-back parallel regions (a few hundred
  * per decoded token) cost about a microsecond each while an idle pool costs
  * no CPU.

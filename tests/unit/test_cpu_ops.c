@@ -286,6 +286,16 @@ static void gemm_tiles(struct cpu_kernels *kv, const float *want, float *keep)
 			for (int r = 0; r < NR; r++)
 				fill_weights(t, w + r * rb, n);
 			cpu_gemm_pack(t, w, rb, NR, n, wp);
+			/* the stored rows come back from the packed copy, byte for
+			 * byte, for the types whose packing keeps them */
+			for (int r = 0; r < NR; r++) {
+				static uint8_t back[24 * 32 * 4];
+				int keeps = t == KVD_WTYPE_Q4_0 || t == KVD_WTYPE_Q4_1 || t == KVD_WTYPE_Q8_0 ||
+					    t == KVD_WTYPE_F32 || t == KVD_WTYPE_F16 || t == KVD_WTYPE_BF16;
+				assert_int_equal(cpu_gemm_unpack_row(t, wp, n, r, back), keeps ? 0 : -1);
+				if (keeps)
+					assert_memory_equal(back, w + r * rb, rb);
+			}
 			for (int c = 0; c < NC; c++) {
 				for (int64_t i = 0; i < n; i++)
 					x[c][i] = frand();
@@ -519,6 +529,34 @@ static void test_swiglu(void **state)
 	}
 }
 
+/* RMS norm: every version the same bits as the portable one (in place
+ * too), and the portable one against a plain double computation */
+static void test_rmsnorm(void **state)
+{
+	struct cpu_kernels ks[2];
+	(void)state;
+	cpu_kernels_init(&ks[0], 1);
+	cpu_kernels_init(&ks[1], 0);
+	for (int n = 1; n <= 700; n += (n < 40 ? 1 : 37)) {
+		float x[700], g[700], y0[700], y1[700];
+		double ss = 0;
+		for (int i = 0; i < n; i++) {
+			x[i] = (i % 11 == 5) ? frand() * 300.0f : frand() * 3.0f;
+			g[i] = 0.5f + frand();
+			ss += (double)x[i] * x[i];
+		}
+		ks[0].rmsnorm(y0, x, g, n, 1e-6f);
+		ks[1].rmsnorm(y1, x, g, n, 1e-6f);
+		assert_memory_equal(y0, y1, sizeof(float) * (size_t)n);
+		double s = 1.0 / sqrt(ss / n + 1e-6f);
+		for (int i = 0; i < n; i++)
+			if (fabs(y0[i] - x[i] * s * g[i]) > 1e-6 * fabs(x[i] * s * g[i]) + 1e-30)
+				fail_msg("n %d: rmsnorm[%d] = %g, want %g", n, i, y0[i], x[i] * s * g[i]);
+		ks[1].rmsnorm(x, x, g, n, 1e-6f);
+		assert_memory_equal(x, y1, sizeof(float) * (size_t)n);
+	}
+}
+
 static void test_attention_helpers(void **state)
 {
 	struct cpu_kernels kg, kv;
@@ -584,6 +622,7 @@ int main(void)
 		cmocka_unit_test(test_attn_rows_avx2_avx512_agree),
 		cmocka_unit_test(test_attention_helpers),
 		cmocka_unit_test(test_swiglu),
+		cmocka_unit_test(test_rmsnorm),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
