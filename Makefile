@@ -219,10 +219,11 @@ test: setup
 	$(MAKE) all
 	tests/run.sh
 
-# Unit tests under AddressSanitizer and UBSan, in a separate build tree.
+# Unit tests under AddressSanitizer and UBSan, in a separate build tree, with
+# the kvctl that test_kvclient drives built the same way (never a stale one).
 asan:
 	$(MAKE) BUILD=build-asan OPT="-O1 -g" SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
-	    CUDA_SRC= $(patsubst $(BUILD)/%,build-asan/%,$(TESTS))
+	    CUDA_SRC= $(patsubst $(BUILD)/%,build-asan/%,$(TESTS)) $(if $(KVCTL_SRC),build-asan/bin/kvctl)
 	BUILD=build-asan tests/run.sh --unit-only
 
 # ---- fuzzing: libFuzzer targets (tests/fuzz/fuzz_*.c) ------------------------
