@@ -13,7 +13,8 @@
  *   idle_ttft_ms  the same prompt (other words, so no prefix is cached) on
  *        an otherwise idle daemon, measured first; ratio = ttft / idle_ttft.
  * Each repetition uses fresh prompts; the figures printed are medians over
- * repetitions, as one JSON object on stdout.
+ * repetitions, as one JSON object on stdout. STREAM_GAP_TRACE=FILE appends
+ * each gap under load to FILE: repetition, ms since the prompt was sent, gap.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -210,9 +211,15 @@ int main(int argc, char **argv)
 		for (int i = 1; i < k0; i++)
 			gaps[nb++] = s.t[i] - s.t[i - 1];
 		base[rep] = pct(gaps, nb, 0.5) * 1e3;
+		FILE *trace = getenv("STREAM_GAP_TRACE") ? fopen(getenv("STREAM_GAP_TRACE"), "a") : NULL;
 		for (int i = 1; i < s.n_t; i++)
-			if (s.t[i] > t_send && s.t[i - 1] < t_done)
+			if (s.t[i] > t_send && s.t[i - 1] < t_done) {
 				gaps[ng++] = s.t[i] - (s.t[i - 1] > t_send ? s.t[i - 1] : t_send);
+				if (trace)
+					fprintf(trace, "%d %.1f %.2f\n", rep, (s.t[i] - t_send) * 1e3, gaps[ng - 1] * 1e3);
+			}
+		if (trace)
+			fclose(trace);
 		p50[rep] = pct(gaps, ng, 0.5) * 1e3;
 		p99[rep] = pct(gaps, ng, 0.99) * 1e3;
 		gmax[rep] = ng ? gaps[ng - 1] * 1e3 : 0;

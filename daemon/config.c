@@ -193,7 +193,7 @@ const struct kvd_conf_key kvd_conf_keys[] = {
 	  1, 1u << 16, KVD_CONF_LIVE, "tokens computed per step", OPT("--max-tokens-per-step", 0, "N"),
 	  NULL, NULL, FIELD(max_tokens_per_step), NO_FIELD2 },
 	{ "scheduler", "max_step_ms", KVD_CONF_U32, "50",
-	  0, 60000, KVD_CONF_LIVE, "while requests decode, a step lasts about this long at most; 0 = no limit",
+	  0, 60000, KVD_CONF_LIVE, "while requests decode, a step lasts about this long at most (planned with a margin for the measured spread of step times); 0 = no limit",
 	  OPT("--max-step-ms", 0, "MS"), NULL, NULL, FIELD(max_step_ms), NO_FIELD2 },
 	{ "scheduler", "max_waiting", KVD_CONF_U32, "1024",
 	  1, 1u << 20, KVD_CONF_LIVE, "requests queued (accepted but not started) at most", NO_OPT,

@@ -1,12 +1,16 @@
 /*
  * daemon/step_model.c — the scheduler's step-time model (step_model.h).
  */
+#include <math.h>
+
 #include "step_model.h"
 
 #define EWMA_SHIFT     2       /* the decode estimate moves 1/4 of the way to each sample */
 #define FIT_DECAY      0.875   /* weight of the prefill fit's history per step */
+#define FIT_DECAY_LONG 0.99    /* and of the slow sums added to it (about 100 steps) */
 #define FIT_MIN        3       /* prefill steps measured before a and b are fitted */
 #define PAIR_PRIOR     1024.0  /* otherwise b = a / this */
+#define ERR_ALPHA      (1.0 / 16) /* weight of a new sample in the error's mean and variance */
 #define FIT_COND       1e-2    /* det / (s_tt s_ww) = 1 - corr(t, w)^2 below this: t and w
                                 * too alike (chunks of one size at slowly growing depth) */
 
@@ -31,18 +35,20 @@ void kvd_step_model_decode(struct kvd_step_model *m, uint64_t dt_ns)
  * the depth the samples were taken at is not counted twice. */
 static void refit(struct kvd_step_model *m)
 {
-	double det = m->s_tt * m->s_ww - m->s_tw * m->s_tw;
+	double tt = m->s_tt + m->l_tt, tw = m->s_tw + m->l_tw, ww = m->s_ww + m->l_ww;
+	double ty = m->s_ty + m->l_ty, wy = m->s_wy + m->l_wy;
+	double det = tt * ww - tw * tw;
 	double a = 0, b = 0;
 
-	if (m->n >= FIT_MIN && m->s_tt > 0 && m->s_ww > 0 && det > FIT_COND * m->s_tt * m->s_ww) {
-		a = (m->s_ty * m->s_ww - m->s_wy * m->s_tw) / det;
-		b = (m->s_wy * m->s_tt - m->s_ty * m->s_tw) / det;
+	if (m->n >= FIT_MIN && tt > 0 && ww > 0 && det > FIT_COND * tt * ww) {
+		a = (ty * ww - wy * tw) / det;
+		b = (wy * tt - ty * tw) / det;
 	}
 	if (!(a > 0 && b >= 0)) {
 		/* one parameter: cost = a * (t + w / PAIR_PRIOR), a by least
 		 * squares on x = t + w / PAIR_PRIOR from the same sums */
-		double xx = m->s_tt + 2 * m->s_tw / PAIR_PRIOR + m->s_ww / (PAIR_PRIOR * PAIR_PRIOR);
-		double xy = m->s_ty + m->s_wy / PAIR_PRIOR;
+		double xx = tt + 2 * tw / PAIR_PRIOR + ww / (PAIR_PRIOR * PAIR_PRIOR);
+		double xy = ty + wy / PAIR_PRIOR;
 		a = xx > 0 ? xy / xx : 0;
 		b = a / PAIR_PRIOR;
 	}
@@ -63,18 +69,45 @@ void kvd_step_model_prefill(struct kvd_step_model *m, double t, double w, uint64
 	if (!dec || t <= 0)
 		return;
 	double y = dt_ns > dec ? (double)(dt_ns - dec) : 1;
+	if (m->a > 0) {
+		/* how far this step was from what the model said before it */
+		double r = (double)dt_ns / ((double)dec + m->a * t + m->b * w);
+		if (!m->n_err) {
+			m->err_mean = r;
+			m->err_var = 0;
+		} else {
+			double d = r - m->err_mean;
+			m->err_mean += ERR_ALPHA * d;
+			m->err_var = (1 - ERR_ALPHA) * (m->err_var + ERR_ALPHA * d * d);
+		}
+		m->n_err++;
+	}
 	m->s_tt = m->s_tt * FIT_DECAY + t * t;
 	m->s_tw = m->s_tw * FIT_DECAY + t * w;
 	m->s_ww = m->s_ww * FIT_DECAY + w * w;
 	m->s_ty = m->s_ty * FIT_DECAY + t * y;
 	m->s_wy = m->s_wy * FIT_DECAY + w * y;
+	m->l_tt = m->l_tt * FIT_DECAY_LONG + t * t;
+	m->l_tw = m->l_tw * FIT_DECAY_LONG + t * w;
+	m->l_ww = m->l_ww * FIT_DECAY_LONG + w * w;
+	m->l_ty = m->l_ty * FIT_DECAY_LONG + t * y;
+	m->l_wy = m->l_wy * FIT_DECAY_LONG + w * y;
 	m->n++;
 	refit(m);
 }
 
+double kvd_step_model_margin(const struct kvd_step_model *m)
+{
+	if (m->n_err < KVD_STEP_MARGIN_MIN)
+		return 1;
+	double q = m->err_mean + 2 * sqrt(m->err_var);
+	return q < 1 ? 1 : q > KVD_STEP_MARGIN_MAX ? KVD_STEP_MARGIN_MAX : q;
+}
+
 double kvd_step_model_left(const struct kvd_step_model *m, uint64_t target_ns)
 {
-	return target_ns > m->decode_ns ? (double)(target_ns - m->decode_ns) : 0;
+	double t = (double)target_ns / kvd_step_model_margin(m);
+	return t > (double)m->decode_ns ? t - (double)m->decode_ns : 0;
 }
 
 static double cost(const struct kvd_step_model *m, uint32_t n, uint32_t p0)

@@ -828,6 +828,43 @@ static void test_step_model_collinear(void **state)
 	assert_true(cap >= n * 8 / 10 && cap <= n * 12 / 10 + 1);
 }
 
+/* The margin for the spread of step times: none while steps take what the
+ * model predicts, mean + 2 sd of measured / predicted when a shared machine
+ * makes them vary (here +-10% about the truth: the margin must cover the
+ * slow ones), never past KVD_STEP_MARGIN_MAX; what a step leaves for
+ * prefill shrinks by it. */
+static void test_step_model_margin(void **state)
+{
+	(void)state;
+	const double a = 700e3, b = 1100;
+	const uint64_t dec = 3000000, target = 50000000;
+	struct kvd_step_model exact = {0}, noisy = {0}, wild = {0};
+	for (int i = 0; i < 5; i++) {
+		kvd_step_model_decode(&exact, dec);
+		kvd_step_model_decode(&noisy, dec);
+		kvd_step_model_decode(&wild, dec);
+	}
+	assert_true(kvd_step_model_margin(&exact) == 1);
+	for (int i = 0; i < 400; i++) {
+		uint32_t n = 16 + (uint32_t)(i * 7 % 48), p0 = (uint32_t)(i * 37 % 3000);
+		double w = kvd_step_pairs(n, p0), t = a * n + b * w;
+		double f = i % 2 ? 1.1 : 0.9;             /* steps 10% slow or fast in turn */
+		double g = i % 4 == 3 ? 3.0 : 1.0;        /* one step in four three times as long */
+		kvd_step_model_prefill(&exact, n, w, dec + (uint64_t)t);
+		kvd_step_model_prefill(&noisy, n, w, (uint64_t)((dec + t) * f));
+		kvd_step_model_prefill(&wild, n, w, (uint64_t)((dec + t) * g));
+	}
+	double me = kvd_step_model_margin(&exact), mn = kvd_step_model_margin(&noisy), mw = kvd_step_model_margin(&wild);
+	print_message("margins: exact %.3f, +-10%% %.3f, bursts %.3f\n", me, mn, mw);
+	assert_true(me >= 1 && me < 1.02);
+	assert_true(mn > 1.1 && mn < 1.35); /* covers the slow half: 1.1 and then some */
+	assert_true(mw == KVD_STEP_MARGIN_MAX);
+	/* the prefill share: the target over the margin, less the decodes */
+	assert_true(fabs(kvd_step_model_left(&exact, target) - ((double)target / me - (double)exact.decode_ns)) < 1);
+	assert_true(fabs(kvd_step_model_left(&noisy, target) - ((double)target / mn - (double)noisy.decode_ns)) < 1);
+	assert_true(kvd_step_model_left(&noisy, target) < kvd_step_model_left(&exact, target));
+}
+
 static void test_step_budget(void **state)
 {
 	uint32_t idle_steps = 0;
@@ -1625,6 +1662,7 @@ int main(void)
 		cmocka_unit_test(test_step_budget),
 		cmocka_unit_test(test_step_budget_depth),
 		cmocka_unit_test(test_step_model_collinear),
+		cmocka_unit_test(test_step_model_margin),
 		cmocka_unit_test(test_sampling_same_under_any_load),
 		cmocka_unit_test(test_samples_share_prompt_pages),
 		cmocka_unit_test(test_samples_seeded),
