@@ -160,6 +160,18 @@ static int start_cpu(struct kvd_engine *e, const struct kvd_backend_config *bc, 
 	return 0;
 }
 
+/* "auto" with a plug-in that cannot serve this model: drop the plug-in and
+ * start the CPU backend instead (e->note says why). */
+static int fall_back_to_cpu(struct kvd_engine *e, const struct kvd_backend_config *bc, char *err, size_t errlen)
+{
+	e->ops->destroy(e->be);
+	e->be = NULL;
+	dlclose(e->plugin);
+	e->plugin = NULL;
+	e->ops = NULL;
+	return start_cpu(e, bc, err, errlen);
+}
+
 /* The KV pool laid out for e->hp, attached to the started backend, swapping
  * to *swap_io when there is one (which kvmm then owns: *swap_io becomes NULL).
  * 0 or -errno with one line in err. */
@@ -333,12 +345,7 @@ int kvd_engine_open(const struct kvd_engine_config *cfg, struct kvd_engine **ret
 				 kvd_feature_name(missing));
 		else
 			snprintf(e->note, sizeof(e->note), "cuda backend: this model's weight types are not supported on the GPU");
-		e->ops->destroy(e->be);
-		e->be = NULL;
-		dlclose(e->plugin);
-		e->plugin = NULL;
-		e->ops = NULL;
-		if ((r = start_cpu(e, &bc, err, errlen)) < 0)
+		if ((r = fall_back_to_cpu(e, &bc, err, errlen)) < 0)
 			goto fail;
 		missing = mw->features & ~e->ops->features;
 		r = missing ? -ENOTSUP : e->ops->load(e->be, mw);
@@ -367,12 +374,7 @@ int kvd_engine_open(const struct kvd_engine_config *cfg, struct kvd_engine **ret
 				r = -ENOTSUP;
 				goto fail;
 			}
-			e->ops->destroy(e->be);
-			e->be = NULL;
-			dlclose(e->plugin);
-			e->plugin = NULL;
-			e->ops = NULL;
-			if ((r = start_cpu(e, &bc, err, errlen)) < 0)
+			if ((r = fall_back_to_cpu(e, &bc, err, errlen)) < 0)
 				goto fail;
 			r = e->ops->load(e->be, mw);
 			if (r < 0) {

@@ -374,6 +374,13 @@ int cow_copy(struct kvmm *m, int32_t dst, int32_t src, uint32_t n_tokens);
 
 /* ---- release.c ---------------------------------------------------------------------- */
 
+/* Pages s maps: its page table less the released positions, packed
+ * pages included (for a swapped-out sequence, what swap-in maps again). */
+static inline uint32_t seq_held(const struct kvmm_seq *s)
+{
+	return s->n_pages - s->n_released + s->n_packed;
+}
+
 /* Whether position i of s's page table holds a packed page. */
 static inline bool seq_packed_at(const struct kvmm *m, const struct kvmm_seq *s, uint32_t i)
 {

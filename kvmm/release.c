@@ -32,7 +32,7 @@ uint32_t kvmm_seq_pages_held(const struct kvmm *m, uint32_t seq)
 {
 	const struct kvmm_seq *s = seq_get(m, seq);
 
-	return s ? s->n_pages - s->n_released + s->n_packed : 0;
+	return s ? seq_held(s) : 0;
 }
 
 /* Position i's packed page, made private and ready for slot i % k: a new
@@ -108,17 +108,11 @@ int kvmm_seq_release(struct kvmm *m, uint32_t seq, uint32_t upto, uint32_t *ret_
 				}
 				break;
 			}
-			if (i % m->pack_slots == 0) {
-				s->pages[i] = dst;
-				page_put(m, old);
-			} else {
-				s->pages[i] = KVMM_RELEASED;
-				page_put(m, old);
-			}
+			s->pages[i] = i % m->pack_slots == 0 ? dst : KVMM_RELEASED;
 		} else {
 			s->pages[i] = KVMM_RELEASED;
-			page_put(m, old);
 		}
+		page_put(m, old);
 		s->n_released++;
 		ctr_add(m, W_PAGES_RELEASED, 1);
 	}

@@ -118,7 +118,7 @@ static void fill_record(const struct kvmm *m, const struct kvmm_seq *s, uint32_t
 	uint32_t total = s->len + s->dropped_tokens; /* tokens the sequence has seen */
 	uint32_t prompt = s->prompt_tokens < total ? s->prompt_tokens : total;
 	uint32_t released = s->n_released * m->bs;
-	uint32_t held = s->n_pages - s->n_released + s->n_packed;
+	uint32_t held = seq_held(s);
 	uint64_t useful = tok_bytes(m, s->len - released);
 
 	if (m->pack_slots && m->pack_slots != KVMM_PACK_NONE)
