@@ -30,6 +30,13 @@ struct attn_step {
 	int window;   /* a sliding-window layer sees this many positions; 0: all */
 };
 
+/* Floats of a kernel's scratch (attn_rows_fn) for up to nr rows over a
+ * chunk. */
+static size_t attn_sc_floats(const struct cpu_attn *c, int nr)
+{
+	return (size_t)ATTN_CHUNK * (size_t)nr + ATTN_ROWS_STAGE((size_t)c->hp->head_dim);
+}
+
 /* Floats of attention scratch per thread for items of up to nc chunks:
  * the helpers' path keeps a chunk's scores and every chunk's partials of
  * one token; the tiled path keeps the kernel's scratch and the partials
@@ -38,8 +45,8 @@ static size_t attn_scratch_per(const struct cpu_attn *c, int nc)
 {
 	const struct kvd_hparams *hp = c->hp;
 	size_t n_rep = (size_t)(hp->n_head / hp->n_head_kv), hd = (size_t)hp->head_dim;
-	size_t plain = n_rep * (ATTN_CHUNK + 2 + hd * (size_t)nc) + n_rep * 2 * (size_t)nc;
-	size_t tiled = (size_t)ATTN_CHUNK * ATTN_TILE * n_rep + ATTN_TILE * (size_t)nc * n_rep * (hd + 2);
+	size_t plain = attn_sc_floats(c, (int)n_rep) + n_rep * (2 + hd * (size_t)nc) + n_rep * 2 * (size_t)nc;
+	size_t tiled = attn_sc_floats(c, ATTN_TILE * (int)n_rep) + ATTN_TILE * (size_t)nc * n_rep * (hd + 2);
 	return plain > tiled ? plain : tiled;
 }
 
@@ -312,7 +319,7 @@ static void attn_worker_items(void *arg, int ith, int nth)
 	int n_items = s->T * hp->n_head_kv;
 	float *base = c->scores + (size_t)ith * attn_scratch_per(c, c->cap_chunks);
 	float *sc = base;
-	float *po = sc + (size_t)n_rep * ATTN_CHUNK;
+	float *po = sc + attn_sc_floats(c, n_rep);
 	struct attn_part *pm = (struct attn_part *)(po + (size_t)n_rep * hd * (size_t)c->cap_chunks);
 
 	for (int it = ith; it < n_items; it += nth) {
@@ -388,7 +395,7 @@ static void attn_tile_item(void *arg, uint32_t k, int tid)
 	const struct kvd_batch_seq *sq = &s->b->seqs[c->tok_seq[t0]];
 	float scale = c->scale;
 	float *kscr = c->scores + (size_t)tid * attn_scratch_per(c, c->cap_chunks);
-	float *part = kscr + (size_t)ATTN_CHUNK * ATTN_TILE * n_rep;
+	float *part = kscr + attn_sc_floats(c, ATTN_TILE * n_rep);
 	size_t tok_stride = (size_t)c->cap_chunks * n_rep * (hd + 2);
 	const uint16_t *kp[ATTN_CHUNK], *vp[ATTN_CHUNK];
 	const float *qp[ATTN_TILE * 64];
@@ -442,7 +449,7 @@ static void attn_worker_window(void *arg, int ith, int nth)
 	int W = s->window;
 	int n_items = s->T * hp->n_head_kv;
 	float *sc = c->scores + (size_t)ith * attn_scratch_per(c, c->cap_chunks);
-	float *po = sc + (size_t)n_rep * ATTN_CHUNK;
+	float *po = sc + attn_sc_floats(c, n_rep);
 	struct attn_part *pm = (struct attn_part *)(po + (size_t)n_rep * hd * (size_t)c->cap_chunks);
 
 	for (int it = ith; it < n_items; it += nth) {

@@ -103,9 +103,11 @@ int cpu_gemm_unpack_row(enum kvd_wtype t, const void *packed, int64_t cols, int6
  * f16, k[p] and v[p] pointing at position p's head): row r (query q[r])
  * sees the first len[r] >= 1 positions. Writes ml[r][0] = max score,
  * ml[r][1] = sum of exp(score - max), o[r] = that sum's weighted V rows
- * (unnormalised). scratch: (max len rounded up to 16) * nr floats.
+ * (unnormalised). scratch: (max len rounded up to 16) * nr +
+ * ATTN_ROWS_STAGE(head size) floats.
  * A row's result depends only on its query, its length and the keys and
  * values it sees. */
+#define ATTN_ROWS_STAGE(hd) (16 * (hd))
 typedef void (*attn_rows_fn)(int nr, const float *const *q, const int *len, const uint16_t *const *k,
 			     const uint16_t *const *v, float scale, float *const *ml, float *const *o, float *scratch);
 /* The AVX-512 version for head size hd, or NULL (other sizes, other CPUs). */
