@@ -15,7 +15,7 @@
  *       memory bandwidth, STREAM triad a[i] = b[i] + s * c[i] over N
  *       threads, best of 5
  *
- * --cache-type f16|q8_0|q4_0|f32 (before the figure) sets the K/V element
+ * --cache-type f16|bf16|q8_0|q4_0|f32 (before the figure) sets the K/V element
  * type (default f16). --fast-depth (decode, batch): the first D - 1
  * positions of each context are only allocated (kvmm_commit), their K/V
  * left as the pool holds them (zeros), and the last one is computed: the
@@ -196,7 +196,7 @@ int main(int argc, char **argv)
 		case 'F': fast_depth = 1; break;
 		case 'K':
 			if (kvd_kv_type_parse(optarg, &kv_type) < 0) {
-				fprintf(stderr, "kvd_bench: --cache-type: '%s' is not f16, q8_0, q4_0 or f32\n", optarg);
+				fprintf(stderr, "kvd_bench: --cache-type: '%s' is not f16, bf16, q8_0, q4_0 or f32\n", optarg);
 				return 2;
 			}
 			break;

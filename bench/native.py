@@ -13,6 +13,11 @@ thread count and lengths:
                  together: aggregate decode tokens/s (kvd_bench batch;
                  llama-batched-bench -npp 128 -ntg 16 -npl 32, S_TG)
   prefill 4096   a 4096-token prompt (as prefill 512)
+  prefill 512 bf16, prefill 4096 bf16
+                 the same prompts with K/V stored as bfloat16 on both sides
+                 (kvd_bench --cache-type bf16: attention on AVX-512 BF16
+                 products where the CPU has them; llama-bench -ctk bf16
+                 -ctv bf16)
 
 The serving figure (--serve-gap, on by default for the default model;
 --no-serve-gap skips it): kvd is started on the first file with
@@ -60,6 +65,10 @@ def figures(quick):
          "batched", ["-npp", str(SEQ_PROMPT), "-ntg", str(SEQ_TOKENS), "-npl", str(SEQS),
                      "-c", str(SEQS * (SEQ_PROMPT + SEQ_TOKENS) + 256)]),
         ("prefill 4096", ["prefill", "--tokens", "4096"], "bench", ["-p", "4096", "-n", "0"]),
+        ("prefill 512 bf16", ["--cache-type", "bf16", "prefill", "--tokens", "512"], "bench",
+         ["-p", "512", "-n", "0", "-ctk", "bf16", "-ctv", "bf16"]),
+        ("prefill 4096 bf16", ["--cache-type", "bf16", "prefill", "--tokens", "4096"], "bench",
+         ["-p", "4096", "-n", "0", "-ctk", "bf16", "-ctv", "bf16"]),
     ]
 
 

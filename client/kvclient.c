@@ -77,6 +77,9 @@ static void fill_info(struct kvc_info *i, const struct ipc_welcome *w)
 	i->kv_bytes_per_token = w->kv_bytes_per_token;
 	i->pool_bytes = w->pool_bytes;
 	i->client_id = w->client_id;
+	const char *kt = ipc_kv_type_name(w->kv_type);
+	if (kt)
+		memcpy(i->kv_cache_type, kt, strlen(kt) + 1); /* at most "q8_0" */
 }
 
 static void client_name(char out[IPC_CLIENT_NAME_BYTES])

@@ -86,15 +86,16 @@ extern "C" {
 /* ---- version ----------------------------------------------------------- */
 
 #define KVC_VERSION_MAJOR 0
-#define KVC_VERSION_MINOR 4
+#define KVC_VERSION_MINOR 5
 #define KVC_VERSION_PATCH 0
-#define KVC_VERSION_STRING "0.4.0"
+#define KVC_VERSION_STRING "0.5.0"
 /* One number, comparable: (major << 16) | (minor << 8) | patch.
  * 0.2.0 added conversations (kvc_gen_params.messages, struct kvc_chat_msg).
  * 0.3.0 added parallel samples and log-probabilities (kvc_gen_params.n_samples,
  * .top_logprobs, KVC_GEN_LOGPROBS, kvc_event.sample and .logprobs,
  * kvc_request_sample_result()).
- * 0.4.0 added kvc_stats.pages_packed and .pages_released. */
+ * 0.4.0 added kvc_stats.pages_packed and .pages_released.
+ * 0.5.0 added kvc_info.kv_cache_type. */
 #define KVC_VERSION ((KVC_VERSION_MAJOR << 16) | (KVC_VERSION_MINOR << 8) | KVC_VERSION_PATCH)
 
 /* The version of the library actually loaded, as KVC_VERSION. */
@@ -186,7 +187,9 @@ struct kvc_info {
 	uint64_t kv_bytes_per_token;  /* 2 * n_layers * n_kv_heads * head_dim * kv_dtype_bytes */
 	uint64_t pool_bytes;          /* KV pool size */
 	uint64_t client_id;           /* the daemon's name for this connection (see kvc_ps) */
-	uint64_t reserved[8];
+	char kv_cache_type[8];        /* the KV element type ([kv] cache_type: "f16", "bf16", "q8_0",
+	                               * "q4_0", "f32"; 0.5.0, "" from older daemons) */
+	uint64_t reserved[7];
 };
 /* Valid until kvc_close(); never NULL. */
 KVC_EXPORT const struct kvc_info *kvc_server_info(const kvc_client *c);

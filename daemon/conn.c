@@ -107,6 +107,8 @@ static void handle_hello(struct client *c, const struct ipc_frame *f)
 	w.max_gen_tokens = srv->n_ctx < IPC_MAX_GEN_TOKENS ? srv->n_ctx : IPC_MAX_GEN_TOKENS;
 	w.shm_bytes = ipc_chan_shm_bytes(c->chan);
 	w.kv_bytes_per_token = lay->page_bytes / lay->block_size;
+	if (h.client_version >= IPC_KV_TYPE_CLIENT_VERSION) /* older clients check it is zero */
+		w.kv_type = (uint32_t)lay->type + 1;
 	w.pool_bytes = (uint64_t)kvmm_n_pages(srv->kv) * kvmm_page_bytes(srv->kv);
 	snprintf(w.model_name, sizeof(w.model_name), "%s", kvd_model_name(kvd_engine_model(srv->e)));
 	r = ipc_chan_fds(c->chan, fds);

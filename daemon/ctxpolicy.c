@@ -166,9 +166,10 @@ const char *ctx_refusal(struct kvd_server *srv, const struct greq *gr, int r, ch
 {
 	const char *name = ipc_context_policy_name(gr->ctx.policy);
 
-	if (r == -ENOTSUP && kvd_engine_kv_layout(srv->e)->type != KVD_KV_F16)
+	enum kvd_kv_type kt = kvd_engine_kv_layout(srv->e)->type;
+	if (r == -ENOTSUP && kt != KVD_KV_F16 && kt != KVD_KV_BF16)
 		snprintf(buf, cap,
-			 "context policy %s re-rotates cached keys, which kvd does for an f16 KV cache only "
+			 "context policy %s re-rotates cached keys, which kvd does for an f16 or bf16 KV cache only "
 			 "(kv.cache_type is %s)",
 			 name, kvd_kv_type_name(kvd_engine_kv_layout(srv->e)->type));
 	else if (r == -ENOTSUP)

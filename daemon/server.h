@@ -22,9 +22,11 @@
  * that flag on this number, so it is at least IPC_CHAT_TURNS_SERVER_VERSION.
  * 0.3.0: parallel samples and log-probabilities (ipc_generate.n_samples,
  * IPC_GEN_LOGPROBS), gated on IPC_SAMPLES_SERVER_VERSION.
- * 0.4.0: STATS carries pages_packed and pages_released (IPC_RELEASE_SERVER_VERSION). */
-#define KVD_VERSION     "0.4.0"
-#define KVD_VERSION_NUM ((0u << 16) | (4u << 8) | 0u) /* as in ipc_welcome.server_version */
+ * 0.4.0: STATS carries pages_packed and pages_released (IPC_RELEASE_SERVER_VERSION).
+ * 0.5.0: WELCOME names the KV element type (IPC_KV_TYPE_CLIENT_VERSION); [kv]
+ * cache_type = bf16. */
+#define KVD_VERSION     "0.5.0"
+#define KVD_VERSION_NUM ((0u << 16) | (5u << 8) | 0u) /* as in ipc_welcome.server_version */
 
 struct kvd_engine;
 struct kvd_server;

@@ -261,7 +261,7 @@ int ipc_decode_welcome(const struct ipc_frame *f, struct ipc_welcome *ret)
 	memcpy(&w, f->payload, sizeof(w));
 	if (w.capabilities & ~IPC_CAP_ALL)
 		return -EPROTO;
-	if (w.reserved0)
+	if (w.kv_type > IPC_KV_TYPE_MAX)
 		return -EPROTO;
 	for (size_t i = 0; i < sizeof(w.reserved) / sizeof(w.reserved[0]); i++)
 		if (w.reserved[i])

@@ -258,7 +258,9 @@ struct ipc_welcome {
 	uint32_t max_requests;    /* requests in flight per client */
 	uint32_t max_gen_tokens;  /* max_tokens limit, <= IPC_MAX_GEN_TOKENS */
 	uint32_t shm_bytes;       /* size of the memfd */
-	uint32_t reserved0;
+	uint32_t kv_type;         /* the KV element type (kernels/backend.h enum kvd_kv_type) + 1, for
+				   * clients of IPC_KV_TYPE_CLIENT_VERSION or later; 0 for older
+				   * ones, whose reserved field it was, and from older servers */
 	uint64_t kv_bytes_per_token;
 	uint64_t pool_bytes;      /* KV pool size */
 	char model_name[IPC_MODEL_NAME_BYTES]; /* NUL-terminated and -padded, no control characters */
@@ -432,6 +434,19 @@ struct ipc_stats {
 	uint64_t pages_released;      /* pages windowed layers were done with, released ([kv] release_local) */
 	uint64_t reserved[1];
 };
+/* kvd 0.5.0: ipc_welcome.kv_type, sent to clients saying this version or later. */
+#define IPC_KV_TYPE_CLIENT_VERSION ((0u << 16) | (5u << 8) | 0u)
+/* the largest kv_type a WELCOME may carry (unknown later types are shown as
+ * their byte size only) */
+#define IPC_KV_TYPE_MAX 64u
+
+/* The name of a WELCOME kv_type (enum kvd_kv_type + 1, whose values are
+ * fixed), or NULL for 0 and types this build does not know. */
+static inline const char *ipc_kv_type_name(uint32_t kv_type)
+{
+	static const char *const names[] = { NULL, "f16", "f32", "q8_0", "q4_0", "bf16" };
+	return kv_type < sizeof(names) / sizeof(names[0]) ? names[kv_type] : NULL;
+}
 /* kvd 0.4.0: ipc_stats.pages_packed and .pages_released. */
 #define IPC_RELEASE_SERVER_VERSION ((0u << 16) | (4u << 8) | 0u)
 

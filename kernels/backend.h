@@ -183,6 +183,12 @@ struct kvd_model_weights {
  *                32b .. 32b+31: an f16 scale d, then 32 int8 quants q[i];
  *                element = d * q[i]. Quantized as GGML's q8_0: d = max|x| /
  *                127, q = round(x / d) (half away from zero).
+ *   KVD_KV_BF16  kv_dim bfloat16 values (2 bytes each: the upper half of an
+ *                IEEE float, rounded to nearest even): the f16 cache's size
+ *                with a float's range and 8 significant bits. A backend may
+ *                compute attention on it with bfloat16 products (the CPU's
+ *                AVX-512 BF16 path rounds the queries and the attention
+ *                weights to bfloat16 too, and sums the products in floats);
  *   KVD_KV_Q4_0  kv_dim / 32 blocks of 18 bytes: an f16 scale d, then 16
  *                bytes whose low nibble j holds element j and high nibble
  *                element j + 16 (j < 16), as unsigned n in 0..15;
@@ -201,6 +207,7 @@ enum kvd_kv_type {
 	KVD_KV_F32 = 1,
 	KVD_KV_Q8_0 = 2,
 	KVD_KV_Q4_0 = 3,
+	KVD_KV_BF16 = 4,
 };
 #define KVD_KV_QBLOCK 32 /* elements per quantization block */
 
@@ -211,13 +218,14 @@ static inline size_t kvd_kv_row_bytes(enum kvd_kv_type t, uint32_t n)
 	switch (t) {
 	case KVD_KV_F16: return (size_t)n * 2;
 	case KVD_KV_F32: return (size_t)n * 4;
+	case KVD_KV_BF16: return (size_t)n * 2;
 	case KVD_KV_Q8_0: return n % KVD_KV_QBLOCK ? 0 : (size_t)n / KVD_KV_QBLOCK * 34;
 	case KVD_KV_Q4_0: return n % KVD_KV_QBLOCK ? 0 : (size_t)n / KVD_KV_QBLOCK * 18;
 	}
 	return 0;
 }
 
-/* "f16", "f32", "q8_0", "q4_0"; NULL for an unknown value. */
+/* "f16", "f32", "q8_0", "q4_0", "bf16"; NULL for an unknown value. */
 static inline const char *kvd_kv_type_name(enum kvd_kv_type t)
 {
 	switch (t) {
@@ -225,6 +233,7 @@ static inline const char *kvd_kv_type_name(enum kvd_kv_type t)
 	case KVD_KV_F32: return "f32";
 	case KVD_KV_Q8_0: return "q8_0";
 	case KVD_KV_Q4_0: return "q4_0";
+	case KVD_KV_BF16: return "bf16";
 	}
 	return NULL;
 }
@@ -233,7 +242,7 @@ static inline const char *kvd_kv_type_name(enum kvd_kv_type t)
  * -22 (-EINVAL) for another name. */
 static inline int kvd_kv_type_parse(const char *s, enum kvd_kv_type *ret)
 {
-	static const enum kvd_kv_type all[] = {KVD_KV_F16, KVD_KV_F32, KVD_KV_Q8_0, KVD_KV_Q4_0};
+	static const enum kvd_kv_type all[] = {KVD_KV_F16, KVD_KV_F32, KVD_KV_Q8_0, KVD_KV_Q4_0, KVD_KV_BF16};
 	for (unsigned i = 0; s && i < sizeof(all) / sizeof(all[0]); i++) {
 		const char *n = kvd_kv_type_name(all[i]), *a = s;
 		while (*n && *n == *a)

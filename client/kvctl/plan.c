@@ -62,8 +62,8 @@ static const char help_plan[] =
 	"    --head-dim N     dimension of one head\n"
 	"    --dtype-bytes B  bytes per K or V element: 2 for F16/BF16 (default), 4 for F32,\n"
 	"                     1 for 8-bit caches\n"
-	"    --cache-type T   instead of --dtype-bytes: kvd's KV element type, f16, f32,\n"
-	"                     q8_0 (34 bytes per 32 elements) or q4_0 (18 per 32)\n"
+	"    --cache-type T   instead of --dtype-bytes: kvd's KV element type, f16, bf16,\n"
+	"                     f32, q8_0 (34 bytes per 32 elements) or q4_0 (18 per 32)\n"
 	"    --block-size N   tokens per page (default 16, or the daemon's)\n"
 	"    --context N      tokens of context per request (prompt + generated)\n"
 	"    --memory SIZE    memory for the KV cache: bytes, or with a K, M, G or T suffix\n"
@@ -86,9 +86,10 @@ static const char help_plan[] =
 	"               --context 32768 --memory 1G\n";
 
 /* kvd's KV element types (kernels/backend.h, enum kvd_kv_type): bytes per
- * block of 32 elements; "" for a plain --dtype-bytes */
+ * block of 32 elements; "" for a plain --dtype-bytes. By size alone, the
+ * first match names a daemon's type (f16 before bf16). */
 static const struct { const char *name; uint32_t bytes_per_32; } cache_types[] = {
-	{"f16", 64}, {"f32", 128}, {"q8_0", 34}, {"q4_0", 18},
+	{"f16", 64}, {"f32", 128}, {"q8_0", 34}, {"q4_0", 18}, {"bf16", 64},
 };
 
 const char *kv_cache_type_name(uint64_t kv_bytes_per_token, uint32_t layers, uint32_t kv_heads, uint32_t head_dim)
@@ -124,6 +125,7 @@ static int cmd_plan(struct ctx *x, int argc, char **argv)
 	uint64_t mem = 0;
 	bool json = false;
 	int o, r, ctype = -1; /* index in cache_types, -1: none named */
+	char daemon_type[8] = "";
 
 	while ((o = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
 		if ((r = common_opt(x, cmd, o, optarg)) != 0) {
@@ -161,7 +163,7 @@ static int cmd_plan(struct ctx *x, int argc, char **argv)
 				if (!strcmp(optarg, cache_types[i].name))
 					ctype = (int)i;
 			if (ctype < 0)
-				return usage_error(cmd, "--cache-type: '%s' is not f16, f32, q8_0 or q4_0", optarg);
+				return usage_error(cmd, "--cache-type: '%s' is not f16, bf16, f32, q8_0 or q4_0", optarg);
 			break;
 		default:
 			return option_error(cmd, argv, o);
@@ -211,6 +213,7 @@ static int cmd_plan(struct ctx *x, int argc, char **argv)
 		hdim = i->head_dim;
 		dtype = i->kv_dtype_bytes;
 		daemon_per_token = i->kv_bytes_per_token;
+		snprintf(daemon_type, sizeof(daemon_type), "%s", i->kv_cache_type);
 		if (!block)
 			block = i->block_size;
 		if (!ctx)
@@ -236,10 +239,12 @@ static int cmd_plan(struct ctx *x, int argc, char **argv)
 	}
 	per_token /= 32;
 	if (daemon_per_token) {
-		/* the daemon's cache type: the one whose size it reports */
+		/* the daemon's cache type: the one it names (0.5.0), else the
+		 * first whose size it reports (f16 and bf16 cost the same) */
 		per_token = daemon_per_token;
 		for (size_t k = 0; k < sizeof(cache_types) / sizeof(cache_types[0]); k++)
-			if (elems * cache_types[k].bytes_per_32 == per_token * 32)
+			if (daemon_type[0] ? !strcmp(daemon_type, cache_types[k].name)
+					   : ctype < 0 && elems * cache_types[k].bytes_per_32 == per_token * 32)
 				ctype = (int)k;
 	}
 	if (ctype < 0) /* a plain element size: name it when it is one of kvd's */
@@ -293,8 +298,8 @@ static int cmd_plan(struct ctx *x, int argc, char **argv)
 			printf("KV per token       2 x %u layers x %u KV heads x %u dims x %u/32 bytes (%s) = %" PRIu64
 			       " B (%s)\n", layers, kvh, hdim, cache_types[ctype].bytes_per_32, tname, per_token, b1);
 		else
-			printf("KV per token       2 x %u layers x %u KV heads x %u dims x %u bytes = %" PRIu64 " B (%s)\n",
-			       layers, kvh, hdim, dtype, per_token, b1);
+			printf("KV per token       2 x %u layers x %u KV heads x %u dims x %u bytes%s%s%s = %" PRIu64 " B (%s)\n",
+			       layers, kvh, hdim, dtype, tname[0] ? " (" : "", tname, tname[0] ? ")" : "", per_token, b1);
 		fmt_bytes(b1, sizeof(b1), (double)page_bytes);
 		printf("page               %u %s = %" PRIu64 " B (%s)\n", block, block == 1 ? "token" : "tokens", page_bytes, b1);
 		fmt_bytes(b1, sizeof(b1), (double)req_bytes);

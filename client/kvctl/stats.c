@@ -115,7 +115,8 @@ static void print_stats_table(const struct kvc_stats *s, const struct kvc_info *
 	fmt_bytes(b1, sizeof(b1), (double)s->page_bytes);
 	fmt_bytes(b2, sizeof(b2), (double)s->pages_total * (double)s->page_bytes);
 	fmt_bytes(b3, sizeof(b3), (double)s->kv_bytes_per_token);
-	const char *kt = kv_cache_type_name(s->kv_bytes_per_token, i->n_layers, i->n_kv_heads, i->head_dim);
+	const char *kt = i->kv_cache_type[0] ? i->kv_cache_type
+					     : kv_cache_type_name(s->kv_bytes_per_token, i->n_layers, i->n_kv_heads, i->head_dim);
 	printf("KV pool   %" PRIu64 " pages x %s = %s   (%" PRIu64 " tokens/page, %s per token%s%s)\n", s->pages_total,
 	       b1, b2, s->block_size, b3, kt ? ", " : "", kt ? kt : "");
 	printf("          %10s %8s %12s\n", "pages", "share", "bytes");

@@ -11,7 +11,9 @@
 #include "attention.h"
 
 #define ATTN_CHUNK 128 /* positions per attention chunk (see below) */
-#define ATTN_TILE 8    /* tokens of one sequence sharing a pass over K/V */
+#ifndef ATTN_TILE
+#define ATTN_TILE 16   /* tokens of one sequence sharing a pass over K/V */
+#endif
 
 #define GROW(ptr, n)                                                  \
 	do {                                                          \
@@ -34,7 +36,7 @@ struct attn_step {
  * chunk. */
 static size_t attn_sc_floats(const struct cpu_attn *c, int nr)
 {
-	return (size_t)ATTN_CHUNK * (size_t)nr + ATTN_ROWS_STAGE((size_t)c->hp->head_dim);
+	return ATTN_ROWS_SCRATCH(nr, c->hp->head_dim);
 }
 
 /* Floats of attention scratch per thread for items of up to nc chunks:
@@ -65,10 +67,12 @@ static size_t attn_scratch_per(const struct cpu_attn *c, int nc)
  * kernels/cpu/attn_avx512.c), a chunk goes through it, and a prefill's
  * consecutive tokens share each chunk's pass (attn_tile_item); otherwise
  * the chunk is computed here from the f16 helpers. Either way a given
- * build computes a token's attention one way only. K/V stored in another
- * type (f32, q8_0, q4_0: kvquant.h) go through attn_rows_q, the same
- * contract over the stored rows, in every build and both paths (a
- * prefill's tokens sharing chunks, or one token's chunks alone).
+ * build computes a token's attention one way only. K/V stored as bf16 go
+ * through the bfloat16 kernel (kernels/cpu/attn_bf16.c) where the CPU has
+ * AVX-512 BF16. K/V stored in another type (f32, q8_0, q4_0, and bf16
+ * elsewhere: kvquant.h) go through attn_rows_q, the same contract over the
+ * stored rows, in every build and both paths (a prefill's tokens sharing
+ * chunks, or one token's chunks alone).
  */
 
 struct attn_part {
@@ -118,11 +122,42 @@ static void kv_rows_q(const struct cpu_attn *c, int layer, const struct kvd_batc
 	}
 }
 
-/* Whether prefill tokens share chunks (attn_tile_item): with the tiled
- * f16 kernel, and always for the other K/V types (attn_rows_q). */
+/* The tiled kernel over rows of 16-bit elements for the cache's type (f16,
+ * or bf16 where the CPU has the bfloat16 products), or NULL. */
+static attn_rows_fn rows_fn(const struct cpu_attn *c)
+{
+	return c->kv.layout.type == KVD_KV_F16 ? c->rows : c->kv.layout.type == KVD_KV_BF16 ? c->rows_bf16 : NULL;
+}
+
+/* Requests the K and V rows of KV head g for positions p0 .. p0 + n - 1
+ * into L2: the next chunk's, while this one is computed. A decode is
+ * bound by how soon its rows arrive from memory (they lie in pages all
+ * over the pool), and the kernels' own prefetches only cover a chunk. */
+static void prefetch_chunk(const struct cpu_attn *c, int layer, const struct kvd_batch_seq *sq, int g, int p0, int n)
+{
+	const struct kvd_kv_layout *L = &c->kv.layout;
+	size_t hb = kvd_kv_row_bytes(L->type, (uint32_t)c->hp->head_dim);
+	for (int i = 0; i < n; i++) {
+		const char *pb = kv_row(c, layer, sq, p0 + i);
+		for (size_t o = 0; o < hb; o += 64) {
+			__builtin_prefetch(pb + g * hb + o, 0, 2);
+			__builtin_prefetch(pb + L->v_offset + g * hb + o, 0, 2);
+		}
+	}
+}
+
+/* Whether K/V go through attn_rows_q (kvquant.h): the types without a
+ * kernel of their own here. */
+static int via_kvq(const struct cpu_attn *c)
+{
+	return c->kv.layout.type != KVD_KV_F16 && !rows_fn(c);
+}
+
+/* Whether prefill tokens share chunks (attn_tile_item): with a tiled
+ * kernel, and always for the other K/V types (attn_rows_q). */
 static int tiled(const struct cpu_attn *c)
 {
-	return c->kv.layout.type != KVD_KV_F16 || c->rows;
+	return via_kvq(c) || rows_fn(c);
 }
 
 /* The attn_rows_fn contract (ops.h) for K/V of a type other than f16
@@ -195,13 +230,14 @@ static void attn_chunk(const struct cpu_attn *c, const struct attn_step *s, int 
 	float scale = c->scale;
 	int n = p1 - p0;
 	const uint16_t *kp[ATTN_CHUNK], *vp[ATTN_CHUNK];
+	attn_rows_fn rows = rows_fn(c);
 
-	if (c->kv.layout.type != KVD_KV_F16) {
+	if (via_kvq(c)) {
 		attn_chunk_q(c, s, t, g, p0, p1, pm, po, sc);
 		return;
 	}
 	kv_rows(c, s->layer, &s->b->seqs[c->tok_seq[t]], g, p0, n, kp, vp);
-	if (c->rows) {
+	if (rows) {
 		const float *qp[64];
 		float *mlp[64], *op[64];
 		int len[64];
@@ -211,7 +247,7 @@ static void attn_chunk(const struct cpu_attn *c, const struct attn_step *s, int 
 			mlp[r] = &pm[r].m;
 			op[r] = po + r * hd;
 		}
-		c->rows(n_rep, qp, len, kp, vp, scale, mlp, op, sc);
+		rows(n_rep, qp, len, kp, vp, scale, mlp, op, sc);
 		return;
 	}
 	for (int r = 0; r < n_rep; r++)
@@ -361,6 +397,10 @@ static void attn_chunk_task(void *arg, uint32_t k, int tid)
 	}
 	int it = lo, t = it / hp->n_head_kv, g = it % hp->n_head_kv;
 	int ci = gc - a->item_first[it], pos = c->tok_pos[t];
+	/* this thread's next chunk (tp_for hands each thread a run of them) */
+	if (ci + 1 < n_chunks(pos))
+		prefetch_chunk(c, s->layer, &s->b->seqs[c->tok_seq[t]], g, (ci + 1) * ATTN_CHUNK,
+			       chunk_end(ci + 1, pos) - (ci + 1) * ATTN_CHUNK);
 	attn_chunk(c, s, t, g, ci * ATTN_CHUNK, chunk_end(ci, pos), c->attn_pm + (size_t)gc * n_rep,
 		   c->attn_po + (size_t)gc * n_rep * hd,
 		   c->scores + (size_t)tid * attn_scratch_per(c, c->cap_chunks));
@@ -403,7 +443,8 @@ static void attn_tile_item(void *arg, uint32_t k, int tid)
 	int len[ATTN_TILE * 64];
 
 	const unsigned char *kq[ATTN_CHUNK], *vq[ATTN_CHUNK];
-	int quant = c->kv.layout.type != KVD_KV_F16;
+	int quant = via_kvq(c);
+	attn_rows_fn rows = rows_fn(c);
 
 	for (int ci = 0; ci < nc; ci++) {
 		int p0 = ci * ATTN_CHUNK, n = chunk_end(ci, last) - p0, nr = 0;
@@ -424,10 +465,13 @@ static void attn_tile_item(void *arg, uint32_t k, int tid)
 				op[nr] = po + ((size_t)ci * n_rep + r) * hd;
 			}
 		}
+		/* a short tile (a decode's token): its next chunk on the way */
+		if (nt <= 2 && ci + 1 < nc)
+			prefetch_chunk(c, s->layer, sq, g, p0 + ATTN_CHUNK, chunk_end(ci + 1, last) - p0 - ATTN_CHUNK);
 		if (quant)
 			attn_rows_q(c, nr, qp, len, kq, vq, mlp, op, kscr);
 		else
-			c->rows(nr, qp, len, kp, vp, scale, mlp, op, kscr);
+			rows(nr, qp, len, kp, vp, scale, mlp, op, kscr);
 	}
 	for (int tt = 0; tt < nt; tt++) {
 		const struct attn_part *pm = (const struct attn_part *)(part + tt * tok_stride);
@@ -531,7 +575,9 @@ void cpu_attn_setup(struct cpu_attn *c, struct tp *pool, const struct cpu_kernel
 	c->rows = k->attn_rows_for ? k->attn_rows_for(hp->head_dim) : NULL;
 	/* the CPU backend's switches: KVD_CPU_GENERIC (k->isa "generic"),
 	 * KVD_CPU_NO_AVX512 */
-	cpu_kvq_kernels_init(&c->kq, !strcmp(k->isa, "generic") ? 0 : getenv("KVD_CPU_NO_AVX512") ? 1 : 2);
+	int level = !strcmp(k->isa, "generic") ? 0 : getenv("KVD_CPU_NO_AVX512") ? 1 : 2;
+	cpu_kvq_kernels_init(&c->kq, level);
+	c->rows_bf16 = level == 2 ? cpu_attn_rows_bf16(hp->head_dim) : NULL;
 }
 
 int cpu_attn_reserve(struct cpu_attn *c, int max_pos)

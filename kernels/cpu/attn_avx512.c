@@ -5,19 +5,16 @@
  * chunk's K and V rows (stored f16 in the pages).
  *
  * For each row r, over the first len[r] positions of the chunk:
- *   s_p = (q_r . k_p) * scale         head sizes 64 and 128: four partial
- *                                     sums (elements i mod 4) added as
- *                                     (0 + 2) + (1 + 3), K staged per 16
- *                                     positions for all the rows (below);
- *                                     256: 16-lane FMAs over the head, then
- *                                     a fixed 16 -> 1 reduction tree
+ *   s_p = (q_r . k_p) * scale         16-lane FMAs over the head, then a
+ *                                     fixed 16 -> 1 reduction tree
  *   m   = max s_p,  e_p = exp(s_p - m) (vector exp, below),
  *   l   = sum e_p  (16 lanes, then a fixed tree),
  *   o   = sum e_p v_p in position order, 16 lanes at a time.
- * K and V are read in place from the pages (no copy of the chunk) and
- * converted in registers; a V row's conversion serves up to six query rows.
- * Every (row, position) value goes through the same operations whichever
- * block or slot it occupies, and a row never uses positions past its own
+ * K and V are read in place from the pages (no staging copy) and converted
+ * in registers; a K row's conversion serves three query rows (two for head
+ * size 128), a V row's up to six. Scores are computed four positions at a
+ * time, but every (row, position) value goes through the same operations
+ * whichever slot it occupies, and a row never uses positions past its own
  * length, so a row's result does not depend on the other rows of the tile
  * or on its place in it: a token's attention is bit-identical alone, in a
  * batch, or in a prefill tile.
@@ -28,7 +25,6 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #include <math.h>
-#include <string.h>
 
 #define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")))
 #define UNROLL _Pragma("GCC unroll 16")
@@ -64,108 +60,54 @@ TGT static inline __m512 reduce16_rest(const __m512 t[4])
 	return _mm512_permutexvar_ps(ord, w);
 }
 
-/*
- * Scores for head sizes 64 and 128. The chunk's K rows are staged once for
- * all the rows of the call (stage_group) in groups of four positions: vector
- * (g, j) holds, in 128-bit lane L, elements 4j .. 4j + 3 of position 4g + L
- * as floats. A row's query, four elements at a time broadcast to the four
- * lanes, multiplies them: lane (L, i) of a group's accumulator sums
- * q[4j + i] * k[4g + L][4j + i] over j in order; the four partials of a
- * position are then added as (i0 + i2) + (i1 + i3), and the sum scaled.
- * That is the arithmetic of every (row, position) whatever the other rows,
- * the block it falls in or the length of the chunk.
- */
-static const uint16_t zero_row[256];
-
-/* Positions p0 .. p0 + 3 (k[p] for p < n, zeros past it) staged: HD / 4
- * vectors at dst. */
-TGT static inline __attribute__((always_inline)) void stage_group(const int HD, const uint16_t *const *k, int p0,
-								  int n, float *dst)
+/* Scores of nr rows against positions [0, max len): RS rows at a time share
+ * each K row's conversion, 4 positions at a time share the first half of a
+ * reduction, 16 its second half. Every position's score is the same tree
+ * (lanes i + 8, i + 4, i + 2, i + 1 added in) whichever slot it occupies.
+ * Slots past the longest row's end read the last position and are never
+ * used (the scores rows are padded to 16). */
+TGT static inline __attribute__((always_inline)) void scores_t(const int HD, const int RS, int nr,
+							       const float *const *q, const int *len,
+							       const uint16_t *const *k, int n, float scale,
+							       float *sc, int ld)
 {
-	const uint16_t *r[4];
-	UNROLL for (int i = 0; i < 4; i++) r[i] = p0 + i < n ? k[p0 + i] : zero_row;
-	UNROLL for (int d0 = 0; d0 < HD; d0 += 16) {
-		__m256i a = _mm256_loadu_si256((const __m256i *)(r[0] + d0));
-		__m256i b = _mm256_loadu_si256((const __m256i *)(r[1] + d0));
-		__m256i c = _mm256_loadu_si256((const __m256i *)(r[2] + d0));
-		__m256i d = _mm256_loadu_si256((const __m256i *)(r[3] + d0));
-		__m256i t0 = _mm256_unpacklo_epi64(a, b), t1 = _mm256_unpackhi_epi64(a, b);
-		__m256i t2 = _mm256_unpacklo_epi64(c, d), t3 = _mm256_unpackhi_epi64(c, d);
-		float *o = dst + (size_t)(d0 / 4) * 16;
-		_mm512_storeu_ps(o, _mm512_cvtph_ps(_mm256_permute2x128_si256(t0, t2, 0x20)));
-		_mm512_storeu_ps(o + 16, _mm512_cvtph_ps(_mm256_permute2x128_si256(t1, t3, 0x20)));
-		_mm512_storeu_ps(o + 32, _mm512_cvtph_ps(_mm256_permute2x128_si256(t0, t2, 0x31)));
-		_mm512_storeu_ps(o + 48, _mm512_cvtph_ps(_mm256_permute2x128_si256(t1, t3, 0x31)));
-	}
-}
-
-/* Four groups' accumulators (16 positions) of one row to its 16 scores in
- * position order, times scale. */
-TGT static inline __m512 reduce_groups(__m512 a, __m512 b, __m512 c, __m512 d, __m512 vs)
-{
-	const __m512i ord = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-	__m512 x = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-	__m512 y = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
-	__m512 z = _mm512_add_ps(_mm512_shuffle_ps(x, y, 0x44), _mm512_shuffle_ps(x, y, 0xee));
-	return _mm512_mul_ps(_mm512_permutexvar_ps(ord, z), vs);
-}
-
-/* Scores of R rows (q[0 .. R-1]) against the 16 * P staged positions
- * from k0 of ks, stored at sc + p0. */
-TGT static inline __attribute__((always_inline)) void scores_block(const int HD, const int R, const int P,
-								   const float *const *q, const float *ks, int k0, int p0,
-								   float scale, float *sc, int ld)
-{
-	enum { G = 4 };
-	__m512 acc[6][G];
-	const int NG = 4 * P;
-	const float *kg = ks + (size_t)k0 * HD;
-	UNROLL for (int rr = 0; rr < R; rr++) UNROLL for (int g = 0; g < NG; g++) acc[rr][g] = _mm512_setzero_ps();
-	_Pragma("GCC unroll 2") for (int j = 0; j < HD / 4; j++) {
-		__m512 u[G];
-		UNROLL for (int g = 0; g < NG; g++) u[g] = _mm512_loadu_ps(kg + (size_t)g * HD * 4 + 16 * j);
-		UNROLL for (int rr = 0; rr < R; rr++) {
-			__m512 qb = _mm512_broadcast_f32x4(_mm_loadu_ps(q[rr] + 4 * j));
-			UNROLL for (int g = 0; g < NG; g++) acc[rr][g] = _mm512_fmadd_ps(qb, u[g], acc[rr][g]);
+	enum { MAXV = 16, MAXRS = 3, P = 4, G = 4 };
+	const int V = HD / 16;
+	const __m512 vscale = _mm512_set1_ps(scale);
+	for (int r = 0; r < nr; r += RS) {
+		__m512 qv[MAXRS][MAXV];
+		int lr = 0;
+		UNROLL for (int rr = 0; rr < RS; rr++) {
+			int row = r + rr < nr ? r + rr : r;
+			lr = len[row] > lr ? len[row] : lr;
+			UNROLL for (int j = 0; j < V; j++)
+				qv[rr][j] = _mm512_loadu_ps(q[row] + 16 * j);
 		}
-	}
-	const __m512 vs = _mm512_set1_ps(scale);
-	UNROLL for (int rr = 0; rr < R; rr++)
-		UNROLL for (int i = 0; i < P; i++)
-			_mm512_storeu_ps(sc + (size_t)rr * ld + p0 + 16 * i,
-					 reduce_groups(acc[rr][4 * i], acc[rr][4 * i + 1], acc[rr][4 * i + 2],
-						       acc[rr][4 * i + 3], vs));
-}
-
-/* Scores of nr rows against the chunk's positions [0, max len), 16
- * positions at a time: their K rows staged (stage_group, into ks: 16 * HD
- * floats) once for all the rows, then blocks of up to three rows; a row's
- * scores past its own length are computed from the staged rows (or zeros)
- * and never used. */
-TGT static inline __attribute__((always_inline)) void scores_t(const int HD, int nr, const float *const *q,
-							       const int *len, const uint16_t *const *k, int n,
-							       float scale, float *sc, int ld, float *ks)
-{
-	for (int p = 0; p < n; p += 16) {
-		if (p + 16 + ATTN_PF <= n)
-			UNROLL for (int i = 0; i < 16; i++)
-				UNROLL for (int b = 0; b < HD * 2; b += 64)
-					_mm_prefetch((const char *)k[p + ATTN_PF + i] + b, _MM_HINT_T0);
-		UNROLL for (int g = 0; g < 4; g++)
-			stage_group(HD, k, p + 4 * g, n, ks + (size_t)g * 4 * HD);
-		for (int r = 0; r < nr; r += 3) {
-			int R = nr - r < 3 ? nr - r : 3, lr = 0;
-			for (int rr = 0; rr < R; rr++)
-				lr = len[r + rr] > lr ? len[r + rr] : lr;
-			if (p >= lr)
-				continue;
-			float *s = sc + (size_t)r * ld;
-			if (R == 3)
-				scores_block(HD, 3, 1, q + r, ks, 0, p, scale, s, ld);
-			else if (R == 2)
-				scores_block(HD, 2, 1, q + r, ks, 0, p, scale, s, ld);
-			else
-				scores_block(HD, 1, 1, q + r, ks, 0, p, scale, s, ld);
+		for (int p16 = 0; p16 < lr; p16 += P * G) {
+			__m512 t[MAXRS][G];
+			UNROLL for (int g = 0; g < G; g++) {
+				int p0 = p16 + P * g;
+				__m512 acc[MAXRS][P];
+				if (p0 + ATTN_PF + P <= n)
+					UNROLL for (int i = 0; i < P; i++)
+						UNROLL for (int b = 0; b < HD * 2; b += 64)
+							_mm_prefetch((const char *)k[p0 + ATTN_PF + i] + b, _MM_HINT_T0);
+				UNROLL for (int i = 0; i < P; i++) {
+					const uint16_t *kr = k[p0 + i < n ? p0 + i : n - 1];
+					UNROLL for (int j = 0; j < V; j++) {
+						__m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kr + 16 * j)));
+						UNROLL for (int rr = 0; rr < RS; rr++)
+							acc[rr][i] = j ? _mm512_fmadd_ps(qv[rr][j], kv, acc[rr][i]) : _mm512_mul_ps(qv[rr][0], kv);
+					}
+				}
+				UNROLL for (int rr = 0; rr < RS; rr++)
+					t[rr][g] = reduce4_half(acc[rr]);
+			}
+			UNROLL for (int rr = 0; rr < RS; rr++) {
+				if (r + rr >= nr)
+					continue;
+				_mm512_storeu_ps(sc + (size_t)(r + rr) * ld + p16, _mm512_mul_ps(reduce16_rest(t[rr]), vscale));
+			}
 		}
 	}
 }
@@ -242,23 +184,18 @@ TGT static inline __mmask16 tail_mask(int left)
 /* acc[rr] += e[rr][p] * v[p] for positions [p0, p1) and rows rr < NT (all
  * RT rows when NT is 0), V rows converted once per position. */
 TGT static inline __attribute__((always_inline)) void pv_rows(const int HD, const int RT, const int NT, int p0,
-							      int p1, int pe, const uint16_t *const *v, const float *vf,
+							      int p1, int pe, const uint16_t *const *v,
 							      const float *e0, int n16, __m512 acc[][16])
 {
 	enum { MAXV = 16 };
 	const int V = HD / 16;
 	for (int p = p0; p < p1; p++) {
 		__m512 vv[MAXV];
-		if (vf) {
-			UNROLL for (int j = 0; j < V; j++)
-				vv[j] = _mm512_loadu_ps(vf + (size_t)p * HD + 16 * j);
-		} else {
-			if (p + ATTN_PF < pe)
-				UNROLL for (int b = 0; b < HD * 2; b += 64)
-					_mm_prefetch((const char *)v[p + ATTN_PF] + b, _MM_HINT_T0);
-			UNROLL for (int j = 0; j < V; j++)
-				vv[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v[p] + 16 * j)));
-		}
+		if (p + ATTN_PF < pe)
+			UNROLL for (int b = 0; b < HD * 2; b += 64)
+				_mm_prefetch((const char *)v[p + ATTN_PF] + b, _MM_HINT_T0);
+		UNROLL for (int j = 0; j < V; j++)
+			vv[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v[p] + 16 * j)));
 		UNROLL for (int rr = 0; rr < RT; rr++) {
 			if (NT && rr >= NT)
 				break;
@@ -320,10 +257,9 @@ TGT static inline __attribute__((always_inline)) void pv_quarters(const int HD, 
 	}
 }
 
-/* HD (head size) is 64, 128 or 256; RT rows share each V row's conversion
- * (256: pv_quarters instead). scratch: nr x n16 scores, then 16 * HD
- * floats of staged K (head sizes 64 and 128). */
-TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, const int RT, int nr,
+/* HD (head size) is 64, 128 or 256; RS rows share each K row's conversion,
+ * RT rows each V row's (256: pv_quarters instead). */
+TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, const int RS, const int RT, int nr,
 								  const float *const *q, const int *len,
 								  const uint16_t *const *k, const uint16_t *const *v,
 								  float scale, float *const *ml, float *const *o,
@@ -353,7 +289,7 @@ TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, 
 	if (HD == 256)
 		scores_wide(HD, nr, q, len, k, n, scale, sc, n16);
 	else
-		scores_t(HD, nr, q, len, k, n, scale, sc, n16, scratch + (size_t)nr * n16);
+		scores_t(HD, RS, nr, q, len, k, n, scale, sc, n16);
 
 	for (int r = 0; r < nr; r++) {
 		float *s = sc + (size_t)r * n16;
@@ -375,7 +311,6 @@ TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, 
 		pv_quarters(HD, nr, len, v, sc, n16, o);
 		return;
 	}
-	const float *vf = NULL; /* V as f32: not staged (see pv_rows) */
 	for (int r0 = 0; r0 < nr; r0 += RT) {
 		__m512 acc[6][MAXV];
 		int nt = nr - r0 < RT ? nr - r0 : RT, pe = 0, pc = n;
@@ -388,21 +323,16 @@ TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, 
 		/* positions every row of the group uses: no per-position tests
 		 * (a full group without per-row tests either) */
 		if (nt == RT)
-			pv_rows(HD, RT, 0, 0, pc, pe, v, vf, e0, n16, acc);
+			pv_rows(HD, RT, 0, 0, pc, pe, v, e0, n16, acc);
 		else
-			pv_rows(HD, RT, nt, 0, pc, pe, v, vf, e0, n16, acc);
+			pv_rows(HD, RT, nt, 0, pc, pe, v, e0, n16, acc);
 		for (int p = pc; p < pe; p++) {
 			__m512 vv[MAXV];
-			if (vf) {
-				UNROLL for (int j = 0; j < V; j++)
-					vv[j] = _mm512_loadu_ps(vf + (size_t)p * HD + 16 * j);
-			} else {
-				if (p + ATTN_PF < pe)
-					UNROLL for (int b = 0; b < HD * 2; b += 64)
-						_mm_prefetch((const char *)v[p + ATTN_PF] + b, _MM_HINT_T0);
-				UNROLL for (int j = 0; j < V; j++)
-					vv[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v[p] + 16 * j)));
-			}
+			if (p + ATTN_PF < pe)
+				UNROLL for (int b = 0; b < HD * 2; b += 64)
+					_mm_prefetch((const char *)v[p + ATTN_PF] + b, _MM_HINT_T0);
+			UNROLL for (int j = 0; j < V; j++)
+				vv[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v[p] + 16 * j)));
 			UNROLL for (int rr = 0; rr < RT; rr++) {
 				if (rr < nt && p < len[r0 + rr]) {
 					__m512 e = _mm512_set1_ps(e0[(size_t)rr * n16 + p]);
@@ -421,13 +351,13 @@ TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, 
 TGT static void attn_rows_64(int nr, const float *const *q, const int *len, const uint16_t *const *k,
 			     const uint16_t *const *v, float scale, float *const *ml, float *const *o, float *scratch)
 {
-	attn_rows_t(64, 6, nr, q, len, k, v, scale, ml, o, scratch);
+	attn_rows_t(64, 3, 6, nr, q, len, k, v, scale, ml, o, scratch);
 }
 
 TGT static void attn_rows_128(int nr, const float *const *q, const int *len, const uint16_t *const *k,
 			      const uint16_t *const *v, float scale, float *const *ml, float *const *o, float *scratch)
 {
-	attn_rows_t(128, 2, nr, q, len, k, v, scale, ml, o, scratch);
+	attn_rows_t(128, 2, 2, nr, q, len, k, v, scale, ml, o, scratch);
 }
 
 /* head size 256 (Gemma 3): a row's query fills 16 registers, so scores one
@@ -435,7 +365,7 @@ TGT static void attn_rows_128(int nr, const float *const *q, const int *len, con
 TGT static void attn_rows_256(int nr, const float *const *q, const int *len, const uint16_t *const *k,
 			      const uint16_t *const *v, float scale, float *const *ml, float *const *o, float *scratch)
 {
-	attn_rows_t(256, 1, nr, q, len, k, v, scale, ml, o, scratch);
+	attn_rows_t(256, 1, 1, nr, q, len, k, v, scale, ml, o, scratch);
 }
 
 attn_rows_fn cpu_attn_rows_avx512(int hd)
@@ -452,7 +382,7 @@ attn_rows_fn cpu_attn_rows_avx512(int hd)
 TGT static void attn_rows_256(int nr, const float *const *q, const int *len, const uint16_t *const *k,
 			      const uint16_t *const *v, float scale, float *const *ml, float *const *o, float *scratch)
 {
-	attn_rows_t(256, 1, nr, q, len, k, v, scale, ml, o, scratch);
+	attn_rows_t(256, 1, 1, nr, q, len, k, v, scale, ml, o, scratch);
 }
 
 attn_rows_fn cpu_attn_rows_avx512(int hd)

@@ -1,5 +1,5 @@
 /*
- * kernels/cpu/kvquant.c — K/V rows in f32, q8_0 and q4_0 (kvquant.h): the
+ * kernels/cpu/kvquant.c — K/V rows in f32, bf16, q8_0 and q4_0 (kvquant.h): the
  * row store of the forward pass, the row load of tests and tools, and the
  * dot and axpy products attention runs on rows in place.
  *
@@ -103,6 +103,13 @@ void cpu_kvq_store_row(enum kvd_kv_type t, void *dst, const float *src, int n)
 	case KVD_KV_F32:
 		memcpy(dst, src, sizeof(float) * (size_t)n);
 		break;
+	case KVD_KV_BF16:
+		for (int i = 0; i < n; i++) {
+			uint16_t h = cpu_f32_to_bf16(src[i]);
+			d[2 * i] = (uint8_t)(h & 0xff);
+			d[2 * i + 1] = (uint8_t)(h >> 8);
+		}
+		break;
 	case KVD_KV_Q8_0:
 		for (int b = 0; b < n / QB; b++)
 			quantize_q8_0(d + (size_t)b * 34, src + b * QB);
@@ -124,6 +131,10 @@ void cpu_kvq_load_row(enum kvd_kv_type t, const void *src, float *dst, int n)
 		break;
 	case KVD_KV_F32:
 		memcpy(dst, src, sizeof(float) * (size_t)n);
+		break;
+	case KVD_KV_BF16:
+		for (int i = 0; i < n; i++)
+			dst[i] = cpu_bf16_to_f32((uint16_t)(s[2 * i] | (uint16_t)(s[2 * i + 1] << 8)));
 		break;
 	case KVD_KV_Q8_0:
 		for (int b = 0; b < n / QB; b++) {
@@ -150,7 +161,7 @@ void cpu_kvq_load_row(enum kvd_kv_type t, const void *src, float *dst, int n)
 
 INLINE size_t block_bytes(enum kvd_kv_type t)
 {
-	return t == KVD_KV_Q8_0 ? 34 : t == KVD_KV_Q4_0 ? 18 : QB * sizeof(float);
+	return t == KVD_KV_Q8_0 ? 34 : t == KVD_KV_Q4_0 ? 18 : t == KVD_KV_BF16 ? QB * 2 : QB * sizeof(float);
 }
 
 INLINE v8f ld8(const float *p)
@@ -160,12 +171,18 @@ INLINE v8f ld8(const float *p)
 	return v;
 }
 
-/* Block blk of type t as its scale *d (1 for f32) and 32 floats in kf[4]
+/* Block blk of type t as its scale *d (1 for f32 and bf16) and 32 floats in kf[4]
  * (quants converted exactly), portable C. */
 typedef void (*block_fn)(enum kvd_kv_type t, const uint8_t *blk, v8f kf[4], float *d);
 
 INLINE void block_floats_generic(enum kvd_kv_type t, const uint8_t *blk, v8f kf[4], float *d)
 {
+	if (t == KVD_KV_BF16) {
+		for (int i = 0; i < QB; i++)
+			kf[i / 8][i % 8] = cpu_bf16_to_f32((uint16_t)(blk[2 * i] | (uint16_t)(blk[2 * i + 1] << 8)));
+		*d = 1.0f;
+		return;
+	}
 	if (t == KVD_KV_F32) {
 		UNROLL for (int j = 0; j < 4; j++)
 			kf[j] = ld8((const float *)(const void *)blk + 8 * j);
@@ -355,6 +372,13 @@ static void accum_generic(enum kvd_kv_type t, float *const *o, int nr, const int
 AVX2 INLINE void block_floats_avx2(enum kvd_kv_type t, const uint8_t *blk, v8f kf[4], float *d)
 {
 	__m128i lo, hi;
+	if (t == KVD_KV_BF16) {
+		UNROLL for (int j = 0; j < 4; j++)
+			kf[j] = (v8f)_mm256_castsi256_ps(_mm256_slli_epi32(
+				_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(blk + 16 * j))), 16));
+		*d = 1.0f;
+		return;
+	}
 	if (t == KVD_KV_F32) {
 		UNROLL for (int j = 0; j < 4; j++)
 			kf[j] = ld8((const float *)(const void *)blk + 8 * j);
@@ -421,6 +445,15 @@ AVX2 static void accum_avx2(enum kvd_kv_type t, float *const *o, int nr, const i
 AVX512 INLINE void block2_floats_avx512(enum kvd_kv_type t, const uint8_t *b0, const uint8_t *b1, __m512 kf[4],
 					 __m512 *dv)
 {
+	if (t == KVD_KV_BF16) {
+		UNROLL for (int m = 0; m < 4; m++) {
+			__m256i x = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + 16 * m))),
+							    _mm_loadu_si128((const __m128i *)(b1 + 16 * m)), 1);
+			kf[m] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+		}
+		*dv = _mm512_set1_ps(1.0f);
+		return;
+	}
 	if (t == KVD_KV_F32) {
 		UNROLL for (int m = 0; m < 4; m++)
 			kf[m] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps((const float *)(const void *)b0 + 8 * m)),

@@ -1,5 +1,5 @@
 /*
- * kernels/cpu/kvquant.h — K/V rows in the f32, q8_0 and q4_0 element types
+ * kernels/cpu/kvquant.h — K/V rows in the f32, bf16, q8_0 and q4_0 element types
  * of kernels/backend.h (enum kvd_kv_type): storing a row into a page,
  * reading one back, and the two products attention needs, computed on the
  * stored rows in place (each 32-element block is converted to floats in
@@ -11,7 +11,7 @@
  * rounded once:
  *
  *   dot, query row q against a K row k of n elements, per block b of 32
- *   with scale d_b (1 for f32) and elements k_i as floats (quants exactly),
+ *   with scale d_b (1 for f32 and bf16) and elements k_i as floats (quants exactly),
  *   for lanes l = 0..7 (elements relative to the block):
  *     p_l = fma(q_{l+24}, k_{l+24}, fma(q_{l+16}, k_{l+16}, fma(q_{l+8}, k_{l+8}, q_l k_l)))
  *     acc_l = fma(d_b, p_l, acc_l)                  (acc_l = 0 before block 0)

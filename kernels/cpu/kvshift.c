@@ -9,8 +9,9 @@
  * linear in p, so a key rotated at p becomes the key rotated at p + delta by
  * one more rotation by a_i(delta). The cos/sin table is computed in double,
  * as the forward pass computes its own, the rotation in float from the f16
- * key, and the result is rounded back to f16: the shifted key differs from a
- * key computed at p + delta directly by the f16 rounding of one extra step.
+ * (or bf16) key, and the result is rounded back to the cache's type: the
+ * shifted key differs from a key computed at p + delta directly by that
+ * rounding of one extra step.
  */
 #include "kvshift.h"
 
@@ -36,15 +37,18 @@ void cpu_rope_table(float *cs, int hd, int32_t pos, float theta, float pos_scale
 	}
 }
 
-static void rotate_head_f16(uint16_t *k, int hd, const float *cs, enum kvd_rope_style style)
+/* one head of a K row of 16-bit elements: f16, or bf16 when bf is set */
+static void rotate_head(uint16_t *k, int hd, const float *cs, enum kvd_rope_style style, int bf)
 {
 	for (int i = 0; i < hd / 2; i++) {
 		int a = style == KVD_ROPE_NEOX ? i : 2 * i;
 		int b = style == KVD_ROPE_NEOX ? i + hd / 2 : 2 * i + 1;
-		float x0 = cpu_fp16_to_f32(k[a]), x1 = cpu_fp16_to_f32(k[b]);
+		float x0 = bf ? cpu_bf16_to_f32(k[a]) : cpu_fp16_to_f32(k[a]);
+		float x1 = bf ? cpu_bf16_to_f32(k[b]) : cpu_fp16_to_f32(k[b]);
 		float c = cs[2 * i], s = cs[2 * i + 1];
-		k[a] = cpu_f32_to_fp16(x0 * c - x1 * s);
-		k[b] = cpu_f32_to_fp16(x0 * s + x1 * c);
+		float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
+		k[a] = bf ? cpu_f32_to_bf16(y0) : cpu_f32_to_fp16(y0);
+		k[b] = bf ? cpu_f32_to_bf16(y1) : cpu_f32_to_fp16(y1);
 	}
 }
 
@@ -58,8 +62,10 @@ int cpu_kv_shift(const struct kvd_model_weights *w, const struct kvd_paged_view 
 
 	if (!kv->base || hd <= 0 || hd % 2)
 		return -EINVAL;
-	/* f16 rows only: any other element type has another row size */
-	if (L->token_stride != (size_t)L->kv_dim * 2 || L->kv_dim != (uint32_t)(hp->n_head_kv * hd))
+	/* rows of 16-bit elements only (f16, bf16): the block types would
+	 * requantize whole blocks */
+	if ((L->type != KVD_KV_F16 && L->type != KVD_KV_BF16) || L->token_stride != (size_t)L->kv_dim * 2 ||
+	    L->kv_dim != (uint32_t)(hp->n_head_kv * hd))
 		return -ENOTSUP;
 	if (n_tokens > (uint64_t)n_pages * L->block_size)
 		return -EINVAL;
@@ -80,7 +86,7 @@ int cpu_kv_shift(const struct kvd_model_weights *w, const struct kvd_paged_view 
 			char *row = (char *)kv->base + (size_t)pages[t / L->block_size] * L->page_bytes +
 				    (size_t)l * L->layer_stride + (size_t)(t % L->block_size) * L->token_stride;
 			for (int h = 0; h < hp->n_head_kv; h++)
-				rotate_head_f16((uint16_t *)row + (size_t)h * hd, hd, cs, hp->rope_style);
+				rotate_head((uint16_t *)row + (size_t)h * hd, hd, cs, hp->rope_style, L->type == KVD_KV_BF16);
 		}
 	}
 	free(cs);

@@ -236,6 +236,15 @@ uint16_t cpu_f32_to_fp16(float f)
 	return (uint16_t)half;
 }
 
+uint16_t cpu_f32_to_bf16(float f)
+{
+	uint32_t bits;
+	memcpy(&bits, &f, 4);
+	if ((bits & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t)((bits >> 16) | 0x40u);
+	return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
 float cpu_bf16_to_f32(uint16_t h)
 {
 	uint32_t bits = (uint32_t)h << 16;

@@ -33,6 +33,8 @@ struct q8_block {
 float cpu_fp16_to_f32(uint16_t h);
 uint16_t cpu_f32_to_fp16(float f); /* round to nearest even */
 float cpu_bf16_to_f32(uint16_t h);
+/* round to nearest even; a NaN stays a (quiet) NaN of the same sign */
+uint16_t cpu_f32_to_bf16(float f);
 
 /* A quantized activation row of n elements is its n/32 q8_blocks followed
  * by each block's integer sum of quants (int32, for the offsets of q4_0
@@ -103,17 +105,20 @@ int cpu_gemm_unpack_row(enum kvd_wtype t, const void *packed, int64_t cols, int6
  * f16, k[p] and v[p] pointing at position p's head): row r (query q[r])
  * sees the first len[r] >= 1 positions. Writes ml[r][0] = max score,
  * ml[r][1] = sum of exp(score - max), o[r] = that sum's weighted V rows
- * (unnormalised). scratch: (max len rounded up to 16) * nr +
- * ATTN_ROWS_STAGE(head size) floats.
+ * (unnormalised). scratch: ATTN_ROWS_SCRATCH(nr, head size) floats.
  * A row's result depends only on its query, its length and the keys and
  * values it sees. */
-#define ATTN_ROWS_STAGE(hd) (16 * (hd))
+#define ATTN_ROWS_SCRATCH(nr, hd) ((size_t)(nr) * (128 + (size_t)(hd) / 2) + 16 * (size_t)(hd))
 typedef void (*attn_rows_fn)(int nr, const float *const *q, const int *len, const uint16_t *const *k,
 			     const uint16_t *const *v, float scale, float *const *ml, float *const *o, float *scratch);
 /* The AVX-512 version for head size hd, or NULL (other sizes, other CPUs). */
 attn_rows_fn cpu_attn_rows_avx512(int hd);
 /* The same with AVX2 and FMA (8 lanes; other bits than AVX-512's). */
 attn_rows_fn cpu_attn_rows_avx2(int hd);
+/* The same for K/V stored as bfloat16 (uint16_t rows of that type), with
+ * AVX-512 BF16 products (kernels/cpu/attn_bf16.c for the arithmetic), or
+ * NULL (other head sizes, other CPUs). */
+attn_rows_fn cpu_attn_rows_bf16(int hd);
 
 struct cpu_kernels {
 	const char *isa; /* "avx2" or "generic" */

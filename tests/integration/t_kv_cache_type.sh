@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # t_kv_cache_type.sh — [kv] cache_type end to end on the default model.
 #
-#   - kvd started with --cache-type q8_0 (and q4_0) lays its pages out for the
+#   - kvd started with --cache-type q8_0 (q4_0, bf16) lays its pages out for the
 #     type: `kvctl stats` and `kvctl plan` report the type and bytes per token the
-#     block format gives (2 x layers x KV heads x head_dim / 32 x 34 or 18,
+#     block format gives (2 x layers x KV heads x head_dim / 32 x 34, 18 or 64,
 #     the shape read from the GGUF file by the gguf package, not by kvd), and
 #     it serves a generation;
-#   - the determinism guarantee holds for quantized caches: with q8_0 and
-#     q4_0, a prompt's logits are bit-identical under other page sizes,
-#     shuffled pages, chunked prefill, other thread counts, and in a batch,
-#     and the AVX2 build's are the AVX-512 build's (where the CPU has both).
+#   - the determinism guarantee holds for quantized and bf16 caches: with
+#     q8_0, q4_0 and bf16, a prompt's logits are bit-identical under other
+#     page sizes, shuffled pages, chunked prefill, other thread counts, and in
+#     a batch, and for q8_0 and q4_0 the AVX2 build's are the AVX-512 build's
+#     (where the CPU has both);
+#   - a bf16 daemon names its type to 0.5 clients (kvctl stats and plan say
+#     bf16, not f16, whose size it has).
 # Their quality is measured by t_kv_quality.sh.
 source "$(dirname "$0")/lib.sh"
 need_bins
@@ -32,8 +35,8 @@ EOF
 [ -n "${D:-}" ] && [ $((D % 32)) = 0 ] || fail "model shape from the file: layers '$L', KV heads '$H', head dim '$D'"
 
 # ---- the daemon with a quantized cache -------------------------------------------------
-for ty in q8_0 q4_0; do
-	case $ty in q8_0) per32=34 ;; q4_0) per32=18 ;; esac
+for ty in q8_0 q4_0 bf16; do
+	case $ty in q8_0) per32=34 ;; q4_0) per32=18 ;; bf16) per32=64 ;; esac
 	want=$((2 * L * H * D / 32 * per32))
 	S=$T/$ty.sock
 	start_kvd "$ty" "$S" --model "$REAL_MODEL" --backend cpu --pool-size 32M --cache-type $ty
@@ -52,7 +55,8 @@ b = p["budgets"][0]
 assert b["pages"] == b["memory_bytes"] // p["page_bytes"]
 assert b["sequences"] == b["pages"] // p["pages_per_request"]
 EOF
-	KVD_SOCKET=$S "$KVCTL" plan --context 2048 | grep -q "x $per32/32 bytes ($ty) = $want B" ||
+	case $ty in bf16) line="x 2 bytes ($ty) = $want B" ;; *) line="x $per32/32 bytes ($ty) = $want B" ;; esac
+	KVD_SOCKET=$S "$KVCTL" plan --context 2048 | grep -qF "$line" ||
 		fail "$ty: kvctl plan does not show the block size: $(KVD_SOCKET=$S "$KVCTL" plan)"
 	KVD_SOCKET=$S "$KVCTL" stats | grep -q "per token, $ty)" ||
 		fail "$ty: kvctl stats does not name the type: $(KVD_SOCKET=$S "$KVCTL" stats | head -2)"
@@ -63,9 +67,9 @@ EOF
 	ok "$ty: $want bytes per token in stats and plan; generated '$(head -c 60 "$T/gen.out" | tr '\n' ' ')'"
 done
 
-# ---- determinism with quantized caches --------------------------------------------------
-toks=$(seq -s, 100 3 250)   # 51 tokens
-for ty in q8_0 q4_0; do
+# ---- determinism with quantized and bf16 caches --------------------------------------------
+toks=$(seq -s, 100 3 550)   # 151 tokens: two attention chunks of 128 positions
+for ty in q8_0 q4_0 bf16; do
 	base=(--model "$REAL_MODEL" --tokens "$toks" --n-predict 4 --cache-type $ty)
 	"$EVAL" "${base[@]}" --logits-out "$T/base.bin" >/dev/null || fail "$ty: kvd_eval failed"
 	for v in "--block-size 1" "--block-size 64" "--shuffle-seed 7" "--chunk 7" "--chunk 1" "--threads 1" "--threads 2"; do
@@ -82,7 +86,9 @@ for ty in q8_0 q4_0; do
 	# rest of the AVX2 build matches the AVX-512 one (tiled GEMMs): so the
 	# whole model's logits do too (with f16 K/V they do not: its attention
 	# kernels differ)
-	if grep -qw avx512f /proc/cpuinfo; then
+	if [ "$ty" = bf16 ]; then
+		: # bf16 attention runs on bfloat16 products where the CPU has them (AVX-512 BF16), on floats in the AVX2 build
+	elif grep -qw avx512f /proc/cpuinfo; then
 		KVD_CPU_NO_AVX512=1 "$EVAL" "${base[@]}" --logits-out "$T/avx2.bin" >/dev/null || fail "$ty: AVX2 run failed"
 		cmp -s "$T/base.bin" "$T/avx2.bin" || fail "$ty: the AVX2 build's logits differ from the AVX-512 build's"
 		ok "$ty: the AVX2 build's logits are the AVX-512 build's, bit for bit"

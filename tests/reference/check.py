@@ -34,10 +34,12 @@ Parts
             accepts is compared with the reference as in "tiny" (also on
             AVX2 and portable C) and checked for invariance as in
             "inv-tiny".
-  kvtype    KV caches of type f32, q8_0 and q4_0 ([kv] cache_type) on tiny
+  kvtype    KV caches of type f32, bf16, q8_0 and q4_0 ([kv] cache_type) on tiny
             models with head sizes of 32 and 64: every logits row against the
             reference storing K/V in the same blocks (ref.kv_store_round),
-            greedy tokens identical; q4_0 also on portable C.
+            greedy tokens identical; q4_0 and bf16 also on AVX2 and
+            portable C (bf16 where kvd has AVX-512 BF16: against a reference
+            that rounds queries and weights as those products do).
   isa       the CPU backend forced to AVX2 (KVD_CPU_NO_AVX512) and to portable
             C (KVD_CPU_GENERIC) on several tiny models, and AVX2 on one real
             prompt (with "real"): the same comparison with the reference.
@@ -469,7 +471,18 @@ def part_arch(eng, tiny_dir, stats):
 # cache against the reference storing the same blocks (ref.kv_store_round),
 # on tiny models whose head size is a multiple of 32, with the portable
 # build too (the quantized products are the same code in every build).
-KV_TYPES = ("f32", "q8_0", "q4_0")
+KV_TYPES = ("f32", "q8_0", "q4_0", "bf16")
+
+
+def cpu_has_bf16_products():
+    """Whether kvd's CPU backend computes a bf16 cache's attention with
+    AVX-512 BF16 products here (then, for head sizes 64, 128 and 256, the
+    reference rounds as they do; other sizes take the float products)."""
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return all(f in flags.split() for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"))
 KV_TINY = ("gqa", "mqa", "odd", "type-f32", "type-q4_0", "hd64")
 
 
@@ -490,11 +503,24 @@ def part_kvtype(eng, tiny, stats):
                 # apart: the q8_0 engine against an f16 reference differs
                 # by 4e-2 std (tiny-hd64), q4_0 by 0.7 std; a wrong scale,
                 # nibble order or block moves logits by O(0.1..1) std
-                tol, tie = (TOL_QTINY, TIE_QTINY) if q else (TOL_FLOAT, TIE_FLOAT) if kv == "f32" else (TOL_KVQ, TIE_QTINY)
-                for isa, env in (("", None),) + (tuple(ISA_VARIANTS[1:]) if kv == "q4_0" else ()):
+                # bf16: the reference rounds K/V, and where kvd uses the
+                # bfloat16 products, the queries and weights as they do
+                # (kv "bf16-products"); the products' float sums and the
+                # exp then differ by float rounding only
+                # (a last-bit difference in a sum can move a query element's
+                # or a weight's rounding by one bfloat16 step, 2^-8: seen to
+                # move logits of the float tiny models by up to 1.4e-2 std,
+                # hence TOL_KVQ; the bfloat16 products are checked exactly
+                # against float64 in tests/unit/test_cpu_ops.c)
+                variants = (("", None),) + (tuple(ISA_VARIANTS) if kv == "bf16" else tuple(ISA_VARIANTS[1:]) if kv == "q4_0" else ())
+                for isa, env in variants:
+                    rkv = ("bf16-products" if kv == "bf16" and not isa and cpu_has_bf16_products()
+                           and m.head_dim in (64, 128, 256) else kv)
+                    tol, tie = ((TOL_QTINY, TIE_QTINY) if q else (TOL_FLOAT, TIE_FLOAT) if rkv in ("f32", "bf16")
+                                else (TOL_KVQ, TIE_QTINY))
                     r = eng.run(tiny[name], tokens=p, n_predict=N_TINY, extra=["--cache-type", kv], env=env)[0]
-                    fails += compare("tiny-%s kv %s%s, %d-token prompt" % (name, kv, " " + isa if isa else "", len(p)),
-                                     m, r, tol, tie, stats, "kv %s tiny" % kv, kv=kv)
+                    fails += compare("tiny-%s kv %s%s, %d-token prompt" % (name, rkv, " " + isa if isa else "", len(p)),
+                                     m, r, tol, tie, stats, "kv %s tiny" % kv, kv=rkv)
     return fails
 
 

@@ -41,7 +41,11 @@ that the remaining differences are only rounding of sums:
   (kvd keeps its KV pages in f16); every position, including the current
   one, attends to the rounded values. `kv_f16` may also name one of kvd's
   KV element types ([kv] cache_type): "f16" (the same as True), "f32" (K/V
-  rounded to float32), "q8_0" or "q4_0": each token's K and V rows
+  rounded to float32), "bf16" (rounded to bfloat16, nearest even),
+  "bf16-products" (stored as bf16, and attention computed as kvd's AVX-512
+  BF16 path does: each query rounded to bfloat16 before its dot products,
+  each weight exp(s - max) rounded to bfloat16 before it multiplies V and
+  before the sum that normalizes them), "q8_0" or "q4_0": each token's K and V rows
   (n_head_kv * head_dim elements) are quantized per block of 32 as
   kernels/backend.h defines it (GGML's q8_0 and q4_0: float32 arithmetic,
   the scale stored as float16), and attended in their dequantized form.
@@ -251,9 +255,18 @@ def _round_half_away(v):
     return np.sign(v) * np.floor(np.abs(v) + np.float32(0.5))
 
 
+def bf16_round(x):
+    """x rounded to bfloat16 (nearest even) as float32 values; finite x."""
+    b = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    b = ((b + 0x7fff + ((b >> 16) & 1)) & 0xffff0000).astype(np.uint32)
+    return b.view(np.float32)
+
+
 def kv_store_round(x, kv_type):
     """The values kvd's KV type `kv_type` stores for rows x (..., n), n a
     multiple of 32 for q8_0/q4_0; computed in float32 as kvd does."""
+    if kv_type in ("bf16", "bf16-products"):
+        return bf16_round(x).astype(x.dtype)
     if kv_type == "f32":
         return x.astype(np.float32).astype(x.dtype)
     if kv_type == "f16":
@@ -480,14 +493,19 @@ class Model:
             k = self._rope(k, pos, base, pos_scale)
             K, V = cache.store(li, k, v)                         # (p0+T, HKV, D)
             att = np.empty((T, H, D), dtype=self.dtype)
+            bfp = cache.kv_f16 == "bf16-products"
             for kh in range(HKV):
                 qh = q[:, kh * group:(kh + 1) * group, :].astype(np.float64)   # (T, g, D)
+                if bfp:
+                    qh = bf16_round(qh).astype(np.float64)
                 Kh = K[:, kh, :].astype(np.float64)                            # (S, D)
                 Vh = V[:, kh, :].astype(np.float64)
                 s = np.einsum("tgd,sd->tgs", qh, Kh) * scale                   # (T, g, S)
                 s = np.where(mask[:, None, :], -np.inf, s)
                 s = s - s.max(axis=-1, keepdims=True)
                 p = np.exp(s)
+                if bfp:
+                    p = bf16_round(p).astype(np.float64)
                 p /= p.sum(axis=-1, keepdims=True)
                 att[:, kh * group:(kh + 1) * group, :] = np.einsum("tgs,sd->tgd", p, Vh)
             o = L["wo"](att.reshape(T, H * D), act_q8)

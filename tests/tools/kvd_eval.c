@@ -24,7 +24,7 @@ static const char usage[] =
 	"usage: kvd_eval --model PATH (--tokens ID,ID,... | --prompt TEXT | --batch-file FILE)\n"
 	"                [--n-predict N] [--threads N] [--block-size N] [--chunk N]\n"
 	"                [--shuffle-seed S] [--logits-out FILE] [--timing] [--pool-pages N]\n"
-	"                [--cache-type f16|q8_0|q4_0|f32] [--backend auto|cpu|cuda] [--keep-local]\n"
+	"                [--cache-type f16|bf16|q8_0|q4_0|f32] [--backend auto|cpu|cuda] [--keep-local]\n"
 	"\n"
 	"Greedy-decodes N tokens (default 32, EOS ignored) after the prompt and prints\n"
 	"{\"prompt_tokens\":[...],\"generated\":[...],\"n_vocab\":V,...} (one object per\n"
@@ -201,7 +201,7 @@ int main(int argc, char **argv)
 		case 'D': backend = optarg; break;
 		case 'K':
 			if (kvd_kv_type_parse(optarg, &kv_type) < 0) {
-				fprintf(stderr, "kvd_eval: --cache-type: '%s' is not f16, q8_0, q4_0 or f32\n", optarg);
+				fprintf(stderr, "kvd_eval: --cache-type: '%s' is not f16, bf16, q8_0, q4_0 or f32\n", optarg);
 				return 2;
 			}
 			break;

@@ -30,11 +30,11 @@
 #include "model.h"
 #include "tokenizer.h"
 
-#define MAX_TYPES 4
+#define MAX_TYPES 5 /* every enum kvd_kv_type, indexed by its value */
 #define PIECE 32 /* scored positions computed per step */
 
 static const char usage[] =
-	"usage: kvd_perplexity --model PATH --text FILE [--types f16,q8_0,q4_0] [--ctx N]\n"
+	"usage: kvd_perplexity --model PATH --text FILE [--types f16,bf16,q8_0,q4_0] [--ctx N]\n"
 	"                      [--max-tokens N] [--threads N] [--json] [--max-kl TYPE=BOUND]...\n"
 	"\n"
 	"Perplexity of the text and KL divergence from the f32 KV cache, per KV type\n"
@@ -158,7 +158,7 @@ int main(int argc, char **argv)
 			}
 			memcpy(name, optarg, (size_t)(eq - optarg));
 			name[eq - optarg] = 0;
-			if (kvd_kv_type_parse(name, &t) < 0) {
+			if (kvd_kv_type_parse(name, &t) < 0 || (unsigned)t >= MAX_TYPES) {
 				fprintf(stderr, "kvd_perplexity: --max-kl: unknown type '%s'\n", name);
 				return 2;
 			}
@@ -188,6 +188,10 @@ int main(int argc, char **argv)
 			}
 			for (int i = 0; i < n_types; i++)
 				dup |= tr[i].type == t;
+			if (!dup && (unsigned)t >= MAX_TYPES) {
+				fprintf(stderr, "kvd_perplexity: --types: '%s' is not measured by this build\n", tok);
+				return 2;
+			}
 			if (!dup)
 				tr[n_types++].type = t;
 		}

@@ -202,12 +202,12 @@ static void test_cache_type(void **state)
 		assert_int_equal(kvd_kv_type_parse(c->cache_type, &t), 0);
 		assert_string_equal(kvd_kv_type_name(t), k->choices[n]);
 	}
-	assert_int_equal(n, 4);
-	const char *bad[] = {"q8", "Q8_0", "q4_1", "", "f16 ", "bf16"};
+	assert_int_equal(n, 5);
+	const char *bad[] = {"q8", "Q8_0", "q4_1", "", "f16 ", "BF16", "bf8"};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		char want[128];
 		assert_int_equal(kvd_config_set(c, "kv", "cache_type", bad[i], "f:7", err, sizeof(err)), -EINVAL);
-		snprintf(want, sizeof(want), "f:7: cache_type must be f16, q8_0, q4_0 or f32, not '%s'", bad[i]);
+		snprintf(want, sizeof(want), "f:7: cache_type must be f16, bf16, q8_0, q4_0 or f32, not '%s'", bad[i]);
 		if (bad[i][0])
 			assert_string_equal(err, want);
 		else

@@ -492,6 +492,76 @@ static void test_attn_rows_avx2_avx512_agree(void **state)
 	}
 }
 
+/* The bfloat16 kernel (K/V stored as bf16, [kv] cache_type = bf16): each
+ * row's max, sum and weighted V rows against float64 of the stated
+ * arithmetic (the query rounded to bfloat16; the weights rounded too, so
+ * the sum and the output carry up to 2^-8 of each weight), and a row alone
+ * gives the same bits as in any tile. */
+static void test_attn_rows_bf16(void **state)
+{
+	(void)state;
+	for (int hd = 64; hd <= 256; hd *= 2) {
+		attn_rows_fn fn = cpu_attn_rows_bf16(hd);
+		if (!fn)
+			skip();
+		enum { NR = 40, NP = 128 };
+		static uint16_t kv[2][NP][256];
+		static float q[NR][256], o[NR][256], o1[256], scratch[NP * (NP + NR)];
+		const uint16_t *kp[NP], *vp[NP];
+		for (int it = 0; it < 30; it++) {
+			int nr = 1 + (int)(next_u32() % NR), len[NR];
+			const float *qp[NR];
+			float ml[NR][2], *mlp[NR], *op[NR], ml1[2], *ml1p = ml1, *o1p = o1;
+			float scale = 1.0f / sqrtf((float)hd);
+			for (int p = 0; p < NP; p++) {
+				for (int i = 0; i < hd; i++) {
+					kv[0][p][i] = cpu_f32_to_bf16(frand() * 2.0f);
+					kv[1][p][i] = cpu_f32_to_bf16(frand());
+				}
+				kp[p] = kv[0][p];
+				vp[p] = kv[1][p];
+			}
+			for (int r = 0; r < nr; r++) {
+				len[r] = it % 3 ? 1 + (int)(next_u32() % NP) : NP - r / 3; /* a prefill tile's */
+				for (int i = 0; i < hd; i++)
+					q[r][i] = frand() * 3.0f;
+				qp[r] = q[r];
+				mlp[r] = ml[r];
+				op[r] = o[r];
+			}
+			fn(nr, qp, len, kp, vp, scale, mlp, op, scratch);
+			for (int r = 0; r < nr; r++) {
+				double sc[NP], mx = -INFINITY, l = 0;
+				for (int p = 0; p < len[r]; p++) {
+					double d = 0;
+					for (int i = 0; i < hd; i++)
+						d += (double)cpu_bf16_to_f32(cpu_f32_to_bf16(q[r][i])) * cpu_bf16_to_f32(kv[0][p][i]);
+					sc[p] = d * scale;
+					mx = sc[p] > mx ? sc[p] : mx;
+				}
+				for (int p = 0; p < len[r]; p++)
+					l += exp(sc[p] - mx);
+				if (!(fabs(ml[r][0] - mx) <= 1e-5 * (1 + fabs(mx))))
+					fail_msg("hd %d row %d: max %g vs %g", hd, r, ml[r][0], mx);
+				if (!(fabs(ml[r][1] - l) <= (0x1p-8 + 1e-5) * l))
+					fail_msg("hd %d row %d: sum %g vs %g", hd, r, ml[r][1], l);
+				for (int i = 0; i < hd; i++) {
+					double acc = 0, mag = 0;
+					for (int p = 0; p < len[r]; p++) {
+						acc += exp(sc[p] - mx) * cpu_bf16_to_f32(kv[1][p][i]);
+						mag += exp(sc[p] - mx) * fabs(cpu_bf16_to_f32(kv[1][p][i]));
+					}
+					if (fabs(o[r][i] - acc) > (0x1p-8 + 1e-5) * mag + 1e-6)
+						fail_msg("hd %d row %d len %d elem %d: %g vs %g", hd, r, len[r], i, o[r][i], acc);
+				}
+				fn(1, &qp[r], &len[r], kp, vp, scale, &ml1p, &o1p, scratch);
+				assert_memory_equal(ml1, ml[r], sizeof(ml1));
+				assert_memory_equal(o1, o[r], sizeof(float) * (size_t)hd);
+			}
+		}
+	}
+}
+
 static void test_attn_rows_avx512(void **state)
 {
 	(void)state;
@@ -620,6 +690,7 @@ int main(void)
 		cmocka_unit_test(test_attn_rows_avx512),
 		cmocka_unit_test(test_attn_rows_avx2),
 		cmocka_unit_test(test_attn_rows_avx2_avx512_agree),
+		cmocka_unit_test(test_attn_rows_bf16),
 		cmocka_unit_test(test_attention_helpers),
 		cmocka_unit_test(test_swiglu),
 		cmocka_unit_test(test_rmsnorm),

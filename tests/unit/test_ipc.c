@@ -829,6 +829,15 @@ static void test_reject_payloads(void **state)
 	check1(IPC_MSG_WELCOME, 0, &w, sizeof(w), IPC_FROM_SERVER, IPC_VIA_SOCKET, &f);
 	assert_int_equal(ipc_decode_welcome(&f, &ww), -EPROTO);
 	w.reserved[3] = 0;
+	/* kv_type: a kvd_kv_type + 1 up to IPC_KV_TYPE_MAX (0.5.0) */
+	w.kv_type = 5;
+	check1(IPC_MSG_WELCOME, 0, &w, sizeof(w), IPC_FROM_SERVER, IPC_VIA_SOCKET, &f);
+	assert_int_equal(ipc_decode_welcome(&f, &ww), 0);
+	assert_int_equal(ww.kv_type, 5);
+	w.kv_type = IPC_KV_TYPE_MAX + 1;
+	check1(IPC_MSG_WELCOME, 0, &w, sizeof(w), IPC_FROM_SERVER, IPC_VIA_SOCKET, &f);
+	assert_int_equal(ipc_decode_welcome(&f, &ww), -EPROTO);
+	w.kv_type = 0;
 	w.max_text_bytes = IPC_MAX_TEXT_BYTES + 1;
 	check1(IPC_MSG_WELCOME, 0, &w, sizeof(w), IPC_FROM_SERVER, IPC_VIA_SOCKET, &f);
 	assert_int_equal(ipc_decode_welcome(&f, &ww), -E2BIG);

@@ -4,7 +4,8 @@
  *
  *   - the layout: row, page and layer sizes per type, and refusals;
  *   - cpu_kvq_store_row writes the documented bytes: the test quantizes by the
- *     format's own definition (backend.h, GGML's q8_0/q4_0) in double and
+ *     format's own definition (backend.h, GGML's q8_0/q4_0, bf16's nearest
+ *     float of 8 significant bits, ties to even) in double and
  *     compares byte for byte, and the round trip error stays within half a
  *     quantization step (q4_0: one step at the clamped end);
  *   - the attention products against float64 over the stored values (rows
@@ -17,6 +18,8 @@
  *       q8_0, Gaussian K and V                       <= 0.03 (0.018)
  *       q4_0, Gaussian K and V                       <= 0.30 (0.20)
  *       q8_0, K with outlier channels (x20, 1 in 17) <= 0.25 (0.17)
+ *       bf16, Gaussian K and V                       <= 0.01 (0.0054)
+ *       bf16, K with outlier channels                <= 0.03 (0.011)
  *     (q4_0 with such outliers keeps little: an error near 1, which is no
  *     bound at all, so that case is measured by the perplexity tool on the
  *     real model instead).
@@ -34,6 +37,7 @@
 
 #include "backend.h"
 #include "cpu/kvquant.h"
+#include "ipc.h"
 #include "cpu/ops.h"
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
@@ -65,7 +69,8 @@ static void fill_row(float *x, int n, int kind)
 			x[i] = 0; /* an all-zero block */
 }
 
-static const enum kvd_kv_type all_types[] = {KVD_KV_F16, KVD_KV_F32, KVD_KV_Q8_0, KVD_KV_Q4_0};
+static const enum kvd_kv_type all_types[] = {KVD_KV_F16, KVD_KV_F32, KVD_KV_Q8_0, KVD_KV_Q4_0, KVD_KV_BF16};
+#define N_TYPES (sizeof(all_types) / sizeof(all_types[0]))
 
 static void test_layout(void **state)
 {
@@ -73,9 +78,9 @@ static void test_layout(void **state)
 	struct kvd_hparams hp = {.n_layer = 30, .n_head_kv = 3, .head_dim = 64};
 	struct kvd_kv_layout l;
 	/* bytes per token = 2 x layers x row bytes; row = 192 elements */
-	const size_t row[] = {384, 768, 6 * 34, 6 * 18};
-	static const char *const names[] = {"f16", "f32", "q8_0", "q4_0"};
-	for (unsigned i = 0; i < 4; i++) {
+	const size_t row[] = {384, 768, 6 * 34, 6 * 18, 384};
+	static const char *const names[] = {"f16", "f32", "q8_0", "q4_0", "bf16"};
+	for (unsigned i = 0; i < N_TYPES; i++) {
 		assert_int_equal(kvd_kv_layout_init_type(&l, &hp, 16, all_types[i]), 0);
 		assert_int_equal(l.type, all_types[i]);
 		assert_int_equal(l.token_stride, row[i]);
@@ -86,7 +91,11 @@ static void test_layout(void **state)
 		enum kvd_kv_type t;
 		assert_int_equal(kvd_kv_type_parse(kvd_kv_type_name(all_types[i]), &t), 0);
 		assert_int_equal(t, all_types[i]);
+		/* the protocol's names of WELCOME kv_type (enum value + 1) */
+		assert_string_equal(ipc_kv_type_name((uint32_t)all_types[i] + 1), names[i]);
 	}
+	assert_null(ipc_kv_type_name(0));
+	assert_null(ipc_kv_type_name(N_TYPES + 1));
 	/* SmolLM2-135M: 2 x 30 x 192 x 34/32 = 12240 bytes per token in q8_0 */
 	kvd_kv_layout_init_type(&l, &hp, 16, KVD_KV_Q8_0);
 	assert_int_equal(l.page_bytes / l.block_size, 12240);
@@ -150,6 +159,12 @@ static double ref_element(enum kvd_kv_type t, const uint8_t *row, int i)
 	switch (t) {
 	case KVD_KV_F16: return cpu_fp16_to_f32((uint16_t)(row[2 * i] | row[2 * i + 1] << 8));
 	case KVD_KV_F32: { float f; memcpy(&f, row + 4 * i, 4); return f; }
+	case KVD_KV_BF16: {
+		uint32_t bits = (uint32_t)(row[2 * i] | row[2 * i + 1] << 8) << 16;
+		float f;
+		memcpy(&f, &bits, 4);
+		return f;
+	}
 	case KVD_KV_Q8_0:
 		blk = row + (i / 32) * 34;
 		return (double)cpu_fp16_to_f32((uint16_t)(blk[0] | blk[1] << 8)) * (int8_t)blk[2 + i % 32];
@@ -180,8 +195,20 @@ static void test_store_bytes_and_roundtrip(void **state)
 			for (int b = 0; b < N / 32; b++)
 				ref_q4_0(want + b * 18, x + b * 32);
 			assert_memory_equal(got, want, kvd_kv_row_bytes(KVD_KV_Q4_0, N));
+			/* bf16: the float nearest x with 8 significant bits, ties to
+			 * the even one (finite, normal values here) */
+			cpu_kvq_store_row(KVD_KV_BF16, got, x, N);
+			for (int i = 0; i < N; i++) {
+				int e;
+				double m = frexp((double)x[i], &e); /* x = m 2^e, 0.5 <= |m| < 1 */
+				double r = x[i] == 0 ? 0 : ldexp(nearbyint(ldexp(m, 8)), e - 8);
+				if (x[i] != 0 && fabs(ldexp(m, 8) - trunc(ldexp(m, 8))) == 0.5) /* a tie */
+					r = ldexp(2 * nearbyint(ldexp(m, 7)), e - 8);
+				if (ref_element(KVD_KV_BF16, got, i) != r)
+					fail_msg("bf16: %.9g stored as %.9g, expected %.9g", x[i], ref_element(KVD_KV_BF16, got, i), r);
+			}
 			/* round trip: load gives the stored values; error bounds */
-			for (unsigned ti = 0; ti < 4; ti++) {
+			for (unsigned ti = 0; ti < N_TYPES; ti++) {
 				enum kvd_kv_type t = all_types[ti];
 				cpu_kvq_store_row(t, got, x, N);
 				cpu_kvq_load_row(t, got, y, N);
@@ -195,6 +222,7 @@ static void test_store_bytes_and_roundtrip(void **state)
 						switch (t) {
 						case KVD_KV_F32: bound = 0; break;
 						case KVD_KV_F16: bound = fabs(x[i]) * 0x1p-11 + 0x1p-25; break;
+						case KVD_KV_BF16: bound = fabs(x[i]) * 0x1p-8; break;
 						/* half a step d = amax / 127, d itself rounded to f16 */
 						case KVD_KV_Q8_0: bound = amax / 127 * (0.5 + 127 * 0x1p-11) + 1e-7; break;
 						/* a step d = amax / 8 at the clamped end (+8d
@@ -231,10 +259,10 @@ static void test_products(void **state)
 	float q[MAXR * MAXHD], kx[MAXHD], sc_g[MAXR * MAXN], sc_s[MAXR * MAXN], w[MAXR * MAXN];
 	float o_g[MAXR * MAXHD], o_s[MAXR * MAXHD], o_x[MAXR * MAXHD], sc_x[MAXR * MAXN];
 	const unsigned char *kp[MAXN], *vp[MAXN];
-	const enum kvd_kv_type qt[] = {KVD_KV_F32, KVD_KV_Q8_0, KVD_KV_Q4_0};
+	const enum kvd_kv_type qt[] = {KVD_KV_F32, KVD_KV_Q8_0, KVD_KV_Q4_0, KVD_KV_BF16};
 	const int hds[] = {32, 64, 128}, nrs[] = {1, 3, 4, 5, 9}, ns[] = {1, 7, 40};
 
-	for (unsigned ti = 0; ti < 3; ti++)
+	for (unsigned ti = 0; ti < 4; ti++)
 		for (unsigned hi = 0; hi < 3; hi++)
 			for (unsigned ri = 0; ri < 5; ri++)
 				for (unsigned ni = 0; ni < 3; ni++) {
@@ -342,9 +370,10 @@ static void test_attention_vs_f32(void **state)
 	float q[HD], x[HD], sc[N];
 	double ref[HD];
 	const struct { enum kvd_kv_type t; int kind; double tol; } cases[] = {
-		{KVD_KV_Q8_0, 0, 0.03}, {KVD_KV_Q4_0, 0, 0.3}, {KVD_KV_Q8_0, 1, 0.25}};
+		{KVD_KV_Q8_0, 0, 0.03}, {KVD_KV_Q4_0, 0, 0.3}, {KVD_KV_Q8_0, 1, 0.25},
+		{KVD_KV_BF16, 0, 0.01}, {KVD_KV_BF16, 1, 0.03}};
 
-	for (unsigned ci = 0; ci < 3; ci++) {
+	for (unsigned ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
 		double worst = 0;
 		for (int rep = 0; rep < 8; rep++) {
 			for (int i = 0; i < HD; i++)

@@ -3,8 +3,8 @@
  * RoPE at position p, re-rotated by delta, must equal the keys RoPE puts at
  * p + delta directly (computed here in double from the formula of
  * kernels/backend.h), for both pairings, per-layer bases, linear scaling
- * and rope_freqs; values and other slots stay untouched; bad arguments and
- * non-f16 layouts are refused.
+ * and rope_freqs, f16 and bf16 caches; values and other slots stay
+ * untouched; bad arguments and the block types' layouts are refused.
  */
 #include <errno.h>
 #include <math.h>
@@ -53,7 +53,7 @@ struct fixture {
 	void *pool;
 };
 
-static void setup_fixture(struct fixture *f, enum kvd_rope_style st, int ext)
+static void setup_fixture(struct fixture *f, enum kvd_rope_style st, int ext, int bf)
 {
 	memset(f, 0, sizeof(*f));
 	f->w.hp = (struct kvd_hparams){ .n_layer = N_LAYER, .n_head_kv = N_HEAD_KV, .n_head = N_HEAD_KV,
@@ -68,6 +68,8 @@ static void setup_fixture(struct fixture *f, enum kvd_rope_style st, int ext)
 		f->w.rope_freqs.data = f->ff;
 	}
 	kvd_kv_layout_init(&f->kv.layout, &f->w.hp, BS);
+	if (bf)
+		assert_int_equal(kvd_kv_layout_init_type(&f->kv.layout, &f->w.hp, BS, KVD_KV_BF16), 0);
 	f->kv.n_pages = N_PAGES;
 	f->pool = calloc(N_PAGES, f->kv.layout.page_bytes);
 	assert_non_null(f->pool);
@@ -84,8 +86,11 @@ static uint16_t *slot_k(const struct fixture *f, int32_t page, int layer, int sl
 /* Fill n tokens of the page list with keys rotated at pos0 + t (and random
  * values); keep the unrotated keys in raw. Then shift by delta and compare
  * with keys rotated at pos0 + t + delta. */
-static void check_shift(enum kvd_rope_style st, int ext, int pos0, int delta, uint32_t n_tok)
+static void check_shift_t(enum kvd_rope_style st, int ext, int pos0, int delta, uint32_t n_tok, int bf)
 {
+	uint16_t (*to16)(float) = bf ? cpu_f32_to_bf16 : cpu_f32_to_fp16;
+	float (*from16)(uint16_t) = bf ? cpu_bf16_to_f32 : cpu_fp16_to_f32;
+	const double ulp = bf ? 0x1p-8 : 0x1p-11;
 	struct fixture f;
 	const int32_t pages[] = {4, 1, 5, 0};
 	uint32_t np = (n_tok + BS - 1) / BS;
@@ -96,7 +101,7 @@ static void check_shift(enum kvd_rope_style st, int ext, int pos0, int delta, ui
 
 	assert_non_null(raw);
 	assert_non_null(vals);
-	setup_fixture(&f, st, ext);
+	setup_fixture(&f, st, ext, bf);
 	for (int l = 0; l < N_LAYER; l++) {
 		const struct kvd_layer_desc *d = &f.layers[l].d;
 		double th = d->rope_theta > 0 ? d->rope_theta : f.w.hp.rope_theta;
@@ -112,9 +117,8 @@ static void check_shift(enum kvd_rope_style st, int ext, int pos0, int delta, ui
 				}
 				rope_ref(v, pos0 + (int)t, th, sc, ext ? f.ff : NULL, st);
 				for (int i = 0; i < HD; i++) {
-					k[i] = cpu_f32_to_fp16((float)v[i]);
-					vv[i] = vals[(((size_t)l * n_tok + t) * N_HEAD_KV + h) * HD + i] =
-						cpu_f32_to_fp16((float)drand());
+					k[i] = to16((float)v[i]);
+					vv[i] = vals[(((size_t)l * n_tok + t) * N_HEAD_KV + h) * HD + i] = to16((float)drand());
 				}
 			}
 	}
@@ -137,22 +141,35 @@ static void check_shift(enum kvd_rope_style st, int ext, int pos0, int delta, ui
 				memcpy(v, r, sizeof(v));
 				rope_ref(v, pos0 + (int)t + delta, th, sc, ext ? f.ff : NULL, st);
 				for (int i = 0; i < HD; i++) {
-					/* |v| <= 2 sqrt(2): two f16 roundings and a float
-					 * rotation stay within 3 half-ulps of 2^2 */
-					double e = fabs(cpu_fp16_to_f32(k[i]) - v[i]);
+					/* |v| <= 2 sqrt(2): two roundings to the type and a
+					 * float rotation stay within 3 half-ulps of 2^2 */
+					double e = fabs(from16(k[i]) - v[i]);
 					if (e > worst)
 						worst = e;
 					assert_int_equal(vv[i], vals[(((size_t)l * n_tok + t) * N_HEAD_KV + h) * HD + i]);
 				}
 			}
 	}
-	assert_true(worst < 3.0 * 0x1p-11 * 4.0);
+	assert_true(worst < 3.0 * ulp * 4.0);
 	/* and not trivially: a zero shift of the angles would miss by far */
 	if (n_tok % BS)
 		assert_int_equal(*slot_k(&f, pages[n_tok / BS], 0, (int)(n_tok % BS)), sentinel);
 	free(raw);
 	free(vals);
 	free(f.pool);
+}
+
+static void check_shift(enum kvd_rope_style st, int ext, int pos0, int delta, uint32_t n_tok)
+{
+	check_shift_t(st, ext, pos0, delta, n_tok, 0);
+}
+
+/* a bf16 cache: the same rotation, rounded to bfloat16 */
+static void test_shift_bf16(void **state)
+{
+	(void)state;
+	check_shift_t(KVD_ROPE_NORM, 1, 37, -20, 14, 1);
+	check_shift_t(KVD_ROPE_NEOX, 0, 500, -480, 13, 1);
 }
 
 static void test_shift_normal(void **state)
@@ -182,7 +199,7 @@ static void test_shift_moves(void **state)
 	struct fixture f;
 	const int32_t pages[] = {2};
 	(void)state;
-	setup_fixture(&f, KVD_ROPE_NORM, 0);
+	setup_fixture(&f, KVD_ROPE_NORM, 0, 0);
 	uint16_t *k = slot_k(&f, 2, 1, 0);
 	uint16_t orig[HD];
 	for (int i = 0; i < HD; i++)
@@ -204,13 +221,17 @@ static void test_shift_refusals(void **state)
 	struct fixture f;
 	const int32_t ok[] = {0, 1}, bad[] = {0, N_PAGES}, neg[] = {-1};
 	(void)state;
-	setup_fixture(&f, KVD_ROPE_NORM, 0);
+	setup_fixture(&f, KVD_ROPE_NORM, 0, 0);
 	assert_int_equal(cpu_kv_shift(&f.w, &f.kv, ok, 2, 2 * BS + 1, 3), -EINVAL);
 	assert_int_equal(cpu_kv_shift(&f.w, &f.kv, bad, 2, BS + 1, 3), -EINVAL);
 	assert_int_equal(cpu_kv_shift(&f.w, &f.kv, neg, 1, 1, 3), -EINVAL);
 	assert_int_equal(cpu_kv_shift(&f.w, &f.kv, ok, 2, 2 * BS, 0), 0);
 	/* a row that is not kv_dim halves: a quantized KV type */
 	f.kv.layout.token_stride = (size_t)f.kv.layout.kv_dim / 32 * 34;
+	assert_int_equal(cpu_kv_shift(&f.w, &f.kv, ok, 2, 2, 3), -ENOTSUP);
+	/* f32 rows */
+	f.kv.layout.type = KVD_KV_F32;
+	f.kv.layout.token_stride = (size_t)f.kv.layout.kv_dim * 4;
 	assert_int_equal(cpu_kv_shift(&f.w, &f.kv, ok, 2, 2, 3), -ENOTSUP);
 	free(f.pool);
 }
@@ -219,6 +240,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_shift_normal),
+		cmocka_unit_test(test_shift_bf16),
 		cmocka_unit_test(test_shift_neox),
 		cmocka_unit_test(test_shift_scaled_freqs),
 		cmocka_unit_test(test_shift_moves),
