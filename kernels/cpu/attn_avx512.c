@@ -21,6 +21,7 @@
  */
 #include "ops.h"
 #include "vexp.h"
+#include "attn_util.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -166,20 +167,6 @@ TGT static inline __attribute__((always_inline)) void scores_wide(const int HD, 
 	}
 }
 
-/* fixed order: 16 -> 8 -> 4 -> 2 -> 1 */
-TGT static inline float hsum(__m512 v)
-{
-	__m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-	__m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-	b = _mm_add_ps(b, _mm_movehl_ps(b, b));
-	b = _mm_add_ss(b, _mm_movehdup_ps(b));
-	return _mm_cvtss_f32(b);
-}
-
-TGT static inline __mmask16 tail_mask(int left)
-{
-	return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-}
 
 /* acc[rr] += e[rr][p] * v[p] for positions [p0, p1) and rows rr < NT (all
  * RT rows when NT is 0), V rows converted once per position. */
@@ -295,16 +282,16 @@ TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, 
 		float *s = sc + (size_t)r * n16;
 		__m512 mx = _mm512_set1_ps(-INFINITY);
 		for (int p0 = 0; p0 < len[r]; p0 += 16)
-			mx = _mm512_mask_max_ps(mx, tail_mask(len[r] - p0), mx, _mm512_loadu_ps(s + p0));
+			mx = _mm512_mask_max_ps(mx, attn_tail_mask(len[r] - p0), mx, _mm512_loadu_ps(s + p0));
 		float M = _mm512_reduce_max_ps(mx);
 		__m512 vm = _mm512_set1_ps(M), sum = _mm512_setzero_ps();
 		for (int p0 = 0; p0 < len[r]; p0 += 16) {
-			__m512 e = _mm512_maskz_mov_ps(tail_mask(len[r] - p0), exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(s + p0), vm)));
+			__m512 e = _mm512_maskz_mov_ps(attn_tail_mask(len[r] - p0), exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(s + p0), vm)));
 			_mm512_storeu_ps(s + p0, e);
 			sum = _mm512_add_ps(sum, e);
 		}
 		ml[r][0] = M;
-		ml[r][1] = hsum(sum);
+		ml[r][1] = attn_hsum16(sum);
 	}
 
 	if (HD == 256) {

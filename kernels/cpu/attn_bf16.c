@@ -27,6 +27,7 @@
  */
 #include "ops.h"
 #include "vexp.h"
+#include "attn_util.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -194,20 +195,6 @@ TGT static inline __attribute__((always_inline)) void pv_block(const int HD, con
 	}
 }
 
-/* fixed order: 16 -> 8 -> 4 -> 2 -> 1 */
-TGT static inline float hsum(__m512 v)
-{
-	__m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-	__m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-	b = _mm_add_ps(b, _mm_movehl_ps(b, b));
-	b = _mm_add_ss(b, _mm_movehdup_ps(b));
-	return _mm_cvtss_f32(b);
-}
-
-TGT static inline __mmask16 tail_mask(int left)
-{
-	return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-}
 
 /* scratch (ATTN_ROWS_SCRATCH): nr x n16 scores (then the weights, as
  * bfloat16, over the first half of each row), 16 staged positions, the
@@ -275,12 +262,12 @@ TGT static inline __attribute__((always_inline)) void attn_bf16_t(const int HD, 
 		uint16_t *w = (uint16_t *)s;
 		__m512 mx = _mm512_set1_ps(-INFINITY);
 		for (int p0 = 0; p0 < len[r]; p0 += 16)
-			mx = _mm512_mask_max_ps(mx, tail_mask(len[r] - p0), mx, _mm512_loadu_ps(s + p0));
+			mx = _mm512_mask_max_ps(mx, attn_tail_mask(len[r] - p0), mx, _mm512_loadu_ps(s + p0));
 		float M = _mm512_reduce_max_ps(mx);
 		__m512 vm = _mm512_set1_ps(M), sum = _mm512_setzero_ps();
 		int p0 = 0;
 		for (; p0 < len[r]; p0 += 16) {
-			__m512 e = _mm512_maskz_mov_ps(tail_mask(len[r] - p0), exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(s + p0), vm)));
+			__m512 e = _mm512_maskz_mov_ps(attn_tail_mask(len[r] - p0), exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(s + p0), vm)));
 			__m256i eb = (__m256i)_mm512_cvtneps_pbh(e);
 			sum = _mm512_add_ps(sum, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(eb), 16)));
 			_mm256_storeu_si256((__m256i *)(w + p0), eb);
@@ -288,7 +275,7 @@ TGT static inline __attribute__((always_inline)) void attn_bf16_t(const int HD, 
 		for (; p0 < n16; p0 += 16)
 			_mm256_storeu_si256((__m256i *)(w + p0), _mm256_setzero_si256());
 		ml[r][0] = M;
-		ml[r][1] = hsum(sum);
+		ml[r][1] = attn_hsum16(sum);
 	}
 
 	for (int r0 = 0; r0 < nr; r0 += RT) {
