@@ -60,6 +60,11 @@ EOF
 		fail "$ty: kvctl plan does not show the block size: $(KVD_SOCKET=$S "$KVCTL" plan)"
 	KVD_SOCKET=$S "$KVCTL" stats | grep -q "per token, $ty)" ||
 		fail "$ty: kvctl stats does not name the type: $(KVD_SOCKET=$S "$KVCTL" stats | head -2)"
+	# WELCOME names the type (enum + 1) to 0.5 clients, and says 0 to older ones
+	case $ty in q8_0) kt=3 ;; q4_0) kt=4 ;; bf16) kt=5 ;; esac
+	"$RAW" -s "$S" hello | grep -q " kv_type $kt\$" || fail "$ty: WELCOME kv_type: $("$RAW" -s "$S" hello)"
+	KVD_RAW_CLIENT_VERSION=0x000400 "$RAW" -s "$S" hello | grep -q " kv_type 0\$" ||
+		fail "$ty: a 0.4 client got a kv_type: $(KVD_RAW_CLIENT_VERSION=0x000400 "$RAW" -s "$S" hello)"
 	KVD_SOCKET=$S "$KVCTL" generate --raw --temperature 0 --max-tokens 8 "The capital of France is" >"$T/gen.out" ||
 		fail "$ty: generate failed"
 	[ -s "$T/gen.out" ] || fail "$ty: empty generation"

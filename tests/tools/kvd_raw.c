@@ -76,7 +76,7 @@ static int conn_open(struct conn *c, bool say_hello)
 	}
 	if (!say_hello)
 		return 0;
-	struct ipc_hello h = { .client_version = IPC_RELEASE_SERVER_VERSION, .capabilities = IPC_CAP_RING_PROMPT };
+	struct ipc_hello h = { .client_version = IPC_KV_TYPE_CLIENT_VERSION, .capabilities = IPC_CAP_RING_PROMPT };
 	/* KVD_RAW_CLIENT_VERSION=0x000300: say an older version (tests of what
 	 * the daemon holds back from older clients) */
 	if (getenv("KVD_RAW_CLIENT_VERSION"))
@@ -556,8 +556,8 @@ int main(int argc, char **argv)
 	if (r)
 		return r;
 	if (!strcmp(cmd, "hello")) {
-		printf("WELCOME client %" PRIu64 " model '%s' n_ctx %u block %u pool %" PRIu64 "\n", cn.w.client_id,
-		       cn.w.model_name, cn.w.n_ctx, cn.w.block_size, cn.w.pool_bytes);
+		printf("WELCOME client %" PRIu64 " model '%s' n_ctx %u block %u pool %" PRIu64 " kv_type %u\n",
+		       cn.w.client_id, cn.w.model_name, cn.w.n_ctx, cn.w.block_size, cn.w.pool_bytes, cn.w.kv_type);
 		return 0;
 	}
 	if (!strcmp(cmd, "stats"))
