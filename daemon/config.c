@@ -136,8 +136,8 @@ static int parse_ids(const char *v, int (*lookup)(const char *, uint32_t *), uin
 #define STR_MAX(f) (sizeof(((struct kvd_config *)0)->f) - 1)
 
 static const char *const backends[] = { "auto", "cpu", "cuda", NULL };
-/* kvd_kv_type_name()'s spellings (kernels/backend.h) */
-static const char *const cache_types[] = { "f16", "bf16", "q8_0", "q4_0", "f32", NULL };
+/* "auto", then kvd_kv_type_name()'s spellings (kernels/backend.h) */
+static const char *const cache_types[] = { "auto", "f16", "bf16", "q8_0", "q4_0", "f32", NULL };
 static const char *const context_policies[] = { "error", "truncate-oldest", "sliding-window", "sinks", NULL };
 static const char *const log_levels[] = {"emerg", "alert", "crit", "err", "warning", "notice", "info", "debug"};
 #define N_LOG_LEVELS (sizeof(log_levels) / sizeof(log_levels[0]))
@@ -162,9 +162,9 @@ const struct kvd_conf_key kvd_conf_keys[] = {
 	{ "kv", "block_size", KVD_CONF_U32, "16",
 	  1, 1024, KVD_CONF_RESTART, "tokens per KV page", OPT("--block-size", 0, "N"),
 	  NULL, NULL, FIELD(block_size), NO_FIELD2 },
-	{ "kv", "cache_type", KVD_CONF_STR, "f16",
-	  1, STR_MAX(cache_type), KVD_CONF_RESTART, "K/V element type: f16, bf16 (faster long prompts on CPUs with AVX-512 BF16), q8_0, q4_0 (32-element blocks, one scale each) or f32",
-	  OPT("--cache-type", 0, "TYPE"), cache_types, "cache_type must be f16, bf16, q8_0, q4_0 or f32, not '%s'",
+	{ "kv", "cache_type", KVD_CONF_STR, "auto",
+	  1, STR_MAX(cache_type), KVD_CONF_RESTART, "K/V element type: auto (bf16 where the CPU backend has bfloat16 products, AVX-512 BF16; else f16), f16, bf16, q8_0, q4_0 (32-element blocks, one scale each) or f32",
+	  OPT("--cache-type", 0, "TYPE"), cache_types, "cache_type must be auto, f16, bf16, q8_0, q4_0 or f32, not '%s'",
 	  FIELD(cache_type), NO_FIELD2 },
 	{ "kv", "prefix_caching", KVD_CONF_BOOL, "yes",
 	  0, 1, KVD_CONF_RESTART, "do not share or cache prompt prefixes",

@@ -27,7 +27,7 @@ struct kvd_config {
 	uint64_t pool_bytes;       /* 0: use pool_fraction */
 	double pool_fraction;
 	uint32_t block_size;
-	char cache_type[8];        /* f16 | bf16 | q8_0 | q4_0 | f32: K/V element type */
+	char cache_type[8];        /* auto | f16 | bf16 | q8_0 | q4_0 | f32: K/V element type */
 	int prefix_caching;
 	char swap_file[KVD_CONF_PATH_MAX]; /* empty: no swap */
 	uint64_t swap_bytes;

@@ -185,13 +185,16 @@ static int make_pool(struct kvd_engine *e, const struct kvd_engine_config *cfg, 
 		snprintf(err, errlen, "KV block size %u: must be 1 .. %u tokens", cfg->block_size, KVMM_MAX_BLOCK_SIZE);
 		return -EINVAL;
 	}
-	if (kvd_kv_layout_init_type(&e->layout, &e->hp, cfg->block_size, cfg->kv_type) < 0) {
-		const char *tn = kvd_kv_type_name(cfg->kv_type);
+	enum kvd_kv_type kt = cfg->kv_type;
+	if (cfg->kv_type_auto)
+		kt = e->ops == &kvd_cpu_backend && kvd_cpu_bf16_attention(e->hp.head_dim) ? KVD_KV_BF16 : KVD_KV_F16;
+	if (kvd_kv_layout_init_type(&e->layout, &e->hp, cfg->block_size, kt) < 0) {
+		const char *tn = kvd_kv_type_name(kt);
 		if (tn)
 			snprintf(err, errlen, "KV cache type %s needs a head size that is a multiple of %d; this model's is %d",
 				 tn, KVD_KV_QBLOCK, e->hp.head_dim);
 		else
-			snprintf(err, errlen, "KV cache type %d is unknown", (int)cfg->kv_type);
+			snprintf(err, errlen, "KV cache type %d is unknown", (int)kt);
 		return -EINVAL;
 	}
 	kc.page_bytes = e->layout.page_bytes;
@@ -361,7 +364,7 @@ int kvd_engine_open(const struct kvd_engine_config *cfg, struct kvd_engine **ret
 		goto fail;
 	}
 	e->hp = *kvd_model_hparams(e->model);
-	if (e->plugin && cfg->kv_type != KVD_KV_F16) {
+	if (e->plugin && !cfg->kv_type_auto && cfg->kv_type != KVD_KV_F16) {
 		/* ask the device whether it implements the KV element type
 		 * (backend.h: a view of no pages only checks the layout) */
 		struct kvd_paged_view probe = {0};

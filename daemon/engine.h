@@ -35,6 +35,9 @@ struct kvd_engine_config {
 	int n_threads;           /* <= 0: one per online CPU */
 	uint32_t block_size;     /* tokens per KV page, 1 .. KVMM_MAX_BLOCK_SIZE (kv.block_size) */
 	enum kvd_kv_type kv_type; /* K/V element type (kv.cache_type); 0 is f16 */
+	int kv_type_auto;         /* kv.cache_type = auto: bf16 where the CPU backend computes
+				   * with bfloat16 products (kvd_cpu_bf16_attention), else
+				   * f16 (and always f16 on a device plug-in); kv_type unused */
 	uint64_t kv_pool_bytes;  /* 0: kv_pool_fraction of available memory */
 	double kv_pool_fraction; /* of available memory, when kv_pool_bytes is 0 (kv.pool_size) */
 	uint32_t max_seqs;       /* 0: 256 */

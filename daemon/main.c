@@ -625,13 +625,15 @@ int main(int argc, char **argv)
 	}
 	sd_notifyf(0, "STATUS=loading model %s", cfg.model);
 	enum kvd_kv_type kv_type = KVD_KV_F16;
-	(void)kvd_kv_type_parse(cfg.cache_type, &kv_type); /* the key's choices are the type names */
+	/* the key's choices are the type names and "auto" */
+	int kv_auto = kvd_kv_type_parse(cfg.cache_type, &kv_type) < 0;
 	struct kvd_engine_config ec = {
 		.model_path = cfg.model,
 		.backend = cfg.backend,
 		.n_threads = cfg.threads,
 		.block_size = cfg.block_size,
 		.kv_type = kv_type,
+		.kv_type_auto = kv_auto,
 		.kv_pool_bytes = cfg.pool_bytes,
 		.kv_pool_fraction = cfg.pool_fraction,
 		.max_seqs = cfg.max_num_seqs * 2 + 256 < KVMM_MAX_SEQS ? cfg.max_num_seqs * 2 + 256 : KVMM_MAX_SEQS,
@@ -654,9 +656,9 @@ int main(int argc, char **argv)
 		log_info("model '%s': %d layers, n_embd %d, %d/%d heads, vocab %d, context %d; %s backend",
 			 kvd_model_name(m), hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv, hp->n_vocab, hp->n_ctx_train,
 			 kvd_engine_backend_name(e));
-		log_info("KV pool: %u pages of %u tokens (%zu bytes each, %s K/V, %.1f MiB), prefix caching %s, swap %s",
+		log_info("KV pool: %u pages of %u tokens (%zu bytes each, %s K/V%s, %.1f MiB), prefix caching %s, swap %s",
 			 kvmm_n_pages(kv), kvmm_block_size(kv), kvmm_page_bytes(kv),
-			 kvd_kv_type_name(kvd_engine_kv_layout(e)->type),
+			 kvd_kv_type_name(kvd_engine_kv_layout(e)->type), kv_auto ? " (cache_type auto)" : "",
 			 (double)kvmm_n_pages(kv) * (double)kvmm_page_bytes(kv) / 1048576.0,
 			 cfg.prefix_caching ? "on" : "off", cfg.swap_file[0] ? cfg.swap_file : "none");
 	}

@@ -528,6 +528,11 @@ static inline int kvd_backend_ops_check(const struct kvd_backend_ops *o)
 
 /* The CPU backend, always built. */
 extern const struct kvd_backend_ops kvd_cpu_backend;
+/* Whether the CPU backend computes attention over bf16 K/V with bfloat16
+ * products here (AVX-512 BF16, not turned off by KVD_CPU_GENERIC or
+ * KVD_CPU_NO_AVX512, a head size it has the kernel for): then a bf16 cache
+ * is the faster one, at f16's size. */
+int kvd_cpu_bf16_attention(int head_dim);
 
 /* Bytes of one row of `cols` elements of type t, or 0 if t is unsupported
  * or cols is not a multiple of the type's block. Inline so that device

@@ -936,6 +936,11 @@ static int cpu_kv_shift_op(void *ctx, const int32_t *pages, uint32_t n_pages, ui
 	return cpu_kv_shift(c->w, &c->kv, pages, n_pages, n_tokens, delta);
 }
 
+int kvd_cpu_bf16_attention(int head_dim)
+{
+	return !getenv("KVD_CPU_GENERIC") && !getenv("KVD_CPU_NO_AVX512") && cpu_attn_rows_bf16(head_dim) != NULL;
+}
+
 const struct kvd_backend_ops kvd_cpu_backend = {
 	.name = "cpu",
 	.version = KVD_BACKEND_ABI_VERSION,

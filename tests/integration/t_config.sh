@@ -28,8 +28,8 @@ printf '[model]\npath = %s\n[kv]\nblock_size = sixteen\n' "$TINY" >"$C"
 expect_78 "bad value" "^(<3>)?$C:4: bad value 'sixteen' for kv.block_size" --config "$C" --check-config
 
 printf '[model]\npath = %s\n[kv]\n# 8-bit keys and values\ncache_type = q8\n' "$TINY" >"$C"
-expect_78 "bad cache type" "^(<3>)?$C:5: cache_type must be f16, bf16, q8_0, q4_0 or f32, not 'q8'$" --config "$C" --check-config
-expect_78 "bad cache type (flag)" "^(<3>)?--cache-type: cache_type must be f16, bf16, q8_0, q4_0 or f32, not 'f8'" \
+expect_78 "bad cache type" "^(<3>)?$C:5: cache_type must be auto, f16, bf16, q8_0, q4_0 or f32, not 'q8'$" --config "$C" --check-config
+expect_78 "bad cache type (flag)" "^(<3>)?--cache-type: cache_type must be auto, f16, bf16, q8_0, q4_0 or f32, not 'f8'" \
 	--config /dev/null --model "$TINY" --cache-type f8 --check-config
 printf '[model]\npath = %s\n[kv]\ncache_type = q4_0\n' "$TINY" >"$C"
 "$KVD" --config "$C" --check-config 2>"$T/err" | grep -q "cache_type q4_0" ||

@@ -12,7 +12,9 @@
 #     a batch, and for q8_0 and q4_0 the AVX2 build's are the AVX-512 build's
 #     (where the CPU has both);
 #   - a bf16 daemon names its type to 0.5 clients (kvctl stats and plan say
-#     bf16, not f16, whose size it has).
+#     bf16, not f16, whose size it has), and 0 to older ones;
+#   - the default, auto, is bf16 where the CPU has AVX-512 BF16 (and the
+#     model's head size a bf16 kernel), f16 with KVD_CPU_NO_AVX512.
 # Their quality is measured by t_kv_quality.sh.
 source "$(dirname "$0")/lib.sh"
 need_bins
@@ -70,6 +72,25 @@ EOF
 	[ -s "$T/gen.out" ] || fail "$ty: empty generation"
 	stop_kvd "$KVD_PID" || fail "$ty: kvd exited with status $?"
 	ok "$ty: $want bytes per token in stats and plan; generated '$(head -c 60 "$T/gen.out" | tr '\n' ' ')'"
+done
+
+# ---- the default, cache_type = auto: bf16 where the CPU backend has bfloat16 products ----
+want_auto=f16
+grep -qw avx512_bf16 /proc/cpuinfo && grep -qw avx512bw /proc/cpuinfo && grep -qw avx512vl /proc/cpuinfo &&
+	grep -qw avx512dq /proc/cpuinfo && [ "$D" -eq 64 ] && want_auto=bf16
+for env in "" KVD_CPU_NO_AVX512=1; do
+	want=$want_auto
+	[ -n "$env" ] && want=f16
+	S=$T/auto.sock
+	env $env "$KVD" --config /dev/null --socket "$S" --model "$REAL_MODEL" --backend cpu --pool-size 16M \
+		2>"$T/auto.log" &
+	KVD_PID=$!
+	PIDS+=("$KVD_PID")
+	for _ in $(seq 1 600); do "$RAW" -s "$S" hello >/dev/null 2>&1 && break; sleep 0.1; done
+	grep -q "$want K/V (cache_type auto)" "$T/auto.log" || fail "auto${env:+ with $env}: expected $want: $(grep 'KV pool' "$T/auto.log")"
+	KVD_SOCKET=$S "$KVCTL" stats | grep -q "per token, $want)" || fail "auto: kvctl stats does not say $want"
+	stop_kvd "$KVD_PID" || fail "auto: kvd exited with status $?"
+	ok "cache_type auto${env:+ with $env}: $want"
 done
 
 # ---- determinism with quantized and bf16 caches --------------------------------------------

@@ -182,8 +182,8 @@ static void test_messages(void **state)
 	free(c);
 }
 
-/* kv.cache_type: f16 by default; its choices are exactly the KV element
- * types kernels/backend.h names; anything else is refused by name. */
+/* kv.cache_type: auto by default; its other choices are exactly the KV
+ * element types kernels/backend.h names; anything else is refused by name. */
 static void test_cache_type(void **state)
 {
 	struct kvd_config *c = malloc(sizeof(*c));
@@ -193,21 +193,22 @@ static void test_cache_type(void **state)
 
 	assert_non_null(c);
 	kvd_config_defaults(c);
-	assert_string_equal(c->cache_type, "f16");
+	assert_string_equal(c->cache_type, "auto");
 	assert_string_equal(k->opt, "--cache-type");
-	for (n = 0; k->choices[n]; n++) {
+	assert_string_equal(k->choices[0], "auto");
+	for (n = 1; k->choices[n]; n++) {
 		enum kvd_kv_type t = (enum kvd_kv_type)99;
 		assert_int_equal(kvd_config_set(c, "kv", "cache_type", k->choices[n], "f:1", err, sizeof(err)), 0);
 		assert_string_equal(c->cache_type, k->choices[n]);
 		assert_int_equal(kvd_kv_type_parse(c->cache_type, &t), 0);
 		assert_string_equal(kvd_kv_type_name(t), k->choices[n]);
 	}
-	assert_int_equal(n, 5);
+	assert_int_equal(n, 6);
 	const char *bad[] = {"q8", "Q8_0", "q4_1", "", "f16 ", "BF16", "bf8"};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		char want[128];
 		assert_int_equal(kvd_config_set(c, "kv", "cache_type", bad[i], "f:7", err, sizeof(err)), -EINVAL);
-		snprintf(want, sizeof(want), "f:7: cache_type must be f16, bf16, q8_0, q4_0 or f32, not '%s'", bad[i]);
+		snprintf(want, sizeof(want), "f:7: cache_type must be auto, f16, bf16, q8_0, q4_0 or f32, not '%s'", bad[i]);
 		if (bad[i][0])
 			assert_string_equal(err, want);
 		else
