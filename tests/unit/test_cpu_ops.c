@@ -373,6 +373,21 @@ static void test_gemm_tiles(void **state)
 	free(saved);
 }
 
+/* 128 positions of random K (in [-2, 2)) and V (in [-1, 1)) rows of hd
+ * elements stored by to16 (f16 or bf16), and their row pointers. */
+static void fill_kv(uint16_t kv[2][128][256], int hd, uint16_t (*to16)(float), const uint16_t **kp,
+		    const uint16_t **vp)
+{
+	for (int p = 0; p < 128; p++) {
+		for (int i = 0; i < hd; i++) {
+			kv[0][p][i] = to16(frand() * 2.0f);
+			kv[1][p][i] = to16(frand());
+		}
+		kp[p] = kv[0][p];
+		vp[p] = kv[1][p];
+	}
+}
+
 /* The tiled attention kernel: each row's max, sum and weighted V rows
  * match float64, and a row alone gives the same bits as in any tile. */
 static void check_attn_rows(attn_rows_fn (*kernel_for)(int hd))
@@ -389,14 +404,7 @@ static void check_attn_rows(attn_rows_fn (*kernel_for)(int hd))
 			const float *qp[12];
 			float ml[12][2], *mlp[12], *op[12], ml1[2], *ml1p = ml1, *o1p = o1;
 			float scale = 1.0f / sqrtf((float)hd);
-			for (int p = 0; p < 128; p++) {
-				for (int i = 0; i < hd; i++) {
-					kv[0][p][i] = cpu_f32_to_fp16(frand() * 2.0f);
-					kv[1][p][i] = cpu_f32_to_fp16(frand());
-				}
-				kp[p] = kv[0][p];
-				vp[p] = kv[1][p];
-			}
+			fill_kv(kv, hd, cpu_f32_to_fp16, kp, vp);
 			for (int r = 0; r < nr; r++) {
 				len[r] = 1 + (int)(next_u32() % 128);
 				for (int i = 0; i < hd; i++)
@@ -457,14 +465,7 @@ static void test_attn_rows_avx2_avx512_agree(void **state)
 			const float *qp[NR];
 			float *mlp[2][NR], *op[2][NR];
 			float scale = 1.0f / sqrtf((float)hd);
-			for (int p = 0; p < NP; p++) {
-				for (int i = 0; i < hd; i++) {
-					kv[0][p][i] = cpu_f32_to_fp16(frand() * 2.0f);
-					kv[1][p][i] = cpu_f32_to_fp16(frand());
-				}
-				kp[p] = kv[0][p];
-				vp[p] = kv[1][p];
-			}
+			fill_kv(kv, hd, cpu_f32_to_fp16, kp, vp);
 			for (int r = 0; r < nr; r++) {
 				len[r] = it % 2 ? NP - (int)(next_u32() % 8) : 1 + (int)(next_u32() % NP);
 				for (int i = 0; i < hd; i++)
@@ -513,14 +514,7 @@ static void test_attn_rows_bf16(void **state)
 			const float *qp[NR];
 			float ml[NR][2], *mlp[NR], *op[NR], ml1[2], *ml1p = ml1, *o1p = o1;
 			float scale = 1.0f / sqrtf((float)hd);
-			for (int p = 0; p < NP; p++) {
-				for (int i = 0; i < hd; i++) {
-					kv[0][p][i] = cpu_f32_to_bf16(frand() * 2.0f);
-					kv[1][p][i] = cpu_f32_to_bf16(frand());
-				}
-				kp[p] = kv[0][p];
-				vp[p] = kv[1][p];
-			}
+			fill_kv(kv, hd, cpu_f32_to_bf16, kp, vp);
 			for (int r = 0; r < nr; r++) {
 				len[r] = it % 3 ? 1 + (int)(next_u32() % NP) : NP - r / 3; /* a prefill tile's */
 				for (int i = 0; i < hd; i++)
