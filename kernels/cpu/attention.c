@@ -11,9 +11,7 @@
 #include "attention.h"
 
 #define ATTN_CHUNK 128 /* positions per attention chunk (see below) */
-#ifndef ATTN_TILE
 #define ATTN_TILE 16   /* tokens of one sequence sharing a pass over K/V */
-#endif
 
 #define GROW(ptr, n)                                                  \
 	do {                                                          \
@@ -129,23 +127,6 @@ static attn_rows_fn rows_fn(const struct cpu_attn *c)
 	return c->kv.layout.type == KVD_KV_F16 ? c->rows : c->kv.layout.type == KVD_KV_BF16 ? c->rows_bf16 : NULL;
 }
 
-/* Requests the K and V rows of KV head g for positions p0 .. p0 + n - 1
- * into L2: the next chunk's, while this one is computed. A decode is
- * bound by how soon its rows arrive from memory (they lie in pages all
- * over the pool), and the kernels' own prefetches only cover a chunk. */
-static void prefetch_chunk(const struct cpu_attn *c, int layer, const struct kvd_batch_seq *sq, int g, int p0, int n)
-{
-	const struct kvd_kv_layout *L = &c->kv.layout;
-	size_t hb = kvd_kv_row_bytes(L->type, (uint32_t)c->hp->head_dim);
-	for (int i = 0; i < n; i++) {
-		const char *pb = kv_row(c, layer, sq, p0 + i);
-		for (size_t o = 0; o < hb; o += 64) {
-			__builtin_prefetch(pb + g * hb + o, 0, 2);
-			__builtin_prefetch(pb + L->v_offset + g * hb + o, 0, 2);
-		}
-	}
-}
-
 /* Whether K/V go through attn_rows_q (kvquant.h): the types without a
  * kernel of their own here. */
 static int via_kvq(const struct cpu_attn *c)
@@ -157,7 +138,7 @@ static int via_kvq(const struct cpu_attn *c)
  * kernel, and always for the other K/V types (attn_rows_q). */
 static int tiled(const struct cpu_attn *c)
 {
-	return via_kvq(c) || rows_fn(c);
+	return c->kv.layout.type != KVD_KV_F16 || rows_fn(c);
 }
 
 /* The attn_rows_fn contract (ops.h) for K/V of a type other than f16
@@ -397,10 +378,6 @@ static void attn_chunk_task(void *arg, uint32_t k, int tid)
 	}
 	int it = lo, t = it / hp->n_head_kv, g = it % hp->n_head_kv;
 	int ci = gc - a->item_first[it], pos = c->tok_pos[t];
-	/* this thread's next chunk (tp_for hands each thread a run of them) */
-	if (ci + 1 < n_chunks(pos))
-		prefetch_chunk(c, s->layer, &s->b->seqs[c->tok_seq[t]], g, (ci + 1) * ATTN_CHUNK,
-			       chunk_end(ci + 1, pos) - (ci + 1) * ATTN_CHUNK);
 	attn_chunk(c, s, t, g, ci * ATTN_CHUNK, chunk_end(ci, pos), c->attn_pm + (size_t)gc * n_rep,
 		   c->attn_po + (size_t)gc * n_rep * hd,
 		   c->scores + (size_t)tid * attn_scratch_per(c, c->cap_chunks));
@@ -465,9 +442,6 @@ static void attn_tile_item(void *arg, uint32_t k, int tid)
 				op[nr] = po + ((size_t)ci * n_rep + r) * hd;
 			}
 		}
-		/* a short tile (a decode's token): its next chunk on the way */
-		if (nt <= 2 && ci + 1 < nc)
-			prefetch_chunk(c, s->layer, sq, g, p0 + ATTN_CHUNK, chunk_end(ci + 1, last) - p0 - ATTN_CHUNK);
 		if (quant)
 			attn_rows_q(c, nr, qp, len, kq, vq, mlp, op, kscr);
 		else
