@@ -54,8 +54,11 @@ ok "make install with the default PREFIX says /usr/local"
 flags=$(PKG_CONFIG_PATH=$ROOT/$BUILD pkg-config --cflags --libs kvclient) || fail "PKG_CONFIG_PATH=$BUILD pkg-config kvclient"
 (cd "$T" && $CC -std=c11 -o hello-build "$ROOT/$EX" $flags) 2>"$T/cc2.log" ||
 	fail "building $EX with PKG_CONFIG_PATH=$BUILD ($flags): $(cat "$T/cc2.log")"
-ldd "$T/hello-build" | grep -q "libkvclient.so.0 => $ROOT/$BUILD/" ||
-	fail "the program does not find libkvclient in $BUILD: $(ldd "$T/hello-build" | grep kvclient)"
+# (ldd's whole output first: with pipefail, grep -q quitting at the match
+# while ldd still writes would fail the pipeline on its SIGPIPE)
+deps=$(ldd "$T/hello-build") || fail "ldd $T/hello-build"
+grep -q "libkvclient.so.0 => $ROOT/$BUILD/" <<<"$deps" ||
+	fail "the program does not find libkvclient in $BUILD: $(grep kvclient <<<"$deps")"
 "$T/hello-build" --help >/dev/null 2>&1
 rc=$?
 [ $rc -lt 126 ] || fail "the program built against $BUILD does not run (exit $rc)"
