@@ -158,6 +158,8 @@ static void generate_start(struct client *c, struct greq *gr, const char *prompt
 	p.session = gr->sess ? gr->sess->id : 0;
 	p.session_idle_s = gr->sess ? gr->sess->idle_timeout_s : 0;
 	ctx_request_params(gr, &p);
+	p.owner = c->cred.uid;
+	p.cache_scope = c->cred.uid;
 	r = kvd_request_new(srv->tok, gr->stops, gr->g.n_stop, &gr->rq);
 	if (r == 0)
 		r = gsamples_setup(srv, gr);

@@ -83,6 +83,13 @@ struct kvd_request_params {
 	uint32_t ctx_policy;
 	uint32_t ctx_window;          /* window policies: tokens; 0 = as many as fit */
 	uint32_t ctx_sinks;           /* KVD_CTX_SINKS: first tokens kept; 0 = 4 */
+	/* Who the request belongs to. owner: the unit the scheduler shares the
+	 * machine between (a uid; a tenant that a trusted gateway forwards
+	 * gets an owner of its own). cache_scope: the prefix-index scope its
+	 * pages are published in and looked up from (kvmm_seq_set_scope), so a
+	 * cached page serves only requests of the same scope. */
+	uint64_t owner;
+	uint64_t cache_scope;
 };
 
 #define KVD_MAX_SAMPLES 16
