@@ -171,6 +171,17 @@ static int build_generate(const kvc_client *c, const char *prompt, size_t len, c
 		if (r < 0 || p->reserved_ctx)
 			return r < 0 ? r : -EINVAL;
 	}
+	if (p->tenant) {
+		size_t n = strnlen(p->tenant, IPC_MAX_TENANT_BYTES + 1);
+
+		if (n == 0 || n > IPC_MAX_TENANT_BYTES)
+			return -EINVAL;
+		if (c->info.server_version < IPC_TENANT_SERVER_VERSION)
+			return -EOPNOTSUPP;
+		m->g.gen_flags |= IPC_GEN_TENANT;
+		m->tenant.bytes = (uint32_t)n;
+		memcpy(m->tenant.name, p->tenant, n);
+	}
 	if (len > IPC_MAX_INLINE_TEXT_BYTES)
 		m->g.gen_flags |= IPC_GEN_PROMPT_IN_RING;
 	else

@@ -86,16 +86,17 @@ extern "C" {
 /* ---- version ----------------------------------------------------------- */
 
 #define KVC_VERSION_MAJOR 0
-#define KVC_VERSION_MINOR 5
+#define KVC_VERSION_MINOR 6
 #define KVC_VERSION_PATCH 0
-#define KVC_VERSION_STRING "0.5.0"
+#define KVC_VERSION_STRING "0.6.0"
 /* One number, comparable: (major << 16) | (minor << 8) | patch.
  * 0.2.0 added conversations (kvc_gen_params.messages, struct kvc_chat_msg).
  * 0.3.0 added parallel samples and log-probabilities (kvc_gen_params.n_samples,
  * .top_logprobs, KVC_GEN_LOGPROBS, kvc_event.sample and .logprobs,
  * kvc_request_sample_result()).
  * 0.4.0 added kvc_stats.pages_packed and .pages_released.
- * 0.5.0 added kvc_info.kv_cache_type. */
+ * 0.5.0 added kvc_info.kv_cache_type.
+ * 0.6.0 added kvc_gen_params.tenant (cache scopes). */
 #define KVC_VERSION ((KVC_VERSION_MAJOR << 16) | (KVC_VERSION_MINOR << 8) | KVC_VERSION_PATCH)
 
 /* The version of the library actually loaded, as KVC_VERSION. */
@@ -250,8 +251,19 @@ struct kvc_gen_params {
 	uint32_t context_window;  /* sliding-window, sinks: tokens kept at least; 0 = as many as fit */
 	uint32_t context_sinks;   /* sinks: first tokens kept (rounded up to KV pages); 0 = 4 */
 	uint32_t reserved_ctx;    /* zero */
-	uint64_t reserved[3];     /* zero */
+	/* Cache tenant (0.6.0), NUL-terminated, 1 .. KVC_MAX_TENANT_BYTES bytes,
+	 * or NULL (default). kvd serves a request from cached prompt pages only
+	 * within its owner scope — by default the calling uid — and a tenant
+	 * narrows that scope: requests with different tenants (or one with and
+	 * one without) never share cached pages, nor learn from cached_tokens
+	 * or timing whether the other computed a prompt. A gateway serving many
+	 * users under one uid names one tenant per user (kvd-http: per API key
+	 * and per cache_salt). -EINVAL for an empty or over-long name;
+	 * -EOPNOTSUPP when the daemon is older than 0.6.0. */
+	const char *tenant;
+	uint64_t reserved[2];     /* zero */
 };
+#define KVC_MAX_TENANT_BYTES 64
 
 #define KVC_MAX_SAMPLES      16
 #define KVC_MAX_TOP_LOGPROBS 20

@@ -1,8 +1,11 @@
 /*
- * daemon/admin.c — STATS, PS, KVMAP, HIST and LEDGER. Counters, latency
- * histograms and the KV map (page states, never whose pages they are) are
- * for everyone; PS and LEDGER show a request's owner and details only to
- * its own user or an admin (root or server.admin_groups).
+ * daemon/admin.c — STATS, PS, KVMAP, HIST and LEDGER. Pool and scheduler
+ * counters, latency histograms and the KV map (page states, never whose
+ * pages they are) are for everyone; the prefix-cache counters in STATS are
+ * the caller's own uid's unless it is an admin (the machine's would tell
+ * one user when another's prompts hit the cache); PS and LEDGER show a
+ * request's owner and details only to its own user or an admin (root or
+ * server.admin_groups).
  */
 #include "server_impl.h"
 
@@ -14,7 +17,38 @@
 #include "kvmap.h"
 #include "kvmm.h"
 
-void fill_stats(struct kvd_server *srv, struct ipc_stats *st)
+static struct user_counters *user_counters_find(struct kvd_server *srv, uid_t uid, bool add)
+{
+	for (uint32_t i = 0; i < srv->n_ucount; i++)
+		if (srv->ucount[i].uid == uid)
+			return &srv->ucount[i];
+	if (!add || srv->n_ucount >= SRV_MAX_USER_COUNTERS)
+		return NULL;
+	if (srv->n_ucount == srv->cap_ucount) {
+		uint32_t cap = srv->cap_ucount ? srv->cap_ucount * 2 : 16;
+		struct user_counters *n = realloc(srv->ucount, cap * sizeof(*n));
+
+		if (!n)
+			return NULL;
+		srv->ucount = n;
+		srv->cap_ucount = cap;
+	}
+	srv->ucount[srv->n_ucount] = (struct user_counters){ .uid = uid };
+	return &srv->ucount[srv->n_ucount++];
+}
+
+void user_counters_add(struct kvd_server *srv, uid_t uid, uint64_t query_tokens, uint64_t hit_tokens)
+{
+	struct user_counters *u = user_counters_find(srv, uid, true);
+
+	if (!u)
+		return;
+	u->prefix_lookups++;
+	u->prefix_query_tokens += query_tokens;
+	u->prefix_hit_tokens += hit_tokens;
+}
+
+void fill_stats(struct kvd_server *srv, const struct client *c, struct ipc_stats *st)
 {
 	struct kvmm_stats ks;
 	struct kvmm_ledger led;
@@ -65,6 +99,13 @@ void fill_stats(struct kvd_server *srv, struct ipc_stats *st)
 	st->pages_adopted = led.pages_adopted;
 	st->pages_packed = ks.pages_packed;
 	st->pages_released = ks.pages_released;
+	if (c && !c->admin) {
+		const struct user_counters *u = user_counters_find(srv, c->cred.uid, false);
+
+		st->prefix_lookups = u ? u->prefix_lookups : 0;
+		st->prefix_query_tokens = u ? u->prefix_query_tokens : 0;
+		st->prefix_hit_tokens = u ? u->prefix_hit_tokens : 0;
+	}
 }
 
 void handle_ps(struct client *c, uint64_t rid)

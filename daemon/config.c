@@ -138,6 +138,7 @@ static int parse_ids(const char *v, int (*lookup)(const char *, uint32_t *), uin
 static const char *const backends[] = { "auto", "cpu", "cuda", NULL };
 /* "auto", then kvd_kv_type_name()'s spellings (kernels/backend.h) */
 static const char *const cache_types[] = { "auto", "f16", "bf16", "q8_0", "q4_0", "f32", NULL };
+static const char *const prefix_sharings[] = { "user", "group", "all", NULL };
 static const char *const context_policies[] = { "error", "truncate-oldest", "sliding-window", "sinks", NULL };
 static const char *const log_levels[] = {"emerg", "alert", "crit", "err", "warning", "notice", "info", "debug"};
 #define N_LOG_LEVELS (sizeof(log_levels) / sizeof(log_levels[0]))
@@ -169,6 +170,12 @@ const struct kvd_conf_key kvd_conf_keys[] = {
 	{ "kv", "prefix_caching", KVD_CONF_BOOL, "yes",
 	  0, 1, KVD_CONF_RESTART, "do not share or cache prompt prefixes",
 	  "--no-prefix-caching", 0, NULL, "no", NULL, NULL, FIELD(prefix_caching), NO_FIELD2 },
+	{ "kv", "prefix_sharing", KVD_CONF_STR, "user",
+	  1, STR_MAX(prefix_sharing), KVD_CONF_LIVE,
+	  "who shares cached prompt prefixes: user (each uid its own cache), group (each primary group) or all "
+	  "(everyone; one user can then learn another's prompts from hits and timing)",
+	  OPT("--prefix-sharing", 0, "WHO"), prefix_sharings, "prefix_sharing must be user, group or all, not '%s'",
+	  FIELD(prefix_sharing), NO_FIELD2 },
 	{ "kv", "swap_file", KVD_CONF_STR, "",
 	  0, STR_MAX(swap_file), KVD_CONF_RESTART, "swap file for preempted sequences; \"\" = none",
 	  OPT("--swap-file", 0, "PATH"), NULL, NULL, FIELD(swap_file), NO_FIELD2 },

@@ -29,6 +29,7 @@ struct kvd_config {
 	uint32_t block_size;
 	char cache_type[8];        /* auto | f16 | bf16 | q8_0 | q4_0 | f32: K/V element type */
 	int prefix_caching;
+	char prefix_sharing[8];     /* user | group | all: who shares cached prefixes (scope.h) */
 	char swap_file[KVD_CONF_PATH_MAX]; /* empty: no swap */
 	uint64_t swap_bytes;
 	int keep_on_restart;       /* hand the pool to systemd's fd store at a clean stop */

@@ -600,7 +600,7 @@ static void handle_sock_frames(struct client *c, bool busy, uint64_t *t_charged)
 			break;
 		case IPC_MSG_STATS: {
 			struct ipc_stats st;
-			fill_stats(srv, &st);
+			fill_stats(srv, c, &st);
 			if (c->client_version < IPC_SAMPLES_SERVER_VERSION) /* fields after 0.2's are its reserved zeros */
 				st.samples_forked = st.pages_adopted = 0;
 			if (c->client_version < IPC_RELEASE_SERVER_VERSION) /* and after 0.3's */

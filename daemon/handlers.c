@@ -4,6 +4,7 @@
  * TOKENIZE.
  */
 #include "server_impl.h"
+#include "scope.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -159,7 +160,9 @@ static void generate_start(struct client *c, struct greq *gr, const char *prompt
 	p.session_idle_s = gr->sess ? gr->sess->idle_timeout_s : 0;
 	ctx_request_params(gr, &p);
 	p.owner = c->cred.uid;
-	p.cache_scope = c->cred.uid;
+	p.cache_scope = kvd_cache_scope(kvd_prefix_sharing_parse(srv->cfg.prefix_sharing), c->cred.uid, c->cred.gid,
+					gr->g.gen_flags & IPC_GEN_TENANT ? gr->tenant.name : NULL,
+					gr->g.gen_flags & IPC_GEN_TENANT ? gr->tenant.bytes : 0);
 	r = kvd_request_new(srv->tok, gr->stops, gr->g.n_stop, &gr->rq);
 	if (r == 0)
 		r = gsamples_setup(srv, gr);
@@ -398,6 +401,8 @@ void handle_generate(struct client *c, const struct ipc_frame *f)
 		}
 	}
 	gr->sess = sess;
+	if (m.g.gen_flags & IPC_GEN_TENANT)
+		gr->tenant = m.tenant;
 	if (m.g.gen_flags & IPC_GEN_CONTEXT)
 		gr->ctx = m.ctx;
 	else if (sess && sess->ctx_set)

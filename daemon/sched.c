@@ -435,6 +435,7 @@ int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt
 	r->logprobs = p->logprobs;
 	r->top_logprobs = p->top_logprobs;
 	r->sp = p->sampling;
+	r->cache_scope = p->cache_scope;
 	if (r->windowed != windowed || memcmp(&r->w, &w, sizeof(w)))
 		sched_drop_seq(s, r); /* a session's KV kept under another policy is not this one's */
 	r->windowed = windowed;
@@ -744,6 +745,7 @@ int kvd_sched_step(struct kvd_sched *s)
 				if (r->windowed && n_look > kvd_window_cap(&r->w, s->block_size))
 					n_look = kvd_window_cap(&r->w, s->block_size);
 				s->attaching = r; /* a failed promotion is charged to r */
+				kvmm_seq_set_scope(s->kv, r->seq, r->cache_scope);
 				int ar = kvmm_prefix_attach(s->kv, r->seq, r->toks, n_look, &hit);
 				s->attaching = NULL;
 				if (ar == 0)

@@ -43,6 +43,7 @@ struct req {
 	int logprobs;
 	uint32_t top_logprobs;
 	struct kvd_sampler_params sp; /* the request's, for the samples' samplers */
+	uint64_t cache_scope;    /* kvd_request_params.cache_scope: its sequences' prefix-index scope */
 	int windowed;            /* a window policy: w applies, the KV holds toks[0, sink), toks[sink + n_dropped, n_computed) */
 	struct kvd_window w;
 	uint32_t n_dropped;

@@ -273,6 +273,7 @@ struct kvd_server *kvd_server_free(struct kvd_server *srv)
 		close(srv->ep);
 	srv->ledger = kvd_ledger_free(srv->ledger);
 	free(srv->rxbuf);
+	free(srv->ucount);
 	free(srv);
 	return NULL;
 }

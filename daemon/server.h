@@ -24,9 +24,11 @@
  * IPC_GEN_LOGPROBS), gated on IPC_SAMPLES_SERVER_VERSION.
  * 0.4.0: STATS carries pages_packed and pages_released (IPC_RELEASE_SERVER_VERSION).
  * 0.5.0: WELCOME names the KV element type (IPC_KV_TYPE_CLIENT_VERSION); [kv]
- * cache_type = bf16. */
-#define KVD_VERSION     "0.5.0"
-#define KVD_VERSION_NUM ((0u << 16) | (5u << 8) | 0u) /* as in ipc_welcome.server_version */
+ * cache_type = bf16.
+ * 0.6.0: the prefix cache is scoped by owner ([kv] prefix_sharing) and
+ * GENERATE may name a tenant (IPC_GEN_TENANT, IPC_TENANT_SERVER_VERSION). */
+#define KVD_VERSION     "0.6.0"
+#define KVD_VERSION_NUM ((0u << 16) | (6u << 8) | 0u) /* as in ipc_welcome.server_version */
 
 struct kvd_engine;
 struct kvd_server;

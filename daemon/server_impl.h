@@ -143,6 +143,7 @@ struct greq {
 	struct gsamples *xs;          /* IPC_F_SAMPLE stream (samples.c); NULL: the plain one above */
 	/* context policy (ctxpolicy.c): the request's block, else its session's */
 	struct ipc_gen_context ctx;
+	struct ipc_gen_tenant tenant; /* with IPC_GEN_TENANT: narrows its cache scope */
 	uint32_t turn_start;          /* session turns: history tokens before this turn */
 	uint32_t head_tokens;         /* a first turn: tokens truncate-oldest keeps */
 	uint32_t trunc_turns, trunc_tokens; /* what truncate-oldest removed for it */
@@ -186,6 +187,16 @@ struct user_share {
 	uid_t uid;
 	uint32_t refs;                /* connections pointing here */
 	uint64_t ctl_until;           /* control time used, on srv->ctl_earned_ns's scale */
+};
+
+/* What one uid's own requests got from the prefix cache: STATS shows these,
+ * not the machine's, to a client that is not an admin. Kept for up to
+ * SRV_MAX_USER_COUNTERS uids (later ones count nothing) for the daemon's
+ * life, so they do not reset when a user's last connection closes. */
+#define SRV_MAX_USER_COUNTERS 4096
+struct user_counters {
+	uid_t uid;
+	uint64_t prefix_lookups, prefix_query_tokens, prefix_hit_tokens;
 };
 
 struct client {
@@ -251,6 +262,8 @@ struct kvd_server {
 	uint64_t t_start;
 	uint64_t requests_rejected;
 	uint64_t prompt_tokens_total, generated_tokens_total;
+	struct user_counters *ucount; /* per-uid prefix-cache counters (admin.c) */
+	uint32_t n_ucount, cap_ucount;
 	struct kvd_hist ttft;         /* GENERATE received -> first token, per request that produced one */
 	/* systemd */
 	uint64_t watchdog_ns, next_watchdog, next_status, next_expire;
@@ -333,7 +346,13 @@ void expire_sessions(struct kvd_server *srv, uint64_t t);
 void on_session_expired(void *ud, uint64_t session);
 
 /* ---- admin.c: STATS, PS, KVMAP, HIST, LEDGER ------------------------------ */
-void fill_stats(struct kvd_server *srv, struct ipc_stats *st);
+/* STATS as client c may see it: the pool and the scheduler for everyone; the
+ * prefix-cache counters machine-wide for an admin, else the caller's uid's
+ * own (user_counters), so no one learns from them whether another user's
+ * prompts hit the cache. */
+void fill_stats(struct kvd_server *srv, const struct client *c, struct ipc_stats *st);
+/* Count a finished request's prompt and cache hit for its uid. */
+void user_counters_add(struct kvd_server *srv, uid_t uid, uint64_t query_tokens, uint64_t hit_tokens);
 void handle_ps(struct client *c, uint64_t rid);
 void handle_kvmap(struct client *c, uint64_t rid);
 void handle_hist(struct client *c, uint64_t rid);

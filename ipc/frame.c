@@ -325,8 +325,9 @@ int ipc_decode_generate(const struct ipc_frame *f, struct ipc_generate_msg *ret)
 		return -EINVAL;
 	/* All sizes are bounded above, so this sum cannot overflow. */
 	bool has_ctx = g->gen_flags & IPC_GEN_CONTEXT;
+	bool has_tenant = g->gen_flags & IPC_GEN_TENANT;
 	uint64_t expect = (uint64_t)sizeof(m.g) + g->system_bytes + g->stop_bytes + (in_ring ? 0 : g->prompt_bytes) +
-			  (has_ctx ? sizeof(m.ctx) : 0);
+			  (has_ctx ? sizeof(m.ctx) : 0) + (has_tenant ? sizeof(m.tenant) : 0);
 	if (expect != f->hdr.length)
 		return -EBADMSG;
 
@@ -359,6 +360,13 @@ int ipc_decode_generate(const struct ipc_frame *f, struct ipc_generate_msg *ret)
 		if (r < 0)
 			return r;
 	}
+	if (has_tenant) {
+		memcpy(&m.tenant, p, sizeof(m.tenant));
+		p += sizeof(m.tenant);
+		int r = ipc_gen_tenant_check(&m.tenant);
+		if (r < 0)
+			return r;
+	}
 	if (turns && !in_ring) {
 		int r = ipc_chat_turns_check(p, g->prompt_bytes);
 		if (r < 0)
@@ -373,7 +381,7 @@ ssize_t ipc_encode_generate(void *buf, size_t cap, uint64_t request_id, const st
 {
 	struct ipc_generate g = m->g;
 	uint16_t lens[IPC_MAX_STOP_STRINGS];
-	struct iovec iov[3 + 2 * IPC_MAX_STOP_STRINGS + 1];
+	struct iovec iov[4 + 2 * IPC_MAX_STOP_STRINGS + 1];
 	int n = 0;
 
 	if (g.n_stop > IPC_MAX_STOP_STRINGS)
@@ -391,6 +399,8 @@ ssize_t ipc_encode_generate(void *buf, size_t cap, uint64_t request_id, const st
 	}
 	if (g.gen_flags & IPC_GEN_CONTEXT)
 		iov[n++] = (struct iovec){ (void *)&m->ctx, sizeof(m->ctx) };
+	if (g.gen_flags & IPC_GEN_TENANT)
+		iov[n++] = (struct iovec){ (void *)&m->tenant, sizeof(m->tenant) };
 	if (!(g.gen_flags & IPC_GEN_PROMPT_IN_RING) && g.prompt_bytes) {
 		if (g.prompt_bytes > IPC_MAX_INLINE_TEXT_BYTES)
 			return -E2BIG;
@@ -408,6 +418,22 @@ ssize_t ipc_encode_generate(void *buf, size_t cap, uint64_t request_id, const st
 	struct ipc_generate_msg check;
 	r = ipc_decode_generate(&f, &check);
 	return r < 0 ? r : len;
+}
+
+static_assert(sizeof(struct ipc_gen_tenant) == 8 + IPC_MAX_TENANT_BYTES, "ipc_gen_tenant layout");
+
+int ipc_gen_tenant_check(const struct ipc_gen_tenant *t)
+{
+	if (t->bytes == 0 || t->bytes > IPC_MAX_TENANT_BYTES)
+		return -EINVAL;
+	if (memchr(t->name, 0, t->bytes))
+		return -EINVAL;
+	if (t->reserved)
+		return -EPROTO;
+	for (uint32_t i = t->bytes; i < IPC_MAX_TENANT_BYTES; i++)
+		if (t->name[i])
+			return -EPROTO;
+	return 0;
 }
 
 /* ---- chat turns ------------------------------------------------------------------ */

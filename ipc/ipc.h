@@ -275,7 +275,8 @@ struct ipc_welcome {
 #define IPC_GEN_CHAT_TURNS     0x10u /* the prompt is a list of chat turns (see below) */
 #define IPC_GEN_LOGPROBS       0x20u /* TOKEN records carry log-probabilities (ipc_samples.h) */
 #define IPC_GEN_CONTEXT        0x40u /* a struct ipc_gen_context follows the stop area */
-#define IPC_GEN_ALL            0x7fu
+#define IPC_GEN_TENANT         0x80u /* a struct ipc_gen_tenant follows (see below) */
+#define IPC_GEN_ALL            0xffu
 
 struct ipc_generate {
 	uint32_t gen_flags;       /* IPC_GEN_* */
@@ -296,7 +297,30 @@ struct ipc_generate {
 	uint32_t stop_bytes;      /* size of the stop area: per string u16 length + bytes */
 };
 /* Payload: struct ipc_generate | system text | stop area | [struct ipc_gen_context
- * with IPC_GEN_CONTEXT] | prompt (inline only). */
+ * with IPC_GEN_CONTEXT] | [struct ipc_gen_tenant with IPC_GEN_TENANT] |
+ * prompt (inline only). */
+
+/*
+ * Tenant (IPC_GEN_TENANT): a name, chosen by the client, that divides the
+ * client's own owner scope further. The daemon keys its prefix cache by
+ * owner scope (by default one per uid: [kv] prefix_sharing), so a cached
+ * prompt serves only requests of the scope that computed it; a tenant makes
+ * a sub-scope inside that (a gateway serving many API keys under one uid
+ * names one tenant per key and cache_salt). It can only narrow sharing: a
+ * tenant never reaches another uid's cache, whatever its name. 1 ..
+ * IPC_MAX_TENANT_BYTES bytes without NUL, the rest of the field zero.
+ * Daemons before IPC_TENANT_SERVER_VERSION refuse the flag (-EPROTO).
+ */
+#define IPC_MAX_TENANT_BYTES 64u
+#define IPC_TENANT_SERVER_VERSION ((0u << 16) | (6u << 8) | 0u) /* kvd 0.6.0 */
+struct ipc_gen_tenant {
+	uint32_t bytes;                    /* 1 .. IPC_MAX_TENANT_BYTES */
+	uint32_t reserved;                 /* 0 */
+	char name[IPC_MAX_TENANT_BYTES];   /* bytes bytes, no NUL; zero after them */
+};
+/* The block's form: length in range, no NUL in the name, zeros after it
+ * and in reserved. 0, -EINVAL or -EPROTO (non-zero padding). */
+int ipc_gen_tenant_check(const struct ipc_gen_tenant *t);
 
 /* Context policies: struct ipc_gen_context and its helpers. */
 #include "ipc_context.h"
@@ -670,6 +694,7 @@ struct ipc_generate_msg {
 	uint16_t stop_len[IPC_MAX_STOP_STRINGS];
 	const char *prompt;                        /* inline prompt; NULL when in ring */
 	struct ipc_gen_context ctx;                /* with IPC_GEN_CONTEXT; zero otherwise */
+	struct ipc_gen_tenant tenant;              /* with IPC_GEN_TENANT; zero otherwise */
 };
 int ipc_decode_generate(const struct ipc_frame *f, struct ipc_generate_msg *ret);
 /*

@@ -237,6 +237,19 @@ uint32_t kvmm_seq_pages_held(const struct kvmm *m, uint32_t seq);
  */
 int kvmm_prefix_attach(struct kvmm *m, uint32_t seq, const int32_t *tokens, uint32_t n, uint32_t *ret_hit_tokens);
 
+/*
+ * Put the empty sequence `seq` in an owner scope of the prefix index: its
+ * lookups (kvmm_prefix_attach) find only pages published in the same scope,
+ * and the pages it publishes serve only sequences of that scope, so the
+ * cache never tells one owner (a user, a tenant) whether another computed a
+ * prompt — no hit, no shorter prefill, no deduplication across scopes. A new
+ * sequence is in scope 0; a fork inherits its parent's scope. The caller
+ * picks scopes (one per uid, say, or 0 for a machine-wide cache). The same
+ * tokens in two scopes are two chains and take two sets of pages.
+ * -ENOENT; -EBUSY when the sequence holds tokens or is swapped out.
+ */
+int kvmm_seq_set_scope(struct kvmm *m, uint32_t seq, uint64_t scope);
+
 /* ---- swap ------------------------------------------------------------------ */
 
 /* Write the sequence's private pages to the swap file and free them; shared
@@ -628,7 +641,7 @@ uint32_t kvmm_swap_slots_free(const struct kvmm *m);
  * stores; the owner compares them (kvmm_persist_parse) before adopting.
  * No page content is ever in the buffer.
  */
-#define KVMM_PERSIST_VERSION   1u
+#define KVMM_PERSIST_VERSION   2u /* 2: entries carry their owner scope */
 #define KVMM_PERSIST_OWNER_MAX 1024u /* bytes of owner data at most */
 
 /*

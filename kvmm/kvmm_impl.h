@@ -143,6 +143,7 @@ struct kvmm_page {
 
 struct kvmm_node {
 	uint64_t key;
+	uint64_t scope; /* the owner scope of the chain (kvmm_seq_set_scope) */
 	int32_t parent, first_child, next_sib, prev_sib;
 	int32_t hnext;
 	int32_t page;  /* resident page, or -1 */
@@ -167,6 +168,7 @@ struct kvmm_swp {
 
 struct kvmm_seq {
 	bool live, swapped, unkeyed;
+	uint64_t scope;         /* prefix-index scope (kvmm_seq_set_scope) */
 	uint32_t len;
 	uint32_t n_pages, cap;
 	int32_t *pages;
@@ -329,13 +331,17 @@ void page_set_packed(struct kvmm *m, int32_t p);
 
 int kvmm_index_init(struct kvmm *m);
 void kvmm_index_free(struct kvmm *m);
-uint64_t node_key(const struct kvmm *m, int32_t parent, const int32_t *tokens);
-/* The node for (parent, tokens) or -1; tokens compared. */
-int32_t index_lookup(const struct kvmm *m, int32_t parent, const int32_t *tokens);
-/* New node for page (or slot when page is -1) under parent; tokens are the
- * page's (or slot's). Returns the node (never fails: capacity is pages +
- * slots). */
-int32_t index_insert(struct kvmm *m, int32_t parent, int32_t page, int32_t slot);
+/* A node's key: a root's starts from its scope, a child's from its parent's
+ * key (and a child's scope is always its parent's). */
+uint64_t node_key(const struct kvmm *m, int32_t parent, uint64_t scope, const int32_t *tokens);
+/* The node for (scope, parent, tokens) or -1; scope and tokens compared, so
+ * neither a hash collision nor another scope's chain is ever returned. */
+int32_t index_lookup(const struct kvmm *m, int32_t parent, uint64_t scope, const int32_t *tokens);
+/* New node for page (or slot when page is -1) under parent (a root of
+ * `scope` when parent is -1, else scope must be the parent's); tokens are
+ * the page's (or slot's). Returns the node (never fails: capacity is pages
+ * + slots). */
+int32_t index_insert(struct kvmm *m, int32_t parent, uint64_t scope, int32_t page, int32_t slot);
 const int32_t *node_tokens(const struct kvmm *m, int32_t n);
 /* Drop node n and its whole subtree: unreferenced resident pages go to the
  * free list, demoted entries free their slots, referenced pages are only

@@ -55,10 +55,11 @@ struct persist_entry {
 	uint32_t page;
 	uint32_t rank;  /* recency: 0 mapped by a sequence, then 1 = hottest cached */
 	uint32_t reserved; /* 0 */
+	uint64_t scope; /* owner scope (kvmm_seq_set_scope); a child's is its parent's */
 };
 
 _Static_assert(sizeof(struct persist_hdr) == 64, "persist header layout");
-_Static_assert(sizeof(struct persist_entry) == 16, "persist entry layout");
+_Static_assert(sizeof(struct persist_entry) == 24, "persist entry layout");
 
 static size_t pad8(size_t n)
 {
@@ -168,6 +169,7 @@ int kvmm_prefix_export(const struct kvmm *m, const void *owner, size_t owner_byt
 					.parent = nd->parent >= 0 ? entry_of[nd->parent] : -1,
 					.page = (uint32_t)nd->page,
 					.rank = page_ref(m, nd->page) ? 0 : rank[v],
+					.scope = nd->scope,
 				};
 
 				memcpy(ep, &e, sizeof(e));
@@ -335,13 +337,17 @@ int kvmm_prefix_import(struct kvmm *m, const void *buf, size_t bytes, uint32_t *
 		parent = e.parent >= 0 ? node_of[e.parent] : -1;
 		p = (int32_t)e.page;
 		memcpy(&m->page_tokens[(size_t)p * m->bs], rec + sizeof(e), m->bs * sizeof(int32_t));
-		if (index_lookup(m, parent, &m->page_tokens[(size_t)p * m->bs]) >= 0) {
+		if (parent >= 0 && m->nodes[parent].scope != e.scope) {
+			r = -EBADMSG; /* a chain crossing scopes */
+			break;
+		}
+		if (index_lookup(m, parent, e.scope, &m->page_tokens[(size_t)p * m->bs]) >= 0) {
 			r = -EBADMSG; /* the same tokens twice under one parent */
 			break;
 		}
 		m->pg[p] = (struct kvmm_page){.next = -1, .node = -1, .fill = m->bs};
 		page_word_set(m, p, 0);
-		node_of[n] = index_insert(m, parent, p, -1);
+		node_of[n] = index_insert(m, parent, e.scope, p, -1);
 		order[n] = (struct ranked){e.rank, node_of[n]};
 	}
 	if (r < 0) {

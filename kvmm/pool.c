@@ -864,7 +864,8 @@ int kvmm_check(const struct kvmm *m, char *why_buf, size_t why_size)
 			slots_used++;
 			n_demoted++;
 		}
-		CHECK(nd->key == node_key(m, nd->parent, node_tokens(m, (int32_t)n)), "node %u: key mismatch", n);
+		CHECK(nd->key == node_key(m, nd->parent, nd->scope, node_tokens(m, (int32_t)n)), "node %u: key mismatch", n);
+		CHECK(nd->parent < 0 || m->nodes[nd->parent].scope == nd->scope, "node %u: scope differs from its parent's", n);
 		for (int32_t c = m->buckets[nd->key & m->bucket_mask]; c >= 0; c = m->nodes[c].hnext) {
 			CHECK(++chain <= m->n_nodes, "hash chain cycle");
 			if (c == (int32_t)n)

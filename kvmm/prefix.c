@@ -67,9 +67,24 @@ int kvmm_debug_set_hash_bits(struct kvmm *m, unsigned bits)
 
 /* ---- keys and lookups ------------------------------------------------------------ */
 
-uint64_t node_key(const struct kvmm *m, int32_t parent, const int32_t *tokens)
+/* A scope's root key: the murmur3 finalizer of the scope mixed into the
+ * root constant, so the chains of two scopes never share a key by design
+ * (index_lookup still compares the scope). */
+static uint64_t root_key(uint64_t scope)
 {
-	uint64_t h = parent >= 0 ? m->nodes[parent].key : ROOT_KEY;
+	uint64_t h = ROOT_KEY ^ scope;
+
+	h ^= h >> 33;
+	h *= 0xff51afd7ed558ccdull;
+	h ^= h >> 33;
+	h *= 0xc4ceb9fe1a85ec53ull;
+	h ^= h >> 33;
+	return scope ? h : ROOT_KEY;
+}
+
+uint64_t node_key(const struct kvmm *m, int32_t parent, uint64_t scope, const int32_t *tokens)
+{
+	uint64_t h = parent >= 0 ? m->nodes[parent].key : root_key(scope);
 	uint32_t i = 0;
 
 	/* Two tokens per multiply; the murmur3 finalizer spreads the bits. */
@@ -96,14 +111,14 @@ const int32_t *node_tokens(const struct kvmm *m, int32_t n)
 	return nd->page >= 0 ? &m->page_tokens[(size_t)nd->page * m->bs] : &m->slot_tokens[(size_t)nd->slot * m->bs];
 }
 
-int32_t index_lookup(const struct kvmm *m, int32_t parent, const int32_t *tokens)
+int32_t index_lookup(const struct kvmm *m, int32_t parent, uint64_t scope, const int32_t *tokens)
 {
-	uint64_t key = node_key(m, parent, tokens);
+	uint64_t key = node_key(m, parent, scope, tokens);
 
 	for (int32_t c = m->buckets[key & m->bucket_mask]; c >= 0; c = m->nodes[c].hnext) {
 		const struct kvmm_node *nd = &m->nodes[c];
 
-		if (nd->key == key && nd->parent == parent &&
+		if (nd->key == key && nd->parent == parent && nd->scope == scope &&
 		    memcmp(node_tokens(m, c), tokens, m->bs * sizeof(int32_t)) == 0)
 			return c;
 	}
@@ -197,21 +212,23 @@ int32_t lru_victim(const struct kvmm *m, const struct kvmm_lru *l)
 
 /* ---- insertion and removal ------------------------------------------------------------- */
 
-int32_t index_insert(struct kvmm *m, int32_t parent, int32_t page, int32_t slot)
+int32_t index_insert(struct kvmm *m, int32_t parent, uint64_t scope, int32_t page, int32_t slot)
 {
 	int32_t n = m->node_free;
 	struct kvmm_node *nd;
 	uint64_t key;
 
 	/* Capacity is pages + slots and every node holds one of them. */
+	assert(parent < 0 || m->nodes[parent].scope == scope);
 	m->node_free = m->nodes[n].hnext;
 	nd = &m->nodes[n];
 	*nd = (struct kvmm_node){
+		.scope = scope,
 		.parent = parent, .first_child = -1, .next_sib = -1, .prev_sib = -1,
 		.page = page, .slot = slot, .lru_prev = -1, .lru_next = -1,
 		.gen = nd->gen, .flags = NODE_LIVE,
 	};
-	key = node_key(m, parent, node_tokens(m, n));
+	key = node_key(m, parent, scope, node_tokens(m, n));
 	nd->key = key;
 	nd->hnext = m->buckets[key & m->bucket_mask];
 	m->buckets[key & m->bucket_mask] = n;
@@ -326,9 +343,9 @@ int32_t index_publish_page(struct kvmm *m, struct kvmm_seq *s, uint32_t i, int32
 		if (parent < 0)
 			return p; /* the chain above is not indexed: no key to hang this on */
 	}
-	x = index_lookup(m, parent, &m->page_tokens[(size_t)p * m->bs]);
+	x = index_lookup(m, parent, s->scope, &m->page_tokens[(size_t)p * m->bs]);
 	if (x < 0) {
-		index_insert(m, parent, p, -1);
+		index_insert(m, parent, s->scope, p, -1);
 		return p;
 	}
 	ctr_add(m, W_DEDUP, 1);
@@ -402,7 +419,7 @@ int kvmm_prefix_attach(struct kvmm *m, uint32_t seq, const int32_t *tokens, uint
 	}
 	/* Walk the tree; node ids wait in the page table for now. */
 	for (; k < limit; k++) {
-		int32_t x = index_lookup(m, parent, tokens + (size_t)k * m->bs);
+		int32_t x = index_lookup(m, parent, s->scope, tokens + (size_t)k * m->bs);
 
 		if (x < 0)
 			break;

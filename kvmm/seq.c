@@ -106,6 +106,7 @@ int kvmm_seq_fork(struct kvmm *m, uint32_t parent, uint32_t *ret_child)
 	c->len = p->len;
 	c->n_published = p->n_published;
 	c->unkeyed = p->unkeyed;
+	c->scope = p->scope;
 	c->prompt_tokens = p->prompt_tokens;
 	ctr_add(m, W_TOKENS_RESIDENT, c->len);
 	kvmm_shm_end(m);
@@ -498,6 +499,18 @@ int kvmm_seq_drop_pages(struct kvmm *m, uint32_t seq, uint32_t first, uint32_t n
 	}
 	kvmm_shm_end(m);
 	return r;
+}
+
+int kvmm_seq_set_scope(struct kvmm *m, uint32_t seq, uint64_t scope)
+{
+	struct kvmm_seq *s = seq_get(m, seq);
+
+	if (!s)
+		return -ENOENT;
+	if (s->len || s->n_pages || s->swapped)
+		return -EBUSY;
+	s->scope = scope;
+	return 0;
 }
 
 /* ---- ledger ------------------------------------------------------------------------------ */

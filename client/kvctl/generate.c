@@ -79,6 +79,9 @@ static const char help_generate[] =
 	"                         pages (default 4)\n"
 	"                         What was dropped is said on stderr and in --json as\n"
 	"                         \"context_dropped_tokens\".\n"
+	"    --tenant NAME        a cache tenant (1 to 64 bytes): the request shares cached\n"
+	"                         prompt pages only with requests of the same user and\n"
+	"                         tenant (by default all of a user's requests share)\n"
 	"    --json               print nothing while generating; at the end print one JSON\n"
 	"                         object: {\"text\", \"token_ids\", \"finish_reason\",\n"
 	"                         \"prompt_tokens\", \"cached_tokens\", \"generated_tokens\",\n"
@@ -174,7 +177,7 @@ int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 {
 	enum { O_RAW = OPT_FIRST_CMD, O_SYSTEM, O_MAX, O_TEMP, O_TOPP, O_TOPK, O_MINP, O_REP, O_SEED, O_STOP,
 	       O_SESSION, O_JSON, O_SPECIAL, O_NO_NEWLINE, O_SAMPLES, O_LOGPROBS,
-	       O_CTX_POLICY, O_CTX_WINDOW, O_CTX_SINKS };
+	       O_CTX_POLICY, O_CTX_WINDOW, O_CTX_SINKS, O_TENANT };
 	static const struct option longopts[] = {
 		{ "raw", no_argument, NULL, O_RAW },
 		{ "system", required_argument, NULL, O_SYSTEM },
@@ -195,6 +198,7 @@ int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 		{ "context-policy", required_argument, NULL, O_CTX_POLICY },
 		{ "window", required_argument, NULL, O_CTX_WINDOW },
 		{ "sinks", required_argument, NULL, O_CTX_SINKS },
+		{ "tenant", required_argument, NULL, O_TENANT },
 		COMMON_LONGOPTS,
 		{ 0 },
 	};
@@ -307,6 +311,11 @@ int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 		case O_CTX_SINKS:
 			if (!parse_u32(optarg, &p.context_sinks) || !p.context_sinks)
 				return usage_error(cmd, "--sinks: '%s' is not a positive integer", optarg);
+			break;
+		case O_TENANT:
+			if (!optarg[0] || strlen(optarg) > KVC_MAX_TENANT_BYTES)
+				return usage_error(cmd, "--tenant: a tenant is 1 to %d bytes", KVC_MAX_TENANT_BYTES);
+			p.tenant = optarg;
 			break;
 		case '?':
 			return option_error(cmd, argv, o);

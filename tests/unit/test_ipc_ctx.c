@@ -102,6 +102,59 @@ static void test_generate_context_refused(void **state)
 	assert_int_equal(decode_gen(len, &d), -EBADMSG);
 }
 
+/* The tenant block: after the context block, before an inline prompt; every
+ * malformed form refused by encoder and decoder alike. */
+static void test_generate_tenant(void **state)
+{
+	(void)state;
+	const char *prompt = "scoped";
+	struct ipc_generate_msg m = base_msg(prompt), d;
+	ssize_t plain = ipc_encode_generate(fbuf, sizeof(fbuf), 1, &m);
+
+	assert_int_equal(decode_gen(plain, &d), 0);
+	assert_int_equal(d.tenant.bytes, 0);
+	m.g.gen_flags |= IPC_GEN_TENANT | IPC_GEN_CONTEXT;
+	m.ctx = (struct ipc_gen_context){ IPC_CTX_SLIDING_WINDOW, 64, 0, 0 };
+	m.tenant.bytes = 5;
+	memcpy(m.tenant.name, "key-1", 5);
+	ssize_t len = ipc_encode_generate(fbuf, sizeof(fbuf), 2, &m);
+	assert_int_equal(len, plain + (ssize_t)(sizeof(struct ipc_gen_context) + sizeof(struct ipc_gen_tenant)));
+	assert_int_equal(decode_gen(len, &d), 0);
+	assert_int_equal(d.tenant.bytes, 5);
+	assert_memory_equal(d.tenant.name, "key-1", 5);
+	assert_int_equal(d.ctx.window_tokens, 64);
+	assert_memory_equal(d.prompt, prompt, strlen(prompt));
+	struct ipc_gen_tenant at;
+	memcpy(&at, fbuf + IPC_HDR_BYTES + sizeof(struct ipc_generate) + 2 + 3 + sizeof(struct ipc_gen_context),
+	       sizeof(at));
+	assert_int_equal(at.bytes, 5);
+
+	/* a full-length name is fine */
+	m.tenant.bytes = IPC_MAX_TENANT_BYTES;
+	memset(m.tenant.name, 'x', IPC_MAX_TENANT_BYTES);
+	assert_true(ipc_encode_generate(fbuf, sizeof(fbuf), 3, &m) > 0);
+	/* refused: empty, too long, a NUL inside, bytes after the name, reserved */
+	struct ipc_gen_tenant bad[5] = { { 0 } };
+	int want[5] = { -EINVAL, -EINVAL, -EINVAL, -EPROTO, -EPROTO };
+	bad[1].bytes = IPC_MAX_TENANT_BYTES + 1;
+	bad[2].bytes = 3, memcpy(bad[2].name, "a\0b", 3);
+	bad[3].bytes = 2, memcpy(bad[3].name, "ab\0z", 4);
+	bad[4].bytes = 1, bad[4].name[0] = 'a', bad[4].reserved = 1;
+	for (int i = 0; i < 5; i++) {
+		m.tenant = bad[i];
+		assert_int_equal(ipc_gen_tenant_check(&bad[i]), want[i]);
+		assert_int_equal(ipc_encode_generate(fbuf, sizeof(fbuf), 4, &m), want[i]);
+	}
+	/* the flag without the block */
+	m.g.gen_flags &= ~IPC_GEN_TENANT;
+	len = ipc_encode_generate(fbuf, sizeof(fbuf), 5, &m);
+	struct ipc_generate g;
+	memcpy(&g, fbuf + IPC_HDR_BYTES, sizeof(g));
+	g.gen_flags |= IPC_GEN_TENANT;
+	memcpy(fbuf + IPC_HDR_BYTES, &g, sizeof(g));
+	assert_int_equal(decode_gen(len, &d), -EBADMSG);
+}
+
 static void test_session_open_context(void **state)
 {
 	(void)state;
@@ -171,6 +224,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_generate_context_roundtrip),
 		cmocka_unit_test(test_generate_context_refused),
+		cmocka_unit_test(test_generate_tenant),
 		cmocka_unit_test(test_session_open_context),
 		cmocka_unit_test(test_done_context_dropped),
 		cmocka_unit_test(test_policy_names),

@@ -497,6 +497,88 @@ static void test_publish_and_attach(void **state)
 	done(m);
 }
 
+/* Owner scopes: a page published in one scope serves only that scope, with
+ * full hash collisions too; forks keep their scope; the same tokens in two
+ * scopes are two chains (no deduplication across them). */
+static void test_prefix_scopes_never_cross(void **state)
+{
+	const uint64_t A = 0x1111, B = 0x2222;
+	uint32_t a, b, hit = 99, np;
+	int32_t t[14];
+	const int32_t *pa, *pb;
+	struct kvmm_stats st;
+
+	(void)state;
+	for (int bits = 64; bits >= 1; bits -= 63) { /* then every key collides but two */
+		struct kvmm *m = make(4, 64);
+
+		assert_int_equal(kvmm_debug_set_hash_bits(m, (unsigned)bits), 0);
+		iota(t, 14, 300);
+		a = new_seq(m);
+		b = new_seq(m);
+		assert_int_equal(kvmm_seq_set_scope(m, a, A), 0);
+		assert_int_equal(grow(m, a, t, 12), 0);
+		assert_int_equal(kvmm_seq_set_scope(m, a, B), -EBUSY);
+		assert_int_equal(kvmm_seq_publish(m, a), 0);
+		/* another scope, the same tokens: no hit */
+		assert_int_equal(kvmm_seq_set_scope(m, b, B), 0);
+		assert_int_equal(kvmm_prefix_attach(m, b, t, 14, &hit), 0);
+		assert_int_equal(hit, 0);
+		assert_int_equal(kvmm_seq_free(m, b), 0);
+		/* the default scope 0 is another scope too */
+		b = new_seq(m);
+		assert_int_equal(kvmm_prefix_attach(m, b, t, 14, &hit), 0);
+		assert_int_equal(hit, 0);
+		/* b computes the same prompt itself and publishes it: its own
+		 * pages, not deduplicated onto a's */
+		assert_int_equal(grow(m, b, t, 12), 0);
+		assert_int_equal(kvmm_seq_publish(m, b), 0);
+		pa = kvmm_seq_pages(m, a, &np);
+		pb = kvmm_seq_pages(m, b, &np);
+		for (uint32_t i = 0; i < 3; i++)
+			assert_true(pa[i] != pb[i]);
+		assert_int_equal(kvmm_seq_free(m, b), 0);
+		/* the same scope hits, and so does a fork of it */
+		b = new_seq(m);
+		assert_int_equal(kvmm_seq_set_scope(m, b, A), 0);
+		assert_int_equal(kvmm_prefix_attach(m, b, t, 14, &hit), 0);
+		assert_int_equal(hit, 12);
+		pb = kvmm_seq_pages(m, b, &np);
+		pa = kvmm_seq_pages(m, a, &np);
+		assert_memory_equal(pa, pb, 3 * sizeof(int32_t));
+		expect_content(m, b, t);
+		{
+			uint32_t f, g = new_seq(m);
+			int32_t u[4];
+
+			assert_int_equal(kvmm_seq_fork(m, b, &f), 0);
+			iota(u, 4, 900);
+			assert_int_equal(grow(m, f, u, 4), 0); /* page 3 of f: A's chain */
+			assert_int_equal(kvmm_seq_publish(m, f), 0);
+			int32_t v[18];
+			memcpy(v, t, 12 * sizeof(int32_t));
+			memcpy(v + 12, u, 4 * sizeof(int32_t));
+			v[16] = v[17] = 1;
+			assert_int_equal(kvmm_seq_set_scope(m, g, A), 0);
+			assert_int_equal(kvmm_prefix_attach(m, g, v, 18, &hit), 0);
+			assert_int_equal(hit, 16);
+			assert_int_equal(kvmm_seq_free(m, g), 0);
+			g = new_seq(m);
+			assert_int_equal(kvmm_seq_set_scope(m, g, B), 0);
+			assert_int_equal(kvmm_prefix_attach(m, g, v, 18, &hit), 0);
+			assert_int_equal(hit, 0);
+			assert_int_equal(kvmm_seq_free(m, g), 0);
+			assert_int_equal(kvmm_seq_free(m, f), 0);
+		}
+		assert_int_equal(kvmm_seq_free(m, b), 0);
+		assert_int_equal(kvmm_seq_free(m, a), 0);
+		kvmm_get_stats(m, &st);
+		assert_int_equal(st.prefix_hit_tokens, 12 + 16);
+		assert_int_equal(kvmm_seq_set_scope(m, 999, A), -ENOENT);
+		done(m);
+	}
+}
+
 static void test_attach_block_size_one(void **state)
 {
 	struct kvmm *m = make(1, 16);
@@ -1656,6 +1738,7 @@ int main(void)
 		cmocka_unit_test(test_commit_copy_failure_changes_nothing),
 		cmocka_unit_test(test_publish_and_attach),
 		cmocka_unit_test(test_attach_block_size_one),
+		cmocka_unit_test(test_prefix_scopes_never_cross),
 		cmocka_unit_test(test_hash_collisions_never_map_wrong_pages),
 		cmocka_unit_test(test_lru_reclaims_only_when_free_list_empty_tails_first),
 		cmocka_unit_test(test_evict_drops_subtrees),

@@ -35,7 +35,7 @@
 #define BS 4
 #define NP 32
 #define HDR_BYTES 64
-#define ENTRY_BYTES (16 + 4 * BS)
+#define ENTRY_BYTES (24 + 4 * BS)
 #define OWNER "model=a;layout=b"
 
 static uint64_t pattern(int32_t tok, uint32_t pos)
@@ -208,6 +208,48 @@ static void test_round_trip(void **state)
 	free(buf);
 }
 
+/* Owner scopes survive the hand-over: the same prompt cached in two scopes
+ * comes back as two chains, each serving only its own scope. */
+static void test_round_trip_keeps_scopes(void **state)
+{
+	struct kvmm_config c = cfg_of(BS, NP);
+	struct kvmm *m = NULL;
+	void *buf;
+	size_t bytes;
+	int fd;
+	uint32_t n = 0, hit, s;
+	static const uint64_t scopes[] = { 7, 9 };
+
+	(void)state;
+	assert_int_equal(kvmm_create(&c, &m), 0);
+	iota(tA, 17, 100);
+	for (int i = 0; i < 2; i++) {
+		s = new_seq(m);
+		assert_int_equal(kvmm_seq_set_scope(m, s, scopes[i]), 0);
+		grow(m, s, tA, 16);
+		assert_int_equal(kvmm_seq_free(m, s), 0);
+	}
+	check(m);
+	export_and_close(m, &buf, &bytes, &fd);
+	m = adopt(fd, BS, NP);
+	assert_int_equal(kvmm_prefix_import(m, buf, bytes, &n), 0);
+	assert_int_equal(n, 2 * 16 / BS);
+	check(m);
+	for (uint64_t sc = 0; sc <= 10; sc++) {
+		s = new_seq(m);
+		assert_int_equal(kvmm_seq_set_scope(m, s, sc), 0);
+		assert_int_equal(kvmm_prefix_attach(m, s, tA, 17, &hit), 0);
+		if (hit != (sc == 7 || sc == 9 ? 16u : 0u))
+			fail_msg("scope %llu: hit %u", (unsigned long long)sc, hit);
+		if (hit)
+			expect_content(m, s, tA);
+		assert_int_equal(kvmm_seq_free(m, s), 0);
+	}
+	check(m);
+	assert_null(kvmm_destroy(m));
+	free(buf);
+}
+
 /* Recency survives: A is cached first, C after it, then A is used again,
  * so C is the coldest (though A's entries come first in the buffer): one
  * page evicted after the import is C's tail. */
@@ -351,7 +393,7 @@ static void test_corrupt_bytes_refused(void **state)
 /* Entries crafted with a valid checksum: each hostile case is refused and
  * the pool is left with every page free. */
 enum craft { PAGE_OUT_OF_RANGE, PAGE_TWICE, PARENT_FORWARD, PARENT_SELF, PARENT_NEGATIVE, DUP_TOKENS, RESERVED,
-	     COUNT_TOO_LARGE, VERSION };
+	     COUNT_TOO_LARGE, SCOPE_CROSS, VERSION };
 
 static void craft(uint8_t *b, size_t bytes, enum craft what)
 {
@@ -396,6 +438,13 @@ static void craft(uint8_t *b, size_t bytes, enum craft what)
 		u = NP + 1;
 		memcpy(b + 48, &u, 4); /* n_entries */
 		break;
+	case SCOPE_CROSS: {
+		/* entry 1 (a child) claims another scope than its parent's */
+		uint64_t sc = 0x5c09e;
+
+		memcpy(b + e0 + 1 * ENTRY_BYTES + 16, &sc, 8);
+		break;
+	}
 	case VERSION:
 		u = KVMM_PERSIST_VERSION + 1;
 		memcpy(b + 8, &u, 4);
@@ -415,7 +464,8 @@ static void test_hostile_entries_refused(void **state)
 	static const int want[] = {
 		[PAGE_OUT_OF_RANGE] = -EBADMSG, [PAGE_TWICE] = -EBADMSG, [PARENT_FORWARD] = -EBADMSG,
 		[PARENT_SELF] = -EBADMSG,       [PARENT_NEGATIVE] = -EBADMSG, [DUP_TOKENS] = -EBADMSG,
-		[RESERVED] = -EBADMSG,          [COUNT_TOO_LARGE] = -EBADMSG, [VERSION] = -EPROTO,
+		[RESERVED] = -EBADMSG,          [COUNT_TOO_LARGE] = -EBADMSG, [SCOPE_CROSS] = -EBADMSG,
+		[VERSION] = -EPROTO,
 	};
 
 	(void)state;
@@ -560,6 +610,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_round_trip),
+		cmocka_unit_test(test_round_trip_keeps_scopes),
 		cmocka_unit_test(test_round_trip_keeps_recency),
 		cmocka_unit_test(test_layout_mismatch_refused),
 		cmocka_unit_test(test_corrupt_bytes_refused),
