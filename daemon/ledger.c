@@ -22,14 +22,25 @@
 #include "sched.h"
 
 struct recent {
+	uint64_t seq;  /* order of arrival, from 1; 0: the slot is empty */
 	uint32_t uid;
 	uint32_t len;
 	char *line; /* without the newline */
 };
 
+/* The recent records are not one ring: a full store makes room by dropping
+ * the oldest record of the uid that holds the most (kvd_ledger_recent), so
+ * one user's flood pushes out only its own history. */
+struct uid_count {
+	uint32_t uid, n;
+	size_t oldest;    /* index of its oldest record */
+};
+
 struct kvd_ledger {
-	struct recent recent[KVD_LEDGER_RECENT]; /* a ring: the newest at head - 1 */
-	size_t head, n_recent;
+	struct recent recent[KVD_LEDGER_RECENT];
+	size_t n_recent;
+	struct uid_count scratch[KVD_LEDGER_RECENT]; /* victim()'s tally */
+	uint64_t next_seq;
 	int fd;
 	char *path;          /* of fd; NULL when none is open */
 	bool failing;        /* the last record was dropped (log once per run) */
@@ -74,6 +85,22 @@ static int open_file(const char *path)
 		log_warning("ledger file %s: not a regular file (per-request ledger disabled)", path);
 		close(fd);
 		return -EINVAL;
+	}
+	/* Every record names a user and a prompt's figures: a file another
+	 * user owns, or one others may write, could be read by its owner or
+	 * have forged lines put in between kvd's. */
+	if (st.st_uid != geteuid()) {
+		log_warning("ledger file %s: owned by uid %u, not by kvd's user (uid %u) (per-request ledger disabled)",
+			    path, (unsigned)st.st_uid, (unsigned)geteuid());
+		close(fd);
+		return -EPERM;
+	}
+	if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+		log_warning("ledger file %s: writable by %s (mode %04o); kvd wants it writable by its own user only "
+			    "(per-request ledger disabled)", path, st.st_mode & S_IWOTH ? "everyone" : "its group",
+			    (unsigned)(st.st_mode & 07777));
+		close(fd);
+		return -EPERM;
 	}
 	fl = fcntl(fd, F_GETFL);
 	if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
@@ -208,42 +235,81 @@ int kvd_ledger_append(struct kvd_ledger *l, const char *line, size_t len)
 	return 0;
 }
 
+/* The slot a new record of uid takes: an empty one while there is one,
+ * else the oldest record of the uid holding the most (ties: the uid whose
+ * oldest record is older). */
+static struct recent *victim(struct kvd_ledger *l)
+{
+	struct uid_count *cnt = l->scratch;
+	size_t n_uids = 0, best = 0;
+
+	if (l->n_recent < KVD_LEDGER_RECENT) {
+		for (size_t i = 0; i < KVD_LEDGER_RECENT; i++)
+			if (!l->recent[i].seq)
+				return &l->recent[i];
+	}
+	for (size_t i = 0; i < KVD_LEDGER_RECENT; i++) {
+		const struct recent *r = &l->recent[i];
+		size_t k = 0;
+
+		while (k < n_uids && cnt[k].uid != r->uid)
+			k++;
+		if (k == n_uids)
+			cnt[n_uids++] = (struct uid_count){ r->uid, 0, i };
+		cnt[k].n++;
+		if (r->seq < l->recent[cnt[k].oldest].seq)
+			cnt[k].oldest = i;
+	}
+	for (size_t k = 1; k < n_uids; k++)
+		if (cnt[k].n > cnt[best].n ||
+		    (cnt[k].n == cnt[best].n && l->recent[cnt[k].oldest].seq < l->recent[cnt[best].oldest].seq))
+			best = k;
+	return &l->recent[cnt[best].oldest];
+}
+
 /* Keep line[0 .. len) (no newline) among the recent records; without
  * memory the record is only not kept. */
 static void keep(struct kvd_ledger *l, uint32_t uid, const char *line, size_t len)
 {
-	struct recent *r = &l->recent[l->head];
 	char *copy = malloc(len + 1);
+	struct recent *r;
 
 	if (!copy)
 		return;
 	memcpy(copy, line, len);
 	copy[len] = 0;
-	free(r->line);
-	*r = (struct recent){ .uid = uid, .len = (uint32_t)len, .line = copy };
-	l->head = (l->head + 1) % KVD_LEDGER_RECENT;
-	if (l->n_recent < KVD_LEDGER_RECENT)
+	r = victim(l);
+	if (!r->seq)
 		l->n_recent++;
+	free(r->line);
+	*r = (struct recent){ .seq = ++l->next_seq, .uid = uid, .len = (uint32_t)len, .line = copy };
+}
+
+static int by_seq(const void *a, const void *b)
+{
+	const struct recent *x = *(const struct recent *const *)a, *y = *(const struct recent *const *)b;
+
+	return x->seq < y->seq ? -1 : x->seq > y->seq;
 }
 
 size_t kvd_ledger_recent(const struct kvd_ledger *l, int64_t uid, size_t max, struct kvd_ledger_rec *out)
 {
+	const struct recent *sel[KVD_LEDGER_RECENT];
 	size_t n = 0, first;
 
 	if (max == 0 || max > KVD_LEDGER_RECENT)
 		max = KVD_LEDGER_RECENT;
-	/* newest first, to find where the last `max` matching ones begin */
-	for (first = 0; first < l->n_recent && n < max; first++) {
-		const struct recent *r = &l->recent[(l->head + KVD_LEDGER_RECENT - 1 - first) % KVD_LEDGER_RECENT];
-		n += uid < 0 || r->uid == (uint64_t)uid;
+	for (size_t i = 0; i < KVD_LEDGER_RECENT; i++) {
+		const struct recent *r = &l->recent[i];
+
+		if (r->seq && (uid < 0 || r->uid == (uint64_t)uid))
+			sel[n++] = r;
 	}
-	n = 0;
-	while (first-- > 0) {
-		const struct recent *r = &l->recent[(l->head + KVD_LEDGER_RECENT - 1 - first) % KVD_LEDGER_RECENT];
-		if (uid < 0 || r->uid == (uint64_t)uid)
-			out[n++] = (struct kvd_ledger_rec){ r->uid, r->len, r->line };
-	}
-	return n;
+	qsort(sel, n, sizeof(sel[0]), by_seq);
+	first = n > max ? n - max : 0;
+	for (size_t i = first; i < n; i++)
+		out[i - first] = (struct kvd_ledger_rec){ sel[i]->uid, sel[i]->len, sel[i]->line };
+	return n - first;
 }
 
 /* s as a JSON string (quotes included) into out; control characters and

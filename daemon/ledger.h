@@ -69,8 +69,11 @@ void kvd_ledger_rejected(struct kvd_ledger *l, const struct kvd_ledger_who *who,
 			 uint64_t session_id, int32_t code, const char *reason);
 
 /*
- * The last KVD_LEDGER_RECENT records, kept in memory whether or not a file
- * is open (the same lines, without the newline), for `kvctl ledger`. Fills
+ * Up to KVD_LEDGER_RECENT recent records, kept in memory whether or not a
+ * file is open (the same lines, without the newline), for `kvctl ledger`.
+ * When the store is full, a new record replaces the oldest record of the
+ * uid that holds the most, so one user's flood pushes out only its own
+ * history and every other user keeps its last records. Fills
  * out[] with the last max (0 or more than KVD_LEDGER_RECENT: all kept) of
  * those whose uid is `uid` (< 0: everyone's), oldest first, and returns
  * their number; out must hold that many. The lines stay valid until the

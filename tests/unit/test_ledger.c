@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <stdbool.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -284,18 +285,30 @@ static void test_recent_records(void **state)
 		kvd_ledger_request(l, &who, i + 1, 0, "length", &res);
 	}
 	slurp(d.file, file, 1 << 20);
-	/* everyone's: the file's last KVD_LEDGER_RECENT lines, in order */
+	/* everyone's: the file's lines in order, less the ten oldest of uid
+	 * 2000, which holds the most (each overflow evicts from it) */
 	n = kvd_ledger_recent(l, -1, 0, out);
 	assert_int_equal(n, KVD_LEDGER_RECENT);
 	line = file;
-	for (size_t i = 0; i < total - KVD_LEDGER_RECENT; i++)
-		line = strchr(line, '\n') + 1;
-	for (size_t i = 0; i < n; i++) {
-		char *nl = strchr(line, '\n');
-		assert_int_equal(out[i].len, nl - line);
-		assert_memory_equal(out[i].line, line, out[i].len);
-		assert_int_equal(out[i].uid, (total - KVD_LEDGER_RECENT + i) % 3 == 0 ? 1000 : 2000);
-		line = nl + 1;
+	{
+		size_t k = 0, skipped = 0;
+
+		for (size_t i = 0; i < total; i++) {
+			char *nl = strchr(line, '\n');
+			bool uid2000 = i % 3 != 0;
+
+			if (uid2000 && skipped < total - KVD_LEDGER_RECENT) {
+				skipped++;
+			} else {
+				assert_true(k < n);
+				assert_int_equal(out[k].len, nl - line);
+				assert_memory_equal(out[k].line, line, out[k].len);
+				assert_int_equal(out[k].uid, uid2000 ? 2000 : 1000);
+				k++;
+			}
+			line = nl + 1;
+		}
+		assert_int_equal(k, n);
 	}
 	/* one user's last 5, oldest first */
 	n = kvd_ledger_recent(l, 1000, 5, out);
@@ -310,7 +323,8 @@ static void test_recent_records(void **state)
 	}
 	/* a uid with none, and more asked for than kept */
 	assert_int_equal(kvd_ledger_recent(l, 3000, 0, out), 0);
-	assert_int_equal(kvd_ledger_recent(l, 2000, 100000, out), (KVD_LEDGER_RECENT * 2 + 2) / 3);
+	assert_int_equal(kvd_ledger_recent(l, 1000, 100000, out), (total + 2) / 3);
+	assert_int_equal(kvd_ledger_recent(l, 2000, 100000, out), KVD_LEDGER_RECENT - (total + 2) / 3);
 	/* without a file the records are still kept */
 	assert_int_equal(kvd_ledger_new("", &nofile), 0);
 	kvd_ledger_rejected(nofile, &(struct kvd_ledger_who){.client_id = 1, .pid = 2, .uid = 3}, 4, 0, -7, "no");
@@ -324,6 +338,79 @@ static void test_recent_records(void **state)
 	dir_free(&d);
 }
 
+/* One user's flood pushes out only its own records: another user's last
+ * records survive any number of the flooder's. */
+static void test_recent_records_per_user(void **state)
+{
+	struct kvd_ledger *l = NULL;
+	struct kvd_request_result res = {.finish = KVD_FINISH_LENGTH, .prompt_tokens = 3, .generated_tokens = 2};
+	struct kvd_ledger_rec *out = calloc(KVD_LEDGER_RECENT, sizeof(*out));
+
+	(void)state;
+	assert_non_null(out);
+	assert_int_equal(kvd_ledger_new("", &l), 0);
+	for (size_t i = 0; i < 5; i++)
+		kvd_ledger_request(l, &(struct kvd_ledger_who){.client_id = 1, .pid = 1, .uid = 1000}, 100 + i, 0,
+				   "length", &res);
+	for (size_t i = 0; i < 5 * KVD_LEDGER_RECENT; i++)
+		kvd_ledger_request(l, &(struct kvd_ledger_who){.client_id = 2, .pid = 2, .uid = 2000}, 1000 + i, 0,
+				   "length", &res);
+	assert_int_equal(kvd_ledger_recent(l, 1000, 0, out), 5);
+	for (size_t i = 0; i < 5; i++) {
+		char want[64];
+
+		snprintf(want, sizeof(want), "\"request_id\":%zu,", 100 + i);
+		assert_non_null(strstr(out[i].line, want));
+	}
+	/* the flooder keeps its newest, in order */
+	assert_int_equal(kvd_ledger_recent(l, 2000, 0, out), KVD_LEDGER_RECENT - 5);
+	{
+		char want[64];
+
+		snprintf(want, sizeof(want), "\"request_id\":%zu,", (size_t)(1000 + 5 * KVD_LEDGER_RECENT - 1));
+		assert_non_null(strstr(out[KVD_LEDGER_RECENT - 6].line, want));
+	}
+	/* everyone's, oldest first: the 5 of uid 1000 come first */
+	assert_int_equal(kvd_ledger_recent(l, -1, 0, out), KVD_LEDGER_RECENT);
+	assert_int_equal(out[4].uid, 1000);
+	assert_int_equal(out[5].uid, 2000);
+	kvd_ledger_free(l);
+	free(out);
+}
+
+/* A ledger file another user owns, or that its group or others may write,
+ * is refused (logged; records are kept in memory only). */
+static void test_foreign_or_shared_file_refused(void **state)
+{
+	struct dir d;
+	struct kvd_ledger *l = NULL;
+	char buf[64];
+
+	(void)state;
+	dir_new(&d);
+	close(open(d.file, O_WRONLY | O_CREAT | O_CLOEXEC, 0600));
+	if (geteuid() == 0) {
+		assert_int_equal(chown(d.file, 65534, 65534), 0);
+		assert_int_equal(kvd_ledger_new(d.file, &l), 0);
+		assert_int_equal(kvd_ledger_append(l, "{}\n", 3), -EBADF);
+		kvd_ledger_free(l);
+		assert_int_equal(chown(d.file, 0, 0), 0);
+	}
+	assert_int_equal(chmod(d.file, 0620), 0);
+	assert_int_equal(kvd_ledger_new(d.file, &l), 0);
+	assert_int_equal(kvd_ledger_append(l, "{}\n", 3), -EBADF);
+	assert_int_equal(kvd_ledger_reopen(l, d.file), -EPERM);
+	assert_int_equal(chmod(d.file, 0602), 0);
+	assert_int_equal(kvd_ledger_reopen(l, d.file), -EPERM);
+	assert_int_equal(chmod(d.file, 0640), 0);
+	assert_int_equal(kvd_ledger_reopen(l, d.file), 0);
+	assert_int_equal(kvd_ledger_append(l, "{}\n", 3), 0);
+	slurp(d.file, buf, sizeof(buf));
+	assert_string_equal(buf, "{}\n");
+	kvd_ledger_free(l);
+	dir_free(&d);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -333,6 +420,8 @@ int main(void)
 		cmocka_unit_test(test_reopen_after_rename),
 		cmocka_unit_test(test_records_keep_identity_and_reason),
 		cmocka_unit_test(test_recent_records),
+		cmocka_unit_test(test_recent_records_per_user),
+		cmocka_unit_test(test_foreign_or_shared_file_refused),
 	};
 
 	return cmocka_run_group_tests(tests, setup, NULL);
