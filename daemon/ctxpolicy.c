@@ -63,17 +63,12 @@ static uint32_t common_prefix(const int32_t *a, uint32_t na, const int32_t *b, u
 static uint32_t prefix_with(struct kvd_server *srv, const char *system, const char *user, const int32_t *ids,
 			    uint32_t n)
 {
-	char *text = NULL;
 	int32_t *alt = NULL;
-	int len = kvd_request_render_turn(srv->tok, system, user, 0, -1, &text);
+	int m = kvd_request_chat_turn(srv->tok, system, user, 0, -1, &alt, NULL, 0);
 	uint32_t p = UINT32_MAX;
 
-	if (len >= 0) {
-		int m = kvd_request_tokenize(srv->tok, text, (size_t)len, 1, 1, &alt);
-		if (m >= 0)
-			p = common_prefix(ids, n, alt, (uint32_t)m);
-	}
-	free(text);
+	if (m >= 0)
+		p = common_prefix(ids, n, alt, (uint32_t)m);
 	free(alt);
 	return p;
 }

@@ -44,7 +44,6 @@ static void generate_start(struct client *c, struct greq *gr, const char *prompt
 	struct kvd_server *srv = c->srv;
 	struct kvd_request_params p = { 0 };
 	int32_t *ids = NULL;
-	char *text = NULL;
 	int n, r, hist = 0;
 	bool chat = !(gr->g.gen_flags & IPC_GEN_RAW);
 	bool cont = false;
@@ -76,28 +75,23 @@ static void generate_start(struct client *c, struct greq *gr, const char *prompt
 	if (gr->g.gen_flags & IPC_GEN_CHAT_TURNS) { /* no session: the turns are the history */
 		_Static_assert(KVD_VERSION_NUM >= IPC_CHAT_TURNS_SERVER_VERSION, "clients gate turns on the version");
 		char why[256];
-		n = kvd_request_render_turns(srv->tok, prompt, len, &text, why, sizeof(why));
+		n = kvd_request_chat_turns(srv->tok, prompt, len, &ids, why, sizeof(why));
 		if (n < 0) {
 			reject(c, gr, n, "%s", why);
 			return;
 		}
-		n = kvd_request_tokenize(srv->tok, text, (size_t)n, 1, 1, &ids);
-		free(text);
 	} else if (chat) {
+		char why[256];
 		if (memchr(prompt, 0, len)) {
 			reject(c, gr, -EINVAL, "the prompt contains a NUL byte (not allowed in chat mode)");
 			return;
 		}
-		n = kvd_request_render_turn(srv->tok, gr->system, prompt, cont, last, &text);
+		n = kvd_request_chat_turn(srv->tok, gr->system, prompt, cont, last, &ids, why, sizeof(why));
 		if (n < 0) {
-			reject(c, gr, n, "cannot render the model's chat template: %s", strerror(-n));
+			reject(c, gr, n, "%s", why);
 			return;
 		}
-		if (kvd_log_level >= KVD_LOG_DEBUG)
-			log_debug("request %" PRIu64 ": chat turn%s: %.*s", gr->id, cont ? " (continuation)" : "",
-				  n > 400 ? 400 : n, text);
-		n = kvd_request_tokenize(srv->tok, text, (size_t)n, !cont, 1, &ids);
-		free(text);
+		log_debug("request %" PRIu64 ": chat turn%s: %d tokens", gr->id, cont ? " (continuation)" : "", n);
 	} else {
 		n = kvd_request_tokenize(srv->tok, prompt, len, !cont, !!(gr->g.gen_flags & IPC_GEN_PARSE_SPECIAL),
 					 &ids);

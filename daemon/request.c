@@ -1,6 +1,7 @@
 /*
- * daemon/request.c — rendering, tokenizing, detokenizing and stop strings
- * for one request.
+ * daemon/request.c — the tokens of a prompt (raw text, or chat turns through
+ * the model's template, message contents always as text), detokenizing and
+ * stop strings for one request.
  *
  * The stream side is two stages per token: the detokenizer turns the token
  * into the bytes of complete UTF-8 characters, and the stop matcher holds
@@ -61,68 +62,6 @@ int kvd_request_tokenize(const struct kvd_tokenizer *tok, const char *text, size
 	return n;
 }
 
-/* Render msgs into a fresh NUL-terminated buffer. */
-static int render_alloc(const struct kvd_tokenizer *tok, const struct kvd_chat_msg *msgs, size_t n, char **ret)
-{
-	int len = kvd_chat_render(tok, msgs, n, 1, NULL, 0);
-	char *out;
-
-	if (len < 0)
-		return len;
-	out = malloc((size_t)len + 1);
-	if (!out)
-		return -ENOMEM;
-	kvd_chat_render(tok, msgs, n, 1, out, (size_t)len + 1);
-	*ret = out;
-	return len;
-}
-
-/*
- * A later turn: what the template puts between the end of an assistant
- * message and the next assistant header is found by rendering a marker as
- * the assistant's content; the text after the marker is the turn.
- */
-int kvd_request_render_turn(const struct kvd_tokenizer *tok, const char *system, const char *user,
-			    int continuation, int32_t last_token, char **ret)
-{
-	struct kvd_chat_msg msgs[2];
-	size_t n = 0;
-	char *out;
-	int len;
-
-	if (!user)
-		return -EINVAL;
-	if (!continuation) {
-		if (system && *system)
-			msgs[n++] = (struct kvd_chat_msg){ "system", system };
-		msgs[n++] = (struct kvd_chat_msg){ "user", user };
-		return render_alloc(tok, msgs, n, ret);
-	}
-	msgs[0] = (struct kvd_chat_msg){ "assistant", REQUEST_CHAT_MARKER };
-	msgs[1] = (struct kvd_chat_msg){ "user", user };
-	len = render_alloc(tok, msgs, 2, &out);
-	if (len < 0)
-		return len;
-	char *m = strstr(out, REQUEST_CHAT_MARKER);
-	if (!m) {
-		/* the template dropped the assistant message: render the
-		 * turn on its own */
-		free(out);
-		return kvd_request_render_turn(tok, NULL, user, 0, -1, ret);
-	}
-	char *tail = m + strlen(REQUEST_CHAT_MARKER);
-	if (last_token >= 0 && kvd_tokenizer_is_eog(tok, last_token)) {
-		char eog[256];
-		int k = kvd_token_to_bytes(tok, last_token, 1, eog, sizeof(eog));
-		if (k > 0 && (size_t)k < sizeof(eog) && !strncmp(tail, eog, (size_t)k))
-			tail += k;
-	}
-	len = (int)strlen(tail);
-	memmove(out, tail, (size_t)len + 1);
-	*ret = out;
-	return len;
-}
-
 static int why_set(char *why, size_t cap, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 static int why_set(char *why, size_t cap, int code, const char *fmt, ...)
 {
@@ -136,8 +75,92 @@ static int why_set(char *why, size_t cap, int code, const char *fmt, ...)
 	return code;
 }
 
-int kvd_request_render_turns(const struct kvd_tokenizer *tok, const char *turns, size_t len, char **ret, char *why,
-			     size_t why_cap)
+/* The tokens of msgs (kvd_chat_tokenize with flags) in a fresh array; the
+ * model's BOS first with add_bos when the model asks for one. */
+static int chat_tokens(const struct kvd_tokenizer *tok, const struct kvd_chat_msg *msgs, size_t n, unsigned flags,
+		       int add_bos, int32_t **ret)
+{
+	size_t cap = 64;
+	int32_t *ids;
+	int k;
+
+	if (add_bos && kvd_tokenizer_add_bos(tok))
+		flags |= KVD_CHAT_ADD_BOS;
+	for (size_t i = 0; i < n; i++)
+		cap += msgs[i].content ? strlen(msgs[i].content) / 2 : 0;
+	ids = malloc(cap * sizeof(*ids));
+	if (!ids)
+		return -ENOMEM;
+	k = kvd_chat_tokenize(tok, msgs, n, flags, ids, cap);
+	if (k > (int)cap) {
+		int32_t *bigger = realloc(ids, (size_t)k * sizeof(*ids));
+		if (!bigger) {
+			free(ids);
+			return -ENOMEM;
+		}
+		ids = bigger;
+		k = kvd_chat_tokenize(tok, msgs, n, flags, ids, (size_t)k);
+	}
+	if (k < 0) {
+		free(ids);
+		return k;
+	}
+	*ret = ids;
+	return k;
+}
+
+/* The client's message for a conversation the template cannot tokenize. */
+static int chat_refused(const struct kvd_tokenizer *tok, int r, char *why, size_t why_cap)
+{
+	const char *problem = r == -ENOTSUP ? kvd_tokenizer_chat_problem(tok) : NULL;
+
+	if (problem)
+		return why_set(why, why_cap, r, "cannot use the model's chat template: %s", problem);
+	return why_set(why, why_cap, r, "cannot use the model's chat template: %s", strerror(-r));
+}
+
+/*
+ * A later turn: what the template puts after an assistant message and
+ * before the next assistant header is what follows a stand-in assistant
+ * message in [assistant, user]; a family that does not render that message
+ * verbatim gets the turn on its own.
+ */
+int kvd_request_chat_turn(const struct kvd_tokenizer *tok, const char *system, const char *user, int continuation,
+			  int32_t last_token, int32_t **ret, char *why, size_t why_cap)
+{
+	struct kvd_chat_msg msgs[2];
+	size_t n = 0;
+	int32_t *ids = NULL;
+	int k;
+
+	if (!user)
+		return why_set(why, why_cap, -EINVAL, "no user message");
+	if (continuation) {
+		msgs[0] = (struct kvd_chat_msg){ "assistant", REQUEST_CHAT_MARKER };
+		msgs[1] = (struct kvd_chat_msg){ "user", user };
+		k = chat_tokens(tok, msgs, 2, KVD_CHAT_ADD_ASSISTANT | KVD_CHAT_AFTER_FIRST, 0, &ids);
+		if (k == -ENOENT) {
+			msgs[0] = msgs[1];
+			k = chat_tokens(tok, msgs, 1, KVD_CHAT_ADD_ASSISTANT, 0, &ids);
+		} else if (k > 0 && last_token >= 0 && kvd_tokenizer_is_eog(tok, last_token) && ids[0] == last_token) {
+			/* the end-of-turn token the model already produced */
+			memmove(ids, ids + 1, (size_t)(k - 1) * sizeof(*ids));
+			k--;
+		}
+	} else {
+		if (system && *system)
+			msgs[n++] = (struct kvd_chat_msg){ "system", system };
+		msgs[n++] = (struct kvd_chat_msg){ "user", user };
+		k = chat_tokens(tok, msgs, n, KVD_CHAT_ADD_ASSISTANT, 1, &ids);
+	}
+	if (k < 0)
+		return chat_refused(tok, k, why, why_cap);
+	*ret = ids;
+	return k;
+}
+
+int kvd_request_chat_turns(const struct kvd_tokenizer *tok, const char *turns, size_t len, int32_t **ret, char *why,
+			   size_t why_cap)
 {
 	struct kvd_chat_msg *msgs = NULL;
 	char *texts = NULL;
@@ -180,9 +203,9 @@ int kvd_request_render_turns(const struct kvd_tokenizer *tok, const char *turns,
 		msgs[i] = (struct kvd_chat_msg){ ipc_chat_role_name(t.role), texts + pos };
 		pos += t.bytes + 1u;
 	}
-	r = render_alloc(tok, msgs, (size_t)n, ret);
+	r = chat_tokens(tok, msgs, (size_t)n, KVD_CHAT_ADD_ASSISTANT, 1, ret);
 	if (r < 0)
-		why_set(why, why_cap, r, "cannot render the model's chat template: %s", strerror(-r));
+		chat_refused(tok, r, why, why_cap);
 out:
 	free(msgs);
 	free(texts);

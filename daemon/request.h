@@ -2,8 +2,8 @@
  * daemon/request.h — the text of a request, in one place.
  *
  * The scheduler deals only in tokens; everything that turns text into
- * tokens and tokens back into text is here: rendering a chat turn with the
- * model's template, tokenizing a prompt, and, for the stream a client sees,
+ * tokens and tokens back into text is here: the tokens of a chat turn
+ * through the model's template, tokenizing a raw prompt, and, for the stream a client sees,
  * detokenizing each sampled token (holding back an incomplete UTF-8
  * character) and applying the request's stop strings (holding back text
  * that could be the start of one). The server owns one kvd_request per
@@ -36,37 +36,42 @@ int kvd_request_tokenize(const struct kvd_tokenizer *tok, const char *text, size
 			 int parse_special, int32_t **ret);
 
 /*
- * The text of one chat turn, NUL-terminated, in a fresh buffer (*ret, freed
- * by the caller). A first turn (continuation 0) is the model's template over
- * [system], user, ending with the assistant's header; tokenize it with
- * add_bos and parse_special. A later turn of a session continues a sequence
- * that ends with the assistant's last token (last_token, or -1 when not
- * known): it is what the template puts between the end of an assistant
- * message and the next assistant header, then the user's turn, with the
- * end-of-turn token the model already produced not repeated; tokenize it
- * without BOS. Returns the length, -ENOTSUP for a template that is not
- * recognised, -EINVAL (NULL user), -ENOMEM.
+ * The prompt tokens of one chat turn in a fresh array (*ret, freed by the
+ * caller with free()), made by kvd_chat_tokenize(): the template's markers
+ * are the only control tokens, the system and user texts stay text
+ * whatever they spell. A first turn (continuation 0) is the model's
+ * template over [system], user, ending with the assistant's header, with
+ * the model's BOS when it asks for one. A later turn of a session
+ * continues a sequence that ends with the assistant's last token
+ * (last_token, or -1 when not known): it is what the template puts between
+ * the end of an assistant message and the next assistant header, then the
+ * user's turn, with the end-of-turn token the model already produced not
+ * repeated, and no BOS. Returns the number of tokens, -ENOTSUP for a
+ * template that is not recognised or lacks its marker tokens, -EINVAL
+ * (NULL user), -E2BIG, -ENOMEM; on failure why[0 .. why_cap) (may be NULL)
+ * says what was wrong and *ret is untouched.
  */
-int kvd_request_render_turn(const struct kvd_tokenizer *tok, const char *system, const char *user,
-			    int continuation, int32_t last_token, char **ret);
+int kvd_request_chat_turn(const struct kvd_tokenizer *tok, const char *system, const char *user,
+			  int continuation, int32_t last_token, int32_t **ret, char *why, size_t why_cap);
 
 /*
- * The prompt of a request that carries its conversation as chat turns
- * (IPC_GEN_CHAT_TURNS): turns[0 .. len) is the list of records described in
- * ipc/ipc.h, checked here in full (it may have come through the upload
- * ring unchecked). Renders every turn with the model's chat template, the
- * prompt ending where the assistant's reply begins, into a fresh
- * NUL-terminated buffer (*ret, freed by the caller); tokenize it with
- * add_bos and parse_special. Because the rendering of earlier turns does
- * not depend on later ones, a conversation re-sent with one more turn
- * shares its earlier tokens (and so its prefix-cache pages) with the last
- * request. Returns the length, or -EBADMSG / -EPROTO / -EINVAL / -E2BIG
- * for a malformed list (see ipc_chat_turns_check), -ENOTSUP for a
- * template that is not recognised, -ENOMEM; on failure why[0 .. why_cap)
- * (may be NULL) says what was wrong, for the client's error message.
+ * The prompt tokens of a request that carries its conversation as chat
+ * turns (IPC_GEN_CHAT_TURNS): turns[0 .. len) is the list of records
+ * described in ipc/ipc.h, checked here in full (it may have come through
+ * the upload ring unchecked). Every turn goes through kvd_chat_tokenize()
+ * (markers as tokens, contents as text), the prompt ending where the
+ * assistant's reply begins, with the model's BOS when it asks for one, in a
+ * fresh array (*ret, freed by the caller). Because the tokens of earlier
+ * turns do not depend on later ones, a conversation re-sent with one more
+ * turn shares its earlier tokens (and so its prefix-cache pages) with the
+ * last request. Returns the number of tokens, or -EBADMSG / -EPROTO /
+ * -EINVAL / -E2BIG for a malformed list (see ipc_chat_turns_check),
+ * -ENOTSUP for a template that is not recognised or lacks its marker
+ * tokens, -ENOMEM; on failure why[0 .. why_cap) (may be NULL) says what was
+ * wrong, for the client's error message.
  */
-int kvd_request_render_turns(const struct kvd_tokenizer *tok, const char *turns, size_t len, char **ret, char *why,
-			     size_t why_cap);
+int kvd_request_chat_turns(const struct kvd_tokenizer *tok, const char *turns, size_t len, int32_t **ret, char *why,
+			   size_t why_cap);
 
 /* The raw bytes token stands for, as a log-probability entry names it
  * (byte-level pieces decoded, possibly part of a UTF-8 character; a control

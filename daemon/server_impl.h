@@ -132,6 +132,7 @@ struct greq {
 	struct kvd_request *rq;       /* its text stream, from submit on */
 	bool cancel_on_upload;        /* CANCEL arrived while uploading */
 	bool shutdown;                /* ended by the daemon's shutdown */
+	uint64_t closed_session;      /* its session (this id) was closed while it ran: ends with ERROR */
 	uint64_t t_recv, t_submit;
 	/* stream, queued until the ring takes it */
 	struct tok_ent *toks;

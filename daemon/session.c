@@ -18,8 +18,10 @@ void session_free(struct kvd_server *srv, struct session *s)
 		struct greq *gr = s->busy;
 		gr->sess = NULL;
 		s->busy = NULL;
-		if (gr->state == GR_SCHED && !gr->finished)
+		if (gr->state == GR_SCHED && !gr->finished) {
+			gr->closed_session = s->id; /* the client hears why its turn ended */
 			kvd_sched_cancel(srv->sched, (uint64_t)(uintptr_t)gr);
+		}
 	}
 	kvd_sched_session_close(srv->sched, s->id);
 	srv->n_sessions--;

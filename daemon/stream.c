@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -232,9 +233,14 @@ static int greq_flush(struct client *c, struct greq *gr)
 		return 0;
 	if (!gr->finished)
 		return 1;
-	if (gr->shutdown)
+	if (gr->shutdown) {
 		r = ipc_chan_send_error(c->chan, gr->id, IPC_ERR_SHUTDOWN, "kvd is shutting down; request ended");
-	else
+	} else if (gr->closed_session && gr->done.finish_reason == IPC_FINISH_CANCELLED) {
+		char msg[96];
+		snprintf(msg, sizeof(msg), "session %" PRIu64 " was closed during this turn; the turn was cancelled",
+			 gr->closed_session);
+		r = ipc_chan_send_error(c->chan, gr->id, IPC_ERR_SESSION, msg);
+	} else
 		r = ipc_chan_send(c->chan, IPC_MSG_DONE, 0, gr->id, &gr->done, sizeof(gr->done), NULL, 0);
 	if (r == -EAGAIN) {
 		c->tx_need = sizeof(struct ipc_done) > sizeof(struct ipc_error) + IPC_MAX_ERROR_MSG_BYTES

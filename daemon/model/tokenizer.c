@@ -82,14 +82,15 @@ int tok_grow(void **p, size_t *cap, size_t need, size_t elem)
 
 /* ---- kvd_tokenize -------------------------------------------------------- */
 
-/* Longest special token whose text starts at s[0..n), or -1. */
-static int32_t match_special(const struct kvd_tokenizer *t, const char *s, size_t n, bool parse_special,
+/* Longest special token whose text starts at s[0..n), or -1; tokens with a
+ * flag in no_match are left out. */
+static int32_t match_special(const struct kvd_tokenizer *t, const char *s, size_t n, unsigned no_match,
 			     size_t *ret_len)
 {
 	unsigned c0 = (unsigned char)s[0];
 	for (uint32_t i = t->special_start[c0]; i < t->special_start[c0 + 1]; i++) {
 		int32_t id = t->special[i];
-		if (!parse_special && (t->flags[id] & TOKF_PARSE))
+		if (t->flags[id] & no_match)
 			continue;
 		size_t len;
 		const char *tx = tok_text(t, id, &len);
@@ -115,6 +116,12 @@ static int raw_fragment(struct tok_call *c, const char *s, size_t n)
 int kvd_tokenize(const struct kvd_tokenizer *t, const char *text, size_t len, int add_bos,
 		 int parse_special, int32_t *out, size_t max_out)
 {
+	return tok_tokenize(t, text, len, add_bos, parse_special ? 0 : TOKF_PARSE, out, max_out);
+}
+
+int tok_tokenize(const struct kvd_tokenizer *t, const char *text, size_t len, bool add_bos, unsigned no_match,
+		 int32_t *out, size_t max_out)
+{
 	if (len > KVD_TOKENIZE_MAX_BYTES)
 		return -E2BIG;
 	if ((!text && len) || (!out && max_out))
@@ -131,7 +138,7 @@ int kvd_tokenize(const struct kvd_tokenizer *t, const char *text, size_t len, in
 		size_t sl;
 		int32_t id;
 		if (!t->special_starts[(unsigned char)text[pos]] ||
-		    (id = match_special(t, text + pos, len - pos, parse_special, &sl)) < 0) {
+		    (id = match_special(t, text + pos, len - pos, no_match, &sl)) < 0) {
 			pos++;
 			continue;
 		}

@@ -170,10 +170,14 @@ struct kvd_chat_msg {
  *    them all the same).
  * A model without a template gets Gemma's turns when its vocabulary has
  * <start_of_turn> and <end_of_turn> control tokens (Gemma 3 files carry no
- * template), plain ChatML otherwise. The BOS token is never
- * rendered at the start: tokenize with add_bos = kvd_tokenizer_add_bos(t)
- * and parse_special = 1. With add_assistant the prompt ends where the
- * assistant's reply begins.
+ * template), plain ChatML otherwise. The BOS token is never rendered at
+ * the start. With add_assistant the prompt ends where the assistant's reply
+ * begins.
+ * The text is for reading (logs, tests against the reference templates):
+ * a prompt is made with kvd_chat_tokenize(), never by tokenizing this text
+ * with parse_special, which would turn marker text inside a message into
+ * control tokens. Rendering needs no marker tokens: vocabularies that lack
+ * them still render.
  * Returns the length of the rendered text (written like snprintf: at most
  * cap - 1 bytes and a NUL when cap > 0; out may be NULL when cap is 0),
  * -ENOTSUP for a template it does not recognise, -EINVAL for a role other
@@ -182,5 +186,44 @@ struct kvd_chat_msg {
  */
 int kvd_chat_render(const struct kvd_tokenizer *t, const struct kvd_chat_msg *msgs, size_t n_msgs,
 		    int add_assistant, char *out, size_t cap);
+
+/* kvd_chat_tokenize() flags. */
+#define KVD_CHAT_ADD_ASSISTANT 0x1u /* end where the assistant's reply begins */
+#define KVD_CHAT_ADD_BOS       0x2u /* the BOS token first, when the model has one */
+#define KVD_CHAT_AFTER_FIRST   0x4u /* only what follows msgs[0]'s content */
+
+/*
+ * The tokens of the conversation kvd_chat_render() renders: the template's
+ * markers (<|im_start|>, <|im_end|>; <|start_header_id|>,
+ * <|end_header_id|>, <|eot_id|>; <start_of_turn>, <end_of_turn>; Zephyr's
+ * and Phi-3's role tokens; BOS and EOS where Llama 2 and Zephyr put them)
+ * as their token ids, looked up once at load, and everything between two
+ * markers (template text and message contents) as one fragment of text in
+ * which no CONTROL or UNKNOWN token and no marker is matched (other USER
+ * tokens are, as in kvd_tokenize()). So chat content is text: a message
+ * spelling "<|im_end|><|im_start|>system" cannot forge a turn, and for a
+ * conversation without marker text the tokens equal those of its rendered
+ * text tokenized with parse_special. A marker the vocabulary has no token
+ * for is template text (Llama 2's "[INST]", Zephyr's "<|user|>" in most
+ * vocabularies).
+ * With KVD_CHAT_AFTER_FIRST only the tokens after msgs[0]'s content come
+ * out (what a template puts after a message and before the next ones, for
+ * continuing a session); -ENOENT when msgs[0]'s content is not rendered
+ * verbatim (a family that strips it, a Llama 2 system block).
+ * Writes at most max_out ids and returns the total needed (call again with
+ * a larger buffer when it exceeds max_out), -ENOTSUP when the template is
+ * not recognised or needs a marker token the vocabulary lacks (a file whose
+ * template is ChatML, Llama 3 or Gemma without those tokens;
+ * kvd_tokenizer_chat_problem() says which), -EINVAL as kvd_chat_render()
+ * or for NULL out with max_out > 0, -E2BIG past KVD_TOKENIZE_MAX_BYTES of
+ * text, -ENOMEM. Memory: O(rendered length) scratch, freed before return.
+ */
+int kvd_chat_tokenize(const struct kvd_tokenizer *t, const struct kvd_chat_msg *msgs, size_t n_msgs,
+		      unsigned flags, int32_t *out, size_t max_out);
+
+/* Why kvd_chat_tokenize() refuses this model's conversations (a sentence
+ * naming the template and the missing token, owned by t), or NULL when it
+ * does not. */
+const char *kvd_tokenizer_chat_problem(const struct kvd_tokenizer *t);
 
 #endif /* KVD_TOKENIZER_H */

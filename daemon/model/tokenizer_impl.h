@@ -8,7 +8,7 @@
  *   tokenizer_pretok.c  the pre-tokenizer passes of byte-level vocabularies
  *   tokenizer_bpe.c     byte-level BPE merges of one pre-token
  *   tokenizer_spm.c     SentencePiece BPE of one fragment
- *   tokenizer_chat.c    chat template rendering
+ *   tokenizer_chat.c    chat template rendering and the tokens of a conversation
  */
 #ifndef KVD_TOKENIZER_IMPL_H
 #define KVD_TOKENIZER_IMPL_H
@@ -49,6 +49,42 @@ enum chat_family { CHAT_UNKNOWN, CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2, CHAT_ZEP
 #define TOKF_SPECIAL 0x02u /* matched in text (CONTROL, USER, UNKNOWN) */
 #define TOKF_PARSE   0x04u /* ... only when parse_special (CONTROL, UNKNOWN) */
 #define TOKF_HIDDEN  0x08u /* rendered only with render_special */
+#define TOKF_MARKER  0x10u /* a chat template's marker: never matched in message content */
+
+/*
+ * The markers chat templates put around messages. Each is the token the
+ * vocabulary has for its text (a CONTROL, USER or UNKNOWN token), looked up
+ * once at load, or -1 where the vocabulary has none and the marker is plain
+ * text of the template (Llama-2's "[INST]" is always text; Zephyr's
+ * "<|user|>" is text in vocabularies without such a token).
+ */
+enum chat_marker {
+	MK_IM_START,     /* ChatML */
+	MK_IM_END,
+	MK_START_HEADER, /* Llama 3 */
+	MK_END_HEADER,
+	MK_EOT_ID,
+	MK_SOT,          /* Gemma */
+	MK_EOT,
+	MK_BOS,          /* the BOS token's text, else "<s>" (Llama-2's later user turns) */
+	MK_EOS,          /* the EOS token's text, else "</s>" */
+	MK_EOS_PHI3,     /* the EOS token's text, else "<|endoftext|>" (Phi-3's closing) */
+	MK_Z_SYSTEM,     /* Zephyr and Phi-3 */
+	MK_Z_USER,
+	MK_Z_ASSISTANT,
+	MK_Z_END,        /* "<|end|>" (Phi-3) */
+	MK_ENDOFTEXT,    /* "<|endoftext|>" (Zephyr) */
+	MK_COUNT
+};
+
+struct chat_mark {
+	const char *text; /* static, or a token text of the tokenizer */
+	uint32_t len;
+	int32_t id;       /* the token, or -1: plain text */
+};
+
+/* Longest text of chat_problem, the reason chat is refused. */
+#define CHAT_PROBLEM_MAX 160
 
 /* Open-addressing map from token text to id. */
 struct text_slot {
@@ -102,6 +138,10 @@ struct kvd_tokenizer {
 	size_t chat_system_len;
 	bool l2_sys; /* Llama-2 template with a <<SYS>> block */
 	enum { ZEPHYR_END_ENDOFTEXT, ZEPHYR_END_EOS, ZEPHYR_END_PHI3 } zephyr_end; /* what ends a turn */
+	struct chat_mark chat_mk[MK_COUNT];
+	/* Why conversations cannot be tokenized ("" when they can): the
+	 * template names a marker the vocabulary has no token for. */
+	char chat_problem[CHAT_PROBLEM_MAX];
 };
 
 /* ---- lookups ------------------------------------------------------------- */
@@ -276,6 +316,15 @@ static inline void emit_symbol(struct tok_call *c, int32_t id)
 	else if (c->t->unk >= 0 && c->t->type[c->t->unk] == KVD_TOKEN_UNKNOWN)
 		emit(c, c->t->unk);
 }
+
+/* kvd_tokenize() with the special tokens whose flags have a bit of
+ * no_match left unmatched (plain text): TOKF_PARSE for parse_special = 0,
+ * TOKF_PARSE | TOKF_MARKER for a chat message's content. */
+int tok_tokenize(const struct kvd_tokenizer *t, const char *text, size_t len, bool add_bos, unsigned no_match,
+		 int32_t *out, size_t max_out);
+/* Look up the chat template's markers and flag their tokens (at load, once
+ * t->chat and the special tokens are known). */
+void tok_chat_markers(struct kvd_tokenizer *t, bool have_template);
 
 /* Grow *p (of *cap elements of elem bytes) to hold need: 0 or -ENOMEM. */
 int tok_grow(void **p, size_t *cap, size_t need, size_t elem);

@@ -3,7 +3,8 @@
  * file's metadata (tokenizer.ggml.*): token texts, types and scores, the
  * BPE merge map, the pre-tokenizer the file names, special and byte
  * tokens, end-of-generation tokens, each token's decoded bytes, and which
- * chat template family (with its default system message) the file carries.
+ * chat template family (with its default system message) the file carries,
+ * with the tokens of that family's markers.
  * Every count, length and id the file claims is checked against the named
  * limits in tokenizer.h before use.
  */
@@ -644,6 +645,7 @@ int kvd_tokenizer_from_gguf(const struct gguf_file *f, struct kvd_tokenizer **re
 	build_eog(t, eom);
 	if ((r = load_chat_template(t, f)) < 0)
 		goto out;
+	tok_chat_markers(t, gguf_get_str(f, "tokenizer.chat_template", &s, &n) == 0 && n > 0);
 
 	*ret = t;
 	return 0;
