@@ -300,27 +300,8 @@ struct ipc_generate {
  * with IPC_GEN_CONTEXT] | [struct ipc_gen_tenant with IPC_GEN_TENANT] |
  * prompt (inline only). */
 
-/*
- * Tenant (IPC_GEN_TENANT): a name, chosen by the client, that divides the
- * client's own owner scope further. The daemon keys its prefix cache by
- * owner scope (by default one per uid: [kv] prefix_sharing), so a cached
- * prompt serves only requests of the scope that computed it; a tenant makes
- * a sub-scope inside that (a gateway serving many API keys under one uid
- * names one tenant per key and cache_salt). It can only narrow sharing: a
- * tenant never reaches another uid's cache, whatever its name. 1 ..
- * IPC_MAX_TENANT_BYTES bytes without NUL, the rest of the field zero.
- * Daemons before IPC_TENANT_SERVER_VERSION refuse the flag (-EPROTO).
- */
-#define IPC_MAX_TENANT_BYTES 64u
-#define IPC_TENANT_SERVER_VERSION ((0u << 16) | (6u << 8) | 0u) /* kvd 0.6.0 */
-struct ipc_gen_tenant {
-	uint32_t bytes;                    /* 1 .. IPC_MAX_TENANT_BYTES */
-	uint32_t reserved;                 /* 0 */
-	char name[IPC_MAX_TENANT_BYTES];   /* bytes bytes, no NUL; zero after them */
-};
-/* The block's form: length in range, no NUL in the name, zeros after it
- * and in reserved. 0, -EINVAL or -EPROTO (non-zero padding). */
-int ipc_gen_tenant_check(const struct ipc_gen_tenant *t);
+/* Tenants: struct ipc_gen_tenant and its check. */
+#include "ipc_tenant.h"
 
 /* Context policies: struct ipc_gen_context and its helpers. */
 #include "ipc_context.h"
