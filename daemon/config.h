@@ -48,6 +48,8 @@ struct kvd_config {
 	char socket_group[64];     /* empty: leave the group alone */
 	uid_t allowed_uids[KVD_CONF_MAX_IDS];
 	size_t n_allowed_uids;
+	uid_t gateway_uids[KVD_CONF_MAX_IDS]; /* trusted gateways: their tenants are owners */
+	size_t n_gateway_uids;
 	gid_t allowed_gids[KVD_CONF_MAX_IDS];
 	size_t n_allowed_gids;
 	gid_t admin_gids[KVD_CONF_MAX_IDS]; /* with root: administrators */

@@ -38,6 +38,19 @@ static void reject(struct client *c, struct greq *gr, int32_t code, const char *
 	greq_free(gr);
 }
 
+/* Whom the scheduler shares the machine between: the client's uid, or for a
+ * trusted gateway ([server] gateway_users) the tenant it names, as an id
+ * with the top bit set so it is never a uid. */
+static uint64_t request_owner(const struct kvd_server *srv, const struct client *c, const struct greq *gr)
+{
+	if (gr->g.gen_flags & IPC_GEN_TENANT)
+		for (size_t i = 0; i < srv->cfg.n_gateway_uids; i++)
+			if (srv->cfg.gateway_uids[i] == c->cred.uid)
+				return kvd_cache_scope(KVD_SHARE_USER, c->cred.uid, 0, gr->tenant.name, gr->tenant.bytes) |
+				       1ull << 63;
+	return c->cred.uid;
+}
+
 /* The prompt is complete: tokenize, check the context, submit. */
 static void generate_start(struct client *c, struct greq *gr, const char *prompt, size_t len)
 {
@@ -153,7 +166,7 @@ static void generate_start(struct client *c, struct greq *gr, const char *prompt
 	p.session = gr->sess ? gr->sess->id : 0;
 	p.session_idle_s = gr->sess ? gr->sess->idle_timeout_s : 0;
 	ctx_request_params(gr, &p);
-	p.owner = c->cred.uid;
+	p.owner = request_owner(srv, c, gr);
 	p.cache_scope = kvd_cache_scope(kvd_prefix_sharing_parse(srv->cfg.prefix_sharing), c->cred.uid, c->cred.gid,
 					gr->g.gen_flags & IPC_GEN_TENANT ? gr->tenant.name : NULL,
 					gr->g.gen_flags & IPC_GEN_TENANT ? gr->tenant.bytes : 0);
