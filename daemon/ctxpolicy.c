@@ -161,17 +161,10 @@ const char *ctx_refusal(struct kvd_server *srv, const struct greq *gr, int r, ch
 {
 	const char *name = ipc_context_policy_name(gr->ctx.policy);
 
-	enum kvd_kv_type kt = kvd_engine_kv_layout(srv->e)->type;
-	if (r == -ENOTSUP && kt != KVD_KV_F16 && kt != KVD_KV_BF16)
-		snprintf(buf, cap,
-			 "context policy %s re-rotates cached keys, which kvd does for an f16 or bf16 KV cache only "
-			 "(kv.cache_type is %s)",
-			 name, kvd_kv_type_name(kvd_engine_kv_layout(srv->e)->type));
-	else if (r == -ENOTSUP)
-		snprintf(buf, cap,
-			 "context policy %s needs the backend to re-rotate cached keys (kv_shift), which the %s backend "
-			 "does not implement",
-			 name, kvd_engine_backend_name(srv->e));
+	char why[256];
+
+	if (r == -ENOTSUP)
+		snprintf(buf, cap, "context policy %s needs %s", name, kvd_engine_shift_refusal(srv->e, why, sizeof(why)));
 	else if (r == -E2BIG)
 		snprintf(buf, cap,
 			 "context policy %s: %u sink and %u window tokens (0: default) do not fit the context of %u "

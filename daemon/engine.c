@@ -111,65 +111,171 @@ static int plugin_path(char *buf, size_t cap, int i)
 	return -1;
 }
 
-/* Load and start the CUDA plug-in. 0 with e->ops/e->be set, or -errno with
- * the reason in e->note. */
-static int try_cuda(struct kvd_engine *e, const struct kvd_backend_config *bc)
+/* The device plug-in's table: dlopen()ed where plugin_path() says, its
+ * version and slots checked. 0 with *ret_ops and *ret_handle (the caller
+ * dlclose()s it), or -errno with the reason in why. */
+static int plugin_open(const struct kvd_backend_ops **ret_ops, void **ret_handle, char *why, size_t cap)
 {
 	char path[PATH_MAX];
 	const struct kvd_backend_ops *(*entry)(void);
 	const struct kvd_backend_ops *ops;
 	void *h = NULL;
-	int r;
 
 	for (int i = 0; !h && plugin_path(path, sizeof(path), i) == 0; i++)
 		h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 	if (!h) {
-		snprintf(e->note, sizeof(e->note), "cuda backend: plug-in %s not found or not loadable", CUDA_PLUGIN_NAME);
+		snprintf(why, cap, "cuda backend: plug-in %s not found or not loadable", CUDA_PLUGIN_NAME);
 		return -ENOENT;
 	}
 	*(void **)&entry = dlsym(h, PLUGIN_ENTRY);
 	ops = entry ? entry() : NULL;
 	if (!ops || kvd_backend_ops_check(ops) < 0) {
-		snprintf(e->note, sizeof(e->note), "cuda backend: %s: %s", path,
+		/* the version is read first, and no slot past what it defines */
+		snprintf(why, cap, "cuda backend: %s: %s", path,
 			 !ops ? "no " PLUGIN_ENTRY " entry point"
-			 : ops->version != KVD_BACKEND_ABI_VERSION ? "backend ABI version mismatch"
-								  : "backend table lacks slots its capabilities promise");
+			 : ops->version < KVD_BACKEND_ABI_MIN || ops->version > KVD_BACKEND_ABI_VERSION
+				 ? "backend table version not readable by this kvd"
+				 : "backend table lacks slots its capabilities promise");
 		dlclose(h);
 		return -ELIBBAD;
 	}
-	r = ops->init(bc, &e->be);
+	*ret_ops = ops;
+	*ret_handle = h;
+	return 0;
+}
+
+/* A backend the engine may try: its table and, for a plug-in, the handle. */
+struct engine_cand {
+	const struct kvd_backend_ops *ops;
+	void *handle;
+};
+
+/* The one question to the started backend (kernels/backend.h). */
+static int engine_supports(const struct kvd_engine *e, const struct kvd_cap_query *q)
+{
+	return kvd_backend_supports(e->ops, e->be, q);
+}
+
+/* The KV element type of the pool on the started backend: the configured
+ * one, or for cache_type auto bf16 where the backend says it is its fast
+ * type for this head size, else f16. */
+static enum kvd_kv_type engine_kv_type(const struct kvd_engine *e, const struct kvd_engine_config *cfg)
+{
+	struct kvd_cap_query q = {.kind = KVD_CAPQ_KV_FAST, .kv_type = KVD_KV_BF16, .head_dim = e->hp.head_dim};
+
+	if (!cfg->kv_type_auto)
+		return cfg->kv_type;
+	return engine_supports(e, &q) ? KVD_KV_BF16 : KVD_KV_F16;
+}
+
+/* Whether the started backend implements what the model and cfg need: 0,
+ * or -ENOTSUP with the first capability it lacks in *ret_q. Weight types,
+ * then model features (lowest bit first), the attention shape, the KV type
+ * (when the type fits the head size at all; make_pool says so otherwise). */
+static int engine_check_caps(const struct kvd_engine *e, const struct kvd_model_weights *mw,
+			     const struct kvd_engine_config *cfg, struct kvd_cap_query *ret_q)
+{
+	const struct kvd_hparams *hp = &mw->hp;
+	struct kvd_kv_layout l;
+	struct kvd_cap_query q;
+
+	for (int32_t i = -2; i < hp->n_layer * 7; i++) {
+		const struct kvd_layer_weights *L = i >= 0 ? &mw->layers[i / 7] : NULL;
+		const struct kvd_tensor *m[] = {L ? &L->wq : NULL, L ? &L->wk : NULL, L ? &L->wv : NULL,
+						L ? &L->wo : NULL, L ? &L->w_gate : NULL, L ? &L->w_up : NULL,
+						L ? &L->w_down : NULL};
+		const struct kvd_tensor *t = i == -2 ? &mw->tok_embd : i == -1 ? &mw->output : m[i % 7];
+		q = (struct kvd_cap_query){.kind = KVD_CAPQ_WEIGHT_TYPE, .wtype = t->type};
+		if (!engine_supports(e, &q))
+			goto missing;
+	}
+	for (uint32_t bit = 1; bit && bit <= mw->features; bit <<= 1) {
+		q = (struct kvd_cap_query){.kind = KVD_CAPQ_MODEL_FEATURE, .feature = bit};
+		if ((mw->features & bit) && !engine_supports(e, &q))
+			goto missing;
+	}
+	q = (struct kvd_cap_query){.kind = KVD_CAPQ_ATTENTION, .head_dim = hp->head_dim,
+				   .n_rep = hp->n_head_kv > 0 ? hp->n_head / hp->n_head_kv : 0};
+	if (!engine_supports(e, &q))
+		goto missing;
+	q = (struct kvd_cap_query){.kind = KVD_CAPQ_KV_TYPE, .kv_type = engine_kv_type(e, cfg), .head_dim = hp->head_dim};
+	if (kvd_kv_layout_init_type(&l, hp, 16, q.kv_type) == 0 && !engine_supports(e, &q))
+		goto missing;
+	return 0;
+missing:
+	*ret_q = q;
+	return -ENOTSUP;
+}
+
+/*
+ * Start one candidate backend (handle: its plug-in, or NULL), ask it what
+ * the model and cfg need, load the model. 0 with e->ops, e->be, e->plugin
+ * and e->hp set. On failure the candidate is gone (destroyed, its plug-in
+ * closed), why says what happened and *ret_next whether the next candidate
+ * may serve instead: yes for -ENOTSUP (a capability it lacks, named, or an
+ * ABI 3 load refusing the weight types) and for an init error (-ENODEV: no
+ * device); no for another -errno from load, which is the open's error.
+ */
+static int engine_try_backend(struct kvd_engine *e, const struct kvd_backend_ops *ops, void *handle,
+			      const struct kvd_backend_config *bc, const struct kvd_engine_config *cfg, char *why,
+			      size_t cap, int *ret_next)
+{
+	const struct kvd_model_weights *mw = kvd_model_weights(e->model);
+	const char *where = ops->caps & KVD_CAP_DEVICE_POOL ? " on the GPU" : "";
+	struct kvd_cap_query q;
+	char what[160];
+	int r = ops->init(bc, &e->be);
+
+	*ret_next = 1;
 	if (r < 0) {
-		snprintf(e->note, sizeof(e->note), "cuda backend: %s", r == -ENODEV ? "no usable GPU or driver"
-											: strerror(-r));
-		dlclose(h);
-		return r;
+		snprintf(why, cap, "%s backend: %s", ops->name, r == -ENODEV ? "no usable GPU or driver" : strerror(-r));
+		e->be = NULL;
+		goto fail;
 	}
 	e->ops = ops;
-	e->plugin = h;
-	return 0;
-}
-
-static int start_cpu(struct kvd_engine *e, const struct kvd_backend_config *bc, char *err, size_t errlen)
-{
-	int r = kvd_cpu_backend.init(bc, &e->be);
+	e->hp = *kvd_model_hparams(e->model);
+	r = engine_check_caps(e, mw, cfg, &q);
 	if (r < 0) {
-		snprintf(err, errlen, "%s backend: cannot start: %s", kvd_cpu_backend.name, strerror(-r));
-		return r;
+		snprintf(why, cap, "%s backend: %s is not implemented%s", ops->name, kvd_cap_describe(&q, what, sizeof(what)),
+			 where);
+		if (q.kind == KVD_CAPQ_KV_TYPE)
+			snprintf(why + strlen(why), cap - strlen(why), " (kv.cache_type)");
+		goto fail;
 	}
-	e->ops = &kvd_cpu_backend;
+	r = ops->load(e->be, mw);
+	if (r == -ENOTSUP)
+		snprintf(why, cap, "%s backend: this model's weight types are not implemented%s", ops->name, where);
+	else if (r < 0)
+		snprintf(why, cap, "%s: %s backend rejected the weights: %s", kvd_model_path(e->model), ops->name,
+			 strerror(-r));
+	*ret_next = r == -ENOTSUP;
+	if (r < 0)
+		goto fail;
+	e->plugin = handle;
 	return 0;
+fail:
+	if (e->be)
+		ops->destroy(e->be);
+	e->be = NULL;
+	e->ops = NULL;
+	if (handle)
+		dlclose(handle);
+	return r;
 }
 
-/* "auto" with a plug-in that cannot serve this model: drop the plug-in and
- * start the CPU backend instead (e->note says why). */
-static int fall_back_to_cpu(struct kvd_engine *e, const struct kvd_backend_config *bc, char *err, size_t errlen)
+/* The widest instruction set the CPU backend may use: cfg's, lowered by
+ * $KVD_CPU_GENERIC or $KVD_CPU_NO_AVX512 (switches for tests and
+ * debugging, read here once so that every program built on the engine
+ * honours them; the backend itself reads only its config). */
+static enum kvd_cpu_isa engine_cpu_isa(const struct kvd_engine_config *cfg)
 {
-	e->ops->destroy(e->be);
-	e->be = NULL;
-	dlclose(e->plugin);
-	e->plugin = NULL;
-	e->ops = NULL;
-	return start_cpu(e, bc, err, errlen);
+	enum kvd_cpu_isa isa = cfg->cpu_isa;
+
+	if (getenv("KVD_CPU_NO_AVX512") && isa < KVD_CPU_ISA_AVX2)
+		isa = KVD_CPU_ISA_AVX2;
+	if (getenv("KVD_CPU_GENERIC"))
+		isa = KVD_CPU_ISA_GENERIC;
+	return isa;
 }
 
 /* The KV pool laid out for e->hp, attached to the started backend, swapping
@@ -185,9 +291,7 @@ static int make_pool(struct kvd_engine *e, const struct kvd_engine_config *cfg, 
 		snprintf(err, errlen, "KV block size %u: must be 1 .. %u tokens", cfg->block_size, KVMM_MAX_BLOCK_SIZE);
 		return -EINVAL;
 	}
-	enum kvd_kv_type kt = cfg->kv_type;
-	if (cfg->kv_type_auto)
-		kt = e->ops == &kvd_cpu_backend && kvd_cpu_bf16_attention(e->hp.head_dim) ? KVD_KV_BF16 : KVD_KV_F16;
+	enum kvd_kv_type kt = engine_kv_type(e, cfg);
 	if (kvd_kv_layout_init_type(&e->layout, &e->hp, cfg->block_size, kt) < 0) {
 		const char *tn = kvd_kv_type_name(kt);
 		if (tn)
@@ -208,8 +312,8 @@ static int make_pool(struct kvd_engine *e, const struct kvd_engine_config *cfg, 
 	kc.swap_bytes = cfg->swap_bytes;
 	kc.page_ops.copy = engine_page_copy;
 	kc.page_ops.ud = e;
-	if (e->model && !cfg->keep_local && (e->ops->caps & KVD_CAP_PACKED_KV) &&
-	    !(e->ops->caps & KVD_CAP_DEVICE_POOL)) {
+	struct kvd_cap_query rel = {.kind = KVD_CAPQ_RELEASED_PAGES};
+	if (e->model && !cfg->keep_local && !(e->ops->caps & KVD_CAP_DEVICE_POOL) && engine_supports(e, &rel)) {
 		const struct kvd_model_weights *mw = kvd_model_weights(e->model);
 		e->pack_slots = kvd_kv_pack_slots(mw, &e->n_global, &e->max_window);
 		if (e->max_window && e->n_global < (uint32_t)mw->hp.n_layer) {
@@ -316,75 +420,57 @@ int kvd_engine_open(const struct kvd_engine_config *cfg, struct kvd_engine **ret
 		goto fail;
 
 	const char *want = cfg->backend ? cfg->backend : "auto";
+	struct engine_cand cand[2];
+	int n_cand = 0;
+	char why[sizeof(e->note)] = "";
+
 	bc.n_threads = cfg->n_threads;
+	bc.cpu_isa = engine_cpu_isa(cfg);
 	if (strcmp(want, "cpu") && strcmp(want, "auto") && strcmp(want, "cuda")) {
 		snprintf(err, errlen, "unknown backend '%s' (cpu, cuda or auto)", want);
 		r = -EINVAL;
 		goto fail;
 	}
-	/* "auto" looks for the NVIDIA driver before loading the plug-in: dlopen
-	 * of cuBLAS alone maps hundreds of MiB, for nothing on a CPU machine. */
+	/* The candidates, in the one order they are tried: the plug-in
+	 * first, the CPU last (unless one was asked for by name). "auto"
+	 * looks for the NVIDIA driver before loading the plug-in: dlopen of
+	 * cuBLAS alone maps hundreds of MiB, for nothing on a CPU machine. */
 	if (!strcmp(want, "auto") && access("/proc/driver/nvidia/version", F_OK) != 0 &&
 	    access("/dev/nvidiactl", F_OK) != 0 && !getenv("KVD_CUDA_PLUGIN")) {
 		snprintf(e->note, sizeof(e->note), "cuda backend: no NVIDIA driver on this machine");
 	} else if (strcmp(want, "cpu")) {
-		r = try_cuda(e, &bc);
-		if (r < 0 && !strcmp(want, "cuda")) {
-			snprintf(err, errlen, "%s", e->note);
+		r = plugin_open(&cand[n_cand].ops, &cand[n_cand].handle, why, sizeof(why));
+		if (r == 0)
+			n_cand++;
+		else if (!strcmp(want, "cuda")) {
+			snprintf(err, errlen, "%s", why);
 			r = -ENODEV;
 			goto fail;
-		}
+		} else
+			snprintf(e->note, sizeof(e->note), "%s", why);
 	}
-	if (!e->ops && (r = start_cpu(e, &bc, err, errlen)) < 0)
-		goto fail;
-	const struct kvd_model_weights *mw = kvd_model_weights(e->model);
-	uint32_t missing = mw->features & ~e->ops->features;
-	r = missing ? -ENOTSUP : e->ops->load(e->be, mw);
-	if (r == -ENOTSUP && e->plugin && !strcmp(want, "auto")) {
-		/* weight types or model features the device cannot compute:
-		 * "auto" serves on the CPU instead, and says so */
-		if (missing)
-			snprintf(e->note, sizeof(e->note), "cuda backend: %s is not implemented on the GPU",
-				 kvd_feature_name(missing));
-		else
-			snprintf(e->note, sizeof(e->note), "cuda backend: this model's weight types are not supported on the GPU");
-		if ((r = fall_back_to_cpu(e, &bc, err, errlen)) < 0)
+	if (strcmp(want, "cuda"))
+		cand[n_cand++] = (struct engine_cand){&kvd_cpu_backend, NULL};
+	/* the one fallback path: a candidate that lacks what the model or the
+	 * configuration needs, or cannot start, gives way to the next, and the
+	 * note says why a device backend is not in use */
+	for (int i = 0; i < n_cand; i++) {
+		int next = 0;
+		r = engine_try_backend(e, cand[i].ops, cand[i].handle, &bc, cfg, why, sizeof(why), &next);
+		if (r == 0)
+			break;
+		if (cand[i].handle)
+			snprintf(e->note, sizeof(e->note), "%s", why);
+		if (i + 1 == n_cand || !next) {
+			for (int j = i + 1; j < n_cand; j++)
+				if (cand[j].handle)
+					dlclose(cand[j].handle);
+			snprintf(err, errlen, "%s", why);
+			if (!strcmp(want, "cuda") && r != -ENOTSUP)
+				r = -ENODEV;
+			else if (!strcmp(want, "cuda"))
+				snprintf(err + strlen(err), errlen - strlen(err), "; backend = cpu serves it");
 			goto fail;
-		missing = mw->features & ~e->ops->features;
-		r = missing ? -ENOTSUP : e->ops->load(e->be, mw);
-	}
-	if (missing) {
-		snprintf(err, errlen, "%s: the model needs %s, which the %s backend does not implement",
-			 kvd_model_path(e->model), kvd_feature_name(missing), e->ops->name);
-		goto fail;
-	}
-	if (r < 0) {
-		snprintf(err, errlen, "%s: %s backend rejected the weights: %s", kvd_model_path(e->model), e->ops->name,
-			 strerror(-r));
-		goto fail;
-	}
-	e->hp = *kvd_model_hparams(e->model);
-	if (e->plugin && !cfg->kv_type_auto && cfg->kv_type != KVD_KV_F16) {
-		/* ask the device whether it implements the KV element type
-		 * (backend.h: a view of no pages only checks the layout) */
-		struct kvd_paged_view probe = {0};
-		if (kvd_kv_layout_init_type(&probe.layout, &e->hp, cfg->block_size, cfg->kv_type) == 0 &&
-		    e->ops->attach_kv(e->be, &probe) == -ENOTSUP) {
-			snprintf(e->note, sizeof(e->note), "cuda backend: KV cache type %s is not implemented on the GPU",
-				 kvd_kv_type_name(cfg->kv_type));
-			if (strcmp(want, "auto")) {
-				snprintf(err, errlen, "%s (kv.cache_type = f16 or backend = cpu serve it)", e->note);
-				r = -ENOTSUP;
-				goto fail;
-			}
-			if ((r = fall_back_to_cpu(e, &bc, err, errlen)) < 0)
-				goto fail;
-			r = e->ops->load(e->be, mw);
-			if (r < 0) {
-				snprintf(err, errlen, "%s: %s backend rejected the weights: %s", kvd_model_path(e->model),
-					 e->ops->name, strerror(-r));
-				goto fail;
-			}
 		}
 	}
 	r = make_pool(e, cfg, &swap_io, err, errlen);
@@ -402,7 +488,7 @@ int kvd_engine_open_backend(const struct kvd_engine_config *cfg, const struct kv
 			    const struct kvd_hparams *hp, struct kvd_engine **ret, char *err, size_t errlen)
 {
 	struct kvd_engine *e;
-	struct kvd_backend_config bc = { .n_threads = cfg->n_threads };
+	struct kvd_backend_config bc = { .n_threads = cfg->n_threads, .cpu_isa = engine_cpu_isa(cfg) };
 	struct kvmm_swap_io *swap_io = cfg->swap_io; /* ours until kvmm takes it */
 	int r;
 
@@ -414,8 +500,8 @@ int kvd_engine_open_backend(const struct kvd_engine_config *cfg, const struct kv
 		return -EINVAL;
 	}
 	if (kvd_backend_ops_check(ops) < 0) {
-		snprintf(err, errlen, "%s backend: not a backend table of ABI %d with the slots its capabilities promise",
-			 ops->name ? ops->name : "unnamed", KVD_BACKEND_ABI_VERSION);
+		snprintf(err, errlen, "%s backend: not a backend table of ABI %d .. %d with the slots its capabilities promise",
+			 ops->name ? ops->name : "unnamed", KVD_BACKEND_ABI_MIN, KVD_BACKEND_ABI_VERSION);
 		kvmm_swap_io_free(swap_io);
 		return -EINVAL;
 	}
@@ -643,7 +729,20 @@ int kvd_window_make(uint32_t block_size, uint32_t max_len, int sinks_on, uint32_
 
 int kvd_engine_can_shift(const struct kvd_engine *e)
 {
-	return e->ops->kv_shift != NULL && e->layout.type == KVD_KV_F16;
+	struct kvd_cap_query q = {.kind = KVD_CAPQ_KV_SHIFT, .kv_type = e->layout.type};
+
+	return kvd_backend_has_kv_shift(e->ops) && engine_supports(e, &q);
+}
+
+const char *kvd_engine_shift_refusal(const struct kvd_engine *e, char *buf, size_t cap)
+{
+	struct kvd_cap_query q = {.kind = KVD_CAPQ_KV_SHIFT, .kv_type = e->layout.type};
+	char what[160];
+
+	snprintf(buf, cap, "%s, which the %s backend does not implement%s", kvd_cap_describe(&q, what, sizeof(what)),
+		 e->ops->name,
+		 !kvd_backend_has_kv_shift(e->ops) ? "" : " (kv.cache_type chooses the type)");
+	return buf;
 }
 
 int kvd_engine_seq_evict(struct kvd_engine *e, uint32_t seq, uint32_t first, uint32_t n_drop)
@@ -652,7 +751,7 @@ int kvd_engine_seq_evict(struct kvd_engine *e, uint32_t seq, uint32_t first, uin
 	const int32_t *pages;
 	int r;
 
-	if (!e->ops->kv_shift)
+	if (!kvd_engine_can_shift(e))
 		return -ENOTSUP;
 	r = kvmm_seq_drop_pages(e->kv, seq, first, n_drop);
 	if (r < 0)

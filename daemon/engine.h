@@ -33,11 +33,15 @@ struct kvd_engine_config {
 	                          * else ../lib/kvd/ or ../lib/ beside the
 	                          * executable); auto falls back to the CPU */
 	int n_threads;           /* <= 0: one per online CPU */
+	enum kvd_cpu_isa cpu_isa; /* widest instruction set of the CPU backend (0: the best
+	                          * the CPU has); $KVD_CPU_NO_AVX512 lowers it to AVX2 and
+	                          * $KVD_CPU_GENERIC to portable C (read at open) */
 	uint32_t block_size;     /* tokens per KV page, 1 .. KVMM_MAX_BLOCK_SIZE (kv.block_size) */
 	enum kvd_kv_type kv_type; /* K/V element type (kv.cache_type); 0 is f16 */
-	int kv_type_auto;         /* kv.cache_type = auto: bf16 where the CPU backend computes
-				   * with bfloat16 products (kvd_cpu_bf16_attention), else
-				   * f16 (and always f16 on a device plug-in); kv_type unused */
+	int kv_type_auto;         /* kv.cache_type = auto: bf16 where the backend answers that
+				   * it is its fast type for the model's head size
+				   * (KVD_CAPQ_KV_FAST: the CPU with bfloat16 products), else
+				   * f16 (so f16 on the CUDA plug-in); kv_type unused */
 	uint64_t kv_pool_bytes;  /* 0: kv_pool_fraction of available memory */
 	double kv_pool_fraction; /* of available memory, when kv_pool_bytes is 0 (kv.pool_size) */
 	uint32_t max_seqs;       /* 0: 256 */
@@ -61,8 +65,20 @@ struct kvd_engine_config {
 	void *pool_adopt_ud;
 };
 
-/* Load the model, start the backend, create the pool. Returns 0 or -errno
- * with one line in err. */
+/*
+ * Load the model, start the backend, create the pool. Returns 0 or -errno
+ * with one line in err.
+ *
+ * Backends are tried in one order, the device plug-in first and the CPU
+ * last ("auto"; "cpu" and "cuda" name one), and each is asked the
+ * capability query (kernels/backend.h) about everything the model and the
+ * configuration need — its weight types, model features, attention shape,
+ * KV type — before its load. One that lacks something, or cannot start,
+ * gives way to the next, and kvd_engine_backend_note() says why, naming the
+ * missing capability ("cuda backend: KV cache type q8_0 is not implemented
+ * on the GPU"); when none is left that is the error (-ENOTSUP, or -ENODEV
+ * for a device that cannot start).
+ */
 int kvd_engine_open(const struct kvd_engine_config *cfg, struct kvd_engine **ret, char *err, size_t errlen);
 /*
  * The same over a backend table the caller gives and bare hyper-parameters,
@@ -177,12 +193,18 @@ int kvd_window_make(uint32_t block_size, uint32_t max_len, int sinks_on, uint32_
 		    struct kvd_window *ret);
 
 /* Whether the backend can re-rotate cached keys (kv_shift) of this pool's
- * KV element type (f16 only): the window policies need it. */
+ * KV element type, as its answer to KVD_CAPQ_KV_SHIFT says: the window
+ * policies need it. */
 int kvd_engine_can_shift(const struct kvd_engine *e);
+/* Why it cannot, for a refusal: the missing capability and the backend
+ * ("re-rotating cached keys (kv_shift) of a q8_0 KV cache, which the cpu
+ * backend does not implement ..."), written to buf (cap bytes); returns
+ * buf. */
+const char *kvd_engine_shift_refusal(const struct kvd_engine *e, char *buf, size_t cap);
 /*
  * Drop n_drop pages of seq after its first `first` pages and re-rotate the
  * keys of the pages that moved down by -n_drop * block_size positions.
- * 0; -ENOTSUP when the backend has no kv_shift (nothing changed); the
+ * 0; -ENOTSUP when kvd_engine_can_shift() says no (nothing changed); the
  * errors of kvmm_seq_drop_pages (-ENOMEM: nothing changed); or the
  * backend's error, after which the sequence must be freed.
  */

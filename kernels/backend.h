@@ -18,7 +18,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVD_BACKEND_ABI_VERSION 3
+/*
+ * The table's version (struct kvd_backend_ops.version), as SQLite's VFS has
+ * iVersion: a table of version v has exactly the slots the versions up to v
+ * define, and the engine reads a slot only when the table's version says it
+ * is there (kvd_backend_ops_check() takes versions KVD_BACKEND_ABI_MIN ..
+ * KVD_BACKEND_ABI_VERSION). A backend built against an older header keeps
+ * working; a newer one fills the new slots and says so with its version.
+ *
+ *   3  name .. caps: the required slots, the swap slots and the device pool
+ *   4  kv_shift and supports (the capability query), which answers for
+ *      model features instead of the `features` word
+ */
+#define KVD_BACKEND_ABI_VERSION 4
+#define KVD_BACKEND_ABI_MIN     3
 
 /* Weight storage types; the numeric values are ggml's, as stored in GGUF. */
 enum kvd_wtype {
@@ -154,11 +167,11 @@ struct kvd_layer_weights {
  * description per layer, and the weights bound in place.
  *
  * Contract (ABI 2): `features` is the union over layers of the KVD_FEAT_*
- * departures from the Llama base. A backend implements some set of them
- * and its load refuses, with -ENOTSUP, any model whose features it does not
- * implement, so that the engine can name the missing feature and `backend =
- * auto` can fall back to another backend; kvd_model_weights_check() below
- * does the refusing. A backend that implements a feature computes it as the
+ * departures from the Llama base. A backend implements some set of them;
+ * the engine asks it about each bit (KVD_CAPQ_MODEL_FEATURE) before load, to
+ * name a missing one and let `backend = auto` fall back, and load refuses,
+ * with -ENOTSUP, any model whose features it does not implement
+ * (kvd_model_weights_check_features() below does the refusing). A backend that implements a feature computes it as the
  * formula in kvd_layer_desc states; a backend that ignored a bit would
  * compute a different model silently.
  */
@@ -398,10 +411,88 @@ struct kvd_batch {
 	const struct kvd_batch_seq *seqs;
 };
 
+/* The widest instruction set the CPU backend may use (struct
+ * kvd_backend_config.cpu_isa); it uses the widest the CPU has up to it. */
+enum kvd_cpu_isa {
+	KVD_CPU_ISA_BEST = 0,    /* AVX-512 (VNNI, BF16) where the CPU has it, else AVX2, else C */
+	KVD_CPU_ISA_AVX2 = 1,    /* at most AVX2 + FMA + F16C: no AVX-512 kernel */
+	KVD_CPU_ISA_GENERIC = 2, /* portable C only */
+};
+/* "best", "avx2", "generic"; NULL for an unknown value. */
+static inline const char *kvd_cpu_isa_name(enum kvd_cpu_isa i)
+{
+	switch (i) {
+	case KVD_CPU_ISA_BEST: return "best";
+	case KVD_CPU_ISA_AVX2: return "avx2";
+	case KVD_CPU_ISA_GENERIC: return "generic";
+	}
+	return NULL;
+}
+
+/*
+ * How a backend is started (init). Fields are only ever appended, so a
+ * plug-in built against an older header reads the ones it knows.
+ */
 struct kvd_backend_config {
 	int n_threads;       /* worker threads; <= 0 means one per online CPU */
 	int device;          /* accelerator index, ignored by the CPU backend */
+	enum kvd_cpu_isa cpu_isa; /* CPU backend only (0: the best the CPU has) */
 };
+
+/*
+ * The capability query (ABI 4; the `supports` slot): one question, one
+ * answer, in the manner of ggml-backend's supports_op. The engine asks it
+ * before it loads a model and before it creates the pool, and decides every
+ * refusal and every fallback (`backend = auto`) from the answers alone,
+ * naming the capability that is missing (kvd_cap_describe()). A backend
+ * answers 1 (implemented) or 0 (not); a kind it does not know is 0, so a
+ * newer engine asking an older backend a newer question reads "no".
+ *
+ *   KVD_CAPQ_WEIGHT_TYPE    matrices stored as `wtype` (any matrix of the
+ *                           model: token embedding, output, each layer's)
+ *   KVD_CAPQ_MODEL_FEATURE  the departure `feature` (one KVD_FEAT_* bit)
+ *   KVD_CAPQ_ATTENTION      attention with head size `head_dim` and `n_rep`
+ *                           query heads per KV head
+ *   KVD_CAPQ_KV_TYPE        a KV pool of element type `kv_type` for head size
+ *                           `head_dim` (attach_kv and forward over it)
+ *   KVD_CAPQ_KV_FAST        `kv_type` is this backend's fastest KV type for
+ *                           head size `head_dim` at its size (cache_type =
+ *                           auto takes bf16 where this says so, else f16)
+ *   KVD_CAPQ_KV_SHIFT       kv_shift re-rotates keys of a `kv_type` pool (the
+ *                           window context policies need it)
+ *   KVD_CAPQ_RELEASED_PAGES forward takes page tables with released pages
+ *                           (KVD_CAP_PACKED_KV below, with a host pool)
+ *
+ * The answers may depend on the context (the device, the instruction set
+ * the config allowed) but not on a model being loaded: the engine asks
+ * after init and before load. A backend whose query said yes and whose load
+ * or attach_kv then refuses has a bug; the engine reports it as an error.
+ */
+enum kvd_cap_kind {
+	KVD_CAPQ_WEIGHT_TYPE = 1,
+	KVD_CAPQ_MODEL_FEATURE = 2,
+	KVD_CAPQ_ATTENTION = 3,
+	KVD_CAPQ_KV_TYPE = 4,
+	KVD_CAPQ_KV_FAST = 5,
+	KVD_CAPQ_KV_SHIFT = 6,
+	KVD_CAPQ_RELEASED_PAGES = 7,
+};
+/* One question; the fields a kind does not name are ignored (zero them). */
+struct kvd_cap_query {
+	enum kvd_cap_kind kind;
+	enum kvd_wtype wtype;     /* WEIGHT_TYPE */
+	uint32_t feature;         /* MODEL_FEATURE: one KVD_FEAT_* bit */
+	enum kvd_kv_type kv_type; /* KV_TYPE, KV_FAST, KV_SHIFT */
+	int32_t head_dim;         /* ATTENTION, KV_TYPE, KV_FAST */
+	int32_t n_rep;            /* ATTENTION */
+};
+/*
+ * The capability q asks about, for messages: "weight type q4_K", "KV cache
+ * type q8_0", "re-rotating cached keys (kv_shift) of a bf16 KV cache",
+ * "per-head q/k norms", ... Writes at most cap bytes (NUL-terminated) and
+ * returns buf. kernels/caps.c.
+ */
+const char *kvd_cap_describe(const struct kvd_cap_query *q, char *buf, size_t cap);
 
 /*
  * What a backend's table promises beyond the required slots (the `caps`
@@ -435,10 +526,9 @@ struct kvd_backend_config {
  * init:        create a context. Returns 0 or -errno (-ENODEV: no device).
  * load:        bind the model's weights. The tensors stay valid until
  *              destroy; a device backend copies them, the CPU one reads in place.
- * attach_kv:   tell the backend where the KV pool is. Called once after load.
- *              A backend that does not implement the layout's element type
- *              refuses it with -ENOTSUP before allocating anything, so that
- *              the engine can say so and `backend = auto` can fall back.
+ * attach_kv:   tell the backend where the KV pool is. Called once after load,
+ *              with an element type the query said yes to (KVD_CAPQ_KV_TYPE);
+ *              -ENOTSUP for another is a defensive check only.
  * forward:     run one step over a batch (prefill chunks and decodes mixed).
  *              The result for each sequence is bit-identical whatever the
  *              other sequences in the batch, the chunking of its prompt and
@@ -462,26 +552,44 @@ struct kvd_backend_config {
  *              the copy is complete; -EINVAL (nothing copied) for a page out
  *              of range.
  * pages_write: swap-in, the reverse: host_src + i * page_bytes to pages[i].
- * features:    KVD_FEAT_* bits this backend's forward implements (0: the
- *              Llama base only). The engine compares a model's features with
- *              it before load, to name what is missing and to let `backend =
- *              auto` fall back.
- * caps:        KVD_CAP_* bits above; 0 for a backend computing on a host pool.
+ * features:    the KVD_FEAT_* bits its forward implements, read only from a
+ *              table without `supports` (ABI 3's way of saying it).
+ * caps:        KVD_CAP_* bits above: which optional slots the table fills
+ *              and how the pool lives; 0 for a backend computing on a host
+ *              pool.
+ *
+ * From ABI 4 (a table of version >= 4 has them; the engine reads neither
+ * from an older one):
+ *
+ * kv_shift:    optional (NULL: the query answers no to KVD_CAPQ_KV_SHIFT).
+ *              Re-rotate the cached keys of the first n_tokens token slots
+ *              of pages[0 .. n_pages) (page i holding tokens [i * block_size,
+ *              (i + 1) * block_size); every layer and KV head; values
+ *              untouched) as if each had been computed `delta` positions
+ *              later: a key stored rotated at position p becomes the key
+ *              rotated at p + delta, with each layer's RoPE (pairing style,
+ *              base, linear scaling, rope_freqs) exactly as forward applies
+ *              it. RoPE rotates each pair by an angle linear in the position,
+ *              so this is one rotation by delta's angles, whatever p. Returns
+ *              0, -EINVAL for a page out of range or n_tokens beyond the
+ *              pages, -ENOTSUP for a KV element type the query says no to.
+ * supports:    optional: the capability query above (1 yes, 0 no), asked
+ *              after init, before load; cheap, no side effects. NULL: the
+ *              table answers only what its other words say (see
+ *              kvd_backend_supports()): a backend with any capability
+ *              beyond them sets it.
  *
  * ABI 3 added `caps` and the KV element type of struct kvd_kv_layout;
  * ABI 2 had the same slots with the device pool inferred from
- * suggest_pool_pages being set, and f16 pages only. The engine refuses a table of
- * another version, and one whose caps lack the slots they promise
- * (kvd_backend_ops_check()).
- *
- * Given a view with n_pages 0, a device-pool backend's attach_kv only checks
- * the layout (-ENOTSUP for an element type it does not implement) and
- * allocates and attaches nothing: the engine asks so before it creates the
- * pool.
+ * suggest_pool_pages being set, and f16 pages only. The engine refuses a
+ * table of a version outside KVD_BACKEND_ABI_MIN .. KVD_BACKEND_ABI_VERSION
+ * and one whose caps lack the slots they promise (kvd_backend_ops_check()),
+ * and asks every question through kvd_backend_supports(), which answers
+ * for an ABI 3 table from what that version could say.
  */
 struct kvd_backend_ops {
 	const char *name;
-	int version; /* KVD_BACKEND_ABI_VERSION */
+	int version; /* KVD_BACKEND_ABI_VERSION of the header it was built with */
 	int (*init)(const struct kvd_backend_config *cfg, void **ret_ctx);
 	int (*load)(void *ctx, const struct kvd_model_weights *w);
 	int (*attach_kv)(void *ctx, const struct kvd_paged_view *view);
@@ -495,29 +603,19 @@ struct kvd_backend_ops {
 	int (*pages_write)(void *ctx, const uint32_t *pages, uint32_t n, const void *host_src);
 	uint32_t features;
 	uint32_t caps;
-	/*
-	 * kv_shift: optional (NULL: the backend cannot, and the engine refuses
-	 * the context policies that drop KV from inside a sequence). Re-rotate
-	 * the cached keys of the first n_tokens token slots of pages[0 ..
-	 * n_pages) (page i holding tokens [i * block_size, (i + 1) * block_size);
-	 * every layer and KV head; values untouched) as if each had been
-	 * computed `delta` positions later: a key stored rotated at position p
-	 * becomes the key rotated at p + delta, with each layer's RoPE (pairing
-	 * style, base, linear scaling, rope_freqs) exactly as forward applies
-	 * it. RoPE rotates each pair by an angle linear in the position, so this
-	 * is one rotation by delta's angles, whatever p. Returns 0, -EINVAL for a
-	 * page out of range or n_tokens beyond the pages, -ENOTSUP for a KV
-	 * element type other than f16.
-	 */
+	/* ---- ABI 4 ---- */
 	int (*kv_shift)(void *ctx, const int32_t *pages, uint32_t n_pages, uint32_t n_tokens, int32_t delta);
+	int (*supports)(void *ctx, const struct kvd_cap_query *q);
 };
 
-/* 0 when the table is of this ABI, has every required slot and every slot
- * its caps promise, and no unknown cap bit; -22 (-EINVAL) otherwise. */
+/* 0 when the table's version is one this engine reads (KVD_BACKEND_ABI_MIN
+ * .. KVD_BACKEND_ABI_VERSION), it has every slot its version requires and
+ * every slot its caps promise, and no unknown cap bit; -22 (-EINVAL)
+ * otherwise. Reads no slot beyond what the table's version defines. */
 static inline int kvd_backend_ops_check(const struct kvd_backend_ops *o)
 {
-	if (!o || o->version != KVD_BACKEND_ABI_VERSION || !o->name || !o->init || !o->load || !o->attach_kv ||
-	    !o->forward || !o->page_copy || !o->destroy || (o->caps & ~KVD_CAP_ALL))
+	if (!o || o->version < KVD_BACKEND_ABI_MIN || o->version > KVD_BACKEND_ABI_VERSION || !o->name || !o->init ||
+	    !o->load || !o->attach_kv || !o->forward || !o->page_copy || !o->destroy || (o->caps & ~KVD_CAP_ALL))
 		return -22;
 	if ((o->caps & KVD_CAP_DEVICE_POOL) && (!o->page_read || !o->page_write || !o->suggest_pool_pages))
 		return -22;
@@ -526,13 +624,44 @@ static inline int kvd_backend_ops_check(const struct kvd_backend_ops *o)
 	return 0;
 }
 
-/* The CPU backend, always built. */
+/*
+ * The one way the engine asks a started backend (ctx from its init) what
+ * it implements: 1 or 0. A table with `supports` (ABI 4) answers itself;
+ * for one without (every ABI 3 table), the answer is what its words say:
+ * the `features` word, f16 KV only and never fast, kv_shift of f16 when the
+ * slot is there (ABI 4; its contract's minimum), released pages per
+ * KVD_CAP_PACKED_KV, and yes for weight types and attention shapes (its load
+ * then refuses with -ENOTSUP, which the engine reports as "its weight
+ * types").
+ */
+static inline int kvd_backend_supports(const struct kvd_backend_ops *o, void *ctx, const struct kvd_cap_query *q)
+{
+	if (o->version >= 4 && o->supports)
+		return o->supports(ctx, q) > 0;
+	switch (q->kind) {
+	case KVD_CAPQ_WEIGHT_TYPE:
+	case KVD_CAPQ_ATTENTION: return 1;
+	case KVD_CAPQ_MODEL_FEATURE: return q->feature && !(q->feature & ~o->features);
+	case KVD_CAPQ_KV_TYPE: return q->kv_type == KVD_KV_F16;
+	case KVD_CAPQ_KV_FAST: return 0;
+	case KVD_CAPQ_KV_SHIFT: return o->version >= 4 && o->kv_shift && q->kv_type == KVD_KV_F16;
+	case KVD_CAPQ_RELEASED_PAGES: return (o->caps & KVD_CAP_PACKED_KV) != 0;
+	}
+	return 0;
+}
+
+/* Whether the table has a kv_shift slot (version >= 4) and sets it. */
+static inline int kvd_backend_has_kv_shift(const struct kvd_backend_ops *o)
+{
+	return o->version >= 4 && o->kv_shift != NULL;
+}
+
+/* The CPU backend, always built. Its answers to the query: every weight
+ * type, model feature and KV type; attention with at most 64 query heads
+ * per KV head; kv_shift of f16 and bf16 pools; released pages; bf16 the
+ * fast KV type where it computes with bfloat16 products (AVX-512 BF16
+ * allowed by cpu_isa and present, head size 64, 128 or 256). */
 extern const struct kvd_backend_ops kvd_cpu_backend;
-/* Whether the CPU backend computes attention over bf16 K/V with bfloat16
- * products here (AVX-512 BF16, not turned off by KVD_CPU_GENERIC or
- * KVD_CPU_NO_AVX512, a head size it has the kernel for): then a bf16 cache
- * is the faster one, at f16's size. */
-int kvd_cpu_bf16_attention(int head_dim);
 
 /* Bytes of one row of `cols` elements of type t, or 0 if t is unsupported
  * or cols is not a multiple of the type's block. Inline so that device

@@ -35,6 +35,11 @@ only when asked for, by --arch or --only, until every backend runs them):
   llama3   Llama 3.x RoPE: a rope_freqs tensor and linear scaling (factor 2)
   mistral  llama with attention.sliding_window 5 on every layer
 
+Written only by name (--only), SHAPE_VARIANTS:
+
+  hd256    head size 256 (2 heads sharing one KV head), the widest with its
+           own attention kernels
+
 Every matmul's inner dimension is a multiple of 32, the quantization block
 (256, the super-block, for K-quants). Quantization to Q8_0 / Q4_0 / Q4_1 /
 Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K / BF16 is done here in NumPy from the ggml
@@ -109,7 +114,13 @@ ARCH_VARIANTS = {
     "mistral":  dict(arch="llama", n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, n_vocab=300,
                      wtype="q8_0", etype="q8_0", window=5),
 }
-ALL_VARIANTS = dict(VARIANTS, **ARCH_VARIANTS)
+# Shapes written only when asked for by name (--only), for tests that sweep
+# a dimension (tests/integration/t_matrix.sh: head sizes 32 .. 256).
+SHAPE_VARIANTS = {
+    "hd256":    dict(n_layer=2, n_embd=512, n_head=2, n_head_kv=1, n_ff=256, n_vocab=300,
+                     wtype="q8_0", etype="q8_0"),
+}
+ALL_VARIANTS = dict(VARIANTS, **ARCH_VARIANTS, **SHAPE_VARIANTS)
 
 FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "bf16": 32, "q4_k": 15}
 

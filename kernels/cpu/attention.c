@@ -547,9 +547,9 @@ void cpu_attn_setup(struct cpu_attn *c, struct tp *pool, const struct cpu_kernel
 	c->k = *k;
 	c->hp = hp;
 	c->rows = k->attn_rows_for ? k->attn_rows_for(hp->head_dim) : NULL;
-	/* the CPU backend's switches: KVD_CPU_GENERIC (k->isa "generic"),
-	 * KVD_CPU_NO_AVX512 */
-	int level = !strcmp(k->isa, "generic") ? 0 : getenv("KVD_CPU_NO_AVX512") ? 1 : 2;
+	/* the instruction sets the backend's config allows (cpu_isa); a CPU
+	 * without AVX2 has the portable kernels only */
+	int level = !strcmp(k->isa, "generic") ? 0 : k->isa_level;
 	cpu_kvq_kernels_init(&c->kq, level);
 	c->rows_bf16 = level == 2 ? cpu_attn_rows_bf16(hp->head_dim) : NULL;
 }

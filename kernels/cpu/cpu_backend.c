@@ -40,6 +40,8 @@
  * kernels/backend.h): all of them. The Llama path is unchanged by them:
  * each applies only when the model's description uses it. */
 #define CPU_FEATURES KVD_FEAT_ALL
+/* attention keeps one running max per query head of a group */
+#define CPU_MAX_GROUP 64
 
 struct cpu_ctx {
 	struct tp *pool;
@@ -92,7 +94,7 @@ static int cpu_init(const struct kvd_backend_config *cfg, void **ret_ctx)
 	}
 	if (n > 256)
 		n = 256;
-	cpu_kernels_init(&c->k, getenv("KVD_CPU_GENERIC") != NULL);
+	cpu_kernels_init_isa(&c->k, cfg ? cfg->cpu_isa : KVD_CPU_ISA_BEST);
 	r = tp_create(n, &c->pool);
 	if (r < 0) {
 		free(c);
@@ -234,8 +236,7 @@ static int cpu_load(void *ctx, const struct kvd_model_weights *w)
 	struct cpu_ctx *c = ctx;
 	int r;
 
-	/* attention keeps one running max per query head of a group: <= 64 */
-	r = kvd_model_weights_check_features(w, 64, CPU_FEATURES);
+	r = kvd_model_weights_check_features(w, CPU_MAX_GROUP, CPU_FEATURES);
 	if (r < 0)
 		return r == -ENOTSUP ? r : -EINVAL;
 	free_packed(c);
@@ -936,15 +937,39 @@ static int cpu_kv_shift_op(void *ctx, const int32_t *pages, uint32_t n_pages, ui
 	return cpu_kv_shift(c->w, &c->kv, pages, n_pages, n_tokens, delta);
 }
 
-int kvd_cpu_bf16_attention(int head_dim)
+/* The capability query (kernels/backend.h): every answer of this backend
+ * is here, so the engine never learns one another way. */
+static int cpu_supports(void *ctx, const struct kvd_cap_query *q)
 {
-	return !getenv("KVD_CPU_GENERIC") && !getenv("KVD_CPU_NO_AVX512") && cpu_attn_rows_bf16(head_dim) != NULL;
+	struct cpu_ctx *c = ctx;
+
+	switch (q->kind) {
+	case KVD_CAPQ_WEIGHT_TYPE:
+		/* the dot kernels exist for every type the loader binds */
+		return (int)q->wtype >= 0 && (int)q->wtype <= KVD_WTYPE_BF16 && c->k.dot[q->wtype] != NULL;
+	case KVD_CAPQ_MODEL_FEATURE:
+		return q->feature && !(q->feature & ~CPU_FEATURES);
+	case KVD_CAPQ_ATTENTION:
+		return q->head_dim > 0 && q->head_dim % 2 == 0 && q->n_rep >= 1 && q->n_rep <= CPU_MAX_GROUP;
+	case KVD_CAPQ_KV_TYPE:
+		/* every element type (the quantized ones in whole blocks per head) */
+		return kvd_kv_row_bytes(q->kv_type, (uint32_t)(q->head_dim > 0 ? q->head_dim : 0)) != 0;
+	case KVD_CAPQ_KV_FAST:
+		/* bf16 with bfloat16 products (AVX-512 BF16, allowed by cpu_isa,
+		 * a head size it has the kernel for) beats f16 at f16's size */
+		return q->kv_type == KVD_KV_BF16 && c->k.isa_level >= 2 && strcmp(c->k.isa, "generic") &&
+		       cpu_attn_rows_bf16(q->head_dim) != NULL;
+	case KVD_CAPQ_KV_SHIFT:
+		return cpu_kv_shift_supports(q->kv_type);
+	case KVD_CAPQ_RELEASED_PAGES:
+		return 1;
+	}
+	return 0;
 }
 
 const struct kvd_backend_ops kvd_cpu_backend = {
 	.name = "cpu",
 	.version = KVD_BACKEND_ABI_VERSION,
-	.features = CPU_FEATURES,
 	.caps = KVD_CAP_PACKED_KV,
 	.init = cpu_init,
 	.load = cpu_load,
@@ -955,4 +980,5 @@ const struct kvd_backend_ops kvd_cpu_backend = {
 	.page_write = cpu_page_write,
 	.destroy = cpu_destroy,
 	.kv_shift = cpu_kv_shift_op,
+	.supports = cpu_supports,
 };

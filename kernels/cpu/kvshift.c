@@ -52,6 +52,11 @@ static void rotate_head(uint16_t *k, int hd, const float *cs, enum kvd_rope_styl
 	}
 }
 
+int cpu_kv_shift_supports(enum kvd_kv_type t)
+{
+	return t == KVD_KV_F16 || t == KVD_KV_BF16;
+}
+
 int cpu_kv_shift(const struct kvd_model_weights *w, const struct kvd_paged_view *kv, const int32_t *pages,
 		 uint32_t n_pages, uint32_t n_tokens, int32_t delta)
 {
@@ -62,9 +67,8 @@ int cpu_kv_shift(const struct kvd_model_weights *w, const struct kvd_paged_view 
 
 	if (!kv->base || hd <= 0 || hd % 2)
 		return -EINVAL;
-	/* rows of 16-bit elements only (f16, bf16): the block types would
-	 * requantize whole blocks */
-	if ((L->type != KVD_KV_F16 && L->type != KVD_KV_BF16) || L->token_stride != (size_t)L->kv_dim * 2 ||
+	/* rows of 16-bit elements only (cpu_kv_shift_supports) */
+	if (!cpu_kv_shift_supports(L->type) || L->token_stride != (size_t)L->kv_dim * 2 ||
 	    L->kv_dim != (uint32_t)(hp->n_head_kv * hd))
 		return -ENOTSUP;
 	if (n_tokens > (uint64_t)n_pages * L->block_size)

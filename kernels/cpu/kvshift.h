@@ -9,17 +9,23 @@
 
 #include "backend.h"
 
-/*
- * Rotate the keys of the first n_tokens token slots of pages[0 .. n_pages)
- * of the pool `kv` by delta positions, for every layer of w, as the forward
- * pass's RoPE would have rotated them delta positions later. f16 pages only
- * (-ENOTSUP otherwise); -EINVAL for a page out of range or n_tokens beyond
- * the pages; 0 on success (nothing changed on failure).
- */
 /* cos, sin of each pair's angle at position pos for one layer's RoPE
  * (kvshift.c); hd / 2 pairs into cs[0 .. hd). */
 void cpu_rope_table(float *cs, int hd, int32_t pos, float theta, float pos_scale, const float *freq_factors);
 
+/* Whether cpu_kv_shift re-rotates pools of element type t: f16 and bf16
+ * (rows of 16-bit elements; the block types would requantize whole blocks,
+ * f32 is not written). The CPU backend's answer to KVD_CAPQ_KV_SHIFT. */
+int cpu_kv_shift_supports(enum kvd_kv_type t);
+
+/*
+ * Rotate the keys of the first n_tokens token slots of pages[0 .. n_pages)
+ * of the pool `kv` by delta positions, for every layer of w, as the forward
+ * pass's RoPE would have rotated them delta positions later. Pools of a
+ * type cpu_kv_shift_supports() takes only (-ENOTSUP otherwise); -EINVAL for
+ * a page out of range or n_tokens beyond the pages; 0 on success (nothing
+ * changed on failure).
+ */
 int cpu_kv_shift(const struct kvd_model_weights *w, const struct kvd_paged_view *kv, const int32_t *pages,
 		 uint32_t n_pages, uint32_t n_tokens, int32_t delta);
 

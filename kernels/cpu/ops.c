@@ -557,8 +557,14 @@ void cpu_rmsnorm_generic(float *dst, const float *x, const float *g, int64_t n, 
 
 void cpu_kernels_init(struct cpu_kernels *k, int force_generic)
 {
+	cpu_kernels_init_isa(k, force_generic ? KVD_CPU_ISA_GENERIC : KVD_CPU_ISA_BEST);
+}
+
+void cpu_kernels_init_isa(struct cpu_kernels *k, enum kvd_cpu_isa isa)
+{
 	memset(k, 0, sizeof(*k));
 	k->isa = "generic";
+	k->isa_level = isa == KVD_CPU_ISA_GENERIC ? 0 : isa == KVD_CPU_ISA_AVX2 ? 1 : 2;
 	k->dot[KVD_WTYPE_F32] = dot_f32_generic;
 	k->dot[KVD_WTYPE_F16] = dot_f16_generic;
 	k->dot[KVD_WTYPE_BF16] = dot_bf16_generic;
@@ -581,11 +587,11 @@ void cpu_kernels_init(struct cpu_kernels *k, int force_generic)
 	k->geglu = cpu_geglu_generic;
 	k->rmsnorm = cpu_rmsnorm_generic;
 #if defined(__x86_64__)
-	if (!force_generic && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+	if (k->isa_level >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
 	    __builtin_cpu_supports("f16c")) {
 		cpu_kernels_init_avx2(k);
 		/* the tiled AVX-512 VNNI kernels, where the CPU has them */
-		if (!getenv("KVD_CPU_NO_AVX512") && cpu_kernels_init_gemm_avx512(k)) {
+		if (k->isa_level >= 2 && cpu_kernels_init_gemm_avx512(k)) {
 			k->attn_rows_for = cpu_attn_rows_avx512;
 		} else {
 			cpu_kernels_init_gemm_avx2(k);

@@ -121,7 +121,9 @@ attn_rows_fn cpu_attn_rows_avx2(int hd);
 attn_rows_fn cpu_attn_rows_bf16(int hd);
 
 struct cpu_kernels {
-	const char *isa; /* "avx2" or "generic" */
+	const char *isa; /* "avx512-vnni", "avx2" or "generic": what was installed */
+	int isa_level;   /* what the backend allows (0 portable C, 1 AVX2 at most,
+	                  * 2 AVX-512 too): kernels chosen later follow it */
 	vec_dot_fn dot[KVD_WTYPE_BF16 + 1]; /* by enum kvd_wtype */
 	gemm_fn gemm[KVD_WTYPE_BF16 + 1];     /* NULL: use dot row by row on unpacked weights */
 	gemmf_fn gemmf[KVD_WTYPE_BF16 + 1];   /* float weights: NULL likewise */
@@ -153,8 +155,10 @@ struct cpu_kernels {
 	void (*rmsnorm)(float *dst, const float *x, const float *g, int64_t n, float eps);
 };
 
-/* Fill the table for this CPU (force_generic: portable versions only;
- * KVD_CPU_NO_AVX512 in the environment: AVX2 at most). */
+/* Fill the table for this CPU, using no instruction set beyond `isa`
+ * (struct kvd_backend_config.cpu_isa). */
+void cpu_kernels_init_isa(struct cpu_kernels *k, enum kvd_cpu_isa isa);
+/* The same with force_generic: KVD_CPU_ISA_GENERIC, else KVD_CPU_ISA_BEST. */
 void cpu_kernels_init(struct cpu_kernels *k, int force_generic);
 /* Install the AVX-512 VNNI tiled kernels (used for every batch shape, so
  * results stay shape-independent); returns 1 if the CPU has them. */

@@ -15,8 +15,8 @@
  *    tokens (decode) run a dequantizing GEMV over them instead, reading
  *    a quarter of the bytes for q4 weights.
  *  - KV: a device pool of the view's n_pages pages in the f16 layout of
- *    kernels/backend.h (attach_kv refuses the other element types with
- *    -ENOTSUP; the engine then serves them on the CPU). When the view has a host mapping (kvmm's memfd),
+ *    kernels/backend.h (the capability query says no to the other element
+ *    types; `backend = auto` then serves them on the CPU). When the view has a host mapping (kvmm's memfd),
  *    it is registered as pinned memory: the host tier that page_read and
  *    page_write (swap) move pages to and from, by DMA on a copy stream of
  *    their own. The host mapping is never the authoritative copy.
@@ -537,9 +537,8 @@ static int cuda_attach_kv(void *ctx, const struct kvd_paged_view *view)
 
 	if (!c->loaded || c->kv_attached)
 		return -EINVAL;
-	/* the kernels read and write f16 K/V only: another element type is
-	 * refused before anything is allocated, so `backend = auto` can
-	 * serve it on the CPU */
+	/* the kernels read and write f16 K/V only (cuda_supports says so; the
+	 * engine never attaches another): refused before anything is allocated */
 	if (vl->type != KVD_KV_F16)
 		return -ENOTSUP;
 	kvd_kv_layout_init(&want, &c->hp, vl->block_size);
@@ -1012,6 +1011,24 @@ fail:
 	return r;
 }
 
+/* The capability query (kernels/backend.h): what the plug-in computes, in
+ * one place; load and attach_kv refuse the same things as a defensive
+ * check. */
+static int cuda_supports(void *ctx, const struct kvd_cap_query *q)
+{
+	struct cu_ctx *c = (struct cu_ctx *)ctx;
+
+	switch (q->kind) {
+	case KVD_CAPQ_WEIGHT_TYPE: return cu_type_ok(q->wtype);
+	case KVD_CAPQ_MODEL_FEATURE: return 0; /* the Llama base only */
+	case KVD_CAPQ_ATTENTION:
+		return q->head_dim > 0 && q->head_dim % 2 == 0 && q->n_rep >= 1 && q->n_rep <= CU_ATTN_MAX_ROWS &&
+		       choose_bq(c, q->n_rep, q->head_dim) != 0;
+	case KVD_CAPQ_KV_TYPE: return q->kv_type == KVD_KV_F16; /* the kernels read and write f16 K/V */
+	default: return 0; /* no kv_shift, no released pages, f16 the only (so fastest) KV type */
+	}
+}
+
 /* Positional, in the order of struct kvd_backend_ops. */
 static const struct kvd_backend_ops cuda_ops = {
 	"cuda",
@@ -1027,8 +1044,10 @@ static const struct kvd_backend_ops cuda_ops = {
 	cuda_suggest_pool_pages,
 	cuda_pages_read,
 	cuda_pages_write,
-	0, /* features: the Llama base */
+	0, /* features (ABI 3): the query answers instead */
 	KVD_CAP_DEVICE_POOL | KVD_CAP_BATCHED_SWAP,
+	NULL, /* kv_shift */
+	cuda_supports,
 };
 
 extern "C" __attribute__((visibility("default"))) const struct kvd_backend_ops *kvd_backend_plugin_entry(void)

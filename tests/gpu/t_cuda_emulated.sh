@@ -20,12 +20,7 @@ command -v g++ >/dev/null 2>&1 || { echo "skipped: no g++"; exit 77; }
 command -v python3 >/dev/null 2>&1 || { echo "skipped: no python3"; exit 77; }
 [ -x "$T" ] || { echo "skipped: $T not built"; exit 77; }
 EMU=$BUILD/gpu-emu
-mkdir -p "$EMU/src" || exit 1
-for f in kernels/cuda/*.cu; do
-	python3 tests/gpu/emu/rewrite.py "$f" "$EMU/src/$(basename "$f" .cu).cc" || exit 1
-done
-g++ -std=c++17 -O2 -g -fPIC -shared -Wall -Werror -Itests/gpu/emu/include -I. -Ikernels -Ikernels/cuda \
-	"$EMU"/src/*.cc tests/gpu/emu/emu.cc -o "$EMU/libkvd-cuda.so" || exit 1
+tests/gpu/emu/build.sh "$EMU" || exit $?
 # the default model's greedy test would take minutes on the emulated GEMM:
 # KVD_TEST_MODEL=none turns it off (test_cuda says so as its skip reason)
 export KVD_TEST_MODEL=none KVD_CUDA_EMULATED=1 KVD_CUDA_PLUGIN="$EMU/libkvd-cuda.so"

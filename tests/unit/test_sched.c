@@ -950,7 +950,7 @@ static void test_backend_caps_checked(void **state)
 	bad[0] = stub_ops, bad[0].caps = KVD_CAP_BATCHED_SWAP;          /* no pages_read/pages_write */
 	bad[1] = stub_dev_ops, bad[1].suggest_pool_pages = NULL;         /* device pool without sizing */
 	bad[2] = stub_ops, bad[2].caps = KVD_CAP_ALL + 1;                /* a cap this ABI does not know */
-	bad[3] = stub_dev_batched_ops, bad[3].version = KVD_BACKEND_ABI_VERSION - 1;
+	bad[3] = stub_dev_batched_ops, bad[3].version = KVD_BACKEND_ABI_MIN - 1; /* older than any readable */
 	for (int i = 0; i < 4; i++) {
 		assert_int_equal(kvd_engine_open_backend(&ec, &bad[i], &hp, &e, err, sizeof(err)), -EINVAL);
 		assert_non_null(strstr(err, "not a backend table of ABI"));
