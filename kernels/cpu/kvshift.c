@@ -9,7 +9,7 @@
  * linear in p, so a key rotated at p becomes the key rotated at p + delta by
  * one more rotation by a_i(delta). The cos/sin table is computed in double,
  * as the forward pass computes its own, the rotation in float from the f16
- * (or bf16) key, and the result is rounded back to the cache's type: the
+ * (bf16, f32) key, and the result is rounded back to the cache's type: the
  * shifted key differs from a key computed at p + delta directly by that
  * rounding of one extra step.
  */
@@ -52,9 +52,25 @@ static void rotate_head(uint16_t *k, int hd, const float *cs, enum kvd_rope_styl
 	}
 }
 
+/* one head of an f32 K row */
+static void rotate_head_f32(float *k, int hd, const float *cs, enum kvd_rope_style style)
+{
+	for (int i = 0; i < hd / 2; i++) {
+		int a = style == KVD_ROPE_NEOX ? i : 2 * i;
+		int b = style == KVD_ROPE_NEOX ? i + hd / 2 : 2 * i + 1;
+		float x0 = k[a], x1 = k[b], c = cs[2 * i], s = cs[2 * i + 1];
+
+		k[a] = x0 * c - x1 * s;
+		k[b] = x0 * s + x1 * c;
+	}
+}
+
+/* f16, bf16 and f32 rows. The block-quantized types are not re-rotated: each
+ * shift would quantize the kept keys again, so their error would grow with
+ * every drop of a long generation. */
 int cpu_kv_shift_supports(enum kvd_kv_type t)
 {
-	return t == KVD_KV_F16 || t == KVD_KV_BF16;
+	return t == KVD_KV_F16 || t == KVD_KV_BF16 || t == KVD_KV_F32;
 }
 
 int cpu_kv_shift(const struct kvd_model_weights *w, const struct kvd_paged_view *kv, const int32_t *pages,
@@ -67,8 +83,8 @@ int cpu_kv_shift(const struct kvd_model_weights *w, const struct kvd_paged_view 
 
 	if (!kv->base || hd <= 0 || hd % 2)
 		return -EINVAL;
-	/* rows of 16-bit elements only (cpu_kv_shift_supports) */
-	if (!cpu_kv_shift_supports(L->type) || L->token_stride != (size_t)L->kv_dim * 2 ||
+	/* rows of plain elements only (cpu_kv_shift_supports) */
+	if (!cpu_kv_shift_supports(L->type) || L->token_stride != (size_t)L->kv_dim * (L->type == KVD_KV_F32 ? 4 : 2) ||
 	    L->kv_dim != (uint32_t)(hp->n_head_kv * hd))
 		return -ENOTSUP;
 	if (n_tokens > (uint64_t)n_pages * L->block_size)
@@ -90,7 +106,11 @@ int cpu_kv_shift(const struct kvd_model_weights *w, const struct kvd_paged_view 
 			char *row = (char *)kv->base + (size_t)pages[t / L->block_size] * L->page_bytes +
 				    (size_t)l * L->layer_stride + (size_t)(t % L->block_size) * L->token_stride;
 			for (int h = 0; h < hp->n_head_kv; h++)
-				rotate_head((uint16_t *)row + (size_t)h * hd, hd, cs, hp->rope_style, L->type == KVD_KV_BF16);
+				if (L->type == KVD_KV_F32)
+					rotate_head_f32((float *)row + (size_t)h * hd, hd, cs, hp->rope_style);
+				else
+					rotate_head((uint16_t *)row + (size_t)h * hd, hd, cs, hp->rope_style,
+						    L->type == KVD_KV_BF16);
 		}
 	}
 	free(cs);

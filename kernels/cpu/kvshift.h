@@ -13,9 +13,9 @@
  * (kvshift.c); hd / 2 pairs into cs[0 .. hd). */
 void cpu_rope_table(float *cs, int hd, int32_t pos, float theta, float pos_scale, const float *freq_factors);
 
-/* Whether cpu_kv_shift re-rotates pools of element type t: f16 and bf16
- * (rows of 16-bit elements; the block types would requantize whole blocks,
- * f32 is not written). The CPU backend's answer to KVD_CAPQ_KV_SHIFT. */
+/* Whether cpu_kv_shift re-rotates pools of element type t: f16, bf16 and
+ * f32 (rows of plain elements; the block types would be quantized again at
+ * every shift). The CPU backend's answer to KVD_CAPQ_KV_SHIFT. */
 int cpu_kv_shift_supports(enum kvd_kv_type t);
 
 /*

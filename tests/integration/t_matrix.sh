@@ -20,9 +20,9 @@
 #     tokens past a 64-token context, naming the context window);
 #   - the window policies generate past the window (a 16-token window with
 #     pages of 16: the K/V dropped is > 0, so keys were re-rotated) on the
-#     CPU with an f16 or bf16 cache, and are refused naming "re-rotating
+#     CPU with an f16, bf16 or f32 cache, and are refused naming "re-rotating
 #     cached keys (kv_shift) of a T KV cache" and the backend otherwise
-#     (the CPU's kv_shift rotates 16-bit rows; the plug-in has none).
+#     (the CPU's kv_shift does not quantize keys again; the plug-in has none).
 # A path the CPU lacks (no AVX-512 VNNI, no AVX2) is printed as n/a; no g++
 # for the plug-in likewise. The matrix is printed; any unexpected cell fails.
 . "$(dirname "$0")/lib.sh"
@@ -143,7 +143,7 @@ for path in "${PATHS[@]}"; do
 					fi
 					;;
 				*)
-					if [ "$where" = cpu ] && { [ "$ek" = f16 ] || [ "$ek" = bf16 ]; }; then
+					if [ "$where" = cpu ] && { [ "$ek" = f16 ] || [ "$ek" = bf16 ] || [ "$ek" = f32 ]; }; then
 						drop=$(echo "$OUT" | $PY -c 'import json,sys; print(json.load(sys.stdin)["context_dropped_tokens"])' 2>/dev/null)
 						if [ $RC -eq 0 ] && [ "${drop:-0}" -gt 0 ]; then CELL[$name/$p]="ok, $drop dropped"; else
 							CELL[$name/$p]="FAIL"; mismatch "$name/$p" "expected a generation past the window (rc $RC): $OUT"; fi

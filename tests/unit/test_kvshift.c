@@ -229,10 +229,61 @@ static void test_shift_refusals(void **state)
 	/* a row that is not kv_dim halves: a quantized KV type */
 	f.kv.layout.token_stride = (size_t)f.kv.layout.kv_dim / 32 * 34;
 	assert_int_equal(cpu_kv_shift(&f.w, &f.kv, ok, 2, 2, 3), -ENOTSUP);
-	/* f32 rows */
-	f.kv.layout.type = KVD_KV_F32;
-	f.kv.layout.token_stride = (size_t)f.kv.layout.kv_dim * 4;
+	/* q8_0 rows: not re-rotated (a shift would quantize them again) */
+	f.kv.layout.type = KVD_KV_Q8_0;
 	assert_int_equal(cpu_kv_shift(&f.w, &f.kv, ok, 2, 2, 3), -ENOTSUP);
+	assert_false(cpu_kv_shift_supports(KVD_KV_Q8_0) || cpu_kv_shift_supports(KVD_KV_Q4_0));
+	free(f.pool);
+}
+
+/* f32 rows: the shifted key is the key rotated at the new position, within
+ * float rounding of one extra rotation. */
+static void test_shift_f32(void **state)
+{
+	struct fixture f;
+	const int32_t pages[] = {3, 1};
+	const int pos0 = 300, delta = -256;
+	uint32_t n_tok = 2 * BS - 3;
+	double v[HD], worst = 0;
+
+	(void)state;
+	assert_true(cpu_kv_shift_supports(KVD_KV_F32));
+	setup_fixture(&f, KVD_ROPE_NEOX, 1, 0);
+	assert_int_equal(kvd_kv_layout_init_type(&f.kv.layout, &f.w.hp, BS, KVD_KV_F32), 0);
+	free(f.pool);
+	f.pool = calloc(N_PAGES, f.kv.layout.page_bytes);
+	assert_non_null(f.pool);
+	f.kv.base = f.pool;
+	double *raw = malloc((size_t)N_LAYER * n_tok * N_HEAD_KV * HD * sizeof(double));
+	assert_non_null(raw);
+	for (int pass = 0; pass < 2; pass++)
+		for (int l = 0; l < N_LAYER; l++) {
+			const struct kvd_layer_desc *d = &f.layers[l].d;
+			double th = d->rope_theta > 0 ? d->rope_theta : f.w.hp.rope_theta;
+			double sc = d->rope_freq_scale > 0 ? d->rope_freq_scale : 1.0;
+			for (uint32_t t = 0; t < n_tok; t++)
+				for (int h = 0; h < N_HEAD_KV; h++) {
+					double *r = raw + (((size_t)l * n_tok + t) * N_HEAD_KV + h) * HD;
+					float *k = (float *)((char *)f.pool + (size_t)pages[t / BS] * f.kv.layout.page_bytes +
+							     (size_t)l * f.kv.layout.layer_stride +
+							     (size_t)(t % BS) * f.kv.layout.token_stride) + h * HD;
+					if (pass == 0)
+						for (int i = 0; i < HD; i++)
+							r[i] = 2.0 * drand();
+					memcpy(v, r, sizeof(v));
+					rope_ref(v, pos0 + (int)t + (pass ? delta : 0), th, sc, f.ff, KVD_ROPE_NEOX);
+					for (int i = 0; i < HD; i++) {
+						if (pass == 0)
+							k[i] = (float)v[i];
+						else if (fabs(k[i] - v[i]) > worst)
+							worst = fabs(k[i] - v[i]);
+					}
+				}
+			if (pass == 0 && l == N_LAYER - 1)
+				assert_int_equal(cpu_kv_shift(&f.w, &f.kv, pages, 2, n_tok, delta), 0);
+		}
+	assert_true(worst < 1e-5);
+	free(raw);
 	free(f.pool);
 }
 
@@ -241,6 +292,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_shift_normal),
 		cmocka_unit_test(test_shift_bf16),
+		cmocka_unit_test(test_shift_f32),
 		cmocka_unit_test(test_shift_neox),
 		cmocka_unit_test(test_shift_scaled_freqs),
 		cmocka_unit_test(test_shift_moves),
