@@ -134,10 +134,13 @@ struct http_gen_req {
 
 /*
  * Parse and check a request body for endpoint ep. Every parameter the
- * gateway cannot honour exactly is refused with a 400 naming it (never
- * ignored silently); unknown keys are ignored, as OpenAI-compatible servers
- * do. Returns 0 with *ret filled, or -EINVAL with *err filled (ret then
- * holds nothing to free). body need not be NUL-terminated.
+ * gateway cannot honour exactly — including other servers' extras that
+ * change what is generated, and 'priority' — is refused with a 400 naming
+ * it (never ignored silently); a body nested deeper than
+ * HTTP_MAX_JSON_DEPTH is refused; other unknown keys (metadata such as
+ * 'user') are ignored, as OpenAI-compatible servers do. Returns 0 with
+ * *ret filled, or -EINVAL with *err filled (ret then holds nothing to
+ * free). body need not be NUL-terminated.
  */
 int http_parse_gen_request(int ep, const char *body, size_t len, struct http_gen_req *ret, struct http_error *err);
 void http_gen_req_clear(struct http_gen_req *r);

@@ -405,6 +405,9 @@ void ended_error(struct conn *c, int code, struct http_error *e)
 		http_fail(e, 503, "server_error", "service_unavailable", NULL, "the request was cancelled in kvd");
 	else
 		map_kvd_error(res && res->error ? res->error : code, res ? res->error_message : "", e);
+	/* the context holds the completions endpoint's prompt, not messages */
+	if (c->req.endpoint == HTTP_EP_COMPLETIONS && !strcmp(e->param, "messages"))
+		snprintf(e->param, sizeof(e->param), "prompt");
 }
 
 /* Append the stream's closing events after the request ended with code. */
