@@ -314,12 +314,14 @@ static bool take_event(struct lane_req *lr)
 /* As pumper (io held, busy set): hand every waiting request what has come. */
 static void hand_out(struct lane *l)
 {
+	bool handed = false;
 	kvc_set_timeout(l->kc, 0);
 	pthread_mutex_lock(&l->mu);
 	for (struct lane_req *q = l->reqs; q; q = q->next)
 		if (q->want && !q->has)
-			take_event(q);
-	pthread_cond_broadcast(&l->cv);
+			handed |= take_event(q);
+	if (handed) /* else the waiters have nothing to look at */
+		pthread_cond_broadcast(&l->cv);
 	pthread_mutex_unlock(&l->mu);
 }
 
