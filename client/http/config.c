@@ -32,6 +32,15 @@ const char http_config_help[] =
 	"    client_timeout = 60          seconds a connection may make no progress (slow\n"
 	"                                 uploads, a reader that stops reading) before it is\n"
 	"                                 closed and its generation cancelled\n"
+	"    request_timeout = 30         seconds from a request's first byte (or the\n"
+	"                                 connection's start) until its headers and body\n"
+	"                                 are all in, however steadily they trickle;\n"
+	"                                 later, the connection is closed unanswered\n"
+	"    kvd_connections = 4          kvd connections that carry every request, each up\n"
+	"                                 to kvd's max_requests_per_client at once (keep it\n"
+	"                                 below kvd's max_clients_per_user)\n"
+	"    max_queued = 256             requests waiting for room on those connections;\n"
+	"                                 more get 429 rate_limit_exceeded\n"
 	"    default_max_tokens = 256     max_tokens of a request that names none\n"
 	"    backlog = 128                listen() backlog\n";
 
@@ -46,6 +55,9 @@ void http_config_defaults(struct http_config *cfg)
 	cfg->client_timeout_s = HTTP_DEFAULT_CLIENT_TIMEOUT;
 	cfg->default_max_tokens = HTTP_DEFAULT_MAX_TOKENS;
 	cfg->backlog = 128;
+	cfg->kvd_connections = HTTP_DEFAULT_KVD_CONNECTIONS;
+	cfg->max_queued = HTTP_DEFAULT_MAX_QUEUED;
+	cfg->request_timeout_s = HTTP_DEFAULT_REQUEST_TIMEOUT;
 }
 
 /* "123", "64K", "1M", "2G" within [lo, hi]. */
@@ -95,6 +107,9 @@ int http_config_set(struct http_config *cfg, const char *section, const char *ke
 		{ "client_timeout", offsetof(struct http_config, client_timeout_s), 1, 86400 },
 		{ "default_max_tokens", offsetof(struct http_config, default_max_tokens), 1, 1u << 24 },
 		{ "backlog", offsetof(struct http_config, backlog), 1, 65535 },
+		{ "kvd_connections", offsetof(struct http_config, kvd_connections), 1, HTTP_MAX_KVD_CONNECTIONS },
+		{ "max_queued", offsetof(struct http_config, max_queued), 0, 1u << 20 },
+		{ "request_timeout", offsetof(struct http_config, request_timeout_s), 1, 86400 },
 	};
 
 	if (section && section[0] && strcmp(section, "http") != 0) {

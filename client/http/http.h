@@ -10,8 +10,9 @@
  *              responses, stream chunks and OpenAI error objects; it knows
  *              nothing of HTTP or of kvd, so a fuzz target can drive it alone;
  *   config.c   configuration file ([http] keys) and command line;
- *   server.c   the HTTP server (libmicrohttpd, one thread per connection)
- *              and the bridge to kvd (a pool of kvc_client connections);
+ *   server.c   the HTTP server (libmicrohttpd, one thread per connection),
+ *              request deadlines, and the bridge to kvd;
+ *   pool.c     the few kvd connections (kvc_client) every request shares;
  *   main.c     start-up: listening socket or socket activation, signals.
  */
 #ifndef KVD_HTTP_H
@@ -34,6 +35,10 @@
 #define HTTP_DEFAULT_MAX_PER_IP      0           /* 0: no per-address bound */
 #define HTTP_DEFAULT_CLIENT_TIMEOUT  60          /* s without progress on a connection */
 #define HTTP_DEFAULT_MAX_TOKENS      256         /* when a request names none */
+#define HTTP_DEFAULT_KVD_CONNECTIONS 4           /* kvd connections carrying every request */
+#define HTTP_MAX_KVD_CONNECTIONS     64
+#define HTTP_DEFAULT_MAX_QUEUED      256         /* requests waiting for room on them */
+#define HTTP_DEFAULT_REQUEST_TIMEOUT 30          /* s to receive a request's headers and body */
 #define HTTP_MAX_STOP                8           /* stop strings per request (kvd's bound) */
 #define HTTP_MAX_STOP_BYTES          256         /* bytes of one stop string (kvd's bound) */
 #define HTTP_MAX_MESSAGES            KVC_MAX_CHAT_MSGS /* entries of a messages array */
@@ -57,6 +62,9 @@ struct http_config {
 	uint32_t client_timeout_s;
 	uint32_t default_max_tokens;
 	uint32_t backlog;
+	uint32_t kvd_connections;
+	uint32_t max_queued;
+	uint32_t request_timeout_s;
 };
 
 /* Defaults above. */
@@ -126,10 +134,13 @@ struct http_gen_req {
 
 /*
  * Parse and check a request body for endpoint ep. Every parameter the
- * gateway cannot honour exactly is refused with a 400 naming it (never
- * ignored silently); unknown keys are ignored, as OpenAI-compatible servers
- * do. Returns 0 with *ret filled, or -EINVAL with *err filled (ret then
- * holds nothing to free). body need not be NUL-terminated.
+ * gateway cannot honour exactly — including other servers' extras that
+ * change what is generated, and 'priority' — is refused with a 400 naming
+ * it (never ignored silently); a body nested deeper than
+ * HTTP_MAX_JSON_DEPTH is refused; other unknown keys (metadata such as
+ * 'user') are ignored, as OpenAI-compatible servers do. Returns 0 with
+ * *ret filled, or -EINVAL with *err filled (ret then holds nothing to
+ * free). body need not be NUL-terminated.
  */
 int http_parse_gen_request(int ep, const char *body, size_t len, struct http_gen_req *ret, struct http_error *err);
 void http_gen_req_clear(struct http_gen_req *r);

@@ -2,14 +2,21 @@
  * client/http/request.c — OpenAI request bodies in, OpenAI JSON out.
  *
  * Untrusted bodies are parsed only by jansson (duplicate keys refused,
- * NUL characters in strings refused, nesting bounded); this file then
- * walks the parsed tree and checks every parameter it understands against
- * what kvd can do today. The rule is "honour exactly or refuse": a
- * parameter whose meaning the gateway cannot reproduce (n > 1, logprobs,
- * penalties OpenAI defines differently from kvd's, earlier conversation
- * turns) gets a 400 naming it, never a silent approximation. Keys this
- * file does not know are ignored, as every OpenAI-compatible server does,
- * since clients send vendor extras.
+ * NUL characters in strings refused) after a scan that refuses nesting
+ * deeper than HTTP_MAX_JSON_DEPTH; this file then walks the parsed tree and
+ * checks every parameter it understands against what kvd can do today:
+ * chat messages with earlier turns (system/developer, user and assistant
+ * turns, rendered by kvd's chat template), 'n' parallel samples, and
+ * log-probabilities (chat's logprobs/top_logprobs, completions' logprobs),
+ * besides the sampling parameters. The rule is "honour exactly or
+ * refuse": a parameter whose meaning the gateway cannot reproduce
+ * (penalties OpenAI defines differently from kvd's, tools, 'priority',
+ * best_of, echo, suffix, and the vendor extras of vLLM or llama.cpp that
+ * change what is generated, such as guided decoding or ignore_eos) gets a
+ * 400 naming it, never a silent approximation. Other keys this file does
+ * not know are ignored, as every OpenAI-compatible server does, since
+ * clients send metadata (user, store, metadata, cache_salt, ...) that does
+ * not change the answer.
  *
  * Nothing here knows HTTP or kvd, so tests/fuzz/fuzz_http_request.c can
  * drive the parser alone.
@@ -115,6 +122,100 @@ static int only_neutral(json_t *o, const char *k, struct http_error *e, const ch
 	if ((json_is_object(v) && json_object_size(v) == 0) || (json_is_array(v) && json_array_size(v) == 0))
 		return 0;
 	return UNSUPPORTED(e, k, "'%s' is not supported by kvd-http: %s", k, why);
+}
+
+/* Keys of other servers' APIs that change what is generated. Each is
+ * accepted only at the value that means "as without it" (neutral: false,
+ * 0, "", [], {} — or true where that is the default). */
+static const struct {
+	const char *key;
+	bool neutral_true;
+	const char *why;
+} semantic_extras[] = {
+	{ "priority", false, "kvd schedules a user's requests in arrival order; there are no priorities yet" },
+	{ "ignore_eos", false, "kvd always stops at the end of the answer" },
+	{ "min_tokens", false, "kvd has no minimum length" },
+	{ "stop_token_ids", false, "kvd stops on strings ('stop'), not token ids" },
+	{ "include_stop_str_in_output", false, "kvd never includes the stop string" },
+	{ "skip_special_tokens", true, "kvd never returns special tokens as text" },
+	{ "spaces_between_special_tokens", true, "kvd never returns special tokens as text" },
+	{ "add_generation_prompt", true, "kvd's chat template always opens the assistant's turn" },
+	{ "continue_final_message", false, "the last message must be a user message" },
+	{ "add_special_tokens", false, "kvd adds the model's own special tokens" },
+	{ "echo", false, "the prompt is not echoed" },
+	{ "chat_template", false, "kvd renders the model's own chat template" },
+	{ "chat_template_kwargs", false, "kvd renders the model's own chat template" },
+	{ "documents", false, "no retrieval documents" },
+	{ "guided_json", false, "no guided decoding" },
+	{ "guided_regex", false, "no guided decoding" },
+	{ "guided_choice", false, "no guided decoding" },
+	{ "guided_grammar", false, "no guided decoding" },
+	{ "structured_outputs", false, "no guided decoding" },
+	{ "grammar", false, "no grammar-constrained decoding" },
+	{ "json_schema", false, "no schema-constrained decoding" },
+	{ "bad_words", false, "kvd's sampler bans no words" },
+	{ "allowed_token_ids", false, "kvd's sampler takes no token lists" },
+	{ "prompt_logprobs", false, "only the generated tokens' log-probabilities" },
+	{ "use_beam_search", false, "no beam search" },
+	{ "length_penalty", false, "no beam search" },
+	{ "truncate_prompt_tokens", false, "kvd refuses a prompt that does not fit instead of cutting it" },
+	{ "repetition_penalty", false, "use kvd's 'repeat_penalty'" },
+	{ "typical_p", false, "kvd's sampler has no typical sampling" },
+	{ "tfs_z", false, "kvd's sampler has no tail-free sampling" },
+	{ "mirostat", false, "kvd's sampler has no mirostat" },
+	{ "dynatemp_range", false, "kvd's sampler has no dynamic temperature" },
+	{ "xtc_probability", false, "kvd's sampler has no XTC" },
+	{ "dry_multiplier", false, "kvd's sampler has no DRY penalty" },
+	{ "prediction", false, "no predicted outputs" },
+	{ "reasoning_effort", false, "the model has no reasoning effort setting" },
+	{ "audio", false, "text only" },
+	{ "web_search_options", false, "no web search" },
+};
+
+static bool is_neutral(json_t *v, bool neutral_true)
+{
+	if (neutral_true)
+		return json_is_true(v);
+	return json_is_false(v) || (json_is_number(v) && json_number_value(v) == 0) ||
+	       (json_is_string(v) && json_string_length(v) == 0) ||
+	       (json_is_object(v) && json_object_size(v) == 0) || (json_is_array(v) && json_array_size(v) == 0);
+}
+
+static int refuse_extras(json_t *o, struct http_error *e)
+{
+	for (size_t i = 0; i < sizeof(semantic_extras) / sizeof(semantic_extras[0]); i++) {
+		json_t *v = opt(o, semantic_extras[i].key);
+		if (v && !is_neutral(v, semantic_extras[i].neutral_true))
+			return UNSUPPORTED(e, semantic_extras[i].key, "'%s' is not supported by kvd-http: %s",
+					   semantic_extras[i].key, semantic_extras[i].why);
+	}
+	return 0;
+}
+
+/* Refuse nesting deeper than HTTP_MAX_JSON_DEPTH before jansson sees it
+ * (strings skipped, escapes included). */
+static int check_depth(const char *body, size_t len, struct http_error *e)
+{
+	unsigned depth = 0;
+	bool in_str = false;
+
+	for (size_t i = 0; i < len; i++) {
+		char ch = body[i];
+		if (in_str) {
+			if (ch == '\\')
+				i++;
+			else if (ch == '"')
+				in_str = false;
+		} else if (ch == '"') {
+			in_str = true;
+		} else if (ch == '{' || ch == '[') {
+			if (++depth > HTTP_MAX_JSON_DEPTH)
+				return BAD(e, NULL, "the request body nests deeper than %d levels", HTTP_MAX_JSON_DEPTH);
+		} else if ((ch == '}' || ch == ']') && depth) {
+			depth--;
+		}
+	}
+	return 0;
 }
 
 static int parse_stop(json_t *o, struct http_gen_req *r, struct http_error *e)
@@ -398,9 +499,10 @@ static int parse_fields(int ep, json_t *o, struct http_gen_req *r, struct http_e
 		if (!json_is_string(t) || strcmp(json_string_value(t), "text") != 0)
 			return UNSUPPORTED(e, "response_format", "only 'response_format' {\"type\": \"text\"} is supported");
 	}
+	if ((x = refuse_extras(o, e)) < 0)
+		return x;
 	if (ep == HTTP_EP_COMPLETIONS) {
-		if ((x = only_neutral(o, "echo", e, "the prompt is not echoed")) < 0 ||
-		    (x = only_neutral(o, "best_of", e, "kvd returns every sample it makes: use 'n'")) < 0)
+		if ((x = only_neutral(o, "best_of", e, "kvd returns every sample it makes: use 'n'")) < 0)
 			return x;
 		if ((v = opt(o, "suffix")) && !(json_is_string(v) && json_string_length(v) == 0))
 			return UNSUPPORTED(e, "suffix", "'suffix' (fill-in-the-middle) is not supported by kvd-http");
@@ -417,6 +519,8 @@ int http_parse_gen_request(int ep, const char *body, size_t len, struct http_gen
 	memset(&r, 0, sizeof(r));
 	if (len == 0)
 		return BAD(err, NULL, "the request body is empty; a JSON object is expected");
+	if (check_depth(body, len, err) < 0)
+		return -EINVAL;
 	json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
 	if (!o)
 		return BAD(err, NULL, "the request body is not valid JSON: %s (at byte %d)", je.text, je.position);

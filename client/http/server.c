@@ -2,24 +2,31 @@
  * client/http/server.c — kvd-http's HTTP server and its bridge to kvd.
  *
  * libmicrohttpd runs one thread per HTTP connection. A generation request
- * takes a kvd connection (kvc_client) from a small pool — libkvclient
- * wants one client per thread, and a pooled one saves the handshake —,
- * starts the request, and reads its events with kvc_request_next() under a
- * short timeout (HTTP_POLL_MS). Between events the thread looks at the
- * HTTP socket: a client that hung up is noticed within HTTP_POLL_MS even
- * while kvd is still queueing or prefilling, and its request is cancelled
- * in kvd at once (kvc_request_finish + closing that kvd connection, so the
- * daemon frees the pages immediately). A client that stops reading is
- * closed by libmicrohttpd after client_timeout seconds without progress,
- * with the same effect.
+ * takes a slot on one of a few shared kvd connections (pool.c: kvd counts
+ * connections per user, and kvd-http is one user), waiting in a bounded
+ * queue when all are full (429 beyond it), starts its request there, and
+ * reads its events under a short timeout (HTTP_POLL_MS). Between events the
+ * thread looks at the HTTP socket: a client that hung up is noticed within
+ * HTTP_POLL_MS even while kvd is still queueing or prefilling, and its
+ * request is cancelled in kvd at once (kvd frees its pages on the cancel).
+ * A stream whose client stops reading — its bytes wait unacknowledged for
+ * client_timeout — is cut and cancelled the same way.
+ *
+ * A failure on a pooled kvd connection (kvd closed it after its
+ * idle_timeout, or restarted) is retried once on a fresh connection, before
+ * anything was answered, and the stale connections are dropped; /health and
+ * /metrics do the same, so a quiet spell never shows as an outage.
+ *
+ * Every request has an absolute deadline, request_timeout, for its headers
+ * and body (a watchdog thread; libmicrohttpd's own timeout only bounds the
+ * silence between bytes, which trickling clients never reach).
  *
  * A streamed response is sent only after kvd has produced the first event
  * or refused the request, so refusals still get their real status (400,
  * 413, 429, 503) instead of an error buried in a 200 stream.
  *
- * No state crosses requests except the pool of idle kvd connections (each
- * returned only after its request ended normally, so nothing of one
- * request can be read by the next) and the counters for /metrics.
+ * No state crosses requests except the shared kvd connections (a request
+ * reads only its own events there) and the counters for /metrics.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -30,6 +37,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <netinet/in.h>
+#include <linux/tcp.h>
+#include <sys/ioctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -171,45 +182,6 @@ void map_kvd_error(int code, const char *msg, struct http_error *e)
 	}
 }
 
-/* ---- the pool of kvd connections ------------------------------------------------------- */
-
-static int kvd_get(struct http_server *s, kvc_client **ret)
-{
-	pthread_mutex_lock(&s->lock);
-	if (s->n_pool) {
-		*ret = s->pool[--s->n_pool];
-		pthread_mutex_unlock(&s->lock);
-		return 0;
-	}
-	pthread_mutex_unlock(&s->lock);
-	kvc_client *c;
-	int r = kvc_connect(s->cfg.kvd_socket[0] ? s->cfg.kvd_socket : NULL, &c);
-	if (r < 0)
-		return r;
-	pthread_mutex_lock(&s->lock);
-	if (!s->model[0])
-		snprintf(s->model, sizeof(s->model), "%s", kvc_server_info(c)->model_name);
-	s->n_ctx = kvc_server_info(c)->n_ctx;
-	pthread_mutex_unlock(&s->lock);
-	*ret = c;
-	return 0;
-}
-
-/* Give back a connection whose requests have all ended. */
-static void kvd_put(struct http_server *s, kvc_client *c)
-{
-	if (!c)
-		return;
-	kvc_set_timeout(c, -1);
-	pthread_mutex_lock(&s->lock);
-	if (s->n_pool < HTTP_KVD_POOL_MAX) {
-		s->pool[s->n_pool++] = c;
-		c = NULL;
-	}
-	pthread_mutex_unlock(&s->lock);
-	kvc_close(c);
-}
-
 /* The served model's name ("" when kvd was never reached and none is configured). */
 static void served_model(struct http_server *s, char out[HTTP_MAX_MODEL_ID])
 {
@@ -217,9 +189,10 @@ static void served_model(struct http_server *s, char out[HTTP_MAX_MODEL_ID])
 	snprintf(out, HTTP_MAX_MODEL_ID, "%s", s->model);
 	pthread_mutex_unlock(&s->lock);
 	if (!out[0]) {
-		kvc_client *c;
-		if (kvd_get(s, &c) == 0) {
-			kvd_put(s, c);
+		struct lane *l;
+		uint32_t w = 0;
+		if (pool_acquire(s, &w, 0, -1, &l) == 0) {
+			pool_release(s, l, 0, false);
 			pthread_mutex_lock(&s->lock);
 			snprintf(out, HTTP_MAX_MODEL_ID, "%s", s->model);
 			pthread_mutex_unlock(&s->lock);
@@ -230,7 +203,7 @@ static void served_model(struct http_server *s, char out[HTTP_MAX_MODEL_ID])
 /* ---- generation ------------------------------------------------------------------------ */
 
 /* Has the HTTP client hung up? (Pipelined bytes are not a hang-up.) */
-static bool client_gone(int fd)
+bool client_gone(int fd)
 {
 	struct pollfd p = { .fd = fd, .events = POLLIN | POLLRDHUP };
 	if (fd < 0 || poll(&p, 1, 0) <= 0)
@@ -279,49 +252,73 @@ static void fill_params(const struct conn *c, const struct kvc_info *info, struc
 	}
 }
 
-/* Send the request to kvd: 0, or an error code with e filled. */
-static int start_generation(struct conn *c, struct http_error *e)
+/* Send the request to kvd on a lane of serial >= min_serial: 0, or an
+ * error code with e filled. */
+static int start_generation(struct conn *c, uint64_t min_serial, struct http_error *e)
 {
 	struct http_server *s = c->s;
 	struct kvc_gen_params p;
 
 	for (int attempt = 0; attempt < 2; attempt++) {
-		int r = kvd_get(s, &c->kc);
+		c->weight = c->req.n > 1 ? c->req.n : 1;
+		int r = pool_acquire(s, &c->weight, min_serial, c->sock, &c->lane);
+		if (r == -EBUSY) {
+			http_fail(e, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
+				  "kvd-http is at capacity: %u requests are waiting already (max_queued)", s->cfg.max_queued);
+			return r;
+		}
 		if (r < 0) {
+			c->lane = NULL;
 			map_kvd_error(r, "", e);
 			return r;
 		}
-		const struct kvc_info *info = kvc_server_info(c->kc);
+		const struct kvc_info *info = kvc_server_info(lane_lock(c->lane, -1));
+		lane_unlock(c->lane);
 		fill_params(c, info, &p);
 		if (info->max_tokens && p.max_tokens > info->max_tokens) {
 			http_fail(e, 400, "invalid_request_error", "context_length_exceeded",
 				  "max_tokens",
 				  "'max_tokens' is %u; the model's context window holds %u tokens", p.max_tokens,
 				  info->max_tokens);
-			kvd_put(s, c->kc);
-			c->kc = NULL;
+			pool_release(s, c->lane, c->weight, false);
+			c->lane = NULL;
 			return -E2BIG;
 		}
-		kvc_set_timeout(c->kc, HTTP_START_TIMEOUT_MS);
-		r = kvc_request_start(c->kc, c->req.prompt, c->req.prompt_len, &p, &c->kr);
+		r = lane_start(c->lane, c->req.prompt, c->req.prompt_len, &p, &c->lr);
 		if (r == 0) {
-			kvc_set_timeout(c->kc, HTTP_POLL_MS);
+			c->kr = c->lr.kr;
 			return 0;
 		}
-		char msg[256];
-		snprintf(msg, sizeof(msg), "%s", kvc_last_message(c->kc));
-		c->kc = kvc_close(c->kc);
-		/* a pooled connection may predate a kvd restart: one fresh try */
-		if ((r == -ECONNRESET || r == -EPIPE) && attempt == 0)
+		/* a refusal before sending says nothing of the connection; any
+		 * other failure of a pooled one (kvd closed it when idle, or
+		 * restarted) gets one try on a fresh connection */
+		bool local = r == -EINVAL || r == -E2BIG || r == -ENOMEM;
+		pool_release(s, c->lane, c->weight, !local);
+		c->lane = NULL;
+		if (!local && attempt == 0) {
+			min_serial = pool_serial(s);
 			continue;
+		}
 		if (r == -E2BIG)
-			http_fail(e, 413, "invalid_request_error", "request_too_large", "messages",
-				  "the prompt is larger than kvd accepts (%s)", msg[0] ? msg : "max_prompt_bytes");
+			http_fail(e, 413, "invalid_request_error", "request_too_large",
+				  c->req.endpoint == HTTP_EP_CHAT ? "messages" : "prompt",
+				  "the prompt is larger than kvd accepts (%s)", c->lr.msg[0] ? c->lr.msg : "max_prompt_bytes");
 		else
-			map_kvd_error(r, msg, e);
+			map_kvd_error(r, c->lr.msg, e);
 		return r;
 	}
 	return -ECONNRESET;
+}
+
+/* Release the request and its slot (the request cancelled if still running). */
+static void end_generation(struct conn *c)
+{
+	if (!c->lane)
+		return;
+	bool broken = lane_end(c->lane, &c->lr, HTTP_CANCEL_WAIT_MS);
+	c->kr = NULL;
+	pool_release(c->s, c->lane, c->weight, broken);
+	c->lane = NULL;
 }
 
 void add_usage(struct conn *c, const struct kvc_result *res, struct http_usage *u)
@@ -342,6 +339,32 @@ static int64_t mono_ms(void)
 }
 
 /*
+ * Has the stream's client read nothing for client_timeout? Bytes it has not
+ * acknowledged waiting in the socket while its acknowledged count stands
+ * still mean its receive window is shut: it is not reading. (Once the
+ * socket buffer is full too, libmicrohttpd's own timeout ends it likewise.)
+ */
+static bool stream_unread(struct conn *c, int64_t now)
+{
+	struct tcp_info ti;
+	socklen_t len = sizeof(ti);
+	int outq = 0;
+
+	if (!c->streaming || c->sock < 0 || ioctl(c->sock, SIOCOUTQ, &outq) < 0 ||
+	    getsockopt(c->sock, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0 ||
+	    len < offsetof(struct tcp_info, tcpi_bytes_acked) + sizeof(ti.tcpi_bytes_acked))
+		return false;
+	if (outq <= 0 || ti.tcpi_bytes_acked != c->acked) {
+		c->acked = ti.tcpi_bytes_acked;
+		c->stuck_since_ms = outq > 0 ? now : 0;
+		return false;
+	}
+	if (!c->stuck_since_ms)
+		c->stuck_since_ms = now;
+	return now - c->stuck_since_ms >= (int64_t)c->s->cfg.client_timeout_s * 1000;
+}
+
+/*
  * Wait for the request's next event. Returns 1 with *ret_ev, 0 when the
  * request ended (normally or not: kvc_request_result() says), -ECONNABORTED
  * when the HTTP client hung up meanwhile. kr_done is set on the end. The
@@ -352,13 +375,17 @@ static int64_t mono_ms(void)
 int next_event(struct conn *c, const struct kvc_event **ret_ev, int *ret_code)
 {
 	for (;;) {
-		int r = kvc_request_next(c->kr, ret_ev);
-		if (r == 1 || r == -ETIMEDOUT) {
+		int r = lane_next(c->lane, &c->lr, HTTP_POLL_MS, ret_ev);
+		if (r == 1 || r == -EAGAIN) {
 			int64_t now = mono_ms();
-			if (r == -ETIMEDOUT || now - c->last_check_ms >= HTTP_POLL_MS) {
+			if (r == -EAGAIN || now - c->last_check_ms >= HTTP_POLL_MS) {
 				c->last_check_ms = now;
 				if (client_gone(c->sock))
 					return -ECONNABORTED;
+				if (stream_unread(c, now)) {
+					atomic_fetch_add(&c->s->unread_streams, 1);
+					return -ECONNABORTED;
+				}
 			}
 			if (r == 1)
 				return 1;
@@ -378,6 +405,9 @@ void ended_error(struct conn *c, int code, struct http_error *e)
 		http_fail(e, 503, "server_error", "service_unavailable", NULL, "the request was cancelled in kvd");
 	else
 		map_kvd_error(res && res->error ? res->error : code, res ? res->error_message : "", e);
+	/* the context holds the completions endpoint's prompt, not messages */
+	if (c->req.endpoint == HTTP_EP_COMPLETIONS && !strcmp(e->param, "messages"))
+		snprintf(e->param, sizeof(e->param), "prompt");
 }
 
 /* Append the stream's closing events after the request ended with code. */
@@ -477,18 +507,26 @@ static enum MHD_Result generate(struct MHD_Connection *con, struct conn *c)
 
 	if (choices_wanted(&c->req) && choices_init(c) < 0)
 		return MHD_NO;
-	if (start_generation(c, &e) < 0)
-		return send_error(con, s, &e);
+	/* the first event, or the refusal; a connection that fails before
+	 * either (kvd closed it when idle just then) gets one fresh retry */
+	const struct kvc_event *ev;
+	int code = 0, r = 0;
+	for (int attempt = 0; attempt < 2; attempt++) {
+		uint64_t fresh = attempt ? pool_serial(s) : 0;
+		if (start_generation(c, fresh, &e) < 0)
+			return send_error(con, s, &e);
+		code = 0;
+		r = next_event(c, &ev, &code);
+		if (r < 0)
+			return MHD_NO; /* the client left: close, the completion callback cancels */
+		if (r == 1 || !kvd_conn_error(code) || attempt == 1)
+			break;
+		end_generation(c);
+		c->kr_done = false;
+	}
 	atomic_fetch_add(&s->generations[c->req.endpoint], 1);
 	atomic_fetch_add(&s->active_generations, 1);
 	c->counted_active = true;
-
-	/* the first event, or the refusal */
-	const struct kvc_event *ev;
-	int code = 0;
-	int r = next_event(c, &ev, &code);
-	if (r < 0)
-		return MHD_NO; /* the client left: close, the completion callback cancels */
 	if (r == 0 && code != 0) {
 		ended_error(c, code, &e);
 		return send_error(con, s, &e);
@@ -508,6 +546,11 @@ static enum MHD_Result generate(struct MHD_Connection *con, struct conn *c)
 		MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
 		MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
 		MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+		/* a small, fixed buffer: a client that stops reading shows soon */
+		int sndbuf = HTTP_STREAM_SNDBUF;
+		if (c->sock >= 0)
+			setsockopt(c->sock, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
+		c->streaming = true;
 		enum MHD_Result q = MHD_queue_response(con, MHD_HTTP_OK, resp);
 		MHD_destroy_response(resp);
 		count_status(s, 200);
@@ -571,19 +614,43 @@ static enum MHD_Result models(struct MHD_Connection *con, struct conn *c, const 
 	return send_json(con, c->s, 200, s);
 }
 
+/* A control call (fn on a lane's client); a failure on a pooled
+ * connection is retried once on a fresh one. */
+static int control(struct http_server *s, int (*fn)(kvc_client *, void *), void *arg)
+{
+	uint64_t min_serial = 0;
+	int r = 0;
+	for (int attempt = 0; attempt < 2; attempt++) {
+		struct lane *l;
+		uint32_t w = 0;
+		r = pool_acquire(s, &w, min_serial, -1, &l);
+		if (r < 0)
+			return r;
+		r = fn(lane_lock(l, HTTP_CTL_TIMEOUT_MS), arg);
+		lane_unlock(l);
+		pool_release(s, l, 0, r < 0);
+		if (r == 0)
+			break;
+		min_serial = pool_serial(s);
+	}
+	return r;
+}
+
+static int do_ping(kvc_client *kc, void *arg)
+{
+	(void)arg;
+	return kvc_ping(kc, NULL);
+}
+
+static int do_stats(kvc_client *kc, void *arg)
+{
+	return kvc_stats(kc, arg);
+}
+
 static enum MHD_Result health(struct MHD_Connection *con, struct conn *c)
 {
-	kvc_client *kc;
 	char buf[512];
-	int r = kvd_get(c->s, &kc);
-	if (r == 0) {
-		kvc_set_timeout(kc, HTTP_CTL_TIMEOUT_MS);
-		r = kvc_ping(kc, NULL);
-		if (r == 0)
-			kvd_put(c->s, kc);
-		else
-			kvc_close(kc);
-	}
+	int r = control(c->s, do_ping, NULL);
 	if (r == 0)
 		return send_body(con, c->s, 200, "application/json", "{\"status\":\"ok\"}", 15);
 	json_t *o = json_pack("{s:s, s:s}", "status", "unavailable", "error", kv_strerror(r));
@@ -661,18 +728,9 @@ static enum MHD_Result metrics(struct MHD_Connection *con, struct conn *c)
 	char *b = NULL;
 	size_t len = 0, cap = 0;
 	struct kvc_stats st;
-	kvc_client *kc;
-	int r = kvd_get(s, &kc);
+	int r = control(s, do_stats, &st);
 	int x = 0;
 
-	if (r == 0) {
-		kvc_set_timeout(kc, HTTP_CTL_TIMEOUT_MS);
-		r = kvc_stats(kc, &st);
-		if (r == 0)
-			kvd_put(s, kc);
-		else
-			kvc_close(kc);
-	}
 	x |= mprintf(&b, &len, &cap, "# HELP kvd_up 1 when kvd answered the statistics query\n# TYPE kvd_up gauge\n"
 		     "kvd_up %d\n", r == 0);
 	for (size_t i = 0; r == 0 && i < sizeof(kvd_metrics) / sizeof(kvd_metrics[0]); i++) {
@@ -704,6 +762,10 @@ static enum MHD_Result metrics(struct MHD_Connection *con, struct conn *c)
 		     "# TYPE kvd_http_active_generations gauge\nkvd_http_active_generations %" PRIuFAST64 "\n"
 		     "# HELP kvd_http_client_disconnects_total generations cancelled because the HTTP client left\n"
 		     "# TYPE kvd_http_client_disconnects_total counter\nkvd_http_client_disconnects_total %" PRIuFAST64 "\n"
+		     "# HELP kvd_http_request_timeouts_total connections closed because a request's headers and body took longer than request_timeout\n"
+		     "# TYPE kvd_http_request_timeouts_total counter\nkvd_http_request_timeouts_total %" PRIuFAST64 "\n"
+		     "# HELP kvd_http_unread_streams_total streams cut because the client read nothing for client_timeout\n"
+		     "# TYPE kvd_http_unread_streams_total counter\nkvd_http_unread_streams_total %" PRIuFAST64 "\n"
 		     "# HELP kvd_http_prompt_tokens_total prompt tokens of finished generations\n"
 		     "# TYPE kvd_http_prompt_tokens_total counter\nkvd_http_prompt_tokens_total %" PRIuFAST64 "\n"
 		     "# HELP kvd_http_cached_tokens_total of those, reused from kvd's prefix cache\n"
@@ -711,7 +773,8 @@ static enum MHD_Result metrics(struct MHD_Connection *con, struct conn *c)
 		     "# HELP kvd_http_completion_tokens_total tokens generated for HTTP clients\n"
 		     "# TYPE kvd_http_completion_tokens_total counter\nkvd_http_completion_tokens_total %" PRIuFAST64 "\n",
 		     atomic_load(&s->generations[HTTP_EP_CHAT]), atomic_load(&s->generations[HTTP_EP_COMPLETIONS]),
-		     atomic_load(&s->active_generations), atomic_load(&s->disconnects), atomic_load(&s->prompt_tokens),
+		     atomic_load(&s->active_generations), atomic_load(&s->disconnects), atomic_load(&s->request_timeouts),
+		     atomic_load(&s->unread_streams), atomic_load(&s->prompt_tokens),
 		     atomic_load(&s->cached_tokens), atomic_load(&s->completion_tokens));
 	if (x < 0) {
 		free(b);
@@ -720,6 +783,99 @@ static enum MHD_Result metrics(struct MHD_Connection *con, struct conn *c)
 	enum MHD_Result q = send_body(con, s, 200, "text/plain; version=0.0.4; charset=utf-8", b, len);
 	free(b);
 	return q;
+}
+
+/* ---- request deadlines ------------------------------------------------------------------- */
+
+/*
+ * libmicrohttpd's connection timeout restarts with every byte, so a client
+ * that trickles a header line every few seconds would hold a connection
+ * (and, 256 of them, every slot) forever. Each connection is tracked from
+ * its start; a request whose headers and body are not all in within
+ * request_timeout seconds of that start (or of the previous answer's end,
+ * on a kept-alive connection) has its socket shut down by the watchdog
+ * thread, and libmicrohttpd closes it. The close notification removes the
+ * entry under track_lock before the socket is closed, so the watchdog
+ * never shuts down a reused descriptor.
+ */
+static struct track *track_of(struct MHD_Connection *con)
+{
+	const union MHD_ConnectionInfo *ci = MHD_get_connection_info(con, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+	return ci ? ci->socket_context : NULL;
+}
+
+/* The request is in (answering) or answered (restart the clock). */
+static void track_mark(struct http_server *s, struct MHD_Connection *con, bool answering)
+{
+	pthread_mutex_lock(&s->track_lock);
+	struct track *t = track_of(con);
+	if (t) {
+		t->answering = answering;
+		t->since_ms = mono_ms();
+	}
+	pthread_mutex_unlock(&s->track_lock);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *con, void **socket_context,
+			  enum MHD_ConnectionNotificationCode code)
+{
+	struct http_server *s = cls;
+
+	pthread_mutex_lock(&s->track_lock);
+	if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+		const union MHD_ConnectionInfo *ci = MHD_get_connection_info(con, MHD_CONNECTION_INFO_CONNECTION_FD);
+		struct track *t = calloc(1, sizeof(*t));
+		if (t && ci) {
+			t->fd = ci->connect_fd;
+			t->since_ms = mono_ms();
+			t->next = s->tracks;
+			if (s->tracks)
+				s->tracks->prev = t;
+			s->tracks = t;
+			*socket_context = t;
+		} else {
+			free(t); /* out of memory: this connection has only the idle timeout */
+		}
+	} else if (code == MHD_CONNECTION_NOTIFY_CLOSED && *socket_context) {
+		struct track *t = *socket_context;
+		if (t->prev)
+			t->prev->next = t->next;
+		else
+			s->tracks = t->next;
+		if (t->next)
+			t->next->prev = t->prev;
+		free(t);
+		*socket_context = NULL;
+	}
+	pthread_mutex_unlock(&s->track_lock);
+}
+
+static void *watchdog(void *arg)
+{
+	struct http_server *s = arg;
+	int64_t limit_ms = (int64_t)s->cfg.request_timeout_s * 1000;
+
+	pthread_mutex_lock(&s->track_lock);
+	while (!s->stopping) {
+		int64_t now = mono_ms();
+		for (struct track *t = s->tracks; t; t = t->next) {
+			if (t->answering || t->cut || now - t->since_ms <= limit_ms)
+				continue;
+			shutdown(t->fd, SHUT_RDWR);
+			t->cut = true;
+			atomic_fetch_add(&s->request_timeouts, 1);
+		}
+		struct timespec until;
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_nsec += HTTP_WATCHDOG_MS * 1000000L;
+		if (until.tv_nsec >= 1000000000) {
+			until.tv_sec++;
+			until.tv_nsec -= 1000000000;
+		}
+		pthread_cond_timedwait(&s->track_cv, &s->track_lock, &until);
+	}
+	pthread_mutex_unlock(&s->track_lock);
+	return NULL;
 }
 
 /* ---- request dispatch -------------------------------------------------------------------- */
@@ -828,6 +984,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
 			  "the request body is larger than %u bytes (max_body_bytes)", s->cfg.max_body_bytes);
 		return send_error(con, s, &e);
 	}
+	track_mark(s, con, true);
 	switch (c->route) {
 	case ROUTE_CHAT:
 	case ROUTE_COMPLETIONS:
@@ -849,22 +1006,19 @@ static void on_completed(void *cls, struct MHD_Connection *con, void **con_cls, 
 {
 	struct http_server *s = cls;
 	struct conn *c = *con_cls;
-	(void)con;
-	(void)toe;
 
+	track_mark(s, con, false);
 	if (!c)
 		return;
+	if (toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED && c->streaming && !c->stream_ended)
+		atomic_fetch_add(&s->unread_streams, 1);
 	*con_cls = NULL;
 	if (c->kr && !c->kr_done) {
 		/* the HTTP client left (or the server stops) mid-generation:
-		 * cancel, and drop the kvd connection so the daemon frees
-		 * the request's pages at once */
+		 * cancel it in kvd, which frees its pages at once */
 		atomic_fetch_add(&s->disconnects, 1);
-		c->kr = kvc_request_finish(c->kr);
-		c->kc = kvc_close(c->kc);
 	}
-	c->kr = kvc_request_finish(c->kr);
-	kvd_put(s, c->kc);
+	end_generation(c);
 	if (c->counted_active)
 		atomic_fetch_sub(&s->active_generations, 1);
 	choices_free(c);
@@ -893,28 +1047,49 @@ static int read_key(struct http_server *s)
 	return 0;
 }
 
+static void server_free(struct http_server *s)
+{
+	if (s->watchdog_running) {
+		pthread_mutex_lock(&s->track_lock);
+		s->stopping = true;
+		pthread_cond_broadcast(&s->track_cv);
+		pthread_mutex_unlock(&s->track_lock);
+		pthread_join(s->watchdog, NULL);
+	}
+	pool_close(s);
+	pthread_cond_destroy(&s->track_cv);
+	pthread_mutex_destroy(&s->track_lock);
+	pthread_cond_destroy(&s->slot_cv);
+	pthread_mutex_destroy(&s->lock);
+	free(s);
+}
+
 int http_server_start(const struct http_config *cfg, int listen_fd, struct http_server **ret)
 {
 	struct http_server *s = calloc(1, sizeof(*s));
+	int r = 0;
+
 	if (!s)
 		return -ENOMEM;
 	s->cfg = *cfg;
 	s->started = (long)time(NULL);
 	pthread_mutex_init(&s->lock, NULL);
+	pthread_cond_init(&s->slot_cv, NULL);
+	pthread_mutex_init(&s->track_lock, NULL);
+	pthread_cond_init(&s->track_cv, NULL);
 	snprintf(s->model, sizeof(s->model), "%s", cfg->model_id);
-	if (cfg->api_key_file[0]) {
-		int r = read_key(s);
-		if (r < 0) {
-			pthread_mutex_destroy(&s->lock);
-			free(s);
-			return r;
-		}
-	}
+	if (cfg->api_key_file[0] && (r = read_key(s)) < 0)
+		goto fail;
+	r = -pthread_create(&s->watchdog, NULL, watchdog, s);
+	if (r < 0)
+		goto fail;
+	s->watchdog_running = true;
 	s->mhd = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
 					  MHD_USE_ITC,
 				  0, NULL, NULL, on_request, s,
 				  MHD_OPTION_LISTEN_SOCKET, listen_fd,
 				  MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+				  MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
 				  MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
 				  MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)cfg->max_connections_per_ip,
 				  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->client_timeout_s,
@@ -923,12 +1098,14 @@ int http_server_start(const struct http_config *cfg, int listen_fd, struct http_
 				  MHD_OPTION_END);
 	if (!s->mhd) {
 		log_msg(3, "the HTTP server did not start");
-		pthread_mutex_destroy(&s->lock);
-		free(s);
-		return -EIO;
+		r = -EIO;
+		goto fail;
 	}
 	*ret = s;
 	return 0;
+fail:
+	server_free(s);
+	return r;
 }
 
 struct http_server *http_server_stop(struct http_server *s)
@@ -939,9 +1116,6 @@ struct http_server *http_server_stop(struct http_server *s)
 	MHD_stop_daemon(s->mhd);
 	if (fd >= 0)
 		close(fd);
-	for (size_t i = 0; i < s->n_pool; i++)
-		kvc_close(s->pool[i]);
-	pthread_mutex_destroy(&s->lock);
-	free(s);
+	server_free(s);
 	return NULL;
 }

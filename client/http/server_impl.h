@@ -18,7 +18,11 @@
 #define HTTP_POLL_MS          100   /* longest wait for kvd before looking at the HTTP client again */
 #define HTTP_START_TIMEOUT_MS 30000 /* sending a request (and a large prompt) to kvd */
 #define HTTP_CTL_TIMEOUT_MS   5000  /* stats / ping for /metrics and /health */
-#define HTTP_KVD_POOL_MAX     64    /* idle kvd connections kept */
+#define HTTP_WATCHDOG_MS      200   /* how often request deadlines are looked at */
+#define HTTP_PUMP_MS          10    /* longest wait of a lane's pumper before it hands out others' events */
+#define HTTP_CANCEL_WAIT_MS   2000  /* waiting for kvd to confirm a cancelled request */
+#define HTTP_STREAM_SNDBUF    (16u << 10) /* a stream's socket buffer (the kernel doubles it): a client
+					     * that stops reading is noticed after this much */
 #define HTTP_THREAD_STACK     (512u << 10)
 
 enum route {
@@ -42,11 +46,25 @@ struct http_server {
 	size_t api_key_len;
 	long started;
 
-	pthread_mutex_t lock; /* guards pool, n_pool, model */
-	kvc_client *pool[HTTP_KVD_POOL_MAX];
-	size_t n_pool;
+	pthread_mutex_t lock; /* guards the lanes and queue below, model, n_ctx */
+	pthread_cond_t slot_cv; /* a lane slot was freed (or a connect ended) */
+	struct lane *lanes[HTTP_MAX_KVD_CONNECTIONS];
+	size_t n_lanes;
+	uint32_t n_connecting;
+	uint32_t n_queued;    /* requests waiting for a lane slot */
+	uint64_t next_serial;
 	char model[HTTP_MAX_MODEL_ID];
 	uint32_t n_ctx;       /* kvd's context window, tokens (0 until known) */
+
+	/* request deadlines: every connection, watched by one thread */
+	pthread_mutex_t track_lock;
+	pthread_cond_t track_cv;  /* stop the watchdog */
+	struct track *tracks;
+	bool stopping;
+	bool watchdog_running;
+	pthread_t watchdog;
+	atomic_uint_fast64_t request_timeouts;        /* connections cut by request_timeout */
+	atomic_uint_fast64_t unread_streams;          /* streams cut: the client stopped reading */
 
 	atomic_uint_fast64_t responses[N_STATUS + 1]; /* last: other codes */
 	atomic_uint_fast64_t generations[3];          /* by endpoint */
@@ -55,6 +73,27 @@ struct http_server {
 	atomic_uint_fast64_t prompt_tokens, cached_tokens, completion_tokens;
 	atomic_uint_fast64_t id_counter;
 };
+
+/* One HTTP connection, for request_timeout (under track_lock). */
+struct track {
+	struct track *next, *prev;
+	int fd;
+	int64_t since_ms;   /* the connection's start, or its last answer's end */
+	bool answering;     /* the request is in: no deadline until answered */
+	bool cut;
+};
+
+/* A request on a lane: its mailbox (pool.c). */
+struct lane_req {
+	struct lane_req *next, *prev;
+	kvc_request *kr;
+	bool want, has, ended;
+	int rc;                     /* what kvc_request_next() returned */
+	const struct kvc_event *ev; /* with rc 1 */
+	char msg[256];              /* kvd's message when the start failed */
+};
+
+struct lane;
 
 struct conn {
 	struct http_server *s;
@@ -67,8 +106,10 @@ struct conn {
 
 	/* a generation */
 	struct http_gen_req req;
-	kvc_client *kc;
-	kvc_request *kr;
+	struct lane *lane;  /* the kvd connection carrying it (pool.c) */
+	uint32_t weight;    /* its slots there: kvd's count (samples) */
+	struct lane_req lr; /* its request on the lane */
+	kvc_request *kr;    /* lr.kr */
 	bool kr_done;       /* kvd ended the request (any way) */
 	int sock;           /* the HTTP client's socket */
 	char id[48];
@@ -76,6 +117,9 @@ struct conn {
 	char model[HTTP_MAX_MODEL_ID];
 	bool counted_active;
 	int64_t last_check_ms; /* when the HTTP socket was last looked at */
+	bool streaming;     /* the stream's 200 is queued: watch the client read it */
+	uint64_t acked;     /* the stream's bytes the client's TCP has acknowledged */
+	int64_t stuck_since_ms; /* since when bytes wait unacknowledged (0: none wait) */
 
 	/* bytes waiting to be sent (stream) or the collected text (non-stream) */
 	char *out;
@@ -99,6 +143,44 @@ void add_usage(struct conn *c, const struct kvc_result *res, struct http_usage *
  * when the HTTP client left. */
 int next_event(struct conn *c, const struct kvc_event **ret_ev, int *ret_code);
 void ended_error(struct conn *c, int code, struct http_error *e);
+
+/* Has the HTTP client on fd hung up? */
+bool client_gone(int fd);
+
+/* ---- pool.c: kvd connections shared by HTTP requests ---- */
+/* A connection-level error (the lane is unusable; one retry on a fresh one). */
+bool kvd_conn_error(int code);
+/* The serial the next new connection gets: pass it as min_serial to insist
+ * on a connection made after now. */
+uint64_t pool_serial(struct http_server *s);
+/* A slot of *weight requests on a lane of serial >= min_serial (weight 0: a
+ * control call, never queued). Waits in the queue while every lane is full
+ * (watching the HTTP client on sock, unless -1). *weight may shrink to
+ * kvd's per-connection limit. 0 and *ret; -EBUSY when the queue is full
+ * (max_queued); -ECONNABORTED when the HTTP client left; kvc_connect()'s
+ * errors. */
+int pool_acquire(struct http_server *s, uint32_t *weight, uint64_t min_serial, int sock, struct lane **ret);
+/* Give the slot back; broken: the connection failed (drop it, and every
+ * other one nobody uses). */
+void pool_release(struct http_server *s, struct lane *l, uint32_t weight, bool broken);
+/* Close every lane (the server stops; no request left). */
+void pool_close(struct http_server *s);
+/* The lane's client for a control call (timeout_ms set) until lane_unlock. */
+kvc_client *lane_lock(struct lane *l, int timeout_ms);
+void lane_unlock(struct lane *l);
+/* Start a request on the lane (as kvc_request_start); lr->msg gets kvd's
+ * message on failure. */
+int lane_start(struct lane *l, const char *prompt, size_t len, const struct kvc_gen_params *p, struct lane_req *lr);
+/* Its next event within wait_ms: 1 and *ret_ev (valid until the next
+ * call); -EAGAIN when none came; otherwise the request ended with that code
+ * (kvc_request_next's: 0, -ECANCELED, an error), as again on later calls. */
+int lane_next(struct lane *l, struct lane_req *lr, int wait_ms, const struct kvc_event **ret_ev);
+/* kvc_request_result() once ended, else NULL. */
+const struct kvc_result *lane_result(struct lane_req *lr);
+/* Release the request; one still running is cancelled and kvd's
+ * confirmation awaited (wait_ms at most). Returns true when the lane
+ * should be dropped. */
+bool lane_end(struct lane *l, struct lane_req *lr, int wait_ms);
 
 /* ---- choices.c ---- */
 /* The request wants the choices path: n > 1 or log-probabilities. */

@@ -218,16 +218,12 @@ P4=$(free_port)
 "$HTTPD" --kvd-socket "$S2" --listen "127.0.0.1:$P4" 2>"$T/http4.log" &
 PIDS+=($!)
 wait_health "http://127.0.0.1:$P4"
-for i in 1 2 3 4 5 6; do
-	curl -s -o "$T/q$i.out" -w '%{http_code}' "http://127.0.0.1:$P4/v1/completions" \
-		-d "{\"prompt\":\"queue test $i\",\"max_tokens\":300,\"temperature\":0}" >"$T/q$i.code" &
-	QP[$i]=$!
-done
-for i in 1 2 3 4 5 6; do wait "${QP[$i]}"; done
-codes=$(for i in 1 2 3 4 5 6; do cat "$T/q$i.code"; echo; done)
-n429=$(grep -c 429 <<<"$codes"); n200=$(grep -c 200 <<<"$codes")
-[ "$n429" -ge 1 ] && [ "$n200" -ge 1 ] && [ $((n429 + n200)) = 6 ] || fail "queue full: codes $(echo $codes)"
-grep -h -l '"code":"rate_limit_exceeded"' "$T"/q?.out >/dev/null || fail "429 without rate_limit_exceeded"
+# six requests at once (a barrier: the tiny model answers one in ~0.1 s)
+$PY tests/http/burst.py "http://127.0.0.1:$P4" 6 300 60 >"$T/q.json" || fail "burst.py"
+read -r n200 n429 <<<"$($PY -c 'import json,sys; r = json.load(open(sys.argv[1])); c = r["codes"]
+assert set(c) <= {"200", "429"} and set(r["errors"]) <= {"429:rate_limit_exceeded"}, r
+print(c.get("200", 0), c.get("429", 0))' "$T/q.json")" || fail "queue full: $(cat "$T/q.json")"
+[ "$n429" -ge 1 ] && [ "$n200" -ge 1 ] || fail "queue full: $(cat "$T/q.json")"
 CTX=$(curl -sf "http://127.0.0.1:$P4/v1/models" | $PY -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["max_model_len"])') ||
 	fail "/v1/models without max_model_len"
 for mt in $CTX $((CTX + 1)); do
