@@ -44,7 +44,9 @@
 #define HTTP_MAX_MESSAGES            KVC_MAX_CHAT_MSGS /* entries of a messages array */
 #define HTTP_MAX_MODEL_ID            128         /* bytes of a model name */
 #define HTTP_MAX_JSON_DEPTH          32          /* nesting of a request body */
-#define HTTP_MAX_API_KEY             512         /* bytes of the API key file */
+#define HTTP_MAX_API_KEY             512         /* bytes of one API key */
+#define HTTP_MAX_API_KEYS            64          /* keys in the API key file */
+#define HTTP_MAX_CACHE_SALT          48          /* bytes of a request's cache_salt */
 #define HTTP_MAX_N                   KVC_MAX_SAMPLES      /* choices of one request ('n') */
 #define HTTP_MAX_TOP_LOGPROBS        KVC_MAX_TOP_LOGPROBS /* 'top_logprobs' (chat), 'logprobs' (completions) */
 
@@ -112,6 +114,7 @@ int http_fail(struct http_error *e, int status, const char *type, const char *co
 struct http_gen_req {
 	int endpoint;
 	char *model;
+	char *cache_salt;        /* vLLM's cache_salt: prompt pages are shared only within it */
 	char *system;            /* chat: the system (or developer) message */
 	char *prompt;            /* chat: the user message; completions: the prompt */
 	size_t prompt_len;

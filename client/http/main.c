@@ -208,7 +208,7 @@ int main(int argc, char **argv)
 	if (r < 0) {
 		if (r != -EIO)
 			fprintf(stderr, "<3>kvd-http: api_key_file %s: %s\n", cfg.api_key_file,
-				r == -EINVAL ? "empty or too long" : strerror(-r));
+				r == -EINVAL ? "no key, a key over 512 bytes, more than 64 keys or one twice" : strerror(-r));
 		close(fd);
 		return r == -EIO ? 1 : EXIT_CONFIG;
 	}

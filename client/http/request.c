@@ -15,8 +15,9 @@
  * change what is generated, such as guided decoding or ignore_eos) gets a
  * 400 naming it, never a silent approximation. Other keys this file does
  * not know are ignored, as every OpenAI-compatible server does, since
- * clients send metadata (user, store, metadata, cache_salt, ...) that does
- * not change the answer.
+ * clients send metadata (user, store, metadata, ...) that does not change
+ * the answer. 'cache_salt' (vLLM's) is honoured: it names the cache tenant
+ * the request's prompt pages are shared within (server.c).
  *
  * Nothing here knows HTTP or kvd, so tests/fuzz/fuzz_http_request.c can
  * drive the parser alone.
@@ -51,6 +52,7 @@ int http_fail(struct http_error *e, int status, const char *type, const char *co
 void http_gen_req_clear(struct http_gen_req *r)
 {
 	free(r->model);
+	free(r->cache_salt);
 	free(r->system);
 	free(r->prompt);
 	for (size_t i = 0; i < r->n_messages; i++)
@@ -501,6 +503,15 @@ static int parse_fields(int ep, json_t *o, struct http_gen_req *r, struct http_e
 	}
 	if ((x = refuse_extras(o, e)) < 0)
 		return x;
+	if ((v = opt(o, "cache_salt"))) {
+		size_t n = json_is_string(v) ? json_string_length(v) : 0;
+
+		if (!json_is_string(v) || n == 0 || n > HTTP_MAX_CACHE_SALT || memchr(json_string_value(v), 0, n))
+			return BAD(e, "cache_salt", "'cache_salt' must be a string of 1 to %d bytes without NUL",
+				   HTTP_MAX_CACHE_SALT);
+		if (!(r->cache_salt = strdup(json_string_value(v))))
+			return BAD(e, NULL, "out of memory");
+	}
 	if (ep == HTTP_EP_COMPLETIONS) {
 		if ((x = only_neutral(o, "best_of", e, "kvd returns every sample it makes: use 'n'")) < 0)
 			return x;

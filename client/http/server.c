@@ -250,6 +250,28 @@ static void fill_params(const struct conn *c, const struct kvc_info *info, struc
 		p->flags |= KVC_GEN_LOGPROBS | KVC_GEN_WANT_IDS;
 		p->top_logprobs = q->top_logprobs;
 	}
+	if (c->tenant[0])
+		p->tenant = c->tenant;
+}
+
+/* The request's cache tenant in kvd: its API key (by its line in the key
+ * file) and its cache_salt, so requests share cached prompt pages only when
+ * both are the same; "" (the gateway's whole scope) with neither. The
+ * key's text is never sent. Also kvd's fairness owner when kvd trusts
+ * kvd-http's user ([server] gateway_users). */
+static void set_tenant(struct conn *c)
+{
+	const char *salt = c->req.cache_salt;
+
+	_Static_assert(4 + 1 + HTTP_MAX_CACHE_SALT + 1 <= sizeof(c->tenant), "tenant fits");
+	if (c->key_index >= 0 && salt)
+		snprintf(c->tenant, sizeof(c->tenant), "k%d/%s", c->key_index, salt);
+	else if (c->key_index >= 0)
+		snprintf(c->tenant, sizeof(c->tenant), "k%d", c->key_index);
+	else if (salt)
+		snprintf(c->tenant, sizeof(c->tenant), "/%s", salt);
+	else
+		c->tenant[0] = '\0';
 }
 
 /* Send the request to kvd on a lane of serial >= min_serial: 0, or an
@@ -486,6 +508,7 @@ static enum MHD_Result generate(struct MHD_Connection *con, struct conn *c)
 	if (http_parse_gen_request(c->route == ROUTE_CHAT ? HTTP_EP_CHAT : HTTP_EP_COMPLETIONS, c->body, c->body_len,
 				   &c->req, &e) < 0)
 		return send_error(con, s, &e);
+	set_tenant(c);
 	served_model(s, c->model);
 	if (!c->model[0]) {
 		map_kvd_error(-ECONNREFUSED, "cannot connect to kvd", &e);
@@ -902,20 +925,27 @@ static enum route route_of(const char *url, bool *ret_post)
 	return ROUTE_NONE;
 }
 
-/* Constant-time comparison of the Authorization header with the key. */
-static bool key_ok(const struct http_server *s, struct MHD_Connection *con)
+/* Which API key the Authorization header carries: its index, -1 when no key
+ * is configured, -2 when it matches none. Every key is compared in full,
+ * in time that does not depend on which one (if any) matches. */
+static int key_match(const struct http_server *s, struct MHD_Connection *con)
 {
-	if (!s->api_key_len)
-		return true;
+	int found = -2;
+
+	if (!s->n_api_keys)
+		return -1;
 	const char *h = MHD_lookup_connection_value(con, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
 	if (!h || strncmp(h, "Bearer ", 7) != 0)
-		return false;
+		return -2;
 	h += 7;
 	size_t n = strlen(h);
-	unsigned char diff = n != s->api_key_len;
-	for (size_t i = 0; i < s->api_key_len; i++)
-		diff |= (unsigned char)(s->api_key[i] ^ (i < n ? h[i] : 0));
-	return diff == 0;
+	for (size_t k = 0; k < s->n_api_keys; k++) {
+		unsigned char diff = n != s->api_key_len[k];
+		for (size_t i = 0; i < s->api_key_len[k]; i++)
+			diff |= (unsigned char)(s->api_keys[k][i] ^ (i < n ? h[i] : 0));
+		found = diff == 0 ? (int)k : found;
+	}
+	return found;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const char *url, const char *method,
@@ -946,7 +976,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
 				  "%.200s accepts %s only", url, post ? "POST" : "GET");
 			return send_error(con, s, &e);
 		}
-		if (c->route != ROUTE_HEALTH && !key_ok(s, con)) {
+		c->key_index = key_match(s, con);
+		if (c->route != ROUTE_HEALTH && c->key_index == -2) {
 			http_fail(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
 				  "Incorrect or missing API key: send \"Authorization: Bearer KEY\"");
 			return send_error(con, s, &e);
@@ -1028,23 +1059,46 @@ static void on_completed(void *cls, struct MHD_Connection *con, void **con_cls, 
 	free(c);
 }
 
+/* api_key_file: one key a line (trailing blanks dropped; empty lines and
+ * lines starting with '#' skipped), 1 to HTTP_MAX_API_KEYS distinct keys of
+ * at most HTTP_MAX_API_KEY bytes. Each key is a cache tenant of its own.
+ * -errno of the open, -EIO, or -EINVAL (none, too many, too long, twice). */
 static int read_key(struct http_server *s)
 {
 	FILE *f = fopen(s->cfg.api_key_file, "re");
+	char *line = NULL;
+	size_t cap = 0;
+	ssize_t len;
+	int r = 0;
+
 	if (!f)
 		return -errno;
-	size_t n = fread(s->api_key, 1, sizeof(s->api_key), f);
-	int err = ferror(f) ? -EIO : 0;
+	s->n_api_keys = 0;
+	while (r == 0 && (len = getline(&line, &cap, f)) >= 0) {
+		size_t n = (size_t)len;
+
+		while (n && (line[n - 1] == '\n' || line[n - 1] == '\r' || line[n - 1] == ' ' || line[n - 1] == '\t'))
+			n--;
+		if (n == 0 || line[0] == '#')
+			continue;
+		if (n > HTTP_MAX_API_KEY || s->n_api_keys == HTTP_MAX_API_KEYS || memchr(line, 0, n)) {
+			r = -EINVAL;
+			break;
+		}
+		for (size_t k = 0; k < s->n_api_keys; k++)
+			if (s->api_key_len[k] == n && !memcmp(s->api_keys[k], line, n))
+				r = -EINVAL;
+		memcpy(s->api_keys[s->n_api_keys], line, n);
+		s->api_keys[s->n_api_keys][n] = '\0';
+		s->api_key_len[s->n_api_keys++] = n;
+	}
+	if (r == 0 && ferror(f))
+		r = -EIO;
+	if (r == 0 && s->n_api_keys == 0)
+		r = -EINVAL;
+	free(line);
 	fclose(f);
-	if (err)
-		return err;
-	while (n && (s->api_key[n - 1] == '\n' || s->api_key[n - 1] == '\r' || s->api_key[n - 1] == ' '))
-		n--;
-	if (n == 0 || n > HTTP_MAX_API_KEY)
-		return -EINVAL;
-	s->api_key[n] = '\0';
-	s->api_key_len = n;
-	return 0;
+	return r;
 }
 
 static void server_free(struct http_server *s)

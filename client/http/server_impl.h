@@ -42,8 +42,9 @@ static const int counted_status[] = { 200, 400, 401, 404, 405, 413, 429, 500, 50
 struct http_server {
 	struct http_config cfg;
 	struct MHD_Daemon *mhd;
-	char api_key[HTTP_MAX_API_KEY + 1];
-	size_t api_key_len;
+	char api_keys[HTTP_MAX_API_KEYS][HTTP_MAX_API_KEY + 1]; /* api_key_file's, one a line */
+	size_t api_key_len[HTTP_MAX_API_KEYS];
+	size_t n_api_keys;
 	long started;
 
 	pthread_mutex_t lock; /* guards the lanes and queue below, model, n_ctx */
@@ -106,6 +107,8 @@ struct conn {
 
 	/* a generation */
 	struct http_gen_req req;
+	int key_index;      /* the API key it came with (0 .. n_api_keys - 1), -1 without keys */
+	char tenant[KVC_MAX_TENANT_BYTES + 1]; /* its kvd cache tenant ("" none): key and cache_salt */
 	struct lane *lane;  /* the kvd connection carrying it (pool.c) */
 	uint32_t weight;    /* its slots there: kvd's count (samples) */
 	struct lane_req lr; /* its request on the lane */
