@@ -90,6 +90,11 @@ struct kvd_request_params {
 	 * cached page serves only requests of the same scope. */
 	uint64_t owner;
 	uint64_t cache_scope;
+	/* Within one owner, requests with a lower priority are admitted and
+	 * resumed first and preempted last (vLLM's `priority`); 0 is the
+	 * default. Between owners it counts for nothing: the machine is
+	 * shared between owners first (sched_fair.c). */
+	int32_t priority;
 };
 
 #define KVD_MAX_SAMPLES 16
