@@ -48,6 +48,7 @@
 #define SCHED_DEMOTE_RESERVE_DIV 16 /* keep 1/16 of the pool free ahead of a step */
 #define SCHED_DEMOTE_BATCH       32 /* pages demoted in one step at most */
 #define SCHED_MIN_CHUNK           4 /* prefill beside decodes never shrinks below this */
+#define SCHED_FAIR_MIN_CHUNK     64 /* nor, for the owner furthest behind, below this */
 
 uint64_t sched_now_ns(const struct kvd_sched *s)
 {
@@ -759,8 +760,11 @@ static void plan_chunk(struct kvd_sched *s, struct step_plan *pl, struct req *r,
 	}
 	if (pl->timed && phase > 0) {
 		uint32_t cap = kvd_step_model_cap(&s->model, pl->left_ns, r->n_computed, take);
-		if (pl->prefill_taken + cap < SCHED_MIN_CHUNK) /* never below a minimum chunk */
-			cap = SCHED_MIN_CHUNK - pl->prefill_taken;
+		/* the owner furthest behind reads a short prompt in one step,
+		 * whatever the others' decodes cost */
+		uint32_t least = s->n_owners > 1 && r->oi == 0 ? SCHED_FAIR_MIN_CHUNK : SCHED_MIN_CHUNK;
+		if (pl->prefill_taken + cap < least) /* never below a minimum chunk */
+			cap = least - pl->prefill_taken;
 		if (cap == 0 && phase == 1)
 			return;
 		if (cap == 0)
