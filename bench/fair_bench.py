@@ -13,7 +13,7 @@ by the two users active). Medians of
 --reps runs each. Needs root (to speak as two uids) and setpriv.
 
   bench/fair_bench.py [--conns 1,4,32] [--reps 3] [--threads 2]
-                      [--pool-size 256M] [--flood-tokens 7000]
+                      [--pool-size 64M] [--flood-tokens 2500] [--timeout 60]
 """
 import argparse
 import json
@@ -47,9 +47,12 @@ def stats(sock):
     return json.loads(raw(sock, "stats").stdout)
 
 
-def victim(sock, n):
-    """(ttft_s, tokens/s) of one short request."""
-    r = raw(sock, "generate", "--raw", "-n", str(n), VPROMPT, as_user=VICTIM)
+def victim(sock, n, timeout=600):
+    """(ttft_s, tokens/s) of one short request; None when it timed out."""
+    try:
+        r = raw(sock, "generate", "--raw", "-n", str(n), VPROMPT, as_user=VICTIM, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
     m = re.search(r"generated=(\d+) ttft_ms=([\d.]+) total_ms=([\d.]+)", r.stdout + r.stderr)
     if r.returncode != 0 or not m:
         sys.exit(f"fair_bench: the short request failed: {r.stderr[-300:]}")
@@ -62,9 +65,10 @@ def main():
     ap.add_argument("--conns", default="1,4,32")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--pool-size", default="256M")
-    ap.add_argument("--flood-tokens", type=int, default=7000)
+    ap.add_argument("--pool-size", default="64M")
+    ap.add_argument("--flood-tokens", type=int, default=2500)
     ap.add_argument("--tokens", type=int, default=64, help="the short request's max_tokens")
+    ap.add_argument("--timeout", type=int, default=60, help="seconds a short request may take beside the flood")
     a = ap.parse_args()
     if os.geteuid() != 0 or not shutil.which("setpriv"):
         print("fair_bench: skipped: needs root and setpriv (two uids)")
@@ -94,7 +98,7 @@ def main():
         print(f"fair_bench: model {os.path.basename(MODEL)}, threads {a.threads}, pool {a.pool_size}, "
               f"flood max_tokens {a.flood_tokens}, short request {a.tokens} tokens, median of {a.reps}")
         print(f"{'flooding conns':>14} {'TTFT ms':>9} {'bound ms':>9} {'tok/s':>7} {'fair tok/s':>10} "
-              f"{'share':>6} {'flood tok/s':>11}")
+              f"{'share':>6}")
         print(f"{'0 (idle)':>14} {ttft0 * 1e3:9.1f} {'':>9} {rate0:7.1f} {'':>10} {'':>6}")
         for n in [int(x) for x in a.conns.split(",")]:
             floods = [subprocess.Popen(["sh", "-c", "while :; do \"$@\" >/dev/null 2>&1 || sleep 0.2; done",
@@ -109,12 +113,18 @@ def main():
                 time.sleep(0.1)
             runs = []
             for _ in range(a.reps):
-                ttft, rate = victim(sock, a.tokens)
-                runs.append((ttft, rate))
+                v = victim(sock, a.tokens, a.timeout)
+                if v is None:
+                    break
+                runs.append(v)
             for p in floods:
                 os.killpg(p.pid, signal.SIGTERM)
                 p.wait()
             floods = []
+            if len(runs) < a.reps:
+                print(f"{n:>14} {'>' + str(a.timeout) + ' s: starved':>20}")
+                time.sleep(1)
+                continue
             ttft = statistics.median(r[0] for r in runs)
             rate = statistics.median(r[1] for r in runs)
             bound = 2 * ttft0 + STEP_MS / 1e3
