@@ -10,7 +10,11 @@ on the idle daemon, then beside 1, 4 and 32 connections of another user
 victim's TTFT against twice its idle TTFT plus one step budget
 (max_step_ms), its tokens/s against its fair share (its idle rate divided
 by the two users active). Medians of
---reps runs each. Needs root (to speak as two uids) and setpriv.
+--reps runs each. "share" is the victim's tokens/s over its fair share (1.0:
+exactly half its idle rate); "CPU share" the same per second of kvd's own
+CPU time (user + system, /proc), which other processes loading the machine
+do not move (kvd runs one engine thread and never sleeps while busy).
+Needs root (to speak as two uids) and setpriv.
 
   bench/fair_bench.py [--conns 1,4,32] [--reps 3] [--threads 2]
                       [--pool-size 64M] [--flood-tokens 2500] [--timeout 60]
@@ -47,17 +51,27 @@ def stats(sock):
     return json.loads(raw(sock, "stats").stdout)
 
 
-def victim(sock, n, timeout=600):
-    """(ttft_s, tokens/s) of one short request; None when it timed out."""
+def cpu_s(pid):
+    """kvd's CPU time (user + system), seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def victim(sock, n, timeout=600, pid=None):
+    """(ttft_s, tokens/s, tokens per second of kvd's CPU time) of one short
+    request; None when it timed out."""
+    c0 = cpu_s(pid)
     try:
         r = raw(sock, "generate", "--raw", "-n", str(n), VPROMPT, as_user=VICTIM, timeout=timeout)
     except subprocess.TimeoutExpired:
         return None
+    c1 = cpu_s(pid)
     m = re.search(r"generated=(\d+) ttft_ms=([\d.]+) total_ms=([\d.]+)", r.stdout + r.stderr)
     if r.returncode != 0 or not m:
         sys.exit(f"fair_bench: the short request failed: {r.stderr[-300:]}")
     gen, ttft, total = int(m.group(1)), float(m.group(2)), float(m.group(3))
-    return ttft / 1e3, (gen - 1) / max((total - ttft) / 1e3, 1e-9)
+    return ttft / 1e3, (gen - 1) / max((total - ttft) / 1e3, 1e-9), gen / max(c1 - c0, 1e-2)
 
 
 def main():
@@ -92,15 +106,16 @@ def main():
                 break
             time.sleep(0.1)
         raw(sock, "generate", "--raw", "-n", "8", VPROMPT)  # warm-up
-        idle = [victim(sock, a.tokens) for _ in range(a.reps)]
-        ttft0 = statistics.median(t for t, _ in idle)
-        rate0 = statistics.median(r for _, r in idle)
         print(f"fair_bench: model {os.path.basename(MODEL)}, threads {a.threads}, pool {a.pool_size}, "
-              f"flood max_tokens {a.flood_tokens}, short request {a.tokens} tokens, median of {a.reps}")
-        print(f"{'flooding conns':>14} {'TTFT ms':>9} {'bound ms':>9} {'tok/s':>7} {'fair tok/s':>10} "
-              f"{'share':>6}")
-        print(f"{'0 (idle)':>14} {ttft0 * 1e3:9.1f} {'':>9} {rate0:7.1f} {'':>10} {'':>6}")
+              f"flood max_tokens {a.flood_tokens}, short request {a.tokens} tokens, median of {a.reps}; "
+              f"idle figures measured again right before each flood (this machine's load drifts)")
+        print(f"{'flooding conns':>14} {'idle TTFT':>9} {'TTFT ms':>9} {'bound ms':>9} {'idle tok/s':>10} "
+              f"{'tok/s':>7} {'fair tok/s':>10} {'share':>6} {'CPU share':>9}")
         for n in [int(x) for x in a.conns.split(",")]:
+            idle = [victim(sock, a.tokens, pid=kvd.pid) for _ in range(a.reps)]
+            ttft0 = statistics.median(v[0] for v in idle)
+            rate0 = statistics.median(v[1] for v in idle)
+            cpu0 = statistics.median(v[2] for v in idle)
             floods = [subprocess.Popen(["sh", "-c", "while :; do \"$@\" >/dev/null 2>&1 || sleep 0.2; done",
                                         "flood"] + FLOODER + [RAW, "-s", sock, "generate", "--raw", "-n",
                                                               str(a.flood_tokens), f"{APROMPT} {j}"],
@@ -113,7 +128,7 @@ def main():
                 time.sleep(0.1)
             runs = []
             for _ in range(a.reps):
-                v = victim(sock, a.tokens, a.timeout)
+                v = victim(sock, a.tokens, a.timeout, kvd.pid)
                 if v is None:
                     break
                 runs.append(v)
@@ -122,15 +137,16 @@ def main():
                 p.wait()
             floods = []
             if len(runs) < a.reps:
-                print(f"{n:>14} {'>' + str(a.timeout) + ' s: starved':>20}")
+                print(f"{n:>14} {ttft0 * 1e3:9.1f} {'>' + str(a.timeout) + ' s: starved':>20}")
                 time.sleep(1)
                 continue
             ttft = statistics.median(r[0] for r in runs)
             rate = statistics.median(r[1] for r in runs)
+            cpu = statistics.median(r[2] for r in runs)
             bound = 2 * ttft0 + STEP_MS / 1e3
             fair = rate0 / 2
-            print(f"{n:>14} {ttft * 1e3:9.1f} {bound * 1e3:9.1f} {rate:7.1f} {fair:10.1f} "
-                  f"{rate / fair:6.2f}")
+            print(f"{n:>14} {ttft0 * 1e3:9.1f} {ttft * 1e3:9.1f} {bound * 1e3:9.1f} {rate0:10.1f} "
+                  f"{rate:7.1f} {fair:10.1f} {rate / fair:6.2f} {cpu / (cpu0 / 2):9.2f}")
             time.sleep(1)  # the flood's requests cancelled, its pages freed
     finally:
         for p in floods:
