@@ -145,6 +145,7 @@ struct greq {
 	/* context policy (ctxpolicy.c): the request's block, else its session's */
 	struct ipc_gen_context ctx;
 	struct ipc_gen_tenant tenant; /* with IPC_GEN_TENANT: narrows its cache scope */
+	int32_t priority;             /* IPC_GEN_PRIORITY's, else 0 */
 	uint32_t turn_start;          /* session turns: history tokens before this turn */
 	uint32_t head_tokens;         /* a first turn: tokens truncate-oldest keeps */
 	uint32_t trunc_turns, trunc_tokens; /* what truncate-oldest removed for it */
