@@ -158,7 +158,7 @@ int kvd_sched_create(const struct kvd_sched_config *cfg, struct kvd_engine *e, c
  * the pages windowed layers are done with (kvd_engine_step), that is one
  * window and a step's tokens of whole pages, and the packed pages of the
  * rest; else every page. */
-static uint64_t pages_bound(const struct kvd_sched *s, uint64_t tokens, int windowed)
+uint64_t sched_pages_bound(const struct kvd_sched *s, uint64_t tokens, int windowed)
 {
 	uint64_t all = (tokens + s->block_size - 1) / s->block_size, live, rel;
 	uint32_t slots = 0, win = 0;
@@ -207,7 +207,7 @@ void sched_remove_at(struct kvd_sched *s, size_t i)
 	s->n_reqs--;
 }
 
-static struct req *find(const struct kvd_sched *s, uint64_t id, size_t *ret_i)
+struct req *sched_find(const struct kvd_sched *s, uint64_t id, size_t *ret_i)
 {
 	for (size_t i = 0; i < s->n_reqs; i++)
 		if (s->reqs[i]->id == id && s->reqs[i]->state != RS_SESSION) {
@@ -230,7 +230,7 @@ struct req *sched_find_session(const struct kvd_sched *s, uint64_t session, size
 }
 
 /* The request is over: report, then keep its KV as a session or drop it. */
-static void finish(struct kvd_sched *s, struct req *r, enum kvd_finish why, int error)
+void sched_finish(struct kvd_sched *s, struct req *r, enum kvd_finish why, int error)
 {
 	size_t i;
 	uint64_t t = sched_now_ns(s);
@@ -311,7 +311,7 @@ struct kvd_sched *kvd_sched_destroy(struct kvd_sched *s)
 			sched_drop_seq(s, r);
 			req_free(r);
 		} else {
-			finish(s, r, KVD_FINISH_CANCELLED, 0);
+			sched_finish(s, r, KVD_FINISH_CANCELLED, 0);
 		}
 	}
 	free(s->reqs);
@@ -336,170 +336,6 @@ int reserve_toks(struct req *r, uint32_t n)
 	r->toks = t;
 	r->cap_toks = cap;
 	return 0;
-}
-
-int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt, uint32_t n_prompt,
-		     const struct kvd_request_params *p)
-{
-	struct req *r = NULL, *sess = NULL;
-	size_t si = 0, waiting = 0;
-	uint32_t hist = 0;
-	int rc;
-
-	uint32_t n_samples = p->n_samples ? p->n_samples : 1;
-
-	if (!n_prompt || !p->max_tokens)
-		return -EINVAL;
-	if (kvd_sampler_params_check(&p->sampling) < 0)
-		return -EINVAL;
-	/* samples fork one sequence: not with a session's, nor under a window
-	 * policy (its drops are per sequence) */
-	if (n_samples > KVD_MAX_SAMPLES || (n_samples > 1 && (p->session || p->ctx_policy != KVD_CTX_ERROR)) ||
-	    p->top_logprobs > KVD_LOGPROBS_MAX_TOP ||
-	    (int32_t)p->top_logprobs > s->n_vocab)
-		return -EINVAL;
-	if (n_samples > s->cfg.max_num_seqs)
-		return -ERANGE;
-	for (uint32_t i = 0; i < n_prompt; i++)
-		if (prompt[i] < 0 || prompt[i] >= s->n_vocab)
-			return -EINVAL;
-	if (find(s, req_id, NULL))
-		return -EEXIST;
-	for (size_t i = 0; i < s->n_reqs; i++)
-		waiting += s->reqs[i]->state == RS_WAITING;
-	if (waiting >= s->cfg.max_waiting)
-		return -EBUSY;
-	if (p->session) {
-		sess = sched_find_session(s, p->session, &si);
-		if (sess && sess->state != RS_SESSION)
-			return -EBUSY; /* a turn of this session is still running */
-		if (sess)
-			hist = sess->n_toks;
-	}
-	struct kvd_window w = {0};
-	int windowed = p->ctx_policy == KVD_CTX_SLIDING_WINDOW || p->ctx_policy == KVD_CTX_SINKS;
-	uint64_t kv_need = (uint64_t)hist + n_prompt + p->max_tokens;
-	if (windowed) {
-		if (!kvd_engine_can_shift(s->e))
-			return -ENOTSUP;
-		if (kvd_window_make(s->block_size, s->cfg.max_model_len, p->ctx_policy == KVD_CTX_SINKS, p->ctx_sinks,
-				    p->ctx_window, &w) < 0)
-			return -E2BIG;
-		kv_need = kv_need < kvd_window_cap(&w, s->block_size) ? kv_need : kvd_window_cap(&w, s->block_size);
-	} else if (kv_need > s->cfg.max_model_len) {
-		return -E2BIG;
-	}
-	/* alone: the prompt's full pages once, the rest of each sample's own */
-	uint64_t all = pages_bound(s, kv_need, windowed), full = (hist + n_prompt) / s->block_size;
-	if (full > all)
-		full = all;
-	if (all + (uint64_t)(n_samples - 1) * (all - full) > kvmm_n_pages(s->kv))
-		return -ENOSPC;
-	if (s->n_reqs == s->cap_reqs) {
-		size_t cap = s->cap_reqs ? s->cap_reqs * 2 : 64;
-		struct req **nr = realloc(s->reqs, cap * sizeof(*nr));
-		if (!nr)
-			return -ENOMEM;
-		s->reqs = nr;
-		s->cap_reqs = cap;
-	}
-	if (sess) {
-		/* the session's request object becomes this turn */
-		r = sess;
-		sched_remove_at(s, si);
-		memset(&r->res, 0, sizeof(r->res));
-		r->n_history = hist;
-	} else {
-		r = calloc(1, sizeof(*r));
-		if (!r)
-			return -ENOMEM;
-	}
-	rc = reserve_toks(r, hist + n_prompt + p->max_tokens); /* (bounded by the wire's limits) */
-	if (rc < 0)
-		goto fail;
-	r->sampler = kvd_sampler_new(&p->sampling, s->n_vocab);
-	r->logits = malloc((size_t)s->n_vocab * sizeof(float));
-	if (!r->sampler || !r->logits) {
-		rc = -ENOMEM;
-		goto fail;
-	}
-	memcpy(r->toks + hist, prompt, n_prompt * sizeof(*prompt));
-	r->n_toks = hist + n_prompt;
-	r->id = req_id;
-	r->session = p->session;
-	r->n_prompt = n_prompt;
-	r->n_generated = 0;
-	r->max_tokens = p->max_tokens;
-	r->ignore_eos = p->ignore_eos;
-	r->idle_s = p->session_idle_s;
-	r->sample = 0;
-	r->n_samples = n_samples;
-	r->forked = n_samples == 1;
-	r->logprobs = p->logprobs;
-	r->top_logprobs = p->top_logprobs;
-	r->sp = p->sampling;
-	r->cache_scope = p->cache_scope;
-	r->owner = p->owner;
-	r->priority = p->priority;
-	if (r->windowed != windowed || memcmp(&r->w, &w, sizeof(w)))
-		sched_drop_seq(s, r); /* a session's KV kept under another policy is not this one's */
-	r->windowed = windowed;
-	r->w = w;
-	r->t_submit = sched_now_ns(s);
-	r->t_admit = r->t_first = r->t_last = 0;
-	/* a session turn computes over its history too: report the whole
-	 * context, with the history the session kept as cached */
-	r->res.prompt_tokens = hist + n_prompt;
-	r->res.cached_tokens = sess ? r->n_computed : 0;
-	if (!sess || !r->has_seq) {
-		r->state = RS_WAITING; /* (a session whose pages were given up recomputes) */
-	} else {
-		r->state = RS_RUNNING; /* its sequence is resident */
-		r->t_admit = r->t_submit;
-		kvmm_seq_set_prompt_tokens(s->kv, r->seq, r->n_toks);
-		s->st.session_lookups++;
-		s->st.session_query_tokens += r->n_toks;
-		s->st.session_hit_tokens += r->n_computed;
-	}
-	r->arrival = ++s->arrivals;
-	s->reqs[s->n_reqs++] = r;
-	return 0;
-fail:
-	if (sess) {
-		/* put the session back untouched */
-		r->sampler = kvd_sampler_free(r->sampler);
-		free(r->logits);
-		r->logits = NULL;
-		s->reqs[s->n_reqs++] = r;
-	} else {
-		req_free(r);
-	}
-	return rc;
-}
-
-int kvd_sched_cancel(struct kvd_sched *s, uint64_t req_id)
-{
-	struct req *r = find(s, req_id, NULL);
-	if (!r)
-		return -ENOENT;
-	do
-		finish(s, r, KVD_FINISH_CANCELLED, 0);
-	while ((r = find(s, req_id, NULL)));
-	return 0;
-}
-
-void kvd_sched_set_config(struct kvd_sched *s, const struct kvd_sched_config *cfg)
-{
-	if (cfg->max_num_seqs)
-		s->cfg.max_num_seqs = cfg->max_num_seqs;
-	if (cfg->max_tokens_per_step)
-		s->cfg.max_tokens_per_step = cfg->max_tokens_per_step;
-	if (cfg->max_model_len)
-		s->cfg.max_model_len = cfg->max_model_len;
-	if (cfg->max_waiting)
-		s->cfg.max_waiting = cfg->max_waiting;
-	s->cfg.session_idle_s = cfg->session_idle_s;
-	s->cfg.max_step_ms = cfg->max_step_ms;
 }
 
 static int ensure_items(struct kvd_sched *s, size_t n)
@@ -635,11 +471,11 @@ static void emit(struct kvd_sched *s, struct req *r)
 		verdict = s->ev.on_token(s->ev.ud, r->id, t, ending);
 	}
 	if (ending == KVD_FINISH_EOS)
-		finish(s, r, KVD_FINISH_EOS, 0);
+		sched_finish(s, r, KVD_FINISH_EOS, 0);
 	else if (verdict == KVD_TOKEN_STOP)
-		finish(s, r, KVD_FINISH_STOP, 0);
+		sched_finish(s, r, KVD_FINISH_STOP, 0);
 	else if (ending == KVD_FINISH_LENGTH)
-		finish(s, r, KVD_FINISH_LENGTH, 0);
+		sched_finish(s, r, KVD_FINISH_LENGTH, 0);
 }
 
 /* p's prompt is computed and its logits are in: fork the other samples
@@ -960,7 +796,7 @@ static int fit_give_up(struct kvd_sched *s, struct step_plan *pl)
 		for (size_t i = 0; i < s->n_reqs; i++)
 			resident += s->reqs[i]->state == RS_RUNNING;
 		if (resident <= 1) {
-			finish(s, victim, KVD_FINISH_ERROR, -ENOMEM);
+			sched_finish(s, victim, KVD_FINISH_ERROR, -ENOMEM);
 			return -ENOMEM;
 		}
 	}
@@ -1022,7 +858,7 @@ int kvd_sched_step(struct kvd_sched *s)
 	int starved = pl.starved;
 	for (size_t i = 0; i < s->n_reqs;) /* a window its KV could not follow */
 		if (s->reqs[i]->state == RS_RUNNING && s->reqs[i]->res.error < 0)
-			finish(s, s->reqs[i], KVD_FINISH_ERROR, s->reqs[i]->res.error);
+			sched_finish(s, s->reqs[i], KVD_FINISH_ERROR, s->reqs[i]->res.error);
 		else
 			i++;
 	struct req *w = NULL; /* windows all waiting for copies of shared pages: drop the youngest's KV */
@@ -1085,6 +921,6 @@ int kvd_sched_step(struct kvd_sched *s)
 	return (int)n_items;
 fail:
 	for (size_t i = 0; i < n_items; i++)
-		finish(s, s->item_req[i], KVD_FINISH_ERROR, rc);
+		sched_finish(s, s->item_req[i], KVD_FINISH_ERROR, rc);
 	return rc;
 }

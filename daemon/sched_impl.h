@@ -126,6 +126,12 @@ struct kvd_sched {
 /* ---- sched.c ---- */
 void req_free(struct req *r);
 int reserve_toks(struct req *r, uint32_t n);
+/* The request (or, with samples, its first sample) with id, and its index. */
+struct req *sched_find(const struct kvd_sched *s, uint64_t id, size_t *ret_i);
+/* End r: on_done, its sequence freed (or kept for its session). */
+void sched_finish(struct kvd_sched *s, struct req *r, enum kvd_finish why, int error);
+/* Pages a sequence of this many tokens may need at most (windows: its cap). */
+uint64_t sched_pages_bound(const struct kvd_sched *s, uint64_t tokens, int windowed);
 uint64_t sched_now_ns(const struct kvd_sched *s);
 /* the finished session of that id (and its index), or NULL */
 struct req *sched_find_session(const struct kvd_sched *s, uint64_t session, size_t *ret_i);

@@ -404,7 +404,7 @@ static void test_reject_generate(void **state)
 	assert_int_equal(gen_check(&g, "hi", 2), -EINVAL);
 	g = good_gen(); g.max_tokens = IPC_MAX_GEN_TOKENS + 1;
 	assert_int_equal(gen_check(&g, "hi", 2), -E2BIG);
-	g = good_gen(); g.gen_flags = 0x100;
+	g = good_gen(); g.gen_flags = IPC_GEN_ALL + 1;
 	assert_int_equal(gen_check(&g, "hi", 2), -EPROTO);
 	/* samples and log-probabilities: bounded, the alternatives only with the flag, no session */
 	g = good_gen(); g.n_samples = IPC_MAX_SAMPLES; g.gen_flags = IPC_GEN_LOGPROBS; g.top_logprobs = IPC_MAX_TOP_LOGPROBS;
