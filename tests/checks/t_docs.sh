@@ -108,3 +108,10 @@ for w in 'systemctl enable --now kvd.socket' 'kvc_generate' 'kvd_prefix_hit_toke
 done
 [ "$(wc -l <README.md)" -le 300 ] || fail "README.md has $(wc -l <README.md) lines: a guide is read in one sitting"
 ok "README.md: the two commands first, systemd, C, metrics and pool size, $(wc -l <README.md) lines"
+
+# the README's C example compiles against the public header as shown
+awk '/^```c$/ { c = 1; next } c && /^```/ { exit } c { print }' README.md >"$T/readme.c"
+[ -s "$T/readme.c" ] || fail "README.md has no C example"
+${CC:-cc} -std=c11 -Wall -Wextra -Wno-unused-parameter -Werror -fsyntax-only -Iclient "$T/readme.c" 2>"$T/cc.err" ||
+	fail "README.md's C example does not compile: $(cat "$T/cc.err")"
+ok "README.md's C example compiles against client/kvclient.h"
