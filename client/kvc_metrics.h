@@ -146,7 +146,8 @@ static inline void kvc_metrics_histogram_(FILE *f, const char *name, const char 
 /*
  * Write kvd's metrics in Prometheus' text exposition format (0.0.4) to f:
  * kvd_info (version and model as labels, value 1), every row of the list,
- * and, when h is not NULL, the histograms of time to first token and
+ * two families for fleet routers (kvd_kv_cache_usage_perc,
+ * kvd_cache_config_info), and, when h is not NULL, the histograms of time to first token and
  * inter-token latency. kvctl stats --prometheus and kvd-http's /metrics
  * both print exactly this (kvd-http adds its own kvd_http_* families and
  * kvd_up). Write errors are left in f's error indicator.
@@ -171,6 +172,19 @@ static inline void kvc_metrics_prometheus(FILE *f, const struct kvc_stats *s, co
 		else
 			fprintf(f, "kvd_%s%s %" PRIu64 "\n", m[k].name, sfx, x);
 	}
+	/* For fleet routers (the Gateway API Inference Extension's model-server
+	 * protocol, which llm-d's endpoint picker reads): KVCacheUtilization as
+	 * a gauge from 0 to 1, and the page size and count its prefix-cache
+	 * scorer takes from a cache_config_info family. Requests waiting and
+	 * running are kvd_requests_waiting and kvd_requests_running above. */
+	fputs("# HELP kvd_kv_cache_usage_perc Fraction of the KV pool's pages mapped by sequences, 0 to 1 "
+	      "(pages_used / pages_total).\n# TYPE kvd_kv_cache_usage_perc gauge\n", f);
+	fprintf(f, "kvd_kv_cache_usage_perc %.6f\n",
+		s->pages_total ? (double)s->pages_used / (double)s->pages_total : 0.0);
+	fputs("# HELP kvd_cache_config_info The KV cache's page size in tokens and its number of pages (always 1).\n"
+	      "# TYPE kvd_cache_config_info gauge\n", f);
+	fprintf(f, "kvd_cache_config_info{block_size=\"%" PRIu64 "\",num_gpu_blocks=\"%" PRIu64 "\"} 1\n", s->block_size,
+		s->pages_total);
 	if (h) {
 		kvc_metrics_histogram_(f, "kvd_time_to_first_token_seconds", "Request arrival to its first token.",
 				       &h->ttft);

@@ -7,7 +7,10 @@
 # not all zero. Only the gauges that move between two scrapes by themselves
 # are compared by presence alone: kvd_uptime_seconds and kvd_clients (each
 # scraper is a client of its own). Both outputs come from one list,
-# client/kvc_metrics.h; the list's every row must be there.
+# client/kvc_metrics.h; the list's every row must be there, and the gauges a
+# fleet router reads (requests waiting and running, KV cache utilisation
+# from 0 to 1, the page size and count in kvd_cache_config_info) say what
+# the pool's counters say.
 source "$(dirname "$0")/lib.sh"
 need_bins
 HTTPD=${KVD_HTTP:-$ROOT/$BUILD/bin/kvd-http}
@@ -85,6 +88,20 @@ for field, kind, name in rows:
     want = "counter" if kind == "COUNTER" else "gauge"
     if full not in ctl or ctl[full]["type"] != want:
         bad.append("%s (%s): not exported as a %s" % (full, field, want))
+# the families fleet routers read (Gateway API Inference Extension model-server protocol)
+def value(n, sample=None):
+    return float(ctl[n]["samples"][sample or n])
+for n in ("kvd_requests_waiting", "kvd_requests_running", "kvd_kv_cache_usage_perc", "kvd_cache_config_info"):
+    if n not in ctl or ctl[n]["type"] != "gauge":
+        bad.append("%s: not a gauge" % n)
+if not bad:
+    used, total = value("kvd_pages_used"), value("kvd_pages_total")
+    u = value("kvd_kv_cache_usage_perc")
+    if not (0 <= u <= 1 and abs(u - used / total) < 1e-6):
+        bad.append("kvd_kv_cache_usage_perc %s, pages used/total %s/%s" % (u, used, total))
+    want = 'kvd_cache_config_info{block_size="%d",num_gpu_blocks="%d"}' % (value("kvd_block_size_tokens"), total)
+    if want not in ctl["kvd_cache_config_info"]["samples"]:
+        bad.append("kvd_cache_config_info: %s, wanted %s" % (list(ctl["kvd_cache_config_info"]["samples"]), want))
 hits = ctl.get("kvd_prefix_hit_tokens_total", {"samples": {}})["samples"].get("kvd_prefix_hit_tokens_total", "0")
 if int(hits) < 16:
     bad.append("kvd_prefix_hit_tokens_total is %s after a prompt sent twice" % hits)
