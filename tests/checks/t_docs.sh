@@ -115,3 +115,10 @@ awk '/^```c$/ { c = 1; next } c && /^```/ { exit } c { print }' README.md >"$T/r
 ${CC:-cc} -std=c11 -Wall -Wextra -Wno-unused-parameter -Werror -fsyntax-only -Iclient "$T/readme.c" 2>"$T/cc.err" ||
 	fail "README.md's C example does not compile: $(cat "$T/cc.err")"
 ok "README.md's C example compiles against client/kvclient.h"
+
+# kvctl stats --help names every member --json prints (the list's fields)
+"$KVCTL" stats --help | tr -s ' \n,' '\n' >"$T/stats_help"
+for f in $(grep -oE '^	X\([a-z_]+' client/kvc_metrics.h | cut -c4-); do
+	grep -qx "$f" "$T/stats_help" || fail "kvctl stats --help does not name the --json member $f"
+done
+ok "kvctl stats --help names every --json member of client/kvc_metrics.h"
