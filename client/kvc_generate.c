@@ -44,6 +44,7 @@ const char *kvc_req_state_name(int state)
 }
 
 static_assert(KVC_MAX_CHAT_MSGS == IPC_MAX_CHAT_TURNS, "message count limit is the wire's");
+static_assert(KVC_MIN_PRIORITY == IPC_MIN_PRIORITY && KVC_MAX_PRIORITY == IPC_MAX_PRIORITY, "priority range is the wire's");
 static_assert(sizeof(void *) != 8 || sizeof(struct kvc_gen_params) == 136, "kvc_gen_params keeps its size");
 static_assert(KVC_GEN_LOGPROBS == IPC_GEN_LOGPROBS && KVC_MAX_SAMPLES == IPC_MAX_SAMPLES &&
 		      KVC_MAX_TOP_LOGPROBS == IPC_MAX_TOP_LOGPROBS,
@@ -181,6 +182,16 @@ static int build_generate(const kvc_client *c, const char *prompt, size_t len, c
 		m->g.gen_flags |= IPC_GEN_TENANT;
 		m->tenant.bytes = (uint32_t)n;
 		memcpy(m->tenant.name, p->tenant, n);
+	}
+	if (p->priority || p->reserved_prio) {
+		if (p->reserved_prio)
+			return -EINVAL;
+		if (p->priority < KVC_MIN_PRIORITY || p->priority > KVC_MAX_PRIORITY)
+			return -ERANGE;
+		if (c->info.server_version < IPC_TENANT_SERVER_VERSION)
+			return -EOPNOTSUPP;
+		m->g.gen_flags |= IPC_GEN_PRIORITY;
+		m->prio.priority = p->priority;
 	}
 	if (len > IPC_MAX_INLINE_TEXT_BYTES)
 		m->g.gen_flags |= IPC_GEN_PROMPT_IN_RING;

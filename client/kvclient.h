@@ -96,7 +96,7 @@ extern "C" {
  * kvc_request_sample_result()).
  * 0.4.0 added kvc_stats.pages_packed and .pages_released.
  * 0.5.0 added kvc_info.kv_cache_type.
- * 0.6.0 added kvc_gen_params.tenant (cache scopes). */
+ * 0.6.0 added kvc_gen_params.tenant (cache scopes) and .priority. */
 #define KVC_VERSION ((KVC_VERSION_MAJOR << 16) | (KVC_VERSION_MINOR << 8) | KVC_VERSION_PATCH)
 
 /* The version of the library actually loaded, as KVC_VERSION. */
@@ -261,9 +261,18 @@ struct kvc_gen_params {
 	 * and per cache_salt). -EINVAL for an empty or over-long name;
 	 * -EOPNOTSUPP when the daemon is older than 0.6.0. */
 	const char *tenant;
-	uint64_t reserved[2];     /* zero */
+	/* Priority (0.6.0) among the caller's own requests: a lower value is
+	 * admitted first and preempted last, as vLLM's `priority`; 0 is the
+	 * default. It never ranks a request against other users' (they share
+	 * the machine fairly). KVC_MIN_PRIORITY .. KVC_MAX_PRIORITY, else
+	 * -ERANGE; -EOPNOTSUPP when non-zero and the daemon is older than 0.6.0. */
+	int32_t priority;
+	uint32_t reserved_prio;   /* zero */
+	uint64_t reserved[1];     /* zero */
 };
 #define KVC_MAX_TENANT_BYTES 64
+#define KVC_MIN_PRIORITY (-1000000)
+#define KVC_MAX_PRIORITY 1000000
 
 #define KVC_MAX_SAMPLES      16
 #define KVC_MAX_TOP_LOGPROBS 20

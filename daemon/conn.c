@@ -380,6 +380,10 @@ void client_close(struct client *c, const char *why)
 		c->sock_paused = false;
 		srv->n_paused--;
 	}
+	if (c->up_paused) {
+		c->up_paused = false;
+		srv->n_paused--;
+	}
 	if (c->lingering)
 		srv->n_lingering--;
 	log_debug("client %" PRIu64 " closed: %s", c->id, why);
@@ -454,7 +458,7 @@ static void frame_error(struct client *c, int r, const struct ipc_frame *f)
 
 /* Has the client's user used its share of the step time (see
  * SRV_CTL_SHARE_PERMILLE)? */
-static bool client_throttled(const struct client *c, bool busy)
+bool client_throttled(const struct client *c, bool busy)
 {
 	return busy && c->share->ctl_until > c->srv->ctl_earned_ns + SRV_CTL_BURST_NS;
 }
@@ -466,7 +470,7 @@ static bool client_turn_used(const struct client *c)
 }
 
 /* Charge a client (and its user) for control work that took cost_ns. */
-static void client_charge(struct client *c, uint64_t cost_ns, bool busy)
+void client_charge(struct client *c, uint64_t cost_ns, bool busy)
 {
 	struct user_share *u = c->share;
 	if (c->turn != c->srv->turn) {
@@ -514,6 +518,11 @@ void resume_paused(struct kvd_server *srv)
 		next = c->next;
 		if (c->sock_paused && !client_throttled(c, busy))
 			client_resume(c);
+		if (c->up_paused && !c->closing && !client_throttled(c, busy)) {
+			c->up_paused = false;
+			srv->n_paused--;
+			client_service(c); /* its uploads, where it left them */
+		}
 	}
 }
 

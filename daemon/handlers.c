@@ -167,6 +167,7 @@ static void generate_start(struct client *c, struct greq *gr, const char *prompt
 	p.session_idle_s = gr->sess ? gr->sess->idle_timeout_s : 0;
 	ctx_request_params(gr, &p);
 	p.owner = request_owner(srv, c, gr);
+	p.priority = gr->priority;
 	p.cache_scope = kvd_cache_scope(kvd_prefix_sharing_parse(srv->cfg.prefix_sharing), c->cred.uid, c->cred.gid,
 					gr->g.gen_flags & IPC_GEN_TENANT ? gr->tenant.name : NULL,
 					gr->g.gen_flags & IPC_GEN_TENANT ? gr->tenant.bytes : 0);
@@ -410,6 +411,8 @@ void handle_generate(struct client *c, const struct ipc_frame *f)
 	gr->sess = sess;
 	if (m.g.gen_flags & IPC_GEN_TENANT)
 		gr->tenant = m.tenant;
+	if (m.g.gen_flags & IPC_GEN_PRIORITY)
+		gr->priority = m.prio.priority;
 	if (m.g.gen_flags & IPC_GEN_CONTEXT)
 		gr->ctx = m.ctx;
 	else if (sess && sess->ctx_set)

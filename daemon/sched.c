@@ -48,6 +48,7 @@
 #define SCHED_DEMOTE_RESERVE_DIV 16 /* keep 1/16 of the pool free ahead of a step */
 #define SCHED_DEMOTE_BATCH       32 /* pages demoted in one step at most */
 #define SCHED_MIN_CHUNK           4 /* prefill beside decodes never shrinks below this */
+#define SCHED_FAIR_MIN_CHUNK     64 /* nor, for the owner furthest behind, below this */
 
 uint64_t sched_now_ns(const struct kvd_sched *s)
 {
@@ -316,6 +317,8 @@ struct kvd_sched *kvd_sched_destroy(struct kvd_sched *s)
 	free(s->reqs);
 	free(s->items);
 	free(s->item_req);
+	free(s->cand);
+	sched_fair_free(s);
 	free(s);
 	return NULL;
 }
@@ -436,6 +439,8 @@ int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt
 	r->top_logprobs = p->top_logprobs;
 	r->sp = p->sampling;
 	r->cache_scope = p->cache_scope;
+	r->owner = p->owner;
+	r->priority = p->priority;
 	if (r->windowed != windowed || memcmp(&r->w, &w, sizeof(w)))
 		sched_drop_seq(s, r); /* a session's KV kept under another policy is not this one's */
 	r->windowed = windowed;
@@ -509,6 +514,10 @@ static int ensure_items(struct kvd_sched *s, size_t n)
 	if (!ir)
 		return -ENOMEM;
 	s->item_req = ir;
+	struct req **cd = realloc(s->cand, n * sizeof(*cd));
+	if (!cd)
+		return -ENOMEM;
+	s->cand = cd;
 	s->cap_items = n;
 	return 0;
 }
@@ -539,19 +548,44 @@ static void unadmit(struct kvd_sched *s, struct req *r)
 	r->res.cached_tokens = 0;
 }
 
-/* Try to bring swapped requests back, oldest first, while the pool has
- * their pages plus a margin for the running ones to keep growing. */
+/* An owner that holds its share of sequences or pages while another
+ * owner waits gets no more until that one is served (sched_fair.c). */
+static int owner_capped(const struct kvd_sched *s, const struct sched_owner *o, uint32_t more_seqs)
+{
+	uint32_t seqs = sched_fair_seq_share(s), pages = sched_fair_page_share(s);
+	int hungry = 0; /* another owner waits, under its own share */
+
+	if (s->n_owners <= 1)
+		return 0;
+	for (size_t i = 0; i < s->n_owners; i++) {
+		const struct sched_owner *q = &s->owners[i];
+		hungry |= q != o && q->waiting && q->running < seqs && q->pages < pages;
+	}
+	return hungry && (o->running + more_seqs > seqs || o->pages >= pages);
+}
+
+/* Try to bring swapped requests back, each owner's oldest first, owners
+ * in fair order, while the pool has their pages plus a margin for the
+ * running ones to keep growing. */
 static void resume_swapped(struct kvd_sched *s, uint32_t n_running)
 {
-	for (size_t i = 0; i < s->n_reqs; i++) {
-		struct req *r = s->reqs[i];
-		if (r->state != RS_SWAPPED)
+	uint32_t stopped = UINT32_MAX; /* the owner whose next swapped one did not fit */
+
+	for (size_t i = 0; i < s->n_order; i++) {
+		struct req *r = s->order[i].r;
+		struct sched_owner *o = &s->owners[r->oi];
+		if (r->state != RS_SWAPPED || r->oi == stopped)
 			continue;
-		uint32_t need = kvmm_seq_pages_held(s->kv, r->seq) + n_running + 1; /* what swap-in maps */
+		if (s->n_owners > 1 && (o->throttled || owner_capped(s, o, 1) || n_running + 1 > s->cfg.max_num_seqs)) {
+			stopped = r->oi; /* nobody of its younger ones jumps ahead either */
+			continue;
+		}
+		uint32_t held = kvmm_seq_pages_held(s->kv, r->seq);
+		uint32_t need = held + n_running + 1; /* what swap-in maps */
 		if (need > kvmm_n_pages(s->kv))
 			need = kvmm_n_pages(s->kv); /* alone it always fits (checked at submit) */
 		if (kvmm_available_pages(s->kv) < need)
-			return; /* keep arrival order: nobody younger jumps ahead */
+			return; /* the pool is short: nobody younger jumps ahead */
 		int rc = kvmm_seq_swap_in(s->kv, r->seq);
 		if (rc == -ENOMEM)
 			return;
@@ -563,6 +597,9 @@ static void resume_swapped(struct kvd_sched *s, uint32_t n_running)
 			continue;
 		}
 		r->state = RS_RUNNING;
+		o->waiting--;
+		o->running++;
+		o->pages += held;
 		n_running++;
 	}
 }
@@ -693,109 +730,296 @@ static void learn_step_time(struct kvd_sched *s, size_t n_items, uint64_t dt)
 		kvd_step_model_prefill(&s->model, t, w, dt);
 }
 
+/* The step being built: its items and what is left of its budgets. */
+struct step_plan {
+	size_t n_items;
+	uint32_t budget;         /* tokens */
+	uint32_t n_running;      /* sequences in the batch (slots) */
+	int timed;               /* decodes are in it and max_step_ms bounds it */
+	double left_ns;          /* what its prefill chunks may still cost, when timed */
+	uint32_t prefill_taken;
+	int starved;             /* a window waits for copies of shared pages */
+	int admit_closed;        /* no more admissions: sequences, time or kvmm's slots */
+};
+
+/* Take r's next chunk (phase 0: a decode, 1: a running request's prefill,
+ * 2: one just admitted) into the step, within the budgets. */
+static void plan_chunk(struct kvd_sched *s, struct step_plan *pl, struct req *r, int phase)
+{
+	uint32_t pending = r->n_toks - r->n_computed;
+	uint32_t take = pending < pl->budget ? pending : pl->budget, dropped = 0;
+
+	if (r->windowed) { /* drop what leaves the window; stop at its next edge */
+		int wr = kvd_engine_window_prepare(s->e, r->seq, &r->w, take, &take, &dropped);
+		if (wr < 0) { /* -ENOMEM: try again next step; else it fails below */
+			r->res.error = wr == -ENOMEM ? 0 : wr;
+			pl->starved = pl->starved || wr == -ENOMEM;
+			return;
+		}
+		r->n_dropped += dropped;
+	}
+	if (pl->timed && phase > 0) {
+		uint32_t cap = kvd_step_model_cap(&s->model, pl->left_ns, r->n_computed, take);
+		/* the owner furthest behind reads a short prompt in one step,
+		 * whatever the others' decodes cost */
+		uint32_t least = s->n_owners > 1 && r->oi == 0 ? SCHED_FAIR_MIN_CHUNK : SCHED_MIN_CHUNK;
+		if (pl->prefill_taken + cap < least) /* never below a minimum chunk */
+			cap = least - pl->prefill_taken;
+		if (cap == 0 && phase == 1)
+			return;
+		if (cap == 0)
+			cap = 1; /* admitted this step: at least one token */
+		take = cap < take ? cap : take;
+		pl->left_ns -= kvd_step_model_charge(&s->model, pl->left_ns, take, r->n_computed);
+		pl->prefill_taken += take;
+	}
+	s->items[pl->n_items] = (struct kvd_engine_item){
+		.seq = r->seq,
+		.tokens = r->toks + r->n_computed,
+		.n_tokens = (int32_t)take,
+		.logits = take == pending ? r->logits : NULL,
+		.keep_local = r->windowed, /* its policy drops pages itself */
+	};
+	s->item_req[pl->n_items++] = r;
+	pl->budget -= take;
+}
+
+/* Phase 0: one decode for each running request that has a token to
+ * compute, owners in fair order (a throttled owner's sit this step out). */
+static void plan_decodes(struct kvd_sched *s, struct step_plan *pl)
+{
+	for (size_t i = 0; i < s->n_order && pl->budget > 0; i++) {
+		struct req *r = s->order[i].r;
+		if (r->state == RS_RUNNING && r->n_toks - r->n_computed == 1 && !s->owners[r->oi].throttled)
+			plan_chunk(s, pl, r, 0);
+	}
+}
+
+/* Phase 1, for one owner's requests order[b, e): the next prefill chunk
+ * of each running request still reading its prompt. */
+static void plan_prefills(struct kvd_sched *s, struct step_plan *pl, size_t b, size_t e)
+{
+	for (size_t i = b; i < e && pl->budget > 0; i++) {
+		struct req *r = s->order[i].r;
+		if (r->state == RS_RUNNING && r->n_toks - r->n_computed != 1 && !s->owners[r->oi].throttled)
+			plan_chunk(s, pl, r, 1);
+	}
+}
+
+/* Admit r: a sequence, and whatever the prefix cache has. 0, or -ENOSPC
+ * when kvmm has no sequence for it. */
+static int admit(struct kvd_sched *s, struct req *r)
+{
+	if (kvmm_seq_new(s->kv, &r->seq) < 0 && (!sched_reclaim_session(s) || kvmm_seq_new(s->kv, &r->seq) < 0))
+		return -ENOSPC;
+	r->has_seq = 1;
+	r->n_computed = 0;
+	uint32_t hit = 0, n_look = r->n_toks; /* windows: what is there before any drop */
+	if (r->windowed && n_look > kvd_window_cap(&r->w, s->block_size))
+		n_look = kvd_window_cap(&r->w, s->block_size);
+	s->attaching = r; /* a failed promotion is charged to r */
+	kvmm_seq_set_scope(s->kv, r->seq, r->cache_scope);
+	int ar = kvmm_prefix_attach(s->kv, r->seq, r->toks, n_look, &hit);
+	s->attaching = NULL;
+	if (ar == 0)
+		r->n_computed = hit;
+	if (!r->res.preemptions)
+		r->res.cached_tokens = hit;
+	r->state = RS_RUNNING;
+	r->admitted_now = 1;
+	r->t_admit = sched_now_ns(s);
+	kvmm_seq_set_prompt_tokens(s->kv, r->seq, r->n_history + r->n_prompt);
+	return 0;
+}
+
+/* Phase 2, for one owner's requests order[b, e): admit waiting requests,
+ * its best first, while sequences, the step's time and the owner's share
+ * allow; one of its swapped requests blocks its later admissions. */
+static void plan_admissions(struct kvd_sched *s, struct step_plan *pl, size_t b, size_t e)
+{
+	int blocked = 0;
+
+	for (size_t i = b; i < e && pl->budget > 0 && !pl->admit_closed; i++) {
+		struct req *r = s->order[i].r;
+		struct sched_owner *o = &s->owners[r->oi];
+		if (r->state == RS_SWAPPED)
+			blocked = 1;
+		if (r->state != RS_WAITING || blocked)
+			continue;
+		if (o->throttled || owner_capped(s, o, slots(r)))
+			return;
+		if (pl->n_running >= s->cfg.max_num_seqs ||
+		    (pl->n_running && pl->n_running + slots(r) > s->cfg.max_num_seqs) ||
+		    (pl->timed && pl->left_ns <= 0 && pl->prefill_taken >= SCHED_MIN_CHUNK) || /* admit next step */
+		    admit(s, r) < 0) {
+			pl->admit_closed = 1;
+			return;
+		}
+		pl->n_running += slots(r);
+		o->running += slots(r);
+		o->waiting--;
+		plan_chunk(s, pl, r, 2);
+	}
+}
+
+/* Give up r (resident) to make room: counted off its owner's share. */
+static void give_up(struct kvd_sched *s, struct req *r)
+{
+	struct sched_owner *o = &s->owners[r->oi];
+	uint32_t held = r->has_seq ? kvmm_seq_pages_held(s->kv, r->seq) : 0;
+
+	o->pages -= held < o->pages ? held : o->pages;
+	o->running -= slots(r) < o->running ? slots(r) : o->running;
+	o->waiting++;
+	if (r->admitted_now)
+		unadmit(s, r);
+	else
+		preempt(s, r);
+}
+
+/* Before the step: an owner under its share of sequences with a request
+ * waiting gets room, taken from the owner furthest over its share, when
+ * max_num_seqs is what keeps it out (pages are made room for when the
+ * step is fitted). */
+static void make_room_for_share(struct kvd_sched *s, uint32_t *n_running)
+{
+	uint32_t share = sched_fair_seq_share(s);
+	uint32_t done = UINT32_MAX;
+
+	if (s->n_owners <= 1)
+		return;
+	for (size_t i = 0; i < s->n_order; i++) {
+		struct req *r = s->order[i].r;
+		struct sched_owner *o = &s->owners[r->oi];
+		if (r->oi == done || r->state == RS_RUNNING)
+			continue;
+		done = r->oi; /* its first waiting or swapped request speaks for it */
+		if (o->running + slots(r) > share)
+			continue;
+		while (*n_running + slots(r) > s->cfg.max_num_seqs) {
+			size_t n = 0;
+			for (size_t k = 0; k < s->n_order; k++) {
+				struct req *c = s->order[k].r;
+				if (c->state == RS_RUNNING && s->owners[c->oi].running > share)
+					s->cand[n++] = c;
+			}
+			if (!n)
+				break;
+			struct req *v = s->cand[sched_fair_victim(s, s->cand, n, 1)];
+			*n_running -= slots(v);
+			give_up(s, v);
+		}
+	}
+}
+
+/* Build the step: decodes, then each owner's prefill chunks and
+ * admissions, owners in fair order. */
+static void plan_step(struct kvd_sched *s, struct step_plan *pl)
+{
+	plan_decodes(s, pl);
+	if (pl->n_items && s->cfg.max_step_ms) {
+		/* with n owners contending, a step is 1/n of the bound: the
+		 * others' streams ride along in more, shorter steps */
+		uint64_t target = (uint64_t)s->cfg.max_step_ms * 1000000u / (s->n_owners > 1 ? s->n_owners : 1);
+		pl->timed = 1;
+		pl->left_ns = kvd_step_model_left(&s->model, target);
+	}
+	for (size_t b = 0, e; b < s->n_order && pl->budget > 0; b = e) {
+		for (e = b + 1; e < s->n_order && s->order[e].r->oi == s->order[b].r->oi; e++)
+			;
+		plan_prefills(s, pl, b, e);
+		plan_admissions(s, pl, b, e);
+	}
+}
+
+/* The step does not fit in the pool: give up a request and say whether
+ * the step goes on (1), is abandoned (0) or failed (-ENOMEM, a request
+ * alone too big for the pool). One owner: the youngest item; several: the
+ * resident request of the owner furthest over its page share. */
+static int fit_give_up(struct kvd_sched *s, struct step_plan *pl)
+{
+	size_t v = 0, n = 0;
+	struct req *victim;
+
+	if (s->n_owners <= 1) {
+		for (size_t i = 1; i < pl->n_items; i++)
+			if (s->item_req[i]->arrival > s->item_req[v]->arrival)
+				v = i;
+		victim = s->item_req[v];
+	} else {
+		for (size_t i = 0; i < s->n_reqs; i++)
+			if (s->reqs[i]->state == RS_RUNNING)
+				s->cand[n++] = s->reqs[i];
+		victim = s->cand[sched_fair_victim(s, s->cand, n, 0)];
+		for (v = 0; v < pl->n_items && s->item_req[v] != victim; v++)
+			;
+	}
+	if (v < pl->n_items && pl->n_items == 1 && !victim->admitted_now) {
+		/* alone and still too big for the whole pool */
+		uint32_t resident = 0;
+		for (size_t i = 0; i < s->n_reqs; i++)
+			resident += s->reqs[i]->state == RS_RUNNING;
+		if (resident <= 1) {
+			finish(s, victim, KVD_FINISH_ERROR, -ENOMEM);
+			return -ENOMEM;
+		}
+	}
+	give_up(s, victim);
+	if (v == pl->n_items)
+		return 1; /* not in the step: its pages are free now */
+	s->items[v] = s->items[pl->n_items - 1];
+	s->item_req[v] = s->item_req[pl->n_items - 1];
+	pl->n_items--;
+	if (pl->n_items)
+		return 1;
+	/* nothing fits: preempt the youngest resident request (one owner),
+	 * the fairest victim (several) */
+	struct req *y = NULL;
+	n = 0;
+	for (size_t i = 0; i < s->n_reqs; i++)
+		if (s->reqs[i]->state == RS_RUNNING) {
+			s->cand[n++] = s->reqs[i];
+			if (!y || s->reqs[i]->arrival > y->arrival)
+				y = s->reqs[i];
+		}
+	if (s->n_owners > 1 && n)
+		y = s->cand[sched_fair_victim(s, s->cand, n, 0)];
+	if (y)
+		give_up(s, y);
+	return 0;
+}
+
 int kvd_sched_step(struct kvd_sched *s)
 {
-	size_t n_items = 0;
-	uint32_t budget = s->cfg.max_tokens_per_step, n_running = 0;
-	int rc, starved = 0;
+	struct step_plan pl = { .budget = s->cfg.max_tokens_per_step };
+	uint32_t n_running = 0;
+	int rc;
 
 	rc = ensure_items(s, s->n_reqs + 1);
+	if (rc < 0)
+		return rc;
+	rc = sched_fair_begin(s);
 	if (rc < 0)
 		return rc;
 	for (size_t i = 0; i < s->n_reqs; i++)
 		n_running += s->reqs[i]->state == RS_RUNNING;
 	resume_swapped(s, n_running);
-	n_running = 0;
 	for (size_t i = 0; i < s->n_reqs; i++)
-		n_running += s->reqs[i]->state == RS_RUNNING ? slots(s->reqs[i]) : 0;
-
-	/* pass 1: decodes of running requests, oldest first; pass 2: their
-	 * prefill chunks; pass 3: admissions */
-	/* timed: decodes are in this step and max_step_ms bounds it; left_ns
-	 * is what the prefill chunks may still cost */
-	int timed = 0;
-	double left_ns = 0;
-	uint32_t prefill_taken = 0;
-	for (int pass = 0; pass < 3; pass++) {
-		int blocked = 0; /* a swapped or waiting elder blocks admissions */
-		if (pass == 1 && n_items && s->cfg.max_step_ms) {
-			uint64_t target = (uint64_t)s->cfg.max_step_ms * 1000000u;
-			timed = 1;
-			left_ns = kvd_step_model_left(&s->model, target);
-		}
-		for (size_t i = 0; i < s->n_reqs && budget > 0; i++) {
-			struct req *r = s->reqs[i];
-			if (pass == 2) {
-				if (r->state == RS_SWAPPED)
-					blocked = 1;
-				if (r->state != RS_WAITING || blocked)
-					continue;
-				if (n_running >= s->cfg.max_num_seqs ||
-				    (n_running && n_running + slots(r) > s->cfg.max_num_seqs))
-					break;
-				if (timed && left_ns <= 0 && prefill_taken >= SCHED_MIN_CHUNK)
-					break; /* the step's time is spent: admit next step */
-				/* admit: a sequence, and whatever the prefix cache has */
-				if (kvmm_seq_new(s->kv, &r->seq) < 0 &&
-				    (!sched_reclaim_session(s) || kvmm_seq_new(s->kv, &r->seq) < 0))
-					break;
-				r->has_seq = 1;
-				r->n_computed = 0;
-				uint32_t hit = 0, n_look = r->n_toks; /* windows: what is there before any drop */
-				if (r->windowed && n_look > kvd_window_cap(&r->w, s->block_size))
-					n_look = kvd_window_cap(&r->w, s->block_size);
-				s->attaching = r; /* a failed promotion is charged to r */
-				kvmm_seq_set_scope(s->kv, r->seq, r->cache_scope);
-				int ar = kvmm_prefix_attach(s->kv, r->seq, r->toks, n_look, &hit);
-				s->attaching = NULL;
-				if (ar == 0)
-					r->n_computed = hit;
-				if (!r->res.preemptions)
-					r->res.cached_tokens = hit;
-				r->state = RS_RUNNING;
-				r->admitted_now = 1;
-				r->t_admit = sched_now_ns(s);
-				kvmm_seq_set_prompt_tokens(s->kv, r->seq, r->n_history + r->n_prompt);
-				n_running += slots(r);
-			} else if (r->state != RS_RUNNING) {
-				continue;
-			}
-			uint32_t pending = r->n_toks - r->n_computed;
-			if ((pass == 0) != (pending == 1) && pass != 2)
-				continue;
-			uint32_t take = pending < budget ? pending : budget, dropped = 0;
-			if (r->windowed) { /* drop what leaves the window; stop at its next edge */
-				int wr = kvd_engine_window_prepare(s->e, r->seq, &r->w, take, &take, &dropped);
-				if (wr < 0) { /* -ENOMEM: try again next step; else it fails below */
-					r->res.error = wr == -ENOMEM ? 0 : wr;
-					starved = starved || wr == -ENOMEM;
-					continue;
-				}
-				r->n_dropped += dropped;
-			}
-			if (timed && pass > 0) {
-				uint32_t cap = kvd_step_model_cap(&s->model, left_ns, r->n_computed, take);
-				if (prefill_taken + cap < SCHED_MIN_CHUNK) /* never below a minimum chunk */
-					cap = SCHED_MIN_CHUNK - prefill_taken;
-				if (cap == 0 && pass == 1)
-					continue;
-				if (cap == 0)
-					cap = 1; /* admitted this step: at least one token */
-				take = cap < take ? cap : take;
-				left_ns -= kvd_step_model_charge(&s->model, left_ns, take, r->n_computed);
-				prefill_taken += take;
-			}
-			s->items[n_items] = (struct kvd_engine_item){
-				.seq = r->seq,
-				.tokens = r->toks + r->n_computed,
-				.n_tokens = (int32_t)take,
-				.logits = take == pending ? r->logits : NULL,
-				.keep_local = r->windowed, /* its policy drops pages itself */
-			};
-			s->item_req[n_items++] = r;
-			budget -= take;
+		pl.n_running += s->reqs[i]->state == RS_RUNNING ? slots(s->reqs[i]) : 0;
+	make_room_for_share(s, &pl.n_running);
+	plan_step(s, &pl);
+	if (!pl.n_items && !pl.starved) {
+		int any = 0;
+		for (size_t i = 0; i < s->n_owners; i++)
+			any |= s->owners[i].throttled;
+		if (any) { /* the owners behind had nothing to run now: no one waits */
+			sched_fair_unthrottle(s);
+			pl = (struct step_plan){ .budget = s->cfg.max_tokens_per_step, .n_running = pl.n_running };
+			plan_step(s, &pl);
 		}
 	}
+	size_t n_items = pl.n_items;
+	int starved = pl.starved;
 	for (size_t i = 0; i < s->n_reqs;) /* a window its KV could not follow */
 		if (s->reqs[i]->state == RS_RUNNING && s->reqs[i]->res.error < 0)
 			finish(s, s->reqs[i], KVD_FINISH_ERROR, s->reqs[i]->res.error);
@@ -814,47 +1038,19 @@ int kvd_sched_step(struct kvd_sched *s)
 	if (!n_items)
 		return 0;
 
-	/* does it fit? if not, give up the youngest until it does */
+	/* does it fit? if not, give up requests until it does */
 	uint32_t need = 0;
 	for (;;) {
-		rc = kvd_engine_plan(s->e, s->items, n_items, &need);
+		rc = kvd_engine_plan(s->e, s->items, pl.n_items, &need);
 		if (rc != -ENOMEM)
 			break;
 		if (sched_reclaim_session(s))
 			continue;
-		size_t v = 0;
-		for (size_t i = 1; i < n_items; i++)
-			if (s->item_req[i]->arrival > s->item_req[v]->arrival)
-				v = i;
-		struct req *victim = s->item_req[v];
-		if (n_items == 1 && !victim->admitted_now) {
-			/* alone and still too big for the whole pool */
-			uint32_t resident = 0;
-			for (size_t i = 0; i < s->n_reqs; i++)
-				resident += s->reqs[i]->state == RS_RUNNING;
-			if (resident <= 1) {
-				finish(s, victim, KVD_FINISH_ERROR, -ENOMEM);
-				return -ENOMEM;
-			}
-		}
-		if (victim->admitted_now)
-			unadmit(s, victim);
-		else
-			preempt(s, victim);
-		s->items[v] = s->items[n_items - 1];
-		s->item_req[v] = s->item_req[n_items - 1];
-		n_items--;
-		if (!n_items) {
-			/* nothing fits: preempt the youngest resident request */
-			struct req *y = NULL;
-			for (size_t i = 0; i < s->n_reqs; i++)
-				if (s->reqs[i]->state == RS_RUNNING && (!y || s->reqs[i]->arrival > y->arrival))
-					y = s->reqs[i];
-			if (y)
-				preempt(s, y);
-			return 0;
-		}
+		rc = fit_give_up(s, &pl);
+		if (rc <= 0)
+			return rc;
 	}
+	n_items = pl.n_items;
 	for (size_t i = 0; i < n_items; i++)
 		s->item_req[i]->admitted_now = 0;
 	if (rc < 0)
@@ -867,6 +1063,7 @@ int kvd_sched_step(struct kvd_sched *s)
 	uint64_t t1 = sched_now_ns(s);
 	s->st.steps++;
 	learn_step_time(s, n_items, t1 - t0);
+	sched_fair_charge(s, n_items, t1 - t0);
 	for (size_t i = 0; i < n_items; i++) {
 		struct req *r = s->item_req[i];
 		uint64_t wait = 0;

@@ -6,11 +6,17 @@
  * are still reading their prompt; finished sequences leave and waiting ones
  * join at any step. Admission and preemption are decided from kvmm's pages:
  * a request is admitted when the pages its next chunk needs are available
- * (prefix-cache hits need none), and when a step does not fit, the youngest
- * running sequence is preempted — swapped out when a swap file exists,
- * otherwise dropped and recomputed later — and resumes, before any newer
- * request is admitted, once enough pages are free again (with a margin, so
- * it is not swapped straight back out). With a swap file, a step that
+ * (prefix-cache hits need none), and when a step does not fit, a running
+ * sequence is preempted — swapped out when a swap file exists, otherwise
+ * dropped and recomputed later — and resumes, before any newer request of
+ * its owner is admitted, once enough pages are free again (with a margin,
+ * so it is not swapped straight back out). The engine is shared between
+ * owners (params.owner; daemon/sched_fair.c): owners are served from the
+ * one that has had the least engine time, one that ran ahead of another
+ * sits steps out, each is held to its share of sequences and pages while
+ * another waits, and the sequence preempted is the lowest-priority,
+ * youngest one of the owner furthest over its share (with one owner: the
+ * youngest). With a swap file, a step that
  * would eat into the last free pages first demotes the coldest cached
  * prefix pages to swap (kvmm_cache_demote), so the allocation finds free
  * pages and a later hit reads the prefix back instead of recomputing it.
@@ -90,6 +96,11 @@ struct kvd_request_params {
 	 * cached page serves only requests of the same scope. */
 	uint64_t owner;
 	uint64_t cache_scope;
+	/* Within one owner, requests with a lower priority are admitted and
+	 * resumed first and preempted last (vLLM's `priority`); 0 is the
+	 * default. Between owners it counts for nothing: the machine is
+	 * shared between owners first (sched_fair.c). */
+	int32_t priority;
 };
 
 #define KVD_MAX_SAMPLES 16

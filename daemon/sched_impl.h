@@ -52,6 +52,44 @@ struct req {
 	float *logits;
 	struct kvd_request_result res;
 	uint64_t t_submit, t_admit, t_first, t_last, t_used;
+	uint64_t owner;          /* params.owner: whose share it draws on */
+	int32_t priority;        /* params.priority: lower goes first within its owner */
+	uint32_t oi;             /* its owner's index in s->owners (valid during a step) */
+};
+
+/*
+ * One owner (a uid, or a gateway's tenant) with live requests: the unit
+ * the scheduler shares the engine between (sched_fair.c). vtime_ns is the
+ * engine time charged to it, the way a fair CPU scheduler keeps a virtual
+ * runtime: the owner furthest behind goes first, and one that ran ahead of
+ * another contending owner by more than SCHED_FAIR_SLICE_NS sits steps out
+ * until the other caught up. The counts are made afresh each step.
+ */
+struct sched_owner {
+	uint64_t id;
+	double vtime_ns;
+	uint32_t live;           /* requests (samples) waiting, running or swapped */
+	uint32_t waiting;        /* of which waiting or swapped */
+	uint32_t running;        /* sequences in the batch (slots) */
+	uint32_t pages;          /* pages its resident sequences hold */
+	int contending;          /* has work a step could do: running, waiting or swapped */
+	int throttled;           /* ran ahead: its requests sit this step out */
+	uint32_t step_tokens;    /* tokens of its items in the step being built */
+};
+
+/* A request's place in a step's fair order (sched_fair.c). */
+struct sched_slot {
+	struct req *r;
+	uint32_t idx;            /* its index in s->reqs */
+};
+
+/* A decode step's time as fixed + per_token * tokens, fitted from the
+ * steps measured (sched_fair.c): the fixed part (reading the weights) is
+ * shared by every owner in a step, so an owner pays it only in part, and a
+ * batch that costs about as much as one sequence (a GPU) is not cut up. */
+struct sched_cost_fit {
+	double s1, sn, snn, sy, sny; /* decayed least-squares sums over decode steps */
+	double fixed_ns, token_ns;   /* token_ns == 0: not fitted (charge by tokens) */
 };
 
 /* The scheduler; its functions are in sched.c, sched_session.c (sessions,
@@ -72,9 +110,17 @@ struct kvd_sched {
 	/* step scratch */
 	struct kvd_engine_item *items;
 	struct req **item_req;
+	struct req **cand;      /* preemption candidates */
 	size_t cap_items;
 	struct req *attaching;  /* whose prefix kvmm_prefix_attach is looking up */
 	int demote_failing;     /* the last demotion failed (logged once until one works) */
+	/* fair sharing between owners (sched_fair.c) */
+	struct sched_owner *owners;
+	size_t n_owners, cap_owners;
+	uint32_t n_contending;  /* owners with work this step (>= 1 when there is any) */
+	struct sched_cost_fit fit;
+	struct sched_slot *order; /* this step's requests in fair order */
+	size_t n_order, cap_order;
 };
 
 /* ---- sched.c ---- */
@@ -87,6 +133,29 @@ struct req *sched_find_session(const struct kvd_sched *s, uint64_t session, size
 void sched_remove_at(struct kvd_sched *s, size_t i);
 /* give up r's sequence and its pages, if it has one */
 void sched_drop_seq(struct kvd_sched *s, struct req *r);
+
+/* ---- sched_fair.c ---- */
+/* Count each owner's live requests, sequences and pages, forget owners
+ * with none, place a new one at the least virtual time of the others,
+ * mark who contends and who ran too far ahead, and put the requests in
+ * fair order (s->order: owners by virtual time, then priority, then
+ * arrival). -ENOMEM. */
+int sched_fair_begin(struct kvd_sched *s);
+/* Lift every owner's throttle (a step that would otherwise do nothing). */
+void sched_fair_unthrottle(struct kvd_sched *s);
+/* The owner's fair share of sequences (max_num_seqs) and of the pool's
+ * pages among the owners contending now: the cap it is held to only while
+ * another owner waits. */
+uint32_t sched_fair_seq_share(const struct kvd_sched *s);
+uint32_t sched_fair_page_share(const struct kvd_sched *s);
+/* The request to give up first among cand[0..n): from the owner furthest
+ * over its page share (over its sequence share when by_seqs), then the
+ * lowest priority, then the youngest. With one owner: the youngest. */
+size_t sched_fair_victim(struct kvd_sched *s, struct req *const *cand, size_t n, int by_seqs);
+/* Charge a step that took dt_ns to the owners of its items, and learn the
+ * step's cost from it (decode steps). */
+void sched_fair_charge(struct kvd_sched *s, size_t n_items, uint64_t dt_ns);
+void sched_fair_free(struct kvd_sched *s);
 
 /* ---- sched_session.c ---- */
 /* Give up the KV of the least recently used idle session that still holds

@@ -69,6 +69,8 @@ static struct req *fork_child(const struct sched_fork *x, struct req *p, uint32_
 	c->logprobs = p->logprobs;
 	c->top_logprobs = p->top_logprobs;
 	c->sp = sp;
+	c->owner = p->owner;
+	c->priority = p->priority;
 	c->res.prompt_tokens = p->res.prompt_tokens;
 	c->res.cached_tokens = p->res.cached_tokens;
 	c->t_submit = p->t_submit;

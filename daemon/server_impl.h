@@ -145,6 +145,7 @@ struct greq {
 	/* context policy (ctxpolicy.c): the request's block, else its session's */
 	struct ipc_gen_context ctx;
 	struct ipc_gen_tenant tenant; /* with IPC_GEN_TENANT: narrows its cache scope */
+	int32_t priority;             /* IPC_GEN_PRIORITY's, else 0 */
 	uint32_t turn_start;          /* session turns: history tokens before this turn */
 	uint32_t head_tokens;         /* a first turn: tokens truncate-oldest keeps */
 	uint32_t trunc_turns, trunc_tokens; /* what truncate-oldest removed for it */
@@ -218,6 +219,7 @@ struct client {
 	uint64_t last_active_ns;      /* last frame received (idle timeout) */
 	struct user_share *share;     /* its user's share of the loop (fairness) */
 	bool sock_paused;             /* over its share: socket out of epoll's read set */
+	bool up_paused;               /* over its share: its upload ring is not read (resume_paused) */
 	uint64_t turn;                /* the loop turn turn_ns counts; last turn it was read */
 	uint64_t turn_ns;             /* control time used in that turn */
 	uint64_t linger_deadline;
@@ -247,7 +249,7 @@ struct kvd_server {
 	uint32_t n_admitted;          /* connections holding a slot */
 	uint32_t n_lingering;
 	uint64_t ctl_earned_ns;       /* control time each client has earned (fairness) */
-	uint32_t n_paused;            /* clients with sock_paused */
+	uint32_t n_paused;            /* clients with sock_paused, and with up_paused */
 	uint64_t turn;                /* loop turns so far */
 	struct user_share *shares;    /* one per uid with a connection */
 	struct client *dirty;
@@ -299,6 +301,13 @@ void client_linger(struct client *c, const char *why);
 void client_close(struct client *c, const char *why);
 void free_closed(struct kvd_server *srv);
 void resume_paused(struct kvd_server *srv);
+/* Has the client's user used its share of the step time? (busy: the
+ * scheduler has work; an idle one throttles nobody) */
+bool client_throttled(const struct client *c, bool busy);
+/* Charge a client (and its user) for work done for it that took cost_ns:
+ * socket frames, and what its ring uploads cost (copying, rendering,
+ * tokenizing). */
+void client_charge(struct client *c, uint64_t cost_ns, bool busy);
 void handle_sock(struct client *c, uint32_t events);
 
 /* ---- stream.c: the stream back to clients, uploads ----------------------- */

@@ -262,17 +262,33 @@ static bool upload_pending(const struct client *c)
 }
 
 
-/* Pop upload records while an upload is incomplete. Returns 0, or a
- * negative errno after which the connection is closed. */
-static int uploads_pump(struct client *c)
+/* Pop upload records while an upload is incomplete. What they cost —
+ * copying, and rendering and tokenizing a finished upload — is charged to
+ * the client's user like its socket frames (client_charge), and a user
+ * over its share of the step time stops being read here (up_paused) until
+ * resume_paused finds it has earned that back: work that comes through
+ * the ring buys no more of the loop than work on the socket. Returns 0, or
+ * a negative errno after which the connection is closed. */
+static int uploads_pump(struct client *c, bool busy)
 {
 	struct kvd_server *srv = c->srv;
 	struct ipc_frame f;
 	struct ipc_prompt_data_msg pd;
 	int r;
+	uint64_t t_charged = now_ns();
 
 	while (c->up_head && !c->closing) {
 		struct upload *u = c->up_head;
+		uint64_t t = now_ns();
+		client_charge(c, t - t_charged, busy);
+		t_charged = t;
+		if (client_throttled(c, busy)) {
+			if (!c->up_paused) {
+				c->up_paused = true;
+				srv->n_paused++;
+			}
+			return 0;
+		}
 		r = ipc_chan_recv(c->chan, srv->rxbuf, IPC_MAX_FRAME_BYTES, &f);
 		if (r == -EAGAIN)
 			return 0;
@@ -304,6 +320,8 @@ static int uploads_pump(struct client *c)
 		if (u->got == u->total)
 			upload_done(c);
 	}
+	if (!c->closing)
+		client_charge(c, now_ns() - t_charged, busy);
 	return 0;
 }
 
@@ -314,8 +332,9 @@ void client_service(struct client *c)
 
 	if (!c->chan || c->lingering)
 		return;
+	bool busy = !kvd_sched_idle(c->srv->sched);
 	for (int round = 0; round < 8 && !c->closing; round++) {
-		r = uploads_pump(c);
+		r = c->up_paused ? 0 : uploads_pump(c, busy);
 		if (r < 0) {
 			client_linger(c, "protocol error on the upload ring");
 			return;
@@ -337,7 +356,8 @@ void client_service(struct client *c)
 			client_close(c, "cannot wake the client");
 			return;
 		}
-		unsigned what = (upload_pending(c) ? IPC_WAIT_RX : 0) | (c->tx_need ? IPC_WAIT_TX : 0);
+		/* (a paused upload is taken up again by resume_paused) */
+		unsigned what = (upload_pending(c) && !c->up_paused ? IPC_WAIT_RX : 0) | (c->tx_need ? IPC_WAIT_TX : 0);
 		if (!what)
 			return;
 		r = ipc_chan_prepare_wait(c->chan, what, c->tx_need);

@@ -326,8 +326,10 @@ int ipc_decode_generate(const struct ipc_frame *f, struct ipc_generate_msg *ret)
 	/* All sizes are bounded above, so this sum cannot overflow. */
 	bool has_ctx = g->gen_flags & IPC_GEN_CONTEXT;
 	bool has_tenant = g->gen_flags & IPC_GEN_TENANT;
+	bool has_prio = g->gen_flags & IPC_GEN_PRIORITY;
 	uint64_t expect = (uint64_t)sizeof(m.g) + g->system_bytes + g->stop_bytes + (in_ring ? 0 : g->prompt_bytes) +
-			  (has_ctx ? sizeof(m.ctx) : 0) + (has_tenant ? sizeof(m.tenant) : 0);
+			  (has_ctx ? sizeof(m.ctx) : 0) + (has_tenant ? sizeof(m.tenant) : 0) +
+			  (has_prio ? sizeof(m.prio) : 0);
 	if (expect != f->hdr.length)
 		return -EBADMSG;
 
@@ -367,6 +369,13 @@ int ipc_decode_generate(const struct ipc_frame *f, struct ipc_generate_msg *ret)
 		if (r < 0)
 			return r;
 	}
+	if (has_prio) {
+		memcpy(&m.prio, p, sizeof(m.prio));
+		p += sizeof(m.prio);
+		int r = ipc_gen_priority_check(&m.prio);
+		if (r < 0)
+			return r;
+	}
 	if (turns && !in_ring) {
 		int r = ipc_chat_turns_check(p, g->prompt_bytes);
 		if (r < 0)
@@ -381,7 +390,7 @@ ssize_t ipc_encode_generate(void *buf, size_t cap, uint64_t request_id, const st
 {
 	struct ipc_generate g = m->g;
 	uint16_t lens[IPC_MAX_STOP_STRINGS];
-	struct iovec iov[4 + 2 * IPC_MAX_STOP_STRINGS + 1];
+	struct iovec iov[5 + 2 * IPC_MAX_STOP_STRINGS + 1];
 	int n = 0;
 
 	if (g.n_stop > IPC_MAX_STOP_STRINGS)
@@ -401,6 +410,8 @@ ssize_t ipc_encode_generate(void *buf, size_t cap, uint64_t request_id, const st
 		iov[n++] = (struct iovec){ (void *)&m->ctx, sizeof(m->ctx) };
 	if (g.gen_flags & IPC_GEN_TENANT)
 		iov[n++] = (struct iovec){ (void *)&m->tenant, sizeof(m->tenant) };
+	if (g.gen_flags & IPC_GEN_PRIORITY)
+		iov[n++] = (struct iovec){ (void *)&m->prio, sizeof(m->prio) };
 	if (!(g.gen_flags & IPC_GEN_PROMPT_IN_RING) && g.prompt_bytes) {
 		if (g.prompt_bytes > IPC_MAX_INLINE_TEXT_BYTES)
 			return -E2BIG;
@@ -434,6 +445,15 @@ int ipc_gen_tenant_check(const struct ipc_gen_tenant *t)
 		if (t->name[i])
 			return -EPROTO;
 	return 0;
+}
+
+static_assert(sizeof(struct ipc_gen_priority) == 8, "ipc_gen_priority layout");
+
+int ipc_gen_priority_check(const struct ipc_gen_priority *p)
+{
+	if (p->priority < IPC_MIN_PRIORITY || p->priority > IPC_MAX_PRIORITY)
+		return -ERANGE;
+	return p->reserved ? -EPROTO : 0;
 }
 
 /* ---- chat turns ------------------------------------------------------------------ */

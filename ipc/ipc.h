@@ -275,8 +275,9 @@ struct ipc_welcome {
 #define IPC_GEN_CHAT_TURNS     0x10u /* the prompt is a list of chat turns (see below) */
 #define IPC_GEN_LOGPROBS       0x20u /* TOKEN records carry log-probabilities (ipc_samples.h) */
 #define IPC_GEN_CONTEXT        0x40u /* a struct ipc_gen_context follows the stop area */
-#define IPC_GEN_TENANT         0x80u /* a struct ipc_gen_tenant follows (see below) */
-#define IPC_GEN_ALL            0xffu
+#define IPC_GEN_TENANT         0x80u /* a struct ipc_gen_tenant follows (ipc_owner.h) */
+#define IPC_GEN_PRIORITY       0x100u /* a struct ipc_gen_priority follows (ipc_owner.h) */
+#define IPC_GEN_ALL            0x1ffu
 
 struct ipc_generate {
 	uint32_t gen_flags;       /* IPC_GEN_* */
@@ -298,10 +299,10 @@ struct ipc_generate {
 };
 /* Payload: struct ipc_generate | system text | stop area | [struct ipc_gen_context
  * with IPC_GEN_CONTEXT] | [struct ipc_gen_tenant with IPC_GEN_TENANT] |
- * prompt (inline only). */
+ * [struct ipc_gen_priority with IPC_GEN_PRIORITY] | prompt (inline only). */
 
-/* Tenants: struct ipc_gen_tenant and its check. */
-#include "ipc_tenant.h"
+/* Tenant and priority blocks: ipc_owner.h. */
+#include "ipc_owner.h"
 
 /* Context policies: struct ipc_gen_context and its helpers. */
 #include "ipc_context.h"
@@ -676,6 +677,7 @@ struct ipc_generate_msg {
 	const char *prompt;                        /* inline prompt; NULL when in ring */
 	struct ipc_gen_context ctx;                /* with IPC_GEN_CONTEXT; zero otherwise */
 	struct ipc_gen_tenant tenant;              /* with IPC_GEN_TENANT; zero otherwise */
+	struct ipc_gen_priority prio;              /* with IPC_GEN_PRIORITY; zero otherwise */
 };
 int ipc_decode_generate(const struct ipc_frame *f, struct ipc_generate_msg *ret);
 /*

@@ -55,6 +55,9 @@ struct lane {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;      /* under mu: the pumper handed out events or left */
 	bool busy;              /* under mu: a thread is pumping */
+	uint32_t starters;      /* under mu: threads waiting for io to start, cancel or ask something;
+	                         * a pumper gives io up to them (else a pumper waiting long for its own
+	                         * event would keep every new request off the lane) */
 	struct lane_req *reqs;  /* under mu (and io, to change it): the requests started on it */
 };
 
@@ -264,9 +267,23 @@ void pool_close(struct http_server *s)
 	pthread_mutex_unlock(&s->lock);
 }
 
+/* Take io for a short call, ahead of pumpers: announced in starters, so
+ * the pumper leaves at its next turn and no new one starts meanwhile. */
+static void io_acquire(struct lane *l)
+{
+	pthread_mutex_lock(&l->mu);
+	l->starters++;
+	pthread_mutex_unlock(&l->mu);
+	pthread_mutex_lock(&l->io);
+	pthread_mutex_lock(&l->mu);
+	l->starters--;
+	pthread_cond_broadcast(&l->cv);
+	pthread_mutex_unlock(&l->mu);
+}
+
 kvc_client *lane_lock(struct lane *l, int timeout_ms)
 {
-	pthread_mutex_lock(&l->io);
+	io_acquire(l);
 	kvc_set_timeout(l->kc, timeout_ms);
 	return l->kc;
 }
@@ -348,7 +365,7 @@ int lane_next(struct lane *l, struct lane_req *lr, int wait_ms, const struct kvc
 			lr->want = false;
 			break;
 		}
-		if (l->busy) {
+		if (l->busy || l->starters) {
 			struct timespec until = abs_in((int)left);
 			pthread_cond_timedwait(&l->cv, &l->mu, &until);
 			continue;
@@ -368,7 +385,7 @@ int lane_next(struct lane *l, struct lane_req *lr, int wait_ms, const struct kvc
 			/* wait for our own event; others' are queued meanwhile */
 			kvc_set_timeout(l->kc, left < HTTP_PUMP_MS ? (int)left : HTTP_PUMP_MS);
 			pthread_mutex_lock(&l->mu);
-			bool wanted = lr->want && !lr->has;
+			bool wanted = lr->want && !lr->has && !l->starters;
 			pthread_mutex_unlock(&l->mu);
 			if (!wanted)
 				break;
@@ -423,7 +440,7 @@ bool lane_end(struct lane *l, struct lane_req *lr, int wait_ms)
 	}
 	if (lr->ended && kvd_conn_error(lr->rc))
 		broken = true;
-	pthread_mutex_lock(&l->io);
+	io_acquire(l);
 	pthread_mutex_lock(&l->mu);
 	if (lr->prev)
 		lr->prev->next = lr->next;

@@ -10,7 +10,7 @@
  * log-probabilities (chat's logprobs/top_logprobs, completions' logprobs),
  * besides the sampling parameters. The rule is "honour exactly or
  * refuse": a parameter whose meaning the gateway cannot reproduce
- * (penalties OpenAI defines differently from kvd's, tools, 'priority',
+ * (penalties OpenAI defines differently from kvd's, tools,
  * best_of, echo, suffix, and the vendor extras of vLLM or llama.cpp that
  * change what is generated, such as guided decoding or ignore_eos) gets a
  * 400 naming it, never a silent approximation. Other keys this file does
@@ -134,7 +134,6 @@ static const struct {
 	bool neutral_true;
 	const char *why;
 } semantic_extras[] = {
-	{ "priority", false, "kvd schedules a user's requests in arrival order; there are no priorities yet" },
 	{ "ignore_eos", false, "kvd always stops at the end of the answer" },
 	{ "min_tokens", false, "kvd has no minimum length" },
 	{ "stop_token_ids", false, "kvd stops on strings ('stop'), not token ids" },
@@ -479,6 +478,13 @@ static int parse_fields(int ep, json_t *o, struct http_gen_req *r, struct http_e
 			return BAD(e, "seed", "'seed' must be an integer");
 		r->has_seed = true;
 		r->seed = (uint64_t)json_integer_value(v);
+	}
+	if ((v = opt(o, "priority"))) {
+		if (!json_is_integer(v) || json_integer_value(v) < KVC_MIN_PRIORITY ||
+		    json_integer_value(v) > KVC_MAX_PRIORITY)
+			return BAD(e, "priority", "'priority' must be an integer from %d to %d (lower runs first)",
+				   KVC_MIN_PRIORITY, KVC_MAX_PRIORITY);
+		r->priority = (int32_t)json_integer_value(v);
 	}
 	if ((x = parse_stop(o, r, e)) < 0)
 		return x;

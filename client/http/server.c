@@ -253,6 +253,7 @@ static void fill_params(const struct conn *c, const struct kvc_info *info, struc
 	}
 	if (c->tenant[0])
 		p->tenant = c->tenant;
+	p->priority = q->priority;
 }
 
 /* The request's cache tenant in kvd: its API key (by its line in the key

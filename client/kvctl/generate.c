@@ -79,6 +79,9 @@ static const char help_generate[] =
 	"                         pages (default 4)\n"
 	"                         What was dropped is said on stderr and in --json as\n"
 	"                         \"context_dropped_tokens\".\n"
+	"    --priority P         among your own requests, lower P runs first and is\n"
+	"                         preempted last (default 0); other users' requests are\n"
+	"                         not affected: users share the machine fairly\n"
 	"    --tenant NAME        a cache tenant (1 to 64 bytes): the request shares cached\n"
 	"                         prompt pages only with requests of the same user and\n"
 	"                         tenant (by default all of a user's requests share)\n"
@@ -177,7 +180,7 @@ int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 {
 	enum { O_RAW = OPT_FIRST_CMD, O_SYSTEM, O_MAX, O_TEMP, O_TOPP, O_TOPK, O_MINP, O_REP, O_SEED, O_STOP,
 	       O_SESSION, O_JSON, O_SPECIAL, O_NO_NEWLINE, O_SAMPLES, O_LOGPROBS,
-	       O_CTX_POLICY, O_CTX_WINDOW, O_CTX_SINKS, O_TENANT };
+	       O_CTX_POLICY, O_CTX_WINDOW, O_CTX_SINKS, O_TENANT, O_PRIORITY };
 	static const struct option longopts[] = {
 		{ "raw", no_argument, NULL, O_RAW },
 		{ "system", required_argument, NULL, O_SYSTEM },
@@ -199,6 +202,7 @@ int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 		{ "window", required_argument, NULL, O_CTX_WINDOW },
 		{ "sinks", required_argument, NULL, O_CTX_SINKS },
 		{ "tenant", required_argument, NULL, O_TENANT },
+		{ "priority", required_argument, NULL, O_PRIORITY },
 		COMMON_LONGOPTS,
 		{ 0 },
 	};
@@ -312,6 +316,16 @@ int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 			if (!parse_u32(optarg, &p.context_sinks) || !p.context_sinks)
 				return usage_error(cmd, "--sinks: '%s' is not a positive integer", optarg);
 			break;
+		case O_PRIORITY: {
+			char *end;
+			long v = strtol(optarg, &end, 10);
+
+			if (!*optarg || *end || v < KVC_MIN_PRIORITY || v > KVC_MAX_PRIORITY)
+				return usage_error(cmd, "--priority: '%s' is not an integer from %d to %d", optarg,
+						   KVC_MIN_PRIORITY, KVC_MAX_PRIORITY);
+			p.priority = (int32_t)v;
+			break;
+		}
 		case O_TENANT:
 			if (!optarg[0] || strlen(optarg) > KVC_MAX_TENANT_BYTES)
 				return usage_error(cmd, "--tenant: a tenant is 1 to %d bytes", KVC_MAX_TENANT_BYTES);

@@ -4,10 +4,10 @@
 # Checked against a tiny model:
 #   - a body nested deeper than HTTP_MAX_JSON_DEPTH (32) gets 400 naming the
 #     depth; 32 levels inside an ignored key are parsed
-#   - 'priority' (other than 0) and other servers' extras that change the
-#     output (ignore_eos, guided_json, min_tokens, ...) get 400 naming the
-#     parameter, on both endpoints; their neutral values and metadata keys
-#     (user, cache_salt) are accepted
+#   - other servers' extras that change the output (ignore_eos, guided_json,
+#     min_tokens, ...) get 400 naming the parameter, on both endpoints; their
+#     neutral values and metadata keys (user) are accepted; 'priority' is an
+#     integer in range (else 400 naming it), 'cache_salt' a short string
 #   - the completions endpoint's context overflow names 'prompt', chat's
 #     'messages'
 #   - --help describes today's API: n, logprobs, earlier conversation turns
@@ -54,7 +54,7 @@ ok32=$($PY -c 'print("[" * 31 + "]" * 31)')
 r=$(post completions "{$C,\"x\":$ok32}"); [ "${r%% *}" = 200 ] || fail "32 levels: $r $(cat "$T/out.json")"
 ok "a body nested 40 deep: 400; 32 deep: served"
 
-for kv in '"priority":5' '"ignore_eos":true' '"guided_json":{"type":"object"}' '"min_tokens":10' \
+for kv in '"priority":"high"' '"priority":2000000' '"ignore_eos":true' '"guided_json":{"type":"object"}' '"min_tokens":10' \
 	'"stop_token_ids":[2]' '"skip_special_tokens":false' '"repetition_penalty":1.3' '"echo":true'; do
 	key=$(echo "$kv" | sed 's/^"\([a-z_]*\)".*/\1/')
 	for ep in completions chat/completions; do
@@ -63,12 +63,12 @@ for kv in '"priority":5' '"ignore_eos":true' '"guided_json":{"type":"object"}' '
 		[ "$r" = "400 $key" ] || fail "$ep with $kv: '$r' $(cat "$T/out.json")"
 	done
 done
-for kv in '"priority":0' '"ignore_eos":false' '"skip_special_tokens":true' '"user":"u1"' '"cache_salt":"s1"' \
+for kv in '"priority":0' '"priority":-5' '"priority":7' '"ignore_eos":false' '"skip_special_tokens":true' '"user":"u1"' '"cache_salt":"s1"' \
 	'"metadata":{"a":"b"}'; do
 	r=$(post completions "{$C,$kv}"); [ "${r%% *}" = 200 ] || fail "completions with $kv: $r $(cat "$T/out.json")"
 	r=$(post chat/completions "{$M,$kv}"); [ "${r%% *}" = 200 ] || fail "chat with $kv: $r $(cat "$T/out.json")"
 done
-ok "priority and output-changing extras: 400 naming them; neutral values, user, cache_salt, metadata: 200"
+ok "output-changing extras and a bad priority: 400 naming them; priorities, neutral values, user, cache_salt, metadata: 200"
 
 CTX=$(curl -sf "$B/v1/models" | $PY -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["max_model_len"])')
 long=$($PY -c "print(' '.join(['word'] * $CTX))")

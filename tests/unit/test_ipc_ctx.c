@@ -155,6 +155,35 @@ static void test_generate_tenant(void **state)
 	assert_int_equal(decode_gen(len, &d), -EBADMSG);
 }
 
+/* The priority block: after the tenant block; range and reserved checked. */
+static void test_generate_priority(void **state)
+{
+	(void)state;
+	struct ipc_generate_msg m = base_msg("ranked"), d;
+	ssize_t plain = ipc_encode_generate(fbuf, sizeof(fbuf), 1, &m);
+
+	m.g.gen_flags |= IPC_GEN_PRIORITY | IPC_GEN_TENANT;
+	m.tenant.bytes = 1;
+	m.tenant.name[0] = 't';
+	m.prio.priority = -7;
+	ssize_t len = ipc_encode_generate(fbuf, sizeof(fbuf), 2, &m);
+	assert_int_equal(len, plain + (ssize_t)(sizeof(struct ipc_gen_tenant) + sizeof(struct ipc_gen_priority)));
+	assert_int_equal(decode_gen(len, &d), 0);
+	assert_int_equal(d.prio.priority, -7);
+	assert_int_equal(d.tenant.name[0], 't');
+	assert_memory_equal(d.prompt, "ranked", 6);
+	m.prio.priority = IPC_MAX_PRIORITY + 1;
+	assert_int_equal(ipc_encode_generate(fbuf, sizeof(fbuf), 3, &m), -ERANGE);
+	m.prio.priority = IPC_MIN_PRIORITY - 1;
+	assert_int_equal(ipc_encode_generate(fbuf, sizeof(fbuf), 3, &m), -ERANGE);
+	m.prio = (struct ipc_gen_priority){ 1, 1 };
+	assert_int_equal(ipc_encode_generate(fbuf, sizeof(fbuf), 3, &m), -EPROTO);
+	/* an unknown flag above it is refused */
+	m.prio = (struct ipc_gen_priority){ 1, 0 };
+	m.g.gen_flags |= IPC_GEN_PRIORITY << 1;
+	assert_int_equal(ipc_encode_generate(fbuf, sizeof(fbuf), 4, &m), -EPROTO);
+}
+
 static void test_session_open_context(void **state)
 {
 	(void)state;
@@ -225,6 +254,7 @@ int main(void)
 		cmocka_unit_test(test_generate_context_roundtrip),
 		cmocka_unit_test(test_generate_context_refused),
 		cmocka_unit_test(test_generate_tenant),
+		cmocka_unit_test(test_generate_priority),
 		cmocka_unit_test(test_session_open_context),
 		cmocka_unit_test(test_done_context_dropped),
 		cmocka_unit_test(test_policy_names),

@@ -1643,6 +1643,183 @@ static void test_samples_admission_cancel_limits(void **state)
 	close_ctx(&c);
 }
 
+
+/* ---- fair sharing between owners ------------------------------------------ */
+
+#define FLOOD_REQS 24
+#define FLOOD_GEN  600
+#define VICTIM_ID  30
+#define VICTIM_GEN 64
+
+static void fair_prompt(int i, int32_t *p)
+{
+	for (int k = 0; k < 8; k++)
+		p[k] = (int32_t)((i * 8 + k) * 29 % N_VOCAB);
+}
+
+/* The victim's short request (owner 2) on the flood of owner 1 (flood:
+ * FLOOD_REQS long ones, submitted first and decoding until the pool is
+ * full), or alone (flood 0); the stub's clock gives a step a fixed 2 ms
+ * plus 1 ms a token, like a CPU. Returns the victim's result and, in
+ * *ret_steps, the steps from its submission to its first token. */
+static struct kvd_request_result fair_run(int flood, uint32_t *ret_steps, uint64_t *ret_attacker_preempt)
+{
+	struct ctx c;
+	int32_t p[8], want[VICTIM_GEN];
+	struct kvd_sched_stats st;
+	uint32_t steps = 0;
+
+	/* 200 pages of 4 tokens: the flood's sequences fill it after ~25 tokens each */
+	open_ctx(&c, &(struct setup){ .block_size = 4, .pages = 200, .max_step_ms = 50 });
+	g_stub->clock = &c.clock_ns;
+	g_stub->step_ns = 2000000;
+	g_stub->token_ns = 1000000;
+	for (int i = 0; i < (flood ? FLOOD_REQS : 0); i++) {
+		struct kvd_request_params rp = greedy(FLOOD_GEN, 0);
+		rp.owner = 1;
+		fair_prompt(i, p);
+		assert_int_equal(kvd_sched_submit(c.s, (uint64_t)i, p, 8, &rp), 0);
+	}
+	for (int i = 0; i < (flood ? 120 : 0); i++)
+		assert_true(kvd_sched_step(c.s) > 0);
+	kvd_sched_get_stats(c.s, &st);
+	assert_true(!flood || st.preemptions > 0); /* the pool is full */
+	struct kvd_request_params vp = greedy(VICTIM_GEN, 0);
+	vp.owner = 2;
+	fair_prompt(VICTIM_ID, p);
+	assert_int_equal(kvd_sched_submit(c.s, VICTIM_ID, p, 8, &vp), 0);
+	while (!c.r[VICTIM_ID].n && steps < 400) {
+		assert_true(kvd_sched_step(c.s) >= 0);
+		steps++;
+	}
+	/* from its first token on, it has a token in every step */
+	for (uint32_t n = c.r[VICTIM_ID].n; !c.r[VICTIM_ID].done && steps < 4000; n++) {
+		assert_true(kvd_sched_step(c.s) > 0);
+		assert_int_equal(c.r[VICTIM_ID].n, n + 1);
+	}
+	assert_true(c.r[VICTIM_ID].done);
+	expected(p, 8, VICTIM_GEN, want);
+	assert_memory_equal(c.r[VICTIM_ID].toks, want, sizeof(want));
+	struct kvd_request_result res = c.r[VICTIM_ID].res;
+	*ret_steps = steps;
+	*ret_attacker_preempt = 0;
+	if (flood) {
+		/* the flood is served too, and gets exactly its tokens */
+		run_until_idle(&c);
+		for (int i = 0; i < FLOOD_REQS; i++) {
+			static int32_t fwant[FLOOD_GEN];
+			fair_prompt(i, p);
+			expected(p, 8, FLOOD_GEN, fwant);
+			assert_int_equal(c.r[i].res.finish, KVD_FINISH_LENGTH);
+			assert_memory_equal(c.r[i].toks, fwant, sizeof(fwant));
+			*ret_attacker_preempt += c.r[i].res.preemptions;
+		}
+	}
+	assert_int_equal(pages_used(&c), 0);
+	close_ctx(&c);
+	return res;
+}
+
+/*
+ * One owner floods (24 requests of 600 tokens, the pool full, its own
+ * requests preempting each other); another owner's short request is
+ * admitted at once, has its first token within twice its time alone plus
+ * one step budget (max_step_ms), gets a token in every step from then on,
+ * decodes at no less than half its speed alone (its fair share of the
+ * engine's time with two owners active) and is never preempted; the
+ * sequences given up to make room are the flooding owner's.
+ */
+static void test_fair_share_between_owners(void **state)
+{
+	uint32_t steps_idle, steps_flood;
+	uint64_t pre_idle, pre_flood;
+	(void)state;
+
+	struct kvd_request_result idle = fair_run(0, &steps_idle, &pre_idle);
+	struct kvd_request_result fl = fair_run(1, &steps_flood, &pre_flood);
+	print_message("victim alone: ttft %.1f ms, %.2f ms/token; beside the flood: ttft %.1f ms (%u steps), "
+		      "%.2f ms/token (%.0f %% of its speed alone); flood preempted %llu times\n",
+		      idle.ttft_ns / 1e6, idle.decode_ns / 1e6 / (VICTIM_GEN - 1), fl.ttft_ns / 1e6, steps_flood,
+		      fl.decode_ns / 1e6 / (VICTIM_GEN - 1), 100.0 * idle.decode_ns / fl.decode_ns,
+		      (unsigned long long)pre_flood);
+	assert_int_equal(steps_idle, 1);
+	assert_true(steps_flood <= 3);
+	assert_true(fl.ttft_ns <= 2 * idle.ttft_ns + 50000000ull);
+	assert_true(fl.decode_ns <= 2 * idle.decode_ns);
+	assert_int_equal(fl.preemptions, 0);
+	assert_true(pre_flood > 0);
+}
+
+/*
+ * Preemption takes from the owner furthest over its share of the pool,
+ * not the youngest request: owner 1's six older requests grow out of the
+ * pool, owner 2's two younger ones stay within its half of it, so every
+ * sequence given up is owner 1's and owner 2's are never preempted.
+ */
+static void test_fair_preempts_owner_over_share(void **state)
+{
+	struct ctx c;
+	int32_t p[8];
+	struct kvd_sched_stats st;
+	struct kvd_sched_req_info info[16];
+	(void)state;
+
+	/* 128 pages of 4 tokens: owner 2's two requests need 54 at most, under
+	 * its half; owner 1's six would need 312 */
+	open_ctx(&c, &(struct setup){ .block_size = 4, .pages = 128 });
+	for (int i = 0; i < 8; i++) {
+		struct kvd_request_params rp = greedy(i < 6 ? 200 : 100, 0);
+		rp.owner = i < 6 ? 1 : 2;
+		fair_prompt(i, p);
+		assert_int_equal(kvd_sched_submit(c.s, (uint64_t)i, p, 8, &rp), 0);
+	}
+	for (int k = 0; k < 400; k++) {
+		assert_true(kvd_sched_step(c.s) >= 0);
+		kvd_sched_get_stats(c.s, &st);
+		if (st.preemptions >= 3)
+			break;
+	}
+	assert_true(st.preemptions >= 3);
+	size_t n = kvd_sched_list(c.s, info, 16);
+	assert_int_equal(n, 8);
+	for (size_t i = 0; i < n; i++)
+		if (info[i].req_id >= 6)
+			assert_int_equal(info[i].state, 2); /* owner 2's still decode */
+	run_until_idle(&c);
+	for (int i = 0; i < 8; i++)
+		assert_int_equal(c.r[i].res.finish, KVD_FINISH_LENGTH);
+	assert_int_equal(c.r[6].res.preemptions + c.r[7].res.preemptions, 0);
+	close_ctx(&c);
+}
+
+/* Within one owner, a lower priority value is admitted first; between
+ * owners priority buys nothing over the other's share. */
+static void test_fair_priority_within_owner(void **state)
+{
+	struct ctx c;
+	int32_t p[8];
+	static const int32_t prio[3] = { 3, 0, 3 };
+	(void)state;
+
+	open_ctx(&c, &(struct setup){ .block_size = 4, .pages = 64, .max_seqs = 1 });
+	for (int i = 0; i < 3; i++) {
+		struct kvd_request_params rp = greedy(4, 0);
+		rp.priority = prio[i];
+		fair_prompt(i, p);
+		assert_int_equal(kvd_sched_submit(c.s, (uint64_t)i, p, 8, &rp), 0);
+	}
+	assert_true(kvd_sched_step(c.s) > 0);
+	assert_int_equal(c.r[1].n, 1);
+	assert_int_equal(c.r[0].n + c.r[2].n, 0);
+	while (!c.r[1].done)
+		assert_true(kvd_sched_step(c.s) > 0);
+	assert_true(kvd_sched_step(c.s) > 0);
+	assert_int_equal(c.r[0].n, 1); /* then the elder of the two left */
+	assert_int_equal(c.r[2].n, 0);
+	run_until_idle(&c);
+	close_ctx(&c);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1668,6 +1845,9 @@ int main(void)
 		cmocka_unit_test(test_samples_seeded),
 		cmocka_unit_test(test_samples_logprobs),
 		cmocka_unit_test(test_samples_admission_cancel_limits),
+		cmocka_unit_test(test_fair_share_between_owners),
+		cmocka_unit_test(test_fair_preempts_owner_over_share),
+		cmocka_unit_test(test_fair_priority_within_owner),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

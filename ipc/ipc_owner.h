@@ -1,9 +1,10 @@
 /*
- * ipc/ipc_tenant.h — the tenant block of GENERATE (IPC_GEN_TENANT), included
- * by ipc.h.
+ * ipc/ipc_owner.h — GENERATE's blocks about whom a request belongs to and
+ * how it ranks among its owner's requests: the tenant (IPC_GEN_TENANT) and
+ * the priority (IPC_GEN_PRIORITY). Included by ipc.h.
  */
-#ifndef KVD_IPC_TENANT_H
-#define KVD_IPC_TENANT_H
+#ifndef KVD_IPC_OWNER_H
+#define KVD_IPC_OWNER_H
 
 #include <stdint.h>
 
@@ -29,4 +30,21 @@ struct ipc_gen_tenant {
  * and in reserved. 0, -EINVAL or -EPROTO (non-zero padding). */
 int ipc_gen_tenant_check(const struct ipc_gen_tenant *t);
 
-#endif /* KVD_IPC_TENANT_H */
+/*
+ * Priority (IPC_GEN_PRIORITY): among the requests of one owner, a lower
+ * value is admitted and resumed first and preempted last (vLLM's
+ * `priority`); 0 is the default. It never ranks a request against another
+ * owner's: owners share the machine fairly whatever their priorities.
+ * IPC_MIN_PRIORITY .. IPC_MAX_PRIORITY; reserved 0. Daemons before
+ * IPC_TENANT_SERVER_VERSION refuse the flag (-EPROTO).
+ */
+#define IPC_MIN_PRIORITY (-1000000)
+#define IPC_MAX_PRIORITY 1000000
+struct ipc_gen_priority {
+	int32_t priority;
+	uint32_t reserved;                 /* 0 */
+};
+/* 0, -ERANGE for a value out of range, -EPROTO for non-zero reserved. */
+int ipc_gen_priority_check(const struct ipc_gen_priority *p);
+
+#endif /* KVD_IPC_OWNER_H */
