@@ -212,6 +212,19 @@ $(BUILD)/lib/libkvd-cuda.so: $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CUDA_SRC))
 	@mkdir -p $(dir $@)
 	$(NVCC) -shared -o $@ $^ -L$(CUDA_HOME)/lib64 -Xlinker -rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart
 
+# kvd-docgen prints documentation from the tables the programs run on
+# (kvd.conf(5) from daemon/config.c's keys, the metric table from
+# client/kvc_metrics.h); `make man` regenerates man/ with it and the help
+# texts (scripts/gen-man), tests/checks/t_docs.sh checks man/ is current.
+DOCGEN := $(if $(wildcard scripts/kvd_docgen.c),$(BUILD)/scripts/kvd-docgen)
+all: $(DOCGEN)
+$(BUILD)/scripts/kvd-docgen: $(BUILD)/obj/scripts/kvd_docgen.o $(CORE_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIBS_ALL)
+.PHONY: man
+man: $(DOCGEN) $(BINS) $(HTTP_BIN)
+	scripts/gen-man $(BUILD) man
+
 setup:
 	scripts/setup
 
@@ -307,6 +320,10 @@ install: all
 	    done)
 	$(if $(wildcard systemd/kvd.sysusers),install -d $(DESTDIR)$(PREFIX)/lib/sysusers.d && \
 	    install -m 0644 systemd/kvd.sysusers $(DESTDIR)$(PREFIX)/lib/sysusers.d/kvd.conf)
+	$(if $(wildcard man/*.[0-9]),for p in man/*.[0-9]; do \
+	    s=$${p##*.}; install -d $(DESTDIR)$(PREFIX)/share/man/man$$s && \
+	    install -m 0644 $$p $(DESTDIR)$(PREFIX)/share/man/man$$s/ || exit 1; \
+	done)
 	$(if $(wildcard systemd/kvd.tmpfiles),install -d $(DESTDIR)$(PREFIX)/lib/tmpfiles.d && \
 	    install -m 0644 systemd/kvd.tmpfiles $(DESTDIR)$(PREFIX)/lib/tmpfiles.d/kvd.conf)
 

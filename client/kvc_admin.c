@@ -4,12 +4,27 @@
  * handler; kvc_free() for what they return.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kvclient.h"
 #include "ipc.h"
 #include "kvc_impl.h"
+#include "kvc_metrics.h"
+
+/* The STATS reply and struct kvc_stats carry the same fields, at the same
+ * offsets, as client/kvc_metrics.h lists: a field added to one and not to
+ * the list (or the other) fails the build here. */
+#define SAME_FIELD(field, ...) \
+	_Static_assert(offsetof(struct ipc_stats, field) == offsetof(struct kvc_stats, field), \
+		       "struct ipc_stats and struct kvc_stats disagree on " #field);
+KVC_STATS_METRICS(SAME_FIELD)
+#undef SAME_FIELD
+_Static_assert(sizeof(struct kvc_stats) == (KVC_STATS_N_METRICS + 1) * sizeof(uint64_t),
+	       "struct kvc_stats has a member client/kvc_metrics.h does not list");
+_Static_assert(sizeof(struct ipc_stats) == sizeof(struct kvc_stats),
+	       "struct ipc_stats and struct kvc_stats differ in size");
 
 /* Everything defined from here on is internal unless kvclient.h declared
  * it with KVC_EXPORT (an explicit attribute beats the pragma). */
@@ -26,45 +41,9 @@ static int stats_reply(kvc_client *c, const struct ipc_frame *f, void *arg)
 	if (f->hdr.type != IPC_MSG_STATS_REPLY || ipc_decode_stats(f, &s) < 0)
 		return -EPROTO;
 	memset(o, 0, sizeof(*o));
-	o->pages_total = s.pages_total;
-	o->pages_free = s.pages_free;
-	o->pages_used = s.pages_used;
-	o->pages_shared = s.pages_shared;
-	o->pages_cached = s.pages_cached;
-	o->pages_swapped = s.pages_swapped;
-	o->page_bytes = s.page_bytes;
-	o->block_size = s.block_size;
-	o->kv_bytes_per_token = s.kv_bytes_per_token;
-	o->pool_bytes = s.pool_bytes;
-	o->tokens_resident = s.tokens_resident;
-	o->slack_tokens = s.slack_tokens;
-	o->prefix_lookups = s.prefix_lookups;
-	o->prefix_query_tokens = s.prefix_query_tokens;
-	o->prefix_hit_tokens = s.prefix_hit_tokens;
-	o->pages_evicted = s.pages_evicted;
-	o->cow_copies = s.cow_copies;
-	o->swap_out_pages = s.swap_out_pages;
-	o->swap_in_pages = s.swap_in_pages;
-	o->swap_bytes = s.swap_bytes;
-	o->requests_running = s.requests_running;
-	o->requests_waiting = s.requests_waiting;
-	o->requests_swapped = s.requests_swapped;
-	o->requests_completed = s.requests_completed;
-	o->requests_rejected = s.requests_rejected;
-	o->clients = s.clients;
-	o->sessions = s.sessions;
-	o->prompt_tokens_total = s.prompt_tokens_total;
-	o->generated_tokens_total = s.generated_tokens_total;
-	o->steps = s.steps;
-	o->uptime_ns = s.uptime_ns;
-	o->ledger_records_dropped = s.ledger_records_dropped;
-	o->swap_errors = s.swap_errors;
-	o->swap_fallback_recomputes = s.swap_fallback_recomputes;
-	o->pages_demoted = s.pages_demoted;
-	o->samples_forked = s.samples_forked;
-	o->pages_adopted = s.pages_adopted;
-	o->pages_packed = s.pages_packed;
-	o->pages_released = s.pages_released;
+#define COPY(field, ...) o->field = s.field;
+	KVC_STATS_METRICS(COPY)
+#undef COPY
 	return 1;
 }
 

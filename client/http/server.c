@@ -49,6 +49,7 @@
 #include <microhttpd.h>
 
 #include "kvclient.h"
+#include "kvc_metrics.h"
 #include "server.h"
 #include "server_impl.h"
 
@@ -666,11 +667,6 @@ static int do_ping(kvc_client *kc, void *arg)
 	return kvc_ping(kc, NULL);
 }
 
-static int do_stats(kvc_client *kc, void *arg)
-{
-	return kvc_stats(kc, arg);
-}
-
 static enum MHD_Result health(struct MHD_Connection *con, struct conn *c)
 {
 	char buf[512];
@@ -685,43 +681,44 @@ static enum MHD_Result health(struct MHD_Connection *con, struct conn *c)
 	return send_body(con, c->s, 503, "application/json", buf, strlen(buf));
 }
 
-struct metric {
-	const char *name, *help;
-	size_t off;
-	bool counter;
+/* What /metrics reads from kvd, on one lane's connection. */
+struct kvd_scrape {
+	struct kvc_stats st;
+	struct kvc_histograms h;
+	bool have_h;                  /* false from a daemon older than the histograms */
+	struct kvc_info info;
 };
-#define M(field, counter, help) { #field, help, offsetof(struct kvc_stats, field), counter }
-static const struct metric kvd_metrics[] = {
-	M(pages_total, false, "pages in the KV pool"),
-	M(pages_free, false, "free KV pages"),
-	M(pages_used, false, "KV pages referenced by at least one sequence"),
-	M(pages_shared, false, "KV pages referenced by two or more sequences"),
-	M(pages_cached, false, "unreferenced KV pages kept for prefix reuse"),
-	M(pages_swapped, false, "pages' worth of KV content in the swap file"),
-	M(page_bytes, false, "bytes of one KV page"),
-	M(block_size, false, "tokens per KV page"),
-	M(pool_bytes, false, "KV pool size in bytes"),
-	M(tokens_resident, false, "tokens whose K/V are in the pool"),
-	M(slack_tokens, false, "unused token slots in partly filled pages"),
-	M(prefix_lookups, true, "prefix cache lookups"),
-	M(prefix_query_tokens, true, "prompt tokens looked up in the prefix cache"),
-	M(prefix_hit_tokens, true, "prompt tokens found in the prefix cache"),
-	M(pages_evicted, true, "KV pages evicted"),
-	M(cow_copies, true, "copy-on-write page copies"),
-	M(swap_out_pages, true, "pages written to swap"),
-	M(swap_in_pages, true, "pages read back from swap"),
-	M(swap_bytes, false, "swap file capacity in bytes"),
-	M(requests_running, false, "requests running"),
-	M(requests_waiting, false, "requests waiting for admission"),
-	M(requests_swapped, false, "requests swapped out"),
-	M(requests_completed, true, "requests completed"),
-	M(requests_rejected, true, "requests rejected"),
-	M(clients, false, "connected kvd clients"),
-	M(sessions, false, "open sessions"),
-	M(prompt_tokens_total, true, "prompt tokens processed"),
-	M(generated_tokens_total, true, "tokens generated"),
-	M(steps, true, "scheduler steps run"),
-};
+
+static int do_scrape(kvc_client *kc, void *arg)
+{
+	struct kvd_scrape *sc = arg;
+	int r = kvc_stats(kc, &sc->st);
+	if (r < 0)
+		return r;
+	r = kvc_histograms(kc, &sc->h);
+	if (r < 0 && r != -EOPNOTSUPP)
+		return r;
+	sc->have_h = r == 0;
+	sc->info = *kvc_server_info(kc);
+	return 0;
+}
+
+/* kvd's families, rendered from client/kvc_metrics.h exactly as kvctl stats
+ * --prometheus renders them; a malloc'd string, or NULL without memory. */
+static char *render_kvd_metrics(const struct kvd_scrape *sc)
+{
+	char *text = NULL;
+	size_t n = 0;
+	FILE *f = open_memstream(&text, &n);
+	if (!f)
+		return NULL;
+	kvc_metrics_prometheus(f, &sc->st, sc->have_h ? &sc->h : NULL, &sc->info);
+	if (fclose(f) != 0) {
+		free(text);
+		return NULL;
+	}
+	return text;
+}
 
 static int mprintf(char **buf, size_t *len, size_t *cap, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 static int mprintf(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
@@ -751,24 +748,17 @@ static enum MHD_Result metrics(struct MHD_Connection *con, struct conn *c)
 	struct http_server *s = c->s;
 	char *b = NULL;
 	size_t len = 0, cap = 0;
-	struct kvc_stats st;
-	int r = control(s, do_stats, &st);
+	struct kvd_scrape sc;
+	int r = control(s, do_scrape, &sc);
 	int x = 0;
 
 	x |= mprintf(&b, &len, &cap, "# HELP kvd_up 1 when kvd answered the statistics query\n# TYPE kvd_up gauge\n"
 		     "kvd_up %d\n", r == 0);
-	for (size_t i = 0; r == 0 && i < sizeof(kvd_metrics) / sizeof(kvd_metrics[0]); i++) {
-		const struct metric *m = &kvd_metrics[i];
-		uint64_t v = *(const uint64_t *)((const char *)&st + m->off);
-		size_t nl = strlen(m->name);
-		bool has_total = nl > 6 && !strcmp(m->name + nl - 6, "_total");
-		const char *sfx = m->counter && !has_total ? "_total" : "";
-		x |= mprintf(&b, &len, &cap, "# HELP kvd_%s%s %s\n# TYPE kvd_%s%s %s\nkvd_%s%s %" PRIu64 "\n", m->name, sfx,
-			     m->help, m->name, sfx, m->counter ? "counter" : "gauge", m->name, sfx, v);
+	if (r == 0) {
+		char *kvd = render_kvd_metrics(&sc);
+		x |= kvd ? mprintf(&b, &len, &cap, "%s", kvd) : -ENOMEM;
+		free(kvd);
 	}
-	if (r == 0)
-		x |= mprintf(&b, &len, &cap, "# HELP kvd_uptime_seconds time since kvd started\n"
-			     "# TYPE kvd_uptime_seconds gauge\nkvd_uptime_seconds %.3f\n", (double)st.uptime_ns / 1e9);
 	x |= mprintf(&b, &len, &cap, "# HELP kvd_http_responses_total HTTP responses sent, by status\n"
 		     "# TYPE kvd_http_responses_total counter\n");
 	for (size_t i = 0; i <= N_STATUS; i++) {

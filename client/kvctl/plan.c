@@ -280,11 +280,13 @@ static int cmd_plan(struct ctx *x, int argc, char **argv)
 		printf("{\"model\":");
 		json_str(stdout, model, strlen(model));
 		printf(",\"cache_type\":\"%s\"", tname);
-		printf(",\"layers\":%u,\"kv_heads\":%u,\"head_dim\":%u,\"dtype_bytes\":%u,\"kv_bytes_per_token\":%" PRIu64
+		/* bytes per element: a block type's share of its block (q8_0: 34 bytes
+		 * for 32 elements, 1.0625), not a rounded whole byte */
+		printf(",\"layers\":%u,\"kv_heads\":%u,\"head_dim\":%u,\"dtype_bytes\":%.6g,\"kv_bytes_per_token\":%" PRIu64
 		       ",\"block_size\":%u,\"page_bytes\":%" PRIu64 ",\"context_tokens\":%u,\"pages_per_request\":%" PRIu64
 		       ",\"bytes_per_request\":%" PRIu64 ",\"released_pages\":%" PRIu64 ",\"packed_pages\":%" PRIu64
 		       ",\"budgets\":[",
-		       layers, kvh, hdim, dtype, per_token, block, page_bytes, ctx, pages_per_req, req_bytes, released, packed);
+		       layers, kvh, hdim, ctype >= 0 ? cache_types[ctype].bytes_per_32 / 32.0 : (double)dtype, per_token, block, page_bytes, ctx, pages_per_req, req_bytes, released, packed);
 		for (size_t k = 0; k < n_budgets; k++) {
 			uint64_t pages = budgets[k] / page_bytes;
 			printf("%s{\"memory_bytes\":%" PRIu64 ",\"pages\":%" PRIu64 ",\"sequences\":%" PRIu64 "}",

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "kvctl.h"
+#include "kvc_metrics.h"
 
 /* ---- stats --------------------------------------------------------------------------------- */
 
@@ -82,17 +83,11 @@ static const char help_stats[] =
 static void print_stats_json(const struct kvc_stats *s, const struct kvc_info *i)
 {
 	char v[32];
-#define F(name) fprintf(stdout, "\"" #name "\":%" PRIu64 ",", s->name)
+	const struct kvc_metric *m = kvc_metrics();
+
 	fputc('{', stdout);
-	F(pages_total); F(pages_free); F(pages_used); F(pages_shared); F(pages_cached); F(pages_swapped);
-	F(page_bytes); F(block_size); F(kv_bytes_per_token); F(pool_bytes); F(tokens_resident); F(slack_tokens);
-	F(prefix_lookups); F(prefix_query_tokens); F(prefix_hit_tokens); F(pages_evicted); F(cow_copies);
-	F(swap_out_pages); F(swap_in_pages); F(swap_bytes); F(requests_running); F(requests_waiting);
-	F(requests_swapped); F(requests_completed); F(requests_rejected); F(clients); F(sessions);
-	F(prompt_tokens_total); F(generated_tokens_total); F(steps); F(uptime_ns);
-	F(ledger_records_dropped); F(swap_errors); F(swap_fallback_recomputes); F(pages_demoted);
-	F(samples_forked); F(pages_adopted); F(pages_packed); F(pages_released);
-#undef F
+	for (int k = 0; k < KVC_STATS_N_METRICS; k++)
+		fprintf(stdout, "\"%s\":%" PRIu64 ",", m[k].field, kvc_metric_value(&m[k], s));
 	fputs("\"model\":", stdout);
 	json_str(stdout, i->model_name, strlen(i->model_name));
 	fmt_version(v, sizeof(v), i->server_version);

@@ -25,6 +25,11 @@ for f in bin/kvd bin/kvctl lib/libkvclient.so.0 lib/libkvclient.so lib/libkvclie
 	[ -e "$D/opt/kvd/$f" ] || fail "make install did not install /opt/kvd/$f"
 done
 [ -f "$D/etc/kvd/kvd.conf" ] || fail "make install did not install /etc/kvd/kvd.conf"
+for m in man1/kvctl.1 man5/kvd.conf.5 man8/kvd.8 man3/libkvclient.3; do
+	[ -f "$D/opt/kvd/share/man/$m" ] || fail "make install did not install /opt/kvd/share/man/$m"
+done
+MANWIDTH=80 man -l "$D/opt/kvd/share/man/man5/kvd.conf.5" 2>/dev/null | grep -q pool_size ||
+	fail "the installed kvd.conf(5) does not render with man -l"
 PC=$D/opt/kvd/lib/pkgconfig/kvclient.pc
 grep -qx 'prefix=/opt/kvd' "$PC" || fail "kvclient.pc: $(head -n 1 "$PC"), expected prefix=/opt/kvd"
 libdir=$(PKG_CONFIG_PATH=$D/opt/kvd/lib/pkgconfig pkg-config --variable=libdir kvclient)
