@@ -8,7 +8,9 @@
  * device kernels, cuda_ctx.h the context they share.
  *
  * What lives where:
- *  - weights: at load every matrix is dequantized on the device to fp16
+ *  - weights: every type of kernels/backend.h (F32, F16, BF16, Q8_0,
+ *    Q4_0/1, Q5_0/1, Q4_K, Q5_K, Q6_K). At load every matrix is
+ *    dequantized on the device to fp16
  *    (row-major, as stored), wq/wk/wv concatenated into one matrix and
  *    w_gate/w_up into another, so each step runs one GEMM per group through
  *    cublasGemmEx (fp16 inputs, f32 accumulation and output). The token
@@ -23,12 +25,15 @@
  *    it is registered as pinned memory: the host tier that page_read and
  *    page_write (swap) move pages to and from, by DMA on a copy stream of
  *    their own. The host mapping is never the authoritative copy.
- *  - a step: embedding -> per layer [RMSNorm -> QKV GEMM -> RoPE + K/V
- *    stored into pages -> paged attention -> wo GEMM added to the residual
- *    -> RMSNorm -> gate/up GEMM -> SwiGLU -> down GEMM added to the
- *    residual] -> final RMSNorm of the rows that want logits -> output GEMM
- *    -> logits copied to the caller. All on one compute stream; forward()
- *    returns when the step is complete.
+ *  - a step: embedding (x embd_scale) -> per layer [RMSNorm -> QKV GEMM
+ *    (+ biases) -> per-head Q/K norms -> RoPE (the layer's base and linear
+ *    scaling, rope_freqs) + K/V stored into pages -> paged attention (the
+ *    layer's window, attn_scale) -> wo GEMM (post-norm) added to the
+ *    residual -> RMSNorm -> gate/up GEMM -> SwiGLU or GeGLU -> down GEMM
+ *    (post-norm) added to the residual] -> final RMSNorm of the rows that
+ *    want logits -> output GEMM -> logits copied to the caller: every
+ *    model feature of kernels/backend.h (CU_FEATURES). All on one compute
+ *    stream; forward() returns when the step is complete.
  *
  * Numerics: activations enter GEMMs as fp16 and accumulate in f32; the
  * residual stream, norms, RoPE and softmax are f32. Results differ from the
@@ -362,7 +367,7 @@ static int cuda_supports(void *ctx, const struct kvd_cap_query *q)
 
 	switch (q->kind) {
 	case KVD_CAPQ_WEIGHT_TYPE: return cu_type_ok(q->wtype);
-	case KVD_CAPQ_MODEL_FEATURE: return 0; /* the Llama base only */
+	case KVD_CAPQ_MODEL_FEATURE: return q->feature && !(q->feature & ~CU_FEATURES);
 	case KVD_CAPQ_ATTENTION:
 		return q->head_dim > 0 && q->head_dim % 2 == 0 && q->n_rep >= 1 && q->n_rep <= CU_ATTN_MAX_ROWS &&
 		       cu_choose_bq(c, q->n_rep, q->head_dim) != 0;

@@ -50,6 +50,11 @@ struct cu_layer {
 	__half *wgu;   /* [2 n_ff][n_embd]: gate rows, then up rows */
 	__half *wdown; /* [n_embd][n_ff] */
 	float *attn_norm, *ffn_norm;
+	/* the layer's departures from the Llama base (NULL: absent) */
+	float *bqkv;               /* [q_dim + 2 kv_dim]: bq, bk, bv (zeros for an absent one) */
+	float *q_norm, *k_norm;    /* [head_dim] each */
+	float *post_attn, *post_ffn; /* [n_embd] each */
+	struct kvd_layer_desc d;   /* activation, window, RoPE base and scaling */
 	struct cu_raw rq, rk, rv, ro, rg, ru, rd; /* GEMV path only */
 };
 
@@ -71,6 +76,9 @@ struct cu_ctx {
 	size_t embd_row_bytes;
 	__half *output;
 	float *output_norm;
+	float *rope_freqs;  /* [head_dim / 2] frequency divisors, or NULL */
+	float embd_scale;   /* 1 unless KVD_FEAT_EMBD_SCALE */
+	float attn_scale;   /* hp.attn_scale, or 1/sqrt(head_dim) */
 	size_t weight_bytes;
 	int bq; /* tokens per prefill attention block */
 	/* steps of at most gemv_max_t tokens run their projections through
@@ -91,6 +99,7 @@ struct cu_ctx {
 	/* step scratch (device) */
 	int cap_T;
 	float *x, *qkv, *gu, *rope;
+	float *y; /* [T][n_embd]: a sublayer's output before its post-norm */
 	__half *xn, *att, *h;
 	int cap_nl;
 	float *logits_d;
@@ -151,6 +160,9 @@ static inline int dalloc(void **p, size_t bytes, size_t *count)
 }
 
 /* ---- across the plug-in's files ------------------------------------------- */
+
+/* The model features (KVD_FEAT_*) the plug-in computes: all of them. */
+#define CU_FEATURES KVD_FEAT_ALL
 
 /* Whether the device kernels read weight type t (cuda_load.cu). */
 KVD_HIDDEN int cu_type_ok(enum kvd_wtype t);

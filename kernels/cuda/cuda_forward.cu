@@ -13,6 +13,8 @@
 void cu_free_scratch(struct cu_ctx *c)
 {
 	dfree(c->x);
+	dfree(c->y);
+	c->y = NULL;
 	dfree(c->qkv);
 	dfree(c->gu);
 	dfree(c->rope);
@@ -57,6 +59,7 @@ static int ensure_scratch(struct cu_ctx *c, int T, int n_logit_rows, size_t stag
 		size_t n = (size_t)(T < 16 ? 16 : T);
 		c->cap_T = 0;
 		GROW_D(c->x, n * ne * sizeof(float));
+		GROW_D(c->y, n * ne * sizeof(float));
 		GROW_D(c->qkv, n * (qd + 2 * kvd) * sizeof(float));
 		GROW_D(c->gu, n * 2 * nff * sizeof(float));
 		GROW_D(c->rope, n * (size_t)hp->head_dim * sizeof(float));
@@ -143,6 +146,100 @@ static int validate_batch(const struct cu_ctx *c, const struct kvd_batch *b, int
 	return 0;
 }
 
+/* What a step's layers share: the batch on the device, and which RoPE
+ * table c->rope holds (rope_base 0: none yet). */
+struct cu_step {
+	int T;
+	const int32_t *d_pos, *d_poff, *d_pages;
+	const struct cu_attn_item *d_dec;
+	int n_dec;
+	const struct cu_attn_item *d_pre;
+	int n_pre;
+	struct cu_kv kv;
+	float rope_base, rope_scale;
+};
+
+/* A sublayer's output projection (W16 / R, cols wide, input X) into the
+ * residual: added to it directly, or through y and its post-norm. */
+static int out_proj(struct cu_ctx *c, const __half *W16, const struct cu_raw *R, int cols, const __half *X, int T,
+		    const float *post)
+{
+	int ne = c->hp.n_embd, r;
+
+	if (!post)
+		return proj(c, W16, R, ne, cols, X, cols, T, c->x, ne, 1.0f);
+	r = proj(c, W16, R, ne, cols, X, cols, T, c->y, ne, 0.0f);
+	if (r < 0)
+		return r;
+	return cuda_errno(cu_rmsnorm_add(c->x, c->y, T, ne, post, c->hp.rms_eps, c->s));
+}
+
+/*
+ * Layer l of a step, as kernels/backend.h's kvd_layer_desc states it:
+ * norm, QKV (+ biases), per-head Q/K norms, RoPE (the layer's base and
+ * scaling, rope_freqs) with K/V stored, attention (the layer's window),
+ * output projection (+ post-norm) into the residual, norm, gate/up, SwiGLU
+ * or GeGLU, down projection (+ post-norm) into the residual.
+ */
+static int run_layer(struct cu_ctx *c, int l, struct cu_step *st)
+{
+	const struct kvd_hparams *hp = &c->hp;
+	const struct cu_layer *L = &c->layers[l];
+	int ne = hp->n_embd, qd = c->q_dim, kvd = c->kv_dim, nff = hp->n_ff, hd = hp->head_dim, T = st->T;
+	int n_rep = hp->n_head / hp->n_head_kv, ld_qkv = qd + 2 * kvd;
+	float base = L->d.rope_theta > 0 ? L->d.rope_theta : hp->rope_theta;
+	float scale = L->d.rope_freq_scale > 0 ? L->d.rope_freq_scale : 1.0f;
+	int r;
+
+	/* the RoPE table of this layer's (base, scale): computed again only
+	 * where it differs from the previous layer's */
+	if (st->rope_base != base || st->rope_scale != scale) {
+		CK(cu_rope_table(st->d_pos, T, hd, base, scale, c->rope_freqs, c->rope, c->s));
+		st->rope_base = base;
+		st->rope_scale = scale;
+	}
+	CK(cu_rmsnorm(c->x, NULL, T, ne, L->attn_norm, hp->rms_eps, c->xn, c->s));
+	if (T <= c->gemv_max_t && L->rq.data) {
+		r = proj(c, NULL, &L->rq, qd, ne, c->xn, ne, T, c->qkv, ld_qkv, 0.0f);
+		if (!r)
+			r = proj(c, NULL, &L->rk, kvd, ne, c->xn, ne, T, c->qkv + qd, ld_qkv, 0.0f);
+		if (!r)
+			r = proj(c, NULL, &L->rv, kvd, ne, c->xn, ne, T, c->qkv + qd + kvd, ld_qkv, 0.0f);
+	} else {
+		r = gemm(c, L->wqkv, ld_qkv, ne, c->xn, ne, T, c->qkv, ld_qkv, 0.0f);
+	}
+	if (r < 0)
+		goto fail;
+	if (L->bqkv)
+		CK(cu_add_bias(c->qkv, ld_qkv, T, L->bqkv, c->s));
+	if (L->q_norm)
+		CK(cu_head_norm(c->qkv, ld_qkv, T, hp->n_head, hp->n_head_kv, hd, L->q_norm, L->k_norm, hp->rms_eps,
+				c->s));
+	CK(cu_rope_store(c->qkv, ld_qkv, c->rope, st->d_pos, st->d_poff, st->d_pages, st->kv, l, hp->n_head,
+			 hp->n_head_kv, hd, hp->rope_style == KVD_ROPE_NEOX, T, c->s));
+	CK(cu_attention(c->qkv, ld_qkv, c->att, st->d_dec, st->n_dec, st->d_pages, st->kv, l, hp->n_head,
+			hp->n_head_kv, hd, n_rep, c->attn_scale, L->d.window, c->s));
+	CK(cu_attention(c->qkv, ld_qkv, c->att, st->d_pre, st->n_pre, st->d_pages, st->kv, l, hp->n_head,
+			hp->n_head_kv, hd, c->bq * n_rep, c->attn_scale, L->d.window, c->s));
+	r = out_proj(c, L->wo, &L->ro, qd, c->att, T, L->post_attn);
+	if (r < 0)
+		goto fail;
+	CK(cu_rmsnorm(c->x, NULL, T, ne, L->ffn_norm, hp->rms_eps, c->xn, c->s));
+	if (T <= c->gemv_max_t && L->rg.data) {
+		r = proj(c, NULL, &L->rg, nff, ne, c->xn, ne, T, c->gu, 2 * nff, 0.0f);
+		if (!r)
+			r = proj(c, NULL, &L->ru, nff, ne, c->xn, ne, T, c->gu + nff, 2 * nff, 0.0f);
+	} else {
+		r = gemm(c, L->wgu, 2 * nff, ne, c->xn, ne, T, c->gu, 2 * nff, 0.0f);
+	}
+	if (r < 0)
+		goto fail;
+	CK(cu_glu(c->gu, T, nff, L->d.act == KVD_ACT_GELU_TANH, c->h, c->s));
+	r = out_proj(c, L->wdown, &L->rd, nff, c->h, T, L->post_ffn);
+fail:
+	return r;
+}
+
 int cuda_forward(void *ctx, const struct kvd_batch *b)
 {
 	struct cu_ctx *c = (struct cu_ctx *)ctx;
@@ -222,8 +319,7 @@ int cuda_forward(void *ctx, const struct kvd_batch *b)
 		const int32_t *d_lsrc = c->stage_d + o_lsrc, *d_pages = c->stage_d + o_pages;
 		const struct cu_attn_item *d_dec = (const struct cu_attn_item *)(c->stage_d + o_dec);
 		const struct cu_attn_item *d_pre = (const struct cu_attn_item *)(c->stage_d + o_pre);
-		int ne = hp->n_embd, qd = c->q_dim, kvd = c->kv_dim, nff = hp->n_ff, hd = hp->head_dim;
-		int n_rep = hp->n_head / hp->n_head_kv, ld_qkv = qd + 2 * kvd;
+		int ne = hp->n_embd;
 		struct cu_kv kv;
 		kv.base = c->pool;
 		kv.block_size = (int32_t)c->L.block_size;
@@ -233,43 +329,10 @@ int cuda_forward(void *ctx, const struct kvd_batch *b)
 		kv.layer_stride = (int64_t)c->L.layer_stride;
 		kv.page_bytes = (int64_t)c->L.page_bytes;
 
-		CK(cu_embed(c->tok_embd, c->embd_type, c->embd_row_bytes, d_tok, T, ne, c->x, c->s));
-		CK(cu_rope_table(d_pos, T, hd, hp->rope_theta, c->rope, c->s));
+		struct cu_step st = {T, d_pos, d_poff, d_pages, d_dec, n_dec, d_pre, n_pre, kv, 0.0f, 0.0f};
+		CK(cu_embed(c->tok_embd, c->embd_type, c->embd_row_bytes, d_tok, T, ne, c->embd_scale, c->x, c->s));
 		for (int l = 0; l < hp->n_layer; l++) {
-			const struct cu_layer *L = &c->layers[l];
-			CK(cu_rmsnorm(c->x, NULL, T, ne, L->attn_norm, hp->rms_eps, c->xn, c->s));
-			if (T <= c->gemv_max_t && L->rq.data) {
-				r = proj(c, NULL, &L->rq, qd, ne, c->xn, ne, T, c->qkv, ld_qkv, 0.0f);
-				if (!r)
-					r = proj(c, NULL, &L->rk, kvd, ne, c->xn, ne, T, c->qkv + qd, ld_qkv, 0.0f);
-				if (!r)
-					r = proj(c, NULL, &L->rv, kvd, ne, c->xn, ne, T, c->qkv + qd + kvd, ld_qkv, 0.0f);
-			} else {
-				r = gemm(c, L->wqkv, ld_qkv, ne, c->xn, ne, T, c->qkv, ld_qkv, 0.0f);
-			}
-			if (r < 0)
-				goto fail;
-			CK(cu_rope_store(c->qkv, ld_qkv, c->rope, d_pos, d_poff, d_pages, kv, l, hp->n_head,
-					 hp->n_head_kv, hd, hp->rope_style == KVD_ROPE_NEOX, T, c->s));
-			CK(cu_attention(c->qkv, ld_qkv, c->att, d_dec, n_dec, d_pages, kv, l, hp->n_head, hp->n_head_kv,
-					hd, n_rep, c->s));
-			CK(cu_attention(c->qkv, ld_qkv, c->att, d_pre, n_pre, d_pages, kv, l, hp->n_head, hp->n_head_kv,
-					hd, c->bq * n_rep, c->s));
-			r = proj(c, L->wo, &L->ro, ne, qd, c->att, qd, T, c->x, ne, 1.0f);
-			if (r < 0)
-				goto fail;
-			CK(cu_rmsnorm(c->x, NULL, T, ne, L->ffn_norm, hp->rms_eps, c->xn, c->s));
-			if (T <= c->gemv_max_t && L->rg.data) {
-				r = proj(c, NULL, &L->rg, nff, ne, c->xn, ne, T, c->gu, 2 * nff, 0.0f);
-				if (!r)
-					r = proj(c, NULL, &L->ru, nff, ne, c->xn, ne, T, c->gu + nff, 2 * nff, 0.0f);
-			} else {
-				r = gemm(c, L->wgu, 2 * nff, ne, c->xn, ne, T, c->gu, 2 * nff, 0.0f);
-			}
-			if (r < 0)
-				goto fail;
-			CK(cu_swiglu(c->gu, T, nff, c->h, c->s));
-			r = proj(c, L->wdown, &L->rd, ne, nff, c->h, nff, T, c->x, ne, 1.0f);
+			r = run_layer(c, l, &st);
 			if (r < 0)
 				goto fail;
 		}

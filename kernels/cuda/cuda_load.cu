@@ -7,6 +7,7 @@
  * (KVD_CUDA_GEMV_MAX_TOKENS) the stored copies stay too. The token
  * embedding stays in its stored type; norm weights are f32.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,6 +31,11 @@ void cu_free_weights(struct cu_ctx *c)
 			dfree(L->wdown);
 			dfree(L->attn_norm);
 			dfree(L->ffn_norm);
+			dfree(L->bqkv);
+			dfree(L->q_norm);
+			dfree(L->k_norm);
+			dfree(L->post_attn);
+			dfree(L->post_ffn);
 		}
 		free(c->layers);
 		c->layers = NULL;
@@ -41,6 +47,8 @@ void cu_free_weights(struct cu_ctx *c)
 	dfree(c->tok_embd);
 	dfree(c->output);
 	dfree(c->output_norm);
+	dfree(c->rope_freqs);
+	c->rope_freqs = NULL;
 	c->tok_embd = NULL;
 	c->output = NULL;
 	c->output_norm = NULL;
@@ -53,22 +61,26 @@ void cu_free_weights(struct cu_ctx *c)
 
 int cu_type_ok(enum kvd_wtype t)
 {
-	return t == KVD_WTYPE_F32 || t == KVD_WTYPE_F16 || t == KVD_WTYPE_BF16 || t == KVD_WTYPE_Q4_0 ||
-	       t == KVD_WTYPE_Q4_1 || t == KVD_WTYPE_Q8_0;
+	/* every type of kernels/backend.h (kernels_quant.cu reads them all) */
+	return kvd_wtype_row_bytes(t, 256) != 0;
 }
 
 static int check_weights(const struct kvd_model_weights *w)
 {
 	const struct kvd_hparams *hp = &w->hp;
 	int64_t qd = (int64_t)hp->n_head * hp->head_dim, kvd = (int64_t)hp->n_head_kv * hp->head_dim;
-	int r = kvd_model_weights_check(w, CU_ATTN_MAX_ROWS) < 0 ? -EINVAL : 0;
+	int r = kvd_model_weights_check_features(w, CU_ATTN_MAX_ROWS, CU_FEATURES);
+
+	if (r == -ENOTSUP)
+		return r;
+	r = r < 0 ? -EINVAL : 0;
 
 	/* cuBLAS takes int dimensions; kernels index rows with int */
 	if (qd + 2 * kvd > (1 << 30) || 2 * (int64_t)hp->n_ff > (1 << 30))
 		r = -EINVAL;
 	if (r)
 		return -EINVAL;
-	/* the device kernels read the 32-element block types only */
+	/* a type the kernels do not read is refused (the query says so first) */
 	if (!cu_type_ok(w->tok_embd.type) || !cu_type_ok(w->output.type))
 		return -ENOTSUP;
 	for (int l = 0; l < hp->n_layer; l++) {
@@ -126,6 +138,48 @@ static int upload_f32(struct cu_ctx *c, const struct kvd_tensor *t, float **ret)
 	return 0;
 fail:
 	dfree(d);
+	return r;
+}
+
+/* An optional f32 vector: uploaded when present, *ret stays NULL when not. */
+static int upload_opt(struct cu_ctx *c, const struct kvd_tensor *t, float **ret)
+{
+	return t->data ? upload_f32(c, t, ret) : 0;
+}
+
+/* A layer's biases, Q/K norms, post-norms and description. The biases go
+ * into one vector laid out like a qkv row (zeros where one is absent), so
+ * one kernel adds them all. */
+static int upload_layer_extras(struct cu_ctx *c, const struct kvd_layer_weights *W, struct cu_layer *L)
+{
+	size_t qd = (size_t)c->q_dim, kvd = (size_t)c->kv_dim;
+	int r;
+
+	L->d = W->d;
+	if (W->bq.data || W->bk.data || W->bv.data) {
+		DALLOC(L->bqkv, (qd + 2 * kvd) * sizeof(float));
+		CK(cudaMemsetAsync(L->bqkv, 0, (qd + 2 * kvd) * sizeof(float), c->s));
+		if (W->bq.data)
+			CK(cudaMemcpyAsync(L->bqkv, W->bq.data, qd * sizeof(float), cudaMemcpyHostToDevice, c->s));
+		if (W->bk.data)
+			CK(cudaMemcpyAsync(L->bqkv + qd, W->bk.data, kvd * sizeof(float), cudaMemcpyHostToDevice, c->s));
+		if (W->bv.data)
+			CK(cudaMemcpyAsync(L->bqkv + qd + kvd, W->bv.data, kvd * sizeof(float), cudaMemcpyHostToDevice,
+					   c->s));
+	}
+	/* the per-head norms come as a pair, as the model layer binds them and
+	 * the CPU backend applies them: one without the other is refused */
+	if (!W->q_norm.data != !W->k_norm.data)
+		return -EINVAL;
+	r = upload_opt(c, &W->q_norm, &L->q_norm);
+	if (!r)
+		r = upload_opt(c, &W->k_norm, &L->k_norm);
+	if (!r)
+		r = upload_opt(c, &W->post_attn_norm, &L->post_attn);
+	if (!r)
+		r = upload_opt(c, &W->post_ffn_norm, &L->post_ffn);
+	return r;
+fail:
 	return r;
 }
 
@@ -215,9 +269,18 @@ int cuda_load(void *ctx, const struct kvd_model_weights *w)
 			r = upload_f32(c, &W->attn_norm, &L->attn_norm);
 		if (!r)
 			r = upload_f32(c, &W->ffn_norm, &L->ffn_norm);
+		if (!r)
+			r = upload_layer_extras(c, W, L);
 		if (r < 0)
 			goto fail;
 	}
+	if (w->rope_freqs.data) {
+		r = upload_f32(c, &w->rope_freqs, &c->rope_freqs);
+		if (r < 0)
+			goto fail;
+	}
+	c->embd_scale = (w->features & KVD_FEAT_EMBD_SCALE) && hp->embd_scale > 0 ? hp->embd_scale : 1.0f;
+	c->attn_scale = hp->attn_scale > 0 ? hp->attn_scale : 1.0f / sqrtf((float)hp->head_dim);
 	DALLOC(c->output, (size_t)hp->n_vocab * ne * sizeof(__half));
 	{
 		int keep = c->gemv_max_t > 0 && w->output.data != w->tok_embd.data;
