@@ -236,6 +236,37 @@ static void test_plugin_exports(void **state)
 }
 
 /* No driver, no GPU: init says -ENODEV, allocates nothing, crashes not. */
+/* The capability query answers yes for every weight type and model
+ * feature of kernels/backend.h (the plug-in computes them all), and still
+ * no for the KV types it does not implement. Asked of a started context
+ * where there is a GPU (or the emulation), else skipped. */
+static void test_query_types_and_features(void **state)
+{
+	static const enum kvd_wtype all[] = {KVD_WTYPE_F32, KVD_WTYPE_F16, KVD_WTYPE_BF16, KVD_WTYPE_Q8_0,
+					     KVD_WTYPE_Q4_0, KVD_WTYPE_Q4_1, KVD_WTYPE_Q5_0, KVD_WTYPE_Q5_1,
+					     KVD_WTYPE_Q4_K, KVD_WTYPE_Q5_K, KVD_WTYPE_Q6_K};
+	struct kvd_backend_config cfg = {.n_threads = 1, .device = 0};
+	const struct kvd_backend_ops *ops = need_gpu();
+	void *ctx = NULL;
+	(void)state;
+	assert_int_equal(ops->init(&cfg, &ctx), 0);
+	for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+		struct kvd_cap_query q = {.kind = KVD_CAPQ_WEIGHT_TYPE, .wtype = all[i]};
+		if (kvd_backend_supports(ops, ctx, &q) != 1)
+			fail_msg("the plug-in says no to weight type %s", kvd_wtype_name(all[i]));
+	}
+	for (uint32_t bit = 1; bit & KVD_FEAT_ALL; bit <<= 1) {
+		struct kvd_cap_query q = {.kind = KVD_CAPQ_MODEL_FEATURE, .feature = bit};
+		if (kvd_backend_supports(ops, ctx, &q) != 1)
+			fail_msg("the plug-in says no to %s", kvd_feature_name(bit));
+	}
+	struct kvd_cap_query kv = {.kind = KVD_CAPQ_KV_TYPE, .kv_type = KVD_KV_F16, .head_dim = 64};
+	assert_int_equal(kvd_backend_supports(ops, ctx, &kv), 1);
+	kv.kv_type = KVD_KV_Q8_0;
+	assert_int_equal(kvd_backend_supports(ops, ctx, &kv), 0);
+	ops->destroy(ctx);
+}
+
 static void test_init_without_gpu(void **state)
 {
 	(void)state;
@@ -1119,6 +1150,7 @@ int main(void)
 		cmocka_unit_test(test_plugin_abi),
 		cmocka_unit_test(test_plugin_exports),
 		cmocka_unit_test(test_init_without_gpu),
+		cmocka_unit_test(test_query_types_and_features),
 		cmocka_unit_test(test_reference_vs_cpu),
 		cmocka_unit_test(test_page_ops),
 		cmocka_unit_test(test_forward_validation),
