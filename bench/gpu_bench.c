@@ -6,7 +6,7 @@
  * human-readable line goes to stderr.
  *
  *   gpu_bench [--plugin PATH] [--model GGUF | --shape smollm2-135m|llama-8b]
- *             [--wtype q4_0|q8_0|q4_1|f16] [--batches 1,8,32,128]
+ *             [--wtype q4_0|q8_0|q4_1|f16|q4_k_m] [--batches 1,8,32,128]
  *             [--prompt 128] [--steps 32] [--prefill 2048]
  *             [--swap-file PATH] [--swap-mib 512] [--cpu-peer]
  *
@@ -24,6 +24,9 @@
  * memory clock and bus width, and against a device-to-device cudaMemcpy
  * measured in the same run (the runtime is dlopen()ed for both, so the
  * benchmark stays C and links no CUDA).
+ *
+ * --wtype q4_k_m is the mix of a Q4_K_M file: Q4_K matrices, Q6_K for wv,
+ * w_down and the (tied) embedding.
  *
  * --cpu-peer also runs batch 1 and 8 decode on the CPU backend, for the
  * ratio against a peer measured in the same run.
@@ -149,6 +152,21 @@ static struct kvd_tensor gen_tensor(enum kvd_wtype t, int64_t cols, int64_t rows
 	} else if (t == KVD_WTYPE_F16) {
 		for (size_t i = 0; i < (size_t)cols * rows; i++)
 			((uint16_t *)p)[i] = cpu_f32_to_fp16(a * (2.0f * (float)(rnd64() >> 40) / 16777216.0f - 1.0f));
+	} else if (t == KVD_WTYPE_Q4_K || t == KVD_WTYPE_Q6_K) {
+		/* random quants and 6-bit scales; d (and dmin) of magnitude a */
+		size_t bb = t == KVD_WTYPE_Q4_K ? 144 : 210;
+		uint16_t d = cpu_f32_to_fp16(t == KVD_WTYPE_Q4_K ? a / (15.0f * 32.0f) : a / (32.0f * 32.0f));
+		uint16_t dmin = cpu_f32_to_fp16(a / 64.0f);
+		for (size_t b = 0; b < bytes / bb; b++) {
+			if (t == KVD_WTYPE_Q4_K) {
+				memcpy(p + b * bb, &d, 2);
+				memcpy(p + b * bb + 2, &dmin, 2);
+			} else {
+				for (int j = 0; j < 16; j++)
+					p[b * bb + 192 + j] &= 0x3f;
+				memcpy(p + b * bb + 208, &d, 2);
+			}
+		}
 	} else {
 		size_t bb = t == KVD_WTYPE_Q4_0 ? 18 : t == KVD_WTYPE_Q4_1 ? 20 : 34;
 		uint16_t d = cpu_f32_to_fp16(t == KVD_WTYPE_Q8_0 ? a / 127.0f : a / 8.0f);
@@ -192,9 +210,13 @@ static int gen_model(const char *shape, enum kvd_wtype wt, struct kvd_model_weig
 		return -EINVAL;
 	}
 	int64_t ne = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim, kvd = (int64_t)hp->n_head_kv * hp->head_dim;
-	struct kvd_tensor wq = gen_tensor(wt, ne, qd), wk = gen_tensor(wt, ne, kvd), wv = gen_tensor(wt, ne, kvd);
+	/* Q4_K_M: Q6_K for V, the FFN's down projection and the embedding */
+	enum kvd_wtype wt6 = wt == KVD_WTYPE_Q4_K ? KVD_WTYPE_Q6_K : wt;
+	if (wt == KVD_WTYPE_Q4_K)
+		et = KVD_WTYPE_Q6_K;
+	struct kvd_tensor wq = gen_tensor(wt, ne, qd), wk = gen_tensor(wt, ne, kvd), wv = gen_tensor(wt6, ne, kvd);
 	struct kvd_tensor wo = gen_tensor(wt, qd, ne), wg = gen_tensor(wt, ne, hp->n_ff), wu = gen_tensor(wt, ne, hp->n_ff);
-	struct kvd_tensor wd = gen_tensor(wt, hp->n_ff, ne), nrm = gen_norm(ne);
+	struct kvd_tensor wd = gen_tensor(wt6, hp->n_ff, ne), nrm = gen_norm(ne);
 	w->tok_embd = gen_tensor(et, ne, hp->n_vocab);
 	w->output = w->tok_embd; /* tied */
 	w->output_norm = nrm;
@@ -486,7 +508,7 @@ int main(int argc, char **argv)
 		else if (!strcmp(a, "--backend")) use_cpu = !strcmp(v, "cpu");
 		else if (!strcmp(a, "--wtype")) {
 			wt = !strcmp(v, "q8_0") ? KVD_WTYPE_Q8_0 : !strcmp(v, "q4_1") ? KVD_WTYPE_Q4_1 :
-			     !strcmp(v, "f16") ? KVD_WTYPE_F16 : KVD_WTYPE_Q4_0;
+			     !strcmp(v, "f16") ? KVD_WTYPE_F16 : !strcmp(v, "q4_k_m") ? KVD_WTYPE_Q4_K : KVD_WTYPE_Q4_0;
 		} else if (!strcmp(a, "--batches")) {
 			n_b = 0;
 			for (char *s = (char *)v; *s && n_b < 16; s++) {

@@ -1,7 +1,7 @@
 /*
  * kernels/cuda/cuda_impl.h — private to the CUDA plug-in: the device
- * kernels' launch functions (kernels.cu) as the backend (cuda_backend.cu)
- * calls them.
+ * kernels' launch functions (kernels.cu, kernels_quant.cu, kernels_attn.cu)
+ * as the host side (cuda_forward.cu, cuda_load.cu) calls them.
  *
  * Every launch function only enqueues work on the given stream and returns
  * the launch status (cudaGetLastError()); errors of the kernels themselves
@@ -9,7 +9,8 @@
  * exports nothing but kvd_backend_plugin_entry.
  *
  * Device layouts used throughout:
- *   weights     fp16, row-major [rows][cols] (dequantized at load)
+ *   weights     fp16, row-major [rows][cols] (dequantized at load), and
+ *               for the GEMV path in their stored type (kernels_quant.cu)
  *   x           f32 [T][n_embd], the residual stream
  *   qkv         f32 [T][q_dim + 2 kv_dim]: Q heads, then K heads, then V
  *   att         fp16 [T][q_dim], attention output (input of wo)
@@ -26,6 +27,19 @@
 
 #define KVD_HIDDEN __attribute__((visibility("hidden")))
 
+/* enum kvd_wtype values (kernels/backend.h), for device code. */
+#define WT_F32 0
+#define WT_F16 1
+#define WT_Q4_0 2
+#define WT_Q4_1 3
+#define WT_Q5_0 6
+#define WT_Q5_1 7
+#define WT_Q8_0 8
+#define WT_Q4_K 12
+#define WT_Q5_K 13
+#define WT_Q6_K 14
+#define WT_BF16 30
+
 /* Key positions per tile of the attention kernel. */
 #define CU_ATTN_TILE 32
 /* Threads per block of the attention kernel. */
@@ -41,6 +55,15 @@ struct cu_kv {
 	int64_t layer_stride;
 	int64_t page_bytes;
 };
+
+/* The address of token `pos`'s K row for `layer` in the page table at
+ * pages (V is v_offset further). */
+static __device__ __forceinline__ char *kv_row(const struct cu_kv &kv, const int32_t *pages, int layer, int pos)
+{
+	int64_t page = pages[pos / kv.block_size];
+	return kv.base + page * kv.page_bytes + (int64_t)layer * kv.layer_stride +
+	       (int64_t)(pos % kv.block_size) * kv.token_stride;
+}
 
 /*
  * One block's work in the attention kernel: n_q consecutive new tokens of
@@ -64,36 +87,49 @@ KVD_HIDDEN cudaError_t cu_attn_set_smem(size_t bytes);
  * row r at src + r * row_bytes), as fp16. */
 KVD_HIDDEN cudaError_t cu_dequant_f16(const void *src, int type, int64_t rows, int64_t cols, size_t row_bytes,
 				      __half *dst, cudaStream_t s);
-/* x[t][c] = element c of row tok[t] of the stored embedding table. */
+/* x[t][c] = scale * element c of row tok[t] of the stored embedding table. */
 KVD_HIDDEN cudaError_t cu_embed(const void *table, int type, size_t row_bytes, const int32_t *tok, int T, int n,
-				float *x, cudaStream_t s);
+				float scale, float *x, cudaStream_t s);
 /* out[i][:] = fp16(rmsnorm(x[src(i)][:]) * g), src(i) = idx ? idx[i] : i. */
 KVD_HIDDEN cudaError_t cu_rmsnorm(const float *x, const int32_t *idx, int n_rows, int n, const float *g,
 				  float eps, __half *out, cudaStream_t s);
-/* tab[t][2i], tab[t][2i+1] = cos, sin of pos[t] * base^(-2i/hd), in double. */
-KVD_HIDDEN cudaError_t cu_rope_table(const int32_t *pos, int T, int hd, float base, float *tab, cudaStream_t s);
+/* x[t][:] += fp32(rmsnorm(y[t][:]) * g) for t < n_rows (post-norms). */
+KVD_HIDDEN cudaError_t cu_rmsnorm_add(float *x, const float *y, int n_rows, int n, const float *g, float eps,
+				      cudaStream_t s);
+/* qkv[t][i] += bias[i], i < ld (Q, K and V biases as one vector). */
+KVD_HIDDEN cudaError_t cu_add_bias(float *qkv, int ld, int T, const float *bias, cudaStream_t s);
+/* Each Q head (q_norm) and K head (k_norm) of every row of qkv RMS-normed
+ * in place over its hd elements. */
+KVD_HIDDEN cudaError_t cu_head_norm(float *qkv, int ld, int T, int n_head, int n_head_kv, int hd, const float *q_norm,
+				    const float *k_norm, float eps, cudaStream_t s);
+/* tab[t][2i], tab[t][2i+1] = cos, sin of pos[t] * pos_scale * base^(-2i/hd)
+ * / freqs[i] (freqs: device vector of hd/2, or NULL for 1), in double. */
+KVD_HIDDEN cudaError_t cu_rope_table(const int32_t *pos, int T, int hd, float base, float pos_scale,
+				     const float *freqs, float *tab, cudaStream_t s);
 /* RoPE on Q (in place) and K of every row of qkv, then K and V stored as
  * fp16 into the token's slot of its page for `layer`. */
 KVD_HIDDEN cudaError_t cu_rope_store(float *qkv, int ld, const float *tab, const int32_t *tok_pos,
 				     const int32_t *tok_pageoff, const int32_t *pages, struct cu_kv kv, int layer,
 				     int n_head, int n_head_kv, int hd, int neox, int T, cudaStream_t s);
 /*
- * Attention for every item x KV head: causal softmax(q k^T / sqrt(hd)) v
- * over positions 0 .. own position, K/V read through the page tables,
+ * Attention for every item x KV head: causal softmax(scale q k^T) v over
+ * positions 0 .. own position (window > 0: only the last `window` of
+ * them), K/V read through the page tables,
  * each K/V tile loaded once for all the item's tokens and the whole query
  * group of the KV head; online softmax, no score matrix in global memory.
  * rows_max = max n_q * n_rep of the items (sizes shared memory).
  */
 KVD_HIDDEN cudaError_t cu_attention(const float *qkv, int ld, __half *att, const struct cu_attn_item *items,
 				    int n_items, const int32_t *pages, struct cu_kv kv, int layer, int n_head,
-				    int n_head_kv, int hd, int rows_max, cudaStream_t s);
-/* h[t][i] = fp16(silu(gu[t][i]) * gu[t][n_ff + i]). */
-KVD_HIDDEN cudaError_t cu_swiglu(const float *gu, int T, int n_ff, __half *h, cudaStream_t s);
+				    int n_head_kv, int hd, int rows_max, float scale, int window, cudaStream_t s);
+/* h[t][i] = fp16(act(gu[t][i]) * gu[t][n_ff + i]), act silu, or with gelu
+ * the tanh-approximated GELU. */
+KVD_HIDDEN cudaError_t cu_glu(const float *gu, int T, int n_ff, int gelu, __half *h, cudaStream_t s);
 /* Most tokens the dequantizing GEMV takes in one launch. */
 #define CU_GEMV_MAX_T 8
 /*
  * Y[t][r] = beta * Y[t][r] + dot(row r of W, X[t]) for t < T (<= CU_GEMV_MAX_T),
- * reading W in its stored type (kvd_wtype `type`, cols a multiple of 32),
+ * reading W in its stored type (any kvd_wtype, cols a multiple of 32),
  * dequantizing in f32 on the fly: each weight byte is read once per step
  * for all T tokens. X fp16 with row stride ldx, Y f32 with row stride ldy.
  */

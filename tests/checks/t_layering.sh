@@ -10,8 +10,8 @@
 #    libkernels) export only their public prefix, so no internal name
 #    (page_alloc, lru_push, tp_run, …) can clash with a program that links
 #    them.
-# 3. Size: no hand-written .c/.h in kvmm, ipc, kernels, daemon or client
-#    is over MAX_FILE_LINES lines (generated tables are exempt by name; the
+# 3. Size: no hand-written .c/.h/.cu in kvmm, ipc, kernels, daemon or
+#    client is over MAX_FILE_LINES lines (generated tables are exempt by name; the
 #    files still waiting for their split are listed and only reported).
 # Exit 1 with one line per violation.
 set -uo pipefail
@@ -118,7 +118,10 @@ check_lengths() {
 		esac
 	done
 }
-size_files=$(find kvmm ipc kernels daemon client -name '*.[ch]' | sort)
+# size_candidates — the sources the limit applies to, C and CUDA alike,
+# under the current directory (the tree's root)
+size_candidates() { find kvmm ipc kernels daemon client \( -name '*.[ch]' -o -name '*.cu' \) 2>/dev/null | sort; }
+size_files=$(size_candidates)
 check_lengths $size_files
 for f in $size_pending; do
 	[ -f "$f" ] && [ "$(wc -l < "$f")" -gt "$MAX_FILE_LINES" ] ||
@@ -145,6 +148,15 @@ if [[ "$probe" == *"daemon/long.c has $((MAX_FILE_LINES + 1)) lines"* ]]; then
 	echo "ok: a planted file over $MAX_FILE_LINES lines is reported"
 else
 	violation "the size check missed a planted long file (got: ${probe:-nothing})"
+fi
+# ... and a planted CUDA source over the limit, found by the same search
+mkdir -p "$tmp/kernels/cuda"
+seq $((MAX_FILE_LINES + 1)) > "$tmp/kernels/cuda/long.cu"
+probe=$( cd "$tmp" && bad=0 && check_lengths $(size_candidates) )
+if [[ "$probe" == *"kernels/cuda/long.cu has $((MAX_FILE_LINES + 1)) lines"* ]]; then
+	echo "ok: a planted .cu file over $MAX_FILE_LINES lines is reported"
+else
+	violation "the size check missed a planted long .cu file (got: ${probe:-nothing})"
 fi
 # ... and a planted archive exporting an unprefixed name
 printf 'int tp_probe(void) { return 0; }\n' > "$tmp/probe.c"

@@ -6,10 +6,13 @@
 # chunked prefill, pages handed out in shuffled order, and every sequence
 # swapped out and back in after every step; the logits rows must
 # match the CPU backend's within the conformance tolerance for quantized
-# models (0.12 relative L2). A K-quant model, which the plug-in refuses,
-# must fall back to the CPU under "auto", and so must a q8_0 KV cache (the
-# plug-in serves f16 K/V only). Used by t_cuda_emulated.sh (emulated plug-in)
-# and run.sh (the real one).
+# models (0.12 relative L2). Every tiny architecture (Qwen 2 biases, Qwen 3
+# and Gemma 3 per-head norms, Gemma 3's GeGLU, post-norms, embedding scale
+# and local windows, Llama 3.x rope_freqs and linear scaling, Mistral's
+# sliding window) and weight type (the K-quant mix, Q5_0/Q5_1) must be
+# served on the plug-in, never "on the CPU"; a q8_0 KV cache (the plug-in
+# serves f16 K/V only) must fall back to the CPU under "auto". Used by
+# t_cuda_emulated.sh (emulated plug-in) and run.sh (the real one).
 #
 # Exit 0 passed, 1 failed, 77 when kvd_eval, the tiny models or NumPy are
 # missing. NumPy comes from .venv (scripts/setup installs it there), else
@@ -44,13 +47,20 @@ fi
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 toks=$(seq -s, 1 37)
-for m in tiny-gqa tiny-odd tiny-mqa; do
-	[ -f "$TINY/$m.gguf" ] || continue
+# the Llama shapes, the other architectures and the other weight types
+# (scripts/gen_tiny_models.py --arch writes them all; a missing one is an
+# error, not a skip)
+for m in tiny-gqa tiny-odd tiny-mqa tiny-qwen2 tiny-qwen3 tiny-gemma3 tiny-llama3 tiny-mistral tiny-kquant tiny-q5; do
+	[ -f "$TINY/$m.gguf" ] || { echo "engine check: $TINY/$m.gguf missing (scripts/gen_tiny_models.py --arch)"; exit 1; }
 	# "13+swap": every sequence swapped out and back in after every step
 	# (kvd_eval --swap-each-step), through the plug-in's device pool and
 	# batched page moves; the CPU reference does not swap, and the CPU
 	# with the same swapping must give the very same bytes
-	for chunk in 0 13 13+swap; do
+	# the Llama shapes take every mode; the others whole prompts and
+	# chunks with swapping (which covers chunking), to keep the check short
+	modes="0 13+swap"
+	case $m in tiny-gqa|tiny-odd|tiny-mqa) modes="0 13 13+swap" ;; esac
+	for chunk in $modes; do
 		swap=()
 		[ "${chunk%+swap}" != "$chunk" ] && swap=(--swap-each-step)
 		args=(--model "$TINY/$m.gguf" --tokens "$toks" --n-predict 10 --shuffle-seed 7)
@@ -62,7 +72,7 @@ for m in tiny-gqa tiny-odd tiny-mqa; do
 			env -u KVD_CUDA_PLUGIN "$EVAL" "${args[@]}" "${swap[@]}" --logits-out "$TMP/cpuswap.bin" > /dev/null || exit 1
 			cmp -s "$TMP/cpu.bin" "$TMP/cpuswap.bin" || { echo "engine $m: the CPU's logits change when swapping"; exit 1; }
 		fi
-		grep -q "backend cuda" "$TMP/cuda.err" || { echo "engine did not use the plug-in:"; cat "$TMP/cuda.err"; exit 1; }
+		grep -q "backend cuda" "$TMP/cuda.err" || { echo "engine $m: not served on the plug-in:"; cat "$TMP/cuda.err"; exit 1; }
 		"$PY" - "$TMP/cpu.bin" "$TMP/cuda.bin" "$TMP/cpu.json" "$TMP/cuda.json" "$m chunk=$chunk" <<'PYEOF' || exit 1
 # Rows up to the first differing generated token were computed from the
 # same tokens on both backends; after it the sequences legitimately part
@@ -80,39 +90,6 @@ print("engine %s: %d steps compared, worst logits error plug-in vs cpu %.4f" % (
 sys.exit(0 if err < 0.12 else 1)
 PYEOF
 	done
-done
-# a K-quant model: the plug-in answers no to its weight types (the
-# capability query), and "auto" serves it on the CPU (same bytes as the CPU
-# backend), naming the type
-m=tiny-kquant
-if [ -f "$TINY/$m.gguf" ]; then
-	args=(--model "$TINY/$m.gguf" --tokens "$toks" --n-predict 10)
-	env -u KVD_CUDA_PLUGIN "$EVAL" "${args[@]}" --logits-out "$TMP/cpu.bin" > /dev/null || exit 1
-	"$EVAL" "${args[@]}" --timing --logits-out "$TMP/auto.bin" > /dev/null 2> "$TMP/auto.err" || {
-		cat "$TMP/auto.err"; exit 1; }
-	if ! grep -q "backend cpu" "$TMP/auto.err" || ! grep -Eq "weight type q[456]_K is not implemented on the GPU" "$TMP/auto.err"; then
-		echo "engine $m: expected the CPU with a note on the GPU's weight types:"; cat "$TMP/auto.err"; exit 1
-	fi
-	cmp -s "$TMP/cpu.bin" "$TMP/auto.bin" || { echo "engine $m: CPU fallback logits differ from the CPU backend's"; exit 1; }
-	echo "engine $m: $(grep -Eo 'cuda backend: weight type q[456]_K is not implemented on the GPU' "$TMP/auto.err" | head -1); auto served on the CPU, logits identical"
-fi
-# models of the other architectures: the plug-in implements the Llama base
-# only, so "auto" must refuse each on the GPU naming the missing feature and
-# serve it on the CPU with the CPU backend's exact logits (tiny models from
-# scripts/gen_tiny_models.py --arch)
-for m in tiny-qwen2 tiny-qwen3 tiny-gemma3 tiny-llama3 tiny-mistral; do
-	if [ ! -f "$TINY/$m.gguf" ]; then
-		echo "engine check: $TINY/$m.gguf missing (scripts/gen_tiny_models.py --arch)"; exit 1
-	fi
-	args=(--model "$TINY/$m.gguf" --tokens "$toks" --n-predict 10)
-	env -u KVD_CUDA_PLUGIN "$EVAL" "${args[@]}" --logits-out "$TMP/cpu.bin" > /dev/null || exit 1
-	"$EVAL" "${args[@]}" --timing --logits-out "$TMP/auto.bin" > /dev/null 2> "$TMP/auto.err" || {
-		cat "$TMP/auto.err"; exit 1; }
-	if ! grep -q "backend cpu" "$TMP/auto.err" || ! grep -q "is not implemented on the GPU" "$TMP/auto.err"; then
-		echo "engine $m: expected the CPU with a note naming the feature the GPU lacks:"; cat "$TMP/auto.err"; exit 1
-	fi
-	cmp -s "$TMP/cpu.bin" "$TMP/auto.bin" || { echo "engine $m: CPU fallback logits differ from the CPU backend's"; exit 1; }
-	echo "engine $m: $(grep -o 'cuda backend: [^;]*is not implemented on the GPU' "$TMP/auto.err" | head -1); auto served on the CPU, logits identical"
 done
 # a quantized KV cache: the plug-in answers no to a non-f16 KV type, and
 # "auto" serves it on the CPU (same bytes as the CPU backend), saying why

@@ -22,7 +22,9 @@
 #     tokens/s at batch 1, 8, 32, 128, HBM bandwidth against peak, prefill
 #     tokens/s, swap bandwidth device -> host -> file; then batch 1 and 8
 #     again with decode projections through the dequantizing GEMV
-#     (KVD_CUDA_GEMV_MAX_TOKENS=8), to choose the faster default.
+#     (KVD_CUDA_GEMV_MAX_TOKENS=8), to choose the faster default; and the
+#     8B shape as Q4_K_M (K-quant blocks read in place by the GEMV at batch
+#     1 and 8, cuBLAS on fp16 copies at 1 and 32).
 #
 # OUTDIR gets run.log (everything), test_cuda.log, bench-*.json (one JSON
 # object per figure), bench-*.txt (the readable lines), nvidia-smi.txt and
@@ -134,6 +136,14 @@ if [ -x build/bench/gpu_bench ]; then
 	fi
 	run_bench llama8b 200 --shape llama-8b --wtype q4_0 --batches 1,8,32,128 --prompt 128 --steps 32 \
 		--prefill 2048 --swap-mib 512
+	# the format most GGUF files ship in: an 8B-shaped Q4_K_M model (Q4_K,
+	# Q6_K for V, FFN down and the embedding), batch-1 decode through the
+	# GEMV that reads the K-quant blocks in place against the HBM peak,
+	# and through cuBLAS on the fp16 copies
+	GEMV=8 run_bench llama8b-q4km-gemv 120 --shape llama-8b --wtype q4_k_m --batches 1,8 --prompt 128 --steps 32 \
+		--prefill 512 --swap-mib 64
+	run_bench llama8b-q4km 120 --shape llama-8b --wtype q4_k_m --batches 1,32 --prompt 128 --steps 32 \
+		--prefill 2048 --swap-mib 64
 	# decode projections through the dequantizing GEMV instead of cuBLAS
 	# (batch <= 8): the figures to choose the default by
 	GEMV=8 run_bench llama8b-gemv 120 --shape llama-8b --wtype q4_0 --batches 1,8 --prompt 128 --steps 32 \

@@ -1,0 +1,366 @@
+/*
+ * kernels/cuda/cuda_forward.cu — one step of the CUDA plug-in: the batch
+ * checked and staged (tokens, positions, page tables, attention items) in
+ * one host-to-device copy, then the layer loop on the compute stream, the
+ * logits of the rows that want them copied back. forward() returns when
+ * the step is complete.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_ctx.h"
+
+void cu_free_scratch(struct cu_ctx *c)
+{
+	dfree(c->x);
+	dfree(c->y);
+	c->y = NULL;
+	dfree(c->qkv);
+	dfree(c->gu);
+	dfree(c->rope);
+	dfree(c->xn);
+	dfree(c->att);
+	dfree(c->h);
+	c->x = c->qkv = c->gu = c->rope = NULL;
+	c->xn = c->att = c->h = NULL;
+	c->cap_T = 0;
+	dfree(c->logits_d);
+	if (c->logits_h)
+		(void)cudaFreeHost(c->logits_h);
+	c->logits_d = c->logits_h = NULL;
+	c->cap_nl = 0;
+	if (c->stage_h)
+		(void)cudaFreeHost(c->stage_h);
+	dfree(c->stage_d);
+	c->stage_h = c->stage_d = NULL;
+	c->cap_stage = 0;
+}
+
+
+/* ---- forward -------------------------------------------------------------------- */
+
+#define GROW_D(ptr, bytes)                                   \
+	do {                                                 \
+		dfree(ptr);                                  \
+		(ptr) = NULL;                                \
+		r = dalloc((void **)&(ptr), (bytes), NULL);  \
+		if (r < 0)                                   \
+			goto fail;                           \
+	} while (0)
+
+static int ensure_scratch(struct cu_ctx *c, int T, int n_logit_rows, size_t stage_ints)
+{
+	const struct kvd_hparams *hp = &c->hp;
+	size_t ne = (size_t)hp->n_embd, nff = (size_t)hp->n_ff, qd = (size_t)c->q_dim, kvd = (size_t)c->kv_dim;
+	size_t wide = ne > qd ? ne : qd;
+	int r = 0;
+
+	if (T > c->cap_T) {
+		size_t n = (size_t)(T < 16 ? 16 : T);
+		c->cap_T = 0;
+		GROW_D(c->x, n * ne * sizeof(float));
+		GROW_D(c->y, n * ne * sizeof(float));
+		GROW_D(c->qkv, n * (qd + 2 * kvd) * sizeof(float));
+		GROW_D(c->gu, n * 2 * nff * sizeof(float));
+		GROW_D(c->rope, n * (size_t)hp->head_dim * sizeof(float));
+		GROW_D(c->xn, n * wide * sizeof(__half));
+		GROW_D(c->att, n * qd * sizeof(__half));
+		GROW_D(c->h, n * nff * sizeof(__half));
+		c->cap_T = (int)n;
+	}
+	if (n_logit_rows > c->cap_nl) {
+		size_t n = (size_t)n_logit_rows;
+		c->cap_nl = 0;
+		GROW_D(c->logits_d, n * (size_t)hp->n_vocab * sizeof(float));
+		if (c->logits_h)
+			(void)cudaFreeHost(c->logits_h);
+		c->logits_h = NULL;
+		CK(cudaMallocHost((void **)&c->logits_h, n * (size_t)hp->n_vocab * sizeof(float)));
+		c->cap_nl = (int)n;
+	}
+	if (stage_ints > c->cap_stage) {
+		size_t n = stage_ints < 4096 ? 4096 : stage_ints * 2;
+		c->cap_stage = 0;
+		GROW_D(c->stage_d, n * sizeof(int32_t));
+		if (c->stage_h)
+			(void)cudaFreeHost(c->stage_h);
+		c->stage_h = NULL;
+		CK(cudaMallocHost((void **)&c->stage_h, n * sizeof(int32_t)));
+		c->cap_stage = n;
+	}
+	return 0;
+fail:
+	return r;
+}
+
+/* Y[T][rows] (row stride ldy, f32) = beta * Y + X[T][cols] (fp16, row stride
+ * ldx) times W^T, W fp16 row-major [rows][cols]. */
+static int gemm(struct cu_ctx *c, const __half *W, int rows, int cols, const __half *X, int ldx, int T, float *Y,
+		int ldy, float beta)
+{
+	const float alpha = 1.0f;
+	return blas_errno(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, T, cols, &alpha, W, CUDA_R_16F, cols,
+				       X, CUDA_R_16F, ldx, &beta, Y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F,
+				       CUBLAS_GEMM_DEFAULT));
+}
+
+/* A projection: the dequantizing GEMV on the stored weights when the step
+ * is small enough and they are kept, else cuBLAS on the fp16 copy. */
+static int proj(struct cu_ctx *c, const __half *W16, const struct cu_raw *R, int rows, int cols, const __half *X,
+		int ldx, int T, float *Y, int ldy, float beta)
+{
+	if (R && R->data && T <= c->gemv_max_t && cols % 32 == 0)
+		return cuda_errno(cu_gemv(R->data, R->type, R->row_bytes, rows, cols, X, ldx, T, Y, ldy, beta, c->s));
+	return gemm(c, W16, rows, cols, X, ldx, T, Y, ldy, beta);
+}
+
+static int validate_batch(const struct cu_ctx *c, const struct kvd_batch *b, int *ret_T, int *ret_nl,
+			  size_t *ret_pages)
+{
+	int T = 0, nl = 0;
+	size_t np = 0;
+	uint32_t bs = c->L.block_size;
+
+	for (int i = 0; i < b->n_seqs; i++) {
+		const struct kvd_batch_seq *s = &b->seqs[i];
+		int64_t end = (int64_t)s->pos0 + s->n_tokens;
+		if (s->n_tokens <= 0 || s->pos0 < 0 || !s->tokens || !s->pages)
+			return -EINVAL;
+		if (end > (int64_t)s->n_pages * bs || T + (int64_t)s->n_tokens > CU_MAX_BATCH_TOKENS)
+			return -E2BIG;
+		int used = (int)((end + bs - 1) / bs);
+		for (int p = 0; p < used; p++)
+			if (s->pages[p] < 0 || (uint32_t)s->pages[p] >= c->n_pages)
+				return -EINVAL;
+		for (int t = 0; t < s->n_tokens; t++)
+			if (s->tokens[t] < 0 || s->tokens[t] >= c->hp.n_vocab)
+				return -EINVAL;
+		T += s->n_tokens;
+		np += (size_t)used;
+		if (s->logits)
+			nl += s->all_logits ? s->n_tokens : 1;
+	}
+	*ret_T = T;
+	*ret_nl = nl;
+	*ret_pages = np;
+	return 0;
+}
+
+/* What a step's layers share: the batch on the device, and which RoPE
+ * table c->rope holds (rope_base 0: none yet). */
+struct cu_step {
+	int T;
+	const int32_t *d_pos, *d_poff, *d_pages;
+	const struct cu_attn_item *d_dec;
+	int n_dec;
+	const struct cu_attn_item *d_pre;
+	int n_pre;
+	struct cu_kv kv;
+	float rope_base, rope_scale;
+};
+
+/* A sublayer's output projection (W16 / R, cols wide, input X) into the
+ * residual: added to it directly, or through y and its post-norm. */
+static int out_proj(struct cu_ctx *c, const __half *W16, const struct cu_raw *R, int cols, const __half *X, int T,
+		    const float *post)
+{
+	int ne = c->hp.n_embd, r;
+
+	if (!post)
+		return proj(c, W16, R, ne, cols, X, cols, T, c->x, ne, 1.0f);
+	r = proj(c, W16, R, ne, cols, X, cols, T, c->y, ne, 0.0f);
+	if (r < 0)
+		return r;
+	return cuda_errno(cu_rmsnorm_add(c->x, c->y, T, ne, post, c->hp.rms_eps, c->s));
+}
+
+/*
+ * Layer l of a step, as kernels/backend.h's kvd_layer_desc states it:
+ * norm, QKV (+ biases), per-head Q/K norms, RoPE (the layer's base and
+ * scaling, rope_freqs) with K/V stored, attention (the layer's window),
+ * output projection (+ post-norm) into the residual, norm, gate/up, SwiGLU
+ * or GeGLU, down projection (+ post-norm) into the residual.
+ */
+static int run_layer(struct cu_ctx *c, int l, struct cu_step *st)
+{
+	const struct kvd_hparams *hp = &c->hp;
+	const struct cu_layer *L = &c->layers[l];
+	int ne = hp->n_embd, qd = c->q_dim, kvd = c->kv_dim, nff = hp->n_ff, hd = hp->head_dim, T = st->T;
+	int n_rep = hp->n_head / hp->n_head_kv, ld_qkv = qd + 2 * kvd;
+	float base = L->d.rope_theta > 0 ? L->d.rope_theta : hp->rope_theta;
+	float scale = L->d.rope_freq_scale > 0 ? L->d.rope_freq_scale : 1.0f;
+	int r;
+
+	/* the RoPE table of this layer's (base, scale): computed again only
+	 * where it differs from the previous layer's */
+	if (st->rope_base != base || st->rope_scale != scale) {
+		CK(cu_rope_table(st->d_pos, T, hd, base, scale, c->rope_freqs, c->rope, c->s));
+		st->rope_base = base;
+		st->rope_scale = scale;
+	}
+	CK(cu_rmsnorm(c->x, NULL, T, ne, L->attn_norm, hp->rms_eps, c->xn, c->s));
+	if (T <= c->gemv_max_t && L->rq.data) {
+		r = proj(c, NULL, &L->rq, qd, ne, c->xn, ne, T, c->qkv, ld_qkv, 0.0f);
+		if (!r)
+			r = proj(c, NULL, &L->rk, kvd, ne, c->xn, ne, T, c->qkv + qd, ld_qkv, 0.0f);
+		if (!r)
+			r = proj(c, NULL, &L->rv, kvd, ne, c->xn, ne, T, c->qkv + qd + kvd, ld_qkv, 0.0f);
+	} else {
+		r = gemm(c, L->wqkv, ld_qkv, ne, c->xn, ne, T, c->qkv, ld_qkv, 0.0f);
+	}
+	if (r < 0)
+		goto fail;
+	if (L->bqkv)
+		CK(cu_add_bias(c->qkv, ld_qkv, T, L->bqkv, c->s));
+	if (L->q_norm)
+		CK(cu_head_norm(c->qkv, ld_qkv, T, hp->n_head, hp->n_head_kv, hd, L->q_norm, L->k_norm, hp->rms_eps,
+				c->s));
+	CK(cu_rope_store(c->qkv, ld_qkv, c->rope, st->d_pos, st->d_poff, st->d_pages, st->kv, l, hp->n_head,
+			 hp->n_head_kv, hd, hp->rope_style == KVD_ROPE_NEOX, T, c->s));
+	CK(cu_attention(c->qkv, ld_qkv, c->att, st->d_dec, st->n_dec, st->d_pages, st->kv, l, hp->n_head,
+			hp->n_head_kv, hd, n_rep, c->attn_scale, L->d.window, c->s));
+	CK(cu_attention(c->qkv, ld_qkv, c->att, st->d_pre, st->n_pre, st->d_pages, st->kv, l, hp->n_head,
+			hp->n_head_kv, hd, c->bq * n_rep, c->attn_scale, L->d.window, c->s));
+	r = out_proj(c, L->wo, &L->ro, qd, c->att, T, L->post_attn);
+	if (r < 0)
+		goto fail;
+	CK(cu_rmsnorm(c->x, NULL, T, ne, L->ffn_norm, hp->rms_eps, c->xn, c->s));
+	if (T <= c->gemv_max_t && L->rg.data) {
+		r = proj(c, NULL, &L->rg, nff, ne, c->xn, ne, T, c->gu, 2 * nff, 0.0f);
+		if (!r)
+			r = proj(c, NULL, &L->ru, nff, ne, c->xn, ne, T, c->gu + nff, 2 * nff, 0.0f);
+	} else {
+		r = gemm(c, L->wgu, 2 * nff, ne, c->xn, ne, T, c->gu, 2 * nff, 0.0f);
+	}
+	if (r < 0)
+		goto fail;
+	CK(cu_glu(c->gu, T, nff, L->d.act == KVD_ACT_GELU_TANH, c->h, c->s));
+	r = out_proj(c, L->wdown, &L->rd, nff, c->h, T, L->post_ffn);
+fail:
+	return r;
+}
+
+int cuda_forward(void *ctx, const struct kvd_batch *b)
+{
+	struct cu_ctx *c = (struct cu_ctx *)ctx;
+	const struct kvd_hparams *hp = &c->hp;
+	int T, NL, n_dec = 0, n_pre = 0, r;
+	size_t n_pg, o_tok, o_pos, o_poff, o_lsrc, o_dec, o_pre, o_pages, n_words;
+
+	if (!c->loaded || !c->kv_attached || !b)
+		return -EINVAL;
+	if (b->n_seqs <= 0)
+		return 0;
+	r = validate_batch(c, b, &T, &NL, &n_pg);
+	if (r < 0)
+		return r;
+	CK(cudaSetDevice(c->device));
+
+	/* attention items: decodes (one token) and prefill tiles of bq tokens */
+	for (int i = 0; i < b->n_seqs; i++) {
+		int n = b->seqs[i].n_tokens;
+		for (int j = 0; j < n; j += c->bq) {
+			if (n - j == 1)
+				n_dec++;
+			else
+				n_pre++;
+		}
+	}
+
+	/* host staging, int32 words: tokens, positions, page-table offsets,
+	 * logit rows, decode items, prefill items, page tables */
+	o_tok = 0;
+	o_pos = o_tok + (size_t)T;
+	o_poff = o_pos + (size_t)T;
+	o_lsrc = o_poff + (size_t)T;
+	o_dec = o_lsrc + (size_t)NL;
+	o_pre = o_dec + 4 * (size_t)n_dec;
+	o_pages = o_pre + 4 * (size_t)n_pre;
+	n_words = o_pages + n_pg;
+	r = ensure_scratch(c, T, NL, n_words);
+	if (r < 0)
+		goto fail;
+	{
+		int32_t *hs = c->stage_h;
+		struct cu_attn_item *dec = (struct cu_attn_item *)(hs + o_dec);
+		struct cu_attn_item *pre = (struct cu_attn_item *)(hs + o_pre);
+		int t = 0, lr = 0, id = 0, ip = 0;
+		size_t poff = 0;
+		for (int i = 0; i < b->n_seqs; i++) {
+			const struct kvd_batch_seq *s = &b->seqs[i];
+			int used = (int)(((int64_t)s->pos0 + s->n_tokens + c->L.block_size - 1) / c->L.block_size);
+			memcpy(hs + o_pages + poff, s->pages, (size_t)used * sizeof(int32_t));
+			for (int j = 0; j < s->n_tokens; j += c->bq) {
+				struct cu_attn_item it;
+				it.t0 = t + j;
+				it.n_q = s->n_tokens - j < c->bq ? s->n_tokens - j : c->bq;
+				it.pos0 = s->pos0 + j;
+				it.page_off = (int32_t)poff;
+				if (it.n_q == 1)
+					dec[id++] = it;
+				else
+					pre[ip++] = it;
+			}
+			for (int j = 0; j < s->n_tokens; j++) {
+				hs[o_tok + t + j] = s->tokens[j];
+				hs[o_pos + t + j] = s->pos0 + j;
+				hs[o_poff + t + j] = (int32_t)poff;
+			}
+			if (s->logits)
+				for (int j = s->all_logits ? 0 : s->n_tokens - 1; j < s->n_tokens; j++)
+					hs[o_lsrc + lr++] = t + j;
+			t += s->n_tokens;
+			poff += (size_t)used;
+		}
+	}
+	CK(cudaMemcpyAsync(c->stage_d, c->stage_h, n_words * sizeof(int32_t), cudaMemcpyHostToDevice, c->s));
+	{
+		const int32_t *d_tok = c->stage_d + o_tok, *d_pos = c->stage_d + o_pos, *d_poff = c->stage_d + o_poff;
+		const int32_t *d_lsrc = c->stage_d + o_lsrc, *d_pages = c->stage_d + o_pages;
+		const struct cu_attn_item *d_dec = (const struct cu_attn_item *)(c->stage_d + o_dec);
+		const struct cu_attn_item *d_pre = (const struct cu_attn_item *)(c->stage_d + o_pre);
+		int ne = hp->n_embd;
+		struct cu_kv kv;
+		kv.base = c->pool;
+		kv.block_size = (int32_t)c->L.block_size;
+		kv.kv_dim = (int32_t)c->L.kv_dim;
+		kv.token_stride = (int64_t)c->L.token_stride;
+		kv.v_offset = (int64_t)c->L.v_offset;
+		kv.layer_stride = (int64_t)c->L.layer_stride;
+		kv.page_bytes = (int64_t)c->L.page_bytes;
+
+		struct cu_step st = {T, d_pos, d_poff, d_pages, d_dec, n_dec, d_pre, n_pre, kv, 0.0f, 0.0f};
+		CK(cu_embed(c->tok_embd, c->embd_type, c->embd_row_bytes, d_tok, T, ne, c->embd_scale, c->x, c->s));
+		for (int l = 0; l < hp->n_layer; l++) {
+			r = run_layer(c, l, &st);
+			if (r < 0)
+				goto fail;
+		}
+		if (NL > 0) {
+			CK(cu_rmsnorm(c->x, d_lsrc, NL, ne, c->output_norm, hp->rms_eps, c->xn, c->s));
+			r = proj(c, c->output, &c->rout, hp->n_vocab, ne, c->xn, ne, NL, c->logits_d, hp->n_vocab, 0.0f);
+			if (r < 0)
+				goto fail;
+			CK(cudaMemcpyAsync(c->logits_h, c->logits_d, (size_t)NL * hp->n_vocab * sizeof(float),
+					   cudaMemcpyDeviceToHost, c->s));
+		}
+	}
+	CK(cudaStreamSynchronize(c->s));
+	if (NL > 0) {
+		size_t lr = 0;
+		for (int i = 0; i < b->n_seqs; i++) {
+			const struct kvd_batch_seq *s = &b->seqs[i];
+			if (!s->logits)
+				continue;
+			size_t n = s->all_logits ? (size_t)s->n_tokens : 1;
+			memcpy(s->logits, c->logits_h + lr * hp->n_vocab, n * hp->n_vocab * sizeof(float));
+			lr += n;
+		}
+	}
+	return 0;
+fail:
+	(void)cudaStreamSynchronize(c->s);
+	(void)cudaGetLastError();
+	return r;
+}
+
