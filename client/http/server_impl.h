@@ -141,11 +141,23 @@ void count_status(struct http_server *s, int status);
 /* Answer with json (malloc'd, freed here; NULL: a 500). */
 enum MHD_Result send_json(struct MHD_Connection *con, struct http_server *s, int status, char *json);
 void map_kvd_error(int code, const char *msg, struct http_error *e);
+/* Answer with len bytes of body (copied) of the given content type. */
+enum MHD_Result send_body(struct MHD_Connection *con, struct http_server *s, int status, const char *type,
+			  const char *body, size_t len);
+enum MHD_Result send_error(struct MHD_Connection *con, struct http_server *s, const struct http_error *e);
+/* The model id served (the configured model_id, else the name kvd reports; "" when kvd cannot be
+ * reached). */
+void served_model(struct http_server *s, char out[HTTP_MAX_MODEL_ID]);
 void add_usage(struct conn *c, const struct kvc_result *res, struct http_usage *u);
 /* The request's next event: 1 with *ret_ev, 0 at its end (*ret_code), -ECONNABORTED
  * when the HTTP client left. */
 int next_event(struct conn *c, const struct kvc_event **ret_ev, int *ret_code);
 void ended_error(struct conn *c, int code, struct http_error *e);
+
+/* ---- endpoints.c: /v1/models, /health, /metrics ---- */
+enum MHD_Result models(struct MHD_Connection *con, struct conn *c, const char *url);
+enum MHD_Result health(struct MHD_Connection *con, struct conn *c);
+enum MHD_Result metrics(struct MHD_Connection *con, struct conn *c);
 
 /* Has the HTTP client on fd hung up? */
 bool client_gone(int fd);
