@@ -153,6 +153,21 @@ static void entry_get(const struct kvmm_hib *h, uint32_t i, struct hib_entry *re
 	memcpy(ret, entry_at(h, i), sizeof(*ret));
 }
 
+int kvmm_debug_hib_checksum(void *buf, size_t bytes)
+{
+	struct hib_hdr h;
+
+	if (!buf || bytes < sizeof(h))
+		return -EINVAL;
+	memcpy(&h, buf, sizeof(h));
+	if (h.index_offset > bytes || h.index_bytes > bytes - h.index_offset)
+		return -EINVAL;
+	h.index_sum = hib_sum((const uint8_t *)buf + h.index_offset, h.index_bytes);
+	h.hdr_sum = hdr_sum_of(&h);
+	memcpy(buf, &h, sizeof(h));
+	return 0;
+}
+
 /* ---- save ------------------------------------------------------------------------ */
 
 static bool resident_chain(const struct kvmm *m, int32_t v)

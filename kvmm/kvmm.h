@@ -814,6 +814,11 @@ struct kvmm_hib_progress {
  * read error of the ring (the rest is then skipped).
  */
 int kvmm_hib_adopt(struct kvmm *m, struct kvmm_hib *h, uint32_t max_pages, struct kvmm_hib_progress *ret);
+/* Tests and fuzzing only: recompute the header's and the index's checksums
+ * of a cache file in memory after changing it (page checksums stay), so
+ * that the checks behind them are reached. -EINVAL when bytes is too short
+ * for a header or the index lies outside buf. */
+int kvmm_debug_hib_checksum(void *buf, size_t bytes);
 
 /* ---- checking ------------------------------------------------------------------ */
 
