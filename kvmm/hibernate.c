@@ -265,8 +265,10 @@ static int select_nodes(const struct kvmm *m, uint64_t max_entries, int32_t **re
  * submission stops once deadline_ns passes (0: none). Returns how many of
  * the first requests completed in full, one after another. */
 static uint32_t uring_write_all(struct io_uring *ring, int fd, const struct iovec *iov, const uint64_t *off,
-				uint32_t n, uint64_t deadline_ns, int *ret_err)
+				uint32_t n, uint64_t deadline_ns, size_t sum_bytes, uint64_t *sums, int *ret_err)
 {
+	uint32_t summed = 0;
+
 	uint8_t *ok = calloc(n ? n : 1, 1);
 	uint32_t next = 0, inflight = 0, good = 0;
 	bool stop = false;
@@ -295,7 +297,12 @@ static uint32_t uring_write_all(struct io_uring *ring, int fd, const struct iove
 		}
 		if (!inflight)
 			break; /* the deadline passed before anything was queued */
-		r = io_uring_submit_and_wait(ring, 1);
+		r = io_uring_submit(ring);
+		/* Checksums of what is queued while the device writes it (the
+		 * pages are only read, by both). */
+		for (; summed < next; summed++)
+			sums[summed] = hib_sum(iov[summed].iov_base, sum_bytes);
+		r = r < 0 ? r : io_uring_submit_and_wait(ring, 1);
 		if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
 			*ret_err = r;
 			stop = true;
@@ -353,7 +360,7 @@ int kvmm_hib_save(const struct kvmm *m, const char *path, const void *owner, siz
 	bool ring_ok = false, direct = true, created = false;
 	int32_t *order = NULL, *file_idx = NULL;
 	struct iovec *iov = NULL;
-	uint64_t *off = NULL, slot_bytes, entry_bytes, per_entry, fixed, max_entries, reserve;
+	uint64_t *off = NULL, *sums = NULL, slot_bytes, entry_bytes, per_entry, fixed, max_entries, reserve;
 	uint8_t *meta = NULL, *bounce = NULL;
 	char *tmp = NULL;
 	struct stat lst;
@@ -426,10 +433,15 @@ int kvmm_hib_save(const struct kvmm *m, const char *path, const void *owner, siz
 		}
 		off[i] = h.data_offset + (uint64_t)i * slot_bytes;
 	}
-	good = uring_write_all(&ring, fd, iov, off, n, deadline_ns, &werr);
+	sums = malloc(((size_t)n + 1) * sizeof(*sums));
+	if (!sums) {
+		r = -ENOMEM;
+		goto out;
+	}
+	good = uring_write_all(&ring, fd, iov, off, n, deadline_ns, m->page_bytes, sums, &werr);
 	st.timed_out = good < n && !werr;
 	/* The index describes the pages written: a prefix of the file order,
-	 * closed under parents. Checksums from the pool as it is now (the
+	 * closed under parents. Checksums were taken as each page was queued (the
 	 * owner thread is here, nothing changed it meanwhile). */
 	h.index_bytes = pad8(owner_bytes) + (uint64_t)good * entry_bytes;
 	meta = aligned_alloc(KVMM_HIB_ALIGN, KVMM_HIB_ALIGN + reserve);
@@ -446,7 +458,7 @@ int kvmm_hib_save(const struct kvmm *m, const char *path, const void *owner, siz
 		struct hib_entry e = {
 			.parent = nd->parent >= 0 ? file_idx[nd->parent] : -1,
 			.scope = nd->scope,
-			.page_sum = hib_sum(page_ptr(m, nd->page), m->page_bytes),
+			.page_sum = sums[i],
 		};
 
 		file_idx[order[i]] = (int32_t)i;
@@ -504,6 +516,7 @@ out:
 	free(file_idx);
 	free(iov);
 	free(off);
+	free(sums);
 	free(meta);
 	free(bounce);
 	free(tmp);
