@@ -33,6 +33,9 @@ struct kvd_config {
 	char swap_file[KVD_CONF_PATH_MAX]; /* empty: no swap */
 	uint64_t swap_bytes;
 	int keep_on_restart;       /* hand the pool to systemd's fd store at a clean stop */
+	char persist_path[KVD_CONF_PATH_MAX]; /* hibernation file; "auto"; empty: none */
+	uint64_t persist_bytes;    /* most bytes in it */
+	uint32_t persist_timeout_s; /* longest write at a stop */
 	int release_local;         /* release pages windowed layers are done with */
 	uint32_t max_model_len;    /* 0: the model's context length */
 	uint32_t max_num_seqs;

@@ -663,10 +663,12 @@ int main(int argc, char **argv)
 			 cfg.prefix_caching ? "on" : "off", cfg.swap_file[0] ? cfg.swap_file : "none");
 	}
 	kvd_persist_adopt(persist, e);
+	kvd_persist_hib_open(persist, e);
 	r = open_listener(&cfg, n_listen, listen_names, &listen_fd, &own_socket);
 	if (r < 0)
 		goto out;
-	struct kvd_server_hooks hooks = { .reload = reload_hook, .ud = &a };
+	struct kvd_server_hooks hooks = { .reload = reload_hook, .ud = &a,
+					  .background = kvd_persist_background, .background_ud = persist };
 #ifdef KVD_FAULT_INJECTION
 	arm_server_faults(&hooks);
 #endif
@@ -678,8 +680,10 @@ int main(int argc, char **argv)
 	}
 	r = kvd_server_run(srv);
 	status = r < 0 ? 1 : 0;
-	if (status == 0)
+	if (status == 0) {
 		kvd_persist_hand_over(persist, e);
+		kvd_persist_hibernate(persist, e);
+	}
 out:
 	srv = kvd_server_free(srv);
 	persist = kvd_persist_free(persist);

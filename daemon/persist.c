@@ -12,6 +12,14 @@
  * file is unlinked and dies with the process): they are simply not in the
  * index. On any mismatch the pool is dropped with one log line, and kvd
  * starts cold.
+ *
+ * Hibernation (the second half of this file) covers what the fd store
+ * cannot: a full stop, a reboot. The cached pages go to a file at the stop
+ * (kvmm_hib_save, after the hand-over, bounded in bytes and time) and come
+ * back at a start that adopted nothing from the store: the file's index is
+ * read and its fingerprint compared before READY=1 (a few KiB), its pages
+ * are read in batches between the server loop's turns afterwards
+ * (kvd_persist_background), each checked before it can be hit.
  */
 #include "persist.h"
 
@@ -22,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <systemd/sd-daemon.h>
@@ -38,6 +47,14 @@
  * written), beside the token_stride that follows from it. */
 #define MODEL_HEAD_BYTES (1u << 20)
 #define BARRIER_USEC (5 * 1000000ull)
+
+static uint64_t kvd_now_ns_for_persist(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts); /* kvmm_hib_save's deadline clock */
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 /* The owner bytes of the exported index (kvmm stores them, kvd compares). */
 struct fingerprint {
@@ -60,6 +77,15 @@ struct kvd_persist {
 	void *index;              /* the index read back */
 	size_t index_bytes;
 	bool adopting;
+	bool adopted;             /* the fd store's pool was adopted */
+	/* hibernation */
+	char hib_path[KVD_CONF_PATH_MAX]; /* empty: none */
+	uint64_t hib_bytes;
+	uint32_t hib_timeout_s;
+	struct kvmm_hib *hib;     /* being adopted, or NULL */
+	struct kvd_engine *engine; /* of hib */
+	struct kvmm_hib_progress hib_done;
+	uint64_t hib_t0_ns;
 };
 
 static uint64_t hash_bytes(const uint8_t *p, size_t n)
@@ -193,6 +219,25 @@ static void discard(struct kvd_persist *p, const char *why)
 	p->index_bytes = 0;
 }
 
+/* kv.persist_path: "auto" is the first directory of $STATE_DIRECTORY
+ * (systemd's StateDirectory=), or none outside systemd. */
+static void hib_path_of(const char *conf, char *buf, size_t size)
+{
+	const char *sd = getenv("STATE_DIRECTORY");
+
+	buf[0] = 0;
+	if (strcmp(conf, "auto")) {
+		snprintf(buf, size, "%s", conf);
+		return;
+	}
+	if (sd && *sd) {
+		size_t n = strcspn(sd, ":");
+
+		if (n + sizeof("/" KVD_PERSIST_HIB_NAME) <= size)
+			snprintf(buf, size, "%.*s/%s", (int)n, sd, KVD_PERSIST_HIB_NAME);
+	}
+}
+
 struct kvd_persist *kvd_persist_new(const struct kvd_config *cfg, int n, char **names)
 {
 	struct kvd_persist *p = calloc(1, sizeof(*p));
@@ -206,6 +251,9 @@ struct kvd_persist *kvd_persist_new(const struct kvd_config *cfg, int n, char **
 	p->prefix = cfg->prefix_caching;
 	p->pool_bytes = cfg->pool_bytes;
 	p->model_id_err = model_identity(cfg->model, &p->model);
+	p->hib_bytes = cfg->persist_bytes;
+	p->hib_timeout_s = cfg->persist_timeout_s;
+	hib_path_of(cfg->persist_path, p->hib_path, sizeof(p->hib_path));
 	for (int i = 0; i < n; i++) {
 		int fd = SD_LISTEN_FDS_START + i;
 
@@ -259,6 +307,7 @@ struct kvd_persist *kvd_persist_free(struct kvd_persist *p)
 	if (p->pool_fd >= 0)
 		close(p->pool_fd);
 	free(p->index);
+	kvmm_hib_close(p->hib);
 	free(p);
 	return NULL;
 }
@@ -332,6 +381,7 @@ void kvd_persist_adopt(struct kvd_persist *p, struct kvd_engine *e)
 		discard(p, why);
 		return;
 	}
+	p->adopted = true;
 	log_info("restart cache: adopted %u cached prefix pages (%" PRIu64 " tokens) of a %u-page pool from the "
 		 "previous run", pages, (uint64_t)pages * kvmm_block_size(kv), kvmm_n_pages(kv));
 	free(p->index);
@@ -395,4 +445,139 @@ out:
 	if (index_fd >= 0)
 		close(index_fd);
 	return r;
+}
+
+/* ---- hibernation ------------------------------------------------------------------------ */
+
+void kvd_persist_hib_open(struct kvd_persist *p, struct kvd_engine *e)
+{
+	struct kvmm *kv = kvd_engine_kvmm(e);
+	struct fingerprint old, now;
+	const char *why = NULL;
+	const void *owner;
+	uint32_t ob = 0;
+	char buf[200];
+	int r;
+
+	if (!p || !p->hib_path[0])
+		return;
+	if (p->adopted) {
+		log_debug("cache file %s: not read, the restart cache was adopted", p->hib_path);
+		return;
+	}
+	r = kvmm_hib_open(p->hib_path, &p->hib, &why);
+	if (r == -ENOENT)
+		return;
+	if (r < 0) {
+		log_notice("cache file %s: refused, starting cold: %s%s%s", p->hib_path, why ? why : strerror(-r),
+			   why && r != -EBADMSG && r != -EPROTO ? ": " : "", why && r != -EBADMSG && r != -EPROTO ? strerror(-r) : "");
+		return;
+	}
+	why = NULL;
+	owner = kvmm_hib_owner(p->hib, &ob);
+	if (p->model_id_err) {
+		snprintf(buf, sizeof(buf), "cannot identify the model file: %s", strerror(-p->model_id_err));
+		why = buf;
+	} else if (ob != sizeof(old)) {
+		why = "written by another kvd (fingerprint size)";
+	} else if (kvmm_pool_fd(kv) < 0) {
+		snprintf(buf, sizeof(buf), "the %s backend keeps its KV pool in device memory",
+			 kvd_engine_backend_name(e));
+		why = buf;
+	} else if (!p->prefix) {
+		why = "prefix caching is off (kv.prefix_caching)";
+	} else {
+		memcpy(&old, owner, sizeof(old));
+		/* Pages are placed anew: the pool's size does not matter. */
+		fingerprint_of(p, kvd_engine_kv_layout(e), kvd_engine_backend_name(e), 0, &now);
+		why = mismatch(&old, &now, 0, buf, sizeof(buf));
+	}
+	if (why) {
+		log_notice("cache file %s: refused, starting cold: %s", p->hib_path, why);
+		p->hib = kvmm_hib_close(p->hib);
+		return;
+	}
+	p->engine = e;
+	p->hib_t0_ns = kvd_now_ns_for_persist();
+	{
+		struct kvmm_hib_info info;
+
+		kvmm_hib_info(p->hib, &info);
+		log_info("cache file %s: adopting %u cached prefix pages in the background", p->hib_path,
+			 info.n_entries);
+	}
+}
+
+static void hib_finish(struct kvd_persist *p, int r)
+{
+	const struct kvmm_hib_progress *d = &p->hib_done;
+	uint64_t ms = (kvd_now_ns_for_persist() - p->hib_t0_ns) / 1000000;
+
+	if (r < 0)
+		log_warning("cache file %s: adoption stopped: %s", p->hib_path, strerror(-r));
+	log_info("cache file %s: adopted %u cached prefix pages (%" PRIu64 " tokens) in %" PRIu64 " ms; %u already "
+		 "cached, %u skipped", p->hib_path, d->adopted,
+		 (uint64_t)d->adopted * kvmm_block_size(kvd_engine_kvmm(p->engine)), ms, d->present, d->skipped);
+	if (d->refused)
+		log_warning("cache file %s: refused %u page(s): content does not match the index checksum", p->hib_path,
+			    d->refused);
+	p->hib = kvmm_hib_close(p->hib);
+}
+
+int kvd_persist_background(void *ud)
+{
+	struct kvd_persist *p = ud;
+	int r;
+
+	if (!p || !p->hib)
+		return 0;
+	r = kvmm_hib_adopt(kvd_engine_kvmm(p->engine), p->hib, KVMM_HIB_BATCH, &p->hib_done);
+	if (r > 0)
+		return 1;
+	hib_finish(p, r);
+	return 0;
+}
+
+int kvd_persist_hibernate(struct kvd_persist *p, struct kvd_engine *e)
+{
+	struct kvmm_hib_save_stats st;
+	struct fingerprint fp;
+	uint64_t deadline;
+	int r;
+
+	if (!p || !p->hib_path[0])
+		return 0;
+	if (p->hib) /* what was not adopted yet is still in the file: adopt it first, briefly */
+		while (kvd_persist_background(p) > 0)
+			;
+	if (kvmm_pool_fd(kvd_engine_kvmm(e)) < 0) {
+		log_info("cache file %s: not written: the %s backend's KV pool is in device memory", p->hib_path,
+			 kvd_engine_backend_name(e));
+		return 0;
+	}
+	if (!p->prefix)
+		return 0;
+	if (p->model_id_err) {
+		log_warning("cache file %s: not written: cannot identify the model file: %s", p->hib_path,
+			    strerror(-p->model_id_err));
+		return p->model_id_err;
+	}
+	fingerprint_of(p, kvd_engine_kv_layout(e), kvd_engine_backend_name(e), 0, &fp);
+	deadline = kvd_now_ns_for_persist() + (uint64_t)p->hib_timeout_s * 1000000000ull;
+	r = kvmm_hib_save(kvd_engine_kvmm(e), p->hib_path, &fp, sizeof(fp), p->hib_bytes, deadline, &st);
+	if (r < 0) {
+		log_warning("cache file %s: not written: %s", p->hib_path,
+			    r == -ELOOP ? "the path is a symbolic link" : r == -EISDIR ? "the path is not a regular file"
+			    : strerror(-r));
+		return r;
+	}
+	log_info("cache file %s: wrote %u of %u cached prefix pages (%.1f MiB) in %.1f ms (%.0f MiB/s%s)%s%s",
+		 p->hib_path, st.pages_written, st.candidates, (double)st.bytes / 1048576.0, (double)st.ns / 1e6,
+		 st.ns ? (double)st.bytes / 1048576.0 / ((double)st.ns / 1e9) : 0.0, st.direct ? ", O_DIRECT" : "",
+		 st.timed_out ? "; stopped by kv.persist_timeout" : "",
+		 st.pages_written + 0 < st.candidates && !st.timed_out ? "; the rest is past kv.persist_size" : "");
+	if (st.write_error)
+		log_warning("cache file %s: a page write failed (%s): kept the pages before it", p->hib_path,
+			    strerror(-st.write_error));
+	return 0;
 }

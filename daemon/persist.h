@@ -74,4 +74,25 @@ bool kvd_persist_fd_name(const char *name);
  */
 int kvd_persist_hand_over(struct kvd_persist *p, struct kvd_engine *e);
 
+/*
+ * Hibernation (kv.persist_path, persist_size, persist_timeout): the prefix
+ * cache in a file that outlives the fd store (a full stop, a reboot).
+ * The fingerprint is the one above without the pool size (pages are placed
+ * anew). The file: KVD_PERSIST_HIB_NAME in $STATE_DIRECTORY for "auto".
+ */
+#define KVD_PERSIST_HIB_NAME "prefix-cache"
+
+/* After kvd_persist_adopt(), before READY=1: unless the fd store's pool
+ * was adopted, open the file, check it and its fingerprint (one log line
+ * when refused: kvd starts cold), and keep it for kvd_persist_background.
+ * Accepts NULL. */
+void kvd_persist_hib_open(struct kvd_persist *p, struct kvd_engine *e);
+/* The server's background hook (ud a struct kvd_persist): adopt the next
+ * batch of the file's pages. 1 while more remain, else 0 (the outcome
+ * logged once, the file closed). */
+int kvd_persist_background(void *ud);
+/* At a clean stop, after kvd_persist_hand_over(): write the file (logged:
+ * pages, bytes, time and rate, or why not). 0 or -errno. Accepts NULL. */
+int kvd_persist_hibernate(struct kvd_persist *p, struct kvd_engine *e);
+
 #endif

@@ -361,7 +361,8 @@ int kvd_server_run(struct kvd_server *srv)
 
 		int timeout;
 		bool busy = !kvd_sched_idle(srv->sched);
-		if (srv->dirty || (busy && progress)) {
+		bool more = srv->hooks.background && !srv->stopping && srv->hooks.background(srv->hooks.background_ud) > 0;
+		if (srv->dirty || (busy && progress) || more) {
 			timeout = 0;
 		} else {
 			uint64_t next = srv->next_status < srv->next_expire ? srv->next_status : srv->next_expire;

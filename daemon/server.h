@@ -39,6 +39,11 @@ struct kvd_server_hooks {
 	 * applies what can change while running and logs what cannot. */
 	int (*reload)(void *ud, struct kvd_config *ret);
 	void *ud;
+	/* Optional: work done a piece at a time between the loop's turns
+	 * (adopting the cache file), until it returns 0; > 0 while more
+	 * remains (the loop then does not sleep). Not called while stopping. */
+	int (*background)(void *ud);
+	void *background_ud;
 	/* Fault injection, set only by the test build (kvd-faulty, compiled
 	 * with -DKVD_FAULT_INJECTION): every SO_PEERCRED read fails. */
 	bool fault_peercred;

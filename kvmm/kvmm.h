@@ -719,6 +719,107 @@ int kvmm_persist_read_memfd(int fd, size_t max_bytes, void **ret_buf, size_t *re
  * -EINVAL when bytes is too short for a header. */
 int kvmm_debug_persist_checksum(void *buf, size_t bytes);
 
+/* ---- hibernation to a file (hibernate.c) ------------------------------------------- */
+
+/*
+ * When the pool memfd cannot outlive the process (a stop, a reboot), the
+ * cached prefixes can still survive in a file: kvmm_hib_save() writes the
+ * hottest resident prefix pages (LRU order; pages mapped by sequences
+ * first), each with the ancestors that make it reachable, their tokens,
+ * owner scopes and a content checksum per page, plus the owner's bytes (its
+ * fingerprint, which kvmm only stores). A later run opens the file
+ * (kvmm_hib_open), compares the owner bytes itself, and adopts the pages a
+ * batch at a time (kvmm_hib_adopt) between other work: a page enters the
+ * prefix index only after its content matched its checksum, so no lookup
+ * ever finds a page that is not there yet or is not what the index says.
+ * Host pools only. Library code: nothing is logged; reasons are returned.
+ */
+#define KVMM_HIB_VERSION         1u
+#define KVMM_HIB_ALIGN           4096u        /* header, index and page slots: O_DIRECT blocks */
+#define KVMM_HIB_BATCH           32u          /* pages read per kvmm_hib_adopt() call at most */
+#define KVMM_HIB_MAX_PAGE_BYTES  (1ull << 31) /* larger pages in a file are refused */
+#define KVMM_HIB_MAX_INDEX_BYTES (1ull << 31) /* larger indexes are refused */
+
+struct kvmm_hib_save_stats {
+	uint32_t candidates;    /* resident prefix pages that could have been written */
+	uint32_t pages_written; /* in the file */
+	uint64_t bytes;         /* the file's size */
+	uint64_t ns;            /* the whole save, create to rename */
+	int timed_out;          /* the deadline stopped the page writes */
+	int write_error;        /* a page write failed (-errno), the pages before it kept */
+	int direct;             /* written with O_DIRECT */
+};
+
+/*
+ * Write the cache to path: created as path".tmp" (O_CREAT | O_EXCL |
+ * O_NOFOLLOW, mode 0600; a leftover ".tmp" regular file of this user is
+ * removed first), synced, then renamed over path. At most max_bytes in the
+ * file; page writes stop at deadline_ns (kvmm_now_ns() clock, CLOCK_MONOTONIC;
+ * 0: none) and the file then holds the pages written by then. Reads the pool
+ * only (call from the owner thread). Returns 0 and stats (may be NULL);
+ * -EINVAL; -EOPNOTSUPP for a device pool; -ELOOP when path is a symbolic
+ * link, -EISDIR when it is anything but a regular file (left untouched);
+ * -ENOMEM; or the error of open, io_uring, write, fdatasync or rename (the
+ * temporary file is then removed and path untouched).
+ */
+int kvmm_hib_save(const struct kvmm *m, const char *path, const void *owner, size_t owner_bytes,
+		  uint64_t max_bytes, uint64_t deadline_ns, struct kvmm_hib_save_stats *ret);
+
+struct kvmm_hib;
+
+/*
+ * Open a cache file and check everything but page contents: a regular file
+ * (O_NOFOLLOW: a symbolic link is -ELOOP), of this process's effective uid
+ * with no group or other permission bits (-EPERM), magic, header checksum,
+ * version (-EPROTO), sizes, the index checksum, every entry's parent and
+ * scope (-EBADMSG), and the file long enough for every page (-EBADMSG,
+ * "truncated"). *ret_why (may be NULL) is set on failure to a static phrase
+ * naming the reason. Returns 0 and the handle (close with kvmm_hib_close),
+ * -ENOENT without a file, -ENOMEM, or open's error.
+ */
+int kvmm_hib_open(const char *path, struct kvmm_hib **ret, const char **ret_why);
+/* The same over a file's bytes in memory (tests, fuzzing): buf must stay
+ * valid while the handle is used. */
+int kvmm_hib_open_mem(const void *buf, size_t bytes, struct kvmm_hib **ret, const char **ret_why);
+/* Accepts NULL; returns NULL. */
+struct kvmm_hib *kvmm_hib_close(struct kvmm_hib *h);
+/* The owner's bytes as saved (NULL when none), valid while h is open. */
+const void *kvmm_hib_owner(const struct kvmm_hib *h, uint32_t *ret_bytes);
+
+struct kvmm_hib_info {
+	uint32_t version, block_size;
+	uint64_t page_bytes;
+	uint32_t n_entries;
+	uint32_t next_entry; /* entries considered by kvmm_hib_adopt so far */
+	uint64_t file_bytes;
+};
+int kvmm_hib_info(const struct kvmm_hib *h, struct kvmm_hib_info *ret);
+
+/* What kvmm_hib_adopt() did, added to the caller's totals. */
+struct kvmm_hib_progress {
+	uint32_t adopted; /* entered into the prefix index (kvmm_ledger.pages_adopted too) */
+	uint32_t present; /* already in the index (computed again meanwhile) */
+	uint32_t refused; /* content did not match the checksum: never entered */
+	uint32_t skipped; /* parent refused or reclaimed, read failed, or no free page left */
+};
+/*
+ * Adopt the next batch (up to max_pages, at most KVMM_HIB_BATCH; 0 means
+ * that) of the file's entries into m, which may be serving already: pages
+ * come from the free list only (the cache of this run is never reclaimed
+ * for them; once the free list is empty the rest is skipped), are read and
+ * checked, and enter the index cold (at the LRU tail) in the scope they
+ * were saved in. Owner thread only. Returns 1 while entries remain, 0 when
+ * all are done, -ESTALE when the file's block size or page size differ from
+ * m's, -EOPNOTSUPP for a device pool or prefix caching off, -ENOMEM, or a
+ * read error of the ring (the rest is then skipped).
+ */
+int kvmm_hib_adopt(struct kvmm *m, struct kvmm_hib *h, uint32_t max_pages, struct kvmm_hib_progress *ret);
+/* Tests and fuzzing only: recompute the header's and the index's checksums
+ * of a cache file in memory after changing it (page checksums stay), so
+ * that the checks behind them are reached. -EINVAL when bytes is too short
+ * for a header or the index lies outside buf. */
+int kvmm_debug_hib_checksum(void *buf, size_t bytes);
+
 /* ---- checking ------------------------------------------------------------------ */
 
 /*
