@@ -17,10 +17,12 @@
 #include "kvmm.h"
 #include "log.h"
 #include "request.h"
+#include "tokwork.h"
 
 /* ---- generate ---------------------------------------------------------------- */
 
 static void tokenize_reply(struct client *c, uint64_t rid, uint32_t flags, const char *text, size_t len);
+static void tokenize_submit(struct client *c, struct upload *u);
 
 static void reject(struct client *c, struct greq *gr, int32_t code, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
@@ -51,68 +53,128 @@ static uint64_t request_owner(const struct kvd_server *srv, const struct client 
 	return c->cred.uid;
 }
 
-/* The prompt is complete: tokenize, check the context, submit. */
-static void generate_start(struct client *c, struct greq *gr, const char *prompt, size_t len)
+/* Before tokenizing, and again when the tokens come back from the worker:
+ * a CANCEL meanwhile, shutdown, the session's state. Sets *hist, *cont and
+ * *last (the session's history tokens, whether this turn continues it,
+ * its last token). Returns false when gr has been answered (and freed or
+ * finished). */
+static bool generate_check(struct client *c, struct greq *gr, int *hist, bool *cont, int32_t *last)
 {
 	struct kvd_server *srv = c->srv;
-	struct kvd_request_params p = { 0 };
-	int32_t *ids = NULL;
-	int n, r, hist = 0;
-	bool chat = !(gr->g.gen_flags & IPC_GEN_RAW);
-	bool cont = false;
-	int32_t last = -1;
 
+	*hist = 0;
+	*cont = false;
+	*last = -1;
 	if (gr->cancel_on_upload) {
 		gr->state = GR_SCHED;
 		gr->finished = true;
 		gr->done = (struct ipc_done){ .finish_reason = IPC_FINISH_CANCELLED, .total_ns = now_ns() - gr->t_recv };
 		client_mark_dirty(c);
-		return;
+		return false;
 	}
 	if (srv->stopping) {
 		reject(c, gr, IPC_ERR_SHUTDOWN, "kvd is shutting down");
-		return;
+		return false;
 	}
 	if (gr->sess) {
-		hist = kvd_sched_session_tokens(srv->sched, gr->sess->id);
-		if (hist < 0)
-			hist = 0;
-		cont = gr->sess->turns > 0;
-		if (cont && hist == 0) {
+		*hist = kvd_sched_session_tokens(srv->sched, gr->sess->id);
+		if (*hist < 0)
+			*hist = 0;
+		*cont = gr->sess->turns > 0;
+		if (*cont && *hist == 0) {
 			reject(c, gr, IPC_ERR_SESSION, "session %" PRIu64 " has expired", gr->sess->id);
-			return;
+			return false;
 		}
-		if (cont)
-			last = kvd_sched_session_last_token(srv->sched, gr->sess->id);
+		if (*cont)
+			*last = kvd_sched_session_last_token(srv->sched, gr->sess->id);
 	}
-	if (gr->g.gen_flags & IPC_GEN_CHAT_TURNS) { /* no session: the turns are the history */
-		_Static_assert(KVD_VERSION_NUM >= IPC_CHAT_TURNS_SERVER_VERSION, "clients gate turns on the version");
-		char why[256];
-		n = kvd_request_chat_turns(srv->tok, prompt, len, &ids, why, sizeof(why));
-		if (n < 0) {
-			reject(c, gr, n, "%s", why);
-			return;
-		}
-	} else if (chat) {
-		char why[256];
-		if (memchr(prompt, 0, len)) {
-			reject(c, gr, -EINVAL, "the prompt contains a NUL byte (not allowed in chat mode)");
-			return;
-		}
-		n = kvd_request_chat_turn(srv->tok, gr->system, prompt, cont, last, &ids, why, sizeof(why));
-		if (n < 0) {
-			reject(c, gr, n, "%s", why);
-			return;
-		}
-		log_debug("request %" PRIu64 ": chat turn%s: %d tokens", gr->id, cont ? " (continuation)" : "", n);
-	} else {
-		n = kvd_request_tokenize(srv->tok, prompt, len, !cont, !!(gr->g.gen_flags & IPC_GEN_PARSE_SPECIAL),
-					 &ids);
+	return true;
+}
+
+static void generate_continue(struct client *c, struct greq *gr, struct tokw_job *j);
+
+/* The prompt is complete (prompt: prompt[len] == 0, malloc'd; ownership
+ * moves here): the checks, then tokenizing — on the worker for a prompt
+ * that came through the upload ring (in_ring), here for an inline one —
+ * then generate_continue. */
+static void generate_start(struct client *c, struct greq *gr, char *prompt, size_t len, bool in_ring)
+{
+	struct kvd_server *srv = c->srv;
+	bool chat = !(gr->g.gen_flags & IPC_GEN_RAW);
+	bool cont;
+	int hist;
+	int32_t last;
+	struct tokw_job *j = NULL;
+
+	if (!generate_check(c, gr, &hist, &cont, &last))
+		goto out;
+	if (chat && !(gr->g.gen_flags & IPC_GEN_CHAT_TURNS) && memchr(prompt, 0, len)) {
+		reject(c, gr, -EINVAL, "the prompt contains a NUL byte (not allowed in chat mode)");
+		goto out;
 	}
-	if (n < 0) {
-		reject(c, gr, n, "cannot tokenize the prompt: %s", strerror(-n));
+	_Static_assert(KVD_VERSION_NUM >= IPC_CHAT_TURNS_SERVER_VERSION, "clients gate turns on the version");
+	j = calloc(1, sizeof(*j));
+	if (!j || (chat && !(j->system = strdup(gr->system)))) {
+		reject(c, gr, -ENOMEM, "out of memory");
+		goto out;
+	}
+	j->owner = c->cred.uid;
+	j->client_id = c->id;
+	j->req_id = gr->id;
+	j->seq = gr->tok_seq = ++srv->next_tok_seq;
+	j->kind = gr->g.gen_flags & IPC_GEN_CHAT_TURNS ? TOKW_CHAT_TURNS : chat ? TOKW_CHAT_TURN : TOKW_RAW;
+	j->text = prompt;
+	prompt = NULL;
+	j->len = len;
+	j->continuation = cont;
+	j->last_token = last;
+	j->add_bos = !cont;
+	j->parse_special = !!(gr->g.gen_flags & IPC_GEN_PARSE_SPECIAL);
+	j->stop_after = TOKW_NO_BOUND;
+	if (in_ring) {
+		int r = kvd_tokwork_submit(srv->tokw, j);
+		if (r < 0) {
+			reject(c, gr, r, "cannot tokenize the prompt: %s", strerror(-r));
+			goto out;
+		}
+		gr->state = GR_TOKENIZING;
 		return;
 	}
+	kvd_tokwork_run(srv->tok, j);
+	generate_continue(c, gr, j);
+out:
+	tokw_job_free(j);
+	free(prompt);
+}
+
+/* The prompt's tokens are in j: check the context, submit. */
+static void generate_continue(struct client *c, struct greq *gr, struct tokw_job *j)
+{
+	struct kvd_server *srv = c->srv;
+	struct kvd_request_params p = { 0 };
+	int32_t *ids = NULL;
+	int n = j->n, r, hist;
+	bool chat = !(gr->g.gen_flags & IPC_GEN_RAW);
+	bool cont;
+	int32_t last;
+
+	if (!generate_check(c, gr, &hist, &cont, &last))
+		return;
+	if (cont != j->continuation) { /* the session went or expired while the worker had the prompt */
+		reject(c, gr, IPC_ERR_SESSION, "the request's session ended while its prompt was being tokenized");
+		return;
+	}
+	if (n < 0) {
+		if (j->kind != TOKW_RAW)
+			reject(c, gr, n, "%s", j->why);
+		else
+			reject(c, gr, n, "cannot tokenize the prompt: %s", strerror(-n));
+		return;
+	}
+	if (j->kind == TOKW_CHAT_TURN)
+		log_debug("request %" PRIu64 ": chat turn%s: %d tokens", gr->id, cont ? " (continuation)" : "", n);
+	ids = j->ids;
+	j->ids = NULL;
 	if (n == 0) {
 		free(ids);
 		reject(c, gr, -EINVAL, "the prompt is empty");
@@ -241,11 +303,12 @@ void upload_done(struct client *c)
 	if (u->buf)
 		u->buf[u->total] = 0;
 	switch (u->kind) {
-	case UP_GENERATE:
-		generate_start(c, u->gr, u->buf, u->total);
+	case UP_GENERATE: /* the buffer goes with the prompt, to the worker */
+		generate_start(c, u->gr, u->buf, u->total, true);
+		u->buf = NULL;
 		break;
 	case UP_TOKENIZE:
-		tokenize_reply(c, u->req_id, u->tok_flags, u->buf, u->total);
+		tokenize_submit(c, u);
 		break;
 	case UP_DISCARD:
 		sock_error(c, u->req_id, u->err_code, "%s", u->err_msg);
@@ -450,8 +513,7 @@ void handle_generate(struct client *c, const struct ipc_frame *f)
 	}
 	memcpy(prompt, m.prompt, m.g.prompt_bytes);
 	prompt[m.g.prompt_bytes] = 0;
-	generate_start(c, gr, prompt, m.g.prompt_bytes);
-	free(prompt);
+	generate_start(c, gr, prompt, m.g.prompt_bytes, false);
 	return;
 oom:
 	if (gr)
@@ -466,8 +528,8 @@ void handle_cancel(struct client *c, uint64_t rid)
 	struct greq *gr = greq_find(c, rid);
 	if (!gr || gr->finished)
 		return;
-	if (gr->state == GR_UPLOADING) {
-		gr->cancel_on_upload = true;
+	if (gr->state == GR_UPLOADING || gr->state == GR_TOKENIZING) {
+		gr->cancel_on_upload = true; /* answered when its tokens come back */
 		return;
 	}
 	kvd_sched_cancel(c->srv->sched, (uint64_t)(uintptr_t)gr);
@@ -475,12 +537,9 @@ void handle_cancel(struct client *c, uint64_t rid)
 
 /* ---- other requests ---------------------------------------------------------- */
 
-static void tokenize_reply(struct client *c, uint64_t rid, uint32_t flags, const char *text, size_t len)
+/* TOKENIZE's reply: n ids (or n < 0, the error) in TOKENIZE_REPLY frames. */
+static void tokenize_send(struct client *c, uint64_t rid, uint32_t flags, int n, const int32_t *ids)
 {
-	struct kvd_server *srv = c->srv;
-	int32_t *ids = NULL;
-	int n = kvd_request_tokenize(srv->tok, text, len, !!(flags & IPC_TOK_ADD_BOS), !!(flags & IPC_TOK_PARSE_SPECIAL),
-				     &ids);
 	uint8_t buf[IPC_MAX_PAYLOAD_BYTES];
 	uint32_t off = 0;
 
@@ -503,7 +562,93 @@ static void tokenize_reply(struct client *c, uint64_t rid, uint32_t flags, const
 		if (!more)
 			break;
 	} while (1);
+}
+
+static void tokenize_reply(struct client *c, uint64_t rid, uint32_t flags, const char *text, size_t len)
+{
+	int32_t *ids = NULL;
+	int n = kvd_request_tokenize(c->srv->tok, text, len, !!(flags & IPC_TOK_ADD_BOS),
+				     !!(flags & IPC_TOK_PARSE_SPECIAL), &ids);
+	tokenize_send(c, rid, flags, n, ids);
 	free(ids);
+}
+
+/* A TOKENIZE text from the ring goes to the worker with its buffer (taken
+ * from u); the reply goes when it comes back (tokw_collect). */
+static void tokenize_submit(struct client *c, struct upload *u)
+{
+	struct tokw_job *j = calloc(1, sizeof(*j));
+	int r;
+
+	if (!j) {
+		sock_error(c, u->req_id, -ENOMEM, "out of memory");
+		return;
+	}
+	j->owner = c->cred.uid;
+	j->client_id = c->id;
+	j->req_id = u->req_id;
+	j->seq = ++c->srv->next_tok_seq;
+	j->tokenize = true;
+	j->kind = TOKW_RAW;
+	j->text = u->buf;
+	j->len = u->total;
+	j->add_bos = !!(u->tok_flags & IPC_TOK_ADD_BOS);
+	j->parse_special = !!(u->tok_flags & IPC_TOK_PARSE_SPECIAL);
+	j->tok_flags = u->tok_flags;
+	j->stop_after = TOKW_NO_BOUND; /* a count is exact */
+	r = kvd_tokwork_submit(c->srv->tokw, j);
+	if (r < 0) {
+		j->text = NULL; /* still the upload's */
+		tokw_job_free(j);
+		sock_error(c, u->req_id, r, "cannot tokenize: %s", strerror(-r));
+		return;
+	}
+	u->buf = NULL;
+}
+
+static struct client *client_by_id(struct kvd_server *srv, uint64_t id)
+{
+	for (struct client *c = srv->clients; c; c = c->next)
+		if (c->id == id)
+			return c->closing || c->lingering ? NULL : c;
+	return NULL;
+}
+
+void tokw_collect(struct kvd_server *srv)
+{
+	bool busy = !kvd_sched_idle(srv->sched);
+	struct tokw_job *list = kvd_tokwork_take_done(srv->tokw);
+
+	while (list) {
+		struct tokw_job *j = list;
+		list = j->next;
+		struct client *c = client_by_id(srv, j->client_id);
+		if (c) {
+			client_charge(c, j->cpu_ns, busy);
+		} else if (busy) { /* gone: its user pays, if it is still connected */
+			for (struct user_share *u = srv->shares; u; u = u->next)
+				if (u->uid == (uid_t)j->owner) {
+					uint64_t earned = srv->ctl_earned_ns;
+					u->ctl_until = (u->ctl_until > earned ? u->ctl_until : earned) + j->cpu_ns;
+					break;
+				}
+		}
+		if (c && j->tokenize) {
+			tokenize_send(c, j->req_id, j->tok_flags, j->n, j->ids);
+		} else if (c) {
+			struct greq *gr = greq_find(c, j->req_id);
+			if (gr && gr->state == GR_TOKENIZING && gr->tok_seq == j->seq) {
+				generate_continue(c, gr, j);
+			}
+		}
+		/* its user may send the next text */
+		for (struct client *w = srv->clients; w; w = w->next)
+			if (w->tok_wait && w->cred.uid == (uid_t)j->owner && !w->closing) {
+				w->tok_wait = false;
+				client_mark_dirty(w);
+			}
+		tokw_job_free(j);
+	}
 }
 
 void handle_tokenize(struct client *c, const struct ipc_frame *f)

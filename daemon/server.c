@@ -1,7 +1,9 @@
 /*
  * daemon/server.c — the event loop: lifecycle, signals, systemd, shutdown.
  *
- * Everything runs on one thread. The loop alternates: look at the sockets
+ * Everything runs on one thread but the tokenizer worker (tokwork.h),
+ * which turns texts that came through the upload ring into tokens and
+ * says so through an eventfd in the loop's epoll set. The loop alternates: look at the sockets
  * (epoll_wait with timeout 0 while the scheduler has work, blocking when it
  * has none), then one scheduler step, then push what the step produced into
  * the clients' rings. A client therefore never waits more than one step for
@@ -28,6 +30,7 @@
 #include "kvmm.h"
 #include "log.h"
 #include "model.h"
+#include "tokwork.h"
 
 /* ---- configuration, signals, systemd ---------------------------------------- */
 
@@ -146,7 +149,7 @@ static void cancel_all(struct kvd_server *srv)
 	for (struct client *c = srv->clients; c; c = c->next) {
 		for (struct greq *gr = c->reqs, *next; gr; gr = next) {
 			next = gr->next;
-			if (gr->state == GR_UPLOADING) {
+			if (gr->state == GR_UPLOADING || gr->state == GR_TOKENIZING) {
 				sock_error(c, gr->id, IPC_ERR_SHUTDOWN, "kvd is shutting down; request not started");
 				if (c->closing)
 					break;
@@ -245,6 +248,12 @@ int kvd_server_create(const struct kvd_config *cfg, struct kvd_engine *e, int li
 	r = kvd_ledger_new(cfg->ledger_log, &srv->ledger);
 	if (r < 0)
 		goto fail;
+	r = kvd_tokwork_new(srv->tok, &srv->tokw);
+	if (r < 0)
+		goto fail;
+	srv->tokw_src = (struct ep_src){ SRC_TOKW, srv };
+	if ((r = ep_add(srv, kvd_tokwork_fd(srv->tokw), &srv->tokw_src)) < 0)
+		goto fail;
 	*ret = srv;
 	return 0;
 fail:
@@ -259,6 +268,7 @@ struct kvd_server *kvd_server_free(struct kvd_server *srv)
 	while (srv->clients)
 		client_close(srv->clients, "server exit");
 	free_closed(srv);
+	srv->tokw = kvd_tokwork_free(srv->tokw); /* its jobs name requests by id: none is left to touch */
 	while (srv->sessions) {
 		struct session *s = srv->sessions;
 		srv->sessions = s->next;
@@ -396,6 +406,9 @@ int kvd_server_run(struct kvd_server *srv)
 				break;
 			case SRC_SIGNAL:
 				handle_signal(srv);
+				break;
+			case SRC_TOKW:
+				tokw_collect(srv);
 				break;
 			case SRC_SOCK: {
 				struct client *c = src->p;

@@ -71,11 +71,16 @@
 #define SRV_MAX_GROUPS       256
 #define SRV_MAX_SESSIONS_PER_USER 256
 #define SRV_MAX_QUEUED_UPLOADS 64 /* ring uploads a client may announce ahead */
+/* Ring uploads (texts over the inline limit) are tokenized by the worker
+ * (tokwork.h), so a megabyte of text never stalls the loop. A user has at
+ * most this many texts with it at once; its further uploads wait unread in
+ * its ring (client.tok_wait) until one comes back. */
+#define SRV_TOKW_USER_JOBS   2
 #define SRV_HELLO_TIMEOUT_NS 10000000000ull /* a connection must say HELLO this soon */
 #define SRV_LINGER_NS        1000000000ull  /* a refused connection stays open this long for its ERROR */
 #define SRV_MAX_LINGERING    64 /* refused connections kept lingering at once; beyond, closed at once */
 
-enum src_kind { SRC_LISTEN = 1, SRC_SIGNAL, SRC_SOCK, SRC_CHAN };
+enum src_kind { SRC_LISTEN = 1, SRC_SIGNAL, SRC_SOCK, SRC_CHAN, SRC_TOKW };
 
 struct ep_src {
 	enum src_kind kind;
@@ -85,7 +90,8 @@ struct ep_src {
 struct client;
 struct session;
 
-enum greq_state { GR_UPLOADING, GR_SCHED };
+/* GR_TOKENIZING: its prompt is with the tokenizer worker (job tok_seq) */
+enum greq_state { GR_UPLOADING, GR_TOKENIZING, GR_SCHED };
 
 struct tok_ent {
 	int32_t id;
@@ -130,7 +136,8 @@ struct greq {
 	struct session *sess;
 	struct kvd_ledger_who who;    /* the requester, as admitted (outlives c) */
 	struct kvd_request *rq;       /* its text stream, from submit on */
-	bool cancel_on_upload;        /* CANCEL arrived while uploading */
+	bool cancel_on_upload;        /* CANCEL arrived while uploading or tokenizing */
+	uint64_t tok_seq;             /* GR_TOKENIZING: the worker's job for it */
 	bool shutdown;                /* ended by the daemon's shutdown */
 	uint64_t closed_session;      /* its session (this id) was closed while it ran: ends with ERROR */
 	uint64_t t_recv, t_submit;
@@ -220,6 +227,7 @@ struct client {
 	struct user_share *share;     /* its user's share of the loop (fairness) */
 	bool sock_paused;             /* over its share: socket out of epoll's read set */
 	bool up_paused;               /* over its share: its upload ring is not read (resume_paused) */
+	bool tok_wait;                /* its user has SRV_TOKW_USER_JOBS texts with the worker: ring not read */
 	uint64_t turn;                /* the loop turn turn_ns counts; last turn it was read */
 	uint64_t turn_ns;             /* control time used in that turn */
 	uint64_t linger_deadline;
@@ -243,7 +251,9 @@ struct kvd_server {
 	int ep;
 	int listen_fd;
 	int sig_fd;
-	struct ep_src listen_src, sig_src;
+	struct ep_src listen_src, sig_src, tokw_src;
+	struct kvd_tokwork *tokw;     /* the tokenizer worker (tokwork.h) */
+	uint64_t next_tok_seq;
 	struct client *clients;
 	uint32_t n_clients;           /* every connection, lingering ones too */
 	uint32_t n_admitted;          /* connections holding a slot */
@@ -327,6 +337,11 @@ void upload_done(struct client *c);
 void handle_generate(struct client *c, const struct ipc_frame *f);
 void handle_cancel(struct client *c, uint64_t rid);
 void handle_tokenize(struct client *c, const struct ipc_frame *f);
+/* Take the tokenizer worker's completed jobs: charge each one's CPU time
+ * to its owner (the client, else its user's share if it still has one),
+ * continue its GENERATE or send its TOKENIZE reply when the request is
+ * still there, and let its user's waiting uploads go on. */
+void tokw_collect(struct kvd_server *srv);
 
 /* ---- samples.c: the IPC_F_SAMPLE stream (samples, log-probabilities) ------ */
 /* Requests in flight a GENERATE counts as against max_requests_per_client:

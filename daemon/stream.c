@@ -14,6 +14,7 @@
 
 #include "log.h"
 #include "request.h"
+#include "tokwork.h"
 
 /* ---- requests -------------------------------------------------------------- */
 
@@ -267,7 +268,11 @@ static bool upload_pending(const struct client *c)
  * the client's user like its socket frames (client_charge), and a user
  * over its share of the step time stops being read here (up_paused) until
  * resume_paused finds it has earned that back: work that comes through
- * the ring buys no more of the loop than work on the socket. Returns 0, or
+ * the ring buys no more of the loop than work on the socket. A finished
+ * upload is tokenized by the worker (upload_done), whose CPU time is
+ * charged the same way when it is done (tokw_collect); while the user has
+ * SRV_TOKW_USER_JOBS texts there, nothing more is read (tok_wait), so the
+ * ring, not the daemon, holds a flood. Returns 0, or
  * a negative errno after which the connection is closed. */
 static int uploads_pump(struct client *c, bool busy)
 {
@@ -277,6 +282,7 @@ static int uploads_pump(struct client *c, bool busy)
 	int r;
 	uint64_t t_charged = now_ns();
 
+	c->tok_wait = false;
 	while (c->up_head && !c->closing) {
 		struct upload *u = c->up_head;
 		uint64_t t = now_ns();
@@ -287,6 +293,10 @@ static int uploads_pump(struct client *c, bool busy)
 				c->up_paused = true;
 				srv->n_paused++;
 			}
+			return 0;
+		}
+		if (u->kind != UP_DISCARD && kvd_tokwork_owner_jobs(srv->tokw, c->cred.uid) >= SRV_TOKW_USER_JOBS) {
+			c->tok_wait = true; /* tokw_collect wakes it */
 			return 0;
 		}
 		r = ipc_chan_recv(c->chan, srv->rxbuf, IPC_MAX_FRAME_BYTES, &f);
@@ -356,8 +366,10 @@ void client_service(struct client *c)
 			client_close(c, "cannot wake the client");
 			return;
 		}
-		/* (a paused upload is taken up again by resume_paused) */
-		unsigned what = (upload_pending(c) && !c->up_paused ? IPC_WAIT_RX : 0) | (c->tx_need ? IPC_WAIT_TX : 0);
+		/* (a paused upload is taken up again by resume_paused, a
+		 * waiting one by tokw_collect) */
+		unsigned what = (upload_pending(c) && !c->up_paused && !c->tok_wait ? IPC_WAIT_RX : 0) |
+				(c->tx_need ? IPC_WAIT_TX : 0);
 		if (!what)
 			return;
 		r = ipc_chan_prepare_wait(c->chan, what, c->tx_need);

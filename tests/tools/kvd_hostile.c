@@ -38,6 +38,9 @@
  *       "WALL_US CPU_TICKS": the time from sending GENERATE to reading
  *       DONE, and the CPU time (user + system, /proc/PID/stat) process PID
  *       (kvd) used meanwhile. Exit 1 unless exactly N tokens came.
+ *   kvd_hostile [-s SOCK] stream-gap PID N PROMPT
+ *       stream, printing "WALL_US CPU_TICKS MAX_GAP_US": also the longest
+ *       wait between two TOKEN records after the first one.
  *   kvd_hostile [-s SOCK] hello-twice
  *       HELLO, WELCOME, HELLO again: prints the ERROR it gets back and
  *       "CLOSED" when the daemon then ends the connection (exit 0), exit 1
@@ -463,8 +466,9 @@ static uint64_t now_us(void)
 	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
-static int mode_stream(const char *pid, uint32_t n_tokens, const char *prompt)
+static int mode_stream(const char *pid, uint32_t n_tokens, const char *prompt, bool gaps)
 {
+	uint64_t t_last = 0, max_gap = 0;
 	struct ipc_frame f;
 	struct ipc_welcome w;
 	struct ipc_chan *chan;
@@ -497,8 +501,13 @@ static int mode_stream(const char *pid, uint32_t n_tokens, const char *prompt)
 		r = ipc_chan_recv(chan, rbuf, sizeof(rbuf), &f);
 		if (r == 0) {
 			ipc_chan_wake_peer(chan);
-			if (f.hdr.type == IPC_MSG_TOKEN)
+			if (f.hdr.type == IPC_MSG_TOKEN) {
+				uint64_t t = now_us();
+				if (t_last && t - t_last > max_gap)
+					max_gap = t - t_last;
+				t_last = t;
 				continue;
+			}
 			if (f.hdr.type != IPC_MSG_DONE)
 				return 1;
 			struct ipc_done d;
@@ -510,7 +519,10 @@ static int mode_stream(const char *pid, uint32_t n_tokens, const char *prompt)
 				fprintf(stderr, "generated %u of %u tokens\n", d.generated_tokens, n_tokens);
 				return 1;
 			}
-			printf("%" PRIu64 " %lld\n", t1 - t0, c1 - c0);
+			if (gaps)
+				printf("%" PRIu64 " %lld %" PRIu64 "\n", t1 - t0, c1 - c0, max_gap);
+			else
+				printf("%" PRIu64 " %lld\n", t1 - t0, c1 - c0);
 			return 0;
 		}
 		if (r != -EAGAIN)
@@ -610,7 +622,9 @@ int main(int argc, char **argv)
 	if (!strcmp(mode, "flood"))
 		return mode_flood();
 	if (!strcmp(mode, "stream") && optind + 3 < argc)
-		return mode_stream(argv[optind + 1], (uint32_t)strtoul(argv[optind + 2], NULL, 10), argv[optind + 3]);
+		return mode_stream(argv[optind + 1], (uint32_t)strtoul(argv[optind + 2], NULL, 10), argv[optind + 3], false);
+	if (!strcmp(mode, "stream-gap") && optind + 3 < argc)
+		return mode_stream(argv[optind + 1], (uint32_t)strtoul(argv[optind + 2], NULL, 10), argv[optind + 3], true);
 	if (!strcmp(mode, "upload-hang"))
 		return mode_upload_hang();
 	if (!strcmp(mode, "watch"))
