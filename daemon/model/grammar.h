@@ -151,7 +151,10 @@ struct kvd_gram_state {
 	uint32_t *words;
 };
 
-/* Working memory for the matcher; one per thread. Free with _free. */
+/* Working memory for the matcher; one per thread, usable with any grammar
+ * (it keeps a memo of the last grammar's transitions, and a reference to
+ * that grammar, until used with another one or freed; at most about 40 MiB
+ * in all). Free with _free. */
 struct kvd_gram_scratch;
 struct kvd_gram_scratch *kvd_gram_scratch_new(void);  /* NULL: out of memory */
 struct kvd_gram_scratch *kvd_gram_scratch_free(struct kvd_gram_scratch *s);

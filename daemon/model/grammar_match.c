@@ -20,6 +20,17 @@
  * node are released when the walk moves to its sibling (the scratch is a
  * stack allocator per depth). Tokens sharing a prefix therefore share its
  * matching.
+ *
+ * On top of that, transitions are memoized per scratch: a stack set is
+ * flattened into its canonical words (the same form as kvd_gram_state)
+ * and numbered, and (set, byte) -> set is kept in a table, a DFA over
+ * stack sets built lazily. Inside a JSON string nearly every token leads
+ * back to the same few sets, so after the first mask most tree nodes cost
+ * one table lookup. The memo computes exactly what the direct walk does
+ * (it runs the same advance on the same stacks); it is bounded
+ * (DFA_MAX_STATES, DFA_MAX_WORDS) and, when full, dropped and the direct
+ * walk used. It holds a reference to its grammar so the grammar's address
+ * cannot be reused while it describes it.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -38,7 +49,29 @@ struct frame {
 	uint32_t pos, parent, depth;
 };
 
+/* Memo of stack-set transitions (a lazily built DFA over whole stack sets):
+ * state i is a flattened set at pool[off[i]] = {n_stacks, n_words,
+ * words...}; rows[i][b] is 0 (not computed), 1 (dead) or the next state + 2. */
+#define DFA_MAX_STATES 16384u
+#define DFA_MAX_WORDS  (1u << 22)
+#define DFA_UNKNOWN 0u
+#define DFA_DEAD    1u
+
+struct dfa {
+	struct kvd_grammar *g;  /* held (a reference) while states refer to it */
+	uint32_t *pool;
+	uint32_t n_pool, cap_pool;
+	uint32_t *off;
+	uint32_t n_states, cap_states;
+	uint32_t *tab;          /* open addressing by content: state + 1 */
+	uint32_t tab_cap;
+	uint32_t **rows;
+	uint32_t cap_rows;
+};
+
 struct kvd_gram_scratch {
+	struct dfa dfa;
+	struct kvd_gram_state tmp;
 	struct frame *fr;
 	uint32_t n_fr, cap_fr;
 	uint32_t *tops;
@@ -98,10 +131,28 @@ struct kvd_gram_scratch *kvd_gram_scratch_new(void)
 	return calloc(1, sizeof(struct kvd_gram_scratch));
 }
 
+static void dfa_reset(struct dfa *d)
+{
+	for (uint32_t i = 0; i < d->n_states; i++)
+		free(d->rows[i]);
+	kvd_grammar_unref(d->g);
+	d->g = NULL;
+	d->n_states = 0;
+	d->n_pool = 0;
+	if (d->tab)
+		memset(d->tab, 0, (size_t)d->tab_cap * sizeof(uint32_t));
+}
+
 struct kvd_gram_scratch *kvd_gram_scratch_free(struct kvd_gram_scratch *s)
 {
 	if (!s)
 		return NULL;
+	dfa_reset(&s->dfa);
+	free(s->dfa.pool);
+	free(s->dfa.off);
+	free(s->dfa.tab);
+	free(s->dfa.rows);
+	kvd_gram_state_fini(&s->tmp);
 	free(s->fr);
 	free(s->tops);
 	free(s->work);
@@ -428,6 +479,123 @@ int kvd_gram_accept_bytes(const struct kvd_grammar *g, struct kvd_gram_scratch *
 	return flatten(s, 0, n, st);
 }
 
+/* ---- transition memo ------------------------------------------------------------ */
+
+static uint32_t words_hash(const uint32_t *w, uint32_t n_stacks, uint32_t n)
+{
+	uint32_t h = 2166136261u ^ n_stacks;
+	for (uint32_t i = 0; i < n; i++)
+		h = (h ^ w[i]) * 16777619u;
+	return h;
+}
+
+/* Use the memo for g (dropping what it held for another grammar). */
+static void dfa_bind(struct dfa *d, const struct kvd_grammar *g)
+{
+	if (d->g == g)
+		return;
+	dfa_reset(d);
+	/* the reference keeps g's address from being reused by another grammar
+	 * while the memo's states describe it */
+	d->g = kvd_grammar_ref((struct kvd_grammar *)g);
+}
+
+/* The state id of a flattened set; -E2BIG when the memo is full, -ENOMEM. */
+static int dfa_intern(struct dfa *d, uint32_t n_stacks, const uint32_t *w, uint32_t n)
+{
+	uint32_t h = words_hash(w, n_stacks, n);
+	if (d->tab_cap) {
+		for (uint32_t k = h & (d->tab_cap - 1); d->tab[k]; k = (k + 1) & (d->tab_cap - 1)) {
+			const uint32_t *e = d->pool + d->off[d->tab[k] - 1];
+			if (e[0] == n_stacks && e[1] == n && memcmp(e + 2, w, (size_t)n * sizeof(uint32_t)) == 0)
+				return (int)(d->tab[k] - 1);
+		}
+	}
+	if (d->n_states >= DFA_MAX_STATES || d->n_pool + n + 2 > DFA_MAX_WORDS)
+		return -E2BIG;
+	if ((d->n_states + 1) * 2 > d->tab_cap) {
+		uint32_t nc = d->tab_cap ? d->tab_cap * 2 : 1024;
+		uint32_t *nt = calloc(nc, sizeof(uint32_t));
+		if (!nt)
+			return -ENOMEM;
+		for (uint32_t i = 0; i < d->n_states; i++) {
+			const uint32_t *e = d->pool + d->off[i];
+			uint32_t k = words_hash(e + 2, e[0], e[1]) & (nc - 1);
+			while (nt[k])
+				k = (k + 1) & (nc - 1);
+			nt[k] = i + 1;
+		}
+		free(d->tab);
+		d->tab = nt;
+		d->tab_cap = nc;
+	}
+	if (grow((void **)&d->pool, &d->cap_pool, d->n_pool + n + 2, sizeof(uint32_t)) ||
+	    grow((void **)&d->off, &d->cap_states, d->n_states + 1, sizeof(uint32_t)) ||
+	    grow((void **)&d->rows, &d->cap_rows, d->n_states + 1, sizeof(uint32_t *)))
+		return -ENOMEM;
+	uint32_t id = d->n_states++;
+	d->off[id] = d->n_pool;
+	d->pool[d->n_pool++] = n_stacks;
+	d->pool[d->n_pool++] = n;
+	memcpy(d->pool + d->n_pool, w, (size_t)n * sizeof(uint32_t));
+	d->n_pool += n;
+	d->rows[id] = NULL;
+	uint32_t k = h & (d->tab_cap - 1);
+	while (d->tab[k])
+		k = (k + 1) & (d->tab_cap - 1);
+	d->tab[k] = id + 1;
+	return (int)id;
+}
+
+/* State id after byte b from state id: >= 0, -ENOENT (dead: no stack takes
+ * b, or a limit was hit: the same as the direct path), -E2BIG (memo
+ * full), -ENOMEM. */
+static int dfa_step(const struct kvd_grammar *g, struct kvd_gram_scratch *s, uint32_t id, uint8_t b)
+{
+	struct dfa *d = &s->dfa;
+	uint32_t *row = d->rows[id];
+	if (row && row[b] != DFA_UNKNOWN)
+		return row[b] == DFA_DEAD ? -ENOENT : (int)(row[b] - 2);
+	if (!row) {
+		row = d->rows[id] = calloc(256, sizeof(uint32_t));
+		if (!row)
+			return -ENOMEM;
+	}
+	const uint32_t *e = d->pool + d->off[id];
+	struct kvd_gram_state view = {.n_stacks = e[0], .n_words = e[1], .words = (uint32_t *)(e + 2)};
+	uint32_t n;
+	int r = load(&view, s, &n);
+	if (r)
+		return r;
+	r = advance(g, s, 0, n, b);
+	if (r == -E2BIG || r == 0) {
+		row[b] = DFA_DEAD;
+		return -ENOENT;
+	}
+	if (r < 0)
+		return r;
+	if ((r = flatten(s, s->n_tops - (uint32_t)r, (uint32_t)r, &s->tmp)))
+		return r;
+	r = dfa_intern(d, s->tmp.n_stacks, s->tmp.words, s->tmp.n_words);
+	if (r < 0)
+		return r;
+	d->rows[id][b] = (uint32_t)r + 2;
+	return r;
+}
+
+/* The memo's id for st, resetting the memo once when it is full. */
+static int dfa_start(const struct kvd_grammar *g, struct kvd_gram_scratch *s, const struct kvd_gram_state *st)
+{
+	dfa_bind(&s->dfa, g);
+	int r = dfa_intern(&s->dfa, st->n_stacks, st->words, st->n_words);
+	if (r == -E2BIG) {
+		dfa_reset(&s->dfa);
+		dfa_bind(&s->dfa, g);
+		r = dfa_intern(&s->dfa, st->n_stacks, st->words, st->n_words);
+	}
+	return r;
+}
+
 static int token_bytes(const struct kvd_gram_vocab *v, int32_t token, const uint8_t **b, size_t *len)
 {
 	if (token < 0 || token >= v->n)
@@ -465,6 +633,12 @@ int kvd_gram_check(const struct kvd_grammar *g, const struct kvd_gram_vocab *v, 
 		return kvd_gram_is_complete(st);
 	if (kind != KVD_GRAM_TOKEN_TEXT)
 		return 0;
+	int id = dfa_start(g, s, st);
+	for (size_t i = 0; id >= 0 && i < len; i++)
+		id = dfa_step(g, s, (uint32_t)id, b[i]);
+	if (id >= 0 || id == -ENOENT || id == -ENOMEM)
+		return id == -ENOMEM ? id : id >= 0;
+	/* the memo is full: match directly */
 	int rc = load(st, s, &n);
 	if (rc)
 		return rc;
@@ -472,17 +646,61 @@ int kvd_gram_check(const struct kvd_grammar *g, const struct kvd_gram_vocab *v, 
 	return rc == -ENOMEM ? rc : rc == 0;
 }
 
-int kvd_gram_allowed_mask(const struct kvd_grammar *g, const struct kvd_gram_vocab *v, struct kvd_gram_scratch *s,
-			  const struct kvd_gram_state *st, uint32_t *mask)
+static uint32_t mask_ends(const struct kvd_gram_vocab *v, const struct kvd_gram_state *st, uint32_t *mask)
 {
-	uint32_t n0, count = 0;
-	int rc;
+	uint32_t count = 0;
 	memset(mask, 0, kvd_gram_vocab_mask_words(v) * sizeof(uint32_t));
 	if (kvd_gram_is_complete(st))
 		for (uint32_t i = 0; i < v->n_ends; i++) {
 			mask[v->ends[i] >> 5] |= 1u << (v->ends[i] & 31);
 			count++;
 		}
+	return count;
+}
+
+/* The walk over memoized transitions; -E2BIG when the memo filled up. */
+static int mask_memo(const struct kvd_grammar *g, const struct kvd_gram_vocab *v, struct kvd_gram_scratch *s,
+		     const struct kvd_gram_state *st, uint32_t *mask)
+{
+	uint32_t count = mask_ends(v, st, mask);
+	int id = dfa_start(g, s, st);
+	if (id < 0)
+		return id;
+	if (grow((void **)&s->lvl, &s->cap_lvl, VOCAB_MAX_TOKEN_BYTES + 1, sizeof(*s->lvl)))
+		return -ENOMEM;
+	s->lvl[0].off = (uint32_t)id;
+	const struct tnode *nodes = v->nodes;
+	for (uint32_t i = 0; i < v->n_nodes;) {
+		const struct tnode *nd = &nodes[i];
+		int r = dfa_step(g, s, s->lvl[nd->depth - 1].off, nd->byte);
+		if (r == -ENOENT) {
+			i = nd->end;
+			continue;
+		}
+		if (r < 0)
+			return r;
+		s->lvl[nd->depth].off = (uint32_t)r;
+		for (uint32_t k = 0; k < nd->tok_n; k++) {
+			int32_t t = v->sorted[nd->tok_first + k];
+			mask[t >> 5] |= 1u << (t & 31);
+		}
+		count += nd->tok_n;
+		i++;
+	}
+	return (int)count;
+}
+
+int kvd_gram_allowed_mask(const struct kvd_grammar *g, const struct kvd_gram_vocab *v, struct kvd_gram_scratch *s,
+			  const struct kvd_gram_state *st, uint32_t *mask)
+{
+	uint32_t n0, count;
+	int rc = mask_memo(g, v, s, st, mask);
+	if (rc != -E2BIG)
+		return rc;
+	/* the memo filled up within this walk: start it afresh next time and
+	 * walk directly now */
+	dfa_reset(&s->dfa);
+	count = mask_ends(v, st, mask);
 	if ((rc = load(st, s, &n0)))
 		return rc;
 	if (grow((void **)&s->lvl, &s->cap_lvl, VOCAB_MAX_TOKEN_BYTES + 1, sizeof(*s->lvl)))
