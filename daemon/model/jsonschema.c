@@ -12,11 +12,13 @@
  * constants, or objects told apart by a required constant property),
  * allOf of one schema, $ref to "#..." pointers in the document ($defs,
  * definitions, or any other place; recursive schemas become recursive
- * rules), nullable (OpenAPI). Annotations (title, description, default,
+ * rules). Annotations (title, description, default,
  * examples, ...) and unknown keywords are ignored, as the specification
  * says. Keywords that constrain but cannot be honoured exactly (minimum,
  * multipleOf, patternProperties, uniqueItems, not, if, ...) are refused
- * with the keyword and its JSON pointer.
+ * with the keyword and its JSON pointer. OpenAPI's "nullable" is not JSON
+ * Schema and is ignored like any unknown keyword (a validator would refuse
+ * the null it allows).
  *
  * Output shape: properties in the schema's order, required ones first;
  * whitespace between tokens limited to one space or a newline and up to 20
@@ -132,7 +134,7 @@ static const struct {
 	{"required", KW_HANDLED}, {"additionalProperties", KW_HANDLED}, {"items", KW_HANDLED},
 	{"minItems", KW_HANDLED}, {"maxItems", KW_HANDLED}, {"minLength", KW_HANDLED}, {"maxLength", KW_HANDLED},
 	{"pattern", KW_HANDLED}, {"format", KW_HANDLED}, {"anyOf", KW_HANDLED}, {"oneOf", KW_HANDLED},
-	{"allOf", KW_HANDLED}, {"$ref", KW_HANDLED}, {"nullable", KW_HANDLED},
+	{"allOf", KW_HANDLED}, {"$ref", KW_HANDLED},
 	{"$defs", KW_ANNOTATION}, {"definitions", KW_ANNOTATION}, {"title", KW_ANNOTATION},
 	{"description", KW_ANNOTATION}, {"default", KW_ANNOTATION}, {"examples", KW_ANNOTATION},
 	{"$schema", KW_ANNOTATION}, {"$id", KW_ANNOTATION}, {"$comment", KW_ANNOTATION},
@@ -685,8 +687,6 @@ static int branch_types(struct sc *c, const struct jv *s, const struct jv **ret_
 		return -1;
 	if (t && (t & T_NUM))
 		t |= T_INT;
-	if (t && jv_get(s, "nullable") && jv_get(s, "nullable")->type == JV_TRUE)
-		t |= T_NULL;
 	return t ? t : T_ANY;
 }
 
@@ -786,7 +786,7 @@ static int gen_body(struct sc *c, const struct jv *node, struct sbuf *b)
 		return rc;
 	const struct jv *en = jv_get(node, "enum"), *cn = jv_get(node, "const");
 	if (en || cn) {
-		static const char *const allow[] = {"type", "enum", "const", "nullable", NULL};
+		static const char *const allow[] = {"type", "enum", "const", NULL};
 		if ((rc = only_annotations(c, node, en ? "enum" : "const", allow)))
 			return rc;
 		if (en && (en->type != JV_ARR || en->n == 0)) {
@@ -864,9 +864,6 @@ static int gen_body(struct sc *c, const struct jv *node, struct sbuf *b)
 			return 0;
 		}
 	}
-	const struct jv *nl = jv_get(node, "nullable");
-	if (nl && nl->type == JV_TRUE)
-		types |= T_NULL;
 	if ((types & T_NUM) && (types & T_INT))
 		types &= ~T_INT;
 	int alt = 0;
