@@ -10,12 +10,13 @@
  * subset, search semantics), format date, time, date-time and uuid, anyOf,
  * oneOf where its branches cannot overlap (distinct types, distinct
  * constants, or objects told apart by a required constant property),
- * allOf of one schema, $ref to "#..." pointers in the document ($defs,
+ * minimum / maximum / exclusiveMinimum / exclusiveMaximum for integers
+ * (the range written out digit by digit), allOf of one schema, $ref to "#..." pointers in the document ($defs,
  * definitions, or any other place; recursive schemas become recursive
  * rules). Annotations (title, description, default,
  * examples, ...) and unknown keywords are ignored, as the specification
- * says. Keywords that constrain but cannot be honoured exactly (minimum,
- * multipleOf, patternProperties, uniqueItems, not, if, ...) are refused
+ * says. Keywords that constrain but cannot be honoured exactly (bounds on
+ * non-integer numbers, multipleOf, patternProperties, uniqueItems, not, if, ...) are refused
  * with the keyword and its JSON pointer. OpenAPI's "nullable" is not JSON
  * Schema and is ignored like any unknown keyword (a validator would refuse
  * the null it allows).
@@ -141,8 +142,8 @@ static const struct {
 	{"deprecated", KW_ANNOTATION}, {"readOnly", KW_ANNOTATION}, {"writeOnly", KW_ANNOTATION},
 	{"$anchor", KW_ANNOTATION}, {"contentMediaType", KW_ANNOTATION}, {"contentEncoding", KW_ANNOTATION},
 	{"discriminator", KW_ANNOTATION}, {"strict", KW_ANNOTATION},
-	{"minimum", KW_REFUSED}, {"maximum", KW_REFUSED}, {"exclusiveMinimum", KW_REFUSED},
-	{"exclusiveMaximum", KW_REFUSED}, {"multipleOf", KW_REFUSED}, {"not", KW_REFUSED}, {"if", KW_REFUSED},
+	{"minimum", KW_HANDLED}, {"maximum", KW_HANDLED}, {"exclusiveMinimum", KW_HANDLED},
+	{"exclusiveMaximum", KW_HANDLED}, {"multipleOf", KW_REFUSED}, {"not", KW_REFUSED}, {"if", KW_REFUSED},
 	{"then", KW_REFUSED}, {"else", KW_REFUSED}, {"dependentRequired", KW_REFUSED},
 	{"dependentSchemas", KW_REFUSED}, {"dependencies", KW_REFUSED}, {"patternProperties", KW_REFUSED},
 	{"propertyNames", KW_REFUSED}, {"unevaluatedProperties", KW_REFUSED}, {"unevaluatedItems", KW_REFUSED},
@@ -280,6 +281,154 @@ static void rep(struct sbuf *b, uint32_t lo, uint32_t hi)
 		sb_printf(b, "{%u,%u}", lo, hi);
 	}
 }
+
+
+/* ---- integer ranges ------------------------------------------------------------ */
+
+#define INT_DIGITS 16   /* jint's longest: [1-9][0-9]{0,15} */
+#define INT_INF 10000000000000000LL  /* 10^16: beyond what jint writes */
+
+/* Decimal strings x <= y of equal length n: the numbers between, digit by
+ * digit. */
+static void same_len(struct sbuf *b, const char *x, const char *y, size_t n)
+{
+	if (n == 0) {
+		sb_puts(b, "\"\"");
+		return;
+	}
+	if (x[0] == y[0]) {
+		sb_printf(b, "\"%c\" ", x[0]);
+		same_len(b, x + 1, y + 1, n - 1);
+		return;
+	}
+	int x_low = 1, y_high = 1;
+	for (size_t i = 1; i < n; i++) {
+		x_low &= x[i] == '0';
+		y_high &= y[i] == '9';
+	}
+	char nines[INT_DIGITS + 1], zeros[INT_DIGITS + 1];
+	memset(nines, '9', n);
+	memset(zeros, '0', n);
+	sb_puts(b, "( ");
+	char lo = x[0], hi = y[0];
+	int alt = 0;
+	if (!x_low) {
+		sb_printf(b, "\"%c\" ( ", x[0]);
+		same_len(b, x + 1, nines, n - 1);
+		sb_puts(b, " )");
+		lo++;
+		alt = 1;
+	}
+	int y_split = !y_high;
+	if (y_split)
+		hi--;
+	if (lo <= hi) {
+		sb_printf(b, "%s[%c-%c]", alt ? " | " : "", lo, hi);
+		if (n > 1)
+			sb_printf(b, " [0-9]{%zu}", n - 1);
+		alt = 1;
+	}
+	if (y_split) {
+		sb_printf(b, "%s\"%c\" ( ", alt ? " | " : "", y[0]);
+		same_len(b, zeros, y + 1, n - 1);
+		sb_puts(b, " )");
+	}
+	sb_puts(b, " )");
+}
+
+/* Non-negative integers in [a, b] (b == INT_INF: no upper bound). */
+static void uint_range(struct sbuf *b, long long a, long long hi)
+{
+	char xs[32], ys[32];
+	int la = snprintf(xs, sizeof(xs), "%lld", a);
+	int lb = hi >= INT_INF ? INT_DIGITS : snprintf(ys, sizeof(ys), "%lld", hi);
+	sb_puts(b, "( ");
+	int first = 1;
+	long long p = 1; /* 10^(l-1) */
+	for (int l = 1; l < la; l++)
+		p *= 10;
+	for (int l = la; l <= lb; l++, p *= 10) {
+		long long lo_l = l == 1 ? 0 : p, hi_l = p * 10 - 1;
+		long long x = a > lo_l ? a : lo_l, y = hi < hi_l ? hi : hi_l;
+		if (x > y)
+			continue;
+		char sx[32], sy[32];
+		snprintf(sx, sizeof(sx), "%lld", x);
+		snprintf(sy, sizeof(sy), "%lld", y);
+		sb_puts(b, first ? "" : " | ");
+		first = 0;
+		same_len(b, sx, sy, (size_t)l);
+	}
+	sb_puts(b, " )");
+}
+
+/* A bound keyword's value, if present: *ret as the nearest integer inside
+ * (ceil for lower bounds, floor for upper ones), clamped to +-INT_INF. */
+static int int_bound(struct sc *c, const struct jv *node, const char *kw, int lower, int exclusive, long long *ret,
+		     int *ret_have)
+{
+	const struct jv *v = jv_get(node, kw);
+	*ret_have = 0;
+	if (!v)
+		return 0;
+	size_t o = ptr_push(c, kw, strlen(kw));
+	int rc = 0;
+	if (v->type != JV_NUM) {
+		rc = sfail(c, v->type == JV_TRUE || v->type == JV_FALSE ? -ENOTSUP : -EINVAL,
+			   "'%s' must be a number (draft-4 boolean forms are not supported)", kw);
+	} else {
+		double d = strtod(v->s, NULL);
+		double r = lower ? (exclusive ? floor(d) + 1 : ceil(d)) : (exclusive ? ceil(d) - 1 : floor(d));
+		*ret = r <= -(double)INT_INF ? -INT_INF : r >= (double)INT_INF ? INT_INF : (long long)r;
+		*ret_have = 1;
+	}
+	ptr_pop(c, o);
+	return rc;
+}
+
+static int gen_integer(struct sc *c, const struct jv *node, struct sbuf *b)
+{
+	long long lo = -INT_INF, hi = INT_INF, v;
+	int have, rc;
+	static const struct {
+		const char *kw;
+		int lower, exclusive;
+	} bounds[] = {{"minimum", 1, 0}, {"exclusiveMinimum", 1, 1}, {"maximum", 0, 0}, {"exclusiveMaximum", 0, 1}};
+	int any = 0;
+	for (size_t i = 0; i < 4; i++) {
+		if ((rc = int_bound(c, node, bounds[i].kw, bounds[i].lower, bounds[i].exclusive, &v, &have)))
+			return rc;
+		any |= have;
+		if (have && bounds[i].lower && v > lo)
+			lo = v;
+		if (have && !bounds[i].lower && v < hi)
+			hi = v;
+	}
+	if (!any) {
+		sb_puts(b, "jint");
+		return 0;
+	}
+	if (lo > hi || lo >= INT_INF || hi <= -INT_INF)
+		return sfail(c, -EINVAL, "keywords minimum/maximum: no integer lies between the bounds");
+	sb_puts(b, "( ");
+	int alt = 0;
+	if (lo < 0) {
+		/* negatives: -[max(1, -hi) .. -lo] */
+		long long a = hi < 0 ? -hi : 1, z = lo <= -INT_INF ? INT_INF : -lo;
+		sb_puts(b, "\"-\" ");
+		uint_range(b, a, z);
+		alt = 1;
+	}
+	if (hi >= 0) {
+		if (alt)
+			sb_puts(b, " | ");
+		uint_range(b, lo > 0 ? lo : 0, hi);
+	}
+	sb_puts(b, " )");
+	return 0;
+}
+
+static const char *const NUMBER_BOUNDS[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
 
 static int gen_string(struct sc *c, const struct jv *node, struct sbuf *b)
 {
@@ -876,8 +1025,13 @@ static int gen_body(struct sc *c, const struct jv *node, struct sbuf *b)
 		switch (bit) {
 		case T_NULL: sb_puts(b, "jnull"); break;
 		case T_BOOL: sb_puts(b, "jbool"); break;
-		case T_INT: sb_puts(b, "jint"); break;
-		case T_NUM: sb_puts(b, "jnumber"); break;
+		case T_INT: rc = gen_integer(c, node, b); break;
+		case T_NUM:
+			for (size_t k = 0; k < 4 && !rc; k++)
+				if (jv_get(node, NUMBER_BOUNDS[k]))
+					rc = sfail(c, -ENOTSUP, "keyword '%s' is supported for integers only", NUMBER_BOUNDS[k]);
+			sb_puts(b, "jnumber");
+			break;
 		case T_STR: rc = gen_string(c, node, b); break;
 		case T_ARR: rc = gen_array(c, node, b); break;
 		default: rc = gen_object(c, node, b); break;

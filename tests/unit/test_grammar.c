@@ -332,7 +332,7 @@ static void test_schema_refusals(void **state)
 {
 	(void)state;
 	static const struct refusal cases[] = {
-		{"{\"type\":\"integer\",\"minimum\":0}", -ENOTSUP, "keyword 'minimum'", ""},
+		{"{\"type\":\"number\",\"maximum\":0}", -ENOTSUP, "keyword 'maximum' is supported for integers only", ""},
 		{"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\",\"multipleOf\":2}}}", -ENOTSUP,
 		 "keyword 'multipleOf'", "/properties/a"},
 		{"{\"type\":\"string\",\"format\":\"email\"}", -ENOTSUP, "'format' value 'email'", "/format"},
@@ -520,6 +520,17 @@ static int validate(const struct jv *root, const struct jv *s, const struct jv *
 		for (uint32_t i = 0; i < k->n; i++)
 			if (!validate(root, &k->kids[i], v))
 				return 0;
+	if (v->type == JV_NUM) {
+		double x = strtod(v->s, NULL);
+		if ((k = jv_get(s, "minimum")) && x < strtod(k->s, NULL))
+			return 0;
+		if ((k = jv_get(s, "maximum")) && x > strtod(k->s, NULL))
+			return 0;
+		if ((k = jv_get(s, "exclusiveMinimum")) && x <= strtod(k->s, NULL))
+			return 0;
+		if ((k = jv_get(s, "exclusiveMaximum")) && x >= strtod(k->s, NULL))
+			return 0;
+	}
 	if (v->type == JV_STR) {
 		size_t len = utf8_len(v->s, v->n);
 		if ((k = jv_get(s, "minLength")) && len < (size_t)atoi(k->s))
@@ -664,6 +675,12 @@ static const struct scase SUITE[] = {
 	 {"{\"address\":{\"street\":\"Main\",\"zip\":\"12345\"},\"tags\":[\"home\"]}"},
 	 {"{\"address\":{\"street\":\"Main\",\"zip\":\"1234\"}}"}},
 	{"typeless_any", "{\"description\":\"anything\"}", {"1", "\"x\"", "[{}]", "null"}, {"nul"}},
+	{"bounded_ints", "{\"type\":\"object\",\"properties\":{\"page\":{\"type\":\"integer\",\"minimum\":1},"
+			 "\"per_page\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":100},\"offset\":{\"type\":\"integer\","
+			 "\"exclusiveMinimum\":-10,\"exclusiveMaximum\":0}},\"required\":[\"page\",\"per_page\",\"offset\"],"
+			 "\"additionalProperties\":false}",
+	 {"{\"page\":1,\"per_page\":100,\"offset\":-9}"}, {"{\"page\":0,\"per_page\":1,\"offset\":-1}",
+	  "{\"page\":1,\"per_page\":101,\"offset\":-1}", "{\"page\":1,\"per_page\":1,\"offset\":0}"}},
 	{"numbers", "{\"type\":\"object\",\"properties\":{\"price\":{\"type\":\"number\"},\"qty\":{\"type\":\"integer\"},"
 		    "\"ok\":{\"type\":\"boolean\"}},\"required\":[\"price\",\"qty\",\"ok\"],\"additionalProperties\":false}",
 	 {"{\"price\":-0.5,\"qty\":0,\"ok\":false}", "{\"price\":1e5,\"qty\":-12,\"ok\":true}"},
@@ -893,6 +910,72 @@ static void test_schema_suite(void **state)
 	sb_free(&text);
 }
 
+
+/* Integer bounds: every integer in [-2100, 2100] (and a few far ones)
+ * matches exactly when it lies in the range, over many random ranges. */
+static void test_integer_ranges(void **state)
+{
+	(void)state;
+	static const char *fixed[] = {
+		"{\"type\":\"integer\",\"minimum\":0}", "{\"type\":\"integer\",\"maximum\":-7}",
+		"{\"type\":\"integer\",\"exclusiveMinimum\":9,\"exclusiveMaximum\":100}",
+		"{\"type\":\"integer\",\"minimum\":-1000,\"maximum\":1000}", "{\"type\":\"integer\",\"minimum\":1.5,\"maximum\":3.5}",
+		"{\"type\":\"integer\",\"minimum\":5,\"maximum\":5}", "{\"type\":\"integer\",\"minimum\":-5,\"maximum\":-5}",
+		"{\"type\":\"integer\",\"minimum\":-1e20}",
+	};
+	char schema[256], num[32];
+	for (int k = 0; k < 48; k++) {
+		long long lo = -3000 + (long long)(rnd() % 6000), hi = lo + (long long)(rnd() % 3000);
+		int has_lo = 1, has_hi = 1;
+		if (k < 8) {
+			snprintf(schema, sizeof(schema), "%s", fixed[k]);
+		} else {
+			has_lo = k % 5 != 0;
+			has_hi = k % 7 != 0;
+			snprintf(schema, sizeof(schema), "{\"type\":\"integer\"%s%.0lld%s%.0lld}", has_lo ? ",\"minimum\":" : "",
+				 has_lo ? lo : 0, has_hi ? ",\"maximum\":" : "", has_hi ? hi : 0);
+			/* %.0lld prints nothing for 0: write 0 explicitly */
+			if (has_lo && lo == 0)
+				snprintf(schema, sizeof(schema), "{\"type\":\"integer\",\"minimum\":0%s%.0lld}",
+					 has_hi ? ",\"maximum\":" : "", has_hi ? hi : 0);
+			if (has_hi && hi == 0)
+				snprintf(schema, sizeof(schema), "{\"type\":\"integer\"%s%.0lld,\"maximum\":0}",
+					 has_lo ? ",\"minimum\":" : "", has_lo ? lo : 0);
+		}
+		struct jdoc *d = NULL;
+		assert_int_equal(jdoc_parse(schema, strlen(schema), &d, NULL), 0);
+		struct kvd_grammar *g = compile_ok(KVD_GRAMMAR_JSON_SCHEMA, schema);
+		for (long long n = -2100; n <= 2100; n++) {
+			long long x = n;
+			if (n == -2100)
+				x = -123456789012LL;
+			if (n == 2100)
+				x = 99999999999999LL;
+			snprintf(num, sizeof(num), "%lld", x);
+			struct jdoc *vd = NULL;
+			assert_int_equal(jdoc_parse(num, strlen(num), &vd, NULL), 0);
+			int want = validate(jdoc_root(d), jdoc_root(d), jdoc_root(vd)), got = match(g, num) == 1;
+			if (want != got)
+				print_error("%s: %s: grammar %d, validator %d\n", schema, num, got, want);
+			assert_int_equal(got, want);
+			jdoc_free(vd);
+		}
+		jdoc_free(d);
+		kvd_grammar_unref(g);
+	}
+	struct kvd_grammar *g = NULL;
+	struct kvd_grammar_error e;
+	const char *bad = "{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}";
+	assert_int_equal(kvd_grammar_compile(KVD_GRAMMAR_JSON_SCHEMA, bad, strlen(bad), &g, &e), -EINVAL);
+	assert_non_null(strstr(e.msg, "no integer lies between"));
+	bad = "{\"type\":\"number\",\"minimum\":0}";
+	assert_int_equal(kvd_grammar_compile(KVD_GRAMMAR_JSON_SCHEMA, bad, strlen(bad), &g, &e), -ENOTSUP);
+	assert_non_null(strstr(e.msg, "keyword 'minimum' is supported for integers only"));
+	bad = "{\"type\":\"integer\",\"exclusiveMinimum\":true,\"minimum\":1}";
+	assert_int_equal(kvd_grammar_compile(KVD_GRAMMAR_JSON_SCHEMA, bad, strlen(bad), &g, &e), -ENOTSUP);
+	assert_string_equal(e.pointer, "/exclusiveMinimum");
+}
+
 /* ---- state, vocabulary, cache ------------------------------------------------------------ */
 
 /* A synthetic vocabulary: tokens that split a UTF-8 character, END and
@@ -1071,6 +1154,7 @@ int main(void)
 		cmocka_unit_test(test_schema_refusals),
 		cmocka_unit_test(test_synthetic_vocab),
 		cmocka_unit_test(test_cache),
+		cmocka_unit_test(test_integer_ranges),
 		cmocka_unit_test(test_schema_suite),
 		cmocka_unit_test(test_mask_timing),
 	};
