@@ -32,8 +32,8 @@
 #include <string.h>
 
 #include "grammar_impl.h"
+#include "jsonschema_impl.h"
 
-#define PTR_MAX 1024
 #define MAX_GEN_DEPTH 256     /* schemas nested through properties, items and $refs */
 #define MAX_EXCLUDED_NAME 256 /* code points of a name excluded from extra keys */
 
@@ -60,27 +60,7 @@ static const char PREAMBLE[] =
 
 enum { T_NULL = 1, T_BOOL = 2, T_INT = 4, T_NUM = 8, T_STR = 16, T_ARR = 32, T_OBJ = 64, T_ANY = 127 };
 
-struct memo {
-	const struct jv *node;
-	uint32_t rule;
-};
-
-struct sc {
-	const char *text;
-	const struct jv *root;
-	struct sbuf *out;
-	uint32_t n_rules;
-	struct memo *memo;
-	uint32_t n_memo, cap_memo;
-	uint32_t depth;
-	char ptr[PTR_MAX];
-	size_t ptr_len;
-	struct kvd_grammar_error *err;
-	int rc;
-};
-
-static int sfail(struct sc *c, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int sfail(struct sc *c, int rc, const char *fmt, ...)
+int js_fail(struct sc *c, int rc, const char *fmt, ...)
 {
 	if (c->rc)
 		return c->rc;
@@ -95,7 +75,7 @@ static int sfail(struct sc *c, int rc, const char *fmt, ...)
 }
 
 /* Append a pointer segment (escaped); returns the length to restore. */
-static size_t ptr_push(struct sc *c, const char *seg, size_t n)
+size_t js_ptr_push(struct sc *c, const char *seg, size_t n)
 {
 	size_t old = c->ptr_len;
 	if (c->ptr_len + 1 < PTR_MAX)
@@ -112,14 +92,14 @@ static size_t ptr_push(struct sc *c, const char *seg, size_t n)
 	return old;
 }
 
-static size_t ptr_push_idx(struct sc *c, uint32_t i)
+size_t js_ptr_push_idx(struct sc *c, uint32_t i)
 {
 	char b[16];
 	int n = snprintf(b, sizeof(b), "%u", i);
-	return ptr_push(c, b, (size_t)n);
+	return js_ptr_push(c, b, (size_t)n);
 }
 
-static void ptr_pop(struct sc *c, size_t old)
+void js_ptr_pop(struct sc *c, size_t old)
 {
 	c->ptr_len = old;
 	c->ptr[old] = 0;
@@ -161,7 +141,6 @@ static int kw_find(const char *k)
 	return -1;
 }
 
-static int gen(struct sc *c, const struct jv *node, uint32_t *ret_rule);
 
 static uint32_t new_rule_id(struct sc *c)
 {
@@ -230,28 +209,28 @@ static int declared_types(struct sc *c, const struct jv *node, int *ret)
 	*ret = 0;
 	if (!t)
 		return 0;
-	size_t o = ptr_push(c, "type", 4);
+	size_t o = js_ptr_push(c, "type", 4);
 	int rc = 0;
 	if (t->type == JV_STR) {
 		*ret = type_bit(t->s);
 		if (!*ret)
-			rc = sfail(c, -EINVAL, "unknown type '%.40s'", t->s);
+			rc = js_fail(c, -EINVAL, "unknown type '%.40s'", t->s);
 	} else if (t->type == JV_ARR && t->n) {
 		for (uint32_t i = 0; i < t->n && !rc; i++) {
 			int b = t->kids[i].type == JV_STR ? type_bit(t->kids[i].s) : 0;
 			if (!b)
-				rc = sfail(c, -EINVAL, "'type' lists something that is not a type name");
+				rc = js_fail(c, -EINVAL, "'type' lists something that is not a type name");
 			*ret |= b;
 		}
 	} else {
-		rc = sfail(c, -EINVAL, "'type' must be a type name or a list of them");
+		rc = js_fail(c, -EINVAL, "'type' must be a type name or a list of them");
 	}
-	ptr_pop(c, o);
+	js_ptr_pop(c, o);
 	return rc;
 }
 
 /* A non-negative integer keyword value, <= KVD_GRAMMAR_MAX_REPEAT. */
-static int count_kw(struct sc *c, const struct jv *node, const char *kw, uint32_t dflt, uint32_t *ret)
+int js_count_kw(struct sc *c, const struct jv *node, const char *kw, uint32_t dflt, uint32_t *ret)
 {
 	const struct jv *v = jv_get(node, kw);
 	*ret = dflt;
@@ -259,14 +238,14 @@ static int count_kw(struct sc *c, const struct jv *node, const char *kw, uint32_
 		return 0;
 	double d = v->type == JV_NUM ? strtod(v->s, NULL) : -1;
 	if (!(d >= 0) || d != floor(d))
-		return sfail(c, -EINVAL, "'%s' must be a non-negative integer", kw);
+		return js_fail(c, -EINVAL, "'%s' must be a non-negative integer", kw);
 	if (d > KVD_GRAMMAR_MAX_REPEAT)
-		return sfail(c, -E2BIG, "'%s' over the limit (%u)", kw, KVD_GRAMMAR_MAX_REPEAT);
+		return js_fail(c, -E2BIG, "'%s' over the limit (%u)", kw, KVD_GRAMMAR_MAX_REPEAT);
 	*ret = (uint32_t)d;
 	return 0;
 }
 
-static void rep(struct sbuf *b, uint32_t lo, uint32_t hi)
+void js_rep(struct sbuf *b, uint32_t lo, uint32_t hi)
 {
 	if (hi == UINT32_MAX) {
 		if (lo == 0)
@@ -283,246 +262,7 @@ static void rep(struct sbuf *b, uint32_t lo, uint32_t hi)
 }
 
 
-/* ---- integer ranges ------------------------------------------------------------ */
-
-#define INT_DIGITS 16   /* jint's longest: [1-9][0-9]{0,15} */
-#define INT_INF 10000000000000000LL  /* 10^16: beyond what jint writes */
-
-/* Decimal strings x <= y of equal length n: the numbers between, digit by
- * digit. */
-static void same_len(struct sbuf *b, const char *x, const char *y, size_t n)
-{
-	if (n == 0) {
-		sb_puts(b, "\"\"");
-		return;
-	}
-	if (x[0] == y[0]) {
-		sb_printf(b, "\"%c\" ", x[0]);
-		same_len(b, x + 1, y + 1, n - 1);
-		return;
-	}
-	int x_low = 1, y_high = 1;
-	for (size_t i = 1; i < n; i++) {
-		x_low &= x[i] == '0';
-		y_high &= y[i] == '9';
-	}
-	char nines[INT_DIGITS + 1], zeros[INT_DIGITS + 1];
-	memset(nines, '9', n);
-	memset(zeros, '0', n);
-	sb_puts(b, "( ");
-	char lo = x[0], hi = y[0];
-	int alt = 0;
-	if (!x_low) {
-		sb_printf(b, "\"%c\" ( ", x[0]);
-		same_len(b, x + 1, nines, n - 1);
-		sb_puts(b, " )");
-		lo++;
-		alt = 1;
-	}
-	int y_split = !y_high;
-	if (y_split)
-		hi--;
-	if (lo <= hi) {
-		sb_printf(b, "%s[%c-%c]", alt ? " | " : "", lo, hi);
-		if (n > 1)
-			sb_printf(b, " [0-9]{%zu}", n - 1);
-		alt = 1;
-	}
-	if (y_split) {
-		sb_printf(b, "%s\"%c\" ( ", alt ? " | " : "", y[0]);
-		same_len(b, zeros, y + 1, n - 1);
-		sb_puts(b, " )");
-	}
-	sb_puts(b, " )");
-}
-
-/* Non-negative integers in [a, b] (b == INT_INF: no upper bound). */
-static void uint_range(struct sbuf *b, long long a, long long hi)
-{
-	char xs[32], ys[32];
-	int la = snprintf(xs, sizeof(xs), "%lld", a);
-	int lb = hi >= INT_INF ? INT_DIGITS : snprintf(ys, sizeof(ys), "%lld", hi);
-	sb_puts(b, "( ");
-	int first = 1;
-	long long p = 1; /* 10^(l-1) */
-	for (int l = 1; l < la; l++)
-		p *= 10;
-	for (int l = la; l <= lb; l++, p *= 10) {
-		long long lo_l = l == 1 ? 0 : p, hi_l = p * 10 - 1;
-		long long x = a > lo_l ? a : lo_l, y = hi < hi_l ? hi : hi_l;
-		if (x > y)
-			continue;
-		char sx[32], sy[32];
-		snprintf(sx, sizeof(sx), "%lld", x);
-		snprintf(sy, sizeof(sy), "%lld", y);
-		sb_puts(b, first ? "" : " | ");
-		first = 0;
-		same_len(b, sx, sy, (size_t)l);
-	}
-	sb_puts(b, " )");
-}
-
-/* A bound keyword's value, if present: *ret as the nearest integer inside
- * (ceil for lower bounds, floor for upper ones), clamped to +-INT_INF. */
-static int int_bound(struct sc *c, const struct jv *node, const char *kw, int lower, int exclusive, long long *ret,
-		     int *ret_have)
-{
-	const struct jv *v = jv_get(node, kw);
-	*ret_have = 0;
-	if (!v)
-		return 0;
-	size_t o = ptr_push(c, kw, strlen(kw));
-	int rc = 0;
-	if (v->type != JV_NUM) {
-		rc = sfail(c, v->type == JV_TRUE || v->type == JV_FALSE ? -ENOTSUP : -EINVAL,
-			   "'%s' must be a number (draft-4 boolean forms are not supported)", kw);
-	} else {
-		double d = strtod(v->s, NULL);
-		double r = lower ? (exclusive ? floor(d) + 1 : ceil(d)) : (exclusive ? ceil(d) - 1 : floor(d));
-		*ret = r <= -(double)INT_INF ? -INT_INF : r >= (double)INT_INF ? INT_INF : (long long)r;
-		*ret_have = 1;
-	}
-	ptr_pop(c, o);
-	return rc;
-}
-
-static int gen_integer(struct sc *c, const struct jv *node, struct sbuf *b)
-{
-	long long lo = -INT_INF, hi = INT_INF, v;
-	int have, rc;
-	static const struct {
-		const char *kw;
-		int lower, exclusive;
-	} bounds[] = {{"minimum", 1, 0}, {"exclusiveMinimum", 1, 1}, {"maximum", 0, 0}, {"exclusiveMaximum", 0, 1}};
-	int any = 0;
-	for (size_t i = 0; i < 4; i++) {
-		if ((rc = int_bound(c, node, bounds[i].kw, bounds[i].lower, bounds[i].exclusive, &v, &have)))
-			return rc;
-		any |= have;
-		if (have && bounds[i].lower && v > lo)
-			lo = v;
-		if (have && !bounds[i].lower && v < hi)
-			hi = v;
-	}
-	if (!any) {
-		sb_puts(b, "jint");
-		return 0;
-	}
-	if (lo > hi || lo >= INT_INF || hi <= -INT_INF)
-		return sfail(c, -EINVAL, "keywords minimum/maximum: no integer lies between the bounds");
-	sb_puts(b, "( ");
-	int alt = 0;
-	if (lo < 0) {
-		/* negatives: -[max(1, -hi) .. -lo] */
-		long long a = hi < 0 ? -hi : 1, z = lo <= -INT_INF ? INT_INF : -lo;
-		sb_puts(b, "\"-\" ");
-		uint_range(b, a, z);
-		alt = 1;
-	}
-	if (hi >= 0) {
-		if (alt)
-			sb_puts(b, " | ");
-		uint_range(b, lo > 0 ? lo : 0, hi);
-	}
-	sb_puts(b, " )");
-	return 0;
-}
-
 static const char *const NUMBER_BOUNDS[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
-
-static int gen_string(struct sc *c, const struct jv *node, struct sbuf *b)
-{
-	const struct jv *fmt = jv_get(node, "format"), *pat = jv_get(node, "pattern");
-	uint32_t lo, hi;
-	int rc;
-	if ((rc = count_kw(c, node, "minLength", 0, &lo)) || (rc = count_kw(c, node, "maxLength", UINT32_MAX, &hi)))
-		return rc;
-	int has_len = jv_get(node, "minLength") || jv_get(node, "maxLength");
-	if (fmt) {
-		size_t o = ptr_push(c, "format", 6);
-		const char *rule = NULL;
-		if (fmt->type == JV_STR) {
-			if (strcmp(fmt->s, "date") == 0)
-				rule = "jdate";
-			else if (strcmp(fmt->s, "time") == 0)
-				rule = "jtime";
-			else if (strcmp(fmt->s, "date-time") == 0)
-				rule = "jdate \"T\" jtime";
-			else if (strcmp(fmt->s, "uuid") == 0)
-				rule = "juuid";
-		}
-		if (!rule)
-			rc = sfail(c, -ENOTSUP, "keyword 'format' value '%.40s' is not supported (date, time, date-time, uuid are)",
-				   fmt->type == JV_STR ? fmt->s : "?");
-		else if (pat || has_len)
-			rc = sfail(c, -ENOTSUP, "keyword 'format' cannot be combined with pattern or length limits");
-		ptr_pop(c, o);
-		if (rc)
-			return rc;
-		sb_printf(b, "\"\\\"\" %s \"\\\"\"", rule);
-		return 0;
-	}
-	if (pat) {
-		size_t o = ptr_push(c, "pattern", 7);
-		if (pat->type != JV_STR)
-			rc = sfail(c, -EINVAL, "'pattern' must be a string");
-		else if (has_len)
-			rc = sfail(c, -ENOTSUP, "keyword 'pattern' cannot be combined with minLength/maxLength");
-		if (!rc) {
-			struct kvd_grammar_error re;
-			sb_puts(b, "\"\\\"\" ");
-			rc = gram_regex_body(pat->s, pat->n, 1, b, &re);
-			if (rc)
-				rc = sfail(c, rc, "keyword 'pattern': %s", re.msg);
-			sb_puts(b, " \"\\\"\"");
-		}
-		ptr_pop(c, o);
-		return rc;
-	}
-	if (hi != UINT32_MAX && hi < lo)
-		return sfail(c, -EINVAL, "maxLength is below minLength");
-	if (!has_len) {
-		sb_puts(b, "jstring");
-		return 0;
-	}
-	sb_puts(b, "\"\\\"\" jchar");
-	rep(b, lo, hi);
-	sb_puts(b, " \"\\\"\"");
-	return 0;
-}
-
-static int gen_array(struct sc *c, const struct jv *node, struct sbuf *b)
-{
-	const struct jv *items = jv_get(node, "items");
-	uint32_t lo, hi, item = 0;
-	int rc, any = 1;
-	if ((rc = count_kw(c, node, "minItems", 0, &lo)) || (rc = count_kw(c, node, "maxItems", UINT32_MAX, &hi)))
-		return rc;
-	if (hi != UINT32_MAX && hi < lo)
-		return sfail(c, -EINVAL, "maxItems is below minItems");
-	if (items && items->type != JV_TRUE) {
-		size_t o = ptr_push(c, "items", 5);
-		if (items->type == JV_ARR)
-			rc = sfail(c, -ENOTSUP, "keyword 'items' as a list (tuples) is not supported");
-		else if (items->type == JV_FALSE)
-			rc = hi = 0;
-		else
-			rc = gen(c, items, &item), any = 0;
-		ptr_pop(c, o);
-		if (rc)
-			return rc;
-	}
-	char it[16];
-	snprintf(it, sizeof(it), any ? "jvalue" : "s%u", item);
-	if (hi == 0) {
-		sb_puts(b, "\"[\" ws \"]\"");
-		return 0;
-	}
-	sb_printf(b, "\"[\" ws %s%s ( ws \",\" ws %s )", lo ? "" : "( ", it, it);
-	rep(b, lo ? lo - 1 : 0, hi == UINT32_MAX ? UINT32_MAX : hi - 1);
-	sb_puts(b, lo ? " ws \"]\"" : " ws )? \"]\"");
-	return 0;
-}
 
 /* Rule for keys that are none of names[0..n) (sorted, each NUL-terminated,
  * sharing their first `off` bytes): a string body without escapes. */
@@ -532,7 +272,7 @@ static int gen_not_names(struct sc *c, const char **names, uint32_t n, size_t of
 	uint32_t id = new_rule_id(c);
 	int rc = 0, terminal = 0;
 	if (depth > MAX_EXCLUDED_NAME)
-		return sfail(c, -E2BIG, "a property name is too long to exclude from additionalProperties");
+		return js_fail(c, -E2BIG, "a property name is too long to exclude from additionalProperties");
 	/* a character none of the names continues with, then anything */
 	struct sbuf cls = {0};
 	sb_puts(&cls, "[^\"\\\\\\x00-\\x1F");
@@ -605,12 +345,12 @@ static int gen_object(struct sc *c, const struct jv *node, struct sbuf *b)
 	int rc = 0, add_any = !add || add->type == JV_TRUE, add_none = add && add->type == JV_FALSE;
 	struct sbuf t = {0};
 	if (props && props->type != JV_OBJ)
-		return sfail(c, -EINVAL, "'properties' must be an object");
+		return js_fail(c, -EINVAL, "'properties' must be an object");
 	if (req && req->type != JV_ARR)
-		return sfail(c, -EINVAL, "'required' must be a list of names");
+		return js_fail(c, -EINVAL, "'required' must be a list of names");
 	uint32_t cap = (props ? props->n : 0) + (req ? req->n : 0);
 	if (cap > KVD_JSONSCHEMA_MAX_PROPERTIES)
-		return sfail(c, -E2BIG, "more than %u properties", KVD_JSONSCHEMA_MAX_PROPERTIES);
+		return js_fail(c, -E2BIG, "more than %u properties", KVD_JSONSCHEMA_MAX_PROPERTIES);
 	pl = calloc(cap + 1, sizeof(*pl));
 	kv = calloc(cap + 1, sizeof(*kv));
 	names = calloc(cap + 1, sizeof(*names));
@@ -623,9 +363,9 @@ static int gen_object(struct sc *c, const struct jv *node, struct sbuf *b)
 	for (uint32_t i = 0; req && i < req->n; i++) {
 		const struct jv *r = &req->kids[i];
 		if (r->type != JV_STR) {
-			size_t o = ptr_push(c, "required", 8);
-			rc = sfail(c, -EINVAL, "'required' must be a list of names");
-			ptr_pop(c, o);
+			size_t o = js_ptr_push(c, "required", 8);
+			rc = js_fail(c, -EINVAL, "'required' must be a list of names");
+			js_ptr_pop(c, o);
 			goto out;
 		}
 		uint32_t k = 0;
@@ -633,10 +373,10 @@ static int gen_object(struct sc *c, const struct jv *node, struct sbuf *b)
 			k++;
 		if (k == np) {
 			if (add_none) {
-				size_t o = ptr_push(c, "required", 8);
-				rc = sfail(c, -EINVAL, "required property '%.60s' is not allowed by additionalProperties false",
+				size_t o = js_ptr_push(c, "required", 8);
+				rc = js_fail(c, -EINVAL, "required property '%.60s' is not allowed by additionalProperties false",
 					   r->s);
-				ptr_pop(c, o);
+				js_ptr_pop(c, o);
 				goto out;
 			}
 			pl[np++] = (struct prop){r->s, r->n, add_any ? NULL : add, 0};
@@ -647,11 +387,11 @@ static int gen_object(struct sc *c, const struct jv *node, struct sbuf *b)
 	for (uint32_t i = 0; i < np; i++) {
 		uint32_t v = 0;
 		if (pl[i].schema) {
-			size_t o = props && pl[i].schema != add ? ptr_push(c, "properties", 10) : c->ptr_len;
-			size_t o2 = ptr_push(c, pl[i].name, pl[i].len);
-			rc = gen(c, pl[i].schema, &v);
-			ptr_pop(c, o2);
-			ptr_pop(c, o);
+			size_t o = props && pl[i].schema != add ? js_ptr_push(c, "properties", 10) : c->ptr_len;
+			size_t o2 = js_ptr_push(c, pl[i].name, pl[i].len);
+			rc = js_gen(c, pl[i].schema, &v);
+			js_ptr_pop(c, o2);
+			js_ptr_pop(c, o);
 			if (rc)
 				goto out;
 		}
@@ -669,9 +409,9 @@ static int gen_object(struct sc *c, const struct jv *node, struct sbuf *b)
 	if (!add_none) {
 		uint32_t v = 0, keys;
 		if (!add_any) {
-			size_t o = ptr_push(c, "additionalProperties", 20);
-			rc = gen(c, add, &v);
-			ptr_pop(c, o);
+			size_t o = js_ptr_push(c, "additionalProperties", 20);
+			rc = js_gen(c, add, &v);
+			js_ptr_pop(c, o);
 			if (rc)
 				goto out;
 		}
@@ -755,7 +495,7 @@ static int only_annotations(struct sc *c, const struct jv *node, const char *wit
 		for (const char *const *a = allow; a && *a; a++)
 			ok |= strcmp(*a, k) == 0;
 		if (!ok)
-			return sfail(c, -ENOTSUP, "keyword '%s' beside '%s' is not supported", k, with);
+			return js_fail(c, -ENOTSUP, "keyword '%s' beside '%s' is not supported", k, with);
 	}
 	return 0;
 }
@@ -763,14 +503,14 @@ static int only_annotations(struct sc *c, const struct jv *node, const char *wit
 static const struct jv *resolve_ref(struct sc *c, const struct jv *ref)
 {
 	if (ref->type != JV_STR || ref->n == 0 || ref->s[0] != '#') {
-		sfail(c, -ENOTSUP, "keyword '$ref' to '%.80s': only references within the document (#/...) are supported",
+		js_fail(c, -ENOTSUP, "keyword '$ref' to '%.80s': only references within the document (#/...) are supported",
 		      ref->type == JV_STR ? ref->s : "?");
 		return NULL;
 	}
 	const struct jv *cur = c->root;
 	const char *p = ref->s + 1, *end = ref->s + ref->n;
 	if (p < end && *p != '/') {
-		sfail(c, -ENOTSUP, "keyword '$ref' to '%.80s': anchors are not supported", ref->s);
+		js_fail(c, -ENOTSUP, "keyword '$ref' to '%.80s': anchors are not supported", ref->s);
 		return NULL;
 	}
 	while (p < end) {
@@ -796,7 +536,7 @@ static const struct jv *resolve_ref(struct sc *c, const struct jv *ref)
 				next = &cur->kids[i];
 		}
 		if (!next) {
-			sfail(c, -EINVAL, "keyword '$ref': '%.80s' does not resolve in the document", ref->s);
+			js_fail(c, -EINVAL, "keyword '$ref': '%.80s' does not resolve in the document", ref->s);
 			return NULL;
 		}
 		cur = next;
@@ -895,16 +635,16 @@ static int gen_body(struct sc *c, const struct jv *node, struct sbuf *b)
 		return 0;
 	}
 	if (node->type == JV_FALSE)
-		return sfail(c, -ENOTSUP, "schema 'false' admits nothing");
+		return js_fail(c, -ENOTSUP, "schema 'false' admits nothing");
 	if (node->type != JV_OBJ)
-		return sfail(c, -EINVAL, "a schema must be an object or a boolean");
+		return js_fail(c, -EINVAL, "a schema must be an object or a boolean");
 	for (uint32_t i = 0; i < node->n; i++) {
 		int w = kw_find(node->kids[2 * i].s);
 		if (w >= 0 && KEYWORDS[w].cls == KW_REFUSED) {
 			const struct jv *v = &node->kids[2 * i + 1];
 			if (strcmp(KEYWORDS[w].name, "uniqueItems") == 0 && v->type == JV_FALSE)
 				continue;
-			return sfail(c, -ENOTSUP, "keyword '%s' is not supported", KEYWORDS[w].name);
+			return js_fail(c, -ENOTSUP, "keyword '%s' is not supported", KEYWORDS[w].name);
 		}
 	}
 	const struct jv *ref = jv_get(node, "$ref");
@@ -915,7 +655,7 @@ static int gen_body(struct sc *c, const struct jv *node, struct sbuf *b)
 		const struct jv *t = node;
 		for (uint32_t hop = 0; t->type == JV_OBJ && jv_get(t, "$ref"); hop++) {
 			if (hop >= KVD_GRAMMAR_MAX_NESTING)
-				return sfail(c, -EINVAL, "keyword '$ref' chain loops or is longer than %u", KVD_GRAMMAR_MAX_NESTING);
+				return js_fail(c, -EINVAL, "keyword '$ref' chain loops or is longer than %u", KVD_GRAMMAR_MAX_NESTING);
 			if (!(t = resolve_ref(c, jv_get(t, "$ref"))))
 				return c->rc;
 		}
@@ -923,9 +663,9 @@ static int gen_body(struct sc *c, const struct jv *node, struct sbuf *b)
 		const struct jv *target = resolve_ref(c, ref);
 		if (!target)
 			return c->rc;
-		size_t o = ptr_push(c, "$ref", 4);
-		rc = gen(c, target, &r);
-		ptr_pop(c, o);
+		size_t o = js_ptr_push(c, "$ref", 4);
+		rc = js_gen(c, target, &r);
+		js_ptr_pop(c, o);
 		if (!rc)
 			sb_printf(b, "s%u", r);
 		return rc;
@@ -939,13 +679,13 @@ static int gen_body(struct sc *c, const struct jv *node, struct sbuf *b)
 		if ((rc = only_annotations(c, node, en ? "enum" : "const", allow)))
 			return rc;
 		if (en && (en->type != JV_ARR || en->n == 0)) {
-			size_t o = ptr_push(c, "enum", 4);
-			rc = sfail(c, -EINVAL, "'enum' must be a non-empty list");
-			ptr_pop(c, o);
+			size_t o = js_ptr_push(c, "enum", 4);
+			rc = js_fail(c, -EINVAL, "'enum' must be a non-empty list");
+			js_ptr_pop(c, o);
 			return rc;
 		}
 		if (en && en->n > KVD_JSONSCHEMA_MAX_ENUM)
-			return sfail(c, -E2BIG, "keyword 'enum' has more than %u values", KVD_JSONSCHEMA_MAX_ENUM);
+			return js_fail(c, -E2BIG, "keyword 'enum' has more than %u values", KVD_JSONSCHEMA_MAX_ENUM);
 		const struct jv *vals = cn ? cn : en->kids;
 		uint32_t n = cn ? 1 : en->n, kept = 0;
 		for (uint32_t i = 0; i < n; i++) {
@@ -962,7 +702,7 @@ static int gen_body(struct sc *c, const struct jv *node, struct sbuf *b)
 			lit_value(b, &vals[i]);
 		}
 		if (!kept)
-			return sfail(c, -EINVAL, "keyword '%s': no value satisfies the schema", en ? "enum" : "const");
+			return js_fail(c, -EINVAL, "keyword '%s': no value satisfies the schema", en ? "enum" : "const");
 		return 0;
 	}
 	const struct jv *any = jv_get(node, "anyOf"), *one = jv_get(node, "oneOf"), *all = jv_get(node, "allOf");
@@ -970,34 +710,34 @@ static int gen_body(struct sc *c, const struct jv *node, struct sbuf *b)
 		const char *kw = any ? "anyOf" : one ? "oneOf" : "allOf";
 		const struct jv *list = any ? any : one ? one : all;
 		if ((any != NULL) + (one != NULL) + (all != NULL) > 1)
-			return sfail(c, -ENOTSUP, "keywords anyOf, oneOf and allOf together are not supported");
+			return js_fail(c, -ENOTSUP, "keywords anyOf, oneOf and allOf together are not supported");
 		if ((rc = only_annotations(c, node, kw, NULL)))
 			return rc;
-		size_t o = ptr_push(c, kw, strlen(kw));
+		size_t o = js_ptr_push(c, kw, strlen(kw));
 		if (list->type != JV_ARR || list->n == 0)
-			rc = sfail(c, -EINVAL, "'%s' must be a non-empty list of schemas", kw);
+			rc = js_fail(c, -EINVAL, "'%s' must be a non-empty list of schemas", kw);
 		else if (all && list->n != 1)
-			rc = sfail(c, -ENOTSUP, "keyword 'allOf' with more than one schema is not supported");
+			rc = js_fail(c, -ENOTSUP, "keyword 'allOf' with more than one schema is not supported");
 		for (uint32_t i = 0; one && !rc && i < list->n; i++)
 			for (uint32_t j = i + 1; !rc && j < list->n; j++) {
 				int d = branches_disjoint(c, &list->kids[i], &list->kids[j]);
 				if (d < 0)
 					rc = c->rc;
 				else if (!d)
-					rc = sfail(c, -ENOTSUP,
+					rc = js_fail(c, -ENOTSUP,
 						   "keyword 'oneOf': branches %u and %u may both match, so exactly-one cannot be "
 						   "guaranteed (use anyOf)", i, j);
 			}
 		sb_puts(b, "( ");
 		for (uint32_t i = 0; !rc && i < list->n; i++) {
 			uint32_t r;
-			size_t o2 = ptr_push_idx(c, i);
-			rc = gen(c, &list->kids[i], &r);
-			ptr_pop(c, o2);
+			size_t o2 = js_ptr_push_idx(c, i);
+			rc = js_gen(c, &list->kids[i], &r);
+			js_ptr_pop(c, o2);
 			sb_printf(b, "%ss%u", i ? " | " : "", r);
 		}
 		sb_puts(b, " )");
-		ptr_pop(c, o);
+		js_ptr_pop(c, o);
 		return rc;
 	}
 	if (!types) {
@@ -1006,7 +746,7 @@ static int gen_body(struct sc *c, const struct jv *node, struct sbuf *b)
 		int str = jv_get(node, "minLength") || jv_get(node, "maxLength") || jv_get(node, "pattern") ||
 			  jv_get(node, "format");
 		if (obj + arr + str > 1)
-			return sfail(c, -ENOTSUP, "keywords of several types without 'type' are not supported");
+			return js_fail(c, -ENOTSUP, "keywords of several types without 'type' are not supported");
 		types = obj ? T_OBJ : arr ? T_ARR : str ? T_STR : 0;
 		if (!types) {
 			sb_puts(b, "jvalue");
@@ -1025,15 +765,15 @@ static int gen_body(struct sc *c, const struct jv *node, struct sbuf *b)
 		switch (bit) {
 		case T_NULL: sb_puts(b, "jnull"); break;
 		case T_BOOL: sb_puts(b, "jbool"); break;
-		case T_INT: rc = gen_integer(c, node, b); break;
+		case T_INT: rc = js_gen_integer(c, node, b); break;
 		case T_NUM:
 			for (size_t k = 0; k < 4 && !rc; k++)
 				if (jv_get(node, NUMBER_BOUNDS[k]))
-					rc = sfail(c, -ENOTSUP, "keyword '%s' is supported for integers only", NUMBER_BOUNDS[k]);
+					rc = js_fail(c, -ENOTSUP, "keyword '%s' is supported for integers only", NUMBER_BOUNDS[k]);
 			sb_puts(b, "jnumber");
 			break;
-		case T_STR: rc = gen_string(c, node, b); break;
-		case T_ARR: rc = gen_array(c, node, b); break;
+		case T_STR: rc = js_gen_string(c, node, b); break;
+		case T_ARR: rc = js_gen_array(c, node, b); break;
 		default: rc = gen_object(c, node, b); break;
 		}
 	}
@@ -1041,7 +781,7 @@ static int gen_body(struct sc *c, const struct jv *node, struct sbuf *b)
 	return rc;
 }
 
-static int gen(struct sc *c, const struct jv *node, uint32_t *ret_rule)
+int js_gen(struct sc *c, const struct jv *node, uint32_t *ret_rule)
 {
 	for (uint32_t i = 0; i < c->n_memo; i++)
 		if (c->memo[i].node == node) {
@@ -1049,7 +789,7 @@ static int gen(struct sc *c, const struct jv *node, uint32_t *ret_rule)
 			return 0;
 		}
 	if (++c->depth > MAX_GEN_DEPTH)
-		return sfail(c, -E2BIG, "schemas nested (through properties, items and $refs) deeper than %u",
+		return js_fail(c, -E2BIG, "schemas nested (through properties, items and $refs) deeper than %u",
 			     MAX_GEN_DEPTH);
 	uint32_t id = new_rule_id(c);
 	if (c->n_memo == c->cap_memo) {
@@ -1086,7 +826,7 @@ int gram_schema_to_gbnf(const char *text, size_t len, int object_only, struct sb
 		return rc;
 	struct sc c = {.text = text, .root = jdoc_root(d), .out = out, .err = err};
 	uint32_t r;
-	rc = gen(&c, c.root, &r);
+	rc = js_gen(&c, c.root, &r);
 	if (!rc)
 		sb_printf(out, "root ::= s%u\n", r);
 	if (!rc && out->oom)
