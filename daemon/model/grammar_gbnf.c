@@ -213,8 +213,8 @@ static int range_cmp(const void *a, const void *b)
 
 static int add_set(struct gp *p, uint32_t from, int negate, uint32_t *ret)
 {
-	uint32_t *r = p->ranges.p + from;
 	uint32_t n = (p->ranges.n - from) / 2, m = 0;
+	uint32_t *r = n ? p->ranges.p + from : NULL; /* an empty class may have no ranges at all */
 	if (n)
 		qsort(r, n, 2 * sizeof(uint32_t), range_cmp);
 	for (uint32_t i = 0; i < n; i++) {
@@ -759,7 +759,7 @@ static int lower_cpset(struct lower *l, uint32_t si, struct u32vec *out)
 {
 	struct gp *p = l->p;
 	const struct cpset *cs = &p->sets[si];
-	const uint32_t *r = p->ranges.p + cs->off;
+	const uint32_t *r = cs->n ? p->ranges.p + cs->off : NULL;
 	if (cs->n == 1 && r[0] == r[1] && (r[0] < 0xD800 || r[0] > 0xDFFF)) {
 		uint8_t b[4];
 		size_t n = gram_utf8_encode(r[0], b);

@@ -108,6 +108,8 @@ static void test_gbnf_basics(void **state)
 	CASES(KVD_GRAMMAR_GBNF, "root ::= [^\"\\\\]*", {"abc日本", 1}, {"a\"", REJ}, {"\xff", REJ});
 	/* nested references, right recursion (balanced parentheses) */
 	CASES(KVD_GRAMMAR_GBNF, "root ::= p\np ::= \"(\" p* \")\"", {"()", 1}, {"(()())", 1}, {"(()", 0}, {"())", REJ});
+	/* an empty class never matches (and needs no ranges at all) */
+	CASES(KVD_GRAMMAR_GBNF, "root ::= [] | \"a\"", {"a", 1}, {"b", REJ}, {"", 0});
 	/* an empty literal and an empty alternative */
 	CASES(KVD_GRAMMAR_GBNF, "root ::= \"\" | \"a\"", {"", 1}, {"a", 1}, {"b", REJ});
 }
