@@ -82,3 +82,27 @@ wait_stat() {
 	echo "$2 is $v, expected $3" >&2
 	return 1
 }
+
+# free_port: a TCP port on 127.0.0.1 that nothing listens on now
+free_port() {
+	$PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# start_http NAME ARGS...: kvd-http ($HTTPD, run through the optional array
+# HTTP_AS, e.g. setpriv) on a free port with ARGS, log in $T/NAME.log; sets
+# PORT, B (its base URL) and HTTP_PID, and returns once /health answers 200
+# (10 s at most).
+start_http() {
+	local name=$1 i; shift
+	PORT=$(free_port)
+	B=http://127.0.0.1:$PORT
+	${HTTP_AS[@]+"${HTTP_AS[@]}"} "$HTTPD" --listen "127.0.0.1:$PORT" "$@" 2>"$T/$name.log" &
+	HTTP_PID=$!
+	PIDS+=("$HTTP_PID")
+	for i in $(seq 1 100); do
+		[ "$(curl -s -o /dev/null -w '%{http_code}' "$B/health")" = 200 ] && return 0
+		kill -0 "$HTTP_PID" 2>/dev/null || fail "kvd-http ($name) exited during start-up"
+		sleep 0.1
+	done
+	fail "kvd-http ($name) not healthy at $B after 10 s"
+}

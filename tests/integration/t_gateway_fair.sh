@@ -24,16 +24,9 @@ gw="gateway_users = 65534"; [ "${GATEWAY_OFF:-0}" = 1 ] && gw=
 printf '[server]\nsocket_mode = 0666\n%s\n' "$gw" >"$T/kvd.conf"
 start_kvd gwfair "$S" --config "$T/kvd.conf" --model "$REAL_MODEL" --pool-size 24M --threads 1
 printf 'key-flood-a\nkey-short-b\n' >"$T/keys"; chown 65534 "$T/keys"; chmod 600 "$T/keys"
-PORT=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 printf 'api_key_file = %s\n' "$T/keys" >"$T/http.conf"
-setpriv --reuid=65534 --regid=65534 --clear-groups "$HTTPD" --config "$T/http.conf" --kvd-socket "$S" \
-	--listen "127.0.0.1:$PORT" 2>"$T/http.log" &
-PIDS+=($!)
-B="http://127.0.0.1:$PORT"
-for i in $(seq 1 100); do
-	[ "$(curl -s -o /dev/null -w '%{http_code}' "$B/health")" = 200 ] && break
-	sleep 0.1
-done
+HTTP_AS=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+start_http http --config "$T/http.conf" --kvd-socket "$S"
 complete() { # KEY MAX_TOKENS PROMPT TIMEOUT OUT
 	curl -s -m "$4" -o "$5" -w '%{http_code}' -H "Authorization: Bearer $1" -H 'Content-Type: application/json' \
 		-d "{\"prompt\":\"$3\",\"max_tokens\":$2,\"temperature\":0}" "$B/v1/completions"

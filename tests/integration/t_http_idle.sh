@@ -19,14 +19,7 @@ command -v curl >/dev/null || skip "curl not installed"
 S=$T/kvd.sock
 printf '[server]\nidle_timeout = 2\n' >"$T/kvd.conf"
 start_kvd kvd "$S" --config "$T/kvd.conf" --model "$REAL_MODEL" --threads 2
-PORT=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-B=http://127.0.0.1:$PORT
-"$HTTPD" --kvd-socket "$S" --listen "127.0.0.1:$PORT" 2>"$T/http.log" &
-PIDS+=($!)
-for i in $(seq 1 100); do
-	[ "$(curl -s -o /dev/null -w '%{http_code}' "$B/health")" = 200 ] && break
-	sleep 0.1
-done
+start_http http --kvd-socket "$S"
 
 # burst N TAG: N concurrent short completions; prints their status codes
 burst() {

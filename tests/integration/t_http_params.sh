@@ -27,14 +27,7 @@ ok "--help describes n, logprobs, conversation turns and what is refused"
 TINY=$(tiny_model gqa)
 S=$T/kvd.sock
 start_kvd kvd "$S" --model "$TINY" --threads 1
-PORT=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-B=http://127.0.0.1:$PORT
-"$HTTPD" --kvd-socket "$S" --listen "127.0.0.1:$PORT" 2>"$T/http.log" &
-PIDS+=($!)
-for i in $(seq 1 100); do
-	[ "$(curl -s -o /dev/null -w '%{http_code}' "$B/health")" = 200 ] && break
-	sleep 0.1
-done
+start_http http --kvd-socket "$S"
 
 # post ENDPOINT BODY -> "status param" of the answer
 post() {

@@ -22,15 +22,10 @@ printf '[server]\nsocket_mode = 0666\ngateway_users = 65534\n' >"$T/kvd.conf"
 start_kvd kvd "$S" --config "$T/kvd.conf" --model "$REAL_MODEL" --threads 2
 printf '# two tenants\nkey-alpha-0001\n\nkey-beta-0002  \n' >"$T/keys"
 chown 65534 "$T/keys"; chmod 600 "$T/keys"
-PORT=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 printf 'api_key_file = %s\n' "$T/keys" >"$T/http.conf"
-"${AS[@]}" "$HTTPD" --config "$T/http.conf" --kvd-socket "$S" --listen "127.0.0.1:$PORT" 2>"$T/http.log" &
-PIDS+=($!)
-for i in $(seq 1 100); do
-	[ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/health")" = 200 ] && break
-	sleep 0.1
-done
-U="http://127.0.0.1:$PORT/v1/completions"
+HTTP_AS=("${AS[@]}")
+start_http http --config "$T/http.conf" --kvd-socket "$S"
+U="$B/v1/completions"
 PROMPT="The lighthouse keeper wrote in the log every evening: the wind, the sea, the ships that passed, and the name of each gull that came to the rail. One winter night the lamp went out."
 cached() { # KEY SALT-JSON -> cached_tokens (or the HTTP status when not 200)
 	local body
@@ -62,7 +57,7 @@ grep -q cache_salt "$T/resp" || fail "the 400 does not name cache_salt: $(cat "$
 [ "$(cached wrong-key '')" = http401 ] || fail "a wrong key was accepted"
 ok "cache_salt must be a string of 1 to 48 bytes (400 naming it); a wrong key gets 401"
 printf 'same\nsame\n' >"$T/dup"
-P2=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+P2=$(free_port)
 printf 'api_key_file = %s\n' "$T/dup" >"$T/http2.conf"
 "$HTTPD" --config "$T/http2.conf" --kvd-socket "$S" --listen "127.0.0.1:$P2" 2>"$T/http2.log" && fail "a key file with a key twice was accepted"
 grep -q 'twice' "$T/http2.log" || fail "the refusal does not say why: $(cat "$T/http2.log")"
