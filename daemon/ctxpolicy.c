@@ -64,7 +64,7 @@ static uint32_t prefix_with(struct kvd_server *srv, const char *system, const ch
 			    uint32_t n)
 {
 	int32_t *alt = NULL;
-	int m = kvd_request_chat_turn(srv->tok, system, user, 0, -1, &alt, NULL, 0);
+	int m = kvd_request_chat_turn(srv->tok, system, user, 0, -1, KVD_REQUEST_ALL, &alt, NULL, 0);
 	uint32_t p = UINT32_MAX;
 
 	if (m >= 0)

@@ -130,7 +130,13 @@ static void generate_start(struct client *c, struct greq *gr, char *prompt, size
 	j->last_token = last;
 	j->add_bos = !cont;
 	j->parse_special = !!(gr->g.gen_flags & IPC_GEN_PARSE_SPECIAL);
-	j->stop_after = TOKW_NO_BOUND;
+	/* Without a window policy a prompt over n_ctx - max_tokens can never
+	 * run (truncate-oldest drops history, never the new turn): stop
+	 * tokenizing past that, so a huge prompt costs about the context. */
+	if (gr->ctx.policy == IPC_CTX_SLIDING_WINDOW || gr->ctx.policy == IPC_CTX_SINKS)
+		j->stop_after = TOKW_NO_BOUND;
+	else
+		j->stop_after = gr->g.max_tokens < srv->n_ctx ? srv->n_ctx - gr->g.max_tokens : 0;
 	if (in_ring) {
 		int r = kvd_tokwork_submit(srv->tokw, j);
 		if (r < 0) {
@@ -178,6 +184,14 @@ static void generate_continue(struct client *c, struct greq *gr, struct tokw_job
 	if (n == 0) {
 		free(ids);
 		reject(c, gr, -EINVAL, "the prompt is empty");
+		return;
+	}
+	if (j->stopped) { /* more than the context can hold even without history: n is a lower bound */
+		free(ids);
+		reject(c, gr, IPC_ERR_CONTEXT,
+		       "%sat least %d prompt tokens + max_tokens %u = %" PRIu64 " exceeds the context window of %u tokens",
+		       hist ? "session history + " : "", hist + n, gr->g.max_tokens,
+		       (uint64_t)hist + (uint64_t)n + gr->g.max_tokens, srv->n_ctx);
 		return;
 	}
 	/* context policies (ctxpolicy.c): a first turn notes what truncation
@@ -568,7 +582,7 @@ static void tokenize_reply(struct client *c, uint64_t rid, uint32_t flags, const
 {
 	int32_t *ids = NULL;
 	int n = kvd_request_tokenize(c->srv->tok, text, len, !!(flags & IPC_TOK_ADD_BOS),
-				     !!(flags & IPC_TOK_PARSE_SPECIAL), &ids);
+				     !!(flags & IPC_TOK_PARSE_SPECIAL), KVD_REQUEST_ALL, &ids);
 	tokenize_send(c, rid, flags, n, ids);
 	free(ids);
 }

@@ -35,14 +35,23 @@ struct kvd_request {
 };
 
 int kvd_request_tokenize(const struct kvd_tokenizer *tok, const char *text, size_t len, int add_bos,
-			 int parse_special, int32_t **ret)
+			 int parse_special, size_t upto, int32_t **ret)
 {
-	size_t cap = len + 16;
+	size_t cap = upto < len + 16 ? upto + 1 : len + 16;
 	int32_t *ids = malloc(cap * sizeof(*ids));
 	int n;
 
 	if (!ids)
 		return -ENOMEM;
+	if (upto != KVD_REQUEST_ALL) {
+		n = kvd_tokenize_upto(tok, text, len, add_bos ? kvd_tokenizer_add_bos(tok) : 0, parse_special, ids, upto);
+		if (n < 0) {
+			free(ids);
+			return n;
+		}
+		*ret = ids;
+		return n;
+	}
 	n = kvd_tokenize(tok, text, len, add_bos ? kvd_tokenizer_add_bos(tok) : 0, parse_special, ids, cap);
 	if (n > (int)cap) {
 		int32_t *bigger = realloc(ids, (size_t)n * sizeof(*ids));
@@ -78,7 +87,7 @@ static int why_set(char *why, size_t cap, int code, const char *fmt, ...)
 /* The tokens of msgs (kvd_chat_tokenize with flags) in a fresh array; the
  * model's BOS first with add_bos when the model asks for one. */
 static int chat_tokens(const struct kvd_tokenizer *tok, const struct kvd_chat_msg *msgs, size_t n, unsigned flags,
-		       int add_bos, int32_t **ret)
+		       int add_bos, size_t upto, int32_t **ret)
 {
 	size_t cap = 64;
 	int32_t *ids;
@@ -88,11 +97,17 @@ static int chat_tokens(const struct kvd_tokenizer *tok, const struct kvd_chat_ms
 		flags |= KVD_CHAT_ADD_BOS;
 	for (size_t i = 0; i < n; i++)
 		cap += msgs[i].content ? strlen(msgs[i].content) / 2 : 0;
+	if (upto != KVD_REQUEST_ALL) {
+		/* one pass: the whole prompt if it fits, else a count > upto
+		 * (one more id stored, for a continuation's dropped first token) */
+		cap = upto + 2;
+		flags |= KVD_CHAT_UPTO_MAX;
+	}
 	ids = malloc(cap * sizeof(*ids));
 	if (!ids)
 		return -ENOMEM;
-	k = kvd_chat_tokenize(tok, msgs, n, flags, ids, cap);
-	if (k > (int)cap) {
+	k = kvd_chat_tokenize(tok, msgs, n, flags, ids, upto != KVD_REQUEST_ALL ? upto + 1 : cap);
+	if (upto == KVD_REQUEST_ALL && k > (int)cap) {
 		int32_t *bigger = realloc(ids, (size_t)k * sizeof(*ids));
 		if (!bigger) {
 			free(ids);
@@ -126,7 +141,7 @@ static int chat_refused(const struct kvd_tokenizer *tok, int r, char *why, size_
  * verbatim gets the turn on its own.
  */
 int kvd_request_chat_turn(const struct kvd_tokenizer *tok, const char *system, const char *user, int continuation,
-			  int32_t last_token, int32_t **ret, char *why, size_t why_cap)
+			  int32_t last_token, size_t upto, int32_t **ret, char *why, size_t why_cap)
 {
 	struct kvd_chat_msg msgs[2];
 	size_t n = 0;
@@ -138,20 +153,23 @@ int kvd_request_chat_turn(const struct kvd_tokenizer *tok, const char *system, c
 	if (continuation) {
 		msgs[0] = (struct kvd_chat_msg){ "assistant", REQUEST_CHAT_MARKER };
 		msgs[1] = (struct kvd_chat_msg){ "user", user };
-		k = chat_tokens(tok, msgs, 2, KVD_CHAT_ADD_ASSISTANT | KVD_CHAT_AFTER_FIRST, 0, &ids);
+		k = chat_tokens(tok, msgs, 2, KVD_CHAT_ADD_ASSISTANT | KVD_CHAT_AFTER_FIRST, 0, upto, &ids);
 		if (k == -ENOENT) {
 			msgs[0] = msgs[1];
-			k = chat_tokens(tok, msgs, 1, KVD_CHAT_ADD_ASSISTANT, 0, &ids);
+			k = chat_tokens(tok, msgs, 1, KVD_CHAT_ADD_ASSISTANT, 0, upto, &ids);
 		} else if (k > 0 && last_token >= 0 && kvd_tokenizer_is_eog(tok, last_token) && ids[0] == last_token) {
-			/* the end-of-turn token the model already produced */
-			memmove(ids, ids + 1, (size_t)(k - 1) * sizeof(*ids));
+			/* the end-of-turn token the model already produced (with
+			 * upto, ids holds at most upto + 1 of a longer count) */
+			size_t stored = upto != KVD_REQUEST_ALL && (size_t)k > upto + 1 ? upto + 1 : (size_t)k;
+
+			memmove(ids, ids + 1, (stored - 1) * sizeof(*ids));
 			k--;
 		}
 	} else {
 		if (system && *system)
 			msgs[n++] = (struct kvd_chat_msg){ "system", system };
 		msgs[n++] = (struct kvd_chat_msg){ "user", user };
-		k = chat_tokens(tok, msgs, n, KVD_CHAT_ADD_ASSISTANT, 1, &ids);
+		k = chat_tokens(tok, msgs, n, KVD_CHAT_ADD_ASSISTANT, 1, upto, &ids);
 	}
 	if (k < 0)
 		return chat_refused(tok, k, why, why_cap);
@@ -159,8 +177,8 @@ int kvd_request_chat_turn(const struct kvd_tokenizer *tok, const char *system, c
 	return k;
 }
 
-int kvd_request_chat_turns(const struct kvd_tokenizer *tok, const char *turns, size_t len, int32_t **ret, char *why,
-			   size_t why_cap)
+int kvd_request_chat_turns(const struct kvd_tokenizer *tok, const char *turns, size_t len, size_t upto, int32_t **ret,
+			   char *why, size_t why_cap)
 {
 	struct kvd_chat_msg *msgs = NULL;
 	char *texts = NULL;
@@ -203,7 +221,7 @@ int kvd_request_chat_turns(const struct kvd_tokenizer *tok, const char *turns, s
 		msgs[i] = (struct kvd_chat_msg){ ipc_chat_role_name(t.role), texts + pos };
 		pos += t.bytes + 1u;
 	}
-	r = chat_tokens(tok, msgs, (size_t)n, KVD_CHAT_ADD_ASSISTANT, 1, ret);
+	r = chat_tokens(tok, msgs, (size_t)n, KVD_CHAT_ADD_ASSISTANT, 1, upto, ret);
 	if (r < 0)
 		chat_refused(tok, r, why, why_cap);
 out:

@@ -33,7 +33,12 @@ struct kvd_request;
  * on failure.
  */
 int kvd_request_tokenize(const struct kvd_tokenizer *tok, const char *text, size_t len, int add_bos,
-			 int parse_special, int32_t **ret);
+			 int parse_special, size_t upto, int32_t **ret);
+/* upto for the three functions here: KVD_REQUEST_ALL tokenizes the whole
+ * text; a limit stops once more than upto tokens are known to be needed
+ * (kvd_tokenize_upto, KVD_CHAT_UPTO_MAX), returning then a lower bound
+ * > upto, so a prompt far over the context costs about the context. */
+#define KVD_REQUEST_ALL SIZE_MAX
 
 /*
  * The prompt tokens of one chat turn in a fresh array (*ret, freed by the
@@ -52,7 +57,7 @@ int kvd_request_tokenize(const struct kvd_tokenizer *tok, const char *text, size
  * says what was wrong and *ret is untouched.
  */
 int kvd_request_chat_turn(const struct kvd_tokenizer *tok, const char *system, const char *user,
-			  int continuation, int32_t last_token, int32_t **ret, char *why, size_t why_cap);
+			  int continuation, int32_t last_token, size_t upto, int32_t **ret, char *why, size_t why_cap);
 
 /*
  * The prompt tokens of a request that carries its conversation as chat
@@ -70,8 +75,8 @@ int kvd_request_chat_turn(const struct kvd_tokenizer *tok, const char *system, c
  * tokens, -ENOMEM; on failure why[0 .. why_cap) (may be NULL) says what was
  * wrong, for the client's error message.
  */
-int kvd_request_chat_turns(const struct kvd_tokenizer *tok, const char *turns, size_t len, int32_t **ret, char *why,
-			   size_t why_cap);
+int kvd_request_chat_turns(const struct kvd_tokenizer *tok, const char *turns, size_t len, size_t upto, int32_t **ret,
+			   char *why, size_t why_cap);
 
 /* The raw bytes token stands for, as a log-probability entry names it
  * (byte-level pieces decoded, possibly part of a UTF-8 character; a control

@@ -66,19 +66,21 @@ void kvd_tokwork_run(const struct kvd_tokenizer *tok, struct tokw_job *j)
 	j->stopped = false;
 	switch (j->kind) {
 	case TOKW_CHAT_TURNS:
-		j->n = kvd_request_chat_turns(tok, j->text, j->len, &j->ids, j->why, sizeof(j->why));
+		j->n = kvd_request_chat_turns(tok, j->text, j->len, j->stop_after, &j->ids, j->why, sizeof(j->why));
 		break;
 	case TOKW_CHAT_TURN:
-		j->n = kvd_request_chat_turn(tok, j->system, j->text, j->continuation, j->last_token, &j->ids, j->why,
+		j->n = kvd_request_chat_turn(tok, j->system, j->text, j->continuation, j->last_token, j->stop_after, &j->ids,
+					     j->why,
 					     sizeof(j->why));
 		break;
 	case TOKW_RAW:
 	default:
-		j->n = kvd_request_tokenize(tok, j->text, j->len, j->add_bos, j->parse_special, &j->ids);
+		j->n = kvd_request_tokenize(tok, j->text, j->len, j->add_bos, j->parse_special, j->stop_after, &j->ids);
 		break;
 	}
 	if (j->n < 0)
 		j->ids = NULL;
+	j->stopped = j->n >= 0 && (size_t)j->n > j->stop_after;
 }
 
 static struct tokw_owner *owner_find(struct kvd_tokwork *w, uint64_t owner)

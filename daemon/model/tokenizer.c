@@ -108,6 +108,8 @@ static int raw_fragment(struct tok_call *c, const char *s, size_t n)
 {
 	if (n == 0)
 		return 0;
+	if (tok_past_max(c))
+		return -ECANCELED;
 	if (c->t->model == MODEL_SPM)
 		return tok_spm_fragment(c, s, n, c->t->add_space_prefix);
 	return tok_pre_split(c, 0, (const unsigned char *)s, 0, n);
@@ -119,15 +121,15 @@ int kvd_tokenize(const struct kvd_tokenizer *t, const char *text, size_t len, in
 	return tok_tokenize(t, text, len, add_bos, parse_special ? 0 : TOKF_PARSE, out, max_out);
 }
 
-int tok_tokenize(const struct kvd_tokenizer *t, const char *text, size_t len, bool add_bos, unsigned no_match,
-		 int32_t *out, size_t max_out)
+static int tokenize_call(const struct kvd_tokenizer *t, const char *text, size_t len, bool add_bos,
+			 unsigned no_match, int32_t *out, size_t max_out, bool stop_past_max)
 {
 	if (len > KVD_TOKENIZE_MAX_BYTES)
 		return -E2BIG;
 	if ((!text && len) || (!out && max_out))
 		return -EINVAL;
 
-	struct tok_call c = { .t = t, .out = out, .max_out = max_out };
+	struct tok_call c = { .t = t, .out = out, .max_out = max_out, .stop_past_max = stop_past_max };
 	int r = 0;
 	if (add_bos && t->bos >= 0)
 		emit(&c, t->bos);
@@ -154,9 +156,29 @@ out:
 	free(c.sym);
 	free(c.heap);
 	free(c.buf);
+	if (r == -ECANCELED && stop_past_max)
+		r = 0; /* stopped past max_out: n_out is a lower bound above it */
 	if (r < 0)
 		return r;
 	return c.n_out > INT_MAX ? -E2BIG : (int)c.n_out;
+}
+
+int tok_tokenize(const struct kvd_tokenizer *t, const char *text, size_t len, bool add_bos, unsigned no_match,
+		 int32_t *out, size_t max_out)
+{
+	return tokenize_call(t, text, len, add_bos, no_match, out, max_out, false);
+}
+
+int tok_tokenize_upto(const struct kvd_tokenizer *t, const char *text, size_t len, bool add_bos, unsigned no_match,
+		      int32_t *out, size_t max_out)
+{
+	return tokenize_call(t, text, len, add_bos, no_match, out, max_out, true);
+}
+
+int kvd_tokenize_upto(const struct kvd_tokenizer *t, const char *text, size_t len, int add_bos, int parse_special,
+		      int32_t *out, size_t max_out)
+{
+	return tok_tokenize_upto(t, text, len, add_bos, parse_special ? 0 : TOKF_PARSE, out, max_out);
 }
 
 /* ---- detokenizing -------------------------------------------------------- */

@@ -101,6 +101,16 @@ size_t kvd_tokenizer_max_token_bytes(const struct kvd_tokenizer *t);
  */
 int kvd_tokenize(const struct kvd_tokenizer *t, const char *text, size_t len, int add_bos,
 		 int parse_special, int32_t *out, size_t max_out);
+/*
+ * kvd_tokenize that stops once the text is known to need more than max_out
+ * tokens (at the next pre-tokenizer word for BPE, the next fragment between
+ * special tokens for SPM), so a text far over a limit costs about the limit:
+ * returns the exact count (<= max_out, the ids in out) when the text fits,
+ * else some number > max_out (a lower bound; out holds the first max_out
+ * ids). Errors as kvd_tokenize's.
+ */
+int kvd_tokenize_upto(const struct kvd_tokenizer *t, const char *text, size_t len, int add_bos,
+		      int parse_special, int32_t *out, size_t max_out);
 
 /*
  * The bytes a token stands for (byte-level BPE decoded to raw bytes, SPM
@@ -191,6 +201,8 @@ int kvd_chat_render(const struct kvd_tokenizer *t, const struct kvd_chat_msg *ms
 #define KVD_CHAT_ADD_ASSISTANT 0x1u /* end where the assistant's reply begins */
 #define KVD_CHAT_ADD_BOS       0x2u /* the BOS token first, when the model has one */
 #define KVD_CHAT_AFTER_FIRST   0x4u /* only what follows msgs[0]'s content */
+#define KVD_CHAT_UPTO_MAX      0x8u /* stop once more than max_out tokens are needed, as
+				     * kvd_tokenize_upto: the result is then a lower bound > max_out */
 
 /*
  * The tokens of the conversation kvd_chat_render() renders: the template's

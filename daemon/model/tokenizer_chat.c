@@ -311,13 +311,14 @@ int kvd_chat_render(const struct kvd_tokenizer *t, const struct kvd_chat_msg *ms
 /* Emit the text b->out[a..e) as content: no special token matched but
  * USER tokens that are not markers, as kvd_tokenize with parse_special = 0
  * would. */
-static int put_text_tokens(const struct render *b, size_t a, size_t e, int32_t *out, size_t max_out, size_t *n_out)
+static int put_text_tokens(const struct render *b, size_t a, size_t e, int32_t *out, size_t max_out, size_t *n_out,
+			   bool upto)
 {
 	if (e <= a)
 		return 0;
 	bool room = *n_out < max_out;
-	int k = tok_tokenize(b->t, b->out + a, e - a, false, TOKF_PARSE | TOKF_MARKER, room ? out + *n_out : NULL,
-			     room ? max_out - *n_out : 0);
+	int k = (upto ? tok_tokenize_upto : tok_tokenize)(b->t, b->out + a, e - a, false, TOKF_PARSE | TOKF_MARKER,
+							  room ? out + *n_out : NULL, room ? max_out - *n_out : 0);
 	if (k < 0)
 		return k;
 	*n_out += (size_t)k;
@@ -357,16 +358,17 @@ int kvd_chat_tokenize(const struct kvd_tokenizer *t, const struct kvd_chat_msg *
 		while (m < b.n_marks && b.marks[m].off < pos)
 			m++;
 	}
-	for (; m < b.n_marks; m++) {
+	bool upto = flags & KVD_CHAT_UPTO_MAX;
+	for (; m < b.n_marks && !(upto && n_out > max_out); m++) {
 		const struct mark_at *mk = &b.marks[m];
-		if ((r = put_text_tokens(&b, pos, mk->off, out, max_out, &n_out)) < 0)
+		if ((r = put_text_tokens(&b, pos, mk->off, out, max_out, &n_out, upto)) < 0)
 			goto out;
 		if (n_out < max_out)
 			out[n_out] = mk->id;
 		n_out++;
 		pos = mk->off + mk->len;
 	}
-	r = put_text_tokens(&b, pos, b.len, out, max_out, &n_out);
+	r = upto && n_out > max_out ? 0 : put_text_tokens(&b, pos, b.len, out, max_out, &n_out, upto);
 	if (r == 0)
 		r = n_out > INT_MAX ? -E2BIG : (int)n_out;
 out:

@@ -253,6 +253,7 @@ struct tok_call {
 	int32_t *out;
 	size_t max_out;
 	size_t n_out;
+	bool stop_past_max;  /* stop (-ECANCELED inside) once n_out > max_out */
 	void *sym;   /* bpe_sym[] or spm_sym[] */
 	size_t sym_cap;
 	void *heap;  /* bpe_cand[] or spm_cand[] */
@@ -322,6 +323,16 @@ static inline void emit_symbol(struct tok_call *c, int32_t id)
  * TOKF_PARSE | TOKF_MARKER for a chat message's content. */
 int tok_tokenize(const struct kvd_tokenizer *t, const char *text, size_t len, bool add_bos, unsigned no_match,
 		 int32_t *out, size_t max_out);
+/* tok_tokenize that stops at the next word (BPE) or fragment (SPM) once more
+ * than max_out tokens are known to be needed: returns the count when the
+ * text fits in max_out, else a number > max_out (a lower bound). */
+int tok_tokenize_upto(const struct kvd_tokenizer *t, const char *text, size_t len, bool add_bos, unsigned no_match,
+		      int32_t *out, size_t max_out);
+/* The stop of tok_tokenize_upto reached: the pre-tokenizer's walk ends. */
+static inline bool tok_past_max(const struct tok_call *c)
+{
+	return c->stop_past_max && c->n_out > c->max_out;
+}
 /* Look up the chat template's markers and flag their tokens (at load, once
  * t->chat and the special tokens are known). */
 void tok_chat_markers(struct kvd_tokenizer *t, bool have_template);

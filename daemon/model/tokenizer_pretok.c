@@ -293,7 +293,7 @@ int tok_pre_split(struct tok_call *c, unsigned k, const unsigned char *s, size_t
 	const struct kvd_tokenizer *t = c->t;
 	int r;
 	if (k == t->n_passes)
-		return tok_bpe_word(c, s + a, b - a);
+		return tok_past_max(c) ? -ECANCELED : tok_bpe_word(c, s + a, b - a);
 	if (t->passes[k] == PASS_TRAILING_SP) {
 		/* \s+$: the piece's trailing white space (ASCII bytes, so a
 		 * backward byte scan never lands inside a character) */

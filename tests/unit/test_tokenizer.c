@@ -702,13 +702,13 @@ static void test_request_render_turns(void **state)
 	assert_true(n > 0);
 	int w = kvd_chat_tokenize(t, msgs, 4, KVD_CHAT_ADD_ASSISTANT, want, 512);
 	assert_true(w > 0 && w <= 512);
-	assert_int_equal(kvd_request_chat_turns(t, list, (size_t)n, &got, why, sizeof(why)), w);
+	assert_int_equal(kvd_request_chat_turns(t, list, (size_t)n, KVD_REQUEST_ALL, &got, why, sizeof(why)), w);
 	assert_memory_equal(got, want, (size_t)w * sizeof(*want));
 	free(got);
 	/* the first two turns give a prefix of the four: what the prefix cache relies on */
 	ssize_t n2 = ipc_chat_turns_encode(list, sizeof(list), turns, 2);
 	got = NULL;
-	int w2 = kvd_request_chat_turns(t, list, (size_t)n2, &got, why, sizeof(why));
+	int w2 = kvd_request_chat_turns(t, list, (size_t)n2, KVD_REQUEST_ALL, &got, why, sizeof(why));
 	assert_true(w2 > 0 && w2 < w);
 	assert_memory_equal(got, want, (size_t)w2 * sizeof(*want));
 	free(got);
@@ -716,27 +716,27 @@ static void test_request_render_turns(void **state)
 	/* refusals, each with its reason */
 	got = NULL;
 	n = ipc_chat_turns_encode(list, sizeof(list), turns, 3); /* ends with the assistant's */
-	assert_int_equal(kvd_request_chat_turns(t, list, (size_t)n, &got, why, sizeof(why)), -EINVAL);
+	assert_int_equal(kvd_request_chat_turns(t, list, (size_t)n, KVD_REQUEST_ALL, &got, why, sizeof(why)), -EINVAL);
 	assert_string_equal(why, "the last chat turn is the assistant's; it must be the user's");
-	assert_int_equal(kvd_request_chat_turns(t, list, 0, &got, why, sizeof(why)), -EINVAL);
+	assert_int_equal(kvd_request_chat_turns(t, list, 0, KVD_REQUEST_ALL, &got, why, sizeof(why)), -EINVAL);
 	assert_string_equal(why, "the conversation has no turns");
 	n = ipc_chat_turns_encode(list, sizeof(list), turns, 4);
 	list[17 + 1] = 1; /* padding of turn 1 */
-	assert_int_equal(kvd_request_chat_turns(t, list, (size_t)n, &got, why, sizeof(why)), -EPROTO);
+	assert_int_equal(kvd_request_chat_turns(t, list, (size_t)n, KVD_REQUEST_ALL, &got, why, sizeof(why)), -EPROTO);
 	assert_string_equal(why, "chat turn 1 is malformed (non-zero padding)");
 	list[17 + 1] = 0;
 	list[17] = 7; /* role of turn 1 */
-	assert_int_equal(kvd_request_chat_turns(t, list, (size_t)n, &got, why, sizeof(why)), -EINVAL);
+	assert_int_equal(kvd_request_chat_turns(t, list, (size_t)n, KVD_REQUEST_ALL, &got, why, sizeof(why)), -EINVAL);
 	assert_string_equal(why, "chat turn 1 is malformed (unknown role or a NUL byte in its text)");
 	list[17] = IPC_CHAT_USER;
-	assert_int_equal(kvd_request_chat_turns(t, list, (size_t)n - 1, &got, why, sizeof(why)), -EBADMSG);
+	assert_int_equal(kvd_request_chat_turns(t, list, (size_t)n - 1, KVD_REQUEST_ALL, &got, why, sizeof(why)), -EBADMSG);
 	assert_string_equal(why, "chat turn 3 is malformed (it runs past the end of the prompt)");
 	static char many[(IPC_MAX_CHAT_TURNS + 1) * 8];
 	memset(many, 0, sizeof(many));
 	for (unsigned i = 0; i <= IPC_MAX_CHAT_TURNS; i++)
 		many[8 * i] = IPC_CHAT_USER;
-	assert_int_equal(kvd_request_chat_turns(t, many, sizeof(many), &got, NULL, 0), -E2BIG); /* why may be NULL */
-	assert_int_equal(kvd_request_chat_turns(t, many, sizeof(many), &got, why, sizeof(why)), -E2BIG);
+	assert_int_equal(kvd_request_chat_turns(t, many, sizeof(many), KVD_REQUEST_ALL, &got, NULL, 0), -E2BIG); /* why may be NULL */
+	assert_int_equal(kvd_request_chat_turns(t, many, sizeof(many), KVD_REQUEST_ALL, &got, why, sizeof(why)), -E2BIG);
 	assert_string_equal(why, "1025 chat turns; at most 1024 are allowed");
 	assert_null(got);
 }
@@ -1185,6 +1185,64 @@ static void test_chat_missing_marker(void **state)
 	kvd_tokenizer_free(t);
 }
 
+/* kvd_tokenize_upto, kvd_chat_tokenize with KVD_CHAT_UPTO_MAX and the
+ * request functions' upto: a text that fits gets exactly kvd_tokenize's ids;
+ * one over the limit gets a count above it (a lower bound) without the
+ * whole text being tokenized. */
+static void test_tokenize_upto(void **state)
+{
+	NEED_MODEL(state);
+	const struct kvd_tokenizer *t = *state;
+	size_t len = 1u << 20;
+	char *text = malloc(len + 1);
+	int32_t *all = malloc((len + 16) * sizeof(*all)), *upto = malloc(4096 * sizeof(*upto));
+
+	assert_non_null(text);
+	assert_non_null(all);
+	assert_non_null(upto);
+	static const char pat[] = "the quick brown fox jumps over the lazy dog, 1234567890. ";
+	for (size_t i = 0; i < len; i++)
+		text[i] = pat[i % (sizeof(pat) - 1)];
+	text[len] = 0;
+	/* fits: identical, for several limits around the exact count */
+	int n300 = kvd_tokenize(t, text, 300, 1, 0, all, len + 16);
+	assert_true(n300 > 30 && n300 < 300);
+	for (int lim = n300; lim <= n300 + 3; lim++) {
+		assert_int_equal(kvd_tokenize_upto(t, text, 300, 1, 0, upto, (size_t)lim), n300);
+		assert_memory_equal(upto, all, (size_t)n300 * sizeof(*all));
+	}
+	/* over: more than the limit, far fewer than the whole text's, and the
+	 * ids it stored are the text's first ones */
+	int whole = kvd_tokenize(t, text, len, 1, 0, all, len + 16);
+	int got = kvd_tokenize_upto(t, text, len, 1, 0, upto, 4000);
+	assert_true(got > 4000);
+	assert_true(got < 4100);
+	assert_true(whole > 100000);
+	assert_memory_equal(upto, all, 4000 * sizeof(*all));
+	assert_int_equal(kvd_tokenize_upto(t, text, len, 1, 0, upto, (size_t)n300 - 1) > n300 - 1, 1);
+	/* the chat and request paths */
+	int32_t *ids = NULL;
+	char why[128];
+	int k = kvd_request_chat_turn(t, NULL, text, 0, -1, 4000, &ids, why, sizeof(why));
+	assert_true(k > 4000 && k < 4100);
+	free(ids);
+	ids = NULL;
+	char small[64] = "Why is the sky blue?";
+	int exact = kvd_request_chat_turn(t, NULL, small, 0, -1, KVD_REQUEST_ALL, &ids, why, sizeof(why));
+	int32_t *ids2 = NULL;
+	assert_int_equal(kvd_request_chat_turn(t, NULL, small, 0, -1, (size_t)exact, &ids2, why, sizeof(why)), exact);
+	assert_memory_equal(ids, ids2, (size_t)exact * sizeof(*ids));
+	free(ids);
+	free(ids2);
+	ids = NULL;
+	k = kvd_request_tokenize(t, text, len, 1, 0, 4000, &ids);
+	assert_true(k > 4000 && k < 4100);
+	free(ids);
+	free(text);
+	free(all);
+	free(upto);
+}
+
 /* SmolLM2, the default model: a forged system turn inside a user message
  * stays text, through kvd_chat_tokenize and the request's chat turn. */
 static void test_chat_forge_smollm2(void **state)
@@ -1201,12 +1259,12 @@ static void test_chat_forge_smollm2(void **state)
 	assert_memory_equal(sp, want, sizeof(want));
 	int32_t *got = NULL;
 	char why[256];
-	assert_int_equal(kvd_request_chat_turn(t, NULL, FORGE, 0, -1, &got, why, sizeof(why)), n);
+	assert_int_equal(kvd_request_chat_turn(t, NULL, FORGE, 0, -1, KVD_REQUEST_ALL, &got, why, sizeof(why)), n);
 	assert_memory_equal(got, ids, (size_t)n * sizeof(*ids));
 	free(got);
 	/* a later turn: <|im_end|> of the last reply is not repeated */
 	got = NULL;
-	int k = kvd_request_chat_turn(t, NULL, FORGE, 1, 2, &got, why, sizeof(why));
+	int k = kvd_request_chat_turn(t, NULL, FORGE, 1, 2, KVD_REQUEST_ALL, &got, why, sizeof(why));
 	assert_true(k > 0);
 	const int32_t want_cont[] = { 1, 2, 1 };
 	assert_int_equal(special_ids(t, got, k, sp), 3);
@@ -1263,6 +1321,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_chat_render_edges, setup_model, teardown_model),
 		cmocka_unit_test_setup_teardown(test_request_render_turns, setup_model, teardown_model),
 		cmocka_unit_test_setup_teardown(test_chat_forge_smollm2, setup_model, teardown_model),
+		cmocka_unit_test_setup_teardown(test_tokenize_upto, setup_model, teardown_model),
 		cmocka_unit_test_setup_teardown(test_threads, setup_model, teardown_model),
 		cmocka_unit_test_setup_teardown(test_large_text, setup_model, teardown_model),
 	};
