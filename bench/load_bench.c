@@ -9,7 +9,7 @@
  *
  *   load_bench --socket PATH [--pid PID] [--clients 64] [--requests 50]
  *              [--seed 1] [--prompt-words 4:160] [--max-tokens 1:64]
- *              [--no-solo]
+ *              [--no-solo] [--tenants N]
  *
  * Requests are raw-mode and greedy (temperature 0, top-k and top-p off):
  * on the CPU backend an answer does not depend on its batch-mates, on
@@ -20,7 +20,10 @@
  * fits the context); half the prompts start with one of four
  * shared preambles, so prefixes are shared, cached and copied on write too.
  * The solo runs happen after the load, one request at a time, on one
- * connection.
+ * connection. With --tenants N client i names cache tenant "t(i mod N)",
+ * so only clients of one tenant share cached prefixes (as N users would):
+ * prefix_hit_tokens against prefix_query_tokens, and pages, show what
+ * dividing the cache by owner costs.
  *
  * Figures, p50 and p99 over requests: ttft (send -> first token, client
  * side; ttft_daemon: arrival -> first token as the daemon measured it),
@@ -184,6 +187,7 @@ struct worker {
 	int n;
 	pthread_barrier_t *barrier;
 	int connect_rc;
+	char tenant[16];            /* "" none, else its cache tenant (--tenants) */
 };
 
 static void *worker_main(void *arg)
@@ -201,6 +205,8 @@ static void *worker_main(void *arg)
 		struct kvc_gen_params p;
 		struct kvc_result res;
 		greedy(&p, q->max_tokens);
+		if (w->tenant[0])
+			p.tenant = w->tenant;
 		struct collect c = { .cap_gaps = q->max_tokens + 2 };
 		c.gaps = malloc(c.cap_gaps * sizeof(double));
 		c.t_send = now_s();
@@ -282,16 +288,17 @@ static int parse_range(const char *s, unsigned *lo, unsigned *hi)
 int main(int argc, char **argv)
 {
 	const char *socket = NULL;
-	int pid = 0, n_clients = 64, n_req = 50, solo = 1;
+	int pid = 0, n_clients = 64, n_req = 50, solo = 1, n_tenants = 0;
 	unsigned w_lo = 4, w_hi = 160, t_lo = 1, t_hi = 64;
 	uint64_t seed = 1;
 	static const struct option opts[] = {
 		{ "socket", 1, 0, 's' }, { "pid", 1, 0, 'p' }, { "clients", 1, 0, 'c' }, { "requests", 1, 0, 'r' },
 		{ "seed", 1, 0, 'S' }, { "prompt-words", 1, 0, 'w' }, { "max-tokens", 1, 0, 't' },
-		{ "no-solo", 0, 0, 'n' }, { 0 } };
+		{ "no-solo", 0, 0, 'n' }, { "tenants", 1, 0, 'T' }, { 0 } };
 	int o;
-	while ((o = getopt_long(argc, argv, "s:p:c:r:S:w:t:n", opts, NULL)) != -1) {
+	while ((o = getopt_long(argc, argv, "s:p:c:r:S:w:t:nT:", opts, NULL)) != -1) {
 		switch (o) {
+		case 'T': n_tenants = atoi(optarg); break;
 		case 's': socket = optarg; break;
 		case 'p': pid = atoi(optarg); break;
 		case 'c': n_clients = atoi(optarg); break;
@@ -353,7 +360,9 @@ int main(int argc, char **argv)
 	pthread_barrier_t bar;
 	pthread_barrier_init(&bar, NULL, (unsigned)n_clients + 1);
 	for (int i = 0; i < n_clients; i++) {
-		w[i] = (struct worker){ socket, reqs + (size_t)i * n_req, n_req, &bar, 0 };
+		w[i] = (struct worker){ socket, reqs + (size_t)i * n_req, n_req, &bar, 0, "" };
+		if (n_tenants > 0)
+			snprintf(w[i].tenant, sizeof(w[i].tenant), "t%d", i % n_tenants);
 		pthread_create(&th[i], NULL, worker_main, &w[i]);
 	}
 	pthread_barrier_wait(&bar);
@@ -447,7 +456,8 @@ int main(int argc, char **argv)
 	       (unsigned long long)s0.pages_total, (unsigned long long)(s1.swap_out_pages - s0.swap_out_pages),
 	       (unsigned long long)(s1.swap_in_pages - s0.swap_in_pages),
 	       (unsigned long long)(s1.pages_evicted - s0.pages_evicted), (unsigned long long)s2.pages_demoted);
-	printf("  \"prefix_hit_tokens\": %llu, \"cow_copies\": %llu,\n",
+	printf("  \"tenants\": %d, \"prefix_query_tokens\": %llu, \"prefix_hit_tokens\": %llu, \"cow_copies\": %llu,\n",
+	       n_tenants, (unsigned long long)(s1.prefix_query_tokens - s0.prefix_query_tokens),
 	       (unsigned long long)(s1.prefix_hit_tokens - s0.prefix_hit_tokens),
 	       (unsigned long long)(s1.cow_copies - s0.cow_copies));
 	printf("  \"lost\": %d, \"corrupted\": %d, \"solo_failed\": %d, \"compared\": %s,\n", lost, corrupted, solo_failed,
@@ -474,6 +484,6 @@ int main(int argc, char **argv)
 	return lost || corrupted || solo_failed || !baseline ? 1 : 0;
 usage:
 	fprintf(stderr, "usage: load_bench --socket PATH [--pid PID] [--clients N] [--requests N] [--seed S]\n"
-			"                  [--prompt-words LO:HI] [--max-tokens LO:HI] [--no-solo]\n");
+			"                  [--prompt-words LO:HI] [--max-tokens LO:HI] [--no-solo] [--tenants N]\n");
 	return 2;
 }
