@@ -30,8 +30,8 @@ cp "$TINY" "$ST/model.gguf"
 cp "$TINY" "$ST/model-copy.gguf"
 chmod 644 "$ST/model.gguf" "$ST/model-copy.gguf"
 sysd_dropin kvd.service "/run/stage/bin/kvd --config /run/stage/kvd.conf" kvd.log "[Unit]" StartLimitIntervalSec=0
-conf() { # model block_size: the config inside (the host's /tmp is not visible there)
-	printf '[model]\npath = %s\n[kv]\npool_size = 2M\nblock_size = %s\n[engine]\nthreads = 2\n' "$1" "$2" |
+conf() { # model block_size [kv lines]: the config inside (the host's /tmp is not visible there)
+	printf '[model]\npath = %s\n[kv]\npool_size = 2M\nblock_size = %s\n%s\n[engine]\nthreads = 2\n' "$1" "$2" "${3:-}" |
 		IN tee /run/stage/kvd.conf >/dev/null
 	IN chmod 644 /run/stage/kvd.conf
 }
@@ -103,7 +103,7 @@ gen copy
 [ "$(cached copy)" = 0 ] || inner_fail "another model file: $(cached copy) cached tokens"
 ok "another model file (same bytes, another inode): discarded, 0 cached tokens"
 
-# ---- a full stop drops the store ----------------------------------------------------
+# ---- a full stop drops the store; the cache file (hibernation) brings it back ---------
 restart
 gen again
 [ "$(cached again)" -gt 0 ] || inner_fail "unchanged config after a restart: nothing cached"
@@ -111,13 +111,28 @@ cmp -s "$T/copy.ids" "$T/again.ids" || inner_fail "block size 8: tokens after ad
 IN systemctl stop kvd.service 2>/dev/null || inner_fail "systemctl stop"
 IN systemctl start kvd.service || inner_fail "systemctl start"
 gen afterstop
-[ "$(cached afterstop)" = 0 ] || inner_fail "after stop + start: $(cached afterstop) cached tokens"
-ok "systemctl stop + start: the store was dropped, 0 cached tokens"
+[ "$(cached afterstop)" -gt 0 ] || inner_fail "after stop + start: nothing came back from the cache file"
+IN grep -q 'cache file .*adopt' /run/stage/kvd.log || inner_fail "no cache-file adoption line after stop + start"
+cmp -s "$T/copy.ids" "$T/afterstop.ids" || inner_fail "tokens after a stop + start differ from the cold run"
+ok "systemctl stop + start: the fd store was dropped; the cache file gave $(cached afterstop) cached tokens back"
 
-# ---- nothing on disk ----------------------------------------------------------------
-IN find /var/lib/kvd -type f | grep -q . && inner_fail "files under /var/lib/kvd: $(IN find /var/lib/kvd -type f)"
+# ---- on disk: only the cache file, private to kvd's user; none with persist_path empty ----
+files=$(IN find /var/lib/kvd -type f)
+[ "$files" = /var/lib/kvd/prefix-cache ] || inner_fail "files under /var/lib/kvd: $files"
+mode=$(IN stat -c %a /var/lib/kvd/prefix-cache)
+[ "$mode" = 600 ] || inner_fail "the cache file has mode $mode"
 IN ls -l /proc/"$(IN systemctl show -p MainPID --value kvd.service)"/fd | grep -q 'memfd:kvd-kv-pool' ||
 	inner_fail "the KV pool is not a memfd"
-ok "the pool is a memfd; no file under /var/lib/kvd"
+conf /run/stage/model-copy.gguf 8 'persist_path ='
+IN systemctl stop kvd.service 2>/dev/null || inner_fail "systemctl stop"
+IN rm -f /var/lib/kvd/prefix-cache
+IN systemctl start kvd.service || inner_fail "systemctl start"
+gen nopersist
+IN systemctl stop kvd.service 2>/dev/null || inner_fail "systemctl stop"
+IN systemctl start kvd.service || inner_fail "systemctl start"
+gen nopersist2
+[ "$(cached nopersist2)" = 0 ] || inner_fail "persist_path empty: $(cached nopersist2) cached tokens after stop + start"
+IN find /var/lib/kvd -type f | grep -q . && inner_fail "persist_path empty, yet files under /var/lib/kvd: $(IN find /var/lib/kvd -type f)"
+ok "the pool is a memfd; on disk only the cache file (mode 600); with persist_path empty a stop + start keeps nothing"
 IN systemctl stop kvd.service kvd.socket
 exit 0
