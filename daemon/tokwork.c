@@ -140,7 +140,7 @@ static void *worker(void *arg)
 	(void)!setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), TOKW_NICE);
 	pthread_mutex_lock(&w->mu);
 	for (;;) {
-		struct tokw_job *j;
+		struct tokw_job *j = NULL;
 		while (!w->stop && !(j = next_job_locked(w)))
 			pthread_cond_wait(&w->cv, &w->mu);
 		if (w->stop)
