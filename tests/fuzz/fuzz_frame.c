@@ -141,8 +141,13 @@ static void decode(const struct ipc_frame *f, const uint8_t *frame, size_t n)
 	}
 	case IPC_MSG_SESSION_OPEN: {
 		struct ipc_session_open s;
-		if (ipc_decode_session_open(f, &s) == 0)
-			CHECK(s.flags == 0);
+		struct ipc_gen_context c;
+		if (ipc_decode_session_open_ctx(f, &s, &c) == 0) {
+			/* only the context flag, and its block exactly when flagged */
+			CHECK((s.flags & ~IPC_SESSION_CONTEXT) == 0);
+			CHECK(f->hdr.length == sizeof(s) + (s.flags & IPC_SESSION_CONTEXT ? sizeof(c) : 0));
+			CHECK(ipc_gen_context_check(&c) == 0);
+		}
 		break;
 	}
 	case IPC_MSG_SESSION_OPENED:
