@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "grammar_impl.h"
+#include "unicode.h"
 
 #define IT_END GE_END
 #define IT_CP  GE_SET          /* | index of a code point set */
@@ -283,17 +284,6 @@ static int push_cp_set(struct gp *p, struct u32vec *out, uint32_t lo, uint32_t h
 	return 0;
 }
 
-static int hexval(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 /* One character of a literal or class, escapes decoded. */
 static int parse_char(struct gp *p, uint32_t *cp)
 {
@@ -324,7 +314,7 @@ static int parse_char(struct gp *p, uint32_t *cp)
 		}
 		uint32_t v = 0;
 		for (int i = 0; i < digits; i++) {
-			int h = p->pos < p->n ? hexval(p->t[p->pos]) : -1;
+			int h = p->pos < p->n ? kvd_hex_digit(p->t[p->pos]) : -1;
 			if (h < 0)
 				return gp_fail(p, at, -EINVAL, "escape needs hex digits%s", "");
 			v = v * 16 + (uint32_t)h;

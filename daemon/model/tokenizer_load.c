@@ -42,17 +42,6 @@ static int fail(char *err, size_t errlen, const struct gguf_file *f, int r, cons
 	return r;
 }
 
-static int hex_value(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 static bool mem_contains(const char *s, size_t n, const char *needle)
 {
 	return memmem(s, n, needle, strlen(needle)) != NULL;
@@ -344,7 +333,7 @@ static int build_decoded(struct kvd_tokenizer *t)
 				}
 			}
 		} else if (ty == KVD_TOKEN_BYTE) {
-			int hi = len == 6 ? hex_value(s[3]) : -1, lo = len == 6 ? hex_value(s[4]) : -1;
+			int hi = len == 6 ? kvd_hex_digit(s[3]) : -1, lo = len == 6 ? kvd_hex_digit(s[4]) : -1;
 			if (hi >= 0 && lo >= 0 && memcmp(s, "<0x", 3) == 0 && s[5] == '>') {
 				t->dec[o++] = (char)(hi << 4 | lo);
 			} else {

@@ -71,4 +71,16 @@ int kvd_utf8_decode_strict(const unsigned char *s, size_t n, uint32_t *ret_cp);
 /* Encode cp (<= U+10FFFF) into out[0..4); returns the length. */
 size_t kvd_utf8_encode(uint32_t cp, char *out);
 
+/* The value of hexadecimal digit c (either case), or -1. */
+static inline int kvd_hex_digit(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
 #endif /* KVD_UNICODE_H */
