@@ -25,10 +25,17 @@ tests/gpu/emu/build.sh "$EMU" || exit $?
 # KVD_TEST_MODEL=none turns it off (test_cuda says so as its skip reason)
 export KVD_TEST_MODEL=none KVD_CUDA_EMULATED=1 KVD_CUDA_PLUGIN="$EMU/libkvd-cuda.so"
 "$T" || exit 1
-echo "=== again, projections of small steps through the dequantizing GEMV"
-KVD_CUDA_GEMV_MAX_TOKENS=8 KVD_TEST_FILTER='test_conformance_*' "$T"
-rc=$?
-[ $rc -eq 0 ] || exit $rc
+# The GEMV path differs from the GEMM path only in how each weight type's
+# blocks are read: one conformance shape per weight type covers it here
+# (q4_1, f32, bf16, q8_0, q4_0, q5_0, q5_1, q4_K, q5_K, q6_K; the shape
+# table is in tests/unit/test_cuda.c); tests/gpu/run.sh on a real GPU runs
+# every shape through it.
+echo "=== again, projections of small steps through the dequantizing GEMV (one shape per weight type)"
+for name in gqa-q4_1 type-f32 type-bf16 type-q8_0 type-q4_0 type-q5_0 type-q5_1 type-q4_K type-q5_K type-q6_K; do
+	i=$(KVD_TEST_LIST_SHAPES=1 "$T" | awk -v n="$name" '$2 == n { print $1 }')
+	[ -n "$i" ] || { echo "FAIL: conformance shape $name is not in test_cuda's table"; exit 1; }
+	KVD_CUDA_GEMV_MAX_TOKENS=8 KVD_TEST_FILTER="test_conformance_$i" "$T" || exit 1
+done
 # the engine end to end on the emulated plug-in; a skip of it is this
 # test's skip, with its reason, never a pass
 tests/gpu/engine_check.sh "$EMU/libkvd-cuda.so" | tee "$EMU/engine_check.log"

@@ -1146,6 +1146,13 @@ static void test_default_model_greedy(void **state)
 
 int main(void)
 {
+	/* KVD_TEST_LIST_SHAPES=1: print "index name" of each conformance shape
+	 * (test_conformance_<index>) and exit, so scripts pick shapes by name */
+	if (getenv("KVD_TEST_LIST_SHAPES")) {
+		for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+			printf("%zu %s\n", i, shapes[i].name);
+		return 0;
+	}
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_plugin_abi),
 		cmocka_unit_test(test_plugin_exports),
