@@ -10,8 +10,10 @@
 #    stderr; a schema feature that cannot be honoured: refused by name;
 #  - -n 3 forked samples, each valid;
 #  - a session turn constrained and the next turn free;
-#  - constrained requests preempted to swap in a small pool give exactly the
-#    outputs they give alone in a big one.
+#  - constrained requests preempted in a small pool — swapped out, or
+#    dropped and recomputed without a swap file (the parse state must not
+#    take the recomputed tokens a second time) — give exactly the outputs
+#    they give alone in a big one.
 source "$(dirname "$0")/lib.sh"
 need_bins
 VPY=$ROOT/.venv/bin/python
@@ -157,24 +159,35 @@ t2=$(kvctl generate --session "$sid" --temperature 0 --max-tokens 24 "Now descri
 kvctl session close "$sid" >/dev/null || fail "session close"
 ok "session: turn 1 constrained ('$t1'), turn 2 free"
 
-# ---- preempted to swap: the same outputs as alone ----
-JOBS=()
-S2=$T/small.sock
-start_kvd small "$S2" --model "$REAL_MODEL" --pool-size 6M --swap-file "$T/swap" --swap-size 64M --threads 2
-for i in 1 2 3 4 5 6 7 8; do
-	( "$KVCTL" --socket "$S2" generate --temperature 0 --max-tokens 80 --json-schema "$SCHEMAS/todo_list.json" \
-		"Todo list number $i, for a busy week." >"$T/pre$i.out" 2>"$T/pre$i.err"; echo $? >"$T/pre$i.rc" ) &
-	JOBS+=($!)
-done
-wait "${JOBS[@]}"
-swapped=$(stat_of "$S2" swap_out_pages)
-[ "$swapped" -gt 0 ] || fail "nothing was swapped out: the pool did not force preemption"
+# ---- preempted (swapped, or recomputed): the same outputs as alone ----
 for i in 1 2 3 4 5 6 7 8; do
 	kvctl generate --temperature 0 --max-tokens 80 --json-schema "$SCHEMAS/todo_list.json" \
 		"Todo list number $i, for a busy week." >"$T/alone$i.out" 2>/dev/null
 	echo $? >"$T/alone$i.rc"
-	cmp -s "$T/pre$i.out" "$T/alone$i.out" || fail "request $i differs after preemption"
-	cmp -s "$T/pre$i.rc" "$T/alone$i.rc" || fail "request $i: exit $(cat "$T/pre$i.rc") vs $(cat "$T/alone$i.rc")"
 done
-ok "8 constrained requests in a 6M pool ($swapped pages swapped out): outputs identical to unpreempted ones"
-stop_kvd "$KVD_PID" || fail "small kvd exit status $?"
+preempt_run() { # NAME ARGS...: the 8 requests at once in a 6M pool, compared with the solo runs
+	local name=$1 i
+	shift
+	local sock=$T/$name.sock
+	start_kvd "$name" "$sock" --model "$REAL_MODEL" --pool-size 6M --ledger "$T/$name.ledger" --threads 2 "$@"
+	JOBS=()
+	for i in 1 2 3 4 5 6 7 8; do
+		( "$KVCTL" --socket "$sock" generate --temperature 0 --max-tokens 80 --json-schema "$SCHEMAS/todo_list.json" \
+			"Todo list number $i, for a busy week." >"$T/$name$i.out" 2>"$T/$name$i.err"; echo $? >"$T/$name$i.rc" ) &
+		JOBS+=($!)
+	done
+	wait "${JOBS[@]}"
+	for i in 1 2 3 4 5 6 7 8; do
+		cmp -s "$T/$name$i.out" "$T/alone$i.out" || fail "$name: request $i differs after preemption"
+		cmp -s "$T/$name$i.rc" "$T/alone$i.rc" || fail "$name: request $i: exit $(cat "$T/$name$i.rc") vs $(cat "$T/alone$i.rc")"
+	done
+	PREEMPTED=$($PY -c 'import json,sys; print(sum(json.loads(l).get("preemptions", 0) for l in open(sys.argv[1]) if l.strip()))' \
+		"$T/$name.ledger")
+	stop_kvd "$KVD_PID" || fail "$name kvd exit status $?"
+}
+preempt_run swapped --swap-file "$T/swap" --swap-size 64M
+[ "$PREEMPTED" -gt 0 ] || fail "swap run: no request was preempted"
+ok "8 constrained requests in a 6M pool with swap ($PREEMPTED preemptions): outputs identical to unpreempted ones"
+preempt_run recomputed
+[ "$PREEMPTED" -gt 0 ] || fail "recompute run: no request was preempted"
+ok "the same without swap ($PREEMPTED preemptions, KV recomputed): outputs identical"
