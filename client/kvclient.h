@@ -229,6 +229,19 @@ struct kvc_chat_msg {
 #define KVC_SEED_RANDOM  UINT64_MAX /* let the daemon pick the seed */
 #define KVC_NTS          ((size_t)-1) /* "the text is NUL-terminated" as a length */
 
+enum kvc_constraint_kind {
+	KVC_CONSTRAINT_GBNF = 1,        /* a grammar in llama.cpp's GBNF notation; start rule "root" */
+	KVC_CONSTRAINT_JSON_SCHEMA = 2, /* a JSON Schema document (JSON text) */
+	KVC_CONSTRAINT_JSON_OBJECT = 3, /* any JSON object; text may be NULL */
+	KVC_CONSTRAINT_REGEX = 4,       /* a regular expression the whole output matches */
+	KVC_CONSTRAINT_CHOICE = 5,      /* a JSON array of strings: the output is one of them */
+};
+struct kvc_constraint {
+	uint32_t kind; uint32_t flags; /* zero */
+	const char *text; size_t len;  /* len bytes, or KVC_NTS */
+	uint64_t reserved[2];          /* zero */
+};
+
 struct kvc_gen_params {
 	uint32_t max_tokens;      /* tokens to generate at most; default 256 */
 	float temperature;        /* 0 = greedy (deterministic); default 0.8 */
@@ -268,7 +281,7 @@ struct kvc_gen_params {
 	 * -ERANGE; -EOPNOTSUPP when non-zero and the daemon is older than 0.6.0. */
 	int32_t priority;
 	uint32_t reserved_prio;   /* zero */
-	uint64_t reserved[1];     /* zero */
+	const struct kvc_constraint *constraint; /* (0.7.0) or NULL */
 };
 #define KVC_MAX_TENANT_BYTES 64
 #define KVC_MIN_PRIORITY (-1000000)
