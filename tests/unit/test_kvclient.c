@@ -989,7 +989,7 @@ static void test_chat_messages(void **state)
 	assert_null(p.messages);
 	assert_int_equal(p.n_messages, 0);
 	assert_null(p.tenant);
-	assert_int_equal(p.reserved[0] | (uint64_t)p.priority | p.reserved_prio | p.n_samples | p.top_logprobs | p.context_policy | p.context_window |
+	assert_int_equal((uint64_t)(uintptr_t)p.constraint | (uint64_t)p.priority | p.reserved_prio | p.n_samples | p.top_logprobs | p.context_policy | p.context_window |
 				 p.context_sinks, 0);
 	if (sizeof(void *) == 8)
 		assert_int_equal(sizeof(p), 136); /* the ABI: members came from the reserved space */
