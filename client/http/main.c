@@ -29,13 +29,9 @@ static void usage(FILE *f)
 		"Usage: kvd-http [--config FILE] [--KEY=VALUE]...\n"
 		"\n"
 		"The OpenAI-compatible HTTP API of kvd. A client of the kvd daemon (through\n"
-		"libkvclient), it serves on loopback by default, 127.0.0.1:8484:\n"
-		"    POST /v1/chat/completions   a conversation: system (or developer), user and\n"
-		"                                assistant turns, the last one a user message,\n"
-		"                                rendered by kvd with the model's chat template\n"
-		"                                (earlier turns come from kvd's prefix cache)\n"
-		"    POST /v1/completions        a raw prompt\n"
-		"    GET  /v1/models, /v1/models/ID, /health, /metrics (Prometheus text)\n"
+		"libkvclient), it serves on loopback by default, 127.0.0.1:8484:\n");
+	http_routes_help(f);
+	fprintf(f,
 		"Request parameters: model, stream, stream_options.include_usage, max_tokens,\n"
 		"max_completion_tokens, temperature, top_p, stop, seed, n (parallel samples of\n"
 		"one prompt), logprobs and top_logprobs (chat) / logprobs (completions), and\n"
