@@ -31,9 +31,9 @@ static const struct route routes[] = {
 	  .handler = generate,
 	  .help = "a conversation: system (or developer), user\n"
 		  "and assistant turns, the last one a user\n"
-		  "message, rendered by kvd with the model's\n"
-		  "chat template (earlier turns come from\n"
-		  "kvd's prefix cache)" },
+		  "(or tool) message, rendered by kvd with the\n"
+		  "model's chat template (earlier turns come\n"
+		  "from kvd's prefix cache); tools" },
 	{ .path = "/v1/completions", .method = "POST", .auth = true, .endpoint = HTTP_EP_COMPLETIONS,
 	  .handler = generate, .help = "a raw prompt" },
 	{ .path = "/v1/models", .method = "GET", .auth = true, .handler = models, .help = "the served model" },

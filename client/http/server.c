@@ -160,7 +160,7 @@ void map_kvd_error(int code, const char *msg, struct http_error *e)
 	case -EOPNOTSUPP: /* features gated on kvd's version */
 		http_fail(e, 400, "invalid_request_error", "unsupported_parameter", NULL,
 			  "this kvd is too old: earlier conversation turns need 0.2.0, 'n' > 1 and "
-			  "log-probabilities 0.3.0");
+			  "log-probabilities 0.3.0, structured output and forced tool calls 0.7.0");
 		break;
 	case KVC_ERR_LIMIT:
 		http_fail(e, 429, "rate_limit_error", "rate_limit_exceeded", NULL, "kvd is at capacity: %s", why);
@@ -181,6 +181,15 @@ void map_kvd_error(int code, const char *msg, struct http_error *e)
 		http_fail(e, 500, "server_error", NULL, NULL, "kvd failed the request: %s", why);
 		break;
 	}
+}
+
+/* kvd's refusal of c's request: a constraint's error as the 400 of its field. */
+static void kvd_error(const struct conn *c, int code, const char *msg, struct http_error *e)
+{
+	if (c->req.constraint.kind && msg && !strncmp(msg, "constraint: ", 12))
+		http_constraint_error(&c->req, msg, e);
+	else
+		map_kvd_error(code, msg, e);
 }
 
 /* The served model's name ("" when kvd was never reached and none is configured). */
@@ -254,6 +263,8 @@ static void fill_params(const struct conn *c, const struct kvc_info *info, struc
 	if (c->tenant[0])
 		p->tenant = c->tenant;
 	p->priority = q->priority;
+	if (q->constraint.kind)
+		p->constraint = &q->constraint;
 }
 
 /* The request's cache tenant in kvd: its API key (by its line in the key
@@ -328,7 +339,7 @@ static int start_generation(struct conn *c, uint64_t min_serial, struct http_err
 				  c->req.endpoint == HTTP_EP_CHAT ? "messages" : "prompt",
 				  "the prompt is larger than kvd accepts (%s)", c->lr.msg[0] ? c->lr.msg : "max_prompt_bytes");
 		else
-			map_kvd_error(r, c->lr.msg, e);
+			kvd_error(c, r, c->lr.msg, e);
 		return r;
 	}
 	return -ECONNRESET;
@@ -428,7 +439,7 @@ void ended_error(struct conn *c, int code, struct http_error *e)
 	if (code == -ECANCELED)
 		http_fail(e, 503, "server_error", "service_unavailable", NULL, "the request was cancelled in kvd");
 	else
-		map_kvd_error(res && res->error ? res->error : code, res ? res->error_message : "", e);
+		kvd_error(c, res && res->error ? res->error : code, res ? res->error_message : "", e);
 	/* the context holds the completions endpoint's prompt, not messages */
 	if (c->req.endpoint == HTTP_EP_COMPLETIONS && !strcmp(e->param, "messages"))
 		snprintf(e->param, sizeof(e->param), "prompt");
@@ -442,6 +453,8 @@ static int stream_close(struct conn *c, int code)
 
 	if (code == 0 && res && c->ch) {
 		r = choices_stream_finish(c);
+	} else if (code == 0 && res && c->req.tool_mode) {
+		r = tools_stream_finish(c, res);
 	} else if (code == 0 && res) {
 		struct http_usage u;
 		add_usage(c, res, &u);
@@ -471,6 +484,8 @@ static int stream_event(struct conn *c, const struct kvc_event *ev)
 {
 	if (c->ch)
 		return choices_stream_event(c, ev);
+	if (c->req.tool_mode)
+		return tools_stream_event(c, ev);
 	if (ev->text_len == 0)
 		return 0;
 	return out_chunk(c, false, ev->text, ev->text_len, NULL, NULL, c->req.include_usage);
@@ -511,6 +526,12 @@ enum MHD_Result generate(struct MHD_Connection *con, struct conn *c, const char 
 	if (http_parse_gen_request(c->route->endpoint, c->body, c->body_len,
 				   &c->req, &e) < 0)
 		return send_error(con, s, &e);
+	if (c->req.constraint.kind && kvc_version() < ((0 << 16) | (7 << 8))) {
+		http_fail(&e, 400, "invalid_request_error", "unsupported_parameter", c->req.constraint_param,
+			  "'%s' needs structured output, which this kvd-http's libkvclient (%s) predates (0.7.0)",
+			  c->req.constraint_param, KVC_VERSION_STRING);
+		return send_error(con, s, &e);
+	}
 	set_tenant(c);
 	served_model(s, c->model);
 	if (!c->model[0]) {
@@ -598,6 +619,8 @@ enum MHD_Result generate(struct MHD_Connection *con, struct conn *c, const char 
 	if (c->ch)
 		return send_json(con, s, 200, choices_response(c));
 	const struct kvc_result *res = kvc_request_result(c->kr);
+	if (c->req.tool_mode)
+		return send_json(con, s, 200, tools_response(c, res));
 	struct http_usage u;
 	add_usage(c, res, &u);
 	return send_json(con, s, 200, http_response_json(c->req.endpoint, c->id, c->created, c->model, c->out ? c->out : "",
@@ -718,6 +741,7 @@ static void on_completed(void *cls, struct MHD_Connection *con, void **con_cls, 
 	if (c->counted_active)
 		atomic_fetch_sub(&s->active_generations, 1);
 	choices_free(c);
+	free(c->tool_text);
 	http_gen_req_clear(&c->req);
 	free(c->body);
 	free(c->out);

@@ -132,6 +132,8 @@ struct conn {
 	size_t out_len, out_off, out_cap;
 	bool stream_ended;  /* the last bytes ([DONE]) are in out */
 	struct http_choices *ch; /* several choices or log-probabilities (choices.c); NULL: one plain choice */
+	char *tool_text;    /* a stream with tools: the text, held until the end (toolcall.c) */
+	size_t tool_len;
 };
 
 struct http_choices;
@@ -226,5 +228,15 @@ int choices_stream_finish(struct conn *c);
  * out of memory) once the request ended normally. */
 int choices_collect(struct conn *c, const struct kvc_event *ev);
 char *choices_response(struct conn *c);
+
+/* ---- toolcall.c: the text of a request with tools read back as calls ---- */
+/* The non-streamed response once the request ended normally: tool_calls
+ * when the text (c->out) holds any, else plain content (malloc'd JSON;
+ * NULL: out of memory). */
+char *tools_response(struct conn *c, const struct kvc_result *res);
+/* Streaming: hold one event's text; at the end (code 0) the content, the
+ * calls' deltas, the finish and usage chunks. 0 or -ENOMEM. */
+int tools_stream_event(struct conn *c, const struct kvc_event *ev);
+int tools_stream_finish(struct conn *c, const struct kvc_result *res);
 
 #endif

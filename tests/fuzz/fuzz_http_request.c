@@ -17,7 +17,7 @@
  * repository root; clang with libFuzzer, and libjansson-dev):
  *
  *   clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined \
- *       -Iclient/http -Iclient tests/fuzz/fuzz_http_request.c client/http/request.c -ljansson \
+ *       -Iclient/http -Iclient tests/fuzz/fuzz_http_request.c client/http/request.c client/http/structured.c -ljansson \
  *       -o build/fuzz_http_request
  *   mkdir -p build/fuzz-http-corpus
  *   build/fuzz_http_request -max_len=4096 -max_total_time=300 build/fuzz-http-corpus
@@ -26,7 +26,7 @@
  * named on the command line under gcc + ASan:
  *
  *   gcc -std=c11 -D_GNU_SOURCE -g -fsanitize=address,undefined -DKVD_FUZZ_STANDALONE \
- *       -Iclient/http -Iclient tests/fuzz/fuzz_http_request.c client/http/request.c -ljansson \
+ *       -Iclient/http -Iclient tests/fuzz/fuzz_http_request.c client/http/request.c client/http/structured.c -ljansson \
  *       -o build/fuzz_http_request_replay
  *   build/fuzz_http_request_replay crash-*
  */
