@@ -5,6 +5,7 @@
  * blocking kvc_generate().
  */
 #include <assert.h>
+#include <stddef.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +47,38 @@ const char *kvc_req_state_name(int state)
 static_assert(KVC_MAX_CHAT_MSGS == IPC_MAX_CHAT_TURNS, "message count limit is the wire's");
 static_assert(KVC_MIN_PRIORITY == IPC_MIN_PRIORITY && KVC_MAX_PRIORITY == IPC_MAX_PRIORITY, "priority range is the wire's");
 static_assert(sizeof(void *) != 8 || sizeof(struct kvc_gen_params) == 136, "kvc_gen_params keeps its size");
+static_assert(sizeof(void *) != 8 || offsetof(struct kvc_gen_params, constraint) == 128, "kvc_gen_params layout");
+static_assert(KVC_MAX_CONSTRAINT_BYTES == IPC_MAX_CONSTRAINT_BYTES, "constraint limit is the wire's");
+static_assert((int)KVC_CONSTRAINT_GBNF == (int)IPC_CONSTRAINT_GBNF &&
+		      (int)KVC_CONSTRAINT_JSON_SCHEMA == (int)IPC_CONSTRAINT_JSON_SCHEMA &&
+		      (int)KVC_CONSTRAINT_JSON_OBJECT == (int)IPC_CONSTRAINT_JSON_OBJECT &&
+		      (int)KVC_CONSTRAINT_REGEX == (int)IPC_CONSTRAINT_REGEX &&
+		      (int)KVC_CONSTRAINT_CHOICE == (int)IPC_CONSTRAINT_CHOICE,
+	      "constraint kinds are the wire's");
+
+/* The constraint block of p's constraint (none: 0 and nothing set): its
+ * checks before anything is sent. */
+static int build_constraint(const kvc_client *c, const struct kvc_constraint *k, struct ipc_generate_msg *m)
+{
+	if (!k)
+		return 0;
+	if (k->kind < KVC_CONSTRAINT_GBNF || k->kind > KVC_CONSTRAINT_CHOICE || k->flags || k->reserved[0] ||
+	    k->reserved[1])
+		return -EINVAL;
+	if (!k->text && (k->kind != KVC_CONSTRAINT_JSON_OBJECT || (k->len && k->len != KVC_NTS)))
+		return -EINVAL;
+	size_t len = !k->text ? 0 : k->len == KVC_NTS ? strnlen(k->text, KVC_MAX_CONSTRAINT_BYTES + 1) : k->len;
+	if (len > KVC_MAX_CONSTRAINT_BYTES)
+		return -E2BIG;
+	if (len == 0 && k->kind != KVC_CONSTRAINT_JSON_OBJECT)
+		return -EINVAL;
+	if (c->info.server_version < IPC_CONSTRAINT_SERVER_VERSION)
+		return -EOPNOTSUPP;
+	m->g.gen_flags |= IPC_GEN_CONSTRAINT;
+	m->cons = (struct ipc_gen_constraint){ .kind = k->kind, .text_bytes = (uint32_t)len };
+	m->cons_text = len ? k->text : NULL;
+	return 0;
+}
 static_assert(KVC_GEN_LOGPROBS == IPC_GEN_LOGPROBS && KVC_MAX_SAMPLES == IPC_MAX_SAMPLES &&
 		      KVC_MAX_TOP_LOGPROBS == IPC_MAX_TOP_LOGPROBS,
 	      "flags and limits are the wire's");
@@ -193,7 +226,12 @@ static int build_generate(const kvc_client *c, const char *prompt, size_t len, c
 		m->g.gen_flags |= IPC_GEN_PRIORITY;
 		m->prio.priority = p->priority;
 	}
-	if (len > IPC_MAX_INLINE_TEXT_BYTES)
+	int r = build_constraint(c, p->constraint, m);
+	if (r < 0)
+		return r;
+	/* Prompt and constraint text go inline together when they fit, else
+	 * both through the ring (the constraint's text after the prompt). */
+	if (len > IPC_MAX_INLINE_TEXT_BYTES || len + m->cons.text_bytes > IPC_MAX_INLINE_TEXT_BYTES)
 		m->g.gen_flags |= IPC_GEN_PROMPT_IN_RING;
 	else
 		m->prompt = prompt;
@@ -264,6 +302,24 @@ int kvc_request_start(kvc_client *c, const char *prompt, size_t prompt_len, cons
 			free(turns);
 			return -ENOMEM;
 		}
+	}
+	if ((m.g.gen_flags & IPC_GEN_PROMPT_IN_RING) && m.cons.text_bytes) {
+		/* one upload: the prompt, then the constraint's text */
+		char *both = malloc(prompt_len + m.cons.text_bytes);
+		if (!both) {
+			free(q->sample_res);
+			free(q->sample_done);
+			free(q);
+			free(turns);
+			return -ENOMEM;
+		}
+		memcpy(both, prompt, prompt_len);
+		memcpy(both + prompt_len, m.cons_text, m.cons.text_bytes);
+		free(turns);
+		turns = both;
+		prompt = both;
+		prompt_len += m.cons.text_bytes;
+		m.prompt = NULL;
 	}
 	r = (int)ipc_encode_generate(c->txbuf, IPC_MAX_FRAME_BYTES, q->id, &m);
 	if (r < 0) {

@@ -86,9 +86,9 @@ extern "C" {
 /* ---- version ----------------------------------------------------------- */
 
 #define KVC_VERSION_MAJOR 0
-#define KVC_VERSION_MINOR 6
+#define KVC_VERSION_MINOR 7
 #define KVC_VERSION_PATCH 0
-#define KVC_VERSION_STRING "0.6.0"
+#define KVC_VERSION_STRING "0.7.0"
 /* One number, comparable: (major << 16) | (minor << 8) | patch.
  * 0.2.0 added conversations (kvc_gen_params.messages, struct kvc_chat_msg).
  * 0.3.0 added parallel samples and log-probabilities (kvc_gen_params.n_samples,
@@ -96,7 +96,9 @@ extern "C" {
  * kvc_request_sample_result()).
  * 0.4.0 added kvc_stats.pages_packed and .pages_released.
  * 0.5.0 added kvc_info.kv_cache_type.
- * 0.6.0 added kvc_gen_params.tenant (cache scopes) and .priority. */
+ * 0.6.0 added kvc_gen_params.tenant (cache scopes) and .priority.
+ * 0.7.0 added structured output (kvc_gen_params.constraint, struct
+ * kvc_constraint). */
 #define KVC_VERSION ((KVC_VERSION_MAJOR << 16) | (KVC_VERSION_MINOR << 8) | KVC_VERSION_PATCH)
 
 /* The version of the library actually loaded, as KVC_VERSION. */
@@ -229,6 +231,31 @@ struct kvc_chat_msg {
 #define KVC_SEED_RANDOM  UINT64_MAX /* let the daemon pick the seed */
 #define KVC_NTS          ((size_t)-1) /* "the text is NUL-terminated" as a length */
 
+/*
+ * Structured output (0.7.0): what the generated text must be. The daemon
+ * compiles the constraint (compiled constraints are cached by content, so
+ * repeating one costs nothing more) and sampling draws only tokens it
+ * allows: greedy picks the likeliest allowed token, seeded sampling samples
+ * exactly as it would from logits with every disallowed token at -inf (the
+ * same seed gives the same text). Log-probabilities (KVC_GEN_LOGPROBS) stay
+ * the model's own distribution. The model's end token is allowed only where
+ * the constraint may end. Generation ends with KVC_FINISH_EOS when the
+ * constraint is complete and no further token is possible, or when the end
+ * token is drawn where the constraint allows ending: the text is then a
+ * valid instance. KVC_FINISH_LENGTH means max_tokens cut it (the text is not
+ * valid); stop strings still apply (KVC_FINISH_STOP: cut too). With
+ * n_samples each sample obeys it; with a session it applies to this turn's
+ * generated text only (the next turn has its own or none).
+ * Errors: -EINVAL before sending for a bad kind, non-zero flags or
+ * reserved, a missing text (except JSON_OBJECT); -E2BIG over
+ * KVC_MAX_CONSTRAINT_BYTES; -EOPNOTSUPP when the daemon is older than
+ * 0.7.0. From the daemon (kvc_result.error and error_message): -EINVAL for a
+ * syntax or schema error, with error_message "constraint: " followed by
+ * where ("LINE:COL: " in the text, or the schema part's JSON pointer) and
+ * what; -ENOTSUP for a feature that cannot be honoured exactly (the message
+ * names the keyword); -E2BIG over the daemon's [limits] max_constraint_bytes
+ * or its grammar size limits.
+ */
 enum kvc_constraint_kind {
 	KVC_CONSTRAINT_GBNF = 1,        /* a grammar in llama.cpp's GBNF notation; start rule "root" */
 	KVC_CONSTRAINT_JSON_SCHEMA = 2, /* a JSON Schema document (JSON text) */
@@ -237,10 +264,13 @@ enum kvc_constraint_kind {
 	KVC_CONSTRAINT_CHOICE = 5,      /* a JSON array of strings: the output is one of them */
 };
 struct kvc_constraint {
-	uint32_t kind; uint32_t flags; /* zero */
-	const char *text; size_t len;  /* len bytes, or KVC_NTS */
-	uint64_t reserved[2];          /* zero */
+	uint32_t kind;        /* enum kvc_constraint_kind */
+	uint32_t flags;       /* zero */
+	const char *text;     /* the constraint's text (len bytes, or KVC_NTS) */
+	size_t len;
+	uint64_t reserved[2]; /* zero */
 };
+#define KVC_MAX_CONSTRAINT_BYTES (1u << 20)
 
 struct kvc_gen_params {
 	uint32_t max_tokens;      /* tokens to generate at most; default 256 */
@@ -281,7 +311,7 @@ struct kvc_gen_params {
 	 * -ERANGE; -EOPNOTSUPP when non-zero and the daemon is older than 0.6.0. */
 	int32_t priority;
 	uint32_t reserved_prio;   /* zero */
-	const struct kvc_constraint *constraint; /* (0.7.0) or NULL */
+	const struct kvc_constraint *constraint; /* (0.7.0) or NULL: see struct kvc_constraint */
 };
 #define KVC_MAX_TENANT_BYTES 64
 #define KVC_MIN_PRIORITY (-1000000)

@@ -273,6 +273,10 @@ const struct kvd_conf_key kvd_conf_keys[] = {
 	{ "server", "max_prompt_bytes", KVD_CONF_SIZE, "1M",
 	  1, 16u << 20, KVD_CONF_LIVE, "bytes of prompt text per request at most", NO_OPT,
 	  NULL, NULL, FIELD(max_prompt_bytes), NO_FIELD2 },
+	{ "limits", "max_constraint_bytes", KVD_CONF_SIZE, "256K",
+	  1, 1u << 20, KVD_CONF_LIVE,
+	  "bytes of a request's constraint (JSON Schema, grammar, regex or choice list) at most; larger ones are "
+	  "refused (E2BIG)", NO_OPT, NULL, NULL, FIELD(max_constraint_bytes), NO_FIELD2 },
 	{ "server", "drain_timeout", KVD_CONF_U32, "10",
 	  0, 3600, KVD_CONF_LIVE, "on SIGTERM, time running requests get to finish",
 	  OPT("--drain-timeout", 0, "SEC"), NULL, NULL, FIELD(drain_timeout_s), NO_FIELD2 },

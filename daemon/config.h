@@ -63,6 +63,7 @@ struct kvd_config {
 	uint32_t idle_timeout_s;   /* close a connection holding nothing this long; 0: never */
 	uint32_t max_requests_per_client;
 	uint64_t max_prompt_bytes;
+	uint64_t max_constraint_bytes; /* [limits]: a request's constraint text at most */
 	uint32_t drain_timeout_s;  /* SIGTERM: finish in-flight requests this long */
 	uint32_t token_ring_bytes; /* per-client server->client ring (power of two) */
 	int log_level;             /* sd-daemon priority: 3 err .. 7 debug */

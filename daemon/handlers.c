@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "grammar.h"
 #include "kvmm.h"
 #include "log.h"
 #include "request.h"
@@ -130,6 +131,19 @@ static void generate_start(struct client *c, struct greq *gr, char *prompt, size
 	j->last_token = last;
 	j->add_bos = !cont;
 	j->parse_special = !!(gr->g.gen_flags & IPC_GEN_PARSE_SPECIAL);
+	if (gr->cons.kind) { /* compiled on the worker after the prompt, through the shared cache */
+		_Static_assert(IPC_CONSTRAINT_GBNF == (int)KVD_GRAMMAR_GBNF && IPC_CONSTRAINT_JSON_SCHEMA ==
+			       (int)KVD_GRAMMAR_JSON_SCHEMA && IPC_CONSTRAINT_JSON_OBJECT == (int)KVD_GRAMMAR_JSON_OBJECT &&
+			       IPC_CONSTRAINT_REGEX == (int)KVD_GRAMMAR_REGEX && IPC_CONSTRAINT_CHOICE ==
+			       (int)KVD_GRAMMAR_CHOICE, "constraint kinds are the wire's");
+		_Static_assert(IPC_MAX_CONSTRAINT_BYTES <= KVD_GRAMMAR_MAX_TEXT_BYTES, "the wire's limit is the compiler's");
+		j->cons_kind = gr->cons.kind;
+		j->cons_text = gr->cons_text;
+		gr->cons_text = NULL;
+		j->cons_len = gr->cons.text_bytes;
+		j->gram_cache = srv->gram_cache;
+		in_ring = true; /* compiling may take a while: never on the loop */
+	}
 	/* Without a window policy a prompt over n_ctx - max_tokens can never
 	 * run (truncate-oldest drops history, never the new turn): stop
 	 * tokenizing past that, so a huge prompt costs about the context. */
@@ -179,6 +193,10 @@ static void generate_continue(struct client *c, struct greq *gr, struct tokw_job
 	}
 	if (j->kind == TOKW_CHAT_TURN)
 		log_debug("request %" PRIu64 ": chat turn%s: %d tokens", gr->id, cont ? " (continuation)" : "", n);
+	if (!j->stopped && j->gram_rc < 0) {
+		reject(c, gr, j->gram_rc, "constraint: %s", j->gram_why);
+		return;
+	}
 	ids = j->ids;
 	j->ids = NULL;
 	if (n == 0) {
@@ -244,6 +262,8 @@ static void generate_continue(struct client *c, struct greq *gr, struct tokw_job
 	ctx_request_params(gr, &p);
 	p.owner = request_owner(srv, c, gr);
 	p.priority = gr->priority;
+	p.grammar = j->grammar; /* the scheduler takes its own reference */
+	p.gram_vocab = j->grammar ? srv->gram_vocab : NULL;
 	p.cache_scope = kvd_cache_scope(kvd_prefix_sharing_parse(srv->cfg.prefix_sharing), c->cred.uid, c->cred.gid,
 					gr->g.gen_flags & IPC_GEN_TENANT ? gr->tenant.name : NULL,
 					gr->g.gen_flags & IPC_GEN_TENANT ? gr->tenant.bytes : 0);
@@ -317,10 +337,22 @@ void upload_done(struct client *c)
 	if (u->buf)
 		u->buf[u->total] = 0;
 	switch (u->kind) {
-	case UP_GENERATE: /* the buffer goes with the prompt, to the worker */
-		generate_start(c, u->gr, u->buf, u->total, true);
+	case UP_GENERATE: { /* the buffer goes with the prompt, to the worker */
+		struct greq *gr = u->gr;
+		uint32_t n = gr->g.prompt_bytes;
+		if (gr->cons.kind && gr->cons.text_bytes) { /* the constraint's text follows the prompt */
+			gr->cons_text = u->buf ? malloc(gr->cons.text_bytes) : NULL;
+			if (!gr->cons_text) {
+				reject(c, gr, -ENOMEM, "out of memory");
+				break;
+			}
+			memcpy(gr->cons_text, u->buf + n, gr->cons.text_bytes);
+			u->buf[n] = 0;
+		}
+		generate_start(c, gr, u->buf, n, true);
 		u->buf = NULL;
 		break;
+	}
 	case UP_TOKENIZE:
 		tokenize_submit(c, u);
 		break;
@@ -410,7 +442,9 @@ void handle_generate(struct client *c, const struct ipc_frame *f)
 		return;
 	}
 	in_ring = m.g.gen_flags & IPC_GEN_PROMPT_IN_RING;
-	uint32_t up = in_ring ? m.g.prompt_bytes : 0;
+	bool has_cons = m.g.gen_flags & IPC_GEN_CONSTRAINT;
+	/* the upload: the prompt, then the constraint's text (ipc_owner.h) */
+	uint32_t up = in_ring ? m.g.prompt_bytes + (has_cons ? m.cons.text_bytes : 0) : 0;
 	if (srv->stopping) {
 		refuse_upload(c, rid, up, IPC_ERR_SHUTDOWN, "kvd is shutting down");
 		return;
@@ -436,6 +470,16 @@ void handle_generate(struct client *c, const struct ipc_frame *f)
 		refuse_upload(c, rid, up, IPC_ERR_LIMIT,
 			      "prompt of %u bytes exceeds this server's limit of %" PRIu64 " bytes (server.max_prompt_bytes)",
 			      m.g.prompt_bytes, srv->cfg.max_prompt_bytes);
+		return;
+	}
+	if (has_cons && m.cons.text_bytes > srv->cfg.max_constraint_bytes) {
+		refuse_upload(c, rid, up, -E2BIG,
+			      "constraint: %u bytes exceed this server's limit of %" PRIu64 " bytes (limits.max_constraint_bytes)",
+			      m.cons.text_bytes, srv->cfg.max_constraint_bytes);
+		return;
+	}
+	if (has_cons && !srv->gram_vocab) {
+		refuse_upload(c, rid, up, -ENOTSUP, "constraint: not available with this model's vocabulary");
 		return;
 	}
 	if (m.g.session_id) {
@@ -490,6 +534,15 @@ void handle_generate(struct client *c, const struct ipc_frame *f)
 		gr->tenant = m.tenant;
 	if (m.g.gen_flags & IPC_GEN_PRIORITY)
 		gr->priority = m.prio.priority;
+	if (has_cons) {
+		gr->cons = m.cons;
+		if (!in_ring && m.cons.text_bytes) {
+			gr->cons_text = malloc(m.cons.text_bytes);
+			if (!gr->cons_text)
+				goto oom;
+			memcpy(gr->cons_text, m.cons_text, m.cons.text_bytes);
+		}
+	}
 	if (m.g.gen_flags & IPC_GEN_CONTEXT)
 		gr->ctx = m.ctx;
 	else if (sess && sess->ctx_set)
@@ -511,7 +564,7 @@ void handle_generate(struct client *c, const struct ipc_frame *f)
 	c->n_inflight += greq_weight(&gr->g);
 	if (in_ring && m.g.prompt_bytes > 0) {
 		gr->state = GR_UPLOADING;
-		if (upload_add(c, UP_GENERATE, rid, m.g.prompt_bytes, gr, 0, 0, NULL) < 0)
+		if (upload_add(c, UP_GENERATE, rid, up, gr, 0, 0, NULL) < 0)
 			return; /* the connection is ending; its requests go with it */
 		client_mark_dirty(c);
 		return;

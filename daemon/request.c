@@ -280,8 +280,9 @@ enum kvd_token_verdict kvd_request_token(struct kvd_request *rq, int32_t token, 
 	int hit = 0, n;
 	size_t n_out;
 
-	if (ending == KVD_FINISH_EOS) {
-		/* the end-of-generation token itself adds no text */
+	if (ending == KVD_FINISH_EOS && kvd_tokenizer_is_eog(rq->tok, token)) {
+		/* the end-of-generation token itself adds no text (a text token
+		 * that completes a constraint ends the stream with its text) */
 		n = kvd_detok_flush(&rq->detok, rq->piece, sizeof(rq->piece));
 		n_out = kvd_stop_feed(&rq->stop, rq->piece, n > 0 ? (size_t)n : 0, rq->out, sizeof(rq->out), &hit);
 		n_out += kvd_stop_flush(&rq->stop, rq->out + n_out, sizeof(rq->out) - n_out);

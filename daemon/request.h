@@ -106,7 +106,8 @@ struct kvd_request *kvd_request_free(struct kvd_request *rq);
  * stop string is held back; valid until the next call. When the stream
  * ends with this token (ending EOS or LENGTH, or a stop string completes)
  * everything held back is released, except a stop string and what follows
- * it, and an end-of-generation token adds no text of its own. Returns
+ * it, and an end-of-generation token adds no text of its own (a text token
+ * ending with EOS — a completed constraint — adds its text). Returns
  * KVD_TOKEN_STOP when a stop string has completed (the text then ends just
  * before it; feed nothing more), else KVD_TOKEN_CONTINUE.
  */

@@ -40,6 +40,7 @@
 #include <time.h>
 
 #include "engine.h"
+#include "grammar_sample.h"
 #include "step_model.h"
 #include "kvmm.h"
 #include "log.h"
@@ -172,10 +173,25 @@ uint64_t sched_pages_bound(const struct kvd_sched *s, uint64_t tokens, int windo
 	return live + (slots ? (rel + slots - 1) / slots : 0);
 }
 
+void req_gram_release(struct req *r)
+{
+	r->gram = kvd_grammar_unref(r->gram);
+	r->gvocab = NULL;
+	kvd_gram_state_fini(&r->gst);
+}
+
+struct kvd_gram_scratch *sched_gram_scratch(struct kvd_sched *s)
+{
+	if (!s->gscratch)
+		s->gscratch = kvd_gram_scratch_new();
+	return s->gscratch;
+}
+
 void req_free(struct req *r)
 {
 	if (!r)
 		return;
+	req_gram_release(r);
 	kvd_sampler_free(r->sampler);
 	free(r->toks);
 	free(r->logits);
@@ -247,6 +263,7 @@ void sched_finish(struct kvd_sched *s, struct req *r, enum kvd_finish why, int e
 	if (r->t_admit)
 		r->res.queue_ns = r->t_admit - r->t_submit;
 	s->st.requests_done++;
+	req_gram_release(r); /* a constraint covers one request (a session's turn) */
 	if (find_ptr(s, r, &i))
 		sched_remove_at(s, i);
 	r->res.ledger = NULL;
@@ -319,6 +336,8 @@ struct kvd_sched *kvd_sched_destroy(struct kvd_sched *s)
 	free(s->item_req);
 	free(s->cand);
 	sched_fair_free(s);
+	kvd_gram_scratch_free(s->gscratch);
+	free(s->gmask);
 	free(s);
 	return NULL;
 }
@@ -440,10 +459,54 @@ static void resume_swapped(struct kvd_sched *s, uint32_t n_running)
 	}
 }
 
+/* r's next token: its sampler's draw, under its constraint if it has one
+ * (daemon/model/grammar_sample.h). 0, -ENOENT (the constraint allows
+ * nothing), -ENOMEM. */
+static int next_token(struct kvd_sched *s, struct req *r, int32_t *ret)
+{
+	if (!r->gram) {
+		*ret = kvd_sampler_sample(r->sampler, r->logits, r->toks, r->n_toks);
+		return 0;
+	}
+	size_t words = ((size_t)s->n_vocab + 31) / 32, vw = kvd_gram_vocab_mask_words(r->gvocab);
+	if (vw > words)
+		words = vw;
+	if (words > s->gmask_words) {
+		uint32_t *m = realloc(s->gmask, words * sizeof(*m));
+		if (!m)
+			return -ENOMEM;
+		s->gmask = m;
+		s->gmask_words = words;
+	}
+	if (!sched_gram_scratch(s))
+		return -ENOMEM;
+	int fast = 0;
+	int rc = kvd_gram_sample(r->sampler, r->logits, r->toks, r->n_toks, r->gram, r->gvocab, s->gscratch, &r->gst,
+				 s->gmask, s->gmask_words, ret, &fast);
+	if (rc == 0)
+		fast ? s->st.gram_checked++ : s->st.gram_masked++;
+	return rc;
+}
+
 /* Sample and report one new token; end the request when it ends here. */
 static void emit(struct kvd_sched *s, struct req *r)
 {
-	int32_t t = kvd_sampler_sample(r->sampler, r->logits, r->toks, r->n_toks);
+	int32_t t;
+	int rc = next_token(s, r, &t);
+	if (rc < 0) {
+		sched_finish(s, r, KVD_FINISH_ERROR, rc);
+		return;
+	}
+	int eog = s->ev.is_eog && s->ev.is_eog(s->ev.ud, t);
+	int complete = 0; /* the constraint is complete and nothing can follow */
+	if (r->gram && !eog) {
+		rc = kvd_gram_accept_token(r->gram, r->gvocab, s->gscratch, &r->gst, t);
+		if (rc < 0) { /* the mask and the matcher disagree, or memory */
+			sched_finish(s, r, KVD_FINISH_ERROR, rc == -ENOENT ? -EPROTO : rc);
+			return;
+		}
+		complete = !kvd_gram_can_continue(&r->gst);
+	}
 	struct kvd_logprobs lp;
 	int with_lp = r->logprobs && kvd_logprobs_compute(r->logits, s->n_vocab, t, r->top_logprobs, &lp) == 0;
 	uint64_t now = sched_now_ns(s);
@@ -460,8 +523,10 @@ static void emit(struct kvd_sched *s, struct req *r)
 		kvd_hist_add(&s->st.itl, now - r->t_last);
 	}
 	r->t_last = now;
-	if (!r->ignore_eos && s->ev.is_eog && s->ev.is_eog(s->ev.ud, t))
+	if (eog && (!r->ignore_eos || r->gram))
 		ending = KVD_FINISH_EOS;
+	else if (complete)
+		ending = KVD_FINISH_EOS; /* on a text token: its text is the output's end */
 	else if (r->n_generated == r->max_tokens)
 		ending = KVD_FINISH_LENGTH;
 	if (s->ev.on_sample_token) {

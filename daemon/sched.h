@@ -46,6 +46,8 @@
 struct kvd_engine;
 struct kvd_sched;
 struct kvmm_seq_record;
+struct kvd_grammar;
+struct kvd_gram_vocab;
 
 struct kvd_sched_config {
 	uint32_t max_num_seqs;        /* running + prefilling at most */
@@ -101,6 +103,19 @@ struct kvd_request_params {
 	 * default. Between owners it counts for nothing: the machine is
 	 * shared between owners first (sched_fair.c). */
 	int32_t priority;
+	/* A constraint on the generated text (grammar.h), or NULL. The
+	 * scheduler takes its own reference; gram_vocab (borrowed: it must
+	 * outlive the request) is the model's vocabulary it is matched
+	 * against. Each sequence keeps its own parse state (forked with its
+	 * samples, untouched by preemption and swap: only a sampled token
+	 * advances it, never a recomputation), draws only allowed tokens
+	 * (daemon/model/grammar_sample.h), and ends with EOS when the
+	 * constraint is complete and nothing can follow, or when an
+	 * end-of-generation token is drawn (allowed only where the constraint
+	 * may end; ignore_eos does not apply). With a session it applies to
+	 * this turn only. */
+	struct kvd_grammar *grammar;
+	const struct kvd_gram_vocab *gram_vocab;
 };
 
 #define KVD_MAX_SAMPLES 16
@@ -204,6 +219,9 @@ struct kvd_sched_stats {
 	                           * request's first (time to first token is the server's,
 	                           * which sees the request arrive) */
 	uint64_t samples_forked;  /* sequences forked for parallel samples */
+	/* Constrained tokens drawn: answered by the greedy check alone, and
+	 * drawn over a full mask of the allowed tokens. */
+	uint64_t gram_checked, gram_masked;
 };
 
 int kvd_sched_create(const struct kvd_sched_config *cfg, struct kvd_engine *e, const struct kvd_sched_events *ev,
@@ -219,7 +237,8 @@ struct kvd_sched *kvd_sched_destroy(struct kvd_sched *s);
  * window policy the backend cannot do (no kv_shift); -ENOSPC when it could not fit
  * in the whole KV pool even alone; -EINVAL for an empty prompt, a token
  * out of range or bad sampling parameters, n_samples above KVD_MAX_SAMPLES,
- * samples with a session or top_logprobs above KVD_LOGPROBS_MAX_TOP;
+ * samples with a session or top_logprobs above KVD_LOGPROBS_MAX_TOP, a
+ * grammar without gram_vocab;
  * -ERANGE for n_samples above max_num_seqs; -EBUSY when the queue is full
  * or the session is in use; -EEXIST for a duplicate request id; -ENOMEM.
  * On success on_done will be called exactly once.

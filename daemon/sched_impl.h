@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "engine.h"
+#include "grammar.h"
 #include "sched.h"
 #include "step_model.h"
 
@@ -50,6 +51,11 @@ struct req {
 	int swap_failed;         /* kvmm reported an I/O error on its sequence */
 	struct kvd_sampler *sampler;
 	float *logits;
+	/* constraint (params.grammar): a reference, the vocabulary, and the
+	 * parse state after the tokens generated so far; gram NULL: none */
+	struct kvd_grammar *gram;
+	const struct kvd_gram_vocab *gvocab;
+	struct kvd_gram_state gst;
 	struct kvd_request_result res;
 	uint64_t t_submit, t_admit, t_first, t_last, t_used;
 	uint64_t owner;          /* params.owner: whose share it draws on */
@@ -121,10 +127,19 @@ struct kvd_sched {
 	struct sched_cost_fit fit;
 	struct sched_slot *order; /* this step's requests in fair order */
 	size_t n_order, cap_order;
+	/* constrained sampling (emit): the matcher's scratch and one mask,
+	 * shared by every sequence since tokens are drawn one at a time */
+	struct kvd_gram_scratch *gscratch;
+	uint32_t *gmask;
+	size_t gmask_words;
 };
 
 /* ---- sched.c ---- */
 void req_free(struct req *r);
+/* Drop r's constraint (its reference and parse state); accepts none. */
+void req_gram_release(struct req *r);
+/* The scheduler's matcher scratch, made on first use; NULL: out of memory. */
+struct kvd_gram_scratch *sched_gram_scratch(struct kvd_sched *s);
 int reserve_toks(struct req *r, uint32_t n);
 /* The request (or, with samples, its first sample) with id, and its index. */
 struct req *sched_find(const struct kvd_sched *s, uint64_t id, size_t *ret_i);

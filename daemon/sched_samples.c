@@ -6,7 +6,8 @@
  * forked n - 1 times (kvmm_seq_fork: every page shared, the partly filled
  * last page copied by kvmm on the first write into it, so the prompt's KV
  * exists once), and each child gets a copy of the logits and its own
- * sampler. From then on every sample is an ordinary request of the
+ * sampler (and a copy of the constraint's parse state, when it has one).
+ * From then on every sample is an ordinary request of the
  * scheduler under the same id, found by pointer where that matters.
  */
 #include <errno.h>
@@ -54,6 +55,14 @@ static struct req *fork_child(const struct sched_fork *x, struct req *p, uint32_
 	if (!c->sampler || !c->logits || reserve_toks(c, p->cap_toks) < 0) {
 		req_free(c);
 		return NULL;
+	}
+	if (p->gram) { /* the constraint's state after the prompt: its start */
+		c->gram = kvd_grammar_ref(p->gram);
+		c->gvocab = p->gvocab;
+		if (kvd_gram_state_copy(&c->gst, &p->gst) < 0) {
+			req_free(c);
+			return NULL;
+		}
 	}
 	memcpy(c->logits, p->logits, (size_t)x->n_vocab * sizeof(float));
 	memcpy(c->toks, p->toks, p->n_toks * sizeof(*c->toks));

@@ -37,6 +37,8 @@ int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt
 	    p->top_logprobs > KVD_LOGPROBS_MAX_TOP ||
 	    (int32_t)p->top_logprobs > s->n_vocab)
 		return -EINVAL;
+	if (p->grammar && !p->gram_vocab)
+		return -EINVAL;
 	if (n_samples > s->cfg.max_num_seqs)
 		return -ERANGE;
 	for (uint32_t i = 0; i < n_prompt; i++)
@@ -102,6 +104,14 @@ int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt
 		rc = -ENOMEM;
 		goto fail;
 	}
+	req_gram_release(r); /* (a session's object: its last turn's is gone already) */
+	if (p->grammar) {
+		r->gram = kvd_grammar_ref(p->grammar);
+		r->gvocab = p->gram_vocab;
+		rc = sched_gram_scratch(s) ? kvd_gram_state_init(r->gram, s->gscratch, &r->gst) : -ENOMEM;
+		if (rc < 0)
+			goto fail;
+	}
 	memcpy(r->toks + hist, prompt, n_prompt * sizeof(*prompt));
 	r->n_toks = hist + n_prompt;
 	r->id = req_id;
@@ -146,6 +156,7 @@ int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt
 fail:
 	if (sess) {
 		/* put the session back untouched */
+		req_gram_release(r);
 		r->sampler = kvd_sampler_free(r->sampler);
 		free(r->logits);
 		r->logits = NULL;

@@ -31,6 +31,7 @@
 #include "log.h"
 #include "model.h"
 #include "tokwork.h"
+#include "grammar.h"
 
 /* ---- configuration, signals, systemd ---------------------------------------- */
 
@@ -251,6 +252,14 @@ int kvd_server_create(const struct kvd_config *cfg, struct kvd_engine *e, int li
 	r = kvd_tokwork_new(srv->tok, &srv->tokw);
 	if (r < 0)
 		goto fail;
+	srv->gram_cache = kvd_gram_cache_new(SRV_GRAM_CACHE_ENTRIES, SRV_GRAM_CACHE_BYTES);
+	if (!srv->gram_cache) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	r = kvd_gram_vocab_from_tokenizer(srv->tok, &srv->gram_vocab);
+	if (r < 0) /* serve without constraints rather than not at all */
+		log_warning("constraints are not available: the vocabulary cannot be read (%s)", strerror(-r));
 	srv->tokw_src = (struct ep_src){ SRC_TOKW, srv };
 	if ((r = ep_add(srv, kvd_tokwork_fd(srv->tokw), &srv->tokw_src)) < 0)
 		goto fail;
@@ -275,6 +284,8 @@ struct kvd_server *kvd_server_free(struct kvd_server *srv)
 		session_free(srv, s);
 	}
 	srv->sched = kvd_sched_destroy(srv->sched);
+	srv->gram_cache = kvd_gram_cache_free(srv->gram_cache);
+	srv->gram_vocab = kvd_gram_vocab_free(srv->gram_vocab);
 	if (srv->listen_fd >= 0)
 		close(srv->listen_fd);
 	if (srv->sig_fd >= 0)

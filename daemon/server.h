@@ -26,9 +26,11 @@
  * 0.5.0: WELCOME names the KV element type (IPC_KV_TYPE_CLIENT_VERSION); [kv]
  * cache_type = bf16.
  * 0.6.0: the prefix cache is scoped by owner ([kv] prefix_sharing) and
- * GENERATE may name a tenant (IPC_GEN_TENANT, IPC_TENANT_SERVER_VERSION). */
-#define KVD_VERSION     "0.6.0"
-#define KVD_VERSION_NUM ((0u << 16) | (6u << 8) | 0u) /* as in ipc_welcome.server_version */
+ * GENERATE may name a tenant (IPC_GEN_TENANT, IPC_TENANT_SERVER_VERSION).
+ * 0.7.0: GENERATE may carry a constraint (IPC_GEN_CONSTRAINT,
+ * IPC_CONSTRAINT_SERVER_VERSION): structured output. */
+#define KVD_VERSION     "0.7.0"
+#define KVD_VERSION_NUM ((0u << 16) | (7u << 8) | 0u) /* as in ipc_welcome.server_version */
 
 struct kvd_engine;
 struct kvd_server;

@@ -68,6 +68,8 @@
 #define SRV_EXPIRE_NS        1000000000ull
 #define SRV_FINAL_FLUSH_NS   2000000000ull /* after cancelling on shutdown, wait this long for rings */
 #define SRV_SNDBUF_BYTES     (1 << 20)
+#define SRV_GRAM_CACHE_ENTRIES 64          /* compiled constraints kept (by content) */
+#define SRV_GRAM_CACHE_BYTES   (64u << 20) /* and their bytes at most */
 #define SRV_MAX_GROUPS       256
 #define SRV_MAX_SESSIONS_PER_USER 256
 #define SRV_MAX_QUEUED_UPLOADS 64 /* ring uploads a client may announce ahead */
@@ -156,6 +158,8 @@ struct greq {
 	uint32_t turn_start;          /* session turns: history tokens before this turn */
 	uint32_t head_tokens;         /* a first turn: tokens truncate-oldest keeps */
 	uint32_t trunc_turns, trunc_tokens; /* what truncate-oldest removed for it */
+	struct ipc_gen_constraint cons; /* with IPC_GEN_CONSTRAINT (kind 0: none) */
+	char *cons_text;              /* its text (cons.text_bytes; NULL for 0), until the worker takes it */
 };
 
 enum upload_kind { UP_GENERATE, UP_TOKENIZE, UP_DISCARD };
@@ -253,6 +257,12 @@ struct kvd_server {
 	int sig_fd;
 	struct ep_src listen_src, sig_src, tokw_src;
 	struct kvd_tokwork *tokw;     /* the tokenizer worker (tokwork.h) */
+	/* constraints (grammar.h): compiled on the worker, through one cache
+	 * by content; the model's vocabulary as the matcher sees it, built
+	 * once at start (NULL: the model's tokenizer could not give one, and
+	 * constrained requests are refused) */
+	struct kvd_gram_cache *gram_cache;
+	struct kvd_gram_vocab *gram_vocab;
 	uint64_t next_tok_seq;
 	struct client *clients;
 	uint32_t n_clients;           /* every connection, lingering ones too */

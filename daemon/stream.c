@@ -26,6 +26,7 @@ struct greq *greq_free(struct greq *gr)
 		gr->sess->busy = NULL; /* a turn that never reached the scheduler */
 	free(gr->system);
 	free(gr->stop_buf);
+	free(gr->cons_text);
 	kvd_request_free(gr->rq);
 	free(gr->toks);
 	free(gr->text);

@@ -12,6 +12,7 @@
 #include "tokwork.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "grammar.h"
 #include "request.h"
 
 #define TOKW_NICE 10
@@ -55,8 +57,33 @@ struct tokw_job *tokw_job_free(struct tokw_job *j)
 	free(j->text);
 	free(j->system);
 	free(j->ids);
+	free(j->cons_text);
+	kvd_grammar_unref(j->grammar);
 	free(j);
 	return NULL;
+}
+
+/* The job's constraint, through the shared compile cache. */
+static void compile_constraint(struct tokw_job *j)
+{
+	struct kvd_grammar_error err = { 0 };
+
+	j->grammar = NULL;
+	j->gram_rc = 0;
+	j->gram_why[0] = 0;
+	if (!j->cons_kind)
+		return;
+	if (!j->gram_cache) {
+		j->gram_rc = -ENOTSUP;
+		snprintf(j->gram_why, sizeof(j->gram_why), "constraints are not available");
+		return;
+	}
+	j->gram_rc = kvd_gram_cache_get(j->gram_cache, (enum kvd_grammar_kind)j->cons_kind,
+					j->cons_text ? j->cons_text : "", j->cons_len, &j->grammar, &j->gram_hit, &err);
+	if (j->gram_rc < 0) {
+		j->grammar = NULL;
+		snprintf(j->gram_why, sizeof(j->gram_why), "%s", err.msg[0] ? err.msg : strerror(-j->gram_rc));
+	}
 }
 
 void kvd_tokwork_run(const struct kvd_tokenizer *tok, struct tokw_job *j)
@@ -81,6 +108,8 @@ void kvd_tokwork_run(const struct kvd_tokenizer *tok, struct tokw_job *j)
 	if (j->n < 0)
 		j->ids = NULL;
 	j->stopped = j->n >= 0 && (size_t)j->n > j->stop_after;
+	if (j->n >= 0 && !j->stopped)
+		compile_constraint(j);
 }
 
 static struct tokw_owner *owner_find(struct kvd_tokwork *w, uint64_t owner)

@@ -30,6 +30,8 @@
 
 struct kvd_tokenizer;
 struct kvd_tokwork;
+struct kvd_grammar;
+struct kvd_gram_cache;
 
 enum tokw_kind {
 	TOKW_RAW,        /* kvd_request_tokenize: GENERATE with IPC_GEN_RAW, and TOKENIZE */
@@ -54,19 +56,32 @@ struct tokw_job {
 	int32_t last_token;           /* TOKW_CHAT_TURN continuation */
 	uint32_t tok_flags;           /* TOKENIZE's */
 	size_t stop_after;            /* stop once more tokens than this (TOKW_NO_BOUND: never) */
+	/* A GENERATE's constraint, compiled after its prompt is tokenized
+	 * (through gram_cache, which is thread safe): cons_kind 0 for none. */
+	uint32_t cons_kind;           /* enum kvd_grammar_kind */
+	char *cons_text;              /* cons_len bytes (may be NULL for 0); owned by the job */
+	size_t cons_len;
+	struct kvd_gram_cache *gram_cache; /* borrowed */
 	/* set by kvd_tokwork_run */
 	int n;                        /* tokens, or a negative errno */
 	bool stopped;                 /* stopped early: n > stop_after, and the text has more */
 	int32_t *ids;                 /* n ids; owned by the job */
 	char why[256];                /* the chat kinds' reason when n < 0 */
+	struct kvd_grammar *grammar;  /* the compiled constraint (a reference; owned by the job) */
+	int gram_rc;                  /* 0, or kvd_grammar_compile's error */
+	int gram_hit;                 /* it came from the cache */
+	char gram_why[384];           /* the compiler's message when gram_rc < 0 */
 	uint64_t cpu_ns;              /* the worker thread's CPU time for it */
 };
 
-/* Accepts NULL; frees text, system and ids too; returns NULL. */
+/* Accepts NULL; frees text, system, ids and cons_text too and drops the
+ * grammar's reference; returns NULL. */
 struct tokw_job *tokw_job_free(struct tokw_job *j);
 
 /* Tokenize j on the calling thread (any thread: the tokenizer is
- * read-only): sets j->n, j->stopped, j->ids, j->why (not j->cpu_ns). */
+ * read-only): sets j->n, j->stopped, j->ids, j->why (not j->cpu_ns); then,
+ * when the prompt is usable and j has a constraint, compiles it: j->grammar
+ * or j->gram_rc and j->gram_why. */
 void kvd_tokwork_run(const struct kvd_tokenizer *tok, struct tokw_job *j);
 
 /* Start the worker over tok (borrowed; must outlive it). Returns 0,

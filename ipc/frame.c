@@ -323,13 +323,25 @@ int ipc_decode_generate(const struct ipc_frame *f, struct ipc_generate_msg *ret)
 		return -E2BIG;
 	if (in_ring && g->prompt_bytes == 0)
 		return -EINVAL;
-	/* All sizes are bounded above, so this sum cannot overflow. */
 	bool has_ctx = g->gen_flags & IPC_GEN_CONTEXT;
 	bool has_tenant = g->gen_flags & IPC_GEN_TENANT;
 	bool has_prio = g->gen_flags & IPC_GEN_PRIORITY;
-	uint64_t expect = (uint64_t)sizeof(m.g) + g->system_bytes + g->stop_bytes + (in_ring ? 0 : g->prompt_bytes) +
-			  (has_ctx ? sizeof(m.ctx) : 0) + (has_tenant ? sizeof(m.tenant) : 0) +
-			  (has_prio ? sizeof(m.prio) : 0);
+	bool has_cons = g->gen_flags & IPC_GEN_CONSTRAINT;
+	/* All sizes are bounded above, so these sums cannot overflow. The
+	 * constraint block sits at a known offset; its text's length is needed
+	 * for the frame's. */
+	uint64_t cons_at = (uint64_t)sizeof(m.g) + g->system_bytes + g->stop_bytes + (has_ctx ? sizeof(m.ctx) : 0) +
+			   (has_tenant ? sizeof(m.tenant) : 0) + (has_prio ? sizeof(m.prio) : 0);
+	if (has_cons) {
+		if (cons_at + sizeof(m.cons) > f->hdr.length)
+			return -EBADMSG;
+		memcpy(&m.cons, (const uint8_t *)f->payload + cons_at, sizeof(m.cons));
+		int r = ipc_gen_constraint_check(&m.cons);
+		if (r < 0)
+			return r;
+	}
+	uint64_t expect = cons_at + (has_cons ? sizeof(m.cons) + (in_ring ? 0 : m.cons.text_bytes) : 0) +
+			  (in_ring ? 0 : g->prompt_bytes);
 	if (expect != f->hdr.length)
 		return -EBADMSG;
 
@@ -376,12 +388,16 @@ int ipc_decode_generate(const struct ipc_frame *f, struct ipc_generate_msg *ret)
 		if (r < 0)
 			return r;
 	}
+	if (has_cons)
+		p += sizeof(m.cons);
 	if (turns && !in_ring) {
 		int r = ipc_chat_turns_check(p, g->prompt_bytes);
 		if (r < 0)
 			return r;
 	}
 	m.prompt = in_ring ? NULL : p;
+	if (has_cons && !in_ring)
+		m.cons_text = p + g->prompt_bytes;
 	*ret = m;
 	return 0;
 }
@@ -390,7 +406,7 @@ ssize_t ipc_encode_generate(void *buf, size_t cap, uint64_t request_id, const st
 {
 	struct ipc_generate g = m->g;
 	uint16_t lens[IPC_MAX_STOP_STRINGS];
-	struct iovec iov[5 + 2 * IPC_MAX_STOP_STRINGS + 1];
+	struct iovec iov[7 + 2 * IPC_MAX_STOP_STRINGS + 1];
 	int n = 0;
 
 	if (g.n_stop > IPC_MAX_STOP_STRINGS)
@@ -412,11 +428,15 @@ ssize_t ipc_encode_generate(void *buf, size_t cap, uint64_t request_id, const st
 		iov[n++] = (struct iovec){ (void *)&m->tenant, sizeof(m->tenant) };
 	if (g.gen_flags & IPC_GEN_PRIORITY)
 		iov[n++] = (struct iovec){ (void *)&m->prio, sizeof(m->prio) };
+	if (g.gen_flags & IPC_GEN_CONSTRAINT)
+		iov[n++] = (struct iovec){ (void *)&m->cons, sizeof(m->cons) };
 	if (!(g.gen_flags & IPC_GEN_PROMPT_IN_RING) && g.prompt_bytes) {
 		if (g.prompt_bytes > IPC_MAX_INLINE_TEXT_BYTES)
 			return -E2BIG;
 		iov[n++] = (struct iovec){ (void *)m->prompt, g.prompt_bytes };
 	}
+	if ((g.gen_flags & IPC_GEN_CONSTRAINT) && !(g.gen_flags & IPC_GEN_PROMPT_IN_RING) && m->cons.text_bytes)
+		iov[n++] = (struct iovec){ (void *)m->cons_text, m->cons.text_bytes };
 	ssize_t len = ipc_frame_build(buf, cap, IPC_MSG_GENERATE, 0, request_id, iov, n);
 	if (len < 0)
 		return len;
@@ -454,6 +474,19 @@ int ipc_gen_priority_check(const struct ipc_gen_priority *p)
 	if (p->priority < IPC_MIN_PRIORITY || p->priority > IPC_MAX_PRIORITY)
 		return -ERANGE;
 	return p->reserved ? -EPROTO : 0;
+}
+
+static_assert(sizeof(struct ipc_gen_constraint) == 16, "ipc_gen_constraint layout");
+
+int ipc_gen_constraint_check(const struct ipc_gen_constraint *k)
+{
+	if (k->kind < IPC_CONSTRAINT_GBNF || k->kind > IPC_CONSTRAINT_CHOICE)
+		return -EINVAL;
+	if (k->text_bytes > IPC_MAX_CONSTRAINT_BYTES)
+		return -E2BIG;
+	if (k->text_bytes == 0 && k->kind != IPC_CONSTRAINT_JSON_OBJECT)
+		return -EINVAL;
+	return k->flags || k->reserved ? -EPROTO : 0;
 }
 
 /* ---- chat turns ------------------------------------------------------------------ */

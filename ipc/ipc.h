@@ -277,7 +277,8 @@ struct ipc_welcome {
 #define IPC_GEN_CONTEXT        0x40u /* a struct ipc_gen_context follows the stop area */
 #define IPC_GEN_TENANT         0x80u /* a struct ipc_gen_tenant follows (ipc_owner.h) */
 #define IPC_GEN_PRIORITY       0x100u /* a struct ipc_gen_priority follows (ipc_owner.h) */
-#define IPC_GEN_ALL            0x1ffu
+#define IPC_GEN_CONSTRAINT     0x200u /* a struct ipc_gen_constraint follows (ipc_owner.h) */
+#define IPC_GEN_ALL            0x3ffu
 
 struct ipc_generate {
 	uint32_t gen_flags;       /* IPC_GEN_* */
@@ -299,9 +300,11 @@ struct ipc_generate {
 };
 /* Payload: struct ipc_generate | system text | stop area | [struct ipc_gen_context
  * with IPC_GEN_CONTEXT] | [struct ipc_gen_tenant with IPC_GEN_TENANT] |
- * [struct ipc_gen_priority with IPC_GEN_PRIORITY] | prompt (inline only). */
+ * [struct ipc_gen_priority with IPC_GEN_PRIORITY] | [struct ipc_gen_constraint
+ * with IPC_GEN_CONSTRAINT] | prompt (inline only) | [constraint text, inline
+ * only; with IPC_GEN_PROMPT_IN_RING it is uploaded after the prompt]. */
 
-/* Tenant and priority blocks: ipc_owner.h. */
+/* Tenant, priority and constraint blocks: ipc_owner.h. */
 #include "ipc_owner.h"
 
 /* Context policies: struct ipc_gen_context and its helpers. */
@@ -645,13 +648,16 @@ struct ipc_generate_msg {
 	struct ipc_gen_context ctx;                /* with IPC_GEN_CONTEXT; zero otherwise */
 	struct ipc_gen_tenant tenant;              /* with IPC_GEN_TENANT; zero otherwise */
 	struct ipc_gen_priority prio;              /* with IPC_GEN_PRIORITY; zero otherwise */
+	struct ipc_gen_constraint cons;            /* with IPC_GEN_CONSTRAINT; zero otherwise */
+	const char *cons_text;                     /* its inline text (cons.text_bytes); NULL when in ring */
 };
 int ipc_decode_generate(const struct ipc_frame *f, struct ipc_generate_msg *ret);
 /*
  * Encode a GENERATE frame into buf (cap bytes). m->g.stop_bytes is
  * computed; everything else is taken as given and the result is checked
  * with the decoder, so nothing is sent that the server would reject on
- * form. When g.gen_flags has IPC_GEN_PROMPT_IN_RING m->prompt is ignored.
+ * form. When g.gen_flags has IPC_GEN_PROMPT_IN_RING m->prompt and
+ * m->cons_text are ignored (both travel through the upload ring).
  * Returns the frame size or a validation error.
  */
 ssize_t ipc_encode_generate(void *buf, size_t cap, uint64_t request_id, const struct ipc_generate_msg *m);

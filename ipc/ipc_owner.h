@@ -1,7 +1,8 @@
 /*
- * ipc/ipc_owner.h — GENERATE's blocks about whom a request belongs to and
- * how it ranks among its owner's requests: the tenant (IPC_GEN_TENANT) and
- * the priority (IPC_GEN_PRIORITY). Included by ipc.h.
+ * ipc/ipc_owner.h — GENERATE's optional blocks: whom a request belongs to
+ * and how it ranks among its owner's requests, the tenant (IPC_GEN_TENANT)
+ * and the priority (IPC_GEN_PRIORITY), and what its output must be, the
+ * constraint (IPC_GEN_CONSTRAINT). Included by ipc.h.
  */
 #ifndef KVD_IPC_OWNER_H
 #define KVD_IPC_OWNER_H
@@ -46,5 +47,40 @@ struct ipc_gen_priority {
 };
 /* 0, -ERANGE for a value out of range, -EPROTO for non-zero reserved. */
 int ipc_gen_priority_check(const struct ipc_gen_priority *p);
+
+/*
+ * Constraint (IPC_GEN_CONSTRAINT): the generated text must be a sentence of
+ * a grammar (GBNF), an instance of a JSON Schema, any JSON object, a match
+ * of a regular expression or one of a list of strings. kind is enum
+ * ipc_constraint_kind; text_bytes of the constraint's text follow the
+ * block when the prompt is inline (after the priority block, before the
+ * prompt), or, with IPC_GEN_PROMPT_IN_RING, are uploaded right after the
+ * prompt: the upload is then prompt_bytes + text_bytes long, prompt first.
+ * text_bytes is 1 .. IPC_MAX_CONSTRAINT_BYTES (0 allowed for JSON_OBJECT);
+ * flags and reserved are 0. The daemon compiles the text (and may refuse
+ * it: -EINVAL with "constraint: " and the compiler's message, -ENOTSUP,
+ * -E2BIG past its [limits] max_constraint_bytes). Daemons before
+ * IPC_CONSTRAINT_SERVER_VERSION refuse the flag (-EPROTO): libkvclient sends
+ * it only to newer ones.
+ */
+#define IPC_MAX_CONSTRAINT_BYTES (1u << 20)
+#define IPC_CONSTRAINT_SERVER_VERSION ((0u << 16) | (7u << 8) | 0u) /* kvd 0.7.0 */
+enum ipc_constraint_kind {
+	IPC_CONSTRAINT_GBNF = 1,
+	IPC_CONSTRAINT_JSON_SCHEMA = 2,
+	IPC_CONSTRAINT_JSON_OBJECT = 3,
+	IPC_CONSTRAINT_REGEX = 4,
+	IPC_CONSTRAINT_CHOICE = 5,
+};
+struct ipc_gen_constraint {
+	uint32_t kind;                     /* enum ipc_constraint_kind */
+	uint32_t flags;                    /* 0 */
+	uint32_t text_bytes;               /* the text's length */
+	uint32_t reserved;                 /* 0 */
+};
+/* The block's form: kind known, length in range, zeros. 0, -EINVAL (kind,
+ * an empty text for a kind that needs one), -E2BIG, -EPROTO (non-zero
+ * flags or reserved). */
+int ipc_gen_constraint_check(const struct ipc_gen_constraint *k);
 
 #endif /* KVD_IPC_OWNER_H */

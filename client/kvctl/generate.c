@@ -111,7 +111,28 @@ static const char help_generate[] =
 	"                         distribution (before temperature, penalties and top-k/p)\n"
 	"\n"
 	"    -n is the number of samples, not of tokens (that is --max-tokens).\n"
+	"\n"
+	"STRUCTURED OUTPUT\n"
+	"    One of these makes the output follow a constraint exactly: the daemon lets\n"
+	"    the model draw only tokens that keep the text valid, and ends the answer\n"
+	"    when it is complete. Only the text is printed, so it can go straight to a\n"
+	"    parser (kvctl generate --json-schema person.json \"...\" | jq .name).\n"
+	"    --json-schema FILE   a JSON instance of the JSON Schema in FILE (\"-\": stdin\n"
+	"                         is then not the prompt)\n"
+	"    --grammar FILE       a sentence of the GBNF grammar in FILE (llama.cpp's\n"
+	"                         notation; the start rule is root)\n"
+	"    --regex RE           text the regular expression RE matches as a whole\n"
+	"    --choice A,B,...     exactly one of the comma-separated strings\n"
+	"    --json-object        any JSON object (--json is the output format)\n"
+	"    A constraint the daemon cannot compile is refused (exit status 4) with\n"
+	"    its message on stderr: \"constraint: LINE:COL: ...\" or the schema part's\n"
+	"    JSON pointer; a feature it cannot honour exactly is refused by name.\n"
+	"    Output that --max-tokens (or a --stop string) cut before it was complete\n"
+	"    is not valid: it is still printed, a message says so on stderr and the\n"
+	"    exit status is 8 (with -n: when any sample was cut).\n"
 	"\n" COMMON_HELP "\n" EXIT_STATUS_HELP
+	"    8    a constrained output was cut by --max-tokens or --stop before it was\n"
+	"         complete (it is not valid)\n"
 	"\n"
 	"EXAMPLES\n"
 	"    kvctl generate \"Why is the sky blue?\"\n"
@@ -122,6 +143,8 @@ static const char help_generate[] =
 	"    kvctl generate -- \"-1 times -1 is\"\n"
 	"    kvctl generate -n 4 --seed 7 \"Name a colour.\"\n"
 	"    kvctl generate --raw --temperature 0 --logprobs 5 --json \"The sky is\"\n"
+	"    kvctl generate --temperature 0 --json-schema person.json \"Invent a person.\" | jq .name\n"
+	"    kvctl generate --choice yes,no \"Is the sky blue?\"\n"
 	"\n"
 	"SEE ALSO\n"
 	"    kvctl tokenize --help, kvctl session --help, kvctl stats --help\n";
@@ -176,11 +199,108 @@ static void print_gen_json(const struct gen_out *o, const struct kvc_result *res
 	gen_json_close(f, res, code, model);
 }
 
+/* The constraint's text for --json-schema / --grammar FILE, --regex RE,
+ * --choice A,B,... (made into a JSON array of strings) and --json-object.
+ * EXIT_OK, or the status after a message. */
+static int constraint_text(const char *cmd, struct kvc_constraint *k, const char *arg, char **ret_buf)
+{
+	char *buf = NULL;
+	size_t len = 0;
+	int r;
+
+	*ret_buf = NULL;
+	switch (k->kind) {
+	case KVC_CONSTRAINT_JSON_SCHEMA:
+	case KVC_CONSTRAINT_GBNF:
+		r = strcmp(arg, "-") ? read_file(arg, KVC_MAX_CONSTRAINT_BYTES, &buf, &len)
+				     : input_text(0, NULL, &buf, &len);
+		if (r < 0) {
+			log_err("%s: %s: %s", cmd, arg, r == -E2BIG ? "larger than a constraint may be (1 MiB)" : kv_strerror(r));
+			return r == -E2BIG ? EXIT_REJECTED : EXIT_IO;
+		}
+		if (len == 0) {
+			free(buf);
+			return usage_error(cmd, "%s: the %s is empty", arg,
+					   k->kind == KVC_CONSTRAINT_GBNF ? "grammar" : "schema");
+		}
+		break;
+	case KVC_CONSTRAINT_REGEX:
+		if (!*arg)
+			return usage_error(cmd, "--regex: the expression is empty");
+		k->text = arg;
+		k->len = KVC_NTS;
+		return EXIT_OK;
+	case KVC_CONSTRAINT_CHOICE: {
+		/* ["A","B",...], the strings JSON-escaped */
+		size_t n = strlen(arg), cap = 6 * n + 8, at = 0;
+		if (!n)
+			return usage_error(cmd, "--choice: no strings");
+		buf = malloc(cap);
+		if (!buf) {
+			log_err("%s: out of memory", cmd);
+			return EXIT_FAIL;
+		}
+		buf[at++] = '[';
+		buf[at++] = '"';
+		for (const char *c = arg; *c; c++) {
+			unsigned char ch = (unsigned char)*c;
+			if (ch == ',') {
+				at += (size_t)sprintf(buf + at, "\",\"");
+			} else if (ch == '"' || ch == '\\') {
+				buf[at++] = '\\';
+				buf[at++] = (char)ch;
+			} else if (ch < 0x20) {
+				at += (size_t)sprintf(buf + at, "\\u%04x", ch);
+			} else {
+				buf[at++] = (char)ch;
+			}
+		}
+		buf[at++] = '"';
+		buf[at++] = ']';
+		buf[at] = 0;
+		len = at;
+		break;
+	}
+	default: /* KVC_CONSTRAINT_JSON_OBJECT */
+		k->text = NULL;
+		k->len = 0;
+		return EXIT_OK;
+	}
+	k->text = buf;
+	k->len = len;
+	*ret_buf = buf;
+	return EXIT_OK;
+}
+
+/* After a constrained request: say on stderr which outputs were cut
+ * before the constraint was complete. True when any was. */
+static bool constrained_cut(const char *cmd, const kvc_request *q, uint32_t n, uint32_t max_tokens)
+{
+	bool cut = false;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct kvc_result *res = kvc_request_sample_result(q, i);
+		if (!res || (res->finish_reason != KVC_FINISH_LENGTH && res->finish_reason != KVC_FINISH_STOP))
+			continue;
+		cut = true;
+		char who[32] = "the output";
+		if (n > 1)
+			snprintf(who, sizeof(who), "sample %" PRIu32, i);
+		if (res->finish_reason == KVC_FINISH_LENGTH)
+			log_err("%s: %s was cut at --max-tokens %" PRIu32 " before the constraint was complete: "
+				"it is not valid", cmd, who, max_tokens);
+		else
+			log_err("%s: %s was cut by a stop string before the constraint was complete: it is not valid",
+				cmd, who);
+	}
+	return cut;
+}
+
 int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 {
 	enum { O_RAW = OPT_FIRST_CMD, O_SYSTEM, O_MAX, O_TEMP, O_TOPP, O_TOPK, O_MINP, O_REP, O_SEED, O_STOP,
 	       O_SESSION, O_JSON, O_SPECIAL, O_NO_NEWLINE, O_SAMPLES, O_LOGPROBS,
-	       O_CTX_POLICY, O_CTX_WINDOW, O_CTX_SINKS, O_TENANT, O_PRIORITY };
+	       O_CTX_POLICY, O_CTX_WINDOW, O_CTX_SINKS, O_TENANT, O_PRIORITY, O_SCHEMA, O_GRAMMAR, O_REGEX,
+	       O_CHOICE, O_JSON_OBJECT };
 	static const struct option longopts[] = {
 		{ "raw", no_argument, NULL, O_RAW },
 		{ "system", required_argument, NULL, O_SYSTEM },
@@ -203,6 +323,11 @@ int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 		{ "sinks", required_argument, NULL, O_CTX_SINKS },
 		{ "tenant", required_argument, NULL, O_TENANT },
 		{ "priority", required_argument, NULL, O_PRIORITY },
+		{ "json-schema", required_argument, NULL, O_SCHEMA },
+		{ "grammar", required_argument, NULL, O_GRAMMAR },
+		{ "regex", required_argument, NULL, O_REGEX },
+		{ "choice", required_argument, NULL, O_CHOICE },
+		{ "json-object", no_argument, NULL, O_JSON_OBJECT },
 		COMMON_LONGOPTS,
 		{ 0 },
 	};
@@ -213,6 +338,9 @@ int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 	const char *stops[8];
 	size_t n_stop = 0;
 	bool json = false, newline = true;
+	struct kvc_constraint cons = { 0 };
+	const char *cons_arg = NULL; /* FILE, RE or the choice list */
+	char *cons_buf = NULL;       /* what cons.text points into, when allocated */
 	double d;
 	uint32_t u;
 	int o, r;
@@ -331,12 +459,28 @@ int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 				return usage_error(cmd, "--tenant: a tenant is 1 to %d bytes", KVC_MAX_TENANT_BYTES);
 			p.tenant = optarg;
 			break;
+		case O_SCHEMA:
+		case O_GRAMMAR:
+		case O_REGEX:
+		case O_CHOICE:
+		case O_JSON_OBJECT:
+			if (cons.kind)
+				return usage_error(cmd, "one constraint at most (--json-schema, --grammar, --regex, "
+							"--choice or --json-object)");
+			cons.kind = o == O_SCHEMA ? KVC_CONSTRAINT_JSON_SCHEMA : o == O_GRAMMAR ? KVC_CONSTRAINT_GBNF
+				    : o == O_REGEX ? KVC_CONSTRAINT_REGEX : o == O_CHOICE ? KVC_CONSTRAINT_CHOICE
+				    : KVC_CONSTRAINT_JSON_OBJECT;
+			cons_arg = optarg;
+			break;
 		case '?':
 			return option_error(cmd, argv, o);
 		default:
 			return option_error(cmd, argv, o);
 		}
 	}
+	if (cons.kind && (cons.kind == KVC_CONSTRAINT_JSON_SCHEMA || cons.kind == KVC_CONSTRAINT_GBNF) &&
+	    !strcmp(cons_arg, "-") && (optind >= argc || !strcmp(argv[optind], "-")))
+		return usage_error(cmd, "the constraint and the prompt cannot both come from standard input");
 	if (chat && (p.flags & (KVC_GEN_RAW | KVC_GEN_PARSE_SPECIAL) || p.system || p.session_id))
 		return usage_error(cmd, "--raw, --special, --system and --session are not for conversations: "
 					"a system prompt is a \"system\" message, and the messages are the history");
@@ -433,9 +577,25 @@ int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 		kvc_close(c);
 		return EXIT_FAIL;
 	}
+	if (cons.kind) {
+		r = constraint_text(cmd, &cons, cons_arg, &cons_buf);
+		if (r != EXIT_OK) {
+			if (gs) {
+				gen_samples_free(gs);
+				free(gs);
+			}
+			free(prompt);
+			chat_conv_free(&conv);
+			kvc_close(c);
+			return r;
+		}
+		p.constraint = &cons;
+	}
 	kvc_request *q;
 	r = kvc_request_start(c, prompt, len, &p, &q);
 	free(prompt);
+	free(cons_buf); /* sent (or refused) by now */
+	cons_buf = NULL;
 	chat_conv_free(&conv); /* the library copied the messages */
 	if (r < 0) {
 		if (json && gs)
@@ -454,6 +614,9 @@ int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 			log_err("chat: kvd %u.%u.%u is older than conversations (kvd 0.2.0)",
 				info->server_version >> 16, (info->server_version >> 8) & 0xff,
 				info->server_version & 0xff);
+		if (r == -EOPNOTSUPP && cons.kind)
+			log_err("%s: kvd %u.%u.%u is older than constraints (kvd 0.7.0)", cmd, info->server_version >> 16,
+				(info->server_version >> 8) & 0xff, info->server_version & 0xff);
 		int st = fail(c, cmd, r);
 		kvc_close(c);
 		return st;
@@ -517,6 +680,8 @@ int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 	}
 	if (json && r == -ECANCELED)
 		status = EXIT_CANCELLED;
+	if (cons.kind && r >= 0 && status == EXIT_OK && constrained_cut(cmd, q, gs ? p.n_samples : 1, p.max_tokens))
+		status = EXIT_CUT;
 	kvc_request_finish(q);
 	kvc_close(c);
 	free(out.text);

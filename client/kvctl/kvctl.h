@@ -28,6 +28,7 @@
 #define EXIT_LOST        5   /* the connection broke or timed out during the request */
 #define EXIT_VERSION     6   /* the daemon speaks an incompatible protocol */
 #define EXIT_IO          7   /* reading the input or writing the output failed */
+#define EXIT_CUT         8   /* generate: a constrained output was cut before it was complete */
 #define EXIT_CANCELLED   130 /* interrupted (SIGINT): the request was cancelled */
 
 #define EXIT_STATUS_HELP                                                                                      \

@@ -341,7 +341,41 @@ static int32_t argmax_logits(const float *l, size_t n)
 	return 0;
 }
 
-int32_t kvd_sampler_sample(struct kvd_sampler *s, const float *logits, const int32_t *history, size_t n_history)
+static bool allowed(const uint32_t *mask, size_t i)
+{
+	return !mask || (mask[i / 32] >> (i % 32) & 1u);
+}
+
+/* Greedy over the allowed raw logits, with argmax_logits' rules. */
+static int32_t argmax_logits_masked(const float *l, size_t n, const uint32_t *mask)
+{
+	float m = -INFINITY;
+	int32_t best = -1;
+	for (size_t i = 0; i < n; i++) {
+		if (!allowed(mask, i))
+			continue;
+		float v = isnan(l[i]) ? -INFINITY : l[i] > FLT_MAX ? FLT_MAX : l[i];
+		if (best < 0 || v > m) {
+			m = v;
+			best = (int32_t)i;
+		}
+	}
+	return best < 0 ? 0 : best;
+}
+
+/* The lowest allowed id (all allowed candidates at -inf). */
+static int32_t first_allowed(const uint32_t *mask, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (allowed(mask, i))
+			return (int32_t)i;
+	return 0;
+}
+
+/* The chain; mask (may be NULL) puts every token it does not allow at
+ * -inf before anything else happens. */
+static int32_t sample_chain(struct kvd_sampler *s, const float *logits, const int32_t *history, size_t n_history,
+			    const uint32_t *mask)
 {
 	const struct kvd_sampler_params *p = &s->p;
 	struct cand *c = s->cand;
@@ -350,11 +384,13 @@ int32_t kvd_sampler_sample(struct kvd_sampler *s, const float *logits, const int
 	/* greedy with no penalty to apply: no candidate array */
 	if ((p->temperature == 0 || p->top_k == 1) &&
 	    (p->repeat_penalty == 1.0f || p->repeat_last_n <= 0 || n_history == 0 || !history))
-		return argmax_logits(logits, n);
+		return mask ? argmax_logits_masked(logits, n, mask) : argmax_logits(logits, n);
 
 	for (size_t i = 0; i < n; i++) {
 		float l = logits[i];
-		if (isnan(l))
+		if (!allowed(mask, i))
+			l = -INFINITY;
+		else if (isnan(l))
 			l = -INFINITY;
 		else if (l > FLT_MAX)
 			l = FLT_MAX; /* keeps l - max finite */
@@ -375,7 +411,7 @@ int32_t kvd_sampler_sample(struct kvd_sampler *s, const float *logits, const int
 	}
 	float max = sorted ? c[0].v : c[argmax(c, m)].v;
 	if (max == -INFINITY) /* every logit masked: fall back to greedy */
-		return c[argmax(c, m)].id;
+		return mask ? first_allowed(mask, n) : c[argmax(c, m)].id;
 	for (size_t i = 0; i < m; i++)
 		c[i].v = (c[i].v - max) / p->temperature; /* <= 0; the best is 0 */
 
@@ -405,7 +441,28 @@ int32_t kvd_sampler_sample(struct kvd_sampler *s, const float *logits, const int
 		if (r < acc)
 			return c[i].id;
 	}
-	return c[m - 1].id; /* rounding left r at the very top */
+	/* rounding left r at the very top: the last candidate with mass (with a
+	 * mask, a disallowed one at -inf may sit at the end) */
+	if (mask)
+		while (m > 1 && exp((double)c[m - 1].v) == 0)
+			m--;
+	return c[m - 1].id;
+}
+
+int32_t kvd_sampler_sample(struct kvd_sampler *s, const float *logits, const int32_t *history, size_t n_history)
+{
+	return sample_chain(s, logits, history, n_history, NULL);
+}
+
+int32_t kvd_sampler_sample_masked(struct kvd_sampler *s, const float *logits, const int32_t *history,
+				  size_t n_history, const uint32_t *mask)
+{
+	return sample_chain(s, logits, history, n_history, mask);
+}
+
+int kvd_sampler_is_greedy(const struct kvd_sampler *s)
+{
+	return s->p.temperature == 0 || s->p.top_k == 1;
 }
 
 /* ---- stop strings ---- */

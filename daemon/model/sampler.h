@@ -67,6 +67,21 @@ struct kvd_sampler *kvd_sampler_free(struct kvd_sampler *s);
 int32_t kvd_sampler_sample(struct kvd_sampler *s, const float *logits, const int32_t *history, size_t n_history);
 
 /*
+ * The same over the allowed tokens only: mask is a bitmap over n_vocab
+ * (bit i of mask[i / 32] is token i; NULL allows all). The result is
+ * exactly kvd_sampler_sample's over logits with every disallowed token set
+ * to -inf — same order, same truncation, the same one RNG draw when not
+ * greedy — except when every allowed logit is -inf (or NaN), where the
+ * lowest allowed id is returned instead of a disallowed one. Used for
+ * constrained decoding (grammar.h; daemon/model/grammar_sample.c).
+ */
+int32_t kvd_sampler_sample_masked(struct kvd_sampler *s, const float *logits, const int32_t *history,
+				  size_t n_history, const uint32_t *mask);
+/* Whether s picks the argmax (temperature 0 or top_k 1): it draws no
+ * random numbers, and the likeliest token wins whatever the rest are. */
+int kvd_sampler_is_greedy(const struct kvd_sampler *s);
+
+/*
  * Parallel samples: sample i of a request seeded with `seed` uses
  * kvd_sample_seed(seed, i): seed itself for i = 0 (so sample 0 equals a
  * one-sample request with that seed), else SplitMix64's output function

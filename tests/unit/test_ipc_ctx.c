@@ -180,8 +180,71 @@ static void test_generate_priority(void **state)
 	assert_int_equal(ipc_encode_generate(fbuf, sizeof(fbuf), 3, &m), -EPROTO);
 	/* an unknown flag above it is refused */
 	m.prio = (struct ipc_gen_priority){ 1, 0 };
-	m.g.gen_flags |= IPC_GEN_PRIORITY << 1;
+	m.g.gen_flags |= IPC_GEN_ALL + 1u;
 	assert_int_equal(ipc_encode_generate(fbuf, sizeof(fbuf), 4, &m), -EPROTO);
+}
+
+/* The constraint block: after the priority block, its text after the
+ * inline prompt (none in the frame when the prompt is in the ring); kind,
+ * length, flags and reserved checked. */
+static void test_generate_constraint(void **state)
+{
+	(void)state;
+	struct ipc_generate_msg m = base_msg("shaped"), d;
+	ssize_t plain = ipc_encode_generate(fbuf, sizeof(fbuf), 1, &m);
+	static const char schema[] = "{\"type\":\"object\"}";
+
+	m.g.gen_flags |= IPC_GEN_CONSTRAINT | IPC_GEN_PRIORITY;
+	m.prio.priority = 3;
+	m.cons = (struct ipc_gen_constraint){ .kind = IPC_CONSTRAINT_JSON_SCHEMA, .text_bytes = sizeof(schema) - 1 };
+	m.cons_text = schema;
+	ssize_t len = ipc_encode_generate(fbuf, sizeof(fbuf), 2, &m);
+	assert_int_equal(len, plain + (ssize_t)(sizeof(struct ipc_gen_priority) + sizeof(struct ipc_gen_constraint) +
+						sizeof(schema) - 1));
+	assert_int_equal(decode_gen(len, &d), 0);
+	assert_int_equal(d.prio.priority, 3);
+	assert_int_equal(d.cons.kind, IPC_CONSTRAINT_JSON_SCHEMA);
+	assert_int_equal(d.cons.text_bytes, sizeof(schema) - 1);
+	assert_memory_equal(d.prompt, "shaped", 6);
+	assert_memory_equal(d.cons_text, schema, sizeof(schema) - 1);
+	/* in the ring: neither prompt nor text in the frame */
+	m.g.gen_flags |= IPC_GEN_PROMPT_IN_RING;
+	len = ipc_encode_generate(fbuf, sizeof(fbuf), 3, &m);
+	assert_int_equal(len, plain - 6 + (ssize_t)(sizeof(struct ipc_gen_priority) + sizeof(struct ipc_gen_constraint)));
+	assert_int_equal(decode_gen(len, &d), 0);
+	assert_null(d.prompt);
+	assert_null(d.cons_text);
+	assert_int_equal(d.cons.text_bytes, sizeof(schema) - 1);
+	m.g.gen_flags &= ~IPC_GEN_PROMPT_IN_RING;
+	/* json_object may come without text; the others may not */
+	m.cons = (struct ipc_gen_constraint){ .kind = IPC_CONSTRAINT_JSON_OBJECT };
+	len = ipc_encode_generate(fbuf, sizeof(fbuf), 4, &m);
+	assert_true(len > 0);
+	assert_int_equal(decode_gen(len, &d), 0);
+	assert_int_equal(d.cons.text_bytes, 0);
+	struct ipc_gen_constraint bad[] = {
+		{ .kind = IPC_CONSTRAINT_GBNF },
+		{ .kind = 0, .text_bytes = 1 },
+		{ .kind = IPC_CONSTRAINT_CHOICE + 1, .text_bytes = 1 },
+		{ .kind = IPC_CONSTRAINT_REGEX, .text_bytes = IPC_MAX_CONSTRAINT_BYTES + 1 },
+		{ .kind = IPC_CONSTRAINT_REGEX, .text_bytes = 1, .flags = 1 },
+		{ .kind = IPC_CONSTRAINT_REGEX, .text_bytes = 1, .reserved = 1 },
+	};
+	int want[] = { -EINVAL, -EINVAL, -EINVAL, -E2BIG, -EPROTO, -EPROTO };
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		assert_int_equal(ipc_gen_constraint_check(&bad[i]), want[i]);
+	/* a text length that does not match the frame */
+	m.cons = (struct ipc_gen_constraint){ .kind = IPC_CONSTRAINT_REGEX, .text_bytes = 3 };
+	m.cons_text = "a+b";
+	len = ipc_encode_generate(fbuf, sizeof(fbuf), 5, &m);
+	assert_true(len > 0);
+	struct ipc_gen_constraint k;
+	size_t at = (size_t)len - 3 - 6 - sizeof(k);
+	memcpy(&k, fbuf + at, sizeof(k));
+	assert_int_equal(k.text_bytes, 3);
+	k.text_bytes = 4;
+	memcpy(fbuf + at, &k, sizeof(k));
+	assert_int_equal(decode_gen(len, &d), -EBADMSG);
 }
 
 static void test_session_open_context(void **state)
@@ -255,6 +318,7 @@ int main(void)
 		cmocka_unit_test(test_generate_context_refused),
 		cmocka_unit_test(test_generate_tenant),
 		cmocka_unit_test(test_generate_priority),
+		cmocka_unit_test(test_generate_constraint),
 		cmocka_unit_test(test_session_open_context),
 		cmocka_unit_test(test_done_context_dropped),
 		cmocka_unit_test(test_policy_names),
