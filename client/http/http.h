@@ -119,7 +119,7 @@ int http_fail(struct http_error *e, int status, const char *type, const char *co
 
 /* What 'tool_choice' asks for. */
 enum http_tool_mode {
-	HTTP_TOOLS_NONE = 0,  /* no tools (none given, or tool_choice "none") */
+	HTTP_TOOLS_NONE = 0,  /* no tools, or tool_choice "none" (they are still rendered): text comes back */
 	HTTP_TOOLS_AUTO,      /* the model may call one: calls are parsed from its text */
 	HTTP_TOOLS_REQUIRED,  /* it must call one of them: the output is constrained to a call */
 	HTTP_TOOLS_NAMED,     /* it must call tool_name: constrained likewise */

@@ -36,7 +36,9 @@
  *   tool:      a user turn <tool_response>\n(content)\n</tool_response>;
  *              consecutive tool messages share one user turn
  *
- * With tool_choice "required" or a named function the output is
+ * tool_choice "none" keeps the tools in the prompt, so the prompt of a tool
+ * loop keeps its cached prefix, and answers in text. With tool_choice
+ * "required" or a named function the output is
  * constrained by a JSON Schema of the bare call object, {"name": const,
  * "arguments": the function's parameters} (anyOf over the functions for
  * "required"), so even a small model returns one call that validates; the
@@ -268,12 +270,15 @@ static int parse_tool(json_t *t, size_t idx, json_t *out, struct http_error *e)
 	snprintf(param, sizeof(param), "tools[%zu].function.parameters", idx);
 	if (params && !json_is_object(params))
 		return BAD(e, param, "'%s' must be a JSON Schema object", param);
-	json_t *fn = params ? json_pack("{s:O, s:O}", "name", name, "parameters", params)
-			    : json_pack("{s:O, s:{s:s, s:{}}}", "name", name, "parameters", "type", "object", "properties");
+	/* name, description, parameters: the order the tools block shows */
+	json_t *fn = json_pack("{s:O}", "name", name);
+	if (fn && desc)
+		json_object_set(fn, "description", desc);
+	if (fn)
+		json_object_set_new(fn, "parameters", params ? json_incref(params)
+								: json_pack("{s:s, s:{}}", "type", "object", "properties"));
 	if (!fn)
 		return oom(e);
-	if (desc)
-		json_object_set(fn, "description", desc);
 	return json_array_append_new(out, fn) < 0 ? oom(e) : 0;
 }
 
@@ -382,11 +387,8 @@ int http_parse_tools(json_t *o, struct http_gen_req *r, struct http_error *e)
 	}
 	if ((x = parse_tool_choice(o, r, e)) < 0)
 		return x;
-	if (r->tool_mode == HTTP_TOOLS_NONE) {
-		json_decref(r->tools); /* "none": the model is not told of them */
-		r->tools = NULL;
-		return 0;
-	}
+	if (r->tool_mode == HTTP_TOOLS_NONE)
+		return 0; /* "none": the tools stay in the prompt (a tool loop's prefix stays cached), text comes back */
 	if (r->n > 1 || r->logprobs)
 		return http_fail(e, 400, "invalid_request_error", "unsupported_parameter", r->n > 1 ? "n" : "logprobs",
 				 "'%s' is not supported together with 'tools'", r->n > 1 ? "n" : "logprobs");
