@@ -208,7 +208,7 @@ int http_parse_constraint(json_t *o, struct http_gen_req *r, struct http_error *
 	return set_json_constraint(r, KVC_CONSTRAINT_CHOICE, k, v, e);
 }
 
-/* kvd's "constraint: 12:5: msg" or "constraint: /properties/a: msg". */
+/* kvd's "constraint: 12:5: msg" or "constraint: #/properties/a: msg". */
 void http_constraint_error(const struct http_gen_req *r, const char *msg, struct http_error *e)
 {
 	const char *param = r->constraint_param ? r->constraint_param : NULL;
@@ -220,7 +220,10 @@ void http_constraint_error(const struct http_gen_req *r, const char *msg, struct
 	if (sscanf(p, "%u:%u: %n", &line, &col, &n) == 2 && n > 0) {
 		e->line = line;
 		e->column = col;
-	} else if (p[0] == '/' || (p[0] == ':' && p[1] == ' ')) {
+	} else if (p[0] == '/' || p[0] == '#') {
+		/* a JSON pointer, plain or as a URI fragment ("#/a/b"): reported plain */
+		if (p[0] == '#')
+			p++;
 		const char *end = strstr(p, ": ");
 		size_t len = end ? (size_t)(end - p) : 0;
 		if (end && len < sizeof(e->pointer)) {
