@@ -9,6 +9,10 @@
  *              request (jansson does all parsing) and builds the JSON of
  *              responses, stream chunks and OpenAI error objects; it knows
  *              nothing of HTTP or of kvd, so a fuzz target can drive it alone;
+ *   structured.c  its structured-output and tool fields (constraints, the
+ *              generic tool format), likewise free of HTTP and kvd;
+ *   routes.c   the route table and dispatch;
+ *   toolcall.c a model's text read back as tool calls (and their stream);
  *   config.c   configuration file ([http] keys) and command line;
  *   server.c   the HTTP server (libmicrohttpd, one thread per connection),
  *              request deadlines, and the bridge to kvd;

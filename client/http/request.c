@@ -5,15 +5,16 @@
  * NUL characters in strings refused) after a scan that refuses nesting
  * deeper than HTTP_MAX_JSON_DEPTH; this file then walks the parsed tree and
  * checks every parameter it understands against what kvd can do today:
- * chat messages with earlier turns (system/developer, user and assistant
- * turns, rendered by kvd's chat template), 'n' parallel samples, and
- * log-probabilities (chat's logprobs/top_logprobs, completions' logprobs),
- * besides the sampling parameters. The rule is "honour exactly or
- * refuse": a parameter whose meaning the gateway cannot reproduce
- * (penalties OpenAI defines differently from kvd's, tools,
- * best_of, echo, suffix, and the vendor extras of vLLM or llama.cpp that
- * change what is generated, such as guided decoding or ignore_eos) gets a
- * 400 naming it, never a silent approximation. Other keys this file does
+ * chat messages with earlier turns (system/developer, user, assistant and
+ * tool turns, rendered by kvd's chat template; tool calls and results in
+ * structured.c's generic format), 'n' parallel samples, log-probabilities
+ * (chat's logprobs/top_logprobs, completions' logprobs), structured output
+ * and tools (structured.c), besides the sampling parameters. The rule is
+ * "honour exactly or refuse": a parameter whose meaning the gateway cannot
+ * reproduce (penalties OpenAI defines differently from kvd's, best_of,
+ * echo, suffix, and the vendor extras of vLLM or llama.cpp that change
+ * what is generated, such as ignore_eos) gets a 400 naming it, never a
+ * silent approximation. Other keys this file does
  * not know are ignored, as every OpenAI-compatible server does, since
  * clients send metadata (user, store, metadata, ...) that does not change
  * the answer. 'cache_salt' (vLLM's) is honoured: it names the cache tenant
