@@ -334,7 +334,7 @@ static int start_generation(struct conn *c, uint64_t min_serial, struct http_err
 			min_serial = pool_serial(s);
 			continue;
 		}
-		if (r == -E2BIG)
+		if (r == -E2BIG && strncmp(c->lr.msg, "constraint: ", 12) != 0)
 			http_fail(e, 413, "invalid_request_error", "request_too_large",
 				  c->req.endpoint == HTTP_EP_CHAT ? "messages" : "prompt",
 				  "the prompt is larger than kvd accepts (%s)", c->lr.msg[0] ? c->lr.msg : "max_prompt_bytes");

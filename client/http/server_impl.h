@@ -132,8 +132,10 @@ struct conn {
 	size_t out_len, out_off, out_cap;
 	bool stream_ended;  /* the last bytes ([DONE]) are in out */
 	struct http_choices *ch; /* several choices or log-probabilities (choices.c); NULL: one plain choice */
-	char *tool_text;    /* a stream with tools: the text, held until the end (toolcall.c) */
+	char *tool_text;    /* a stream with tools: its text so far (toolcall.c) */
 	size_t tool_len;
+	size_t tool_sent;   /* of which sent as content (auto: the text before any <tool_call>) */
+	bool tool_seen;     /* auto: a <tool_call> began; the rest is held until the end */
 };
 
 struct http_choices;
@@ -234,8 +236,10 @@ char *choices_response(struct conn *c);
  * when the text (c->out) holds any, else plain content (malloc'd JSON;
  * NULL: out of memory). */
 char *tools_response(struct conn *c, const struct kvc_result *res);
-/* Streaming: hold one event's text; at the end (code 0) the content, the
- * calls' deltas, the finish and usage chunks. 0 or -ENOMEM. */
+/* Streaming: one event's text (auto: sent as content up to where a
+ * <tool_call> may begin; forced: held); at the end (code 0) the rest of
+ * the content, the calls' deltas, the finish and usage chunks. 0 or
+ * -ENOMEM. */
 int tools_stream_event(struct conn *c, const struct kvc_event *ev);
 int tools_stream_finish(struct conn *c, const struct kvc_result *res);
 

@@ -13,9 +13,11 @@
  * finish_reason "tool_calls" and message.tool_calls, each with an id
  * "call_" + 24 random letters and digits and its arguments as JSON text.
  *
- * Streaming: the text of a request with tools is held until the request
- * ends (whether it is a call is known only then), and then sent as OpenAI
- * streams calls: per call a first delta with its index, id, type and name
+ * Streaming: with "auto" the text streams as content as it comes, up to
+ * the first <tool_call> (a tail that could still become one waits for the
+ * next token); from there on, and with a forced call all of it, the text
+ * is held until the request ends (whether it is a call is known only
+ * then). Calls are then sent as OpenAI streams them: per call a first delta with its index, id, type and name
  * and empty arguments, then the arguments in deltas of at most
  * TOOL_ARGS_CHUNK bytes, then the finish chunk. The deltas of a call's
  * arguments joined are exactly the non-streamed answer's arguments.
@@ -211,6 +213,32 @@ static int delta_chunk(struct conn *c, json_t *delta, const char *finish)
 	return r;
 }
 
+/* auto: send the text that cannot be part of a call as content — all of
+ * it up to a <tool_call>, or up to a tail that could still become one. */
+static int flush_content(struct conn *c)
+{
+	const size_t tag = sizeof(open_tag) - 1;
+	const char *t = c->tool_text + c->tool_sent;
+	size_t n = c->tool_len - c->tool_sent, send;
+
+	if (c->tool_seen || n == 0)
+		return 0;
+	const char *o = memmem(t, n, open_tag, tag);
+	if (o) {
+		send = (size_t)(o - t);
+		c->tool_seen = true;
+	} else {
+		size_t k = n < tag - 1 ? n : tag - 1;
+		while (k && memcmp(t + n - k, open_tag, k) != 0)
+			k--;
+		send = n - k;
+	}
+	if (!send)
+		return 0;
+	c->tool_sent += send;
+	return delta_chunk(c, json_pack("{s:o}", "content", http_text_json(t, send)), NULL);
+}
+
 int tools_stream_event(struct conn *c, const struct kvc_event *ev)
 {
 	char *p = c->tool_text ? realloc(c->tool_text, c->tool_len + ev->text_len + 1) : malloc(ev->text_len + 1);
@@ -220,7 +248,7 @@ int tools_stream_event(struct conn *c, const struct kvc_event *ev)
 	c->tool_len += ev->text_len;
 	p[c->tool_len] = '\0';
 	c->tool_text = p;
-	return 0;
+	return c->req.tool_mode == HTTP_TOOLS_AUTO ? flush_content(c) : 0;
 }
 
 int tools_stream_finish(struct conn *c, const struct kvc_result *res)
@@ -229,16 +257,18 @@ int tools_stream_finish(struct conn *c, const struct kvc_result *res)
 	json_t *calls = NULL, *call;
 	char *content = NULL;
 	size_t clen = 0, i;
-	const char *text = c->tool_text ? c->tool_text : "";
+	/* what is left after the content already sent */
+	const char *text = c->tool_text ? c->tool_text + c->tool_sent : "";
+	size_t len = c->tool_len - c->tool_sent;
 	int r;
 
 	add_usage(c, res, &u);
-	if ((r = parse_calls(&c->req, text, c->tool_len, &calls, &content, &clen)) < 0)
+	if ((r = parse_calls(&c->req, text, len, &calls, &content, &clen)) < 0)
 		return r;
 	const char *finish = json_array_size(calls) ? "tool_calls" : http_finish_reason(res->finish_reason);
 	if (json_array_size(calls) == 0) {
-		if (c->tool_len) /* no call: the text as it came */
-			r = delta_chunk(c, json_pack("{s:o}", "content", http_text_json(text, c->tool_len)), NULL);
+		if (len) /* no call: the text as it came */
+			r = delta_chunk(c, json_pack("{s:o}", "content", http_text_json(text, len)), NULL);
 	} else if (content) {
 		r = delta_chunk(c, json_pack("{s:o}", "content", http_text_json(content, clen)), NULL);
 	}

@@ -16,7 +16,7 @@ cannot run; any failure raises):
   - tool_choice auto: a <tool_call> block the model writes comes back as
     tool_calls (id call_..., finish_reason tool_calls), streamed as a first
     delta with id and name and argument deltas that join to the same
-    arguments
+    arguments; text without a call streams token by token
   - with kvd 0.7.0 (structured output): response_format json_schema on a
     suite of schemas — every output that ends with "stop" parses and
     validates (jsonschema), one cut by max_tokens says "length";
@@ -178,6 +178,12 @@ assert tc and tc[0]["id"].startswith("call_") and tc[0]["function"]["name"] == "
 assert len(tc) >= 2 and all("id" not in t for t in tc[1:]), tc
 assert "".join(t["function"]["arguments"] for t in tc) == calls[0]["function"]["arguments"], tc
 assert events[-1]["choices"][0]["finish_reason"] == "tool_calls", events[-1]
+events = sse({"messages": [{"role": "user", "content": "Write two sentences about the sea."}], "tools": TOOLS,
+              "max_tokens": 30})
+pieces = [c["delta"]["content"] for e in events for c in e["choices"] if c["delta"].get("content")]
+finish = [c["finish_reason"] for e in events for c in e["choices"] if c.get("finish_reason")]
+assert len(pieces) >= 5 and finish in (["stop"], ["length"]), (pieces, finish)
+ok(f"tool_choice auto without a call: the text streams as it comes ({len(pieces)} content deltas)")
 ok(f"tool_choice auto: the model's <tool_call> block comes back as tool_calls ({calls[0]['function']['arguments']}), "
    f"streamed as a first delta with id and name and {len(tc) - 1} argument deltas")
 
