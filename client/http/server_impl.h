@@ -134,8 +134,10 @@ struct conn {
 	struct http_choices *ch; /* several choices or log-probabilities (choices.c); NULL: one plain choice */
 	char *tool_text;    /* a stream with tools: its text so far (toolcall.c) */
 	size_t tool_len;
-	size_t tool_sent;   /* of which sent as content (auto: the text before any <tool_call>) */
-	bool tool_seen;     /* auto: a <tool_call> began; the rest is held until the end */
+	size_t tool_sent;   /* of which sent: as content (auto), as the call's arguments (forced) */
+	bool tool_seen;     /* auto: a <tool_call> began; forced: not a call's shape. Held to the end */
+	bool call_open;     /* forced: the call's first delta is sent */
+	char tool_call_id[40]; /* its id */
 };
 
 struct http_choices;

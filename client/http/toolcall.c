@@ -13,11 +13,15 @@
  * finish_reason "tool_calls" and message.tool_calls, each with an id
  * "call_" + 24 random letters and digits and its arguments as JSON text.
  *
- * Streaming: with "auto" the text streams as content as it comes, up to
- * the first <tool_call> (a tail that could still become one waits for the
- * next token); from there on, and with a forced call all of it, the text
- * is held until the request ends (whether it is a call is known only
- * then). Calls are then sent as OpenAI streams them: per call a first delta with its index, id, type and name
+ * Streaming: with a forced call, a first delta with the call's index, id,
+ * type and name as soon as the model has written {"name": "...",
+ * "arguments": then the arguments as they come (all but a tail that may
+ * be the call object's closing brace), then the finish chunk: what OpenAI
+ * streams. With "auto" the text streams as content as it comes, up to the
+ * first <tool_call> (a tail that could still become one waits for the
+ * next token); from there on the text is held until the request ends
+ * (whether it holds calls is known only then) and each call is sent the
+ * same way: per call a first delta with its index, id, type and name
  * and empty arguments, then the arguments in deltas of at most
  * TOOL_ARGS_CHUNK bytes, then the finish chunk. The deltas of a call's
  * arguments joined are exactly the non-streamed answer's arguments.
@@ -70,8 +74,78 @@ static bool known_tool(const struct http_gen_req *q, const char *name)
 	return false;
 }
 
+static bool json_ws(char ch)
+{
+	return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r';
+}
+
+/*
+ * The head of a call as the forced constraint writes it (and models mostly
+ * do): {"name": "NAME", "arguments": — any JSON whitespace between tokens.
+ * 1 with the name's offset and length and the offset where the arguments
+ * object begins; 0 when s (n bytes so far) may still become one; -1 when
+ * it cannot.
+ */
+static int call_head(const char *s, size_t n, size_t *ret_name, size_t *ret_name_len, size_t *ret_args)
+{
+	static const char *const before[] = { "{", "\"name\"", ":", "\"" }, *const after[] = { "\"", ",", "\"arguments\"", ":" };
+	size_t i = 0;
+
+	for (int part = 0; part < 2; part++) {
+		const char *const *lit = part ? after : before;
+		for (size_t k = 0; k < 4; k++) {
+			size_t len = strlen(lit[k]);
+			while (i < n && json_ws(s[i]) && !(part == 1 && k == 0)) /* none inside the name's quotes */
+				i++;
+			if (n - i < len)
+				return memcmp(s + i, lit[k], n - i) == 0 ? 0 : -1;
+			if (memcmp(s + i, lit[k], len) != 0)
+				return -1;
+			i += len;
+		}
+		if (part == 0) { /* the name: a tool name has no escapes */
+			*ret_name = i;
+			while (i < n && s[i] != '"') {
+				char ch = s[i++];
+				if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+				      ch == '_' || ch == '-' || ch == '.'))
+					return -1;
+			}
+			if (i == n)
+				return 0;
+			*ret_name_len = i - *ret_name;
+		}
+	}
+	while (i < n && json_ws(s[i]))
+		i++;
+	if (i == n)
+		return 0;
+	if (s[i] != '{')
+		return -1;
+	*ret_args = i;
+	return 1;
+}
+
+/* Where a call's arguments end: before the trailing whitespace, the call
+ * object's closing brace and the whitespace before it (from is the
+ * arguments' start, or what was sent of them). */
+static size_t args_end(const char *s, size_t n, size_t from)
+{
+	size_t e = n;
+
+	while (e > from && json_ws(s[e - 1]))
+		e--;
+	if (e > from && s[e - 1] == '}')
+		e--;
+	while (e > from && json_ws(s[e - 1]))
+		e--;
+	return e;
+}
+
 /* JSON text s (n bytes) as a call of one of q's tools, appended to calls;
- * false when it is not one. */
+ * false when it is not one. The arguments are the model's own text of
+ * them (what a stream sends), or when the call is not in the usual
+ * shape, their compact JSON. */
 static bool add_call(const struct http_gen_req *q, const char *s, size_t n, json_t *calls)
 {
 	json_t *o = json_loadb(s, n, 0, NULL);
@@ -81,15 +155,26 @@ static bool add_call(const struct http_gen_req *q, const char *s, size_t n, json
 	if (!args)
 		args = json_object_get(o, "parameters"); /* a model's variant of the format */
 	if (json_is_string(name) && json_is_object(args) && known_tool(q, json_string_value(name))) {
-		/* ASCII (\u escapes), so a stream can cut it anywhere */
-		char *a = json_dumps(args, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENSURE_ASCII);
+		size_t nm = 0, nl = 0, as = 0;
+		json_t *a = NULL;
+		if (call_head(s, n, &nm, &nl, &as) == 1) {
+			size_t end = args_end(s, n, as);
+			json_t *raw = json_loadb(s + as, end - as, 0, NULL);
+			if (raw && json_equal(raw, args))
+				a = http_text_json(s + as, end - as);
+			json_decref(raw);
+		}
+		if (!a) {
+			char *d = json_dumps(args, JSON_COMPACT | JSON_PRESERVE_ORDER);
+			a = d ? json_string(d) : NULL;
+			free(d);
+		}
 		char id[6 + TOOL_ID_CHARS];
 		call_id(id);
-		json_t *call = a ? json_pack("{s:s, s:s, s:{s:O, s:s}}", "id", id, "type", "function", "function", "name",
+		json_t *call = a ? json_pack("{s:s, s:s, s:{s:O, s:o}}", "id", id, "type", "function", "function", "name",
 					     name, "arguments", a)
 				 : NULL;
 		ok = call && json_array_append_new(calls, call) == 0;
-		free(a);
 	}
 	json_decref(o);
 	return ok;
@@ -213,6 +298,80 @@ static int delta_chunk(struct conn *c, json_t *delta, const char *finish)
 	return r;
 }
 
+/* One delta of call i's arguments: n bytes of text. */
+static int args_delta(struct conn *c, size_t i, const char *text, size_t n)
+{
+	return delta_chunk(c, json_pack("{s:[{s:I, s:{s:o}}]}", "tool_calls", "index", (json_int_t)i, "function",
+					"arguments", http_text_json(text, n)),
+			   NULL);
+}
+
+/* The first delta of call i: its id, type and name, empty arguments. */
+static int head_delta(struct conn *c, size_t i, const char *id, json_t *name)
+{
+	return delta_chunk(c, json_pack("{s:[{s:I, s:s, s:s, s:{s:o, s:s}}]}", "tool_calls", "index", (json_int_t)i, "id",
+					id, "type", "function", "function", "name", name, "arguments", ""),
+			   NULL);
+}
+
+/* forced: once the call's head is in, its first delta; then the arguments
+ * as they come, all but a tail that may be the call object's end. A text
+ * not in that shape is held to the end (and parsed whole there). */
+static int stream_forced(struct conn *c)
+{
+	const char *t = c->tool_text;
+	int r = 0;
+
+	if (c->tool_seen)
+		return 0;
+	if (!c->call_open) {
+		size_t nm = 0, nl = 0, as = 0;
+		int h = call_head(t, c->tool_len, &nm, &nl, &as);
+		char name[HTTP_MAX_TOOL_NAME + 1];
+		if (h == 0)
+			return 0;
+		if (h < 0 || nl > HTTP_MAX_TOOL_NAME) {
+			c->tool_seen = true;
+			return 0;
+		}
+		memcpy(name, t + nm, nl);
+		name[nl] = '\0';
+		if (!known_tool(&c->req, name)) {
+			c->tool_seen = true;
+			return 0;
+		}
+		call_id(c->tool_call_id);
+		c->call_open = true;
+		c->tool_sent = as;
+		if ((r = head_delta(c, 0, c->tool_call_id, json_string(name))) < 0)
+			return r;
+	}
+	size_t end = args_end(t, c->tool_len, c->tool_sent);
+	if (end > c->tool_sent) {
+		r = args_delta(c, 0, t + c->tool_sent, end - c->tool_sent);
+		c->tool_sent = end;
+	}
+	return r;
+}
+
+/* The end of a forced call streamed as it came: the rest of its arguments,
+ * and "tool_calls" when the whole text is the call (else it was cut). */
+static int finish_forced(struct conn *c, const struct kvc_result *res, const char **ret_finish)
+{
+	json_t *calls = json_array();
+	int r = 0;
+
+	if (!calls)
+		return -ENOMEM;
+	size_t end = args_end(c->tool_text, c->tool_len, c->tool_sent);
+	if (end > c->tool_sent)
+		r = args_delta(c, 0, c->tool_text + c->tool_sent, end - c->tool_sent);
+	bool whole = add_call(&c->req, c->tool_text, c->tool_len, calls);
+	*ret_finish = whole ? "tool_calls" : http_finish_reason(res->finish_reason);
+	json_decref(calls);
+	return r;
+}
+
 /* auto: send the text that cannot be part of a call as content — all of
  * it up to a <tool_call>, or up to a tail that could still become one. */
 static int flush_content(struct conn *c)
@@ -248,7 +407,7 @@ int tools_stream_event(struct conn *c, const struct kvc_event *ev)
 	c->tool_len += ev->text_len;
 	p[c->tool_len] = '\0';
 	c->tool_text = p;
-	return c->req.tool_mode == HTTP_TOOLS_AUTO ? flush_content(c) : 0;
+	return c->req.tool_mode == HTTP_TOOLS_AUTO ? flush_content(c) : stream_forced(c);
 }
 
 int tools_stream_finish(struct conn *c, const struct kvc_result *res)
@@ -263,9 +422,14 @@ int tools_stream_finish(struct conn *c, const struct kvc_result *res)
 	int r;
 
 	add_usage(c, res, &u);
+	const char *finish = NULL;
+	if (c->call_open) {
+		r = finish_forced(c, res, &finish);
+		goto end;
+	}
 	if ((r = parse_calls(&c->req, text, len, &calls, &content, &clen)) < 0)
 		return r;
-	const char *finish = json_array_size(calls) ? "tool_calls" : http_finish_reason(res->finish_reason);
+	finish = json_array_size(calls) ? "tool_calls" : http_finish_reason(res->finish_reason);
 	if (json_array_size(calls) == 0) {
 		if (len) /* no call: the text as it came */
 			r = delta_chunk(c, json_pack("{s:o}", "content", http_text_json(text, len)), NULL);
@@ -276,18 +440,15 @@ int tools_stream_finish(struct conn *c, const struct kvc_result *res)
 		json_t *f = json_object_get(call, "function");
 		const char *args = json_string_value(json_object_get(f, "arguments"));
 		if (r == 0)
-			r = delta_chunk(c, json_pack("{s:[{s:I, s:O, s:s, s:{s:O, s:s}}]}", "tool_calls", "index", (json_int_t)i,
-						     "id", json_object_get(call, "id"), "type", "function", "function",
-						     "name", json_object_get(f, "name"), "arguments", ""),
-					NULL);
-		for (size_t off = 0, n = strlen(args); r == 0 && off < n; off += TOOL_ARGS_CHUNK) {
-			size_t k = n - off < TOOL_ARGS_CHUNK ? n - off : TOOL_ARGS_CHUNK;
-			json_t *piece = json_stringn(args + off, k); /* ASCII: any cut is whole characters */
-			r = delta_chunk(c, json_pack("{s:[{s:I, s:{s:o}}]}", "tool_calls", "index", (json_int_t)i, "function",
-						     "arguments", piece),
-					NULL);
+			r = head_delta(c, i, json_string_value(json_object_get(call, "id")), json_incref(json_object_get(f, "name")));
+		for (size_t off = 0, n = strlen(args), k; r == 0 && off < n; off += k) {
+			k = n - off < TOOL_ARGS_CHUNK ? n - off : TOOL_ARGS_CHUNK;
+			while (off + k < n && k > 1 && ((unsigned char)args[off + k] & 0xc0) == 0x80)
+				k--; /* whole UTF-8 characters */
+			r = args_delta(c, i, args + off, k);
 		}
 	}
+end:
 	if (r == 0)
 		r = delta_chunk(c, json_object(), finish);
 	if (r == 0 && c->req.include_usage) {

@@ -23,8 +23,9 @@ cannot run; any failure raises):
     json_object; a GBNF grammar; guided_choice; guided_regex; json_schema
     on /v1/completions; an invalid schema is a 400 with the pointer, an
     invalid grammar a 400 with line and column; tool_choice required and
-    named through the openai package, streamed and not, with a round trip
-    (the call's result sent back, the model answers)
+    named through the openai package, streamed (the arguments in deltas as
+    they are generated) and not, with a round trip (the call's result sent
+    back, the model answers)
 """
 import json
 import re
@@ -275,7 +276,7 @@ for choice in ["required", {"type": "function", "function": {"name": "get_time"}
         assert call.function.name == "get_time", call
     jsonschema.validate(json.loads(call.function.arguments), PARAMS[call.function.name])
     # streamed: the same call, in deltas
-    name, arguments, cid, finish = None, "", None, None
+    name, arguments, cid, finish, n_args = None, "", None, None, 0
     for chunk in client.chat.completions.create(model=model, messages=ask, tools=TOOLS, tool_choice=choice,
                                                 temperature=0, max_tokens=120, stream=True):
         for sc in chunk.choices:
@@ -283,9 +284,11 @@ for choice in ["required", {"type": "function", "function": {"name": "get_time"}
                 cid = cid or d.id
                 name = name or (d.function.name if d.function else None)
                 arguments += (d.function.arguments or "") if d.function else ""
+                n_args += bool(d.function and d.function.arguments)
             finish = sc.finish_reason or finish
     assert finish == "tool_calls" and cid and cid.startswith("call_"), (finish, cid)
     assert name == call.function.name and arguments == call.function.arguments, (name, arguments, call)
+    assert n_args >= 4, f"the arguments came in {n_args} deltas, not as they were generated"
     # the round trip: the result goes back, the model answers in text
     msgs = ask + [{"role": "assistant", "content": None, "tool_calls": [
         {"id": call.id, "type": "function", "function": {"name": call.function.name,
@@ -295,5 +298,5 @@ for choice in ["required", {"type": "function", "function": {"name": "get_time"}
     r2 = client.chat.completions.create(model=model, messages=msgs, tools=TOOLS, tool_choice="none", temperature=0,
                                         max_tokens=40)
     assert r2.choices[0].message.content and r2.usage.prompt_tokens_details.cached_tokens > 0, r2
-    ok(f"tool_choice {json.dumps(choice)}: {call.function.name}({call.function.arguments}) validates, streamed "
-       f"the same; round trip answered with {r2.usage.prompt_tokens_details.cached_tokens} cached tokens")
+    ok(f"tool_choice {json.dumps(choice)}: {call.function.name}({json.dumps(json.loads(call.function.arguments))}) "
+       f"validates, streamed the same in {n_args} argument deltas; round trip answered with {r2.usage.prompt_tokens_details.cached_tokens} cached tokens")
