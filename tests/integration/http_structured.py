@@ -266,6 +266,11 @@ ok(f"invalid schema: 400 with pointer {pointer}; invalid GBNF: 400 line {e['line
 
 # ---- forced tool calls through the openai package -----------------------------------------
 ask = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
+st, _, j = chat({"messages": ask, "tools": TOOLS, "tool_choice": "required", "max_tokens": 5})
+assert st == 200 and j["choices"][0]["finish_reason"] == "length" and not j["choices"][0]["message"].get("tool_calls"), j
+events = sse({"messages": ask, "tools": TOOLS, "tool_choice": "required", "max_tokens": 5})
+assert events[-1]["choices"][0]["finish_reason"] == "length", events[-1]
+ok("a forced call cut by max_tokens: finish_reason 'length', no tool_calls (streamed: 'length' too)")
 for choice in ["required", {"type": "function", "function": {"name": "get_time"}}]:
     r = client.chat.completions.create(model=model, messages=ask, tools=TOOLS, tool_choice=choice, temperature=0,
                                        max_tokens=120)
