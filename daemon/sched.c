@@ -40,7 +40,6 @@
 #include <time.h>
 
 #include "engine.h"
-#include "grammar_sample.h"
 #include "step_model.h"
 #include "kvmm.h"
 #include "log.h"
@@ -460,7 +459,7 @@ static void resume_swapped(struct kvd_sched *s, uint32_t n_running)
 }
 
 /* r's next token: its sampler's draw, under its constraint if it has one
- * (daemon/model/grammar_sample.h). 0, -ENOENT (the constraint allows
+ * (kvd_gram_sample, sampler.h). 0, -ENOENT (the constraint allows
  * nothing), -ENOMEM. */
 static int next_token(struct kvd_sched *s, struct req *r, int32_t *ret)
 {

@@ -109,7 +109,7 @@ struct kvd_request_params {
 	 * against. Each sequence keeps its own parse state (forked with its
 	 * samples, untouched by preemption and swap: only a sampled token
 	 * advances it, never a recomputation), draws only allowed tokens
-	 * (daemon/model/grammar_sample.h), and ends with EOS when the
+	 * (kvd_gram_sample, sampler.h), and ends with EOS when the
 	 * constraint is complete and nothing can follow, or when an
 	 * end-of-generation token is drawn (allowed only where the constraint
 	 * may end; ignore_eos does not apply). With a session it applies to

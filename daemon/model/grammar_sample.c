@@ -1,8 +1,9 @@
 /*
- * daemon/model/grammar_sample.c — kvd_gram_sample (grammar_sample.h): the
- * greedy check-first fast path and the masked draw.
+ * daemon/model/grammar_sample.c — kvd_gram_sample (sampler.h): the greedy
+ * check-first fast path and the masked draw.
  */
-#include "grammar_sample.h"
+#include "grammar.h"
+#include "sampler.h"
 
 #include <errno.h>
 #include <string.h>

@@ -26,7 +26,7 @@ allowed_for() {
 	kvmm|ipc|kernels) echo "" ;;
 	kernels/cpu|kernels/cuda) echo "kernels/backend.h" ;;
 	daemon/model) echo "kernels/backend.h" ;;
-	daemon) echo "kernels/backend.h kvmm/kvmm.h ipc/ipc.h daemon/model/model.h daemon/model/tokenizer.h daemon/model/sampler.h daemon/model/gguf.h" ;;
+	daemon) echo "kernels/backend.h kvmm/kvmm.h ipc/ipc.h daemon/model/model.h daemon/model/tokenizer.h daemon/model/sampler.h daemon/model/grammar.h daemon/model/gguf.h" ;;
 	client/kvctl*|client/http*) echo "client/kvclient.h client/kvc_metrics.h" ;;
 	client) echo "ipc/ipc.h" ;;
 	*) echo "?" ;;

@@ -71,6 +71,16 @@ static void decode(const struct ipc_frame *f, const uint8_t *frame, size_t n)
 		}
 		if (m.g.gen_flags & IPC_GEN_CHAT_TURNS)
 			CHECK(!(m.g.gen_flags & IPC_GEN_RAW) && m.g.system_bytes == 0 && m.g.session_id == 0);
+		/* a constraint's block is in form, its inline text inside the frame */
+		if (m.g.gen_flags & IPC_GEN_CONSTRAINT) {
+			CHECK(ipc_gen_constraint_check(&m.cons) == 0);
+			if (m.g.gen_flags & IPC_GEN_PROMPT_IN_RING)
+				CHECK(m.cons_text == NULL);
+			else
+				in_payload(m.cons_text, m.cons.text_bytes);
+		} else {
+			CHECK(m.cons.kind == 0 && m.cons_text == NULL);
+		}
 		/* The client's encoder produces exactly these bytes. */
 		static uint8_t buf[IPC_MAX_FRAME_BYTES];
 		ssize_t len = ipc_encode_generate(buf, sizeof(buf), f->hdr.request_id, &m);
@@ -330,6 +340,23 @@ static void write_seeds(const char *dir)
 	if (tn < 0 || n < 0)
 		exit(1);
 	seed(dir, "generate-turns", C_SOCK, IPC_MSG_GENERATE, 0, buf + IPC_HDR_BYTES, (size_t)n - IPC_HDR_BYTES, NULL, 0);
+	m.g.gen_flags = IPC_GEN_CONSTRAINT | IPC_GEN_PRIORITY;
+	m.prio.priority = -2;
+	m.cons = (struct ipc_gen_constraint){ .kind = IPC_CONSTRAINT_JSON_SCHEMA, .text_bytes = 17 };
+	m.cons_text = "{\"type\":\"object\"}";
+	m.prompt = "Hello";
+	m.g.prompt_bytes = 5;
+	n = ipc_encode_generate(buf, sizeof(buf), 7, &m);
+	if (n < 0)
+		exit(1);
+	seed(dir, "generate-constraint", C_SOCK, IPC_MSG_GENERATE, 0, buf + IPC_HDR_BYTES, (size_t)n - IPC_HDR_BYTES, NULL,
+	     0);
+	m.g.gen_flags = IPC_GEN_CONSTRAINT | IPC_GEN_PROMPT_IN_RING;
+	n = ipc_encode_generate(buf, sizeof(buf), 7, &m);
+	if (n < 0)
+		exit(1);
+	seed(dir, "generate-constraint-ring", C_SOCK, IPC_MSG_GENERATE, 0, buf + IPC_HDR_BYTES, (size_t)n - IPC_HDR_BYTES,
+	     NULL, 0);
 	struct ipc_prompt_data pd = { 10, 5 };
 	seed(dir, "prompt-data", C_RING, IPC_MSG_PROMPT_DATA, 0, &pd, sizeof(pd), "abcde", 5);
 	struct {

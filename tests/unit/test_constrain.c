@@ -1,7 +1,7 @@
 /*
  * tests/unit/test_constrain.c — sampling under a constraint
  * (daemon/model/sampler.h kvd_sampler_sample_masked,
- * daemon/model/grammar_sample.h kvd_gram_sample).
+ * kvd_gram_sample, daemon/model/grammar_sample.c).
  *
  * Exactness against a reference: a masked draw equals the plain sampler's
  * draw over logits with every disallowed token set to -inf, for greedy,
@@ -28,7 +28,6 @@
 #include <cmocka.h>
 
 #include "grammar.h"
-#include "grammar_sample.h"
 #include "sampler.h"
 
 /* Deterministic test data (not the sampler's PRNG). */

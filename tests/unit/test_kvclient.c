@@ -976,6 +976,51 @@ static void test_samples_and_logprobs(void **state)
 	fake_finish(s, c);
 }
 
+/* A constraint (kvc_gen_params.constraint) is checked before sending and
+ * sent only to a daemon of 0.7.0 or later. */
+static void test_constraint_gate(void **state)
+{
+	(void)state;
+	for (int newer = 0; newer < 2; newer++) {
+		kvc_client *c;
+		struct fake_cfg cfg = { .listen_fd = -1,
+					.server_version = newer ? IPC_CONSTRAINT_SERVER_VERSION : IPC_TENANT_SERVER_VERSION };
+		struct fake *s = fake_start(&cfg, &c, 0);
+		struct kvc_gen_params p;
+		struct kvc_constraint k = { .kind = KVC_CONSTRAINT_REGEX, .text = "[a-z]+", .len = KVC_NTS };
+		kvc_gen_params_init(&p);
+		p.constraint = &k;
+		assert_int_equal(kvc_generate(c, "hello", KVC_NTS, &p, NULL, NULL, NULL), newer ? 0 : -EOPNOTSUPP);
+		if (newer) {
+			pthread_mutex_lock(&s->lock);
+			uint32_t flags = s->last_gen.gen_flags;
+			pthread_mutex_unlock(&s->lock);
+			assert_true(flags & IPC_GEN_CONSTRAINT);
+		}
+		/* refused before anything is sent, whatever the daemon */
+		struct kvc_constraint bad[] = {
+			{ .kind = 0, .text = "x", .len = 1 },
+			{ .kind = KVC_CONSTRAINT_CHOICE + 1, .text = "x", .len = 1 },
+			{ .kind = KVC_CONSTRAINT_GBNF, .flags = 1, .text = "x", .len = 1 },
+			{ .kind = KVC_CONSTRAINT_GBNF, .text = "x", .len = 1, .reserved = { 0, 1 } },
+			{ .kind = KVC_CONSTRAINT_GBNF, .text = NULL, .len = 0 },
+			{ .kind = KVC_CONSTRAINT_REGEX, .text = "", .len = KVC_NTS },
+		};
+		for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+			p.constraint = &bad[i];
+			assert_int_equal(kvc_generate(c, "hello", KVC_NTS, &p, NULL, NULL, NULL), -EINVAL);
+		}
+		struct kvc_constraint huge = { .kind = KVC_CONSTRAINT_GBNF, .text = "x", .len = KVC_MAX_CONSTRAINT_BYTES + 1 };
+		p.constraint = &huge;
+		assert_int_equal(kvc_generate(c, "hello", KVC_NTS, &p, NULL, NULL, NULL), -E2BIG);
+		/* json_object needs no text */
+		struct kvc_constraint obj = { .kind = KVC_CONSTRAINT_JSON_OBJECT };
+		p.constraint = &obj;
+		assert_int_equal(kvc_generate(c, "hello", KVC_NTS, &p, NULL, NULL, NULL), newer ? 0 : -EOPNOTSUPP);
+		fake_finish(s, c);
+	}
+}
+
 /* A conversation (kvc_gen_params.messages) goes out as the wire's turn
  * list, inline or through the ring, and bad ones never leave the client. */
 static void test_chat_messages(void **state)
@@ -1889,6 +1934,7 @@ int main(void)
 		cmocka_unit_test(test_params_on_the_wire),
 		cmocka_unit_test(test_samples_and_logprobs),
 		cmocka_unit_test(test_chat_messages),
+		cmocka_unit_test(test_constraint_gate),
 		cmocka_unit_test(test_blocking_interleaved),
 		cmocka_unit_test(test_cancel_from_callback),
 		cmocka_unit_test(test_cancel_blocking),
