@@ -168,6 +168,7 @@ int http_parse_constraint(json_t *o, struct http_gen_req *r, struct http_error *
 {
 	const char *k = NULL;
 	json_t *v;
+	int x;
 
 	for (size_t i = 0; i < N_CONSTRAINT_FIELDS; i++) {
 		if (!constraint_given(o, constraint_fields[i]))
@@ -178,16 +179,17 @@ int http_parse_constraint(json_t *o, struct http_gen_req *r, struct http_error *
 					      constraint_fields[i]);
 		k = constraint_fields[i];
 	}
-	if ((v = opt(o, "response_format")))
-		return from_response_format(v, r, e); /* also checks a {"type":"text"} */
-	if (!k)
+	/* response_format is checked even as {"type": "text"} (no constraint) */
+	if ((v = opt(o, "response_format")) && (x = from_response_format(v, r, e)) < 0)
+		return x;
+	if (!k || !strcmp(k, "response_format"))
 		return 0;
 	v = opt(o, k);
 	if (!strcmp(k, "grammar") || !strcmp(k, "guided_grammar") || !strcmp(k, "guided_regex")) {
 		if (!json_is_string(v))
 			return BAD(e, k, "'%s' must be a string", k);
-		return set_constraint(r, k[7] == 'r' ? KVC_CONSTRAINT_REGEX : KVC_CONSTRAINT_GBNF, k, json_string_value(v),
-				      json_string_length(v), e);
+		return set_constraint(r, !strcmp(k, "guided_regex") ? KVC_CONSTRAINT_REGEX : KVC_CONSTRAINT_GBNF, k,
+				      json_string_value(v), json_string_length(v), e);
 	}
 	if (!strcmp(k, "json_schema") || !strcmp(k, "guided_json")) {
 		if (json_is_string(v)) /* vLLM takes the schema as JSON text too */

@@ -242,6 +242,9 @@ assert st == 200 and j["choices"][0]["message"]["content"] in ("yes.", "no."), j
 assert j["choices"][0]["finish_reason"] == "stop", j
 st, _, j = chat({"messages": [{"role": "user", "content": "Pick a colour."}], "guided_choice": ["red", "green", "blue"]})
 assert st == 200 and j["choices"][0]["message"]["content"] in ("red", "green", "blue"), j
+st, _, j = chat({"messages": [{"role": "user", "content": "Pick a colour."}], "response_format": {"type": "text"},
+                 "guided_choice": ["cyan", "magenta"]})
+assert st == 200 and j["choices"][0]["message"]["content"] in ("cyan", "magenta"), j
 st, _, j = chat({"messages": [{"role": "user", "content": "Give me a phone number."}],
                  "guided_regex": "[0-9]{3}-[0-9]{4}"})
 assert st == 200 and re.fullmatch(r"[0-9]{3}-[0-9]{4}", j["choices"][0]["message"]["content"]), j
@@ -250,7 +253,8 @@ st, _, j = req("POST", "/v1/completions", {"model": model, "prompt": "A person a
 assert st == 200, j
 if j["choices"][0]["finish_reason"] == "stop":
     jsonschema.validate(json.loads(j["choices"][0]["text"]), SCHEMAS[0])
-ok("grammar (GBNF), guided_choice, guided_regex on chat; json_schema on /v1/completions")
+ok("grammar (GBNF), guided_choice (also beside response_format text), guided_regex on chat; json_schema on "
+   "/v1/completions")
 
 st, _, j = chat({"messages": USER, "response_format": {"type": "json_schema", "json_schema": {
     "name": "bad", "schema": {"type": "object", "properties": {"a": {"type": "number", "multipleOf": 3}}}}}})
