@@ -245,7 +245,8 @@ asan:
 # FUZZ_SECONDS (tests/fuzz/run.sh: seeds from tests/fuzz/corpus/<target>/, new
 # inputs kept in build-fuzz/corpus/<target>/, crashes in build-fuzz/crashes/);
 # FUZZ_TARGETS="fuzz_frame fuzz_ring" picks some. `make fuzz-build` only builds.
-# fuzz_http_request (kvd-http's request parser, client/http/request.c) needs
+# fuzz_http_request (kvd-http's request parser, client/http/request.c and
+# structured.c) needs
 # jansson alone and is built when pkg-config finds it.
 FUZZ_CC      ?= clang
 FUZZ_BUILD   ?= build-fuzz
@@ -273,11 +274,12 @@ $(BUILD)/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(CORE_LIBS)
 FUZZ_JANSSON_CFLAGS = $(shell pkg-config --cflags jansson 2>/dev/null)
 $(BUILD)/obj/tests/fuzz/fuzz_http_request.o: INC := $(INC_ALL) -iquote client/http
 $(BUILD)/obj/tests/fuzz/fuzz_http_request.o: EXTRA_CFLAGS += $(FUZZ_JANSSON_CFLAGS)
-$(BUILD)/obj/fuzz-http/request.o: client/http/request.c Makefile
+$(BUILD)/obj/fuzz-http/%.o: client/http/%.c Makefile
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -D_GNU_SOURCE $(OPT) $(SAN) $(WARN) -pthread -iquote client $(FUZZ_JANSSON_CFLAGS) \
 	    -MMD -MP -c $< -o $@
-$(BUILD)/fuzz/fuzz_http_request: $(BUILD)/obj/tests/fuzz/fuzz_http_request.o $(BUILD)/obj/fuzz-http/request.o
+$(BUILD)/fuzz/fuzz_http_request: $(BUILD)/obj/tests/fuzz/fuzz_http_request.o $(BUILD)/obj/fuzz-http/request.o \
+    $(BUILD)/obj/fuzz-http/structured.o
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -fsanitize=fuzzer -o $@ $^ $(shell pkg-config --libs jansson 2>/dev/null) -lm
 .PHONY: clean-fuzz

@@ -35,7 +35,7 @@ enum MHD_Result models(struct MHD_Connection *con, struct conn *c, const char *u
 	/* max_model_len: the context window, as vLLM names it */
 	json_t *model = json_pack("{s:s, s:s, s:I, s:s, s:I}", "id", m, "object", "model", "created",
 				  (json_int_t)c->s->started, "owned_by", "kvd", "max_model_len", n_ctx);
-	if (c->route == ROUTE_MODEL) {
+	if (c->route->prefix) {
 		const char *want = url + strlen("/v1/models/");
 		if (strcmp(want, m) != 0) {
 			json_decref(model);
@@ -81,7 +81,7 @@ static int do_ping(kvc_client *kc, void *arg)
 	return kvc_ping(kc, NULL);
 }
 
-enum MHD_Result health(struct MHD_Connection *con, struct conn *c)
+enum MHD_Result health(struct MHD_Connection *con, struct conn *c, const char *url)
 {
 	char buf[512];
 	int r = control(c->s, do_ping, NULL);
@@ -157,7 +157,7 @@ static int mprintf(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
 	}
 }
 
-enum MHD_Result metrics(struct MHD_Connection *con, struct conn *c)
+enum MHD_Result metrics(struct MHD_Connection *con, struct conn *c, const char *url)
 {
 	struct http_server *s = c->s;
 	char *b = NULL;

@@ -9,6 +9,10 @@
  *              request (jansson does all parsing) and builds the JSON of
  *              responses, stream chunks and OpenAI error objects; it knows
  *              nothing of HTTP or of kvd, so a fuzz target can drive it alone;
+ *   structured.c  its structured-output and tool fields (constraints, the
+ *              generic tool format), likewise free of HTTP and kvd;
+ *   routes.c   the route table and dispatch;
+ *   toolcall.c a model's text read back as tool calls (and their stream);
  *   config.c   configuration file ([http] keys) and command line;
  *   server.c   the HTTP server (libmicrohttpd, one thread per connection),
  *              request deadlines, and the bridge to kvd;
@@ -49,6 +53,9 @@
 #define HTTP_MAX_CACHE_SALT          48          /* bytes of a request's cache_salt */
 #define HTTP_MAX_N                   KVC_MAX_SAMPLES      /* choices of one request ('n') */
 #define HTTP_MAX_TOP_LOGPROBS        KVC_MAX_TOP_LOGPROBS /* 'top_logprobs' (chat), 'logprobs' (completions) */
+#define HTTP_MAX_TOOLS               128         /* entries of 'tools' */
+#define HTTP_MAX_TOOL_NAME           64          /* bytes of a function name (OpenAI's bound) */
+#define HTTP_MAX_ERROR_POINTER       128         /* bytes of a schema error's JSON pointer */
 
 /* ---- configuration ------------------------------------------------------------ */
 
@@ -103,11 +110,24 @@ struct http_error {
 	const char *code;  /* static or NULL */
 	char param[64];    /* "" = null */
 	char message[512];
+	/* where a grammar or schema is wrong (extra fields of the error object):
+	 * line and column (0: none), or the schema part's JSON pointer */
+	uint32_t line, column;
+	bool has_pointer;
+	char pointer[HTTP_MAX_ERROR_POINTER];
 };
 
 /* Fill e and return -EINVAL (for "return http_fail(e, ...)"). */
 int http_fail(struct http_error *e, int status, const char *type, const char *code, const char *param,
 	      const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* What 'tool_choice' asks for. */
+enum http_tool_mode {
+	HTTP_TOOLS_NONE = 0,  /* no tools, or tool_choice "none" (they are still rendered): text comes back */
+	HTTP_TOOLS_AUTO,      /* the model may call one: calls are parsed from its text */
+	HTTP_TOOLS_REQUIRED,  /* it must call one of them: the output is constrained to a call */
+	HTTP_TOOLS_NAMED,     /* it must call tool_name: constrained likewise */
+};
 
 /* A checked generation request. Strings are owned (free with
  * http_gen_req_clear); the absent ones are NULL. */
@@ -134,6 +154,17 @@ struct http_gen_req {
 	bool logprobs;           /* chat: 'logprobs': true; completions: 'logprobs': K given */
 	uint32_t top_logprobs;   /* chat: 'top_logprobs'; completions: 'logprobs' K */
 	int32_t priority;        /* vLLM's 'priority': lower first among the gateway tenant's requests */
+
+	/* structured output (structured.c): at most one constraint */
+	struct kvc_constraint constraint; /* kind 0: none; text points at constraint_text */
+	char *constraint_text;
+	const char *constraint_param; /* the field it came from, for errors (static) */
+
+	/* tools (structured.c); the functions are rendered into the messages */
+	enum http_tool_mode tool_mode;
+	json_t *tools;           /* the functions: [{"name","description"?,"parameters"}], or NULL */
+	char *tool_name;         /* HTTP_TOOLS_NAMED: the function */
+	bool parallel_tool_calls; /* 'parallel_tool_calls' (default true): more than one call kept */
 };
 
 /*
@@ -149,13 +180,51 @@ struct http_gen_req {
 int http_parse_gen_request(int ep, const char *body, size_t len, struct http_gen_req *ret, struct http_error *err);
 void http_gen_req_clear(struct http_gen_req *r);
 
+/* ---- structured output and tools (structured.c) -------------------------------- */
+
+/*
+ * The constraint fields of body o: response_format (text, json_object,
+ * json_schema), llama.cpp's grammar and json_schema, vLLM's guided_json,
+ * guided_regex, guided_choice, guided_grammar. More than one → a 400 naming
+ * both. 0 with r->constraint set (kind 0 for none), or -EINVAL/-ENOMEM with
+ * e filled.
+ */
+int http_parse_constraint(json_t *o, struct http_gen_req *r, struct http_error *e);
+
+/*
+ * tools, tool_choice, parallel_tool_calls of a chat body. With tool_choice
+ * required or a named function the output is constrained to a call (a JSON
+ * Schema built from the functions' parameters), so a constraint given too
+ * is refused. 0, or -EINVAL/-ENOMEM with e filled.
+ */
+int http_parse_tools(json_t *o, struct http_gen_req *r, struct http_error *e);
+
+/*
+ * The text of a message of the conversation as kvd's chat template sees it:
+ * an assistant message's tool_calls appended to its content as
+ * <tool_call> blocks, a tool message's content inside <tool_response>.
+ * *ret (malloc'd) and *ret_len; 0 or -EINVAL/-ENOMEM with e filled.
+ */
+int http_render_tool_calls(json_t *msg, size_t idx, const char *content, size_t len, char **ret, size_t *ret_len,
+			   struct http_error *e);
+int http_render_tool_response(const char *content, size_t len, char **ret, size_t *ret_len, struct http_error *e);
+
+/* The system-message block that lists r->tools and says how to call them
+ * (malloc'd text; NULL: out of memory). */
+char *http_render_tools_block(const struct http_gen_req *r);
+
+/* A constraint error from kvd (message "constraint: WHERE: WHAT") as the
+ * 400 of the field the constraint came from, with line/column or pointer. */
+void http_constraint_error(const struct http_gen_req *r, const char *msg, struct http_error *e);
+
 /* ---- responses ------------------------------------------------------------------- */
 
 /* A JSON string of text that should be UTF-8 (invalid bytes become U+FFFD);
  * NULL when out of memory. */
 json_t *http_text_json(const char *s, size_t n);
 
-/* The JSON text of an error object: {"error":{"message","type","param","code"}}.
+/* The JSON text of an error object: {"error":{"message","type","param","code"}}, and
+ * "line"/"column" or "pointer" when set.
  * Returns malloc'd NUL-terminated text or NULL (out of memory). */
 char *http_error_json(const struct http_error *e);
 

@@ -5,15 +5,16 @@
  * NUL characters in strings refused) after a scan that refuses nesting
  * deeper than HTTP_MAX_JSON_DEPTH; this file then walks the parsed tree and
  * checks every parameter it understands against what kvd can do today:
- * chat messages with earlier turns (system/developer, user and assistant
- * turns, rendered by kvd's chat template), 'n' parallel samples, and
- * log-probabilities (chat's logprobs/top_logprobs, completions' logprobs),
- * besides the sampling parameters. The rule is "honour exactly or
- * refuse": a parameter whose meaning the gateway cannot reproduce
- * (penalties OpenAI defines differently from kvd's, tools,
- * best_of, echo, suffix, and the vendor extras of vLLM or llama.cpp that
- * change what is generated, such as guided decoding or ignore_eos) gets a
- * 400 naming it, never a silent approximation. Other keys this file does
+ * chat messages with earlier turns (system/developer, user, assistant and
+ * tool turns, rendered by kvd's chat template; tool calls and results in
+ * structured.c's generic format), 'n' parallel samples, log-probabilities
+ * (chat's logprobs/top_logprobs, completions' logprobs), structured output
+ * and tools (structured.c), besides the sampling parameters. The rule is
+ * "honour exactly or refuse": a parameter whose meaning the gateway cannot
+ * reproduce (penalties OpenAI defines differently from kvd's, best_of,
+ * echo, suffix, and the vendor extras of vLLM or llama.cpp that change
+ * what is generated, such as ignore_eos) gets a 400 naming it, never a
+ * silent approximation. Other keys this file does
  * not know are ignored, as every OpenAI-compatible server does, since
  * clients send metadata (user, store, metadata, ...) that does not change
  * the answer. 'cache_salt' (vLLM's) is honoured: it names the cache tenant
@@ -39,6 +40,9 @@ int http_fail(struct http_error *e, int status, const char *type, const char *co
 	e->status = status;
 	e->type = type;
 	e->code = code;
+	e->line = e->column = 0;
+	e->has_pointer = false;
+	e->pointer[0] = '\0';
 	snprintf(e->param, sizeof(e->param), "%s", param ? param : "");
 	va_start(ap, fmt);
 	vsnprintf(e->message, sizeof(e->message), fmt, ap);
@@ -60,6 +64,9 @@ void http_gen_req_clear(struct http_gen_req *r)
 	free(r->messages);
 	for (size_t i = 0; i < r->n_stop; i++)
 		free(r->stop[i]);
+	free(r->constraint_text);
+	json_decref(r->tools);
+	free(r->tool_name);
 	memset(r, 0, sizeof(*r));
 }
 
@@ -147,13 +154,9 @@ static const struct {
 	{ "chat_template", false, "kvd renders the model's own chat template" },
 	{ "chat_template_kwargs", false, "kvd renders the model's own chat template" },
 	{ "documents", false, "no retrieval documents" },
-	{ "guided_json", false, "no guided decoding" },
-	{ "guided_regex", false, "no guided decoding" },
-	{ "guided_choice", false, "no guided decoding" },
-	{ "guided_grammar", false, "no guided decoding" },
-	{ "structured_outputs", false, "no guided decoding" },
-	{ "grammar", false, "no grammar-constrained decoding" },
-	{ "json_schema", false, "no schema-constrained decoding" },
+	{ "structured_outputs", false, "use guided_json, guided_regex, guided_choice or guided_grammar" },
+	{ "guided_whitespace_pattern", false, "kvd writes JSON with its own whitespace" },
+	{ "guided_decoding_backend", false, "kvd has one constraint engine" },
 	{ "bad_words", false, "kvd's sampler bans no words" },
 	{ "allowed_token_ids", false, "kvd's sampler takes no token lists" },
 	{ "prompt_logprobs", false, "only the generated tokens' log-probabilities" },
@@ -285,6 +288,106 @@ static int content_text(json_t *c, size_t idx, char **ret, size_t *ret_len, stru
 	return 0;
 }
 
+/* The turns of a conversation as kvd receives them (owned texts). */
+struct turns {
+	struct kvc_chat_msg *m;
+	size_t *len;
+	size_t n;
+	bool last_is_tool; /* the last turn holds tool responses (more join it) */
+};
+
+static int turns_push(struct turns *t, const char *role, char *text, size_t len)
+{
+	t->m[t->n] = (struct kvc_chat_msg){ role, text };
+	t->len[t->n++] = len;
+	t->last_is_tool = false;
+	return 0;
+}
+
+/* Append text to the last turn, after a newline. */
+static int turns_join(struct turns *t, char *text, size_t len, struct http_error *e)
+{
+	size_t old = t->len[t->n - 1];
+	char *s = realloc((char *)t->m[t->n - 1].content, old + 1 + len + 1);
+	if (!s) {
+		free(text);
+		return oom(e);
+	}
+	s[old] = '\n';
+	memcpy(s + old + 1, text, len + 1);
+	free(text);
+	t->m[t->n - 1].content = s;
+	t->len[t->n - 1] = old + 1 + len;
+	return 0;
+}
+
+/* One message's role (system/developer, user, assistant, tool) as kvd's. */
+static int message_role(json_t *msg, size_t i, const char **ret, struct http_error *e)
+{
+	json_t *role = json_object_get(msg, "role");
+	char param[48];
+
+	snprintf(param, sizeof(param), "messages[%zu].role", i);
+	if (!json_is_object(msg) || !json_is_string(role))
+		return BAD(e, param, "each message must be an object with a string 'role'");
+	const char *rs = json_string_value(role);
+	if (!strcmp(rs, "system") || !strcmp(rs, "developer"))
+		*ret = "system";
+	else if (!strcmp(rs, "user"))
+		*ret = "user"; /* static: the body is freed after parsing */
+	else if (!strcmp(rs, "assistant"))
+		*ret = "assistant";
+	else if (!strcmp(rs, "tool"))
+		*ret = "tool";
+	else if (!strcmp(rs, "function"))
+		return UNSUPPORTED(e, param, "'function' messages are not supported: use 'tool' messages");
+	else
+		return BAD(e, param, "unknown role '%.32s'", rs);
+	return 0;
+}
+
+/* The text kvd gets for message i of role (tool calls and responses
+ * rendered, structured.c). */
+static int message_text(json_t *msg, size_t i, const char *role, char **ret, size_t *ret_len, struct http_error *e)
+{
+	json_t *c = json_object_get(msg, "content"), *tc = opt(msg, "tool_calls");
+	char param[48], *text = NULL;
+	size_t len = 0;
+	int x;
+
+	snprintf(param, sizeof(param), "messages[%zu].content", i);
+	bool calls = !strcmp(role, "assistant") && json_is_array(tc) && json_array_size(tc);
+	if (tc && !strcmp(role, "assistant") && !json_is_array(tc)) {
+		snprintf(param, sizeof(param), "messages[%zu].tool_calls", i);
+		return BAD(e, param, "'%s' must be an array", param);
+	}
+	if ((!c || json_is_null(c)) && !calls)
+		return BAD(e, param, "'%s' is required", param);
+	if (c && !json_is_null(c) && (x = content_text(c, i, &text, &len, e)) < 0)
+		return x;
+	if (text && strlen(text) != len) {
+		free(text);
+		return BAD(e, param, "'%s' contains a NUL character", param);
+	}
+	if (!text && !(text = strdup("")))
+		return oom(e);
+	char *r = NULL;
+	x = 0;
+	if (calls)
+		x = http_render_tool_calls(msg, i, text, len, &r, &len, e);
+	else if (!strcmp(role, "tool"))
+		x = http_render_tool_response(text, len, &r, &len, e);
+	else
+		r = text;
+	if (r != text)
+		free(text);
+	if (x < 0)
+		return x;
+	*ret = r;
+	*ret_len = len;
+	return 0;
+}
+
 /*
  * messages → the request's prompt. kvd renders every turn with the model's
  * chat template itself. A conversation of one optional leading system (or
@@ -292,13 +395,18 @@ static int content_text(json_t *c, size_t idx, char **ret, size_t *ret_len, stru
  * any kvd understands; anything longer goes as the whole list of turns
  * (kvc_gen_params.messages), re-sent with each request, so its earlier
  * turns come from kvd's prefix cache and usage.cached_tokens grows turn by
- * turn with no state here. Tool calls and results, and an assistant
- * message last (a reply prefill), cannot be expressed and are refused by
- * name.
+ * turn with no state here. kvd knows system, user and assistant turns: the
+ * gateway renders tools into the system turn, an assistant's tool_calls
+ * into its text, and tool results as a user turn (structured.c's generic
+ * format; consecutive results share one turn). An assistant message last
+ * (a reply prefill) cannot be expressed and is refused by name.
  */
 static int parse_messages(json_t *o, struct http_gen_req *r, struct http_error *e)
 {
 	json_t *m = json_object_get(o, "messages");
+	struct turns t = { 0 };
+	int x = 0;
+
 	if (!m)
 		return BAD(e, "messages", "'messages' is required");
 	if (!json_is_array(m) || json_array_size(m) == 0)
@@ -306,70 +414,80 @@ static int parse_messages(json_t *o, struct http_gen_req *r, struct http_error *
 	size_t n = json_array_size(m);
 	if (n > HTTP_MAX_MESSAGES)
 		return BAD(e, "messages", "'messages' has %zu entries; at most %d are allowed", n, HTTP_MAX_MESSAGES);
-	const char *roles[HTTP_MAX_MESSAGES];
-	for (size_t i = 0; i < n; i++) {
-		json_t *msg = json_array_get(m, i), *role = json_object_get(msg, "role");
-		char param[48];
-		snprintf(param, sizeof(param), "messages[%zu].role", i);
-		if (!json_is_object(msg) || !json_is_string(role))
-			return BAD(e, param, "each message must be an object with a string 'role'");
-		const char *rs = json_string_value(role);
-		if (!strcmp(rs, "system") || !strcmp(rs, "developer")) {
-			roles[i] = "system";
-		} else if (!strcmp(rs, "user")) {
-			roles[i] = "user";
-		} else if (!strcmp(rs, "assistant")) {
-			json_t *tc = json_object_get(msg, "tool_calls");
-			if (tc && !json_is_null(tc) && !(json_is_array(tc) && json_array_size(tc) == 0)) {
-				snprintf(param, sizeof(param), "messages[%zu].tool_calls", i);
-				return UNSUPPORTED(e, param, "tool calls are not supported");
-			}
-			roles[i] = "assistant";
-		} else if (!strcmp(rs, "tool") || !strcmp(rs, "function")) {
-			return UNSUPPORTED(e, param, "'%s' messages (tool results) are not supported", rs);
-		} else {
-			return BAD(e, param, "unknown role '%.32s'", rs);
-		}
+	t.m = calloc(n + 1, sizeof(*t.m));
+	t.len = calloc(n + 1, sizeof(*t.len));
+	if (!t.m || !t.len) {
+		x = oom(e);
+		goto done;
 	}
-	if (strcmp(roles[n - 1], "user") != 0)
-		return UNSUPPORTED(e, "messages",
-				   "the last message must be a user message (an assistant message last, to be "
-				   "continued, is not supported)");
-	bool simple = n == 1 || (n == 2 && !strcmp(roles[0], "system"));
-	if (!simple) {
-		r->messages = calloc(n, sizeof(*r->messages));
-		if (!r->messages)
-			return oom(e);
-	}
-	for (size_t i = 0; i < n; i++) {
-		json_t *msg = json_array_get(m, i), *c = json_object_get(msg, "content");
+	for (size_t i = 0; i < n && x == 0; i++) {
+		json_t *msg = json_array_get(m, i);
+		const char *role = NULL;
 		char *text = NULL;
 		size_t len = 0;
-		if (!c || json_is_null(c)) {
-			char param[48];
-			snprintf(param, sizeof(param), "messages[%zu].content", i);
-			return BAD(e, param, "'%s' is required", param);
-		}
-		int x = content_text(c, i, &text, &len, e);
-		if (x < 0)
-			return x;
-		if (strlen(text) != len) {
-			free(text);
-			char param[48];
-			snprintf(param, sizeof(param), "messages[%zu].content", i);
-			return BAD(e, param, "'%s' contains a NUL character", param);
-		}
-		if (!simple) {
-			r->messages[i] = (struct kvc_chat_msg){ roles[i], text };
-			r->n_messages = i + 1;
-		} else if (!strcmp(roles[i], "system")) {
-			r->system = text;
+		if ((x = message_role(msg, i, &role, e)) < 0 || (x = message_text(msg, i, role, &text, &len, e)) < 0)
+			break;
+		if (!strcmp(role, "tool") && t.last_is_tool) {
+			x = turns_join(&t, text, len, e);
 		} else {
-			r->prompt = text;
-			r->prompt_len = len;
+			x = turns_push(&t, !strcmp(role, "tool") ? "user" : role, text, len);
+			t.last_is_tool = !strcmp(role, "tool");
 		}
 	}
-	return 0;
+	if (x < 0)
+		goto done;
+	if (r->tools) {
+		/* the tools go at the end of the system turn (a new one if none) */
+		char *block = http_render_tools_block(r);
+		if (!block) {
+			x = oom(e);
+			goto done;
+		}
+		size_t bl = strlen(block);
+		if (!strcmp(t.m[0].role, "system")) {
+			char *s = realloc((char *)t.m[0].content, t.len[0] + 2 + bl + 1);
+			if (!s) {
+				free(block);
+				x = oom(e);
+				goto done;
+			}
+			memcpy(s + t.len[0], "\n\n", 2);
+			memcpy(s + t.len[0] + 2, block, bl + 1);
+			free(block);
+			t.m[0].content = s;
+			t.len[0] += 2 + bl;
+		} else {
+			memmove(t.m + 1, t.m, t.n * sizeof(*t.m));
+			memmove(t.len + 1, t.len, t.n * sizeof(*t.len));
+			t.m[0] = (struct kvc_chat_msg){ "system", block };
+			t.len[0] = bl;
+			t.n++;
+		}
+	}
+	if (strcmp(t.m[t.n - 1].role, "user") != 0) {
+		x = UNSUPPORTED(e, "messages",
+				"the last message must be a user or tool message (an assistant message last, to be "
+				"continued, is not supported)");
+		goto done;
+	}
+	if (t.n == 1 || (t.n == 2 && !strcmp(t.m[0].role, "system"))) {
+		if (t.n == 2)
+			r->system = (char *)t.m[0].content;
+		r->prompt = (char *)t.m[t.n - 1].content;
+		r->prompt_len = t.len[t.n - 1];
+		t.n = 0;
+	} else {
+		r->messages = t.m;
+		r->n_messages = t.n;
+		t.m = NULL;
+		t.n = 0;
+	}
+done:
+	for (size_t i = 0; i < t.n; i++)
+		free((char *)t.m[i].content);
+	free(t.m);
+	free(t.len);
+	return x;
 }
 
 static int parse_prompt(json_t *o, struct http_gen_req *r, struct http_error *e)
@@ -497,15 +615,18 @@ static int parse_fields(int ep, json_t *o, struct http_gen_req *r, struct http_e
 	    (x = only_neutral(o, "frequency_penalty", e, "kvd's repeat_penalty is a different, multiplicative rule; "
 				   "use 'repeat_penalty'")) < 0 ||
 	    (x = only_neutral(o, "logit_bias", e, "kvd's sampler takes no per-token biases")) < 0 ||
-	    (x = only_neutral(o, "tools", e, "no tool calling")) < 0 ||
-	    (x = only_neutral(o, "functions", e, "no function calling")) < 0)
+	    (x = only_neutral(o, "functions", e, "use 'tools'")) < 0 ||
+	    (x = only_neutral(o, "function_call", e, "use 'tool_choice'")) < 0)
 		return x;
-	if ((v = opt(o, "tool_choice")) && !(json_is_string(v) && !strcmp(json_string_value(v), "none")))
-		return UNSUPPORTED(e, "tool_choice", "'tool_choice' is not supported by kvd-http: no tool calling");
-	if ((v = opt(o, "response_format"))) {
-		json_t *t = json_object_get(v, "type");
-		if (!json_is_string(t) || strcmp(json_string_value(t), "text") != 0)
-			return UNSUPPORTED(e, "response_format", "only 'response_format' {\"type\": \"text\"} is supported");
+	if ((x = http_parse_constraint(o, r, e)) < 0)
+		return x;
+	if (ep == HTTP_EP_CHAT && (x = http_parse_tools(o, r, e)) < 0)
+		return x;
+	if (ep == HTTP_EP_COMPLETIONS) {
+		if ((x = only_neutral(o, "tools", e, "tools are for /v1/chat/completions")) < 0)
+			return x;
+		if ((v = opt(o, "tool_choice")) && !(json_is_string(v) && !strcmp(json_string_value(v), "none")))
+			return UNSUPPORTED(e, "tool_choice", "tools are for /v1/chat/completions");
 	}
 	if ((x = refuse_extras(o, e)) < 0)
 		return x;
@@ -607,9 +728,16 @@ static char *dump(json_t *o)
 char *http_error_json(const struct http_error *e)
 {
 	json_t *msg = text_value(e->message, strlen(e->message));
-	return dump(json_pack("{s:{s:o, s:s, s:s?, s:s?}}", "error", "message", msg, "type",
-			      e->type ? e->type : "invalid_request_error", "param", e->param[0] ? e->param : NULL,
-			      "code", e->code));
+	json_t *o = json_pack("{s:o, s:s, s:s?, s:s?}", "message", msg, "type", e->type ? e->type : "invalid_request_error",
+			      "param", e->param[0] ? e->param : NULL, "code", e->code);
+	/* where a grammar or schema is wrong */
+	if (o && e->line) {
+		json_object_set_new(o, "line", json_integer(e->line));
+		json_object_set_new(o, "column", json_integer(e->column));
+	}
+	if (o && e->has_pointer)
+		json_object_set_new(o, "pointer", text_value(e->pointer, strlen(e->pointer)));
+	return dump(o ? json_pack("{s:o}", "error", o) : NULL);
 }
 
 const char *http_finish_reason(int kvc_finish)

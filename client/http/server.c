@@ -160,7 +160,7 @@ void map_kvd_error(int code, const char *msg, struct http_error *e)
 	case -EOPNOTSUPP: /* features gated on kvd's version */
 		http_fail(e, 400, "invalid_request_error", "unsupported_parameter", NULL,
 			  "this kvd is too old: earlier conversation turns need 0.2.0, 'n' > 1 and "
-			  "log-probabilities 0.3.0");
+			  "log-probabilities 0.3.0, structured output and forced tool calls 0.7.0");
 		break;
 	case KVC_ERR_LIMIT:
 		http_fail(e, 429, "rate_limit_error", "rate_limit_exceeded", NULL, "kvd is at capacity: %s", why);
@@ -181,6 +181,15 @@ void map_kvd_error(int code, const char *msg, struct http_error *e)
 		http_fail(e, 500, "server_error", NULL, NULL, "kvd failed the request: %s", why);
 		break;
 	}
+}
+
+/* kvd's refusal of c's request: a constraint's error as the 400 of its field. */
+static void kvd_error(const struct conn *c, int code, const char *msg, struct http_error *e)
+{
+	if (c->req.constraint.kind && msg && !strncmp(msg, "constraint: ", 12))
+		http_constraint_error(&c->req, msg, e);
+	else
+		map_kvd_error(code, msg, e);
 }
 
 /* The served model's name ("" when kvd was never reached and none is configured). */
@@ -254,6 +263,8 @@ static void fill_params(const struct conn *c, const struct kvc_info *info, struc
 	if (c->tenant[0])
 		p->tenant = c->tenant;
 	p->priority = q->priority;
+	if (q->constraint.kind)
+		p->constraint = &q->constraint;
 }
 
 /* The request's cache tenant in kvd: its API key (by its line in the key
@@ -323,12 +334,12 @@ static int start_generation(struct conn *c, uint64_t min_serial, struct http_err
 			min_serial = pool_serial(s);
 			continue;
 		}
-		if (r == -E2BIG)
+		if (r == -E2BIG && strncmp(c->lr.msg, "constraint: ", 12) != 0)
 			http_fail(e, 413, "invalid_request_error", "request_too_large",
 				  c->req.endpoint == HTTP_EP_CHAT ? "messages" : "prompt",
 				  "the prompt is larger than kvd accepts (%s)", c->lr.msg[0] ? c->lr.msg : "max_prompt_bytes");
 		else
-			map_kvd_error(r, c->lr.msg, e);
+			kvd_error(c, r, c->lr.msg, e);
 		return r;
 	}
 	return -ECONNRESET;
@@ -428,7 +439,7 @@ void ended_error(struct conn *c, int code, struct http_error *e)
 	if (code == -ECANCELED)
 		http_fail(e, 503, "server_error", "service_unavailable", NULL, "the request was cancelled in kvd");
 	else
-		map_kvd_error(res && res->error ? res->error : code, res ? res->error_message : "", e);
+		kvd_error(c, res && res->error ? res->error : code, res ? res->error_message : "", e);
 	/* the context holds the completions endpoint's prompt, not messages */
 	if (c->req.endpoint == HTTP_EP_COMPLETIONS && !strcmp(e->param, "messages"))
 		snprintf(e->param, sizeof(e->param), "prompt");
@@ -442,6 +453,8 @@ static int stream_close(struct conn *c, int code)
 
 	if (code == 0 && res && c->ch) {
 		r = choices_stream_finish(c);
+	} else if (code == 0 && res && c->req.tool_mode) {
+		r = tools_stream_finish(c, res);
 	} else if (code == 0 && res) {
 		struct http_usage u;
 		add_usage(c, res, &u);
@@ -471,6 +484,8 @@ static int stream_event(struct conn *c, const struct kvc_event *ev)
 {
 	if (c->ch)
 		return choices_stream_event(c, ev);
+	if (c->req.tool_mode)
+		return tools_stream_event(c, ev);
 	if (ev->text_len == 0)
 		return 0;
 	return out_chunk(c, false, ev->text, ev->text_len, NULL, NULL, c->req.include_usage);
@@ -501,15 +516,22 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
 	return (ssize_t)n;
 }
 
-static enum MHD_Result generate(struct MHD_Connection *con, struct conn *c)
+enum MHD_Result generate(struct MHD_Connection *con, struct conn *c, const char *url)
 {
+	(void)url;
 	struct http_server *s = c->s;
 	struct http_error e;
 	const union MHD_ConnectionInfo *ci;
 
-	if (http_parse_gen_request(c->route == ROUTE_CHAT ? HTTP_EP_CHAT : HTTP_EP_COMPLETIONS, c->body, c->body_len,
+	if (http_parse_gen_request(c->route->endpoint, c->body, c->body_len,
 				   &c->req, &e) < 0)
 		return send_error(con, s, &e);
+	if (c->req.constraint.kind && kvc_version() < ((0 << 16) | (7 << 8))) {
+		http_fail(&e, 400, "invalid_request_error", "unsupported_parameter", c->req.constraint_param,
+			  "'%s' needs structured output, which this kvd-http's libkvclient (%s) predates (0.7.0)",
+			  c->req.constraint_param, KVC_VERSION_STRING);
+		return send_error(con, s, &e);
+	}
 	set_tenant(c);
 	served_model(s, c->model);
 	if (!c->model[0]) {
@@ -597,6 +619,8 @@ static enum MHD_Result generate(struct MHD_Connection *con, struct conn *c)
 	if (c->ch)
 		return send_json(con, s, 200, choices_response(c));
 	const struct kvc_result *res = kvc_request_result(c->kr);
+	if (c->req.tool_mode)
+		return send_json(con, s, 200, tools_response(c, res));
 	struct http_usage u;
 	add_usage(c, res, &u);
 	return send_json(con, s, 200, http_response_json(c->req.endpoint, c->id, c->created, c->model, c->out ? c->out : "",
@@ -623,7 +647,7 @@ static struct track *track_of(struct MHD_Connection *con)
 }
 
 /* The request is in (answering) or answered (restart the clock). */
-static void track_mark(struct http_server *s, struct MHD_Connection *con, bool answering)
+void track_mark(struct http_server *s, struct MHD_Connection *con, bool answering)
 {
 	pthread_mutex_lock(&s->track_lock);
 	struct track *t = track_of(con);
@@ -696,137 +720,6 @@ static void *watchdog(void *arg)
 	return NULL;
 }
 
-/* ---- request dispatch -------------------------------------------------------------------- */
-
-static enum route route_of(const char *url, bool *ret_post)
-{
-	*ret_post = false;
-	if (!strcmp(url, "/v1/chat/completions")) {
-		*ret_post = true;
-		return ROUTE_CHAT;
-	}
-	if (!strcmp(url, "/v1/completions")) {
-		*ret_post = true;
-		return ROUTE_COMPLETIONS;
-	}
-	if (!strcmp(url, "/v1/models"))
-		return ROUTE_MODELS;
-	if (!strncmp(url, "/v1/models/", 11) && url[11])
-		return ROUTE_MODEL;
-	if (!strcmp(url, "/health"))
-		return ROUTE_HEALTH;
-	if (!strcmp(url, "/metrics"))
-		return ROUTE_METRICS;
-	return ROUTE_NONE;
-}
-
-/* Which API key the Authorization header carries: its index, -1 when no key
- * is configured, -2 when it matches none. Every key is compared in full,
- * in time that does not depend on which one (if any) matches. */
-static int key_match(const struct http_server *s, struct MHD_Connection *con)
-{
-	int found = -2;
-
-	if (!s->n_api_keys)
-		return -1;
-	const char *h = MHD_lookup_connection_value(con, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-	if (!h || strncmp(h, "Bearer ", 7) != 0)
-		return -2;
-	h += 7;
-	size_t n = strlen(h);
-	for (size_t k = 0; k < s->n_api_keys; k++) {
-		unsigned char diff = n != s->api_key_len[k];
-		for (size_t i = 0; i < s->api_key_len[k]; i++)
-			diff |= (unsigned char)(s->api_keys[k][i] ^ (i < n ? h[i] : 0));
-		found = diff == 0 ? (int)k : found;
-	}
-	return found;
-}
-
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const char *url, const char *method,
-				  const char *version, const char *upload_data, size_t *upload_data_size, void **con_cls)
-{
-	struct http_server *s = cls;
-	struct conn *c = *con_cls;
-	struct http_error e;
-	(void)version;
-
-	if (!c) {
-		/* the headers are in: decide what can be decided before the body */
-		c = calloc(1, sizeof(*c));
-		if (!c)
-			return MHD_NO;
-		c->s = s;
-		c->sock = -1;
-		*con_cls = c;
-		bool post;
-		c->route = route_of(url, &post);
-		if (c->route == ROUTE_NONE) {
-			http_fail(&e, 404, "invalid_request_error", "unknown_url", NULL, "Unknown request URL: %.16s %.200s",
-				  method, url);
-			return send_error(con, s, &e);
-		}
-		if (strcmp(method, post ? "POST" : "GET") != 0) {
-			http_fail(&e, 405, "invalid_request_error", "method_not_allowed", NULL,
-				  "%.200s accepts %s only", url, post ? "POST" : "GET");
-			return send_error(con, s, &e);
-		}
-		c->key_index = key_match(s, con);
-		if (c->route != ROUTE_HEALTH && c->key_index == -2) {
-			http_fail(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
-				  "Incorrect or missing API key: send \"Authorization: Bearer KEY\"");
-			return send_error(con, s, &e);
-		}
-		const char *cl = MHD_lookup_connection_value(con, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-		if (post && cl && strtoull(cl, NULL, 10) > s->cfg.max_body_bytes) {
-			http_fail(&e, 413, "invalid_request_error", "request_too_large", NULL,
-				  "the request body is larger than %u bytes (max_body_bytes)", s->cfg.max_body_bytes);
-			return send_error(con, s, &e);
-		}
-		return MHD_YES;
-	}
-	if (*upload_data_size) {
-		size_t n = *upload_data_size;
-		*upload_data_size = 0;
-		if (c->body_too_large || c->body_len + n > s->cfg.max_body_bytes) {
-			/* a chunked body outgrew the limit: libmicrohttpd answers
-			 * only once the upload ended, so the rest is read and
-			 * dropped, up to as much again; beyond that the
-			 * connection is closed without an answer */
-			c->body_too_large = true;
-			c->body_dropped += n;
-			return c->body_dropped > s->cfg.max_body_bytes ? MHD_NO : MHD_YES;
-		}
-		char *p = realloc(c->body, c->body_len + n + 1);
-		if (!p)
-			return MHD_NO;
-		memcpy(p + c->body_len, upload_data, n);
-		c->body = p;
-		c->body_len += n;
-		return MHD_YES;
-	}
-	if (c->body_too_large) {
-		http_fail(&e, 413, "invalid_request_error", "request_too_large", NULL,
-			  "the request body is larger than %u bytes (max_body_bytes)", s->cfg.max_body_bytes);
-		return send_error(con, s, &e);
-	}
-	track_mark(s, con, true);
-	switch (c->route) {
-	case ROUTE_CHAT:
-	case ROUTE_COMPLETIONS:
-		return generate(con, c);
-	case ROUTE_MODELS:
-	case ROUTE_MODEL:
-		return models(con, c, url);
-	case ROUTE_HEALTH:
-		return health(con, c);
-	case ROUTE_METRICS:
-		return metrics(con, c);
-	default:
-		return MHD_NO;
-	}
-}
-
 /* The connection's request is over (answered, failed, or the client left). */
 static void on_completed(void *cls, struct MHD_Connection *con, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
@@ -848,6 +741,7 @@ static void on_completed(void *cls, struct MHD_Connection *con, void **con_cls, 
 	if (c->counted_active)
 		atomic_fetch_sub(&s->active_generations, 1);
 	choices_free(c);
+	free(c->tool_text);
 	http_gen_req_clear(&c->req);
 	free(c->body);
 	free(c->out);
@@ -935,7 +829,7 @@ int http_server_start(const struct http_config *cfg, int listen_fd, struct http_
 	s->watchdog_running = true;
 	s->mhd = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
 					  MHD_USE_ITC,
-				  0, NULL, NULL, on_request, s,
+				  0, NULL, NULL, http_on_request, s,
 				  MHD_OPTION_LISTEN_SOCKET, listen_fd,
 				  MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
 				  MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,

@@ -6,7 +6,13 @@
 
 #include "http.h"
 
+#include <stdio.h>
+
 struct http_server;
+
+/* The routes kvd-http serves, one per line (method, path, what it does),
+ * for --help. */
+void http_routes_help(FILE *f);
 
 /*
  * Start serving on listen_fd (a bound, listening TCP socket the server

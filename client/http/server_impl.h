@@ -25,14 +25,17 @@
 					     * that stops reading is noticed after this much */
 #define HTTP_THREAD_STACK     (512u << 10)
 
-enum route {
-	ROUTE_NONE = 0,
-	ROUTE_CHAT,
-	ROUTE_COMPLETIONS,
-	ROUTE_MODELS,
-	ROUTE_MODEL,
-	ROUTE_HEALTH,
-	ROUTE_METRICS,
+/* A row of the route table (routes.c): what a path and method lead to. */
+struct conn;
+typedef enum MHD_Result (*route_fn)(struct MHD_Connection *con, struct conn *c, const char *url);
+struct route {
+	const char *path;   /* the exact path, or its beginning when prefix */
+	bool prefix;        /* path followed by at least one more byte (/v1/models/ID) */
+	const char *method; /* "GET" or "POST" */
+	bool auth;          /* needs an API key when api_key_file is set */
+	int endpoint;       /* generation routes: enum http_endpoint; else 0 */
+	route_fn handler;   /* answers once the whole body is in */
+	const char *help;   /* --help's description; '\n' starts a continuation line */
 };
 
 /* status codes counted for /metrics */
@@ -98,7 +101,7 @@ struct lane;
 
 struct conn {
 	struct http_server *s;
-	enum route route;
+	const struct route *route; /* its row of the route table */
 	bool authorized;
 	char *body;
 	size_t body_len;
@@ -129,6 +132,12 @@ struct conn {
 	size_t out_len, out_off, out_cap;
 	bool stream_ended;  /* the last bytes ([DONE]) are in out */
 	struct http_choices *ch; /* several choices or log-probabilities (choices.c); NULL: one plain choice */
+	char *tool_text;    /* a stream with tools: its text so far (toolcall.c) */
+	size_t tool_len;
+	size_t tool_sent;   /* of which sent: as content (auto), as the call's arguments (forced) */
+	bool tool_seen;     /* auto: a <tool_call> began; forced: not a call's shape. Held to the end */
+	bool call_open;     /* forced: the call's first delta is sent */
+	char tool_call_id[40]; /* its id */
 };
 
 struct http_choices;
@@ -154,10 +163,20 @@ void add_usage(struct conn *c, const struct kvc_result *res, struct http_usage *
 int next_event(struct conn *c, const struct kvc_event **ret_ev, int *ret_code);
 void ended_error(struct conn *c, int code, struct http_error *e);
 
+/* Generation: POST /v1/chat/completions and /v1/completions. */
+enum MHD_Result generate(struct MHD_Connection *con, struct conn *c, const char *url);
+/* The request is in (answering: its deadline stops) or answered (its clock restarts). */
+void track_mark(struct http_server *s, struct MHD_Connection *con, bool answering);
+
+/* ---- routes.c: the route table and dispatch ---- */
+/* libmicrohttpd's access handler (cls: the server). */
+enum MHD_Result http_on_request(void *cls, struct MHD_Connection *con, const char *url, const char *method,
+				const char *version, const char *upload_data, size_t *upload_data_size, void **con_cls);
+
 /* ---- endpoints.c: /v1/models, /health, /metrics ---- */
 enum MHD_Result models(struct MHD_Connection *con, struct conn *c, const char *url);
-enum MHD_Result health(struct MHD_Connection *con, struct conn *c);
-enum MHD_Result metrics(struct MHD_Connection *con, struct conn *c);
+enum MHD_Result health(struct MHD_Connection *con, struct conn *c, const char *url);
+enum MHD_Result metrics(struct MHD_Connection *con, struct conn *c, const char *url);
 
 /* Has the HTTP client on fd hung up? */
 bool client_gone(int fd);
@@ -213,5 +232,17 @@ int choices_stream_finish(struct conn *c);
  * out of memory) once the request ended normally. */
 int choices_collect(struct conn *c, const struct kvc_event *ev);
 char *choices_response(struct conn *c);
+
+/* ---- toolcall.c: the text of a request with tools read back as calls ---- */
+/* The non-streamed response once the request ended normally: tool_calls
+ * when the text (c->out) holds any, else plain content (malloc'd JSON;
+ * NULL: out of memory). */
+char *tools_response(struct conn *c, const struct kvc_result *res);
+/* Streaming: one event's text (auto: sent as content up to where a
+ * <tool_call> may begin; forced: held); at the end (code 0) the rest of
+ * the content, the calls' deltas, the finish and usage chunks. 0 or
+ * -ENOMEM. */
+int tools_stream_event(struct conn *c, const struct kvc_event *ev);
+int tools_stream_finish(struct conn *c, const struct kvc_result *res);
 
 #endif

@@ -7,7 +7,9 @@
  * with a 4xx/5xx status, a message, and an error object that is valid
  * JSON; an accepted request has a prompt of the stated length without NUL
  * bytes, at most HTTP_MAX_STOP stop strings of 1..HTTP_MAX_STOP_BYTES
- * bytes, and sampling values in their documented ranges. The raw input is
+ * bytes, sampling values in their documented ranges, at most one
+ * constraint of a known kind whose text has its stated length, and a
+ * forced tool call constrained by a JSON Schema. The raw input is
  * also fed to the response and stream-chunk builders as if a model had
  * produced it (any bytes, valid UTF-8 or not), and their output must be
  * valid JSON. A broken promise traps.
@@ -17,7 +19,7 @@
  * repository root; clang with libFuzzer, and libjansson-dev):
  *
  *   clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined \
- *       -Iclient/http -Iclient tests/fuzz/fuzz_http_request.c client/http/request.c -ljansson \
+ *       -Iclient/http -Iclient tests/fuzz/fuzz_http_request.c client/http/request.c client/http/structured.c -ljansson \
  *       -o build/fuzz_http_request
  *   mkdir -p build/fuzz-http-corpus
  *   build/fuzz_http_request -max_len=4096 -max_total_time=300 build/fuzz-http-corpus
@@ -26,7 +28,7 @@
  * named on the command line under gcc + ASan:
  *
  *   gcc -std=c11 -D_GNU_SOURCE -g -fsanitize=address,undefined -DKVD_FUZZ_STANDALONE \
- *       -Iclient/http -Iclient tests/fuzz/fuzz_http_request.c client/http/request.c -ljansson \
+ *       -Iclient/http -Iclient tests/fuzz/fuzz_http_request.c client/http/request.c client/http/structured.c -ljansson \
  *       -o build/fuzz_http_request_replay
  *   build/fuzz_http_request_replay crash-*
  */
@@ -90,6 +92,17 @@ static void one(int ep, const uint8_t *data, size_t size)
 	CHECK(!r.has_min_p || (r.min_p >= 0 && r.min_p < 1));
 	CHECK(!r.has_max_tokens || r.max_tokens >= 1);
 	CHECK(!r.include_usage || r.stream);
+	/* at most one constraint, of a known kind, its text whole and from a named field */
+	if (r.constraint.kind) {
+		CHECK(r.constraint.kind >= KVC_CONSTRAINT_GBNF && r.constraint.kind <= KVC_CONSTRAINT_CHOICE);
+		CHECK(r.constraint_param != NULL);
+		CHECK(r.constraint.text ? strlen(r.constraint.text) == r.constraint.len
+					: r.constraint.kind == KVC_CONSTRAINT_JSON_OBJECT);
+	}
+	/* a forced tool call is a JSON Schema constraint over known tools */
+	CHECK(r.tool_mode == HTTP_TOOLS_NONE || (ep == HTTP_EP_CHAT && r.tools && json_array_size(r.tools) > 0));
+	CHECK(r.tool_mode < HTTP_TOOLS_REQUIRED || r.constraint.kind == KVC_CONSTRAINT_JSON_SCHEMA);
+	CHECK(r.tool_mode != HTTP_TOOLS_NAMED || r.tool_name);
 	http_gen_req_clear(&r);
 }
 

@@ -17,8 +17,8 @@ Each check prints "ok: ..." or raises (exit status 1 with the traceback):
     previous prompt in kvd's prefix cache, so cached_tokens grows turn by
     turn; streamed and non-streamed turns give the same text
   - 32 concurrent greedy streams each equal their solo run
-  - errors as the client library's exception classes: 400 for a tool
-    message, a conversation ending in an assistant message, n > 16 and
+  - errors as the client library's exception classes: 400 for a (legacy)
+    function message, a conversation ending in an assistant message, n > 16 and
     top_logprobs without logprobs; 404 for an unknown model; 401 for a
     wrong key (n and log-probabilities themselves: samples_check.py)
 """
@@ -176,8 +176,8 @@ e = expect(openai.BadRequestError, lambda: client.chat.completions.create(
     "a conversation ending in an assistant message")
 assert e.body.get("param") == "messages", e.body
 e = expect(openai.BadRequestError, lambda: client.chat.completions.create(
-    model=model, messages=[{"role": "user", "content": "a"}, {"role": "tool", "content": "b", "tool_call_id": "x"},
-                           {"role": "user", "content": "c"}]), "a tool message")
+    model=model, messages=[{"role": "user", "content": "a"}, {"role": "function", "content": "b", "name": "f"},
+                           {"role": "user", "content": "c"}]), "a (legacy) function message")
 assert e.body.get("param") == "messages[1].role", e.body
 e = expect(openai.BadRequestError, lambda: client.chat.completions.create(
     model=model, n=17, messages=[{"role": "user", "content": "a"}]), "n = 17")

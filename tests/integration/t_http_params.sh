@@ -4,7 +4,7 @@
 # Checked against a tiny model:
 #   - a body nested deeper than HTTP_MAX_JSON_DEPTH (32) gets 400 naming the
 #     depth; 32 levels inside an ignored key are parsed
-#   - other servers' extras that change the output (ignore_eos, guided_json,
+#   - other servers' extras that change the output (ignore_eos, structured_outputs,
 #     min_tokens, ...) get 400 naming the parameter, on both endpoints; their
 #     neutral values and metadata keys (user) are accepted; 'priority' is an
 #     integer in range (else 400 naming it), 'cache_salt' a short string
@@ -47,7 +47,7 @@ ok32=$($PY -c 'print("[" * 31 + "]" * 31)')
 r=$(post completions "{$C,\"x\":$ok32}"); [ "${r%% *}" = 200 ] || fail "32 levels: $r $(cat "$T/out.json")"
 ok "a body nested 40 deep: 400; 32 deep: served"
 
-for kv in '"priority":"high"' '"priority":2000000' '"ignore_eos":true' '"guided_json":{"type":"object"}' '"min_tokens":10' \
+for kv in '"priority":"high"' '"priority":2000000' '"ignore_eos":true' '"structured_outputs":{"json":{"type":"object"}}' '"min_tokens":10' \
 	'"stop_token_ids":[2]' '"skip_special_tokens":false' '"repetition_penalty":1.3' '"echo":true'; do
 	key=$(echo "$kv" | sed 's/^"\([a-z_]*\)".*/\1/')
 	for ep in completions chat/completions; do
