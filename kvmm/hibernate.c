@@ -913,6 +913,7 @@ take:
 		memcpy(&m->page_tokens[(size_t)p * m->bs], tok, (size_t)m->bs * sizeof(int32_t));
 		m->pg[p] = (struct kvmm_page){.next = -1, .node = -1, .fill = m->bs};
 		node = index_insert(m, pn, e.scope, p, -1);
+		m->nodes[node].flags |= NODE_ADOPTED_FILE;
 		/* Cold: whatever this run used already stays hotter. */
 		lru_remove(m, &m->res_lru, node);
 		lru_push_cold(m, &m->res_lru, node);
@@ -922,6 +923,7 @@ take:
 	}
 	ret->adopted += adopted;
 	ctr_add(m, W_PAGES_ADOPTED, adopted);
+	ctr_add(m, W_PAGES_ADOPTED_FILE, adopted);
 	if (h->next >= h->h.n_entries)
 		h->done = true;
 	kvmm_shm_end(m);

@@ -100,6 +100,10 @@ enum kvmm_word {
 	W_PAGES_ADOPTED,
 	W_PAGES_PACKED,   /* packed pages referenced now (kvmm_seq_release) */
 	W_PAGES_RELEASED, /* logical pages released, cumulative */
+	W_PAGES_ADOPTED_FILE,     /* of W_PAGES_ADOPTED: from a hibernation file */
+	W_ADOPTED_HIT_PAGES,      /* prefix hits on adopted pages (either way), pages */
+	W_ADOPTED_HIT_TOKENS,     /* and their tokens */
+	W_ADOPTED_FILE_HIT_TOKENS, /* of those tokens: on pages from a hibernation file */
 	W__COUNT
 };
 
@@ -140,6 +144,12 @@ struct kvmm_page {
 
 #define NODE_LIVE 0x1u
 #define NODE_BUSY 0x2u /* being demoted: on no list, not evictable */
+/* Entered by adoption, not computed in this run: from the fd-store hand-over
+ * (persist.c) or from a hibernation file (hibernate.c). Kept for the node's
+ * life (a demotion and promotion keep the content), cleared when it is freed. */
+#define NODE_ADOPTED_FDS  0x4u
+#define NODE_ADOPTED_FILE 0x8u
+#define NODE_ADOPTED (NODE_ADOPTED_FDS | NODE_ADOPTED_FILE)
 
 struct kvmm_node {
 	uint64_t key;
@@ -178,6 +188,7 @@ struct kvmm_seq {
 	uint32_t mark;          /* plan epoch */
 	/* ledger */
 	uint32_t shared_prefix_tokens;
+	uint32_t adopted_pages, adopted_tokens; /* of shared_prefix_tokens: on adopted pages */
 	uint32_t pages_peak, pages_allocated, cow_copies;
 	uint32_t swap_outs, swap_ins, swap_out_pages, swap_in_pages, swap_in_remapped, swap_errors;
 	uint64_t swap_bytes, swap_ns, steps, kv_read_bytes, mem_wait_ns, compute_ns;
