@@ -435,6 +435,40 @@ static void test_adopted_hits(void **state)
 	kvmm_destroy(b);
 }
 
+/* The fd-store hand-over's pages count as adopted, not as from a file. */
+static void test_adopted_hits_fd_store(void **state)
+{
+	struct kvmm *a = source(), *b = NULL;
+	struct kvmm_config c = {
+		.page_bytes = (size_t)BS * TB, .block_size = BS, .pool_bytes = 32ull * BS * TB,
+		.max_seqs = 16, .prefix_cache = 1,
+	};
+	struct kvmm_stats ks;
+	uint32_t s, ad, pg, n = 0;
+	void *buf = NULL;
+	size_t bytes = 0;
+	int fd = dup(kvmm_pool_fd(a));
+
+	assert_true(fd >= 0);
+	assert_int_equal(kvmm_prefix_export(a, OWNER, sizeof(OWNER), &buf, &bytes), 0);
+	kvmm_destroy(a);
+	assert_int_equal(kvmm_create_adopt(&c, NULL, fd, 32, &b), 0);
+	assert_int_equal(kvmm_prefix_import(b, buf, bytes, &n), 0);
+	assert_int_equal(n, 9);
+	assert_int_equal(attach_rec(b, 1, tA, 17, &s, &ad, &pg), 16);
+	assert_int_equal(ad, 16);
+	assert_int_equal(pg, 4);
+	assert_int_equal(kvmm_seq_free(b, s), 0);
+	kvmm_get_stats(b, &ks);
+	assert_int_equal(ks.adopted_hit_tokens, 16);
+	assert_int_equal(ks.adopted_hit_pages, 4);
+	assert_int_equal(ks.adopted_file_hit_tokens, 0);
+	assert_int_equal(ks.pages_adopted_file, 0);
+	check(b);
+	free(buf);
+	kvmm_destroy(b); /* and the pool fd, kvmm's since the adoption */
+}
+
 static void test_drop_all(void **state)
 {
 	struct kvmm *m = source();
@@ -491,6 +525,7 @@ int main(void)
 		cmocka_unit_test(test_refusals),
 		cmocka_unit_test(test_adopt_while_serving),
 		cmocka_unit_test(test_adopted_hits),
+		cmocka_unit_test(test_adopted_hits_fd_store),
 		cmocka_unit_test(test_drop_all),
 	};
 
