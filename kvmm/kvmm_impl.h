@@ -11,6 +11,7 @@
  *  - swap.c: swap slots, sequence swap-out/in, demotion and promotion;
  *  - swap_io.c: the swap stores (io_uring file, memory, fault layer);
  *  - persist.c: export and import of the prefix index across restarts;
+ *  - hibernate.c, hibernate_io.c: the prefix cache in a file (hibernation);
  *  - release.c: releasing the windowed layers' dead pages (kvmm_seq_release).
  *
  * Ids are int32: pages, nodes and slots are indices into arrays, -1 is none.
@@ -388,6 +389,23 @@ int swap_promote_nodes(struct kvmm *m, const int32_t *nodes, uint32_t n, uint32_
 int seq_reserve(struct kvmm_seq *s, uint32_t n_pages);
 /* Copy-on-write of the first n_tokens slots of src into dst (and their tokens). */
 int cow_copy(struct kvmm *m, int32_t dst, int32_t src, uint32_t n_tokens);
+
+/* ---- hibernate.c, hibernate_io.c ----------------------------------------------------- */
+
+#define HIB_QUEUE_DEPTH KVMM_SWAP_QUEUE_DEPTH
+
+struct io_uring;
+struct iovec;
+/* The hibernation file's 64-bit checksum of n bytes (hibernate.c). */
+uint64_t hib_sum(const void *buf, size_t n);
+/* Write the n requests through ring, up to HIB_QUEUE_DEPTH in flight; no new
+ * submission once deadline_ns passes (0: none); sums[i] gets the checksum of
+ * iov[i]'s first sum_bytes, taken by helper threads meanwhile. Returns how
+ * many of the first requests completed in full, one after another (their
+ * sums are set); *ret_err the first error, or 0. Every request in flight is
+ * reaped before it returns. (hibernate_io.c) */
+uint32_t hib_write_pages(struct io_uring *ring, int fd, const struct iovec *iov, const uint64_t *off, uint32_t n,
+			 uint64_t deadline_ns, size_t sum_bytes, uint64_t *sums, int *ret_err);
 
 /* ---- release.c ---------------------------------------------------------------------- */
 
