@@ -21,7 +21,7 @@
 		       "struct ipc_stats and struct kvc_stats disagree on " #field);
 KVC_STATS_METRICS(SAME_FIELD)
 #undef SAME_FIELD
-_Static_assert(sizeof(struct kvc_stats) == (KVC_STATS_N_METRICS + 1) * sizeof(uint64_t),
+_Static_assert(sizeof(struct kvc_stats) == KVC_STATS_N_METRICS * sizeof(uint64_t),
 	       "struct kvc_stats has a member client/kvc_metrics.h does not list");
 _Static_assert(sizeof(struct ipc_stats) == sizeof(struct kvc_stats),
 	       "struct ipc_stats and struct kvc_stats differ in size");

@@ -84,7 +84,9 @@
 	X(pages_adopted, COUNTER, "pages", "pages_adopted", "Cached prefix pages adopted from the previous run at start.") \
 	X(pages_packed, GAUGE, "pages", "pages_packed", \
 	  "Packed pages holding released pages' global layers (of pages_used).") \
-	X(pages_released, COUNTER, "pages", "pages_released", "Pages windowed layers were done with, released.")
+	X(pages_released, COUNTER, "pages", "pages_released", "Pages windowed layers were done with, released.") \
+	X(adopted_hit_tokens, COUNTER, "tokens", "adopted_hit_tokens", \
+	  "Prompt tokens found in cached pages adopted from the previous run (of prefix_hit_tokens).")
 
 /* One row of the list, for code that walks it at run time. */
 struct kvc_metric {

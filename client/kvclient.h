@@ -629,7 +629,8 @@ struct kvc_stats {
 	uint64_t pages_packed;        /* of pages_used: packed pages holding released pages' global layers
 	                               * ([kv] release_local; 0.4.0, 0 from older daemons) */
 	uint64_t pages_released;      /* pages windowed layers were done with, released (0.4.0) */
-	uint64_t reserved[1];
+	uint64_t adopted_hit_tokens;  /* of prefix_hit_tokens: found in pages adopted from an earlier
+	                               * run (fd store or hibernation file; 0.6.0, 0 from older daemons) */
 };
 KVC_EXPORT int kvc_stats(kvc_client *c, struct kvc_stats *ret);
 
@@ -767,6 +768,38 @@ struct kvc_ledger_record {
  */
 KVC_EXPORT int kvc_ledger(kvc_client *c, unsigned max_records, struct kvc_ledger_record **ret_records,
 			  size_t *ret_n);
+
+/* ---- the prefix cache, for administrators ------------------------------------------------ */
+
+/* What kvc_cache_save / kvc_cache_drop did. */
+struct kvc_cache_result {
+	uint64_t pages;        /* save: pages written to the file; drop: cached pages dropped */
+	uint64_t candidates;   /* save: cached pages there were to write (the rest was past
+	                        * [kv] persist_size or persist_timeout) */
+	uint64_t bytes;        /* save: bytes of the file */
+	uint64_t ns;           /* time the daemon took */
+	uint32_t timed_out;    /* save: 1 when [kv] persist_timeout stopped the writes */
+	uint32_t file_removed; /* drop: 1 when a cache file was removed */
+	uint64_t reserved[2];
+};
+/*
+ * Write the daemon's cache file ([kv] persist_path) now, while it serves,
+ * as it does at a clean stop: hottest pages first, up to [kv] persist_size,
+ * replacing the file only once the new one is complete. A later start
+ * adopts it even after a crash. Blocks while the daemon writes (its other
+ * requests wait meanwhile). For root and members of [server] admin_groups:
+ * KVC_ERR_DENIED for anyone else; -EOPNOTSUPP when no persist_path is set,
+ * with prefix caching off or the pool in device memory, and from a daemon
+ * older than this call; kvc_last_message() has the daemon's words.
+ */
+KVC_EXPORT int kvc_cache_save(kvc_client *c, struct kvc_cache_result *ret);
+/*
+ * Empty the prefix cache: every cached page no request is using is dropped
+ * (pages of running requests stay theirs), every user's, and the cache file
+ * is removed, so neither this run nor the next start serves them again.
+ * Errors as for kvc_cache_save (dropping works without a persist_path).
+ */
+KVC_EXPORT int kvc_cache_drop(kvc_client *c, struct kvc_cache_result *ret);
 
 /* Release memory returned by this library; accepts NULL. */
 KVC_EXPORT void kvc_free(void *p);

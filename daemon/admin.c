@@ -1,11 +1,12 @@
 /*
- * daemon/admin.c — STATS, PS, KVMAP, HIST and LEDGER. Pool and scheduler
+ * daemon/admin.c — STATS, PS, KVMAP, HIST, LEDGER and CACHE. Pool and scheduler
  * counters, latency histograms and the KV map (page states, never whose
  * pages they are) are for everyone; the prefix-cache counters in STATS are
  * the caller's own uid's unless it is an admin (the machine's would tell
  * one user when another's prompts hit the cache); PS and LEDGER show a
  * request's owner and details only to its own user or an admin (root or
- * server.admin_groups).
+ * server.admin_groups). CACHE (kvctl cache save / drop) is for an admin only:
+ * it writes or removes the machine's cache file and empties everyone's cache.
  */
 #include "server_impl.h"
 
@@ -37,7 +38,8 @@ static struct user_counters *user_counters_find(struct kvd_server *srv, uid_t ui
 	return &srv->ucount[srv->n_ucount++];
 }
 
-void user_counters_add(struct kvd_server *srv, uid_t uid, uint64_t query_tokens, uint64_t hit_tokens)
+void user_counters_add(struct kvd_server *srv, uid_t uid, uint64_t query_tokens, uint64_t hit_tokens,
+		       uint64_t adopted_hit_tokens)
 {
 	struct user_counters *u = user_counters_find(srv, uid, true);
 
@@ -46,6 +48,7 @@ void user_counters_add(struct kvd_server *srv, uid_t uid, uint64_t query_tokens,
 	u->prefix_lookups++;
 	u->prefix_query_tokens += query_tokens;
 	u->prefix_hit_tokens += hit_tokens;
+	u->adopted_hit_tokens += adopted_hit_tokens;
 }
 
 void fill_stats(struct kvd_server *srv, const struct client *c, struct ipc_stats *st)
@@ -99,12 +102,14 @@ void fill_stats(struct kvd_server *srv, const struct client *c, struct ipc_stats
 	st->pages_adopted = led.pages_adopted;
 	st->pages_packed = ks.pages_packed;
 	st->pages_released = ks.pages_released;
+	st->adopted_hit_tokens = ks.adopted_hit_tokens;
 	if (c && !c->admin) {
 		const struct user_counters *u = user_counters_find(srv, c->cred.uid, false);
 
 		st->prefix_lookups = u ? u->prefix_lookups : 0;
 		st->prefix_query_tokens = u ? u->prefix_query_tokens : 0;
 		st->prefix_hit_tokens = u ? u->prefix_hit_tokens : 0;
+		st->adopted_hit_tokens = u ? u->adopted_hit_tokens : 0; /* adopted hits are prefix hits */
 	}
 }
 
@@ -312,4 +317,48 @@ void handle_ledger(struct client *c, const struct ipc_frame *f)
 			break;
 	} while (i < n);
 	free(recs);
+}
+
+/* ---- CACHE: kvctl cache save / drop ------------------------------------------------- */
+
+void handle_cache(struct client *c, const struct ipc_frame *f)
+{
+	struct kvd_server *srv = c->srv;
+	uint64_t rid = f->hdr.request_id;
+	struct kvd_cache_op_result res = {0};
+	struct ipc_cache_req q;
+	char why[256] = "";
+	int r;
+
+	if (ipc_decode_cache_req(f, &q) < 0) {
+		sock_error(c, rid, -EINVAL, "malformed CACHE");
+		return;
+	}
+	if (!c->admin) {
+		sock_error(c, rid, IPC_ERR_DENIED, "kvctl cache %s is for root and members of server.admin_groups",
+			   q.op == IPC_CACHE_SAVE ? "save" : "drop");
+		return;
+	}
+	int (*fn)(void *, struct kvd_engine *, struct kvd_cache_op_result *, char *, size_t) =
+		q.op == IPC_CACHE_SAVE ? srv->hooks.cache_save : srv->hooks.cache_drop;
+	if (!fn) {
+		sock_error(c, rid, -EOPNOTSUPP, "this kvd cannot %s its cache", q.op == IPC_CACHE_SAVE ? "save" : "drop");
+		return;
+	}
+	r = fn(srv->hooks.cache_ud, srv->e, &res, why, sizeof(why));
+	if (r < 0) {
+		sock_error(c, rid, r, "cache %s: %s", q.op == IPC_CACHE_SAVE ? "save" : "drop",
+			   why[0] ? why : strerror(-r));
+		return;
+	}
+	struct ipc_cache_reply rep = {
+		.op = q.op,
+		.file_removed = res.file_removed,
+		.pages = res.pages,
+		.candidates = q.op == IPC_CACHE_SAVE ? res.candidates : 0,
+		.bytes = res.bytes,
+		.ns = res.ns,
+		.timed_out = res.timed_out,
+	};
+	sock_send(c, IPC_MSG_CACHE_REPLY, 0, rid, &rep, sizeof(rep));
 }

@@ -614,6 +614,8 @@ static void handle_sock_frames(struct client *c, bool busy, uint64_t *t_charged)
 				st.samples_forked = st.pages_adopted = 0;
 			if (c->client_version < IPC_RELEASE_SERVER_VERSION) /* and after 0.3's */
 				st.pages_packed = st.pages_released = 0;
+			if (c->client_version < IPC_CACHE_SERVER_VERSION) /* and after 0.5's */
+				st.adopted_hit_tokens = 0;
 			sock_send(c, IPC_MSG_STATS_REPLY, 0, rid, &st, sizeof(st));
 			break;
 		}
@@ -645,6 +647,9 @@ static void handle_sock_frames(struct client *c, bool busy, uint64_t *t_charged)
 			break;
 		case IPC_MSG_LEDGER:
 			handle_ledger(c, &f);
+			break;
+		case IPC_MSG_CACHE:
+			handle_cache(c, &f);
 			break;
 		default:
 			sock_error(c, rid, -EPROTO, "%s is not a request", ipc_type_name(f.hdr.type));

@@ -668,7 +668,9 @@ int main(int argc, char **argv)
 	if (r < 0)
 		goto out;
 	struct kvd_server_hooks hooks = { .reload = reload_hook, .ud = &a,
-					  .background = kvd_persist_background, .background_ud = persist };
+					  .background = kvd_persist_background, .background_ud = persist,
+					  .cache_save = kvd_persist_cache_save, .cache_drop = kvd_persist_cache_drop,
+					  .cache_ud = persist };
 #ifdef KVD_FAULT_INJECTION
 	arm_server_faults(&hooks);
 #endif

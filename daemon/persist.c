@@ -39,6 +39,7 @@
 #include "engine.h"
 #include "kvmm.h"
 #include "log.h"
+#include "server.h"
 
 /* Bumped whenever the meaning of a pool's bytes or of the fingerprint
  * changes, so that an older kvd's pool is never adopted. */
@@ -538,46 +539,118 @@ int kvd_persist_background(void *ud)
 	return 0;
 }
 
-int kvd_persist_hibernate(struct kvd_persist *p, struct kvd_engine *e)
+/* Write the cache file (the stop's writer, also kvctl cache save): logged;
+ * 0 with *st, 1 when there was nothing to do (why says so), or -errno. */
+static int hib_write(struct kvd_persist *p, struct kvd_engine *e, const char *when, struct kvmm_hib_save_stats *st,
+		     char *why, size_t why_size)
 {
-	struct kvmm_hib_save_stats st;
 	struct fingerprint fp;
 	uint64_t deadline;
 	int r;
 
-	if (!p || !p->hib_path[0])
-		return 0;
 	if (p->hib) /* what was not adopted yet is still in the file: adopt it first, briefly */
 		while (kvd_persist_background(p) > 0)
 			;
 	if (kvmm_pool_fd(kvd_engine_kvmm(e)) < 0) {
-		log_info("cache file %s: not written: the %s backend's KV pool is in device memory", p->hib_path,
-			 kvd_engine_backend_name(e));
-		return 0;
+		snprintf(why, why_size, "the %s backend's KV pool is in device memory", kvd_engine_backend_name(e));
+		log_info("cache file %s: not written: %s", p->hib_path, why);
+		return 1;
 	}
-	if (!p->prefix)
-		return 0;
+	if (!p->prefix) {
+		snprintf(why, why_size, "prefix caching is off (kv.prefix_caching)");
+		return 1;
+	}
 	if (p->model_id_err) {
-		log_warning("cache file %s: not written: cannot identify the model file: %s", p->hib_path,
-			    strerror(-p->model_id_err));
+		snprintf(why, why_size, "cannot identify the model file: %s", strerror(-p->model_id_err));
+		log_warning("cache file %s: not written: %s", p->hib_path, why);
 		return p->model_id_err;
 	}
 	fingerprint_of(p, kvd_engine_kv_layout(e), kvd_engine_backend_name(e), 0, &fp);
 	deadline = kvd_now_ns_for_persist() + (uint64_t)p->hib_timeout_s * 1000000000ull;
-	r = kvmm_hib_save(kvd_engine_kvmm(e), p->hib_path, &fp, sizeof(fp), p->hib_bytes, deadline, &st);
+	r = kvmm_hib_save(kvd_engine_kvmm(e), p->hib_path, &fp, sizeof(fp), p->hib_bytes, deadline, st);
 	if (r < 0) {
-		log_warning("cache file %s: not written: %s", p->hib_path,
-			    r == -ELOOP ? "the path is a symbolic link" : r == -EISDIR ? "the path is not a regular file"
-			    : strerror(-r));
+		snprintf(why, why_size, "%s", r == -ELOOP ? "the path is a symbolic link"
+			 : r == -EISDIR ? "the path is not a regular file" : strerror(-r));
+		log_warning("cache file %s: not written: %s", p->hib_path, why);
 		return r;
 	}
-	log_info("cache file %s: wrote %u of %u cached prefix pages (%.1f MiB) in %.1f ms (%.0f MiB/s%s)%s%s",
-		 p->hib_path, st.pages_written, st.candidates, (double)st.bytes / 1048576.0, (double)st.ns / 1e6,
-		 st.ns ? (double)st.bytes / 1048576.0 / ((double)st.ns / 1e9) : 0.0, st.direct ? ", O_DIRECT" : "",
-		 st.timed_out ? "; stopped by kv.persist_timeout" : "",
-		 st.pages_written + 0 < st.candidates && !st.timed_out ? "; the rest is past kv.persist_size" : "");
-	if (st.write_error)
+	log_info("cache file %s: %swrote %u of %u cached prefix pages (%.1f MiB) in %.1f ms (%.0f MiB/s%s)%s%s",
+		 p->hib_path, when, st->pages_written, st->candidates, (double)st->bytes / 1048576.0,
+		 (double)st->ns / 1e6, st->ns ? (double)st->bytes / 1048576.0 / ((double)st->ns / 1e9) : 0.0,
+		 st->direct ? ", O_DIRECT" : "", st->timed_out ? "; stopped by kv.persist_timeout" : "",
+		 st->pages_written + 0 < st->candidates && !st->timed_out ? "; the rest is past kv.persist_size" : "");
+	if (st->write_error)
 		log_warning("cache file %s: a page write failed (%s): kept the pages before it", p->hib_path,
-			    strerror(-st.write_error));
+			    strerror(-st->write_error));
+	return 0;
+}
+
+int kvd_persist_hibernate(struct kvd_persist *p, struct kvd_engine *e)
+{
+	struct kvmm_hib_save_stats st;
+	char why[200];
+	int r;
+
+	if (!p || !p->hib_path[0])
+		return 0;
+	r = hib_write(p, e, "", &st, why, sizeof(why));
+	return r > 0 ? 0 : r;
+}
+
+int kvd_persist_cache_save(void *ud, struct kvd_engine *e, struct kvd_cache_op_result *ret, char *why,
+			   size_t why_size)
+{
+	struct kvd_persist *p = ud;
+	struct kvmm_hib_save_stats st = {0};
+	int r;
+
+	if (!p || !p->hib_path[0]) {
+		snprintf(why, why_size, "no cache file is configured (kv.persist_path is empty)");
+		return -EOPNOTSUPP;
+	}
+	r = hib_write(p, e, "on request, ", &st, why, why_size);
+	if (r > 0)
+		return -EOPNOTSUPP;
+	if (r < 0)
+		return r;
+	*ret = (struct kvd_cache_op_result){
+		.pages = st.pages_written,
+		.candidates = st.candidates,
+		.bytes = st.bytes,
+		.ns = st.ns,
+		.timed_out = st.timed_out,
+	};
+	return 0;
+}
+
+int kvd_persist_cache_drop(void *ud, struct kvd_engine *e, struct kvd_cache_op_result *ret, char *why,
+			   size_t why_size)
+{
+	struct kvd_persist *p = ud;
+	uint64_t t0 = kvd_now_ns_for_persist();
+	uint32_t dropped = 0;
+	bool removed = false;
+	struct stat st;
+
+	(void)why;
+	(void)why_size;
+	if (p && p->hib) { /* the file is going: so are the pages not adopted yet */
+		log_info("cache file %s: adoption stopped by a cache drop", p->hib_path);
+		hib_finish(p, 0);
+	}
+	kvmm_cache_drop_all(kvd_engine_kvmm(e), &dropped);
+	if (p && p->hib_path[0] && lstat(p->hib_path, &st) == 0 && S_ISREG(st.st_mode)) {
+		if (unlink(p->hib_path) == 0)
+			removed = true;
+		else
+			log_warning("cache file %s: cannot remove it: %s", p->hib_path, strerror(errno));
+	}
+	*ret = (struct kvd_cache_op_result){
+		.pages = dropped,
+		.ns = kvd_now_ns_for_persist() - t0,
+		.file_removed = removed,
+	};
+	log_info("prefix cache dropped on request: %u cached pages%s%s", dropped, removed ? "; removed " : "",
+		 removed ? p->hib_path : "");
 	return 0;
 }

@@ -95,4 +95,18 @@ int kvd_persist_background(void *ud);
  * pages, bytes, time and rate, or why not). 0 or -errno. Accepts NULL. */
 int kvd_persist_hibernate(struct kvd_persist *p, struct kvd_engine *e);
 
+/* kvctl cache (struct kvd_server_hooks.cache_save / cache_drop, ud a
+ * struct kvd_persist, may be NULL), on the server's thread between steps.
+ * Save: the file written now, as at a stop (an adoption still running is
+ * finished first, so the file's pages are not lost); -EOPNOTSUPP without a
+ * kv.persist_path, with prefix caching off or for a device pool.
+ * Drop: an adoption still running stops, every cached page no sequence uses
+ * is dropped (kvmm_cache_drop_all), and the file is removed (a regular file
+ * only). Both log what they did; 0, or -errno with why set. */
+struct kvd_cache_op_result;
+int kvd_persist_cache_save(void *ud, struct kvd_engine *e, struct kvd_cache_op_result *ret, char *why,
+			   size_t why_size);
+int kvd_persist_cache_drop(void *ud, struct kvd_engine *e, struct kvd_cache_op_result *ret, char *why,
+			   size_t why_size);
+
 #endif

@@ -400,6 +400,7 @@ static void unadmit(struct kvd_sched *s, struct req *r)
 	r->admitted_now = 0;
 	r->t_admit = 0;
 	r->res.cached_tokens = 0;
+	r->res.adopted_tokens = r->res.adopted_pages = 0;
 }
 
 /* An owner that holds its share of sequences or pages while another
@@ -723,8 +724,16 @@ static int admit(struct kvd_sched *s, struct req *r)
 	s->attaching = NULL;
 	if (ar == 0)
 		r->n_computed = hit;
-	if (!r->res.preemptions)
+	if (!r->res.preemptions) {
+		struct kvmm_seq_record rec;
+
 		r->res.cached_tokens = hit;
+		r->res.adopted_tokens = r->res.adopted_pages = 0;
+		if (ar == 0 && kvmm_seq_ledger(s->kv, r->seq, &rec) == 0) {
+			r->res.adopted_tokens = rec.adopted_tokens;
+			r->res.adopted_pages = rec.adopted_pages;
+		}
+	}
 	r->state = RS_RUNNING;
 	r->admitted_now = 1;
 	r->t_admit = sched_now_ns(s);

@@ -147,6 +147,8 @@ struct kvd_request_result {
 	int error;                    /* negative errno when finish == ERROR */
 	uint32_t prompt_tokens;       /* tokens of this request's prompt */
 	uint32_t cached_tokens;       /* of which came from the prefix cache or session */
+	uint32_t adopted_tokens;      /* of those, found in pages adopted from an earlier run */
+	uint32_t adopted_pages;       /* the pages they were found in */
 	uint32_t generated_tokens;
 	uint64_t queue_ns;            /* submit -> admitted */
 	uint64_t ttft_ns;             /* submit -> first token */

@@ -82,6 +82,8 @@ static struct req *fork_child(const struct sched_fork *x, struct req *p, uint32_
 	c->priority = p->priority;
 	c->res.prompt_tokens = p->res.prompt_tokens;
 	c->res.cached_tokens = p->res.cached_tokens;
+	c->res.adopted_tokens = p->res.adopted_tokens;
+	c->res.adopted_pages = p->res.adopted_pages;
 	c->t_submit = p->t_submit;
 	c->t_admit = p->t_admit;
 	if (kvmm_seq_fork(x->kv, p->seq, &c->seq) == 0) {

@@ -14,6 +14,7 @@
 #define KVD_SERVER_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "config.h"
@@ -35,6 +36,16 @@
 struct kvd_engine;
 struct kvd_server;
 
+/* What a cache hook did (kvctl cache save / drop), for the reply. */
+struct kvd_cache_op_result {
+	uint32_t pages;      /* save: pages written; drop: cached pages dropped */
+	uint32_t candidates; /* save: cached pages there were to write */
+	uint64_t bytes;      /* save: bytes of the file */
+	uint64_t ns;         /* time taken */
+	bool timed_out;      /* save: stopped by kv.persist_timeout */
+	bool file_removed;   /* drop: the cache file was removed */
+};
+
 struct kvd_server_hooks {
 	/* SIGHUP: re-read the configuration and return it in *ret (0), or
 	 * return an error (the running configuration stays). The server then
@@ -46,6 +57,12 @@ struct kvd_server_hooks {
 	 * remains (the loop then does not sleep). Not called while stopping. */
 	int (*background)(void *ud);
 	void *background_ud;
+	/* Optional: CACHE from an administrator (kvctl cache save / drop), ud
+	 * cache_ud. 0 and *ret filled, or -errno with why[0 .. why_size) saying
+	 * what is wrong for the client. Missing: the request is refused. */
+	int (*cache_save)(void *ud, struct kvd_engine *e, struct kvd_cache_op_result *ret, char *why, size_t why_size);
+	int (*cache_drop)(void *ud, struct kvd_engine *e, struct kvd_cache_op_result *ret, char *why, size_t why_size);
+	void *cache_ud;
 	/* Fault injection, set only by the test build (kvd-faulty, compiled
 	 * with -DKVD_FAULT_INJECTION): every SO_PEERCRED read fails. */
 	bool fault_peercred;

@@ -210,6 +210,7 @@ struct user_share {
 struct user_counters {
 	uid_t uid;
 	uint64_t prefix_lookups, prefix_query_tokens, prefix_hit_tokens;
+	uint64_t adopted_hit_tokens; /* of prefix_hit_tokens: on pages adopted from an earlier run */
 };
 
 struct client {
@@ -387,10 +388,14 @@ void on_session_expired(void *ud, uint64_t session);
  * prompts hit the cache. */
 void fill_stats(struct kvd_server *srv, const struct client *c, struct ipc_stats *st);
 /* Count a finished request's prompt and cache hit for its uid. */
-void user_counters_add(struct kvd_server *srv, uid_t uid, uint64_t query_tokens, uint64_t hit_tokens);
+void user_counters_add(struct kvd_server *srv, uid_t uid, uint64_t query_tokens, uint64_t hit_tokens,
+		       uint64_t adopted_hit_tokens);
 void handle_ps(struct client *c, uint64_t rid);
 void handle_kvmap(struct client *c, uint64_t rid);
 void handle_hist(struct client *c, uint64_t rid);
 void handle_ledger(struct client *c, const struct ipc_frame *f);
+/* CACHE: administrators only (IPC_ERR_DENIED otherwise); runs the server's
+ * cache hook and replies CACHE_REPLY, or an ERROR with the hook's reason. */
+void handle_cache(struct client *c, const struct ipc_frame *f);
 
 #endif

@@ -134,7 +134,7 @@ void on_done(void *ud, uint64_t req_id, const struct kvd_request_result *res_sch
 	kvd_ledger_request(srv->ledger, &gr->who, gr->id, gr->sess ? gr->sess->id : 0, finish_name(res->finish), res);
 	if (res->sample == 0) { /* the samples share one prompt */
 		srv->prompt_tokens_total += res->prompt_tokens;
-		user_counters_add(srv, gr->who.uid, res->prompt_tokens, res->cached_tokens);
+		user_counters_add(srv, gr->who.uid, res->prompt_tokens, res->cached_tokens, res->adopted_tokens);
 	}
 	srv->generated_tokens_total += res->generated_tokens;
 	if (res->generated_tokens) /* time to first token as the client sees it: from the GENERATE */

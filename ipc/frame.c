@@ -107,6 +107,8 @@ static const struct type_info types[IPC_MSG_TYPE_MAX + 1] = {
 	[IPC_MSG_HIST_REPLY] = { "HIST_REPLY", S2C_SOCK, sizeof(struct ipc_hist_reply), false, 0, 0 },
 	[IPC_MSG_LEDGER] = { "LEDGER", C2S_SOCK, sizeof(struct ipc_ledger_req), false, 0, 0 },
 	[IPC_MSG_LEDGER_REPLY] = { "LEDGER_REPLY", S2C_SOCK, sizeof(struct ipc_ledger_reply), true, IPC_F_MORE, 0 },
+	[IPC_MSG_CACHE] = { "CACHE", C2S_SOCK, sizeof(struct ipc_cache_req), false, 0, 0 },
+	[IPC_MSG_CACHE_REPLY] = { "CACHE_REPLY", S2C_SOCK, sizeof(struct ipc_cache_reply), false, 0, 0 },
 };
 
 const char *ipc_type_name(uint32_t type)
@@ -753,14 +755,11 @@ int ipc_decode_stats(const struct ipc_frame *f, struct ipc_stats *ret)
 
 	assert(f->hdr.type == IPC_MSG_STATS_REPLY && f->hdr.length == sizeof(s));
 	memcpy(&s, f->payload, sizeof(s));
-	for (size_t i = 0; i < sizeof(s.reserved) / sizeof(s.reserved[0]); i++)
-		if (s.reserved[i])
-			return -EPROTO;
 	/* Counts that cannot hold in any pool mean a corrupt reply. */
 	if (s.pages_free > s.pages_total || s.pages_used > s.pages_total || s.pages_cached > s.pages_total ||
 	    s.pages_shared > s.pages_used || s.pages_packed > s.pages_used)
 		return -EINVAL;
-	if (s.prefix_hit_tokens > s.prefix_query_tokens)
+	if (s.prefix_hit_tokens > s.prefix_query_tokens || s.adopted_hit_tokens > s.prefix_hit_tokens)
 		return -EINVAL;
 	*ret = s;
 	return 0;

@@ -217,7 +217,9 @@ enum ipc_type {
 	IPC_MSG_LEDGER = 25,         /* c->s socket  struct ipc_ledger_req */
 	IPC_MSG_LEDGER_REPLY = 26,   /* s->c socket  struct ipc_ledger_reply + records; IPC_F_MORE;
 				      * all users' records for administrators, else the caller's uid's */
-	IPC_MSG_TYPE_MAX = 26,
+	IPC_MSG_CACHE = 27,          /* c->s socket  struct ipc_cache_req (administrators only) */
+	IPC_MSG_CACHE_REPLY = 28,    /* s->c socket  struct ipc_cache_reply */
+	IPC_MSG_TYPE_MAX = 28,
 };
 
 /* Name of a type for logs ("GENERATE"), "?" when unknown. Never NULL. */
@@ -408,7 +410,8 @@ struct ipc_stats {
 	/* since IPC_RELEASE_SERVER_VERSION (zero for older clients, whose reserved fields they are) */
 	uint64_t pages_packed;        /* of pages_used: packed pages holding released pages' global layers */
 	uint64_t pages_released;      /* pages windowed layers were done with, released ([kv] release_local) */
-	uint64_t reserved[1];
+	/* since IPC_CACHE_SERVER_VERSION (zero for older clients: their reserved field) */
+	uint64_t adopted_hit_tokens;  /* of prefix_hit_tokens: on pages adopted from an earlier run */
 };
 /* kvd 0.5.0: ipc_welcome.kv_type, sent to clients saying this version or later. */
 #define IPC_KV_TYPE_CLIENT_VERSION ((0u << 16) | (5u << 8) | 0u)

@@ -114,6 +114,33 @@ struct ipc_ledger_reply {
 	uint32_t n_records;         /* in this frame */
 };
 
+/*
+ * The prefix cache steered by an administrator (kvctl cache): CACHE asks
+ * the daemon to write its hibernation file now, while serving (SAVE: the
+ * writer of a clean stop, bounded by kv.persist_size and persist_timeout),
+ * or to drop every cached prefix page no sequence uses and remove that file
+ * (DROP). A caller that is not root or in server.admin_groups gets
+ * IPC_ERR_DENIED; SAVE without a kv.persist_path gets -EOPNOTSUPP, with a
+ * message. The reply says what was done. Since IPC_CACHE_SERVER_VERSION.
+ */
+#define IPC_CACHE_SERVER_VERSION ((0u << 16) | (6u << 8) | 0u) /* kvd 0.6.0 */
+#define IPC_CACHE_SAVE 1u
+#define IPC_CACHE_DROP 2u
+struct ipc_cache_req {
+	uint32_t op;                /* IPC_CACHE_SAVE or IPC_CACHE_DROP */
+	uint32_t flags;             /* none defined: 0 */
+};
+struct ipc_cache_reply {
+	uint32_t op;                /* the request's */
+	uint32_t file_removed;      /* DROP: 1 when a hibernation file was removed */
+	uint64_t pages;             /* SAVE: pages written; DROP: cached pages dropped */
+	uint64_t candidates;        /* SAVE: cached pages there were to write */
+	uint64_t bytes;             /* SAVE: bytes of the file */
+	uint64_t ns;                /* time the operation took */
+	uint32_t timed_out;         /* SAVE: stopped by kv.persist_timeout */
+	uint32_t reserved;          /* 0 */
+};
+
 /* ---- decoders ---------------------------------------------------------- */
 
 /* KVMAP_REPLY: the description checked for what can be checked without the
@@ -124,6 +151,10 @@ int ipc_decode_kvmap(const struct ipc_frame *f, struct ipc_kvmap *ret);
  * to the sum of the buckets. */
 int ipc_decode_hist(const struct ipc_frame *f, struct ipc_hist_reply *ret);
 int ipc_decode_ledger_req(const struct ipc_frame *f, struct ipc_ledger_req *ret);
+/* CACHE: a known op, flags 0 (-EPROTO otherwise). */
+int ipc_decode_cache_req(const struct ipc_frame *f, struct ipc_cache_req *ret);
+/* CACHE_REPLY: a known op, reserved 0, pages <= candidates for SAVE. */
+int ipc_decode_cache_reply(const struct ipc_frame *f, struct ipc_cache_reply *ret);
 
 struct ipc_ledger_record {
 	uint32_t uid;

@@ -102,6 +102,32 @@ int ipc_decode_ledger_req(const struct ipc_frame *f, struct ipc_ledger_req *ret)
 	return 0;
 }
 
+int ipc_decode_cache_req(const struct ipc_frame *f, struct ipc_cache_req *ret)
+{
+	struct ipc_cache_req q;
+
+	assert(f->hdr.type == IPC_MSG_CACHE && f->hdr.length == sizeof(q));
+	memcpy(&q, f->payload, sizeof(q));
+	if (q.flags || (q.op != IPC_CACHE_SAVE && q.op != IPC_CACHE_DROP))
+		return -EPROTO;
+	*ret = q;
+	return 0;
+}
+
+int ipc_decode_cache_reply(const struct ipc_frame *f, struct ipc_cache_reply *ret)
+{
+	struct ipc_cache_reply r;
+
+	assert(f->hdr.type == IPC_MSG_CACHE_REPLY && f->hdr.length == sizeof(r));
+	memcpy(&r, f->payload, sizeof(r));
+	if (r.reserved || (r.op != IPC_CACHE_SAVE && r.op != IPC_CACHE_DROP) || r.file_removed > 1 || r.timed_out > 1)
+		return -EPROTO;
+	if (r.op == IPC_CACHE_SAVE && r.pages > r.candidates)
+		return -EINVAL;
+	*ret = r;
+	return 0;
+}
+
 int ipc_decode_ledger_reply(const struct ipc_frame *f, struct ipc_ledger_reply_msg *ret)
 {
 	struct ipc_ledger_reply r;

@@ -25,7 +25,8 @@
  * header and one over the index, every entry's parent and scope are checked
  * before anything is used (kvmm_hib_open_mem is the parser, and the fuzz
  * target's entry). Owner scopes are kept, so a prefix serves after the
- * restart exactly the owners it served before.
+ * restart exactly the owners it served before. The page writes themselves
+ * (io_uring, checksums on helper threads) are in hibernate_io.c.
  *
  * Layout (native byte order; the magic fails to match on another one):
  *   [0, KVMM_HIB_ALIGN)          struct hib_hdr, zero padded
@@ -48,7 +49,6 @@
 #include "kvmm_impl.h"
 
 #define HIB_MAGIC 0x314e524842445a4bull /* "KZDBHRN1" */
-#define HIB_QUEUE_DEPTH KVMM_SWAP_QUEUE_DEPTH
 #define HIB_TMP_SUFFIX ".tmp"
 
 struct hib_hdr {
@@ -104,7 +104,7 @@ static uint64_t pad8(uint64_t n)
 
 /* A 64-bit checksum, four independent lanes so a page is hashed at memory
  * speed rather than at the latency of one multiply chain. */
-static uint64_t hib_sum(const void *buf, size_t n)
+uint64_t hib_sum(const void *buf, size_t n)
 {
 	const uint8_t *p = buf;
 	uint64_t a = 0x6b76642d68696221ull ^ n, b = 0x9e3779b97f4a7c15ull, c = 0xbf58476d1ce4e5b9ull,
@@ -261,78 +261,6 @@ static int select_nodes(const struct kvmm *m, uint64_t max_entries, int32_t **re
 	return 0;
 }
 
-/* Write the n requests (any order, up to HIB_QUEUE_DEPTH in flight);
- * submission stops once deadline_ns passes (0: none). Returns how many of
- * the first requests completed in full, one after another. */
-static uint32_t uring_write_all(struct io_uring *ring, int fd, const struct iovec *iov, const uint64_t *off,
-				uint32_t n, uint64_t deadline_ns, size_t sum_bytes, uint64_t *sums, int *ret_err)
-{
-	uint32_t summed = 0;
-
-	uint8_t *ok = calloc(n ? n : 1, 1);
-	uint32_t next = 0, inflight = 0, good = 0;
-	bool stop = false;
-
-	*ret_err = 0;
-	if (!ok) {
-		*ret_err = -ENOMEM;
-		return 0;
-	}
-	while (inflight || (next < n && !stop)) {
-		struct io_uring_cqe *cqe;
-		unsigned head, seen = 0;
-		int r;
-
-		if (deadline_ns && kvmm_now_ns() >= deadline_ns)
-			stop = true;
-		while (!stop && next < n && inflight < HIB_QUEUE_DEPTH) {
-			struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
-
-			if (!sqe)
-				break;
-			io_uring_prep_write(sqe, fd, iov[next].iov_base, (unsigned)iov[next].iov_len, off[next]);
-			io_uring_sqe_set_data64(sqe, next);
-			next++;
-			inflight++;
-		}
-		if (!inflight)
-			break; /* the deadline passed before anything was queued */
-		r = io_uring_submit(ring);
-		/* Checksums of what is queued while the device writes it (the
-		 * pages are only read, by both). */
-		for (; summed < next; summed++)
-			sums[summed] = hib_sum(iov[summed].iov_base, sum_bytes);
-		r = r < 0 ? r : io_uring_submit_and_wait(ring, 1);
-		if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
-			*ret_err = r;
-			stop = true;
-			/* Reap what is in flight before its buffers go away. */
-			while (inflight && io_uring_wait_cqe(ring, &cqe) == 0) {
-				io_uring_cqe_seen(ring, cqe);
-				inflight--;
-			}
-			break;
-		}
-		io_uring_for_each_cqe(ring, head, cqe) {
-			uint64_t i = io_uring_cqe_get_data64(cqe);
-
-			if (i < n && cqe->res == (int)iov[i].iov_len)
-				ok[i] = 1;
-			else if (i < n && !*ret_err)
-				*ret_err = cqe->res < 0 ? cqe->res : -EIO;
-			seen++;
-		}
-		io_uring_cq_advance(ring, seen);
-		inflight -= seen;
-		if (*ret_err)
-			stop = true;
-	}
-	while (good < n && ok[good])
-		good++;
-	free(ok);
-	return good;
-}
-
 static int pwrite_all(int fd, const void *buf, size_t n, uint64_t off)
 {
 	const uint8_t *p = buf;
@@ -438,7 +366,7 @@ int kvmm_hib_save(const struct kvmm *m, const char *path, const void *owner, siz
 		r = -ENOMEM;
 		goto out;
 	}
-	good = uring_write_all(&ring, fd, iov, off, n, deadline_ns, m->page_bytes, sums, &werr);
+	good = hib_write_pages(&ring, fd, iov, off, n, deadline_ns, m->page_bytes, sums, &werr);
 	st.timed_out = good < n && !werr;
 	/* The index describes the pages written: a prefix of the file order,
 	 * closed under parents. Checksums were taken as each page was queued (the
@@ -913,6 +841,7 @@ take:
 		memcpy(&m->page_tokens[(size_t)p * m->bs], tok, (size_t)m->bs * sizeof(int32_t));
 		m->pg[p] = (struct kvmm_page){.next = -1, .node = -1, .fill = m->bs};
 		node = index_insert(m, pn, e.scope, p, -1);
+		m->nodes[node].flags |= NODE_ADOPTED_FILE;
 		/* Cold: whatever this run used already stays hotter. */
 		lru_remove(m, &m->res_lru, node);
 		lru_push_cold(m, &m->res_lru, node);
@@ -922,6 +851,7 @@ take:
 	}
 	ret->adopted += adopted;
 	ctr_add(m, W_PAGES_ADOPTED, adopted);
+	ctr_add(m, W_PAGES_ADOPTED_FILE, adopted);
 	if (h->next >= h->h.n_entries)
 		h->done = true;
 	kvmm_shm_end(m);

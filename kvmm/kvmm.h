@@ -233,7 +233,10 @@ uint32_t kvmm_seq_pages_held(const struct kvmm *m, uint32_t seq);
  * so that at least one token remains to compute; when that leaves the last
  * mapped page partly beyond the hit, it stays shared and is copied on the
  * next write. Tokens are compared on every hit, so a hash collision never
- * maps a wrong page. -ENOENT; -EBUSY if seq is not empty or is swapped out.
+ * maps a wrong page. Hits on pages adopted from an earlier run (kvmm_prefix_import,
+ * kvmm_hib_adopt) are counted in kvmm_stats.adopted_hit_* and in the sequence's
+ * record (adopted_tokens, adopted_pages; kvmm_seq_ledger).
+ * -ENOENT; -EBUSY if seq is not empty or is swapped out.
  */
 int kvmm_prefix_attach(struct kvmm *m, uint32_t seq, const int32_t *tokens, uint32_t n, uint32_t *ret_hit_tokens);
 
@@ -291,6 +294,14 @@ struct kvmm_stats {
 	uint32_t seqs_swapped;       /* of seqs_live: swapped out */
 	uint32_t pages_packed;       /* of pages_used: packed pages (kvmm_seq_release) */
 	uint64_t pages_released;     /* logical pages released so far */
+	/* Prefix hits that landed on pages adopted from an earlier run (the
+	 * fd-store hand-over or a hibernation file, NODE_ADOPTED), every hit
+	 * counted (a page hit twice counts twice); file_hit_tokens: of
+	 * adopted_hit_tokens, those on pages from a hibernation file. */
+	uint64_t adopted_hit_pages;
+	uint64_t adopted_hit_tokens;
+	uint64_t adopted_file_hit_tokens;
+	uint64_t pages_adopted_file; /* of kvmm_ledger.pages_adopted: from a hibernation file */
 };
 void kvmm_get_stats(const struct kvmm *m, struct kvmm_stats *ret);
 
@@ -407,6 +418,8 @@ struct kvmm_seq_record {
 	uint32_t prompt_tokens;
 	uint32_t generated_tokens;
 	uint32_t shared_prefix_tokens; /* from the prefix cache */
+	uint32_t adopted_tokens;       /* of those, on pages adopted from an earlier run */
+	uint32_t adopted_pages;        /* the pages they are on */
 	uint32_t retained_tokens;      /* left in the prefix index (at finish) */
 	uint32_t pages;                /* pages it maps (kvmm_seq_pages_held) */
 	uint32_t pages_peak;
@@ -455,6 +468,14 @@ int kvmm_seq_record_json(const struct kvmm_seq_record *r, char *buf, size_t size
  * Returns 0.
  */
 int kvmm_cache_evict(struct kvmm *m, uint32_t n_pages, uint32_t *ret_dropped);
+/*
+ * Empty the prefix cache (kvctl cache drop): every cached page (resident,
+ * unreferenced) goes to the free list and every demoted one leaves the swap
+ * file, with their index entries. Pages sequences map stay mapped (a
+ * referenced page under a dropped one is only un-indexed). *ret_dropped
+ * (may be NULL): cached and demoted pages dropped. Returns 0.
+ */
+int kvmm_cache_drop_all(struct kvmm *m, uint32_t *ret_dropped);
 /*
  * Demote up to n_pages of the coldest cached pages to the swap file: each is
  * written (many in flight), freed, and stays in the prefix index, so a later

@@ -11,6 +11,7 @@
  *  - swap.c: swap slots, sequence swap-out/in, demotion and promotion;
  *  - swap_io.c: the swap stores (io_uring file, memory, fault layer);
  *  - persist.c: export and import of the prefix index across restarts;
+ *  - hibernate.c, hibernate_io.c: the prefix cache in a file (hibernation);
  *  - release.c: releasing the windowed layers' dead pages (kvmm_seq_release).
  *
  * Ids are int32: pages, nodes and slots are indices into arrays, -1 is none.
@@ -100,6 +101,10 @@ enum kvmm_word {
 	W_PAGES_ADOPTED,
 	W_PAGES_PACKED,   /* packed pages referenced now (kvmm_seq_release) */
 	W_PAGES_RELEASED, /* logical pages released, cumulative */
+	W_PAGES_ADOPTED_FILE,     /* of W_PAGES_ADOPTED: from a hibernation file */
+	W_ADOPTED_HIT_PAGES,      /* prefix hits on adopted pages (either way), pages */
+	W_ADOPTED_HIT_TOKENS,     /* and their tokens */
+	W_ADOPTED_FILE_HIT_TOKENS, /* of those tokens: on pages from a hibernation file */
 	W__COUNT
 };
 
@@ -140,6 +145,12 @@ struct kvmm_page {
 
 #define NODE_LIVE 0x1u
 #define NODE_BUSY 0x2u /* being demoted: on no list, not evictable */
+/* Entered by adoption, not computed in this run: from the fd-store hand-over
+ * (persist.c) or from a hibernation file (hibernate.c). Kept for the node's
+ * life (a demotion and promotion keep the content), cleared when it is freed. */
+#define NODE_ADOPTED_FDS  0x4u
+#define NODE_ADOPTED_FILE 0x8u
+#define NODE_ADOPTED (NODE_ADOPTED_FDS | NODE_ADOPTED_FILE)
 
 struct kvmm_node {
 	uint64_t key;
@@ -178,6 +189,7 @@ struct kvmm_seq {
 	uint32_t mark;          /* plan epoch */
 	/* ledger */
 	uint32_t shared_prefix_tokens;
+	uint32_t adopted_pages, adopted_tokens; /* of shared_prefix_tokens: on adopted pages */
 	uint32_t pages_peak, pages_allocated, cow_copies;
 	uint32_t swap_outs, swap_ins, swap_out_pages, swap_in_pages, swap_in_remapped, swap_errors;
 	uint64_t swap_bytes, swap_ns, steps, kv_read_bytes, mem_wait_ns, compute_ns;
@@ -377,6 +389,23 @@ int swap_promote_nodes(struct kvmm *m, const int32_t *nodes, uint32_t n, uint32_
 int seq_reserve(struct kvmm_seq *s, uint32_t n_pages);
 /* Copy-on-write of the first n_tokens slots of src into dst (and their tokens). */
 int cow_copy(struct kvmm *m, int32_t dst, int32_t src, uint32_t n_tokens);
+
+/* ---- hibernate.c, hibernate_io.c ----------------------------------------------------- */
+
+#define HIB_QUEUE_DEPTH KVMM_SWAP_QUEUE_DEPTH
+
+struct io_uring;
+struct iovec;
+/* The hibernation file's 64-bit checksum of n bytes (hibernate.c). */
+uint64_t hib_sum(const void *buf, size_t n);
+/* Write the n requests through ring, up to HIB_QUEUE_DEPTH in flight; no new
+ * submission once deadline_ns passes (0: none); sums[i] gets the checksum of
+ * iov[i]'s first sum_bytes, taken by helper threads meanwhile. Returns how
+ * many of the first requests completed in full, one after another (their
+ * sums are set); *ret_err the first error, or 0. Every request in flight is
+ * reaped before it returns. (hibernate_io.c) */
+uint32_t hib_write_pages(struct io_uring *ring, int fd, const struct iovec *iov, const uint64_t *off, uint32_t n,
+			 uint64_t deadline_ns, size_t sum_bytes, uint64_t *sums, int *ret_err);
 
 /* ---- release.c ---------------------------------------------------------------------- */
 

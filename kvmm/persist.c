@@ -348,6 +348,7 @@ int kvmm_prefix_import(struct kvmm *m, const void *buf, size_t bytes, uint32_t *
 		m->pg[p] = (struct kvmm_page){.next = -1, .node = -1, .fill = m->bs};
 		page_word_set(m, p, 0);
 		node_of[n] = index_insert(m, parent, e.scope, p, -1);
+		m->nodes[node_of[n]].flags |= NODE_ADOPTED_FDS;
 		order[n] = (struct ranked){e.rank, node_of[n]};
 	}
 	if (r < 0) {

@@ -598,6 +598,10 @@ static void stats_from_words(const uint64_t *w, const struct kvmm_shm *h, struct
 		.seqs_swapped = (uint32_t)w[W_SEQS_SWAPPED],
 		.pages_packed = (uint32_t)w[W_PAGES_PACKED],
 		.pages_released = w[W_PAGES_RELEASED],
+		.adopted_hit_pages = w[W_ADOPTED_HIT_PAGES],
+		.adopted_hit_tokens = w[W_ADOPTED_HIT_TOKENS],
+		.adopted_file_hit_tokens = w[W_ADOPTED_FILE_HIT_TOKENS],
+		.pages_adopted_file = w[W_PAGES_ADOPTED_FILE],
 	};
 }
 

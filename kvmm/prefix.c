@@ -13,7 +13,8 @@
  * cached child first while there is one, so tails of a prefix go before its
  * head; dropping a node drops its subtree, which no lookup could reach.
  *
- * Also here: kvmm_seq_publish, kvmm_prefix_attach and kvmm_cache_evict.
+ * Also here: kvmm_seq_publish, kvmm_prefix_attach, kvmm_cache_evict and
+ * kvmm_cache_drop_all.
  */
 #include <assert.h>
 #include <errno.h>
@@ -491,8 +492,22 @@ int kvmm_prefix_attach(struct kvmm *m, uint32_t seq, const int32_t *tokens, uint
 	hit = k * m->bs < n - 1 ? k * m->bs : n - 1;
 	n_map = (hit + m->bs - 1) / m->bs;
 	assert(n_map == k); /* limit above already cut the walk there */
-	for (uint32_t j = 0; j < n_map; j++)
-		s->pages[j] = m->nodes[s->pages[j]].page;
+	s->adopted_pages = s->adopted_tokens = 0;
+	for (uint32_t j = 0; j < n_map; j++) {
+		const struct kvmm_node *nd = &m->nodes[s->pages[j]];
+
+		if (nd->flags & NODE_ADOPTED) {
+			uint32_t t = hit - j * m->bs < m->bs ? hit - j * m->bs : m->bs;
+
+			s->adopted_pages++;
+			s->adopted_tokens += t;
+			if (nd->flags & NODE_ADOPTED_FILE)
+				ctr_add(m, W_ADOPTED_FILE_HIT_TOKENS, t);
+		}
+		s->pages[j] = nd->page;
+	}
+	ctr_add(m, W_ADOPTED_HIT_PAGES, s->adopted_pages);
+	ctr_add(m, W_ADOPTED_HIT_TOKENS, s->adopted_tokens);
 	s->n_pages = n_map;
 	s->len = hit;
 	s->n_published = hit / m->bs;
@@ -522,5 +537,26 @@ int kvmm_cache_evict(struct kvmm *m, uint32_t n_pages, uint32_t *ret_dropped)
 	kvmm_shm_end(m);
 	if (ret_dropped)
 		*ret_dropped = dropped;
+	return 0;
+}
+
+int kvmm_cache_drop_all(struct kvmm *m, uint32_t *ret_dropped)
+{
+	uint64_t before;
+
+	kvmm_shm_begin(m);
+	before = ctr_get(m, W_PAGES_CACHED) + ctr_get(m, W_PAGES_DEMOTED);
+	while (m->prefix) {
+		int32_t v = lru_victim(m, &m->res_lru);
+
+		if (v < 0)
+			v = lru_victim(m, &m->swp_lru);
+		if (v < 0)
+			break;
+		index_drop_subtree(m, v, W_EVICT_EXPLICIT);
+	}
+	if (ret_dropped)
+		*ret_dropped = (uint32_t)(before - ctr_get(m, W_PAGES_CACHED) - ctr_get(m, W_PAGES_DEMOTED));
+	kvmm_shm_end(m);
 	return 0;
 }

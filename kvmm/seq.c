@@ -131,6 +131,8 @@ static void fill_record(const struct kvmm *m, const struct kvmm_seq *s, uint32_t
 		.prompt_tokens = prompt,
 		.generated_tokens = total - prompt,
 		.shared_prefix_tokens = s->shared_prefix_tokens,
+		.adopted_tokens = s->adopted_tokens,
+		.adopted_pages = s->adopted_pages,
 		.pages = held,
 		.pages_peak = s->pages_peak,
 		.kv_bytes_allocated = (uint64_t)held * m->page_bytes,
@@ -560,7 +562,7 @@ int kvmm_seq_record_json(const struct kvmm_seq_record *r, char *buf, size_t size
 	int n = snprintf(buf, size,
 			 "{\"seq\":%" PRIu32 ",\"len_tokens\":%" PRIu32 ",\"prompt_tokens\":%" PRIu32
 			 ",\"generated_tokens\":%" PRIu32 ",\"shared_prefix_tokens\":%" PRIu32
-			 ",\"retained_tokens\":%" PRIu32 ",\"pages\":%" PRIu32 ",\"pages_peak\":%" PRIu32
+			 ",\"adopted_tokens\":%" PRIu32 ",\"retained_tokens\":%" PRIu32 ",\"pages\":%" PRIu32 ",\"pages_peak\":%" PRIu32
 			 ",\"kv_bytes_allocated\":%" PRIu64 ",\"kv_bytes_useful\":%" PRIu64
 			 ",\"slack_tokens\":%" PRIu32 ",\"pages_allocated\":%" PRIu32 ",\"cow_copies\":%" PRIu32
 			 ",\"swap_outs\":%" PRIu32 ",\"swap_ins\":%" PRIu32 ",\"swap_out_pages\":%" PRIu32
@@ -570,7 +572,7 @@ int kvmm_seq_record_json(const struct kvmm_seq_record *r, char *buf, size_t size
 			 ",\"compute_ns\":%" PRIu64 ",\"lifetime_ns\":%" PRIu64 ",\"dropped_tokens\":%" PRIu32
 			 ",\"drops\":%" PRIu32 ",\"released_tokens\":%" PRIu32 ",\"packed_pages\":%" PRIu32 "}",
 			 r->seq, r->len_tokens, r->prompt_tokens, r->generated_tokens, r->shared_prefix_tokens,
-			 r->retained_tokens, r->pages, r->pages_peak, r->kv_bytes_allocated, r->kv_bytes_useful,
+			 r->adopted_tokens, r->retained_tokens, r->pages, r->pages_peak, r->kv_bytes_allocated, r->kv_bytes_useful,
 			 r->slack_tokens, r->pages_allocated, r->cow_copies, r->swap_outs, r->swap_ins,
 			 r->swap_out_pages, r->swap_in_pages, r->swap_in_remapped_pages, r->swap_errors, r->swap_bytes,
 			 r->swap_ns, r->steps, r->kv_read_bytes, r->mem_wait_ns, r->compute_ns, r->lifetime_ns,

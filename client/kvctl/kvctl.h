@@ -74,7 +74,7 @@ struct kvctl_command {
 
 extern const struct kvctl_command kvctl_cmd_generate, kvctl_cmd_stats, kvctl_cmd_ps, kvctl_cmd_tokenize,
 	kvctl_cmd_count, kvctl_cmd_plan, kvctl_cmd_session, kvctl_cmd_version, kvctl_cmd_chat;
-extern const struct kvctl_command kvctl_cmd_ledger;
+extern const struct kvctl_command kvctl_cmd_ledger, kvctl_cmd_cache;
 
 /* ---- stats --map (map.c) and --prometheus (prom.c) --------------------------- */
 

@@ -38,7 +38,9 @@ static const char help_ledger[] =
 	"\n"
 	"    Columns: local time of the record, client and request id, uid, how it\n"
 	"    ended (eos, length, stop, cancelled, error, rejected), prompt tokens and\n"
-	"    how many came from the prefix cache or session, tokens generated, time to\n"
+	"    how many came from the prefix cache or session, and of those how many from\n"
+	"    cached pages adopted from kvd's previous run (the restart hand-over or the\n"
+	"    cache file, [kv] persist_path), tokens generated, time to\n"
 	"    first token and mean inter-token latency in milliseconds, the most KV pages\n"
 	"    it held, its session, and for a rejected request the reason it was given.\n"
 	"\n"
@@ -165,8 +167,8 @@ static bool member_str(const char *json, const char *key, char *out, size_t cap)
 
 static void print_row(const char *json)
 {
-	uint64_t t = 0, cid = 0, rid = 0, uid = 0, sess = 0, prompt = 0, cached = 0, gen = 0, ttft = 0, itl = 0,
-		 peak = 0;
+	uint64_t t = 0, cid = 0, rid = 0, uid = 0, sess = 0, prompt = 0, cached = 0, adopted = 0, gen = 0, ttft = 0,
+		 itl = 0, peak = 0;
 	char finish[16] = "?", when[16] = "?", sess_s[24] = "-", reason[256] = "", ttft_s[24] = "-", itl_s[24] = "-",
 	     peak_s[24] = "-";
 	const char *kv;
@@ -187,12 +189,13 @@ static void print_row(const char *json)
 		snprintf(sess_s, sizeof(sess_s), "%" PRIu64, sess);
 	if (strcmp(finish, "rejected") == 0) {
 		member_str(json, "reason", reason, sizeof(reason));
-		printf("%-8s %7" PRIu64 " %7" PRIu64 " %6" PRIu64 " %-9s %7s %7s %6s %9s %8s %6s %8s  %s\n", when, cid,
-		       rid, uid, finish, "-", "-", "-", "-", "-", "-", sess_s, reason);
+		printf("%-8s %7" PRIu64 " %7" PRIu64 " %6" PRIu64 " %-9s %7s %7s %7s %6s %9s %8s %6s %8s  %s\n", when,
+		       cid, rid, uid, finish, "-", "-", "-", "-", "-", "-", "-", sess_s, reason);
 		return;
 	}
 	member_u64(json, "prompt_tokens", &prompt);
 	member_u64(json, "cached_tokens", &cached);
+	member_u64(json, "adopted_tokens", &adopted); /* absent from kvd before 0.6: 0 */
 	member_u64(json, "generated_tokens", &gen);
 	if (member_u64(json, "ttft_ns", &ttft) && gen)
 		snprintf(ttft_s, sizeof(ttft_s), "%.1f", (double)ttft / 1e6);
@@ -201,9 +204,9 @@ static void print_row(const char *json)
 	kv = member(json, "kv");
 	if (kv && *kv == '{' && member_u64(kv, "pages_peak", &peak))
 		snprintf(peak_s, sizeof(peak_s), "%" PRIu64, peak);
-	printf("%-8s %7" PRIu64 " %7" PRIu64 " %6" PRIu64 " %-9s %7" PRIu64 " %7" PRIu64 " %6" PRIu64
+	printf("%-8s %7" PRIu64 " %7" PRIu64 " %6" PRIu64 " %-9s %7" PRIu64 " %7" PRIu64 " %7" PRIu64 " %6" PRIu64
 	       " %9s %8s %6s %8s\n",
-	       when, cid, rid, uid, finish, prompt, cached, gen, ttft_s, itl_s, peak_s, sess_s);
+	       when, cid, rid, uid, finish, prompt, cached, adopted, gen, ttft_s, itl_s, peak_s, sess_s);
 }
 
 static int cmd_ledger(struct ctx *x, int argc, char **argv)
@@ -257,8 +260,8 @@ static int cmd_ledger(struct ctx *x, int argc, char **argv)
 		return st;
 	}
 	if (!json)
-		printf("%-8s %7s %7s %6s %-9s %7s %7s %6s %9s %8s %6s %8s\n", "TIME", "CLIENT", "REQ", "UID", "FINISH",
-		       "PROMPT", "CACHED", "GEN", "TTFT_MS", "ITL_MS", "PAGES", "SESSION");
+		printf("%-8s %7s %7s %6s %-9s %7s %7s %7s %6s %9s %8s %6s %8s\n", "TIME", "CLIENT", "REQ", "UID",
+		       "FINISH", "PROMPT", "CACHED", "ADOPTED", "GEN", "TTFT_MS", "ITL_MS", "PAGES", "SESSION");
 	for (size_t i = 0; i < nr; i++) {
 		if (json)
 			printf("%s\n", recs[i].json);

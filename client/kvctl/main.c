@@ -1,7 +1,7 @@
 /*
  * client/kvctl/main.c — kvctl, the command-line client of kvd: global options,
  * the command table and dispatch. Each command family lives in its own file
- * (generate.c, stats.c with map.c and prom.c, ledger.c, tokens.c, plan.c,
+ * (generate.c, stats.c with map.c and prom.c, ledger.c, cache.c, tokens.c, plan.c,
  * session.c) and documents itself with --help; exit statuses are distinct so scripts can tell "daemon down" from
  * "request refused" from "usage error".
  */
@@ -70,7 +70,8 @@ static const struct kvctl_command kvctl_cmd_help = {
 /* The command table: one row per command, from the family files. */
 static const struct kvctl_command *const commands[] = {
 	&kvctl_cmd_generate, &kvctl_cmd_chat, &kvctl_cmd_stats, &kvctl_cmd_tokenize, &kvctl_cmd_count, &kvctl_cmd_plan,
-	&kvctl_cmd_ps,       &kvctl_cmd_ledger, &kvctl_cmd_session, &kvctl_cmd_version, &kvctl_cmd_help,
+	&kvctl_cmd_ps,       &kvctl_cmd_ledger, &kvctl_cmd_cache,   &kvctl_cmd_session, &kvctl_cmd_version,
+	&kvctl_cmd_help,
 };
 
 static void print_main_help(FILE *f)

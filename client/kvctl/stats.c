@@ -54,6 +54,7 @@ static const char help_stats[] =
 	"                    prompt_tokens_total, generated_tokens_total, steps, uptime_ns,\n"
 	"                    ledger_records_dropped, swap_errors, swap_fallback_recomputes, pages_demoted,\n"
 	"                    samples_forked, pages_adopted, pages_packed, pages_released,\n"
+	"                    adopted_hit_tokens,\n"
 	"                    and the strings model and server_version\n"
 	"    --watch [SECS]  repeat every SECS seconds (default 1) until interrupted; with\n"
 	"                    --json, one object per line\n"
@@ -143,6 +144,9 @@ static void print_stats_table(const struct kvc_stats *s, const struct kvc_info *
 	       " lookups; %" PRIu64 " pages evicted, %" PRIu64 " copy-on-write copies\n",
 	       s->prefix_hit_tokens, s->prefix_query_tokens, pct(s->prefix_hit_tokens, s->prefix_query_tokens),
 	       s->prefix_lookups, s->pages_evicted, s->cow_copies);
+	if (s->pages_adopted)
+		printf("adopted   %" PRIu64 " cached pages taken over from the previous run (restart or cache file); %" PRIu64
+		       " prompt tokens found in them\n", s->pages_adopted, s->adopted_hit_tokens);
 	fmt_bytes(b1, sizeof(b1), (double)s->swap_bytes);
 	printf("swap      %" PRIu64 " pages out, %" PRIu64 " in; file %s, holding %" PRIu64 " cached prefix pages; %" PRIu64
 	       " I/O errors, %" PRIu64 " requests recomputed after them\n",

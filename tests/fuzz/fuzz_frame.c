@@ -222,6 +222,18 @@ static void decode(const struct ipc_frame *f, const uint8_t *frame, size_t n)
 		}
 		break;
 	}
+	case IPC_MSG_CACHE: {
+		struct ipc_cache_req q;
+		if (ipc_decode_cache_req(f, &q) == 0)
+			CHECK((q.op == IPC_CACHE_SAVE || q.op == IPC_CACHE_DROP) && q.flags == 0);
+		break;
+	}
+	case IPC_MSG_CACHE_REPLY: {
+		struct ipc_cache_reply r;
+		if (ipc_decode_cache_reply(f, &r) == 0)
+			CHECK(r.reserved == 0 && r.file_removed <= 1 && (r.op != IPC_CACHE_SAVE || r.pages <= r.candidates));
+		break;
+	}
 	default: /* CANCEL, STATS, PS, KVMAP, HIST: no payload to decode */
 		CHECK(f->hdr.length == 0);
 		break;
@@ -411,4 +423,8 @@ static void write_seeds(const char *dir)
 		char json[8];
 	} lr = { { 1, 1 }, 1000, 7, "{\"a\":1}" };
 	seed(dir, "ledger-reply", S_SOCK, IPC_MSG_LEDGER_REPLY, 0, &lr, sizeof(lr), NULL, 0);
+	struct ipc_cache_req cq = { .op = IPC_CACHE_SAVE };
+	seed(dir, "cache", C_SOCK, IPC_MSG_CACHE, 0, &cq, sizeof(cq), NULL, 0);
+	struct ipc_cache_reply cr = { .op = IPC_CACHE_SAVE, .pages = 3, .candidates = 4, .bytes = 1 << 20, .ns = 1000 };
+	seed(dir, "cache-reply", S_SOCK, IPC_MSG_CACHE_REPLY, 0, &cr, sizeof(cr), NULL, 0);
 }

@@ -50,25 +50,26 @@ import json, sys
 rows = open(sys.argv[1]).read().splitlines()
 recs = [json.loads(l) for l in open(sys.argv[2])]
 head = rows[0].split()
-assert head == ["TIME", "CLIENT", "REQ", "UID", "FINISH", "PROMPT", "CACHED", "GEN", "TTFT_MS", "ITL_MS",
-                "PAGES", "SESSION"], head
+assert head == ["TIME", "CLIENT", "REQ", "UID", "FINISH", "PROMPT", "CACHED", "ADOPTED", "GEN", "TTFT_MS",
+                "ITL_MS", "PAGES", "SESSION"], head
 assert len(rows) == 1 + len(recs), (len(rows), len(recs))
 for row, r in zip(rows[1:], recs):
-    c = row.split(None, 11)
+    c = row.split(None, 12)
     assert int(c[1]) == r["client_id"] and int(c[2]) == r["request_id"] and int(c[3]) == r["uid"], (row, r)
     assert c[4] == r["finish"], (row, r)
     if r["finish"] == "rejected":
-        assert c[5:11] == ["-"] * 6, row
-        sess, reason = c[11].split(None, 1)
+        assert c[5:12] == ["-"] * 7, row
+        sess, reason = c[12].split(None, 1)
         assert reason == r["reason"], (reason, r["reason"])
         continue
     assert int(c[5]) == r["prompt_tokens"] and int(c[6]) == r["cached_tokens"], (row, r)
-    assert int(c[7]) == r["generated_tokens"], (row, r)
-    assert c[8] == "%.1f" % (r["ttft_ns"] / 1e6), (c[8], r["ttft_ns"])
+    assert int(c[7]) == r["adopted_tokens"], (row, r)
+    assert int(c[8]) == r["generated_tokens"], (row, r)
+    assert c[9] == "%.1f" % (r["ttft_ns"] / 1e6), (c[9], r["ttft_ns"])
     if r["generated_tokens"] > 1:
-        assert c[9] == "%.2f" % (r["itl_ns"] / 1e6), (c[9], r["itl_ns"])
-    assert int(c[10]) == r["kv"]["pages_peak"], (row, r["kv"])
-    assert c[11] == (str(r["session_id"]) if r["session_id"] else "-"), (row, r)
+        assert c[10] == "%.2f" % (r["itl_ns"] / 1e6), (c[10], r["itl_ns"])
+    assert int(c[11]) == r["kv"]["pages_peak"], (row, r["kv"])
+    assert c[12] == (str(r["session_id"]) if r["session_id"] else "-"), (row, r)
 assert sum(r["finish"] == "rejected" for r in recs) == 1 and sum(r["session_id"] != 0 for r in recs) == 1
 PYEOF
 ok "the table shows each record's fields as the file has them (a session turn and a rejection included)"

@@ -7,7 +7,9 @@
  * in a page (that page and what hangs below it never enter the index), a
  * truncated file, a corrupt index, another layout, a symbolic link, a file
  * readable by others, adoption into a pool that computed the same prefix
- * meanwhile.
+ * meanwhile; the accounting of hits on adopted pages (pool counters and the
+ * sequence's record, a partial last page, pages computed in this run under
+ * adopted ones) and kvmm_cache_drop_all (cached pages gone, mapped ones kept).
  *
  * As in test_kvmm_persist.c, the test plays the engine: every token slot
  * holds a function of its token id and position, written at commit.
@@ -347,6 +349,156 @@ static void test_adopt_while_serving(void **state)
 	kvmm_destroy(b);
 }
 
+/* Attach toks in scope to a new sequence; its record's adopted share in
+ * *ret_adopted / *ret_pages. Returns the hit; the sequence stays (*ret_seq). */
+static uint32_t attach_rec(struct kvmm *m, uint64_t scope, const int32_t *toks, uint32_t n, uint32_t *ret_seq,
+			   uint32_t *ret_adopted, uint32_t *ret_pages)
+{
+	struct kvmm_seq_record rec;
+	uint32_t s, got = 0;
+
+	assert_int_equal(kvmm_seq_new(m, &s), 0);
+	assert_int_equal(kvmm_seq_set_scope(m, s, scope), 0);
+	assert_int_equal(kvmm_prefix_attach(m, s, toks, n, &got), 0);
+	assert_int_equal(kvmm_seq_ledger(m, s, &rec), 0);
+	assert_int_equal(rec.shared_prefix_tokens, got);
+	*ret_adopted = rec.adopted_tokens;
+	*ret_pages = rec.adopted_pages;
+	*ret_seq = s;
+	return got;
+}
+
+static void test_adopted_hits(void **state)
+{
+	struct kvmm *a = source(), *b = pool(BS, 20);
+	struct kvmm_hib_progress p;
+	struct kvmm_hib *h = NULL;
+	struct kvmm_stats ks;
+	uint32_t s, ad, pg;
+	int32_t tC[9], tD[17];
+
+	for (int i = 0; i < 9; i++)
+		tC[i] = 900 + i;
+	memcpy(tD, tA, 8 * sizeof(int32_t)); /* D: A's first two pages, then its own */
+	for (int i = 8; i < 17; i++)
+		tD[i] = 700 + i;
+	save_ok(a, 1ull << 30, NULL);
+	assert_int_equal(kvmm_hib_open(path, &h, NULL), 0);
+	adopt_all(b, h, &p);
+	kvmm_hib_close(h);
+	kvmm_get_stats(b, &ks);
+	assert_int_equal(ks.pages_adopted_file, 9);
+	assert_int_equal(ks.adopted_hit_pages, 0);
+	assert_int_equal(ks.adopted_hit_tokens, 0);
+
+	/* A prompt computed in this run: no adopted hit. */
+	fill(b, 1, tC, 8, 0, 0);
+	assert_int_equal(attach_rec(b, 1, tC, 9, &s, &ad, &pg), 8);
+	assert_int_equal(ad, 0);
+	assert_int_equal(pg, 0);
+	assert_int_equal(kvmm_seq_free(b, s), 0);
+	kvmm_get_stats(b, &ks);
+	assert_int_equal(ks.adopted_hit_tokens, 0);
+	assert_int_equal(ks.prefix_hit_tokens, 8);
+
+	/* The adopted A: four whole pages. */
+	assert_int_equal(attach_rec(b, 1, tA, 17, &s, &ad, &pg), 16);
+	assert_int_equal(ad, 16);
+	assert_int_equal(pg, 4);
+	assert_int_equal(kvmm_seq_free(b, s), 0);
+	/* Eight tokens of A: the hit stops at 7 (one is left to compute), the
+	 * second page counts its 3 tokens. */
+	assert_int_equal(attach_rec(b, 1, tA, 8, &s, &ad, &pg), 7);
+	assert_int_equal(ad, 7);
+	assert_int_equal(pg, 2);
+	assert_int_equal(kvmm_seq_free(b, s), 0);
+	kvmm_get_stats(b, &ks);
+	assert_int_equal(ks.adopted_hit_pages, 6);
+	assert_int_equal(ks.adopted_hit_tokens, 23);
+	assert_int_equal(ks.adopted_file_hit_tokens, 23);
+
+	/* D computed now under A's adopted pages: only those two count. */
+	fill(b, 1, tD, 16, 0, 0);
+	assert_int_equal(attach_rec(b, 1, tD, 17, &s, &ad, &pg), 16);
+	assert_int_equal(ad, 8);
+	assert_int_equal(pg, 2);
+	assert_int_equal(kvmm_seq_free(b, s), 0);
+	/* Another scope never hits scope 1's adopted pages. */
+	assert_int_equal(attach_rec(b, 3, tA, 17, &s, &ad, &pg), 0);
+	assert_int_equal(ad, 0);
+	assert_int_equal(kvmm_seq_free(b, s), 0);
+	kvmm_get_stats(b, &ks);
+	assert_int_equal(ks.adopted_hit_tokens, 31);
+	assert_true(ks.adopted_hit_tokens <= ks.prefix_hit_tokens);
+	check(b);
+	kvmm_destroy(a);
+	kvmm_destroy(b);
+}
+
+/* The fd-store hand-over's pages count as adopted, not as from a file. */
+static void test_adopted_hits_fd_store(void **state)
+{
+	struct kvmm *a = source(), *b = NULL;
+	struct kvmm_config c = {
+		.page_bytes = (size_t)BS * TB, .block_size = BS, .pool_bytes = 32ull * BS * TB,
+		.max_seqs = 16, .prefix_cache = 1,
+	};
+	struct kvmm_stats ks;
+	uint32_t s, ad, pg, n = 0;
+	void *buf = NULL;
+	size_t bytes = 0;
+	int fd = dup(kvmm_pool_fd(a));
+
+	assert_true(fd >= 0);
+	assert_int_equal(kvmm_prefix_export(a, OWNER, sizeof(OWNER), &buf, &bytes), 0);
+	kvmm_destroy(a);
+	assert_int_equal(kvmm_create_adopt(&c, NULL, fd, 32, &b), 0);
+	assert_int_equal(kvmm_prefix_import(b, buf, bytes, &n), 0);
+	assert_int_equal(n, 9);
+	assert_int_equal(attach_rec(b, 1, tA, 17, &s, &ad, &pg), 16);
+	assert_int_equal(ad, 16);
+	assert_int_equal(pg, 4);
+	assert_int_equal(kvmm_seq_free(b, s), 0);
+	kvmm_get_stats(b, &ks);
+	assert_int_equal(ks.adopted_hit_tokens, 16);
+	assert_int_equal(ks.adopted_hit_pages, 4);
+	assert_int_equal(ks.adopted_file_hit_tokens, 0);
+	assert_int_equal(ks.pages_adopted_file, 0);
+	check(b);
+	free(buf);
+	kvmm_destroy(b); /* and the pool fd, kvmm's since the adoption */
+}
+
+static void test_drop_all(void **state)
+{
+	struct kvmm *m = source();
+	struct kvmm_stats ks;
+	uint32_t s, ad, pg, dropped = 0, np;
+
+	/* A sequence maps scope 2's A while the cache is dropped. */
+	assert_int_equal(attach_rec(m, 2, tA, 17, &s, &ad, &pg), 16);
+	kvmm_get_stats(m, &ks);
+	assert_int_equal(ks.pages_cached, 5); /* scope 1's A and B */
+	assert_int_equal(kvmm_cache_drop_all(m, &dropped), 0);
+	assert_int_equal(dropped, 5);
+	kvmm_get_stats(m, &ks);
+	assert_int_equal(ks.pages_cached, 0);
+	assert_int_equal(ks.pages_used, 4);
+	kvmm_seq_pages(m, s, &np);
+	assert_int_equal(np, 4);
+	check(m);
+	assert_int_equal(hit(m, 1, tA, 17, 0), 0);
+	assert_int_equal(hit(m, 1, tB, 13, 0), 0);
+	assert_int_equal(kvmm_seq_free(m, s), 0);
+	/* Its pages stay cached once it is done (they stayed indexed). */
+	assert_int_equal(hit(m, 2, tA, 17, 7), 16);
+	assert_int_equal(kvmm_cache_drop_all(m, &dropped), 0);
+	assert_int_equal(dropped, 4);
+	assert_int_equal(hit(m, 2, tA, 17, 7), 0);
+	check(m);
+	kvmm_destroy(m);
+}
+
 static int setup(void **state)
 {
 	snprintf(dir, sizeof(dir), "/tmp/kvd-hib-XXXXXX");
@@ -372,6 +524,9 @@ int main(void)
 		cmocka_unit_test(test_flipped_page_bit),
 		cmocka_unit_test(test_refusals),
 		cmocka_unit_test(test_adopt_while_serving),
+		cmocka_unit_test(test_adopted_hits),
+		cmocka_unit_test(test_adopted_hits_fd_store),
+		cmocka_unit_test(test_drop_all),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);
