@@ -98,7 +98,8 @@ extern "C" {
  * 0.5.0 added kvc_info.kv_cache_type.
  * 0.6.0 added kvc_gen_params.tenant (cache scopes) and .priority.
  * 0.7.0 added structured output (kvc_gen_params.constraint, struct
- * kvc_constraint). */
+ * kvc_constraint), kvc_stats.adopted_hit_tokens and kvc_cache_save() /
+ * kvc_cache_drop(). */
 #define KVC_VERSION ((KVC_VERSION_MAJOR << 16) | (KVC_VERSION_MINOR << 8) | KVC_VERSION_PATCH)
 
 /* The version of the library actually loaded, as KVC_VERSION. */

@@ -123,7 +123,7 @@ struct ipc_ledger_reply {
  * IPC_ERR_DENIED; SAVE without a kv.persist_path gets -EOPNOTSUPP, with a
  * message. The reply says what was done. Since IPC_CACHE_SERVER_VERSION.
  */
-#define IPC_CACHE_SERVER_VERSION ((0u << 16) | (6u << 8) | 0u) /* kvd 0.6.0 */
+#define IPC_CACHE_SERVER_VERSION ((0u << 16) | (7u << 8) | 0u) /* kvd 0.7.0 */
 #define IPC_CACHE_SAVE 1u
 #define IPC_CACHE_DROP 2u
 struct ipc_cache_req {
