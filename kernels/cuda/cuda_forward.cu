@@ -324,6 +324,8 @@ int cuda_forward(void *ctx, const struct kvd_batch *b)
 		kv.base = c->pool;
 		kv.block_size = (int32_t)c->L.block_size;
 		kv.kv_dim = (int32_t)c->L.kv_dim;
+		kv.type = (int32_t)c->L.type;
+		kv.head_bytes = (int32_t)kvd_kv_row_bytes(c->L.type, (uint32_t)hp->head_dim);
 		kv.token_stride = (int64_t)c->L.token_stride;
 		kv.v_offset = (int64_t)c->L.v_offset;
 		kv.layer_stride = (int64_t)c->L.layer_stride;
