@@ -25,7 +25,11 @@
  *    cuda_kv.h), so page copies and swap move bytes whatever the type.
  *    kv_shift re-rotates cached keys of f16, bf16 and f32 pools (the
  *    block-quantized ones are refused, as on the CPU: every shift would
- *    quantize the kept keys again). When the view has a host mapping (kvmm's memfd),
+ *    quantize the kept keys again). Page tables may hold released pages
+ *    (KVD_CAP_PACKED_KV: Gemma 3's local layers done with a page): the
+ *    layers without a window read such a page's K/V from its slot of a
+ *    packed page, which the engine fills through page_read / page_write.
+ *    When the view has a host mapping (kvmm's memfd),
  *    it is registered as pinned memory: the host tier that page_read and
  *    page_write (swap) move pages to and from, by DMA on a copy stream of
  *    their own. The host mapping is never the authoritative copy.
@@ -461,6 +465,8 @@ static int cuda_kv_shift(void *ctx, const int32_t *pages, uint32_t n_pages, uint
 		kv.kv_dim = (int32_t)L->kv_dim;
 		kv.type = (int32_t)L->type;
 		kv.head_bytes = (int32_t)kvd_kv_row_bytes(L->type, (uint32_t)hd);
+		kv.n_global = 0; /* no released entry reaches the kernel (checked above) */
+		kv.layer_g = -1;
 		kv.token_stride = (int64_t)L->token_stride;
 		kv.v_offset = (int64_t)L->v_offset;
 		kv.layer_stride = (int64_t)L->layer_stride;
@@ -503,7 +509,8 @@ static int cuda_supports(void *ctx, const struct kvd_cap_query *q)
 			       cu_choose_bq(c, 1, q->head_dim, q->kv_type) != 0;
 		}
 	case KVD_CAPQ_KV_SHIFT: return cu_kv_shift_type(q->kv_type);
-	default: return 0; /* no released pages; f16 the fastest KV type (KV_FAST says no to all) */
+	case KVD_CAPQ_RELEASED_PAGES: return 1; /* KVD_CAP_PACKED_KV */
+	default: return 0; /* f16 the fastest KV type (KV_FAST says no to all) */
 	}
 }
 
@@ -523,7 +530,7 @@ static const struct kvd_backend_ops cuda_ops = {
 	cuda_pages_read,
 	cuda_pages_write,
 	0, /* features (ABI 3): the query answers instead */
-	KVD_CAP_DEVICE_POOL | KVD_CAP_BATCHED_SWAP,
+	KVD_CAP_DEVICE_POOL | KVD_CAP_BATCHED_SWAP | KVD_CAP_PACKED_KV,
 	cuda_kv_shift,
 	cuda_supports,
 };

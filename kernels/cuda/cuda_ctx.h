@@ -79,6 +79,11 @@ struct cu_ctx {
 	float *rope_freqs;  /* [head_dim / 2] frequency divisors, or NULL */
 	const float *rope_freqs_h; /* the same in the model's tensor (host; valid until destroy) */
 	float embd_scale;   /* 1 unless KVD_FEAT_EMBD_SCALE */
+	/* released pages: each layer's index among the layers without a
+	 * window (-1 for a windowed one), their count, the packed page's slots
+	 * and the widest window (kvd_kv_pack_slots) */
+	int32_t *glob_idx;
+	uint32_t n_global, pack_slots, max_window;
 	float attn_scale;   /* hp.attn_scale, or 1/sqrt(head_dim) */
 	size_t weight_bytes;
 	int bq; /* tokens per prefill attention block */

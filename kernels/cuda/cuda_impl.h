@@ -53,6 +53,11 @@ struct cu_kv {
 	int32_t kv_dim;
 	int32_t type;       /* enum kvd_kv_type of the K and V rows */
 	int32_t head_bytes; /* bytes of one head's elements in a row */
+	/* released pages (kernels/backend.h, KVD_CAP_PACKED_KV): layers without
+	 * a window, and which of them the layer being computed is (-1: it has
+	 * a window, and never reaches a released page) */
+	int32_t n_global;
+	int32_t layer_g;
 	int64_t token_stride;
 	int64_t v_offset;
 	int64_t layer_stride;
@@ -60,11 +65,19 @@ struct cu_kv {
 };
 
 /* The address of token `pos`'s K row for `layer` in the page table at
- * pages (V is v_offset further). */
+ * pages (V is v_offset further). A released entry kvd_page_packed(page,
+ * slot) (the forward pass checked it, and only a layer without a window
+ * reads one) is layer region slot * n_global + layer_g of that page. */
 static __device__ __forceinline__ char *kv_row(const struct cu_kv &kv, const int32_t *pages, int layer, int pos)
 {
-	int64_t page = pages[pos / kv.block_size];
-	return kv.base + page * kv.page_bytes + (int64_t)layer * kv.layer_stride +
+	int32_t e = pages[pos / kv.block_size];
+	int64_t page = e, region = layer;
+	if (e < 0) {
+		uint32_t v = (uint32_t)(-(int64_t)e - 3);
+		page = v >> 8;
+		region = (int64_t)(v & 255u) * kv.n_global + kv.layer_g;
+	}
+	return kv.base + page * kv.page_bytes + region * kv.layer_stride +
 	       (int64_t)(pos % kv.block_size) * kv.token_stride;
 }
 

@@ -50,6 +50,8 @@ void cu_free_weights(struct cu_ctx *c)
 	dfree(c->rope_freqs);
 	c->rope_freqs = NULL;
 	c->rope_freqs_h = NULL;
+	free(c->glob_idx);
+	c->glob_idx = NULL;
 	c->tok_embd = NULL;
 	c->output = NULL;
 	c->output_norm = NULL;
@@ -226,6 +228,14 @@ int cuda_load(void *ctx, const struct kvd_model_weights *w)
 	nff = hp->n_ff;
 	c->q_dim = (int)qd;
 	c->kv_dim = (int)kvd;
+	c->glob_idx = (int32_t *)malloc(sizeof(int32_t) * (size_t)hp->n_layer);
+	if (!c->glob_idx) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	for (int l = 0, g = 0; l < hp->n_layer; l++)
+		c->glob_idx[l] = w->layers[l].d.window > 0 ? -1 : g++;
+	c->pack_slots = kvd_kv_pack_slots(w, &c->n_global, &c->max_window);
 	/* the f16 pool's block size; attach_kv chooses again for its type */
 	c->bq = cu_choose_bq(c, hp->n_head / hp->n_head_kv, hp->head_dim, KVD_KV_F16);
 	if (!c->bq) {

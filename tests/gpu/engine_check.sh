@@ -8,7 +8,7 @@
 # match the CPU backend's within the conformance tolerance for quantized
 # models (0.12 relative L2). Every tiny architecture (Qwen 2 biases, Qwen 3
 # and Gemma 3 per-head norms, Gemma 3's GeGLU, post-norms, embedding scale
-# and local windows, Llama 3.x rope_freqs and linear scaling, Mistral's
+# and local windows with released pages, Llama 3.x rope_freqs and linear scaling, Mistral's
 # sliding window), weight type (the K-quant mix, Q5_0/Q5_1), KV element
 # type (f16, bf16, f32, q8_0, q4_0) and window context policy (sliding
 # window, sinks: kv_shift) must be served on the plug-in, never "on the
@@ -57,6 +57,7 @@ toks=$(seq -s, 1 37)
 # plug-in's device pool and batched page moves; the CPU reference does not
 # swap, and the CPU with the same swapping must give the very same bytes);
 # served on the plug-in ("backend cuda") with logits within TOL of the CPU's
+# (tiny-gemma3 with pages released: its local layers' old pages packed)
 check_case() {
 	local m=$1 modes=$2 kv=$3 tol=$4 chunk swap args
 	[ -f "$TINY/$m.gguf" ] || { echo "engine check: $TINY/$m.gguf missing (scripts/gen_tiny_models.py --arch)"; exit 1; }
@@ -74,6 +75,11 @@ check_case() {
 		fi
 		grep -q "backend cuda" "$TMP/cuda.err" || { echo "engine $m $kv: not served on the plug-in:"; cat "$TMP/cuda.err"; exit 1; }
 		! grep -q "on the CPU" "$TMP/cuda.err" || { echo "engine $m $kv: a note of a CPU fallback:"; cat "$TMP/cuda.err"; exit 1; }
+		# Gemma 3's local layers release the pages they are done with
+		# (KVD_CAP_PACKED_KV), on the plug-in as on the CPU
+		if [ "$m" = tiny-gemma3 ] && ! grep -q '"kv_pages_released":[1-9]' "$TMP/cuda.json"; then
+			echo "engine $m $kv: no page released on the plug-in:"; cat "$TMP/cuda.json"; exit 1
+		fi
 		"$PY" - "$TMP/cpu.bin" "$TMP/cuda.bin" "$TMP/cpu.json" "$TMP/cuda.json" "$m $kv K/V chunk=$chunk" "$tol" <<'PYEOF' || exit 1
 # Rows up to the first differing generated token were computed from the
 # same tokens on both backends; after it the sequences legitimately part

@@ -208,7 +208,7 @@ static void test_plugin_abi(void **state)
 	assert_non_null(ops->pages_read);
 	assert_non_null(ops->pages_write);
 	/* the device pool and batched swap are declared, not inferred */
-	assert_int_equal(ops->caps, KVD_CAP_DEVICE_POOL | KVD_CAP_BATCHED_SWAP);
+	assert_int_equal(ops->caps, KVD_CAP_DEVICE_POOL | KVD_CAP_BATCHED_SWAP | KVD_CAP_PACKED_KV);
 	assert_int_equal(kvd_backend_ops_check(ops), 0);
 	ops->destroy(NULL); /* accepts NULL */
 }
@@ -289,6 +289,8 @@ static void test_query_types_and_features(void **state)
 				 quant ? "yes" : "no");
 	}
 	assert_true(kvd_backend_has_kv_shift(ops));
+	struct kvd_cap_query rel = {.kind = KVD_CAPQ_RELEASED_PAGES};
+	assert_int_equal(kvd_backend_supports(ops, ctx, &rel), 1);
 	ops->destroy(ctx);
 }
 
@@ -1075,6 +1077,113 @@ done:
 	free_model(m);
 }
 
+/* One decode of token tok at position pos of seq s (page table pages) on
+ * instance in; its logits to out. Returns forward's result. */
+static int decode_at(struct inst *in, const int32_t *pages, int32_t tok, int32_t pos, float *out)
+{
+	struct kvd_batch_seq bs = {.tokens = &tok, .n_tokens = 1, .pos0 = pos, .pages = pages,
+				   .n_pages = MAX_SEQ_PAGES, .logits = out};
+	struct kvd_batch b = {.n_seqs = 1, .seqs = &bs};
+	return in->ops->forward(in->ctx, &b);
+}
+
+/* Slot `slot` of packed page dst := the layers without a window of page src,
+ * in the instance's pool (through page_read / page_write on the plug-in,
+ * as the engine does for a device pool), then src scribbled over, so that
+ * a forward still reading it would show. */
+static void pack_page(struct inst *in, const struct kvd_model_weights *w, int32_t dst, uint32_t slot, int32_t src,
+		      uint32_t n_global)
+{
+	const struct kvd_kv_layout *L = &in->layout;
+	int dev = in->ops != &kvd_cpu_backend;
+	char *d = dev ? malloc(L->page_bytes) : (char *)in->pool + (size_t)dst * L->page_bytes;
+	char *s = dev ? malloc(L->page_bytes) : (char *)in->pool + (size_t)src * L->page_bytes;
+	assert_true(d && s);
+	if (dev) {
+		assert_int_equal(in->ops->page_read(in->ctx, (uint32_t)dst, d), 0);
+		assert_int_equal(in->ops->page_read(in->ctx, (uint32_t)src, s), 0);
+	}
+	for (int l = 0, g = 0; l < w->hp.n_layer; l++)
+		if (w->layers[l].d.window <= 0)
+			memcpy(d + ((size_t)slot * n_global + (size_t)g++) * L->layer_stride, s + (size_t)l * L->layer_stride,
+			       L->layer_stride);
+	memset(s, 0x7f, L->page_bytes); /* f16 NaNs */
+	if (dev) {
+		assert_int_equal(in->ops->page_write(in->ctx, (uint32_t)dst, d), 0);
+		assert_int_equal(in->ops->page_write(in->ctx, (uint32_t)src, s), 0);
+		free(d);
+		free(s);
+	}
+}
+
+/*
+ * Released pages (KVD_CAP_PACKED_KV) on the plug-in: on a Gemma-like model
+ * (windowed local layers, global ones), the first two pages of a 40-token
+ * sequence are packed into slots of another page (their global layers'
+ * K/V) and scribbled over; a decode through the page table naming the
+ * packed entries gives the very logits the plain table gave (the same
+ * bytes are read), and the CPU's within the tolerance. Entries a windowed
+ * layer still reads, a slot past the packed page's and a page past the
+ * pool are -EINVAL.
+ */
+static void test_released_pages(void **state)
+{
+	const struct kvd_backend_ops *ops = need_gpu();
+	const struct tshape *sh = &shapes[18]; /* gemma3-like */
+	struct tmodel *m = make_model(sh, 23);
+	const struct kvd_hparams *hp = &m->w.hp;
+	struct conf *C = calloc(1, sizeof(*C));
+	uint32_t n_global = 0, max_window = 0, slots = kvd_kv_pack_slots(&m->w, &n_global, &max_window);
+	size_t nv = (size_t)hp->n_vocab;
+	float *plain = malloc(sizeof(float) * nv), *rel = malloc(sizeof(float) * nv), *cpu = malloc(sizeof(float) * nv);
+	(void)state;
+	assert_true(C && plain && rel && cpu);
+	assert_true(slots >= 2 && max_window > 0 && max_window < BLOCK);
+	C->w = &m->w;
+	inst_open(&C->cpu, &kvd_cpu_backend, &m->w);
+	inst_open(&C->gpu, ops, &m->w);
+	assign_pages(C, 1);
+	struct tseq *s = &C->seqs[0];
+	{ int w[] = {0}, n[] = {40}; C->tol_cpu = tol_cpu(sh); conf_step(C, 1, w, n); }
+	int32_t tok = 17, packed = s->pages[MAX_SEQ_PAGES - 1];
+	assert_int_equal(decode_at(&C->gpu, s->pages, tok, 40, plain), 0);
+	for (int i = 0; i < 2; i++) {
+		pack_page(&C->gpu, &m->w, packed, (uint32_t)i, s->pages[i], n_global);
+		pack_page(&C->cpu, &m->w, packed, (uint32_t)i, s->pages[i], n_global);
+	}
+	int32_t t[MAX_SEQ_PAGES];
+	memcpy(t, s->pages, sizeof(t));
+	t[0] = kvd_page_packed((uint32_t)packed, 0);
+	t[1] = kvd_page_packed((uint32_t)packed, 1);
+	assert_int_equal(decode_at(&C->gpu, t, tok, 40, rel), 0);
+	assert_int_equal(decode_at(&C->cpu, t, tok, 40, cpu), 0);
+	if (memcmp(plain, rel, sizeof(float) * nv))
+		fail_msg("logits through the packed pages differ from the plain table's (error %.3g)", rel_l2(rel, plain, nv));
+	double e = rel_l2(rel, cpu, nv);
+	if (e > C->tol_cpu)
+		fail_msg("logits through the packed pages: error vs cpu %.3g > %.3g", e, C->tol_cpu);
+	/* page 2 (positions 32..47) is still in the windowed layers' window of
+	 * position 40; a slot and a page out of range */
+	int32_t bad[MAX_SEQ_PAGES];
+	memcpy(bad, t, sizeof(bad));
+	bad[2] = kvd_page_packed((uint32_t)packed, 2);
+	assert_int_equal(decode_at(&C->gpu, bad, tok, 40, rel), -EINVAL);
+	memcpy(bad, t, sizeof(bad));
+	bad[1] = kvd_page_packed((uint32_t)packed, slots);
+	assert_int_equal(decode_at(&C->gpu, bad, tok, 40, rel), -EINVAL);
+	bad[1] = kvd_page_packed(POOL_PAGES, 1);
+	assert_int_equal(decode_at(&C->gpu, bad, tok, 40, rel), -EINVAL);
+	print_message("%s: a decode through %u-slot packed pages gives the plain table's logits; vs cpu %.3g\n",
+		      sh->name, slots, e);
+	inst_close(&C->gpu);
+	inst_close(&C->cpu);
+	free(plain);
+	free(rel);
+	free(cpu);
+	free(C);
+	free_model(m);
+}
+
 static void test_kv_shift(void **state)
 {
 	const struct kvd_backend_ops *ops = need_gpu();
@@ -1336,6 +1445,7 @@ int main(void)
 		cmocka_unit_test(test_kvtype_q8_0),
 		cmocka_unit_test(test_kvtype_q4_0),
 		cmocka_unit_test(test_kv_shift),
+		cmocka_unit_test(test_released_pages),
 		cmocka_unit_test(test_default_model_greedy),
 	};
 	/* KVD_TEST_FILTER=pattern (cmocka wildcards) runs a subset */
