@@ -149,8 +149,14 @@ static __global__ void k_attention(const float *qkv, int ld, __half *att, const 
 			int r = i / hd, d = i % hd;
 			const float *sr = sc + (size_t)r * CU_ATTN_TILE;
 			float a = acc[i] * corr[r];
-			for (int pp = 0; pp < CU_ATTN_TILE; pp++)
-				a += sr[pp] * kv_load(kv.type, (const char *)(vt + (size_t)pp * words), d);
+			if (kv.type == KT_F16) { /* the default cache: no per-element type switch */
+				const __half *vh = (const __half *)vt;
+				for (int pp = 0; pp < CU_ATTN_TILE; pp++)
+					a += sr[pp] * __half2float(vh[(size_t)pp * 2 * words + d]);
+			} else {
+				for (int pp = 0; pp < CU_ATTN_TILE; pp++)
+					a += sr[pp] * kv_load(kv.type, (const char *)(vt + (size_t)pp * words), d);
+			}
 			acc[i] = a;
 		}
 	}
