@@ -57,7 +57,7 @@ POLICIES=(error truncate-oldest sliding-window sinks)
 PROMPT="the quick brown fox jumps over the lazy dog"
 # the window policies' prompt (48 tokens): past sinks + window before the
 # first generated token, so a drop (and kv_shift) happens however soon a
-# path's greedy tokens reach EOS
+# path's greedy tokens reach EOS, and 8 generated tokens are enough
 WPROMPT="$PROMPT, then the lazy dog sleeps"
 S=$T/kvd.sock
 bad=0
@@ -102,8 +102,8 @@ mismatch() { # CELL-NAME WHAT
 gen() {
 	local p=$1 extra=(--max-tokens 8) prompt=$PROMPT
 	case $p in
-	sliding-window) extra=(--max-tokens 24 --window 16); prompt=$WPROMPT ;;
-	sinks) extra=(--max-tokens 24 --window 16 --sinks 4); prompt=$WPROMPT ;;
+	sliding-window) extra=(--max-tokens 8 --window 16); prompt=$WPROMPT ;;
+	sinks) extra=(--max-tokens 8 --window 16 --sinks 4); prompt=$WPROMPT ;;
 	esac
 	OUT=$(KVD_SOCKET=$S "$KVCTL" generate --raw --temperature 0 --context-policy "$p" "${extra[@]}" --json "$prompt" 2>&1)
 	RC=$?
