@@ -8,15 +8,16 @@
 # match the CPU backend's within the conformance tolerance for quantized
 # models (0.12 relative L2). Every tiny architecture (Qwen 2 biases, Qwen 3
 # and Gemma 3 per-head norms, Gemma 3's GeGLU, post-norms, embedding scale
-# and local windows with released pages, Llama 3.x rope_freqs and linear scaling, Mistral's
-# sliding window), weight type (the K-quant mix, Q5_0/Q5_1), KV element
-# type (f16, bf16, f32, q8_0, q4_0) and window context policy (sliding
-# window, sinks: kv_shift) must be served on the plug-in, never "on the
-# CPU". Used by t_cuda_emulated.sh (emulated plug-in) and run.sh (the real
-# one).
+# and local windows with released pages, Llama 3.x rope_freqs and linear
+# scaling, Mistral's sliding window), weight type (the K-quant mix,
+# Q5_0/Q5_1), KV element type (f16, bf16, q8_0, q4_0; f32 is test_cuda's)
+# and window context policy (sliding window and sinks through
+# build/tests/kvd_stream: kv_shift) must be served on the plug-in, never
+# "on the CPU". Used by t_cuda_emulated.sh (emulated plug-in) and run.sh
+# (the real one).
 #
-# Exit 0 passed, 1 failed, 77 when kvd_eval, kvd_stream, the tiny models or NumPy are
-# missing. NumPy comes from .venv (scripts/setup installs it there), else
+# Exit 0 passed, 1 failed, 77 when kvd_eval, kvd_stream, the tiny models or
+# NumPy are missing. NumPy comes from .venv (scripts/setup installs it there), else
 # from /usr/bin/python3; $KVD_PYTHON names another interpreter.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
