@@ -33,6 +33,7 @@ struct kvd_engine {
 	int release;           /* on */
 	uint32_t pack_slots, n_global, max_window;
 	int32_t *glob_layer;   /* the layers without a window, n_global of them */
+	char *pack_buf;        /* device pool: the two pages a pack moves through the host */
 	/* step scratch */
 	struct kvmm_grow *grow;
 	struct kvd_batch_seq *bseq;
@@ -47,17 +48,35 @@ static int engine_page_copy(void *ud, uint32_t dst, uint32_t src, uint32_t n_tok
 	return e->ops->page_copy(e->be, dst, src, n_tokens);
 }
 
-/* Slot `slot` of packed page dst := the global layers of page src (host
- * pool; the layout of kvd_kv_pack_slots in kernels/backend.h). */
+/* Slot `slot` of packed page dst := the global layers of page src (the
+ * layout of kvd_kv_pack_slots in kernels/backend.h): in place in a host
+ * pool; for a device pool through the host, both pages read
+ * (page_read), the slot filled and dst written back (page_write). */
 static int engine_page_pack(void *ud, uint32_t dst, uint32_t slot, uint32_t src)
 {
 	struct kvd_engine *e = ud;
 	const struct kvd_kv_layout *L = &e->layout;
 	char *base = kvmm_pool_base(e->kv);
+	uint32_t pd = dst, ps = src;
+	int r;
 
+	if (e->ops->caps & KVD_CAP_DEVICE_POOL) {
+		if (!e->pack_buf && !(e->pack_buf = malloc(2 * L->page_bytes)))
+			return -ENOMEM;
+		base = e->pack_buf;
+		pd = 0;
+		ps = 1;
+		r = e->ops->page_read(e->be, dst, base);
+		if (r == 0)
+			r = e->ops->page_read(e->be, src, base + L->page_bytes);
+		if (r < 0)
+			return r;
+	}
 	for (uint32_t g = 0; g < e->n_global; g++)
-		memcpy(base + (size_t)dst * L->page_bytes + ((size_t)slot * e->n_global + g) * L->layer_stride,
-		       base + (size_t)src * L->page_bytes + (size_t)e->glob_layer[g] * L->layer_stride, L->layer_stride);
+		memcpy(base + (size_t)pd * L->page_bytes + ((size_t)slot * e->n_global + g) * L->layer_stride,
+		       base + (size_t)ps * L->page_bytes + (size_t)e->glob_layer[g] * L->layer_stride, L->layer_stride);
+	if (e->ops->caps & KVD_CAP_DEVICE_POOL)
+		return e->ops->page_write(e->be, dst, base);
 	return 0;
 }
 
@@ -313,7 +332,7 @@ static int make_pool(struct kvd_engine *e, const struct kvd_engine_config *cfg, 
 	kc.page_ops.copy = engine_page_copy;
 	kc.page_ops.ud = e;
 	struct kvd_cap_query rel = {.kind = KVD_CAPQ_RELEASED_PAGES};
-	if (e->model && !cfg->keep_local && !(e->ops->caps & KVD_CAP_DEVICE_POOL) && engine_supports(e, &rel)) {
+	if (e->model && !cfg->keep_local && engine_supports(e, &rel)) {
 		const struct kvd_model_weights *mw = kvd_model_weights(e->model);
 		e->pack_slots = kvd_kv_pack_slots(mw, &e->n_global, &e->max_window);
 		if (e->max_window && e->n_global < (uint32_t)mw->hp.n_layer) {
@@ -545,6 +564,7 @@ struct kvd_engine *kvd_engine_close(struct kvd_engine *e)
 		dlclose(e->plugin);
 	kvd_model_free(e->model);
 	free(e->glob_layer);
+	free(e->pack_buf);
 	free(e->ptab);
 	free(e->grow);
 	free(e->bseq);

@@ -138,8 +138,9 @@ int kvd_engine_plan(const struct kvd_engine *e, const struct kvd_engine_item *it
  * released (kvmm_seq_release): their global layers' K/V moves into packed
  * pages and the rest is freed, so a long context costs its global layers
  * plus one window. Logits do not change (the windowed layers never look
- * there again). Only with a backend that has KVD_CAP_PACKED_KV and a host
- * pool, unless the engine's keep_local or the item's is set;
+ * there again). Only with a backend that has KVD_CAP_PACKED_KV (with a
+ * device pool, packed pages are filled through the host: page_read,
+ * page_write), unless the engine's keep_local or the item's is set;
  * kvd_engine_release_info() says whether it is on.
  */
 int kvd_engine_step(struct kvd_engine *e, const struct kvd_engine_item *items, size_t n);

@@ -461,7 +461,7 @@ struct kvd_backend_config {
  *   KVD_CAPQ_KV_SHIFT       kv_shift re-rotates keys of a `kv_type` pool (the
  *                           window context policies need it)
  *   KVD_CAPQ_RELEASED_PAGES forward takes page tables with released pages
- *                           (KVD_CAP_PACKED_KV below, with a host pool)
+ *                           (KVD_CAP_PACKED_KV below)
  *
  * The answers may depend on the context (the device, the instruction set
  * the config allowed) but not on a model being loaded: the engine asks
@@ -512,8 +512,8 @@ const char *kvd_cap_describe(const struct kvd_cap_query *q, char *buf, size_t ca
  *     released entry is refused (-EINVAL) unless all its positions are
  *     older than every windowed layer's window of the step's first token,
  *     and a packed entry unless its page and slot are in range. The
- *     engine packs pages in a host pool itself (it is the only kind the
- *     cap is used with).
+ *     engine packs pages itself: in place in a host pool, through
+ *     page_read and page_write in a device pool.
  */
 #define KVD_CAP_DEVICE_POOL  (1u << 0)
 #define KVD_CAP_BATCHED_SWAP (1u << 1)

@@ -19,9 +19,17 @@
  *    matrices are also kept in their stored type, and steps of at most N
  *    tokens (decode) run a dequantizing GEMV over them instead, reading
  *    a quarter of the bytes for q4 weights.
- *  - KV: a device pool of the view's n_pages pages in the f16 layout of
- *    kernels/backend.h (the capability query says no to the other element
- *    types; `backend = auto` then serves them on the CPU). When the view has a host mapping (kvmm's memfd),
+ *  - KV: a device pool of the view's n_pages pages in the layout of
+ *    kernels/backend.h, of any of its element types (f16, f32, bf16, q8_0,
+ *    q4_0: stored and read as the CPU backend stores them, byte for byte,
+ *    cuda_kv.h), so page copies and swap move bytes whatever the type.
+ *    kv_shift re-rotates cached keys of f16, bf16 and f32 pools (the
+ *    block-quantized ones are refused, as on the CPU: every shift would
+ *    quantize the kept keys again). Page tables may hold released pages
+ *    (KVD_CAP_PACKED_KV: Gemma 3's local layers done with a page): the
+ *    layers without a window read such a page's K/V from its slot of a
+ *    packed page, which the engine fills through page_read / page_write.
+ *    When the view has a host mapping (kvmm's memfd),
  *    it is registered as pinned memory: the host tier that page_read and
  *    page_write (swap) move pages to and from, by DMA on a copy stream of
  *    their own. The host mapping is never the authoritative copy.
@@ -47,6 +55,7 @@
  * init -ENODEV. After -EIO from forward the context should be destroyed
  * (a device fault poisons the whole CUDA context).
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -58,6 +67,13 @@ static void free_kv(struct cu_ctx *c)
 {
 	dfree(c->pool);
 	c->pool = NULL;
+	free(c->shift_tab_h);
+	dfree(c->shift_tab_d);
+	dfree(c->shift_pages_d);
+	c->shift_tab_h = NULL;
+	c->shift_tab_d = NULL;
+	c->shift_pages_d = NULL;
+	c->cap_shift_pages = 0;
 	if (c->host_registered)
 		(void)cudaHostUnregister(c->host_base);
 	c->host_registered = 0;
@@ -149,16 +165,25 @@ static int cuda_attach_kv(void *ctx, const struct kvd_paged_view *view)
 
 	if (!c->loaded || c->kv_attached)
 		return -EINVAL;
-	/* the kernels read and write f16 K/V only (cuda_supports says so; the
-	 * engine never attaches another): refused before anything is allocated */
-	if (vl->type != KVD_KV_F16)
-		return -ENOTSUP;
-	kvd_kv_layout_init(&want, &c->hp, vl->block_size);
+	/* an element type the kernels do not know, or a quantized one whose
+	 * blocks do not tile a head: refused before anything is allocated */
+	if (kvd_kv_layout_init_type(&want, &c->hp, vl->block_size, vl->type) < 0)
+		return kvd_kv_type_name(vl->type) ? -EINVAL : -ENOTSUP;
 	if (vl->block_size == 0 || view->n_pages == 0 || vl->n_layer != want.n_layer || vl->kv_dim != want.kv_dim ||
 	    vl->token_stride != want.token_stride || vl->v_offset != want.v_offset ||
 	    vl->layer_stride != want.layer_stride || vl->page_bytes != want.page_bytes)
 		return -EINVAL;
+	{
+		/* the prefill attention's block size for this type's tiles */
+		int bq = cu_choose_bq(c, c->hp.n_head / c->hp.n_head_kv, c->hp.head_dim, vl->type);
+		if (!bq)
+			return -ENOTSUP;
+		c->bq = bq;
+	}
 	CK(cudaSetDevice(c->device));
+	r = cu_attn_smem_allow(c, vl->type);
+	if (r < 0)
+		goto fail;
 	bytes = (size_t)view->n_pages * vl->page_bytes;
 	r = dalloc((void **)&c->pool, bytes, NULL);
 	if (r < 0)
@@ -358,21 +383,134 @@ fail:
 	return r;
 }
 
+/* ---- kv_shift ------------------------------------------------------------------- */
+
+/* The element types whose keys kv_shift re-rotates: the CPU's set
+ * (kernels/cpu/kvshift.c). The block-quantized types are not: each shift
+ * would quantize the kept keys again, so their error would grow with every
+ * drop of a long generation. */
+static int cu_kv_shift_type(enum kvd_kv_type t)
+{
+	return t == KVD_KV_F16 || t == KVD_KV_BF16 || t == KVD_KV_F32;
+}
+
+/* cos and sin of pair i's angle at position pos, as kernels/cpu/kvshift.c's
+ * cpu_rope_table computes them (in double, on the host), so that a shift
+ * rotates by the very angles the CPU's does. */
+static void shift_table(float *cs, int hd, int32_t pos, float theta, float pos_scale, const float *freq_factors)
+{
+	for (int i = 0; i < hd / 2; i++) {
+		double th = (double)pos * pos_scale * pow((double)theta, -2.0 * i / hd);
+		if (freq_factors)
+			th /= freq_factors[i];
+		cs[2 * i] = (float)cos(th);
+		cs[2 * i + 1] = (float)sin(th);
+	}
+}
+
+static int cuda_kv_shift(void *ctx, const int32_t *pages, uint32_t n_pages, uint32_t n_tokens, int32_t delta)
+{
+	struct cu_ctx *c = (struct cu_ctx *)ctx;
+	const struct kvd_hparams *hp = &c->hp;
+	const struct kvd_kv_layout *L = &c->L;
+	int hd = hp->head_dim, r;
+	uint32_t used;
+
+	if (!c->kv_attached)
+		return -EINVAL;
+	if (!cu_kv_shift_type(L->type))
+		return -ENOTSUP;
+	if (n_tokens > (uint64_t)n_pages * L->block_size || (n_tokens && !pages))
+		return -EINVAL;
+	used = (n_tokens + L->block_size - 1) / L->block_size;
+	for (uint32_t i = 0; i < used; i++)
+		if (pages[i] < 0 || (uint32_t)pages[i] >= c->n_pages)
+			return -EINVAL;
+	if (delta == 0 || n_tokens == 0)
+		return 0;
+	CK(cudaSetDevice(c->device));
+	if (!c->shift_tab_h) {
+		size_t bytes = sizeof(float) * (size_t)hp->n_layer * hd;
+		c->shift_tab_h = (float *)malloc(bytes);
+		if (!c->shift_tab_h)
+			return -ENOMEM;
+		r = dalloc((void **)&c->shift_tab_d, bytes, NULL);
+		if (r < 0)
+			goto fail;
+	}
+	if (used > c->cap_shift_pages) {
+		dfree(c->shift_pages_d);
+		c->shift_pages_d = NULL;
+		c->cap_shift_pages = 0;
+		r = dalloc((void **)&c->shift_pages_d, sizeof(int32_t) * used, NULL);
+		if (r < 0)
+			goto fail;
+		c->cap_shift_pages = used;
+	}
+	for (int l = 0; l < hp->n_layer; l++) {
+		const struct kvd_layer_desc *d = &c->layers[l].d;
+		float theta = d->rope_theta > 0 ? d->rope_theta : hp->rope_theta;
+		float sc = d->rope_freq_scale > 0 ? d->rope_freq_scale : 1.0f;
+		shift_table(c->shift_tab_h + (size_t)l * hd, hd, delta, theta, sc, c->rope_freqs_h);
+	}
+	/* on the compute stream: ordered after the steps before, and before
+	 * the ones after (the host arrays are copied before this returns) */
+	CK(cudaMemcpyAsync(c->shift_tab_d, c->shift_tab_h, sizeof(float) * (size_t)hp->n_layer * hd,
+			   cudaMemcpyHostToDevice, c->s));
+	CK(cudaMemcpyAsync(c->shift_pages_d, pages, sizeof(int32_t) * used, cudaMemcpyHostToDevice, c->s));
+	{
+		struct cu_kv kv;
+		kv.base = c->pool;
+		kv.block_size = (int32_t)L->block_size;
+		kv.kv_dim = (int32_t)L->kv_dim;
+		kv.type = (int32_t)L->type;
+		kv.head_bytes = (int32_t)kvd_kv_row_bytes(L->type, (uint32_t)hd);
+		kv.n_global = 0; /* no released entry reaches the kernel (checked above) */
+		kv.layer_g = -1;
+		kv.token_stride = (int64_t)L->token_stride;
+		kv.v_offset = (int64_t)L->v_offset;
+		kv.layer_stride = (int64_t)L->layer_stride;
+		kv.page_bytes = (int64_t)L->page_bytes;
+		CK(cu_kv_shift(kv, c->shift_pages_d, (int)n_tokens, hp->n_layer, hp->n_head_kv, hd,
+			       hp->rope_style == KVD_ROPE_NEOX, c->shift_tab_d, c->s));
+	}
+	CK(cudaStreamSynchronize(c->s));
+	return 0;
+fail:
+	(void)cudaStreamSynchronize(c->s);
+	return r;
+}
+
 /* The capability query (kernels/backend.h): what the plug-in computes, in
  * one place; load and attach_kv refuse the same things as a defensive
  * check. */
 static int cuda_supports(void *ctx, const struct kvd_cap_query *q)
 {
 	struct cu_ctx *c = (struct cu_ctx *)ctx;
+	struct kvd_hparams hp;
 
 	switch (q->kind) {
 	case KVD_CAPQ_WEIGHT_TYPE: return cu_type_ok(q->wtype);
 	case KVD_CAPQ_MODEL_FEATURE: return q->feature && !(q->feature & ~CU_FEATURES);
 	case KVD_CAPQ_ATTENTION:
 		return q->head_dim > 0 && q->head_dim % 2 == 0 && q->n_rep >= 1 && q->n_rep <= CU_ATTN_MAX_ROWS &&
-		       cu_choose_bq(c, q->n_rep, q->head_dim) != 0;
-	case KVD_CAPQ_KV_TYPE: return q->kv_type == KVD_KV_F16; /* the kernels read and write f16 K/V */
-	default: return 0; /* no kv_shift, no released pages, f16 the only (so fastest) KV type */
+		       cu_choose_bq(c, q->n_rep, q->head_dim, KVD_KV_F16) != 0;
+	case KVD_CAPQ_KV_TYPE:
+		/* every type of kernels/backend.h whose rows tile the head
+		 * size (the quantized ones: a multiple of 32), with room for
+		 * one query row's tile of it */
+		memset(&hp, 0, sizeof(hp));
+		hp.n_head_kv = 1;
+		hp.head_dim = q->head_dim;
+		{
+			struct kvd_kv_layout l;
+			return q->head_dim > 0 && q->head_dim % 2 == 0 &&
+			       kvd_kv_layout_init_type(&l, &hp, 1, q->kv_type) == 0 &&
+			       cu_choose_bq(c, 1, q->head_dim, q->kv_type) != 0;
+		}
+	case KVD_CAPQ_KV_SHIFT: return cu_kv_shift_type(q->kv_type);
+	case KVD_CAPQ_RELEASED_PAGES: return 1; /* KVD_CAP_PACKED_KV */
+	default: return 0; /* f16 the fastest KV type (KV_FAST says no to all) */
 	}
 }
 
@@ -392,8 +530,8 @@ static const struct kvd_backend_ops cuda_ops = {
 	cuda_pages_read,
 	cuda_pages_write,
 	0, /* features (ABI 3): the query answers instead */
-	KVD_CAP_DEVICE_POOL | KVD_CAP_BATCHED_SWAP,
-	NULL, /* kv_shift */
+	KVD_CAP_DEVICE_POOL | KVD_CAP_BATCHED_SWAP | KVD_CAP_PACKED_KV,
+	cuda_kv_shift,
 	cuda_supports,
 };
 

@@ -77,7 +77,13 @@ struct cu_ctx {
 	__half *output;
 	float *output_norm;
 	float *rope_freqs;  /* [head_dim / 2] frequency divisors, or NULL */
+	const float *rope_freqs_h; /* the same in the model's tensor (host; valid until destroy) */
 	float embd_scale;   /* 1 unless KVD_FEAT_EMBD_SCALE */
+	/* released pages: each layer's index among the layers without a
+	 * window (-1 for a windowed one), their count, the packed page's slots
+	 * and the widest window (kvd_kv_pack_slots) */
+	int32_t *glob_idx;
+	uint32_t n_global, pack_slots, max_window;
 	float attn_scale;   /* hp.attn_scale, or 1/sqrt(head_dim) */
 	size_t weight_bytes;
 	int bq; /* tokens per prefill attention block */
@@ -95,6 +101,10 @@ struct cu_ctx {
 	void *host_base;
 	size_t host_bytes;
 	int host_registered;
+	/* kv_shift: the rotation table [n_layer][head_dim] and the page list */
+	float *shift_tab_h, *shift_tab_d;
+	int32_t *shift_pages_d;
+	uint32_t cap_shift_pages;
 
 	/* step scratch (device) */
 	int cap_T;
@@ -167,8 +177,12 @@ static inline int dalloc(void **p, size_t bytes, size_t *count)
 /* Whether the device kernels read weight type t (cuda_load.cu). */
 KVD_HIDDEN int cu_type_ok(enum kvd_wtype t);
 /* Largest number of tokens per prefill attention block whose shared
- * memory fits; 0 if not even one does (cuda_load.cu). */
-KVD_HIDDEN int cu_choose_bq(struct cu_ctx *c, int n_rep, int hd);
+ * memory fits over a pool of KV element type kv_type (enum kvd_kv_type);
+ * 0 if not even one does (cuda_load.cu). */
+KVD_HIDDEN int cu_choose_bq(struct cu_ctx *c, int n_rep, int hd, int kv_type);
+/* Let the attention kernel take the shared memory of c->bq tokens of the
+ * model over kv_type (cuda_load.cu). */
+KVD_HIDDEN int cu_attn_smem_allow(struct cu_ctx *c, int kv_type);
 /* The ops table's load slot (cuda_load.cu). */
 KVD_HIDDEN int cuda_load(void *ctx, const struct kvd_model_weights *w);
 /* Free every weight buffer; the context is then unloaded (cuda_load.cu). */

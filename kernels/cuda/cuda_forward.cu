@@ -129,9 +129,23 @@ static int validate_batch(const struct cu_ctx *c, const struct kvd_batch *b, int
 		if (end > (int64_t)s->n_pages * bs || T + (int64_t)s->n_tokens > CU_MAX_BATCH_TOKENS)
 			return -E2BIG;
 		int used = (int)((end + bs - 1) / bs);
-		for (int p = 0; p < used; p++)
-			if (s->pages[p] < 0 || (uint32_t)s->pages[p] >= c->n_pages)
+		for (int p = 0; p < used; p++) {
+			int32_t e = s->pages[p];
+			if (e >= 0) {
+				if ((uint32_t)e >= c->n_pages)
+					return -EINVAL;
+				continue;
+			}
+			/* released (kernels/backend.h): every windowed layer's
+			 * window of the first new token must lie past it, and a
+			 * packed entry's page and slot be in range */
+			if (!c->max_window || (int64_t)(p + 1) * bs + c->max_window > (int64_t)s->pos0 + 1)
 				return -EINVAL;
+			if (e == KVD_PAGE_RELEASED ? c->n_global != 0
+						   : !kvd_page_is_packed(e) || !c->n_global ||
+							     kvd_packed_page(e) >= c->n_pages || kvd_packed_slot(e) >= c->pack_slots)
+				return -EINVAL;
+		}
 		for (int t = 0; t < s->n_tokens; t++)
 			if (s->tokens[t] < 0 || s->tokens[t] >= c->hp.n_vocab)
 				return -EINVAL;
@@ -185,12 +199,14 @@ static int run_layer(struct cu_ctx *c, int l, struct cu_step *st)
 {
 	const struct kvd_hparams *hp = &c->hp;
 	const struct cu_layer *L = &c->layers[l];
+	struct cu_kv kv = st->kv;
 	int ne = hp->n_embd, qd = c->q_dim, kvd = c->kv_dim, nff = hp->n_ff, hd = hp->head_dim, T = st->T;
 	int n_rep = hp->n_head / hp->n_head_kv, ld_qkv = qd + 2 * kvd;
 	float base = L->d.rope_theta > 0 ? L->d.rope_theta : hp->rope_theta;
 	float scale = L->d.rope_freq_scale > 0 ? L->d.rope_freq_scale : 1.0f;
 	int r;
 
+	kv.layer_g = c->glob_idx[l]; /* the packed region a released page keeps of it */
 	/* the RoPE table of this layer's (base, scale): computed again only
 	 * where it differs from the previous layer's */
 	if (st->rope_base != base || st->rope_scale != scale) {
@@ -215,11 +231,11 @@ static int run_layer(struct cu_ctx *c, int l, struct cu_step *st)
 	if (L->q_norm)
 		CK(cu_head_norm(c->qkv, ld_qkv, T, hp->n_head, hp->n_head_kv, hd, L->q_norm, L->k_norm, hp->rms_eps,
 				c->s));
-	CK(cu_rope_store(c->qkv, ld_qkv, c->rope, st->d_pos, st->d_poff, st->d_pages, st->kv, l, hp->n_head,
+	CK(cu_rope_store(c->qkv, ld_qkv, c->rope, st->d_pos, st->d_poff, st->d_pages, kv, l, hp->n_head,
 			 hp->n_head_kv, hd, hp->rope_style == KVD_ROPE_NEOX, T, c->s));
-	CK(cu_attention(c->qkv, ld_qkv, c->att, st->d_dec, st->n_dec, st->d_pages, st->kv, l, hp->n_head,
+	CK(cu_attention(c->qkv, ld_qkv, c->att, st->d_dec, st->n_dec, st->d_pages, kv, l, hp->n_head,
 			hp->n_head_kv, hd, n_rep, c->attn_scale, L->d.window, c->s));
-	CK(cu_attention(c->qkv, ld_qkv, c->att, st->d_pre, st->n_pre, st->d_pages, st->kv, l, hp->n_head,
+	CK(cu_attention(c->qkv, ld_qkv, c->att, st->d_pre, st->n_pre, st->d_pages, kv, l, hp->n_head,
 			hp->n_head_kv, hd, c->bq * n_rep, c->attn_scale, L->d.window, c->s));
 	r = out_proj(c, L->wo, &L->ro, qd, c->att, T, L->post_attn);
 	if (r < 0)
@@ -324,6 +340,10 @@ int cuda_forward(void *ctx, const struct kvd_batch *b)
 		kv.base = c->pool;
 		kv.block_size = (int32_t)c->L.block_size;
 		kv.kv_dim = (int32_t)c->L.kv_dim;
+		kv.type = (int32_t)c->L.type;
+		kv.head_bytes = (int32_t)kvd_kv_row_bytes(c->L.type, (uint32_t)hp->head_dim);
+		kv.n_global = (int32_t)c->n_global;
+		kv.layer_g = -1;
 		kv.token_stride = (int64_t)c->L.token_stride;
 		kv.v_offset = (int64_t)c->L.v_offset;
 		kv.layer_stride = (int64_t)c->L.layer_stride;

@@ -15,7 +15,8 @@
  *   qkv         f32 [T][q_dim + 2 kv_dim]: Q heads, then K heads, then V
  *   att         fp16 [T][q_dim], attention output (input of wo)
  *   rope table  f32 [T][head_dim]: cos, sin of pair i at 2i, 2i + 1
- *   KV pool     the page layout of kernels/backend.h, in device memory
+ *   KV pool     the page layout of kernels/backend.h, in device memory,
+ *               rows of any of its element types (cuda_kv.h)
  */
 #ifndef KVD_CUDA_IMPL_H
 #define KVD_CUDA_IMPL_H
@@ -50,6 +51,13 @@ struct cu_kv {
 	char *base;
 	int32_t block_size;
 	int32_t kv_dim;
+	int32_t type;       /* enum kvd_kv_type of the K and V rows */
+	int32_t head_bytes; /* bytes of one head's elements in a row */
+	/* released pages (kernels/backend.h, KVD_CAP_PACKED_KV): layers without
+	 * a window, and which of them the layer being computed is (-1: it has
+	 * a window, and never reaches a released page) */
+	int32_t n_global;
+	int32_t layer_g;
 	int64_t token_stride;
 	int64_t v_offset;
 	int64_t layer_stride;
@@ -57,11 +65,19 @@ struct cu_kv {
 };
 
 /* The address of token `pos`'s K row for `layer` in the page table at
- * pages (V is v_offset further). */
+ * pages (V is v_offset further). A released entry kvd_page_packed(page,
+ * slot) (the forward pass checked it, and only a layer without a window
+ * reads one) is layer region slot * n_global + layer_g of that page. */
 static __device__ __forceinline__ char *kv_row(const struct cu_kv &kv, const int32_t *pages, int layer, int pos)
 {
-	int64_t page = pages[pos / kv.block_size];
-	return kv.base + page * kv.page_bytes + (int64_t)layer * kv.layer_stride +
+	int32_t e = pages[pos / kv.block_size];
+	int64_t page = e, region = layer;
+	if (e < 0) {
+		uint32_t v = (uint32_t)(-(int64_t)e - 3);
+		page = v >> 8;
+		region = (int64_t)(v & 255u) * kv.n_global + kv.layer_g;
+	}
+	return kv.base + page * kv.page_bytes + region * kv.layer_stride +
 	       (int64_t)(pos % kv.block_size) * kv.token_stride;
 }
 
@@ -78,8 +94,9 @@ struct cu_attn_item {
 };
 
 /* Bytes of dynamic shared memory the attention kernel needs for rows query
- * rows (tokens x query heads of one group) of head_dim hd. */
-KVD_HIDDEN size_t cu_attn_smem_bytes(int rows, int hd);
+ * rows (tokens x query heads of one group) of head_dim hd over a pool of
+ * KV element type kv_type. */
+KVD_HIDDEN size_t cu_attn_smem_bytes(int rows, int hd, int kv_type);
 /* Allow the attention kernel up to `bytes` of dynamic shared memory. */
 KVD_HIDDEN cudaError_t cu_attn_set_smem(size_t bytes);
 
@@ -106,8 +123,9 @@ KVD_HIDDEN cudaError_t cu_head_norm(float *qkv, int ld, int T, int n_head, int n
  * / freqs[i] (freqs: device vector of hd/2, or NULL for 1), in double. */
 KVD_HIDDEN cudaError_t cu_rope_table(const int32_t *pos, int T, int hd, float base, float pos_scale,
 				     const float *freqs, float *tab, cudaStream_t s);
-/* RoPE on Q (in place) and K of every row of qkv, then K and V stored as
- * fp16 into the token's slot of its page for `layer`. */
+/* RoPE on Q and K of every row of qkv (in place), then K and V stored in
+ * the pool's element type (kv.type) into the token's slot of its page for
+ * `layer`. */
 KVD_HIDDEN cudaError_t cu_rope_store(float *qkv, int ld, const float *tab, const int32_t *tok_pos,
 				     const int32_t *tok_pageoff, const int32_t *pages, struct cu_kv kv, int layer,
 				     int n_head, int n_head_kv, int hd, int neox, int T, cudaStream_t s);
@@ -135,6 +153,16 @@ KVD_HIDDEN cudaError_t cu_glu(const float *gu, int T, int n_ff, int gelu, __half
  */
 KVD_HIDDEN cudaError_t cu_gemv(const void *W, int type, size_t row_bytes, int rows, int cols, const __half *X,
 			       int ldx, int T, float *Y, int ldy, float beta, cudaStream_t s);
+/*
+ * kv_shift: the K rows of tokens 0 .. n_tokens - 1 of the page table pages
+ * (device, one entry per block_size tokens), every layer and KV head,
+ * rotated once more by the angles of tab[layer][2i], tab[layer][2i+1] (cos,
+ * sin of pair i; pairs (2i, 2i+1), or (i, i + hd/2) with neox), in float
+ * from the stored f16, bf16 or f32 element and rounded back to it. V rows
+ * are untouched.
+ */
+KVD_HIDDEN cudaError_t cu_kv_shift(struct cu_kv kv, const int32_t *pages, int n_tokens, int n_layer, int n_head_kv,
+				   int hd, int neox, const float *tab, cudaStream_t s);
 /* dst + i * page_bytes <- pool page pages[i] (gather), i < n. */
 KVD_HIDDEN cudaError_t cu_pages_gather(const char *pool, size_t page_bytes, const uint32_t *pages, int n,
 				       char *dst, cudaStream_t s);

@@ -49,6 +49,9 @@ void cu_free_weights(struct cu_ctx *c)
 	dfree(c->output_norm);
 	dfree(c->rope_freqs);
 	c->rope_freqs = NULL;
+	c->rope_freqs_h = NULL;
+	free(c->glob_idx);
+	c->glob_idx = NULL;
 	c->tok_embd = NULL;
 	c->output = NULL;
 	c->output_norm = NULL;
@@ -185,15 +188,22 @@ fail:
 
 /* Largest number of tokens per prefill attention block whose shared
  * memory fits; 0 if not even one does. */
-int cu_choose_bq(struct cu_ctx *c, int n_rep, int hd)
+int cu_choose_bq(struct cu_ctx *c, int n_rep, int hd, int kv_type)
 {
 	size_t budget = c->smem_optin < CU_ATTN_SMEM_BUDGET ? c->smem_optin : CU_ATTN_SMEM_BUDGET;
 	for (int bq = CU_ATTN_MAX_ROWS / n_rep; bq >= 1; bq--)
-		if (cu_attn_smem_bytes(bq * n_rep, hd) <= budget)
+		if (cu_attn_smem_bytes(bq * n_rep, hd, kv_type) <= budget)
 			return bq;
-	if (cu_attn_smem_bytes(n_rep, hd) <= c->smem_optin)
+	if (cu_attn_smem_bytes(n_rep, hd, kv_type) <= c->smem_optin)
 		return 1;
 	return 0;
+}
+
+int cu_attn_smem_allow(struct cu_ctx *c, int kv_type)
+{
+	size_t bytes = cu_attn_smem_bytes(c->bq * (c->hp.n_head / c->hp.n_head_kv), c->hp.head_dim, kv_type);
+	/* above the 48 KiB every kernel may take, the kernel must opt in */
+	return bytes > (48u << 10) ? cuda_errno(cu_attn_set_smem(bytes)) : 0;
 }
 
 int cuda_load(void *ctx, const struct kvd_model_weights *w)
@@ -218,13 +228,23 @@ int cuda_load(void *ctx, const struct kvd_model_weights *w)
 	nff = hp->n_ff;
 	c->q_dim = (int)qd;
 	c->kv_dim = (int)kvd;
-	c->bq = cu_choose_bq(c, hp->n_head / hp->n_head_kv, hp->head_dim);
+	c->glob_idx = (int32_t *)malloc(sizeof(int32_t) * (size_t)hp->n_layer);
+	if (!c->glob_idx) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	for (int l = 0, g = 0; l < hp->n_layer; l++)
+		c->glob_idx[l] = w->layers[l].d.window > 0 ? -1 : g++;
+	c->pack_slots = kvd_kv_pack_slots(w, &c->n_global, &c->max_window);
+	/* the f16 pool's block size; attach_kv chooses again for its type */
+	c->bq = cu_choose_bq(c, hp->n_head / hp->n_head_kv, hp->head_dim, KVD_KV_F16);
 	if (!c->bq) {
 		r = -ENOTSUP;
 		goto fail;
 	}
-	if (cu_attn_smem_bytes(c->bq * (hp->n_head / hp->n_head_kv), hp->head_dim) > (48u << 10))
-		CK(cu_attn_set_smem(cu_attn_smem_bytes(c->bq * (hp->n_head / hp->n_head_kv), hp->head_dim)));
+	r = cu_attn_smem_allow(c, KVD_KV_F16);
+	if (r < 0)
+		goto fail;
 
 	/* one raw staging buffer, as large as the largest stored matrix */
 	raw_bytes = tensor_bytes(&w->output);
@@ -275,6 +295,7 @@ int cuda_load(void *ctx, const struct kvd_model_weights *w)
 			goto fail;
 	}
 	if (w->rope_freqs.data) {
+		c->rope_freqs_h = (const float *)w->rope_freqs.data;
 		r = upload_f32(c, &w->rope_freqs, &c->rope_freqs);
 		if (r < 0)
 			goto fail;

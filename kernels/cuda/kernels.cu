@@ -2,8 +2,9 @@
  * kernels/cuda/kernels.cu — the device kernels of kvd's CUDA backend that
  * work on activations: RMSNorm (of rows, of each head of Q and K, and of
  * a sublayer's output added to the residual), biases, RoPE tables and RoPE
- * with K/V stores into pages, the gated activations (SwiGLU, GeGLU), and
- * page gather/scatter for swap. Weights are read in kernels_quant.cu,
+ * with K/V stores into pages (in the pool's element type, cuda_kv.h), the
+ * re-rotation of cached keys (kv_shift), the gated activations (SwiGLU,
+ * GeGLU), and page gather/scatter for swap. Weights are read in kernels_quant.cu,
  * attention is kernels_attn.cu.
  *
  * The kernels favour plain, checkable indexing over speed: one block per
@@ -13,7 +14,7 @@
  */
 #include <math.h>
 
-#include "cuda_impl.h"
+#include "cuda_kv.h"
 
 static inline cudaError_t launched(void)
 {
@@ -167,6 +168,9 @@ cudaError_t cu_rope_table(const int32_t *pos, int T, int hd, float base, float p
 	return launched();
 }
 
+/* Block t: RoPE on token t's Q and K heads in place in qkv, then its K and
+ * V rows stored in the pool's element type (after a barrier: a quantized
+ * block is stored by one thread from 32 rotated elements). */
 static __global__ void k_rope_store(float *qkv, int ld, const float *tab, const int32_t *tok_pos,
 				    const int32_t *tok_pageoff, const int32_t *pages, struct cu_kv kv, int layer,
 				    int n_head, int n_head_kv, int hd, int neox)
@@ -178,8 +182,7 @@ static __global__ void k_rope_store(float *qkv, int ld, const float *tab, const 
 	float *k = q + (size_t)n_head * hd;
 	const float *v = k + (size_t)n_head_kv * hd;
 	const float *cs = tab + (size_t)t * hd;
-	__half *kd = (__half *)kv_row(kv, pages + tok_pageoff[t], layer, tok_pos[t]);
-	__half *vd = (__half *)((char *)kd + kv.v_offset);
+	char *kd = kv_row(kv, pages + tok_pageoff[t], layer, tok_pos[t]);
 
 	for (int i = threadIdx.x; i < nq_pairs + nk_pairs; i += blockDim.x) {
 		int is_k = i >= nq_pairs;
@@ -190,17 +193,12 @@ static __global__ void k_rope_store(float *qkv, int ld, const float *tab, const 
 		float c = cs[2 * pi], sn = cs[2 * pi + 1];
 		float *vec = is_k ? k : q;
 		float x0 = vec[a], x1 = vec[b];
-		float y0 = x0 * c - x1 * sn, y1 = x0 * sn + x1 * c;
-		if (is_k) {
-			kd[a] = __float2half_rn(y0);
-			kd[b] = __float2half_rn(y1);
-		} else {
-			vec[a] = y0;
-			vec[b] = y1;
-		}
+		vec[a] = x0 * c - x1 * sn;
+		vec[b] = x0 * sn + x1 * c;
 	}
-	for (int i = threadIdx.x; i < n_head_kv * hd; i += blockDim.x)
-		vd[i] = __float2half_rn(v[i]);
+	__syncthreads();
+	kv_store_row(kv.type, kd, k, n_head_kv * hd);
+	kv_store_row(kv.type, kd + kv.v_offset, v, n_head_kv * hd);
 }
 
 cudaError_t cu_rope_store(float *qkv, int ld, const float *tab, const int32_t *tok_pos, const int32_t *tok_pageoff,
@@ -211,6 +209,48 @@ cudaError_t cu_rope_store(float *qkv, int ld, const float *tab, const int32_t *t
 		return cudaSuccess;
 	k_rope_store<<<T, 128, 0, s>>>(qkv, ld, tab, tok_pos, tok_pageoff, pages, kv, layer, n_head, n_head_kv, hd,
 				       neox);
+	return launched();
+}
+
+/* Block (t, l): token t's K row of layer l rotated by layer l's delta
+ * angles, as kernels/cpu/kvshift.c does it: x0 c - x1 s, x0 s + x1 c in
+ * float, each product and the sum rounded on its own (no contraction, so
+ * the same key gives the CPU's bits), then rounded to the stored type. */
+static __global__ void k_kv_shift(struct cu_kv kv, const int32_t *pages, int n_head_kv, int hd, int neox,
+				  const float *tab)
+{
+	int t = blockIdx.x, l = blockIdx.y, half_hd = hd / 2;
+	char *row = kv_row(kv, pages, l, t);
+	const float *cs = tab + (size_t)l * hd;
+
+	for (int i = threadIdx.x; i < n_head_kv * half_hd; i += blockDim.x) {
+		int h = i / half_hd, pi = i % half_hd;
+		int a = h * hd + (neox ? pi : 2 * pi);
+		int b = h * hd + (neox ? pi + half_hd : 2 * pi + 1);
+		float c = cs[2 * pi], sn = cs[2 * pi + 1];
+		float x0 = kv_load(kv.type, row, a), x1 = kv_load(kv.type, row, b);
+		float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
+		float y1 = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, c));
+		if (kv.type == KT_F32) {
+			((float *)row)[a] = y0;
+			((float *)row)[b] = y1;
+		} else if (kv.type == KT_BF16) {
+			((unsigned short *)row)[a] = kt_f32_to_bf16(y0);
+			((unsigned short *)row)[b] = kt_f32_to_bf16(y1);
+		} else {
+			((unsigned short *)row)[a] = __half_as_ushort(__float2half_rn(y0));
+			((unsigned short *)row)[b] = __half_as_ushort(__float2half_rn(y1));
+		}
+	}
+}
+
+cudaError_t cu_kv_shift(struct cu_kv kv, const int32_t *pages, int n_tokens, int n_layer, int n_head_kv, int hd,
+			int neox, const float *tab, cudaStream_t s)
+{
+	if (n_tokens <= 0 || n_layer <= 0)
+		return cudaSuccess;
+	dim3 grid((unsigned)n_tokens, (unsigned)n_layer);
+	k_kv_shift<<<grid, 64, 0, s>>>(kv, pages, n_head_kv, hd, neox, tab);
 	return launched();
 }
 
@@ -244,8 +284,9 @@ cudaError_t cu_glu(const float *gu, int T, int n_ff, int gelu, __half *h, cudaSt
 
 /* ---- page gather / scatter ------------------------------------------------ */
 
-/* Page bytes are a multiple of 4 (rows of kv_dim halves, an even count of
- * them per layer), so pages move as 32-bit words; grid.y walks the pages. */
+/* Page bytes are a multiple of 4 for every KV type (2 n_layer blocks of
+ * rows whose sizes are even), so pages move as 32-bit words; grid.y walks
+ * the pages. */
 static __global__ void k_pages_move(char *pool, size_t page_bytes, const uint32_t *pages, char *flat, int to_flat)
 {
 	size_t words = page_bytes / 4;

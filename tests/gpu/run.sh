@@ -11,10 +11,13 @@
 #     kernel against the CPU backend and a float64 reference on tiny random
 #     models, page copy / swap moves, and greedy decoding of the default
 #     model against the CPU backend where models/ has it; then the
-#     conformance checks again with the dequantizing GEMV path; then the
-#     engine end to end (tests/gpu/engine_check.sh: build/tests/kvd_eval on
-#     the tiny models, CUDA against CPU), where kvd_eval and the tiny
-#     models are here;
+#     conformance checks again with the dequantizing GEMV path; the KV
+#     element types (f32, bf16, q8_0, q4_0: test_kvtype_*) and kv_shift
+#     (byte for byte the CPU's) run in the first pass; then the engine end
+#     to end (tests/gpu/engine_check.sh: build/tests/kvd_eval on the tiny
+#     models with every KV type, and build/tests/kvd_stream through the
+#     sliding-window and sinks policies, CUDA against CPU), where kvd_eval,
+#     kvd_stream and the tiny models are here;
 #  3. build/bench/gpu_bench on the default model (or, where the file is not
 #     here, a random-weight model of its shape: SmolLM2-135M, Q4_1) with the
 #     CPU backend as the same-run peer, then on a random-weight 8B Llama
@@ -60,7 +63,7 @@ ARTIFACTS="build/lib/libkvd-cuda.so build/tests/test_cuda build/bench/gpu_bench"
 # dependencies): a failed relink must not leave us with none
 mkdir -p "$OUT/prebuilt"
 for f in $ARTIFACTS; do [ -e "$f" ] && cp -p "$f" "$OUT/prebuilt/"; done
-if ! timeout -k 5 300 make -k -j"$(nproc)" $ARTIFACTS build/tests/kvd_eval; then
+if ! timeout -k 5 300 make -k -j"$(nproc)" $ARTIFACTS build/tests/kvd_eval build/tests/kvd_stream; then
 	echo "make failed; using the binaries already in build/ where present"
 fi
 for f in $ARTIFACTS; do

@@ -255,6 +255,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kvd_stream: %s\n", err);
 		goto out;
 	}
+	/* which backend serves the stream (tests/gpu/engine_check.sh asks) */
+	fprintf(stderr, "kvd_stream: backend %s\n", kvd_engine_backend_name(e));
 	if (mode && !kvd_engine_can_shift(e)) {
 		fprintf(stderr, "kvd_stream: the %s backend cannot re-rotate cached keys (kv_shift): %s\n",
 			kvd_engine_backend_name(e), strerror(ENOTSUP));

@@ -35,6 +35,12 @@
  *     the QKV GEMM, RoPE and the page stores alone;
  *   - page_copy, page_read/page_write and the batched pages_read/pages_write
  *     (gather/scatter) bit-exactly.
+ * The KV element types other than f16 (f32, bf16, q8_0, q4_0: test_kvtype_*)
+ * run the same batches with that type on both backends, the pages decoded
+ * as the CPU reads its own (the layouts are one), then the CPU's pages are
+ * written into the plug-in's pool and the plug-in's next step must read
+ * them as the CPU does. kv_shift (test_kv_shift) must turn the same pages
+ * into the CPU's bytes exactly.
  * The kernels are exercised through forward(): embedding lookup per weight
  * type, RMSNorm, RoPE (both styles), K/V page stores, the decode attention
  * (single-token items) and the tiled prefill attention (multi-token items),
@@ -63,6 +69,7 @@
 #include <cmocka.h>
 
 #include "backend.h"
+#include "cpu/kvquant.h"
 #include "cpu/ops.h"
 #include "model.h"
 #include "tokenizer.h"
@@ -72,6 +79,12 @@
  * test_reference_vs_cpu), float weights with f32 activations (< 1%). */
 #define TOL_CPU_QUANT 1.2e-1
 #define TOL_CPU_FLOAT 2e-2
+/* Against the CPU backend with the same q4_0 KV cache: 4-bit keys make these
+ * random models' logits very sensitive to the last bits of K (the CPU with
+ * a q4_0 cache is 0.67 from itself with an f16 one on neox-hd64-f16), and
+ * the two backends' keys differ in those bits before quantization, so a
+ * few quants land one step apart (measured: 0.13 on that shape). */
+#define TOL_CPU_Q4_KV 2.5e-1
 /* Against the float64 reference that rounds what the CUDA backend rounds. */
 #define TOL_LOGITS_REF 1e-2
 
@@ -195,7 +208,7 @@ static void test_plugin_abi(void **state)
 	assert_non_null(ops->pages_read);
 	assert_non_null(ops->pages_write);
 	/* the device pool and batched swap are declared, not inferred */
-	assert_int_equal(ops->caps, KVD_CAP_DEVICE_POOL | KVD_CAP_BATCHED_SWAP);
+	assert_int_equal(ops->caps, KVD_CAP_DEVICE_POOL | KVD_CAP_BATCHED_SWAP | KVD_CAP_PACKED_KV);
 	assert_int_equal(kvd_backend_ops_check(ops), 0);
 	ops->destroy(NULL); /* accepts NULL */
 }
@@ -236,9 +249,10 @@ static void test_plugin_exports(void **state)
 }
 
 /* No driver, no GPU: init says -ENODEV, allocates nothing, crashes not. */
-/* The capability query answers yes for every weight type and model
- * feature of kernels/backend.h (the plug-in computes them all), and still
- * no for the KV types it does not implement. Asked of a started context
+/* The capability query answers yes for every weight type, model feature
+ * and KV element type of kernels/backend.h (the plug-in computes them all),
+ * no for a quantized KV type whose blocks do not tile the head, and yes
+ * to kv_shift exactly where the CPU backend has it (f16, bf16, f32). Asked of a started context
  * where there is a GPU (or the emulation), else skipped. */
 static void test_query_types_and_features(void **state)
 {
@@ -260,10 +274,23 @@ static void test_query_types_and_features(void **state)
 		if (kvd_backend_supports(ops, ctx, &q) != 1)
 			fail_msg("the plug-in says no to %s", kvd_feature_name(bit));
 	}
-	struct kvd_cap_query kv = {.kind = KVD_CAPQ_KV_TYPE, .kv_type = KVD_KV_F16, .head_dim = 64};
-	assert_int_equal(kvd_backend_supports(ops, ctx, &kv), 1);
-	kv.kv_type = KVD_KV_Q8_0;
-	assert_int_equal(kvd_backend_supports(ops, ctx, &kv), 0);
+	/* every KV element type; kv_shift of the plain ones, as on the CPU */
+	static const enum kvd_kv_type kvs[] = {KVD_KV_F16, KVD_KV_F32, KVD_KV_BF16, KVD_KV_Q8_0, KVD_KV_Q4_0};
+	for (size_t i = 0; i < sizeof(kvs) / sizeof(kvs[0]); i++) {
+		struct kvd_cap_query kv = {.kind = KVD_CAPQ_KV_TYPE, .kv_type = kvs[i], .head_dim = 64};
+		int quant = kvs[i] == KVD_KV_Q8_0 || kvs[i] == KVD_KV_Q4_0;
+		if (kvd_backend_supports(ops, ctx, &kv) != 1)
+			fail_msg("the plug-in says no to a %s KV cache", kvd_kv_type_name(kvs[i]));
+		kv.head_dim = 48; /* not a whole number of blocks */
+		assert_int_equal(kvd_backend_supports(ops, ctx, &kv), !quant);
+		struct kvd_cap_query sh = {.kind = KVD_CAPQ_KV_SHIFT, .kv_type = kvs[i]};
+		if (kvd_backend_supports(ops, ctx, &sh) != !quant)
+			fail_msg("kv_shift of a %s KV cache: the plug-in says %s", kvd_kv_type_name(kvs[i]),
+				 quant ? "yes" : "no");
+	}
+	assert_true(kvd_backend_has_kv_shift(ops));
+	struct kvd_cap_query rel = {.kind = KVD_CAPQ_RELEASED_PAGES};
+	assert_int_equal(kvd_backend_supports(ops, ctx, &rel), 1);
 	ops->destroy(ctx);
 }
 
@@ -701,18 +728,24 @@ struct inst {
 	struct kvd_kv_layout layout;
 };
 
-static void inst_open(struct inst *in, const struct kvd_backend_ops *ops, const struct kvd_model_weights *w)
+static void inst_open_kv(struct inst *in, const struct kvd_backend_ops *ops, const struct kvd_model_weights *w,
+			 enum kvd_kv_type kt)
 {
 	struct kvd_backend_config cfg = {.n_threads = 2, .device = 0};
 	memset(in, 0, sizeof(*in));
 	in->ops = ops;
 	assert_int_equal(ops->init(&cfg, &in->ctx), 0);
 	assert_int_equal(ops->load(in->ctx, w), 0);
-	kvd_kv_layout_init(&in->layout, &w->hp, BLOCK);
+	assert_int_equal(kvd_kv_layout_init_type(&in->layout, &w->hp, BLOCK, kt), 0);
 	assert_int_equal(posix_memalign(&in->pool, 4096, in->layout.page_bytes * POOL_PAGES), 0);
 	memset(in->pool, 0, in->layout.page_bytes * POOL_PAGES);
 	struct kvd_paged_view v = {.base = in->pool, .n_pages = POOL_PAGES, .layout = in->layout};
 	assert_int_equal(ops->attach_kv(in->ctx, &v), 0);
+}
+
+static void inst_open(struct inst *in, const struct kvd_backend_ops *ops, const struct kvd_model_weights *w)
+{
+	inst_open_kv(in, ops, w, KVD_KV_F16);
 }
 
 static void inst_close(struct inst *in)
@@ -795,7 +828,7 @@ static void conf_step(struct conf *C, int n, const int *which, const int *ntok)
 static void conf_check_kv(struct conf *C)
 {
 	const struct kvd_kv_layout *L = &C->cpu.layout;
-	uint16_t *pg = malloc(L->page_bytes);
+	char *pg = malloc(L->page_bytes);
 	float *a = malloc(sizeof(float) * BLOCK * L->kv_dim), *b = malloc(sizeof(float) * BLOCK * L->kv_dim);
 	assert_true(pg && a && b);
 	for (int si = 0; si < C->n_seqs; si++) {
@@ -806,11 +839,12 @@ static void conf_check_kv(struct conf *C)
 			assert_int_equal(C->gpu.ops->page_read(C->gpu.ctx, page, pg), 0);
 			const char *cp = (const char *)C->cpu.pool + (size_t)page * L->page_bytes;
 			for (uint32_t blk = 0; blk < 2 * L->n_layer; blk++) {
-				const uint16_t *gk = (const uint16_t *)((const char *)pg + blk * L->v_offset);
-				const uint16_t *ck = (const uint16_t *)(cp + blk * L->v_offset);
-				for (size_t i = 0; i < (size_t)rows * L->kv_dim; i++) {
-					a[i] = cpu_fp16_to_f32(gk[i]);
-					b[i] = cpu_fp16_to_f32(ck[i]);
+				/* both pools decoded as the CPU reads its own: the
+				 * plug-in's bytes are in the CPU's layout */
+				for (int t = 0; t < rows; t++) {
+					size_t o = blk * L->v_offset + (size_t)t * L->token_stride;
+					cpu_kvq_load_row(L->type, pg + o, a + (size_t)t * L->kv_dim, (int)L->kv_dim);
+					cpu_kvq_load_row(L->type, cp + o, b + (size_t)t * L->kv_dim, (int)L->kv_dim);
 				}
 				double e = rel_l2(a, b, (size_t)rows * L->kv_dim);
 				if (e > C->worst_kv)
@@ -886,17 +920,36 @@ static void assign_pages(struct conf *C, int n_seqs)
 	}
 }
 
-static void run_conformance(const struct tshape *sh)
+/* Every sequence's written pages of the CPU pool copied into the plug-in's
+ * (page_write: a page is bytes in one layout on both backends), so the
+ * steps after start from the same cache on both. */
+static void conf_share_pages(struct conf *C)
+{
+	const struct kvd_kv_layout *L = &C->cpu.layout;
+	for (int si = 0; si < C->n_seqs; si++)
+		for (int p = 0; p * BLOCK < C->seqs[si].len; p++) {
+			uint32_t page = (uint32_t)C->seqs[si].pages[p];
+			assert_int_equal(C->gpu.ops->page_write(C->gpu.ctx, page,
+							       (const char *)C->cpu.pool + (size_t)page * L->page_bytes), 0);
+		}
+}
+
+/* The conformance batches on shape sh with a KV pool of element type kt on
+ * both backends. With a type other than f16 the float64 reference (which
+ * rounds K/V to f16) is left out; the CPU backend with the same type is the
+ * reference, and after the KV check the CPU's pages are handed to the
+ * plug-in, whose next steps must then read them as the CPU does. */
+static void run_conformance_kv(const struct tshape *sh, enum kvd_kv_type kt)
 {
 	const struct kvd_backend_ops *ops = need_gpu();
 	struct tmodel *m = make_model(sh, 7 + (uint64_t)(sh - shapes));
 	struct conf *C = calloc(1, sizeof(*C));
 	assert_non_null(C);
 	C->w = &m->w;
-	C->tol_cpu = tol_cpu(sh);
-	C->ref = sh->feats == 0;
-	inst_open(&C->cpu, &kvd_cpu_backend, &m->w);
-	inst_open(&C->gpu, ops, &m->w);
+	C->tol_cpu = kt == KVD_KV_Q4_0 ? TOL_CPU_Q4_KV : kt == KVD_KV_Q8_0 ? TOL_CPU_QUANT : tol_cpu(sh);
+	C->ref = sh->feats == 0 && kt == KVD_KV_F16;
+	inst_open_kv(&C->cpu, &kvd_cpu_backend, &m->w, kt);
+	inst_open_kv(&C->gpu, ops, &m->w, kt);
 	assign_pages(C, 5);
 
 	/* one-chunk prefill of 37 tokens (spans three pages) */
@@ -913,7 +966,15 @@ static void run_conformance(const struct tshape *sh)
 	/* a decode at a page boundary and beyond */
 	while (C->seqs[1].len < 2 * BLOCK + 1) { int w[] = {1}, n[] = {1}; conf_step(C, 1, w, n); }
 	conf_check_kv(C);
-	if (C->ref)
+	if (kt != KVD_KV_F16) {
+		conf_share_pages(C);
+		int w[] = {0, 1, 2, 3, 4}, n[] = {1, 1, 3, 1, 1};
+		conf_step(C, 5, w, n);
+	}
+	if (kt != KVD_KV_F16)
+		print_message("%s, %s KV: worst logits error vs cpu %.3g (tol %.3g), kv %.3g (tol %.3g)\n", sh->name,
+			      kvd_kv_type_name(kt), C->worst_cpu, C->tol_cpu, C->worst_kv, C->tol_cpu);
+	else if (C->ref)
 		print_message("%s: worst logits error vs cpu %.3g (tol %.3g), vs reference %.3g (tol %.3g), kv %.3g (tol %.3g)\n",
 			      sh->name, C->worst_cpu, C->tol_cpu, C->worst_ref, TOL_LOGITS_REF, C->worst_kv, C->tol_cpu);
 	else
@@ -925,12 +986,216 @@ static void run_conformance(const struct tshape *sh)
 	free_model(m);
 }
 
+static void run_conformance(const struct tshape *sh)
+{
+	run_conformance_kv(sh, KVD_KV_F16);
+}
+
 #define CONF_TEST(i) \
 	static void test_conformance_##i(void **state) { (void)state; run_conformance(&shapes[i]); }
 CONF_TEST(0) CONF_TEST(1) CONF_TEST(2) CONF_TEST(3) CONF_TEST(4) CONF_TEST(5)
 CONF_TEST(6) CONF_TEST(7) CONF_TEST(8) CONF_TEST(9) CONF_TEST(10)
 CONF_TEST(11) CONF_TEST(12) CONF_TEST(13) CONF_TEST(14) CONF_TEST(15)
 CONF_TEST(16) CONF_TEST(17) CONF_TEST(18) CONF_TEST(19) CONF_TEST(20)
+
+/* The KV element types other than f16, each on a shape that reaches a
+ * different path of the attention tiles: q8_0 with head size 32 (34-byte
+ * heads, copied in 16-bit words), q4_0 with 64 (36-byte heads, 32-bit
+ * words) and NeoX RoPE, bf16 and f32. Named apart from test_conformance_*,
+ * which t_cuda_emulated.sh runs again through the GEMV (the projections,
+ * not the KV types). */
+static void test_kvtype_f32(void **state) { (void)state; run_conformance_kv(&shapes[5], KVD_KV_F32); }
+static void test_kvtype_bf16(void **state) { (void)state; run_conformance_kv(&shapes[1], KVD_KV_BF16); }
+static void test_kvtype_q8_0(void **state) { (void)state; run_conformance_kv(&shapes[0], KVD_KV_Q8_0); }
+static void test_kvtype_q4_0(void **state) { (void)state; run_conformance_kv(&shapes[9], KVD_KV_Q4_0); }
+
+/*
+ * kv_shift on the plug-in against the CPU's: the same cache (the CPU's
+ * pages after a prefill, written into the plug-in's pool) re-rotated by the
+ * same deltas must give the very same bytes on both (the rotation table is
+ * the CPU's, the rotation rounds as the CPU's does), for each KV type the
+ * CPU shifts, with each RoPE variant: NeoX pairs with per-layer bases
+ * (gemma3-like) and normal pairs with rope_freqs and linear scaling
+ * (llama3-rope). A decode step after the shifts must then agree with the
+ * CPU's within the conformance tolerance. The block-quantized types are
+ * refused (-ENOTSUP), as the CPU refuses them; bad page tables are
+ * -EINVAL.
+ */
+static void shift_case(const struct kvd_backend_ops *ops, const struct tshape *sh, enum kvd_kv_type kt)
+{
+	struct tmodel *m = make_model(sh, 11 + (uint64_t)(sh - shapes));
+	struct conf *C = calloc(1, sizeof(*C));
+	const struct kvd_hparams *hp = &m->w.hp;
+	assert_non_null(C);
+	C->w = &m->w;
+	C->tol_cpu = tol_cpu(sh);
+	inst_open_kv(&C->cpu, &kvd_cpu_backend, &m->w, kt);
+	inst_open_kv(&C->gpu, ops, &m->w, kt);
+	assign_pages(C, 1);
+	struct tseq *s = &C->seqs[0];
+	int32_t toks[37];
+	for (int i = 0; i < 37; i++)
+		toks[i] = (int32_t)(rnd_u32() % (uint32_t)hp->n_vocab);
+	struct kvd_batch_seq bs = {.tokens = toks, .n_tokens = 37, .pos0 = 0, .pages = s->pages,
+				   .n_pages = MAX_SEQ_PAGES};
+	struct kvd_batch b = {.n_seqs = 1, .seqs = &bs};
+	assert_int_equal(C->cpu.ops->forward(C->cpu.ctx, &b), 0);
+	s->len = 37;
+	conf_share_pages(C);
+	const struct kvd_kv_layout *L = &C->cpu.layout;
+	char *pg = malloc(L->page_bytes);
+	assert_non_null(pg);
+	if (kt == KVD_KV_Q8_0 || kt == KVD_KV_Q4_0) {
+		assert_int_equal(C->gpu.ops->kv_shift(C->gpu.ctx, s->pages, 3, 37, -16), -ENOTSUP);
+		goto done;
+	}
+	static const int32_t deltas[] = {-16, 7, -3};
+	for (size_t k = 0; k < sizeof(deltas) / sizeof(deltas[0]); k++) {
+		assert_int_equal(C->cpu.ops->kv_shift(C->cpu.ctx, s->pages, 3, 37, deltas[k]), 0);
+		assert_int_equal(C->gpu.ops->kv_shift(C->gpu.ctx, s->pages, 3, 37, deltas[k]), 0);
+	}
+	for (int p = 0; p < 3; p++) {
+		const char *cp = (const char *)C->cpu.pool + (size_t)s->pages[p] * L->page_bytes;
+		assert_int_equal(C->gpu.ops->page_read(C->gpu.ctx, (uint32_t)s->pages[p], pg), 0);
+		for (size_t o = 0; o < L->page_bytes; o++)
+			if (pg[o] != cp[o])
+				fail_msg("%s, %s KV: page %d differs from the CPU's after kv_shift at byte %zu (layer %zu)",
+					 sh->name, kvd_kv_type_name(kt), p, o, o / L->layer_stride);
+	}
+	{ int w[] = {0}, n[] = {1}; conf_step(C, 1, w, n); }
+	/* bad arguments change nothing */
+	int32_t bad[3] = {s->pages[0], POOL_PAGES, s->pages[2]};
+	assert_int_equal(C->gpu.ops->kv_shift(C->gpu.ctx, bad, 3, 37, 5), -EINVAL);
+	assert_int_equal(C->gpu.ops->kv_shift(C->gpu.ctx, s->pages, 2, 37, 5), -EINVAL);
+	print_message("%s, %s KV: kv_shift by -16, 7, -3 identical to the CPU's; next logits error %.3g\n", sh->name,
+		      kvd_kv_type_name(kt), C->worst_cpu);
+done:
+	free(pg);
+	inst_close(&C->gpu);
+	inst_close(&C->cpu);
+	free(C);
+	free_model(m);
+}
+
+/* One decode of token tok at position pos of seq s (page table pages) on
+ * instance in; its logits to out. Returns forward's result. */
+static int decode_at(struct inst *in, const int32_t *pages, int32_t tok, int32_t pos, float *out)
+{
+	struct kvd_batch_seq bs = {.tokens = &tok, .n_tokens = 1, .pos0 = pos, .pages = pages,
+				   .n_pages = MAX_SEQ_PAGES, .logits = out};
+	struct kvd_batch b = {.n_seqs = 1, .seqs = &bs};
+	return in->ops->forward(in->ctx, &b);
+}
+
+/* Slot `slot` of packed page dst := the layers without a window of page src,
+ * in the instance's pool (through page_read / page_write on the plug-in,
+ * as the engine does for a device pool), then src scribbled over, so that
+ * a forward still reading it would show. */
+static void pack_page(struct inst *in, const struct kvd_model_weights *w, int32_t dst, uint32_t slot, int32_t src,
+		      uint32_t n_global)
+{
+	const struct kvd_kv_layout *L = &in->layout;
+	int dev = in->ops != &kvd_cpu_backend;
+	char *d = dev ? malloc(L->page_bytes) : (char *)in->pool + (size_t)dst * L->page_bytes;
+	char *s = dev ? malloc(L->page_bytes) : (char *)in->pool + (size_t)src * L->page_bytes;
+	assert_true(d && s);
+	if (dev) {
+		assert_int_equal(in->ops->page_read(in->ctx, (uint32_t)dst, d), 0);
+		assert_int_equal(in->ops->page_read(in->ctx, (uint32_t)src, s), 0);
+	}
+	for (int l = 0, g = 0; l < w->hp.n_layer; l++)
+		if (w->layers[l].d.window <= 0)
+			memcpy(d + ((size_t)slot * n_global + (size_t)g++) * L->layer_stride, s + (size_t)l * L->layer_stride,
+			       L->layer_stride);
+	memset(s, 0x7f, L->page_bytes); /* f16 NaNs */
+	if (dev) {
+		assert_int_equal(in->ops->page_write(in->ctx, (uint32_t)dst, d), 0);
+		assert_int_equal(in->ops->page_write(in->ctx, (uint32_t)src, s), 0);
+		free(d);
+		free(s);
+	}
+}
+
+/*
+ * Released pages (KVD_CAP_PACKED_KV) on the plug-in: on a Gemma-like model
+ * (windowed local layers, global ones), the first two pages of a 40-token
+ * sequence are packed into slots of another page (their global layers'
+ * K/V) and scribbled over; a decode through the page table naming the
+ * packed entries gives the very logits the plain table gave (the same
+ * bytes are read), and the CPU's within the tolerance. Entries a windowed
+ * layer still reads, a slot past the packed page's and a page past the
+ * pool are -EINVAL.
+ */
+static void test_released_pages(void **state)
+{
+	const struct kvd_backend_ops *ops = need_gpu();
+	const struct tshape *sh = &shapes[18]; /* gemma3-like */
+	struct tmodel *m = make_model(sh, 23);
+	const struct kvd_hparams *hp = &m->w.hp;
+	struct conf *C = calloc(1, sizeof(*C));
+	uint32_t n_global = 0, max_window = 0, slots = kvd_kv_pack_slots(&m->w, &n_global, &max_window);
+	size_t nv = (size_t)hp->n_vocab;
+	float *plain = malloc(sizeof(float) * nv), *rel = malloc(sizeof(float) * nv), *cpu = malloc(sizeof(float) * nv);
+	(void)state;
+	assert_true(C && plain && rel && cpu);
+	assert_true(slots >= 2 && max_window > 0 && max_window < BLOCK);
+	C->w = &m->w;
+	inst_open(&C->cpu, &kvd_cpu_backend, &m->w);
+	inst_open(&C->gpu, ops, &m->w);
+	assign_pages(C, 1);
+	struct tseq *s = &C->seqs[0];
+	{ int w[] = {0}, n[] = {40}; C->tol_cpu = tol_cpu(sh); conf_step(C, 1, w, n); }
+	int32_t tok = 17, packed = s->pages[MAX_SEQ_PAGES - 1];
+	assert_int_equal(decode_at(&C->gpu, s->pages, tok, 40, plain), 0);
+	for (int i = 0; i < 2; i++) {
+		pack_page(&C->gpu, &m->w, packed, (uint32_t)i, s->pages[i], n_global);
+		pack_page(&C->cpu, &m->w, packed, (uint32_t)i, s->pages[i], n_global);
+	}
+	int32_t t[MAX_SEQ_PAGES];
+	memcpy(t, s->pages, sizeof(t));
+	t[0] = kvd_page_packed((uint32_t)packed, 0);
+	t[1] = kvd_page_packed((uint32_t)packed, 1);
+	assert_int_equal(decode_at(&C->gpu, t, tok, 40, rel), 0);
+	assert_int_equal(decode_at(&C->cpu, t, tok, 40, cpu), 0);
+	if (memcmp(plain, rel, sizeof(float) * nv))
+		fail_msg("logits through the packed pages differ from the plain table's (error %.3g)", rel_l2(rel, plain, nv));
+	double e = rel_l2(rel, cpu, nv);
+	if (e > C->tol_cpu)
+		fail_msg("logits through the packed pages: error vs cpu %.3g > %.3g", e, C->tol_cpu);
+	/* page 2 (positions 32..47) is still in the windowed layers' window of
+	 * position 40; a slot and a page out of range */
+	int32_t bad[MAX_SEQ_PAGES];
+	memcpy(bad, t, sizeof(bad));
+	bad[2] = kvd_page_packed((uint32_t)packed, 2);
+	assert_int_equal(decode_at(&C->gpu, bad, tok, 40, rel), -EINVAL);
+	memcpy(bad, t, sizeof(bad));
+	bad[1] = kvd_page_packed((uint32_t)packed, slots);
+	assert_int_equal(decode_at(&C->gpu, bad, tok, 40, rel), -EINVAL);
+	bad[1] = kvd_page_packed(POOL_PAGES, 1);
+	assert_int_equal(decode_at(&C->gpu, bad, tok, 40, rel), -EINVAL);
+	print_message("%s: a decode through %u-slot packed pages gives the plain table's logits; vs cpu %.3g\n",
+		      sh->name, slots, e);
+	inst_close(&C->gpu);
+	inst_close(&C->cpu);
+	free(plain);
+	free(rel);
+	free(cpu);
+	free(C);
+	free_model(m);
+}
+
+static void test_kv_shift(void **state)
+{
+	const struct kvd_backend_ops *ops = need_gpu();
+	(void)state;
+	assert_true(kvd_backend_has_kv_shift(ops));
+	shift_case(ops, &shapes[18], KVD_KV_F16);  /* gemma3-like: NeoX, per-layer bases */
+	shift_case(ops, &shapes[19], KVD_KV_F16);  /* llama3-rope: rope_freqs, linear scaling */
+	shift_case(ops, &shapes[19], KVD_KV_BF16);
+	shift_case(ops, &shapes[18], KVD_KV_F32);
+	shift_case(ops, &shapes[19], KVD_KV_Q8_0); /* refused */
+	shift_case(ops, &shapes[18], KVD_KV_Q4_0);
+}
 
 /* The tolerances hold for the CPU backend against the same reference, so
  * they are attainable by a correct CUDA backend (runs without a GPU). */
@@ -1182,6 +1447,12 @@ int main(void)
 		cmocka_unit_test(test_conformance_18),
 		cmocka_unit_test(test_conformance_19),
 		cmocka_unit_test(test_conformance_20),
+		cmocka_unit_test(test_kvtype_f32),
+		cmocka_unit_test(test_kvtype_bf16),
+		cmocka_unit_test(test_kvtype_q8_0),
+		cmocka_unit_test(test_kvtype_q4_0),
+		cmocka_unit_test(test_kv_shift),
+		cmocka_unit_test(test_released_pages),
 		cmocka_unit_test(test_default_model_greedy),
 	};
 	/* KVD_TEST_FILTER=pattern (cmocka wildcards) runs a subset */

@@ -64,6 +64,12 @@ static inline float __half2float(__half h) { return emu_h2f(h.x); }
 static inline __half __float2half_rn(float f) { __half h; h.x = emu_f2h(f); return h; }
 static inline __half __ushort_as_half(unsigned short u) { __half h; h.x = u; return h; }
 static inline float __uint_as_float(unsigned int u) { float f; memcpy(&f, &u, 4); return f; }
+static inline unsigned int __float_as_uint(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
+static inline unsigned short __half_as_ushort(__half h) { return h.x; }
+/* single roundings (g++ -std=c++17 does not contract a * b + c either) */
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
 
 /* ---- runtime ---------------------------------------------------------------------- */
 
