@@ -19,7 +19,7 @@ HOSTILE=$ROOT/$BUILD/tests/kvd_hostile
 MODEL=$REAL_MODEL
 [ -f "$MODEL" ] || MODEL=$(tiny_model gqa)
 S=$T/kvd.sock
-TRIALS=${FAIR_TRIALS:-7}
+TRIALS=${FAIR_TRIALS:-5}
 N=${FAIR_TOKENS:-128}
 LIMIT_PCT=120
 # The flood comes from FLOODERS connections of one user (not root, so it

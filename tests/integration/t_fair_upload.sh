@@ -23,7 +23,7 @@ MODEL=$REAL_MODEL
 [ -f "$MODEL" ] || MODEL=$(tiny_model gqa)
 S=$T/kvd.sock
 TRIALS=${FAIR_TRIALS:-3}
-N=${FAIR_TOKENS:-256}
+N=${FAIR_TOKENS:-128}
 LIMIT_PCT=120
 FLOODERS=4
 FLOOD_AS="setpriv --reuid=65534 --regid=65534 --clear-groups"
