@@ -12,6 +12,7 @@
 
 #define ATTN_CHUNK 128 /* positions per attention chunk (see below) */
 #define ATTN_TILE 16   /* tokens of one sequence sharing a pass over K/V */
+#define ATTN_PF_ALL_ROWS_Q 8 /* attn_rows_q: a call of at most this many rows prefetches its chunk */
 
 #define GROW(ptr, n)                                                  \
 	do {                                                          \
@@ -154,9 +155,20 @@ static void attn_rows_q(const struct cpu_attn *c, int nr, const float *const *qp
 {
 	enum kvd_kv_type kt = c->kv.layout.type;
 	int hd = c->hp->head_dim, n = 0;
+	size_t rb = kvd_kv_row_bytes(kt, (uint32_t)hd);
 
 	for (int r = 0; r < nr; r++)
 		n = len[r] > n ? len[r] : n;
+	/* few rows (a decode's query group): the chunk's K and V rows, one
+	 * per position in pages all over memory, are requested into L2 at
+	 * once so that their misses overlap (a prefill tile finds them there
+	 * already), as the tiled f16 kernel does */
+	if (nr <= ATTN_PF_ALL_ROWS_Q)
+		for (int i = 0; i < n; i++)
+			for (size_t o = 0; o < rb + 63; o += 64) {
+				__builtin_prefetch(kp[i] + (o < rb ? o : rb - 1), 0, 2);
+				__builtin_prefetch(vp[i] + (o < rb ? o : rb - 1), 0, 2);
+			}
 	c->kq.scores(kt, qp, nr, kp, n, hd, c->scale, sc, ATTN_CHUNK);
 	for (int r = 0; r < nr; r++) {
 		float m = -INFINITY, sum = 0, *sr = sc + (size_t)r * ATTN_CHUNK;

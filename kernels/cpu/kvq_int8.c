@@ -64,7 +64,12 @@ void cpu_kvq_quant_query(const float *x, int n, int8_t *qs, float *d, int32_t *s
 		float db = amax / 127.0f, id = db != 0 ? 1.0f / db : 0.0f;
 		for (int i = 0; i < QB; i++) {
 			float v = xb[i] * id;
-			int q = v == v ? (int)roundf(v) : 0; /* NaN (a broken model) 0 */
+			/* roundf(v) (ties away from zero) without the call: v minus
+			 * its truncation is exact; NaN (a broken model) gives 0 */
+			v = v == v ? (v > 128.0f ? 128.0f : v < -128.0f ? -128.0f : v) : 0.0f;
+			int q = (int)v;
+			float f = v - (float)q;
+			q += f >= 0.5f ? 1 : f <= -0.5f ? -1 : 0;
 			q = q > 127 ? 127 : q < -127 ? -127 : q;
 			qs[b * QB + i] = (int8_t)q;
 			s += q;

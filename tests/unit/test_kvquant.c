@@ -13,6 +13,9 @@
  *     256), with q8_0 and q4_0 scores taken against the query as quantized
  *     to int8 (checked against cpu_kvq_quant_query's definition); the
  *     portable, AVX2 and AVX-512 versions bit-identical;
+ *   - a q8_0 or q4_0 score does not depend on the rows or the number of
+ *     positions scored with it, in any version (the determinism of
+ *     attention);
  *   - a whole attention (scores, softmax, weighted V) over a quantized
  *     cache against the same attention over the f32 values, 384 positions
  *     of head size 64, within stated bounds on the relative L2 error of
@@ -372,6 +375,46 @@ static void test_products(void **state)
 				}
 }
 
+/* The determinism the attention relies on, for the integer scores: a
+ * (row, position) score is the same bits whatever rows share the call
+ * (alone, or the 20th of 24, past the first group of quantized rows),
+ * however many positions the call covers (the 16-position groups of the
+ * AVX-512 version padded differently), and in every version. */
+static void test_scores_independent(void **state)
+{
+	(void)state;
+	enum { N = 37, NR = 24, HD = 128 };
+	static uint8_t krows[N][HD * 4];
+	const unsigned char *kp[N];
+	float q[NR * HD], kx[HD], all[NR * N], one[N];
+	const float *qp[NR];
+	const enum kvd_kv_type ts[] = {KVD_KV_Q8_0, KVD_KV_Q4_0};
+	struct kvq_kernels ks[3];
+	for (int l = 0; l < 3; l++)
+		cpu_kvq_kernels_init(&ks[l], l);
+	for (unsigned ti = 0; ti < 2; ti++) {
+		for (int i = 0; i < NR * HD; i++)
+			q[i] = grand();
+		for (int r = 0; r < NR; r++)
+			qp[r] = q + r * HD;
+		for (int p = 0; p < N; p++) {
+			fill_row(kx, HD, p % 3 == 0);
+			cpu_kvq_store_row(ts[ti], krows[p], kx, HD);
+			kp[p] = krows[p];
+		}
+		ks[2].scores(ts[ti], qp, NR, kp, N, HD, 0.0883883f, all, N);
+		for (int l = 0; l < 3; l++)
+			for (int r = 0; r < NR; r += 5)
+				for (int n = 1; n <= N; n += 9) {
+					memset(one, 0, sizeof(one));
+					ks[l].scores(ts[ti], qp + r, 1, kp, n, HD, 0.0883883f, one, N);
+					if (memcmp(one, all + r * N, sizeof(float) * (size_t)n))
+						fail_msg("%s %s: row %d over %d positions differs from the row among %d over %d",
+							 kvd_kv_type_name(ts[ti]), ks[l].isa, r, n, NR, N);
+				}
+	}
+}
+
 /* softmax(q.K * scale) V over n positions, in double, with K and V given as
  * element functions of the stored rows */
 static void attend(enum kvd_kv_type t, const float *q, const uint8_t (*k)[128 * 4], const uint8_t (*v)[128 * 4],
@@ -465,6 +508,7 @@ int main(void)
 		cmocka_unit_test(test_layout),
 		cmocka_unit_test(test_store_bytes_and_roundtrip),
 		cmocka_unit_test(test_products),
+		cmocka_unit_test(test_scores_independent),
 		cmocka_unit_test(test_attention_vs_f32),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
