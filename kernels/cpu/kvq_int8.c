@@ -234,6 +234,42 @@ A512 INLINE void tstage(__m512i *z, int nreg, int s, __m512i i0, __m512i i1)
 	}
 }
 
+/* cpu_kvq_quant_query with AVX-512, the same operations on 16 lanes (so
+ * the same bits; amax ignores NaN as the scalar comparison does), and
+ * qu = qs + 128 */
+A512 static void quant_rows_avx512(const float *const *q, int m, int hd, struct qrow *qr)
+{
+	const __m512 lo = _mm512_set1_ps(-128.0f), hi = _mm512_set1_ps(128.0f), half = _mm512_set1_ps(0.5f);
+	const __m512 mhalf = _mm512_set1_ps(-0.5f);
+	const __m512i one = _mm512_set1_epi32(1), q127 = _mm512_set1_epi32(127), qm127 = _mm512_set1_epi32(-127);
+	for (int r = 0; r < m; r++)
+		for (int b = 0; b < hd / QB; b++) {
+			__m512 x[2] = {_mm512_loadu_ps(q[r] + b * QB), _mm512_loadu_ps(q[r] + b * QB + 16)};
+			__m512 a0 = _mm512_abs_ps(x[0]), a1 = _mm512_abs_ps(x[1]);
+			a0 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a0, a0, _CMP_ORD_Q), a0);
+			a1 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a1, a1, _CMP_ORD_Q), a1);
+			float amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+			float db = amax / 127.0f, id = db != 0 ? 1.0f / db : 0.0f;
+			__m512i sum = _mm512_setzero_si512();
+			for (int h = 0; h < 2; h++) {
+				__m512 v = _mm512_mul_ps(x[h], _mm512_set1_ps(id));
+				v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v);
+				v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
+				__m512i qi = _mm512_cvttps_epi32(v);
+				__m512 f = _mm512_sub_ps(v, _mm512_cvtepi32_ps(qi));
+				qi = _mm512_mask_add_epi32(qi, _mm512_cmp_ps_mask(f, half, _CMP_GE_OQ), qi, one);
+				qi = _mm512_mask_sub_epi32(qi, _mm512_cmp_ps_mask(f, mhalf, _CMP_LE_OQ), qi, one);
+				qi = _mm512_min_epi32(_mm512_max_epi32(qi, qm127), q127);
+				sum = _mm512_add_epi32(sum, qi);
+				__m128i b8 = _mm512_cvtepi32_epi8(qi);
+				_mm_storeu_si128((__m128i *)(qr[r].qs + b * QB + 16 * h), b8);
+				_mm_storeu_si128((__m128i *)(qr[r].qu + b * QB + 16 * h), _mm_xor_si128(b8, _mm_set1_epi8((char)0x80)));
+			}
+			qr[r].d[b] = db;
+			qr[r].sum[b] = _mm512_reduce_add_epi32(sum);
+		}
+}
+
 A512 void cpu_kvq8_scores_avx512(enum kvd_kv_type t, const float *const *q, int nr, const unsigned char *const *k, int n,
 			    int hd, float scale, float *sc, int ldsc)
 {
@@ -254,7 +290,7 @@ A512 void cpu_kvq8_scores_avx512(enum kvd_kv_type t, const float *const *q, int 
 
 	for (int r0 = 0; r0 < nr; r0 += QROWS) {
 		int m = nr - r0 < QROWS ? nr - r0 : QROWS;
-		quant_rows(q + r0, m, hd, qr);
+		quant_rows_avx512(q + r0, m, hd, qr);
 		for (int i0 = 0; i0 < n; i0 += 16) {
 			int cnt = n - i0 < 16 ? n - i0 : 16;
 			__mmask16 live = (__mmask16)((1u << cnt) - 1);

@@ -395,8 +395,17 @@ static void test_scores_independent(void **state)
 	for (unsigned ti = 0; ti < 2; ti++) {
 		for (int i = 0; i < NR * HD; i++)
 			q[i] = grand();
+		/* row 0's first block: scale 1 and every element a tie
+		 * (rounded away from zero), row 1's a zero block */
+		for (int i = 0; i < 32; i++) {
+			q[i] = i == 0 ? 127.0f : (float)(i % 2 ? -(i * 4 + 0.5) : i * 4 + 0.5);
+			q[HD + i] = 0;
+		}
 		for (int r = 0; r < NR; r++)
 			qp[r] = q + r * HD;
+		double qv[HD];
+		query_as_scored(ts[ti], q, HD, qv);
+		assert_true(qv[1] == -5.0 && qv[2] == 9.0); /* -4.5, 8.5 */
 		for (int p = 0; p < N; p++) {
 			fill_row(kx, HD, p % 3 == 0);
 			cpu_kvq_store_row(ts[ti], krows[p], kx, HD);
