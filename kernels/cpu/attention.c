@@ -173,6 +173,11 @@ static void attn_rows_q(const struct cpu_attn *c, int nr, const float *const *qp
 	c->kq.scores(kt, qp, nr, kp, n, hd, c->scale, sc, ATTN_CHUNK);
 	for (int r = 0; r < nr; r++) {
 		float m = -INFINITY, sum = 0, *sr = sc + (size_t)r * ATTN_CHUNK;
+		if (kt == KVD_KV_Q8_0 || kt == KVD_KV_Q4_0) { /* vectorised (kvquant.h) */
+			c->kq.softmax(sr, len[r], &ml[r][0], &ml[r][1]);
+			memset(op[r], 0, sizeof(float) * (size_t)hd);
+			continue;
+		}
 		for (int i = 0; i < len[r]; i++)
 			if (sr[i] > m)
 				m = sr[i];

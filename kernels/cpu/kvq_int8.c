@@ -451,3 +451,139 @@ int cpu_kvq8_have_vnni(void)
 	       __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
 }
 #endif
+
+/* ---- the softmax of a q8_0/q4_0 chunk's scores ----------------------------
+ *
+ * m = max s_i; e_i = expq(s_i - m), Cephes' polynomial as
+ * kernels/cpu/vexp.h's exp_neg8 computes it (inputs clamped at -87, the
+ * power of two built in the exponent), with fma(a, b, c) rounded once; l =
+ * the sum of e_i over 16 partial sums (partial j: elements j, j + 16, ...
+ * in order), folded 16 -> 8 -> 4 -> 2 -> 1 (lanes j and j + 8, then j + 4,
+ * j + 2, j + 1). The same bits in every version. */
+#define SM_LOG2E 1.44269504088896341f
+#define SM_C1 0.693359375f
+#define SM_C2 -2.12194440e-4f
+
+static float expq_generic(float x)
+{
+	x = x > -87.0f ? x : -87.0f;
+	float n = rintf(x * SM_LOG2E);
+	float r = fmaf(-n, SM_C1, x);
+	r = fmaf(-n, SM_C2, r);
+	float p = 1.9875691500e-4f;
+	p = fmaf(p, r, 1.3981999507e-3f);
+	p = fmaf(p, r, 8.3334519073e-3f);
+	p = fmaf(p, r, 4.1665795894e-2f);
+	p = fmaf(p, r, 1.6666665459e-1f);
+	p = fmaf(p, r, 5.0000001201e-1f);
+	p = fmaf(p, r * r, r + 1.0f);
+	uint32_t bits = (uint32_t)((int)n + 127) << 23;
+	float e;
+	memcpy(&e, &bits, 4);
+	return p * e;
+}
+
+static float fold16(const float *p)
+{
+	float a[8], b[4];
+	for (int j = 0; j < 8; j++)
+		a[j] = p[j] + p[j + 8];
+	for (int j = 0; j < 4; j++)
+		b[j] = a[j] + a[j + 4];
+	return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+void cpu_kvq8_softmax_generic(float *s, int n, float *ret_m, float *ret_l)
+{
+	float m = -INFINITY, part[16] = {0};
+	for (int i = 0; i < n; i++)
+		m = s[i] > m ? s[i] : m;
+	for (int i = 0; i < n; i++) {
+		s[i] = expq_generic(s[i] - m);
+		part[i % 16] += s[i];
+	}
+	*ret_m = m;
+	*ret_l = fold16(part);
+}
+
+#if defined(__x86_64__)
+AVX2 INLINE __m256 expq8(__m256 x)
+{
+	x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+	__m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(SM_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	__m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(SM_C1), x);
+	r = _mm256_fnmadd_ps(n, _mm256_set1_ps(SM_C2), r);
+	__m256 p = _mm256_set1_ps(1.9875691500e-4f);
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+	p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+	__m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+	return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+AVX2 void cpu_kvq8_softmax_avx2(float *s, int n, float *ret_m, float *ret_l)
+{
+	float m = -INFINITY, part[16];
+	for (int i = 0; i < n; i++)
+		m = s[i] > m ? s[i] : m;
+	__m256 vm = _mm256_set1_ps(m), p0 = _mm256_setzero_ps(), p1 = _mm256_setzero_ps();
+	int i = 0;
+	for (; i + 16 <= n; i += 16) {
+		__m256 e0 = expq8(_mm256_sub_ps(_mm256_loadu_ps(s + i), vm));
+		__m256 e1 = expq8(_mm256_sub_ps(_mm256_loadu_ps(s + i + 8), vm));
+		_mm256_storeu_ps(s + i, e0);
+		_mm256_storeu_ps(s + i + 8, e1);
+		p0 = _mm256_add_ps(p0, e0);
+		p1 = _mm256_add_ps(p1, e1);
+	}
+	_mm256_storeu_ps(part, p0);
+	_mm256_storeu_ps(part + 8, p1);
+	for (; i < n; i++) { /* the tail: the portable code's lanes */
+		s[i] = expq_generic(s[i] - m);
+		part[i % 16] += s[i];
+	}
+	*ret_m = m;
+	*ret_l = fold16(part);
+}
+
+A512 INLINE __m512 expq16(__m512 x)
+{
+	x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+	__m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(SM_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	__m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(SM_C1), x);
+	r = _mm512_fnmadd_ps(n, _mm512_set1_ps(SM_C2), r);
+	__m512 p = _mm512_set1_ps(1.9875691500e-4f);
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+	p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+	__m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+	return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+A512 void cpu_kvq8_softmax_avx512(float *s, int n, float *ret_m, float *ret_l)
+{
+	__m512 mx = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps();
+	for (int i = 0; i < n; i += 16) {
+		__mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+		mx = _mm512_mask_max_ps(mx, k, mx, _mm512_maskz_loadu_ps(k, s + i));
+	}
+	float m = _mm512_reduce_max_ps(mx);
+	__m512 vm = _mm512_set1_ps(m);
+	for (int i = 0; i < n; i += 16) {
+		__mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+		__m512 e = _mm512_maskz_mov_ps(k, expq16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + i), vm)));
+		_mm512_mask_storeu_ps(s + i, k, e);
+		sum = _mm512_add_ps(sum, e);
+	}
+	float part[16];
+	_mm512_storeu_ps(part, sum);
+	*ret_m = m;
+	*ret_l = fold16(part);
+}
+#endif

@@ -17,7 +17,13 @@
  * C, with AVX2 and with AVX-512 VNNI: the same bits. */
 void cpu_kvq8_scores_generic(enum kvd_kv_type t, const float *const *q, int nr, const unsigned char *const *k, int n,
 			     int hd, float scale, float *sc, int ldsc);
+/* The softmax of n scores of a q8_0/q4_0 chunk in place (s_i becomes
+ * e_i), its max and sum, as kvquant.c states it; portable, AVX2 and
+ * AVX-512 versions with the same bits. */
+void cpu_kvq8_softmax_generic(float *s, int n, float *ret_m, float *ret_l);
 #if defined(__x86_64__)
+void cpu_kvq8_softmax_avx2(float *s, int n, float *ret_m, float *ret_l);
+void cpu_kvq8_softmax_avx512(float *s, int n, float *ret_m, float *ret_l);
 void cpu_kvq8_scores_avx2(enum kvd_kv_type t, const float *const *q, int nr, const unsigned char *const *k, int n,
 			  int hd, float scale, float *sc, int ldsc);
 void cpu_kvq8_scores_avx512(enum kvd_kv_type t, const float *const *q, int nr, const unsigned char *const *k, int n,

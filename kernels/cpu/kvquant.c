@@ -618,17 +618,20 @@ void cpu_kvq_kernels_init(struct kvq_kernels *k, int level)
 	k->isa = "generic";
 	k->scores = scores_generic;
 	k->accum = accum_generic;
+	k->softmax = cpu_kvq8_softmax_generic;
 #if defined(__x86_64__)
 	if (level >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
 		k->isa = "avx2";
 		k->scores = scores_avx2;
 		k->accum = accum_avx2;
+		k->softmax = cpu_kvq8_softmax_avx2;
 	}
 	if (level >= 2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
 	    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma")) {
 		k->isa = "avx512";
 		k->scores = scores_avx512;
 		k->accum = accum_avx512;
+		k->softmax = cpu_kvq8_softmax_avx512;
 	}
 #else
 	(void)level;

@@ -63,10 +63,17 @@ typedef void (*kvq_scores_fn)(enum kvd_kv_type t, const float *const *q, int nr,
 typedef void (*kvq_accum_fn)(enum kvd_kv_type t, float *const *o, int nr, const int *len, const float *w, int ldw,
 			     const unsigned char *const *v, int hd);
 
+/* The softmax of a chunk's n scores of one row in place (s[i] becomes
+ * exp(s[i] - max)), with *ret_m the max and *ret_l the sum: for q8_0 and
+ * q4_0 caches (kernels/cpu/kvq_int8.c states the arithmetic: a polynomial
+ * exp and 16 partial sums, the same bits in every version). */
+typedef void (*kvq_softmax_fn)(float *s, int n, float *ret_m, float *ret_l);
+
 struct kvq_kernels {
 	const char *isa; /* "avx512", "avx2" or "generic" */
 	kvq_scores_fn scores;
 	kvq_accum_fn accum;
+	kvq_softmax_fn softmax;
 };
 
 /* The versions for this CPU, up to `level`: 2 AVX-512 (with AVX2 and FMA),

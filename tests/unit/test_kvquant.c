@@ -13,6 +13,8 @@
  *     256), with q8_0 and q4_0 scores taken against the query as quantized
  *     to int8 (checked against cpu_kvq_quant_query's definition); the
  *     portable, AVX2 and AVX-512 versions bit-identical;
+ *   - the q8_0/q4_0 softmax (a polynomial exp) against exp in double, its
+ *     three versions bit-identical;
  *   - a q8_0 or q4_0 score does not depend on the rows or the number of
  *     positions scored with it, in any version (the determinism of
  *     attention);
@@ -424,6 +426,42 @@ static void test_scores_independent(void **state)
 	}
 }
 
+/* The q8_0/q4_0 softmax: the three versions give the same bits, and the
+ * values are exp(s - max) within 4 ulp-sized relative errors, the sum
+ * within 1e-6 of theirs in double. */
+static void test_softmax(void **state)
+{
+	(void)state;
+	struct kvq_kernels ks[3];
+	for (int l = 0; l < 3; l++)
+		cpu_kvq_kernels_init(&ks[l], l);
+	const int ns[] = {1, 7, 16, 37, 128};
+	for (unsigned ni = 0; ni < 5; ni++) {
+		int n = ns[ni];
+		float s0[128], s[3][128], m[3], l[3];
+		for (int i = 0; i < n; i++)
+			s0[i] = grand() * (ni == 4 ? 30.0f : 4.0f); /* 128: down to exp(-87) and below */
+		for (int v = 0; v < 3; v++) {
+			memcpy(s[v], s0, sizeof(float) * (size_t)n);
+			ks[v].softmax(s[v], n, &m[v], &l[v]);
+		}
+		assert_memory_equal(s[0], s[1], sizeof(float) * (size_t)n);
+		assert_memory_equal(s[0], s[2], sizeof(float) * (size_t)n);
+		assert_true(m[0] == m[1] && m[0] == m[2] && !memcmp(l, l + 1, 4) && !memcmp(l, l + 2, 4));
+		double sum = 0, mx = -INFINITY;
+		for (int i = 0; i < n; i++)
+			mx = fmax(mx, s0[i]);
+		assert_true(m[0] == mx);
+		for (int i = 0; i < n; i++) {
+			double want = exp((double)(s0[i] - (float)mx));
+			sum += s[0][i];
+			if (!(fabs(s[0][i] - want) <= 4.8e-7 * want + 1e-37))
+				fail_msg("softmax: exp(%g) = %g, want %g", s0[i] - (float)mx, s[0][i], want);
+		}
+		assert_true(fabs(l[0] - sum) <= 1e-6 * sum);
+	}
+}
+
 /* softmax(q.K * scale) V over n positions, in double, with K and V given as
  * element functions of the stored rows */
 static void attend(enum kvd_kv_type t, const float *q, const uint8_t (*k)[128 * 4], const uint8_t (*v)[128 * 4],
@@ -518,6 +556,7 @@ int main(void)
 		cmocka_unit_test(test_store_bytes_and_roundtrip),
 		cmocka_unit_test(test_products),
 		cmocka_unit_test(test_scores_independent),
+		cmocka_unit_test(test_softmax),
 		cmocka_unit_test(test_attention_vs_f32),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
