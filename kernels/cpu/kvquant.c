@@ -11,6 +11,8 @@
  * (correctly rounded in software where the CPU lacks one) and vfmadd in
  * the others, and every reduction follows the one tree. The row store is
  * portable C only (one row per token and layer: not worth a second build).
+ * q8_0 and q4_0 scores (and, on AVX-512, their weighted V sums) are the
+ * integer-product kernels of kvq_int8.c, installed from here.
  */
 #include <math.h>
 #include <stdint.h>
