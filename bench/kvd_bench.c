@@ -29,7 +29,9 @@
  * Prompts are deterministic pseudo-random token ids (the same ones the
  * llama.cpp side uses, from the same generator: x = x * 1103515245 + 12345,
  * id = 100 + (x >> 8) % (n_vocab - 200)). Greedy decoding, EOS ignored.
- * Peak RSS (ru_maxrss) is reported with every figure.
+ * Peak RSS (ru_maxrss) is reported with every figure; decode and batch
+ * figures also give cpu_seconds, the process's CPU time over the timed
+ * steps (with --threads 1, the figure least moved by other load).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -50,6 +52,16 @@ static double now_s(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* CPU time of the whole process (every thread): with --threads 1 a figure
+ * that other programs' load on the machine shifts far less than the wall
+ * clock's */
+static double cpu_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
 	return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
@@ -296,7 +308,7 @@ int main(int argc, char **argv)
 			}
 			next[i] = kvd_sampler_sample(smp, R.logits, NULL, 0);
 		}
-		double t0 = now_s();
+		double t0 = now_s(), c0 = cpu_s();
 		for (int step = 0; step < tokens; step++) {
 			for (int i = 0; i < seqs; i++)
 				it[i] = (struct kvd_engine_item){.seq = sid[i], .tokens = &next[i], .n_tokens = 1,
@@ -308,7 +320,7 @@ int main(int argc, char **argv)
 			for (int i = 0; i < seqs; i++)
 				next[i] = kvd_sampler_sample(smp, R.logits + (size_t)i * R.n_vocab, NULL, 0);
 		}
-		double dt = now_s() - t0;
+		double dt = now_s() - t0, dc = cpu_s() - c0;
 		kvd_sampler_free(smp);
 		/* bytes one decode step must read: every weight once, plus each
 		 * sequence's K and V at its mean depth during the run */
@@ -317,9 +329,9 @@ int main(int argc, char **argv)
 		double step_bytes = (double)kvd_model_weight_bytes(kvd_engine_model(R.e)) +
 				    kv_tok * seqs * (depth + tokens / 2.0);
 		printf("{\"figure\":\"%s\",\"cache_type\":\"%s\",\"depth\":%d,\"seqs\":%d,\"tokens\":%d,\"threads\":%d,\"seconds\":%.6f,"
-		       "\"tokens_per_s\":%.3f,\"bytes_per_step\":%.0f,\"fast_depth\":%s,\"peak_rss_kib\":%ld}\n",
-		       what, kvd_kv_type_name(L->type), depth, seqs, tokens, threads, dt, (double)tokens * seqs / dt, step_bytes,
-		       fast_depth ? "true" : "false", peak_rss_kib());
+		       "\"tokens_per_s\":%.3f,\"cpu_seconds\":%.6f,\"bytes_per_step\":%.0f,\"fast_depth\":%s,\"peak_rss_kib\":%ld}\n",
+		       what, kvd_kv_type_name(L->type), depth, seqs, tokens, threads, dt, (double)tokens * seqs / dt, dc,
+		       step_bytes, fast_depth ? "true" : "false", peak_rss_kib());
 	} else if (!strcmp(what, "prefix")) {
 		/* cold: prefix + suffix A; warm: same prefix + suffix B */
 		uint32_t a, b;

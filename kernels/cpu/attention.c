@@ -12,6 +12,8 @@
 
 #define ATTN_CHUNK 128 /* positions per attention chunk (see below) */
 #define ATTN_TILE 16   /* tokens of one sequence sharing a pass over K/V */
+#define ATTN_PF_ALL_ROWS_Q 8 /* attn_rows_q: a call of at most this many rows prefetches its chunk */
+#define ATTN_SPLIT_MAX_T_Q 4 /* quantized K/V: steps of at most this many tokens split by chunk */
 
 #define GROW(ptr, n)                                                  \
 	do {                                                          \
@@ -154,12 +156,28 @@ static void attn_rows_q(const struct cpu_attn *c, int nr, const float *const *qp
 {
 	enum kvd_kv_type kt = c->kv.layout.type;
 	int hd = c->hp->head_dim, n = 0;
+	size_t rb = kvd_kv_row_bytes(kt, (uint32_t)hd);
 
 	for (int r = 0; r < nr; r++)
 		n = len[r] > n ? len[r] : n;
+	/* few rows (a decode's query group): the chunk's K and V rows, one
+	 * per position in pages all over memory, are requested into L2 at
+	 * once so that their misses overlap (a prefill tile finds them there
+	 * already), as the tiled f16 kernel does */
+	if (nr <= ATTN_PF_ALL_ROWS_Q)
+		for (int i = 0; i < n; i++)
+			for (size_t o = 0; o < rb + 63; o += 64) {
+				__builtin_prefetch(kp[i] + (o < rb ? o : rb - 1), 0, 2);
+				__builtin_prefetch(vp[i] + (o < rb ? o : rb - 1), 0, 2);
+			}
 	c->kq.scores(kt, qp, nr, kp, n, hd, c->scale, sc, ATTN_CHUNK);
 	for (int r = 0; r < nr; r++) {
 		float m = -INFINITY, sum = 0, *sr = sc + (size_t)r * ATTN_CHUNK;
+		if (kt == KVD_KV_Q8_0 || kt == KVD_KV_Q4_0) { /* vectorised (kvquant.h) */
+			c->kq.softmax(sr, len[r], &ml[r][0], &ml[r][1]);
+			memset(op[r], 0, sizeof(float) * (size_t)hd);
+			continue;
+		}
 		for (int i = 0; i < len[r]; i++)
 			if (sr[i] > m)
 				m = sr[i];
@@ -367,17 +385,23 @@ static void attn_chunk_task(void *arg, uint32_t k, int tid)
 	const struct attn_step *s = a->s;
 	struct cpu_attn *c = s->c;
 	const struct kvd_hparams *hp = c->hp;
-	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv, gc = (int)k;
+	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv, hkv = hp->n_head_kv, gk = (int)k;
 	int lo = 0, hi = a->n_items - 1;
-	while (lo < hi) { /* the item holding chunk gc */
+	while (lo < hi) { /* the item holding index gk */
 		int mid = (lo + hi + 1) / 2;
-		if (a->item_first[mid] <= gc)
+		if (a->item_first[mid] <= gk)
 			lo = mid;
 		else
 			hi = mid - 1;
 	}
-	int it = lo, t = it / hp->n_head_kv, g = it % hp->n_head_kv;
-	int ci = gc - a->item_first[it], pos = c->tok_pos[t];
+	/* a token's items (its KV heads) have the same chunks; its indexes
+	 * take them chunk by chunk, the heads of a chunk one after another,
+	 * so that cache lines two heads' rows share are read once (rows of
+	 * q8_0 and q4_0 are not whole lines). Which thread computes a chunk,
+	 * and when, never changes its arithmetic. */
+	int t = lo / hkv, f0 = a->item_first[t * hkv], pos = c->tok_pos[t];
+	int ci = (gk - f0) / hkv, g = (gk - f0) % hkv, it = t * hkv + g;
+	int gc = a->item_first[it] + ci;
 	attn_chunk(c, s, t, g, ci * ATTN_CHUNK, chunk_end(ci, pos), c->attn_pm + (size_t)gc * n_rep,
 		   c->attn_po + (size_t)gc * n_rep * hd,
 		   c->scores + (size_t)tid * attn_scratch_per(c, c->cap_chunks));
@@ -493,7 +517,10 @@ static int attention(struct cpu_attn *c, const struct attn_step *s)
 		return 0;
 	}
 
-	if (n_items >= 2 * nth && tiled(c)) {
+	/* a few tokens over quantized K/V go through the split path, whose
+	 * order reads the rows of a chunk's KV heads together (attn_chunk_task) */
+	int few_q = via_kvq(c) && s->T <= ATTN_SPLIT_MAX_T_Q;
+	if (n_items >= 2 * nth && tiled(c) && !few_q) {
 		int nt = 0;
 		if (s->T + 1 > c->cap_tiles) {
 			GROW(c->tile_first, s->T + 1);
@@ -508,7 +535,7 @@ static int attention(struct cpu_attn *c, const struct attn_step *s)
 		tp_for(c->pool, attn_tile_item, &a, (uint32_t)(nt * hp->n_head_kv));
 		return 0;
 	}
-	if (n_items >= 2 * nth) {
+	if (n_items >= 2 * nth && !few_q) {
 		tp_run(c->pool, attn_worker_items, (void *)s);
 		return 0;
 	}

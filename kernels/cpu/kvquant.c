@@ -11,11 +11,14 @@
  * (correctly rounded in software where the CPU lacks one) and vfmadd in
  * the others, and every reduction follows the one tree. The row store is
  * portable C only (one row per token and layer: not worth a second build).
+ * q8_0 and q4_0 scores (and, on AVX-512, their weighted V sums) are the
+ * integer-product kernels of kvq_int8.c, installed from here.
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "kvq_int8.h"
 #include "kvquant.h"
 #include "ops.h"
 
@@ -351,9 +354,19 @@ INLINE void accum_body(block_fn conv, fma8_fn fma8, enum kvd_kv_type t, float *c
 	}
 }
 
+/* q8_0 and q4_0 K rows go through the integer products (kvq_int8.c) */
+INLINE int int8_scores(enum kvd_kv_type t, int hd)
+{
+	return (t == KVD_KV_Q8_0 || t == KVD_KV_Q4_0) && hd <= KVQ_INT8_MAX_HD;
+}
+
 static void scores_generic(enum kvd_kv_type t, const float *const *q, int nr, const unsigned char *const *k, int n,
 			   int hd, float scale, float *sc, int ldsc)
 {
+	if (int8_scores(t, hd)) {
+		cpu_kvq8_scores_generic(t, q, nr, k, n, hd, scale, sc, ldsc);
+		return;
+	}
 	scores_body(block_floats_generic, fma8_generic, hsum8x8_generic, t, q, nr, k, n, hd, scale, sc, ldsc);
 }
 
@@ -420,6 +433,10 @@ AVX2 INLINE v8f hsum8x8_avx2(const v8f *a)
 AVX2 static void scores_avx2(enum kvd_kv_type t, const float *const *q, int nr, const unsigned char *const *k, int n,
 			     int hd, float scale, float *sc, int ldsc)
 {
+	if (int8_scores(t, hd)) {
+		cpu_kvq8_scores_avx2(t, q, nr, k, n, hd, scale, sc, ldsc);
+		return;
+	}
 	scores_body(block_floats_avx2, fma8_avx2, hsum8x8_avx2, t, q, nr, k, n, hd, scale, sc, ldsc);
 }
 
@@ -531,6 +548,14 @@ AVX512 INLINE void scores_rows_avx512(const int NT, enum kvd_kv_type t, const fl
 AVX512 static void scores_avx512(enum kvd_kv_type t, const float *const *q, int nr, const unsigned char *const *k,
 				 int n, int hd, float scale, float *sc, int ldsc)
 {
+	if (int8_scores(t, hd)) {
+		/* without VNNI, the AVX2 integer products (the same bits) */
+		if (cpu_kvq8_have_vnni())
+			cpu_kvq8_scores_avx512(t, q, nr, k, n, hd, scale, sc, ldsc);
+		else
+			cpu_kvq8_scores_avx2(t, q, nr, k, n, hd, scale, sc, ldsc);
+		return;
+	}
 	for (int r0 = 0; r0 < nr; r0 += 4) {
 		float *scr[4];
 		for (int rr = 0; rr < 4; rr++)
@@ -574,6 +599,10 @@ AVX512 static void accum_pair_avx512(enum kvd_kv_type t, float *o0, float *o1, i
 AVX512 static void accum_avx512(enum kvd_kv_type t, float *const *o, int nr, const int *len, const float *w, int ldw,
 				const unsigned char *const *v, int hd)
 {
+	if (t == KVD_KV_Q8_0 || t == KVD_KV_Q4_0) {
+		cpu_kvq8_accum_avx512(t, o, nr, len, w, ldw, v, hd);
+		return;
+	}
 	size_t bb = block_bytes(t), rb = bb * (size_t)(hd / QB);
 	for (int b = 0; b < hd / QB; b++) {
 		int r = 0;
@@ -591,17 +620,20 @@ void cpu_kvq_kernels_init(struct kvq_kernels *k, int level)
 	k->isa = "generic";
 	k->scores = scores_generic;
 	k->accum = accum_generic;
+	k->softmax = cpu_kvq8_softmax_generic;
 #if defined(__x86_64__)
 	if (level >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
 		k->isa = "avx2";
 		k->scores = scores_avx2;
 		k->accum = accum_avx2;
+		k->softmax = cpu_kvq8_softmax_avx2;
 	}
 	if (level >= 2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
 	    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma")) {
 		k->isa = "avx512";
 		k->scores = scores_avx512;
 		k->accum = accum_avx512;
+		k->softmax = cpu_kvq8_softmax_avx512;
 	}
 #else
 	(void)level;

@@ -2,8 +2,10 @@
  * kernels/cpu/kvquant.h — K/V rows in the f32, bf16, q8_0 and q4_0 element types
  * of kernels/backend.h (enum kvd_kv_type): storing a row into a page,
  * reading one back, and the two products attention needs, computed on the
- * stored rows in place (each 32-element block is converted to floats in
- * registers and scaled once; nothing is staged per page).
+ * stored rows in place (nothing is staged per page): for f32 and bf16 each
+ * 32-element block is converted to floats in registers and scaled once;
+ * for q8_0 and q4_0 the scores are integer products against the query
+ * quantized to int8 (kernels/cpu/kvq_int8.c), the weighted V sum float.
  *
  * Exact arithmetic, the same in every build (so the portable, AVX2 and
  * AVX-512 versions give the same bits, and a token's attention does not depend on
@@ -16,6 +18,13 @@
  *     p_l = fma(q_{l+24}, k_{l+24}, fma(q_{l+16}, k_{l+16}, fma(q_{l+8}, k_{l+8}, q_l k_l)))
  *     acc_l = fma(d_b, p_l, acc_l)                  (acc_l = 0 before block 0)
  *     result = ((acc_0 + acc_1) + (acc_2 + acc_3)) + ((acc_4 + acc_5) + (acc_6 + acc_7))
+ *   dot of q8_0 and q4_0 K rows (head sizes up to 256; larger ones as
+ *   above): the query row quantized per block b (cpu_kvq_quant_query) to
+ *   integers qi_i with scale e_b = amax_b / 127, and with k_i the stored
+ *   quants (q4_0: the nibble minus 8), d_b the block's scale:
+ *     s_b = sum_i qi_i k_i                          (exact, in integers)
+ *     acc = fma(e_b * d_b, s_b, acc)                (acc = 0 before block 0)
+ *     result = acc
  *   axpy, y += a * v for a V row v, per block b:
  *     y_i = fma(a * d_b, v_i, y_i)
  *
@@ -37,6 +46,12 @@ void cpu_kvq_store_row(enum kvd_kv_type t, void *dst, const float *src, int n);
 /* The n floats a stored row of type t holds (the exact stored values). */
 void cpu_kvq_load_row(enum kvd_kv_type t, const void *src, float *dst, int n);
 
+/* A query row x of n floats (n a multiple of 32) as int8 per block of 32,
+ * as the q8_0 and q4_0 scores use it: e_b = amax_b / 127 (d[b]), qs_i =
+ * round(x_i / e_b) (x_i * (1 / e_b), ties away from zero, clamped to
+ * +-127; 0 for a zero block or NaN), sum[b] = the block's sum of qs. */
+void cpu_kvq_quant_query(const float *x, int n, int8_t *qs, float *d, int32_t *sum);
+
 /* Scores of nr query rows q[r] against n K rows k[i] (one head each: hd
  * elements, a multiple of 32) of type t != f16: sc[r * ldsc + i] =
  * dot(q[r], k[i]) * scale, the dot as stated above. */
@@ -48,10 +63,17 @@ typedef void (*kvq_scores_fn)(enum kvd_kv_type t, const float *const *q, int nr,
 typedef void (*kvq_accum_fn)(enum kvd_kv_type t, float *const *o, int nr, const int *len, const float *w, int ldw,
 			     const unsigned char *const *v, int hd);
 
+/* The softmax of a chunk's n scores of one row in place (s[i] becomes
+ * exp(s[i] - max)), with *ret_m the max and *ret_l the sum: for q8_0 and
+ * q4_0 caches (kernels/cpu/kvq_int8.c states the arithmetic: a polynomial
+ * exp and 16 partial sums, the same bits in every version). */
+typedef void (*kvq_softmax_fn)(float *s, int n, float *ret_m, float *ret_l);
+
 struct kvq_kernels {
 	const char *isa; /* "avx512", "avx2" or "generic" */
 	kvq_scores_fn scores;
 	kvq_accum_fn accum;
+	kvq_softmax_fn softmax;
 };
 
 /* The versions for this CPU, up to `level`: 2 AVX-512 (with AVX2 and FMA),

@@ -48,7 +48,11 @@ that the remaining differences are only rounding of sums:
   before the sum that normalizes them), "q8_0" or "q4_0": each token's K and V rows
   (n_head_kv * head_dim elements) are quantized per block of 32 as
   kernels/backend.h defines it (GGML's q8_0 and q4_0: float32 arithmetic,
-  the scale stored as float16), and attended in their dequantized form.
+  the scale stored as float16), and attended in their dequantized form;
+  the query rows that score them are quantized as kvd's integer products
+  do (head sizes up to 256, kernels/cpu/kvquant.h): per block of 32,
+  d = float32(max|q| / 127), q' = round-half-away(q * float32(1/d)) clipped
+  to [-127, 127], the dot taken with q' * d (d kept in float32).
 * `act_q8=True`: the input vector of every matmul whose weight is Q4_0, Q4_1
   or Q8_0 is quantized per block of 32 elements, as integer dot-product
   kernels do: d = float32(max|x| / 127), q = rint(x * float32(1/d)) clipped
@@ -289,6 +293,18 @@ def kv_store_round(x, kv_type):
     return (d16 * q.astype(np.float32)).reshape(shape).astype(x.dtype)
 
 
+def kv_query_int8(x):
+    """Query rows x (..., n) as kvd's q8_0/q4_0 scores see them: int8 per
+    block of 32 with a float32 scale (see kv_f16 above), as floats."""
+    shape = x.shape
+    b = x.astype(np.float32).reshape(-1, 32)
+    d = np.abs(b).max(axis=1, keepdims=True) / np.float32(127)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        idv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    q = np.clip(_round_half_away((b * idv).astype(np.float32)), -127, 127)
+    return (d * q.astype(np.float32)).reshape(shape)
+
+
 class Cache:
     """Per-layer K and V of every position fed so far: lists of arrays of
     shape (n_pos, n_head_kv, head_dim)."""
@@ -498,6 +514,8 @@ class Model:
                 qh = q[:, kh * group:(kh + 1) * group, :].astype(np.float64)   # (T, g, D)
                 if bfp:
                     qh = bf16_round(qh).astype(np.float64)
+                elif cache.kv_f16 in ("q8_0", "q4_0") and D <= 256:
+                    qh = kv_query_int8(qh.astype(np.float32)).astype(np.float64)
                 Kh = K[:, kh, :].astype(np.float64)                            # (S, D)
                 Vh = V[:, kh, :].astype(np.float64)
                 s = np.einsum("tgd,sd->tgs", qh, Kh) * scale                   # (T, g, S)
