@@ -2,9 +2,14 @@
  * tests/gpu/emu/emu.cc — the CPU emulation declared in include/emu.h.
  *
  * Kernels: a grid's blocks run one after another; a block's threads are
- * ucontext fibers run round-robin, each until it reaches __syncthreads()
- * or returns, so that every thread of a block has arrived at a barrier
- * before any leaves it. When the first block meets no barrier at all, the
+ * fibers run round-robin, each until it reaches __syncthreads() or
+ * returns, so that every thread of a block has arrived at a barrier before
+ * any leaves it. On x86-64 a fiber switch saves only the callee-saved
+ * registers and the stack pointer (emu_switch below): glibc's swapcontext
+ * also makes a sigprocmask system call per switch, which made the
+ * emulated kernels with barriers spend most of their time in the kernel.
+ * Elsewhere, and under AddressSanitizer (which must be told of stack
+ * switches), the fibers are ucontext ones. When the first block meets no barrier at all, the
  * other blocks' threads run as plain calls (fast); a barrier met then
  * aborts. A block whose threads reach different numbers of
  * barriers (undefined behaviour on a GPU) aborts the test.
@@ -33,7 +38,6 @@ static const int smem_optin = 227 << 10;
 #define EMU_STACK (256 << 10)
 #define EMU_MAX_THREADS 1024
 
-static ucontext_t sched_ctx, fib[EMU_MAX_THREADS];
 static char *stacks;
 static int cur, done[EMU_MAX_THREADS], barriers[EMU_MAX_THREADS];
 static const std::function<void()> *cur_body;
@@ -42,6 +46,73 @@ static const std::function<void()> *cur_body;
  * barrier): a barrier then is a kernel with data-dependent barriers. */
 static int direct_mode;
 
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+/* emu_switch(save, to): push the callee-saved registers, store the stack
+ * pointer in *save, load `to` as the stack pointer, pop its registers and
+ * return into it (the System V x86-64 ABI: everything else is
+ * caller-saved; MXCSR and the x87 control word are never changed here). */
+extern "C" void emu_switch(void **save, void *to);
+__asm__(".text\n"
+	".globl emu_switch\n"
+	".type emu_switch,@function\n"
+	"emu_switch:\n"
+	"\tpushq %rbp\n\tpushq %rbx\n\tpushq %r12\n\tpushq %r13\n\tpushq %r14\n\tpushq %r15\n"
+	"\tmovq %rsp, (%rdi)\n"
+	"\tmovq %rsi, %rsp\n"
+	"\tpopq %r15\n\tpopq %r14\n\tpopq %r13\n\tpopq %r12\n\tpopq %rbx\n\tpopq %rbp\n"
+	"\tret\n"
+	".size emu_switch, .-emu_switch\n");
+
+static void *sched_sp, *fib_sp[EMU_MAX_THREADS];
+
+static void fiber_yield(void) { emu_switch(&fib_sp[cur], sched_sp); }
+static void fiber_run(int t) { emu_switch(&sched_sp, fib_sp[t]); }
+
+static void fiber_entry(void)
+{
+	(*cur_body)();
+	done[cur] = 1;
+	emu_switch(&fib_sp[cur], sched_sp); /* never resumed: the next launch makes it anew */
+	abort();
+}
+
+/* A fresh fiber's stack: the six registers emu_switch pops, then
+ * fiber_entry as its return address, then a slot standing for the
+ * return address of a call, so that fiber_entry starts with the stack
+ * aligned as after a call (rsp + 8 a multiple of 16). */
+static void fiber_make(int t)
+{
+	uintptr_t top = ((uintptr_t)(stacks + (size_t)(t + 1) * EMU_STACK)) & ~(uintptr_t)15;
+	void **sp = (void **)top;
+	*--sp = NULL;                   /* fiber_entry's return address: never used */
+	*--sp = (void *)fiber_entry;    /* where emu_switch's ret goes */
+	for (int r = 0; r < 6; r++)
+		*--sp = NULL;           /* r15 r14 r13 r12 rbx rbp */
+	fib_sp[t] = sp;
+}
+#else
+static ucontext_t sched_ctx, fib[EMU_MAX_THREADS];
+
+static void fiber_yield(void) { swapcontext(&fib[cur], &sched_ctx); }
+static void fiber_run(int t) { swapcontext(&sched_ctx, &fib[t]); }
+
+static void fiber_entry(void)
+{
+	(*cur_body)();
+	done[cur] = 1;
+	/* returns to uc_link, the scheduler */
+}
+
+static void fiber_make(int t)
+{
+	getcontext(&fib[t]);
+	fib[t].uc_stack.ss_sp = stacks + (size_t)t * EMU_STACK;
+	fib[t].uc_stack.ss_size = EMU_STACK;
+	fib[t].uc_link = &sched_ctx;
+	makecontext(&fib[t], fiber_entry, 0);
+}
+#endif
+
 void __syncthreads(void)
 {
 	if (direct_mode) {
@@ -49,14 +120,7 @@ void __syncthreads(void)
 		abort();
 	}
 	barriers[cur]++;
-	swapcontext(&fib[cur], &sched_ctx);
-}
-
-static void fiber_entry(void)
-{
-	(*cur_body)();
-	done[cur] = 1;
-	/* returns to uc_link, the scheduler */
+	fiber_yield();
 }
 
 int emu_launch(dim3 grid, dim3 block, size_t smem, const std::function<void()> &body)
@@ -105,11 +169,7 @@ int emu_launch(dim3 grid, dim3 block, size_t smem, const std::function<void()> &
 					continue;
 				}
 				for (int t = 0; t < nth; t++) {
-					getcontext(&fib[t]);
-					fib[t].uc_stack.ss_sp = stacks + (size_t)t * EMU_STACK;
-					fib[t].uc_stack.ss_size = EMU_STACK;
-					fib[t].uc_link = &sched_ctx;
-					makecontext(&fib[t], fiber_entry, 0);
+					fiber_make(t);
 					done[t] = 0;
 					barriers[t] = 0;
 				}
@@ -122,7 +182,7 @@ int emu_launch(dim3 grid, dim3 block, size_t smem, const std::function<void()> &
 						threadIdx.x = (unsigned)t % block.x;
 						threadIdx.y = ((unsigned)t / block.x) % block.y;
 						threadIdx.z = (unsigned)t / (block.x * block.y);
-						swapcontext(&sched_ctx, &fib[t]);
+						fiber_run(t);
 						live += !done[t];
 					}
 					/* every thread is at the same barrier, or all finished */
