@@ -46,6 +46,7 @@ static_assert(KVC_GEN_RAW == IPC_GEN_RAW && KVC_GEN_WANT_IDS == IPC_GEN_WANT_IDS
 	      "generate flags");
 static_assert(sizeof(((struct kvc_result *)0)->error_message) == IPC_MAX_ERROR_MSG_BYTES + 1, "error message");
 static_assert(sizeof(((struct kvc_info *)0)->model_name) == IPC_MODEL_NAME_BYTES, "model name");
+static_assert(sizeof(((struct kvc_info *)0)->model_id) == IPC_MODEL_ID_BYTES, "model id");
 
 /* ---- connecting ----------------------------------------------------------------------------- */
 
@@ -64,6 +65,7 @@ static void fill_info(struct kvc_info *i, const struct ipc_welcome *w)
 	memset(i, 0, sizeof(*i));
 	i->server_version = w->server_version;
 	memcpy(i->model_name, w->model_name, sizeof(i->model_name));
+	memcpy(i->model_id, w->model_id, sizeof(i->model_id)); /* zeros from older daemons */
 	i->n_vocab = w->n_vocab;
 	i->n_ctx = w->n_ctx;
 	i->block_size = w->block_size;

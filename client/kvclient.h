@@ -86,9 +86,9 @@ extern "C" {
 /* ---- version ----------------------------------------------------------- */
 
 #define KVC_VERSION_MAJOR 0
-#define KVC_VERSION_MINOR 7
+#define KVC_VERSION_MINOR 8
 #define KVC_VERSION_PATCH 0
-#define KVC_VERSION_STRING "0.7.0"
+#define KVC_VERSION_STRING "0.8.0"
 /* One number, comparable: (major << 16) | (minor << 8) | patch.
  * 0.2.0 added conversations (kvc_gen_params.messages, struct kvc_chat_msg).
  * 0.3.0 added parallel samples and log-probabilities (kvc_gen_params.n_samples,
@@ -99,7 +99,10 @@ extern "C" {
  * 0.6.0 added kvc_gen_params.tenant (cache scopes) and .priority.
  * 0.7.0 added structured output (kvc_gen_params.constraint, struct
  * kvc_constraint), kvc_stats.adopted_hit_tokens and kvc_cache_save() /
- * kvc_cache_drop(). */
+ * kvc_cache_drop().
+ * 0.8.0 added kvc_info.model_id, kvc_stats_get() (kvc_stats() became a
+ * macro over it, so struct kvc_stats can grow) and kvc_stats.gram_checked
+ * and .gram_masked. */
 #define KVC_VERSION ((KVC_VERSION_MAJOR << 16) | (KVC_VERSION_MINOR << 8) | KVC_VERSION_PATCH)
 
 /* The version of the library actually loaded, as KVC_VERSION. */
@@ -193,7 +196,9 @@ struct kvc_info {
 	uint64_t client_id;           /* the daemon's name for this connection (see kvc_ps) */
 	char kv_cache_type[8];        /* the KV element type ([kv] cache_type: "f16", "bf16", "q8_0",
 	                               * "q4_0", "f32"; 0.5.0, "" from older daemons) */
-	uint64_t reserved[7];
+	char model_id[32];            /* a short, stable id: the model file's base name without
+	                               * ".gguf" (at most 31 bytes; 0.8.0, "" from older daemons) */
+	uint64_t reserved[3];
 };
 /* Valid until kvc_close(); never NULL. */
 KVC_EXPORT const struct kvc_info *kvc_server_info(const kvc_client *c);

@@ -26,6 +26,7 @@ static_assert(sizeof(struct ipc_hello) == 40, "ipc_hello size");
 static_assert(sizeof(struct ipc_welcome) == 176, "ipc_welcome size");
 static_assert(offsetof(struct ipc_welcome, kv_bytes_per_token) == 64, "ipc_welcome layout");
 static_assert(offsetof(struct ipc_welcome, model_name) == 80, "ipc_welcome layout");
+static_assert(offsetof(struct ipc_welcome, model_id) == 144, "ipc_welcome layout");
 static_assert(sizeof(struct ipc_generate) == 64, "ipc_generate size");
 static_assert(offsetof(struct ipc_generate, seed) == 32, "ipc_generate layout");
 static_assert(offsetof(struct ipc_generate, n_stop) == 56, "ipc_generate layout");
@@ -265,10 +266,8 @@ int ipc_decode_welcome(const struct ipc_frame *f, struct ipc_welcome *ret)
 		return -EPROTO;
 	if (w.kv_type > IPC_KV_TYPE_MAX)
 		return -EPROTO;
-	for (size_t i = 0; i < sizeof(w.reserved) / sizeof(w.reserved[0]); i++)
-		if (w.reserved[i])
-			return -EPROTO;
-	if (!nul_terminated_name(w.model_name, sizeof(w.model_name)))
+	if (!nul_terminated_name(w.model_name, sizeof(w.model_name)) ||
+	    !nul_terminated_name(w.model_id, sizeof(w.model_id)))
 		return -EBADMSG;
 	if (w.max_text_bytes > IPC_MAX_TEXT_BYTES || w.max_gen_tokens > IPC_MAX_GEN_TOKENS)
 		return -E2BIG;

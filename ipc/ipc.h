@@ -136,6 +136,7 @@
 #define IPC_MAX_TOP_LOGPROBS     20u         /* alternatives per token (ipc_generate.top_logprobs) */
 #define IPC_MAX_PIECE_BYTES      128u        /* bytes of one token's text in a log-probability entry */
 #define IPC_MODEL_NAME_BYTES     64u         /* NUL-padded field */
+#define IPC_MODEL_ID_BYTES       32u         /* NUL-padded field (ipc_welcome.model_id) */
 #define IPC_CLIENT_NAME_BYTES    32u         /* NUL-padded field */
 /* Token ids in one TOKENIZE_REPLY frame, PS entries in one PS_REPLY. */
 #define IPC_MAX_IDS_PER_FRAME    ((IPC_MAX_PAYLOAD_BYTES - 16u) / 4u)
@@ -266,7 +267,12 @@ struct ipc_welcome {
 	uint64_t kv_bytes_per_token;
 	uint64_t pool_bytes;      /* KV pool size */
 	char model_name[IPC_MODEL_NAME_BYTES]; /* NUL-terminated and -padded, no control characters */
-	uint64_t reserved[4];
+	/* The model file's base name without ".gguf" (at most IPC_MODEL_ID_BYTES - 1
+	 * bytes, cut at a character boundary; control characters become '_'),
+	 * NUL-terminated and -padded: a short, stable id for the model. Sent to
+	 * clients of IPC_MODEL_ID_CLIENT_VERSION or later; all zeros for older
+	 * ones, whose reserved field it was, and from older servers. */
+	char model_id[IPC_MODEL_ID_BYTES];
 };
 
 /* GENERATE flags (struct ipc_generate.gen_flags). */
@@ -413,6 +419,8 @@ struct ipc_stats {
 	/* since IPC_CACHE_SERVER_VERSION (zero for older clients: their reserved field) */
 	uint64_t adopted_hit_tokens;  /* of prefix_hit_tokens: on pages adopted from an earlier run */
 };
+/* kvd 0.8.0: ipc_welcome.model_id, sent to clients saying this version or later. */
+#define IPC_MODEL_ID_CLIENT_VERSION ((0u << 16) | (8u << 8) | 0u)
 /* kvd 0.5.0: ipc_welcome.kv_type, sent to clients saying this version or later. */
 #define IPC_KV_TYPE_CLIENT_VERSION ((0u << 16) | (5u << 8) | 0u)
 /* the largest kv_type a WELCOME may carry (unknown later types are shown as

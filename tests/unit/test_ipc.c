@@ -825,10 +825,18 @@ static void test_reject_payloads(void **state)
 	assert_int_equal(ipc_decode_welcome(&f, &ww), -EBADMSG);
 	memset(w.model_name, 0, sizeof(w.model_name));
 	w.model_name[0] = 'm';
-	w.reserved[3] = 1;
+	/* model_id (0.8.0, the reserved field before): a NUL-padded name */
+	strcpy(w.model_id, "SmolLM2-135M-Instruct.Q4_1");
 	check1(IPC_MSG_WELCOME, 0, &w, sizeof(w), IPC_FROM_SERVER, IPC_VIA_SOCKET, &f);
-	assert_int_equal(ipc_decode_welcome(&f, &ww), -EPROTO);
-	w.reserved[3] = 0;
+	assert_int_equal(ipc_decode_welcome(&f, &ww), 0);
+	assert_string_equal(ww.model_id, "SmolLM2-135M-Instruct.Q4_1");
+	w.model_id[30] = 'x'; /* garbage after the NUL */
+	check1(IPC_MSG_WELCOME, 0, &w, sizeof(w), IPC_FROM_SERVER, IPC_VIA_SOCKET, &f);
+	assert_int_equal(ipc_decode_welcome(&f, &ww), -EBADMSG);
+	memset(w.model_id, 'x', sizeof(w.model_id)); /* no NUL */
+	check1(IPC_MSG_WELCOME, 0, &w, sizeof(w), IPC_FROM_SERVER, IPC_VIA_SOCKET, &f);
+	assert_int_equal(ipc_decode_welcome(&f, &ww), -EBADMSG);
+	memset(w.model_id, 0, sizeof(w.model_id));
 	/* kv_type: a kvd_kv_type + 1 up to IPC_KV_TYPE_MAX (0.5.0) */
 	w.kv_type = 5;
 	check1(IPC_MSG_WELCOME, 0, &w, sizeof(w), IPC_FROM_SERVER, IPC_VIA_SOCKET, &f);
