@@ -86,7 +86,11 @@
 	  "Packed pages holding released pages' global layers (of pages_used).") \
 	X(pages_released, COUNTER, "pages", "pages_released", "Pages windowed layers were done with, released.") \
 	X(adopted_hit_tokens, COUNTER, "tokens", "adopted_hit_tokens", \
-	  "Prompt tokens found in cached pages adopted from the previous run (of prefix_hit_tokens).")
+	  "Prompt tokens found in cached pages adopted from the previous run (of prefix_hit_tokens).") \
+	X(gram_checked, COUNTER, "tokens", "constraint_fast_tokens", \
+	  "Constrained tokens the greedy check alone answered (the fast path).") \
+	X(gram_masked, COUNTER, "tokens", "constraint_masked_tokens", \
+	  "Constrained tokens drawn over a full mask of the allowed tokens.")
 
 /* One row of the list, for code that walks it at run time. */
 struct kvc_metric {

@@ -637,8 +637,23 @@ struct kvc_stats {
 	uint64_t pages_released;      /* pages windowed layers were done with, released (0.4.0) */
 	uint64_t adopted_hit_tokens;  /* of prefix_hit_tokens: found in pages adopted from an earlier
 	                               * run (fd store or hibernation file; 0.6.0, 0 from older daemons) */
+	/* 0.8.0 (0 from older daemons): the struct grows from here, see kvc_stats_get() */
+	uint64_t gram_checked;        /* constrained tokens the greedy check alone answered */
+	uint64_t gram_masked;         /* constrained tokens drawn over a full mask of allowed tokens */
 };
 KVC_EXPORT int kvc_stats(kvc_client *c, struct kvc_stats *ret);
+/*
+ * kvc_stats() for a struct kvc_stats of size bytes (sizeof as the caller
+ * was compiled): fills min(size, the library's sizeof(struct kvc_stats))
+ * bytes of *ret, counters the daemon does not send as 0, and leaves bytes
+ * past the library's struct untouched. kvc_stats() is a macro over it
+ * (0.8.0), so a program built with a newer header than the library it runs
+ * with, or an older one, gets the fields both know; the kvc_stats symbol
+ * itself fills 0.7.0's struct, for programs built before the macro.
+ * -EINVAL when size is 0 or not a multiple of 8; else as kvc_stats().
+ */
+KVC_EXPORT int kvc_stats_get(kvc_client *c, struct kvc_stats *ret, size_t size);
+#define kvc_stats(c, ret) kvc_stats_get((c), (ret), sizeof(*(ret)))
 
 enum kvc_req_state {
 	KVC_REQ_WAITING = 1,

@@ -640,7 +640,9 @@ static void handle_sock_frames(struct client *c, bool busy, uint64_t *t_charged)
 				st.pages_packed = st.pages_released = 0;
 			if (c->client_version < IPC_CACHE_SERVER_VERSION) /* and after 0.5's */
 				st.adopted_hit_tokens = 0;
-			sock_send(c, IPC_MSG_STATS_REPLY, 0, rid, &st, sizeof(st));
+			/* older clients take exactly 0.7.0's reply; newer ones any length */
+			sock_send(c, IPC_MSG_STATS_REPLY, 0, rid, &st,
+				  c->client_version < IPC_STATS_GROW_VERSION ? IPC_STATS_V070_BYTES : sizeof(st));
 			break;
 		}
 		case IPC_MSG_TOKENIZE:

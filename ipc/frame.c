@@ -35,7 +35,8 @@ static_assert(sizeof(struct ipc_token) == 16, "ipc_token size");
 static_assert(sizeof(struct ipc_done) == 56, "ipc_done size");
 static_assert(offsetof(struct ipc_done, queue_ns) == 24, "ipc_done layout");
 static_assert(sizeof(struct ipc_error) == 8, "ipc_error size");
-static_assert(sizeof(struct ipc_stats) == 40 * 8, "ipc_stats size");
+static_assert(IPC_STATS_V070_BYTES == 40 * 8, "ipc_stats: 0.7.0's fields are fixed");
+static_assert(sizeof(struct ipc_stats) == 42 * 8 && sizeof(struct ipc_stats) <= IPC_MAX_STATS_BYTES, "ipc_stats size");
 static_assert(sizeof(struct ipc_tokenize) == 8, "ipc_tokenize size");
 static_assert(sizeof(struct ipc_tokenize_reply) == 16, "ipc_tokenize_reply size");
 static_assert(sizeof(struct ipc_session_open) == 8, "ipc_session_open size");
@@ -90,7 +91,7 @@ static const struct type_info types[IPC_MSG_TYPE_MAX + 1] = {
 	[IPC_MSG_ERROR] = { "ERROR", IPC_FROM_SERVER | IPC_VIA_SOCKET | IPC_VIA_RING, sizeof(struct ipc_error),
 			    true, 0, 0 },
 	[IPC_MSG_STATS] = { "STATS", C2S_SOCK, 0, false, 0, 0 },
-	[IPC_MSG_STATS_REPLY] = { "STATS_REPLY", S2C_SOCK, sizeof(struct ipc_stats), false, 0, 0 },
+	[IPC_MSG_STATS_REPLY] = { "STATS_REPLY", S2C_SOCK, IPC_STATS_V070_BYTES, true, 0, 0 },
 	[IPC_MSG_TOKENIZE] = { "TOKENIZE", C2S_SOCK, sizeof(struct ipc_tokenize), true, 0, 0 },
 	[IPC_MSG_TOKENIZE_REPLY] = { "TOKENIZE_REPLY", S2C_SOCK, sizeof(struct ipc_tokenize_reply), true,
 				     IPC_F_MORE, 0 },
@@ -752,8 +753,11 @@ int ipc_decode_stats(const struct ipc_frame *f, struct ipc_stats *ret)
 {
 	struct ipc_stats s;
 
-	assert(f->hdr.type == IPC_MSG_STATS_REPLY && f->hdr.length == sizeof(s));
-	memcpy(&s, f->payload, sizeof(s));
+	assert(f->hdr.type == IPC_MSG_STATS_REPLY && f->hdr.length >= IPC_STATS_V070_BYTES);
+	if (f->hdr.length > IPC_MAX_STATS_BYTES || f->hdr.length % sizeof(uint64_t))
+		return -EBADMSG;
+	memset(&s, 0, sizeof(s)); /* fields an older daemon does not send read as 0 */
+	memcpy(&s, f->payload, f->hdr.length < sizeof(s) ? f->hdr.length : sizeof(s));
 	/* Counts that cannot hold in any pool mean a corrupt reply. */
 	if (s.pages_free > s.pages_total || s.pages_used > s.pages_total || s.pages_cached > s.pages_total ||
 	    s.pages_shared > s.pages_used || s.pages_packed > s.pages_used)

@@ -418,7 +418,24 @@ struct ipc_stats {
 	uint64_t pages_released;      /* pages windowed layers were done with, released ([kv] release_local) */
 	/* since IPC_CACHE_SERVER_VERSION (zero for older clients: their reserved field) */
 	uint64_t adopted_hit_tokens;  /* of prefix_hit_tokens: on pages adopted from an earlier run */
+	/* The reply grows from here (IPC_STATS_GROW_VERSION): the fields below
+	 * are sent only to clients of that version or later. */
+	uint64_t gram_checked;        /* constrained tokens the greedy check alone answered (fast path) */
+	uint64_t gram_masked;         /* constrained tokens drawn over a full mask of allowed tokens */
 };
+/*
+ * STATS_REPLY's length. Up to kvd 0.7.0 the reply was exactly
+ * IPC_STATS_V070_BYTES (its reserved fields since filled). From
+ * IPC_STATS_GROW_VERSION on it may be any multiple of 8 bytes from
+ * IPC_STATS_V070_BYTES to IPC_MAX_STATS_BYTES, new counters appended at its
+ * end: a reader takes the fields it knows that the reply holds, and reads
+ * the ones the reply is too short for as 0 (ipc_decode_stats). The daemon
+ * sends a client older than IPC_STATS_GROW_VERSION exactly
+ * IPC_STATS_V070_BYTES, which is all such a client accepts.
+ */
+#define IPC_STATS_GROW_VERSION ((0u << 16) | (8u << 8) | 0u) /* kvd 0.8.0 */
+#define IPC_STATS_V070_BYTES   ((uint32_t)offsetof(struct ipc_stats, gram_checked))
+#define IPC_MAX_STATS_BYTES    4096u
 /* kvd 0.8.0: ipc_welcome.model_id, sent to clients saying this version or later. */
 #define IPC_MODEL_ID_CLIENT_VERSION ((0u << 16) | (8u << 8) | 0u)
 /* kvd 0.5.0: ipc_welcome.kv_type, sent to clients saying this version or later. */
@@ -706,6 +723,11 @@ struct ipc_error_msg {
 };
 int ipc_decode_error(const struct ipc_frame *f, struct ipc_error_msg *ret);
 
+/* A STATS_REPLY of any length the frame check let through (IPC_STATS_V070_BYTES
+ * .. IPC_MAX_STATS_BYTES): the fields of struct ipc_stats the reply holds,
+ * the rest 0; bytes past the struct (a newer daemon's counters) are ignored.
+ * -EBADMSG for a length that is not a multiple of 8 or over
+ * IPC_MAX_STATS_BYTES, -EINVAL for counts no pool can hold. */
 int ipc_decode_stats(const struct ipc_frame *f, struct ipc_stats *ret);
 
 struct ipc_tokenize_msg {

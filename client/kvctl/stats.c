@@ -54,7 +54,7 @@ static const char help_stats[] =
 	"                    prompt_tokens_total, generated_tokens_total, steps, uptime_ns,\n"
 	"                    ledger_records_dropped, swap_errors, swap_fallback_recomputes, pages_demoted,\n"
 	"                    samples_forked, pages_adopted, pages_packed, pages_released,\n"
-	"                    adopted_hit_tokens,\n"
+	"                    adopted_hit_tokens, gram_checked, gram_masked,\n"
 	"                    and the strings model and server_version\n"
 	"    --watch [SECS]  repeat every SECS seconds (default 1) until interrupted; with\n"
 	"                    --json, one object per line\n"
@@ -158,6 +158,10 @@ static void print_stats_table(const struct kvc_stats *s, const struct kvc_info *
 	printf("clients   %" PRIu64 " connected, %" PRIu64 " sessions; %" PRIu64 " prompt and %" PRIu64
 	       " generated tokens in %" PRIu64 " steps\n",
 	       s->clients, s->sessions, s->prompt_tokens_total, s->generated_tokens_total, s->steps);
+	if (s->gram_checked || s->gram_masked)
+		printf("grammar   %" PRIu64 " constrained tokens: %" PRIu64 " answered by the greedy check alone, %" PRIu64
+		       " drawn over a full mask\n",
+		       s->gram_checked + s->gram_masked, s->gram_checked, s->gram_masked);
 	if (s->ledger_records_dropped)
 		printf("ledger    %" PRIu64 " records could not be written (see kvd's log)\n", s->ledger_records_dropped);
 }
