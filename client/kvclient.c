@@ -84,6 +84,24 @@ static void fill_info(struct kvc_info *i, const struct ipc_welcome *w)
 		memcpy(i->kv_cache_type, kt, strlen(kt) + 1); /* at most "q8_0" */
 }
 
+const char *kvc_kv_type(unsigned i, uint32_t *ret_block_elems, uint32_t *ret_block_bytes)
+{
+#define KV_TYPE_ROW(v, name, be, bb) { name, be, bb },
+	static const struct {
+		const char *name;
+		uint32_t block_elems, block_bytes;
+	} types[] = { IPC_KV_TYPES(KV_TYPE_ROW) };
+#undef KV_TYPE_ROW
+
+	if (i >= sizeof(types) / sizeof(types[0]))
+		return NULL;
+	if (ret_block_elems)
+		*ret_block_elems = types[i].block_elems;
+	if (ret_block_bytes)
+		*ret_block_bytes = types[i].block_bytes;
+	return types[i].name;
+}
+
 static void client_name(char out[IPC_CLIENT_NAME_BYTES])
 {
 	const char *s = program_invocation_short_name;

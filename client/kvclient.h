@@ -204,6 +204,16 @@ struct kvc_info {
 KVC_EXPORT const struct kvc_info *kvc_server_info(const kvc_client *c);
 
 /*
+ * The KV element types this library knows, for i = 0, 1, ... in turn: the
+ * type's name as kvc_info.kv_cache_type spells it ("f16", "f32", "q8_0",
+ * "q4_0", "bf16"; static, never freed), with *ret_block_elems elements
+ * stored in *ret_block_bytes bytes (f16: 1 in 2; q8_0: 32 in 34). NULL
+ * past the last type, the outputs then untouched. Either output may be
+ * NULL. (0.8.0)
+ */
+KVC_EXPORT const char *kvc_kv_type(unsigned i, uint32_t *ret_block_elems, uint32_t *ret_block_bytes);
+
+/*
  * The message the daemon attached to the last error it returned to a call
  * on this client (for example why a tokenize request was refused), or ""
  * when there was none. Valid until the next call on the client.

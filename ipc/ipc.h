@@ -444,12 +444,30 @@ struct ipc_stats {
  * their byte size only) */
 #define IPC_KV_TYPE_MAX 64u
 
-/* The name of a WELCOME kv_type (enum kvd_kv_type + 1, whose values are
- * fixed), or NULL for 0 and types this build does not know. */
+/*
+ * The KV element types on the wire, the list libkvclient and its programs
+ * know them by: X(kv_type, name, block_elems, block_bytes), kv_type being
+ * WELCOME's (enum kvd_kv_type + 1, whose values are fixed), block_elems
+ * elements stored in block_bytes bytes. ipc sees no kernels header, so this
+ * is the wire's own list; tests/unit/test_kvtypes.c checks that it and
+ * kernels/backend.h's KVD_KV_TYPES agree row for row.
+ */
+#define IPC_KV_TYPES(X) \
+	X(1, "f16", 1, 2) \
+	X(2, "f32", 1, 4) \
+	X(3, "q8_0", 32, 34) \
+	X(4, "q4_0", 32, 18) \
+	X(5, "bf16", 1, 2)
+
+/* The name of a WELCOME kv_type, or NULL for 0 and types this build does
+ * not know. */
 static inline const char *ipc_kv_type_name(uint32_t kv_type)
 {
-	static const char *const names[] = { NULL, "f16", "f32", "q8_0", "q4_0", "bf16" };
-	return kv_type < sizeof(names) / sizeof(names[0]) ? names[kv_type] : NULL;
+#define IPC_KV_NAME_(v, name, be, bb) \
+	case v: return name;
+	switch (kv_type) { IPC_KV_TYPES(IPC_KV_NAME_) }
+#undef IPC_KV_NAME_
+	return NULL;
 }
 /* kvd 0.4.0: ipc_stats.pages_packed and .pages_released. */
 #define IPC_RELEASE_SERVER_VERSION ((0u << 16) | (4u << 8) | 0u)
