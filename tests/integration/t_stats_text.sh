@@ -5,7 +5,10 @@
 #     once, and the heading names the KV type and bytes per token;
 #   - after constrained generations the grammar rows show the counts the
 #     JSON form gives (gram_checked, gram_masked), and they add up to the
-#     tokens generated under the constraints.
+#     tokens generated under the constraints;
+#   - STATS grows by version: a client saying 0.7.0 gets 0.7.0's 320-byte
+#     reply (it accepts no other length), a 0.8.0 client the longer one,
+#     with the grammar counters.
 source "$(dirname "$0")/lib.sh"
 need_bins
 [ -f "$REAL_MODEL" ] || skip "default model missing (run scripts/setup)"
@@ -34,3 +37,9 @@ row() { sed -n "s/^.*$1 *\([0-9][0-9]*\) tokens.*/\1/p" "$T/text"; }
 [ $((checked + masked)) -ge 2 ] && [ $((checked + masked)) -le "$gen" ] ||
 	fail "constrained tokens $checked + $masked for $gen generated"
 ok "grammar: $checked fast-path and $masked full-mask tokens of $gen generated, as --json says"
+
+raw_stats() { KVD_RAW_CLIENT_VERSION=$1 "$RAW" -s "$S" stats >"$T/raw" || fail "kvd_raw stats as $1"
+	$PY -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["reply_bytes"], d["gram_masked"])' "$T/raw"; }
+[ "$(raw_stats 0x000700)" = "320 0" ] || fail "a 0.7.0 client's STATS reply: $(cat "$T/raw")"
+[ "$(raw_stats 0x000800)" = "336 $masked" ] || fail "a 0.8.0 client's STATS reply: $(cat "$T/raw")"
+ok "STATS: 320 bytes for a 0.7.0 client, 336 with the grammar counters for 0.8.0"
