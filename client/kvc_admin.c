@@ -25,6 +25,9 @@ _Static_assert(sizeof(struct kvc_stats) == KVC_STATS_N_METRICS * sizeof(uint64_t
 	       "struct kvc_stats has a member client/kvc_metrics.h does not list");
 _Static_assert(sizeof(struct ipc_stats) == sizeof(struct kvc_stats),
 	       "struct ipc_stats and struct kvc_stats differ in size");
+/* struct kvc_stats as libkvclient 0.7.0 declared it: what the kvc_stats symbol fills */
+#define KVC_STATS_V070_BYTES ((size_t)IPC_STATS_V070_BYTES)
+_Static_assert(offsetof(struct kvc_stats, gram_checked) == KVC_STATS_V070_BYTES, "0.7.0's struct kvc_stats");
 
 /* Everything defined from here on is internal unless kvclient.h declared
  * it with KVC_EXPORT (an explicit attribute beats the pragma). */
@@ -47,16 +50,24 @@ static int stats_reply(kvc_client *c, const struct ipc_frame *f, void *arg)
 	return 1;
 }
 
-int kvc_stats(kvc_client *c, struct kvc_stats *ret)
+int kvc_stats_get(kvc_client *c, struct kvc_stats *ret, size_t size)
 {
 	struct kvc_stats s;
 
-	if (!c || !ret)
+	if (!c || !ret || size == 0 || size % sizeof(uint64_t))
 		return -EINVAL;
 	int r = ctl_call(c, IPC_MSG_STATS, NULL, 0, NULL, 0, stats_reply, &s);
 	if (r == 0)
-		*ret = s;
+		memcpy(ret, &s, size < sizeof(s) ? size : sizeof(s));
 	return r;
+}
+
+/* The kvc_stats symbol, which programs built before kvc_stats() became a
+ * macro call: their struct kvc_stats was 0.7.0's. */
+#undef kvc_stats
+int kvc_stats(kvc_client *c, struct kvc_stats *ret)
+{
+	return kvc_stats_get(c, ret, KVC_STATS_V070_BYTES);
 }
 
 struct tok_acc {

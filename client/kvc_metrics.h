@@ -13,8 +13,9 @@
  * table of docs/operations.md, which tests/checks/t_docs.sh checks against
  * `build/scripts/kvd-docgen metrics`.
  *
- * Adding a counter: a field in struct ipc_stats (ipc/ipc.h) filled by the
- * daemon, the same field in struct kvc_stats, and a row here. Nothing else.
+ * Adding a counter: a field at the end of struct ipc_stats (ipc/ipc.h)
+ * filled by the daemon, the same field at the end of struct kvc_stats, and
+ * a row here. Nothing else: `kvctl stats` shows it in its text table too.
  *
  * Prometheus names: "kvd_" + name, and "_total" after a counter's name.
  * Counters are cumulative since the daemon started; ratios (the prefix
@@ -37,56 +38,98 @@
 #define KVC_METRIC_GAUGE   0
 #define KVC_METRIC_COUNTER 1
 
-/* X(field, kind, unit, name, help): kind GAUGE or COUNTER (KVC_METRIC_*). */
+/*
+ * X(field, kind, unit, name, group, label, of, help): kind GAUGE or COUNTER
+ * (KVC_METRIC_*); group and label place the row in `kvctl stats`' text
+ * table (rows of one group together, under the group's name, in the order
+ * groups first appear here); of names the field the row is a part of
+ * (shown as its share; "" for none).
+ */
 #define KVC_STATS_METRICS(X) \
-	X(pages_total, GAUGE, "pages", "pages_total", "KV pages in the pool.") \
-	X(pages_free, GAUGE, "pages", "pages_free", "KV pages on the free list.") \
-	X(pages_used, GAUGE, "pages", "pages_used", "KV pages mapped by at least one sequence.") \
-	X(pages_shared, GAUGE, "pages", "pages_shared", "KV pages mapped by two or more sequences (of pages_used).") \
-	X(pages_cached, GAUGE, "pages", "pages_cached", "KV pages no sequence uses, kept for prefix reuse.") \
-	X(pages_swapped, GAUGE, "pages", "pages_swapped", "Pages' worth of KV in the swap file.") \
-	X(page_bytes, GAUGE, "bytes", "page_bytes", "Bytes of one KV page.") \
-	X(block_size, GAUGE, "tokens", "block_size_tokens", "Tokens one KV page holds.") \
-	X(kv_bytes_per_token, GAUGE, "bytes", "kv_bytes_per_token", "KV bytes one token costs.") \
-	X(pool_bytes, GAUGE, "bytes", "pool_bytes", "Size of the KV pool.") \
-	X(tokens_resident, GAUGE, "tokens", "tokens_resident", "Tokens whose K/V are in the pool.") \
-	X(slack_tokens, GAUGE, "tokens", "slack_tokens", "Unused token slots in partly filled pages.") \
-	X(prefix_lookups, COUNTER, "prompts", "prefix_lookups", \
+	X(pages_total, GAUGE, "pages", "pages_total", "pool", "total", "", \
+	  "KV pages in the pool.") \
+	X(pages_free, GAUGE, "pages", "pages_free", "pool", "free", "pages_total", \
+	  "KV pages on the free list.") \
+	X(pages_used, GAUGE, "pages", "pages_used", "pool", "used", "pages_total", \
+	  "KV pages mapped by at least one sequence.") \
+	X(pages_shared, GAUGE, "pages", "pages_shared", "pool", "  shared", "pages_used", \
+	  "KV pages mapped by two or more sequences (of pages_used).") \
+	X(pages_cached, GAUGE, "pages", "pages_cached", "pool", "cached", "pages_total", \
+	  "KV pages no sequence uses, kept for prefix reuse.") \
+	X(pages_swapped, GAUGE, "pages", "pages_swapped", "pool", "swapped (in the swap file)", "", \
+	  "Pages' worth of KV in the swap file.") \
+	X(page_bytes, GAUGE, "bytes", "page_bytes", "pool", "page size", "", \
+	  "Bytes of one KV page.") \
+	X(block_size, GAUGE, "tokens", "block_size_tokens", "pool", "tokens per page", "", \
+	  "Tokens one KV page holds.") \
+	X(kv_bytes_per_token, GAUGE, "bytes", "kv_bytes_per_token", "pool", "KV per token", "", \
+	  "KV bytes one token costs.") \
+	X(pool_bytes, GAUGE, "bytes", "pool_bytes", "pool", "pool size", "", \
+	  "Size of the KV pool.") \
+	X(tokens_resident, GAUGE, "tokens", "tokens_resident", "pool", "tokens resident", "", \
+	  "Tokens whose K/V are in the pool.") \
+	X(slack_tokens, GAUGE, "tokens", "slack_tokens", "pool", "slack (unused slots)", "", \
+	  "Unused token slots in partly filled pages.") \
+	X(prefix_lookups, COUNTER, "prompts", "prefix_lookups", "prefix", "lookups", "", \
 	  "Prompts looked up in the prefix cache (session turns included).") \
-	X(prefix_query_tokens, COUNTER, "tokens", "prefix_query_tokens", \
+	X(prefix_query_tokens, COUNTER, "tokens", "prefix_query_tokens", "prefix", "tokens looked up", "", \
 	  "Prompt tokens looked up in the prefix cache (session turns included).") \
-	X(prefix_hit_tokens, COUNTER, "tokens", "prefix_hit_tokens", \
+	X(prefix_hit_tokens, COUNTER, "tokens", "prefix_hit_tokens", "prefix", "tokens found", "prefix_query_tokens", \
 	  "Prompt tokens found in the prefix cache or a session's kept KV.") \
-	X(pages_evicted, COUNTER, "pages", "pages_evicted", "Cached pages dropped from the pool.") \
-	X(cow_copies, COUNTER, "pages", "cow_copies", "Shared pages copied before a write (copy-on-write).") \
-	X(swap_out_pages, COUNTER, "pages", "swap_out_pages", "Pages written to the swap file.") \
-	X(swap_in_pages, COUNTER, "pages", "swap_in_pages", "Pages read back from the swap file.") \
-	X(swap_bytes, GAUGE, "bytes", "swap_bytes", "Capacity of the swap file.") \
-	X(requests_running, GAUGE, "requests", "requests_running", "Requests in the batch.") \
-	X(requests_waiting, GAUGE, "requests", "requests_waiting", "Requests waiting for admission.") \
-	X(requests_swapped, GAUGE, "requests", "requests_swapped", "Requests preempted, waiting to resume.") \
-	X(requests_completed, COUNTER, "requests", "requests_completed", "Requests finished (any way).") \
-	X(requests_rejected, COUNTER, "requests", "requests_rejected", "Requests refused before they ran.") \
-	X(clients, GAUGE, "clients", "clients", "Connected clients.") \
-	X(sessions, GAUGE, "sessions", "sessions", "Open sessions.") \
-	X(prompt_tokens_total, COUNTER, "tokens", "prompt_tokens", "Prompt tokens of requests.") \
-	X(generated_tokens_total, COUNTER, "tokens", "generated_tokens", "Tokens generated.") \
-	X(steps, COUNTER, "steps", "steps", "Scheduler steps run.") \
-	X(uptime_ns, GAUGE, "ns", "uptime_seconds", "Seconds since the daemon started.") \
-	X(ledger_records_dropped, COUNTER, "records", "ledger_records_dropped", \
+	X(pages_evicted, COUNTER, "pages", "pages_evicted", "prefix", "pages evicted", "", \
+	  "Cached pages dropped from the pool.") \
+	X(cow_copies, COUNTER, "pages", "cow_copies", "prefix", "copy-on-write copies", "", \
+	  "Shared pages copied before a write (copy-on-write).") \
+	X(swap_out_pages, COUNTER, "pages", "swap_out_pages", "swap", "pages written", "", \
+	  "Pages written to the swap file.") \
+	X(swap_in_pages, COUNTER, "pages", "swap_in_pages", "swap", "pages read back", "", \
+	  "Pages read back from the swap file.") \
+	X(swap_bytes, GAUGE, "bytes", "swap_bytes", "swap", "file size", "", \
+	  "Capacity of the swap file.") \
+	X(requests_running, GAUGE, "requests", "requests_running", "requests", "running", "", \
+	  "Requests in the batch.") \
+	X(requests_waiting, GAUGE, "requests", "requests_waiting", "requests", "waiting", "", \
+	  "Requests waiting for admission.") \
+	X(requests_swapped, GAUGE, "requests", "requests_swapped", "requests", "swapped out", "", \
+	  "Requests preempted, waiting to resume.") \
+	X(requests_completed, COUNTER, "requests", "requests_completed", "requests", "completed", "", \
+	  "Requests finished (any way).") \
+	X(requests_rejected, COUNTER, "requests", "requests_rejected", "requests", "rejected", "", \
+	  "Requests refused before they ran.") \
+	X(clients, GAUGE, "clients", "clients", "clients", "connected", "", \
+	  "Connected clients.") \
+	X(sessions, GAUGE, "sessions", "sessions", "clients", "sessions", "", \
+	  "Open sessions.") \
+	X(prompt_tokens_total, COUNTER, "tokens", "prompt_tokens", "work", "prompt tokens", "", \
+	  "Prompt tokens of requests.") \
+	X(generated_tokens_total, COUNTER, "tokens", "generated_tokens", "work", "generated tokens", "", \
+	  "Tokens generated.") \
+	X(steps, COUNTER, "steps", "steps", "work", "scheduler steps", "", \
+	  "Scheduler steps run.") \
+	X(uptime_ns, GAUGE, "ns", "uptime_seconds", "work", "uptime", "", \
+	  "Seconds since the daemon started.") \
+	X(ledger_records_dropped, COUNTER, "records", "ledger_records_dropped", "ledger", "records not written", "", \
 	  "Ledger records that could not be written.") \
-	X(swap_errors, COUNTER, "transfers", "swap_errors", "Swap page transfers that failed.") \
-	X(swap_fallback_recomputes, COUNTER, "requests", "swap_fallback_recomputes", \
+	X(swap_errors, COUNTER, "transfers", "swap_errors", "swap", "I/O errors", "", \
+	  "Swap page transfers that failed.") \
+	X(swap_fallback_recomputes, COUNTER, "requests", "swap_fallback_recomputes", "swap", "requests recomputed", "", \
 	  "Requests whose KV was recomputed after a failed swap.") \
-	X(pages_demoted, GAUGE, "pages", "pages_demoted", "Cached prefix pages kept in the swap file (of pages_swapped).") \
-	X(samples_forked, COUNTER, "sequences", "samples_forked", \
+	X(pages_demoted, GAUGE, "pages", "pages_demoted", "swap", "cached prefix pages", "pages_swapped", \
+	  "Cached prefix pages kept in the swap file (of pages_swapped).") \
+	X(samples_forked, COUNTER, "sequences", "samples_forked", "requests", "samples forked", "", \
 	  "Sequences forked from a computed prompt for parallel samples.") \
-	X(pages_adopted, COUNTER, "pages", "pages_adopted", "Cached prefix pages adopted from the previous run at start.") \
-	X(pages_packed, GAUGE, "pages", "pages_packed", \
+	X(pages_adopted, COUNTER, "pages", "pages_adopted", "prefix", "pages adopted at start", "", \
+	  "Cached prefix pages adopted from the previous run at start.") \
+	X(pages_packed, GAUGE, "pages", "pages_packed", "windows", "packed pages", "pages_used", \
 	  "Packed pages holding released pages' global layers (of pages_used).") \
-	X(pages_released, COUNTER, "pages", "pages_released", "Pages windowed layers were done with, released.") \
-	X(adopted_hit_tokens, COUNTER, "tokens", "adopted_hit_tokens", \
-	  "Prompt tokens found in cached pages adopted from the previous run (of prefix_hit_tokens).")
+	X(pages_released, COUNTER, "pages", "pages_released", "windows", "pages released", "", \
+	  "Pages windowed layers were done with, released.") \
+	X(adopted_hit_tokens, COUNTER, "tokens", "adopted_hit_tokens", "prefix", "found in adopted pages", "prefix_hit_tokens", \
+	  "Prompt tokens found in cached pages adopted from the previous run (of prefix_hit_tokens).") \
+	X(gram_checked, COUNTER, "tokens", "constraint_fast_tokens", "grammar", "fast-path tokens", "", \
+	  "Constrained tokens the greedy check alone answered (the fast path).") \
+	X(gram_masked, COUNTER, "tokens", "constraint_masked_tokens", "grammar", "full-mask tokens", "", \
+	  "Constrained tokens drawn over a full mask of the allowed tokens.")
 
 /* One row of the list, for code that walks it at run time. */
 struct kvc_metric {
@@ -94,12 +137,15 @@ struct kvc_metric {
 	int kind;            /* KVC_METRIC_GAUGE or KVC_METRIC_COUNTER */
 	const char *unit;    /* "pages", "bytes", "tokens", ...; "ns": exported in seconds */
 	const char *name;    /* the Prometheus name without "kvd_" and a counter's "_total" */
+	const char *group;   /* kvctl stats' text table: the group the row is shown in */
+	const char *label;   /* ... and its label there */
+	const char *of;      /* the field this row is a part of, or "" */
 	const char *help;
 	size_t off;          /* offsetof(struct kvc_stats, field) */
 };
 
-#define KVC_METRIC_ROW_(f, kind, unit, name, help) \
-	{ #f, KVC_METRIC_##kind, unit, name, help, offsetof(struct kvc_stats, f) },
+#define KVC_METRIC_ROW_(f, kind, unit, name, group, label, of, help) \
+	{ #f, KVC_METRIC_##kind, unit, name, group, label, of, help, offsetof(struct kvc_stats, f) },
 #define KVC_METRIC_ONE_(...) +1
 /* Rows in the list. */
 enum { KVC_STATS_N_METRICS = 0 KVC_STATS_METRICS(KVC_METRIC_ONE_) };

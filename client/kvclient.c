@@ -46,6 +46,7 @@ static_assert(KVC_GEN_RAW == IPC_GEN_RAW && KVC_GEN_WANT_IDS == IPC_GEN_WANT_IDS
 	      "generate flags");
 static_assert(sizeof(((struct kvc_result *)0)->error_message) == IPC_MAX_ERROR_MSG_BYTES + 1, "error message");
 static_assert(sizeof(((struct kvc_info *)0)->model_name) == IPC_MODEL_NAME_BYTES, "model name");
+static_assert(sizeof(((struct kvc_info *)0)->model_id) == IPC_MODEL_ID_BYTES, "model id");
 
 /* ---- connecting ----------------------------------------------------------------------------- */
 
@@ -64,6 +65,7 @@ static void fill_info(struct kvc_info *i, const struct ipc_welcome *w)
 	memset(i, 0, sizeof(*i));
 	i->server_version = w->server_version;
 	memcpy(i->model_name, w->model_name, sizeof(i->model_name));
+	memcpy(i->model_id, w->model_id, sizeof(i->model_id)); /* zeros from older daemons */
 	i->n_vocab = w->n_vocab;
 	i->n_ctx = w->n_ctx;
 	i->block_size = w->block_size;
@@ -80,6 +82,24 @@ static void fill_info(struct kvc_info *i, const struct ipc_welcome *w)
 	const char *kt = ipc_kv_type_name(w->kv_type);
 	if (kt)
 		memcpy(i->kv_cache_type, kt, strlen(kt) + 1); /* at most "q8_0" */
+}
+
+const char *kvc_kv_type(unsigned i, uint32_t *ret_block_elems, uint32_t *ret_block_bytes)
+{
+#define KV_TYPE_ROW(v, name, be, bb) { name, be, bb },
+	static const struct {
+		const char *name;
+		uint32_t block_elems, block_bytes;
+	} types[] = { IPC_KV_TYPES(KV_TYPE_ROW) };
+#undef KV_TYPE_ROW
+
+	if (i >= sizeof(types) / sizeof(types[0]))
+		return NULL;
+	if (ret_block_elems)
+		*ret_block_elems = types[i].block_elems;
+	if (ret_block_bytes)
+		*ret_block_bytes = types[i].block_bytes;
+	return types[i].name;
 }
 
 static void client_name(char out[IPC_CLIENT_NAME_BYTES])

@@ -86,9 +86,9 @@ extern "C" {
 /* ---- version ----------------------------------------------------------- */
 
 #define KVC_VERSION_MAJOR 0
-#define KVC_VERSION_MINOR 7
+#define KVC_VERSION_MINOR 8
 #define KVC_VERSION_PATCH 0
-#define KVC_VERSION_STRING "0.7.0"
+#define KVC_VERSION_STRING "0.8.0"
 /* One number, comparable: (major << 16) | (minor << 8) | patch.
  * 0.2.0 added conversations (kvc_gen_params.messages, struct kvc_chat_msg).
  * 0.3.0 added parallel samples and log-probabilities (kvc_gen_params.n_samples,
@@ -99,7 +99,10 @@ extern "C" {
  * 0.6.0 added kvc_gen_params.tenant (cache scopes) and .priority.
  * 0.7.0 added structured output (kvc_gen_params.constraint, struct
  * kvc_constraint), kvc_stats.adopted_hit_tokens and kvc_cache_save() /
- * kvc_cache_drop(). */
+ * kvc_cache_drop().
+ * 0.8.0 added kvc_info.model_id, kvc_stats_get() (kvc_stats() became a
+ * macro over it, so struct kvc_stats can grow) and kvc_stats.gram_checked
+ * and .gram_masked. */
 #define KVC_VERSION ((KVC_VERSION_MAJOR << 16) | (KVC_VERSION_MINOR << 8) | KVC_VERSION_PATCH)
 
 /* The version of the library actually loaded, as KVC_VERSION. */
@@ -193,10 +196,22 @@ struct kvc_info {
 	uint64_t client_id;           /* the daemon's name for this connection (see kvc_ps) */
 	char kv_cache_type[8];        /* the KV element type ([kv] cache_type: "f16", "bf16", "q8_0",
 	                               * "q4_0", "f32"; 0.5.0, "" from older daemons) */
-	uint64_t reserved[7];
+	char model_id[32];            /* a short, stable id: the model file's base name without
+	                               * ".gguf" (at most 31 bytes; 0.8.0, "" from older daemons) */
+	uint64_t reserved[3];
 };
 /* Valid until kvc_close(); never NULL. */
 KVC_EXPORT const struct kvc_info *kvc_server_info(const kvc_client *c);
+
+/*
+ * The KV element types this library knows, for i = 0, 1, ... in turn: the
+ * type's name as kvc_info.kv_cache_type spells it ("f16", "f32", "q8_0",
+ * "q4_0", "bf16"; static, never freed), with *ret_block_elems elements
+ * stored in *ret_block_bytes bytes (f16: 1 in 2; q8_0: 32 in 34). NULL
+ * past the last type, the outputs then untouched. Either output may be
+ * NULL. (0.8.0)
+ */
+KVC_EXPORT const char *kvc_kv_type(unsigned i, uint32_t *ret_block_elems, uint32_t *ret_block_bytes);
 
 /*
  * The message the daemon attached to the last error it returned to a call
@@ -632,8 +647,23 @@ struct kvc_stats {
 	uint64_t pages_released;      /* pages windowed layers were done with, released (0.4.0) */
 	uint64_t adopted_hit_tokens;  /* of prefix_hit_tokens: found in pages adopted from an earlier
 	                               * run (fd store or hibernation file; 0.6.0, 0 from older daemons) */
+	/* 0.8.0 (0 from older daemons): the struct grows from here, see kvc_stats_get() */
+	uint64_t gram_checked;        /* constrained tokens the greedy check alone answered */
+	uint64_t gram_masked;         /* constrained tokens drawn over a full mask of allowed tokens */
 };
 KVC_EXPORT int kvc_stats(kvc_client *c, struct kvc_stats *ret);
+/*
+ * kvc_stats() for a struct kvc_stats of size bytes (sizeof as the caller
+ * was compiled): fills min(size, the library's sizeof(struct kvc_stats))
+ * bytes of *ret, counters the daemon does not send as 0, and leaves bytes
+ * past the library's struct untouched. kvc_stats() is a macro over it
+ * (0.8.0), so a program built with a newer header than the library it runs
+ * with, or an older one, gets the fields both know; the kvc_stats symbol
+ * itself fills 0.7.0's struct, for programs built before the macro.
+ * -EINVAL when size is 0 or not a multiple of 8; else as kvc_stats().
+ */
+KVC_EXPORT int kvc_stats_get(kvc_client *c, struct kvc_stats *ret, size_t size);
+#define kvc_stats(c, ret) kvc_stats_get((c), (ret), sizeof(*(ret)))
 
 enum kvc_req_state {
 	KVC_REQ_WAITING = 1,

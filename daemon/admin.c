@@ -103,6 +103,8 @@ void fill_stats(struct kvd_server *srv, const struct client *c, struct ipc_stats
 	st->pages_packed = ks.pages_packed;
 	st->pages_released = ks.pages_released;
 	st->adopted_hit_tokens = ks.adopted_hit_tokens;
+	st->gram_checked = ss.gram_checked;
+	st->gram_masked = ss.gram_masked;
 	if (c && !c->admin) {
 		const struct user_counters *u = user_counters_find(srv, c->cred.uid, false);
 

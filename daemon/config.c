@@ -6,6 +6,7 @@
  * parser, and main.c (options, --help) and server.c (SIGHUP) read the rows.
  */
 #include "config.h"
+#include "backend.h" /* KVD_KV_TYPES */
 
 #include <assert.h>
 #include <errno.h>
@@ -136,8 +137,13 @@ static int parse_ids(const char *v, int (*lookup)(const char *, uint32_t *), uin
 #define STR_MAX(f) (sizeof(((struct kvd_config *)0)->f) - 1)
 
 static const char *const backends[] = { "auto", "cpu", "cuda", NULL };
-/* "auto", then kvd_kv_type_name()'s spellings (kernels/backend.h) */
-static const char *const cache_types[] = { "auto", "f16", "bf16", "q8_0", "q4_0", "f32", NULL };
+/* "auto", then kernels/backend.h's KV types (KVD_KV_TYPES), and the
+ * message naming them all ("auto, f16, ..., q4_0 or f32") */
+#define CACHE_TYPE_NAME(e, v, name, be, bb) name,
+static const char *const cache_types[] = { "auto", KVD_KV_TYPES(CACHE_TYPE_NAME) NULL };
+#define CACHE_TYPE_LIST(e, v, name, be, bb) ", " name
+#define CACHE_TYPE_LAST(e, v, name, be, bb) " or " name
+#define CACHE_TYPE_BAD_MSG "cache_type must be auto" KVD_KV_TYPES_(CACHE_TYPE_LIST, CACHE_TYPE_LAST) ", not '%s'"
 static const char *const prefix_sharings[] = { "user", "group", "all", NULL };
 static const char *const context_policies[] = { "error", "truncate-oldest", "sliding-window", "sinks", NULL };
 static const char *const log_levels[] = {"emerg", "alert", "crit", "err", "warning", "notice", "info", "debug"};
@@ -165,7 +171,7 @@ const struct kvd_conf_key kvd_conf_keys[] = {
 	  NULL, NULL, FIELD(block_size), NO_FIELD2 },
 	{ "kv", "cache_type", KVD_CONF_STR, "auto",
 	  1, STR_MAX(cache_type), KVD_CONF_RESTART, "K/V element type: auto (bf16 where the CPU backend has bfloat16 products, AVX-512 BF16; else f16), f16, bf16, q8_0, q4_0 (32-element blocks, one scale each) or f32",
-	  OPT("--cache-type", 0, "TYPE"), cache_types, "cache_type must be auto, f16, bf16, q8_0, q4_0 or f32, not '%s'",
+	  OPT("--cache-type", 0, "TYPE"), cache_types, CACHE_TYPE_BAD_MSG,
 	  FIELD(cache_type), NO_FIELD2 },
 	{ "kv", "prefix_caching", KVD_CONF_BOOL, "yes",
 	  0, 1, KVD_CONF_RESTART, "do not share or cache prompt prefixes",

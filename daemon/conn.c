@@ -68,6 +68,28 @@ void sock_error(struct client *c, uint64_t rid, int32_t code, const char *fmt, .
 
 /* ---- the handshake ---------------------------------------------------------- */
 
+/* WELCOME's model id from the model file's path: the base name without
+ * ".gguf", cut to the field at a UTF-8 character boundary, control
+ * characters as '_'. */
+static void model_id_from_path(const char *path, char out[IPC_MODEL_ID_BYTES])
+{
+	const char *base = strrchr(path, '/');
+	size_t n;
+
+	base = base ? base + 1 : path;
+	n = strlen(base);
+	if (n > 5 && !strcmp(base + n - 5, ".gguf"))
+		n -= 5;
+	if (n > IPC_MODEL_ID_BYTES - 1) {
+		n = IPC_MODEL_ID_BYTES - 1;
+		while (n > 0 && ((unsigned char)base[n] & 0xc0) == 0x80)
+			n--; /* base[n] continues a character: cut before it */
+	}
+	memset(out, 0, IPC_MODEL_ID_BYTES);
+	for (size_t i = 0; i < n; i++)
+		out[i] = (unsigned char)base[i] < 0x20 || base[i] == 0x7f ? '_' : base[i];
+}
+
 static void handle_hello(struct client *c, const struct ipc_frame *f)
 {
 	struct kvd_server *srv = c->srv;
@@ -111,6 +133,8 @@ static void handle_hello(struct client *c, const struct ipc_frame *f)
 		w.kv_type = (uint32_t)lay->type + 1;
 	w.pool_bytes = (uint64_t)kvmm_n_pages(srv->kv) * kvmm_page_bytes(srv->kv);
 	snprintf(w.model_name, sizeof(w.model_name), "%s", kvd_model_name(kvd_engine_model(srv->e)));
+	if (h.client_version >= IPC_MODEL_ID_CLIENT_VERSION) /* older clients check it is zero */
+		model_id_from_path(srv->cfg.model, w.model_id);
 	r = ipc_chan_fds(c->chan, fds);
 	if (r == 0)
 		r = ipc_send_nowait(c->fd, IPC_MSG_WELCOME, 0, 0, &w, sizeof(w), fds, IPC_WELCOME_N_FDS);
@@ -616,7 +640,9 @@ static void handle_sock_frames(struct client *c, bool busy, uint64_t *t_charged)
 				st.pages_packed = st.pages_released = 0;
 			if (c->client_version < IPC_CACHE_SERVER_VERSION) /* and after 0.5's */
 				st.adopted_hit_tokens = 0;
-			sock_send(c, IPC_MSG_STATS_REPLY, 0, rid, &st, sizeof(st));
+			/* older clients take exactly 0.7.0's reply; newer ones any length */
+			sock_send(c, IPC_MSG_STATS_REPLY, 0, rid, &st,
+				  c->client_version < IPC_STATS_GROW_VERSION ? IPC_STATS_V070_BYTES : sizeof(st));
 			break;
 		}
 		case IPC_MSG_TOKENIZE:

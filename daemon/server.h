@@ -29,9 +29,11 @@
  * 0.6.0: the prefix cache is scoped by owner ([kv] prefix_sharing) and
  * GENERATE may name a tenant (IPC_GEN_TENANT, IPC_TENANT_SERVER_VERSION).
  * 0.7.0: GENERATE may carry a constraint (IPC_GEN_CONSTRAINT,
- * IPC_CONSTRAINT_SERVER_VERSION): structured output. */
-#define KVD_VERSION     "0.7.0"
-#define KVD_VERSION_NUM ((0u << 16) | (7u << 8) | 0u) /* as in ipc_welcome.server_version */
+ * IPC_CONSTRAINT_SERVER_VERSION): structured output.
+ * 0.8.0: WELCOME carries the model id (IPC_MODEL_ID_CLIENT_VERSION); STATS
+ * replies grow (IPC_STATS_GROW_VERSION) and carry the constraint counters. */
+#define KVD_VERSION     "0.8.0"
+#define KVD_VERSION_NUM ((0u << 16) | (8u << 8) | 0u) /* as in ipc_welcome.server_version */
 
 struct kvd_engine;
 struct kvd_server;

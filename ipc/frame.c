@@ -26,6 +26,7 @@ static_assert(sizeof(struct ipc_hello) == 40, "ipc_hello size");
 static_assert(sizeof(struct ipc_welcome) == 176, "ipc_welcome size");
 static_assert(offsetof(struct ipc_welcome, kv_bytes_per_token) == 64, "ipc_welcome layout");
 static_assert(offsetof(struct ipc_welcome, model_name) == 80, "ipc_welcome layout");
+static_assert(offsetof(struct ipc_welcome, model_id) == 144, "ipc_welcome layout");
 static_assert(sizeof(struct ipc_generate) == 64, "ipc_generate size");
 static_assert(offsetof(struct ipc_generate, seed) == 32, "ipc_generate layout");
 static_assert(offsetof(struct ipc_generate, n_stop) == 56, "ipc_generate layout");
@@ -34,7 +35,8 @@ static_assert(sizeof(struct ipc_token) == 16, "ipc_token size");
 static_assert(sizeof(struct ipc_done) == 56, "ipc_done size");
 static_assert(offsetof(struct ipc_done, queue_ns) == 24, "ipc_done layout");
 static_assert(sizeof(struct ipc_error) == 8, "ipc_error size");
-static_assert(sizeof(struct ipc_stats) == 40 * 8, "ipc_stats size");
+static_assert(IPC_STATS_V070_BYTES == 40 * 8, "ipc_stats: 0.7.0's fields are fixed");
+static_assert(sizeof(struct ipc_stats) == 42 * 8 && sizeof(struct ipc_stats) <= IPC_MAX_STATS_BYTES, "ipc_stats size");
 static_assert(sizeof(struct ipc_tokenize) == 8, "ipc_tokenize size");
 static_assert(sizeof(struct ipc_tokenize_reply) == 16, "ipc_tokenize_reply size");
 static_assert(sizeof(struct ipc_session_open) == 8, "ipc_session_open size");
@@ -89,7 +91,7 @@ static const struct type_info types[IPC_MSG_TYPE_MAX + 1] = {
 	[IPC_MSG_ERROR] = { "ERROR", IPC_FROM_SERVER | IPC_VIA_SOCKET | IPC_VIA_RING, sizeof(struct ipc_error),
 			    true, 0, 0 },
 	[IPC_MSG_STATS] = { "STATS", C2S_SOCK, 0, false, 0, 0 },
-	[IPC_MSG_STATS_REPLY] = { "STATS_REPLY", S2C_SOCK, sizeof(struct ipc_stats), false, 0, 0 },
+	[IPC_MSG_STATS_REPLY] = { "STATS_REPLY", S2C_SOCK, IPC_STATS_V070_BYTES, true, 0, 0 },
 	[IPC_MSG_TOKENIZE] = { "TOKENIZE", C2S_SOCK, sizeof(struct ipc_tokenize), true, 0, 0 },
 	[IPC_MSG_TOKENIZE_REPLY] = { "TOKENIZE_REPLY", S2C_SOCK, sizeof(struct ipc_tokenize_reply), true,
 				     IPC_F_MORE, 0 },
@@ -265,10 +267,8 @@ int ipc_decode_welcome(const struct ipc_frame *f, struct ipc_welcome *ret)
 		return -EPROTO;
 	if (w.kv_type > IPC_KV_TYPE_MAX)
 		return -EPROTO;
-	for (size_t i = 0; i < sizeof(w.reserved) / sizeof(w.reserved[0]); i++)
-		if (w.reserved[i])
-			return -EPROTO;
-	if (!nul_terminated_name(w.model_name, sizeof(w.model_name)))
+	if (!nul_terminated_name(w.model_name, sizeof(w.model_name)) ||
+	    !nul_terminated_name(w.model_id, sizeof(w.model_id)))
 		return -EBADMSG;
 	if (w.max_text_bytes > IPC_MAX_TEXT_BYTES || w.max_gen_tokens > IPC_MAX_GEN_TOKENS)
 		return -E2BIG;
@@ -753,8 +753,11 @@ int ipc_decode_stats(const struct ipc_frame *f, struct ipc_stats *ret)
 {
 	struct ipc_stats s;
 
-	assert(f->hdr.type == IPC_MSG_STATS_REPLY && f->hdr.length == sizeof(s));
-	memcpy(&s, f->payload, sizeof(s));
+	assert(f->hdr.type == IPC_MSG_STATS_REPLY && f->hdr.length >= IPC_STATS_V070_BYTES);
+	if (f->hdr.length > IPC_MAX_STATS_BYTES || f->hdr.length % sizeof(uint64_t))
+		return -EBADMSG;
+	memset(&s, 0, sizeof(s)); /* fields an older daemon does not send read as 0 */
+	memcpy(&s, f->payload, f->hdr.length < sizeof(s) ? f->hdr.length : sizeof(s));
 	/* Counts that cannot hold in any pool mean a corrupt reply. */
 	if (s.pages_free > s.pages_total || s.pages_used > s.pages_total || s.pages_cached > s.pages_total ||
 	    s.pages_shared > s.pages_used || s.pages_packed > s.pages_used)

@@ -136,6 +136,7 @@
 #define IPC_MAX_TOP_LOGPROBS     20u         /* alternatives per token (ipc_generate.top_logprobs) */
 #define IPC_MAX_PIECE_BYTES      128u        /* bytes of one token's text in a log-probability entry */
 #define IPC_MODEL_NAME_BYTES     64u         /* NUL-padded field */
+#define IPC_MODEL_ID_BYTES       32u         /* NUL-padded field (ipc_welcome.model_id) */
 #define IPC_CLIENT_NAME_BYTES    32u         /* NUL-padded field */
 /* Token ids in one TOKENIZE_REPLY frame, PS entries in one PS_REPLY. */
 #define IPC_MAX_IDS_PER_FRAME    ((IPC_MAX_PAYLOAD_BYTES - 16u) / 4u)
@@ -266,7 +267,12 @@ struct ipc_welcome {
 	uint64_t kv_bytes_per_token;
 	uint64_t pool_bytes;      /* KV pool size */
 	char model_name[IPC_MODEL_NAME_BYTES]; /* NUL-terminated and -padded, no control characters */
-	uint64_t reserved[4];
+	/* The model file's base name without ".gguf" (at most IPC_MODEL_ID_BYTES - 1
+	 * bytes, cut at a character boundary; control characters become '_'),
+	 * NUL-terminated and -padded: a short, stable id for the model. Sent to
+	 * clients of IPC_MODEL_ID_CLIENT_VERSION or later; all zeros for older
+	 * ones, whose reserved field it was, and from older servers. */
+	char model_id[IPC_MODEL_ID_BYTES];
 };
 
 /* GENERATE flags (struct ipc_generate.gen_flags). */
@@ -412,19 +418,56 @@ struct ipc_stats {
 	uint64_t pages_released;      /* pages windowed layers were done with, released ([kv] release_local) */
 	/* since IPC_CACHE_SERVER_VERSION (zero for older clients: their reserved field) */
 	uint64_t adopted_hit_tokens;  /* of prefix_hit_tokens: on pages adopted from an earlier run */
+	/* The reply grows from here (IPC_STATS_GROW_VERSION): the fields below
+	 * are sent only to clients of that version or later. */
+	uint64_t gram_checked;        /* constrained tokens the greedy check alone answered (fast path) */
+	uint64_t gram_masked;         /* constrained tokens drawn over a full mask of allowed tokens */
 };
+/*
+ * STATS_REPLY's length. Up to kvd 0.7.0 the reply was exactly
+ * IPC_STATS_V070_BYTES (its reserved fields since filled). From
+ * IPC_STATS_GROW_VERSION on it may be any multiple of 8 bytes from
+ * IPC_STATS_V070_BYTES to IPC_MAX_STATS_BYTES, new counters appended at its
+ * end: a reader takes the fields it knows that the reply holds, and reads
+ * the ones the reply is too short for as 0 (ipc_decode_stats). The daemon
+ * sends a client older than IPC_STATS_GROW_VERSION exactly
+ * IPC_STATS_V070_BYTES, which is all such a client accepts.
+ */
+#define IPC_STATS_GROW_VERSION ((0u << 16) | (8u << 8) | 0u) /* kvd 0.8.0 */
+#define IPC_STATS_V070_BYTES   ((uint32_t)offsetof(struct ipc_stats, gram_checked))
+#define IPC_MAX_STATS_BYTES    4096u
+/* kvd 0.8.0: ipc_welcome.model_id, sent to clients saying this version or later. */
+#define IPC_MODEL_ID_CLIENT_VERSION ((0u << 16) | (8u << 8) | 0u)
 /* kvd 0.5.0: ipc_welcome.kv_type, sent to clients saying this version or later. */
 #define IPC_KV_TYPE_CLIENT_VERSION ((0u << 16) | (5u << 8) | 0u)
 /* the largest kv_type a WELCOME may carry (unknown later types are shown as
  * their byte size only) */
 #define IPC_KV_TYPE_MAX 64u
 
-/* The name of a WELCOME kv_type (enum kvd_kv_type + 1, whose values are
- * fixed), or NULL for 0 and types this build does not know. */
+/*
+ * The KV element types on the wire, the list libkvclient and its programs
+ * know them by: X(kv_type, name, block_elems, block_bytes), kv_type being
+ * WELCOME's (enum kvd_kv_type + 1, whose values are fixed), block_elems
+ * elements stored in block_bytes bytes. ipc sees no kernels header, so this
+ * is the wire's own list; tests/unit/test_kvtypes.c checks that it and
+ * kernels/backend.h's KVD_KV_TYPES agree row for row.
+ */
+#define IPC_KV_TYPES(X) \
+	X(1, "f16", 1, 2) \
+	X(2, "f32", 1, 4) \
+	X(3, "q8_0", 32, 34) \
+	X(4, "q4_0", 32, 18) \
+	X(5, "bf16", 1, 2)
+
+/* The name of a WELCOME kv_type, or NULL for 0 and types this build does
+ * not know. */
 static inline const char *ipc_kv_type_name(uint32_t kv_type)
 {
-	static const char *const names[] = { NULL, "f16", "f32", "q8_0", "q4_0", "bf16" };
-	return kv_type < sizeof(names) / sizeof(names[0]) ? names[kv_type] : NULL;
+#define IPC_KV_NAME_(v, name, be, bb) \
+	case v: return name;
+	switch (kv_type) { IPC_KV_TYPES(IPC_KV_NAME_) }
+#undef IPC_KV_NAME_
+	return NULL;
 }
 /* kvd 0.4.0: ipc_stats.pages_packed and .pages_released. */
 #define IPC_RELEASE_SERVER_VERSION ((0u << 16) | (4u << 8) | 0u)
@@ -698,6 +741,11 @@ struct ipc_error_msg {
 };
 int ipc_decode_error(const struct ipc_frame *f, struct ipc_error_msg *ret);
 
+/* A STATS_REPLY of any length the frame check let through (IPC_STATS_V070_BYTES
+ * .. IPC_MAX_STATS_BYTES): the fields of struct ipc_stats the reply holds,
+ * the rest 0; bytes past the struct (a newer daemon's counters) are ignored.
+ * -EBADMSG for a length that is not a multiple of 8 or over
+ * IPC_MAX_STATS_BYTES, -EINVAL for counts no pool can hold. */
 int ipc_decode_stats(const struct ipc_frame *f, struct ipc_stats *ret);
 
 struct ipc_tokenize_msg {

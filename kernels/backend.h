@@ -215,39 +215,47 @@ struct kvd_model_weights {
  * head_dim) of the row. Scales are little-endian f16 and may be unaligned.
  * The numeric values of the enum are fixed (configuration, fingerprints).
  */
-enum kvd_kv_type {
-	KVD_KV_F16 = 0,
-	KVD_KV_F32 = 1,
-	KVD_KV_Q8_0 = 2,
-	KVD_KV_Q4_0 = 3,
-	KVD_KV_BF16 = 4,
-};
+/*
+ * The one list of the KV element types below the wire: X(enumerator, value,
+ * name, block_elems, block_bytes), block_elems elements stored in
+ * block_bytes bytes. The enum, kvd_kv_row_bytes(), kvd_kv_type_name() and
+ * kvd_kv_type_parse() are generated from it, and so are daemon/config.c's
+ * [kv] cache_type choices and their error message; the rows are in that
+ * key's order, the last one given to XLAST (for "..., q4_0 or f32"). The
+ * wire's list (ipc/ipc.h IPC_KV_TYPES, value + 1) is checked against this
+ * one by tests/unit/test_kvtypes.c.
+ */
+#define KVD_KV_TYPES_(X, XLAST) \
+	X(KVD_KV_F16, 0, "f16", 1, 2) \
+	X(KVD_KV_BF16, 4, "bf16", 1, 2) \
+	X(KVD_KV_Q8_0, 2, "q8_0", 32, 34) \
+	X(KVD_KV_Q4_0, 3, "q4_0", 32, 18) \
+	XLAST(KVD_KV_F32, 1, "f32", 1, 4)
+#define KVD_KV_TYPES(X) KVD_KV_TYPES_(X, X)
+
+#define KVD_KV_ENUM_(e, v, name, be, bb) e = v,
+enum kvd_kv_type { KVD_KV_TYPES(KVD_KV_ENUM_) };
+#undef KVD_KV_ENUM_
 #define KVD_KV_QBLOCK 32 /* elements per quantization block */
 
 /* Bytes of `n` elements of type t (one row, or one head of a row), or 0 if
  * t is unknown or n is not a whole number of the type's blocks. */
 static inline size_t kvd_kv_row_bytes(enum kvd_kv_type t, uint32_t n)
 {
-	switch (t) {
-	case KVD_KV_F16: return (size_t)n * 2;
-	case KVD_KV_F32: return (size_t)n * 4;
-	case KVD_KV_BF16: return (size_t)n * 2;
-	case KVD_KV_Q8_0: return n % KVD_KV_QBLOCK ? 0 : (size_t)n / KVD_KV_QBLOCK * 34;
-	case KVD_KV_Q4_0: return n % KVD_KV_QBLOCK ? 0 : (size_t)n / KVD_KV_QBLOCK * 18;
-	}
+#define KVD_KV_ROW_(e, v, name, be, bb) \
+	case e: return n % (be) ? 0 : (size_t)n / (be) * (bb);
+	switch (t) { KVD_KV_TYPES(KVD_KV_ROW_) }
+#undef KVD_KV_ROW_
 	return 0;
 }
 
 /* "f16", "f32", "q8_0", "q4_0", "bf16"; NULL for an unknown value. */
 static inline const char *kvd_kv_type_name(enum kvd_kv_type t)
 {
-	switch (t) {
-	case KVD_KV_F16: return "f16";
-	case KVD_KV_F32: return "f32";
-	case KVD_KV_Q8_0: return "q8_0";
-	case KVD_KV_Q4_0: return "q4_0";
-	case KVD_KV_BF16: return "bf16";
-	}
+#define KVD_KV_NAME_(e, v, name, be, bb) \
+	case e: return name;
+	switch (t) { KVD_KV_TYPES(KVD_KV_NAME_) }
+#undef KVD_KV_NAME_
 	return NULL;
 }
 
@@ -255,7 +263,9 @@ static inline const char *kvd_kv_type_name(enum kvd_kv_type t)
  * -22 (-EINVAL) for another name. */
 static inline int kvd_kv_type_parse(const char *s, enum kvd_kv_type *ret)
 {
-	static const enum kvd_kv_type all[] = {KVD_KV_F16, KVD_KV_F32, KVD_KV_Q8_0, KVD_KV_Q4_0, KVD_KV_BF16};
+#define KVD_KV_ALL_(e, v, name, be, bb) e,
+	static const enum kvd_kv_type all[] = { KVD_KV_TYPES(KVD_KV_ALL_) };
+#undef KVD_KV_ALL_
 	for (unsigned i = 0; s && i < sizeof(all) / sizeof(all[0]); i++) {
 		const char *n = kvd_kv_type_name(all[i]), *a = s;
 		while (*n && *n == *a)

@@ -21,10 +21,11 @@
 
 enum MHD_Result models(struct MHD_Connection *con, struct conn *c, const char *url)
 {
-	char m[HTTP_MAX_MODEL_ID];
+	struct http_model_names names;
+	const char *m = names.names[0];
 	struct http_error e;
 
-	served_model(c->s, m);
+	served_model_names(c->s, &names);
 	if (!m[0]) {
 		map_kvd_error(-ECONNREFUSED, "cannot connect to kvd", &e);
 		return send_error(con, c->s, &e);
@@ -33,11 +34,17 @@ enum MHD_Result models(struct MHD_Connection *con, struct conn *c, const char *u
 	json_int_t n_ctx = c->s->n_ctx;
 	pthread_mutex_unlock(&c->s->lock);
 	/* max_model_len: the context window, as vLLM names it */
-	json_t *model = json_pack("{s:s, s:s, s:I, s:s, s:I}", "id", m, "object", "model", "created",
-				  (json_int_t)c->s->started, "owned_by", "kvd", "max_model_len", n_ctx);
+	/* aliases: the other names a request may give (kvd's own field, beside OpenAI's) */
+	json_t *aliases = json_array();
+	for (size_t i = 1; aliases && i < HTTP_MODEL_N_NAMES; i++)
+		if (names.names[i][0])
+			json_array_append_new(aliases, json_string(names.names[i]));
+	json_t *model = json_pack("{s:s, s:s, s:I, s:s, s:I, s:o}", "id", m, "object", "model", "created",
+				  (json_int_t)c->s->started, "owned_by", "kvd", "max_model_len", n_ctx, "aliases",
+				  aliases);
 	if (c->route->prefix) {
 		const char *want = url + strlen("/v1/models/");
-		if (strcmp(want, m) != 0) {
+		if (!model_name_accepted(&names, want)) {
 			json_decref(model);
 			http_fail(&e, 404, "invalid_request_error", "model_not_found", "model",
 				  "The model '%.200s' does not exist", want);

@@ -199,7 +199,10 @@ int pool_acquire(struct http_server *s, uint32_t *weight, uint64_t min_serial, i
 			l->serial = s->next_serial++;
 			const struct kvc_info *info = kvc_server_info(l->kc);
 			if (!s->model[0])
-				snprintf(s->model, sizeof(s->model), "%s", info->model_name);
+				snprintf(s->model, sizeof(s->model), "%s",
+					 info->model_id[0] ? info->model_id : info->model_name);
+			snprintf(s->model_name, sizeof(s->model_name), "%s", info->model_name);
+			snprintf(s->model_file, sizeof(s->model_file), "%s", info->model_id);
 			s->n_ctx = info->n_ctx;
 			s->lanes[s->n_lanes++] = l;
 			/* more samples than kvd takes on one connection: kvd says so */

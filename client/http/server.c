@@ -210,6 +210,31 @@ void served_model(struct http_server *s, char out[HTTP_MAX_MODEL_ID])
 	}
 }
 
+void served_model_names(struct http_server *s, struct http_model_names *ret)
+{
+	memset(ret, 0, sizeof(*ret));
+	served_model(s, ret->names[0]);
+	if (!ret->names[0][0])
+		return;
+	pthread_mutex_lock(&s->lock);
+	const char *alias[] = { s->model_name, s->model_file };
+	size_t n = 1;
+	for (size_t i = 0; i < sizeof(alias) / sizeof(alias[0]); i++) {
+		if (!alias[i][0] || model_name_accepted(ret, alias[i]))
+			continue;
+		snprintf(ret->names[n++], HTTP_MAX_MODEL_ID, "%s", alias[i]);
+	}
+	pthread_mutex_unlock(&s->lock);
+}
+
+bool model_name_accepted(const struct http_model_names *n, const char *want)
+{
+	for (size_t i = 0; i < HTTP_MODEL_N_NAMES; i++)
+		if (n->names[i][0] && !strcmp(n->names[i], want))
+			return true;
+	return false;
+}
+
 /* ---- generation ------------------------------------------------------------------------ */
 
 /* Has the HTTP client hung up? (Pipelined bytes are not a hang-up.) */
@@ -533,12 +558,14 @@ enum MHD_Result generate(struct MHD_Connection *con, struct conn *c, const char 
 		return send_error(con, s, &e);
 	}
 	set_tenant(c);
-	served_model(s, c->model);
+	struct http_model_names names;
+	served_model_names(s, &names);
+	snprintf(c->model, sizeof(c->model), "%s", names.names[0]);
 	if (!c->model[0]) {
 		map_kvd_error(-ECONNREFUSED, "cannot connect to kvd", &e);
 		return send_error(con, s, &e);
 	}
-	if (c->req.model && strcmp(c->req.model, c->model) != 0) {
+	if (c->req.model && !model_name_accepted(&names, c->req.model)) {
 		http_fail(&e, 404, "invalid_request_error", "model_not_found", "model",
 			  "The model '%s' does not exist; this server serves '%s'", c->req.model, c->model);
 		return send_error(con, s, &e);

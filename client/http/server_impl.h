@@ -50,14 +50,16 @@ struct http_server {
 	size_t n_api_keys;
 	long started;
 
-	pthread_mutex_t lock; /* guards the lanes and queue below, model, n_ctx */
+	pthread_mutex_t lock; /* guards the lanes and queue below, the model's names, n_ctx */
 	pthread_cond_t slot_cv; /* a lane slot was freed (or a connect ended) */
 	struct lane *lanes[HTTP_MAX_KVD_CONNECTIONS];
 	size_t n_lanes;
 	uint32_t n_connecting;
 	uint32_t n_queued;    /* requests waiting for a lane slot */
 	uint64_t next_serial;
-	char model[HTTP_MAX_MODEL_ID];
+	char model[HTTP_MAX_MODEL_ID];      /* the id served: model_id, else kvd's model id */
+	char model_name[HTTP_MAX_MODEL_ID]; /* the model's general.name, as kvd reports it */
+	char model_file[HTTP_MAX_MODEL_ID]; /* kvd's model id (the file's base name); "" from kvd < 0.8.0 */
 	uint32_t n_ctx;       /* kvd's context window, tokens (0 until known) */
 
 	/* request deadlines: every connection, watched by one thread */
@@ -154,9 +156,20 @@ void map_kvd_error(int code, const char *msg, struct http_error *e);
 enum MHD_Result send_body(struct MHD_Connection *con, struct http_server *s, int status, const char *type,
 			  const char *body, size_t len);
 enum MHD_Result send_error(struct MHD_Connection *con, struct http_server *s, const struct http_error *e);
-/* The model id served (the configured model_id, else the name kvd reports; "" when kvd cannot be
- * reached). */
+/* The model id served (the configured model_id, else the model id kvd reports (the model
+ * file's base name without ".gguf"), else, from kvd older than 0.8.0, the model's general.name;
+ * "" when kvd cannot be reached). */
 void served_model(struct http_server *s, char out[HTTP_MAX_MODEL_ID]);
+
+/* The names a request's "model" may give: the id served, then its aliases (general.name and the
+ * model file's base name, "" when unknown or the same as an earlier one). */
+#define HTTP_MODEL_N_NAMES 3
+struct http_model_names {
+	char names[HTTP_MODEL_N_NAMES][HTTP_MAX_MODEL_ID]; /* [0]: the id, "" when kvd cannot be reached */
+};
+void served_model_names(struct http_server *s, struct http_model_names *ret);
+/* Whether want is one of n's names (exact, case-sensitive). */
+bool model_name_accepted(const struct http_model_names *n, const char *want);
 void add_usage(struct conn *c, const struct kvc_result *res, struct http_usage *u);
 /* The request's next event: 1 with *ret_ev, 0 at its end (*ret_code), -ECONNABORTED
  * when the HTTP client left. */

@@ -85,18 +85,33 @@ static const char help_plan[] =
 	"    kvctl plan --layers 18 --kv-heads 1 --head-dim 256 --window 512 --global-layers 3 \\\n"
 	"               --context 32768 --memory 1G\n";
 
-/* kvd's KV element types (kernels/backend.h, enum kvd_kv_type): bytes per
- * block of 32 elements; "" for a plain --dtype-bytes. By size alone, the
- * first match names a daemon's type (f16 before bf16). */
-static const struct { const char *name; uint32_t bytes_per_32; } cache_types[] = {
-	{"f16", 64}, {"f32", 128}, {"q8_0", 34}, {"q4_0", 18}, {"bf16", 64},
+/* kvd's KV element types, as libkvclient knows them (kvc_kv_type(), from
+ * the wire's list in ipc/ipc.h): bytes per block of 32 elements. By size
+ * alone, the first match names a daemon's type (f16 before bf16); rows 0
+ * and 1 are f16 and f32 (the plain --dtype-bytes 2 and 4). */
+#define PLAN_MAX_TYPES 16
+struct cache_type {
+	const char *name;
+	uint32_t bytes_per_32;
 };
+
+static size_t cache_types_load(struct cache_type out[PLAN_MAX_TYPES])
+{
+	uint32_t be, bb;
+	size_t n = 0;
+
+	for (const char *name; n < PLAN_MAX_TYPES && (name = kvc_kv_type((unsigned)n, &be, &bb)); n++)
+		out[n] = (struct cache_type){ name, be && 32 % be == 0 ? bb * (32 / be) : 0 };
+	return n;
+}
 
 const char *kv_cache_type_name(uint64_t kv_bytes_per_token, uint32_t layers, uint32_t kv_heads, uint32_t head_dim)
 {
+	struct cache_type cache_types[PLAN_MAX_TYPES];
+	size_t n_types = cache_types_load(cache_types);
 	uint64_t elems = (uint64_t)2 * layers * kv_heads * head_dim;
-	for (size_t k = 0; elems && k < sizeof(cache_types) / sizeof(cache_types[0]); k++)
-		if (elems * cache_types[k].bytes_per_32 == kv_bytes_per_token * 32)
+	for (size_t k = 0; elems && k < n_types; k++)
+		if (cache_types[k].bytes_per_32 && elems * cache_types[k].bytes_per_32 == kv_bytes_per_token * 32)
 			return cache_types[k].name;
 	return NULL;
 }
@@ -125,6 +140,8 @@ static int cmd_plan(struct ctx *x, int argc, char **argv)
 	uint64_t mem = 0;
 	bool json = false;
 	int o, r, ctype = -1; /* index in cache_types, -1: none named */
+	struct cache_type cache_types[PLAN_MAX_TYPES];
+	size_t n_types = cache_types_load(cache_types);
 	char daemon_type[8] = "";
 
 	while ((o = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
@@ -159,7 +176,7 @@ static int cmd_plan(struct ctx *x, int argc, char **argv)
 			json = true;
 			break;
 		case O_CTYPE:
-			for (size_t i = 0; i < sizeof(cache_types) / sizeof(cache_types[0]); i++)
+			for (size_t i = 0; i < n_types; i++)
 				if (!strcmp(optarg, cache_types[i].name))
 					ctype = (int)i;
 			if (ctype < 0)
@@ -242,7 +259,7 @@ static int cmd_plan(struct ctx *x, int argc, char **argv)
 		/* the daemon's cache type: the one it names (0.5.0), else the
 		 * first whose size it reports (f16 and bf16 cost the same) */
 		per_token = daemon_per_token;
-		for (size_t k = 0; k < sizeof(cache_types) / sizeof(cache_types[0]); k++)
+		for (size_t k = 0; k < n_types; k++)
 			if (daemon_type[0] ? !strcmp(daemon_type, cache_types[k].name)
 					   : ctype < 0 && elems * cache_types[k].bytes_per_32 == per_token * 32)
 				ctype = (int)k;

@@ -35,12 +35,15 @@ static const char help_stats[] =
 	"    sequences written to the swap file under memory pressure. Slack is the unused\n"
 	"    tail of partly filled pages: the only waste of paging.\n"
 	"\n"
-	"    The table shows the pool in pages and bytes, the KV bytes one token costs, the\n"
-	"    prefix cache's hit rate (prompt tokens found / looked up), slack, and how many\n"
-	"    requests run, wait for memory, or are swapped out. For a model whose layers\n"
-	"    mostly attend over a window (Gemma 3), a 'windows' line counts the pages\n"
-	"    released once no windowed layer reads them ([kv] release_local) and the\n"
-	"    packed pages that keep their global layers.\n"
+	"    The table shows every counter and gauge of --json, grouped: the pool (pages\n"
+	"    free, used, shared, cached and swapped, with their bytes and share; the KV\n"
+	"    bytes one token costs; slack), the prefix cache (tokens looked up and found:\n"
+	"    the hit rate), swap, requests (running, waiting for memory, swapped out),\n"
+	"    clients, work done, the ledger, windows (for a model whose layers mostly\n"
+	"    attend over a window, Gemma 3: pages released once no windowed layer reads\n"
+	"    them, [kv] release_local, and the packed pages that keep their global\n"
+	"    layers) and grammar (constrained tokens the greedy check alone answered, and\n"
+	"    those drawn over a full mask of the allowed tokens).\n"
 	"\n"
 	"OPTIONS\n"
 	"    --json          print one JSON object with integer members pages_total,\n"
@@ -54,7 +57,7 @@ static const char help_stats[] =
 	"                    prompt_tokens_total, generated_tokens_total, steps, uptime_ns,\n"
 	"                    ledger_records_dropped, swap_errors, swap_fallback_recomputes, pages_demoted,\n"
 	"                    samples_forked, pages_adopted, pages_packed, pages_released,\n"
-	"                    adopted_hit_tokens,\n"
+	"                    adopted_hit_tokens, gram_checked, gram_masked,\n"
 	"                    and the strings model and server_version\n"
 	"    --watch [SECS]  repeat every SECS seconds (default 1) until interrupted; with\n"
 	"                    --json, one object per line\n"
@@ -100,10 +103,70 @@ static double pct(uint64_t a, uint64_t b)
 	return b ? 100.0 * (double)a / (double)b : 0.0;
 }
 
+/* The row of field `name`, or NULL. */
+static const struct kvc_metric *metric_named(const char *name)
+{
+	const struct kvc_metric *m = kvc_metrics();
+
+	for (int k = 0; k < KVC_STATS_N_METRICS; k++)
+		if (!strcmp(m[k].field, name))
+			return &m[k];
+	return NULL;
+}
+
+/* One row of the text table: its value in its unit (bytes and durations
+ * readable, pages also in bytes) and, for a part of another row, its share. */
+static void print_metric_row(const char *group, const struct kvc_metric *m, const struct kvc_stats *s)
+{
+	uint64_t x = kvc_metric_value(m, s);
+	char line[256], b[32];
+	size_t n = 0;
+
+#define ADD(...) (n += (size_t)snprintf(line + n, n < sizeof(line) ? sizeof(line) - n : 0, __VA_ARGS__))
+	ADD("%-10s%-26s", group, m->label);
+	if (!strcmp(m->unit, "bytes")) {
+		fmt_bytes(b, sizeof(b), (double)x);
+		ADD("%12s %-9s", b, "");
+	} else if (!strcmp(m->unit, "ns")) {
+		uint64_t sec = x / 1000000000u;
+		snprintf(b, sizeof(b), "%" PRIu64 "h%02" PRIu64 "m%02" PRIu64 "s", sec / 3600, (sec / 60) % 60, sec % 60);
+		ADD("%12s %-9s", b, "");
+	} else {
+		ADD("%12" PRIu64 " %-9s", x, m->unit);
+	}
+	const struct kvc_metric *of = m->of[0] ? metric_named(m->of) : NULL;
+	if (!strcmp(m->unit, "pages") && m->kind == KVC_METRIC_GAUGE && s->page_bytes) {
+		fmt_bytes(b, sizeof(b), (double)x * (double)s->page_bytes);
+		ADD(" %10s", b);
+	} else if (of) {
+		ADD(" %10s", ""); /* shares in one column */
+	}
+	if (of && kvc_metric_value(of, s)) {
+		const char *l = of->label;
+		while (*l == ' ')
+			l++;
+		ADD("  %5.1f%% of %s", pct(x, kvc_metric_value(of, s)), l);
+	}
+#undef ADD
+	if (n >= sizeof(line))
+		n = sizeof(line) - 1;
+	while (n > 0 && line[n - 1] == ' ')
+		n--;
+	line[n] = 0;
+	puts(line);
+}
+
+/*
+ * The text form: a heading (version, model, uptime; the pool's geometry and
+ * KV type), then every row of client/kvc_metrics.h's list, group by group in
+ * the order groups first appear there, so a counter added to the list shows
+ * here with no change to this file.
+ */
 static void print_stats_table(const struct kvc_stats *s, const struct kvc_info *i)
 {
 	char b1[32], b2[32], b3[32], v[32];
 	uint64_t up = s->uptime_ns / 1000000000u;
+	const struct kvc_metric *m = kvc_metrics();
 
 	fmt_version(v, sizeof(v), i->server_version);
 	printf("kvd %s, model %s, up %" PRIu64 "h%02" PRIu64 "m%02" PRIu64 "s\n", v, i->model_name, up / 3600,
@@ -115,51 +178,17 @@ static void print_stats_table(const struct kvc_stats *s, const struct kvc_info *
 					     : kv_cache_type_name(s->kv_bytes_per_token, i->n_layers, i->n_kv_heads, i->head_dim);
 	printf("KV pool   %" PRIu64 " pages x %s = %s   (%" PRIu64 " tokens/page, %s per token%s%s)\n", s->pages_total,
 	       b1, b2, s->block_size, b3, kt ? ", " : "", kt ? kt : "");
-	printf("          %10s %8s %12s\n", "pages", "share", "bytes");
-	struct {
-		const char *name;
-		uint64_t n;
-	} rows[] = {
-		{ "free", s->pages_free },     { "used", s->pages_used },     { "  shared", s->pages_shared },
-		{ "cached", s->pages_cached }, { "swapped", s->pages_swapped },
-	};
-	for (size_t k = 0; k < sizeof(rows) / sizeof(rows[0]); k++) {
-		fmt_bytes(b1, sizeof(b1), (double)rows[k].n * (double)s->page_bytes);
-		if (k == 4)
-			printf("  %-8s%10" PRIu64 " %8s %12s   (in the swap file)\n", rows[k].name, rows[k].n, "", b1);
-		else
-			printf("  %-8s%10" PRIu64 " %7.1f%% %12s\n", rows[k].name, rows[k].n, pct(rows[k].n, s->pages_total),
-			       b1);
+	for (int g = 0; g < KVC_STATS_N_METRICS; g++) {
+		bool first = true;
+		for (int k = 0; k < g; k++)
+			first = first && strcmp(m[k].group, m[g].group) != 0;
+		if (!first)
+			continue; /* the group was shown with its first row */
+		fputc('\n', stdout);
+		for (int k = g; k < KVC_STATS_N_METRICS; k++)
+			if (!strcmp(m[k].group, m[g].group))
+				print_metric_row(k == g ? m[g].group : "", &m[k], s);
 	}
-	fmt_bytes(b1, sizeof(b1), (double)s->slack_tokens * (double)s->kv_bytes_per_token);
-	printf("tokens    %" PRIu64 " resident; slack %" PRIu64 " token slots (%s) in partly filled pages\n",
-	       s->tokens_resident, s->slack_tokens, b1);
-	if (s->pages_released) {
-		fmt_bytes(b1, sizeof(b1), (double)s->pages_packed * (double)s->page_bytes);
-		printf("windows   %" PRIu64 " pages released once the windowed layers were done with them; %" PRIu64
-		       " of the used pages (%s) hold their global layers, packed\n",
-		       s->pages_released, s->pages_packed, b1);
-	}
-	printf("prefix    %" PRIu64 " of %" PRIu64 " prompt tokens found in the cache (%.1f%%), %" PRIu64
-	       " lookups; %" PRIu64 " pages evicted, %" PRIu64 " copy-on-write copies\n",
-	       s->prefix_hit_tokens, s->prefix_query_tokens, pct(s->prefix_hit_tokens, s->prefix_query_tokens),
-	       s->prefix_lookups, s->pages_evicted, s->cow_copies);
-	if (s->pages_adopted)
-		printf("adopted   %" PRIu64 " cached pages taken over from the previous run (restart or cache file); %" PRIu64
-		       " prompt tokens found in them\n", s->pages_adopted, s->adopted_hit_tokens);
-	fmt_bytes(b1, sizeof(b1), (double)s->swap_bytes);
-	printf("swap      %" PRIu64 " pages out, %" PRIu64 " in; file %s, holding %" PRIu64 " cached prefix pages; %" PRIu64
-	       " I/O errors, %" PRIu64 " requests recomputed after them\n",
-	       s->swap_out_pages, s->swap_in_pages, b1, s->pages_demoted, s->swap_errors, s->swap_fallback_recomputes);
-	printf("requests  %" PRIu64 " running, %" PRIu64 " waiting, %" PRIu64 " swapped; %" PRIu64 " completed, %" PRIu64
-	       " rejected\n",
-	       s->requests_running, s->requests_waiting, s->requests_swapped, s->requests_completed,
-	       s->requests_rejected);
-	printf("clients   %" PRIu64 " connected, %" PRIu64 " sessions; %" PRIu64 " prompt and %" PRIu64
-	       " generated tokens in %" PRIu64 " steps\n",
-	       s->clients, s->sessions, s->prompt_tokens_total, s->generated_tokens_total, s->steps);
-	if (s->ledger_records_dropped)
-		printf("ledger    %" PRIu64 " records could not be written (see kvd's log)\n", s->ledger_records_dropped);
 }
 
 static int cmd_stats(struct ctx *x, int argc, char **argv)

@@ -7,7 +7,8 @@
  *   kvd_raw [-s SOCK] generate [--raw] [--ring] [--ids] [-n N] [--system S]
  *                     [--temperature T] [--seed S] [--stop S] [--hang] [--turns] PROMPT
  *   kvd_raw [-s SOCK] session PROMPT [PROMPT ...]   (one session, one turn each)
- *   kvd_raw [-s SOCK] stats                         (JSON, keys as kvctl stats --json)
+ *   kvd_raw [-s SOCK] stats                         (JSON, keys as kvctl stats --json,
+ *                                                    and reply_bytes: the reply's length)
  *   kvd_raw [-s SOCK] tokenize TEXT                 (ids, special tokens parsed)
  *   kvd_raw [-s SOCK] ps                            (live requests, one per line)
  *   kvd_raw [-s SOCK] attack KIND [--bytes N]
@@ -321,7 +322,8 @@ static int cmd_stats(struct conn *c)
 	F(prompt_tokens_total); F(generated_tokens_total); F(steps); F(uptime_ns);
 	F(ledger_records_dropped); F(swap_errors); F(swap_fallback_recomputes); F(pages_demoted);
 	F(samples_forked); F(pages_adopted); F(pages_packed); F(pages_released);
-	printf("}\n");
+	F(adopted_hit_tokens); F(gram_checked); F(gram_masked);
+	printf(",\"reply_bytes\":%" PRIu32 "}\n", f.hdr.length); /* the reply's length on the wire */
 #undef F
 	return 0;
 }

@@ -825,10 +825,18 @@ static void test_reject_payloads(void **state)
 	assert_int_equal(ipc_decode_welcome(&f, &ww), -EBADMSG);
 	memset(w.model_name, 0, sizeof(w.model_name));
 	w.model_name[0] = 'm';
-	w.reserved[3] = 1;
+	/* model_id (0.8.0, the reserved field before): a NUL-padded name */
+	strcpy(w.model_id, "SmolLM2-135M-Instruct.Q4_1");
 	check1(IPC_MSG_WELCOME, 0, &w, sizeof(w), IPC_FROM_SERVER, IPC_VIA_SOCKET, &f);
-	assert_int_equal(ipc_decode_welcome(&f, &ww), -EPROTO);
-	w.reserved[3] = 0;
+	assert_int_equal(ipc_decode_welcome(&f, &ww), 0);
+	assert_string_equal(ww.model_id, "SmolLM2-135M-Instruct.Q4_1");
+	w.model_id[30] = 'x'; /* garbage after the NUL */
+	check1(IPC_MSG_WELCOME, 0, &w, sizeof(w), IPC_FROM_SERVER, IPC_VIA_SOCKET, &f);
+	assert_int_equal(ipc_decode_welcome(&f, &ww), -EBADMSG);
+	memset(w.model_id, 'x', sizeof(w.model_id)); /* no NUL */
+	check1(IPC_MSG_WELCOME, 0, &w, sizeof(w), IPC_FROM_SERVER, IPC_VIA_SOCKET, &f);
+	assert_int_equal(ipc_decode_welcome(&f, &ww), -EBADMSG);
+	memset(w.model_id, 0, sizeof(w.model_id));
 	/* kv_type: a kvd_kv_type + 1 up to IPC_KV_TYPE_MAX (0.5.0) */
 	w.kv_type = 5;
 	check1(IPC_MSG_WELCOME, 0, &w, sizeof(w), IPC_FROM_SERVER, IPC_VIA_SOCKET, &f);
@@ -947,6 +955,65 @@ static void test_reject_payloads(void **state)
 }
 
 /* ---- sockets -------------------------------------------------------------------------- */
+
+/* STATS_REPLY grows (0.8.0): 0.7.0's length reads with the newer fields 0,
+ * a newer daemon's longer reply reads up to the fields known, and lengths
+ * outside [IPC_STATS_V070_BYTES, IPC_MAX_STATS_BYTES] or not a multiple of
+ * 8 are refused. */
+static void test_stats_length_tolerant(void **state)
+{
+	(void)state;
+	struct ipc_frame f;
+	struct ipc_stats s, got;
+	uint64_t wide[IPC_MAX_STATS_BYTES / 8 + 1];
+
+	/* an older daemon's reply: exactly 0.7.0's fields */
+	memset(&s, 0, sizeof(s));
+	s.pages_total = 8;
+	s.adopted_hit_tokens = 0;
+	s.steps = 3;
+	assert_int_equal(check1(IPC_MSG_STATS_REPLY, 0, &s, IPC_STATS_V070_BYTES, IPC_FROM_SERVER, IPC_VIA_SOCKET, &f),
+			 0);
+	memset(&got, 0xff, sizeof(got));
+	assert_int_equal(ipc_decode_stats(&f, &got), 0);
+	assert_int_equal(got.pages_total, 8);
+	assert_int_equal(got.steps, 3);
+	assert_int_equal(got.gram_checked, 0);
+	assert_int_equal(got.gram_masked, 0);
+
+	/* this version's reply */
+	s.gram_checked = 11;
+	s.gram_masked = 12;
+	assert_int_equal(check1(IPC_MSG_STATS_REPLY, 0, &s, sizeof(s), IPC_FROM_SERVER, IPC_VIA_SOCKET, &f), 0);
+	assert_int_equal(ipc_decode_stats(&f, &got), 0);
+	assert_int_equal(got.gram_checked, 11);
+	assert_int_equal(got.gram_masked, 12);
+
+	/* a newer daemon's: counters past ours are ignored */
+	memset(wide, 0x5a, sizeof(wide));
+	memcpy(wide, &s, sizeof(s));
+	assert_int_equal(check1(IPC_MSG_STATS_REPLY, 0, wide, sizeof(s) + 3 * 8, IPC_FROM_SERVER, IPC_VIA_SOCKET, &f),
+			 0);
+	memset(&got, 0, sizeof(got));
+	assert_int_equal(ipc_decode_stats(&f, &got), 0);
+	assert_memory_equal(&got, &s, sizeof(s));
+	assert_int_equal(check1(IPC_MSG_STATS_REPLY, 0, wide, IPC_MAX_STATS_BYTES, IPC_FROM_SERVER, IPC_VIA_SOCKET,
+				&f),
+			 0);
+	assert_int_equal(ipc_decode_stats(&f, &got), 0);
+	assert_memory_equal(&got, &s, sizeof(s));
+
+	/* too long, not whole counters, shorter than 0.7.0's */
+	assert_int_equal(check1(IPC_MSG_STATS_REPLY, 0, wide, IPC_MAX_STATS_BYTES + 8, IPC_FROM_SERVER, IPC_VIA_SOCKET,
+				&f),
+			 0);
+	assert_int_equal(ipc_decode_stats(&f, &got), -EBADMSG);
+	assert_int_equal(check1(IPC_MSG_STATS_REPLY, 0, wide, sizeof(s) + 4, IPC_FROM_SERVER, IPC_VIA_SOCKET, &f), 0);
+	assert_int_equal(ipc_decode_stats(&f, &got), -EBADMSG);
+	assert_int_not_equal(check1(IPC_MSG_STATS_REPLY, 0, &s, IPC_STATS_V070_BYTES - 8, IPC_FROM_SERVER,
+				    IPC_VIA_SOCKET, &f),
+			     0);
+}
 
 static void test_socket_fds_and_limits(void **state)
 {
@@ -1778,6 +1845,7 @@ int main(void)
 		cmocka_unit_test(test_reject_generate),
 		cmocka_unit_test(test_chat_turns),
 		cmocka_unit_test(test_reject_payloads),
+		cmocka_unit_test(test_stats_length_tolerant),
 		cmocka_unit_test(test_sample_frames),
 		cmocka_unit_test(test_socket_fds_and_limits),
 		cmocka_unit_test(test_socket_listen_connect_cred),

@@ -97,8 +97,10 @@ static const struct ipc_stats fake_stats = {
 	.pool_bytes = 1000ull * 368640, .tokens_resident = 4700, .slack_tokens = 100, .prefix_lookups = 12,
 	.prefix_query_tokens = 900, .prefix_hit_tokens = 300, .requests_running = 3, .requests_waiting = 2,
 	.requests_swapped = 1, .requests_completed = 99, .clients = 4, .sessions = 1, .steps = 1234,
-	.uptime_ns = 5000000000ull,
+	.uptime_ns = 5000000000ull, .gram_checked = 5, .gram_masked = 6,
 };
+/* STATS_REPLY's length the fake server sends (0: this build's whole struct) */
+static _Atomic size_t g_stats_reply_bytes;
 #define FAKE_PS_ENTRIES 2000u
 #define FAKE_SESSION 42u
 #define FAKE_MAX_TEXT (8u << 20)
@@ -496,7 +498,8 @@ static void handle_frame(struct fake *s, const struct ipc_frame *f)
 		return;
 	}
 	case IPC_MSG_STATS:
-		SRV_CHECK(s, fsend(s, IPC_MSG_STATS_REPLY, 0, id, &fake_stats, sizeof(fake_stats)) == 0);
+		SRV_CHECK(s, fsend(s, IPC_MSG_STATS_REPLY, 0, id, &fake_stats,
+				   g_stats_reply_bytes ? g_stats_reply_bytes : sizeof(fake_stats)) == 0);
 		return;
 	case IPC_MSG_SESSION_OPEN: {
 		struct ipc_session_open o;
@@ -1513,6 +1516,42 @@ static void test_tokenize_count(void **state)
 	fake_finish(s, c);
 }
 
+/* STATS replies of any length (0.8.0): an older daemon's 320 bytes read
+ * with the newer counters 0; kvc_stats_get() fills only the caller's size,
+ * and the kvc_stats symbol (programs built before the macro) 0.7.0's. */
+static void test_stats_sizes(void **state)
+{
+	(void)state;
+	kvc_client *c;
+	struct fake *s = fake_start(NULL, &c, 0);
+	struct kvc_stats st;
+
+	g_stats_reply_bytes = 0;
+	assert_int_equal(kvc_stats(c, &st), 0);
+	assert_int_equal(st.gram_checked, 5);
+	assert_int_equal(st.gram_masked, 6);
+	memset(&st, 0xaa, sizeof(st));
+	assert_int_equal(kvc_stats_get(c, &st, offsetof(struct kvc_stats, gram_checked)), 0);
+	assert_int_equal(st.pages_total, 1000);
+	assert_int_equal(st.gram_checked, 0xaaaaaaaaaaaaaaaaull); /* past the caller's struct: untouched */
+	memset(&st, 0xaa, sizeof(st));
+	assert_int_equal((kvc_stats)(c, &st), 0);
+	assert_int_equal(st.steps, 1234);
+	assert_int_equal(st.gram_masked, 0xaaaaaaaaaaaaaaaaull);
+	assert_int_equal(kvc_stats_get(c, &st, 0), -EINVAL);
+	assert_int_equal(kvc_stats_get(c, &st, 12), -EINVAL);
+
+	g_stats_reply_bytes = offsetof(struct kvc_stats, gram_checked); /* a 0.7.0 daemon */
+	memset(&st, 0xaa, sizeof(st));
+	assert_int_equal(kvc_stats(c, &st), 0);
+	assert_int_equal(st.pages_total, 1000);
+	assert_int_equal(st.uptime_ns, 5000000000ull);
+	assert_int_equal(st.gram_checked, 0);
+	assert_int_equal(st.gram_masked, 0);
+	g_stats_reply_bytes = 0;
+	fake_finish(s, c);
+}
+
 static void test_stats_ps_sessions(void **state)
 {
 	(void)state;
@@ -1846,7 +1885,11 @@ static void test_kvctl_commands(void **state)
 		assert_int_equal(json_u64(g_run.out, keys[i]), want[i]);
 	assert_int_equal(KVCTL(NULL, "stats", "--socket", S), 0);
 	assert_non_null(strstr(g_run.out, "shared"));
-	assert_non_null(strstr(g_run.out, "300 of 900 prompt tokens"));
+	/* the text table: the prefix cache's hit tokens with their share of those looked up */
+	const char *found = strstr(g_run.out, "tokens found");
+	assert_non_null(found);
+	assert_non_null(strstr(found, "300 tokens"));
+	assert_non_null(strstr(found, "33.3% of tokens looked up"));
 	assert_int_equal(run_kvctl(NULL, true, (const char *const[]){ "stats", "--socket", S, "--watch", "0.05", NULL }),
 			 0);
 	assert_int_equal(KVCTL(NULL, "stats", "--socket", S, "--watch", "0", NULL), 2);
@@ -1948,6 +1991,7 @@ int main(void)
 		cmocka_unit_test(test_many_tokens_backpressure),
 		cmocka_unit_test(test_tokenize_count),
 		cmocka_unit_test(test_stats_ps_sessions),
+		cmocka_unit_test(test_stats_sizes),
 		cmocka_unit_test(test_handshake_refusals),
 		cmocka_unit_test(test_connect_by_path_and_env),
 		cmocka_unit_test(test_kvctl_generate),
