@@ -245,12 +245,28 @@ struct req *sched_find_session(const struct kvd_sched *s, uint64_t session, size
 }
 
 /* The request is over: report, then keep its KV as a session or drop it. */
+/* After a drafting step: the KV past n_computed (rejected drafts) goes
+ * and the pages the accepted tokens filled enter the prefix index, as if
+ * the tokens had come one step at a time. Failures leave the request to
+ * fail on its next step (kvmm refuses a sequence it does not know). */
+static void cut_back(struct kvd_sched *s, struct req *r)
+{
+	if (!r->has_seq || kvmm_seq_is_swapped(s->kv, r->seq))
+		return;
+	if (kvmm_seq_truncate(s->kv, r->seq, r->n_computed) < 0 || kvmm_seq_publish(s->kv, r->seq) < 0)
+		log_warning("speculative decoding: cutting request %" PRIu64 "'s KV back failed", r->id);
+}
+
 void sched_finish(struct kvd_sched *s, struct req *r, enum kvd_finish why, int error)
 {
 	size_t i;
 	uint64_t t = sched_now_ns(s);
 	struct kvmm_seq_record rec;
 
+	if (r->spec_cut) { /* ended while its drafts were verified */
+		r->spec_cut = 0;
+		cut_back(s, r);
+	}
 	r->res.sample = r->sample;
 	r->res.n_samples = r->n_samples;
 	r->res.finish = why;
@@ -337,6 +353,10 @@ struct kvd_sched *kvd_sched_destroy(struct kvd_sched *s)
 	sched_fair_free(s);
 	kvd_gram_scratch_free(s->gscratch);
 	free(s->gmask);
+	free(s->spec_logits);
+	if (s->st.spec_verifies)
+		log_info("speculative decoding: %" PRIu64 " tokens drafted in %" PRIu64 " steps, %" PRIu64 " accepted",
+			 s->st.spec_drafted, s->st.spec_verifies, s->st.spec_accepted);
 	free(s);
 	return NULL;
 }
@@ -488,22 +508,18 @@ static int next_token(struct kvd_sched *s, struct req *r, int32_t *ret)
 	return rc;
 }
 
-/* Sample and report one new token; end the request when it ends here. */
-static void emit(struct kvd_sched *s, struct req *r)
+/* Report t, r's next token (drawn by next_token); end the request when it
+ * ends here. Returns 1 when it ended (r may be freed), else 0. */
+static int emit_token(struct kvd_sched *s, struct req *r, int32_t t)
 {
-	int32_t t;
-	int rc = next_token(s, r, &t);
-	if (rc < 0) {
-		sched_finish(s, r, KVD_FINISH_ERROR, rc);
-		return;
-	}
+	int rc;
 	int eog = s->ev.is_eog && s->ev.is_eog(s->ev.ud, t);
 	int complete = 0; /* the constraint is complete and nothing can follow */
 	if (r->gram && !eog) {
 		rc = kvd_gram_accept_token(r->gram, r->gvocab, s->gscratch, &r->gst, t);
 		if (rc < 0) { /* the mask and the matcher disagree, or memory */
 			sched_finish(s, r, KVD_FINISH_ERROR, rc == -ENOENT ? -EPROTO : rc);
-			return;
+			return 1;
 		}
 		complete = !kvd_gram_can_continue(&r->gst);
 	}
@@ -541,6 +557,61 @@ static void emit(struct kvd_sched *s, struct req *r)
 		sched_finish(s, r, KVD_FINISH_STOP, 0);
 	else if (ending == KVD_FINISH_LENGTH)
 		sched_finish(s, r, KVD_FINISH_LENGTH, 0);
+	else
+		return 0;
+	return 1;
+}
+
+/* Sample and report one new token; end the request when it ends here. */
+static void emit(struct kvd_sched *s, struct req *r)
+{
+	int32_t t;
+	int rc = next_token(s, r, &t);
+	if (rc < 0) {
+		sched_finish(s, r, KVD_FINISH_ERROR, rc);
+		return;
+	}
+	(void)emit_token(s, r, t);
+}
+
+/*
+ * Exact verification of r's draft d[0..k) (spec.h): the step computed
+ * [toks[base - 1], d0 .. dk-1] with one logits row per token (rows), so
+ * row j is what a plain decode would have seen before the token at base
+ * + j once d0 .. dj-1 were accepted. Token j is drawn from row j by the
+ * same sampler call as a plain decode (history, RNG: one draw per emitted
+ * token) and reported; drafts are accepted while the drawn token equals
+ * them, the first token that differs (or the one after the whole draft)
+ * ends the run. n_computed follows each emitted token as in plain
+ * decoding, and the KV is then cut back to it (cut_back; sched_finish does
+ * it when the request ends inside the run).
+ */
+static void verify_draft(struct kvd_sched *s, struct req *r, const float *rows)
+{
+	uint32_t k = r->n_draft, base = r->n_toks;
+
+	r->n_draft = 0;
+	r->spec_cut = 1;
+	s->st.spec_verifies++;
+	s->st.spec_drafted += k;
+	for (uint32_t j = 0; j <= k; j++) {
+		int32_t t;
+		memcpy(r->logits, rows + (size_t)j * (size_t)s->n_vocab, (size_t)s->n_vocab * sizeof(*r->logits));
+		r->n_computed = base + j;
+		int rc = next_token(s, r, &t);
+		if (rc < 0) {
+			sched_finish(s, r, KVD_FINISH_ERROR, rc);
+			return;
+		}
+		int accepted = j < k && t == r->draft[j];
+		s->st.spec_accepted += (uint64_t)accepted;
+		if (emit_token(s, r, t))
+			return; /* ended: sched_finish cut the KV back */
+		if (!accepted)
+			break;
+	}
+	r->spec_cut = 0;
+	cut_back(s, r);
 }
 
 /* p's prompt is computed and its logits are in: fork the other samples
@@ -685,15 +756,111 @@ static void plan_chunk(struct kvd_sched *s, struct step_plan *pl, struct req *r,
 	pl->budget -= take;
 }
 
+/*
+ * Speculative decoding (spec.h): r's decode, just planned as the step's
+ * last item, grows by a draft looked up in r's own tokens. Only where the
+ * plain path's behaviour is easy to keep exact in this version: no
+ * constraint, no logprobs, no window policy, its samples forked, more
+ * than one token still to generate (the draft never passes max_tokens,
+ * so never the context), and budget left for one decode of each of the
+ * `left` decodes still to plan.
+ */
+static void plan_draft(struct kvd_sched *s, struct step_plan *pl, struct req *r, uint32_t left)
+{
+	const struct kvd_spec_config *c = &s->cfg.spec;
+	struct kvd_engine_item *it = &s->items[pl->n_items - 1];
+	uint32_t k = c->draft_tokens, room = r->max_tokens - r->n_generated;
+
+	r->n_draft = 0;
+	if (c->mode == KVD_SPEC_OFF || s->item_req[pl->n_items - 1] != r || !it->logits || it->n_tokens != 1 ||
+	    r->gram || r->logprobs || r->windowed || !r->forked || !r->n_generated || room <= 1 ||
+	    pl->budget <= left)
+		return;
+	if (k > room - 1)
+		k = room - 1;
+	if (k > pl->budget - left)
+		k = pl->budget - left;
+	if (k > KVD_SPEC_MAX_DRAFT)
+		k = KVD_SPEC_MAX_DRAFT;
+	if (reserve_toks(r, r->n_toks + k) < 0)
+		return;
+	it->tokens = r->toks + r->n_computed; /* (reserve_toks may move them) */
+	k = kvd_spec_draft(r->toks, r->n_toks, c->min_match, k, r->draft);
+	if (!k)
+		return;
+	memcpy(r->toks + r->n_toks, r->draft, k * sizeof(*r->draft));
+	r->n_draft = k;
+	it->n_tokens += (int32_t)k;
+	it->all_logits = 1;
+	it->defer_publish = 1;
+	pl->budget -= k;
+}
+
 /* Phase 0: one decode for each running request that has a token to
- * compute, owners in fair order (a throttled owner's sit this step out). */
+ * compute, owners in fair order (a throttled owner's sit this step out),
+ * with a draft where speculation is on. */
 static void plan_decodes(struct kvd_sched *s, struct step_plan *pl)
 {
+	uint32_t left = 0;
+
+	for (size_t i = 0; i < s->n_order; i++) {
+		struct req *r = s->order[i].r;
+		left += r->state == RS_RUNNING && r->n_toks - r->n_computed == 1 && !s->owners[r->oi].throttled;
+	}
 	for (size_t i = 0; i < s->n_order && pl->budget > 0; i++) {
 		struct req *r = s->order[i].r;
-		if (r->state == RS_RUNNING && r->n_toks - r->n_computed == 1 && !s->owners[r->oi].throttled)
+		if (r->state == RS_RUNNING && r->n_toks - r->n_computed == 1 && !s->owners[r->oi].throttled) {
+			size_t before = pl->n_items;
 			plan_chunk(s, pl, r, 0);
+			left--;
+			if (pl->n_items > before && s->cfg.spec.mode != KVD_SPEC_OFF)
+				plan_draft(s, pl, r, left);
+		}
 	}
+}
+
+/* Drafting items back to plain decodes (the step does not fit, or no
+ * memory for their logits); 1 when there was one. */
+static int strip_drafts(struct kvd_sched *s, struct step_plan *pl)
+{
+	int any = 0;
+
+	for (size_t i = 0; i < pl->n_items; i++) {
+		struct kvd_engine_item *it = &s->items[i];
+		if (!it->all_logits)
+			continue;
+		s->item_req[i]->n_draft = 0;
+		pl->budget += (uint32_t)it->n_tokens - 1;
+		it->n_tokens = 1;
+		it->all_logits = it->defer_publish = 0;
+		it->logits = s->item_req[i]->logits;
+		any = 1;
+	}
+	return any;
+}
+
+/* Point each drafting item's logits at its rows of s->spec_logits. */
+static void bind_draft_logits(struct kvd_sched *s, struct step_plan *pl)
+{
+	size_t rows = 0;
+
+	for (size_t i = 0; i < pl->n_items; i++)
+		rows += s->items[i].all_logits ? (size_t)s->items[i].n_tokens : 0;
+	if (rows > s->cap_spec_rows) {
+		float *l = realloc(s->spec_logits, rows * (size_t)s->n_vocab * sizeof(*l));
+		if (!l) {
+			strip_drafts(s, pl);
+			return;
+		}
+		s->spec_logits = l;
+		s->cap_spec_rows = rows;
+	}
+	rows = 0;
+	for (size_t i = 0; i < pl->n_items; i++)
+		if (s->items[i].all_logits) {
+			s->items[i].logits = s->spec_logits + rows * (size_t)s->n_vocab;
+			rows += (size_t)s->items[i].n_tokens;
+		}
 }
 
 /* Phase 1, for one owner's requests order[b, e): the next prefill chunk
@@ -953,6 +1120,8 @@ int kvd_sched_step(struct kvd_sched *s)
 		rc = kvd_engine_plan(s->e, s->items, pl.n_items, &need);
 		if (rc != -ENOMEM)
 			break;
+		if (strip_drafts(s, &pl)) /* drafts go before anyone is preempted */
+			continue;
 		if (sched_reclaim_session(s))
 			continue;
 		rc = fit_give_up(s, &pl);
@@ -965,6 +1134,7 @@ int kvd_sched_step(struct kvd_sched *s)
 	if (rc < 0)
 		goto fail;
 	demote_ahead(s, need);
+	bind_draft_logits(s, &pl);
 	uint64_t t0 = sched_now_ns(s);
 	rc = kvd_engine_step(s->e, s->items, n_items);
 	if (rc < 0)
@@ -980,7 +1150,7 @@ int kvd_sched_step(struct kvd_sched *s)
 			wait = r->t_admit - r->t_submit; /* first chunk: time queued for memory */
 		kvmm_seq_add_time(s->kv, r->seq, wait, t1 - t0);
 		r->n_computed += (uint32_t)s->items[i].n_tokens;
-		if (r->n_generated == 0 || s->items[i].n_tokens > 1)
+		if (r->n_generated == 0 || (s->items[i].n_tokens > 1 && !s->items[i].all_logits))
 			s->st.tokens_prefilled += (uint64_t)s->items[i].n_tokens;
 	}
 	/* emit after the bookkeeping: emit may finish and free requests */
@@ -988,6 +1158,8 @@ int kvd_sched_step(struct kvd_sched *s)
 		if (s->items[i].logits) {
 			if (!s->item_req[i]->forked)
 				start_samples(s, s->item_req[i]);
+			else if (s->items[i].all_logits)
+				verify_draft(s, s->item_req[i], s->items[i].logits);
 			else
 				emit(s, s->item_req[i]);
 		}

@@ -13,6 +13,7 @@
 #include "engine.h"
 #include "grammar.h"
 #include "sched.h"
+#include "spec.h"
 #include "step_model.h"
 
 enum req_state {
@@ -61,6 +62,12 @@ struct req {
 	uint64_t owner;          /* params.owner: whose share it draws on */
 	int32_t priority;        /* params.priority: lower goes first within its owner */
 	uint32_t oi;             /* its owner's index in s->owners (valid during a step) */
+	/* speculative decoding (spec.h): the draft the step being run scores
+	 * after toks[n_toks - 1] (also at toks[n_toks ..]); spec_cut: its KV
+	 * may hold rejected drafts past n_computed until verification is done */
+	int32_t draft[KVD_SPEC_MAX_DRAFT];
+	uint32_t n_draft;
+	int spec_cut;
 };
 
 /*
@@ -132,6 +139,10 @@ struct kvd_sched {
 	struct kvd_gram_scratch *gscratch;
 	uint32_t *gmask;
 	size_t gmask_words;
+	/* speculative decoding: one logits row per token of the drafting
+	 * items of a step (theirs back to back) */
+	float *spec_logits;
+	size_t cap_spec_rows;
 };
 
 /* ---- sched.c ---- */
