@@ -49,6 +49,10 @@
 #define SCHED_DEMOTE_BATCH       32 /* pages demoted in one step at most */
 #define SCHED_MIN_CHUNK           4 /* prefill beside decodes never shrinks below this */
 #define SCHED_FAIR_MIN_CHUNK     64 /* nor, for the owner furthest behind, below this */
+/* Draft tokens one step carries at most, all sequences together: a wide
+ * batch is compute-bound already, and its logits rows (n_vocab floats
+ * each) stay bounded. */
+#define SCHED_SPEC_STEP_TOKENS   64
 
 uint64_t sched_now_ns(const struct kvd_sched *s)
 {
@@ -712,6 +716,7 @@ struct step_plan {
 	uint32_t prefill_taken;
 	int starved;             /* a window waits for copies of shared pages */
 	int admit_closed;        /* no more admissions: sequences, time or kvmm's slots */
+	uint32_t drafted;        /* draft tokens in it (speculative decoding) */
 };
 
 /* Take r's next chunk (phase 0: a decode, 1: a running request's prefill,
@@ -762,8 +767,8 @@ static void plan_chunk(struct kvd_sched *s, struct step_plan *pl, struct req *r,
  * plain path's behaviour is easy to keep exact in this version: no
  * constraint, no logprobs, no window policy, its samples forked, more
  * than one token still to generate (the draft never passes max_tokens,
- * so never the context), and budget left for one decode of each of the
- * `left` decodes still to plan.
+ * so never the context), budget left for one decode of each of the
+ * `left` decodes still to plan, and SCHED_SPEC_STEP_TOKENS not reached.
  */
 static void plan_draft(struct kvd_sched *s, struct step_plan *pl, struct req *r, uint32_t left)
 {
@@ -782,7 +787,9 @@ static void plan_draft(struct kvd_sched *s, struct step_plan *pl, struct req *r,
 		k = pl->budget - left;
 	if (k > KVD_SPEC_MAX_DRAFT)
 		k = KVD_SPEC_MAX_DRAFT;
-	if (reserve_toks(r, r->n_toks + k) < 0)
+	if (k > SCHED_SPEC_STEP_TOKENS - pl->drafted)
+		k = SCHED_SPEC_STEP_TOKENS - pl->drafted;
+	if (!k || reserve_toks(r, r->n_toks + k) < 0)
 		return;
 	it->tokens = r->toks + r->n_computed; /* (reserve_toks may move them) */
 	k = kvd_spec_draft(r->toks, r->n_toks, c->min_match, k, r->draft);
@@ -794,6 +801,7 @@ static void plan_draft(struct kvd_sched *s, struct step_plan *pl, struct req *r,
 	it->all_logits = 1;
 	it->defer_publish = 1;
 	pl->budget -= k;
+	pl->drafted += k;
 }
 
 /* Phase 0: one decode for each running request that has a token to
@@ -836,6 +844,7 @@ static int strip_drafts(struct kvd_sched *s, struct step_plan *pl)
 		it->logits = s->item_req[i]->logits;
 		any = 1;
 	}
+	pl->drafted = 0;
 	return any;
 }
 
