@@ -49,10 +49,6 @@
 #define SCHED_DEMOTE_BATCH       32 /* pages demoted in one step at most */
 #define SCHED_MIN_CHUNK           4 /* prefill beside decodes never shrinks below this */
 #define SCHED_FAIR_MIN_CHUNK     64 /* nor, for the owner furthest behind, below this */
-/* Draft tokens one step carries at most, all sequences together: a wide
- * batch is compute-bound already, and its logits rows (n_vocab floats
- * each) stay bounded. */
-#define SCHED_SPEC_STEP_TOKENS   64
 
 uint64_t sched_now_ns(const struct kvd_sched *s)
 {
@@ -249,28 +245,14 @@ struct req *sched_find_session(const struct kvd_sched *s, uint64_t session, size
 }
 
 /* The request is over: report, then keep its KV as a session or drop it. */
-/* After a drafting step: the KV past n_computed (rejected drafts) goes
- * and the pages the accepted tokens filled enter the prefix index, as if
- * the tokens had come one step at a time. Failures leave the request to
- * fail on its next step (kvmm refuses a sequence it does not know). */
-static void cut_back(struct kvd_sched *s, struct req *r)
-{
-	if (!r->has_seq || kvmm_seq_is_swapped(s->kv, r->seq))
-		return;
-	if (kvmm_seq_truncate(s->kv, r->seq, r->n_computed) < 0 || kvmm_seq_publish(s->kv, r->seq) < 0)
-		log_warning("speculative decoding: cutting request %" PRIu64 "'s KV back failed", r->id);
-}
-
 void sched_finish(struct kvd_sched *s, struct req *r, enum kvd_finish why, int error)
 {
 	size_t i;
 	uint64_t t = sched_now_ns(s);
 	struct kvmm_seq_record rec;
 
-	if (r->spec_cut) { /* ended while its drafts were verified */
-		r->spec_cut = 0;
-		cut_back(s, r);
-	}
+	if (r->spec_cut) /* ended while its drafts were verified */
+		sched_spec_cut_back(s, r);
 	r->res.sample = r->sample;
 	r->res.n_samples = r->n_samples;
 	r->res.finish = why;
@@ -357,10 +339,7 @@ struct kvd_sched *kvd_sched_destroy(struct kvd_sched *s)
 	sched_fair_free(s);
 	kvd_gram_scratch_free(s->gscratch);
 	free(s->gmask);
-	free(s->spec_logits);
-	if (s->st.spec_verifies)
-		log_info("speculative decoding: %" PRIu64 " tokens drafted in %" PRIu64 " steps, %" PRIu64 " accepted",
-			 s->st.spec_drafted, s->st.spec_verifies, s->st.spec_accepted);
+	sched_spec_free(s);
 	free(s);
 	return NULL;
 }
@@ -483,10 +462,7 @@ static void resume_swapped(struct kvd_sched *s, uint32_t n_running)
 	}
 }
 
-/* r's next token: its sampler's draw, under its constraint if it has one
- * (kvd_gram_sample, sampler.h). 0, -ENOENT (the constraint allows
- * nothing), -ENOMEM. */
-static int next_token(struct kvd_sched *s, struct req *r, int32_t *ret)
+int sched_next_token(struct kvd_sched *s, struct req *r, int32_t *ret)
 {
 	if (!r->gram) {
 		*ret = kvd_sampler_sample(r->sampler, r->logits, r->toks, r->n_toks);
@@ -512,9 +488,7 @@ static int next_token(struct kvd_sched *s, struct req *r, int32_t *ret)
 	return rc;
 }
 
-/* Report t, r's next token (drawn by next_token); end the request when it
- * ends here. Returns 1 when it ended (r may be freed), else 0. */
-static int emit_token(struct kvd_sched *s, struct req *r, int32_t t)
+int sched_emit_token(struct kvd_sched *s, struct req *r, int32_t t)
 {
 	int rc;
 	int eog = s->ev.is_eog && s->ev.is_eog(s->ev.ud, t);
@@ -570,52 +544,12 @@ static int emit_token(struct kvd_sched *s, struct req *r, int32_t t)
 static void emit(struct kvd_sched *s, struct req *r)
 {
 	int32_t t;
-	int rc = next_token(s, r, &t);
+	int rc = sched_next_token(s, r, &t);
 	if (rc < 0) {
 		sched_finish(s, r, KVD_FINISH_ERROR, rc);
 		return;
 	}
-	(void)emit_token(s, r, t);
-}
-
-/*
- * Exact verification of r's draft d[0..k) (spec.h): the step computed
- * [toks[base - 1], d0 .. dk-1] with one logits row per token (rows), so
- * row j is what a plain decode would have seen before the token at base
- * + j once d0 .. dj-1 were accepted. Token j is drawn from row j by the
- * same sampler call as a plain decode (history, RNG: one draw per emitted
- * token) and reported; drafts are accepted while the drawn token equals
- * them, the first token that differs (or the one after the whole draft)
- * ends the run. n_computed follows each emitted token as in plain
- * decoding, and the KV is then cut back to it (cut_back; sched_finish does
- * it when the request ends inside the run).
- */
-static void verify_draft(struct kvd_sched *s, struct req *r, const float *rows)
-{
-	uint32_t k = r->n_draft, base = r->n_toks;
-
-	r->n_draft = 0;
-	r->spec_cut = 1;
-	s->st.spec_verifies++;
-	s->st.spec_drafted += k;
-	for (uint32_t j = 0; j <= k; j++) {
-		int32_t t;
-		memcpy(r->logits, rows + (size_t)j * (size_t)s->n_vocab, (size_t)s->n_vocab * sizeof(*r->logits));
-		r->n_computed = base + j;
-		int rc = next_token(s, r, &t);
-		if (rc < 0) {
-			sched_finish(s, r, KVD_FINISH_ERROR, rc);
-			return;
-		}
-		int accepted = j < k && t == r->draft[j];
-		s->st.spec_accepted += (uint64_t)accepted;
-		if (emit_token(s, r, t))
-			return; /* ended: sched_finish cut the KV back */
-		if (!accepted)
-			break;
-	}
-	r->spec_cut = 0;
-	cut_back(s, r);
+	(void)sched_emit_token(s, r, t);
 }
 
 /* p's prompt is computed and its logits are in: fork the other samples
@@ -684,28 +618,6 @@ static void demote_ahead(struct kvd_sched *s, uint32_t need)
 	s->st.pages_demoted += got;
 }
 
-/* Fold a measured step into the step-time model (step_model.h): a step of
- * decodes only is a decode sample; otherwise its prefill chunks' tokens and
- * attention pairs, counted before the items' n_computed advance (so
- * r->n_computed is each chunk's p0). */
-static void learn_step_time(struct kvd_sched *s, size_t n_items, uint64_t dt)
-{
-	double t = 0, w = 0;
-
-	for (size_t i = 0; i < n_items; i++) {
-		const struct req *r = s->item_req[i];
-		uint32_t n = (uint32_t)s->items[i].n_tokens;
-		if (n == 1 && r->n_computed + 1 == r->n_toks && r->n_generated)
-			continue; /* a decode: in the decode estimate */
-		t += n;
-		w += kvd_step_pairs(n, r->n_computed);
-	}
-	if (t == 0)
-		kvd_step_model_decode(&s->model, dt);
-	else
-		kvd_step_model_prefill(&s->model, t, w, dt);
-}
-
 /* The step being built: its items and what is left of its budgets. */
 struct step_plan {
 	size_t n_items;
@@ -761,115 +673,21 @@ static void plan_chunk(struct kvd_sched *s, struct step_plan *pl, struct req *r,
 	pl->budget -= take;
 }
 
-/*
- * Speculative decoding (spec.h): r's decode, just planned as the step's
- * last item, grows by a draft looked up in r's own tokens. Only where the
- * plain path's behaviour is easy to keep exact in this version: no
- * constraint, no logprobs, no window policy, its samples forked, more
- * than one token still to generate (the draft never passes max_tokens,
- * so never the context), budget left for one decode of each of the
- * `left` decodes still to plan, and SCHED_SPEC_STEP_TOKENS not reached.
- */
-static void plan_draft(struct kvd_sched *s, struct step_plan *pl, struct req *r, uint32_t left)
-{
-	const struct kvd_spec_config *c = &s->cfg.spec;
-	struct kvd_engine_item *it = &s->items[pl->n_items - 1];
-	uint32_t k = c->draft_tokens, room = r->max_tokens - r->n_generated;
-
-	r->n_draft = 0;
-	if (c->mode == KVD_SPEC_OFF || s->item_req[pl->n_items - 1] != r || !it->logits || it->n_tokens != 1 ||
-	    r->gram || r->logprobs || r->windowed || !r->forked || !r->n_generated || room <= 1 ||
-	    pl->budget <= left)
-		return;
-	if (k > room - 1)
-		k = room - 1;
-	if (k > pl->budget - left)
-		k = pl->budget - left;
-	if (k > KVD_SPEC_MAX_DRAFT)
-		k = KVD_SPEC_MAX_DRAFT;
-	if (k > SCHED_SPEC_STEP_TOKENS - pl->drafted)
-		k = SCHED_SPEC_STEP_TOKENS - pl->drafted;
-	if (!k || reserve_toks(r, r->n_toks + k) < 0)
-		return;
-	it->tokens = r->toks + r->n_computed; /* (reserve_toks may move them) */
-	k = kvd_spec_draft(r->toks, r->n_toks, c->min_match, k, r->draft);
-	if (!k)
-		return;
-	memcpy(r->toks + r->n_toks, r->draft, k * sizeof(*r->draft));
-	r->n_draft = k;
-	it->n_tokens += (int32_t)k;
-	it->all_logits = 1;
-	it->defer_publish = 1;
-	pl->budget -= k;
-	pl->drafted += k;
-}
-
 /* Phase 0: one decode for each running request that has a token to
  * compute, owners in fair order (a throttled owner's sit this step out),
  * with a draft where speculation is on. */
 static void plan_decodes(struct kvd_sched *s, struct step_plan *pl)
 {
-	uint32_t left = 0;
-
-	for (size_t i = 0; i < s->n_order; i++) {
-		struct req *r = s->order[i].r;
-		left += r->state == RS_RUNNING && r->n_toks - r->n_computed == 1 && !s->owners[r->oi].throttled;
-	}
 	for (size_t i = 0; i < s->n_order && pl->budget > 0; i++) {
 		struct req *r = s->order[i].r;
 		if (r->state == RS_RUNNING && r->n_toks - r->n_computed == 1 && !s->owners[r->oi].throttled) {
 			size_t before = pl->n_items;
 			plan_chunk(s, pl, r, 0);
-			left--;
 			if (pl->n_items > before && s->cfg.spec.mode != KVD_SPEC_OFF)
-				plan_draft(s, pl, r, left);
+				sched_spec_draft(s, r, &s->items[before], (uint32_t)(s->n_order - i - 1), &pl->budget,
+						 &pl->drafted);
 		}
 	}
-}
-
-/* Drafting items back to plain decodes (the step does not fit, or no
- * memory for their logits); 1 when there was one. */
-static int strip_drafts(struct kvd_sched *s, struct step_plan *pl)
-{
-	int any = 0;
-
-	for (size_t i = 0; i < pl->n_items; i++) {
-		struct kvd_engine_item *it = &s->items[i];
-		if (!it->all_logits)
-			continue;
-		s->item_req[i]->n_draft = 0;
-		pl->budget += (uint32_t)it->n_tokens - 1;
-		it->n_tokens = 1;
-		it->all_logits = it->defer_publish = 0;
-		it->logits = s->item_req[i]->logits;
-		any = 1;
-	}
-	pl->drafted = 0;
-	return any;
-}
-
-/* Point each drafting item's logits at its rows of s->spec_logits. */
-static void bind_draft_logits(struct kvd_sched *s, struct step_plan *pl)
-{
-	size_t rows = 0;
-
-	for (size_t i = 0; i < pl->n_items; i++)
-		rows += s->items[i].all_logits ? (size_t)s->items[i].n_tokens : 0;
-	if (rows > s->cap_spec_rows) {
-		float *l = realloc(s->spec_logits, rows * (size_t)s->n_vocab * sizeof(*l));
-		if (!l) {
-			strip_drafts(s, pl);
-			return;
-		}
-		s->spec_logits = l;
-		s->cap_spec_rows = rows;
-	}
-	rows = 0;
-	for (size_t i = 0; i < pl->n_items; i++)
-		if (s->items[i].all_logits) {
-			s->items[i].logits = s->spec_logits + rows * (size_t)s->n_vocab;
-			rows += (size_t)s->items[i].n_tokens;
-		}
 }
 
 /* Phase 1, for one owner's requests order[b, e): the next prefill chunk
@@ -1129,7 +947,7 @@ int kvd_sched_step(struct kvd_sched *s)
 		rc = kvd_engine_plan(s->e, s->items, pl.n_items, &need);
 		if (rc != -ENOMEM)
 			break;
-		if (strip_drafts(s, &pl)) /* drafts go before anyone is preempted */
+		if (sched_spec_strip(s, pl.n_items, &pl.budget, &pl.drafted)) /* drafts go before anyone is preempted */
 			continue;
 		if (sched_reclaim_session(s))
 			continue;
@@ -1143,14 +961,14 @@ int kvd_sched_step(struct kvd_sched *s)
 	if (rc < 0)
 		goto fail;
 	demote_ahead(s, need);
-	bind_draft_logits(s, &pl);
+	sched_spec_bind(s, pl.n_items, &pl.budget, &pl.drafted);
 	uint64_t t0 = sched_now_ns(s);
 	rc = kvd_engine_step(s->e, s->items, n_items);
 	if (rc < 0)
 		goto fail;
 	uint64_t t1 = sched_now_ns(s);
 	s->st.steps++;
-	learn_step_time(s, n_items, t1 - t0);
+	sched_learn_step_time(s, n_items, t1 - t0);
 	sched_fair_charge(s, n_items, t1 - t0);
 	for (size_t i = 0; i < n_items; i++) {
 		struct req *r = s->item_req[i];
@@ -1168,7 +986,7 @@ int kvd_sched_step(struct kvd_sched *s)
 			if (!s->item_req[i]->forked)
 				start_samples(s, s->item_req[i]);
 			else if (s->items[i].all_logits)
-				verify_draft(s, s->item_req[i], s->items[i].logits);
+				sched_spec_verify(s, s->item_req[i], s->items[i].logits);
 			else
 				emit(s, s->item_req[i]);
 		}
