@@ -7,6 +7,7 @@
  */
 #include "config.h"
 #include "backend.h" /* KVD_KV_TYPES */
+#include "spec.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -146,6 +147,7 @@ static const char *const cache_types[] = { "auto", KVD_KV_TYPES(CACHE_TYPE_NAME)
 #define CACHE_TYPE_BAD_MSG "cache_type must be auto" KVD_KV_TYPES_(CACHE_TYPE_LIST, CACHE_TYPE_LAST) ", not '%s'"
 static const char *const prefix_sharings[] = { "user", "group", "all", NULL };
 static const char *const context_policies[] = { "error", "truncate-oldest", "sliding-window", "sinks", NULL };
+static const char *const spec_modes[] = { "off", "lookup", NULL };
 static const char *const log_levels[] = {"emerg", "alert", "crit", "err", "warning", "notice", "info", "debug"};
 #define N_LOG_LEVELS (sizeof(log_levels) / sizeof(log_levels[0]))
 
@@ -239,6 +241,18 @@ const struct kvd_conf_key kvd_conf_keys[] = {
 	{ "scheduler", "context_sinks", KVD_CONF_U32, "4",
 	  1, 1u << 24, KVD_CONF_LIVE, "first tokens the sinks policy keeps (rounded up to KV pages)", NO_OPT,
 	  NULL, NULL, FIELD(context_sinks), NO_FIELD2 },
+	{ "speculative", "mode", KVD_CONF_STR, "off",
+	  1, STR_MAX(spec_mode), KVD_CONF_LIVE,
+	  "speculative decoding: off, or lookup (draft from n-gram matches in the request's own prompt and output; "
+	  "outputs stay byte-identical)",
+	  OPT("--speculative", 0, "MODE"), spec_modes, "speculative mode must be off or lookup, not '%s'",
+	  FIELD(spec_mode), NO_FIELD2 },
+	{ "speculative", "draft_tokens", KVD_CONF_U32, "8",
+	  1, KVD_SPEC_MAX_DRAFT, KVD_CONF_LIVE, "tokens drafted for one sequence in a step at most", NO_OPT,
+	  NULL, NULL, FIELD(spec_draft_tokens), NO_FIELD2 },
+	{ "speculative", "min_match", KVD_CONF_U32, "3",
+	  1, KVD_SPEC_MAX_MIN_MATCH, KVD_CONF_LIVE, "last tokens that must match earlier in the sequence for a lookup draft",
+	  NO_OPT, NULL, NULL, FIELD(spec_min_match), NO_FIELD2 },
 	{ "server", "socket", KVD_CONF_STR, "/run/kvd/kvd.sock",
 	  1, 107, KVD_CONF_RESTART, "Unix socket path; \"@name\" for the abstract namespace",
 	  OPT("--socket", 's', "PATH"), NULL, NULL, FIELD(socket), NO_FIELD2 },

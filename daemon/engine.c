@@ -702,7 +702,7 @@ int kvd_engine_step(struct kvd_engine *e, const struct kvd_engine_item *items, s
 	if (r < 0)
 		return r;
 	for (size_t i = 0; i < n; i++) {
-		r = kvmm_seq_publish(e->kv, items[i].seq);
+		r = items[i].defer_publish ? 0 : kvmm_seq_publish(e->kv, items[i].seq);
 		if (r < 0)
 			return r;
 	}
@@ -711,7 +711,10 @@ int kvd_engine_step(struct kvd_engine *e, const struct kvd_engine_item *items, s
 		if (items[i].keep_local || len < e->max_window + e->layout.block_size)
 			continue;
 		/* page k is dead once (k + 1) * block_size + max_window <= len */
-		r = kvmm_seq_release(e->kv, items[i].seq, (len - e->max_window) / e->layout.block_size, NULL);
+		uint32_t upto = (len - e->max_window) / e->layout.block_size;
+		if (items[i].defer_publish && upto > (uint32_t)e->bseq[i].pos0 / e->layout.block_size)
+			upto = (uint32_t)e->bseq[i].pos0 / e->layout.block_size; /* published before the step */
+		r = kvmm_seq_release(e->kv, items[i].seq, upto, NULL);
 		if (r < 0)
 			return r;
 	}

@@ -122,6 +122,11 @@ struct kvd_engine_item {
 	int all_logits;
 	int keep_local; /* this sequence's pages are never released (a window
 	                 * policy drops pages itself: kvd_engine_seq_evict) */
+	int defer_publish; /* the pages this step fills are not entered into the
+	                    * prefix index: the caller may cut the tail back
+	                    * (kvmm_seq_truncate, speculative decoding's rejected
+	                    * drafts) and then calls kvmm_seq_publish itself;
+	                    * released pages stop before the step's first token */
 };
 
 /* Pages the step would need; 0, or -ENOMEM when it does not fit now. */

@@ -251,6 +251,8 @@ void sched_finish(struct kvd_sched *s, struct req *r, enum kvd_finish why, int e
 	uint64_t t = sched_now_ns(s);
 	struct kvmm_seq_record rec;
 
+	if (r->spec_cut) /* ended while its drafts were verified */
+		sched_spec_cut_back(s, r);
 	r->res.sample = r->sample;
 	r->res.n_samples = r->n_samples;
 	r->res.finish = why;
@@ -337,6 +339,7 @@ struct kvd_sched *kvd_sched_destroy(struct kvd_sched *s)
 	sched_fair_free(s);
 	kvd_gram_scratch_free(s->gscratch);
 	free(s->gmask);
+	sched_spec_free(s);
 	free(s);
 	return NULL;
 }
@@ -459,10 +462,7 @@ static void resume_swapped(struct kvd_sched *s, uint32_t n_running)
 	}
 }
 
-/* r's next token: its sampler's draw, under its constraint if it has one
- * (kvd_gram_sample, sampler.h). 0, -ENOENT (the constraint allows
- * nothing), -ENOMEM. */
-static int next_token(struct kvd_sched *s, struct req *r, int32_t *ret)
+int sched_next_token(struct kvd_sched *s, struct req *r, int32_t *ret)
 {
 	if (!r->gram) {
 		*ret = kvd_sampler_sample(r->sampler, r->logits, r->toks, r->n_toks);
@@ -488,22 +488,16 @@ static int next_token(struct kvd_sched *s, struct req *r, int32_t *ret)
 	return rc;
 }
 
-/* Sample and report one new token; end the request when it ends here. */
-static void emit(struct kvd_sched *s, struct req *r)
+int sched_emit_token(struct kvd_sched *s, struct req *r, int32_t t)
 {
-	int32_t t;
-	int rc = next_token(s, r, &t);
-	if (rc < 0) {
-		sched_finish(s, r, KVD_FINISH_ERROR, rc);
-		return;
-	}
+	int rc;
 	int eog = s->ev.is_eog && s->ev.is_eog(s->ev.ud, t);
 	int complete = 0; /* the constraint is complete and nothing can follow */
 	if (r->gram && !eog) {
 		rc = kvd_gram_accept_token(r->gram, r->gvocab, s->gscratch, &r->gst, t);
 		if (rc < 0) { /* the mask and the matcher disagree, or memory */
 			sched_finish(s, r, KVD_FINISH_ERROR, rc == -ENOENT ? -EPROTO : rc);
-			return;
+			return 1;
 		}
 		complete = !kvd_gram_can_continue(&r->gst);
 	}
@@ -541,6 +535,21 @@ static void emit(struct kvd_sched *s, struct req *r)
 		sched_finish(s, r, KVD_FINISH_STOP, 0);
 	else if (ending == KVD_FINISH_LENGTH)
 		sched_finish(s, r, KVD_FINISH_LENGTH, 0);
+	else
+		return 0;
+	return 1;
+}
+
+/* Sample and report one new token; end the request when it ends here. */
+static void emit(struct kvd_sched *s, struct req *r)
+{
+	int32_t t;
+	int rc = sched_next_token(s, r, &t);
+	if (rc < 0) {
+		sched_finish(s, r, KVD_FINISH_ERROR, rc);
+		return;
+	}
+	(void)sched_emit_token(s, r, t);
 }
 
 /* p's prompt is computed and its logits are in: fork the other samples
@@ -609,28 +618,6 @@ static void demote_ahead(struct kvd_sched *s, uint32_t need)
 	s->st.pages_demoted += got;
 }
 
-/* Fold a measured step into the step-time model (step_model.h): a step of
- * decodes only is a decode sample; otherwise its prefill chunks' tokens and
- * attention pairs, counted before the items' n_computed advance (so
- * r->n_computed is each chunk's p0). */
-static void learn_step_time(struct kvd_sched *s, size_t n_items, uint64_t dt)
-{
-	double t = 0, w = 0;
-
-	for (size_t i = 0; i < n_items; i++) {
-		const struct req *r = s->item_req[i];
-		uint32_t n = (uint32_t)s->items[i].n_tokens;
-		if (n == 1 && r->n_computed + 1 == r->n_toks && r->n_generated)
-			continue; /* a decode: in the decode estimate */
-		t += n;
-		w += kvd_step_pairs(n, r->n_computed);
-	}
-	if (t == 0)
-		kvd_step_model_decode(&s->model, dt);
-	else
-		kvd_step_model_prefill(&s->model, t, w, dt);
-}
-
 /* The step being built: its items and what is left of its budgets. */
 struct step_plan {
 	size_t n_items;
@@ -641,6 +628,7 @@ struct step_plan {
 	uint32_t prefill_taken;
 	int starved;             /* a window waits for copies of shared pages */
 	int admit_closed;        /* no more admissions: sequences, time or kvmm's slots */
+	uint32_t drafted;        /* draft tokens in it (speculative decoding) */
 };
 
 /* Take r's next chunk (phase 0: a decode, 1: a running request's prefill,
@@ -686,13 +674,19 @@ static void plan_chunk(struct kvd_sched *s, struct step_plan *pl, struct req *r,
 }
 
 /* Phase 0: one decode for each running request that has a token to
- * compute, owners in fair order (a throttled owner's sit this step out). */
+ * compute, owners in fair order (a throttled owner's sit this step out),
+ * with a draft where speculation is on. */
 static void plan_decodes(struct kvd_sched *s, struct step_plan *pl)
 {
 	for (size_t i = 0; i < s->n_order && pl->budget > 0; i++) {
 		struct req *r = s->order[i].r;
-		if (r->state == RS_RUNNING && r->n_toks - r->n_computed == 1 && !s->owners[r->oi].throttled)
+		if (r->state == RS_RUNNING && r->n_toks - r->n_computed == 1 && !s->owners[r->oi].throttled) {
+			size_t before = pl->n_items;
 			plan_chunk(s, pl, r, 0);
+			if (pl->n_items > before && s->cfg.spec.mode != KVD_SPEC_OFF)
+				sched_spec_draft(s, r, &s->items[before], (uint32_t)(s->n_order - i - 1), &pl->budget,
+						 &pl->drafted);
+		}
 	}
 }
 
@@ -953,6 +947,8 @@ int kvd_sched_step(struct kvd_sched *s)
 		rc = kvd_engine_plan(s->e, s->items, pl.n_items, &need);
 		if (rc != -ENOMEM)
 			break;
+		if (sched_spec_strip(s, pl.n_items, &pl.budget, &pl.drafted)) /* drafts go before anyone is preempted */
+			continue;
 		if (sched_reclaim_session(s))
 			continue;
 		rc = fit_give_up(s, &pl);
@@ -965,13 +961,14 @@ int kvd_sched_step(struct kvd_sched *s)
 	if (rc < 0)
 		goto fail;
 	demote_ahead(s, need);
+	sched_spec_bind(s, pl.n_items, &pl.budget, &pl.drafted);
 	uint64_t t0 = sched_now_ns(s);
 	rc = kvd_engine_step(s->e, s->items, n_items);
 	if (rc < 0)
 		goto fail;
 	uint64_t t1 = sched_now_ns(s);
 	s->st.steps++;
-	learn_step_time(s, n_items, t1 - t0);
+	sched_learn_step_time(s, n_items, t1 - t0);
 	sched_fair_charge(s, n_items, t1 - t0);
 	for (size_t i = 0; i < n_items; i++) {
 		struct req *r = s->item_req[i];
@@ -980,7 +977,7 @@ int kvd_sched_step(struct kvd_sched *s)
 			wait = r->t_admit - r->t_submit; /* first chunk: time queued for memory */
 		kvmm_seq_add_time(s->kv, r->seq, wait, t1 - t0);
 		r->n_computed += (uint32_t)s->items[i].n_tokens;
-		if (r->n_generated == 0 || s->items[i].n_tokens > 1)
+		if (r->n_generated == 0 || (s->items[i].n_tokens > 1 && !s->items[i].all_logits))
 			s->st.tokens_prefilled += (uint64_t)s->items[i].n_tokens;
 	}
 	/* emit after the bookkeeping: emit may finish and free requests */
@@ -988,6 +985,8 @@ int kvd_sched_step(struct kvd_sched *s)
 		if (s->items[i].logits) {
 			if (!s->item_req[i]->forked)
 				start_samples(s, s->item_req[i]);
+			else if (s->items[i].all_logits)
+				sched_spec_verify(s, s->item_req[i], s->items[i].logits);
 			else
 				emit(s, s->item_req[i]);
 		}

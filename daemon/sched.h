@@ -42,6 +42,7 @@
 
 #include "hist.h"
 #include "sampler.h"
+#include "spec.h"
 
 struct kvd_engine;
 struct kvd_sched;
@@ -58,6 +59,7 @@ struct kvd_sched_config {
 	                               * request set its own); 0: never */
 	uint32_t max_step_ms;         /* a step carrying decodes takes about this long at
 	                               * most (its prefill share is cut to fit); 0: no limit */
+	struct kvd_spec_config spec;  /* speculative decoding ([speculative]); mode 0: off */
 };
 
 enum kvd_finish {
@@ -224,6 +226,10 @@ struct kvd_sched_stats {
 	/* Constrained tokens drawn: answered by the greedy check alone, and
 	 * drawn over a full mask of the allowed tokens. */
 	uint64_t gram_checked, gram_masked;
+	/* Speculative decoding: decodes that carried a draft, the draft tokens
+	 * scored, and of those the ones accepted (emitted without a step of
+	 * their own). */
+	uint64_t spec_verifies, spec_drafted, spec_accepted;
 };
 
 int kvd_sched_create(const struct kvd_sched_config *cfg, struct kvd_engine *e, const struct kvd_sched_events *ev,

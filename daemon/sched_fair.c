@@ -44,6 +44,7 @@
 
 #include "kvmm.h"
 #include "sched_impl.h"
+#include "step_model.h"
 
 #define SCHED_FAIR_SLICE_NS  10000000.0   /* an owner may run this far ahead of another */
 #define SCHED_FAIR_LAG_NS    1000000000.0 /* no owner is kept further behind than this */
@@ -256,6 +257,28 @@ static void fit_decode(struct sched_cost_fit *f, double n, double dt)
 	}
 	f->fixed_ns = fixed;
 	f->token_ns = tok;
+}
+
+/* Fold a measured step into the step-time model (step_model.h): a step of
+ * decodes only is a decode sample; otherwise its prefill chunks' tokens and
+ * attention pairs, counted before the items' n_computed advance (so
+ * r->n_computed is each chunk's p0). */
+void sched_learn_step_time(struct kvd_sched *s, size_t n_items, uint64_t dt)
+{
+	double t = 0, w = 0;
+
+	for (size_t i = 0; i < n_items; i++) {
+		const struct req *r = s->item_req[i];
+		uint32_t n = (uint32_t)s->items[i].n_tokens;
+		if (n == 1 && r->n_computed + 1 == r->n_toks && r->n_generated)
+			continue; /* a decode: in the decode estimate */
+		t += n;
+		w += kvd_step_pairs(n, r->n_computed);
+	}
+	if (t == 0)
+		kvd_step_model_decode(&s->model, dt);
+	else
+		kvd_step_model_prefill(&s->model, t, w, dt);
 }
 
 void sched_fair_charge(struct kvd_sched *s, size_t n_items, uint64_t dt_ns)

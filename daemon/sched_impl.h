@@ -13,6 +13,7 @@
 #include "engine.h"
 #include "grammar.h"
 #include "sched.h"
+#include "spec.h"
 #include "step_model.h"
 
 enum req_state {
@@ -61,6 +62,12 @@ struct req {
 	uint64_t owner;          /* params.owner: whose share it draws on */
 	int32_t priority;        /* params.priority: lower goes first within its owner */
 	uint32_t oi;             /* its owner's index in s->owners (valid during a step) */
+	/* speculative decoding (spec.h): the draft the step being run scores
+	 * after toks[n_toks - 1] (also at toks[n_toks ..]); spec_cut: its KV
+	 * may hold rejected drafts past n_computed until verification is done */
+	int32_t draft[KVD_SPEC_MAX_DRAFT];
+	uint32_t n_draft;
+	int spec_cut;
 };
 
 /*
@@ -132,6 +139,10 @@ struct kvd_sched {
 	struct kvd_gram_scratch *gscratch;
 	uint32_t *gmask;
 	size_t gmask_words;
+	/* speculative decoding: one logits row per token of the drafting
+	 * items of a step (theirs back to back) */
+	float *spec_logits;
+	size_t cap_spec_rows;
 };
 
 /* ---- sched.c ---- */
@@ -155,6 +166,40 @@ void sched_remove_at(struct kvd_sched *s, size_t i);
 /* give up r's sequence and its pages, if it has one */
 void sched_drop_seq(struct kvd_sched *s, struct req *r);
 
+/* r's next token: its sampler's draw, under its constraint if it has one
+ * (kvd_gram_sample, sampler.h). 0, -ENOENT (the constraint allows
+ * nothing), -ENOMEM. */
+int sched_next_token(struct kvd_sched *s, struct req *r, int32_t *ret);
+/* Report t, r's next token (drawn by sched_next_token); end the request
+ * when it ends here. Returns 1 when it ended (r may be freed), else 0. */
+int sched_emit_token(struct kvd_sched *s, struct req *r, int32_t t);
+
+/* ---- sched_spec.c: speculative decoding ---- */
+/* r's decode, the step's item `it` (one token, logits), grows by a
+ * prompt-lookup draft when r may speculate (no constraint, logprobs or
+ * window policy; its samples forked; more than one token to go), leaving
+ * one token of *budget to each of the `left` decodes (at most) still to plan and
+ * keeping the step's *drafted tokens under a bound. The item then asks for
+ * all logits and leaves publishing to verification. */
+void sched_spec_draft(struct kvd_sched *s, struct req *r, struct kvd_engine_item *it, uint32_t left, uint32_t *budget,
+		      uint32_t *drafted);
+/* Turn the drafting items among items[0, n) back into plain decodes (the
+ * step does not fit); 1 when there was one. */
+int sched_spec_strip(struct kvd_sched *s, size_t n_items, uint32_t *budget, uint32_t *drafted);
+/* Before the step: point each drafting item's logits at its rows of
+ * s->spec_logits (grown as needed; out of memory: drafts stripped). */
+void sched_spec_bind(struct kvd_sched *s, size_t n_items, uint32_t *budget, uint32_t *drafted);
+/* After the step: exact verification of r's draft from its logits rows
+ * (sched_spec.c says how); may finish and free r. */
+void sched_spec_verify(struct kvd_sched *s, struct req *r, const float *rows);
+/* r's KV past n_computed (rejected drafts) goes and the pages its accepted
+ * tokens filled are published (also called by sched_finish while a
+ * verification runs). */
+void sched_spec_cut_back(struct kvd_sched *s, struct req *r);
+/* At the end: the logits rows go, and one log line says how many tokens
+ * were drafted and accepted. */
+void sched_spec_free(struct kvd_sched *s);
+
 /* ---- sched_fair.c ---- */
 /* Count each owner's live requests, sequences and pages, forget owners
  * with none, place a new one at the least virtual time of the others,
@@ -176,6 +221,9 @@ size_t sched_fair_victim(struct kvd_sched *s, struct req *const *cand, size_t n,
 /* Charge a step that took dt_ns to the owners of its items, and learn the
  * step's cost from it (decode steps). */
 void sched_fair_charge(struct kvd_sched *s, size_t n_items, uint64_t dt_ns);
+/* Fold a step of the items s->items[0, n_items) that took dt_ns into the
+ * step-time model (step_model.h), before their n_computed advance. */
+void sched_learn_step_time(struct kvd_sched *s, size_t n_items, uint64_t dt_ns);
 void sched_fair_free(struct kvd_sched *s);
 
 /* ---- sched_session.c ---- */

@@ -190,5 +190,6 @@ void kvd_sched_set_config(struct kvd_sched *s, const struct kvd_sched_config *cf
 		s->cfg.max_waiting = cfg->max_waiting;
 	s->cfg.session_idle_s = cfg->session_idle_s;
 	s->cfg.max_step_ms = cfg->max_step_ms;
+	s->cfg.spec = cfg->spec;
 }
 

@@ -44,6 +44,11 @@ static struct kvd_sched_config sched_config(const struct kvd_config *cfg, uint32
 		.max_waiting = cfg->max_waiting,
 		.session_idle_s = cfg->session_idle_s,
 		.max_step_ms = cfg->max_step_ms,
+		.spec = {
+			.mode = !strcmp(cfg->spec_mode, "lookup") ? KVD_SPEC_LOOKUP : KVD_SPEC_OFF,
+			.draft_tokens = cfg->spec_draft_tokens,
+			.min_match = cfg->spec_min_match,
+		},
 	};
 }
 

@@ -189,6 +189,22 @@ int kvmm_seq_publish(struct kvmm *m, uint32_t seq);
 int kvmm_seq_drop_pages(struct kvmm *m, uint32_t seq, uint32_t first, uint32_t n_drop);
 
 /*
+ * Cut the sequence back to its first n_tokens tokens, as if the later ones
+ * had never been appended (speculative decoding discards the K/V of
+ * rejected draft tokens this way). Logical pages wholly past n_tokens lose
+ * one reference each (freed, or cached as in kvmm_seq_free); a partly kept
+ * last page keeps its first n_tokens % block_size slots, and when another
+ * sequence shares it, its content stays as it is (the next write copies
+ * it). Only unpublished positions may go: the prefix index never sees a
+ * cut token, so the engine's step must leave publishing to the caller
+ * (kvd_engine_item.defer_publish), who calls kvmm_seq_publish after the
+ * cut. Returns 0 (n_tokens >= the length is a no-op); -ENOENT for an
+ * unknown or swapped-out sequence; -EBUSY when n_tokens would cut into
+ * pages already published (kvmm_seq_publish) or released.
+ */
+int kvmm_seq_truncate(struct kvmm *m, uint32_t seq, uint32_t n_tokens);
+
+/*
  * Release (models whose layers mostly attend over a window, e.g. Gemma 3's
  * five local layers of six): once every windowed layer is done with a
  * logical page (all its positions are older than the widest window before

@@ -10,7 +10,8 @@
  * pages; within one step, a shared page written by several of its users is
  * copied for all but the last, exactly as commit will do.
  *
- * Also here: the per-sequence ledger and its record.
+ * Also here: cutting a sequence's tail back (kvmm_seq_truncate), and the
+ * per-sequence ledger and its record.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -501,6 +502,39 @@ int kvmm_seq_drop_pages(struct kvmm *m, uint32_t seq, uint32_t first, uint32_t n
 	}
 	kvmm_shm_end(m);
 	return r;
+}
+
+int kvmm_seq_truncate(struct kvmm *m, uint32_t seq, uint32_t n_tokens)
+{
+	struct kvmm_seq *s = seq_get(m, seq);
+	uint32_t keep_pages;
+
+	if (!s || s->swapped)
+		return -ENOENT;
+	if (n_tokens >= s->len)
+		return 0;
+	/* a published page is immutable and known to the index; a released
+	 * one no longer holds what its positions would need */
+	if ((uint64_t)n_tokens < (uint64_t)s->n_published * m->bs ||
+	    (uint64_t)n_tokens < (uint64_t)s->n_released * m->bs)
+		return -EBUSY;
+	keep_pages = (uint32_t)(((uint64_t)n_tokens + m->bs - 1) / m->bs);
+	kvmm_shm_begin(m);
+	for (uint32_t i = s->n_pages; i-- > keep_pages;)
+		page_put(m, s->pages[i]);
+	s->n_pages = keep_pages;
+	if (n_tokens % m->bs) {
+		int32_t p = s->pages[keep_pages - 1];
+
+		/* ours alone (a step's write made it private): its later
+		 * slots are free again; shared, others' fill stands */
+		if (page_ref(m, p) == 1 && m->pg[p].node < 0)
+			page_set_fill(m, p, n_tokens % m->bs);
+	}
+	ctr_sub(m, W_TOKENS_RESIDENT, s->len - n_tokens);
+	s->len = n_tokens;
+	kvmm_shm_end(m);
+	return 0;
 }
 
 int kvmm_seq_set_scope(struct kvmm *m, uint32_t seq, uint64_t scope)

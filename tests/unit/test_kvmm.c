@@ -376,6 +376,90 @@ static void test_fork_shares_and_cow_copies(void **state)
 	done(m);
 }
 
+/* A sequence cut back (rejected draft tokens) frees the pages past the cut,
+ * keeps the shared head and its fork sibling untouched, refuses to cut
+ * published pages, and grows again as if the cut tokens never were: the
+ * prefix index never sees them. */
+static void test_truncate_cuts_tail_keeps_shared_head(void **state)
+{
+	struct copy_log log = {0};
+	struct kvmm_config c = cfg_of(4, 16);
+	struct kvmm *m = NULL;
+	uint32_t a, b, d, np, hit = 0, free_before;
+	int32_t ta[16], tb[16];
+	const int32_t *pa, *pb;
+	struct kvmm_stats st;
+
+	(void)state;
+	c.page_ops.copy = copy_tokens;
+	c.page_ops.ud = &log;
+	assert_int_equal(kvmm_create(&c, &m), 0);
+	log.m = m;
+	a = new_seq(m);
+	iota(ta, 16, 10);
+	assert_int_equal(grow(m, a, ta, 6), 0);
+	assert_int_equal(kvmm_seq_publish(m, a), 0); /* page 0 indexed */
+	assert_int_equal(kvmm_seq_fork(m, a, &b), 0);
+	kvmm_get_stats(m, &st);
+	free_before = st.pages_free;
+	/* b appends 7 draft tokens: its partial page is copied, two new pages */
+	memcpy(tb, ta, sizeof(tb));
+	for (int i = 6; i < 13; i++)
+		tb[i] = 500 + i;
+	assert_int_equal(grow(m, b, tb + 6, 7), 0);
+	assert_int_equal(kvmm_seq_len(m, b), 13);
+	kvmm_get_stats(m, &st);
+	assert_int_equal(st.pages_free, free_before - 3);
+	/* refused: the published page; no-op: at or past the length */
+	assert_int_equal(kvmm_seq_truncate(m, b, 3), -EBUSY);
+	assert_int_equal(kvmm_seq_truncate(m, b, 13), 0);
+	assert_int_equal(kvmm_seq_truncate(m, 999, 1), -ENOENT);
+	/* two drafts accepted: keep 8 tokens, the last two pages go */
+	assert_int_equal(kvmm_seq_truncate(m, b, 8), 0);
+	assert_int_equal(kvmm_seq_len(m, b), 8);
+	pb = kvmm_seq_pages(m, b, &np);
+	assert_int_equal(np, 2);
+	kvmm_get_stats(m, &st);
+	assert_int_equal(st.pages_free, free_before - 1);
+	assert_int_equal(st.tokens_resident, 6 + 8);
+	check(m);
+	/* none accepted: back to the fork point, inside its private copy */
+	assert_int_equal(kvmm_seq_truncate(m, b, 6), 0);
+	assert_int_equal(kvmm_seq_len(m, b), 6);
+	pa = kvmm_seq_pages(m, a, &np);
+	pb = kvmm_seq_pages(m, b, &np);
+	assert_int_equal(np, 2);
+	assert_int_equal(pa[0], pb[0]);
+	assert_int_equal(kvmm_page_refcount(m, (uint32_t)pa[0]), 2);
+	assert_int_not_equal(pa[1], pb[1]);
+	check(m);
+	/* grows again over the cut positions with other tokens */
+	for (int i = 6; i < 12; i++)
+		tb[i] = 900 + i;
+	assert_int_equal(grow(m, b, tb + 6, 6), 0);
+	assert_int_equal(kvmm_seq_publish(m, b), 0);
+	expect_content(m, a, ta);
+	expect_content(m, b, tb);
+	/* the index holds b's real pages, never the cut drafts */
+	d = new_seq(m);
+	int32_t td[13];
+	memcpy(td, ta, 6 * sizeof(int32_t));
+	for (int i = 6; i < 13; i++)
+		td[i] = 500 + i;
+	assert_int_equal(kvmm_prefix_attach(m, d, td, 13, &hit), 0);
+	assert_int_equal(hit, 4);
+	assert_int_equal(kvmm_seq_free(m, d), 0);
+	d = new_seq(m);
+	assert_int_equal(kvmm_prefix_attach(m, d, tb, 12, &hit), 0);
+	assert_int_equal(hit, 11);
+	assert_int_equal(kvmm_seq_free(m, d), 0);
+	assert_int_equal(kvmm_seq_free(m, b), 0);
+	assert_int_equal(kvmm_seq_free(m, a), 0);
+	kvmm_get_stats(m, &st);
+	assert_int_equal(st.tokens_resident, 0);
+	done(m);
+}
+
 static void test_cow_in_one_step_copies_once(void **state)
 {
 	struct kvmm *m = make(4, 8);
@@ -1734,6 +1818,7 @@ int main(void)
 		cmocka_unit_test(test_commit_allocates_on_growth),
 		cmocka_unit_test(test_plan_commit_all_or_nothing),
 		cmocka_unit_test(test_fork_shares_and_cow_copies),
+		cmocka_unit_test(test_truncate_cuts_tail_keeps_shared_head),
 		cmocka_unit_test(test_cow_in_one_step_copies_once),
 		cmocka_unit_test(test_commit_copy_failure_changes_nothing),
 		cmocka_unit_test(test_publish_and_attach),

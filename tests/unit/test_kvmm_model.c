@@ -584,6 +584,34 @@ static void op_grow(struct model *md)
 		free(toks[j]);
 }
 
+/* Cut a resident sequence's unpublished tail back (speculative decoding's
+ * rejected drafts): refused into published or released pages, else the
+ * model's tokens stop at the cut, and later growth rewrites the positions. */
+static void op_truncate(struct model *md)
+{
+	uint32_t id = pick(md, 0), bs = md->c->bs, floor, n;
+	struct mseq *s;
+	int r;
+
+	md->op = "truncate";
+	if (id == UINT32_MAX)
+		return;
+	s = &md->s[id];
+	floor = (s->published > s->released ? s->published : s->released) * bs;
+	if (floor > s->len)
+		floor = s->len;
+	if (floor && chance(md, 20)) {
+		r = kvmm_seq_truncate(md->m, id, floor - 1 - below(md, floor));
+		EXPECT(md, r == -EBUSY, "truncate into published pages: %d", r);
+		return;
+	}
+	n = floor + below(md, s->len - floor + 1);
+	r = kvmm_seq_truncate(md->m, id, n);
+	EXPECT(md, r == 0, "truncate %u of %u (published %u released %u): %d", n, s->len, s->published, s->released, r);
+	s->len = n;
+	EXPECT(md, kvmm_seq_len(md->m, id) == n, "length after truncate");
+}
+
 static void op_fork(struct model *md)
 {
 	uint32_t p = pick(md, 0), c;
@@ -862,8 +890,10 @@ static void run_model(const struct run_cfg *c, uint64_t base_seed, uint64_t ops)
 
 		if (w < 14)
 			op_new(md);
-		else if (w < 44)
+		else if (w < 41)
 			op_grow(md);
+		else if (w < 44)
+			op_truncate(md);
 		else if (w < 51)
 			op_fork(md);
 		else if (w < 61)

@@ -22,7 +22,8 @@
  * turn, close, expiry on a clock the test drives); stop verdicts,
  * end-of-generation, ignore_eos and max_tokens; submit's limits; an engine
  * failure; seeded sampling is the same under any load; the inter-token
- * latency histogram and the sessions' reuse counters.
+ * latency histogram and the sessions' reuse counters; prompt-lookup
+ * speculation changes no token (greedy, seeded, stop verdicts, swap).
  */
 #include <errno.h>
 #include <math.h>
@@ -65,6 +66,10 @@ struct stub {
 };
 
 static struct stub *g_stub; /* the live one, for fault injection */
+/* Copying mode (speculation tests): the logits favour one successor of the
+ * last token strongly (cyc_logit), so outputs repeat and prompt-lookup
+ * drafts get accepted; the K/V rows and their checks stay as they are. */
+static int g_copying;
 
 static uint64_t mix(uint64_t h, uint64_t x)
 {
@@ -86,6 +91,19 @@ static uint64_t fold(uint64_t h, int32_t tok, uint32_t pos)
 }
 
 #define H0 0x1234567887654321ull
+
+#define CYC_PERIOD 7
+static int32_t cyc_next(int32_t tok)
+{
+	return (int32_t)(((uint32_t)tok * 5u + 1u) % CYC_PERIOD);
+}
+
+/* the peak decides greedy tokens; the rest, drawn by seeded sampling,
+ * still depends on the whole history (h) as the pages hold it */
+static float cyc_logit(int32_t last, uint64_t h, int32_t t)
+{
+	return (t == cyc_next(last) ? 8.0f : 0.0f) + logit_of(h, t);
+}
 
 static int stub_init(const struct kvd_backend_config *cfg, void **ret)
 {
@@ -169,7 +187,7 @@ static int stub_forward(void *ctx, const struct kvd_batch *b)
 						  : j == s->n_tokens - 1 ? s->logits : NULL;
 			if (s->logits && lg)
 				for (int32_t t = 0; t < N_VOCAB; t++)
-					lg[t] = logit_of(h, t);
+					lg[t] = g_copying ? cyc_logit(s->tokens[j], h, t) : logit_of(h, t);
 		}
 	}
 	return 0;
@@ -432,6 +450,7 @@ struct setup {
 	uint32_t max_waiting;
 	uint32_t max_step_ms;
 	int samples;        /* report through on_sample_token (struct srec) */
+	struct kvd_spec_config spec;
 };
 
 static void open_ctx(struct ctx *c, const struct setup *su)
@@ -467,6 +486,7 @@ static void open_ctx(struct ctx *c, const struct setup *su)
 		.max_waiting = su->max_waiting,
 		.session_idle_s = su->session_idle_s,
 		.max_step_ms = su->max_step_ms,
+		.spec = su->spec,
 	};
 	struct kvd_sched_events ev = { .on_token = on_token, .on_done = on_done, .is_eog = is_eog,
 				       .now_ns = clock_of, .on_session_expired = on_expired, .ud = c,
@@ -1352,6 +1372,85 @@ static void test_sampling_same_under_any_load(void **state)
 	}
 }
 
+/* ---- speculative decoding -------------------------------------------------- */
+
+/* Prompt-lookup drafts change no token: with the stub copying (its logits
+ * favour one successor of the last token), greedy and seeded requests get
+ * the same tokens with [speculative] mode = lookup as with it off, in a
+ * roomy pool and in a tight one with swap (preemptions between drafting
+ * steps), at block sizes that put the cut inside and across pages; drafts
+ * are accepted, stop verdicts inside a draft end exactly where they would,
+ * and every page comes back. */
+static void test_spec_lookup_exact(void **state)
+{
+	static struct rec ref[MAX_REQ];
+	static const struct setup mixes[] = {
+		{ .block_size = 16, .pages = 400, .prefix_cache = 1 },
+		{ .block_size = 4, .pages = 40, .prefix_cache = 1, .swap = "mem" },
+		{ .block_size = 1, .pages = 150, .per_step = 7 },
+	};
+	const int n = 8;
+	int32_t p[64];
+	(void)state;
+
+	g_copying = 1;
+	for (int m = 0; m < 3; m++)
+		for (int mode = 0; mode < 2; mode++) {
+			struct setup su = mixes[m];
+			struct ctx c;
+			struct kvd_sched_stats st;
+			char dir[] = "/tmp/kvd-test-spec-XXXXXX", swap[64];
+			if (su.swap) { /* kvmm creates (and unlinks) the file itself */
+				assert_non_null(mkdtemp(dir));
+				snprintf(swap, sizeof(swap), "%s/swap", dir);
+				su.swap = swap;
+			}
+			su.spec = (struct kvd_spec_config){ .mode = mode ? KVD_SPEC_LOOKUP : KVD_SPEC_OFF,
+							    .draft_tokens = 8, .min_match = 2 };
+			open_ctx(&c, &su);
+			for (int i = 0; i < n; i++) {
+				uint32_t np = prompt_of(i, 1, p);
+				struct kvd_request_params rp = greedy(40, 0);
+				if (i % 2) {
+					rp.sampling.temperature = 1.0f;
+					rp.sampling.top_k = 0;
+					rp.sampling.min_p = 0;
+					rp.sampling.seed = (uint64_t)i * 7919u;
+				}
+				c.r[i].stop_at = i == 2 ? 13 : 0; /* a stop verdict, likely inside a draft */
+				assert_int_equal(kvd_sched_submit(c.s, (uint64_t)i, p, np, &rp), 0);
+			}
+			run_until_idle(&c);
+			kvd_sched_get_stats(c.s, &st);
+			for (int i = 0; i < n; i++) {
+				assert_true(c.r[i].done);
+				assert_int_equal(c.r[i].n, i == 2 ? 13 : 40);
+				if (mode == 0)
+					ref[i] = c.r[i];
+				else if (memcmp(c.r[i].toks, ref[i].toks, c.r[i].n * sizeof(int32_t)))
+					fail_msg("mix %d request %d: tokens differ with speculation", m, i);
+				assert_int_equal(c.r[i].res.finish, ref[i].res.finish);
+				assert_int_equal(c.r[i].res.generated_tokens, ref[i].res.generated_tokens);
+			}
+			if (mode == 0) {
+				assert_int_equal(st.spec_drafted, 0);
+			} else {
+				assert_true(st.spec_accepted > 0);
+				assert_true(st.spec_accepted <= st.spec_drafted);
+			}
+			if (m == 1)
+				assert_true(st.preemptions > 0);
+			assert_int_equal(st.tokens_generated, (uint64_t)(n - 1) * 40 + 13);
+			assert_int_equal(pages_used(&c), 0);
+			close_ctx(&c);
+			if (su.swap) {
+				unlink(swap);
+				rmdir(dir);
+			}
+		}
+	g_copying = 0;
+}
+
 /* ---- parallel samples -------------------------------------------------------- */
 
 static struct kvd_request_params sampled(uint32_t max_tokens, uint32_t n_samples, uint64_t seed)
@@ -1841,6 +1940,7 @@ int main(void)
 		cmocka_unit_test(test_step_model_collinear),
 		cmocka_unit_test(test_step_model_margin),
 		cmocka_unit_test(test_sampling_same_under_any_load),
+		cmocka_unit_test(test_spec_lookup_exact),
 		cmocka_unit_test(test_samples_share_prompt_pages),
 		cmocka_unit_test(test_samples_seeded),
 		cmocka_unit_test(test_samples_logprobs),
