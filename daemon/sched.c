@@ -388,6 +388,7 @@ static void preempt(struct kvd_sched *s, struct req *r)
 		return;
 	}
 	count_fallback(s, r);
+	r->res.recompute_tokens += r->n_computed;
 	sched_drop_seq(s, r);
 	r->state = RS_WAITING;
 }
@@ -941,6 +942,7 @@ int kvd_sched_step(struct kvd_sched *s)
 	if (w) { /* (not a swap-out: that keeps the shared pages) */
 		s->st.preemptions++;
 		w->res.preemptions++;
+		w->res.recompute_tokens += w->n_computed;
 		sched_drop_seq(s, w);
 		w->state = RS_WAITING;
 	}
@@ -979,10 +981,16 @@ int kvd_sched_step(struct kvd_sched *s)
 		if (!r->res.preemptions && r->n_computed == r->res.cached_tokens && r->t_admit)
 			wait = r->t_admit - r->t_submit; /* first chunk: time queued for memory */
 		kvmm_seq_add_time(s->kv, r->seq, wait, t1 - t0);
+		r->res.batch_width_sum += n_items;
+		r->res.batch_steps++;
+		r->last_step = s->st.steps;
 		r->n_computed += (uint32_t)s->items[i].n_tokens;
 		if (r->n_generated == 0 || s->items[i].n_tokens > 1)
 			s->st.tokens_prefilled += (uint64_t)s->items[i].n_tokens;
 	}
+	for (size_t i = 0; i < s->n_reqs; i++) /* runnable, left out of this step */
+		if (s->reqs[i]->state == RS_RUNNING && s->reqs[i]->last_step != s->st.steps)
+			s->reqs[i]->res.compute_wait_ns += t1 - t0;
 	/* emit after the bookkeeping: emit may finish and free requests */
 	for (size_t i = 0; i < n_items; i++)
 		if (s->items[i].logits) {

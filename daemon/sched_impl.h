@@ -61,6 +61,7 @@ struct req {
 	uint64_t owner;          /* params.owner: whose share it draws on */
 	int32_t priority;        /* params.priority: lower goes first within its owner */
 	uint32_t oi;             /* its owner's index in s->owners (valid during a step) */
+	uint64_t last_step;      /* s->st.steps of the last step it took part in (ledger) */
 };
 
 /*
