@@ -116,7 +116,7 @@ static void add_rejected(struct report *rp, const char *json)
 	rp->causes[i].n++;
 }
 
-static void add_done(struct report *rp, const char *json)
+static void add_done(struct report *rp, const char *json, const struct kvc_stats *st)
 {
 	const char *kv = ledger_member(json, "kv"), *model = ledger_member(json, "model"), *ev;
 	uint64_t prompt = u64_of(json, "prompt_tokens"), page_bytes = 0, held = 0, read = 0;
@@ -137,6 +137,8 @@ static void add_done(struct report *rp, const char *json)
 			rp->query_heads = u64_of(model, "query_heads");
 		}
 	}
+	if (!page_bytes) /* a record of a kvd before the "model" member: this pool's */
+		page_bytes = st->page_bytes;
 	if (kv && *kv == '{') {
 		held = u64_of(kv, "pages_peak") * page_bytes;
 		read = u64_of(kv, "kv_read_bytes");
@@ -345,7 +347,7 @@ int ledger_report(const struct kvc_ledger_record *recs, size_t n, uint64_t since
 		if (strcmp(finish, "rejected") == 0)
 			add_rejected(rp, j);
 		else
-			add_done(rp, j);
+			add_done(rp, j, st);
 	}
 	if (json)
 		print_json(rp, st);
