@@ -18,6 +18,9 @@
 #   - evicted_tokens.preemption_recompute > 0 where preemptions > 0,
 #     context_drop and the policy's window in the windowed record
 #   - the report's requester rows sum those per uid
+# The tiny Gemma 3 (generated here): its record lists two groups of layers,
+# five with a window of 5 positions and one over everything, 1 KV head for 2
+# query heads.
 source "$(dirname "$0")/lib.sh"
 need_bins
 [ -f "$REAL_MODEL" ] || skip "$REAL_MODEL missing (run scripts/setup)"
@@ -148,3 +151,20 @@ print("preempted %d of 5, %d tokens recomputed; %d dropped by the window" % (len
 PYEOF
 ok "preempted requests record the tokens they recompute, a window its drops; the report sums them per requester"
 stop_kvd "$KVD_PID" || fail "kvd exit status $?"
+
+# ---- a model with local layers: the windows per layer group --------------------------------------
+PYV=$ROOT/.venv/bin/python
+[ -x "$PYV" ] || PYV=$PY
+"$PYV" "$ROOT/scripts/gen_tiny_models.py" --arch --only gemma3 "$T/models" >/dev/null 2>&1 || fail "cannot generate tiny-gemma3"
+S=$T/gemma.sock
+start_kvd gemma "$S" --model "$T/models/tiny-gemma3.gguf" --pool-size 4M --threads 1
+"$RAW" -s "$S" generate --raw -n 4 "hello" >/dev/null || fail "gemma3 request"
+K ledger --json -n 1 >"$T/gemma.json" || fail "kvctl ledger (gemma3)"
+$PY - "$T/gemma.json" <<'PYEOF' || fail "gemma3 model: $(cat "$T/gemma.json")"
+import json, sys
+m = json.loads(open(sys.argv[1]).readline())["model"]
+assert m["layer_windows"] == [{"window": 5, "layers": 5}, {"window": 0, "layers": 1}], m
+assert (m["kv_heads"], m["query_heads"], m["head_dim"], m["layers"]) == (1, 2, 64, 6), m
+PYEOF
+stop_kvd "$KVD_PID" || fail "kvd exit status $?"
+ok "a model with local layers: its record lists the window of each group of layers and its heads"
