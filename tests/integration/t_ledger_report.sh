@@ -18,6 +18,9 @@
 #   - evicted_tokens.preemption_recompute > 0 where preemptions > 0,
 #     context_drop and the policy's window in the windowed record
 #   - the report's requester rows sum those per uid
+# The tiny model with one sequence at a time: of two requests sent together,
+# the one queued behind the other waits for compute, not for memory
+# (compute_wait_ns about the other's compute time, mem_wait_ns below it).
 # The tiny Gemma 3 (generated here): its record lists two groups of layers,
 # five with a window of 5 positions and one over everything, 1 KV head for 2
 # query heads.
@@ -168,3 +171,25 @@ assert (m["kv_heads"], m["query_heads"], m["head_dim"], m["layers"]) == (1, 2, 6
 PYEOF
 stop_kvd "$KVD_PID" || fail "kvd exit status $?"
 ok "a model with local layers: its record lists the window of each group of layers and its heads"
+
+# ---- waiting for compute: one sequence at a time ---------------------------------------------------
+S=$T/one.sock
+L=$T/one.jsonl
+printf '[scheduler]\nmax_num_seqs = 1\n[log]\nledger = %s\n' "$L" >"$T/one.conf"
+start_kvd one "$S" --config "$T/one.conf" --model "$TINY" --pool-size 4M --threads 1
+# (greedy: this prompt runs its 300 tokens on the tiny model; sent twice at once)
+P=()
+for i in 1 2; do "$RAW" -s "$S" generate --raw -n 300 "queued 2" >/dev/null 2>&1 & P+=($!); done
+wait "${P[@]}" || fail "a request with max_num_seqs 1 failed"
+$PY - "$L" <<'PYEOF' || fail "compute wait: $(cat "$L")"
+import json, sys
+a, b = [json.loads(l) for l in open(sys.argv[1])]  # in the order they finished
+assert a["generated_tokens"] == 300 and b["queue_ns"] >= 5_000_000, (a["generated_tokens"], b["queue_ns"])
+assert a["compute_wait_ns"] <= a["kv"]["compute_ns"] // 10, a  # the first ran alone
+assert b["compute_wait_ns"] >= b["queue_ns"] // 2, (b["compute_wait_ns"], b["queue_ns"])
+assert b["kv"]["mem_wait_ns"] < b["compute_wait_ns"], (b["kv"]["mem_wait_ns"], b["compute_wait_ns"])
+print("queued request: %.1f ms in the queue, %.1f ms of it waiting for compute, %.1f ms for memory" % (
+    b["queue_ns"] / 1e6, b["compute_wait_ns"] / 1e6, b["kv"]["mem_wait_ns"] / 1e6))
+PYEOF
+stop_kvd "$KVD_PID" || fail "kvd exit status $?"
+ok "a request queued behind another for a sequence slot records its wait as waiting for compute, not for memory"
