@@ -641,8 +641,8 @@ struct step_plan {
 	double left_ns;          /* what its prefill chunks may still cost, when timed */
 	uint32_t prefill_taken;
 	int starved;             /* a window waits for copies of shared pages */
-	int admit_closed;        /* no more admissions: sequences, time or kvmm's slots */
 	int mem_closed;          /* memory kept a request out (kvmm's slots, a give-up): for the ledger */
+	int admit_closed;        /* no more admissions: sequences, time or kvmm's slots */
 };
 
 /* Take r's next chunk (phase 0: a decode, 1: a running request's prefill,
