@@ -17,8 +17,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "engine.h"
 #include "kvmm.h"
 #include "log.h"
+#include "model.h"
 #include "sched.h"
 
 struct recent {
@@ -47,6 +49,8 @@ struct kvd_ledger {
 	bool need_newline;   /* a partial line could not be cut back */
 	uint64_t dropped, written;
 	uint64_t dropped_at_failure; /* `dropped` when the run of failures began */
+	char model[KVD_LEDGER_MODEL_MAX]; /* the records' "model" member; "" until described */
+	uint32_t block_size;              /* tokens per page (0: not described) */
 };
 
 static uint64_t realtime_ns(void)
@@ -352,6 +356,86 @@ static void record(struct kvd_ledger *l, uint32_t uid, const char *line, int n)
 		(void)kvd_ledger_append(l, line, (size_t)n);
 }
 
+/* FNV-1a 64 over the file's size and its first KVD_LEDGER_FP_BYTES bytes;
+ * 0 when it cannot be read. */
+static uint64_t file_fingerprint(const char *path)
+{
+	uint8_t *buf = malloc(KVD_LEDGER_FP_BYTES);
+	uint64_t h = 0xcbf29ce484222325ull, size;
+	struct stat st;
+	ssize_t n = -1;
+	int fd = -1;
+
+	if (!buf || !path || (fd = open(path, O_RDONLY | O_CLOEXEC)) < 0 || fstat(fd, &st) < 0)
+		goto out;
+	size = (uint64_t)st.st_size;
+	for (int i = 0; i < 8; i++)
+		h = (h ^ ((size >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+	n = pread(fd, buf, KVD_LEDGER_FP_BYTES, 0);
+	for (ssize_t i = 0; i < n; i++)
+		h = (h ^ buf[i]) * 0x100000001b3ull;
+out:
+	if (fd >= 0)
+		close(fd);
+	free(buf);
+	return n < 0 ? 0 : h;
+}
+
+void kvd_ledger_set_model(struct kvd_ledger *l, const struct kvd_engine *e)
+{
+	const struct kvd_kv_layout *lay;
+	const struct kvd_model *md;
+	char *o, *end;
+
+	if (!l || !e)
+		return;
+	lay = kvd_engine_kv_layout(e);
+	md = kvd_engine_model(e);
+	o = l->model;
+	end = l->model + sizeof(l->model) - 2; /* room for the closing brace */
+	l->block_size = lay->block_size;
+	o += snprintf(o, (size_t)(end - o), "{\"kv_type\":\"%s\",\"block_size\":%" PRIu32 ",\"kv_bytes_per_token\":%zu"
+		      ",\"page_bytes\":%zu", kvd_kv_type_name(lay->type), lay->block_size,
+		      lay->block_size ? lay->page_bytes / lay->block_size : 0, lay->page_bytes);
+	if (md) {
+		const struct kvd_hparams *hp = kvd_model_hparams(md);
+		const struct kvd_model_weights *w = kvd_model_weights(md);
+		char name[300];
+		int32_t win[KVD_LEDGER_WINDOW_GROUPS];
+		uint32_t cnt[KVD_LEDGER_WINDOW_GROUPS], ng = 0;
+
+		json_str(name, sizeof(name), kvd_model_name(md));
+		o += snprintf(o, (size_t)(end - o), ",\"name\":%s,\"fingerprint\":\"%016" PRIx64 "\",\"kv_heads\":%" PRId32
+			      ",\"query_heads\":%" PRId32 ",\"head_dim\":%" PRId32 ",\"layers\":%" PRId32, name,
+			      file_fingerprint(kvd_model_path(md)), hp->n_head_kv, hp->n_head, hp->head_dim, hp->n_layer);
+		for (int32_t i = 0; w && w->layers && i < hp->n_layer; i++) {
+			uint32_t g = 0;
+
+			while (g < ng && win[g] != w->layers[i].d.window)
+				g++;
+			if (g == ng && ng == KVD_LEDGER_WINDOW_GROUPS)
+				continue; /* more kinds of layer than kept: not listed */
+			if (g == ng) {
+				win[ng] = w->layers[i].d.window;
+				cnt[ng++] = 0;
+			}
+			cnt[g]++;
+		}
+		o += snprintf(o, (size_t)(end - o), ",\"layer_windows\":[");
+		for (uint32_t g = 0; g < ng && o < end; g++)
+			o += snprintf(o, (size_t)(end - o), "%s{\"window\":%" PRId32 ",\"layers\":%" PRIu32 "}",
+				      g ? "," : "", win[g], cnt[g]);
+		if (o < end)
+			o += snprintf(o, (size_t)(end - o), "]");
+	}
+	if (o >= end) { /* cut: describe less rather than break the JSON */
+		snprintf(l->model, sizeof(l->model), "{\"kv_type\":\"%s\"}", kvd_kv_type_name(lay->type));
+		return;
+	}
+	*o++ = '}';
+	*o = 0;
+}
+
 /* enum kvd_ctx_policy */
 static const char *const policy_names[] = {"error", "truncate-oldest", "sliding-window", "sinks"};
 
@@ -359,25 +443,39 @@ void kvd_ledger_request(struct kvd_ledger *l, const struct kvd_ledger_who *who, 
 			uint64_t session_id, const char *finish, const struct kvd_request_result *res)
 {
 	char kv[2048], line[KVD_LEDGER_LINE_MAX];
+	const struct kvmm_seq_record *k = res->ledger;
+	uint64_t slack = 0, rd_mean = 0, rd_max = 0, swapped = 0;
 	int n;
 
 	if (!l)
 		return;
-	if (!res->ledger || kvmm_seq_record_json(res->ledger, kv, sizeof(kv)) < 0)
+	if (!k || kvmm_seq_record_json(k, kv, sizeof(kv)) < 0)
 		snprintf(kv, sizeof(kv), "null");
+	if (k) {
+		slack = k->kv_bytes_allocated > k->kv_bytes_useful ? k->kv_bytes_allocated - k->kv_bytes_useful : 0;
+		rd_mean = k->steps ? k->kv_read_bytes / k->steps : 0;
+		rd_max = k->kv_read_bytes_max_step;
+		swapped = (uint64_t)k->swap_out_pages * l->block_size;
+	}
 	n = snprintf(line, sizeof(line),
 		     "{\"time_ns\":%" PRIu64 ",\"client_id\":%" PRIu64 ",\"pid\":%" PRId32 ",\"uid\":%" PRIu32
 		     ",\"request_id\":%" PRIu64 ",\"session_id\":%" PRIu64 ",\"finish\":\"%s\",\"error\":%d,"
 		     "\"prompt_tokens\":%u,\"cached_tokens\":%u,\"adopted_tokens\":%u,\"generated_tokens\":%u,\"queue_ns\":%" PRIu64
 		     ",\"ttft_ns\":%" PRIu64 ",\"decode_ns\":%" PRIu64 ",\"itl_ns\":%" PRIu64
 		     ",\"preemptions\":%u,\"swaps\":%u,\"swap_errors\":%u,\"swap_fallback_recomputes\":%u,"
-		     "\"context_policy\":\"%s\",\"context_dropped_tokens\":%u,\"context_truncated_turns\":%u,\"kv\":%s}\n",
+		     "\"context_policy\":\"%s\",\"context_window\":%u,\"context_sinks\":%u,\"context_dropped_tokens\":%u,"
+		     "\"context_truncated_turns\":%u,\"compute_wait_ns\":%" PRIu64 ",\"batch_width_mean\":%.2f,"
+		     "\"slack_bytes\":%" PRIu64 ",\"decode_read_bytes_mean\":%" PRIu64 ",\"decode_read_bytes_max\":%" PRIu64
+		     ",\"evicted_tokens\":{\"context_drop\":%u,\"swap\":%" PRIu64 ",\"preemption_recompute\":%u},"
+		     "\"model\":%s,\"kv\":%s}\n",
 		     realtime_ns(), who->client_id, who->pid, who->uid, request_id, session_id, finish, res->error,
 		     res->prompt_tokens, res->cached_tokens, res->adopted_tokens, res->generated_tokens, res->queue_ns, res->ttft_ns,
 		     res->decode_ns, res->generated_tokens > 1 ? res->decode_ns / (res->generated_tokens - 1) : 0,
 		     res->preemptions, res->swaps, res->swap_errors, res->swap_fallback_recomputes,
-		     res->context_policy < 4 ? policy_names[res->context_policy] : "?",
-		     res->context_dropped_tokens, res->context_truncated_turns, kv);
+		     res->context_policy < 4 ? policy_names[res->context_policy] : "?", res->context_window,
+		     res->context_sinks, res->context_dropped_tokens, res->context_truncated_turns, res->compute_wait_ns,
+		     res->batch_steps ? (double)res->batch_width_sum / res->batch_steps : 0.0, slack, rd_mean, rd_max,
+		     res->context_dropped_tokens, swapped, res->recompute_tokens, l->model[0] ? l->model : "null", kv);
 	record(l, who->uid, line, n);
 }
 

@@ -30,6 +30,7 @@
 
 struct kvd_ledger;
 struct kvd_request_result;
+struct kvd_engine;
 
 /* Longest record, newline included; longer ones are dropped (counted). */
 #define KVD_LEDGER_LINE_MAX 8192u
@@ -51,6 +52,22 @@ struct kvd_ledger *kvd_ledger_free(struct kvd_ledger *l);
  * When the new file cannot be opened the old one stays in use (logged).
  * Returns 0 or the open error. */
 int kvd_ledger_reopen(struct kvd_ledger *l, const char *path);
+
+/*
+ * Describe the model the daemon serves, for every later record's "model"
+ * member (docs/operations.md lists its fields): name, file fingerprint,
+ * KV heads against query heads, head size, KV element type, bytes per
+ * token and page, and the attention window of each group of layers. The
+ * fingerprint is FNV-1a 64 over the file's size and first
+ * KVD_LEDGER_FP_BYTES bytes (the GGUF header and metadata). An engine
+ * without a model file (tests) or a failed read leaves the members it
+ * cannot know out. Also sets the block size the records' slack and
+ * swapped tokens are counted in. e may be NULL (nothing described).
+ */
+#define KVD_LEDGER_FP_BYTES (64u * 1024u)
+#define KVD_LEDGER_MODEL_MAX 1024u /* longest "model" member */
+#define KVD_LEDGER_WINDOW_GROUPS 8u /* kinds of layer (by window) listed, at most */
+void kvd_ledger_set_model(struct kvd_ledger *l, const struct kvd_engine *e);
 
 /* Append one record: len bytes ending in '\n', no other newline. Returns 0
  * when written whole; otherwise nothing of it stays in the file and the

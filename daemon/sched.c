@@ -391,6 +391,7 @@ static void preempt(struct kvd_sched *s, struct req *r)
 		return;
 	}
 	count_fallback(s, r);
+	r->res.recompute_tokens += r->n_computed;
 	sched_drop_seq(s, r);
 	r->state = RS_WAITING;
 }
@@ -627,6 +628,7 @@ struct step_plan {
 	double left_ns;          /* what its prefill chunks may still cost, when timed */
 	uint32_t prefill_taken;
 	int starved;             /* a window waits for copies of shared pages */
+	int mem_closed;          /* memory kept a request out (kvmm's slots, a give-up): for the ledger */
 	int admit_closed;        /* no more admissions: sequences, time or kvmm's slots */
 	uint32_t drafted;        /* draft tokens in it (speculative decoding) */
 };
@@ -753,9 +755,12 @@ static void plan_admissions(struct kvd_sched *s, struct step_plan *pl, size_t b,
 			return;
 		if (pl->n_running >= s->cfg.max_num_seqs ||
 		    (pl->n_running && pl->n_running + slots(r) > s->cfg.max_num_seqs) ||
-		    (pl->timed && pl->left_ns <= 0 && pl->prefill_taken >= SCHED_MIN_CHUNK) || /* admit next step */
-		    admit(s, r) < 0) {
+		    (pl->timed && pl->left_ns <= 0 && pl->prefill_taken >= SCHED_MIN_CHUNK)) { /* admit next step */
 			pl->admit_closed = 1;
+			return;
+		}
+		if (admit(s, r) < 0) {
+			pl->admit_closed = pl->mem_closed = 1;
 			return;
 		}
 		pl->n_running += slots(r);
@@ -844,6 +849,7 @@ static int fit_give_up(struct kvd_sched *s, struct step_plan *pl)
 	size_t v = 0, n = 0;
 	struct req *victim;
 
+	pl->mem_closed = 1;
 	if (s->n_owners <= 1) {
 		for (size_t i = 1; i < pl->n_items; i++)
 			if (s->item_req[i]->arrival > s->item_req[v]->arrival)
@@ -935,6 +941,7 @@ int kvd_sched_step(struct kvd_sched *s)
 	if (w) { /* (not a swap-out: that keeps the shared pages) */
 		s->st.preemptions++;
 		w->res.preemptions++;
+		w->res.recompute_tokens += w->n_computed;
 		sched_drop_seq(s, w);
 		w->state = RS_WAITING;
 	}
@@ -975,11 +982,26 @@ int kvd_sched_step(struct kvd_sched *s)
 		uint64_t wait = 0;
 		if (!r->res.preemptions && r->n_computed == r->res.cached_tokens && r->t_admit)
 			wait = r->t_admit - r->t_submit; /* first chunk: time queued for memory */
+		wait = wait > r->queue_compute_ns ? wait - r->queue_compute_ns : 0;
+		r->queue_compute_ns = 0; /* (counted once) */
 		kvmm_seq_add_time(s->kv, r->seq, wait, t1 - t0);
+		r->res.batch_width_sum += n_items;
+		r->res.batch_steps++;
+		r->last_step = s->st.steps;
 		r->n_computed += (uint32_t)s->items[i].n_tokens;
 		if (r->n_generated == 0 || (s->items[i].n_tokens > 1 && !s->items[i].all_logits))
 			s->st.tokens_prefilled += (uint64_t)s->items[i].n_tokens;
 	}
+	for (size_t i = 0; i < s->n_reqs; i++) { /* runnable, left out of this step: waiting for compute */
+		struct req *q = s->reqs[i];
+		int queued = q->state == RS_WAITING && !q->res.preemptions && !pl.mem_closed;
+		uint64_t from = s->t_step_end > q->t_submit ? s->t_step_end : q->t_submit; /* this step and the gap before */
+		if ((q->state == RS_RUNNING || queued) && q->last_step != s->st.steps && t1 > from) {
+			q->res.compute_wait_ns += t1 - from;
+			q->queue_compute_ns += queued ? t1 - from : 0;
+		}
+	}
+	s->t_step_end = t1;
 	/* emit after the bookkeeping: emit may finish and free requests */
 	for (size_t i = 0; i < n_items; i++)
 		if (s->items[i].logits) {

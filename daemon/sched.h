@@ -169,6 +169,18 @@ struct kvd_request_result {
 	                                  * history included) whose K/V was dropped by the end */
 	uint32_t context_truncated_turns; /* set by the caller: turns truncate-oldest removed */
 	uint32_t context_policy;          /* set by the caller (enum kvd_ctx_policy), for the ledger */
+	uint32_t context_window, context_sinks; /* set by the caller: the policy's tokens (0: default) */
+	/* For the ledger: time it was runnable in steps that left it out
+	 * (waiting for compute): admitted and holding its KV, or queued for
+	 * its first admission in a step that memory closed to no one (its
+	 * sequence slots, the step's budget or its owner's share kept it
+	 * out); that part is not in the sequence's mem_wait_ns. The sequences of the
+	 * steps it took part in, summed, and those steps; tokens whose K/V a
+	 * preemption dropped, to be recomputed. */
+	uint64_t compute_wait_ns;
+	uint64_t batch_width_sum;
+	uint32_t batch_steps;
+	uint32_t recompute_tokens;
 };
 
 /* Callbacks, all optional, all given ud. None may call back into the

@@ -59,6 +59,8 @@ struct req {
 	struct kvd_gram_state gst;
 	struct kvd_request_result res;
 	uint64_t t_submit, t_admit, t_first, t_last, t_used;
+	uint64_t last_step;      /* s->st.steps of the last step it took part in (ledger) */
+	uint64_t queue_compute_ns; /* of its wait in the queue, steps memory did not keep it out of */
 	uint64_t owner;          /* params.owner: whose share it draws on */
 	int32_t priority;        /* params.priority: lower goes first within its owner */
 	uint32_t oi;             /* its owner's index in s->owners (valid during a step) */
@@ -109,6 +111,7 @@ struct sched_cost_fit {
  * listing) and sched_samples.c. */
 struct kvd_sched {
 	struct kvd_sched_config cfg;
+	uint64_t t_step_end;     /* when the last step ended (ledger: waits for compute) */
 	struct kvd_engine *e;
 	struct kvmm *kv;
 	struct kvd_sched_events ev;

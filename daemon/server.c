@@ -254,6 +254,7 @@ int kvd_server_create(const struct kvd_config *cfg, struct kvd_engine *e, int li
 	r = kvd_ledger_new(cfg->ledger_log, &srv->ledger);
 	if (r < 0)
 		goto fail;
+	kvd_ledger_set_model(srv->ledger, e);
 	r = kvd_tokwork_new(srv->tok, &srv->tokw);
 	if (r < 0)
 		goto fail;

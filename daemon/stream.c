@@ -130,6 +130,8 @@ void on_done(void *ud, uint64_t req_id, const struct kvd_request_result *res_sch
 	res_all.context_dropped_tokens += gr->trunc_tokens;
 	res_all.context_truncated_turns = gr->trunc_turns;
 	res_all.context_policy = gr->ctx.policy;
+	res_all.context_window = gr->ctx.window_tokens;
+	res_all.context_sinks = gr->ctx.sink_tokens;
 
 	kvd_ledger_request(srv->ledger, &gr->who, gr->id, gr->sess ? gr->sess->id : 0, finish_name(res->finish), res);
 	if (res->sample == 0) { /* the samples share one prompt */

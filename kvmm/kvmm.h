@@ -451,6 +451,7 @@ struct kvmm_seq_record {
 	uint64_t swap_bytes, swap_ns;
 	uint64_t steps;
 	uint64_t kv_read_bytes;        /* over its steps, as in kvmm_ledger */
+	uint64_t kv_read_bytes_max_step; /* the most of it one step read */
 	uint64_t mem_wait_ns, compute_ns;
 	uint64_t lifetime_ns;          /* creation to now / to the finish */
 	uint32_t dropped_tokens;       /* removed by kvmm_seq_drop_pages (context policies) */

@@ -193,6 +193,7 @@ struct kvmm_seq {
 	uint32_t pages_peak, pages_allocated, cow_copies;
 	uint32_t swap_outs, swap_ins, swap_out_pages, swap_in_pages, swap_in_remapped, swap_errors;
 	uint64_t swap_bytes, swap_ns, steps, kv_read_bytes, mem_wait_ns, compute_ns;
+	uint64_t kv_read_bytes_max;       /* the most one step read */
 	uint64_t created_ns;
 	uint32_t dropped_tokens, drops; /* kvmm_seq_drop_pages */
 	uint32_t n_released, n_packed;  /* kvmm_seq_release: leading pages released, packed pages held */

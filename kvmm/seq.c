@@ -151,6 +151,7 @@ static void fill_record(const struct kvmm *m, const struct kvmm_seq *s, uint32_t
 		.swap_ns = s->swap_ns,
 		.steps = s->steps,
 		.kv_read_bytes = s->kv_read_bytes,
+		.kv_read_bytes_max_step = s->kv_read_bytes_max,
 		.mem_wait_ns = s->mem_wait_ns,
 		.compute_ns = s->compute_ns,
 		.lifetime_ns = kvmm_now_ns() - s->created_ns,
@@ -423,6 +424,8 @@ int kvmm_commit(struct kvmm *m, const struct kvmm_grow *g, size_t n)
 			s->pages_peak = s->n_pages;
 		s->steps++;
 		s->kv_read_bytes += tok_bytes(m, end);
+		if (tok_bytes(m, end) > s->kv_read_bytes_max)
+			s->kv_read_bytes_max = tok_bytes(m, end);
 		step_read += tok_bytes(m, end);
 		ctr_add(m, W_TOKENS_RESIDENT, g[k].n_tokens);
 	}
@@ -602,14 +605,14 @@ int kvmm_seq_record_json(const struct kvmm_seq_record *r, char *buf, size_t size
 			 ",\"swap_outs\":%" PRIu32 ",\"swap_ins\":%" PRIu32 ",\"swap_out_pages\":%" PRIu32
 			 ",\"swap_in_pages\":%" PRIu32 ",\"swap_in_remapped_pages\":%" PRIu32
 			 ",\"swap_errors\":%" PRIu32 ",\"swap_bytes\":%" PRIu64 ",\"swap_ns\":%" PRIu64
-			 ",\"steps\":%" PRIu64 ",\"kv_read_bytes\":%" PRIu64 ",\"mem_wait_ns\":%" PRIu64
+			 ",\"steps\":%" PRIu64 ",\"kv_read_bytes\":%" PRIu64 ",\"kv_read_bytes_max_step\":%" PRIu64 ",\"mem_wait_ns\":%" PRIu64
 			 ",\"compute_ns\":%" PRIu64 ",\"lifetime_ns\":%" PRIu64 ",\"dropped_tokens\":%" PRIu32
 			 ",\"drops\":%" PRIu32 ",\"released_tokens\":%" PRIu32 ",\"packed_pages\":%" PRIu32 "}",
 			 r->seq, r->len_tokens, r->prompt_tokens, r->generated_tokens, r->shared_prefix_tokens,
 			 r->adopted_tokens, r->retained_tokens, r->pages, r->pages_peak, r->kv_bytes_allocated, r->kv_bytes_useful,
 			 r->slack_tokens, r->pages_allocated, r->cow_copies, r->swap_outs, r->swap_ins,
 			 r->swap_out_pages, r->swap_in_pages, r->swap_in_remapped_pages, r->swap_errors, r->swap_bytes,
-			 r->swap_ns, r->steps, r->kv_read_bytes, r->mem_wait_ns, r->compute_ns, r->lifetime_ns,
+			 r->swap_ns, r->steps, r->kv_read_bytes, r->kv_read_bytes_max_step, r->mem_wait_ns, r->compute_ns, r->lifetime_ns,
 			 r->dropped_tokens, r->drops, r->released_tokens, r->packed_pages);
 
 	if (n < 0)

@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "kvctl.h"
+#include "ledger.h"
 
 static const char help_ledger[] =
 	"NAME\n"
@@ -27,6 +28,7 @@ static const char help_ledger[] =
 	"\n"
 	"SYNOPSIS\n"
 	"    kvctl ledger [-n N] [--json]\n"
+	"    kvctl ledger --report [--since TIME] [--json]\n"
 	"\n"
 	"DESCRIPTION\n"
 	"    kvd keeps one record per finished or rejected request: who asked (client,\n"
@@ -46,12 +48,31 @@ static const char help_ledger[] =
 	"\n"
 	"OPTIONS\n"
 	"    -n, --records N  the last N records (default 20; 0: all the daemon keeps)\n"
-	"    --json           the records as JSON lines, exactly as in the ledger file\n"
+	"    --json           the records as JSON lines, exactly as in the ledger file;\n"
+	"                     with --report, the report as one JSON object\n"
+	"    --report         a short page over the records the daemon keeps (yours, or\n"
+	"                     everyone's for administrators; the newest that fit in one\n"
+	"                     512 KiB reply) and its counters, answering:\n"
+	"                     (1) what the KV is held and read for: bytes by prompt length\n"
+	"                     (short < 256 tokens <= medium < 1024 <= long), by batch width\n"
+	"                     (alone, or batched: 1.5 or more sequences per step), and the\n"
+	"                     KV heads against the query heads; (2) prefix sharing: the hit\n"
+	"                     ratio of the prefix cache and of the records; (3) page slack\n"
+	"                     against the KV allocated (under 10%: small enough to ignore);\n"
+	"                     (4) per KV element type: requests, KV held per request, bytes\n"
+	"                     read per generated token; (5) per requester (uid): preemptions\n"
+	"                     and the tokens evicted (recomputed, swapped, dropped by the\n"
+	"                     context policy), time waiting for compute and for memory;\n"
+	"                     (6) rejections by cause, with an example reason. What the\n"
+	"                     ledger does not measure is printed as \"not measured\"\n"
+	"    --since TIME     with --report, only records from TIME on: a duration ago\n"
+	"                     (90s, 15m, 2h, 1d) or @SECONDS since the epoch\n"
 	"\n" COMMON_HELP "\n" EXIT_STATUS_HELP
 	"\n"
 	"EXAMPLES\n"
 	"    kvctl ledger\n"
-	"    kvctl ledger -n 100 --json | jq 'select(.finish == \"error\")'\n";
+	"    kvctl ledger -n 100 --json | jq 'select(.finish == \"error\")'\n"
+	"    kvctl ledger --report --since 1h\n";
 
 #define LEDGER_DEFAULT_RECORDS 20
 #define LEDGER_MAX_RECORDS     1024
@@ -97,7 +118,7 @@ static const char *skip_value(const char *p)
 }
 
 /* The value of top-level member key of the object in json, or NULL. */
-static const char *member(const char *json, const char *key)
+const char *ledger_member(const char *json, const char *key)
 {
 	const char *p = skip_ws(json);
 	size_t kl = strlen(key);
@@ -125,9 +146,9 @@ static const char *member(const char *json, const char *key)
 	}
 }
 
-static bool member_u64(const char *json, const char *key, uint64_t *ret)
+bool ledger_member_u64(const char *json, const char *key, uint64_t *ret)
 {
-	const char *v = member(json, key);
+	const char *v = ledger_member(json, key);
 
 	if (!v || *v < '0' || *v > '9')
 		return false;
@@ -135,10 +156,19 @@ static bool member_u64(const char *json, const char *key, uint64_t *ret)
 	return true;
 }
 
-/* A string member, unescaped into out (\uXXXX beyond ASCII as '?'). */
-static bool member_str(const char *json, const char *key, char *out, size_t cap)
+bool ledger_member_double(const char *json, const char *key, double *ret)
 {
-	const char *v = member(json, key);
+	const char *v = ledger_member(json, key);
+
+	if (!v || ((*v < '0' || *v > '9') && *v != '-'))
+		return false;
+	*ret = strtod(v, NULL);
+	return true;
+}
+
+bool ledger_member_str(const char *json, const char *key, char *out, size_t cap)
+{
+	const char *v = ledger_member(json, key);
 	size_t o = 0;
 
 	if (!v || *v != '"' || cap == 0)
@@ -173,12 +203,12 @@ static void print_row(const char *json)
 	     peak_s[24] = "-";
 	const char *kv;
 
-	member_u64(json, "time_ns", &t);
-	member_u64(json, "client_id", &cid);
-	member_u64(json, "request_id", &rid);
-	member_u64(json, "uid", &uid);
-	member_u64(json, "session_id", &sess);
-	member_str(json, "finish", finish, sizeof(finish));
+	ledger_member_u64(json, "time_ns", &t);
+	ledger_member_u64(json, "client_id", &cid);
+	ledger_member_u64(json, "request_id", &rid);
+	ledger_member_u64(json, "uid", &uid);
+	ledger_member_u64(json, "session_id", &sess);
+	ledger_member_str(json, "finish", finish, sizeof(finish));
 	if (t) {
 		time_t s = (time_t)(t / 1000000000u);
 		struct tm tm;
@@ -188,39 +218,74 @@ static void print_row(const char *json)
 	if (sess)
 		snprintf(sess_s, sizeof(sess_s), "%" PRIu64, sess);
 	if (strcmp(finish, "rejected") == 0) {
-		member_str(json, "reason", reason, sizeof(reason));
+		ledger_member_str(json, "reason", reason, sizeof(reason));
 		printf("%-8s %7" PRIu64 " %7" PRIu64 " %6" PRIu64 " %-9s %7s %7s %7s %6s %9s %8s %6s %8s  %s\n", when,
 		       cid, rid, uid, finish, "-", "-", "-", "-", "-", "-", "-", sess_s, reason);
 		return;
 	}
-	member_u64(json, "prompt_tokens", &prompt);
-	member_u64(json, "cached_tokens", &cached);
-	member_u64(json, "adopted_tokens", &adopted); /* absent from kvd before 0.6: 0 */
-	member_u64(json, "generated_tokens", &gen);
-	if (member_u64(json, "ttft_ns", &ttft) && gen)
+	ledger_member_u64(json, "prompt_tokens", &prompt);
+	ledger_member_u64(json, "cached_tokens", &cached);
+	ledger_member_u64(json, "adopted_tokens", &adopted); /* absent from kvd before 0.6: 0 */
+	ledger_member_u64(json, "generated_tokens", &gen);
+	if (ledger_member_u64(json, "ttft_ns", &ttft) && gen)
 		snprintf(ttft_s, sizeof(ttft_s), "%.1f", (double)ttft / 1e6);
-	if (member_u64(json, "itl_ns", &itl) && gen > 1)
+	if (ledger_member_u64(json, "itl_ns", &itl) && gen > 1)
 		snprintf(itl_s, sizeof(itl_s), "%.2f", (double)itl / 1e6);
-	kv = member(json, "kv");
-	if (kv && *kv == '{' && member_u64(kv, "pages_peak", &peak))
+	kv = ledger_member(json, "kv");
+	if (kv && *kv == '{' && ledger_member_u64(kv, "pages_peak", &peak))
 		snprintf(peak_s, sizeof(peak_s), "%" PRIu64, peak);
 	printf("%-8s %7" PRIu64 " %7" PRIu64 " %6" PRIu64 " %-9s %7" PRIu64 " %7" PRIu64 " %7" PRIu64 " %6" PRIu64
 	       " %9s %8s %6s %8s\n",
 	       when, cid, rid, uid, finish, prompt, cached, adopted, gen, ttft_s, itl_s, peak_s, sess_s);
 }
 
+/* --since: "N[smhd]" ago, or "@N" seconds since the epoch, as ns since the
+ * epoch. */
+static bool parse_since(const char *s, uint64_t *ret)
+{
+	uint64_t v, mult = 1;
+	char *end;
+	struct timespec now;
+
+	if (s[0] == '@') {
+		if (!parse_u64(s + 1, &v) || v > UINT64_MAX / 1000000000u)
+			return false;
+		*ret = v * 1000000000u;
+		return *ret != 0;
+	}
+	if (s[0] < '0' || s[0] > '9')
+		return false;
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno)
+		return false;
+	if (*end == 's' || *end == 'm' || *end == 'h' || *end == 'd') {
+		mult = *end == 's' ? 1 : *end == 'm' ? 60 : *end == 'h' ? 3600 : 86400;
+		end++;
+	}
+	if (*end || v > UINT64_MAX / 1000000000u / mult)
+		return false;
+	clock_gettime(CLOCK_REALTIME, &now);
+	uint64_t t = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec, ago = v * mult * 1000000000u;
+	*ret = t > ago ? t - ago : 1;
+	return true;
+}
+
 static int cmd_ledger(struct ctx *x, int argc, char **argv)
 {
-	enum { O_JSON = OPT_FIRST_CMD };
+	enum { O_JSON = OPT_FIRST_CMD, O_REPORT, O_SINCE };
 	static const struct option longopts[] = {
 		{ "records", required_argument, NULL, 'n' },
 		{ "json", no_argument, NULL, O_JSON },
+		{ "report", no_argument, NULL, O_REPORT },
+		{ "since", required_argument, NULL, O_SINCE },
 		COMMON_LONGOPTS,
 		{ 0 },
 	};
 	const char *cmd = "ledger";
 	uint32_t n = LEDGER_DEFAULT_RECORDS;
-	bool json = false;
+	bool json = false, report = false;
+	uint64_t since = 0;
 	int o, r;
 
 	while ((o = getopt_long(argc, argv, ":hn:", longopts, NULL)) != -1) {
@@ -241,12 +306,24 @@ static int cmd_ledger(struct ctx *x, int argc, char **argv)
 		case O_JSON:
 			json = true;
 			break;
+		case O_REPORT:
+			report = true;
+			break;
+		case O_SINCE:
+			if (!parse_since(optarg, &since))
+				return usage_error(cmd, "--since: '%s' is not a duration ago (90s, 15m, 2h, 1d) or @SECONDS",
+						   optarg);
+			break;
 		default:
 			return option_error(cmd, argv, o);
 		}
 	}
 	if (optind < argc)
 		return usage_error(cmd, "unexpected argument '%s'", argv[optind]);
+	if (since && !report)
+		return usage_error(cmd, "--since goes with --report");
+	if (report)
+		n = 0; /* all the daemon keeps */
 
 	kvc_client *c;
 	if ((r = connect_daemon(x, &c)) != 0)
@@ -258,6 +335,21 @@ static int cmd_ledger(struct ctx *x, int argc, char **argv)
 		int st = fail(c, cmd, r);
 		kvc_close(c);
 		return st;
+	}
+	if (report) {
+		struct kvc_stats st;
+
+		r = kvc_stats(c, &st);
+		if (r == 0)
+			r = ledger_report(recs, nr, since, &st, json);
+		kvc_free(recs);
+		if (r < 0) {
+			int stat = fail(c, cmd, r);
+			kvc_close(c);
+			return stat;
+		}
+		kvc_close(c);
+		return fflush(stdout) != 0 ? EXIT_IO : EXIT_OK;
 	}
 	if (!json)
 		printf("%-8s %7s %7s %6s %-9s %7s %7s %7s %6s %9s %8s %6s %8s\n", "TIME", "CLIENT", "REQ", "UID",

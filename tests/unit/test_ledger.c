@@ -27,6 +27,7 @@
 #include "daemon/ledger.h"
 #include "daemon/log.h"
 #include "daemon/sched.h"
+#include "kvmm/kvmm.h"
 
 struct dir {
 	char path[256];
@@ -261,6 +262,42 @@ static void test_records_keep_identity_and_reason(void **state)
 	dir_free(&d);
 }
 
+/* A served request's record carries the accounting fields in their units:
+ * slack in bytes (allocated - useful), KV read per step (mean over its
+ * steps, and the most one step read), time waiting for compute, the mean
+ * batch width, the policy's window and sinks, tokens evicted by cause; and
+ * "model":null when no model was described. */
+static void test_record_accounting_fields(void **state)
+{
+	struct dir d;
+	struct kvd_ledger *l = NULL;
+	struct kvd_ledger_who who = {.client_id = 1, .pid = 2, .uid = 3};
+	struct kvmm_seq_record k = {.kv_bytes_allocated = 3 * 4096, .kv_bytes_useful = 2 * 4096 + 1000,
+				    .steps = 4, .kv_read_bytes = 4000, .kv_read_bytes_max_step = 1300,
+				    .swap_out_pages = 2};
+	struct kvd_request_result res = {.finish = KVD_FINISH_LENGTH, .prompt_tokens = 5, .generated_tokens = 3,
+					 .ledger = &k, .context_policy = 3, .context_window = 64, .context_sinks = 4,
+					 .context_dropped_tokens = 17, .compute_wait_ns = 123456, .batch_width_sum = 10,
+					 .batch_steps = 4, .recompute_tokens = 21};
+	char buf[8192];
+
+	(void)state;
+	dir_new(&d);
+	assert_int_equal(kvd_ledger_new(d.file, &l), 0);
+	kvd_ledger_request(l, &who, 1, 0, "length", &res);
+	slurp(d.file, buf, sizeof(buf));
+	assert_non_null(strstr(buf, "\"context_policy\":\"sinks\",\"context_window\":64,\"context_sinks\":4,"
+				    "\"context_dropped_tokens\":17,"));
+	assert_non_null(strstr(buf, "\"compute_wait_ns\":123456,\"batch_width_mean\":2.50,\"slack_bytes\":3096,"
+				    "\"decode_read_bytes_mean\":1000,\"decode_read_bytes_max\":1300,"));
+	/* no model described: no block size, so swapped pages count 0 tokens */
+	assert_non_null(strstr(buf, "\"evicted_tokens\":{\"context_drop\":17,\"swap\":0,\"preemption_recompute\":21},"
+				    "\"model\":null,\"kv\":{"));
+	assert_non_null(strstr(buf, "\"kv_read_bytes\":4000,\"kv_read_bytes_max_step\":1300,"));
+	kvd_ledger_free(l);
+	dir_free(&d);
+}
+
 /* The records kept in memory (kvctl ledger): the same lines as the file,
  * the last KVD_LEDGER_RECENT of them, filtered by uid, oldest first; kept
  * without a file too. */
@@ -419,6 +456,7 @@ int main(void)
 		cmocka_unit_test(test_symlink_and_fifo_refused),
 		cmocka_unit_test(test_reopen_after_rename),
 		cmocka_unit_test(test_records_keep_identity_and_reason),
+		cmocka_unit_test(test_record_accounting_fields),
 		cmocka_unit_test(test_recent_records),
 		cmocka_unit_test(test_recent_records_per_user),
 		cmocka_unit_test(test_foreign_or_shared_file_refused),
