@@ -227,6 +227,10 @@ void sched_fair_charge(struct kvd_sched *s, size_t n_items, uint64_t dt_ns);
 /* Fold a step of the items s->items[0, n_items) that took dt_ns into the
  * step-time model (step_model.h), before their n_computed advance. */
 void sched_learn_step_time(struct kvd_sched *s, size_t n_items, uint64_t dt_ns);
+/* sched_swap.c: kvmm's swap-error handler (ud is the scheduler), and the
+ * fallback count after a failed swap-out or swap-in of r's sequence */
+void sched_on_swap_error(void *ud, const struct kvmm_swap_incident *inc);
+void sched_count_fallback(struct kvd_sched *s, struct req *r);
 void sched_fair_free(struct kvd_sched *s);
 
 /* ---- sched_session.c ---- */
