@@ -735,7 +735,11 @@ static int mask_memo(const struct kvd_grammar *g, const struct kvd_gram_vocab *v
 	const struct tnode *nodes = v->nodes;
 	for (uint32_t i = 0; i < v->n_nodes;) {
 		const struct tnode *nd = &nodes[i];
-		int r = dfa_step(g, s, s->lvl[nd->depth - 1].off, nd->byte);
+		/* a transition known already is read here, without the call */
+		uint32_t from = s->lvl[nd->depth - 1].off;
+		const uint32_t *row = s->dfa.rows[from];
+		uint32_t x = row ? row[nd->byte] : DFA_UNKNOWN;
+		int r = x > DFA_DEAD ? (int)(x - 2) : x == DFA_DEAD ? -ENOENT : dfa_step(g, s, from, nd->byte);
 		if (r == -ENOENT) {
 			i = nd->end;
 			continue;
