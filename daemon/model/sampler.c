@@ -372,14 +372,26 @@ static int32_t first_allowed(const uint32_t *mask, size_t n)
 	return 0;
 }
 
+/* kvd_sampler_sample_checked's callback and its verdict. */
+struct chain_check {
+	int (*fn)(void *ud, int32_t token);
+	void *ud;
+	int rc; /* 1 decided, 0 not (nothing drawn), < 0 the callback's error */
+};
+
 /* The chain; mask (may be NULL) puts every token it does not allow at
- * -inf before anything else happens. */
+ * -inf before anything else happens. With chk, there is no mask: the
+ * unmasked top-k set is asked of chk->fn after the truncation and, unless
+ * every member is allowed, the chain stops there (chk->rc <= 0, no random
+ * number drawn, the return value meaningless); otherwise it goes on as the
+ * masked chain would (see kvd_sampler_sample_checked). */
 static int32_t sample_chain(struct kvd_sampler *s, const float *logits, const int32_t *history, size_t n_history,
-			    const uint32_t *mask)
+			    const uint32_t *mask, struct chain_check *chk)
 {
 	const struct kvd_sampler_params *p = &s->p;
 	struct cand *c = s->cand;
 	size_t n = (size_t)s->n_vocab;
+	bool masked = mask || chk;
 
 	/* greedy with no penalty to apply: no candidate array */
 	if ((p->temperature == 0 || p->top_k == 1) &&
@@ -408,6 +420,19 @@ static int32_t sample_chain(struct kvd_sampler *s, const float *logits, const in
 		select_top_sorted(c, n, (size_t)p->top_k);
 		m = (size_t)p->top_k;
 		sorted = true;
+	}
+	if (chk) {
+		chk->rc = 0;
+		if (!sorted || c[0].v == -INFINITY)
+			return 0;
+		for (size_t i = 0; i < m; i++) {
+			int r = chk->fn(chk->ud, c[i].id);
+			if (r != 1) {
+				chk->rc = r < 0 ? r : 0;
+				return 0;
+			}
+		}
+		chk->rc = 1;
 	}
 	float max = sorted ? c[0].v : c[argmax(c, m)].v;
 	if (max == -INFINITY) /* every logit masked: fall back to greedy */
@@ -443,7 +468,7 @@ static int32_t sample_chain(struct kvd_sampler *s, const float *logits, const in
 	}
 	/* rounding left r at the very top: the last candidate with mass (with a
 	 * mask, a disallowed one at -inf may sit at the end) */
-	if (mask)
+	if (masked)
 		while (m > 1 && exp((double)c[m - 1].v) == 0)
 			m--;
 	return c[m - 1].id;
@@ -451,13 +476,42 @@ static int32_t sample_chain(struct kvd_sampler *s, const float *logits, const in
 
 int32_t kvd_sampler_sample(struct kvd_sampler *s, const float *logits, const int32_t *history, size_t n_history)
 {
-	return sample_chain(s, logits, history, n_history, NULL);
+	return sample_chain(s, logits, history, n_history, NULL, NULL);
 }
 
 int32_t kvd_sampler_sample_masked(struct kvd_sampler *s, const float *logits, const int32_t *history,
 				  size_t n_history, const uint32_t *mask)
 {
-	return sample_chain(s, logits, history, n_history, mask);
+	return sample_chain(s, logits, history, n_history, mask, NULL);
+}
+
+/*
+ * Why the check is exact (the order `better` is total: value, then id).
+ * Let T be the unmasked top-k, every member allowed and the best finite.
+ * Allowed tokens carry the same value in the masked candidate array as in
+ * the unmasked one (the penalty acts token by token); a token outside T
+ * keeps its value or, disallowed, drops to -inf, so it only gets worse:
+ * it was worse than every member of T and still is (if a member is at
+ * -inf, the outsider already was at -inf with a larger id). So the masked
+ * top-k is T, in the same sorted order with the same values, and every
+ * later stage — the maximum, temperature, top-p's mass over the top-k,
+ * min-p against the best, the total and the one uniform draw — reads only
+ * c[0 .. k): the same token, the same random number consumed. The masked
+ * chain's two special cases agree too: all allowed logits -inf is excluded
+ * (the best is finite), and its rounding fallback (the last candidate with
+ * mass) is applied here as well.
+ */
+int kvd_sampler_sample_checked(struct kvd_sampler *s, const float *logits, const int32_t *history,
+			       size_t n_history, int (*allowed_fn)(void *ud, int32_t token), void *ud,
+			       int32_t *ret_token)
+{
+	struct chain_check chk = { allowed_fn, ud, 0 };
+	if (kvd_sampler_is_greedy(s) || s->p.top_k <= 0 || s->p.top_k >= s->n_vocab)
+		return 0;
+	int32_t t = sample_chain(s, logits, history, n_history, NULL, &chk);
+	if (chk.rc == 1)
+		*ret_token = t;
+	return chk.rc;
 }
 
 int kvd_sampler_is_greedy(const struct kvd_sampler *s)

@@ -224,8 +224,9 @@ static void test_greedy_fast_path(void **state)
 	toy_close(&t);
 }
 
-/* Seeded: the mask always, and the draw equals the reference over -inf
- * logits built from kvd_gram_allowed_mask, step after step. */
+/* Seeded: the draw equals the reference over -inf logits built from
+ * kvd_gram_allowed_mask, step after step, by the mask or (top-k with every
+ * candidate allowed) by the check. */
 static void test_seeded_equals_reference(void **state)
 {
 	(void)state;
@@ -255,7 +256,6 @@ static void test_seeded_equals_reference(void **state)
 			if (kvd_sampler_is_greedy(a)) {
 				assert_int_equal(tok, r);
 			} else {
-				assert_int_equal(fast, 0);
 				assert_int_equal(tok, r);
 				masked_draws++;
 			}
@@ -270,6 +270,69 @@ static void test_seeded_equals_reference(void **state)
 		kvd_sampler_free(b);
 	}
 	assert_true(masked_draws > 100);
+	toy_close(&t);
+}
+
+/* Seeded top-k: when every unmasked top-k candidate is allowed the draw
+ * is answered by checking them (no mask), and either way it equals the
+ * reference draw over -inf logits, step after step (so both consume the
+ * same random numbers), with temperature, top-p, min-p and a repetition
+ * penalty over a history; both paths are taken many times. */
+static void test_seeded_topk_check(void **state)
+{
+	(void)state;
+	struct toy t;
+	/* after "{": most tokens allowed ("x" and "{" never), so a small top-k
+	 * is often all allowed and often not */
+	toy_open(&t, "root ::= \"{\" ([abc] | \"ab\" | \"ba\" | \"cc\" | \"bb\" | \"abc\")* \"}\"");
+	static const struct kvd_sampler_params ps[] = {
+		{ .temperature = 0.8f, .top_k = 3, .top_p = 0.95f, .min_p = 0.05f, .repeat_penalty = 1, .repeat_last_n = 64 },
+		{ .temperature = 1.0f, .top_k = 2, .top_p = 1, .min_p = 0, .repeat_penalty = 1.3f, .repeat_last_n = 4 },
+		{ .temperature = 1.5f, .top_k = 5, .top_p = 0.7f, .min_p = 0, .repeat_penalty = 1, .repeat_last_n = 0 },
+		{ .temperature = 0.6f, .top_k = 4, .top_p = 1, .min_p = 0.2f, .repeat_penalty = 0.9f, .repeat_last_n = 8 },
+		{ .temperature = 2.0f, .top_k = 11, .top_p = 0.9f, .min_p = 0.01f, .repeat_penalty = 1, .repeat_last_n = 0 },
+	};
+	uint64_t x = 99;
+	size_t fast_draws = 0, masked_draws = 0;
+	for (uint64_t seed = 1; seed <= 200; seed++) {
+		struct kvd_sampler_params p = ps[seed % 5];
+		p.seed = seed * 31;
+		struct kvd_sampler *a = kvd_sampler_new(&p, TOY_N), *b = kvd_sampler_new(&p, TOY_N);
+		struct kvd_gram_state st = { 0 };
+		int32_t hist[16] = { 5 };
+		size_t nh = 1;
+		assert_int_equal(kvd_gram_state_copy(&st, &t.st), 0);
+		assert_int_equal(kvd_gram_accept_token(t.g, t.v, t.s, &st, 5), 0); /* "{" */
+		for (int step = 0; step < 12; step++) {
+			float l[TOY_N], ref[TOY_N];
+			uint32_t mask[1], want[1];
+			int32_t tok;
+			int fast = -1;
+			for (int32_t i = 0; i < TOY_N; i++)
+				l[i] = frand(&x, -3, 3);
+			if (step % 3 == 0)
+				l[7] = 4; /* "x" on top: never allowed */
+			assert_true(kvd_gram_allowed_mask(t.g, t.v, t.s, &st, want) > 0);
+			for (int32_t i = 0; i < TOY_N; i++)
+				ref[i] = bit(want, i) ? l[i] : -INFINITY;
+			assert_int_equal(kvd_gram_sample(a, l, hist, nh, t.g, t.v, t.s, &st, mask, 1, &tok, &fast), 0);
+			int32_t r = kvd_sampler_sample(b, ref, hist, nh);
+			assert_int_equal(tok, r);
+			assert_true(bit(want, tok));
+			fast ? fast_draws++ : masked_draws++;
+			if (tok == TOY_END)
+				break;
+			assert_int_equal(kvd_gram_accept_token(t.g, t.v, t.s, &st, tok), 0);
+			hist[nh++] = tok;
+			if (!kvd_gram_can_continue(&st))
+				break;
+		}
+		kvd_gram_state_fini(&st);
+		kvd_sampler_free(a);
+		kvd_sampler_free(b);
+	}
+	assert_true(fast_draws > 200);
+	assert_true(masked_draws > 200);
 	toy_close(&t);
 }
 
@@ -299,6 +362,7 @@ int main(void)
 		cmocka_unit_test(test_all_allowed_masked_out),
 		cmocka_unit_test(test_greedy_fast_path),
 		cmocka_unit_test(test_seeded_equals_reference),
+		cmocka_unit_test(test_seeded_topk_check),
 		cmocka_unit_test(test_stuck),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
