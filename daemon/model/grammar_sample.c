@@ -46,9 +46,10 @@ int kvd_gram_sample(struct kvd_sampler *smp, const float *logits, const int32_t 
 			*ret_token = t;
 			return 0;
 		}
-	} else {
-		/* exact: see kvd_sampler_sample_checked; nothing drawn when it
-		 * cannot say */
+	}
+	{
+		/* exact: see kvd_sampler_sample_checked (greedy: the next best
+		 * candidates in order); nothing drawn when it cannot say */
 		struct check_ctx c = { g, v, scr, st };
 		int32_t t;
 		r = kvd_sampler_sample_checked(smp, logits, history, n_history, check_cb, &c, &t);

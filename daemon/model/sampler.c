@@ -372,6 +372,23 @@ static int32_t first_allowed(const uint32_t *mask, size_t n)
 	return 0;
 }
 
+/* The candidate array in id order: disallowed and NaN logits at -inf,
+ * +inf clamped to FLT_MAX (keeps l - max finite). */
+static void fill_cands(struct kvd_sampler *s, const float *logits, const uint32_t *mask)
+{
+	struct cand *c = s->cand;
+	for (size_t i = 0; i < (size_t)s->n_vocab; i++) {
+		float l = logits[i];
+		if (!allowed(mask, i))
+			l = -INFINITY;
+		else if (isnan(l))
+			l = -INFINITY;
+		else if (l > FLT_MAX)
+			l = FLT_MAX;
+		c[i] = (struct cand){ l, (int32_t)i };
+	}
+}
+
 /* kvd_sampler_sample_checked's callback and its verdict. */
 struct chain_check {
 	int (*fn)(void *ud, int32_t token);
@@ -398,16 +415,7 @@ static int32_t sample_chain(struct kvd_sampler *s, const float *logits, const in
 	    (p->repeat_penalty == 1.0f || p->repeat_last_n <= 0 || n_history == 0 || !history))
 		return mask ? argmax_logits_masked(logits, n, mask) : argmax_logits(logits, n);
 
-	for (size_t i = 0; i < n; i++) {
-		float l = logits[i];
-		if (!allowed(mask, i))
-			l = -INFINITY;
-		else if (isnan(l))
-			l = -INFINITY;
-		else if (l > FLT_MAX)
-			l = FLT_MAX; /* keeps l - max finite */
-		c[i] = (struct cand){ l, (int32_t)i };
-	}
+	fill_cands(s, logits, mask);
 	apply_penalty(s, history, n_history);
 
 	if (p->temperature == 0 || p->top_k == 1)
@@ -506,7 +514,30 @@ int kvd_sampler_sample_checked(struct kvd_sampler *s, const float *logits, const
 			       int32_t *ret_token)
 {
 	struct chain_check chk = { allowed_fn, ud, 0 };
-	if (kvd_sampler_is_greedy(s) || s->p.top_k <= 0 || s->p.top_k >= s->n_vocab)
+	if (kvd_sampler_is_greedy(s)) {
+		/* the masked greedy pick (either of its paths: the raw argmax, or
+		 * the argmax of the penalised candidates) is the best allowed
+		 * token in `better`'s order over the same values; the first
+		 * allowed of the best k overall is it, as every allowed token
+		 * outside them is worse than all of them. Stopping at -inf keeps
+		 * clear of the all -inf special cases. */
+		struct cand *c = s->cand;
+		size_t k = KVD_SAMPLER_GREEDY_CHECK_K < (size_t)s->n_vocab ? KVD_SAMPLER_GREEDY_CHECK_K : (size_t)s->n_vocab;
+		fill_cands(s, logits, NULL);
+		apply_penalty(s, history, n_history);
+		select_top_sorted(c, (size_t)s->n_vocab, k);
+		for (size_t i = 0; i < k && c[i].v > -INFINITY; i++) {
+			int r = allowed_fn(ud, c[i].id);
+			if (r < 0)
+				return r;
+			if (r == 1) {
+				*ret_token = c[i].id;
+				return 1;
+			}
+		}
+		return 0;
+	}
+	if (s->p.top_k <= 0 || s->p.top_k >= s->n_vocab)
 		return 0;
 	int32_t t = sample_chain(s, logits, history, n_history, NULL, &chk);
 	if (chk.rc == 1)

@@ -83,11 +83,15 @@ int32_t kvd_sampler_sample_masked(struct kvd_sampler *s, const float *logits, co
  * top-k candidates are passed to allowed_fn (1: allowed, 0: not, < 0: an
  * error); when every one is allowed the draw goes on over them and equals
  * kvd_sampler_sample_masked's for any mask that allows them (proof in
- * sampler.c), consuming the same random number. Returns 1 with
- * *ret_token; 0 when it cannot say (a candidate refused, no top-k, greedy:
- * nothing drawn, the sampler as before, so the caller builds the mask and
- * calls kvd_sampler_sample_masked); or allowed_fn's negative error.
+ * sampler.c), consuming the same random number. A greedy sampler asks
+ * about its best KVD_SAMPLER_GREEDY_CHECK_K candidates in order (after
+ * the repetition penalty) and picks the first allowed one: the masked
+ * argmax. Returns 1 with *ret_token; 0 when it cannot say (a top-k
+ * candidate refused, no top-k, or none of greedy's allowed: nothing
+ * drawn, the sampler as before, so the caller builds the mask and calls
+ * kvd_sampler_sample_masked); or allowed_fn's negative error.
  */
+#define KVD_SAMPLER_GREEDY_CHECK_K 32
 int kvd_sampler_sample_checked(struct kvd_sampler *s, const float *logits, const int32_t *history,
 			       size_t n_history, int (*allowed_fn)(void *ud, int32_t token), void *ud,
 			       int32_t *ret_token);
@@ -168,8 +172,11 @@ size_t kvd_stop_flush(struct kvd_stop *st, char *out, size_t cap);
  *  - greedy (temperature 0 or top_k 1): the argmax over the allowed tokens
  *    is the unconstrained argmax whenever that token is allowed, so the
  *    sampler picks first and kvd_gram_check (cost: one token's bytes)
- *    confirms it; only when it is refused is the mask built and the
- *    argmax taken over it. No random numbers are drawn either way.
+ *    confirms it; when it is refused, the next best candidates are
+ *    checked in order (kvd_sampler_sample_checked: the first allowed of
+ *    the best KVD_SAMPLER_GREEDY_CHECK_K is the masked argmax), and only
+ *    when none is allowed is the mask built and the argmax taken over it.
+ *    No random numbers are drawn either way.
  *  - seeded sampling with top-k: the unmasked top-k candidates are
  *    checked (k tokens' bytes); when every one is allowed the masked
  *    top-k is the same set in the same order and the draw over it is the

@@ -186,7 +186,8 @@ static void toy_close(struct toy *t)
 }
 
 /* Greedy: the argmax allowed is answered by the check (a hit); a refused
- * argmax builds the mask (a miss) and gives the best allowed token. */
+ * argmax is followed by the next best candidates, checked in order (a hit
+ * too when one of them is allowed), giving the best allowed token. */
 static void test_greedy_fast_path(void **state)
 {
 	(void)state;
@@ -210,7 +211,7 @@ static void test_greedy_fast_path(void **state)
 	l[8] = 4;
 	l[0] = 3;
 	assert_int_equal(kvd_gram_sample(smp, l, NULL, 0, t.g, t.v, t.s, &t.st, mask, 1, &tok, &fast), 0);
-	assert_int_equal(fast, 0);
+	assert_int_equal(fast, 1);
 	assert_int_equal(tok, 8);
 	/* the end token only once complete */
 	l[TOY_END] = 50;
@@ -271,6 +272,66 @@ static void test_seeded_equals_reference(void **state)
 	}
 	assert_true(masked_draws > 100);
 	toy_close(&t);
+}
+
+/* Greedy over a vocabulary larger than KVD_SAMPLER_GREEDY_CHECK_K, most
+ * of it never allowed: the pick equals the reference argmax over -inf
+ * logits (with and without a repetition penalty), answered by the ordered
+ * check when an allowed token ranks among the best candidates and by the
+ * mask when none does; both happen. */
+static void test_greedy_next_best(void **state)
+{
+	(void)state;
+	enum { NV = 3 * KVD_SAMPLER_GREEDY_CHECK_K };
+	const uint8_t *bytes[NV];
+	uint32_t lens[NV];
+	for (int i = 0; i < NV; i++) {
+		bytes[i] = (const uint8_t *)(i % 48 == 0 ? "a" : i % 48 == 1 ? "b" : "x");
+		lens[i] = 1;
+	}
+	struct kvd_grammar *g = NULL;
+	struct kvd_gram_vocab *v = NULL;
+	struct kvd_grammar_error err;
+	const char *gbnf = "root ::= [ab]+";
+	assert_int_equal(kvd_grammar_compile(KVD_GRAMMAR_GBNF, gbnf, strlen(gbnf), &g, &err), 0);
+	assert_int_equal(kvd_gram_vocab_new(NV, bytes, lens, NULL, &v), 0);
+	struct kvd_gram_scratch *scr = kvd_gram_scratch_new();
+	struct kvd_gram_state st = { 0 };
+	assert_non_null(scr);
+	assert_int_equal(kvd_gram_state_init(g, scr, &st), 0);
+	static const struct kvd_sampler_params ps[] = {
+		{ .temperature = 0, .top_k = 40, .top_p = 1, .min_p = 0, .repeat_penalty = 1, .repeat_last_n = 0 },
+		{ .temperature = 0.7f, .top_k = 1, .top_p = 1, .min_p = 0, .repeat_penalty = 1.5f, .repeat_last_n = 8 },
+	};
+	uint64_t x = 4242;
+	size_t fast_n = 0, masked_n = 0;
+	for (int trial = 0; trial < 400; trial++) {
+		struct kvd_sampler *a = kvd_sampler_new(&ps[trial % 2], NV), *b = kvd_sampler_new(&ps[trial % 2], NV);
+		float l[NV], ref[NV];
+		uint32_t mask[(NV + 31) / 32], want[(NV + 31) / 32];
+		int32_t hist[4] = { 0, 16, 17, 1 }, tok;
+		int fast = -1;
+		for (int i = 0; i < NV; i++)
+			l[i] = frand(&x, -2, 2);
+		if (trial % 7 == 0)
+			l[5] = NAN;
+		if (trial % 11 == 0)
+			l[trial % 2 ? 48 : 32] = INFINITY; /* an allowed "a", or a refused "x", at +inf */
+		assert_true(kvd_gram_allowed_mask(g, v, scr, &st, want) > 0);
+		for (int i = 0; i < NV; i++)
+			ref[i] = bit(want, i) ? l[i] : -INFINITY;
+		assert_int_equal(kvd_gram_sample(a, l, hist, 4, g, v, scr, &st, mask, (NV + 31) / 32, &tok, &fast), 0);
+		assert_int_equal(tok, kvd_sampler_sample(b, ref, hist, 4));
+		fast ? fast_n++ : masked_n++;
+		kvd_sampler_free(a);
+		kvd_sampler_free(b);
+	}
+	assert_true(fast_n > 40);
+	assert_true(masked_n > 10);
+	kvd_gram_state_fini(&st);
+	kvd_gram_scratch_free(scr);
+	kvd_gram_vocab_free(v);
+	kvd_grammar_unref(g);
 }
 
 /* Seeded top-k: when every unmasked top-k candidate is allowed the draw
@@ -363,6 +424,7 @@ int main(void)
 		cmocka_unit_test(test_greedy_fast_path),
 		cmocka_unit_test(test_seeded_equals_reference),
 		cmocka_unit_test(test_seeded_topk_check),
+		cmocka_unit_test(test_greedy_next_best),
 		cmocka_unit_test(test_stuck),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
