@@ -30,7 +30,10 @@
  * (it runs the same advance on the same stacks); it is bounded
  * (DFA_MAX_STATES, DFA_MAX_WORDS) and, when full, dropped and the direct
  * walk used. It holds a reference to its grammar so the grammar's address
- * cannot be reused while it describes it.
+ * cannot be reused while it describes it. It also keeps each state's
+ * finished mask (for one vocabulary at a time, DFA_MAX_MASK_BYTES in all),
+ * so a state met again — the next character of a plain string, another
+ * sequence of the batch at the same key — is answered by a copy.
  */
 #include <errno.h>
 #include <stdatomic.h>
