@@ -153,11 +153,18 @@ struct kvd_gram_state {
 
 /* Working memory for the matcher; one per thread, usable with any grammar
  * (it keeps a memo of the last grammar's transitions, and a reference to
- * that grammar, until used with another one or freed; at most about 40 MiB
- * in all). Free with _free. */
+ * that grammar, until used with another one or freed; at most about 56 MiB
+ * in all). The memo also keeps whole masks by parse state (for the last
+ * vocabulary used), so sequences of one constraint that meet the same
+ * state — inside a string, a number, at the same key — pay for its mask
+ * once; a kept mask is bit for bit the one a fresh walk computes. Free
+ * with _free. */
 struct kvd_gram_scratch;
 struct kvd_gram_scratch *kvd_gram_scratch_new(void);  /* NULL: out of memory */
 struct kvd_gram_scratch *kvd_gram_scratch_free(struct kvd_gram_scratch *s);
+/* Masks answered from kept ones since s was made, and masks kept now
+ * (either pointer may be NULL). */
+void kvd_gram_scratch_stats(const struct kvd_gram_scratch *s, uint64_t *ret_mask_hits, uint32_t *ret_masks_kept);
 
 /* Set st to the grammar's start. st must be zeroed or finished before.
  * Returns 0, -E2BIG (the start alone exceeds the stack limits), -ENOMEM. */

@@ -30,9 +30,13 @@
  * (it runs the same advance on the same stacks); it is bounded
  * (DFA_MAX_STATES, DFA_MAX_WORDS) and, when full, dropped and the direct
  * walk used. It holds a reference to its grammar so the grammar's address
- * cannot be reused while it describes it.
+ * cannot be reused while it describes it. It also keeps each state's
+ * finished mask (for one vocabulary at a time, DFA_MAX_MASK_BYTES in all),
+ * so a state met again — the next character of a plain string, another
+ * sequence of the batch at the same key — is answered by a copy.
  */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,9 +55,15 @@ struct frame {
 
 /* Memo of stack-set transitions (a lazily built DFA over whole stack sets):
  * state i is a flattened set at pool[off[i]] = {n_stacks, n_words,
- * words...}; rows[i][b] is 0 (not computed), 1 (dead) or the next state + 2. */
+ * words...}; rows[i][b] is 0 (not computed), 1 (dead) or the next state + 2.
+ * masks[i] (NULL until computed) is state i's whole allowed-token mask for
+ * the vocabulary numbered mask_vocab: {count, words...}. A mask is a pure
+ * function of (grammar, vocabulary, stack set), and the memo is bound to
+ * one grammar and its masks to one vocabulary, so a stored mask is exactly
+ * the one the walk would compute; they are dropped with the states. */
 #define DFA_MAX_STATES 16384u
 #define DFA_MAX_WORDS  (1u << 22)
+#define DFA_MAX_MASK_BYTES (16u << 20) /* stored masks, all states together */
 #define DFA_UNKNOWN 0u
 #define DFA_DEAD    1u
 
@@ -67,6 +77,12 @@ struct dfa {
 	uint32_t tab_cap;
 	uint32_t **rows;
 	uint32_t cap_rows;
+	uint32_t **masks;
+	uint32_t cap_masks;
+	uint64_t mask_vocab;    /* kvd_gram_vocab.id the masks are for */
+	size_t mask_bytes;
+	uint32_t n_masks;       /* masks kept now */
+	uint64_t mask_hits;     /* masks answered from masks[], ever */
 };
 
 struct kvd_gram_scratch {
@@ -97,6 +113,7 @@ struct tnode {
 };
 
 struct kvd_gram_vocab {
+	uint64_t id;        /* unique over the process's vocabularies (never reused) */
 	int32_t n;
 	uint8_t *kinds;
 	uint32_t *off;      /* n + 1 */
@@ -131,10 +148,22 @@ struct kvd_gram_scratch *kvd_gram_scratch_new(void)
 	return calloc(1, sizeof(struct kvd_gram_scratch));
 }
 
+void kvd_gram_scratch_stats(const struct kvd_gram_scratch *s, uint64_t *ret_mask_hits, uint32_t *ret_masks_kept)
+{
+	if (ret_mask_hits)
+		*ret_mask_hits = s->dfa.mask_hits;
+	if (ret_masks_kept)
+		*ret_masks_kept = s->dfa.n_masks;
+}
+
 static void dfa_reset(struct dfa *d)
 {
-	for (uint32_t i = 0; i < d->n_states; i++)
+	for (uint32_t i = 0; i < d->n_states; i++) {
 		free(d->rows[i]);
+		free(d->masks[i]);
+	}
+	d->mask_bytes = 0;
+	d->n_masks = 0;
 	kvd_grammar_unref(d->g);
 	d->g = NULL;
 	d->n_states = 0;
@@ -152,6 +181,7 @@ struct kvd_gram_scratch *kvd_gram_scratch_free(struct kvd_gram_scratch *s)
 	free(s->dfa.off);
 	free(s->dfa.tab);
 	free(s->dfa.rows);
+	free(s->dfa.masks);
 	kvd_gram_state_fini(&s->tmp);
 	free(s->fr);
 	free(s->tops);
@@ -531,7 +561,8 @@ static int dfa_intern(struct dfa *d, uint32_t n_stacks, const uint32_t *w, uint3
 	}
 	if (grow((void **)&d->pool, &d->cap_pool, d->n_pool + n + 2, sizeof(uint32_t)) ||
 	    grow((void **)&d->off, &d->cap_states, d->n_states + 1, sizeof(uint32_t)) ||
-	    grow((void **)&d->rows, &d->cap_rows, d->n_states + 1, sizeof(uint32_t *)))
+	    grow((void **)&d->rows, &d->cap_rows, d->n_states + 1, sizeof(uint32_t *)) ||
+	    grow((void **)&d->masks, &d->cap_masks, d->n_states + 1, sizeof(uint32_t *)))
 		return -ENOMEM;
 	uint32_t id = d->n_states++;
 	d->off[id] = d->n_pool;
@@ -540,6 +571,7 @@ static int dfa_intern(struct dfa *d, uint32_t n_stacks, const uint32_t *w, uint3
 	memcpy(d->pool + d->n_pool, w, (size_t)n * sizeof(uint32_t));
 	d->n_pool += n;
 	d->rows[id] = NULL;
+	d->masks[id] = NULL;
 	uint32_t k = h & (d->tab_cap - 1);
 	while (d->tab[k])
 		k = (k + 1) & (d->tab_cap - 1);
@@ -658,21 +690,59 @@ static uint32_t mask_ends(const struct kvd_gram_vocab *v, const struct kvd_gram_
 	return count;
 }
 
-/* The walk over memoized transitions; -E2BIG when the memo filled up. */
+/* Keep mask (count allowed) as state id's, within DFA_MAX_MASK_BYTES
+ * (beyond it masks are simply not kept). */
+static void mask_store(struct dfa *d, const struct kvd_gram_vocab *v, uint32_t id, const uint32_t *mask,
+		       uint32_t count)
+{
+	size_t words = kvd_gram_vocab_mask_words(v), bytes = (words + 1) * sizeof(uint32_t);
+	if (d->mask_vocab != v->id) {
+		for (uint32_t i = 0; i < d->n_states; i++) {
+			free(d->masks[i]);
+			d->masks[i] = NULL;
+		}
+		d->mask_bytes = 0;
+		d->n_masks = 0;
+		d->mask_vocab = v->id;
+	}
+	if (d->masks[id] || d->mask_bytes + bytes > DFA_MAX_MASK_BYTES)
+		return;
+	uint32_t *m = malloc(bytes);
+	if (!m)
+		return; /* only a cache: the next mask is walked again */
+	m[0] = count;
+	memcpy(m + 1, mask, words * sizeof(uint32_t));
+	d->masks[id] = m;
+	d->mask_bytes += bytes;
+	d->n_masks++;
+}
+
+/* The walk over memoized transitions (or state id's stored mask); -E2BIG
+ * when the memo filled up. */
 static int mask_memo(const struct kvd_grammar *g, const struct kvd_gram_vocab *v, struct kvd_gram_scratch *s,
 		     const struct kvd_gram_state *st, uint32_t *mask)
 {
-	uint32_t count = mask_ends(v, st, mask);
 	int id = dfa_start(g, s, st);
 	if (id < 0)
 		return id;
+	const uint32_t *kept = s->dfa.mask_vocab == v->id ? s->dfa.masks[id] : NULL;
+	if (kept) {
+		s->dfa.mask_hits++;
+		memcpy(mask, kept + 1, kvd_gram_vocab_mask_words(v) * sizeof(uint32_t));
+		return (int)kept[0];
+	}
+	uint32_t start = (uint32_t)id, count = mask_ends(v, st, mask);
 	if (grow((void **)&s->lvl, &s->cap_lvl, VOCAB_MAX_TOKEN_BYTES + 1, sizeof(*s->lvl)))
 		return -ENOMEM;
 	s->lvl[0].off = (uint32_t)id;
 	const struct tnode *nodes = v->nodes;
 	for (uint32_t i = 0; i < v->n_nodes;) {
 		const struct tnode *nd = &nodes[i];
-		int r = dfa_step(g, s, s->lvl[nd->depth - 1].off, nd->byte);
+		/* a transition known already is read here, without the call */
+		uint32_t from = s->lvl[nd->depth - 1].off;
+		const uint32_t *row = s->dfa.rows[from];
+		uint32_t x = row ? row[nd->byte] : DFA_UNKNOWN;
+		int r = x > DFA_DEAD ? (int)(x - 2) : x == DFA_DEAD ? -ENOENT : dfa_step(g, s, from, nd->byte);
 		if (r == -ENOENT) {
 			i = nd->end;
 			continue;
@@ -687,6 +757,7 @@ static int mask_memo(const struct kvd_grammar *g, const struct kvd_gram_vocab *v
 		count += nd->tok_n;
 		i++;
 	}
+	mask_store(&s->dfa, v, start, mask, count);
 	return (int)count;
 }
 
@@ -765,6 +836,8 @@ int kvd_gram_vocab_new(int32_t n_tokens, const uint8_t *const *bytes, const uint
 	int rc = -ENOMEM;
 	if (!v)
 		return -ENOMEM;
+	static _Atomic uint64_t next_id = 1;
+	v->id = atomic_fetch_add(&next_id, 1);
 	v->n = n_tokens;
 	v->kinds = malloc((size_t)n_tokens);
 	v->off = malloc(((size_t)n_tokens + 1) * sizeof(uint32_t));

@@ -1,12 +1,28 @@
 /*
- * daemon/model/grammar_sample.c — kvd_gram_sample (sampler.h): the greedy
- * check-first fast path and the masked draw.
+ * daemon/model/grammar_sample.c — kvd_gram_sample (sampler.h): the
+ * check-first fast paths (greedy's argmax, seeded top-k's candidates) and
+ * the masked draw.
  */
 #include "grammar.h"
 #include "sampler.h"
 
 #include <errno.h>
 #include <string.h>
+
+struct check_ctx {
+	const struct kvd_grammar *g;
+	const struct kvd_gram_vocab *v;
+	struct kvd_gram_scratch *scr;
+	const struct kvd_gram_state *st;
+};
+
+static int check_cb(void *ud, int32_t token)
+{
+	const struct check_ctx *c = ud;
+	if (token >= kvd_gram_vocab_n_tokens(c->v))
+		return 0; /* past the vocabulary: never allowed */
+	return kvd_gram_check(c->g, c->v, c->scr, c->st, token);
+}
 
 int kvd_gram_sample(struct kvd_sampler *smp, const float *logits, const int32_t *history, size_t n_history,
 		    const struct kvd_grammar *g, const struct kvd_gram_vocab *v, struct kvd_gram_scratch *scr,
@@ -22,6 +38,21 @@ int kvd_gram_sample(struct kvd_sampler *smp, const float *logits, const int32_t 
 		/* exact: see the header; greedy consumes no random numbers */
 		int32_t t = kvd_sampler_sample(smp, logits, history, n_history);
 		r = kvd_gram_check(g, v, scr, st, t);
+		if (r < 0)
+			return r;
+		if (r == 1) {
+			if (ret_fast)
+				*ret_fast = 1;
+			*ret_token = t;
+			return 0;
+		}
+	}
+	{
+		/* exact: see kvd_sampler_sample_checked (greedy: the next best
+		 * candidates in order); nothing drawn when it cannot say */
+		struct check_ctx c = { g, v, scr, st };
+		int32_t t;
+		r = kvd_sampler_sample_checked(smp, logits, history, n_history, check_cb, &c, &t);
 		if (r < 0)
 			return r;
 		if (r == 1) {

@@ -372,30 +372,50 @@ static int32_t first_allowed(const uint32_t *mask, size_t n)
 	return 0;
 }
 
-/* The chain; mask (may be NULL) puts every token it does not allow at
- * -inf before anything else happens. */
-static int32_t sample_chain(struct kvd_sampler *s, const float *logits, const int32_t *history, size_t n_history,
-			    const uint32_t *mask)
+/* The candidate array in id order: disallowed and NaN logits at -inf,
+ * +inf clamped to FLT_MAX (keeps l - max finite). */
+static void fill_cands(struct kvd_sampler *s, const float *logits, const uint32_t *mask)
 {
-	const struct kvd_sampler_params *p = &s->p;
 	struct cand *c = s->cand;
-	size_t n = (size_t)s->n_vocab;
-
-	/* greedy with no penalty to apply: no candidate array */
-	if ((p->temperature == 0 || p->top_k == 1) &&
-	    (p->repeat_penalty == 1.0f || p->repeat_last_n <= 0 || n_history == 0 || !history))
-		return mask ? argmax_logits_masked(logits, n, mask) : argmax_logits(logits, n);
-
-	for (size_t i = 0; i < n; i++) {
+	for (size_t i = 0; i < (size_t)s->n_vocab; i++) {
 		float l = logits[i];
 		if (!allowed(mask, i))
 			l = -INFINITY;
 		else if (isnan(l))
 			l = -INFINITY;
 		else if (l > FLT_MAX)
-			l = FLT_MAX; /* keeps l - max finite */
+			l = FLT_MAX;
 		c[i] = (struct cand){ l, (int32_t)i };
 	}
+}
+
+/* kvd_sampler_sample_checked's callback and its verdict. */
+struct chain_check {
+	int (*fn)(void *ud, int32_t token);
+	void *ud;
+	int rc; /* 1 decided, 0 not (nothing drawn), < 0 the callback's error */
+};
+
+/* The chain; mask (may be NULL) puts every token it does not allow at
+ * -inf before anything else happens. With chk, there is no mask: the
+ * unmasked top-k set is asked of chk->fn after the truncation and, unless
+ * every member is allowed, the chain stops there (chk->rc <= 0, no random
+ * number drawn, the return value meaningless); otherwise it goes on as the
+ * masked chain would (see kvd_sampler_sample_checked). */
+static int32_t sample_chain(struct kvd_sampler *s, const float *logits, const int32_t *history, size_t n_history,
+			    const uint32_t *mask, struct chain_check *chk)
+{
+	const struct kvd_sampler_params *p = &s->p;
+	struct cand *c = s->cand;
+	size_t n = (size_t)s->n_vocab;
+	bool masked = mask || chk;
+
+	/* greedy with no penalty to apply: no candidate array */
+	if ((p->temperature == 0 || p->top_k == 1) &&
+	    (p->repeat_penalty == 1.0f || p->repeat_last_n <= 0 || n_history == 0 || !history))
+		return mask ? argmax_logits_masked(logits, n, mask) : argmax_logits(logits, n);
+
+	fill_cands(s, logits, mask);
 	apply_penalty(s, history, n_history);
 
 	if (p->temperature == 0 || p->top_k == 1)
@@ -408,6 +428,19 @@ static int32_t sample_chain(struct kvd_sampler *s, const float *logits, const in
 		select_top_sorted(c, n, (size_t)p->top_k);
 		m = (size_t)p->top_k;
 		sorted = true;
+	}
+	if (chk) {
+		chk->rc = 0;
+		if (!sorted || c[0].v == -INFINITY)
+			return 0;
+		for (size_t i = 0; i < m; i++) {
+			int r = chk->fn(chk->ud, c[i].id);
+			if (r != 1) {
+				chk->rc = r < 0 ? r : 0;
+				return 0;
+			}
+		}
+		chk->rc = 1;
 	}
 	float max = sorted ? c[0].v : c[argmax(c, m)].v;
 	if (max == -INFINITY) /* every logit masked: fall back to greedy */
@@ -443,7 +476,7 @@ static int32_t sample_chain(struct kvd_sampler *s, const float *logits, const in
 	}
 	/* rounding left r at the very top: the last candidate with mass (with a
 	 * mask, a disallowed one at -inf may sit at the end) */
-	if (mask)
+	if (masked)
 		while (m > 1 && exp((double)c[m - 1].v) == 0)
 			m--;
 	return c[m - 1].id;
@@ -451,13 +484,65 @@ static int32_t sample_chain(struct kvd_sampler *s, const float *logits, const in
 
 int32_t kvd_sampler_sample(struct kvd_sampler *s, const float *logits, const int32_t *history, size_t n_history)
 {
-	return sample_chain(s, logits, history, n_history, NULL);
+	return sample_chain(s, logits, history, n_history, NULL, NULL);
 }
 
 int32_t kvd_sampler_sample_masked(struct kvd_sampler *s, const float *logits, const int32_t *history,
 				  size_t n_history, const uint32_t *mask)
 {
-	return sample_chain(s, logits, history, n_history, mask);
+	return sample_chain(s, logits, history, n_history, mask, NULL);
+}
+
+/*
+ * Why the check is exact (the order `better` is total: value, then id).
+ * Let T be the unmasked top-k, every member allowed and the best finite.
+ * Allowed tokens carry the same value in the masked candidate array as in
+ * the unmasked one (the penalty acts token by token); a token outside T
+ * keeps its value or, disallowed, drops to -inf, so it only gets worse:
+ * it was worse than every member of T and still is (if a member is at
+ * -inf, the outsider already was at -inf with a larger id). So the masked
+ * top-k is T, in the same sorted order with the same values, and every
+ * later stage — the maximum, temperature, top-p's mass over the top-k,
+ * min-p against the best, the total and the one uniform draw — reads only
+ * c[0 .. k): the same token, the same random number consumed. The masked
+ * chain's two special cases agree too: all allowed logits -inf is excluded
+ * (the best is finite), and its rounding fallback (the last candidate with
+ * mass) is applied here as well.
+ */
+int kvd_sampler_sample_checked(struct kvd_sampler *s, const float *logits, const int32_t *history,
+			       size_t n_history, int (*allowed_fn)(void *ud, int32_t token), void *ud,
+			       int32_t *ret_token)
+{
+	struct chain_check chk = { allowed_fn, ud, 0 };
+	if (kvd_sampler_is_greedy(s)) {
+		/* the masked greedy pick (either of its paths: the raw argmax, or
+		 * the argmax of the penalised candidates) is the best allowed
+		 * token in `better`'s order over the same values; the first
+		 * allowed of the best k overall is it, as every allowed token
+		 * outside them is worse than all of them. Stopping at -inf keeps
+		 * clear of the all -inf special cases. */
+		struct cand *c = s->cand;
+		size_t k = KVD_SAMPLER_GREEDY_CHECK_K < (size_t)s->n_vocab ? KVD_SAMPLER_GREEDY_CHECK_K : (size_t)s->n_vocab;
+		fill_cands(s, logits, NULL);
+		apply_penalty(s, history, n_history);
+		select_top_sorted(c, (size_t)s->n_vocab, k);
+		for (size_t i = 0; i < k && c[i].v > -INFINITY; i++) {
+			int r = allowed_fn(ud, c[i].id);
+			if (r < 0)
+				return r;
+			if (r == 1) {
+				*ret_token = c[i].id;
+				return 1;
+			}
+		}
+		return 0;
+	}
+	if (s->p.top_k <= 0 || s->p.top_k >= s->n_vocab)
+		return 0;
+	int32_t t = sample_chain(s, logits, history, n_history, NULL, &chk);
+	if (chk.rc == 1)
+		*ret_token = t;
+	return chk.rc;
 }
 
 int kvd_sampler_is_greedy(const struct kvd_sampler *s)

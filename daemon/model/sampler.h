@@ -77,6 +77,24 @@ int32_t kvd_sampler_sample(struct kvd_sampler *s, const float *logits, const int
  */
 int32_t kvd_sampler_sample_masked(struct kvd_sampler *s, const float *logits, const int32_t *history,
 				  size_t n_history, const uint32_t *mask);
+/*
+ * The masked draw without the mask, where that is exact: for a sampler
+ * with top-k truncation (0 < top_k < n_vocab, not greedy) the unmasked
+ * top-k candidates are passed to allowed_fn (1: allowed, 0: not, < 0: an
+ * error); when every one is allowed the draw goes on over them and equals
+ * kvd_sampler_sample_masked's for any mask that allows them (proof in
+ * sampler.c), consuming the same random number. A greedy sampler asks
+ * about its best KVD_SAMPLER_GREEDY_CHECK_K candidates in order (after
+ * the repetition penalty) and picks the first allowed one: the masked
+ * argmax. Returns 1 with *ret_token; 0 when it cannot say (a top-k
+ * candidate refused, no top-k, or none of greedy's allowed: nothing
+ * drawn, the sampler as before, so the caller builds the mask and calls
+ * kvd_sampler_sample_masked); or allowed_fn's negative error.
+ */
+#define KVD_SAMPLER_GREEDY_CHECK_K 32
+int kvd_sampler_sample_checked(struct kvd_sampler *s, const float *logits, const int32_t *history,
+			       size_t n_history, int (*allowed_fn)(void *ud, int32_t token), void *ud,
+			       int32_t *ret_token);
 /* Whether s picks the argmax (temperature 0 or top_k 1): it draws no
  * random numbers, and the likeliest token wins whatever the rest are. */
 int kvd_sampler_is_greedy(const struct kvd_sampler *s);
@@ -154,19 +172,24 @@ size_t kvd_stop_flush(struct kvd_stop *st, char *out, size_t cap);
  *  - greedy (temperature 0 or top_k 1): the argmax over the allowed tokens
  *    is the unconstrained argmax whenever that token is allowed, so the
  *    sampler picks first and kvd_gram_check (cost: one token's bytes)
- *    confirms it; only when it is refused is the mask built and the
- *    argmax taken over it. No random numbers are drawn either way.
- *  - seeded sampling: always the mask. A draw picks the token at which the
- *    cumulative mass of the truncated, renormalised candidates passes
- *    u * total; removing a disallowed token changes the top-k set (others
- *    move in), the top-p mass it is cut against and min-p's p_max, and so
- *    the total and every cumulative position after it. The token the
- *    unmasked draw picked can then differ from the masked draw's even
- *    when it is allowed, so checking it would not be exact. (It would be
- *    only when every candidate of the unmasked top-k set is allowed —
- *    rare under a grammar, and with top-k off that set is the whole
- *    vocabulary.) The one uniform draw is consumed as the unmasked path
- *    consumes it, so a sequence's RNG stream does not depend on the mask.
+ *    confirms it; when it is refused, the next best candidates are
+ *    checked in order (kvd_sampler_sample_checked: the first allowed of
+ *    the best KVD_SAMPLER_GREEDY_CHECK_K is the masked argmax), and only
+ *    when none is allowed is the mask built and the argmax taken over it.
+ *    No random numbers are drawn either way.
+ *  - seeded sampling with top-k: the unmasked top-k candidates are
+ *    checked (k tokens' bytes); when every one is allowed the masked
+ *    top-k is the same set in the same order and the draw over it is the
+ *    masked draw exactly (kvd_sampler_sample_checked). Otherwise the mask.
+ *    Checking only the sampled token would not be exact: a draw picks the
+ *    token at which the cumulative mass of the truncated, renormalised
+ *    candidates passes u * total, and removing a disallowed candidate
+ *    changes the top-k set (others move in), the top-p mass it is cut
+ *    against and min-p's p_max, so the total and every cumulative position
+ *    after it. Without top-k the candidate set is the whole vocabulary:
+ *    always the mask. The one uniform draw is consumed as the unmasked
+ *    path consumes it, so a sequence's RNG stream does not depend on the
+ *    mask.
  *
  * Functions here keep no state; the caller owns the sampler, scratch,
  * state and mask buffer (one sequence's, or the scheduler's for the step).
@@ -179,8 +202,8 @@ struct kvd_gram_state;
  * Draw the next token of a sequence whose constraint is at st. mask is the
  * caller's buffer of mask_words words, at least (n_vocab + 31) / 32 for the
  * sampler's n_vocab and at least kvd_gram_vocab_mask_words(v) (ids past the
- * vocabulary's are never allowed). *ret_fast (may be NULL) says whether the
- * greedy check answered without a mask. Returns 0 with *ret_token, -ENOENT
+ * vocabulary's are never allowed). *ret_fast (may be NULL) says whether a
+ * check (greedy's, or seeded top-k's) answered without a mask. Returns 0 with *ret_token, -ENOENT
  * when the constraint allows no token at all (stuck: the caller ends the
  * sequence), -EINVAL when mask_words is too small for v, -ENOMEM.
  */

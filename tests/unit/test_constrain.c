@@ -186,7 +186,8 @@ static void toy_close(struct toy *t)
 }
 
 /* Greedy: the argmax allowed is answered by the check (a hit); a refused
- * argmax builds the mask (a miss) and gives the best allowed token. */
+ * argmax is followed by the next best candidates, checked in order (a hit
+ * too when one of them is allowed), giving the best allowed token. */
 static void test_greedy_fast_path(void **state)
 {
 	(void)state;
@@ -210,7 +211,7 @@ static void test_greedy_fast_path(void **state)
 	l[8] = 4;
 	l[0] = 3;
 	assert_int_equal(kvd_gram_sample(smp, l, NULL, 0, t.g, t.v, t.s, &t.st, mask, 1, &tok, &fast), 0);
-	assert_int_equal(fast, 0);
+	assert_int_equal(fast, 1);
 	assert_int_equal(tok, 8);
 	/* the end token only once complete */
 	l[TOY_END] = 50;
@@ -224,8 +225,9 @@ static void test_greedy_fast_path(void **state)
 	toy_close(&t);
 }
 
-/* Seeded: the mask always, and the draw equals the reference over -inf
- * logits built from kvd_gram_allowed_mask, step after step. */
+/* Seeded: the draw equals the reference over -inf logits built from
+ * kvd_gram_allowed_mask, step after step, by the mask or (top-k with every
+ * candidate allowed) by the check. */
 static void test_seeded_equals_reference(void **state)
 {
 	(void)state;
@@ -255,7 +257,6 @@ static void test_seeded_equals_reference(void **state)
 			if (kvd_sampler_is_greedy(a)) {
 				assert_int_equal(tok, r);
 			} else {
-				assert_int_equal(fast, 0);
 				assert_int_equal(tok, r);
 				masked_draws++;
 			}
@@ -270,6 +271,129 @@ static void test_seeded_equals_reference(void **state)
 		kvd_sampler_free(b);
 	}
 	assert_true(masked_draws > 100);
+	toy_close(&t);
+}
+
+/* Greedy over a vocabulary larger than KVD_SAMPLER_GREEDY_CHECK_K, most
+ * of it never allowed: the pick equals the reference argmax over -inf
+ * logits (with and without a repetition penalty), answered by the ordered
+ * check when an allowed token ranks among the best candidates and by the
+ * mask when none does; both happen. */
+static void test_greedy_next_best(void **state)
+{
+	(void)state;
+	enum { NV = 3 * KVD_SAMPLER_GREEDY_CHECK_K };
+	const uint8_t *bytes[NV];
+	uint32_t lens[NV];
+	for (int i = 0; i < NV; i++) {
+		bytes[i] = (const uint8_t *)(i % 48 == 0 ? "a" : i % 48 == 1 ? "b" : "x");
+		lens[i] = 1;
+	}
+	struct kvd_grammar *g = NULL;
+	struct kvd_gram_vocab *v = NULL;
+	struct kvd_grammar_error err;
+	const char *gbnf = "root ::= [ab]+";
+	assert_int_equal(kvd_grammar_compile(KVD_GRAMMAR_GBNF, gbnf, strlen(gbnf), &g, &err), 0);
+	assert_int_equal(kvd_gram_vocab_new(NV, bytes, lens, NULL, &v), 0);
+	struct kvd_gram_scratch *scr = kvd_gram_scratch_new();
+	struct kvd_gram_state st = { 0 };
+	assert_non_null(scr);
+	assert_int_equal(kvd_gram_state_init(g, scr, &st), 0);
+	static const struct kvd_sampler_params ps[] = {
+		{ .temperature = 0, .top_k = 40, .top_p = 1, .min_p = 0, .repeat_penalty = 1, .repeat_last_n = 0 },
+		{ .temperature = 0.7f, .top_k = 1, .top_p = 1, .min_p = 0, .repeat_penalty = 1.5f, .repeat_last_n = 8 },
+	};
+	uint64_t x = 4242;
+	size_t fast_n = 0, masked_n = 0;
+	for (int trial = 0; trial < 400; trial++) {
+		struct kvd_sampler *a = kvd_sampler_new(&ps[trial % 2], NV), *b = kvd_sampler_new(&ps[trial % 2], NV);
+		float l[NV], ref[NV];
+		uint32_t mask[(NV + 31) / 32], want[(NV + 31) / 32];
+		int32_t hist[4] = { 0, 16, 17, 1 }, tok;
+		int fast = -1;
+		for (int i = 0; i < NV; i++)
+			l[i] = frand(&x, -2, 2);
+		if (trial % 7 == 0)
+			l[5] = NAN;
+		if (trial % 11 == 0)
+			l[trial % 2 ? 48 : 32] = INFINITY; /* an allowed "a", or a refused "x", at +inf */
+		assert_true(kvd_gram_allowed_mask(g, v, scr, &st, want) > 0);
+		for (int i = 0; i < NV; i++)
+			ref[i] = bit(want, i) ? l[i] : -INFINITY;
+		assert_int_equal(kvd_gram_sample(a, l, hist, 4, g, v, scr, &st, mask, (NV + 31) / 32, &tok, &fast), 0);
+		assert_int_equal(tok, kvd_sampler_sample(b, ref, hist, 4));
+		fast ? fast_n++ : masked_n++;
+		kvd_sampler_free(a);
+		kvd_sampler_free(b);
+	}
+	assert_true(fast_n > 40);
+	assert_true(masked_n > 10);
+	kvd_gram_state_fini(&st);
+	kvd_gram_scratch_free(scr);
+	kvd_gram_vocab_free(v);
+	kvd_grammar_unref(g);
+}
+
+/* Seeded top-k: when every unmasked top-k candidate is allowed the draw
+ * is answered by checking them (no mask), and either way it equals the
+ * reference draw over -inf logits, step after step (so both consume the
+ * same random numbers), with temperature, top-p, min-p and a repetition
+ * penalty over a history; both paths are taken many times. */
+static void test_seeded_topk_check(void **state)
+{
+	(void)state;
+	struct toy t;
+	/* after "{": most tokens allowed ("x" and "{" never), so a small top-k
+	 * is often all allowed and often not */
+	toy_open(&t, "root ::= \"{\" ([abc] | \"ab\" | \"ba\" | \"cc\" | \"bb\" | \"abc\")* \"}\"");
+	static const struct kvd_sampler_params ps[] = {
+		{ .temperature = 0.8f, .top_k = 3, .top_p = 0.95f, .min_p = 0.05f, .repeat_penalty = 1, .repeat_last_n = 64 },
+		{ .temperature = 1.0f, .top_k = 2, .top_p = 1, .min_p = 0, .repeat_penalty = 1.3f, .repeat_last_n = 4 },
+		{ .temperature = 1.5f, .top_k = 5, .top_p = 0.7f, .min_p = 0, .repeat_penalty = 1, .repeat_last_n = 0 },
+		{ .temperature = 0.6f, .top_k = 4, .top_p = 1, .min_p = 0.2f, .repeat_penalty = 0.9f, .repeat_last_n = 8 },
+		{ .temperature = 2.0f, .top_k = 11, .top_p = 0.9f, .min_p = 0.01f, .repeat_penalty = 1, .repeat_last_n = 0 },
+	};
+	uint64_t x = 99;
+	size_t fast_draws = 0, masked_draws = 0;
+	for (uint64_t seed = 1; seed <= 200; seed++) {
+		struct kvd_sampler_params p = ps[seed % 5];
+		p.seed = seed * 31;
+		struct kvd_sampler *a = kvd_sampler_new(&p, TOY_N), *b = kvd_sampler_new(&p, TOY_N);
+		struct kvd_gram_state st = { 0 };
+		int32_t hist[16] = { 5 };
+		size_t nh = 1;
+		assert_int_equal(kvd_gram_state_copy(&st, &t.st), 0);
+		assert_int_equal(kvd_gram_accept_token(t.g, t.v, t.s, &st, 5), 0); /* "{" */
+		for (int step = 0; step < 12; step++) {
+			float l[TOY_N], ref[TOY_N];
+			uint32_t mask[1], want[1];
+			int32_t tok;
+			int fast = -1;
+			for (int32_t i = 0; i < TOY_N; i++)
+				l[i] = frand(&x, -3, 3);
+			if (step % 3 == 0)
+				l[7] = 4; /* "x" on top: never allowed */
+			assert_true(kvd_gram_allowed_mask(t.g, t.v, t.s, &st, want) > 0);
+			for (int32_t i = 0; i < TOY_N; i++)
+				ref[i] = bit(want, i) ? l[i] : -INFINITY;
+			assert_int_equal(kvd_gram_sample(a, l, hist, nh, t.g, t.v, t.s, &st, mask, 1, &tok, &fast), 0);
+			int32_t r = kvd_sampler_sample(b, ref, hist, nh);
+			assert_int_equal(tok, r);
+			assert_true(bit(want, tok));
+			fast ? fast_draws++ : masked_draws++;
+			if (tok == TOY_END)
+				break;
+			assert_int_equal(kvd_gram_accept_token(t.g, t.v, t.s, &st, tok), 0);
+			hist[nh++] = tok;
+			if (!kvd_gram_can_continue(&st))
+				break;
+		}
+		kvd_gram_state_fini(&st);
+		kvd_sampler_free(a);
+		kvd_sampler_free(b);
+	}
+	assert_true(fast_draws > 200);
+	assert_true(masked_draws > 200);
 	toy_close(&t);
 }
 
@@ -299,6 +423,8 @@ int main(void)
 		cmocka_unit_test(test_all_allowed_masked_out),
 		cmocka_unit_test(test_greedy_fast_path),
 		cmocka_unit_test(test_seeded_equals_reference),
+		cmocka_unit_test(test_seeded_topk_check),
+		cmocka_unit_test(test_greedy_next_best),
 		cmocka_unit_test(test_stuck),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1143,6 +1143,115 @@ static void test_mask_timing(void **state)
 	kvd_grammar_unref(g);
 }
 
+/* Masks kept by parse state in the scratch equal freshly computed ones
+ * (a new scratch each time, nothing kept) over random walks of several
+ * grammars, with two grammars and two vocabularies taking turns on one
+ * scratch; repeated states are answered from what was kept. */
+static void test_mask_cache(void **state)
+{
+	(void)state;
+	if (!vocab)
+		skip();
+	static const struct {
+		enum kvd_grammar_kind kind;
+		const char *text;
+	} G[] = {
+		{KVD_GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"
+					  "\"age\":{\"type\":\"integer\"},\"tags\":{\"type\":\"array\",\"items\":"
+					  "{\"type\":\"string\"}}},\"required\":[\"name\",\"age\"]}"},
+		{KVD_GRAMMAR_JSON_OBJECT, ""},
+		{KVD_GRAMMAR_GBNF, "root ::= (\"ab\" | [a-z]+ \" \" | \"{\" root? \"}\")+ \".\""},
+		{KVD_GRAMMAR_REGEX, "[A-Z][a-z]{2,8}( [0-9]+)?"},
+		{KVD_GRAMMAR_CHOICE, "[\"yes\",\"no\",\"maybe not\"]"},
+	};
+	const size_t ng = sizeof(G) / sizeof(G[0]);
+	/* a second vocabulary: a few ASCII tokens, so its masks differ */
+	static const char *small[] = {"a", "b", "ab", "{", "}", " ", ".", "\"", "1", "yes", "no", "Abc", "</s>"};
+	static const uint8_t small_kinds[] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, KVD_GRAM_TOKEN_END};
+	const uint8_t *sb[13];
+	uint32_t sl[13];
+	for (int i = 0; i < 13; i++) {
+		sb[i] = (const uint8_t *)small[i];
+		sl[i] = (uint32_t)strlen(small[i]);
+	}
+	struct kvd_gram_vocab *v2 = NULL;
+	assert_int_equal(kvd_gram_vocab_new(13, sb, sl, small_kinds, &v2), 0);
+	size_t words = kvd_gram_vocab_mask_words(vocab);
+	uint32_t *kept = malloc(words * sizeof(uint32_t)), *fresh = malloc(words * sizeof(uint32_t));
+	int32_t *allowed = malloc((size_t)kvd_gram_vocab_n_tokens(vocab) * sizeof(int32_t));
+	struct kvd_gram_scratch *s = kvd_gram_scratch_new();
+	assert_non_null(kept);
+	assert_non_null(fresh);
+	assert_non_null(allowed);
+	assert_non_null(s);
+	uint64_t hits0 = 0, hits1 = 0;
+	uint32_t n_kept = 0;
+	kvd_gram_scratch_stats(s, &hits0, &n_kept);
+	assert_int_equal(n_kept, 0);
+	size_t compared = 0;
+	for (size_t gi = 0; gi < ng; gi++) {
+		struct kvd_grammar *g = compile_ok(G[gi].kind, G[gi].text);
+		struct kvd_grammar *other = compile_ok(G[(gi + 1) % ng].kind, G[(gi + 1) % ng].text);
+		for (int w = 0; w < 6; w++) {
+			struct kvd_gram_state st = {0}, ost = {0};
+			assert_int_equal(kvd_gram_state_init(g, s, &st), 0);
+			assert_int_equal(kvd_gram_state_init(other, s, &ost), 0);
+			for (int step = 0; step < 40; step++) {
+				/* twice from the long-lived scratch (the second from what
+				 * was kept), once from a new one */
+				for (int rep = 0; rep < 2; rep++) {
+					struct kvd_gram_scratch *f = kvd_gram_scratch_new();
+					assert_non_null(f);
+					int nk = kvd_gram_allowed_mask(g, vocab, s, &st, kept);
+					int nf = kvd_gram_allowed_mask(g, vocab, f, &st, fresh);
+					kvd_gram_scratch_free(f);
+					assert_int_equal(nk, nf);
+					assert_memory_equal(kept, fresh, words * sizeof(uint32_t));
+					compared++;
+				}
+				/* the other grammar and the other vocabulary take a turn */
+				if (step % 5 == 0) {
+					uint32_t m2[1], m2f[1];
+					struct kvd_gram_scratch *f = kvd_gram_scratch_new();
+					assert_non_null(f);
+					assert_int_equal(kvd_gram_allowed_mask(g, v2, s, &st, m2),
+							 kvd_gram_allowed_mask(g, v2, f, &st, m2f));
+					assert_int_equal(m2[0], m2f[0]);
+					assert_true(kvd_gram_allowed_mask(other, vocab, s, &ost, kept) >= 0);
+					kvd_gram_scratch_free(f);
+				}
+				int na = kvd_gram_allowed_mask(g, vocab, s, &st, kept);
+				assert_true(na > 0);
+				uint32_t k = 0;
+				int end_ok = 0;
+				for (int32_t t = 0; t < kvd_gram_vocab_n_tokens(vocab); t++)
+					if (kept[t >> 5] >> (t & 31) & 1) {
+						if (is_end(t))
+							end_ok = 1;
+						else
+							allowed[k++] = t;
+					}
+				if (k == 0 || (end_ok && rnd() % 8 == 0))
+					break;
+				assert_int_equal(kvd_gram_accept_token(g, vocab, s, &st, allowed[rnd() % k]), 0);
+			}
+			kvd_gram_state_fini(&st);
+			kvd_gram_state_fini(&ost);
+		}
+		kvd_grammar_unref(other);
+		kvd_grammar_unref(g);
+	}
+	kvd_gram_scratch_stats(s, &hits1, &n_kept);
+	/* every second mask of a state came from what was kept */
+	assert_true(hits1 - hits0 >= compared / 2);
+	assert_true(compared > 100);
+	kvd_gram_scratch_free(s);
+	kvd_gram_vocab_free(v2);
+	free(kept);
+	free(fresh);
+	free(allowed);
+}
+
 int main(void)
 {
 	scr = kvd_gram_scratch_new();
@@ -1159,6 +1268,7 @@ int main(void)
 		cmocka_unit_test(test_integer_ranges),
 		cmocka_unit_test(test_schema_suite),
 		cmocka_unit_test(test_mask_timing),
+		cmocka_unit_test(test_mask_cache),
 	};
 	int rc = cmocka_run_group_tests(tests, setup_vocab, teardown_vocab);
 	kvd_gram_scratch_free(scr);
