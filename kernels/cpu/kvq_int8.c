@@ -35,20 +35,6 @@
 #define MAXB (KVQ_INT8_MAX_HD / QB)
 #define INLINE static inline __attribute__((always_inline))
 
-/* IEEE half to single (exact) */
-static float h2f(const uint8_t *p)
-{
-	uint16_t h = (uint16_t)(p[0] | (uint16_t)(p[1] << 8));
-	uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, bits;
-	float f;
-	if (e == 0) {
-		f = (float)m * 0x1p-24f;
-		return s ? -f : f;
-	}
-	bits = e == 31 ? s | 0x7f800000u | (m << 13) : s | ((e + 112) << 23) | (m << 13);
-	memcpy(&f, &bits, 4);
-	return f;
-}
 
 void cpu_kvq_quant_query(const float *x, int n, int8_t *qs, float *d, int32_t *sum)
 {
@@ -131,7 +117,7 @@ void cpu_kvq8_scores_generic(enum kvd_kv_type t, const float *const *q, int nr, 
 				float acc = 0;
 				for (int b = 0; b < nb; b++) {
 					const uint8_t *blk = k[p] + (size_t)b * bb;
-					float dd = qr[r].d[b] * h2f(blk);
+					float dd = qr[r].d[b] * cpu_kvq_h2f(blk);
 					acc = fmaf(dd, (float)idot_generic(t, blk, qr[r].qs + b * QB), acc);
 				}
 				sc[(size_t)(r0 + r) * ldsc + p] = acc * scale;

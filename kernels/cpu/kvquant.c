@@ -34,20 +34,6 @@ typedef int8_t v8b __attribute__((vector_size(8), aligned(1)));
 #define INLINE static inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 8")
 
-/* IEEE half to single (exact) */
-INLINE float h2f(const uint8_t *p)
-{
-	uint16_t h = (uint16_t)(p[0] | (uint16_t)(p[1] << 8));
-	uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, bits;
-	float f;
-	if (e == 0) {
-		f = (float)m * 0x1p-24f;
-		return s ? -f : f;
-	}
-	bits = e == 31 ? s | 0x7f800000u | (m << 13) : s | ((e + 112) << 23) | (m << 13);
-	memcpy(&f, &bits, 4);
-	return f;
-}
 
 static void put_h(uint8_t *p, float f)
 {
@@ -130,7 +116,7 @@ void cpu_kvq_load_row(enum kvd_kv_type t, const void *src, float *dst, int n)
 	switch (t) {
 	case KVD_KV_F16:
 		for (int i = 0; i < n; i++)
-			dst[i] = h2f(s + 2 * i);
+			dst[i] = cpu_kvq_h2f(s + 2 * i);
 		break;
 	case KVD_KV_F32:
 		memcpy(dst, src, sizeof(float) * (size_t)n);
@@ -142,7 +128,7 @@ void cpu_kvq_load_row(enum kvd_kv_type t, const void *src, float *dst, int n)
 	case KVD_KV_Q8_0:
 		for (int b = 0; b < n / QB; b++) {
 			const uint8_t *blk = s + (size_t)b * 34;
-			float d = h2f(blk);
+			float d = cpu_kvq_h2f(blk);
 			for (int i = 0; i < QB; i++)
 				dst[b * QB + i] = d * (float)(int8_t)blk[2 + i];
 		}
@@ -150,7 +136,7 @@ void cpu_kvq_load_row(enum kvd_kv_type t, const void *src, float *dst, int n)
 	case KVD_KV_Q4_0:
 		for (int b = 0; b < n / QB; b++) {
 			const uint8_t *blk = s + (size_t)b * 18;
-			float d = h2f(blk);
+			float d = cpu_kvq_h2f(blk);
 			for (int j = 0; j < QB / 2; j++) {
 				dst[b * QB + j] = d * (float)((blk[2 + j] & 15) - 8);
 				dst[b * QB + j + QB / 2] = d * (float)((blk[2 + j] >> 4) - 8);
@@ -192,7 +178,7 @@ INLINE void block_floats_generic(enum kvd_kv_type t, const uint8_t *blk, v8f kf[
 		*d = 1.0f;
 		return;
 	}
-	*d = h2f(blk);
+	*d = cpu_kvq_h2f(blk);
 	if (t == KVD_KV_Q4_0) {
 		for (int j = 0; j < QB / 2; j++) {
 			kf[j / 8][j % 8] = (float)((blk[2 + j] & 15) - 8);
@@ -398,7 +384,7 @@ AVX2 INLINE void block_floats_avx2(enum kvd_kv_type t, const uint8_t *blk, v8f k
 		*d = 1.0f;
 		return;
 	}
-	*d = h2f(blk);
+	*d = cpu_kvq_h2f(blk);
 	if (t == KVD_KV_Q4_0) {
 		const __m128i m = _mm_set1_epi8(15), e = _mm_set1_epi8(8);
 		__m128i x = _mm_loadu_si128((const __m128i *)(blk + 2));
@@ -478,7 +464,7 @@ AVX512 INLINE void block2_floats_avx512(enum kvd_kv_type t, const uint8_t *b0, c
 		*dv = _mm512_set1_ps(1.0f);
 		return;
 	}
-	*dv = _mm512_insertf32x8(_mm512_set1_ps(h2f(b0)), _mm256_set1_ps(h2f(b1)), 1);
+	*dv = _mm512_insertf32x8(_mm512_set1_ps(cpu_kvq_h2f(b0)), _mm256_set1_ps(cpu_kvq_h2f(b1)), 1);
 	__m128i lo0, hi0, lo1, hi1;
 	if (t == KVD_KV_Q4_0) {
 		const __m128i m = _mm_set1_epi8(15), e = _mm_set1_epi8(8);

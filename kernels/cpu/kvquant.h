@@ -35,8 +35,25 @@
 #define KVD_CPU_KVQUANT_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "backend.h"
+
+/* The IEEE half at p (little-endian bytes, e.g. a q8_0/q4_0 block's scale)
+ * as a single (exact). */
+static inline float cpu_kvq_h2f(const uint8_t *p)
+{
+	uint16_t h = (uint16_t)(p[0] | (uint16_t)(p[1] << 8));
+	uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, bits;
+	float f;
+	if (e == 0) {
+		f = (float)m * 0x1p-24f;
+		return s ? -f : f;
+	}
+	bits = e == 31 ? s | 0x7f800000u | (m << 13) : s | ((e + 112) << 23) | (m << 13);
+	memcpy(&f, &bits, 4);
+	return f;
+}
 
 /* Store n floats (n a multiple of 32 for the quantized types) as one row of
  * type t at dst (kvd_kv_row_bytes(t, n) bytes). f16 rounds to nearest
