@@ -205,10 +205,11 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(CORE_LIBS) $(if $(CLIENT_SRC),$(LIBCL
 # CUDA plug-in: sm_80 and sm_90 cubins plus sm_90 PTX; kvd dlopen()s it.
 NVCC_FLAGS := -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
               -gencode arch=compute_90,code=compute_90 -Xcompiler -fPIC,-Wall,-Werror -Ikernels
-$(BUILD)/obj/%.cu.o: %.cu kernels/backend.h $(wildcard kernels/cuda/*.h) Makefile
+$(BUILD)/obj/%.cu.o: %.cu kernels/backend.h kernels/program.h $(wildcard kernels/cuda/*.h) Makefile
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
-$(BUILD)/lib/libkvd-cuda.so: $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CUDA_SRC))
+# the forward program's builder (kernels/program.c) is linked in, hidden
+$(BUILD)/lib/libkvd-cuda.so: $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CUDA_SRC)) $(BUILD)/obj/kernels/program.o
 	@mkdir -p $(dir $@)
 	$(NVCC) -shared -o $@ $^ -L$(CUDA_HOME)/lib64 -Xlinker -rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart
 

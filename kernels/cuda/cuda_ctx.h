@@ -1,8 +1,9 @@
 /*
  * kernels/cuda/cuda_ctx.h — private to the CUDA plug-in: the context that
  * its host-side files share (cuda_backend.cu: init, KV pool, pages, the
- * capability query and the ops table; cuda_load.cu: weights;
- * cuda_forward.cu: one step), the limits they size things by, and the
+ * capability query and the ops table; cuda_load.cu: weights and the
+ * forward program; cuda_forward.cu: one step, the program's executor), the
+ * limits they size things by, and the
  * error mapping every CUDA and cuBLAS call goes through.
  *
  * Errors: allocation failures are -ENOMEM, anything else from the device
@@ -23,6 +24,7 @@
 extern "C" {
 #include "backend.h"
 }
+#include "program.h"
 
 #include "cuda_impl.h"
 
@@ -69,6 +71,8 @@ struct cu_ctx {
 	/* weights */
 	int loaded;
 	struct kvd_hparams hp;
+	const struct kvd_model_weights *w; /* the host description (valid until destroy) */
+	struct kvd_program *prog;          /* the forward pass, built at load (kernels/program.h) */
 	int q_dim, kv_dim;
 	struct cu_layer *layers;
 	void *tok_embd;
@@ -173,6 +177,9 @@ static inline int dalloc(void **p, size_t bytes, size_t *count)
 
 /* The model features (KVD_FEAT_*) the plug-in computes: all of them. */
 #define CU_FEATURES KVD_FEAT_ALL
+/* The forward program's operation kinds (1 << kind bits) its executor
+ * implements (cuda_forward.cu): all of them. */
+#define CU_OP_KINDS KVD_OP_KINDS_ALL
 
 /* Whether the device kernels read weight type t (cuda_load.cu). */
 KVD_HIDDEN int cu_type_ok(enum kvd_wtype t);

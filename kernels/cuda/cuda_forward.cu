@@ -1,9 +1,9 @@
 /*
  * kernels/cuda/cuda_forward.cu — one step of the CUDA plug-in: the batch
  * checked and staged (tokens, positions, page tables, attention items) in
- * one host-to-device copy, then the layer loop on the compute stream, the
- * logits of the rows that want them copied back. forward() returns when
- * the step is complete.
+ * one host-to-device copy, then the forward program (kernels/program.h,
+ * built at load) executed on the compute stream, the logits of the rows
+ * that want them copied back. forward() returns when the step is complete.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -176,7 +176,7 @@ struct cu_step {
 /* A sublayer's output projection (W16 / R, cols wide, input X) into the
  * residual: added to it directly, or through y and its post-norm. */
 static int out_proj(struct cu_ctx *c, const __half *W16, const struct cu_raw *R, int cols, const __half *X, int T,
-		    const float *post)
+		    const float *post, float eps)
 {
 	int ne = c->hp.n_embd, r;
 
@@ -185,73 +185,166 @@ static int out_proj(struct cu_ctx *c, const __half *W16, const struct cu_raw *R,
 	r = proj(c, W16, R, ne, cols, X, cols, T, c->y, ne, 0.0f);
 	if (r < 0)
 		return r;
-	return cuda_errno(cu_rmsnorm_add(c->x, c->y, T, ne, post, c->hp.rms_eps, c->s));
+	return cuda_errno(cu_rmsnorm_add(c->x, c->y, T, ne, post, eps, c->s));
+}
+
+/* The device copy of a vector an operation names (a norm's weights). */
+static const float *dev_vec(const struct cu_ctx *c, const struct kvd_op *op, const struct kvd_tensor *t)
+{
+	if (op->layer < 0)
+		return t == &c->w->output_norm ? c->output_norm : NULL;
+	const struct kvd_layer_weights *W = &c->w->layers[op->layer];
+	const struct cu_layer *L = &c->layers[op->layer];
+	if (t == &W->attn_norm)
+		return L->attn_norm;
+	if (t == &W->ffn_norm)
+		return L->ffn_norm;
+	if (t == &W->post_attn_norm)
+		return L->post_attn;
+	if (t == &W->post_ffn_norm)
+		return L->post_ffn;
+	return NULL;
 }
 
 /*
- * Layer l of a step, as kernels/backend.h's kvd_layer_desc states it:
- * norm, QKV (+ biases), per-head Q/K norms, RoPE (the layer's base and
- * scaling, rope_freqs) with K/V stored, attention (the layer's window),
- * output projection (+ post-norm) into the residual, norm, gate/up, SwiGLU
- * or GeGLU, down projection (+ post-norm) into the residual.
+ * The forward program (kernels/program.h) on the compute stream. Fusions,
+ * each of operations the builder emits next to each other: EMBED takes an
+ * EMBD_SCALE after it as its scale; ROPE and the KV_STORE after it are one
+ * kernel; ATTN_OUT and DOWN add into the residual stream in their GEMM
+ * (beta 1) when RESIDUAL follows, or through y and one post-norm-and-add
+ * kernel when POST_NORM, RESIDUAL follow. The program's gate after GLU is
+ * c->h (fp16, the down projection's input). A kind or an order this
+ * executor lacks is -ENOTSUP, never a silent skip.
  */
-static int run_layer(struct cu_ctx *c, int l, struct cu_step *st)
+static int run_program(struct cu_ctx *c, struct cu_step *st, const int32_t *d_tok, const int32_t *d_lsrc, int NL)
 {
 	const struct kvd_hparams *hp = &c->hp;
-	const struct cu_layer *L = &c->layers[l];
-	struct cu_kv kv = st->kv;
+	const struct kvd_program *p = c->prog;
 	int ne = hp->n_embd, qd = c->q_dim, kvd = c->kv_dim, nff = hp->n_ff, hd = hp->head_dim, T = st->T;
 	int n_rep = hp->n_head / hp->n_head_kv, ld_qkv = qd + 2 * kvd;
-	float base = L->d.rope_theta > 0 ? L->d.rope_theta : hp->rope_theta;
-	float scale = L->d.rope_freq_scale > 0 ? L->d.rope_freq_scale : 1.0f;
-	int r;
+	int r = 0;
 
-	kv.layer_g = c->glob_idx[l]; /* the packed region a released page keeps of it */
-	/* the RoPE table of this layer's (base, scale): computed again only
-	 * where it differs from the previous layer's */
-	if (st->rope_base != base || st->rope_scale != scale) {
-		CK(cu_rope_table(st->d_pos, T, hd, base, scale, c->rope_freqs, c->rope, c->s));
-		st->rope_base = base;
-		st->rope_scale = scale;
+	for (int i = 0; i < p->n_ops; i++) {
+		const struct kvd_op *op = &p->ops[i];
+		enum kvd_op_kind nk = i + 1 < p->n_ops ? p->ops[i + 1].kind : KVD_OP_KIND_END;
+		enum kvd_op_kind nk2 = i + 2 < p->n_ops ? p->ops[i + 2].kind : KVD_OP_KIND_END;
+		const struct cu_layer *L = op->layer >= 0 ? &c->layers[op->layer] : NULL;
+		struct cu_kv kv = st->kv;
+
+		switch (op->kind) {
+		case KVD_OP_EMBED: {
+			float scale = nk == KVD_OP_EMBD_SCALE ? p->ops[i + 1].scale : 1.0f;
+			i += nk == KVD_OP_EMBD_SCALE;
+			CK(cu_embed(c->tok_embd, c->embd_type, c->embd_row_bytes, d_tok, T, ne, scale, c->x, c->s));
+			break;
+		}
+		case KVD_OP_NORM: {
+			const float *g = dev_vec(c, op, op->w[0]);
+			if (!g)
+				return -ENOTSUP;
+			CK(cu_rmsnorm(c->x, NULL, T, ne, g, op->eps, c->xn, c->s));
+			break;
+		}
+		case KVD_OP_QKV:
+			if (T <= c->gemv_max_t && L->rq.data) {
+				r = proj(c, NULL, &L->rq, qd, ne, c->xn, ne, T, c->qkv, ld_qkv, 0.0f);
+				if (!r)
+					r = proj(c, NULL, &L->rk, kvd, ne, c->xn, ne, T, c->qkv + qd, ld_qkv, 0.0f);
+				if (!r)
+					r = proj(c, NULL, &L->rv, kvd, ne, c->xn, ne, T, c->qkv + qd + kvd, ld_qkv, 0.0f);
+			} else {
+				r = gemm(c, L->wqkv, ld_qkv, ne, c->xn, ne, T, c->qkv, ld_qkv, 0.0f);
+			}
+			if (r < 0)
+				goto fail;
+			break;
+		case KVD_OP_QKV_BIAS:
+			if (!L->bqkv)
+				return -ENOTSUP;
+			CK(cu_add_bias(c->qkv, ld_qkv, T, L->bqkv, c->s));
+			break;
+		case KVD_OP_QK_NORM:
+			CK(cu_head_norm(c->qkv, ld_qkv, T, hp->n_head, hp->n_head_kv, hd, L->q_norm, L->k_norm, op->eps,
+					c->s));
+			break;
+		case KVD_OP_ROPE:
+			if (nk != KVD_OP_KV_STORE)
+				return -ENOTSUP;
+			/* the table of this layer's (base, scale): computed again
+			 * only where it differs from the previous layer's */
+			if (st->rope_base != op->theta || st->rope_scale != op->freq_scale) {
+				CK(cu_rope_table(st->d_pos, T, hd, op->theta, op->freq_scale,
+						 op->freqs ? c->rope_freqs : NULL, c->rope, c->s));
+				st->rope_base = op->theta;
+				st->rope_scale = op->freq_scale;
+			}
+			kv.layer_g = c->glob_idx[op->layer];
+			CK(cu_rope_store(c->qkv, ld_qkv, c->rope, st->d_pos, st->d_poff, st->d_pages, kv, op->layer,
+					 hp->n_head, hp->n_head_kv, hd, op->style == KVD_ROPE_NEOX, T, c->s));
+			i++;
+			break;
+		case KVD_OP_ATTENTION:
+			/* the packed region a released page keeps of the layer */
+			kv.layer_g = c->glob_idx[op->layer];
+			CK(cu_attention(c->qkv, ld_qkv, c->att, st->d_dec, st->n_dec, st->d_pages, kv, op->layer,
+					hp->n_head, hp->n_head_kv, hd, n_rep, op->scale, op->window, c->s));
+			CK(cu_attention(c->qkv, ld_qkv, c->att, st->d_pre, st->n_pre, st->d_pages, kv, op->layer,
+					hp->n_head, hp->n_head_kv, hd, c->bq * n_rep, op->scale, op->window, c->s));
+			break;
+		case KVD_OP_ATTN_OUT:
+		case KVD_OP_DOWN: {
+			int down = op->kind == KVD_OP_DOWN, cols = down ? nff : qd;
+			const __half *W16 = down ? L->wdown : L->wo, *X = down ? c->h : c->att;
+			const struct cu_raw *R = down ? &L->rd : &L->ro;
+			if (nk == KVD_OP_RESIDUAL) {
+				r = out_proj(c, W16, R, cols, X, T, NULL, 0);
+				i += 1;
+			} else if (nk == KVD_OP_POST_NORM && nk2 == KVD_OP_RESIDUAL) {
+				const float *g = dev_vec(c, &p->ops[i + 1], p->ops[i + 1].w[0]);
+				if (!g)
+					return -ENOTSUP;
+				r = out_proj(c, W16, R, cols, X, T, g, p->ops[i + 1].eps);
+				i += 2;
+			} else {
+				return -ENOTSUP;
+			}
+			if (r < 0)
+				goto fail;
+			break;
+		}
+		case KVD_OP_GATE_UP:
+			if (T <= c->gemv_max_t && L->rg.data) {
+				r = proj(c, NULL, &L->rg, nff, ne, c->xn, ne, T, c->gu, 2 * nff, 0.0f);
+				if (!r)
+					r = proj(c, NULL, &L->ru, nff, ne, c->xn, ne, T, c->gu + nff, 2 * nff, 0.0f);
+			} else {
+				r = gemm(c, L->wgu, 2 * nff, ne, c->xn, ne, T, c->gu, 2 * nff, 0.0f);
+			}
+			if (r < 0)
+				goto fail;
+			break;
+		case KVD_OP_GLU:
+			CK(cu_glu(c->gu, T, nff, op->act == KVD_ACT_GELU_TANH, c->h, c->s));
+			break;
+		case KVD_OP_OUTPUT_NORM:
+			if (NL > 0)
+				CK(cu_rmsnorm(c->x, d_lsrc, NL, ne, c->output_norm, op->eps, c->xn, c->s));
+			break;
+		case KVD_OP_LOGITS:
+			if (NL <= 0)
+				break;
+			r = proj(c, c->output, &c->rout, hp->n_vocab, ne, c->xn, ne, NL, c->logits_d, hp->n_vocab, 0.0f);
+			if (r < 0)
+				goto fail;
+			CK(cudaMemcpyAsync(c->logits_h, c->logits_d, (size_t)NL * hp->n_vocab * sizeof(float),
+					   cudaMemcpyDeviceToHost, c->s));
+			break;
+		default:
+			/* EMBD_SCALE, KV_STORE, POST_NORM, RESIDUAL away from
+			 * the operation they fuse with, or a kind unknown here */
+			return -ENOTSUP;
+		}
 	}
-	CK(cu_rmsnorm(c->x, NULL, T, ne, L->attn_norm, hp->rms_eps, c->xn, c->s));
-	if (T <= c->gemv_max_t && L->rq.data) {
-		r = proj(c, NULL, &L->rq, qd, ne, c->xn, ne, T, c->qkv, ld_qkv, 0.0f);
-		if (!r)
-			r = proj(c, NULL, &L->rk, kvd, ne, c->xn, ne, T, c->qkv + qd, ld_qkv, 0.0f);
-		if (!r)
-			r = proj(c, NULL, &L->rv, kvd, ne, c->xn, ne, T, c->qkv + qd + kvd, ld_qkv, 0.0f);
-	} else {
-		r = gemm(c, L->wqkv, ld_qkv, ne, c->xn, ne, T, c->qkv, ld_qkv, 0.0f);
-	}
-	if (r < 0)
-		goto fail;
-	if (L->bqkv)
-		CK(cu_add_bias(c->qkv, ld_qkv, T, L->bqkv, c->s));
-	if (L->q_norm)
-		CK(cu_head_norm(c->qkv, ld_qkv, T, hp->n_head, hp->n_head_kv, hd, L->q_norm, L->k_norm, hp->rms_eps,
-				c->s));
-	CK(cu_rope_store(c->qkv, ld_qkv, c->rope, st->d_pos, st->d_poff, st->d_pages, kv, l, hp->n_head,
-			 hp->n_head_kv, hd, hp->rope_style == KVD_ROPE_NEOX, T, c->s));
-	CK(cu_attention(c->qkv, ld_qkv, c->att, st->d_dec, st->n_dec, st->d_pages, kv, l, hp->n_head,
-			hp->n_head_kv, hd, n_rep, c->attn_scale, L->d.window, c->s));
-	CK(cu_attention(c->qkv, ld_qkv, c->att, st->d_pre, st->n_pre, st->d_pages, kv, l, hp->n_head,
-			hp->n_head_kv, hd, c->bq * n_rep, c->attn_scale, L->d.window, c->s));
-	r = out_proj(c, L->wo, &L->ro, qd, c->att, T, L->post_attn);
-	if (r < 0)
-		goto fail;
-	CK(cu_rmsnorm(c->x, NULL, T, ne, L->ffn_norm, hp->rms_eps, c->xn, c->s));
-	if (T <= c->gemv_max_t && L->rg.data) {
-		r = proj(c, NULL, &L->rg, nff, ne, c->xn, ne, T, c->gu, 2 * nff, 0.0f);
-		if (!r)
-			r = proj(c, NULL, &L->ru, nff, ne, c->xn, ne, T, c->gu + nff, 2 * nff, 0.0f);
-	} else {
-		r = gemm(c, L->wgu, 2 * nff, ne, c->xn, ne, T, c->gu, 2 * nff, 0.0f);
-	}
-	if (r < 0)
-		goto fail;
-	CK(cu_glu(c->gu, T, nff, L->d.act == KVD_ACT_GELU_TANH, c->h, c->s));
-	r = out_proj(c, L->wdown, &L->rd, nff, c->h, T, L->post_ffn);
 fail:
 	return r;
 }
@@ -335,7 +428,6 @@ int cuda_forward(void *ctx, const struct kvd_batch *b)
 		const int32_t *d_lsrc = c->stage_d + o_lsrc, *d_pages = c->stage_d + o_pages;
 		const struct cu_attn_item *d_dec = (const struct cu_attn_item *)(c->stage_d + o_dec);
 		const struct cu_attn_item *d_pre = (const struct cu_attn_item *)(c->stage_d + o_pre);
-		int ne = hp->n_embd;
 		struct cu_kv kv;
 		kv.base = c->pool;
 		kv.block_size = (int32_t)c->L.block_size;
@@ -350,20 +442,9 @@ int cuda_forward(void *ctx, const struct kvd_batch *b)
 		kv.page_bytes = (int64_t)c->L.page_bytes;
 
 		struct cu_step st = {T, d_pos, d_poff, d_pages, d_dec, n_dec, d_pre, n_pre, kv, 0.0f, 0.0f};
-		CK(cu_embed(c->tok_embd, c->embd_type, c->embd_row_bytes, d_tok, T, ne, c->embd_scale, c->x, c->s));
-		for (int l = 0; l < hp->n_layer; l++) {
-			r = run_layer(c, l, &st);
-			if (r < 0)
-				goto fail;
-		}
-		if (NL > 0) {
-			CK(cu_rmsnorm(c->x, d_lsrc, NL, ne, c->output_norm, hp->rms_eps, c->xn, c->s));
-			r = proj(c, c->output, &c->rout, hp->n_vocab, ne, c->xn, ne, NL, c->logits_d, hp->n_vocab, 0.0f);
-			if (r < 0)
-				goto fail;
-			CK(cudaMemcpyAsync(c->logits_h, c->logits_d, (size_t)NL * hp->n_vocab * sizeof(float),
-					   cudaMemcpyDeviceToHost, c->s));
-		}
+		r = run_program(c, &st, d_tok, d_lsrc, NL);
+		if (r < 0)
+			goto fail;
 	}
 	CK(cudaStreamSynchronize(c->s));
 	if (NL > 0) {

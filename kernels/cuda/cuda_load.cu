@@ -52,6 +52,9 @@ void cu_free_weights(struct cu_ctx *c)
 	c->rope_freqs_h = NULL;
 	free(c->glob_idx);
 	c->glob_idx = NULL;
+	kvd_program_free(c->prog);
+	c->prog = NULL;
+	c->w = NULL;
 	c->tok_embd = NULL;
 	c->output = NULL;
 	c->output_norm = NULL;
@@ -222,6 +225,14 @@ int cuda_load(void *ctx, const struct kvd_model_weights *w)
 		return r;
 	CK(cudaSetDevice(c->device));
 	c->hp = *hp;
+	c->w = w;
+	r = kvd_program_build(w, &c->prog);
+	if (r < 0)
+		goto fail;
+	if (kvd_program_missing(c->prog, CU_OP_KINDS)) {
+		r = -ENOTSUP;
+		goto fail;
+	}
 	ne = hp->n_embd;
 	qd = (int64_t)hp->n_head * hp->head_dim;
 	kvd = (int64_t)hp->n_head_kv * hp->head_dim;

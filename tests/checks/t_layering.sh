@@ -24,7 +24,7 @@ violation() { echo "FAIL: $*"; bad=1; }
 allowed_for() {
 	case "$1" in
 	kvmm|ipc|kernels) echo "" ;;
-	kernels/cpu|kernels/cuda) echo "kernels/backend.h" ;;
+	kernels/cpu|kernels/cuda) echo "kernels/backend.h kernels/program.h" ;;
 	daemon/model) echo "kernels/backend.h" ;;
 	daemon) echo "kernels/backend.h kvmm/kvmm.h ipc/ipc.h daemon/model/model.h daemon/model/tokenizer.h daemon/model/sampler.h daemon/model/grammar.h daemon/model/gguf.h" ;;
 	client/kvctl*|client/http*) echo "client/kvclient.h client/kvc_metrics.h" ;;
