@@ -142,6 +142,10 @@ struct kvd_hparams {
  *
  * After the last layer: logits = output norm(h, output_norm); before the
  * first: h = embd_scale * tok_embd[token].
+ *
+ * No backend turns this into a layer loop of its own: kernels/program.h
+ * builds it, once, into the forward program (a list of typed operations)
+ * that every backend executes, fusing adjacent operations where it likes.
  */
 struct kvd_layer_desc {
 	enum kvd_act act;

@@ -407,7 +407,7 @@ static int cpu_kv_shift_op(void *ctx, const int32_t *pages, uint32_t n_pages, ui
 
 	if (!c->kv_attached || !c->w)
 		return -EINVAL;
-	return cpu_kv_shift(c->w, &c->kv, pages, n_pages, n_tokens, delta);
+	return cpu_kv_shift_program(c->prog, &c->w->hp, &c->kv, pages, n_pages, n_tokens, delta);
 }
 
 /* The capability query (kernels/backend.h): every answer of this backend

@@ -76,7 +76,18 @@ int cpu_kv_shift_supports(enum kvd_kv_type t)
 int cpu_kv_shift(const struct kvd_model_weights *w, const struct kvd_paged_view *kv, const int32_t *pages,
 		 uint32_t n_pages, uint32_t n_tokens, int32_t delta)
 {
-	const struct kvd_hparams *hp = &w->hp;
+	struct kvd_program *p = NULL;
+	int r = kvd_program_build(w, &p);
+	if (r < 0)
+		return r;
+	r = cpu_kv_shift_program(p, &w->hp, kv, pages, n_pages, n_tokens, delta);
+	kvd_program_free(p);
+	return r;
+}
+
+int cpu_kv_shift_program(const struct kvd_program *p, const struct kvd_hparams *hp, const struct kvd_paged_view *kv,
+			 const int32_t *pages, uint32_t n_pages, uint32_t n_tokens, int32_t delta)
+{
 	const struct kvd_kv_layout *L = &kv->layout;
 	int hd = hp->head_dim;
 	float *cs;
@@ -97,11 +108,12 @@ int cpu_kv_shift(const struct kvd_model_weights *w, const struct kvd_paged_view 
 	cs = malloc(sizeof(float) * (size_t)hd);
 	if (!cs)
 		return -ENOMEM;
-	for (int l = 0; l < hp->n_layer; l++) {
-		const struct kvd_layer_desc *d = &w->layers[l].d;
-		float theta = d->rope_theta > 0 ? d->rope_theta : hp->rope_theta;
-		float sc = d->rope_freq_scale > 0 ? d->rope_freq_scale : 1.0f;
-		cpu_rope_table(cs, hd, delta, theta, sc, w->rope_freqs.data);
+	for (int i = 0; i < p->n_ops; i++) {
+		const struct kvd_op *op = &p->ops[i];
+		int l = op->layer;
+		if (op->kind != KVD_OP_ROPE)
+			continue;
+		cpu_rope_table(cs, hd, delta, op->theta, op->freq_scale, op->freqs);
 		for (uint32_t t = 0; t < n_tokens; t++) {
 			char *row = (char *)kv->base + (size_t)pages[t / L->block_size] * L->page_bytes +
 				    (size_t)l * L->layer_stride + (size_t)(t % L->block_size) * L->token_stride;

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "program.h"
 
 /* cos, sin of each pair's angle at position pos for one layer's RoPE
  * (kvshift.c); hd / 2 pairs into cs[0 .. hd). */
@@ -21,12 +22,18 @@ int cpu_kv_shift_supports(enum kvd_kv_type t);
 /*
  * Rotate the keys of the first n_tokens token slots of pages[0 .. n_pages)
  * of the pool `kv` by delta positions, for every layer of w, as the forward
- * pass's RoPE would have rotated them delta positions later. Pools of a
- * type cpu_kv_shift_supports() takes only (-ENOTSUP otherwise); -EINVAL for
- * a page out of range or n_tokens beyond the pages; 0 on success (nothing
- * changed on failure).
+ * pass's RoPE would have rotated them delta positions later: each layer's
+ * RoPE is its ROPE operation in the forward program of w (kernels/
+ * program.h), so the shift and the forward pass read one description.
+ * Pools of a type cpu_kv_shift_supports() takes only (-ENOTSUP otherwise);
+ * -EINVAL for a page out of range or n_tokens beyond the pages; -ENOMEM;
+ * 0 on success (nothing changed on failure).
  */
 int cpu_kv_shift(const struct kvd_model_weights *w, const struct kvd_paged_view *kv, const int32_t *pages,
 		 uint32_t n_pages, uint32_t n_tokens, int32_t delta);
+/* The same with the program p already built from w (the backend's, from
+ * load). */
+int cpu_kv_shift_program(const struct kvd_program *p, const struct kvd_hparams *hp, const struct kvd_paged_view *kv,
+			 const int32_t *pages, uint32_t n_pages, uint32_t n_tokens, int32_t delta);
 
 #endif

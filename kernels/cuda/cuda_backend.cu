@@ -33,15 +33,14 @@
  *    it is registered as pinned memory: the host tier that page_read and
  *    page_write (swap) move pages to and from, by DMA on a copy stream of
  *    their own. The host mapping is never the authoritative copy.
- *  - a step: embedding (x embd_scale) -> per layer [RMSNorm -> QKV GEMM
- *    (+ biases) -> per-head Q/K norms -> RoPE (the layer's base and linear
- *    scaling, rope_freqs) + K/V stored into pages -> paged attention (the
- *    layer's window, attn_scale) -> wo GEMM (post-norm) added to the
- *    residual -> RMSNorm -> gate/up GEMM -> SwiGLU or GeGLU -> down GEMM
- *    (post-norm) added to the residual] -> final RMSNorm of the rows that
- *    want logits -> output GEMM -> logits copied to the caller: every
- *    model feature of kernels/backend.h (CU_FEATURES). All on one compute
- *    stream; forward() returns when the step is complete.
+ *  - a step: the forward program (kernels/program.h), built at load from
+ *    the model description, executed on one compute stream
+ *    (cuda_forward.cu): RMSNorms, the QKV and gate/up GEMMs (or the
+ *    dequantizing GEMV for small steps), biases, per-head Q/K norms, RoPE
+ *    with the K/V store, paged attention, the wo and down GEMMs adding
+ *    into the residual (through the post-norms where the model has them),
+ *    SwiGLU or GeGLU, the logits. forward() returns when the step is
+ *    complete.
  *
  * Numerics: activations enter GEMMs as fp16 and accumulate in f32; the
  * residual stream, norms, RoPE and softmax are f32. Results differ from the
@@ -447,11 +446,12 @@ static int cuda_kv_shift(void *ctx, const int32_t *pages, uint32_t n_pages, uint
 			goto fail;
 		c->cap_shift_pages = used;
 	}
-	for (int l = 0; l < hp->n_layer; l++) {
-		const struct kvd_layer_desc *d = &c->layers[l].d;
-		float theta = d->rope_theta > 0 ? d->rope_theta : hp->rope_theta;
-		float sc = d->rope_freq_scale > 0 ? d->rope_freq_scale : 1.0f;
-		shift_table(c->shift_tab_h + (size_t)l * hd, hd, delta, theta, sc, c->rope_freqs_h);
+	/* each layer's RoPE exactly as its forward applies it: the program's */
+	for (int i = 0; i < c->prog->n_ops; i++) {
+		const struct kvd_op *op = &c->prog->ops[i];
+		if (op->kind == KVD_OP_ROPE)
+			shift_table(c->shift_tab_h + (size_t)op->layer * hd, hd, delta, op->theta, op->freq_scale,
+				    op->freqs);
 	}
 	/* on the compute stream: ordered after the steps before, and before
 	 * the ones after (the host arrays are copied before this returns) */

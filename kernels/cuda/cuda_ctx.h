@@ -51,12 +51,6 @@ struct cu_layer {
 	__half *wo;    /* [n_embd][q_dim] */
 	__half *wgu;   /* [2 n_ff][n_embd]: gate rows, then up rows */
 	__half *wdown; /* [n_embd][n_ff] */
-	float *attn_norm, *ffn_norm;
-	/* the layer's departures from the Llama base (NULL: absent) */
-	float *bqkv;               /* [q_dim + 2 kv_dim]: bq, bk, bv (zeros for an absent one) */
-	float *q_norm, *k_norm;    /* [head_dim] each */
-	float *post_attn, *post_ffn; /* [n_embd] each */
-	struct kvd_layer_desc d;   /* activation, window, RoPE base and scaling */
 	struct cu_raw rq, rk, rv, ro, rg, ru, rd; /* GEMV path only */
 };
 
@@ -71,7 +65,6 @@ struct cu_ctx {
 	/* weights */
 	int loaded;
 	struct kvd_hparams hp;
-	const struct kvd_model_weights *w; /* the host description (valid until destroy) */
 	struct kvd_program *prog;          /* the forward pass, built at load (kernels/program.h) */
 	int q_dim, kv_dim;
 	struct cu_layer *layers;
@@ -79,16 +72,15 @@ struct cu_ctx {
 	int embd_type;
 	size_t embd_row_bytes;
 	__half *output;
-	float *output_norm;
+	/* [prog->n_ops][3]: the device copy of each operation's f32 vectors
+	 * (norm weights, biases, Q/K norms; NULL where it names none) */
+	float *(*op_vec)[3];
 	float *rope_freqs;  /* [head_dim / 2] frequency divisors, or NULL */
-	const float *rope_freqs_h; /* the same in the model's tensor (host; valid until destroy) */
-	float embd_scale;   /* 1 unless KVD_FEAT_EMBD_SCALE */
 	/* released pages: each layer's index among the layers without a
 	 * window (-1 for a windowed one), their count, the packed page's slots
 	 * and the widest window (kvd_kv_pack_slots) */
 	int32_t *glob_idx;
 	uint32_t n_global, pack_slots, max_window;
-	float attn_scale;   /* hp.attn_scale, or 1/sqrt(head_dim) */
 	size_t weight_bytes;
 	int bq; /* tokens per prefill attention block */
 	/* steps of at most gemv_max_t tokens run their projections through

@@ -188,24 +188,6 @@ static int out_proj(struct cu_ctx *c, const __half *W16, const struct cu_raw *R,
 	return cuda_errno(cu_rmsnorm_add(c->x, c->y, T, ne, post, eps, c->s));
 }
 
-/* The device copy of a vector an operation names (a norm's weights). */
-static const float *dev_vec(const struct cu_ctx *c, const struct kvd_op *op, const struct kvd_tensor *t)
-{
-	if (op->layer < 0)
-		return t == &c->w->output_norm ? c->output_norm : NULL;
-	const struct kvd_layer_weights *W = &c->w->layers[op->layer];
-	const struct cu_layer *L = &c->layers[op->layer];
-	if (t == &W->attn_norm)
-		return L->attn_norm;
-	if (t == &W->ffn_norm)
-		return L->ffn_norm;
-	if (t == &W->post_attn_norm)
-		return L->post_attn;
-	if (t == &W->post_ffn_norm)
-		return L->post_ffn;
-	return NULL;
-}
-
 /*
  * The forward program (kernels/program.h) on the compute stream. Fusions,
  * each of operations the builder emits next to each other: EMBED takes an
@@ -213,8 +195,10 @@ static const float *dev_vec(const struct cu_ctx *c, const struct kvd_op *op, con
  * kernel; ATTN_OUT and DOWN add into the residual stream in their GEMM
  * (beta 1) when RESIDUAL follows, or through y and one post-norm-and-add
  * kernel when POST_NORM, RESIDUAL follow. The program's gate after GLU is
- * c->h (fp16, the down projection's input). A kind or an order this
- * executor lacks is -ENOTSUP, never a silent skip.
+ * c->h (fp16, the down projection's input). An operation's vectors (norm
+ * weights, biases, Q/K norms) are c->op_vec[i], uploaded at load; its
+ * matrices are its layer's (cu_layer). A kind or an order this executor
+ * lacks is -ENOTSUP, never a silent skip.
  */
 static int run_program(struct cu_ctx *c, struct cu_step *st, const int32_t *d_tok, const int32_t *d_lsrc, int NL)
 {
@@ -229,6 +213,7 @@ static int run_program(struct cu_ctx *c, struct cu_step *st, const int32_t *d_to
 		enum kvd_op_kind nk = i + 1 < p->n_ops ? p->ops[i + 1].kind : KVD_OP_KIND_END;
 		enum kvd_op_kind nk2 = i + 2 < p->n_ops ? p->ops[i + 2].kind : KVD_OP_KIND_END;
 		const struct cu_layer *L = op->layer >= 0 ? &c->layers[op->layer] : NULL;
+		float *const *vec = c->op_vec[i];
 		struct cu_kv kv = st->kv;
 
 		switch (op->kind) {
@@ -238,13 +223,9 @@ static int run_program(struct cu_ctx *c, struct cu_step *st, const int32_t *d_to
 			CK(cu_embed(c->tok_embd, c->embd_type, c->embd_row_bytes, d_tok, T, ne, scale, c->x, c->s));
 			break;
 		}
-		case KVD_OP_NORM: {
-			const float *g = dev_vec(c, op, op->w[0]);
-			if (!g)
-				return -ENOTSUP;
-			CK(cu_rmsnorm(c->x, NULL, T, ne, g, op->eps, c->xn, c->s));
+		case KVD_OP_NORM:
+			CK(cu_rmsnorm(c->x, NULL, T, ne, vec[0], op->eps, c->xn, c->s));
 			break;
-		}
 		case KVD_OP_QKV:
 			if (T <= c->gemv_max_t && L->rq.data) {
 				r = proj(c, NULL, &L->rq, qd, ne, c->xn, ne, T, c->qkv, ld_qkv, 0.0f);
@@ -259,12 +240,10 @@ static int run_program(struct cu_ctx *c, struct cu_step *st, const int32_t *d_to
 				goto fail;
 			break;
 		case KVD_OP_QKV_BIAS:
-			if (!L->bqkv)
-				return -ENOTSUP;
-			CK(cu_add_bias(c->qkv, ld_qkv, T, L->bqkv, c->s));
+			CK(cu_add_bias(c->qkv, ld_qkv, T, qd, kvd, vec[0], vec[1], vec[2], c->s));
 			break;
 		case KVD_OP_QK_NORM:
-			CK(cu_head_norm(c->qkv, ld_qkv, T, hp->n_head, hp->n_head_kv, hd, L->q_norm, L->k_norm, op->eps,
+			CK(cu_head_norm(c->qkv, ld_qkv, T, hp->n_head, hp->n_head_kv, hd, vec[0], vec[1], op->eps,
 					c->s));
 			break;
 		case KVD_OP_ROPE:
@@ -300,10 +279,7 @@ static int run_program(struct cu_ctx *c, struct cu_step *st, const int32_t *d_to
 				r = out_proj(c, W16, R, cols, X, T, NULL, 0);
 				i += 1;
 			} else if (nk == KVD_OP_POST_NORM && nk2 == KVD_OP_RESIDUAL) {
-				const float *g = dev_vec(c, &p->ops[i + 1], p->ops[i + 1].w[0]);
-				if (!g)
-					return -ENOTSUP;
-				r = out_proj(c, W16, R, cols, X, T, g, p->ops[i + 1].eps);
+				r = out_proj(c, W16, R, cols, X, T, c->op_vec[i + 1][0], p->ops[i + 1].eps);
 				i += 2;
 			} else {
 				return -ENOTSUP;
@@ -328,7 +304,7 @@ static int run_program(struct cu_ctx *c, struct cu_step *st, const int32_t *d_to
 			break;
 		case KVD_OP_OUTPUT_NORM:
 			if (NL > 0)
-				CK(cu_rmsnorm(c->x, d_lsrc, NL, ne, c->output_norm, op->eps, c->xn, c->s));
+				CK(cu_rmsnorm(c->x, d_lsrc, NL, ne, vec[0], op->eps, c->xn, c->s));
 			break;
 		case KVD_OP_LOGITS:
 			if (NL <= 0)

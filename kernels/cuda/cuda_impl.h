@@ -113,10 +113,12 @@ KVD_HIDDEN cudaError_t cu_rmsnorm(const float *x, const int32_t *idx, int n_rows
 /* x[t][:] += fp32(rmsnorm(y[t][:]) * g) for t < n_rows (post-norms). */
 KVD_HIDDEN cudaError_t cu_rmsnorm_add(float *x, const float *y, int n_rows, int n, const float *g, float eps,
 				      cudaStream_t s);
-/* qkv[t][i] += bias[i], i < ld (Q, K and V biases as one vector). */
-KVD_HIDDEN cudaError_t cu_add_bias(float *qkv, int ld, int T, const float *bias, cudaStream_t s);
+/* Every row of qkv (row stride ld: q_dim Q, kv_dim K, kv_dim V elements)
+ * plus the biases bq, bk, bv, each optional (NULL: none). */
+KVD_HIDDEN cudaError_t cu_add_bias(float *qkv, int ld, int T, int q_dim, int kv_dim, const float *bq,
+				   const float *bk, const float *bv, cudaStream_t s);
 /* Each Q head (q_norm) and K head (k_norm) of every row of qkv RMS-normed
- * in place over its hd elements. */
+ * in place over its hd elements; a NULL norm leaves its heads as they are. */
 KVD_HIDDEN cudaError_t cu_head_norm(float *qkv, int ld, int T, int n_head, int n_head_kv, int hd, const float *q_norm,
 				    const float *k_norm, float eps, cudaStream_t s);
 /* tab[t][2i], tab[t][2i+1] = cos, sin of pos[t] * pos_scale * base^(-2i/hd)

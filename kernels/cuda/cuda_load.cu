@@ -29,13 +29,6 @@ void cu_free_weights(struct cu_ctx *c)
 			dfree(L->wo);
 			dfree(L->wgu);
 			dfree(L->wdown);
-			dfree(L->attn_norm);
-			dfree(L->ffn_norm);
-			dfree(L->bqkv);
-			dfree(L->q_norm);
-			dfree(L->k_norm);
-			dfree(L->post_attn);
-			dfree(L->post_ffn);
 		}
 		free(c->layers);
 		c->layers = NULL;
@@ -46,18 +39,20 @@ void cu_free_weights(struct cu_ctx *c)
 	c->rout_owned = 0;
 	dfree(c->tok_embd);
 	dfree(c->output);
-	dfree(c->output_norm);
 	dfree(c->rope_freqs);
 	c->rope_freqs = NULL;
-	c->rope_freqs_h = NULL;
 	free(c->glob_idx);
 	c->glob_idx = NULL;
+	if (c->op_vec && c->prog)
+		for (int i = 0; i < c->prog->n_ops; i++)
+			for (int k = 0; k < 3; k++)
+				dfree(c->op_vec[i][k]);
+	free(c->op_vec);
+	c->op_vec = NULL;
 	kvd_program_free(c->prog);
 	c->prog = NULL;
-	c->w = NULL;
 	c->tok_embd = NULL;
 	c->output = NULL;
-	c->output_norm = NULL;
 	c->loaded = 0;
 	c->weight_bytes = 0;
 }
@@ -147,46 +142,30 @@ fail:
 	return r;
 }
 
-/* An optional f32 vector: uploaded when present, *ret stays NULL when not. */
-static int upload_opt(struct cu_ctx *c, const struct kvd_tensor *t, float **ret)
+/*
+ * Every f32 vector an operation of the program names (norm weights,
+ * biases, Q/K norms, post-norms), uploaded once: the executor finds
+ * operation i's at c->op_vec[i], so an operation with vector weights needs
+ * no upload line of its own here.
+ */
+static int upload_op_vectors(struct cu_ctx *c)
 {
-	return t->data ? upload_f32(c, t, ret) : 0;
-}
-
-/* A layer's biases, Q/K norms, post-norms and description. The biases go
- * into one vector laid out like a qkv row (zeros where one is absent), so
- * one kernel adds them all. */
-static int upload_layer_extras(struct cu_ctx *c, const struct kvd_layer_weights *W, struct cu_layer *L)
-{
-	size_t qd = (size_t)c->q_dim, kvd = (size_t)c->kv_dim;
+	const struct kvd_program *p = c->prog;
 	int r;
 
-	L->d = W->d;
-	if (W->bq.data || W->bk.data || W->bv.data) {
-		DALLOC(L->bqkv, (qd + 2 * kvd) * sizeof(float));
-		CK(cudaMemsetAsync(L->bqkv, 0, (qd + 2 * kvd) * sizeof(float), c->s));
-		if (W->bq.data)
-			CK(cudaMemcpyAsync(L->bqkv, W->bq.data, qd * sizeof(float), cudaMemcpyHostToDevice, c->s));
-		if (W->bk.data)
-			CK(cudaMemcpyAsync(L->bqkv + qd, W->bk.data, kvd * sizeof(float), cudaMemcpyHostToDevice, c->s));
-		if (W->bv.data)
-			CK(cudaMemcpyAsync(L->bqkv + qd + kvd, W->bv.data, kvd * sizeof(float), cudaMemcpyHostToDevice,
-					   c->s));
-	}
-	/* the per-head norms come as a pair, as the model layer binds them and
-	 * the CPU backend applies them: one without the other is refused */
-	if (!W->q_norm.data != !W->k_norm.data)
-		return -EINVAL;
-	r = upload_opt(c, &W->q_norm, &L->q_norm);
-	if (!r)
-		r = upload_opt(c, &W->k_norm, &L->k_norm);
-	if (!r)
-		r = upload_opt(c, &W->post_attn_norm, &L->post_attn);
-	if (!r)
-		r = upload_opt(c, &W->post_ffn_norm, &L->post_ffn);
-	return r;
-fail:
-	return r;
+	c->op_vec = (float *(*)[3])calloc((size_t)p->n_ops, sizeof(*c->op_vec));
+	if (!c->op_vec)
+		return -ENOMEM;
+	for (int i = 0; i < p->n_ops; i++)
+		for (int k = 0; k < 3; k++) {
+			const struct kvd_tensor *t = p->ops[i].w[k];
+			if (!t || !t->data || t->rows != 1 || t->type != KVD_WTYPE_F32)
+				continue;
+			r = upload_f32(c, t, &c->op_vec[i][k]);
+			if (r < 0)
+				return r;
+		}
+	return 0;
 }
 
 /* Largest number of tokens per prefill attention block whose shared
@@ -225,7 +204,6 @@ int cuda_load(void *ctx, const struct kvd_model_weights *w)
 		return r;
 	CK(cudaSetDevice(c->device));
 	c->hp = *hp;
-	c->w = w;
 	r = kvd_program_build(w, &c->prog);
 	if (r < 0)
 		goto fail;
@@ -296,23 +274,14 @@ int cuda_load(void *ctx, const struct kvd_model_weights *w)
 			r = upload_f16(c, &W->w_up, raw, L->wgu + (size_t)nff * ne, g ? &L->ru : NULL);
 		if (!r)
 			r = upload_f16(c, &W->w_down, raw, L->wdown, g ? &L->rd : NULL);
-		if (!r)
-			r = upload_f32(c, &W->attn_norm, &L->attn_norm);
-		if (!r)
-			r = upload_f32(c, &W->ffn_norm, &L->ffn_norm);
-		if (!r)
-			r = upload_layer_extras(c, W, L);
 		if (r < 0)
 			goto fail;
 	}
 	if (w->rope_freqs.data) {
-		c->rope_freqs_h = (const float *)w->rope_freqs.data;
 		r = upload_f32(c, &w->rope_freqs, &c->rope_freqs);
 		if (r < 0)
 			goto fail;
 	}
-	c->embd_scale = (w->features & KVD_FEAT_EMBD_SCALE) && hp->embd_scale > 0 ? hp->embd_scale : 1.0f;
-	c->attn_scale = hp->attn_scale > 0 ? hp->attn_scale : 1.0f / sqrtf((float)hp->head_dim);
 	DALLOC(c->output, (size_t)hp->n_vocab * ne * sizeof(__half));
 	{
 		int keep = c->gemv_max_t > 0 && w->output.data != w->tok_embd.data;
@@ -321,7 +290,7 @@ int cuda_load(void *ctx, const struct kvd_model_weights *w)
 			goto fail;
 		c->rout_owned = keep;
 	}
-	r = upload_f32(c, &w->output_norm, &c->output_norm);
+	r = upload_op_vectors(c);
 	if (r < 0)
 		goto fail;
 	DALLOC(c->tok_embd, tensor_bytes(&w->tok_embd));

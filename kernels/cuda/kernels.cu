@@ -90,18 +90,24 @@ cudaError_t cu_rmsnorm_add(float *x, const float *y, int n_rows, int n, const fl
 
 /* ---- biases and per-head Q/K norms ------------------------------------------ */
 
-static __global__ void k_add_bias(float *qkv, int ld, const float *bias)
+static __global__ void k_add_bias(float *qkv, int ld, int q_dim, int kv_dim, const float *bq, const float *bk,
+				   const float *bv)
 {
 	float *row = qkv + (size_t)blockIdx.x * ld;
-	for (int i = threadIdx.x; i < ld; i += blockDim.x)
-		row[i] += bias[i];
+	for (int i = threadIdx.x; i < q_dim + 2 * kv_dim; i += blockDim.x) {
+		const float *b = i < q_dim ? bq : i < q_dim + kv_dim ? bk : bv;
+		int j = i < q_dim ? i : i < q_dim + kv_dim ? i - q_dim : i - q_dim - kv_dim;
+		if (b)
+			row[i] += b[j];
+	}
 }
 
-cudaError_t cu_add_bias(float *qkv, int ld, int T, const float *bias, cudaStream_t s)
+cudaError_t cu_add_bias(float *qkv, int ld, int T, int q_dim, int kv_dim, const float *bq, const float *bk,
+			const float *bv, cudaStream_t s)
 {
-	if (T <= 0)
+	if (T <= 0 || (!bq && !bk && !bv))
 		return cudaSuccess;
-	k_add_bias<<<T, 256, 0, s>>>(qkv, ld, bias);
+	k_add_bias<<<T, 256, 0, s>>>(qkv, ld, q_dim, kv_dim, bq, bk, bv);
 	return launched();
 }
 
@@ -117,6 +123,9 @@ static __global__ void k_head_norm(float *qkv, int ld, int n_head, int hd, const
 	float *v = qkv + (size_t)blockIdx.x * ld + (size_t)h * hd;
 	const float *g = h < n_head ? q_norm : k_norm;
 	double ss = 0;
+
+	if (!g) /* the whole block: no barrier is left waiting */
+		return;
 
 	for (int i = threadIdx.x; i < hd; i += blockDim.x)
 		ss += (double)v[i] * v[i];

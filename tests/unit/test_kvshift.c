@@ -60,7 +60,9 @@ static void setup_fixture(struct fixture *f, enum kvd_rope_style st, int ext, in
 					.head_dim = HD, .rope_theta = 10000.0f, .rope_style = st };
 	f->w.layers = f->layers;
 	if (ext) {
-		/* per-layer bases and scales, and rope_freqs divisors */
+		/* per-layer bases and scales, and rope_freqs divisors, with
+		 * the feature bits the model layer sets for them */
+		f->w.features = KVD_FEAT_LAYER_ROPE | KVD_FEAT_ROPE_LINEAR | KVD_FEAT_ROPE_FREQS;
 		f->layers[1].d.rope_theta = 1000000.0f;
 		f->layers[2].d.rope_freq_scale = 0.25f;
 		for (int i = 0; i < HD / 2; i++)
