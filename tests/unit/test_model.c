@@ -28,6 +28,7 @@
 #include "backend.h"
 #include "gguf.h"
 #include "model.h"
+#include "program.h"
 
 /* ---- a tiny GGUF writer: metadata and f32 tensors ---- */
 
@@ -321,6 +322,21 @@ static void test_qwen2_biases(void **state)
 		assert_close(w->layers[l].d.rope_theta, 1e6f);
 	}
 	assert_int_equal(kvd_model_weights_check_features(w, 64, KVD_FEAT_QKV_BIAS), 0);
+	/* in the forward program: the biases right after the projections, the
+	 * NEOX RoPE at the file's base */
+	struct kvd_program *p = NULL;
+	assert_int_equal(kvd_program_build(w, &p), 0);
+	for (int l = 0; l < 2; l++) {
+		const struct kvd_op *op = &p->ops[p->layer_first[l]];
+		assert_int_equal(op[1].kind, KVD_OP_QKV);
+		assert_int_equal(op[2].kind, KVD_OP_QKV_BIAS);
+		assert_ptr_equal(op[2].w[0], &w->layers[l].bq);
+		assert_ptr_equal(op[2].w[2], &w->layers[l].bv);
+		assert_int_equal(op[3].kind, KVD_OP_ROPE);
+		assert_int_equal(op[3].style, KVD_ROPE_NEOX);
+		assert_close(op[3].theta, 1e6f);
+	}
+	kvd_program_free(p);
 
 	/* some biases without the others */
 	base(&s, "qwen2", 1, 32);
@@ -394,6 +410,33 @@ static void test_gemma3(void **state)
 	}
 	assert_int_equal(kvd_model_weights_check(w, 64), -ENOTSUP);
 	assert_int_equal(kvd_model_weights_check_features(w, 64, KVD_FEAT_ALL), 0);
+
+	/* the forward program every backend runs (kernels/program.h) has each
+	 * departure where the description puts it: the embedding scale, per
+	 * layer the Q/K norms before RoPE, the sandwich norms after each
+	 * product, GeGLU, the local layers' window and base */
+	struct kvd_program *p = NULL;
+	assert_int_equal(kvd_program_build(w, &p), 0);
+	assert_int_equal(p->ops[1].kind, KVD_OP_EMBD_SCALE);
+	assert_close(p->ops[1].scale, 8.0f);
+	for (int l = 0; l < 7; l++) {
+		static const enum kvd_op_kind want[] = {
+			KVD_OP_NORM, KVD_OP_QKV, KVD_OP_QK_NORM, KVD_OP_ROPE, KVD_OP_KV_STORE, KVD_OP_ATTENTION,
+			KVD_OP_ATTN_OUT, KVD_OP_POST_NORM, KVD_OP_RESIDUAL, KVD_OP_NORM, KVD_OP_GATE_UP, KVD_OP_GLU,
+			KVD_OP_DOWN, KVD_OP_POST_NORM, KVD_OP_RESIDUAL,
+		};
+		const struct kvd_op *op = &p->ops[p->layer_first[l]];
+		int global = l == 5;
+		assert_int_equal(p->layer_first[l + 1] - p->layer_first[l], (int)(sizeof(want) / sizeof(want[0])));
+		for (unsigned i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+			assert_int_equal(op[i].kind, want[i]);
+		assert_close(op[3].theta, global ? 1e6f : 10000.0f);
+		assert_int_equal(op[5].window, global ? 0 : 5);
+		assert_close(op[5].scale, 0.125f);
+		assert_int_equal(op[11].act, KVD_ACT_GELU_TANH);
+		assert_ptr_equal(op[7].w[0], &w->layers[l].post_attn_norm);
+	}
+	kvd_program_free(p);
 
 	/* the attention scale defaults to 1/sqrt(head size); the local RoPE
 	 * base and the pattern may be given by keys; linear scaling applies to
