@@ -70,6 +70,8 @@ struct req {
 	int32_t draft[KVD_SPEC_MAX_DRAFT];
 	uint32_t n_draft;
 	int spec_cut;
+	int no_spec;             /* the request opted out (kvd_request_params.no_speculate) */
+	struct kvd_spec_seq spec; /* what its draft length is learnt from (spec.h) */
 };
 
 /*
@@ -146,6 +148,9 @@ struct kvd_sched {
 	 * items of a step (theirs back to back) */
 	float *spec_logits;
 	size_t cap_spec_rows;
+	struct kvd_spec_cost spec_cost; /* what draft tokens cost (mode auto) */
+	double spec_threshold;   /* this step's: a draft token must be accepted more often (kvd_spec_next_len) */
+	uint32_t spec_room;      /* this step's draft tokens at most (SCHED_SPEC_STEP_TOKENS, max_step_ms) */
 };
 
 /* ---- sched.c ---- */
@@ -178,6 +183,15 @@ int sched_next_token(struct kvd_sched *s, struct req *r, int32_t *ret);
 int sched_emit_token(struct kvd_sched *s, struct req *r, int32_t t);
 
 /* ---- sched_spec.c: speculative decoding ---- */
+/* Before a step's decodes are planned: whether and how much its decodes
+ * may draft (no drafts when a long prefill waits; the measured threshold
+ * with mode auto; with target_ns, max_step_ms' step, only as many draft
+ * tokens as the decodes leave time for). */
+void sched_spec_begin(struct kvd_sched *s, uint64_t target_ns);
+/* The time one draft token adds to a step, as measured (0: not yet). */
+double sched_spec_token_ns(const struct kvd_sched *s);
+/* A step ran in dt_ns: a step of decodes only is folded into the cost fit. */
+void sched_spec_step_done(struct kvd_sched *s, size_t n_items, uint64_t dt_ns);
 /* r's decode, the step's item `it` (one token, logits), grows by a
  * prompt-lookup draft when r may speculate (no constraint, logprobs or
  * window policy; its samples forked; more than one token to go), leaving
