@@ -149,6 +149,7 @@ struct kvd_sched {
 	float *spec_logits;
 	size_t cap_spec_rows;
 	struct kvd_spec_cost spec_cost; /* what draft tokens cost (mode auto) */
+	struct kvd_gram_state spec_gst; /* a constrained draft's check runs on this copy of the state */
 	double spec_threshold;   /* this step's: a draft token must be accepted more often (kvd_spec_next_len) */
 	uint32_t spec_room;      /* this step's draft tokens at most (SCHED_SPEC_STEP_TOKENS, max_step_ms) */
 };
@@ -193,8 +194,8 @@ double sched_spec_token_ns(const struct kvd_sched *s);
 /* A step ran in dt_ns: a step of decodes only is folded into the cost fit. */
 void sched_spec_step_done(struct kvd_sched *s, size_t n_items, uint64_t dt_ns);
 /* r's decode, the step's item `it` (one token, logits), grows by a
- * prompt-lookup draft when r may speculate (no constraint, logprobs or
- * window policy; its samples forked; more than one token to go), leaving
+ * prompt-lookup draft when r may speculate (not opted out, no window
+ * policy; its samples forked; more than one token to go), leaving
  * one token of *budget to each of the `left` decodes (at most) still to plan and
  * keeping the step's *drafted tokens under a bound. The item then asks for
  * all logits and leaves publishing to verification. */

@@ -14,8 +14,13 @@
  * accepted tokens filled are published, so the cache, the ledger and the
  * prefix index look as if the tokens had come one step at a time.
  *
- * Requests with a constraint, with logprobs or under a window policy are
- * not drafted for (in this version), nor is a request's last token.
+ * A constrained request's draft is cut where its constraint refuses a
+ * token (spec_gram_cut); verification draws each token under the
+ * constraint and advances its parse state over the emitted tokens only,
+ * exactly as plain decoding does. Log-probabilities come from the same
+ * logits rows, so they are the plain path's too. Requests under a window
+ * policy are not drafted for (in this version), nor is a request's last
+ * token.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -88,6 +93,27 @@ void sched_spec_step_done(struct kvd_sched *s, size_t n_items, uint64_t dt_ns)
 	kvd_spec_cost_step(&s->spec_cost, drafted, dt_ns);
 }
 
+/* A constrained sequence's draft of k tokens, cut before the first token
+ * its constraint refuses there (it could never be accepted: the sampler
+ * draws only allowed tokens), before an end-of-generation token, and
+ * after a token that completes the constraint. The check runs on a copy
+ * of the parse state: r's own advances only over the tokens emitted
+ * (sched_emit_token), as without speculation. Returns the tokens kept. */
+static uint32_t spec_gram_cut(struct kvd_sched *s, struct req *r, uint32_t k)
+{
+	if (!sched_gram_scratch(s) || kvd_gram_state_copy(&s->spec_gst, &r->gst) < 0)
+		return 0;
+	for (uint32_t j = 0; j < k; j++) {
+		int32_t t = r->draft[j];
+		if ((s->ev.is_eog && s->ev.is_eog(s->ev.ud, t)) ||
+		    kvd_gram_accept_token(r->gram, r->gvocab, s->gscratch, &s->spec_gst, t) < 0)
+			return j;
+		if (!kvd_gram_can_continue(&s->spec_gst))
+			return j + 1;
+	}
+	return k;
+}
+
 void sched_spec_draft(struct kvd_sched *s, struct req *r, struct kvd_engine_item *it, uint32_t left, uint32_t *budget,
 		      uint32_t *drafted)
 {
@@ -95,8 +121,8 @@ void sched_spec_draft(struct kvd_sched *s, struct req *r, struct kvd_engine_item
 	uint32_t k, room = r->max_tokens - r->n_generated;
 
 	r->n_draft = 0;
-	if (c->mode == KVD_SPEC_OFF || r->no_spec || !it->logits || it->n_tokens != 1 || r->gram || r->logprobs ||
-	    r->windowed || !r->forked || !r->n_generated || room <= 1 || *budget <= left)
+	if (c->mode == KVD_SPEC_OFF || r->no_spec || !it->logits || it->n_tokens != 1 || r->windowed || !r->forked ||
+	    !r->n_generated || room <= 1 || *budget <= left)
 		return;
 	k = kvd_spec_next_len(&r->spec, c->draft_tokens, s->spec_threshold);
 	if (k > room - 1) /* never past max_tokens, so never past the context */
@@ -111,6 +137,8 @@ void sched_spec_draft(struct kvd_sched *s, struct req *r, struct kvd_engine_item
 		return;
 	it->tokens = r->toks + r->n_computed; /* (reserve_toks may move them) */
 	k = kvd_spec_draft(r->toks, r->n_toks, c->min_match, k, r->draft);
+	if (k && r->gram)
+		k = spec_gram_cut(s, r, k);
 	if (!k)
 		return;
 	memcpy(r->toks + r->n_toks, r->draft, k * sizeof(*r->draft));
@@ -225,6 +253,7 @@ void sched_spec_free(struct kvd_sched *s)
 {
 	free(s->spec_logits);
 	s->spec_logits = NULL;
+	kvd_gram_state_fini(&s->spec_gst);
 	if (s->st.spec_verifies)
 		log_info("speculative decoding: %" PRIu64 " tokens drafted in %" PRIu64 " steps, %" PRIu64 " accepted",
 			 s->st.spec_drafted, s->st.spec_verifies, s->st.spec_accepted);

@@ -8,9 +8,13 @@
 #     and --prometheus' kvd_spec_accepted_run_tokens histogram agrees;
 #   - --no-speculate gives the same bytes with nothing drafted (the plain
 #     path), greedy and seeded;
-#   - requests that are not drafted for (a constraint, log-probabilities,
-#     a sliding-window or sinks policy) give the bytes of the plain path
-#     and report nothing drafted;
+#   - with a constraint (regex) and with log-probabilities, greedy and
+#     seeded: drafts are accepted and text, ids, log-probabilities and
+#     finish are the plain path's;
+#   - requests under a sliding-window or sinks policy are not drafted for
+#     (in this version): the plain path's bytes, nothing drafted;
+#   - kvd-http's "speculative": false opts out (same answer, nothing
+#     drafted in its ledger record); a non-boolean is refused;
 #   - a user that is not an administrator sees only its own uid's counters.
 source "$(dirname "$0")/lib.sh"
 need_bins
@@ -40,6 +44,8 @@ same_text() { # A B: the same generated text
 import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
 assert a["text"] == b["text"] and a.get("token_ids") == b.get("token_ids"), (a["text"][:200], b["text"][:200])
+assert a.get("logprobs") == b.get("logprobs"), "log-probabilities differ"
+assert a["finish_reason"] == b["finish_reason"], (a["finish_reason"], b["finish_reason"])
 EOF
 }
 
@@ -57,20 +63,34 @@ for o in gp sp; do
 done
 ok "generate --json: greedy quote drafted $d, accepted $a; --no-speculate: the same bytes, nothing drafted (greedy, seeded)"
 
-# ---- requests speculation skips: the plain path's bytes, nothing drafted ----
-gen c --temperature 0 --max-tokens 24 --regex '[A-Za-z ,.]{10,60}' "$QUOTE"
-gen cp --temperature 0 --max-tokens 24 --regex '[A-Za-z ,.]{10,60}' --no-speculate "$QUOTE"
-gen l --temperature 0 --max-tokens 40 --logprobs 2 "$QUOTE"
-gen lp --temperature 0 --max-tokens 40 --logprobs 2 --no-speculate "$QUOTE"
+# ---- with a constraint and log-probabilities: drafted for, the plain path's bytes ----
+RE='[A-Za-z ,.]{10,300}'
+gen c --temperature 0 --max-tokens 60 --regex "$RE" "$QUOTE"
+gen cp --temperature 0 --max-tokens 60 --regex "$RE" --no-speculate "$QUOTE"
+gen cs --temperature 0.7 --seed 3 --max-tokens 60 --regex "$RE" "$QUOTE"
+gen csp --temperature 0.7 --seed 3 --max-tokens 60 --regex "$RE" --no-speculate "$QUOTE"
+gen l --temperature 0 --max-tokens 60 --logprobs 2 "$QUOTE"
+gen lp --temperature 0 --max-tokens 60 --logprobs 2 --no-speculate "$QUOTE"
+gen ls --temperature 0.8 --seed 9 --max-tokens 60 --logprobs 3 "$QUOTE"
+gen lsp --temperature 0.8 --seed 9 --max-tokens 60 --logprobs 3 --no-speculate "$QUOTE"
+for x in c cs l ls; do
+	same_text $x ${x}p
+done
+for x in c l; do
+	[ "$(field $x spec_accepted_tokens)" -gt 0 ] || fail "$x: no draft token accepted ($(field $x spec_drafted_tokens) drafted)"
+done
+ok "constraint (greedy $(field c spec_accepted_tokens)/$(field c spec_drafted_tokens), seeded) and logprobs (greedy $(field l spec_accepted_tokens)/$(field l spec_drafted_tokens), seeded): the plain path's text, ids, logprobs and finish"
+
+# ---- window policies: not drafted for, the plain path's bytes ----
 gen w --temperature 0 --max-tokens 60 --context-policy sliding-window --window 64 "$QUOTE"
 gen wp --temperature 0 --max-tokens 60 --context-policy sliding-window --window 64 --no-speculate "$QUOTE"
 gen k --temperature 0 --max-tokens 60 --context-policy sinks --window 64 "$QUOTE"
 gen kp --temperature 0 --max-tokens 60 --context-policy sinks --window 64 --no-speculate "$QUOTE"
-for x in c l w k; do
+for x in w k; do
 	same_text $x ${x}p
 	[ "$(field $x spec_drafted_tokens)" = 0 ] || fail "$x: drafted $(field $x spec_drafted_tokens) (not drafted for, in this version)"
 done
-ok "constraint, logprobs, sliding-window, sinks: the plain path's bytes, speculation skipped (nothing drafted)"
+ok "sliding-window, sinks: the plain path's bytes, speculation skipped (nothing drafted)"
 
 # ---- the ledger and STATS agree with the requests ----
 "$KVCTL" --socket "$S" ledger --json >"$T/led.json" || fail "kvctl ledger --json failed"
@@ -109,6 +129,32 @@ assert prom["kvd_spec_drafted_tokens_total"] == st["spec_drafted_tokens"], prom
 print("ok: ledger records, stats --json and --prometheus agree: %d drafted, %d accepted in %d verify steps (runs %s)"
       % (st["spec_drafted_tokens"], st["spec_accepted_tokens"], st["spec_verify_steps"], runs))
 EOF
+
+# ---- kvd-http: "speculative": false opts out, anything but a boolean is refused ----
+HTTPD=${KVD_HTTP:-$ROOT/$BUILD/bin/kvd-http}
+if [ -x "$HTTPD" ] && command -v curl >/dev/null; then
+	start_http http --kvd-socket "$S"
+	body() { $PY -c 'import json,sys; print(json.dumps(dict({"messages": [{"role": "user", "content": sys.argv[1]}],
+		"max_tokens": 60, "temperature": 0}, **json.loads(sys.argv[2]))))' "$QUOTE" "$1"; }
+	curl -s -o "$T/h1.out" -w '%{http_code}' "$B/v1/chat/completions" -d "$(body '{}')" >"$T/h1.code"
+	curl -s -o "$T/h2.out" -w '%{http_code}' "$B/v1/chat/completions" -d "$(body '{"speculative": false}')" >"$T/h2.code"
+	curl -s -o "$T/h3.out" -w '%{http_code}' "$B/v1/chat/completions" -d "$(body '{"speculative": "no"}')" >"$T/h3.code"
+	[ "$(cat "$T/h1.code") $(cat "$T/h2.code")" = "200 200" ] || fail "kvd-http: $(cat "$T/h1.out" "$T/h2.out")"
+	[ "$(cat "$T/h3.code")" = 400 ] && grep -q '"param": *"speculative"' "$T/h3.out" ||
+		fail "kvd-http took 'speculative': \"no\": $(cat "$T/h3.code") $(cat "$T/h3.out")"
+	"$KVCTL" --socket "$S" ledger --json -n 2 >"$T/hled.json" || fail "kvctl ledger"
+	$PY - "$T/h1.out" "$T/h2.out" "$T/hled.json" <<'EOF' || fail "kvd-http's opt-out"
+import json, sys
+a, b = (json.load(open(p))["choices"][0]["message"]["content"] for p in sys.argv[1:3])
+assert a == b, (a[:200], b[:200])
+r1, r2 = [json.loads(l) for l in open(sys.argv[3]) if l.strip()]
+assert r1["spec_drafted_tokens"] > 0 and r2["spec_drafted_tokens"] == 0, (r1["spec_drafted_tokens"], r2["spec_drafted_tokens"])
+EOF
+	ok "kvd-http: \"speculative\": false gives the same answer with nothing drafted; a non-boolean is a 400 naming it"
+	kill -TERM "$HTTP_PID"; wait "$HTTP_PID" 2>/dev/null || true
+else
+	echo "note: kvd-http or curl missing: its opt-out is not checked"
+fi
 
 # ---- another user sees its own counters only ----
 if command -v setpriv >/dev/null && [ "$(id -u)" = 0 ]; then
