@@ -40,7 +40,7 @@ uint32_t kvd_spec_next_len(struct kvd_spec_seq *q, uint32_t max, double threshol
 	}
 	if (!max || threshold >= 1.0)
 		return 0;
-	double p = 1.0 - (double)q->miss;
+	double p = 1.0 - (double)(q->learnt ? q->miss : KVD_SPEC_MISS_PRIOR);
 	if (p >= 1.0 || threshold <= 0.0)
 		return max;
 	if (p <= threshold) /* not even the first token pays: probe with one */
@@ -54,6 +54,10 @@ void kvd_spec_learn(struct kvd_spec_seq *q, uint32_t k, uint32_t run)
 {
 	if (!k)
 		return;
+	if (!q->learnt)
+		q->miss = KVD_SPEC_MISS_PRIOR;
+	if (q->learnt < UINT32_MAX)
+		q->learnt++;
 	q->miss += KVD_SPEC_EWMA * ((float)(k - run) / (float)k - q->miss);
 	if (run) {
 		q->misses = 0;

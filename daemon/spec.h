@@ -61,18 +61,22 @@ uint32_t kvd_spec_draft(const int32_t *toks, uint32_t n, uint32_t min_match, uin
  * After KVD_SPEC_MISSES verify steps in a row that accepted nothing the
  * sequence stops drafting for `backoff` decodes (KVD_SPEC_PAUSE_MIN,
  * doubling with each further back-off up to KVD_SPEC_PAUSE_MAX) and then
- * probes again; a step that accepts anything ends the back-off. All zero
- * is the starting state (optimistic: full-length drafts), so it needs no
- * constructor; it is copied with a forked sample and, being plain data,
- * survives preemption and swap.
+ * probes again; a step that accepts anything ends the back-off. Before its
+ * first verify step a sequence is taken to have a miss rate of
+ * KVD_SPEC_MISS_PRIOR (so a free-text sequence's first drafts are short,
+ * and a copying one's grow to full length within a few steps). All zero is
+ * the starting state, so it needs no constructor; it is copied with a
+ * forked sample and, being plain data, survives preemption and swap.
  */
 struct kvd_spec_seq {
-	float miss;          /* EWMA of rejected / drafted */
+	float miss;          /* EWMA of rejected / drafted (learnt: after the first verify step) */
+	uint32_t learnt;     /* verify steps learnt from (saturates) */
 	uint32_t misses;     /* verify steps in a row that accepted nothing */
 	uint32_t pause;      /* decodes left before it drafts again */
 	uint32_t backoff;    /* the last pause's length (0: none yet) */
 };
 #define KVD_SPEC_EWMA      0.3f
+#define KVD_SPEC_MISS_PRIOR 0.5f
 #define KVD_SPEC_MISSES    3u
 #define KVD_SPEC_PAUSE_MIN 8u
 #define KVD_SPEC_PAUSE_MAX 256u

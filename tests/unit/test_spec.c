@@ -94,19 +94,33 @@ static void test_lookback_bound(void **state)
 	free(t);
 }
 
-/* A fresh sequence drafts the full length; rejections shorten its drafts
- * (never below 1), acceptance lengthens them again. */
+/* A fresh sequence drafts as its prior says (p = 0.5: the longest i with
+ * 0.5^i > 0.1 is 3); acceptance lengthens its drafts to the full length,
+ * rejections shorten them (never below 1). */
 static void test_length_follows_acceptance(void **state)
 {
 	struct kvd_spec_seq q = { 0 };
 
 	(void)state;
+	assert_int_equal(kvd_spec_next_len(&q, 8, 0.1), 3);
+	uint32_t prev = 3, steps = 0;
+	while (kvd_spec_next_len(&q, 8, 0.1) < 8) { /* all accepted: longer each time */
+		uint32_t k = kvd_spec_next_len(&q, 8, 0.1);
+		assert_true(k >= prev);
+		kvd_spec_learn(&q, k, k);
+		prev = k;
+		assert_true(++steps < 6);
+	}
+	q = (struct kvd_spec_seq){ 0 };
+	for (int i = 0; i < 20; i++)
+		kvd_spec_learn(&q, 8, 8);
 	assert_int_equal(kvd_spec_next_len(&q, 8, 0.1), 8);
+	float m0 = q.miss;
 	kvd_spec_learn(&q, 8, 2); /* 6 of 8 rejected */
 	uint32_t k1 = kvd_spec_next_len(&q, 8, 0.3);
 	assert_true(k1 >= 1 && k1 < 8);
-	/* p = 1 - 0.3 * 0.75 = 0.775: the longest i with p^i > 0.3 */
-	assert_int_equal(k1, (uint32_t)floor(log(0.3) / log(1.0 - 0.3 * 0.75)));
+	/* p = 1 - (m0 + 0.3 * (0.75 - m0)): the longest i with p^i > 0.3 */
+	assert_int_equal(k1, (uint32_t)floor(log(0.3) / log(1.0 - (m0 + 0.3 * (0.75 - m0)))));
 	kvd_spec_learn(&q, k1, 0);
 	kvd_spec_learn(&q, k1, 0);
 	uint32_t k2 = kvd_spec_next_len(&q, 8, 0.3);
