@@ -13,6 +13,7 @@
 #     finish are the plain path's;
 #   - requests under a sliding-window or sinks policy are not drafted for
 #     (in this version): the plain path's bytes, nothing drafted;
+#   - DONE carries the IPC_F_SPEC block to 0.9.0 clients only;
 #   - kvd-http's "speculative": false opts out (same answer, nothing
 #     drafted in its ledger record); a non-boolean is refused;
 #   - a user that is not an administrator sees only its own uid's counters.
@@ -129,6 +130,16 @@ assert prom["kvd_spec_drafted_tokens_total"] == st["spec_drafted_tokens"], prom
 print("ok: ledger records, stats --json and --prometheus agree: %d drafted, %d accepted in %d verify steps (runs %s)"
       % (st["spec_drafted_tokens"], st["spec_accepted_tokens"], st["spec_verify_steps"], runs))
 EOF
+
+# ---- the version gate: DONE's IPC_F_SPEC block only for clients of 0.9.0 ----
+KVD_RAW_CLIENT_VERSION=0x000800 "$RAW" -s "$S" generate --temperature 0 --max-tokens 40 "$QUOTE" >/dev/null 2>"$T/raw8" ||
+	fail "a 0.8.0 client's GENERATE: $(cat "$T/raw8")"
+KVD_RAW_CLIENT_VERSION=0x000900 "$RAW" -s "$S" generate --temperature 0 --max-tokens 40 "$QUOTE" >/dev/null 2>"$T/raw9" ||
+	fail "a 0.9.0 client's GENERATE: $(cat "$T/raw9")"
+grep -q "spec_block=0 drafted=0 accepted=0" "$T/raw8" || fail "a 0.8.0 client got DONE with IPC_F_SPEC: $(grep DONE "$T/raw8")"
+d9=$(sed -n 's/.*spec_block=1 drafted=\([0-9]*\) accepted=.*/\1/p' "$T/raw9")
+[ -n "$d9" ] && [ "$d9" -gt 0 ] || fail "a 0.9.0 client's DONE has no drafted tokens: $(grep DONE "$T/raw9")"
+ok "DONE: no IPC_F_SPEC block for a 0.8.0 client, $d9 drafted tokens in it for 0.9.0"
 
 # ---- kvd-http: "speculative": false opts out, anything but a boolean is refused ----
 HTTPD=${KVD_HTTP:-$ROOT/$BUILD/bin/kvd-http}
