@@ -1,29 +1,35 @@
 #!/usr/bin/env bash
-# bench/spec_bench.sh — what speculative decoding by prompt lookup buys a
-# single stream: decode tokens/s with [speculative] mode = off and = lookup,
-# two daemons on the same binary and model, requests sent one at a time and
-# alternating between them (off first in odd rounds, lookup first in even
-# ones, so drift in the machine's load hits both), on three tasks:
+# bench/spec_bench.sh — what speculative decoding buys: decode tokens/s with
+# [speculative] mode = off and each mode in $SPEC_MODES (default "lookup
+# auto"), one daemon per mode on the same binary and model, requests sent
+# one at a time and alternating between them (the order rotates each round,
+# so drift in the machine's load hits every mode), on three tasks:
 #   quote   — repeat a given paragraph word for word (input-grounded)
 #   rewrite — rewrite a given C function with one change (input-grounded)
 #   story   — a story from a short prompt (free text)
-# Prints per task the median decode tokens/s of each mode (kvctl's
+# Prints per task and mode the median decode tokens/s (kvctl's
 # tokens_per_s: generated tokens over the time from the first to the last),
-# the lookup/off ratio, and whether the outputs were identical (they must be).
+# the median of the per-round mode/off ratios with their range (the
+# spread), and whether the outputs were identical to off's (they must be).
+# With STREAMS=N (default 32; 0: left out) it then runs N requests at once
+# per mode and round (the three tasks in turn, SMAX tokens each, default
+# 64) and prints the aggregate tokens/s (all generated tokens over the wall
+# time from the first request sent to the last answer) and its ratio.
 #   bench/spec_bench.sh [ROUNDS [MAX_TOKENS [THREADS]]]   (default 5, 200, 2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-5}; MAXT=${2:-200}; THREADS=${3:-2}
+MODES=(off ${SPEC_MODES:-lookup auto}); STREAMS=${STREAMS:-32}; SMAX=${SMAX:-64}
 KVD=build/bin/kvd; KVCTL=build/bin/kvctl; RAW=build/tests/kvd_raw
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 T=$(mktemp -d); PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait; rm -rf "$T"' EXIT
-for m in off lookup; do
+for m in "${MODES[@]}"; do
 	"$KVD" --config /dev/null --socket "$T/$m.sock" --model "$MODEL" --pool-size 256M --threads "$THREADS" \
 		--speculative "$m" 2>"$T/$m.log" &
 	PIDS+=($!)
 done
-for m in off lookup; do
+for m in "${MODES[@]}"; do
 	for i in $(seq 300); do "$RAW" -s "$T/$m.sock" hello >/dev/null 2>&1 && break; sleep 0.1; done
 done
 
@@ -60,25 +66,75 @@ open(sys.argv[2], "a").write("%s %d\n" % (j["tokens_per_s"], j["generated_tokens
 open(sys.argv[3], "w").write(j["text"])
 PY
 }
+order() { # ROUND: the modes, rotated by the round
+	local n=${#MODES[@]} i
+	for i in $(seq 0 $((n - 1))); do echo "${MODES[$(( (i + $1) % n ))]}"; done
+}
 for r in $(seq "$ROUNDS"); do
 	for task in quote rewrite story; do
-		if [ $((r % 2)) = 1 ]; then one off $task $r; one lookup $task $r; else one lookup $task $r; one off $task $r; fi
+		for m in $(order "$r"); do one "$m" $task $r; done
 	done
 done
-printf '%-8s %12s %12s %8s %9s %s\n' task off_tok/s lookup_tok/s ratio tokens identical
+printf '%-8s %-7s %10s %10s %8s %14s %7s %s\n' task mode off_tok/s tok/s ratio "ratio range" tokens identical
 for task in quote rewrite story; do
-	same=yes
-	for r in $(seq "$ROUNDS"); do cmp -s "$T/off.$task.$r" "$T/lookup.$task.$r" || same=NO; done
-	python3 - "$T/off.$task" "$T/lookup.$task" "$task" "$same" <<'PY'
+	for m in "${MODES[@]:1}"; do
+		same=yes
+		for r in $(seq "$ROUNDS"); do cmp -s "$T/off.$task.$r" "$T/$m.$task.$r" || same=NO; done
+		python3 - "$T/off.$task" "$T/$m.$task" "$task" "$m" "$same" <<'PY'
 import statistics, sys
-def med(p):
-    rows = [l.split() for l in open(p)]
-    return statistics.median(float(r[0]) for r in rows), int(rows[0][1])
-(o, n), (l, _) = med(sys.argv[1]), med(sys.argv[2])
-print("%-8s %12.1f %12.1f %7.2fx %9d %s" % (sys.argv[3], o, l, l / o, n, sys.argv[4]))
+def rows(p):
+    return [(float(a), int(b)) for a, b in (l.split() for l in open(p))]
+o, l = rows(sys.argv[1]), rows(sys.argv[2])
+ratios = [b[0] / a[0] for a, b in zip(o, l)]
+print("%-8s %-7s %10.1f %10.1f %7.2fx %6.2f-%5.2fx %7d %s" % (sys.argv[3], sys.argv[4],
+      statistics.median(x for x, _ in o), statistics.median(x for x, _ in l), statistics.median(ratios),
+      min(ratios), max(ratios), o[0][1], sys.argv[5]))
 PY
+	done
 done
+
+# ---- STREAMS requests at once: aggregate tokens/s ----
+burst() { # MODE ROUND: STREAMS requests at once; appends "TOKENS WALL_S" to $T/MODE.burst
+	local m=$1 r=$2 i tasks=(quote rewrite story) jobs=() t0 t1
+	t0=$(date +%s.%N)
+	for i in $(seq "$STREAMS"); do
+		"$KVCTL" --socket "$T/$m.sock" generate --json --temperature 0 --max-tokens "$SMAX" \
+			"${PROMPT[${tasks[$((i % 3))]}]} (request $i)" >"$T/$m.b$r.$i" &
+		jobs+=($!)
+	done
+	wait "${jobs[@]}"
+	t1=$(date +%s.%N)
+	python3 - "$T/$m.burst" "$t0" "$t1" "$T/$m.b$r." "$STREAMS" <<'PY'
+import json, sys
+n = sum(json.load(open(sys.argv[4] + str(i)))["generated_tokens"] for i in range(1, int(sys.argv[5]) + 1))
+open(sys.argv[1], "a").write("%d %.6f\n" % (n, float(sys.argv[3]) - float(sys.argv[2])))
+PY
+}
+if [ "$STREAMS" -gt 0 ]; then
+	for r in $(seq "$ROUNDS"); do
+		for m in $(order "$r"); do burst "$m" "$r"; done
+	done
+	printf '%-7s %3s %10s %10s %8s %14s %s\n' mode N off_tok/s tok/s ratio "ratio range" identical
+	for m in "${MODES[@]:1}"; do
+		same=yes
+		for r in $(seq "$ROUNDS"); do
+			for i in $(seq "$STREAMS"); do
+				cmp -s <(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["text"])' "$T/off.b$r.$i") \
+					<(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["text"])' "$T/$m.b$r.$i") || same=NO
+			done
+		done
+		python3 - "$T/off.burst" "$T/$m.burst" "$m" "$STREAMS" "$same" <<'PY'
+import statistics, sys
+def rates(p):
+    return [int(a) / float(b) for a, b in (l.split() for l in open(p))]
+o, l = rates(sys.argv[1]), rates(sys.argv[2])
+ratios = [b / a for a, b in zip(o, l)]
+print("%-7s %3s %10.1f %10.1f %7.2fx %6.2f-%5.2fx %s" % (sys.argv[3], sys.argv[4], statistics.median(o),
+      statistics.median(l), statistics.median(ratios), min(ratios), max(ratios), sys.argv[5]))
+PY
+	done
+fi
 for p in "${PIDS[@]}"; do kill -TERM "$p"; done
 wait
 PIDS=()
-grep -h "speculative decoding:" "$T/lookup.log" || true
+for m in "${MODES[@]:1}"; do grep -h "speculative decoding:" "$T/$m.log" | sed "s/^/$m: /" || true; done

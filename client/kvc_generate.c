@@ -79,6 +79,7 @@ static int build_constraint(const kvc_client *c, const struct kvc_constraint *k,
 	m->cons_text = len ? k->text : NULL;
 	return 0;
 }
+static_assert(KVC_GEN_NO_SPECULATE == IPC_GEN_NO_SPECULATE, "the opt-out flag is the wire's");
 static_assert(KVC_GEN_LOGPROBS == IPC_GEN_LOGPROBS && KVC_MAX_SAMPLES == IPC_MAX_SAMPLES &&
 		      KVC_MAX_TOP_LOGPROBS == IPC_MAX_TOP_LOGPROBS,
 	      "flags and limits are the wire's");
@@ -147,8 +148,10 @@ static int build_generate(const kvc_client *c, const char *prompt, size_t len, c
 			  bool turns, struct ipc_generate_msg *m)
 {
 	memset(m, 0, sizeof(*m));
-	if (p->flags & ~(KVC_GEN_RAW | KVC_GEN_WANT_IDS | KVC_GEN_PARSE_SPECIAL | KVC_GEN_LOGPROBS))
+	if (p->flags & ~(KVC_GEN_RAW | KVC_GEN_WANT_IDS | KVC_GEN_PARSE_SPECIAL | KVC_GEN_LOGPROBS | KVC_GEN_NO_SPECULATE))
 		return -EINVAL;
+	if ((p->flags & KVC_GEN_NO_SPECULATE) && c->info.server_version < IPC_SPEC_VERSION)
+		return -EOPNOTSUPP;
 	if (p->n_samples > KVC_MAX_SAMPLES || p->top_logprobs > KVC_MAX_TOP_LOGPROBS ||
 	    (p->top_logprobs && !(p->flags & KVC_GEN_LOGPROBS)) || (p->n_samples > 1 && p->session_id))
 		return -EINVAL;

@@ -46,6 +46,7 @@ struct kvc_request {
 	uint32_t n_samples, n_done;
 	struct kvc_result *sample_res; /* n_samples; NULL unless ext */
 	uint8_t *sample_done;       /* n_samples flags */
+	struct ipc_done_spec spec;  /* DONE's IPC_F_SPEC block (summed over samples); 0 without */
 };
 
 typedef int (*ctl_fn)(kvc_client *c, const struct ipc_frame *f, void *arg);

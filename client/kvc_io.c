@@ -93,6 +93,8 @@ static void req_end(kvc_request *r, int status, int reason, int error, const cha
 		r->result.decode_ns = d->decode_ns;
 		r->result.total_ns = d->total_ns;
 		r->result.context_dropped_tokens = d->context_dropped_tokens;
+		r->result.spec_drafted_tokens = r->spec.drafted_tokens;
+		r->result.spec_accepted_tokens = r->spec.accepted_tokens;
 	}
 	/* samples that had no DONE of their own end as the request did */
 	for (uint32_t i = 0; r->sample_res && i < r->n_samples; i++)
@@ -108,11 +110,15 @@ static int result_rank(int reason)
 }
 
 /* One sample's DONE (IPC_F_SAMPLE); the request ends with the last. */
-static int sample_done(kvc_request *r, const struct ipc_done *d, uint32_t sample)
+static int sample_done(kvc_request *r, const struct ipc_done *d, uint32_t sample, const struct ipc_done_spec *sp)
 {
 	if (!r->ext || sample >= r->n_samples || r->sample_done[sample])
 		return -EPROTO;
 	struct kvc_result *x = &r->sample_res[sample];
+	x->spec_drafted_tokens = sp->drafted_tokens;
+	x->spec_accepted_tokens = sp->accepted_tokens;
+	r->spec.drafted_tokens += sp->drafted_tokens; /* the request's: its samples' sum */
+	r->spec.accepted_tokens += sp->accepted_tokens;
 	x->finish_reason = (int)d->finish_reason;
 	x->error = d->error;
 	x->prompt_tokens = d->prompt_tokens;
@@ -280,10 +286,13 @@ static int handle_ring_frame(kvc_client *c, const struct ipc_frame *f)
 	case IPC_MSG_DONE: {
 		struct ipc_done d;
 		struct ipc_sample smp;
-		if (ipc_decode_done_sample(f, &d, &smp) < 0)
+		struct ipc_done_spec sp;
+		if (ipc_decode_done_spec(f, &d, &smp, &sp) < 0)
 			return -EPROTO;
 		if (r && !r->finished && (f->hdr.flags & IPC_F_SAMPLE))
-			return sample_done(r, &d, smp.sample);
+			return sample_done(r, &d, smp.sample, &sp);
+		if (r && !r->finished)
+			r->spec = sp;
 		if (r)
 			end_by_done(r, &d);
 		return 0;
@@ -360,12 +369,14 @@ static int handle_sock_frame(kvc_client *c, const struct ipc_frame *f)
 	case IPC_MSG_DONE: {
 		struct ipc_done d;
 		struct ipc_sample smp;
-		if (ipc_decode_done_sample(f, &d, &smp) < 0)
+		struct ipc_done_spec sp;
+		if (ipc_decode_done_spec(f, &d, &smp, &sp) < 0)
 			return -EPROTO;
 		if ((r = find_req(c, id)) && !r->finished) {
 			drain_ring(c);
 			if (f->hdr.flags & IPC_F_SAMPLE)
-				return sample_done(r, &d, smp.sample);
+				return sample_done(r, &d, smp.sample, &sp);
+			r->spec = sp;
 			end_by_done(r, &d);
 		}
 		return 0;

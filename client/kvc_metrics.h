@@ -129,7 +129,23 @@
 	X(gram_checked, COUNTER, "tokens", "constraint_fast_tokens", "grammar", "fast-path tokens", "", \
 	  "Constrained tokens the greedy check alone answered (the fast path).") \
 	X(gram_masked, COUNTER, "tokens", "constraint_masked_tokens", "grammar", "full-mask tokens", "", \
-	  "Constrained tokens drawn over a full mask of the allowed tokens.")
+	  "Constrained tokens drawn over a full mask of the allowed tokens.") \
+	X(spec_verify_steps, COUNTER, "steps", "spec_verify_steps", "speculation", "verify steps", "", \
+	  "Decodes that carried a speculative draft, each verified in one step.") \
+	X(spec_drafted_tokens, COUNTER, "tokens", "spec_drafted_tokens", "speculation", "drafted tokens", "", \
+	  "Draft tokens scored by speculative decoding.") \
+	X(spec_accepted_tokens, COUNTER, "tokens", "spec_accepted_tokens", "speculation", "accepted tokens", \
+	  "spec_drafted_tokens", "Draft tokens accepted: emitted without a step of their own (of spec_drafted_tokens).") \
+	X(spec_runs_0, COUNTER, "steps", "spec_runs_0", "speculation", "  accepting 0", "spec_verify_steps", \
+	  "Verify steps that accepted none of their draft.") \
+	X(spec_runs_1, COUNTER, "steps", "spec_runs_1", "speculation", "  accepting 1", "spec_verify_steps", \
+	  "Verify steps that accepted 1 draft token.") \
+	X(spec_runs_2_3, COUNTER, "steps", "spec_runs_2_3", "speculation", "  accepting 2-3", "spec_verify_steps", \
+	  "Verify steps that accepted 2 or 3 draft tokens.") \
+	X(spec_runs_4_7, COUNTER, "steps", "spec_runs_4_7", "speculation", "  accepting 4-7", "spec_verify_steps", \
+	  "Verify steps that accepted 4 to 7 draft tokens.") \
+	X(spec_runs_8_16, COUNTER, "steps", "spec_runs_8_16", "speculation", "  accepting 8-16", "spec_verify_steps", \
+	  "Verify steps that accepted 8 to 16 draft tokens.")
 
 /* One row of the list, for code that walks it at run time. */
 struct kvc_metric {
@@ -233,6 +249,20 @@ static inline void kvc_metrics_prometheus(FILE *f, const struct kvc_stats *s, co
 	      "# TYPE kvd_cache_config_info gauge\n", f);
 	fprintf(f, "kvd_cache_config_info{block_size=\"%" PRIu64 "\",num_gpu_blocks=\"%" PRIu64 "\"} 1\n", s->block_size,
 		s->pages_total);
+	/* the acceptance histogram as one Prometheus histogram too: verify
+	 * steps by accepted run (le: tokens), its sum the accepted tokens */
+	const uint64_t runs[] = { s->spec_runs_0, s->spec_runs_1, s->spec_runs_2_3, s->spec_runs_4_7, s->spec_runs_8_16 };
+	static const unsigned le[] = { 0, 1, 3, 7, 16 };
+	uint64_t cum = 0;
+	fputs("# HELP kvd_spec_accepted_run_tokens Draft tokens each speculative verify step accepted.\n"
+	      "# TYPE kvd_spec_accepted_run_tokens histogram\n", f);
+	for (unsigned k = 0; k < 5; k++) {
+		cum += runs[k];
+		fprintf(f, "kvd_spec_accepted_run_tokens_bucket{le=\"%u\"} %" PRIu64 "\n", le[k], cum);
+	}
+	fprintf(f, "kvd_spec_accepted_run_tokens_bucket{le=\"+Inf\"} %" PRIu64 "\n", cum);
+	fprintf(f, "kvd_spec_accepted_run_tokens_sum %" PRIu64 "\nkvd_spec_accepted_run_tokens_count %" PRIu64 "\n",
+		s->spec_accepted_tokens, cum);
 	if (h) {
 		kvc_metrics_histogram_(f, "kvd_time_to_first_token_seconds", "Request arrival to its first token.",
 				       &h->ttft);

@@ -86,9 +86,9 @@ extern "C" {
 /* ---- version ----------------------------------------------------------- */
 
 #define KVC_VERSION_MAJOR 0
-#define KVC_VERSION_MINOR 8
+#define KVC_VERSION_MINOR 9
 #define KVC_VERSION_PATCH 0
-#define KVC_VERSION_STRING "0.8.0"
+#define KVC_VERSION_STRING "0.9.0"
 /* One number, comparable: (major << 16) | (minor << 8) | patch.
  * 0.2.0 added conversations (kvc_gen_params.messages, struct kvc_chat_msg).
  * 0.3.0 added parallel samples and log-probabilities (kvc_gen_params.n_samples,
@@ -102,7 +102,10 @@ extern "C" {
  * kvc_cache_drop().
  * 0.8.0 added kvc_info.model_id, kvc_stats_get() (kvc_stats() became a
  * macro over it, so struct kvc_stats can grow) and kvc_stats.gram_checked
- * and .gram_masked. */
+ * and .gram_masked.
+ * 0.9.0 added speculative decoding's counters (kvc_stats.spec_*,
+ * kvc_result.spec_drafted_tokens and .spec_accepted_tokens) and the
+ * per-request opt-out KVC_GEN_NO_SPECULATE. */
 #define KVC_VERSION ((KVC_VERSION_MAJOR << 16) | (KVC_VERSION_MINOR << 8) | KVC_VERSION_PATCH)
 
 /* The version of the library actually loaded, as KVC_VERSION. */
@@ -232,6 +235,11 @@ KVC_EXPORT const char *kvc_last_message(const kvc_client *c);
 /* Events carry each token's log-probability and its top_logprobs likeliest
  * alternatives (kvc_event.logprobs; see "Samples and log-probabilities"). */
 #define KVC_GEN_LOGPROBS 0x20u
+/* No speculative decoding for this request, whatever the daemon's
+ * [speculative] mode (0.9.0). Speculation never changes an output; this
+ * only chooses the plain path's speed. A daemon older than 0.9.0:
+ * -EOPNOTSUPP, nothing sent. */
+#define KVC_GEN_NO_SPECULATE 0x400u
 
 /*
  * One turn of a conversation (kvc_gen_params.messages): role "system",
@@ -467,7 +475,12 @@ struct kvc_result {
 	                                  * (a session's history included) left behind
 	                                  * the window; 0 under the default */
 	uint32_t reserved32;
-	uint64_t reserved[7];
+	/* Speculative decoding (0.9.0; 0 from older daemons, or none): draft
+	 * tokens scored for it and of those the ones accepted (for a request
+	 * with samples: all its samples'). The output is the same either way. */
+	uint32_t spec_drafted_tokens;
+	uint32_t spec_accepted_tokens;
+	uint64_t reserved[6];
 };
 
 /* ---- generation: callback form -------------------------------------------------- */
@@ -650,6 +663,15 @@ struct kvc_stats {
 	/* 0.8.0 (0 from older daemons): the struct grows from here, see kvc_stats_get() */
 	uint64_t gram_checked;        /* constrained tokens the greedy check alone answered */
 	uint64_t gram_masked;         /* constrained tokens drawn over a full mask of allowed tokens */
+	/* 0.9.0 (0 from older daemons): speculative decoding. Decodes that
+	 * carried a draft (verify steps), draft tokens scored, of those the
+	 * ones accepted, and the verify steps by the run of drafts they
+	 * accepted (0, 1, 2-3, 4-7, 8-16). For a client that is not an
+	 * administrator, its own uid's finished requests'. */
+	uint64_t spec_verify_steps;
+	uint64_t spec_drafted_tokens;
+	uint64_t spec_accepted_tokens;
+	uint64_t spec_runs_0, spec_runs_1, spec_runs_2_3, spec_runs_4_7, spec_runs_8_16;
 };
 KVC_EXPORT int kvc_stats(kvc_client *c, struct kvc_stats *ret);
 /*

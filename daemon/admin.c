@@ -51,6 +51,34 @@ void user_counters_add(struct kvd_server *srv, uid_t uid, uint64_t query_tokens,
 	u->adopted_hit_tokens += adopted_hit_tokens;
 }
 
+void user_counters_add_spec(struct kvd_server *srv, uid_t uid, const struct kvd_request_result *res)
+{
+	struct user_counters *u = res->spec_verify_steps ? user_counters_find(srv, uid, true) : NULL;
+
+	if (!u)
+		return;
+	u->spec_verify_steps += res->spec_verify_steps;
+	u->spec_drafted_tokens += res->spec_drafted_tokens;
+	u->spec_accepted_tokens += res->spec_accepted_tokens;
+	for (unsigned i = 0; i < KVD_SPEC_RUN_BUCKETS; i++)
+		u->spec_runs[i] += res->spec_runs[i];
+}
+
+/* The speculative-decoding counters of STATS, from totals and a histogram. */
+static void stats_spec(struct ipc_stats *st, uint64_t verify, uint64_t drafted, uint64_t accepted,
+		       const uint64_t runs[KVD_SPEC_RUN_BUCKETS])
+{
+	_Static_assert(KVD_SPEC_RUN_BUCKETS == 5, "STATS carries five acceptance buckets");
+	st->spec_verify_steps = verify;
+	st->spec_drafted_tokens = drafted;
+	st->spec_accepted_tokens = accepted;
+	st->spec_runs_0 = runs[0];
+	st->spec_runs_1 = runs[1];
+	st->spec_runs_2_3 = runs[2];
+	st->spec_runs_4_7 = runs[3];
+	st->spec_runs_8_16 = runs[4];
+}
+
 void fill_stats(struct kvd_server *srv, const struct client *c, struct ipc_stats *st)
 {
 	struct kvmm_stats ks;
@@ -105,8 +133,15 @@ void fill_stats(struct kvd_server *srv, const struct client *c, struct ipc_stats
 	st->adopted_hit_tokens = ks.adopted_hit_tokens;
 	st->gram_checked = ss.gram_checked;
 	st->gram_masked = ss.gram_masked;
+	stats_spec(st, ss.spec_verifies, ss.spec_drafted, ss.spec_accepted, ss.spec_runs);
 	if (c && !c->admin) {
 		const struct user_counters *u = user_counters_find(srv, c->cred.uid, false);
+		static const uint64_t none[KVD_SPEC_RUN_BUCKETS];
+
+		if (u)
+			stats_spec(st, u->spec_verify_steps, u->spec_drafted_tokens, u->spec_accepted_tokens, u->spec_runs);
+		else
+			stats_spec(st, 0, 0, 0, none);
 
 		st->prefix_lookups = u ? u->prefix_lookups : 0;
 		st->prefix_query_tokens = u ? u->prefix_query_tokens : 0;

@@ -147,7 +147,7 @@ static const char *const cache_types[] = { "auto", KVD_KV_TYPES(CACHE_TYPE_NAME)
 #define CACHE_TYPE_BAD_MSG "cache_type must be auto" KVD_KV_TYPES_(CACHE_TYPE_LIST, CACHE_TYPE_LAST) ", not '%s'"
 static const char *const prefix_sharings[] = { "user", "group", "all", NULL };
 static const char *const context_policies[] = { "error", "truncate-oldest", "sliding-window", "sinks", NULL };
-static const char *const spec_modes[] = { "off", "lookup", NULL };
+static const char *const spec_modes[] = { "off", "lookup", "auto", NULL };
 static const char *const log_levels[] = {"emerg", "alert", "crit", "err", "warning", "notice", "info", "debug"};
 #define N_LOG_LEVELS (sizeof(log_levels) / sizeof(log_levels[0]))
 
@@ -243,9 +243,10 @@ const struct kvd_conf_key kvd_conf_keys[] = {
 	  NULL, NULL, FIELD(context_sinks), NO_FIELD2 },
 	{ "speculative", "mode", KVD_CONF_STR, "off",
 	  1, STR_MAX(spec_mode), KVD_CONF_LIVE,
-	  "speculative decoding: off, or lookup (draft from n-gram matches in the request's own prompt and output; "
-	  "outputs stay byte-identical)",
-	  OPT("--speculative", 0, "MODE"), spec_modes, "speculative mode must be off or lookup, not '%s'",
+	  "speculative decoding: off; lookup (draft from n-gram matches in the request's own prompt and output, "
+	  "draft length learnt from each sequence's acceptance); or auto (lookup, each draft token only where its "
+	  "measured acceptance beats its measured cost); outputs stay byte-identical",
+	  OPT("--speculative", 0, "MODE"), spec_modes, "speculative mode must be off, lookup or auto, not '%s'",
 	  FIELD(spec_mode), NO_FIELD2 },
 	{ "speculative", "draft_tokens", KVD_CONF_U32, "8",
 	  1, KVD_SPEC_MAX_DRAFT, KVD_CONF_LIVE, "tokens drafted for one sequence in a step at most", NO_OPT,

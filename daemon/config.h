@@ -46,7 +46,7 @@ struct kvd_config {
 	char context_policy[16];   /* error | truncate-oldest | sliding-window | sinks */
 	uint32_t context_window;   /* window policies: tokens; 0 = as many as fit */
 	uint32_t context_sinks;    /* sinks: first tokens kept */
-	char spec_mode[8];         /* [speculative] mode: off | lookup */
+	char spec_mode[8];         /* [speculative] mode: off | lookup | auto */
 	uint32_t spec_draft_tokens; /* tokens drafted per step at most */
 	uint32_t spec_min_match;   /* n-gram length a prompt-lookup draft needs */
 	char socket[KVD_CONF_PATH_MAX];

@@ -256,6 +256,7 @@ static void generate_continue(struct client *c, struct greq *gr, struct tokw_job
 	p.max_tokens = gr->g.max_tokens;
 	p.n_samples = greq_weight(&gr->g);
 	p.logprobs = !!(gr->g.gen_flags & IPC_GEN_LOGPROBS);
+	p.no_speculate = !!(gr->g.gen_flags & IPC_GEN_NO_SPECULATE);
 	p.top_logprobs = gr->g.top_logprobs;
 	p.session = gr->sess ? gr->sess->id : 0;
 	p.session_idle_s = gr->sess ? gr->sess->idle_timeout_s : 0;

@@ -460,7 +460,8 @@ void kvd_ledger_request(struct kvd_ledger *l, const struct kvd_ledger_who *who, 
 	n = snprintf(line, sizeof(line),
 		     "{\"time_ns\":%" PRIu64 ",\"client_id\":%" PRIu64 ",\"pid\":%" PRId32 ",\"uid\":%" PRIu32
 		     ",\"request_id\":%" PRIu64 ",\"session_id\":%" PRIu64 ",\"finish\":\"%s\",\"error\":%d,"
-		     "\"prompt_tokens\":%u,\"cached_tokens\":%u,\"adopted_tokens\":%u,\"generated_tokens\":%u,\"queue_ns\":%" PRIu64
+		     "\"prompt_tokens\":%u,\"cached_tokens\":%u,\"adopted_tokens\":%u,\"generated_tokens\":%u,"
+		     "\"spec_drafted_tokens\":%u,\"spec_accepted_tokens\":%u,\"queue_ns\":%" PRIu64
 		     ",\"ttft_ns\":%" PRIu64 ",\"decode_ns\":%" PRIu64 ",\"itl_ns\":%" PRIu64
 		     ",\"preemptions\":%u,\"swaps\":%u,\"swap_errors\":%u,\"swap_fallback_recomputes\":%u,"
 		     "\"context_policy\":\"%s\",\"context_window\":%u,\"context_sinks\":%u,\"context_dropped_tokens\":%u,"
@@ -469,7 +470,8 @@ void kvd_ledger_request(struct kvd_ledger *l, const struct kvd_ledger_who *who, 
 		     ",\"evicted_tokens\":{\"context_drop\":%u,\"swap\":%" PRIu64 ",\"preemption_recompute\":%u},"
 		     "\"model\":%s,\"kv\":%s}\n",
 		     realtime_ns(), who->client_id, who->pid, who->uid, request_id, session_id, finish, res->error,
-		     res->prompt_tokens, res->cached_tokens, res->adopted_tokens, res->generated_tokens, res->queue_ns, res->ttft_ns,
+		     res->prompt_tokens, res->cached_tokens, res->adopted_tokens, res->generated_tokens,
+		     res->spec_drafted_tokens, res->spec_accepted_tokens, res->queue_ns, res->ttft_ns,
 		     res->decode_ns, res->generated_tokens > 1 ? res->decode_ns / (res->generated_tokens - 1) : 0,
 		     res->preemptions, res->swaps, res->swap_errors, res->swap_fallback_recomputes,
 		     res->context_policy < 4 ? policy_names[res->context_policy] : "?", res->context_window,

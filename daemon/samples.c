@@ -208,10 +208,17 @@ static int flush_one(struct client *c, struct greq *gr, uint32_t si, struct gsam
 		return 0;
 	if (!x->finished || x->done_sent || gr->shutdown)
 		return 1;
-	struct ipc_sample s = { .sample = si };
-	r = ipc_chan_send(c->chan, IPC_MSG_DONE, IPC_F_SAMPLE, gr->id, &x->done, sizeof(x->done), &s, sizeof(s));
+	struct {
+		struct ipc_sample s;
+		struct ipc_done_spec sp;
+	} ext = { .s = { .sample = si }, .sp = x->done_spec };
+	_Static_assert(sizeof(ext) == sizeof(ext.s) + sizeof(ext.sp), "DONE's blocks follow each other unpadded");
+	bool spec = c->client_version >= IPC_SPEC_VERSION; /* older clients know no IPC_F_SPEC */
+	size_t ext_bytes = spec ? sizeof(ext) : sizeof(ext.s);
+	r = ipc_chan_send(c->chan, IPC_MSG_DONE, IPC_F_SAMPLE | (spec ? IPC_F_SPEC : 0), gr->id, &x->done,
+			  sizeof(x->done), &ext, ext_bytes);
 	if (r == -EAGAIN) {
-		c->tx_need = sizeof(x->done) + sizeof(s);
+		c->tx_need = sizeof(x->done) + ext_bytes;
 		return 0;
 	}
 	if (r < 0)

@@ -607,8 +607,10 @@ static void plan_chunk(struct kvd_sched *s, struct step_plan *pl, struct req *r,
 /* Phase 0: one decode for each running request that has a token to
  * compute, owners in fair order (a throttled owner's sit this step out),
  * with a draft where speculation is on. */
-static void plan_decodes(struct kvd_sched *s, struct step_plan *pl)
+static void plan_decodes(struct kvd_sched *s, struct step_plan *pl, uint64_t target_ns)
 {
+	if (s->cfg.spec.mode != KVD_SPEC_OFF)
+		sched_spec_begin(s, target_ns);
 	for (size_t i = 0; i < s->n_order && pl->budget > 0; i++) {
 		struct req *r = s->order[i].r;
 		if (r->state == RS_RUNNING && r->n_toks - r->n_computed == 1 && !s->owners[r->oi].throttled) {
@@ -753,13 +755,13 @@ static void make_room_for_share(struct kvd_sched *s, uint32_t *n_running)
  * admissions, owners in fair order. */
 static void plan_step(struct kvd_sched *s, struct step_plan *pl)
 {
-	plan_decodes(s, pl);
+	/* with n owners contending, a step is 1/n of the bound: the others'
+	 * streams ride along in more, shorter steps */
+	uint64_t target = (uint64_t)s->cfg.max_step_ms * 1000000u / (s->n_owners > 1 ? s->n_owners : 1);
+	plan_decodes(s, pl, target);
 	if (pl->n_items && s->cfg.max_step_ms) {
-		/* with n owners contending, a step is 1/n of the bound: the
-		 * others' streams ride along in more, shorter steps */
-		uint64_t target = (uint64_t)s->cfg.max_step_ms * 1000000u / (s->n_owners > 1 ? s->n_owners : 1);
-		pl->timed = 1;
-		pl->left_ns = kvd_step_model_left(&s->model, target);
+		pl->timed = 1; /* the drafts' time first: they are the decodes' */
+		pl->left_ns = kvd_step_model_left(&s->model, target) - pl->drafted * sched_spec_token_ns(s);
 	}
 	for (size_t b = 0, e; b < s->n_order && pl->budget > 0; b = e) {
 		for (e = b + 1; e < s->n_order && s->order[e].r->oi == s->order[b].r->oi; e++)
@@ -905,6 +907,8 @@ int kvd_sched_step(struct kvd_sched *s)
 	uint64_t t1 = sched_now_ns(s);
 	s->st.steps++;
 	sched_learn_step_time(s, n_items, t1 - t0);
+	if (s->cfg.spec.mode == KVD_SPEC_AUTO)
+		sched_spec_step_done(s, n_items, t1 - t0);
 	sched_fair_charge(s, n_items, t1 - t0);
 	for (size_t i = 0; i < n_items; i++) {
 		struct req *r = s->item_req[i];

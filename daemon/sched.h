@@ -86,6 +86,7 @@ struct kvd_request_params {
 	 * max_num_seqs from admission on. */
 	uint32_t n_samples;
 	int logprobs;                 /* report log-probabilities with each token */
+	int no_speculate;             /* no speculative decoding for it, whatever [speculative] mode says */
 	uint32_t top_logprobs;        /* alternatives with them, 0 .. KVD_LOGPROBS_MAX_TOP */
 	/* Context policy (enum kvd_ctx_policy). The window policies drop the
 	 * oldest KV as the request runs (engine.h says how); truncate-oldest is
@@ -181,6 +182,11 @@ struct kvd_request_result {
 	uint64_t batch_width_sum;
 	uint32_t batch_steps;
 	uint32_t recompute_tokens;
+	/* Speculative decoding: its decodes that carried a draft (verify
+	 * steps), the draft tokens scored and of those the ones accepted, and
+	 * its verify steps by accepted run (kvd_spec_run_bucket). */
+	uint32_t spec_verify_steps, spec_drafted_tokens, spec_accepted_tokens;
+	uint32_t spec_runs[KVD_SPEC_RUN_BUCKETS];
 };
 
 /* Callbacks, all optional, all given ud. None may call back into the
@@ -242,6 +248,7 @@ struct kvd_sched_stats {
 	 * scored, and of those the ones accepted (emitted without a step of
 	 * their own). */
 	uint64_t spec_verifies, spec_drafted, spec_accepted;
+	uint64_t spec_runs[KVD_SPEC_RUN_BUCKETS]; /* verify steps by accepted run (kvd_spec_run_bucket) */
 };
 
 int kvd_sched_create(const struct kvd_sched_config *cfg, struct kvd_engine *e, const struct kvd_sched_events *ev,

@@ -70,6 +70,8 @@ struct req {
 	int32_t draft[KVD_SPEC_MAX_DRAFT];
 	uint32_t n_draft;
 	int spec_cut;
+	int no_spec;             /* the request opted out (kvd_request_params.no_speculate) */
+	struct kvd_spec_seq spec; /* what its draft length is learnt from (spec.h) */
 };
 
 /*
@@ -146,6 +148,10 @@ struct kvd_sched {
 	 * items of a step (theirs back to back) */
 	float *spec_logits;
 	size_t cap_spec_rows;
+	struct kvd_spec_cost spec_cost; /* what draft tokens cost (mode auto) */
+	struct kvd_gram_state spec_gst; /* a constrained draft's check runs on this copy of the state */
+	double spec_threshold;   /* this step's: a draft token must be accepted more often (kvd_spec_next_len) */
+	uint32_t spec_room;      /* this step's draft tokens at most (SCHED_SPEC_STEP_TOKENS, max_step_ms) */
 };
 
 /* ---- sched.c ---- */
@@ -178,9 +184,18 @@ int sched_next_token(struct kvd_sched *s, struct req *r, int32_t *ret);
 int sched_emit_token(struct kvd_sched *s, struct req *r, int32_t t);
 
 /* ---- sched_spec.c: speculative decoding ---- */
+/* Before a step's decodes are planned: whether and how much its decodes
+ * may draft (no drafts when a long prefill waits; the measured threshold
+ * with mode auto; with target_ns, max_step_ms' step, only as many draft
+ * tokens as the decodes leave time for). */
+void sched_spec_begin(struct kvd_sched *s, uint64_t target_ns);
+/* The time one draft token adds to a step, as measured (0: not yet). */
+double sched_spec_token_ns(const struct kvd_sched *s);
+/* A step ran in dt_ns: a step of decodes only is folded into the cost fit. */
+void sched_spec_step_done(struct kvd_sched *s, size_t n_items, uint64_t dt_ns);
 /* r's decode, the step's item `it` (one token, logits), grows by a
- * prompt-lookup draft when r may speculate (no constraint, logprobs or
- * window policy; its samples forked; more than one token to go), leaving
+ * prompt-lookup draft when r may speculate (not opted out, no window
+ * policy; its samples forked; more than one token to go), leaving
  * one token of *budget to each of the `left` decodes (at most) still to plan and
  * keeping the step's *drafted tokens under a bound. The item then asks for
  * all logits and leaves publishing to verification. */

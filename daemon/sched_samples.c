@@ -76,6 +76,7 @@ static struct req *fork_child(const struct sched_fork *x, struct req *p, uint32_
 	c->n_samples = p->n_samples;
 	c->forked = 1;
 	c->logprobs = p->logprobs;
+	c->no_spec = p->no_spec;
 	c->top_logprobs = p->top_logprobs;
 	c->sp = sp;
 	c->owner = p->owner;

@@ -125,6 +125,7 @@ int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt
 	r->n_samples = n_samples;
 	r->forked = n_samples == 1;
 	r->logprobs = p->logprobs;
+	r->no_spec = p->no_speculate;
 	r->top_logprobs = p->top_logprobs;
 	r->sp = p->sampling;
 	r->cache_scope = p->cache_scope;

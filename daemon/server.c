@@ -45,7 +45,9 @@ static struct kvd_sched_config sched_config(const struct kvd_config *cfg, uint32
 		.session_idle_s = cfg->session_idle_s,
 		.max_step_ms = cfg->max_step_ms,
 		.spec = {
-			.mode = !strcmp(cfg->spec_mode, "lookup") ? KVD_SPEC_LOOKUP : KVD_SPEC_OFF,
+			.mode = !strcmp(cfg->spec_mode, "lookup") ? KVD_SPEC_LOOKUP
+				: !strcmp(cfg->spec_mode, "auto")  ? KVD_SPEC_AUTO
+								   : KVD_SPEC_OFF,
 			.draft_tokens = cfg->spec_draft_tokens,
 			.min_match = cfg->spec_min_match,
 		},

@@ -118,6 +118,7 @@ struct gsample {
 	size_t lp_bytes, lp_cap;
 	bool finished, done_sent;
 	struct ipc_done done;
+	struct ipc_done_spec done_spec;
 };
 struct gsamples {
 	uint32_t n, n_done;
@@ -150,6 +151,7 @@ struct greq {
 	uint32_t text_bytes, text_cap;
 	bool finished;                /* on_done seen: `done` is the terminal record */
 	struct ipc_done done;
+	struct ipc_done_spec done_spec; /* sent after done (IPC_F_SPEC) to clients of IPC_SPEC_VERSION */
 	struct gsamples *xs;          /* IPC_F_SAMPLE stream (samples.c); NULL: the plain one above */
 	/* context policy (ctxpolicy.c): the request's block, else its session's */
 	struct ipc_gen_context ctx;
@@ -211,6 +213,9 @@ struct user_counters {
 	uid_t uid;
 	uint64_t prefix_lookups, prefix_query_tokens, prefix_hit_tokens;
 	uint64_t adopted_hit_tokens; /* of prefix_hit_tokens: on pages adopted from an earlier run */
+	/* speculative decoding of its finished requests (ipc_spec.h's STATS counters) */
+	uint64_t spec_verify_steps, spec_drafted_tokens, spec_accepted_tokens;
+	uint64_t spec_runs[KVD_SPEC_RUN_BUCKETS];
 };
 
 struct client {
@@ -390,6 +395,8 @@ void fill_stats(struct kvd_server *srv, const struct client *c, struct ipc_stats
 /* Count a finished request's prompt and cache hit for its uid. */
 void user_counters_add(struct kvd_server *srv, uid_t uid, uint64_t query_tokens, uint64_t hit_tokens,
 		       uint64_t adopted_hit_tokens);
+/* ... and its speculative decoding (drafted, accepted, acceptance runs). */
+void user_counters_add_spec(struct kvd_server *srv, uid_t uid, const struct kvd_request_result *res);
 void handle_ps(struct client *c, uint64_t rid);
 void handle_kvmap(struct client *c, uint64_t rid);
 void handle_hist(struct client *c, uint64_t rid);

@@ -8,6 +8,7 @@
  */
 #include "spec.h"
 
+#include <math.h>
 #include <string.h>
 
 uint32_t kvd_spec_draft(const int32_t *toks, uint32_t n, uint32_t min_match, uint32_t max_draft, int32_t *draft)
@@ -29,4 +30,74 @@ uint32_t kvd_spec_draft(const int32_t *toks, uint32_t n, uint32_t min_match, uin
 		return k;
 	}
 	return 0;
+}
+
+uint32_t kvd_spec_next_len(struct kvd_spec_seq *q, uint32_t max, double threshold)
+{
+	if (q->pause) {
+		q->pause--;
+		return 0;
+	}
+	if (!max || threshold >= 1.0)
+		return 0;
+	double p = 1.0 - (double)(q->learnt ? q->miss : KVD_SPEC_MISS_PRIOR);
+	if (p >= 1.0 || threshold <= 0.0)
+		return max;
+	if (p <= threshold) /* not even the first token pays: probe with one */
+		return 1;
+	/* the longest i with p^i > threshold */
+	double i = floor(log(threshold) / log(p));
+	return i >= (double)max ? max : i < 1.0 ? 1u : (uint32_t)i;
+}
+
+void kvd_spec_learn(struct kvd_spec_seq *q, uint32_t k, uint32_t run)
+{
+	if (!k)
+		return;
+	if (!q->learnt)
+		q->miss = KVD_SPEC_MISS_PRIOR;
+	if (q->learnt < UINT32_MAX)
+		q->learnt++;
+	q->miss += KVD_SPEC_EWMA * ((float)(k - run) / (float)k - q->miss);
+	if (run) {
+		q->misses = 0;
+		q->backoff = 0;
+		return;
+	}
+	if (++q->misses < KVD_SPEC_MISSES)
+		return;
+	q->misses = 0;
+	q->backoff = q->backoff ? 2 * q->backoff : KVD_SPEC_PAUSE_MIN;
+	if (q->backoff > KVD_SPEC_PAUSE_MAX)
+		q->backoff = KVD_SPEC_PAUSE_MAX;
+	q->pause = q->backoff;
+}
+
+void kvd_spec_cost_step(struct kvd_spec_cost *c, uint32_t drafted, uint64_t dt_ns)
+{
+	double d = KVD_SPEC_COST_DECAY, x = drafted, y = (double)dt_ns;
+
+	c->s1 = c->s1 * d + 1;
+	c->sd = c->sd * d + x;
+	c->sdd = c->sdd * d + x * x;
+	c->sy = c->sy * d + y;
+	c->sdy = c->sdy * d + x * y;
+	if (drafted && c->n_drafting < UINT32_MAX)
+		c->n_drafting++;
+	double det = c->s1 * c->sdd - c->sd * c->sd;
+	if (det <= 1e-3 * c->s1 * c->sdd) /* drafts of one length only, or none: no slope yet */
+		return;
+	double slope = (c->s1 * c->sdy - c->sd * c->sy) / det;
+	double plain = (c->sy - slope * c->sd) / c->s1;
+	if (!(plain > 0))
+		return;
+	c->plain_ns = plain;
+	c->draft_ns = slope > 0 ? slope : 0;
+}
+
+double kvd_spec_threshold(const struct kvd_spec_cost *c, uint32_t n_decodes)
+{
+	if (c->n_drafting < KVD_SPEC_COST_MIN_STEPS || c->plain_ns <= 0)
+		return KVD_SPEC_LOOKUP_THRESHOLD;
+	return (double)(n_decodes ? n_decodes : 1) * c->draft_ns / c->plain_ns;
 }

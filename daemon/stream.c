@@ -138,6 +138,8 @@ void on_done(void *ud, uint64_t req_id, const struct kvd_request_result *res_sch
 		srv->prompt_tokens_total += res->prompt_tokens;
 		user_counters_add(srv, gr->who.uid, res->prompt_tokens, res->cached_tokens, res->adopted_tokens);
 	}
+	user_counters_add_spec(srv, gr->who.uid, res);
+	gr->done_spec = (struct ipc_done_spec){ res->spec_drafted_tokens, res->spec_accepted_tokens };
 	srv->generated_tokens_total += res->generated_tokens;
 	if (res->generated_tokens) /* time to first token as the client sees it: from the GENERATE */
 		kvd_hist_add(&srv->ttft, res->ttft_ns + pre);
@@ -179,6 +181,7 @@ void on_done(void *ud, uint64_t req_id, const struct kvd_request_result *res_sch
 	if (gr->xs && res->sample < gr->xs->n) {
 		gr->xs->s[res->sample].finished = true;
 		gr->xs->s[res->sample].done = gr->done;
+		gr->xs->s[res->sample].done_spec = gr->done_spec;
 		if (++gr->xs->n_done < gr->xs->n) {
 			if (gr->c)
 				client_mark_dirty(gr->c);
@@ -237,6 +240,7 @@ static int greq_flush(struct client *c, struct greq *gr)
 		return 0;
 	if (!gr->finished)
 		return 1;
+	bool spec = c->client_version >= IPC_SPEC_VERSION; /* older clients know no IPC_F_SPEC */
 	if (gr->shutdown) {
 		r = ipc_chan_send_error(c->chan, gr->id, IPC_ERR_SHUTDOWN, "kvd is shutting down; request ended");
 	} else if (gr->closed_session && gr->done.finish_reason == IPC_FINISH_CANCELLED) {
@@ -245,10 +249,11 @@ static int greq_flush(struct client *c, struct greq *gr)
 			 gr->closed_session);
 		r = ipc_chan_send_error(c->chan, gr->id, IPC_ERR_SESSION, msg);
 	} else
-		r = ipc_chan_send(c->chan, IPC_MSG_DONE, 0, gr->id, &gr->done, sizeof(gr->done), NULL, 0);
+		r = ipc_chan_send(c->chan, IPC_MSG_DONE, spec ? IPC_F_SPEC : 0, gr->id, &gr->done, sizeof(gr->done),
+				  spec ? &gr->done_spec : NULL, spec ? sizeof(gr->done_spec) : 0);
 	if (r == -EAGAIN) {
-		c->tx_need = sizeof(struct ipc_done) > sizeof(struct ipc_error) + IPC_MAX_ERROR_MSG_BYTES
-				     ? sizeof(struct ipc_done)
+		c->tx_need = sizeof(struct ipc_done) + sizeof(struct ipc_done_spec) > sizeof(struct ipc_error) + IPC_MAX_ERROR_MSG_BYTES
+				     ? sizeof(struct ipc_done) + sizeof(struct ipc_done_spec)
 				     : sizeof(struct ipc_error) + IPC_MAX_ERROR_MSG_BYTES;
 		return 0;
 	}

@@ -36,7 +36,7 @@ static_assert(sizeof(struct ipc_done) == 56, "ipc_done size");
 static_assert(offsetof(struct ipc_done, queue_ns) == 24, "ipc_done layout");
 static_assert(sizeof(struct ipc_error) == 8, "ipc_error size");
 static_assert(IPC_STATS_V070_BYTES == 40 * 8, "ipc_stats: 0.7.0's fields are fixed");
-static_assert(sizeof(struct ipc_stats) == 42 * 8 && sizeof(struct ipc_stats) <= IPC_MAX_STATS_BYTES, "ipc_stats size");
+static_assert(sizeof(struct ipc_stats) == 50 * 8 && sizeof(struct ipc_stats) <= IPC_MAX_STATS_BYTES, "ipc_stats size");
 static_assert(sizeof(struct ipc_tokenize) == 8, "ipc_tokenize size");
 static_assert(sizeof(struct ipc_tokenize_reply) == 16, "ipc_tokenize_reply size");
 static_assert(sizeof(struct ipc_session_open) == 8, "ipc_session_open size");
@@ -72,6 +72,7 @@ struct type_info {
 	uint32_t flags;    /* header flag bits the type defines */
 	unsigned n_fds;    /* exact number of fds */
 	uint32_t sample;   /* bytes IPC_F_SAMPLE adds to `fixed` (a struct ipc_sample) */
+	uint32_t spec;     /* bytes IPC_F_SPEC adds to it (a struct ipc_done_spec) */
 };
 
 #define C2S_SOCK (IPC_FROM_CLIENT | IPC_VIA_SOCKET)
@@ -86,7 +87,7 @@ static const struct type_info types[IPC_MSG_TYPE_MAX + 1] = {
 	[IPC_MSG_TOKEN] = { "TOKEN", IPC_FROM_SERVER | IPC_VIA_RING, sizeof(struct ipc_token), true, IPC_F_SAMPLE, 0,
 			    sizeof(struct ipc_sample) },
 	[IPC_MSG_DONE] = { "DONE", IPC_FROM_SERVER | IPC_VIA_RING | IPC_VIA_SOCKET, sizeof(struct ipc_done),
-			   false, IPC_F_SAMPLE, 0, sizeof(struct ipc_sample) },
+			   false, IPC_F_SAMPLE | IPC_F_SPEC, 0, sizeof(struct ipc_sample), sizeof(struct ipc_done_spec) },
 	[IPC_MSG_CANCEL] = { "CANCEL", C2S_SOCK, 0, false, 0, 0 },
 	[IPC_MSG_ERROR] = { "ERROR", IPC_FROM_SERVER | IPC_VIA_SOCKET | IPC_VIA_RING, sizeof(struct ipc_error),
 			    true, 0, 0 },
@@ -183,7 +184,7 @@ int ipc_frame_check(const void *buf, size_t n, unsigned n_fds, unsigned from, un
 		return -EPROTO;
 	if (h.flags & ~t->flags)
 		return -EPROTO;
-	uint32_t fixed = t->fixed + ((h.flags & IPC_F_SAMPLE) ? t->sample : 0);
+	uint32_t fixed = t->fixed + ((h.flags & IPC_F_SAMPLE) ? t->sample : 0) + ((h.flags & IPC_F_SPEC) ? t->spec : 0);
 	if (h.length < fixed || (!t->variable && h.length != fixed))
 		return -EBADMSG;
 	if (n_fds > t->n_fds)
@@ -695,16 +696,23 @@ int32_t ipc_token_id(const struct ipc_token_msg *m, uint32_t i)
 	return id;
 }
 
-int ipc_decode_done_sample(const struct ipc_frame *f, struct ipc_done *ret, struct ipc_sample *ret_sample)
+int ipc_decode_done_spec(const struct ipc_frame *f, struct ipc_done *ret, struct ipc_sample *ret_sample,
+			 struct ipc_done_spec *ret_spec)
 {
 	struct ipc_done d;
 	struct ipc_sample s = { 0 };
-	bool ext = f->hdr.flags & IPC_F_SAMPLE;
+	struct ipc_done_spec sp = { 0 };
+	bool ext = f->hdr.flags & IPC_F_SAMPLE, spec = f->hdr.flags & IPC_F_SPEC;
 
 	assert(f->hdr.type == IPC_MSG_DONE && f->hdr.length >= sizeof(d));
-	if (f->hdr.length != sizeof(d) + (ext ? sizeof(s) : 0))
+	if (f->hdr.length != sizeof(d) + (ext ? sizeof(s) : 0) + (spec ? sizeof(sp) : 0))
 		return -EBADMSG;
 	memcpy(&d, f->payload, sizeof(d));
+	if (spec) {
+		memcpy(&sp, f->payload + sizeof(d) + (ext ? sizeof(s) : 0), sizeof(sp));
+		if (sp.accepted_tokens > sp.drafted_tokens)
+			return -EINVAL;
+	}
 	if (ext) {
 		memcpy(&s, f->payload + sizeof(d), sizeof(s));
 		if (s.n_top || s.lp_flags)
@@ -723,7 +731,14 @@ int ipc_decode_done_sample(const struct ipc_frame *f, struct ipc_done *ret, stru
 	*ret = d;
 	if (ret_sample)
 		*ret_sample = s;
+	if (ret_spec)
+		*ret_spec = sp;
 	return 0;
+}
+
+int ipc_decode_done_sample(const struct ipc_frame *f, struct ipc_done *ret, struct ipc_sample *ret_sample)
+{
+	return ipc_decode_done_spec(f, ret, ret_sample, NULL);
 }
 
 int ipc_decode_done(const struct ipc_frame *f, struct ipc_done *ret)
@@ -762,7 +777,8 @@ int ipc_decode_stats(const struct ipc_frame *f, struct ipc_stats *ret)
 	if (s.pages_free > s.pages_total || s.pages_used > s.pages_total || s.pages_cached > s.pages_total ||
 	    s.pages_shared > s.pages_used || s.pages_packed > s.pages_used)
 		return -EINVAL;
-	if (s.prefix_hit_tokens > s.prefix_query_tokens || s.adopted_hit_tokens > s.prefix_hit_tokens)
+	if (s.prefix_hit_tokens > s.prefix_query_tokens || s.adopted_hit_tokens > s.prefix_hit_tokens ||
+	    s.spec_accepted_tokens > s.spec_drafted_tokens)
 		return -EINVAL;
 	*ret = s;
 	return 0;

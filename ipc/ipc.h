@@ -182,6 +182,7 @@ struct ipc_hdr {
 /* Header flags. */
 #define IPC_F_MORE 0x1u /* TOKENIZE_REPLY, PS_REPLY: more frames follow */
 #define IPC_F_SAMPLE 0x2u /* TOKEN, DONE: a struct ipc_sample follows the fixed struct */
+#define IPC_F_SPEC   0x4u /* DONE: a struct ipc_done_spec follows (after the struct ipc_sample, if any) */
 
 /* Where a message may travel (checked by ipc_frame_check). */
 #define IPC_FROM_CLIENT 0x1u
@@ -286,7 +287,8 @@ struct ipc_welcome {
 #define IPC_GEN_TENANT         0x80u /* a struct ipc_gen_tenant follows (ipc_owner.h) */
 #define IPC_GEN_PRIORITY       0x100u /* a struct ipc_gen_priority follows (ipc_owner.h) */
 #define IPC_GEN_CONSTRAINT     0x200u /* a struct ipc_gen_constraint follows (ipc_owner.h) */
-#define IPC_GEN_ALL            0x3ffu
+#define IPC_GEN_NO_SPECULATE   0x400u /* no speculative decoding for this request (IPC_SPEC_VERSION) */
+#define IPC_GEN_ALL            0x7ffu
 
 struct ipc_generate {
 	uint32_t gen_flags;       /* IPC_GEN_* */
@@ -368,6 +370,8 @@ struct ipc_done {
 	uint64_t total_ns;        /* received -> finished */
 };
 
+#include "ipc_spec.h" /* speculative decoding: DONE's IPC_F_SPEC block, IPC_SPEC_VERSION */
+
 struct ipc_error {
 	int32_t code;             /* ipc_error_code_valid() */
 	uint32_t msg_bytes;       /* 0 .. IPC_MAX_ERROR_MSG_BYTES, no NUL on the wire */
@@ -422,6 +426,8 @@ struct ipc_stats {
 	 * are sent only to clients of that version or later. */
 	uint64_t gram_checked;        /* constrained tokens the greedy check alone answered (fast path) */
 	uint64_t gram_masked;         /* constrained tokens drawn over a full mask of allowed tokens */
+	uint64_t spec_verify_steps, spec_drafted_tokens, spec_accepted_tokens; /* IPC_SPEC_VERSION: ipc_spec.h */
+	uint64_t spec_runs_0, spec_runs_1, spec_runs_2_3, spec_runs_4_7, spec_runs_8_16;
 };
 /*
  * STATS_REPLY's length. Up to kvd 0.7.0 the reply was exactly

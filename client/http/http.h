@@ -152,6 +152,7 @@ struct http_gen_req {
 	size_t n_stop;
 	uint32_t n;              /* choices, 1 .. HTTP_MAX_N (0: not given, one) */
 	bool logprobs;           /* chat: 'logprobs': true; completions: 'logprobs': K given */
+	bool no_speculate;       /* 'speculative': false (KVC_GEN_NO_SPECULATE) */
 	uint32_t top_logprobs;   /* chat: 'top_logprobs'; completions: 'logprobs' K */
 	int32_t priority;        /* vLLM's 'priority': lower first among the gateway tenant's requests */
 

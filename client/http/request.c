@@ -560,6 +560,11 @@ static int parse_fields(int ep, json_t *o, struct http_gen_req *r, struct http_e
 			return BAD(e, "stream", "'stream' must be a boolean");
 		r->stream = json_is_true(v);
 	}
+	if ((v = opt(o, "speculative"))) { /* kvd's own: false opts out of speculative decoding */
+		if (!json_is_boolean(v))
+			return BAD(e, "speculative", "'speculative' must be a boolean");
+		r->no_speculate = json_is_false(v);
+	}
 	if ((v = opt(o, "stream_options"))) {
 		if (!r->stream)
 			return BAD(e, "stream_options", "'stream_options' is only allowed when 'stream' is true");

@@ -281,6 +281,8 @@ static void fill_params(const struct conn *c, const struct kvc_info *info, struc
 	p->stop = (const char *const *)q->stop;
 	p->n_stop = q->n_stop;
 	p->n_samples = q->n;
+	if (q->no_speculate)
+		p->flags |= KVC_GEN_NO_SPECULATE;
 	if (q->logprobs) {
 		p->flags |= KVC_GEN_LOGPROBS | KVC_GEN_WANT_IDS;
 		p->top_logprobs = q->top_logprobs;

@@ -108,9 +108,10 @@ void gen_result_json(FILE *f, const struct kvc_result *res)
 	fprintf(f,
 		"\"finish_reason\":\"%s\",\"prompt_tokens\":%" PRIu32 ",\"cached_tokens\":%" PRIu32
 		",\"generated_tokens\":%" PRIu32 ",\"ttft_ms\":%.3f,\"tokens_per_s\":%.2f,\"queue_ms\":%.3f"
-		",\"total_ms\":%.3f",
+		",\"total_ms\":%.3f,\"spec_drafted_tokens\":%" PRIu32 ",\"spec_accepted_tokens\":%" PRIu32,
 		kvc_finish_name(res->finish_reason), res->prompt_tokens, res->cached_tokens, res->generated_tokens,
-		ms(res->ttft_ns), tps, ms(res->queue_ns), ms(res->total_ns));
+		ms(res->ttft_ns), tps, ms(res->queue_ns), ms(res->total_ns), res->spec_drafted_tokens,
+		res->spec_accepted_tokens);
 }
 
 /* "text", "token_ids" and (with --logprobs) "logprobs" of sample i. */
@@ -147,8 +148,10 @@ void gen_samples_print_json(struct gen_samples *g, const kvc_request *q, int cod
 			fprintf(f, "%s{\"sample\":%" PRIu32 ",", i ? "," : "", i);
 			sample_json(f, &g->s[i], g->logprobs);
 			if (sr)
-				fprintf(f, ",\"finish_reason\":\"%s\",\"generated_tokens\":%" PRIu32,
-					kvc_finish_name(sr->finish_reason), sr->generated_tokens);
+				fprintf(f, ",\"finish_reason\":\"%s\",\"generated_tokens\":%" PRIu32
+					   ",\"spec_drafted_tokens\":%" PRIu32 ",\"spec_accepted_tokens\":%" PRIu32,
+					kvc_finish_name(sr->finish_reason), sr->generated_tokens, sr->spec_drafted_tokens,
+					sr->spec_accepted_tokens);
 			fputs("}", f);
 		}
 		fputs("]", f);

@@ -94,6 +94,11 @@ static const char help_generate[] =
 	"                         speed after the first token. On failure the object has\n"
 	"                         an \"error\" member {\"code\", \"message\"} instead.\n"
 	"    --no-newline         do not add a final newline\n"
+	"    --no-speculate       no speculative decoding for this request, whatever the\n"
+	"                         daemon's [speculative] mode (the output is the same\n"
+	"                         either way: this only chooses the plain path's speed;\n"
+	"                         kvd 0.9.0 or later). --json reports each request's\n"
+	"                         \"spec_drafted_tokens\" and \"spec_accepted_tokens\"\n"
 	"    -n, --samples N      N independent samples of the prompt, 1 <= N <= 16: the\n"
 	"                         daemon computes the prompt once and the samples share its\n"
 	"                         KV pages ('kvctl ps' lists each). Printed at the end, each\n"
@@ -300,7 +305,7 @@ int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 	enum { O_RAW = OPT_FIRST_CMD, O_SYSTEM, O_MAX, O_TEMP, O_TOPP, O_TOPK, O_MINP, O_REP, O_SEED, O_STOP,
 	       O_SESSION, O_JSON, O_SPECIAL, O_NO_NEWLINE, O_SAMPLES, O_LOGPROBS,
 	       O_CTX_POLICY, O_CTX_WINDOW, O_CTX_SINKS, O_TENANT, O_PRIORITY, O_SCHEMA, O_GRAMMAR, O_REGEX,
-	       O_CHOICE, O_JSON_OBJECT };
+	       O_CHOICE, O_JSON_OBJECT, O_NO_SPEC };
 	static const struct option longopts[] = {
 		{ "raw", no_argument, NULL, O_RAW },
 		{ "system", required_argument, NULL, O_SYSTEM },
@@ -328,6 +333,7 @@ int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 		{ "regex", required_argument, NULL, O_REGEX },
 		{ "choice", required_argument, NULL, O_CHOICE },
 		{ "json-object", no_argument, NULL, O_JSON_OBJECT },
+		{ "no-speculate", no_argument, NULL, O_NO_SPEC },
 		COMMON_LONGOPTS,
 		{ 0 },
 	};
@@ -414,6 +420,9 @@ int generate_main(struct ctx *x, int argc, char **argv, bool chat)
 			break;
 		case O_JSON:
 			json = true;
+			break;
+		case O_NO_SPEC:
+			p.flags |= KVC_GEN_NO_SPECULATE;
 			break;
 		case 'n':
 		case O_SAMPLES:

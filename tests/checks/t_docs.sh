@@ -118,7 +118,7 @@ ok "README.md's C example compiles against client/kvclient.h"
 
 # kvctl stats --help names every member --json prints (the list's fields)
 "$KVCTL" stats --help | tr -s ' \n,' '\n' >"$T/stats_help"
-for f in $(grep -oE '^	X\([a-z_]+' client/kvc_metrics.h | cut -c4-); do
+for f in $(grep -oE '^	X\([a-z0-9_]+' client/kvc_metrics.h | cut -c4-); do
 	grep -qx "$f" "$T/stats_help" || fail "kvctl stats --help does not name the --json member $f"
 done
 ok "kvctl stats --help names every --json member of client/kvc_metrics.h"

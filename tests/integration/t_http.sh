@@ -172,7 +172,7 @@ $PY - "$T/metrics" <<'PYEOF' || fail "/metrics is not Prometheus text"
 import re, sys
 for l in open(sys.argv[1]):
     l = l.rstrip("\n")
-    assert l.startswith("# HELP ") or l.startswith("# TYPE ") or re.fullmatch(r'[a-z_]+(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? [0-9.e+-]+', l), l
+    assert l.startswith("# HELP ") or l.startswith("# TYPE ") or re.fullmatch(r'[a-z_][a-z0-9_]*(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? [0-9.e+-]+', l), l
 PYEOF
 ok "401 / 400 / 404 / 405 / 413 (sized and chunked) / 431 as OpenAI errors; /health open; /metrics Prometheus text"
 

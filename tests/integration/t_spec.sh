@@ -5,6 +5,9 @@
 #   - an input-grounded prompt (quote a given paragraph), where drafts are
 #     accepted: greedy, seeded, -n 2 samples, 4 at once with their own seeds;
 #   - a free-text prompt (a story), where drafts are mostly rejected;
+#   - a regex constraint (greedy and seeded), log-probabilities (text, ids,
+#     log-probabilities and finish of --json), a sliding-window policy
+#     (not drafted for: t_spec_seen.sh checks that nothing is drafted);
 #   - 6 at once in a 6M pool with a swap file, so requests are preempted
 #     (swapped out and back) between drafting steps.
 # The lookup daemons must have drafted and accepted tokens (their exit log
@@ -36,6 +39,13 @@ run_cases() {
 	gen "$sock" "$T/$m.g_story" --temperature 0 --max-tokens 40 "$STORY"
 	gen "$sock" "$T/$m.s_story" --temperature 0.9 --seed 11 --max-tokens 40 "$STORY"
 	gen "$sock" "$T/$m.n2" --temperature 0.8 --seed 5 -n 2 --max-tokens 48 "$QUOTE"
+	gen "$sock" "$T/$m.g_regex" --temperature 0 --max-tokens 48 --regex '[A-Za-z ,.]{10,300}' "$QUOTE"
+	gen "$sock" "$T/$m.s_regex" --temperature 0.7 --seed 3 --max-tokens 48 --regex '[A-Za-z ,.]{10,300}' "$QUOTE"
+	gen "$sock" "$T/$m.win" --temperature 0 --max-tokens 48 --context-policy sliding-window --window 64 "$QUOTE"
+	gen "$sock" "$T/$m.lpj" --json --temperature 0.8 --seed 9 --max-tokens 48 --logprobs 2 "$QUOTE"
+	$PY -c 'import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps([d["text"], d["token_ids"], d["logprobs"], d["finish_reason"]]))' \
+		"$T/$m.lpj" >"$T/$m.lp" 2>>"$T/$m.lpj.err" || echo 1 >"$T/$m.lpj.rc"
+	cp "$T/$m.lpj.rc" "$T/$m.lp.rc"; cp "$T/$m.lpj.err" "$T/$m.lp.err"
 	local jobs=()
 	for i in 1 2 3 4; do
 		gen "$sock" "$T/$m.c$i" --temperature 0.7 --seed $((20 + i)) --max-tokens 48 "$QUOTE" &
@@ -82,12 +92,12 @@ accepted() {
 
 run_cases off
 run_cases lookup
-same g_quote s_quote g_story s_story n2 c1 c2 c3 c4
+same g_quote s_quote g_story s_story n2 c1 c2 c3 c4 g_regex s_regex win lp
 grep -q "speculative decoding:" "$T/off.log" && fail "mode = off drafted: $(grep 'speculative decoding:' "$T/off.log")"
 acc=$(accepted "$T/lookup.log")
 [ "$acc" -gt 0 ] || fail "mode = lookup accepted no draft token ($(grep 'speculative' "$T/lookup.log"))"
 grep -q "^--- sample 1 (" "$T/lookup.n2" || fail "-n 2 printed no second sample: $(cat "$T/lookup.n2")"
-ok "quote and story, greedy and seeded, -n 2, 4 at once: byte-identical with and without speculation ($acc draft tokens accepted)"
+ok "quote and story, greedy and seeded, -n 2, 4 at once, a regex constraint (greedy, seeded), a sliding window, logprobs: byte-identical with and without speculation ($acc draft tokens accepted)"
 
 run_pressed off
 run_pressed lookup

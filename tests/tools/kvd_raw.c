@@ -284,15 +284,17 @@ static int run_generate(struct conn *c, uint64_t rid, const struct gen_opts *o, 
 			first = false;
 		} else if (f.hdr.type == IPC_MSG_DONE) {
 			struct ipc_done d;
-			if (ipc_decode_done(&f, &d) < 0) {
+			struct ipc_done_spec sp;
+			if (ipc_decode_done_spec(&f, &d, NULL, &sp) < 0) {
 				fprintf(stderr, "bad DONE\n");
 				return 1;
 			}
 			fprintf(stderr,
 				"DONE finish=%s error=%d prompt=%u cached=%u generated=%u ttft_ms=%.1f total_ms=%.1f "
-				"records=%u max_tokens_per_record=%u\n",
+				"records=%u max_tokens_per_record=%u spec_block=%d drafted=%u accepted=%u\n",
 				ipc_finish_name(d.finish_reason), d.error, d.prompt_tokens, d.cached_tokens,
-				d.generated_tokens, (double)d.ttft_ns / 1e6, (double)d.total_ns / 1e6, records, max_batch);
+				d.generated_tokens, (double)d.ttft_ns / 1e6, (double)d.total_ns / 1e6, records, max_batch,
+				!!(f.hdr.flags & IPC_F_SPEC), sp.drafted_tokens, sp.accepted_tokens);
 			return 0;
 		} else if (f.hdr.type == IPC_MSG_ERROR) {
 			print_error_frame(&f);

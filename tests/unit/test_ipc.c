@@ -775,6 +775,38 @@ static void test_sample_frames(void **state)
 				IPC_VIA_RING, &f),
 			 -EPROTO);
 
+	/* DONE with IPC_F_SPEC (0.9.0): after the ipc_sample when both are set,
+	 * exact size, no more accepted than drafted, zero without the flag */
+	struct ipc_done_spec sp = { .drafted_tokens = 9, .accepted_tokens = 7 }, gsp;
+	ds = (struct ipc_sample){ .sample = 1 };
+	memcpy(bad + sizeof(d), &ds, sizeof(ds));
+	memcpy(bad + sizeof(d) + sizeof(ds), &sp, sizeof(sp));
+	assert_int_equal(check1(IPC_MSG_DONE, IPC_F_SAMPLE | IPC_F_SPEC, bad, sizeof(d) + sizeof(ds) + sizeof(sp),
+				IPC_FROM_SERVER, IPC_VIA_RING, &f),
+			 0);
+	assert_int_equal(ipc_decode_done_spec(&f, &dd, &got, &gsp), 0);
+	assert_int_equal(got.sample, 1);
+	assert_int_equal(gsp.drafted_tokens, 9);
+	assert_int_equal(gsp.accepted_tokens, 7);
+	assert_int_not_equal(check1(IPC_MSG_DONE, IPC_F_SAMPLE | IPC_F_SPEC, bad, sizeof(d) + sizeof(ds), IPC_FROM_SERVER,
+				    IPC_VIA_RING, &f),
+			     0); /* the flag without its block */
+	memcpy(bad + sizeof(d), &sp, sizeof(sp));
+	assert_int_equal(check1(IPC_MSG_DONE, IPC_F_SPEC, bad, sizeof(d) + sizeof(sp), IPC_FROM_SERVER, IPC_VIA_SOCKET, &f), 0);
+	assert_int_equal(ipc_decode_done_spec(&f, &dd, NULL, &gsp), 0);
+	assert_int_equal(gsp.accepted_tokens, 7);
+	assert_int_equal(ipc_decode_done(&f, &dd), 0); /* an older reader's call still works */
+	sp.accepted_tokens = 10;
+	memcpy(bad + sizeof(d), &sp, sizeof(sp));
+	check1(IPC_MSG_DONE, IPC_F_SPEC, bad, sizeof(d) + sizeof(sp), IPC_FROM_SERVER, IPC_VIA_SOCKET, &f);
+	assert_int_equal(ipc_decode_done_spec(&f, &dd, NULL, &gsp), -EINVAL);
+	check1(IPC_MSG_DONE, 0, bad, sizeof(d), IPC_FROM_SERVER, IPC_VIA_SOCKET, &f);
+	assert_int_equal(ipc_decode_done_spec(&f, &dd, NULL, &gsp), 0);
+	assert_int_equal(gsp.drafted_tokens, 0);
+	assert_int_equal(check1(IPC_MSG_TOKEN, IPC_F_SPEC, bad, sizeof(struct ipc_token), IPC_FROM_SERVER, IPC_VIA_RING,
+				&f),
+			 -EPROTO); /* DONE's flag only */
+
 	/* PS entries: the sample index is bounded */
 	struct {
 		struct ipc_ps_reply r;

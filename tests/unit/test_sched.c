@@ -1380,7 +1380,10 @@ static void test_sampling_same_under_any_load(void **state)
  * roomy pool and in a tight one with swap (preemptions between drafting
  * steps), at block sizes that put the cut inside and across pages; drafts
  * are accepted, stop verdicts inside a draft end exactly where they would,
- * and every page comes back. */
+ * and every page comes back. mode = auto likewise; a request that opts out
+ * drafts nothing; the requests' drafted and accepted tokens and verify
+ * steps add up to the scheduler's, and the acceptance histograms hold
+ * every verify step. */
 static void test_spec_lookup_exact(void **state)
 {
 	static struct rec ref[MAX_REQ];
@@ -1395,7 +1398,7 @@ static void test_spec_lookup_exact(void **state)
 
 	g_copying = 1;
 	for (int m = 0; m < 3; m++)
-		for (int mode = 0; mode < 2; mode++) {
+		for (int mode = 0; mode < 3; mode++) { /* off, lookup, auto */
 			struct setup su = mixes[m];
 			struct ctx c;
 			struct kvd_sched_stats st;
@@ -1405,7 +1408,7 @@ static void test_spec_lookup_exact(void **state)
 				snprintf(swap, sizeof(swap), "%s/swap", dir);
 				su.swap = swap;
 			}
-			su.spec = (struct kvd_spec_config){ .mode = mode ? KVD_SPEC_LOOKUP : KVD_SPEC_OFF,
+			su.spec = (struct kvd_spec_config){ .mode = mode == 2 ? KVD_SPEC_AUTO : mode ? KVD_SPEC_LOOKUP : KVD_SPEC_OFF,
 							    .draft_tokens = 8, .min_match = 2 };
 			open_ctx(&c, &su);
 			for (int i = 0; i < n; i++) {
@@ -1417,6 +1420,7 @@ static void test_spec_lookup_exact(void **state)
 					rp.sampling.min_p = 0;
 					rp.sampling.seed = (uint64_t)i * 7919u;
 				}
+				rp.no_speculate = i == 5; /* opts out */
 				c.r[i].stop_at = i == 2 ? 13 : 0; /* a stop verdict, likely inside a draft */
 				assert_int_equal(kvd_sched_submit(c.s, (uint64_t)i, p, np, &rp), 0);
 			}
@@ -1438,6 +1442,27 @@ static void test_spec_lookup_exact(void **state)
 				assert_true(st.spec_accepted > 0);
 				assert_true(st.spec_accepted <= st.spec_drafted);
 			}
+			/* the requests' counts add up to the scheduler's; each one's
+			 * histogram holds its verify steps; the opted-out one drafted nothing */
+			uint64_t drafted = 0, accepted = 0, verifies = 0, runs = 0;
+			for (int i = 0; i < n; i++) {
+				const struct kvd_request_result *x = &c.r[i].res;
+				uint32_t in_runs = 0;
+				for (unsigned b = 0; b < KVD_SPEC_RUN_BUCKETS; b++)
+					in_runs += x->spec_runs[b];
+				assert_int_equal(in_runs, x->spec_verify_steps);
+				assert_true(x->spec_accepted_tokens <= x->spec_drafted_tokens);
+				drafted += x->spec_drafted_tokens;
+				accepted += x->spec_accepted_tokens;
+				verifies += x->spec_verify_steps;
+			}
+			for (unsigned b = 0; b < KVD_SPEC_RUN_BUCKETS; b++)
+				runs += st.spec_runs[b];
+			assert_int_equal(c.r[5].res.spec_drafted_tokens, 0);
+			assert_int_equal(drafted, st.spec_drafted);
+			assert_int_equal(accepted, st.spec_accepted);
+			assert_int_equal(verifies, st.spec_verifies);
+			assert_int_equal(runs, st.spec_verifies);
 			if (m == 1)
 				assert_true(st.preemptions > 0);
 			assert_int_equal(st.tokens_generated, (uint64_t)(n - 1) * 40 + 13);

@@ -2,7 +2,9 @@
  * tests/unit/test_spec.c — the prompt-lookup drafter of speculative
  * decoding (daemon/spec.h): what it proposes after a sequence's tokens,
  * the most recent match first, never past the tokens it has, nothing
- * without a match or beyond its look-back.
+ * without a match or beyond its look-back; the draft length each sequence
+ * learns from its acceptance, its back-off and probing again; the fit of
+ * what a draft token costs and the threshold made from it.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -10,6 +12,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <math.h>
 
 #include <cmocka.h>
 
@@ -90,6 +94,106 @@ static void test_lookback_bound(void **state)
 	free(t);
 }
 
+/* A fresh sequence drafts as its prior says (p = 0.5: the longest i with
+ * 0.5^i > 0.1 is 3); acceptance lengthens its drafts to the full length,
+ * rejections shorten them (never below 1). */
+static void test_length_follows_acceptance(void **state)
+{
+	struct kvd_spec_seq q = { 0 };
+
+	(void)state;
+	assert_int_equal(kvd_spec_next_len(&q, 8, 0.1), 3);
+	uint32_t prev = 3, steps = 0;
+	while (kvd_spec_next_len(&q, 8, 0.1) < 8) { /* all accepted: longer each time */
+		uint32_t k = kvd_spec_next_len(&q, 8, 0.1);
+		assert_true(k >= prev);
+		kvd_spec_learn(&q, k, k);
+		prev = k;
+		assert_true(++steps < 6);
+	}
+	q = (struct kvd_spec_seq){ 0 };
+	for (int i = 0; i < 20; i++)
+		kvd_spec_learn(&q, 8, 8);
+	assert_int_equal(kvd_spec_next_len(&q, 8, 0.1), 8);
+	float m0 = q.miss;
+	kvd_spec_learn(&q, 8, 2); /* 6 of 8 rejected */
+	uint32_t k1 = kvd_spec_next_len(&q, 8, 0.3);
+	assert_true(k1 >= 1 && k1 < 8);
+	/* p = 1 - (m0 + 0.3 * (0.75 - m0)): the longest i with p^i > 0.3 */
+	assert_int_equal(k1, (uint32_t)floor(log(0.3) / log(1.0 - (m0 + 0.3 * (0.75 - m0)))));
+	kvd_spec_learn(&q, k1, 0);
+	kvd_spec_learn(&q, k1, 0);
+	uint32_t k2 = kvd_spec_next_len(&q, 8, 0.3);
+	assert_true(k2 >= 1 && k2 < k1);
+	for (int i = 0; i < 20; i++)
+		kvd_spec_learn(&q, 8, 8);
+	assert_int_equal(kvd_spec_next_len(&q, 8, 0.1), 8);
+	/* a higher threshold (a wider batch) drafts shorter; >= 1: nothing */
+	kvd_spec_learn(&q, 8, 4);
+	assert_true(kvd_spec_next_len(&q, 8, 0.6) < kvd_spec_next_len(&q, 8, 0.1));
+	assert_int_equal(kvd_spec_next_len(&q, 8, 1.0), 0);
+	assert_int_equal(kvd_spec_next_len(&q, 0, 0.1), 0);
+}
+
+/* KVD_SPEC_MISSES verify steps accepting nothing pause drafting for
+ * KVD_SPEC_PAUSE_MIN decodes, the next pause is twice as long (up to
+ * KVD_SPEC_PAUSE_MAX), and any accepted token ends the back-off. */
+static void test_backs_off_and_probes_again(void **state)
+{
+	struct kvd_spec_seq q = { 0 };
+	uint32_t pause = KVD_SPEC_PAUSE_MIN;
+
+	(void)state;
+	for (int round = 0; round < 8; round++) {
+		for (uint32_t i = 0; i < KVD_SPEC_MISSES; i++) {
+			uint32_t k = kvd_spec_next_len(&q, 8, 0.1);
+			assert_true(k >= 1); /* probing: a short draft, never none */
+			kvd_spec_learn(&q, k, 0);
+		}
+		for (uint32_t i = 0; i < pause; i++)
+			assert_int_equal(kvd_spec_next_len(&q, 8, 0.1), 0);
+		assert_true(kvd_spec_next_len(&q, 8, 0.1) >= 1); /* probes again */
+		pause = pause * 2 > KVD_SPEC_PAUSE_MAX ? KVD_SPEC_PAUSE_MAX : pause * 2;
+	}
+	assert_int_equal(pause, KVD_SPEC_PAUSE_MAX);
+	kvd_spec_learn(&q, 1, 1); /* accepted: the back-off starts over */
+	for (uint32_t i = 0; i < KVD_SPEC_MISSES; i++)
+		kvd_spec_learn(&q, 1, 0);
+	for (uint32_t i = 0; i < KVD_SPEC_PAUSE_MIN; i++)
+		assert_int_equal(kvd_spec_next_len(&q, 8, 0.1), 0);
+	assert_true(kvd_spec_next_len(&q, 8, 0.1) >= 1);
+}
+
+/* Steps timed as 10 ms + 0.5 ms per draft token: the fit finds both, and
+ * the threshold is B * 0.5 / 10; before enough drafting steps it is
+ * lookup's constant. */
+static void test_cost_fit_and_threshold(void **state)
+{
+	struct kvd_spec_cost c = { 0 };
+
+	(void)state;
+	assert_true(kvd_spec_threshold(&c, 1) == KVD_SPEC_LOOKUP_THRESHOLD);
+	for (uint32_t i = 0; i < 40; i++) {
+		uint32_t d = (i * 7) % 9;
+		kvd_spec_cost_step(&c, d, 10000000u + 500000u * d);
+	}
+	assert_true(fabs(c.plain_ns - 1e7) < 1e3);
+	assert_true(fabs(c.draft_ns - 5e5) < 1e2);
+	assert_true(fabs(kvd_spec_threshold(&c, 1) - 0.05) < 1e-4);
+	assert_true(fabs(kvd_spec_threshold(&c, 32) - 1.6) < 1e-3); /* a wide batch: no drafts pay */
+	struct kvd_spec_seq q = { 0 };
+	assert_int_equal(kvd_spec_next_len(&q, 8, kvd_spec_threshold(&c, 32)), 0);
+}
+
+static void test_run_buckets(void **state)
+{
+	static const unsigned want[17] = { 0, 1, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 4, 4, 4, 4, 4 };
+
+	(void)state;
+	for (uint32_t i = 0; i <= KVD_SPEC_MAX_DRAFT; i++)
+		assert_int_equal(kvd_spec_run_bucket(i), want[i]);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -98,6 +202,10 @@ int main(void)
 		cmocka_unit_test(test_never_past_the_end),
 		cmocka_unit_test(test_nothing_without_a_match),
 		cmocka_unit_test(test_lookback_bound),
+		cmocka_unit_test(test_length_follows_acceptance),
+		cmocka_unit_test(test_backs_off_and_probes_again),
+		cmocka_unit_test(test_cost_fit_and_threshold),
+		cmocka_unit_test(test_run_buckets),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
