@@ -31,9 +31,11 @@
  * 0.7.0: GENERATE may carry a constraint (IPC_GEN_CONSTRAINT,
  * IPC_CONSTRAINT_SERVER_VERSION): structured output.
  * 0.8.0: WELCOME carries the model id (IPC_MODEL_ID_CLIENT_VERSION); STATS
- * replies grow (IPC_STATS_GROW_VERSION) and carry the constraint counters. */
-#define KVD_VERSION     "0.8.0"
-#define KVD_VERSION_NUM ((0u << 16) | (8u << 8) | 0u) /* as in ipc_welcome.server_version */
+ * replies grow (IPC_STATS_GROW_VERSION) and carry the constraint counters.
+ * 0.9.0: chat turns may carry tools, tool calls and tool results
+ * (IPC_CHAT_TOOLS_SERVER_VERSION), rendered in the family's tool format. */
+#define KVD_VERSION     "0.9.0"
+#define KVD_VERSION_NUM ((0u << 16) | (9u << 8) | 0u) /* as in ipc_welcome.server_version */
 
 struct kvd_engine;
 struct kvd_server;
