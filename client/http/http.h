@@ -9,8 +9,8 @@
  *              request (jansson does all parsing) and builds the JSON of
  *              responses, stream chunks and OpenAI error objects; it knows
  *              nothing of HTTP or of kvd, so a fuzz target can drive it alone;
- *   structured.c  its structured-output and tool fields (constraints, the
- *              generic tool format), likewise free of HTTP and kvd;
+ *   structured.c  its structured-output and tool fields (constraints, the tool
+ *              turns kvd renders, the generic format), likewise free of HTTP and kvd;
  *   routes.c   the route table and dispatch;
  *   toolcall.c a model's text read back as tool calls (and their stream);
  *   config.c   configuration file ([http] keys) and command line;

@@ -24,9 +24,12 @@
  * "constraint: /pointer: ...") becomes a 400 whose error object carries
  * the position (http_constraint_error).
  *
- * Tools: kvd's chat templates know the roles system, user and assistant,
- * so the gateway renders tools itself, in one generic format for every
- * model — the shape Qwen 2.5/3's own template uses (Hermes-style):
+ * Tools: kvd 0.9.0 renders tools, an assistant's calls and tool results in
+ * the model family's own tool format from kvd's tool turns
+ * (http_tool_turns: "tools", "tool_calls", "tool"). For an older kvd the
+ * gateway renders them itself in one generic format — the shape Qwen
+ * 2.5/3's own template uses (Hermes-style), which is also what kvd uses
+ * for templates without a tool format:
  *
  *   system:    (the system message, then) "# Tools" … <tools> one JSON object
  *              per function </tools> … "return a json object … within
@@ -41,10 +44,12 @@
  * "required" or a named function the output is
  * constrained by a JSON Schema of the bare call object, {"name": const,
  * "arguments": the function's parameters} (anyOf over the functions for
- * "required"), so even a small model returns one call that validates; the
- * gateway reads it as the call (toolcall.c) rather than asking the grammar
- * for the <tool_call> tags around it. With "auto" nothing is constrained
- * and the calls are parsed from the tags when the model writes them.
+ * "required"; with parallel_tool_calls true given, a JSON array of 1 to
+ * HTTP_MAX_PARALLEL_CALLS of them), so even a small model returns calls
+ * that validate; the gateway reads it as the calls (toolcall.c) rather
+ * than asking the grammar for a family's tags around them. With "auto"
+ * nothing is constrained and the calls are parsed from any family's shape
+ * when the model writes one.
  *
  * Like request.c, nothing here knows HTTP or kvd.
  */

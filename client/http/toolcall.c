@@ -3,11 +3,17 @@
  *
  * With tool_choice "required" or a named function the output was
  * constrained to one bare call object, {"name": ..., "arguments": {...}}
- * (structured.c), and the whole text is that call. With "auto" the text is
- * free: each <tool_call>{...}</tool_call> block naming one of the request's
- * tools is a call (a last block whose closing tag the model never wrote
- * counts when its JSON is whole), and the text outside the blocks, trimmed,
- * is the message's content (null when nothing is left). parallel_tool_calls
+ * (structured.c), and the whole text is that call; with parallel_tool_calls
+ * true given, a JSON array of such calls. With "auto" the text is free and
+ * read in every family's shape: each <tool_call>{...}</tool_call> block
+ * naming one of the request's tools is a call (a last block whose closing
+ * tag the model never wrote counts when its JSON is whole; Qwen, and the
+ * generic format), and the text outside the blocks, trimmed, is the
+ * message's content (null when nothing is left); a text without blocks
+ * that is JSON alone — an array of calls (Mistral's, after its
+ * [TOOL_CALLS] token, which is not text) or call objects joined by ';'
+ * (Llama 3.1's {"name", "parameters"}) — is its calls when every part is a
+ * call of one of the tools. parallel_tool_calls
  * false keeps the first call only. A text with no call is answered as
  * plain content with the usual finish reason; one with calls has
  * finish_reason "tool_calls" and message.tool_calls, each with an id
@@ -19,7 +25,9 @@
  * be the call object's closing brace), then the finish chunk: what OpenAI
  * streams. With "auto" the text streams as content as it comes, up to the
  * first <tool_call> (a tail that could still become one waits for the
- * next token); from there on the text is held until the request ends
+ * next token; a text that opens with '{' or '[' is held from the start);
+ * a forced list of calls is held likewise; from there on the text is held
+ * until the request ends
  * (whether it holds calls is known only then) and each call is sent the
  * same way: per call a first delta with its index, id, type and name
  * and empty arguments, then the arguments in deltas of at most

@@ -1,17 +1,21 @@
 """tests/integration/http_tools_family.py BASE_URL FAMILY KVCTL — tools in one
 chat family's own format through kvd-http (t_http_tools_family.sh runs it
-per family against a tiny random-weight model with that family's template;
-$KVD_SOCKET names kvd's socket for kvctl).
+per family against a tiny random-weight model with that family's template,
+t_constrained_gemma.sh with FAMILY gemma on Gemma 3 270M, whose template has
+no tool format: the generic one; $KVD_SOCKET names kvd's socket for kvctl).
 
 Checked (any failure raises):
   - rendering: a conversation with a system message, tools, a user
     message, an assistant tool call and its result has as many prompt
     tokens as the family's reference rendering of it, written out here from
-    the reference template (Qwen 2.5's, Llama 3.1's, Mistral v0.3's) and
+    the reference template (Qwen 2.5's, Llama 3.1's, Mistral v0.3's; for
+    Gemma, kvd's generic format in Gemma's turns) and
     tokenized by kvd with special tokens parsed (kvctl tokenize --special)
   - tool_choice naming a function: one call of it whose arguments validate
     against its parameters (jsonschema), finish_reason tool_calls; streamed,
     the argument deltas join to arguments that validate
+  - tool_choice required: one call of one of the tools, validating,
+    streamed the same
   - tool_choice required with parallel_tool_calls true: 1 to 8 calls, each
     of a given tool with arguments that validate; streamed the same
   - round trip: the call and its result sent back are answered, and the
@@ -104,8 +108,19 @@ def mistral():
             '[TOOL_RESULTS] {"content": 21 C, "call_id": "abcdefghi"}[/TOOL_RESULTS]')
 
 
-want = {"qwen3": qwen, "llama3": llama3, "mistral": mistral}[family]()
-tok = subprocess.run([kvctl, "tokenize", "--special", "--json", "-"], input=want.encode(), capture_output=True,
+def gemma():
+    # no tool format of its own: the generic texts (Qwen's) in Gemma's turns;
+    # the system message opens the first user turn, contents are trimmed
+    block = qwen().split("<|im_start|>system\nBe brief.\n\n", 1)[1].split("<|im_end|>", 1)[0]
+    call = ("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": " + dumps(ARGS) + "}\n</tool_call>")
+    return ("<start_of_turn>user\nBe brief.\n\n" + block + "\n\nWeather in Paris for 2 days?<end_of_turn>\n"
+            "<start_of_turn>model\n" + call + "<end_of_turn>\n"
+            "<start_of_turn>user\n<tool_response>\n21 C\n</tool_response><end_of_turn>\n<start_of_turn>model\n")
+
+
+want = {"qwen3": qwen, "llama3": llama3, "mistral": mistral, "gemma": gemma}[family]()
+bos = ["--bos"] if family == "gemma" else []  # Gemma's prompts start with BOS
+tok = subprocess.run([kvctl, "tokenize", "--special", "--json", *bos, "-"], input=want.encode(), capture_output=True,
                      check=True)
 want_n = json.loads(tok.stdout)["count"]
 r = client.chat.completions.create(model=model, messages=CONVO, tools=TOOLS, tool_choice="none", max_tokens=1)
@@ -147,6 +162,17 @@ s_calls, s_finish = streamed(messages=msgs, tools=TOOLS, tool_choice=named, max_
 assert s_finish == "tool_calls" and len(s_calls) == 1 and s_calls[0]["name"] == "get_weather", s_calls
 assert json.loads(s_calls[0]["args"]) == json.loads(call.function.arguments), (s_calls, call)
 ok(f"named: get_weather({json.dumps(json.loads(call.function.arguments))}) validates, streamed the same")
+
+r = client.chat.completions.create(model=model, messages=msgs, tools=TOOLS, tool_choice="required", max_tokens=800,
+                                   temperature=0)
+ch = r.choices[0]
+assert ch.finish_reason == "tool_calls" and len(ch.message.tool_calls) == 1, ch
+one = ch.message.tool_calls[0]
+check_call(one.function.name, one.function.arguments)
+s_calls, s_finish = streamed(messages=msgs, tools=TOOLS, tool_choice="required", max_tokens=800, temperature=0)
+assert s_finish == "tool_calls" and len(s_calls) == 1 and s_calls[0]["name"] == one.function.name and \
+    json.loads(s_calls[0]["args"]) == json.loads(one.function.arguments), (s_calls, one)
+ok(f"required: {one.function.name}({json.dumps(json.loads(one.function.arguments))}) validates, streamed the same")
 
 r = client.chat.completions.create(model=model, messages=msgs, tools=TOOLS, tool_choice="required",
                                    parallel_tool_calls=True, max_tokens=2400, temperature=0)
