@@ -248,7 +248,8 @@ KVC_EXPORT const char *kvc_last_message(const kvc_client *c);
  * format needs come from the template, never from text:
  *   "tools"      content is a JSON array of functions {"name",
  *                "description"?, "parameters"?}; at most one such turn,
- *                before the first user turn;
+ *                first or right after a leading system turn, and followed
+ *                by a user turn;
  *   "tool_calls" content is a JSON array of the assistant's calls {"id"?,
  *                "name", "arguments": {...}}; it follows the assistant's
  *                text turn of the same reply, or stands for the reply;

@@ -155,8 +155,8 @@ struct kvd_chat_msg {
 /*
  * Tool turns (roles as IPC_CHAT_TOOLS, _TOOL_CALLS, _TOOL):
  *   "tools"      a JSON array of functions {"name", "description"?,
- *                "parameters"?} (at most one such turn, before the first
- *                user turn);
+ *                "parameters"?}: at most one such turn, the first or right
+ *                after a leading system turn, and followed by a user turn;
  *   "tool_calls" a JSON array of calls {"id"?, "name", "arguments": {...}},
  *                the assistant's reply (after its text, when the message
  *                before is the same reply's assistant turn);

@@ -186,9 +186,14 @@ int kvd_chat_check(const struct kvd_chat_msg *msgs, size_t n_msgs, char *why, si
 			user_seen = true;
 		} else if (is_role(role, "tools") || is_role(role, "tool_calls")) {
 			bool calls = is_role(role, "tool_calls");
-			if (!calls && (tools_seen || user_seen))
+			bool place = i == 0 || (i == 1 && is_role(msgs[0].role, "system"));
+			if (!calls && (tools_seen || user_seen || !place || i + 1 >= n_msgs ||
+				       !msgs[i + 1].role || !is_role(msgs[i + 1].role, "user")))
 				return why_fail(why, cap, "chat turn %zu (tools): %s", i,
-						tools_seen ? "a second list of tools" : "the tools come after a user turn");
+						tools_seen  ? "a second list of tools"
+						: user_seen ? "the tools come after a user turn"
+						: !place    ? "the tools come first, or right after the system message"
+							    : "a user turn must follow the tools");
 			tools_seen |= !calls;
 			struct jdoc *d = NULL;
 			int r = parse_list(msgs[i].content, calls, &d, i, why, cap);

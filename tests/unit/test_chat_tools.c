@@ -293,6 +293,12 @@ static void test_check(void **state)
 	const struct kvd_chat_msg late[] = { { "user", "u" }, { "tools", TOOLS }, { "user", "u" } };
 	assert_int_equal(kvd_chat_check(late, 3, why, sizeof(why)), -EINVAL);
 	assert_string_equal(why, "chat turn 1 (tools): the tools come after a user turn");
+	const struct kvd_chat_msg second[] = { { "system", "s" }, { "assistant", "a" }, { "tools", TOOLS }, { "user", "u" } };
+	assert_int_equal(kvd_chat_check(second, 4, why, sizeof(why)), -EINVAL);
+	assert_string_equal(why, "chat turn 2 (tools): the tools come first, or right after the system message");
+	const struct kvd_chat_msg nouser[] = { { "tools", TOOLS }, { "assistant", "a" }, { "user", "u" } };
+	assert_int_equal(kvd_chat_check(nouser, 3, why, sizeof(why)), -EINVAL);
+	assert_string_equal(why, "chat turn 0 (tools): a user turn must follow the tools");
 	const struct kvd_chat_msg notjson[] = { { "tool_calls", "[{" }, { "user", "u" } };
 	assert_int_equal(kvd_chat_check(notjson, 2, why, sizeof(why)), -EINVAL);
 	assert_non_null(strstr(why, "chat turn 0 (tool_calls) is not JSON: 1:"));
