@@ -119,8 +119,12 @@ static int encode_turns(const kvc_client *c, const struct kvc_gen_params *p, cha
 			n = -EINVAL;
 			goto out;
 		}
+		if (t[i].role >= IPC_CHAT_TOOLS && c->info.server_version < IPC_CHAT_TOOLS_SERVER_VERSION) {
+			n = -EOPNOTSUPP;
+			goto out;
+		}
 	}
-	if (t[p->n_messages - 1].role != IPC_CHAT_USER) {
+	if (t[p->n_messages - 1].role != IPC_CHAT_USER && t[p->n_messages - 1].role != IPC_CHAT_TOOL) {
 		n = -EINVAL;
 		goto out;
 	}

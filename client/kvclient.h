@@ -104,8 +104,10 @@ extern "C" {
  * macro over it, so struct kvc_stats can grow) and kvc_stats.gram_checked
  * and .gram_masked.
  * 0.9.0 added speculative decoding's counters (kvc_stats.spec_*,
- * kvc_result.spec_drafted_tokens and .spec_accepted_tokens) and the
- * per-request opt-out KVC_GEN_NO_SPECULATE. */
+ * kvc_result.spec_drafted_tokens and .spec_accepted_tokens), the
+ * per-request opt-out KVC_GEN_NO_SPECULATE, and the tool roles of
+ * conversations ("tools", "tool_calls", "tool" in struct kvc_chat_msg),
+ * rendered in the model family's own tool format. */
 #define KVC_VERSION ((KVC_VERSION_MAJOR << 16) | (KVC_VERSION_MINOR << 8) | KVC_VERSION_PATCH)
 
 /* The version of the library actually loaded, as KVC_VERSION. */
@@ -245,6 +247,22 @@ KVC_EXPORT const char *kvc_last_message(const kvc_client *c);
  * One turn of a conversation (kvc_gen_params.messages): role "system",
  * "user" or "assistant", content its NUL-terminated text. Both strings stay
  * the caller's; the library copies them while the request is sent.
+ * Tools (0.9.0; -EOPNOTSUPP from an older daemon): the daemon renders them
+ * in the model family's own tool format (Qwen's <tool_call> blocks in
+ * ChatML, Llama 3.1's JSON calls and ipython turns, Mistral's
+ * [AVAILABLE_TOOLS] / [TOOL_CALLS] / [TOOL_RESULTS], and a generic format
+ * in <tool_call> blocks for the other templates), so control tokens that
+ * format needs come from the template, never from text:
+ *   "tools"      content is a JSON array of functions {"name",
+ *                "description"?, "parameters"?}; at most one such turn,
+ *                first or right after a leading system turn, and followed
+ *                by a user turn;
+ *   "tool_calls" content is a JSON array of the assistant's calls {"id"?,
+ *                "name", "arguments": {...}}; it follows the assistant's
+ *                text turn of the same reply, or stands for the reply;
+ *   "tool"       content is one tool result; the results after a
+ *                "tool_calls" turn answer its calls in order.
+ * The last message is a "user" or a "tool" one.
  */
 struct kvc_chat_msg {
 	const char *role;
@@ -404,8 +422,8 @@ KVC_EXPORT int kvc_context_policy_parse(const char *name);
  * prefix cache (kvc_result.cached_tokens grows with the conversation)
  * without keeping any state for it. Refused before anything is sent, with
  * -EINVAL: messages without n_messages or the reverse, a NULL role or content, a
- * role other than "system", "user", "assistant", a last message that is
- * not "user", a prompt as well, system, session_id or KVC_GEN_RAW /
+ * role other than "system", "user", "assistant", "tools", "tool_calls",
+ * "tool", a last message that is not "user" or "tool", a prompt as well, system, session_id or KVC_GEN_RAW /
  * KVC_GEN_PARSE_SPECIAL set with them (the system prompt is a "system"
  * message; a session would be a second history); -E2BIG: more than
  * KVC_MAX_CHAT_MSGS messages, or their texts plus 8 bytes per message

@@ -114,6 +114,7 @@ static void generate_start(struct client *c, struct greq *gr, char *prompt, size
 		goto out;
 	}
 	_Static_assert(KVD_VERSION_NUM >= IPC_CHAT_TURNS_SERVER_VERSION, "clients gate turns on the version");
+	_Static_assert(KVD_VERSION_NUM >= IPC_CHAT_TOOLS_SERVER_VERSION, "clients gate tool turns on the version");
 	j = calloc(1, sizeof(*j));
 	if (!j || (chat && !(j->system = strdup(gr->system)))) {
 		reject(c, gr, -ENOMEM, "out of memory");

@@ -201,7 +201,7 @@ int kvd_request_chat_turns(const struct kvd_tokenizer *tok, const char *turns, s
 			return why_set(why, why_cap, n, "%d chat turns; at most %u are allowed", k, IPC_MAX_CHAT_TURNS);
 		if (k == 0)
 			return why_set(why, why_cap, n, "the conversation has no turns");
-		return why_set(why, why_cap, n, "the last chat turn is the %s's; it must be the user's",
+		return why_set(why, why_cap, n, "the last chat turn is the %s's; it must be the user's or a tool result",
 			       ipc_chat_role_name(t.role));
 	}
 	msgs = calloc((size_t)n, sizeof(*msgs));
@@ -221,6 +221,8 @@ int kvd_request_chat_turns(const struct kvd_tokenizer *tok, const char *turns, s
 		msgs[i] = (struct kvd_chat_msg){ ipc_chat_role_name(t.role), texts + pos };
 		pos += t.bytes + 1u;
 	}
+	if ((r = kvd_chat_check(msgs, (size_t)n, why, why_cap)) < 0)
+		goto out;
 	r = chat_tokens(tok, msgs, (size_t)n, KVD_CHAT_ADD_ASSISTANT, 1, upto, ret);
 	if (r < 0)
 		chat_refused(tok, r, why, why_cap);

@@ -33,7 +33,9 @@
  * 0.8.0: WELCOME carries the model id (IPC_MODEL_ID_CLIENT_VERSION); STATS
  * replies grow (IPC_STATS_GROW_VERSION) and carry the constraint counters.
  * 0.9.0: speculative decoding seen and chosen (IPC_SPEC_VERSION): DONE's
- * drafted and accepted tokens, STATS' spec_* counters, IPC_GEN_NO_SPECULATE. */
+ * drafted and accepted tokens, STATS' spec_* counters, IPC_GEN_NO_SPECULATE;
+ * chat turns may carry tools, tool calls and tool results
+ * (IPC_CHAT_TOOLS_SERVER_VERSION), rendered in the family's tool format. */
 #define KVD_VERSION     "0.9.0"
 #define KVD_VERSION_NUM ((0u << 16) | (9u << 8) | 0u) /* as in ipc_welcome.server_version */
 

@@ -504,13 +504,16 @@ const char *ipc_chat_role_name(uint32_t role)
 	case IPC_CHAT_SYSTEM: return "system";
 	case IPC_CHAT_USER: return "user";
 	case IPC_CHAT_ASSISTANT: return "assistant";
+	case IPC_CHAT_TOOLS: return "tools";
+	case IPC_CHAT_TOOL_CALLS: return "tool_calls";
+	case IPC_CHAT_TOOL: return "tool";
 	}
 	return NULL;
 }
 
 uint32_t ipc_chat_role_parse(const char *name, size_t len)
 {
-	for (uint32_t r = IPC_CHAT_SYSTEM; r <= IPC_CHAT_ASSISTANT; r++) {
+	for (uint32_t r = IPC_CHAT_SYSTEM; r <= IPC_CHAT_TOOL; r++) {
 		const char *s = ipc_chat_role_name(r);
 		if (strlen(s) == len && !memcmp(s, name, len))
 			return r;
@@ -558,7 +561,7 @@ int ipc_chat_turns_check(const void *buf, size_t len)
 			return -E2BIG;
 	if (r < 0)
 		return r;
-	if (n == 0 || t.role != IPC_CHAT_USER)
+	if (n == 0 || (t.role != IPC_CHAT_USER && t.role != IPC_CHAT_TOOL))
 		return -EINVAL;
 	return n;
 }

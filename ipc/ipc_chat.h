@@ -21,7 +21,7 @@
  * record follows at once; the records fill prompt_bytes exactly). The
  * daemon renders them, in order, with the model's chat template and ends
  * the prompt where the assistant's reply begins; the last turn must be a
- * user turn. A whole conversation is re-sent with every request: its
+ * user turn or a tool turn. A whole conversation is re-sent with every request: its
  * earlier turns render to the same tokens each time, so they are found in
  * the prefix cache. With this flag: no IPC_GEN_RAW / IPC_GEN_PARSE_SPECIAL
  * (the template is the daemon's), no system text (a system turn carries
@@ -41,12 +41,30 @@ enum ipc_chat_role {
 	IPC_CHAT_SYSTEM = 1,
 	IPC_CHAT_USER = 2,
 	IPC_CHAT_ASSISTANT = 3,
+	/* Tools (kvd 0.9.0): rendered by the daemon in the model family's own
+	 * tool format (kvd_chat_render). */
+	IPC_CHAT_TOOLS = 4,      /* the functions the model may call: a JSON array of
+				  * {"name", "description"?, "parameters"?} objects */
+	IPC_CHAT_TOOL_CALLS = 5, /* the assistant's calls (after its text turn, if any, in
+				  * the same reply): a JSON array of {"id"?, "name",
+				  * "arguments" (an object)} */
+	IPC_CHAT_TOOL = 6,       /* one tool result (the text the tool returned); the
+				  * results after a TOOL_CALLS turn answer its calls in order */
 };
 #define IPC_CHAT_TURN_HEAD_BYTES      8u
 #define IPC_MAX_CHAT_TURNS            1024u
 #define IPC_CHAT_TURNS_SERVER_VERSION ((0u << 16) | (2u << 8) | 0u)
+/*
+ * Tool roles (IPC_CHAT_TOOLS, _TOOL_CALLS, _TOOL): a daemon older than
+ * them refuses the role (-EINVAL) after the prompt was uploaded, so
+ * libkvclient sends them only to a daemon whose WELCOME.server_version is
+ * at least this (kvd 0.9.0) and refuses the request itself (-EOPNOTSUPP)
+ * otherwise.
+ */
+#define IPC_CHAT_TOOLS_SERVER_VERSION ((0u << 16) | (9u << 8) | 0u)
 
-/* "system", "user", "assistant", or NULL for another value. */
+/* "system", "user", "assistant", "tools", "tool_calls", "tool", or NULL
+ * for another value. */
 const char *ipc_chat_role_name(uint32_t role);
 /* The role named by name[0 .. len) (exact, lower case), or 0 when none. */
 uint32_t ipc_chat_role_parse(const char *name, size_t len);
@@ -68,7 +86,7 @@ int ipc_chat_turn_next(const void *buf, size_t len, size_t *off, struct ipc_chat
 /*
  * Check a whole turn list: every record as ipc_chat_turn_next() does, at
  * least one turn (-EINVAL when empty), at most IPC_MAX_CHAT_TURNS (-E2BIG),
- * the last one a user turn (-EINVAL). Returns the number of turns.
+ * the last one a user or tool turn (-EINVAL). Returns the number of turns.
  */
 int ipc_chat_turns_check(const void *buf, size_t len);
 /*

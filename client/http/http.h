@@ -9,8 +9,8 @@
  *              request (jansson does all parsing) and builds the JSON of
  *              responses, stream chunks and OpenAI error objects; it knows
  *              nothing of HTTP or of kvd, so a fuzz target can drive it alone;
- *   structured.c  its structured-output and tool fields (constraints, the
- *              generic tool format), likewise free of HTTP and kvd;
+ *   structured.c  its structured-output and tool fields (constraints, the tool
+ *              turns kvd renders, the generic format), likewise free of HTTP and kvd;
  *   routes.c   the route table and dispatch;
  *   toolcall.c a model's text read back as tool calls (and their stream);
  *   config.c   configuration file ([http] keys) and command line;
@@ -55,6 +55,8 @@
 #define HTTP_MAX_TOP_LOGPROBS        KVC_MAX_TOP_LOGPROBS /* 'top_logprobs' (chat), 'logprobs' (completions) */
 #define HTTP_MAX_TOOLS               128         /* entries of 'tools' */
 #define HTTP_MAX_TOOL_NAME           64          /* bytes of a function name (OpenAI's bound) */
+#define HTTP_TOOL_TURNS_VERSION      0x000900u   /* kvd that renders tool roles itself (0.9.0) */
+#define HTTP_MAX_PARALLEL_CALLS      8           /* calls a forced parallel answer holds at most */
 #define HTTP_MAX_ERROR_POINTER       128         /* bytes of a schema error's JSON pointer */
 
 /* ---- configuration ------------------------------------------------------------ */
@@ -141,6 +143,11 @@ struct http_gen_req {
 	struct kvc_chat_msg *messages; /* chat with more turns than system + user: all of them (contents
 					* owned), and system and prompt NULL */
 	size_t n_messages;
+	/* the same conversation with tools, tool calls or results in kvd's tool
+	 * roles (kvd 0.9.0 renders them in the model's own format); NULL
+	 * without them. Contents owned. */
+	struct kvc_chat_msg *tool_turns;
+	size_t n_tool_turns;
 	bool stream;
 	bool include_usage;      /* stream_options.include_usage */
 	bool has_max_tokens, has_temperature, has_top_p, has_seed, has_top_k, has_min_p, has_repeat_penalty;
@@ -166,6 +173,7 @@ struct http_gen_req {
 	json_t *tools;           /* the functions: [{"name","description"?,"parameters"}], or NULL */
 	char *tool_name;         /* HTTP_TOOLS_NAMED: the function */
 	bool parallel_tool_calls; /* 'parallel_tool_calls' (default true): more than one call kept */
+	bool parallel_forced;     /* 'parallel_tool_calls' true given with a forced call: one or more */
 };
 
 /*
@@ -209,6 +217,21 @@ int http_parse_tools(json_t *o, struct http_gen_req *r, struct http_error *e);
 int http_render_tool_calls(json_t *msg, size_t idx, const char *content, size_t len, char **ret, size_t *ret_len,
 			   struct http_error *e);
 int http_render_tool_response(const char *content, size_t len, char **ret, size_t *ret_len, struct http_error *e);
+
+/* The text of a message's content (a string, or text parts joined),
+ * malloc'd in *ret; 0 or -EINVAL/-ENOMEM with e filled (request.c). */
+int http_content_text(json_t *c, size_t idx, char **ret, size_t *ret_len, struct http_error *e);
+
+/*
+ * The conversation messages (already checked by the messages parser) in
+ * kvd's tool roles, into r->tool_turns, when it has tools, tool calls or
+ * tool results: a "tools" turn (r->tools) before the first user turn, an
+ * assistant message's tool_calls as a "tool_calls" turn after its text,
+ * each tool message a "tool" turn, the results after one assistant
+ * message ordered as its calls (by tool_call_id). 0, or -EINVAL (a call's
+ * arguments that are not a JSON object) / -ENOMEM with e filled.
+ */
+int http_tool_turns(json_t *messages, struct http_gen_req *r, struct http_error *e);
 
 /* The system-message block that lists r->tools and says how to call them
  * (malloc'd text; NULL: out of memory). */

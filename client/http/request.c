@@ -62,6 +62,9 @@ void http_gen_req_clear(struct http_gen_req *r)
 	for (size_t i = 0; i < r->n_messages; i++)
 		free((char *)r->messages[i].content);
 	free(r->messages);
+	for (size_t i = 0; i < r->n_tool_turns; i++)
+		free((char *)r->tool_turns[i].content);
+	free(r->tool_turns);
 	for (size_t i = 0; i < r->n_stop; i++)
 		free(r->stop[i]);
 	free(r->constraint_text);
@@ -254,7 +257,7 @@ static int parse_stop(json_t *o, struct http_gen_req *r, struct http_error *e)
 
 /* The text of a message's content: a string, or an array of
  * {"type":"text","text":...} parts, concatenated. */
-static int content_text(json_t *c, size_t idx, char **ret, size_t *ret_len, struct http_error *e)
+int http_content_text(json_t *c, size_t idx, char **ret, size_t *ret_len, struct http_error *e)
 {
 	char param[48];
 
@@ -363,7 +366,7 @@ static int message_text(json_t *msg, size_t i, const char *role, char **ret, siz
 	}
 	if ((!c || json_is_null(c)) && !calls)
 		return BAD(e, param, "'%s' is required", param);
-	if (c && !json_is_null(c) && (x = content_text(c, i, &text, &len, e)) < 0)
+	if (c && !json_is_null(c) && (x = http_content_text(c, i, &text, &len, e)) < 0)
 		return x;
 	if (text && strlen(text) != len) {
 		free(text);
@@ -482,6 +485,7 @@ static int parse_messages(json_t *o, struct http_gen_req *r, struct http_error *
 		t.m = NULL;
 		t.n = 0;
 	}
+	x = http_tool_turns(m, r, e);
 done:
 	for (size_t i = 0; i < t.n; i++)
 		free((char *)t.m[i].content);

@@ -278,6 +278,13 @@ static void fill_params(const struct conn *c, const struct kvc_info *info, struc
 		p->system = q->system;
 	p->messages = q->messages;
 	p->n_messages = q->n_messages;
+	if (q->tool_turns && info->server_version >= HTTP_TOOL_TURNS_VERSION) {
+		/* kvd renders tools in the model's own format; an older kvd gets
+		 * them in the generic format, as text */
+		p->system = NULL;
+		p->messages = q->tool_turns;
+		p->n_messages = q->n_tool_turns;
+	}
 	p->stop = (const char *const *)q->stop;
 	p->n_stop = q->n_stop;
 	p->n_samples = q->n;
@@ -346,7 +353,8 @@ static int start_generation(struct conn *c, uint64_t min_serial, struct http_err
 			c->lane = NULL;
 			return -E2BIG;
 		}
-		r = lane_start(c->lane, c->req.prompt, c->req.prompt_len, &p, &c->lr);
+		bool turns = p.messages && p.messages == c->req.tool_turns; /* the whole conversation */
+		r = lane_start(c->lane, turns ? NULL : c->req.prompt, turns ? 0 : c->req.prompt_len, &p, &c->lr);
 		if (r == 0) {
 			c->kr = c->lr.kr;
 			return 0;

@@ -24,9 +24,12 @@
  * "constraint: /pointer: ...") becomes a 400 whose error object carries
  * the position (http_constraint_error).
  *
- * Tools: kvd's chat templates know the roles system, user and assistant,
- * so the gateway renders tools itself, in one generic format for every
- * model — the shape Qwen 2.5/3's own template uses (Hermes-style):
+ * Tools: kvd 0.9.0 renders tools, an assistant's calls and tool results in
+ * the model family's own tool format from kvd's tool turns
+ * (http_tool_turns: "tools", "tool_calls", "tool"). For an older kvd the
+ * gateway renders them itself in one generic format — the shape Qwen
+ * 2.5/3's own template uses (Hermes-style), which is also what kvd uses
+ * for templates without a tool format:
  *
  *   system:    (the system message, then) "# Tools" … <tools> one JSON object
  *              per function </tools> … "return a json object … within
@@ -41,10 +44,12 @@
  * "required" or a named function the output is
  * constrained by a JSON Schema of the bare call object, {"name": const,
  * "arguments": the function's parameters} (anyOf over the functions for
- * "required"), so even a small model returns one call that validates; the
- * gateway reads it as the call (toolcall.c) rather than asking the grammar
- * for the <tool_call> tags around it. With "auto" nothing is constrained
- * and the calls are parsed from the tags when the model writes them.
+ * "required"; with parallel_tool_calls true given, a JSON array of 1 to
+ * HTTP_MAX_PARALLEL_CALLS of them), so even a small model returns calls
+ * that validate; the gateway reads it as the calls (toolcall.c) rather
+ * than asking the grammar for a family's tags around them. With "auto"
+ * nothing is constrained and the calls are parsed from any family's shape
+ * when the model writes one.
  *
  * Like request.c, nothing here knows HTTP or kvd.
  */
@@ -318,6 +323,9 @@ static int set_call_constraint(struct http_gen_req *r, struct http_error *e)
 		}
 		schema = any ? json_pack("{s:o}", "anyOf", any) : NULL;
 	}
+	if (schema && r->parallel_forced) /* one or more calls, as a JSON array */
+		schema = json_pack("{s:s, s:o, s:i, s:i}", "type", "array", "items", schema, "minItems", 1, "maxItems",
+				   HTTP_MAX_PARALLEL_CALLS);
 	if (!schema)
 		return oom(e);
 	int x = set_json_constraint(r, KVC_CONSTRAINT_JSON_SCHEMA, "tools", schema, e);
@@ -373,10 +381,12 @@ int http_parse_tools(json_t *o, struct http_gen_req *r, struct http_error *e)
 	int x;
 
 	r->parallel_tool_calls = true;
+	bool parallel_given = false;
 	if ((v = opt(o, "parallel_tool_calls"))) {
 		if (!json_is_boolean(v))
 			return BAD(e, "parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
 		r->parallel_tool_calls = json_is_true(v);
+		parallel_given = r->parallel_tool_calls;
 	}
 	v = opt(o, "tools");
 	if (v && (!json_is_array(v) || json_array_size(v) > HTTP_MAX_TOOLS))
@@ -404,6 +414,10 @@ int http_parse_tools(json_t *o, struct http_gen_req *r, struct http_error *e)
 				      "'%s' and 'tool_choice' %s cannot both be given: a forced tool call is itself "
 				      "the constraint", r->constraint_param,
 				      r->tool_mode == HTTP_TOOLS_REQUIRED ? "\"required\"" : "naming a function");
+	/* A forced answer is one call unless parallel_tool_calls true is asked
+	 * for: then one or more (a small model asked for "one or more" may
+	 * well write more than were wanted, up to HTTP_MAX_PARALLEL_CALLS). */
+	r->parallel_forced = parallel_given;
 	return set_call_constraint(r, e);
 }
 
@@ -519,4 +533,147 @@ int http_render_tool_response(const char *content, size_t len, char **ret, size_
 	*ret = s;
 	*ret_len = sizeof(open) - 1 + len + sizeof(close) - 1;
 	return 0;
+}
+
+/* ---- the conversation in kvd's tool roles (kvd 0.9.0) ------------------------------ */
+
+static bool has_tool_turns(json_t *m, const struct http_gen_req *r)
+{
+	size_t i;
+	json_t *msg;
+
+	if (r->tools)
+		return true;
+	json_array_foreach(m, i, msg) {
+		json_t *role = json_object_get(msg, "role");
+		if ((json_is_string(role) && !strcmp(json_string_value(role), "tool")) ||
+		    json_array_size(opt(msg, "tool_calls")))
+			return true;
+	}
+	return false;
+}
+
+/* An assistant message's tool_calls as kvd's list: [{"id", "name",
+ * "arguments": {...}}]; its ids into ids (a JSON array). */
+static char *calls_turn(json_t *calls, size_t idx, json_t *ids, struct http_error *e)
+{
+	json_t *out = json_array(), *call;
+	char *s = NULL;
+	size_t i;
+
+	json_array_clear(ids);
+	if (!out) {
+		oom(e);
+		return NULL;
+	}
+	json_array_foreach(calls, i, call) {
+		json_t *f = json_object_get(call, "function"), *id = json_object_get(call, "id");
+		json_t *args = json_object_get(f, "arguments");
+		json_t *a = json_is_string(args) ? json_loadb(json_string_value(args), json_string_length(args), 0, NULL)
+						 : json_incref(args);
+		if (!json_is_object(a)) {
+			json_decref(a);
+			json_decref(out);
+			char param[112];
+			snprintf(param, sizeof(param), "messages[%zu].tool_calls[%zu].function.arguments", idx, i);
+			BAD(e, param, "'%s' must be a JSON object (or its text)", param);
+			return NULL;
+		}
+		json_t *o = json_pack("{s:O?, s:O, s:o}", "id", json_is_string(id) ? id : NULL, "name",
+				      json_object_get(f, "name"), "arguments", a);
+		if (!o || json_array_append_new(out, o) < 0 ||
+		    json_array_append_new(ids, json_is_string(id) ? json_incref(id) : json_null()) < 0) {
+			json_decref(out);
+			oom(e);
+			return NULL;
+		}
+	}
+	s = json_dumps(out, JSON_COMPACT | JSON_PRESERVE_ORDER);
+	json_decref(out);
+	if (!s)
+		oom(e);
+	return s;
+}
+
+/* Where tool message msg's result goes among the calls ids (their count
+ * when its id names none). */
+static size_t result_rank(json_t *msg, json_t *ids)
+{
+	json_t *id = json_object_get(msg, "tool_call_id"), *v;
+	size_t i;
+
+	json_array_foreach(ids, i, v) {
+		if (json_is_string(id) && json_equal(v, id))
+			return i;
+	}
+	return json_array_size(ids);
+}
+
+static int push_turn(struct http_gen_req *r, const char *role, char *text, struct http_error *e)
+{
+	if (!text)
+		return oom(e);
+	r->tool_turns[r->n_tool_turns++] = (struct kvc_chat_msg){ role, text };
+	return 0;
+}
+
+int http_tool_turns(json_t *m, struct http_gen_req *r, struct http_error *e)
+{
+	size_t n = json_array_size(m), i = 0;
+	json_t *ids = NULL;
+	int x = 0;
+
+	if (!has_tool_turns(m, r))
+		return 0;
+	if (!(r->tool_turns = calloc(2 * n + 1, sizeof(*r->tool_turns))) || !(ids = json_array()))
+		return oom(e);
+	json_t *role0 = json_object_get(json_array_get(m, 0), "role");
+	const char *r0 = json_string_value(role0);
+	bool sys0 = r0 && (!strcmp(r0, "system") || !strcmp(r0, "developer"));
+	for (i = 0; i < n && x == 0; i++) {
+		json_t *msg = json_array_get(m, i), *c = json_object_get(msg, "content");
+		const char *role = json_string_value(json_object_get(msg, "role"));
+		char *text = NULL;
+		size_t len = 0;
+		if (i == (sys0 ? 1u : 0u) && r->tools &&
+		    (x = push_turn(r, "tools", json_dumps(r->tools, JSON_COMPACT | JSON_PRESERVE_ORDER), e)) < 0)
+			break;
+		if (c && !json_is_null(c) && (x = http_content_text(c, i, &text, &len, e)) < 0)
+			break;
+		if (!text && !(text = strdup(""))) {
+			x = oom(e);
+			break;
+		}
+		if (!strcmp(role, "tool")) {
+			free(text);
+			/* a run of results, in the order of the calls they answer */
+			size_t j = i;
+			while (j < n && !strcmp(json_string_value(json_object_get(json_array_get(m, j), "role")), "tool"))
+				j++;
+			for (size_t rank = 0; rank <= json_array_size(ids) && x == 0; rank++)
+				for (size_t k = i; k < j && x == 0; k++) {
+					json_t *t = json_array_get(m, k);
+					if (result_rank(t, ids) != rank)
+						continue;
+					char *tt = NULL;
+					size_t tl = 0;
+					json_t *tc = json_object_get(t, "content");
+					if (tc && !json_is_null(tc) && (x = http_content_text(tc, k, &tt, &tl, e)) < 0)
+						break;
+					x = push_turn(r, "tool", tt ? tt : strdup(""), e);
+				}
+			i = j - 1;
+			continue;
+		}
+		const char *kr = !strcmp(role, "assistant") ? "assistant" : !strcmp(role, "user") ? "user" : "system";
+		if ((x = push_turn(r, kr, text, e)) < 0)
+			break;
+		json_t *calls = opt(msg, "tool_calls");
+		if (!strcmp(kr, "assistant") && json_array_size(calls)) {
+			char *ct = calls_turn(calls, i, ids, e);
+			x = ct ? push_turn(r, "tool_calls", ct, e) : -EINVAL;
+		}
+	}
+	json_decref(ids);
+	return x;
 }

@@ -3,11 +3,17 @@
  *
  * With tool_choice "required" or a named function the output was
  * constrained to one bare call object, {"name": ..., "arguments": {...}}
- * (structured.c), and the whole text is that call. With "auto" the text is
- * free: each <tool_call>{...}</tool_call> block naming one of the request's
- * tools is a call (a last block whose closing tag the model never wrote
- * counts when its JSON is whole), and the text outside the blocks, trimmed,
- * is the message's content (null when nothing is left). parallel_tool_calls
+ * (structured.c), and the whole text is that call; with parallel_tool_calls
+ * true given, a JSON array of such calls. With "auto" the text is free and
+ * read in every family's shape: each <tool_call>{...}</tool_call> block
+ * naming one of the request's tools is a call (a last block whose closing
+ * tag the model never wrote counts when its JSON is whole; Qwen, and the
+ * generic format), and the text outside the blocks, trimmed, is the
+ * message's content (null when nothing is left); a text without blocks
+ * that is JSON alone — an array of calls (Mistral's, after its
+ * [TOOL_CALLS] token, which is not text) or call objects joined by ';'
+ * (Llama 3.1's {"name", "parameters"}) — is its calls when every part is a
+ * call of one of the tools. parallel_tool_calls
  * false keeps the first call only. A text with no call is answered as
  * plain content with the usual finish reason; one with calls has
  * finish_reason "tool_calls" and message.tool_calls, each with an id
@@ -19,7 +25,9 @@
  * be the call object's closing brace), then the finish chunk: what OpenAI
  * streams. With "auto" the text streams as content as it comes, up to the
  * first <tool_call> (a tail that could still become one waits for the
- * next token); from there on the text is held until the request ends
+ * next token; a text that opens with '{' or '[' is held from the start);
+ * a forced list of calls is held likewise; from there on the text is held
+ * until the request ends
  * (whether it holds calls is known only then) and each call is sent the
  * same way: per call a first delta with its index, id, type and name
  * and empty arguments, then the arguments in deltas of at most
@@ -191,6 +199,68 @@ static void append(char **buf, size_t *len, const char *s, size_t n)
 	*buf = p;
 }
 
+/* s[0..n) from the first character that is not JSON whitespace, after a
+ * call marker a model may write as text ([TOOL_CALLS], <|python_tag|>). */
+static const char *skip_lead(const char *s, size_t *n)
+{
+	static const char *const marks[] = { "[TOOL_CALLS]", "<|python_tag|>" };
+	for (int pass = 0; pass < 2; pass++) {
+		while (*n && json_ws(*s))
+			s++, (*n)--;
+		for (size_t k = 0; pass == 0 && k < 2; k++)
+			if (*n >= strlen(marks[k]) && !memcmp(s, marks[k], strlen(marks[k])))
+				s += strlen(marks[k]), *n -= strlen(marks[k]);
+	}
+	return s;
+}
+
+/*
+ * The call shapes that are JSON alone, the whole text: a JSON array of
+ * calls (Mistral's, after its [TOOL_CALLS] token; a forced answer with
+ * parallel_tool_calls), or call objects one after another, ';' between
+ * them (Llama 3.1's {"name", "parameters"}). All or nothing: false, with
+ * calls as before, when any part is not a call of one of q's tools. At
+ * most max calls are kept.
+ */
+static bool json_calls(const struct http_gen_req *q, const char *s, size_t n, json_t *calls, size_t max)
+{
+	size_t before = json_array_size(calls);
+	bool ok = true;
+
+	s = skip_lead(s, &n);
+	while (n && json_ws(s[n - 1]))
+		n--;
+	if (n == 0 || (s[0] != '[' && s[0] != '{'))
+		return false;
+	if (s[0] == '[') {
+		json_t *a = json_loadb(s, n, 0, NULL), *v;
+		size_t i;
+		ok = json_is_array(a) && json_array_size(a);
+		json_array_foreach(a, i, v) {
+			char *t = ok ? json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+			ok = t && (json_array_size(calls) - before >= max || add_call(q, t, strlen(t), calls));
+			free(t);
+		}
+		json_decref(a);
+	} else {
+		while (ok && n) {
+			json_error_t err;
+			json_t *o = json_loadb(s, n, JSON_DISABLE_EOF_CHECK, &err);
+			size_t used = o ? (size_t)err.position : 0;
+			json_decref(o);
+			ok = used > 0 && used <= n &&
+			     (json_array_size(calls) - before >= max || add_call(q, s, used, calls));
+			s += used, n -= used;
+			while (n && (json_ws(*s) || *s == ';'))
+				s++, n--;
+		}
+	}
+	if (!ok)
+		while (json_array_size(calls) > before)
+			json_array_remove(calls, json_array_size(calls) - 1);
+	return ok && json_array_size(calls) > before;
+}
+
 /* text → calls (an array, empty when none) and the content outside them
  * (malloc'd, trimmed; NULL when nothing is left). -ENOMEM. */
 static int parse_calls(const struct http_gen_req *q, const char *text, size_t len, json_t **ret_calls,
@@ -202,8 +272,15 @@ static int parse_calls(const struct http_gen_req *q, const char *text, size_t le
 
 	if (!calls)
 		return -ENOMEM;
-	if (q->tool_mode == HTTP_TOOLS_REQUIRED || q->tool_mode == HTTP_TOOLS_NAMED) {
+	if (q->parallel_forced) {
+		if (!json_calls(q, text, len, calls, HTTP_MAX_PARALLEL_CALLS))
+			append(&content, &clen, text, len);
+	} else if (q->tool_mode == HTTP_TOOLS_REQUIRED || q->tool_mode == HTTP_TOOLS_NAMED) {
 		if (!add_call(q, text, len, calls))
+			append(&content, &clen, text, len);
+	} else if (!memmem(text, len, open_tag, sizeof(open_tag) - 1)) {
+		/* no <tool_call> block: the JSON-only shapes, or plain content */
+		if (!json_calls(q, text, len, calls, q->parallel_tool_calls ? HTTP_MAX_TOOLS : 1))
 			append(&content, &clen, text, len);
 	} else {
 		const char *p = text, *end = text + len;
@@ -382,6 +459,18 @@ static int flush_content(struct conn *c)
 
 	if (c->tool_seen || n == 0)
 		return 0;
+	if (c->tool_sent == 0) {
+		/* a text that opens with JSON (or a call marker) may be calls in
+		 * the JSON-only shapes: held to the end */
+		size_t rest = n;
+		const char *lead = skip_lead(t, &rest);
+		if (rest == 0)
+			return 0;
+		if (*lead == '{' || *lead == '[') {
+			c->tool_seen = true;
+			return 0;
+		}
+	}
 	const char *o = memmem(t, n, open_tag, tag);
 	if (o) {
 		send = (size_t)(o - t);
@@ -407,6 +496,8 @@ int tools_stream_event(struct conn *c, const struct kvc_event *ev)
 	c->tool_len += ev->text_len;
 	p[c->tool_len] = '\0';
 	c->tool_text = p;
+	if (c->req.parallel_forced)
+		c->tool_seen = true; /* a list of calls: sent call by call at the end */
 	return c->req.tool_mode == HTTP_TOOLS_AUTO ? flush_content(c) : stream_forced(c);
 }
 

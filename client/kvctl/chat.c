@@ -34,10 +34,18 @@ static const char help_chat[] =
 	"DESCRIPTION\n"
 	"    Reads a conversation as JSON from FILE (standard input when it is absent\n"
 	"    or \"-\"): an array of 1 to 1024 messages, each an object with exactly the\n"
-	"    string members \"role\" (\"system\", \"user\" or \"assistant\") and \"content\";\n"
+	"    members \"role\" (\"system\", \"user\" or \"assistant\") and \"content\" (a string);\n"
 	"    the last message is the user's. kvd renders the whole conversation with\n"
 	"    the model's chat template and kvctl streams the assistant's next reply to\n"
 	"    standard output, as 'kvctl generate' does.\n"
+	"\n"
+	"    Tools (kvd 0.9.0), rendered in the model family's own tool format: role\n"
+	"    \"tools\" with the functions as content (a JSON array of {\"name\",\n"
+	"    \"description\", \"parameters\"}; first, or right after the system message),\n"
+	"    \"tool_calls\" with the assistant's calls (a JSON array of {\"id\", \"name\",\n"
+	"    \"arguments\"}, after the same reply's assistant message) and \"tool\" with one\n"
+	"    result (the results answer the calls before them in order); a tool result\n"
+	"    may be last. The JSON may be given as the array itself or as its text.\n"
 	"\n"
 	"    No state is kept between calls: append the reply and the next user message\n"
 	"    to the array and run kvctl chat again. The earlier turns render to the same\n"
@@ -121,14 +129,29 @@ int chat_conv_parse(const char *text, size_t len, struct chat_conv *ret, char *e
 		}
 		role = json_object_get(m, "role");
 		content = json_object_get(m, "content");
+		const char *rs0 = json_string_value(role);
+		if (rs0 && (!strcmp(rs0, "tools") || !strcmp(rs0, "tool_calls")) && json_is_array(content)) {
+			/* the list as JSON text, kept in the message (root owns it) */
+			char *list = json_dumps(content, JSON_COMPACT | JSON_PRESERVE_ORDER);
+			if (!list || json_object_set_new(m, "content", json_string(list)) < 0) {
+				free(list);
+				r = -ENOMEM;
+				snprintf(err, err_cap, "out of memory");
+				goto fail;
+			}
+			free(list);
+			content = json_object_get(m, "content");
+		}
 		if (!json_is_string(role) || !json_is_string(content)) {
 			r = conv_error(err, err_cap, "message %zu needs string members \"role\" and \"content\"", i);
 			goto fail;
 		}
 		const char *rs = json_string_value(role);
-		if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant")) {
-			r = conv_error(err, err_cap, "message %zu: unknown role \"%.40s\" (system, user or assistant)", i,
-				       rs);
+		if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant") && strcmp(rs, "tools") &&
+		    strcmp(rs, "tool_calls") && strcmp(rs, "tool")) {
+			r = conv_error(err, err_cap,
+				       "message %zu: unknown role \"%.40s\" (system, user, assistant, tools, tool_calls or "
+				       "tool)", i, rs);
 			goto fail;
 		}
 		if (strlen(json_string_value(content)) != json_string_length(content)) {
@@ -137,8 +160,9 @@ int chat_conv_parse(const char *text, size_t len, struct chat_conv *ret, char *e
 		}
 		msgs[i] = (struct kvc_chat_msg){ rs, json_string_value(content) };
 	}
-	if (strcmp(msgs[n - 1].role, "user")) {
-		r = conv_error(err, err_cap, "the last message is the %s's; it must be the user's", msgs[n - 1].role);
+	if (strcmp(msgs[n - 1].role, "user") && strcmp(msgs[n - 1].role, "tool")) {
+		r = conv_error(err, err_cap, "the last message is the %s's; it must be the user's or a tool result",
+			       msgs[n - 1].role);
 		goto fail;
 	}
 	ret->msgs = msgs;

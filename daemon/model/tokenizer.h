@@ -148,9 +148,26 @@ int kvd_detok_flush(struct kvd_detok *d, char *out, size_t cap);
 /* ---- chat template ----------------------------------------------------- */
 
 struct kvd_chat_msg {
-	const char *role;    /* "system", "user", "assistant" */
+	const char *role;    /* "system", "user", "assistant", "tools", "tool_calls", "tool" */
 	const char *content;
 };
+
+/*
+ * Tool turns (roles as IPC_CHAT_TOOLS, _TOOL_CALLS, _TOOL):
+ *   "tools"      a JSON array of functions {"name", "description"?,
+ *                "parameters"?}: at most one such turn, the first or right
+ *                after a leading system turn, and followed by a user turn;
+ *   "tool_calls" a JSON array of calls {"id"?, "name", "arguments": {...}},
+ *                the assistant's reply (after its text, when the message
+ *                before is the same reply's assistant turn);
+ *   "tool"       one tool result; the results after a "tool_calls" turn
+ *                answer its calls in order.
+ * Each family renders them in its own tool format (see kvd_chat_render).
+ * Whether msgs are well formed: 0, or -EINVAL with the reason in why
+ * (cap bytes, may be NULL) — a NULL role or content, an unknown role, a
+ * tools or tool_calls turn that is not the JSON described.
+ */
+int kvd_chat_check(const struct kvd_chat_msg *msgs, size_t n_msgs, char *why, size_t cap);
 
 /*
  * Render messages with the model's chat template (tokenizer.chat_template).
@@ -178,6 +195,35 @@ struct kvd_chat_msg {
  *    turn, a later one is a user turn (Gemma's template refuses
  *    conversations that do not alternate user, assistant, ...; kvd renders
  *    them all the same).
+ *  - Mistral ([INST] with [AVAILABLE_TOOLS], as Mistral-7B-Instruct-v0.3's):
+ *    "[INST] content[/INST]" per user turn (a leading system message goes
+ *    into the last one when it is the last message: "[INST] system\n\n
+ *    content[/INST]"), " content" stripped + EOS per assistant turn.
+ * Tools, per family (tool turns as described above kvd_chat_check):
+ *  - ChatML (Qwen 2.5 / 3's own format, also the generic one): the tools
+ *    in the system turn (after the system message, or the template's
+ *    default one, and a blank line) as "# Tools ... <tools>\n" one
+ *    {"type": "function", "function": {...}} per line "\n</tools> ...";
+ *    calls as "\n<tool_call>\n{"name": "f", "arguments": {...}}\n
+ *    </tool_call>" after the assistant's text; results as a user turn of
+ *    "<tool_response>\nresult\n</tool_response>" blocks (consecutive
+ *    results share it, one per line).
+ *  - Gemma, Llama 2, Zephyr (no tool format of their own): the same texts,
+ *    in the family's system (or first user), model and user turns.
+ *  - Llama 3 (Llama 3.1's template, tools in the first user message): a
+ *    system turn "Environment: ipython\nCutting Knowledge Date: December
+ *    2023\nToday Date: 26 Jul 2024\n\n" + the system message; the first
+ *    user turn starts with the instructions and each tool as JSON indented
+ *    by 4; a call is the assistant's whole turn, {"name": "f",
+ *    "parameters": {...}} (several: joined by "; "); a result is an
+ *    "ipython" turn holding the result as a JSON string.
+ *  - Mistral: "[AVAILABLE_TOOLS] [...][/AVAILABLE_TOOLS]" before the last
+ *    user turn, "[TOOL_CALLS] [{"name": ..., "arguments": ..., "id":
+ *    "…"}]" + EOS, "[TOOL_RESULTS] {"content": result, "call_id": "…"}
+ *    [/TOOL_RESULTS]"; ids are 9 letters and digits (the last 9 of the
+ *    call's id, else the call's number in the conversation, 0-padded).
+ * JSON is written as Python's json.dumps writes it (", " and ": ",
+ * non-ASCII as is), the way the reference templates' tojson does.
  * A model without a template gets Gemma's turns when its vocabulary has
  * <start_of_turn> and <end_of_turn> control tokens (Gemma 3 files carry no
  * template), plain ChatML otherwise. The BOS token is never rendered at
@@ -190,8 +236,8 @@ struct kvd_chat_msg {
  * them still render.
  * Returns the length of the rendered text (written like snprintf: at most
  * cap - 1 bytes and a NUL when cap > 0; out may be NULL when cap is 0),
- * -ENOTSUP for a template it does not recognise, -EINVAL for a role other
- * than system/user/assistant or a NULL role or content, -E2BIG past
+ * -ENOTSUP for a template it does not recognise, -EINVAL for messages
+ * kvd_chat_check() refuses, -E2BIG past
  * INT_MAX bytes, -ENOMEM.
  */
 int kvd_chat_render(const struct kvd_tokenizer *t, const struct kvd_chat_msg *msgs, size_t n_msgs,

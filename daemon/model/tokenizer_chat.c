@@ -6,7 +6,7 @@
  *
  * Chat content is text: only the template puts control tokens in. Each
  * family's renderer writes the template's markers (<|im_start|>,
- * <start_of_turn>, <|eot_id|>, ...) through put_mark(), which notes where
+ * <start_of_turn>, <|eot_id|>, ...) through chat_mark(), which notes where
  * each marker that is a token lies, and everything else (the template's
  * plain text and the messages' contents) as text. Tokenizing then emits
  * each noted marker as its id and the text between two markers as one
@@ -26,33 +26,7 @@
 
 #include "unicode.h"
 
-/* A marker that is a token, at text offset off (grow mode only). */
-struct mark_at {
-	size_t off;
-	uint32_t len;
-	int32_t id;
-};
-
-/*
- * The rendering under way: text written like snprintf into out[0..cap)
- * (len counts everything), or, with grow, into a buffer of its own that
- * grows, with the markers noted. first_end is where msgs[0]'s content ends
- * when it was rendered verbatim (first_done).
- */
-struct render {
-	const struct kvd_tokenizer *t;
-	char *out;
-	size_t cap;
-	size_t len;
-	bool grow;
-	int err; /* -ENOMEM once growing failed */
-	struct mark_at *marks;
-	size_t n_marks, marks_cap;
-	bool first_done;
-	size_t first_end;
-};
-
-static void sb_put(struct render *b, const char *s, size_t n)
+void chat_put(struct render *b, const char *s, size_t n)
 {
 	if (b->grow && !b->err && tok_grow((void **)&b->out, &b->cap, b->len + n + 1, 1) < 0)
 		b->err = -ENOMEM;
@@ -63,14 +37,12 @@ static void sb_put(struct render *b, const char *s, size_t n)
 	b->len += n;
 }
 
-static void sb_str(struct render *b, const char *s)
+void chat_str(struct render *b, const char *s)
 {
-	sb_put(b, s, strlen(s));
+	chat_put(b, s, strlen(s));
 }
 
-/* One of the template's markers: its text, noted as its token when the
- * vocabulary has one. */
-static void put_mark(struct render *b, enum chat_marker m)
+void chat_mark(struct render *b, enum chat_marker m)
 {
 	const struct chat_mark *mk = &b->t->chat_mk[m];
 	if (b->grow && mk->id >= 0 && !b->err) {
@@ -79,7 +51,7 @@ static void put_mark(struct render *b, enum chat_marker m)
 		else
 			b->marks[b->n_marks++] = (struct mark_at){ b->len, mk->len, mk->id };
 	}
-	sb_put(b, mk->text, mk->len);
+	chat_put(b, mk->text, mk->len);
 }
 
 /* Python's str.isspace(), which Jinja's trim and str.strip() use. */
@@ -88,8 +60,7 @@ static bool py_space(uint32_t cp)
 	return (cp >= 0x1C && cp <= 0x1F) || (kvd_unicode_flags(cp) & KVD_CPF_SPACE);
 }
 
-/* s[0..n) without leading and trailing white space, as str.strip(). */
-static const char *py_strip(const char *s, size_t *n)
+const char *chat_strip(const char *s, size_t *n)
 {
 	const unsigned char *u = (const unsigned char *)s;
 	size_t a = 0, b = *n;
@@ -119,8 +90,8 @@ static const char *py_strip(const char *s, size_t *n)
 static void put_content(struct render *b, size_t idx, const char *s, bool strip)
 {
 	size_t n0 = strlen(s), n = n0;
-	const char *p = strip ? py_strip(s, &n) : s;
-	sb_put(b, p, n);
+	const char *p = strip ? chat_strip(s, &n) : s;
+	chat_put(b, p, n);
 	if (idx == 0 && !b->first_done && n == n0) {
 		b->first_done = true;
 		b->first_end = b->len;
@@ -144,8 +115,8 @@ static int render_llama2(struct render *b, const struct kvd_tokenizer *t, const 
 	for (; i < n_msgs; i++) {
 		if (strcmp(msgs[i].role, "user") == 0) {
 			if (users++ > 0)
-				put_mark(b, MK_BOS);
-			sb_str(b, "[INST] ");
+				chat_mark(b, MK_BOS);
+			chat_str(b, "[INST] ");
 			if (sys && users == 1) {
 				/* The template strips the combined text: build it first. */
 				size_t sl = strlen(sys), cl = strlen(msgs[i].content);
@@ -155,27 +126,26 @@ static int render_llama2(struct render *b, const struct kvd_tokenizer *t, const 
 				int n = sprintf(all, t->l2_sys ? "<<SYS>>\n%s\n<</SYS>>\n\n%s" : "%s\n\n%s", sys,
 						msgs[i].content);
 				size_t al = (size_t)n;
-				const char *s = py_strip(all, &al);
-				sb_put(b, s, al);
+				const char *s = chat_strip(all, &al);
+				chat_put(b, s, al);
 				free(all);
 			} else {
 				put_content(b, i, msgs[i].content, true);
 			}
-			sb_str(b, " [/INST]");
+			chat_str(b, " [/INST]");
 		} else if (strcmp(msgs[i].role, "assistant") == 0) {
-			sb_str(b, " ");
+			chat_str(b, " ");
 			put_content(b, i, msgs[i].content, true);
-			sb_str(b, " ");
-			put_mark(b, MK_EOS);
+			chat_str(b, " ");
+			chat_mark(b, MK_EOS);
 		}
 		/* A system message after the first turn has no place in this format. */
 	}
 	return 0;
 }
 
-/* The conversation through the family's renderer into b: 0, -ENOTSUP for
- * a template kvd does not recognise, -ENOMEM. */
-static int render_conv(struct render *b, const struct kvd_chat_msg *msgs, size_t n_msgs, bool add_assistant)
+int tok_chat_render_plain(struct render *b, const struct kvd_chat_msg *msgs, size_t n_msgs, bool add_assistant,
+			  const bool *verbatim)
 {
 	const struct kvd_tokenizer *t = b->t;
 	int r;
@@ -183,39 +153,39 @@ static int render_conv(struct render *b, const struct kvd_chat_msg *msgs, size_t
 	switch (t->chat) {
 	case CHAT_CHATML:
 		if (n_msgs && t->chat_system && strcmp(msgs[0].role, "system") != 0) {
-			put_mark(b, MK_IM_START);
-			sb_str(b, "system\n");
-			sb_put(b, t->chat_system, t->chat_system_len);
-			put_mark(b, MK_IM_END);
-			sb_str(b, "\n");
+			chat_mark(b, MK_IM_START);
+			chat_str(b, "system\n");
+			chat_put(b, t->chat_system, t->chat_system_len);
+			chat_mark(b, MK_IM_END);
+			chat_str(b, "\n");
 		}
 		for (size_t i = 0; i < n_msgs; i++) {
-			put_mark(b, MK_IM_START);
-			sb_str(b, msgs[i].role);
-			sb_str(b, "\n");
+			chat_mark(b, MK_IM_START);
+			chat_str(b, msgs[i].role);
+			chat_str(b, "\n");
 			put_content(b, i, msgs[i].content, false);
-			put_mark(b, MK_IM_END);
-			sb_str(b, "\n");
+			chat_mark(b, MK_IM_END);
+			chat_str(b, "\n");
 		}
 		if (add_assistant) {
-			put_mark(b, MK_IM_START);
-			sb_str(b, "assistant\n");
+			chat_mark(b, MK_IM_START);
+			chat_str(b, "assistant\n");
 		}
 		break;
 	case CHAT_LLAMA3:
 		for (size_t i = 0; i < n_msgs; i++) {
-			put_mark(b, MK_START_HEADER);
-			sb_str(b, msgs[i].role);
-			put_mark(b, MK_END_HEADER);
-			sb_str(b, "\n\n");
-			put_content(b, i, msgs[i].content, true);
-			put_mark(b, MK_EOT_ID);
+			chat_mark(b, MK_START_HEADER);
+			chat_str(b, msgs[i].role);
+			chat_mark(b, MK_END_HEADER);
+			chat_str(b, "\n\n");
+			put_content(b, i, msgs[i].content, !(verbatim && verbatim[i]));
+			chat_mark(b, MK_EOT_ID);
 		}
 		if (add_assistant) {
-			put_mark(b, MK_START_HEADER);
-			sb_str(b, "assistant");
-			put_mark(b, MK_END_HEADER);
-			sb_str(b, "\n\n");
+			chat_mark(b, MK_START_HEADER);
+			chat_str(b, "assistant");
+			chat_mark(b, MK_END_HEADER);
+			chat_str(b, "\n\n");
 		}
 		break;
 	case CHAT_LLAMA2:
@@ -231,46 +201,46 @@ static int render_conv(struct render *b, const struct kvd_chat_msg *msgs, size_t
 		size_t i0 = n_msgs && !strcmp(msgs[0].role, "system") ? 1 : 0;
 		for (size_t i = i0; i < n_msgs; i++) {
 			bool model = !strcmp(msgs[i].role, "assistant");
-			put_mark(b, MK_SOT);
-			sb_str(b, model ? "model\n" : "user\n");
+			chat_mark(b, MK_SOT);
+			chat_str(b, model ? "model\n" : "user\n");
 			if (i == i0 && i0) {
 				put_content(b, 0, msgs[0].content, false);
-				sb_str(b, "\n\n");
+				chat_str(b, "\n\n");
 			}
 			put_content(b, i, msgs[i].content, true);
-			put_mark(b, MK_EOT);
-			sb_str(b, "\n");
+			chat_mark(b, MK_EOT);
+			chat_str(b, "\n");
 		}
 		if (add_assistant) {
-			put_mark(b, MK_SOT);
-			sb_str(b, "model\n");
+			chat_mark(b, MK_SOT);
+			chat_str(b, "model\n");
 		}
 		break;
 	}
 	case CHAT_ZEPHYR:
 		for (size_t i = 0; i < n_msgs; i++) {
-			put_mark(b, !strcmp(msgs[i].role, "system") ? MK_Z_SYSTEM
+			chat_mark(b, !strcmp(msgs[i].role, "system") ? MK_Z_SYSTEM
 				    : !strcmp(msgs[i].role, "user") ? MK_Z_USER
 								     : MK_Z_ASSISTANT);
-			sb_str(b, "\n");
+			chat_str(b, "\n");
 			put_content(b, i, msgs[i].content, false);
-			put_mark(b, t->zephyr_end == ZEPHYR_END_EOS    ? MK_EOS
+			chat_mark(b, t->zephyr_end == ZEPHYR_END_EOS    ? MK_EOS
 				    : t->zephyr_end == ZEPHYR_END_PHI3 ? MK_Z_END
 								       : MK_ENDOFTEXT);
-			sb_str(b, "\n");
+			chat_str(b, "\n");
 		}
 		if (t->zephyr_end == ZEPHYR_END_PHI3) {
 			/* Phi-3 closes a conversation without a reply prompt with EOS. */
 			if (add_assistant) {
-				put_mark(b, MK_Z_ASSISTANT);
-				sb_str(b, "\n");
+				chat_mark(b, MK_Z_ASSISTANT);
+				chat_str(b, "\n");
 			} else {
-				put_mark(b, MK_EOS_PHI3);
+				chat_mark(b, MK_EOS_PHI3);
 			}
 		} else if (add_assistant && n_msgs) {
 			/* Zephyr asks for the reply inside its message loop. */
-			put_mark(b, MK_Z_ASSISTANT);
-			sb_str(b, "\n");
+			chat_mark(b, MK_Z_ASSISTANT);
+			chat_str(b, "\n");
 		}
 		break;
 	default:
@@ -279,17 +249,19 @@ static int render_conv(struct render *b, const struct kvd_chat_msg *msgs, size_t
 	return b->err;
 }
 
+/* The conversation through the family's renderer into b: 0, -ENOTSUP for
+ * a template kvd does not recognise, -EINVAL for a malformed tool turn,
+ * -ENOMEM. */
+static int render_conv(struct render *b, const struct kvd_chat_msg *msgs, size_t n_msgs, bool add_assistant)
+{
+	if (b->t->chat == CHAT_MISTRAL || tok_chat_has_tools(msgs, n_msgs))
+		return tok_chat_render_tools(b, msgs, n_msgs, add_assistant);
+	return tok_chat_render_plain(b, msgs, n_msgs, add_assistant, NULL);
+}
+
 static int check_msgs(const struct kvd_chat_msg *msgs, size_t n_msgs)
 {
-	if (!msgs && n_msgs)
-		return -EINVAL;
-	for (size_t i = 0; i < n_msgs; i++) {
-		const char *role = msgs[i].role;
-		if (!role || !msgs[i].content ||
-		    (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant")))
-			return -EINVAL;
-	}
-	return 0;
+	return kvd_chat_check(msgs, n_msgs, NULL, 0);
 }
 
 int kvd_chat_render(const struct kvd_tokenizer *t, const struct kvd_chat_msg *msgs, size_t n_msgs,
@@ -350,7 +322,7 @@ int kvd_chat_tokenize(const struct kvd_tokenizer *t, const struct kvd_chat_msg *
 		n_out++;
 	}
 	if (flags & KVD_CHAT_AFTER_FIRST) {
-		if (!n_msgs || !b.first_done) {
+		if (!n_msgs || !b.first_done || b.tools) {
 			r = -ENOENT;
 			goto out;
 		}
@@ -380,8 +352,8 @@ out:
 const char *kvd_tokenizer_chat_problem(const struct kvd_tokenizer *t)
 {
 	if (t->chat == CHAT_UNKNOWN)
-		return "the model's chat template is not one kvd recognises (ChatML, Llama 3, Llama 2, Zephyr, "
-		       "Phi-3, Gemma)";
+		return "the model's chat template is not one kvd recognises (ChatML, Llama 3, Llama 2, Mistral, "
+		       "Zephyr, Phi-3, Gemma)";
 	return t->chat_problem[0] ? t->chat_problem : NULL;
 }
 
@@ -403,6 +375,13 @@ static const char *const marker_text[MK_COUNT] = {
 	[MK_Z_ASSISTANT] = "<|assistant|>",
 	[MK_Z_END] = "<|end|>",
 	[MK_ENDOFTEXT] = "<|endoftext|>",
+	[MK_INST] = "[INST]",
+	[MK_INST_END] = "[/INST]",
+	[MK_AVAIL_TOOLS] = "[AVAILABLE_TOOLS]",
+	[MK_AVAIL_TOOLS_END] = "[/AVAILABLE_TOOLS]",
+	[MK_TOOL_CALLS] = "[TOOL_CALLS]",
+	[MK_TOOL_RESULTS] = "[TOOL_RESULTS]",
+	[MK_TOOL_RESULTS_END] = "[/TOOL_RESULTS]",
 };
 
 #define MK_BIT(m) (1u << (m))
@@ -420,6 +399,11 @@ static const struct {
 	[CHAT_ZEPHYR] = { "Zephyr", MK_BIT(MK_Z_SYSTEM) | MK_BIT(MK_Z_USER) | MK_BIT(MK_Z_ASSISTANT) |
 					    MK_BIT(MK_Z_END) | MK_BIT(MK_EOS_PHI3) | MK_BIT(MK_ENDOFTEXT), 0 },
 	[CHAT_GEMMA] = { "Gemma", MK_BIT(MK_SOT) | MK_BIT(MK_EOT), MK_BIT(MK_SOT) | MK_BIT(MK_EOT) },
+	/* Mistral's markers are control tokens in its vocabularies (v3 and
+	 * later), plain text in older ones */
+	[CHAT_MISTRAL] = { "Mistral", MK_BIT(MK_INST) | MK_BIT(MK_INST_END) | MK_BIT(MK_AVAIL_TOOLS) |
+					      MK_BIT(MK_AVAIL_TOOLS_END) | MK_BIT(MK_TOOL_CALLS) |
+					      MK_BIT(MK_TOOL_RESULTS) | MK_BIT(MK_TOOL_RESULTS_END), 0 },
 };
 
 void tok_chat_markers(struct kvd_tokenizer *t, bool have_template)

@@ -42,7 +42,9 @@ enum pre_pass {
 };
 #define MAX_PASSES 6
 
-enum chat_family { CHAT_UNKNOWN, CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2, CHAT_ZEPHYR, CHAT_GEMMA };
+/* CHAT_MISTRAL: Mistral's [INST] template with tools ([AVAILABLE_TOOLS]);
+ * [INST] templates without them are CHAT_LLAMA2. */
+enum chat_family { CHAT_UNKNOWN, CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2, CHAT_ZEPHYR, CHAT_GEMMA, CHAT_MISTRAL };
 
 /* Per-token flag bits. */
 #define TOKF_EOG     0x01u /* ends a generation */
@@ -74,6 +76,13 @@ enum chat_marker {
 	MK_Z_ASSISTANT,
 	MK_Z_END,        /* "<|end|>" (Phi-3) */
 	MK_ENDOFTEXT,    /* "<|endoftext|>" (Zephyr) */
+	MK_INST,         /* Mistral: "[INST]", "[/INST]" and the tool markers */
+	MK_INST_END,
+	MK_AVAIL_TOOLS,
+	MK_AVAIL_TOOLS_END,
+	MK_TOOL_CALLS,
+	MK_TOOL_RESULTS,
+	MK_TOOL_RESULTS_END,
 	MK_COUNT
 };
 
@@ -336,6 +345,55 @@ static inline bool tok_past_max(const struct tok_call *c)
 /* Look up the chat template's markers and flag their tokens (at load, once
  * t->chat and the special tokens are known). */
 void tok_chat_markers(struct kvd_tokenizer *t, bool have_template);
+
+/* ---- chat rendering (tokenizer_chat.c, tokenizer_chat_tools.c) ---------- */
+
+/* A marker that is a token, at text offset off (grow mode only). */
+struct mark_at {
+	size_t off;
+	uint32_t len;
+	int32_t id;
+};
+
+/*
+ * The rendering under way: text written like snprintf into out[0..cap)
+ * (len counts everything), or, with grow, into a buffer of its own that
+ * grows, with the markers noted. first_end is where msgs[0]'s content ends
+ * when it was rendered verbatim (first_done); a conversation with tool
+ * turns (tools) has no such point.
+ */
+struct render {
+	const struct kvd_tokenizer *t;
+	char *out;
+	size_t cap;
+	size_t len;
+	bool grow;
+	int err; /* -ENOMEM once growing failed */
+	struct mark_at *marks;
+	size_t n_marks, marks_cap;
+	bool first_done;
+	size_t first_end;
+	bool tools;
+};
+/* Template text (or message content) s[0..n) / NUL-terminated s. */
+void chat_put(struct render *b, const char *s, size_t n);
+void chat_str(struct render *b, const char *s);
+/* One of the template's markers: its text, noted as its token when the
+ * vocabulary has one. */
+void chat_mark(struct render *b, enum chat_marker m);
+/* s[0..*n) without leading and trailing white space, as Python's str.strip(). */
+const char *chat_strip(const char *s, size_t *n);
+/* The conversation msgs (roles system, user, assistant and, for Llama 3,
+ * ipython) in the family's own turns; verbatim[i] (verbatim may be NULL)
+ * keeps message i's content unstripped where the family strips it. */
+int tok_chat_render_plain(struct render *b, const struct kvd_chat_msg *msgs, size_t n_msgs, bool add_assistant,
+			  const bool *verbatim);
+/* Whether msgs hold a tool role ("tools", "tool_calls", "tool"). */
+bool tok_chat_has_tools(const struct kvd_chat_msg *msgs, size_t n_msgs);
+/* A conversation with tool roles in the family's tool format
+ * (tokenizer_chat_tools.c); every Mistral conversation. 0, -EINVAL (a
+ * malformed tool turn), -ENOMEM. */
+int tok_chat_render_tools(struct render *b, const struct kvd_chat_msg *msgs, size_t n_msgs, bool add_assistant);
 
 /* Grow *p (of *cap elements of elem bytes) to hold need: 0 or -ENOMEM. */
 int tok_grow(void **p, size_t *cap, size_t need, size_t elem);

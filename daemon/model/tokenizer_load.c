@@ -531,6 +531,8 @@ static int load_chat_template(struct kvd_tokenizer *t, const struct gguf_file *f
 		t->chat = CHAT_GEMMA;
 	} else if (mem_contains(tp, n, "<|start_header_id|>") && mem_contains(tp, n, "<|end_header_id|>")) {
 		t->chat = CHAT_LLAMA3;
+	} else if (mem_contains(tp, n, "[INST]") && mem_contains(tp, n, "[AVAILABLE_TOOLS]")) {
+		t->chat = CHAT_MISTRAL;
 	} else if (mem_contains(tp, n, "[INST]")) {
 		t->chat = CHAT_LLAMA2;
 		t->l2_sys = mem_contains(tp, n, "<<SYS>>");

@@ -6,16 +6,18 @@
  * and rendering a conversation with it, as a GENERATE without IPC_GEN_RAW
  * does with the client's text.
  *
- * Input: the template, a NUL, then messages: a role byte (low two bits: 0
- * system, 1 user, 2 assistant, 3 an invalid role; bit 7 of the last one:
- * add the assistant prompt) and the content up to the next NUL. The
+ * Input: the template, a NUL, then messages: a role byte (low three bits:
+ * 0 system, 1 user, 2 assistant, 3 tools, 4 tool_calls, 5 tool, 6 and 7 an
+ * invalid role; bit 7 of the last one: add the assistant prompt) and the
+ * content up to the next NUL. The
  * template is spliced into a tokenizer-only GGUF made at start-up from the
  * seed model (tests/fuzz/corpus/fuzz_model/seed-model.gguf, whose last key
  * is the template; its tensors are dropped), so the real gguf_open() and
  * kvd_tokenizer_from_gguf() run on it.
  *
  * Promises checked: the tokenizer builds for any template; rendering gives
- * -EINVAL exactly when a role is invalid, else a length or -ENOTSUP; the
+ * -EINVAL exactly when a role is invalid or kvd_chat_check() refuses the
+ * messages (a malformed tool turn), else a length or -ENOTSUP; the
  * size query (cap 0) and the real render agree; the output is
  * NUL-terminated at that length, and a smaller buffer gets the same prefix
  * (snprintf semantics); the rendered prompt tokenizes (special tokens
@@ -64,7 +66,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	const uint8_t *nul = memchr(data, 0, size);
 	size_t tlen = nul ? (size_t)(nul - data) : size;
 	char path[64], err[512];
-	static const char *const roles[4] = { "system", "user", "assistant", "tool" };
+	static const char *const roles[8] = { "system", "user", "assistant", "tools", "tool_calls", "tool", "ipython",
+					      "" };
 
 	/* the file */
 	size_t flen = prefix_len + 8 + tlen;
@@ -104,15 +107,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		contents[n_msgs] = malloc(len + 1);
 		memcpy(contents[n_msgs], p, len);
 		contents[n_msgs][len] = 0;
-		msgs[n_msgs] = (struct kvd_chat_msg){ roles[role & 3], contents[n_msgs] };
-		bad_role |= (role & 3) == 3;
+		msgs[n_msgs] = (struct kvd_chat_msg){ roles[role & 7], contents[n_msgs] };
+		bad_role |= (role & 7) >= 6;
 		add_assistant = role >> 7;
 		n_msgs++;
 		p += len + (q != NULL);
 	}
 
 	int need = kvd_chat_render(t, msgs, n_msgs, add_assistant, NULL, 0);
-	if (bad_role) {
+	int checked = kvd_chat_check(msgs, n_msgs, err, sizeof(err));
+	CHECK(!bad_role || checked == -EINVAL);
+	if (checked < 0) {
 		CHECK(need == -EINVAL);
 	} else {
 		CHECK(need >= 0 || need == -ENOTSUP || need == -ENOMEM);

@@ -75,8 +75,8 @@ else
 	grep -q "non-empty JSON array" "$T/err" || fail "chat, not an array: $(cat "$T/err")"
 	chat_in '[{"role":"user","content":"hi"},{"role":"assistant","content":"yo"}]' 2 "assistant last"
 	grep -q "the last message is the assistant's" "$T/err" || fail "chat, assistant last: $(cat "$T/err")"
-	chat_in '[{"role":"tool","content":"x"},{"role":"user","content":"hi"}]' 2 "unknown role"
-	grep -q 'message 0: unknown role "tool"' "$T/err" || fail "chat, tool role: $(cat "$T/err")"
+	chat_in '[{"role":"ipython","content":"x"},{"role":"user","content":"hi"}]' 2 "unknown role"
+	grep -q 'message 0: unknown role "ipython"' "$T/err" || fail "chat, unknown role: $(cat "$T/err")"
 	chat_in '[{"role":"user","content":"hi","name":"x"}]' 2 "extra member"
 	grep -q 'unknown member "name"' "$T/err" || fail "chat, extra member: $(cat "$T/err")"
 	chat_in '[{"role":"user","content":"a\u0000b"}]' 2 "NUL in content"
@@ -157,6 +157,36 @@ PYEOF
 	[ "$p2" -gt "$p1" ] && [ "$c2" -ge $((p1 / 16 * 16)) ] && [ "$c2" -gt 0 ] ||
 		fail "second turn: $p2 prompt tokens, $c2 cached; the first turn had $p1 (its full pages should be cached)"
 	ok "chat: [system, user] = generate --system ($p1 prompt tokens); the next turn finds $c2 of its $p2 tokens cached"
+	# tool turns (kvd 0.9.0): rendered by kvd in ChatML's (Qwen's) tool format, the same tokens as that text
+	$PY - "$T" <<'PYEOF'
+import json, sys
+t = sys.argv[1]
+tools = [{"name": "get_time", "description": "Time in a city",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+calls = [{"id": "call_1", "name": "get_time", "arguments": {"city": "Paris"}}]
+json.dump([{"role": "system", "content": "Be brief."}, {"role": "tools", "content": tools},
+           {"role": "user", "content": "Time in Paris?"}, {"role": "assistant", "content": ""},
+           {"role": "tool_calls", "content": json.dumps(calls)}, {"role": "tool", "content": "14:05"}],
+          open(t + "/tools.json", "w"))
+block = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with "
+         "function signatures within <tools></tools> XML tags:\n<tools>\n" +
+         json.dumps({"type": "function", "function": tools[0]}) +
+         "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+         "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+         "<args-json-object>}\n</tool_call>")
+json.dump([{"role": "system", "content": "Be brief.\n\n" + block}, {"role": "user", "content": "Time in Paris?"},
+           {"role": "assistant", "content": '<tool_call>\n{"name": "get_time", "arguments": {"city": "Paris"}}\n'
+                                            '</tool_call>'},
+           {"role": "user", "content": "<tool_response>\n14:05\n</tool_response>"}], open(t + "/plain.json", "w"))
+PYEOF
+	"$KVCTL" --socket "$S" chat --temperature 0 --max-tokens 4 --json "$T/tools.json" >"$T/tools.out" ||
+		fail "chat with tool turns: $(cat "$T/tools.out")"
+	"$KVCTL" --socket "$S" chat --temperature 0 --max-tokens 4 --json "$T/plain.json" >"$T/plain.out" ||
+		fail "chat, the tool turns as text: $(cat "$T/plain.out")"
+	pt=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["prompt_tokens"])' "$T/tools.out")
+	pp=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["prompt_tokens"])' "$T/plain.out")
+	[ "$pt" = "$pp" ] || fail "tool turns: $pt prompt tokens; the same as text: $pp"
+	ok "chat with tools, tool_calls and a tool result last: rendered in the ChatML tool format ($pt prompt tokens, as that text)"
 	# a conversation beyond the inline limit travels through the upload ring: kvd renders and counts it
 	$PY -c 'import json; print(json.dumps([{"role":"user","content":"word " * 9000},
 		{"role":"assistant","content":"ok"},{"role":"user","content":"again"}]))' >"$T/big.json"

@@ -526,10 +526,12 @@ static void test_chat_turns(void **state)
 	}
 	assert_int_equal(ipc_chat_turn_next(buf, (size_t)n, &off, &t), 0);
 	assert_string_equal(ipc_chat_role_name(IPC_CHAT_ASSISTANT), "assistant");
-	assert_null(ipc_chat_role_name(4));
+	assert_string_equal(ipc_chat_role_name(IPC_CHAT_TOOL_CALLS), "tool_calls");
+	assert_null(ipc_chat_role_name(7));
 	assert_int_equal(ipc_chat_role_parse("user", 4), IPC_CHAT_USER);
 	assert_int_equal(ipc_chat_role_parse("users", 5), 0);
-	assert_int_equal(ipc_chat_role_parse("tool", 4), 0);
+	assert_int_equal(ipc_chat_role_parse("tool", 4), IPC_CHAT_TOOL);
+	assert_int_equal(ipc_chat_role_parse("ipython", 7), 0);
 
 	/* encoder refusals */
 	struct ipc_chat_turn bad = { 7, 1, "x" };
@@ -552,7 +554,7 @@ static void test_chat_turns(void **state)
 	assert_int_equal(ipc_chat_turns_check(r, k), -EPROTO);
 	k = turn_rec(r, 0, 0, 2, "hi", 2); /* role 0 */
 	assert_int_equal(ipc_chat_turns_check(r, k), -EINVAL);
-	k = turn_rec(r, 4, 0, 2, "hi", 2); /* role past assistant */
+	k = turn_rec(r, 7, 0, 2, "hi", 2); /* role past tool */
 	assert_int_equal(ipc_chat_turns_check(r, k), -EINVAL);
 	k = turn_rec(r, IPC_CHAT_USER, 0, 3, "hi", 2); /* text runs past the end */
 	assert_int_equal(ipc_chat_turns_check(r, k), -EBADMSG);

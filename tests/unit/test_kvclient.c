@@ -1112,8 +1112,12 @@ static void test_chat_messages(void **state)
 	assert_int_equal(kvc_generate(c, "hello", KVC_NTS, &q, NULL, NULL, NULL), -EINVAL);
 	q = p; q.messages = conv; q.n_messages = 3; /* ends with the assistant's */
 	assert_int_equal(kvc_generate(c, NULL, 0, &q, NULL, NULL, NULL), -EINVAL);
+	/* tool roles need kvd 0.9.0: refused for this older daemon, unsent */
 	const struct kvc_chat_msg tool[] = { { "tool", "42" }, { "user", "x" } };
 	q = p; q.messages = tool; q.n_messages = 2;
+	assert_int_equal(kvc_generate(c, NULL, 0, &q, NULL, NULL, NULL), -EOPNOTSUPP);
+	const struct kvc_chat_msg badrole[] = { { "ipython", "42" }, { "user", "x" } };
+	q = p; q.messages = badrole; q.n_messages = 2;
 	assert_int_equal(kvc_generate(c, NULL, 0, &q, NULL, NULL, NULL), -EINVAL);
 	const struct kvc_chat_msg nulls[] = { { "user", NULL } };
 	q = p; q.messages = nulls; q.n_messages = 1;

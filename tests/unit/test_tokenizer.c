@@ -717,7 +717,7 @@ static void test_request_render_turns(void **state)
 	got = NULL;
 	n = ipc_chat_turns_encode(list, sizeof(list), turns, 3); /* ends with the assistant's */
 	assert_int_equal(kvd_request_chat_turns(t, list, (size_t)n, KVD_REQUEST_ALL, &got, why, sizeof(why)), -EINVAL);
-	assert_string_equal(why, "the last chat turn is the assistant's; it must be the user's");
+	assert_string_equal(why, "the last chat turn is the assistant's; it must be the user's or a tool result");
 	assert_int_equal(kvd_request_chat_turns(t, list, 0, KVD_REQUEST_ALL, &got, why, sizeof(why)), -EINVAL);
 	assert_string_equal(why, "the conversation has no turns");
 	n = ipc_chat_turns_encode(list, sizeof(list), turns, 4);
