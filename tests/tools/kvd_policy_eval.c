@@ -578,8 +578,10 @@ int main(int argc, char **argv)
 			uint32_t room;
 			if (!runs[i].e)
 				continue;
-			if (prepare(&runs[i], toks, t, c, &room) < 0) {
-				fprintf(stderr, "kvd_policy_eval: %s: window or restart failed at %ld\n", runs[i].spec, t);
+			int pr = prepare(&runs[i], toks, t, c, &room);
+			if (pr < 0) {
+				fprintf(stderr, "kvd_policy_eval: %s: window or restart at %ld: %s\n", runs[i].spec, t,
+					strerror(-pr));
 				goto out;
 			}
 			if (room < c)
@@ -589,8 +591,10 @@ int main(int argc, char **argv)
 			struct run *r = &runs[i];
 			if (!r->e)
 				continue;
+			/* a window policy drops pages itself: no release of local layers' */
 			struct kvd_engine_item it = { .seq = r->seq, .tokens = toks + t, .n_tokens = (int32_t)c,
-						      .logits = i ? buf : ref, .all_logits = scored };
+						      .logits = i ? buf : ref, .all_logits = scored,
+						      .keep_local = r->mode == 1 || r->mode == 2 };
 			if (kvd_engine_step(r->e, &it, 1) < 0) {
 				fprintf(stderr, "kvd_policy_eval: %s: step at %ld failed\n", r->spec, t);
 				goto out;
