@@ -25,6 +25,10 @@ compares their distributions position by position. Writes into DIR:
                 role's tokens under the run and under f32, and mean KL
   *.png         the plots (matplotlib), report.md the page
 
+--replot: redraw the plots and the page from DIR's CSV files and meta.json
+(written by every run: label, tokens, seconds, the chat's role spans, the
+command), without running anything.
+
 --quick: a few seconds (the policy table on a short prefix of the text,
 two runs, and the prefix check), for tests/integration/t_eval_quick.sh.
 Texts: tests/data/text/lighthouse.txt and bench/eval/texts/ (README).
@@ -245,6 +249,23 @@ def part_roles(a, tool, label):
 from plots import plots, page  # noqa: E402  (beside this file)
 
 
+def replot(out):
+    meta = json.load(open(os.path.join(out, "meta.json")))
+    res = {"label": meta["label"], "n_tokens": meta["n_tokens"], "seconds": meta["seconds"], "spans": meta["spans"]}
+    for part in ("policies", "prefix", "needles", "roles"):
+        path = os.path.join(out, part + ".csv")
+        if os.path.exists(path):
+            res[part] = list(csv.DictReader(open(path)))
+    for r in res["prefix"]:
+        r["bit_identical"] = int(r["bit_identical"])
+    if res["spans"]:
+        res["spans"] = {k: tuple(v) for k, v in res["spans"].items()}
+    plots(out, res)
+    page(out, res, meta["command"])
+    print("redrew %s" % out)
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
@@ -255,12 +276,15 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--replot", action="store_true", help="redraw from DIR's CSV files and meta.json")
     ap.add_argument("--build", default=os.environ.get("KVD_BUILD", os.path.join(ROOT, "build")))
     a = ap.parse_args()
     a.windows = [int(x) for x in a.windows.split(",")]
     if a.quick:
         a.tokens = min(a.tokens, 160)
     label = a.label or os.path.basename(a.model)
+    if a.replot:
+        return replot(a.out)
     os.makedirs(a.out, exist_ok=True)
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="kvd-eval-") as tmp:
@@ -279,10 +303,13 @@ def main():
             res["roles"], res["spans"] = part_roles(a, tool, label)
             print("roles: %d rows (%.0f s)" % (len(res["roles"]), time.time() - t0))
     res["seconds"] = time.time() - t0
-    res["windows"] = a.windows
+    cmd = " ".join(["bench/eval/report.py"] + sys.argv[1:])
+    with open(os.path.join(a.out, "meta.json"), "w") as f:
+        json.dump({"label": label, "n_tokens": res["n_tokens"], "seconds": round(res["seconds"]),
+                   "spans": res.get("spans"), "command": cmd}, f, indent=1)
     if not a.no_plots:
         plots(a.out, res)
-    page(a.out, res, " ".join(["bench/eval/report.py"] + sys.argv[1:]))
+    page(a.out, res, cmd)
     print("wrote %s (%.0f s)" % (a.out, res["seconds"]))
     return 0
 
