@@ -262,7 +262,7 @@ static void print_text(const struct report *rp, const struct kvc_stats *st)
 		printf("  %-6s %6" PRIu64 " requests, KV held %s per request, read %s per generated token\n", t->name,
 		       t->n, b1, b2);
 	}
-	printf("  quality per type: not in the ledger (see the evaluation reports)\n\n");
+	printf("  quality per type: not in the ledger; the evaluation reports measure it (docs/eval/, bench/eval/report.py)\n\n");
 
 	printf("5. Evictions by requester (tokens)\n");
 	printf("  %10s %6s %11s %12s %14s %8s %12s %14s %12s\n", "UID", "REQS", "PREEMPTIONS", "RECOMPUTED",
