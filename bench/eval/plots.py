@@ -169,7 +169,8 @@ def page(out, res, cmd):
     w("Perplexity of the running text, mean and largest KL(p_f32 || p_run) over every scored position, the share "
       "of positions whose argmax is f32's, the most pool bytes the run held and the K/V bytes a position's step "
       "read (each layer its window of the sequence). Window W: sliding window; sinks W/4: 4 sink tokens (one page "
-      "of 16) plus the window; truncate W: at most W tokens, the oldest half cut and the rest recomputed.")
+      "of 16) plus the window; truncate W: at most W tokens; when full, the first 16 tokens (the head, as truncate-oldest keeps a "
+      "chat's system block) and the newest up to W/2 are kept and recomputed, the rest cut.")
     w("")
     w("| run | KV held (MiB) | read/token (KiB) | ppl | KL mean | KL max | top-1 = f32 | held per layer group |")
     w("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")

@@ -25,6 +25,9 @@ compares their distributions position by position. Writes into DIR:
                 role's tokens under the run and under f32, and mean KL
   *.png         the plots (matplotlib), report.md the page
 
+--only RUN,...: measure those runs again in the policy sweep, the needles
+and the roles, replace their rows in DIR's CSV files, and redraw.
+
 --replot: redraw the plots and the page from DIR's CSV files and meta.json
 (written by every run: label, tokens, seconds, the chat's role spans, the
 command), without running anything.
@@ -107,7 +110,14 @@ class Tool:
         return summ, rows
 
 
+ONLY = None  # --only: the runs measured again; other rows of the CSV files stay
+
+
 def write_csv(path, cols, rows):
+    if ONLY is not None and os.path.exists(path) and "run" in cols:
+        again = set(ONLY) | {"f32/full"}
+        kept = [r for r in csv.DictReader(open(path)) if r["run"] not in again]
+        rows = kept + list(rows)
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols)
         w.writeheader()
@@ -115,9 +125,13 @@ def write_csv(path, cols, rows):
             w.writerow({c: r.get(c, "") for c in cols})
 
 
+def only(runs):
+    return runs if ONLY is None else [r for r in runs if r in ONLY]
+
+
 def policy_runs(a):
     if a.quick:
-        return ["f16/full", "f16/window/32"]
+        return ["f16/full", "f16/window/32", "f16/truncate/64"]
     runs = ["%s/full" % t for t in TYPES]
     for w in a.windows:
         runs += ["f16/window/%d" % w, "f16/sinks/%d/4" % w]
@@ -127,7 +141,7 @@ def policy_runs(a):
 
 def part_policies(a, tool, label):
     ids = tool.tokenize([open(MAIN_TEXT).read()])[0][:a.tokens]
-    summ, _ = tool.evaluate(ids, policy_runs(a), "policies")
+    summ, _ = tool.evaluate(ids, only(policy_runs(a)), "policies")
     out = []
     for run, j in summ.items():
         if "error" in j:
@@ -196,7 +210,7 @@ def part_needles(a, tool, label):
             if tag and tag[0] == "answer":
                 ans[tag[1]] = (len(ids), len(ids) + len(t) - 1)
             ids += t
-        summ, rows = tool.evaluate(ids, needle_runs(a), "needles%d" % k, score=sorted(ans.values()))
+        summ, rows = tool.evaluate(ids, only(needle_runs(a)), "needles%d" % k, score=sorted(ans.values()))
         for run, rr in rows.items():
             by_pos = {r[0]: r for r in rr}
             for i, (place, number) in enumerate(facts):
@@ -231,7 +245,7 @@ def part_roles(a, tool, label):
     for r, t in zip(roles + ["generated"], toks + [gen]):
         spans[r] = (at, at + len(t) - 1)
         at += len(t)
-    summ, rows = tool.evaluate(prompt + gen, role_runs(a), "roles")
+    summ, rows = tool.evaluate(prompt + gen, only(role_runs(a)), "roles")
     out = []
     for run, rr in rows.items():
         for role, (lo, hi) in spans.items():
@@ -277,6 +291,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--replot", action="store_true", help="redraw from DIR's CSV files and meta.json")
+    ap.add_argument("--only", help="measure these runs again (comma-separated), keep DIR's other rows, redraw")
     ap.add_argument("--build", default=os.environ.get("KVD_BUILD", os.path.join(ROOT, "build")))
     a = ap.parse_args()
     a.windows = [int(x) for x in a.windows.split(",")]
@@ -284,6 +299,16 @@ def main():
         a.tokens = min(a.tokens, 160)
     label = a.label or os.path.basename(a.model)
     if a.replot:
+        return replot(a.out)
+    if a.only:
+        global ONLY
+        ONLY = a.only.split(",")
+        with tempfile.TemporaryDirectory(prefix="kvd-eval-") as tmp:
+            a.tmp = tmp
+            tool = Tool(a)
+            part_policies(a, tool, label)
+            part_needles(a, tool, label)
+            part_roles(a, tool, label)
         return replot(a.out)
     os.makedirs(a.out, exist_ok=True)
     t0 = time.time()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # t_eval_quick.sh — the evaluation report's quick variant (bench/eval/report.py
 # --quick) on the tiny model: 160 tokens of tests/data/text/lighthouse.txt,
-# the f32 reference, f16 and an f16 sliding window of 32, and the prefix check.
+# the f32 reference, f16, an f16 sliding window of 32 and truncate-oldest at 64
+# tokens, and the prefix check.
 #   - policies.csv and prefix.csv have the documented columns;
 #   - the reference run's mean loss is the NumPy reference's
 #     (tests/reference/ref.py, f32 cache, the engine's int8 activations) over
@@ -10,7 +11,8 @@
 #     its KL to itself is 0;
 #   - f16 costs 2 * layers * KV heads * head size * 2 bytes a token (read
 #     from the GGUF file); the window holds fewer bytes than full attention
-#     and changes the distributions (KL > 0);
+#     and changes the distributions (KL > 0); truncate-oldest restarts (160
+#     tokens through 64: at least 3 times) and attends 64 tokens at most;
 #   - prefix sharing: every logits row after the shared prefix is bit-identical
 #     to the same request computed alone, for f32 and f16, and rows were compared.
 source "$(dirname "$0")/lib.sh"
@@ -40,8 +42,9 @@ assert list(pol[0].keys()) == ["model", "run", "kv_type", "policy", "window", "s
 assert list(pre[0].keys()) == ["model", "kv_type", "prefix_tokens", "hit_tokens", "request_tokens", "compared_rows",
     "identical_rows", "max_abs_diff", "bit_identical"], list(pre[0].keys())
 p = {r["run"]: r for r in pol}
-assert set(p) == {"f32/full", "f16/full", "f16/window/32"}, set(p)
-r32, r16, win = p["f32/full"], p["f16/full"], p["f16/window/32"]
+assert set(p) == {"f32/full", "f16/full", "f16/window/32", "f16/truncate/64"}, set(p)
+r32, r16, win, tr = p["f32/full"], p["f16/full"], p["f16/window/32"], p["f16/truncate/64"]
+assert int(tr["restarts"]) >= 3 and float(tr["kv_slots_mean"]) <= 64 and float(tr["kl_mean"]) > 0, tr
 assert float(r32["kl_mean"]) == 0 and r32["ppl"] == r32["ppl_ref"], r32
 # the reference forward pass over the same tokens
 toks = [int(x) for x in open(ids_path).readline().split(",")][:160]

@@ -183,7 +183,7 @@ static int parse_run(const char *s, struct run *r)
 	r->sinks = b ? atol(b) : 0;
 	r->mode = !strcmp(pol, "full") ? 0 : !strcmp(pol, "window") ? 1 : !strcmp(pol, "sinks") ? 2 :
 		  !strcmp(pol, "truncate") ? 3 : -1;
-	if (r->mode < 0 || (r->mode && r->window < 2 * BS) || (r->mode == 2 && r->sinks < 1))
+	if (r->mode < 0 || (r->mode && r->window < 2 * BS) || (r->mode == 2 && r->sinks < 1) || (r->mode == 3 && r->window < 4 * BS))
 		return -EINVAL;
 	if (r->mode == 1 || r->mode == 2)
 		return kvd_window_make(BS, 1u << 20, r->mode == 2, (uint32_t)r->sinks, (uint32_t)r->window, &r->w);
@@ -229,12 +229,30 @@ static double read_bytes(const struct kvd_engine *e, size_t tok_bytes, uint32_t 
 	return s * (double)tok_bytes / nl;
 }
 
-/* Room for `want` more tokens in r's sequence; a full truncate run first
- * restarts from the newer half of what it held. */
+/* Append n tokens to seq without logits, 64 a step. */
+static int prefill(struct kvd_engine *e, uint32_t seq, const int32_t *toks, uint32_t n)
+{
+	for (uint32_t k = 0; k < n;) {
+		uint32_t c = n - k < 64 ? n - k : 64;
+		struct kvd_engine_item it = { .seq = seq, .tokens = toks + k, .n_tokens = (int32_t)c };
+		int rc = kvd_engine_step(e, &it, 1);
+
+		if (rc < 0)
+			return rc;
+		k += c;
+	}
+	return 0;
+}
+
+/* Room for `want` more tokens in r's sequence. A full truncate run first
+ * starts again from its head (the first TRUNC_HEAD tokens, kept for ever as
+ * truncate-oldest keeps a chat's system block, BOS included) and the newest
+ * tokens up to half the window, recomputed. */
+#define TRUNC_HEAD BS
 static int prepare(struct run *r, const int32_t *stream, long t, uint32_t want, uint32_t *room)
 {
 	struct kvmm *kv = kvd_engine_kvmm(r->e);
-	uint32_t W = (uint32_t)r->window, keep = W / 2;
+	uint32_t W = (uint32_t)r->window, keep = W / 2 - TRUNC_HEAD;
 	int rc;
 
 	*room = want;
@@ -247,15 +265,12 @@ static int prepare(struct run *r, const int32_t *stream, long t, uint32_t want, 
 		rc = kvmm_seq_new(kv, &r->seq);
 		if (rc < 0)
 			return rc;
-		for (uint32_t k = 0; k < keep;) {
-			uint32_t c = keep - k < 64 ? keep - k : 64;
-			struct kvd_engine_item it = { .seq = r->seq, .tokens = stream + t - keep + k, .n_tokens = (int32_t)c };
-			rc = kvd_engine_step(r->e, &it, 1);
-			if (rc < 0)
-				return rc;
-			k += c;
-		}
-		r->len = keep;
+		rc = prefill(r->e, r->seq, stream, TRUNC_HEAD);
+		if (rc >= 0)
+			rc = prefill(r->e, r->seq, stream + t - keep, keep);
+		if (rc < 0)
+			return rc;
+		r->len = TRUNC_HEAD + keep;
 		r->restarts++;
 	}
 	if (*room > W - r->len)
