@@ -467,7 +467,8 @@ void kvd_ledger_request(struct kvd_ledger *l, const struct kvd_ledger_who *who, 
 		     "\"context_policy\":\"%s\",\"context_window\":%u,\"context_sinks\":%u,\"context_dropped_tokens\":%u,"
 		     "\"context_truncated_turns\":%u,\"compute_wait_ns\":%" PRIu64 ",\"batch_width_mean\":%.2f,"
 		     "\"slack_bytes\":%" PRIu64 ",\"decode_read_bytes_mean\":%" PRIu64 ",\"decode_read_bytes_max\":%" PRIu64
-		     ",\"evicted_tokens\":{\"context_drop\":%u,\"swap\":%" PRIu64 ",\"preemption_recompute\":%u},"
+		     ",\"evicted_tokens\":{\"context_drop\":%u,\"swap\":%" PRIu64 ",\"preemption_recompute\":%u"
+		     ",\"prefix_eviction\":%u},"
 		     "\"model\":%s,\"kv\":%s}\n",
 		     realtime_ns(), who->client_id, who->pid, who->uid, request_id, session_id, finish, res->error,
 		     res->prompt_tokens, res->cached_tokens, res->adopted_tokens, res->generated_tokens,
@@ -477,7 +478,8 @@ void kvd_ledger_request(struct kvd_ledger *l, const struct kvd_ledger_who *who, 
 		     res->context_policy < 4 ? policy_names[res->context_policy] : "?", res->context_window,
 		     res->context_sinks, res->context_dropped_tokens, res->context_truncated_turns, res->compute_wait_ns,
 		     res->batch_steps ? (double)res->batch_width_sum / res->batch_steps : 0.0, slack, rd_mean, rd_max,
-		     res->context_dropped_tokens, swapped, res->recompute_tokens, l->model[0] ? l->model : "null", kv);
+		     res->context_dropped_tokens, swapped, res->recompute_tokens, k ? k->evicted_prefix_tokens : 0,
+		     l->model[0] ? l->model : "null", kv);
 	record(l, who->uid, line, n);
 }
 

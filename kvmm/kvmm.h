@@ -458,6 +458,14 @@ struct kvmm_seq_record {
 	uint32_t drops;                /* kvmm_seq_drop_pages calls */
 	uint32_t released_tokens;      /* of len_tokens: in released pages (kvmm_seq_release) */
 	uint32_t packed_pages;         /* of pages: packed pages holding their kept share */
+	/* Of the prompt's tokens not found in the prefix index, those on pages
+	 * whose identical content (same owner scope, same tokens, same chain)
+	 * the index had held and dropped (evicted, or demoted and dropped), so
+	 * they are recomputed: counted from the first miss while the dropped
+	 * chain continues. The index remembers the last dropped keys only
+	 * (about 4 per pool page, at least 1,024 and at most 65,536), so an
+	 * eviction long ago may go uncounted. */
+	uint32_t evicted_prefix_tokens;
 };
 
 /* Tokens at positions < n_prompt_tokens are the prompt, later ones are

@@ -196,6 +196,7 @@ struct kvmm_seq {
 	uint64_t kv_read_bytes_max;       /* the most one step read */
 	uint64_t created_ns;
 	uint32_t dropped_tokens, drops; /* kvmm_seq_drop_pages */
+	uint32_t evicted_prefix_tokens; /* prefix tokens missed on dropped pages (prefix.c) */
 	uint32_t n_released, n_packed;  /* kvmm_seq_release: leading pages released, packed pages held */
 };
 
@@ -240,6 +241,8 @@ struct kvmm {
 	uint64_t key_mask;
 	struct kvmm_lru res_lru; /* resident, unreferenced */
 	struct kvmm_lru swp_lru; /* demoted */
+	uint64_t *evicted;       /* keys of dropped pages, in sets (prefix.c) */
+	uint32_t evicted_mask;   /* sets - 1 */
 
 	/* swap */
 	struct kvmm_swap_io *io;
@@ -342,6 +345,11 @@ void page_set_packed(struct kvmm *m, int32_t p);
 
 /* ---- prefix.c ----------------------------------------------------------------- */
 
+/* Bounds of the eviction memory, in remembered page keys (8 bytes each),
+ * and the keys per set (prefix.c). */
+#define KVMM_EVICTED_MIN 1024u
+#define KVMM_EVICTED_MAX (1u << 16)
+#define KVMM_EVICTED_WAYS 4u
 int kvmm_index_init(struct kvmm *m);
 void kvmm_index_free(struct kvmm *m);
 /* A node's key: a root's starts from its scope, a child's from its parent's

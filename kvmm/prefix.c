@@ -13,6 +13,14 @@
  * cached child first while there is one, so tails of a prefix go before its
  * head; dropping a node drops its subtree, which no lookup could reach.
  *
+ * The index also remembers, in a small set-associative table, the keys of the
+ * last pages it dropped (evicted, demoted then dropped, or orphaned with an
+ * ancestor). A lookup that misses on a remembered key is a prefix the pool
+ * held and gave up: the tokens of that page are recomputed although an
+ * identical prefix had been cached, and the sequence's ledger counts them
+ * (kvmm_seq_record.evicted_prefix_tokens). Keys carry the owner's scope, so
+ * one owner's eviction never counts against another's miss.
+ *
  * Also here: kvmm_seq_publish, kvmm_prefix_attach, kvmm_cache_evict and
  * kvmm_cache_drop_all.
  */
@@ -47,6 +55,15 @@ int kvmm_index_init(struct kvmm *m)
 		m->nodes[i] = (struct kvmm_node){.hnext = m->node_free};
 		m->node_free = (int32_t)i;
 	}
+	/* Eviction memory: four keys per node, in sets of KVMM_EVICTED_WAYS,
+	 * a power of two of them, bounded. */
+	nb = KVMM_EVICTED_MIN;
+	while (nb < 4 * (uint64_t)m->n_nodes && nb < KVMM_EVICTED_MAX)
+		nb <<= 1;
+	m->evicted = calloc(nb, sizeof(*m->evicted));
+	if (!m->evicted)
+		return -ENOMEM;
+	m->evicted_mask = nb / KVMM_EVICTED_WAYS - 1;
 	return 0;
 }
 
@@ -54,8 +71,51 @@ void kvmm_index_free(struct kvmm *m)
 {
 	free(m->nodes);
 	free(m->buckets);
+	free(m->evicted);
 	m->nodes = NULL;
 	m->buckets = NULL;
+	m->evicted = NULL;
+}
+
+/* ---- eviction memory ------------------------------------------------------------- */
+
+/* The table is set-associative: a key lives in one of the KVMM_EVICTED_WAYS
+ * slots of the set its low bits name. Remembering a key already there does
+ * nothing; otherwise it takes an empty slot of its set, or replaces one
+ * chosen by its high bits, so the table never grows and forgets old
+ * evictions first, roughly. Key 0 marks an empty slot, so a page whose key
+ * is 0 is not remembered (one key in 2^64). A lookup answers "seen" only
+ * for an equal key: the count is exact up to key collisions, and an
+ * eviction pushed out of its set goes uncounted. */
+static void evicted_remember(struct kvmm *m, uint64_t key)
+{
+	uint64_t *set;
+
+	if (!m->evicted || !key)
+		return;
+	set = &m->evicted[(key & m->evicted_mask) * KVMM_EVICTED_WAYS];
+	for (uint32_t w = 0; w < KVMM_EVICTED_WAYS; w++)
+		if (set[w] == key)
+			return;
+	for (uint32_t w = 0; w < KVMM_EVICTED_WAYS; w++)
+		if (!set[w]) {
+			set[w] = key;
+			return;
+		}
+	set[(key >> 61) % KVMM_EVICTED_WAYS] = key;
+}
+
+static bool evicted_seen(const struct kvmm *m, uint64_t key)
+{
+	const uint64_t *set;
+
+	if (!m->evicted || !key)
+		return false;
+	set = &m->evicted[(key & m->evicted_mask) * KVMM_EVICTED_WAYS];
+	for (uint32_t w = 0; w < KVMM_EVICTED_WAYS; w++)
+		if (set[w] == key)
+			return true;
+	return false;
 }
 
 int kvmm_debug_set_hash_bits(struct kvmm *m, unsigned bits)
@@ -83,9 +143,9 @@ static uint64_t root_key(uint64_t scope)
 	return scope ? h : ROOT_KEY;
 }
 
-uint64_t node_key(const struct kvmm *m, int32_t parent, uint64_t scope, const int32_t *tokens)
+/* The key of a page of tokens under a parent whose key is h. */
+static uint64_t key_after(const struct kvmm *m, uint64_t h, const int32_t *tokens)
 {
-	uint64_t h = parent >= 0 ? m->nodes[parent].key : root_key(scope);
 	uint32_t i = 0;
 
 	/* Two tokens per multiply; the murmur3 finalizer spreads the bits. */
@@ -103,6 +163,11 @@ uint64_t node_key(const struct kvmm *m, int32_t parent, uint64_t scope, const in
 	h *= 0xc4ceb9fe1a85ec53ull;
 	h ^= h >> 33;
 	return h & m->key_mask;
+}
+
+uint64_t node_key(const struct kvmm *m, int32_t parent, uint64_t scope, const int32_t *tokens)
+{
+	return key_after(m, parent >= 0 ? m->nodes[parent].key : root_key(scope), tokens);
 }
 
 const int32_t *node_tokens(const struct kvmm *m, int32_t n)
@@ -286,12 +351,14 @@ static uint32_t drop_leaf(struct kvmm *m, int32_t n, enum kvmm_word cause)
 			lru_remove(m, &m->res_lru, n);
 			page_free(m, p);
 			ctr_add(m, cause, 1);
+			evicted_remember(m, nd->key);
 			freed = 1;
 		}
 	} else {
 		lru_remove(m, &m->swp_lru, n);
 		slot_free(m, nd->slot);
 		ctr_add(m, W_DEMOTED_DROPPED, 1);
+		evicted_remember(m, nd->key);
 	}
 	node_release(m, n);
 	return freed;
@@ -390,6 +457,25 @@ int kvmm_seq_publish(struct kvmm *m, uint32_t seq)
 	return 0;
 }
 
+/* After a walk that matched k pages of at most limit: the tokens of the
+ * pages from k on whose keys the index dropped, up to the first it did not
+ * (or the last the prompt could have taken, n - 1 tokens). s->pages[0..k)
+ * hold the matched node ids. */
+static uint32_t evicted_run(const struct kvmm *m, const struct kvmm_seq *s, const int32_t *tokens, uint32_t n,
+			    uint32_t k, uint32_t limit)
+{
+	uint64_t h = k > 0 ? m->nodes[s->pages[k - 1]].key : root_key(s->scope);
+	uint32_t j = k, from = k * m->bs, to;
+
+	for (; j < limit; j++) {
+		h = key_after(m, h, tokens + (size_t)j * m->bs);
+		if (!evicted_seen(m, h))
+			break;
+	}
+	to = j * m->bs < n - 1 ? j * m->bs : n - 1;
+	return to > from ? to - from : 0;
+}
+
 int kvmm_prefix_attach(struct kvmm *m, uint32_t seq, const int32_t *tokens, uint32_t n, uint32_t *ret_hit_tokens)
 {
 	struct kvmm_seq *s = seq_get(m, seq);
@@ -427,6 +513,7 @@ int kvmm_prefix_attach(struct kvmm *m, uint32_t seq, const int32_t *tokens, uint
 		s->pages[k] = x;
 		parent = x;
 	}
+	s->evicted_prefix_tokens = evicted_run(m, s, tokens, n, k, limit);
 	/* Pin the resident ones first so reading the demoted ones cannot
 	 * reclaim them, then promote the demoted ones (one batch of reads). */
 	{

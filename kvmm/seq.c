@@ -157,6 +157,7 @@ static void fill_record(const struct kvmm *m, const struct kvmm_seq *s, uint32_t
 		.lifetime_ns = kvmm_now_ns() - s->created_ns,
 		.dropped_tokens = s->dropped_tokens,
 		.drops = s->drops,
+		.evicted_prefix_tokens = s->evicted_prefix_tokens,
 		.released_tokens = released,
 		.packed_pages = s->n_packed,
 	};
@@ -607,13 +608,14 @@ int kvmm_seq_record_json(const struct kvmm_seq_record *r, char *buf, size_t size
 			 ",\"swap_errors\":%" PRIu32 ",\"swap_bytes\":%" PRIu64 ",\"swap_ns\":%" PRIu64
 			 ",\"steps\":%" PRIu64 ",\"kv_read_bytes\":%" PRIu64 ",\"kv_read_bytes_max_step\":%" PRIu64 ",\"mem_wait_ns\":%" PRIu64
 			 ",\"compute_ns\":%" PRIu64 ",\"lifetime_ns\":%" PRIu64 ",\"dropped_tokens\":%" PRIu32
-			 ",\"drops\":%" PRIu32 ",\"released_tokens\":%" PRIu32 ",\"packed_pages\":%" PRIu32 "}",
+			 ",\"drops\":%" PRIu32 ",\"released_tokens\":%" PRIu32 ",\"packed_pages\":%" PRIu32
+			 ",\"evicted_prefix_tokens\":%" PRIu32 "}",
 			 r->seq, r->len_tokens, r->prompt_tokens, r->generated_tokens, r->shared_prefix_tokens,
 			 r->adopted_tokens, r->retained_tokens, r->pages, r->pages_peak, r->kv_bytes_allocated, r->kv_bytes_useful,
 			 r->slack_tokens, r->pages_allocated, r->cow_copies, r->swap_outs, r->swap_ins,
 			 r->swap_out_pages, r->swap_in_pages, r->swap_in_remapped_pages, r->swap_errors, r->swap_bytes,
 			 r->swap_ns, r->steps, r->kv_read_bytes, r->kv_read_bytes_max_step, r->mem_wait_ns, r->compute_ns, r->lifetime_ns,
-			 r->dropped_tokens, r->drops, r->released_tokens, r->packed_pages);
+			 r->dropped_tokens, r->drops, r->released_tokens, r->packed_pages, r->evicted_prefix_tokens);
 
 	if (n < 0)
 		return -EINVAL;

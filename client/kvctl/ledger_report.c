@@ -5,10 +5,14 @@
  *
  *   1. memory: KV bytes held and read, split by prompt length, by batch
  *      width, and the KV heads against the query heads;
- *   2. prefix sharing: hit ratios (counters and records);
+ *   2. prefix sharing: hit ratios (counters and records), and the prompt
+ *      tokens recomputed although the same owner's identical prefix had
+ *      been cached and evicted (records' evicted_tokens.prefix_eviction);
  *   3. page slack against the KV bytes allocated;
  *   4. per KV element type: requests, KV held and read per token;
- *   5. per requester (uid): tokens evicted by cause and waits;
+ *   5. per requester (uid): tokens evicted by cause (a prefix evicted and
+ *      then recomputed counts for the uid that recomputes it: the index is
+ *      scoped by owner, so it was that uid's own prefix) and waits;
  *   6. rejections by cause.
  *
  * Everything comes from kvc_ledger() and kvc_stats() (libkvclient only);
@@ -36,6 +40,7 @@ struct split { uint64_t n, kv_bytes, read_bytes; };
 
 struct who {
 	uint64_t uid, n, preemptions, recompute, swapped, dropped, compute_wait_ns, mem_wait_ns;
+	uint64_t prefix_again; /* prompt tokens recomputed after their cached prefix was evicted */
 };
 
 struct ktype { char name[16]; uint64_t n, kv_bytes, read_bytes, generated; };
@@ -44,6 +49,7 @@ struct cause { int64_t code; uint64_t n; char example[160]; };
 
 struct report {
 	uint64_t n, done, rejected, prompt, cached, generated;
+	uint64_t prefix_again, prefix_measured; /* the sum, and records that carry it (kvd 0.9.0 on) */
 	struct split by_len[3], by_batch[2];
 	uint64_t kv_alloc, slack, kv_read, read_max;
 	uint64_t kv_heads, query_heads;
@@ -178,6 +184,13 @@ static void add_done(struct report *rp, const char *json, const struct kvc_stats
 		w->recompute += u64_of(ev, "preemption_recompute");
 		w->swapped += u64_of(ev, "swap");
 		w->dropped += u64_of(ev, "context_drop");
+		if (ledger_member(ev, "prefix_eviction")) {
+			uint64_t again = u64_of(ev, "prefix_eviction");
+
+			w->prefix_again += again;
+			rp->prefix_again += again;
+			rp->prefix_measured++;
+		}
 	}
 }
 
@@ -223,8 +236,14 @@ static void print_text(const struct report *rp, const struct kvc_stats *st)
 	       st->prefix_hit_tokens, st->prefix_query_tokens, 100 * ratio(st->prefix_hit_tokens, st->prefix_query_tokens));
 	printf("  these records: %" PRIu64 " of %" PRIu64 " prompt tokens came from cache (%.1f%%)\n", rp->cached,
 	       rp->prompt, 100 * ratio(rp->cached, rp->prompt));
-	printf("  tokens recomputed although an identical prefix had been cached and evicted: not measured "
-	       "(pages evicted: %" PRIu64 ")\n\n", st->pages_evicted);
+	if (rp->prefix_measured)
+		printf("  tokens recomputed although an identical prefix had been cached and evicted: %" PRIu64
+		       " (%.1f%% of prompt tokens; pages evicted: %" PRIu64 ")%s\n\n", rp->prefix_again,
+		       100 * ratio(rp->prefix_again, rp->prompt), st->pages_evicted,
+		       rp->prefix_measured < rp->done ? " (records from an older kvd not counted)" : "");
+	else
+		printf("  tokens recomputed although an identical prefix had been cached and evicted: not measured "
+		       "(pages evicted: %" PRIu64 ")\n\n", st->pages_evicted);
 
 	fmt_bytes(b1, sizeof(b1), (double)rp->slack);
 	fmt_bytes(b2, sizeof(b2), (double)rp->kv_alloc);
@@ -243,11 +262,11 @@ static void print_text(const struct report *rp, const struct kvc_stats *st)
 		printf("  %-6s %6" PRIu64 " requests, KV held %s per request, read %s per generated token\n", t->name,
 		       t->n, b1, b2);
 	}
-	printf("  quality per type: not in the ledger (see the evaluation reports)\n\n");
+	printf("  quality per type: not in the ledger; the evaluation reports measure it (docs/eval/, bench/eval/report.py)\n\n");
 
 	printf("5. Evictions by requester (tokens)\n");
-	printf("  %10s %6s %11s %12s %8s %12s %14s %12s\n", "UID", "REQS", "PREEMPTIONS", "RECOMPUTED", "SWAPPED",
-	       "CTX_DROPPED", "COMPUTE_WAIT_MS", "MEM_WAIT_MS");
+	printf("  %10s %6s %11s %12s %14s %8s %12s %14s %12s\n", "UID", "REQS", "PREEMPTIONS", "RECOMPUTED",
+	       "PREFIX_AGAIN", "SWAPPED", "CTX_DROPPED", "COMPUTE_WAIT_MS", "MEM_WAIT_MS");
 	for (size_t i = 0; i <= rp->n_who; i++) {
 		const struct who *w = &rp->who[i];
 		char uid[24];
@@ -258,10 +277,12 @@ static void print_text(const struct report *rp, const struct kvc_stats *st)
 			snprintf(uid, sizeof(uid), "others");
 		else
 			snprintf(uid, sizeof(uid), "%" PRIu64, w->uid);
-		printf("  %10s %6" PRIu64 " %11" PRIu64 " %12" PRIu64 " %8" PRIu64 " %12" PRIu64 " %14.1f %12.1f\n", uid,
-		       w->n, w->preemptions, w->recompute, w->swapped, w->dropped, (double)w->compute_wait_ns / 1e6,
-		       (double)w->mem_wait_ns / 1e6);
+		printf("  %10s %6" PRIu64 " %11" PRIu64 " %12" PRIu64 " %14" PRIu64 " %8" PRIu64 " %12" PRIu64
+		       " %14.1f %12.1f\n", uid, w->n, w->preemptions, w->recompute, w->prefix_again, w->swapped, w->dropped,
+		       (double)w->compute_wait_ns / 1e6, (double)w->mem_wait_ns / 1e6);
 	}
+	printf("  RECOMPUTED: K/V dropped by a preemption and computed again; PREFIX_AGAIN: prompt tokens\n"
+	       "  computed again because the requester's identical cached prefix had been evicted\n");
 	printf("\n6. Rejections by cause\n");
 	if (!rp->n_causes)
 		printf("  none\n");
@@ -291,9 +312,13 @@ static void print_json(const struct report *rp, const struct kvc_stats *st)
 	       rp->kv_heads, rp->query_heads, rp->read_max);
 	printf("\"prefix\":{\"lookup_tokens\":%" PRIu64 ",\"hit_tokens\":%" PRIu64 ",\"hit_ratio\":%.4f,"
 	       "\"prompt_tokens\":%" PRIu64 ",\"cached_tokens\":%" PRIu64 ",\"record_hit_ratio\":%.4f,"
-	       "\"recomputed_after_eviction_tokens\":null,\"pages_evicted\":%" PRIu64 "},",
-	       st->prefix_query_tokens, st->prefix_hit_tokens, ratio(st->prefix_hit_tokens, st->prefix_query_tokens),
-	       rp->prompt, rp->cached, ratio(rp->cached, rp->prompt), st->pages_evicted);
+	       "\"recomputed_after_eviction_tokens\":", st->prefix_query_tokens, st->prefix_hit_tokens,
+	       ratio(st->prefix_hit_tokens, st->prefix_query_tokens), rp->prompt, rp->cached, ratio(rp->cached, rp->prompt));
+	if (rp->prefix_measured)
+		printf("%" PRIu64, rp->prefix_again);
+	else
+		printf("null");
+	printf(",\"pages_evicted\":%" PRIu64 "},", st->pages_evicted);
 	printf("\"slack\":{\"slack_bytes\":%" PRIu64 ",\"kv_bytes_allocated\":%" PRIu64 ",\"ratio\":%.4f,\"ignorable\":%s},",
 	       rp->slack, rp->kv_alloc, ratio(rp->slack, rp->kv_alloc),
 	       ratio(rp->slack, rp->kv_alloc) < REPORT_SLACK_IGNORE ? "true" : "false");
@@ -314,9 +339,9 @@ static void print_json(const struct report *rp, const struct kvc_stats *st)
 		else
 			printf("%" PRIu64, w->uid);
 		printf(",\"requests\":%" PRIu64 ",\"preemptions\":%" PRIu64 ",\"recompute_tokens\":%" PRIu64
-		       ",\"swap_tokens\":%" PRIu64 ",\"context_drop_tokens\":%" PRIu64 ",\"compute_wait_ns\":%" PRIu64
-		       ",\"mem_wait_ns\":%" PRIu64 "}", w->n, w->preemptions, w->recompute, w->swapped, w->dropped,
-		       w->compute_wait_ns, w->mem_wait_ns);
+		       ",\"prefix_eviction_tokens\":%" PRIu64 ",\"swap_tokens\":%" PRIu64 ",\"context_drop_tokens\":%" PRIu64
+		       ",\"compute_wait_ns\":%" PRIu64 ",\"mem_wait_ns\":%" PRIu64 "}", w->n, w->preemptions, w->recompute,
+		       w->prefix_again, w->swapped, w->dropped, w->compute_wait_ns, w->mem_wait_ns);
 	}
 	printf("],\"rejections\":[");
 	for (size_t i = 0; i < rp->n_causes; i++) {
