@@ -7,6 +7,7 @@
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -394,8 +395,10 @@ static void check_attn_rows(attn_rows_fn (*kernel_for)(int hd))
 {
 	for (int hd = 64; hd <= 256; hd *= 2) {
 		attn_rows_fn fn = kernel_for(hd);
-		if (!fn)
+		if (!fn) {
+			printf("skipped: no attention kernel of this ISA on this CPU\n");
 			skip();
+		}
 		static uint16_t kv[2][128][256];
 		static float q[12][256], o[12][256], o1[256], scratch[128 * (128 + 12)];
 		const uint16_t *kp[128], *vp[128];
@@ -455,8 +458,10 @@ static void test_attn_rows_avx2_avx512_agree(void **state)
 	enum { NR = 48, NP = 128 };
 	for (int hd = 64; hd <= 256; hd *= 2) {
 		attn_rows_fn f512 = cpu_attn_rows_avx512(hd), f2 = cpu_attn_rows_avx2(hd);
-		if (!f512 || !f2)
+		if (!f512 || !f2) {
+			printf("skipped: this CPU lacks AVX-512 or AVX2: nothing to compare\n");
 			skip();
+		}
 		static uint16_t kv[2][NP][256];
 		static float q[NR][256], o[2][NR][256], ml[2][NR][2], scratch[NP * (NP + NR)];
 		const uint16_t *kp[NP], *vp[NP];
@@ -503,8 +508,10 @@ static void test_attn_rows_bf16(void **state)
 	(void)state;
 	for (int hd = 64; hd <= 256; hd *= 2) {
 		attn_rows_fn fn = cpu_attn_rows_bf16(hd);
-		if (!fn)
+		if (!fn) {
+			printf("skipped: this CPU has no AVX-512 BF16: no bfloat16 attention kernel\n");
 			skip();
+		}
 		enum { NR = 40, NP = 128 };
 		static uint16_t kv[2][NP][256];
 		static float q[NR][256], o[NR][256], o1[256], scratch[NP * (NP + NR)];
