@@ -288,6 +288,7 @@ int kvmm_hib_save(const struct kvmm *m, const char *path, const void *owner, siz
 	bool ring_ok = false, direct = true, created = false;
 	int32_t *order = NULL, *file_idx = NULL;
 	struct iovec *iov = NULL;
+	uint32_t *todo = NULL, n_todo = 0;
 	uint64_t *off = NULL, *sums = NULL, slot_bytes, entry_bytes, per_entry, fixed, max_entries, reserve;
 	uint8_t *meta = NULL, *bounce = NULL;
 	char *tmp = NULL;
@@ -336,6 +337,15 @@ int kvmm_hib_save(const struct kvmm *m, const char *path, const void *owner, siz
 		goto out;
 	}
 	created = true;
+	/* Allocate the whole file first: an O_DIRECT write past the end of the
+	 * file (or into a hole) takes the inode lock exclusively and, on ext4,
+	 * completes synchronously, so io_uring hands each one to a worker
+	 * thread and they run one at a time; into allocated blocks they are
+	 * queued to the device together. Where the file system cannot allocate
+	 * ahead, the writes still work, only slower (the truncation below sets
+	 * the final size either way). */
+	if (n && fallocate(fd, 0, 0, (off_t)(h.data_offset + (uint64_t)n * slot_bytes)) == 0)
+		st.preallocated = true;
 	r = io_uring_queue_init(HIB_QUEUE_DEPTH, &ring, 0);
 	if (r < 0)
 		goto out;
@@ -362,15 +372,35 @@ int kvmm_hib_save(const struct kvmm *m, const char *path, const void *owner, siz
 		off[i] = h.data_offset + (uint64_t)i * slot_bytes;
 	}
 	sums = malloc(((size_t)n + 1) * sizeof(*sums));
-	if (!sums) {
+	todo = malloc(((size_t)n + 1) * sizeof(*todo));
+	if (!sums || !todo) {
 		r = -ENOMEM;
 		goto out;
 	}
-	good = hib_write_pages(&ring, fd, iov, off, n, deadline_ns, m->page_bytes, sums, &werr);
+	/* Pages indexed in this run carry their checksum (taken when they
+	 * entered the index, immutable since); only the others are hashed. */
+	for (uint32_t i = 0; i < n; i++) {
+		const struct kvmm_page *pg = &m->pg[m->nodes[order[i]].page];
+
+		if (pg->sum_ok)
+			sums[i] = pg->sum;
+		else
+			todo[n_todo++] = i;
+	}
+	st.pages_hashed = n_todo;
+	good = hib_write_pages(&ring, fd, iov, off, n, deadline_ns, m->page_bytes, sums, todo, n_todo, &werr);
 	st.timed_out = good < n && !werr;
+	/* Keep the checksums just taken, so the next save need not (the pages
+	 * are indexed and immutable; the owner thread is here, nothing changed
+	 * them meanwhile). m is const for the index; this is a cache beside it. */
+	for (uint32_t k = 0; k < n_todo && todo[k] < good; k++) {
+		struct kvmm_page *pg = &m->pg[m->nodes[order[todo[k]]].page];
+
+		pg->sum = sums[todo[k]];
+		pg->sum_ok = true;
+	}
 	/* The index describes the pages written: a prefix of the file order,
-	 * closed under parents. Checksums were taken as each page was queued (the
-	 * owner thread is here, nothing changed it meanwhile). */
+	 * closed under parents. */
 	h.index_bytes = pad8(owner_bytes) + (uint64_t)good * entry_bytes;
 	meta = aligned_alloc(KVMM_HIB_ALIGN, KVMM_HIB_ALIGN + reserve);
 	if (!meta) {
@@ -445,6 +475,7 @@ out:
 	free(iov);
 	free(off);
 	free(sums);
+	free(todo);
 	free(meta);
 	free(bounce);
 	free(tmp);
@@ -839,7 +870,8 @@ take:
 			continue;
 		}
 		memcpy(&m->page_tokens[(size_t)p * m->bs], tok, (size_t)m->bs * sizeof(int32_t));
-		m->pg[p] = (struct kvmm_page){.next = -1, .node = -1, .fill = m->bs};
+		/* The checksum just verified is the page's: kept for the next save. */
+		m->pg[p] = (struct kvmm_page){.next = -1, .node = -1, .fill = m->bs, .sum_ok = true, .sum = e.page_sum};
 		node = index_insert(m, pn, e.scope, p, -1);
 		m->nodes[node].flags |= NODE_ADOPTED_FILE;
 		/* Cold: whatever this run used already stays hotter. */

@@ -786,6 +786,8 @@ struct kvmm_hib_save_stats {
 	int timed_out;          /* the deadline stopped the page writes */
 	int write_error;        /* a page write failed (-errno), the pages before it kept */
 	int direct;             /* written with O_DIRECT */
+	uint32_t pages_hashed;  /* of the pages chosen, those whose checksum was not known yet */
+	int preallocated;       /* the file's blocks were allocated before the writes */
 };
 
 /*
