@@ -11,12 +11,14 @@
  * kept checksum against the page's bytes; the file then adopts with no page
  * refused and with the new content). A write into an indexed page, which
  * kvmm forbids, is caught by kvmm_check and by adoption (the page is
- * refused, never served).
+ * refused, never served). Where the file system allows it, the file's
+ * blocks are allocated before the page writes.
  *
  * As in test_kvmm_hibernate.c, the test plays the engine: every token slot
  * holds a function of its token id, position and a salt, written at commit.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -154,6 +156,21 @@ static struct kvmm *adopt_fresh(uint32_t want)
 	return b;
 }
 
+/* Whether the test directory's file system allocates ahead (fallocate). */
+static int can_preallocate(void)
+{
+	char probe[160];
+	int fd, ok;
+
+	snprintf(probe, sizeof(probe), "%s/probe", dir);
+	fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0600);
+	assert_true(fd >= 0);
+	ok = fallocate(fd, 0, 0, 65536) == 0;
+	close(fd);
+	unlink(probe);
+	return ok;
+}
+
 static void test_sums_taken_once(void **state)
 {
 	struct kvmm *a = pool(N_PAGES), *b, *c;
@@ -166,6 +183,7 @@ static void test_sums_taken_once(void **state)
 	save(a, &st);
 	assert_int_equal(st.pages_written, 5);
 	assert_int_equal(st.pages_hashed, 0); /* all taken when indexed */
+	assert_int_equal(st.preallocated, can_preallocate()); /* the blocks before the writes */
 	b = adopt_fresh(5);
 	save(b, &st); /* adopted pages keep the checksum verified at adoption */
 	assert_int_equal(st.pages_written, 5);
