@@ -7,8 +7,10 @@
  * sequences, then the LRU order), each with every ancestor it needs to be
  * reachable, up to a byte budget, and writes their contents through
  * io_uring (O_DIRECT where the file system takes it) to a new file created
- * exclusively under a temporary name; the index and the header follow, the
- * file is synced and renamed over the final name. A deadline stops the
+ * exclusively under a temporary name, its blocks allocated first; the index
+ * and the header follow, the file is synced and renamed over the final
+ * name. A page's checksum is the one kept since it entered the index
+ * (kvmm_page.sum, pool.c); only pages without one are hashed at the save. A deadline stops the
  * page writes: the index then describes the pages already written, which
  * is always a closed set (an entry comes after its parent in the file).
  *
@@ -26,7 +28,7 @@
  * before anything is used (kvmm_hib_open_mem is the parser, and the fuzz
  * target's entry). Owner scopes are kept, so a prefix serves after the
  * restart exactly the owners it served before. The page writes themselves
- * (io_uring, checksums on helper threads) are in hibernate_io.c.
+ * (io_uring, missing checksums on helper threads) are in hibernate_io.c.
  *
  * Layout (native byte order; the magic fails to match on another one):
  *   [0, KVMM_HIB_ALIGN)          struct hib_hdr, zero padded
