@@ -7,8 +7,10 @@
  * sequences, then the LRU order), each with every ancestor it needs to be
  * reachable, up to a byte budget, and writes their contents through
  * io_uring (O_DIRECT where the file system takes it) to a new file created
- * exclusively under a temporary name; the index and the header follow, the
- * file is synced and renamed over the final name. A deadline stops the
+ * exclusively under a temporary name, its blocks allocated first; the index
+ * and the header follow, the file is synced and renamed over the final
+ * name. A page's checksum is the one kept since it entered the index
+ * (kvmm_page.sum, pool.c); only pages without one are hashed at the save. A deadline stops the
  * page writes: the index then describes the pages already written, which
  * is always a closed set (an entry comes after its parent in the file).
  *
@@ -26,7 +28,7 @@
  * before anything is used (kvmm_hib_open_mem is the parser, and the fuzz
  * target's entry). Owner scopes are kept, so a prefix serves after the
  * restart exactly the owners it served before. The page writes themselves
- * (io_uring, checksums on helper threads) are in hibernate_io.c.
+ * (io_uring, missing checksums on helper threads) are in hibernate_io.c.
  *
  * Layout (native byte order; the magic fails to match on another one):
  *   [0, KVMM_HIB_ALIGN)          struct hib_hdr, zero padded
@@ -288,6 +290,7 @@ int kvmm_hib_save(const struct kvmm *m, const char *path, const void *owner, siz
 	bool ring_ok = false, direct = true, created = false;
 	int32_t *order = NULL, *file_idx = NULL;
 	struct iovec *iov = NULL;
+	uint32_t *todo = NULL, n_todo = 0;
 	uint64_t *off = NULL, *sums = NULL, slot_bytes, entry_bytes, per_entry, fixed, max_entries, reserve;
 	uint8_t *meta = NULL, *bounce = NULL;
 	char *tmp = NULL;
@@ -336,6 +339,15 @@ int kvmm_hib_save(const struct kvmm *m, const char *path, const void *owner, siz
 		goto out;
 	}
 	created = true;
+	/* Allocate the whole file first: an O_DIRECT write past the end of the
+	 * file (or into a hole) takes the inode lock exclusively and, on ext4,
+	 * completes synchronously, so io_uring hands each one to a worker
+	 * thread and they run one at a time; into allocated blocks they are
+	 * queued to the device together. Where the file system cannot allocate
+	 * ahead, the writes still work, only slower (the truncation below sets
+	 * the final size either way). */
+	if (n && fallocate(fd, 0, 0, (off_t)(h.data_offset + (uint64_t)n * slot_bytes)) == 0)
+		st.preallocated = true;
 	r = io_uring_queue_init(HIB_QUEUE_DEPTH, &ring, 0);
 	if (r < 0)
 		goto out;
@@ -362,15 +374,35 @@ int kvmm_hib_save(const struct kvmm *m, const char *path, const void *owner, siz
 		off[i] = h.data_offset + (uint64_t)i * slot_bytes;
 	}
 	sums = malloc(((size_t)n + 1) * sizeof(*sums));
-	if (!sums) {
+	todo = malloc(((size_t)n + 1) * sizeof(*todo));
+	if (!sums || !todo) {
 		r = -ENOMEM;
 		goto out;
 	}
-	good = hib_write_pages(&ring, fd, iov, off, n, deadline_ns, m->page_bytes, sums, &werr);
+	/* Pages indexed in this run carry their checksum (taken when they
+	 * entered the index, immutable since); only the others are hashed. */
+	for (uint32_t i = 0; i < n; i++) {
+		const struct kvmm_page *pg = &m->pg[m->nodes[order[i]].page];
+
+		if (pg->sum_ok)
+			sums[i] = pg->sum;
+		else
+			todo[n_todo++] = i;
+	}
+	st.pages_hashed = n_todo;
+	good = hib_write_pages(&ring, fd, iov, off, n, deadline_ns, m->page_bytes, sums, todo, n_todo, &werr);
 	st.timed_out = good < n && !werr;
+	/* Keep the checksums just taken, so the next save need not (the pages
+	 * are indexed and immutable; the owner thread is here, nothing changed
+	 * them meanwhile). m is const for the index; this is a cache beside it. */
+	for (uint32_t k = 0; k < n_todo && todo[k] < good; k++) {
+		struct kvmm_page *pg = &m->pg[m->nodes[order[todo[k]]].page];
+
+		pg->sum = sums[todo[k]];
+		pg->sum_ok = true;
+	}
 	/* The index describes the pages written: a prefix of the file order,
-	 * closed under parents. Checksums were taken as each page was queued (the
-	 * owner thread is here, nothing changed it meanwhile). */
+	 * closed under parents. */
 	h.index_bytes = pad8(owner_bytes) + (uint64_t)good * entry_bytes;
 	meta = aligned_alloc(KVMM_HIB_ALIGN, KVMM_HIB_ALIGN + reserve);
 	if (!meta) {
@@ -445,6 +477,7 @@ out:
 	free(iov);
 	free(off);
 	free(sums);
+	free(todo);
 	free(meta);
 	free(bounce);
 	free(tmp);
@@ -839,7 +872,8 @@ take:
 			continue;
 		}
 		memcpy(&m->page_tokens[(size_t)p * m->bs], tok, (size_t)m->bs * sizeof(int32_t));
-		m->pg[p] = (struct kvmm_page){.next = -1, .node = -1, .fill = m->bs};
+		/* The checksum just verified is the page's: kept for the next save. */
+		m->pg[p] = (struct kvmm_page){.next = -1, .node = -1, .fill = m->bs, .sum_ok = true, .sum = e.page_sum};
 		node = index_insert(m, pn, e.scope, p, -1);
 		m->nodes[node].flags |= NODE_ADOPTED_FILE;
 		/* Cold: whatever this run used already stays hotter. */

@@ -1,9 +1,11 @@
 /*
  * kvmm/hibernate_io.c — the page writes of a hibernation save
  * (kvmm_hib_save in hibernate.c): the pages go to the file through io_uring,
- * up to HIB_QUEUE_DEPTH in flight, while helper threads take their checksums
- * beside the writes, so neither waits for the other (the slower of the two
- * sets the pace; on a machine with idle cores, the writes).
+ * up to HIB_QUEUE_DEPTH in flight, while helper threads take the checksums
+ * the pages lack beside the writes, so neither waits for the other (the
+ * slower of the two sets the pace; on a machine with idle cores, the
+ * writes). Pages indexed in this run carry theirs already (kvmm_page.sum),
+ * so usually nothing is left to hash.
  */
 #include <errno.h>
 #include <liburing.h>
@@ -17,16 +19,19 @@
 
 #define HIB_HASH_THREADS_MAX 8
 
-/* The pages' checksums, taken by helper threads while the owner thread
- * writes (the pages are only read, by the device and by them): handing out
- * page numbers in order, so once `limit` is lowered to the pages written
- * and every helper is joined, sums[0 .. limit) are all there. */
+/* The checksums the pages lack (todo[0 .. n_todo), ascending request
+ * numbers), taken by helper threads while the owner thread writes (the
+ * pages are only read, by the device and by them): handing out todo
+ * entries in order, so once `limit` is lowered to the requests written and
+ * every helper is joined, the sums of all todo requests below it are there. */
 struct hash_job {
 	const struct iovec *iov;
 	size_t bytes;
 	uint64_t *sums;
-	_Atomic uint32_t next;  /* the next page to take */
-	_Atomic uint32_t limit; /* pages to hash: n, lowered to those written */
+	const uint32_t *todo;
+	uint32_t n_todo;
+	_Atomic uint32_t next;  /* the next todo entry to take */
+	_Atomic uint32_t limit; /* requests to hash below: n, lowered to those written */
 	pthread_t tid[HIB_HASH_THREADS_MAX];
 	uint32_t n_threads;
 };
@@ -36,10 +41,13 @@ static void *hash_run(void *arg)
 	struct hash_job *j = arg;
 
 	for (;;) {
-		/* Relaxed: each page number goes to one taker only; the join
-		 * orders the sums for the owner thread. */
-		uint32_t i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+		/* Relaxed: each entry goes to one taker only; the join orders
+		 * the sums for the owner thread. */
+		uint32_t k = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed), i;
 
+		if (k >= j->n_todo)
+			break;
+		i = j->todo[k];
 		if (i >= atomic_load_explicit(&j->limit, memory_order_relaxed))
 			break;
 		j->sums[i] = hib_sum(j->iov[i].iov_base, j->bytes);
@@ -49,18 +57,21 @@ static void *hash_run(void *arg)
 
 /* Start helpers (fewer, or none, when threads cannot be made: the owner
  * thread then hashes everything in hash_finish). */
-static void hash_start(struct hash_job *j, const struct iovec *iov, size_t bytes, uint64_t *sums, uint32_t n)
+static void hash_start(struct hash_job *j, const struct iovec *iov, size_t bytes, uint64_t *sums, const uint32_t *todo,
+		       uint32_t n_todo, uint32_t n)
 {
 	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
 	uint32_t want = cpus > 1 ? (uint32_t)(cpus - 1) : 1;
 
 	if (want > HIB_HASH_THREADS_MAX)
 		want = HIB_HASH_THREADS_MAX;
-	if (want > n / 4)
-		want = n / 4; /* a few pages: not worth a thread */
+	if (want > n_todo / 4)
+		want = n_todo / 4; /* a few pages: not worth a thread */
 	j->iov = iov;
 	j->bytes = bytes;
 	j->sums = sums;
+	j->todo = todo;
+	j->n_todo = n_todo;
 	atomic_init(&j->next, 0);
 	atomic_init(&j->limit, n);
 	j->n_threads = 0;
@@ -68,7 +79,7 @@ static void hash_start(struct hash_job *j, const struct iovec *iov, size_t bytes
 		j->n_threads++;
 }
 
-/* Only the first `written` pages are needed now: help hash them, join. */
+/* Only the requests below `written` are needed now: help hash them, join. */
 static void hash_finish(struct hash_job *j, uint32_t written)
 {
 	atomic_store_explicit(&j->limit, written, memory_order_relaxed);
@@ -104,13 +115,14 @@ static int reap(struct io_uring *ring, const struct iovec *iov, uint32_t n, uint
 /*
  * Write the n requests (any order, up to HIB_QUEUE_DEPTH in flight);
  * submission stops once deadline_ns passes (0: none). Meanwhile helper
- * threads take each page's checksum (sums[i], over sum_bytes), so the
- * writes never wait for the hashing: whichever of the two is slower sets
- * the pace. Returns how many of the first requests completed in full, one
- * after another; their checksums are in sums[].
+ * threads take the checksums of the pages that have none yet (sums[todo[k]],
+ * over sum_bytes), so the writes never wait for the hashing: whichever of
+ * the two is slower sets the pace. Returns how many of the first requests
+ * completed in full, one after another; their checksums are in sums[].
  */
-uint32_t hib_write_pages(struct io_uring *ring, int fd, const struct iovec *iov, const uint64_t *off,
-				uint32_t n, uint64_t deadline_ns, size_t sum_bytes, uint64_t *sums, int *ret_err)
+uint32_t hib_write_pages(struct io_uring *ring, int fd, const struct iovec *iov, const uint64_t *off, uint32_t n,
+			 uint64_t deadline_ns, size_t sum_bytes, uint64_t *sums, const uint32_t *todo, uint32_t n_todo,
+			 int *ret_err)
 {
 	uint8_t *ok = calloc(n ? n : 1, 1);
 	uint32_t next = 0, inflight = 0, good = 0;
@@ -122,7 +134,7 @@ uint32_t hib_write_pages(struct io_uring *ring, int fd, const struct iovec *iov,
 		*ret_err = -ENOMEM;
 		return 0;
 	}
-	hash_start(&job, iov, sum_bytes, sums, n);
+	hash_start(&job, iov, sum_bytes, sums, todo, n_todo, n);
 	while (inflight || (next < n && !stop)) {
 		uint32_t queued = 0;
 		int r;

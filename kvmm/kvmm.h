@@ -794,6 +794,8 @@ struct kvmm_hib_save_stats {
 	int timed_out;          /* the deadline stopped the page writes */
 	int write_error;        /* a page write failed (-errno), the pages before it kept */
 	int direct;             /* written with O_DIRECT */
+	uint32_t pages_hashed;  /* of the pages chosen, those whose checksum was not known yet */
+	int preallocated;       /* the file's blocks were allocated before the writes */
 };
 
 /*
@@ -801,8 +803,10 @@ struct kvmm_hib_save_stats {
  * O_NOFOLLOW, mode 0600; a leftover ".tmp" regular file of this user is
  * removed first), synced, then renamed over path. At most max_bytes in the
  * file; page writes stop at deadline_ns (kvmm_now_ns() clock, CLOCK_MONOTONIC;
- * 0: none) and the file then holds the pages written by then. Reads the pool
- * only (call from the owner thread). Returns 0 and stats (may be NULL);
+ * 0: none) and the file then holds the pages written by then. The file's
+ * blocks are allocated before the writes where the file system can. Reads
+ * the pool only, and keeps beside each page the checksum it had to take
+ * (call from the owner thread). Returns 0 and stats (may be NULL);
  * -EINVAL; -EOPNOTSUPP for a device pool; -ELOOP when path is a symbolic
  * link, -EISDIR when it is anything but a regular file (left untouched);
  * -ENOMEM; or the error of open, io_uring, write, fdatasync or rename (the

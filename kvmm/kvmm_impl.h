@@ -141,6 +141,13 @@ struct kvmm_page {
 	uint32_t fill; /* token slots holding K/V */
 	uint32_t pending; /* plan scratch: writers in this step; 0 between calls */
 	bool packed;      /* holds released pages' kept share (release.c) */
+	/* The hibernation checksum of the page's content (hib_sum), valid only
+	 * while sum_ok: set when the page enters the prefix index (its content
+	 * is immutable from then on) or once a save has taken it, cleared when
+	 * the page leaves the index, is allocated or freed. A save re-hashes
+	 * only pages without one (page_set_indexed, kvmm_hib_save). */
+	bool sum_ok;
+	uint64_t sum;
 };
 
 #define NODE_LIVE 0x1u
@@ -206,6 +213,7 @@ struct kvmm {
 	size_t page_bytes;
 	struct kvmm_page_ops page_ops;
 	bool device_pool;
+	bool sum_defer; /* page_set_indexed leaves the checksum to the next save */
 	bool prefix;
 	uint32_t pack_slots; /* kvmm_config.pack_slots */
 
@@ -408,13 +416,16 @@ struct iovec;
 /* The hibernation file's 64-bit checksum of n bytes (hibernate.c). */
 uint64_t hib_sum(const void *buf, size_t n);
 /* Write the n requests through ring, up to HIB_QUEUE_DEPTH in flight; no new
- * submission once deadline_ns passes (0: none); sums[i] gets the checksum of
- * iov[i]'s first sum_bytes, taken by helper threads meanwhile. Returns how
- * many of the first requests completed in full, one after another (their
- * sums are set); *ret_err the first error, or 0. Every request in flight is
- * reaped before it returns. (hibernate_io.c) */
+ * submission once deadline_ns passes (0: none); for each request todo[k]
+ * (ascending; the pages without a known checksum) sums[todo[k]] gets the
+ * checksum of its first sum_bytes, taken by helper threads meanwhile; the
+ * other sums[] are the caller's. Returns how many of the first requests
+ * completed in full, one after another (their sums are set); *ret_err the
+ * first error, or 0. Every request in flight is reaped before it returns.
+ * (hibernate_io.c) */
 uint32_t hib_write_pages(struct io_uring *ring, int fd, const struct iovec *iov, const uint64_t *off, uint32_t n,
-			 uint64_t deadline_ns, size_t sum_bytes, uint64_t *sums, int *ret_err);
+			 uint64_t deadline_ns, size_t sum_bytes, uint64_t *sums, const uint32_t *todo, uint32_t n_todo,
+			 int *ret_err);
 
 /* ---- release.c ---------------------------------------------------------------------- */
 

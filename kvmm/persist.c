@@ -328,6 +328,9 @@ int kvmm_prefix_import(struct kvmm *m, const void *buf, size_t bytes, uint32_t *
 		m->free_head = (int32_t)p;
 	}
 	ctr_set(m, W_PAGES_FREE, m->n_pages - info.n_entries);
+	/* Hashing every page here would delay readiness: the next hibernation
+	 * save takes the checksums these pages still lack. */
+	m->sum_defer = true;
 	for (n = 0; n < info.n_entries; n++) {
 		const uint8_t *rec = ep + (size_t)n * (sizeof(struct persist_entry) + m->bs * sizeof(int32_t));
 		struct persist_entry e;
@@ -351,6 +354,7 @@ int kvmm_prefix_import(struct kvmm *m, const void *buf, size_t bytes, uint32_t *
 		m->nodes[node_of[n]].flags |= NODE_ADOPTED_FDS;
 		order[n] = (struct ranked){e.rank, node_of[n]};
 	}
+	m->sum_defer = false;
 	if (r < 0) {
 		/* Undo: drop every root entered (subtrees go with them, their
 		 * pages to the free list), then free the pages never entered. */

@@ -7,7 +7,9 @@
 # (setpriv) finds nothing. Each bad file is refused with one log line
 # naming the reason and kvd serves cold: a truncated file, a flipped bit in
 # a page, a file written for another model, a symbolic link (never
-# followed, and never replaced at the next stop).
+# followed, and never replaced at the next stop). Pages of a quantized K/V
+# cache go through two stops and starts (the checksums kept since they were
+# indexed, then those verified at adoption) with none refused.
 source "$(dirname "$0")/lib.sh"
 need_bins
 [ -x "$KVCTL" ] || fail "$KVCTL not built"
@@ -132,3 +134,24 @@ cmp -s "$T/good" "$T/state/elsewhere" || fail "symlink: the link's target was wr
 grep -q "cache file $F: not written: the path is a symbolic link" "$T/symlink.log" ||
 	fail "symlink: at the stop: $(grep 'cache file' "$T/symlink.log")"
 ok "symbolic link: refused at start, neither followed nor replaced at the stop"
+
+# 4. kept page checksums: pages of a quantized K/V cache (q8_0) are written at
+# a stop with the checksums taken when they entered the index, adopted, written
+# again at the next stop with the checksums verified at adoption, and adopted
+# again: no page is ever refused, the tokens stay those of the cold run
+rm -f "$F"
+runq() { start_kvd "$1" "$S" --config "$T/kvd.conf" --model "$TINY" --pool-size 64M --persist-path "$F" --cache-type q8_0; }
+runq q-cold
+gen "$U1" q-cold
+stop_kvd "$KVD_PID" || fail "q-cold: kvd exited $?"
+for k in 1 2; do
+	runq q-warm$k
+	adopted_done q-warm$k
+	! grep -q "cache file .*refused" "$T/q-warm$k.log" || fail "q-warm$k: $(grep 'cache file .*refused' "$T/q-warm$k.log")"
+	gen "$U1" q-warm$k
+	[ "$(field q-warm$k cached_tokens)" -ge 16 ] || fail "q-warm$k: $(field q-warm$k cached_tokens) cached tokens"
+	[ "$(field q-warm$k token_ids)" = "$(field q-cold token_ids)" ] || fail "q-warm$k: tokens differ from the cold run"
+	stop_kvd "$KVD_PID" || fail "q-warm$k: kvd exited $?"
+	grep -q "cache file $F: wrote [1-9]" "$T/q-warm$k.log" || fail "q-warm$k: not written: $(grep 'cache file' "$T/q-warm$k.log")"
+done
+ok "q8_0 cache, stop + start twice: $(grep "cache file .*: adopted" "$T/q-warm2.log" | sed 's/^<[0-9]>//'); nothing refused, tokens identical"
