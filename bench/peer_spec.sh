@@ -27,6 +27,7 @@ for t in llama-lookup llama-completion; do
 	if [ ! -x "$PEER_BIN/$t" ]; then
 		echo "peer_spec: llama.cpp absent ($PEER_BIN/$t not built: scripts/build-peer builds it): kvd's columns only"
 		PEER=0
+		break
 	fi
 done
 T=$(mktemp -d); PIDS=()

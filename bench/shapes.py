@@ -30,7 +30,7 @@ are left out. Each figure is the median of its rounds; the spread (min..max)
 is printed beside it. Raw results go to bench/results/shapes-<time>.json.
 
   bench/shapes.py --files F1,F2 [--mainline DIR] [--ik DIR] [--threads 2]
-                  [--reps 2] [--only FIGURES] [--depth-files SUBSTR]
+                  [--reps 2] [--deep-reps N] [--only FIGURES] [--depth-files SUBSTR]
 """
 import argparse
 import json
@@ -127,6 +127,7 @@ def main():
     ap.add_argument("--absent", action="append", default=[], help="NAME=REASON, printed for an absent peer")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--deep-reps", type=int, default=0, help="rounds of the d8192 rows (default: --reps)")
     ap.add_argument("--only", default="", help="comma-separated substrings of figure names")
     ap.add_argument("--depth-files", default="llama3.2-1b.", help="substring of the files that get the d8192 rows")
     a = ap.parse_args()
@@ -139,6 +140,7 @@ def main():
     for x in a.absent:
         print("shapes: peer %s absent: its columns are left out" % x.replace("=", " (", 1) + ")")
     results = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "threads": a.threads, "reps": a.reps,
+               "load_before": os.getloadavg(),
                "argv": sys.argv, "peers": dict(peers), "figures": []}
     rows = []
     for model in a.files.split(","):
@@ -149,7 +151,8 @@ def main():
             dec = fig.startswith("decode")
             kv, bw, eff, pv = [], [], [], {n: [] for n, _ in peers}
             cmds = {}
-            for _ in range(a.reps):
+            reps = a.deep_reps if a.deep_reps and fig.startswith("decode d%d" % DEEP) else a.reps
+            for _ in range(reps):
                 if dec:
                     bw.append(probe(a.threads))
                 r, cmds["kvd"] = run_kvd(model, a.threads, kargs)
@@ -172,6 +175,7 @@ def main():
                 row["kvd_gb_per_s"] = eff
                 # each round's reads against the probe just before it
                 row["of_probe"] = statistics.median(e / b for e, b in zip(eff, bw))
+            row["load_avg_1min"] = os.getloadavg()[0]
             rows.append(row)
             results["figures"].append(row)
             line = "%-24s %-16s kvd %7.1f (%s)" % (name, fig, row["kvd_median"], spread(kv))
@@ -181,7 +185,7 @@ def main():
             if dec:
                 line += "  | kvd reads %.1f GB/s, probe %s GB/s: %.0f%%" % (
                     statistics.median(eff), spread(bw), 100 * row["of_probe"])
-            print(line, flush=True)
+            print(line + "  (load %.1f)" % row["load_avg_1min"], flush=True)
     os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
     path = os.path.join(ROOT, "bench", "results", "shapes-" + time.strftime("%Y%m%d-%H%M%S") + ".json")
     with open(path, "w") as f:
@@ -191,6 +195,8 @@ def main():
         print("tokens/s, %d threads, median of %d alternating rounds (kvd, mainline, ik_llama.cpp); "
               "decode rows: kvd's weight+cache reads per second over the read probe of the same round"
               % (a.threads, a.reps))
+        print("load average (1 min) during the rows: %.1f..%.1f" % (min(r["load_avg_1min"] for r in rows),
+                                                                    max(r["load_avg_1min"] for r in rows)))
         head = "| file | figure | kvd |" + "".join(" %s | kvd / %s |" % (n, n) for n, _ in peers) + " reads / probe |"
         print(head)
         print("|" + "---|" * (head.count("|") - 1))
