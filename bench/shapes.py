@@ -138,7 +138,8 @@ def main():
         if not os.path.exists(os.path.join(d, "llama-bench")):
             sys.exit("shapes: %s/llama-bench is missing" % d)
     for x in a.absent:
-        print("shapes: peer %s absent: its columns are left out" % x.replace("=", " (", 1) + ")")
+        n, _, why = x.partition("=")
+        print("shapes: %s is absent (%s): its columns are left out" % (n, why or "no reason given"))
     results = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "threads": a.threads, "reps": a.reps,
                "load_before": os.getloadavg(),
                "argv": sys.argv, "peers": dict(peers), "figures": []}
