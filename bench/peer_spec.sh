@@ -8,7 +8,7 @@
 # --special), so both programs read the same tokens. Each round runs, per
 # task: kvd with [speculative] mode = off and = lookup (two daemons on one
 # binary), then llama.cpp without speculation (llama-completion: eval runs
-# over eval plus sampling time) and with it (llama-lookup --draft-max 8,
+# over eval plus sampling time) and with it (llama-lookup --spec-draft-n-max 8,
 # kvd's default draft length: its "decoded N tokens ... speed" line).
 # Prints per task the median decode tokens/s of the four, the lookup / off
 # ratio of each program, kvd's check that its two outputs are identical, and
@@ -55,7 +55,7 @@ PY
 }
 peer_one() { # plain|lookup TASK
 	local tool=llama-completion extra=(-no-cnv --no-display-prompt)
-	[ "$1" = lookup ] && tool=llama-lookup extra=(--draft-max 8)
+	[ "$1" = lookup ] && tool=llama-lookup extra=(--spec-draft-n-max 8)
 	# the prompt as it is: llama.cpp expands backslash escapes unless --no-escape
 	turn "${PROMPT[$2]}" >"$T/prompt.txt"
 	if ! "$PEER_BIN/$tool" -m "$MODEL" -t "$THREADS" -f "$T/prompt.txt" -n "$MAXT" --temp 0 -c 2048 --no-escape \
