@@ -3,19 +3,22 @@
 # decode against what it costs kvd's, in one run, on the same models (the
 # default SmolLM2, and Gemma 3 270M where scripts/setup --model gemma3-270m
 # installed it: a 262k vocabulary, where masks cost most) and the same
-# schema: grammar_bench's daemon schema (a title, then a story string of at
-# least 4000 characters, so the constraint never completes within the run).
+# schema: grammar_bench's daemon schema (a title, then a story string), with
+# the story's minLength 1000 instead of 4000 (llama.cpp refuses a grammar of
+# over about 2000 repetitions), still beyond what the run generates, so the
+# constraint never completes early; grammar_bench is given the same file.
 #
 # llama.cpp: llama-completion (scripts/build-peer) generating TOKENS tokens,
 # greedy, from the prompt "1, 2, 3, 4, 5," with --json-schema-file against
 # without (--ignore-eos, so both run every token), alternating ROUNDS times;
 # a rate is its eval runs over eval time plus sampling time (the grammar's
 # work is in the sampler), as its timing lines print them. kvd: the daemon on
-# the same model, build/bench/grammar_bench --socket (one stream, greedy and
+# the same model, build/bench/grammar_bench --socket S 1 SCHEMA (one stream, greedy and
 # seeded, plain and constrained interleaved, best of 3). Prints each side's
 # plain and constrained tokens/s and the constrained / plain ratio.
 #
 #   bench/peer_grammar.sh [ROUNDS [TOKENS [THREADS]]]   (default 3, 128, 2)
+#   KVD_GRAMMAR_MODELS="a.gguf b.gguf" replaces the list of models
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}; TOKENS=${2:-128}; THREADS=${3:-2}
@@ -28,16 +31,18 @@ if [ ! -x "$PEER_BIN/llama-completion" ]; then
 	PEER=0
 fi
 MODELS=(models/SmolLM2-135M-Instruct.Q4_1.gguf)
-if [ -f models/gemma-3-270m-q4_k_m.gguf ]; then
+if [ -n "${KVD_GRAMMAR_MODELS:-}" ]; then
+	read -ra MODELS <<<"$KVD_GRAMMAR_MODELS"
+elif [ -f models/gemma-3-270m-q4_k_m.gguf ]; then
 	MODELS+=(models/gemma-3-270m-q4_k_m.gguf)
 else
 	echo "peer_grammar: models/gemma-3-270m-q4_k_m.gguf absent (scripts/setup --model gemma3-270m): SmolLM2 only"
 fi
 T=$(mktemp -d); PID=
 trap '[ -n "$PID" ] && kill "$PID" 2>/dev/null; wait; rm -rf "$T"' EXIT
-# grammar_bench's daemon schema (bench/grammar_bench.c, STORY_SCHEMA)
+# grammar_bench's daemon schema (bench/grammar_bench.c, STORY_SCHEMA), minLength 1000
 cat >"$T/schema.json" <<'JSON'
-{"type":"object","properties":{"title":{"type":"string","maxLength":40},"story":{"type":"string","minLength":4000}},"required":["title","story"],"additionalProperties":false}
+{"type":"object","properties":{"title":{"type":"string","maxLength":40},"story":{"type":"string","minLength":1000}},"required":["title","story"],"additionalProperties":false}
 JSON
 PROMPT="1, 2, 3, 4, 5,"
 
@@ -81,7 +86,7 @@ PY
 		2>"$T/kvd.log" &
 	PID=$!
 	for i in $(seq 300); do "$RAW" -s "$T/kvd.sock" hello >/dev/null 2>&1 && break; sleep 0.1; done
-	"$GB" --socket "$T/kvd.sock" 1 | awk '$1 == 1 && !seen[$2]++ { printf "  kvd grammar_bench, 1 stream, %s: plain %s  constrained %s  ratio %s  (best of 3)\n", $2, $3, $4, $5 }'
+	"$GB" --socket "$T/kvd.sock" 1 "$T/schema.json" | awk '$1 == 1 && !seen[$2]++ { printf "  kvd grammar_bench, 1 stream, %s: plain %s  constrained %s  ratio %s  (best of 3)\n", $2, $3, $4, $5 }'
 	kill -TERM "$PID"; wait "$PID" || true; PID=
 	rm -f "$T/kvd.sock"
 done
