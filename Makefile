@@ -94,7 +94,7 @@ FAULTY := $(if $(wildcard daemon/main.c),$(BUILD)/tests/kvd-faulty)
 CLIENT_LIBS := $(if $(CLIENT_SRC),$(LIBCLIENT_A) $(LIBCLIENT_SO) $(if $(wildcard client/kvclient.pc.in),$(BUILD)/kvclient-uninstalled.pc))
 CUDA_PLUGIN := $(if $(and $(NVCC),$(CUDA_SRC)),$(BUILD)/lib/libkvd-cuda.so)
 
-.PHONY: all test run stop install clean bench setup asan fuzz
+.PHONY: all test run stop install clean bench bench-shapes setup asan fuzz
 # keep object files of test, tool and bench programs between builds
 .SECONDARY:
 all: $(BINS) $(FAULTY) $(CLIENT_LIBS) $(TESTS) $(TOOLS) $(BENCHES) $(EXAMPLES) $(CUDA_PLUGIN)
@@ -291,6 +291,11 @@ clean-fuzz:
 bench: setup
 	$(MAKE) all
 	scripts/bench
+
+# only the deployment shapes (1B and 3B random-weight models) against both peers
+bench-shapes: setup
+	$(MAKE) all
+	scripts/bench --shapes-only
 
 run: setup
 	$(MAKE) all

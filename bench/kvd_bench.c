@@ -14,6 +14,9 @@
  *   kvd_bench [--threads N] triad [--mib N]
  *       memory bandwidth, STREAM triad a[i] = b[i] + s * c[i] over N
  *       threads, best of 5
+ *   kvd_bench [--threads N] read [--mib N]
+ *       read bandwidth: one N MiB array summed over N threads, best of 5
+ *       (the traffic of a decode step's weights)
  *
  * --cache-type f16|bf16|q8_0|q4_0|f32 (before the figure) sets the K/V element
  * type (default f16). --fast-depth (decode, batch): the first D - 1
@@ -84,6 +87,7 @@ static void prompt_ids(int32_t *out, int n, int32_t n_vocab, uint32_t seed)
 struct triad_arg {
 	double *a, *b, *c;
 	size_t lo, hi;
+	uint64_t sum;
 };
 
 static void *triad_part(void *p)
@@ -94,37 +98,74 @@ static void *triad_part(void *p)
 	return NULL;
 }
 
-/* STREAM triad over `threads` threads (each its own slice), best of 5. */
-static double triad(size_t mib, int threads)
+/* the read-only probe: what a decode step does to its weights, every byte
+ * read once and nothing written back (four independent 16-byte sums, so that the
+ * loads, not the additions' chain, set the pace) */
+typedef uint64_t u64x2 __attribute__((vector_size(16)));
+
+static void *read_part(void *p)
 {
-	size_t n = mib * (1u << 20) / sizeof(double) / 3;
-	double *a = malloc(n * sizeof(double)), *b = malloc(n * sizeof(double)), *c = malloc(n * sizeof(double));
+	struct triad_arg *t = p;
+	const u64x2 *v = (const u64x2 *)t->b;
+	u64x2 s0 = {0, 0}, s1 = s0, s2 = s0, s3 = s0;
+	/* in 64-byte lines, each slice's bounds rounded down to one */
+	size_t lo = t->lo / 8 * 4, hi = t->hi / 8 * 4;
+	for (size_t i = lo; i < hi; i += 4) {
+		s0 += v[i];
+		s1 += v[i + 1];
+		s2 += v[i + 2];
+		s3 += v[i + 3];
+	}
+	s0 += s1 + s2 + s3;
+	t->sum = s0[0] + s0[1];
+	return NULL;
+}
+
+/* Memory bandwidth over `threads` threads (each its own slice), best of 5:
+ * STREAM triad a = b + 3c over three arrays of mib/3 MiB together, or
+ * (read_only) a sum over one array of mib MiB. */
+static double bandwidth(size_t mib, int threads, int read_only)
+{
+	size_t n = mib * (1u << 20) / sizeof(double) / (read_only ? 1 : 3);
+	double *a = read_only ? NULL : malloc(n * sizeof(double));
+	double *b = malloc(n * sizeof(double)), *c = read_only ? NULL : malloc(n * sizeof(double));
 	double best = 0;
 	pthread_t th[64];
 	struct triad_arg ta[64];
-	if (!a || !b || !c || threads < 1 || threads > 64)
+	void *(*part)(void *) = read_only ? read_part : triad_part;
+	uint64_t sum = 0;
+	if (!b || (!read_only && (!a || !c)) || threads < 1 || threads > 64) {
+		free(a);
+		free(b);
+		free(c);
 		return -1;
+	}
 	for (size_t i = 0; i < n; i++) {
-		a[i] = 0;
+		if (!read_only) {
+			a[i] = 0;
+			c[i] = 1.0;
+		}
 		b[i] = (double)i;
-		c[i] = 1.0;
 	}
 	for (int rep = 0; rep < 5; rep++) {
 		double t0 = now_s();
 		for (int k = 0; k < threads; k++) {
-			ta[k] = (struct triad_arg){a, b, c, n * (size_t)k / (size_t)threads, n * (size_t)(k + 1) / (size_t)threads};
+			ta[k] = (struct triad_arg){a, b, c, n * (size_t)k / (size_t)threads,
+						   n * (size_t)(k + 1) / (size_t)threads, 0};
 			if (k)
-				pthread_create(&th[k], NULL, triad_part, &ta[k]);
+				pthread_create(&th[k], NULL, part, &ta[k]);
 		}
-		triad_part(&ta[0]);
+		part(&ta[0]);
 		for (int k = 1; k < threads; k++)
 			pthread_join(th[k], NULL);
 		double dt = now_s() - t0;
-		double gbs = 3.0 * n * sizeof(double) / dt / 1e9;
+		double gbs = (read_only ? 1.0 : 3.0) * n * sizeof(double) / dt / 1e9;
 		if (gbs > best)
 			best = gbs;
+		for (int k = 0; k < threads; k++)
+			sum += ta[k].sum;
 	}
-	volatile double sink = a[n / 2];
+	volatile double sink = read_only ? (double)sum : a[n / 2];
 	(void)sink;
 	free(a);
 	free(b);
@@ -218,12 +259,18 @@ int main(int argc, char **argv)
 		}
 	}
 	if (optind >= argc) {
-		fprintf(stderr, "kvd_bench: which figure? decode | prefill | batch | prefix | triad\n");
+		fprintf(stderr, "kvd_bench: which figure? decode | prefill | batch | prefix | triad | read\n");
 		return 2;
 	}
 	const char *what = argv[optind];
-	if (!strcmp(what, "triad")) {
-		printf("{\"figure\":\"triad\",\"threads\":%d,\"gb_per_s\":%.3f}\n", threads, triad(mib, threads));
+	if (!strcmp(what, "triad") || !strcmp(what, "read")) {
+		int ro = !strcmp(what, "read");
+		double gbs = bandwidth(mib, threads, ro);
+		if (gbs < 0) {
+			fprintf(stderr, "kvd_bench: %s: cannot allocate %zu MiB (or --threads out of 1..64)\n", what, mib);
+			return 1;
+		}
+		printf("{\"figure\":\"%s\",\"threads\":%d,\"mib\":%zu,\"gb_per_s\":%.3f}\n", what, threads, mib, gbs);
 		return 0;
 	}
 	if (!model || seqs < 1 || seqs > 256 || tokens < 1 || depth < 1) {

@@ -14,8 +14,8 @@ tokenize and chat with it. The text such a model writes means nothing; the
 time and memory it takes are those of the real model: what bench/ measures.
 
 Files go to DIR (default ~/.cache/kvd/shapes/) as NAME.TYPE.gguf (TYPE F16 or
-Q8_0, written with gguf-py; Q4_K_M only with --quantize-with, which runs
-llama-quantize on the F16 file). A file whose stamp (NAME.TYPE.gguf.stamp:
+Q8_0, written with gguf-py; Q4_K_M and Q4_0 only with --quantize-with, which
+runs llama-quantize on the F16 file, on KVD_QUANTIZE_THREADS threads, 2). A file whose stamp (NAME.TYPE.gguf.stamp:
 this generator's version and the shape) matches is left alone, so a second
 run costs nothing. Prints one line per file: its path.
 """
@@ -36,6 +36,7 @@ TOKENIZER_SRC = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 DEFAULT_OUT = os.path.join(os.path.expanduser("~"), ".cache", "kvd", "shapes")
 CONTEXT = 32768
 W_STD = 0.02
+QUANTIZE_THREADS = int(os.environ.get("KVD_QUANTIZE_THREADS", "2"))
 
 # n_vocab comes from the tokenizer (49152)
 SHAPES = {
@@ -58,7 +59,9 @@ SHAPES = {
 }
 
 QTYPES = {"f16": (gguf.GGMLQuantizationType.F16, 1), "q8_0": (gguf.GGMLQuantizationType.Q8_0, 7)}
-FILE_NAMES = {"f16": "F16", "q8_0": "Q8_0", "q4_k_m": "Q4_K_M"}
+FILE_NAMES = {"f16": "F16", "q8_0": "Q8_0", "q4_k_m": "Q4_K_M", "q4_0": "Q4_0"}
+# made from the F16 file by llama-quantize (--quantize-with)
+QUANTIZED = ("q4_k_m", "q4_0")
 
 
 def read_tokenizer(path):
@@ -159,8 +162,9 @@ def write_shape(name, cfg, qtype, path, tok):
     for tname, shape, kind in plan:
         if kind == "w":
             gq, _ = QTYPES[qtype]
+            # the byte shape's last axis counts bytes: F16's is twice the row
             bshape = gguf.quants.quant_shape_to_byte_shape(shape, gq)
-            nbytes = int(np.prod(bshape)) * (2 if gq == gguf.GGMLQuantizationType.F16 else 1)
+            nbytes = int(np.prod(bshape))
             if gq == gguf.GGMLQuantizationType.F16:
                 w.add_tensor_info(tname, shape, np.dtype(np.float16), nbytes)
             else:
@@ -196,10 +200,15 @@ def ensure(name, qtype, out, tok, quantize_with=None):
     stamp = stamp_of(name, cfg, qtype) + (quantize_with or "")
     if fresh(path, stamp):
         return path
-    if qtype == "q4_k_m":
+    if qtype in QUANTIZED:
         src = ensure(name, "f16", out, tok)
-        subprocess.run([quantize_with, src, path + ".tmp", "Q4_K_M"], check=True,
-                       stdout=subprocess.DEVNULL)
+        log = path + ".quantize.log"
+        with open(log, "w") as lf:
+            p = subprocess.run([quantize_with, src, path + ".tmp", FILE_NAMES[qtype], str(QUANTIZE_THREADS)],
+                               stdout=lf, stderr=subprocess.STDOUT)
+        if p.returncode != 0:
+            sys.exit("gen_shapes: %s %s failed (status %d), see %s" % (quantize_with, FILE_NAMES[qtype],
+                                                                      p.returncode, log))
         os.replace(path + ".tmp", path)
     else:
         write_shape(name, cfg, qtype, path, tok)
@@ -212,8 +221,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=DEFAULT_OUT)
     ap.add_argument("--only", help="comma-separated shape names (default: all)")
-    ap.add_argument("--types", default="f16,q8_0", help="comma-separated: f16, q8_0 (q4_k_m with --quantize-with)")
-    ap.add_argument("--quantize-with", help="path of llama-quantize, for q4_k_m")
+    ap.add_argument("--types", default="f16,q8_0",
+                    help="comma-separated: f16, q8_0 (q4_k_m, q4_0 with --quantize-with)")
+    ap.add_argument("--quantize-with", help="path of llama-quantize, for q4_k_m and q4_0")
     ap.add_argument("--list", action="store_true")
     a = ap.parse_args()
     if a.list:
@@ -222,19 +232,19 @@ def main():
         return 0
     names = a.only.split(",") if a.only else list(SHAPES)
     types = a.types.split(",")
-    if a.quantize_with and "q4_k_m" not in types:
+    if a.quantize_with and not any(t in QUANTIZED for t in types):
         types.append("q4_k_m")
     for n in names:
         if n not in SHAPES:
             sys.exit("gen_shapes: unknown shape '%s' (--list)" % n)
     for t in types:
-        if t not in FILE_NAMES or (t == "q4_k_m" and not a.quantize_with):
-            sys.exit("gen_shapes: type '%s' is not f16 or q8_0 (q4_k_m needs --quantize-with)" % t)
+        if t not in FILE_NAMES or (t in QUANTIZED and not a.quantize_with):
+            sys.exit("gen_shapes: type '%s' is not f16 or q8_0 (q4_k_m and q4_0 need --quantize-with)" % t)
     os.makedirs(a.out, exist_ok=True)
     tok = read_tokenizer(TOKENIZER_SRC)
     for n in names:
         for t in types:
-            print(ensure(n, t, a.out, tok, a.quantize_with if t == "q4_k_m" else None), flush=True)
+            print(ensure(n, t, a.out, tok, a.quantize_with if t in QUANTIZED else None), flush=True)
     return 0
 
 

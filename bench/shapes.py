@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""bench/shapes.py — kvd against mainline llama.cpp and ik_llama.cpp on
+models of deployment size, with a read-bandwidth probe in the same window.
+
+The files are scripts/gen_shapes.py's random-weight models of real shapes
+(Llama 3.2 1B and 3B, ...), Q4_K_M (llama-quantize) and Q8_0: weights that
+no cache holds, so a decode step streams them from DRAM. Figures, each run
+by kvd (build/bench/kvd_bench), then mainline llama.cpp, then ik_llama.cpp,
+alternating, --reps times:
+
+  prefill 512      a 512-token prompt (kvd_bench prefill; llama-bench -p 512 -n 0)
+  decode d128      64 tokens after a 128-token context (kvd_bench decode;
+                   mainline llama-bench -p 0 -n 64 -d 128; ik_llama.cpp's
+                   llama-bench has no -d, its -gp 128,64 times the same)
+  decode d8192 T   32 tokens after an 8192-token context, K/V of type T
+                   (f16, bf16 — kvd only —, q8_0; kvd_bench --fast-depth, the
+                   peers with -fa 1 -ctk T -ctv T): only for the files that
+                   --depth-files names (default: the 1B shape), as the peers
+                   prefill the 8192 tokens first, each time
+  32 seqs          32 sequences of 128-token prompts decoding 16 tokens
+                   together, aggregate tokens/s (kvd_bench batch;
+                   llama-batched-bench -npp 128 -ntg 16 -npl 32, its S_TG)
+
+Before each round of a decode figure, `kvd_bench read` measures the
+machine's read bandwidth (2 threads, 1 GiB, best of 5): each decode figure
+is printed with the bytes kvd reads per step times its tokens/s, as GB/s
+and as a fraction of that probe. A peer that is absent (not built: no
+network where its source would come from) is said so once, and its columns
+are left out. Each figure is the median of its rounds; the spread (min..max)
+is printed beside it. Raw results go to bench/results/shapes-<time>.json.
+
+  bench/shapes.py --files F1,F2 [--mainline DIR] [--ik DIR] [--threads 2]
+                  [--reps 2] [--deep-reps N] [--only FIGURES] [--depth-files SUBSTR]
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KVD = os.path.join(ROOT, os.environ.get("KVD_BUILD", "build"), "bench", "kvd_bench")
+SEQS, SEQ_PROMPT, SEQ_TOKENS = 32, 128, 16
+DEC, DEEP, DEEP_TOKENS = 64, 8192, 32
+PROBE_MIB = 1024
+
+
+def figures(deep):
+    """(name, kvd_bench args, mainline spec, ik spec); a spec is (kind, args) or None."""
+    figs = [
+        ("prefill 512", ["prefill", "--tokens", "512"],
+         ("bench", ["-p", "512", "-n", "0"]), ("bench", ["-p", "512", "-n", "0"])),
+        ("decode d128", ["decode", "--depth", "128", "--tokens", str(DEC)],
+         ("bench", ["-p", "0", "-n", str(DEC), "-d", "128"]),
+         ("bench", ["-p", "0", "-n", "0", "-gp", "128,%d" % DEC])),
+    ]
+    if deep:
+        for ct in ("f16", "bf16", "q8_0"):
+            cache = ["-fa", "1", "-ctk", ct, "-ctv", ct]
+            peer = ct != "bf16"  # llama.cpp's bf16 cache is its slow one; kvd's only
+            figs.append(("decode d%d %s" % (DEEP, ct),
+                         ["--cache-type", ct, "--fast-depth", "decode", "--depth", str(DEEP), "--tokens",
+                          str(DEEP_TOKENS)],
+                         ("bench", ["-p", "0", "-n", str(DEEP_TOKENS), "-d", str(DEEP)] + cache) if peer else None,
+                         ("bench", ["-p", "0", "-n", "0", "-gp", "%d,%d" % (DEEP, DEEP_TOKENS)] + cache)
+                         if peer else None))
+    bat = ["-npp", str(SEQ_PROMPT), "-ntg", str(SEQ_TOKENS), "-npl", str(SEQS),
+           "-c", str(SEQS * (SEQ_PROMPT + SEQ_TOKENS) + 256)]
+    figs.append(("32 seqs", ["batch", "--seqs", str(SEQS), "--depth", str(SEQ_PROMPT), "--tokens", str(SEQ_TOKENS)],
+                 ("batched", bat), ("batched", bat)))
+    return figs
+
+
+def run(cmd):
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError("%s failed (status %d): %s" % (" ".join(cmd), p.returncode, p.stderr[-1500:]))
+    return p
+
+
+def run_kvd(model, threads, args):
+    cmd = [KVD, "--model", model, "--threads", str(threads)] + args
+    return json.loads(run(cmd).stdout.strip().splitlines()[-1]), cmd
+
+
+def probe(threads):
+    return json.loads(run([KVD, "--threads", str(threads), "read", "--mib", str(PROBE_MIB)]).stdout)["gb_per_s"]
+
+
+def run_peer(bindir, spec, model, threads):
+    kind, args = spec
+    if kind == "bench":
+        cmd = [os.path.join(bindir, "llama-bench"), "-m", model, "-t", str(threads), "-r", "1", "-o", "json"] + args
+        rows = json.loads(run(cmd).stdout)
+        # the one test asked for: the row that generated or prefilled tokens
+        rows = [r for r in rows if r.get("n_gen", 0) > 0 or r.get("n_prompt", 0) > 0]
+        return rows[-1]["avg_ts"], cmd
+    cmd = [os.path.join(bindir, "llama-batched-bench"), "-m", model, "-t", str(threads), "-tb", str(threads),
+           "--output-format", "jsonl"] + args
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    out = p.stdout + "\n" + p.stderr
+    for line in out.splitlines():
+        line = line.strip()
+        if line.startswith("{") and "speed_tg" in line:
+            return json.loads(line)["speed_tg"], cmd
+    # ik_llama.cpp prints only its table: | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | ...
+    for line in out.splitlines():
+        cols = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cols) >= 8 and all(re.fullmatch(r"[0-9.]+", c) for c in cols[:8]) and \
+                int(cols[0]) == SEQ_PROMPT and int(cols[2]) == SEQS:
+            return float(cols[7]), cmd
+    raise RuntimeError("%s printed no result (status %d): %s" % (cmd[0], p.returncode, out[-1500:]))
+
+
+def spread(v):
+    return "%.1f..%.1f" % (min(v), max(v)) if v else "-"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--files", required=True, help="comma-separated GGUF files")
+    ap.add_argument("--mainline", default="", help="directory of mainline llama.cpp's llama-bench (empty: absent)")
+    ap.add_argument("--ik", default="", help="directory of ik_llama.cpp's llama-bench (empty: absent)")
+    ap.add_argument("--absent", action="append", default=[], help="NAME=REASON, printed for an absent peer")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--deep-reps", type=int, default=0, help="rounds of the d8192 rows (default: --reps)")
+    ap.add_argument("--only", default="", help="comma-separated substrings of figure names")
+    ap.add_argument("--depth-files", default="llama3.2-1b.", help="substring of the files that get the d8192 rows")
+    a = ap.parse_args()
+    if not os.path.exists(KVD):
+        sys.exit("shapes: %s is missing: run make first" % KVD)
+    peers = [(n, d) for n, d in (("mainline", a.mainline), ("ik", a.ik)) if d]
+    for n, d in peers:
+        if not os.path.exists(os.path.join(d, "llama-bench")):
+            sys.exit("shapes: %s/llama-bench is missing" % d)
+    for x in a.absent:
+        n, _, why = x.partition("=")
+        print("shapes: %s is absent (%s): its columns are left out" % (n, why or "no reason given"))
+    results = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "threads": a.threads, "reps": a.reps,
+               "load_before": os.getloadavg(),
+               "argv": sys.argv, "peers": dict(peers), "figures": []}
+    rows = []
+    for model in a.files.split(","):
+        name = os.path.basename(model)
+        for fig, kargs, *specs in figures(a.depth_files in name):
+            if a.only and not any(o in fig for o in a.only.split(",")):
+                continue
+            dec = fig.startswith("decode")
+            kv, bw, eff, pv = [], [], [], {n: [] for n, _ in peers}
+            cmds = {}
+            reps = a.deep_reps if a.deep_reps and fig.startswith("decode d%d" % DEEP) else a.reps
+            for _ in range(reps):
+                if dec:
+                    bw.append(probe(a.threads))
+                r, cmds["kvd"] = run_kvd(model, a.threads, kargs)
+                kv.append(r["tokens_per_s"])
+                if dec:
+                    eff.append(r["tokens_per_s"] * r["bytes_per_step"] / 1e9)
+                for (n, d), spec in zip((("mainline", a.mainline), ("ik", a.ik)), specs):
+                    if not d or spec is None:
+                        continue
+                    v, cmds[n] = run_peer(d, spec, model, a.threads)
+                    pv[n].append(v)
+            row = {"file": name, "figure": fig, "kvd": kv, "kvd_median": statistics.median(kv), "cmds": cmds}
+            for n in pv:
+                if pv[n]:
+                    row[n] = pv[n]
+                    row[n + "_median"] = statistics.median(pv[n])
+                    row["kvd/" + n] = row["kvd_median"] / row[n + "_median"]
+            if dec:
+                row["read_gb_per_s"] = bw
+                row["kvd_gb_per_s"] = eff
+                # each round's reads against the probe just before it
+                row["of_probe"] = statistics.median(e / b for e, b in zip(eff, bw))
+            row["load_avg_1min"] = os.getloadavg()[0]
+            rows.append(row)
+            results["figures"].append(row)
+            line = "%-24s %-16s kvd %7.1f (%s)" % (name, fig, row["kvd_median"], spread(kv))
+            for n, _ in peers:
+                if n + "_median" in row:
+                    line += "  %s %7.1f (%s) x%.2f" % (n, row[n + "_median"], spread(pv[n]), row["kvd/" + n])
+            if dec:
+                line += "  | kvd reads %.1f GB/s, probe %s GB/s: %.0f%%" % (
+                    statistics.median(eff), spread(bw), 100 * row["of_probe"])
+            print(line + "  (load %.1f)" % row["load_avg_1min"], flush=True)
+    os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
+    path = os.path.join(ROOT, "bench", "results", "shapes-" + time.strftime("%Y%m%d-%H%M%S") + ".json")
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
+    if rows:
+        print()
+        print("tokens/s, %d threads, median of %d alternating rounds (kvd, mainline, ik_llama.cpp); "
+              "decode rows: kvd's weight+cache reads per second over the read probe of the same round"
+              % (a.threads, a.reps))
+        print("load average (1 min) during the rows: %.1f..%.1f" % (min(r["load_avg_1min"] for r in rows),
+                                                                    max(r["load_avg_1min"] for r in rows)))
+        head = "| file | figure | kvd |" + "".join(" %s | kvd / %s |" % (n, n) for n, _ in peers) + " reads / probe |"
+        print(head)
+        print("|" + "---|" * (head.count("|") - 1))
+        for r in rows:
+            s = "| %s | %s | %.1f |" % (r["file"], r["figure"], r["kvd_median"])
+            for n, _ in peers:
+                s += (" %.1f | %.2f× |" % (r[n + "_median"], r["kvd/" + n])) if n + "_median" in r else " | |"
+            s += (" %.0f %% |" % (100 * r["of_probe"])) if "of_probe" in r else " |"
+            print(s)
+    print("raw results: %s" % os.path.relpath(path, ROOT))
+
+
+if __name__ == "__main__":
+    main()
