@@ -445,12 +445,17 @@ void kvd_ledger_request(struct kvd_ledger *l, const struct kvd_ledger_who *who, 
 	char kv[2048], line[KVD_LEDGER_LINE_MAX];
 	const struct kvmm_seq_record *k = res->ledger;
 	uint64_t slack = 0, rd_mean = 0, rd_max = 0, swapped = 0;
+	char by[40] = ""; /* ,"prefix_evicted_by": when prefix tokens were recomputed */
 	int n;
 
 	if (!l)
 		return;
 	if (!k || kvmm_seq_record_json(k, kv, sizeof(kv)) < 0)
 		snprintf(kv, sizeof(kv), "null");
+	if (k && k->evicted_prefix_tokens && k->evicted_prefix_by != KVMM_OWNER_NONE)
+		snprintf(by, sizeof(by), ",\"prefix_evicted_by\":%" PRIu32, k->evicted_prefix_by);
+	else if (k && k->evicted_prefix_tokens)
+		snprintf(by, sizeof(by), ",\"prefix_evicted_by\":null"); /* dropped explicitly, or a tenant's */
 	if (k) {
 		slack = k->kv_bytes_allocated > k->kv_bytes_useful ? k->kv_bytes_allocated - k->kv_bytes_useful : 0;
 		rd_mean = k->steps ? k->kv_read_bytes / k->steps : 0;
@@ -468,7 +473,7 @@ void kvd_ledger_request(struct kvd_ledger *l, const struct kvd_ledger_who *who, 
 		     "\"context_truncated_turns\":%u,\"compute_wait_ns\":%" PRIu64 ",\"batch_width_mean\":%.2f,"
 		     "\"slack_bytes\":%" PRIu64 ",\"decode_read_bytes_mean\":%" PRIu64 ",\"decode_read_bytes_max\":%" PRIu64
 		     ",\"evicted_tokens\":{\"context_drop\":%u,\"swap\":%" PRIu64 ",\"preemption_recompute\":%u"
-		     ",\"prefix_eviction\":%u},"
+		     ",\"prefix_eviction\":%u%s},"
 		     "\"model\":%s,\"kv\":%s}\n",
 		     realtime_ns(), who->client_id, who->pid, who->uid, request_id, session_id, finish, res->error,
 		     res->prompt_tokens, res->cached_tokens, res->adopted_tokens, res->generated_tokens,
@@ -478,7 +483,7 @@ void kvd_ledger_request(struct kvd_ledger *l, const struct kvd_ledger_who *who, 
 		     res->context_policy < 4 ? policy_names[res->context_policy] : "?", res->context_window,
 		     res->context_sinks, res->context_dropped_tokens, res->context_truncated_turns, res->compute_wait_ns,
 		     res->batch_steps ? (double)res->batch_width_sum / res->batch_steps : 0.0, slack, rd_mean, rd_max,
-		     res->context_dropped_tokens, swapped, res->recompute_tokens, k ? k->evicted_prefix_tokens : 0,
+		     res->context_dropped_tokens, swapped, res->recompute_tokens, k ? k->evicted_prefix_tokens : 0, by,
 		     l->model[0] ? l->model : "null", kv);
 	record(l, who->uid, line, n);
 }

@@ -647,6 +647,8 @@ static int admit(struct kvd_sched *s, struct req *r)
 		n_look = kvd_window_cap(&r->w, s->block_size);
 	s->attaching = r; /* a failed promotion is charged to r */
 	kvmm_seq_set_scope(s->kv, r->seq, r->cache_scope);
+	/* the evictor the ledger names: a uid (a tenant's owner is no uid) */
+	kvmm_seq_set_owner(s->kv, r->seq, r->owner >> 32 ? KVMM_OWNER_NONE : (uint32_t)r->owner);
 	int ar = kvmm_prefix_attach(s->kv, r->seq, r->toks, n_look, &hit);
 	s->attaching = NULL;
 	if (ar == 0)

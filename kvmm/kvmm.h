@@ -269,6 +269,19 @@ int kvmm_prefix_attach(struct kvmm *m, uint32_t seq, const int32_t *tokens, uint
  */
 int kvmm_seq_set_scope(struct kvmm *m, uint32_t seq, uint64_t scope);
 
+/* No known requester: the evictor of a page dropped explicitly
+ * (kvmm_cache_evict, kvmm_cache_drop_all, a drop of pages) or reclaimed
+ * for an allocation no sequence asked for (hibernation restore). */
+#define KVMM_OWNER_NONE UINT32_MAX
+/*
+ * Name the requester of `seq` (a uid, say): when an allocation for it
+ * reclaims a cached prefix page, the index remembers this owner with the
+ * page's key, and a later lookup that recomputes that page reports it
+ * (kvmm_seq_record.evicted_prefix_by). Any time; a new sequence has
+ * KVMM_OWNER_NONE, a fork inherits its parent's owner. -ENOENT.
+ */
+int kvmm_seq_set_owner(struct kvmm *m, uint32_t seq, uint32_t owner);
+
 /* ---- swap ------------------------------------------------------------------ */
 
 /* Write the sequence's private pages to the swap file and free them; shared
@@ -463,9 +476,14 @@ struct kvmm_seq_record {
 	 * the index had held and dropped (evicted, or demoted and dropped), so
 	 * they are recomputed: counted from the first miss while the dropped
 	 * chain continues. The index remembers the last dropped keys only
-	 * (about 4 per pool page, at least 1,024 and at most 65,536), so an
+	 * (about 2 per pool page, at least 512 and at most 32,768), so an
 	 * eviction long ago may go uncounted. */
 	uint32_t evicted_prefix_tokens;
+	/* The owner (kvmm_seq_set_owner) whose allocation evicted the first
+	 * page of evicted_prefix_tokens; KVMM_OWNER_NONE when they are 0, when
+	 * that page was dropped explicitly, or when the allocation had no
+	 * sequence. All the tokens are charged to this one evictor. */
+	uint32_t evicted_prefix_by;
 };
 
 /* Tokens at positions < n_prompt_tokens are the prompt, later ones are

@@ -187,6 +187,7 @@ struct kvmm_swp {
 struct kvmm_seq {
 	bool live, swapped, unkeyed;
 	uint64_t scope;         /* prefix-index scope (kvmm_seq_set_scope) */
+	uint32_t owner;         /* requester identity (kvmm_seq_set_owner) */
 	uint32_t len;
 	uint32_t n_pages, cap;
 	int32_t *pages;
@@ -204,6 +205,7 @@ struct kvmm_seq {
 	uint64_t created_ns;
 	uint32_t dropped_tokens, drops; /* kvmm_seq_drop_pages */
 	uint32_t evicted_prefix_tokens; /* prefix tokens missed on dropped pages (prefix.c) */
+	uint32_t evicted_prefix_by;     /* owner whose allocation dropped the first of them */
 	uint32_t n_released, n_packed;  /* kvmm_seq_release: leading pages released, packed pages held */
 };
 
@@ -249,7 +251,8 @@ struct kvmm {
 	uint64_t key_mask;
 	struct kvmm_lru res_lru; /* resident, unreferenced */
 	struct kvmm_lru swp_lru; /* demoted */
-	uint64_t *evicted;       /* keys of dropped pages, in sets (prefix.c) */
+	struct kvmm_evicted *evicted; /* keys of dropped pages, in sets (prefix.c) */
+	uint32_t evictor;        /* owner the page being allocated is for, else KVMM_OWNER_NONE */
 	uint32_t evicted_mask;   /* sets - 1 */
 
 	/* swap */
@@ -335,8 +338,20 @@ static inline uint32_t avail_pages(const struct kvmm *m)
 }
 
 /* Take a page (free list first, else reclaim the best cached victim). The
- * page has refcount 0 and is on no list; -1 when none is left. */
+ * page has refcount 0 and is on no list; -1 when none is left. A prefix
+ * page reclaimed for it is remembered as evicted by m->evictor. */
 int32_t page_alloc(struct kvmm *m);
+/* page_alloc for a page of sequence s: its owner is the evictor of any
+ * prefix page reclaimed to make room. */
+static inline int32_t page_alloc_for(struct kvmm *m, const struct kvmm_seq *s)
+{
+	int32_t p;
+
+	m->evictor = s->owner;
+	p = page_alloc(m);
+	m->evictor = KVMM_OWNER_NONE;
+	return p;
+}
 /* Return an unreferenced, unindexed page to the free list. */
 void page_free(struct kvmm *m, int32_t p);
 /* Add a reference; takes a cached page off its LRU list. */
@@ -355,8 +370,16 @@ void page_set_packed(struct kvmm *m, int32_t p);
 
 /* Bounds of the eviction memory, in remembered page keys (8 bytes each),
  * and the keys per set (prefix.c). */
-#define KVMM_EVICTED_MIN 1024u
-#define KVMM_EVICTED_MAX (1u << 16)
+/* One remembered key and the owner whose allocation dropped its page
+ * (KVMM_OWNER_NONE: an explicit drop, or an allocation for no sequence).
+ * 16 bytes; the bounds keep the table at 8 KiB to 512 KiB. */
+struct kvmm_evicted {
+	uint64_t key;
+	uint32_t by;
+	uint32_t unused;
+};
+#define KVMM_EVICTED_MIN 512u
+#define KVMM_EVICTED_MAX (1u << 15)
 #define KVMM_EVICTED_WAYS 4u
 int kvmm_index_init(struct kvmm *m);
 void kvmm_index_free(struct kvmm *m);

@@ -19,7 +19,13 @@
  * held and gave up: the tokens of that page are recomputed although an
  * identical prefix had been cached, and the sequence's ledger counts them
  * (kvmm_seq_record.evicted_prefix_tokens). Keys carry the owner's scope, so
- * one owner's eviction never counts against another's miss.
+ * one owner's eviction never counts against another's miss. With each key
+ * the table keeps who evicted it: the owner (kvmm_seq_set_owner) of the
+ * sequence whose allocation reclaimed the page, the root of the dropped
+ * subtree and its orphans alike; KVMM_OWNER_NONE for an explicit drop
+ * (kvmm_cache_evict, kvmm_cache_drop_all, a sequence's drop of pages) or an
+ * allocation for no sequence. A lookup reports the evictor of the first
+ * remembered page it recomputes (kvmm_seq_record.evicted_prefix_by).
  *
  * Also here: kvmm_seq_publish, kvmm_prefix_attach, kvmm_cache_evict and
  * kvmm_cache_drop_all.
@@ -38,6 +44,7 @@ int kvmm_index_init(struct kvmm *m)
 	uint32_t nb = 16;
 
 	m->res_lru = m->swp_lru = (struct kvmm_lru){-1, -1, 0};
+	m->evictor = KVMM_OWNER_NONE;
 	if (!m->prefix)
 		return 0;
 	m->n_nodes = m->n_pages + m->n_slots;
@@ -55,10 +62,10 @@ int kvmm_index_init(struct kvmm *m)
 		m->nodes[i] = (struct kvmm_node){.hnext = m->node_free};
 		m->node_free = (int32_t)i;
 	}
-	/* Eviction memory: four keys per node, in sets of KVMM_EVICTED_WAYS,
-	 * a power of two of them, bounded. */
+	/* Eviction memory: two entries (key and evictor, 16 bytes) per node,
+	 * in sets of KVMM_EVICTED_WAYS, a power of two of them, bounded. */
 	nb = KVMM_EVICTED_MIN;
-	while (nb < 4 * (uint64_t)m->n_nodes && nb < KVMM_EVICTED_MAX)
+	while (nb < 2 * (uint64_t)m->n_nodes && nb < KVMM_EVICTED_MAX)
 		nb <<= 1;
 	m->evicted = calloc(nb, sizeof(*m->evicted));
 	if (!m->evicted)
@@ -86,36 +93,40 @@ void kvmm_index_free(struct kvmm *m)
  * evictions first, roughly. Key 0 marks an empty slot, so a page whose key
  * is 0 is not remembered (one key in 2^64). A lookup answers "seen" only
  * for an equal key: the count is exact up to key collisions, and an
- * eviction pushed out of its set goes uncounted. */
-static void evicted_remember(struct kvmm *m, uint64_t key)
+ * eviction pushed out of its set goes uncounted. A key remembered again
+ * takes the newer evictor: the page was computed again and dropped again. */
+static void evicted_remember(struct kvmm *m, uint64_t key, uint32_t by)
 {
-	uint64_t *set;
+	struct kvmm_evicted *set;
 
 	if (!m->evicted || !key)
 		return;
 	set = &m->evicted[(key & m->evicted_mask) * KVMM_EVICTED_WAYS];
 	for (uint32_t w = 0; w < KVMM_EVICTED_WAYS; w++)
-		if (set[w] == key)
-			return;
-	for (uint32_t w = 0; w < KVMM_EVICTED_WAYS; w++)
-		if (!set[w]) {
-			set[w] = key;
+		if (set[w].key == key) {
+			set[w].by = by;
 			return;
 		}
-	set[(key >> 61) % KVMM_EVICTED_WAYS] = key;
+	for (uint32_t w = 0; w < KVMM_EVICTED_WAYS; w++)
+		if (!set[w].key) {
+			set[w] = (struct kvmm_evicted){.key = key, .by = by};
+			return;
+		}
+	set[(key >> 61) % KVMM_EVICTED_WAYS] = (struct kvmm_evicted){.key = key, .by = by};
 }
 
-static bool evicted_seen(const struct kvmm *m, uint64_t key)
+/* The remembered entry of key, or NULL. */
+static const struct kvmm_evicted *evicted_seen(const struct kvmm *m, uint64_t key)
 {
-	const uint64_t *set;
+	const struct kvmm_evicted *set;
 
 	if (!m->evicted || !key)
-		return false;
+		return NULL;
 	set = &m->evicted[(key & m->evicted_mask) * KVMM_EVICTED_WAYS];
 	for (uint32_t w = 0; w < KVMM_EVICTED_WAYS; w++)
-		if (set[w] == key)
-			return true;
-	return false;
+		if (set[w].key == key)
+			return &set[w];
+	return NULL;
 }
 
 int kvmm_debug_set_hash_bits(struct kvmm *m, unsigned bits)
@@ -337,8 +348,9 @@ static void node_release(struct kvmm *m, int32_t n)
 	m->node_free = n;
 }
 
-/* Drop one node without children. Returns 1 when a page was freed. */
-static uint32_t drop_leaf(struct kvmm *m, int32_t n, enum kvmm_word cause)
+/* Drop one node without children, remembering its key as evicted by `by`.
+ * Returns 1 when a page was freed. */
+static uint32_t drop_leaf(struct kvmm *m, int32_t n, enum kvmm_word cause, uint32_t by)
 {
 	struct kvmm_node *nd = &m->nodes[n];
 	uint32_t freed = 0;
@@ -351,14 +363,14 @@ static uint32_t drop_leaf(struct kvmm *m, int32_t n, enum kvmm_word cause)
 			lru_remove(m, &m->res_lru, n);
 			page_free(m, p);
 			ctr_add(m, cause, 1);
-			evicted_remember(m, nd->key);
+			evicted_remember(m, nd->key, by);
 			freed = 1;
 		}
 	} else {
 		lru_remove(m, &m->swp_lru, n);
 		slot_free(m, nd->slot);
 		ctr_add(m, W_DEMOTED_DROPPED, 1);
-		evicted_remember(m, nd->key);
+		evicted_remember(m, nd->key, by);
 	}
 	node_release(m, n);
 	return freed;
@@ -366,7 +378,8 @@ static uint32_t drop_leaf(struct kvmm *m, int32_t n, enum kvmm_word cause)
 
 uint32_t index_drop_subtree(struct kvmm *m, int32_t root, enum kvmm_word cause)
 {
-	uint32_t freed = 0;
+	/* Only a reclaim for an allocation has a requester to blame. */
+	uint32_t freed = 0, by = cause == W_EVICT_RECLAIM ? m->evictor : KVMM_OWNER_NONE;
 	int32_t v = root;
 
 	/* Post-order without recursion: prefixes can be thousands of pages deep. */
@@ -378,7 +391,7 @@ uint32_t index_drop_subtree(struct kvmm *m, int32_t root, enum kvmm_word cause)
 			v = m->nodes[v].first_child;
 		parent = m->nodes[v].parent;
 		last = v == root;
-		freed += drop_leaf(m, v, last ? cause : W_EVICT_ORPHAN);
+		freed += drop_leaf(m, v, last ? cause : W_EVICT_ORPHAN, by);
 		if (last)
 			return freed;
 		v = parent;
@@ -460,20 +473,31 @@ int kvmm_seq_publish(struct kvmm *m, uint32_t seq)
 /* After a walk that matched k pages of at most limit: the tokens of the
  * pages from k on whose keys the index dropped, up to the first it did not
  * (or the last the prompt could have taken, n - 1 tokens). s->pages[0..k)
- * hold the matched node ids. */
+ * hold the matched node ids. *ret_by gets the evictor of the first of
+ * them (KVMM_OWNER_NONE when there is none). */
 static uint32_t evicted_run(const struct kvmm *m, const struct kvmm_seq *s, const int32_t *tokens, uint32_t n,
-			    uint32_t k, uint32_t limit)
+			    uint32_t k, uint32_t limit, uint32_t *ret_by)
 {
 	uint64_t h = k > 0 ? m->nodes[s->pages[k - 1]].key : root_key(s->scope);
 	uint32_t j = k, from = k * m->bs, to;
 
+	*ret_by = KVMM_OWNER_NONE;
 	for (; j < limit; j++) {
+		const struct kvmm_evicted *e;
+
 		h = key_after(m, h, tokens + (size_t)j * m->bs);
-		if (!evicted_seen(m, h))
+		e = evicted_seen(m, h);
+		if (!e)
 			break;
+		if (j == k)
+			*ret_by = e->by;
 	}
 	to = j * m->bs < n - 1 ? j * m->bs : n - 1;
-	return to > from ? to - from : 0;
+	if (to <= from) {
+		*ret_by = KVMM_OWNER_NONE;
+		return 0;
+	}
+	return to - from;
 }
 
 int kvmm_prefix_attach(struct kvmm *m, uint32_t seq, const int32_t *tokens, uint32_t n, uint32_t *ret_hit_tokens)
@@ -513,7 +537,7 @@ int kvmm_prefix_attach(struct kvmm *m, uint32_t seq, const int32_t *tokens, uint
 		s->pages[k] = x;
 		parent = x;
 	}
-	s->evicted_prefix_tokens = evicted_run(m, s, tokens, n, k, limit);
+	s->evicted_prefix_tokens = evicted_run(m, s, tokens, n, k, limit, &s->evicted_prefix_by);
 	/* Pin the resident ones first so reading the demoted ones cannot
 	 * reclaim them, then promote the demoted ones (one batch of reads). */
 	{
@@ -536,7 +560,9 @@ int kvmm_prefix_attach(struct kvmm *m, uint32_t seq, const int32_t *tokens, uint
 				for (uint32_t j = 0; j < k; j++)
 					if (m->nodes[s->pages[j]].page < 0)
 						dem[d++] = s->pages[j];
+				m->evictor = s->owner; /* promotions allocate for s */
 				r = swap_promote_nodes(m, dem, n_dem, &ok);
+				m->evictor = KVMM_OWNER_NONE;
 				if (ok < n_dem) {
 					/* The chain stops at the first demoted node that
 					 * did not come back; a failed read drops it. */

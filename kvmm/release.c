@@ -48,7 +48,7 @@ static int packed_target(struct kvmm *m, struct kvmm_seq *s, uint32_t i, int32_t
 		*ret = p;
 		return 0;
 	}
-	q = page_alloc(m);
+	q = page_alloc_for(m, s);
 	if (q < 0)
 		return -ENOMEM;
 	if (p >= 0) {

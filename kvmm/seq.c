@@ -62,6 +62,7 @@ static int seq_take(struct kvmm *m, uint32_t *ret)
 	seq_reset(s);
 	s->live = true;
 	s->prompt_tokens = UINT32_MAX;
+	s->owner = s->evicted_prefix_by = KVMM_OWNER_NONE;
 	s->created_ns = kvmm_now_ns();
 	ctr_add(m, W_SEQS_LIVE, 1);
 	ctr_add(m, W_SEQS_CREATED, 1);
@@ -108,6 +109,7 @@ int kvmm_seq_fork(struct kvmm *m, uint32_t parent, uint32_t *ret_child)
 	c->n_published = p->n_published;
 	c->unkeyed = p->unkeyed;
 	c->scope = p->scope;
+	c->owner = p->owner;
 	c->prompt_tokens = p->prompt_tokens;
 	ctr_add(m, W_TOKENS_RESIDENT, c->len);
 	kvmm_shm_end(m);
@@ -158,6 +160,7 @@ static void fill_record(const struct kvmm *m, const struct kvmm_seq *s, uint32_t
 		.dropped_tokens = s->dropped_tokens,
 		.drops = s->drops,
 		.evicted_prefix_tokens = s->evicted_prefix_tokens,
+		.evicted_prefix_by = s->evicted_prefix_by,
 		.released_tokens = released,
 		.packed_pages = s->n_packed,
 	};
@@ -365,7 +368,7 @@ int kvmm_commit(struct kvmm *m, const struct kvmm_grow *g, size_t n)
 		if (!cow[k])
 			continue;
 		s = seq_get(m, g[k].seq);
-		dst[k] = page_alloc(m);
+		dst[k] = page_alloc_for(m, s);
 		r = cow_copy(m, dst[k], s->pages[s->len / m->bs], s->len % m->bs);
 		if (r < 0) {
 			for (size_t i = 0; i <= k; i++)
@@ -404,7 +407,7 @@ int kvmm_commit(struct kvmm *m, const struct kvmm_grow *g, size_t n)
 			if (take > end - pos)
 				take = end - pos;
 			if (idx == s->n_pages) {
-				p = page_alloc(m);
+				p = page_alloc_for(m, s);
 				page_get(m, p);
 				s->pages[s->n_pages++] = p;
 				s->pages_allocated++;
@@ -489,7 +492,7 @@ int kvmm_seq_drop_pages(struct kvmm *m, uint32_t seq, uint32_t first, uint32_t n
 				index_drop_subtree(m, m->pg[src].node, W_EVICT_EXPLICIT);
 			continue;
 		}
-		dst = page_alloc(m); /* counted above: cannot fail */
+		dst = page_alloc_for(m, s); /* counted above: cannot fail */
 		r = cow_copy(m, dst, src, fill);
 		if (r < 0) {
 			page_free(m, dst);
@@ -550,6 +553,16 @@ int kvmm_seq_set_scope(struct kvmm *m, uint32_t seq, uint64_t scope)
 	if (s->len || s->n_pages || s->swapped)
 		return -EBUSY;
 	s->scope = scope;
+	return 0;
+}
+
+int kvmm_seq_set_owner(struct kvmm *m, uint32_t seq, uint32_t owner)
+{
+	struct kvmm_seq *s = seq_get(m, seq);
+
+	if (!s)
+		return -ENOENT;
+	s->owner = owner;
 	return 0;
 }
 

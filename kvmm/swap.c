@@ -518,7 +518,7 @@ int kvmm_seq_swap_in(struct kvmm *m, uint32_t seq)
 		}
 	for (uint32_t i = 0; i < s->n_pages; i++)
 		if (kind[i] == SW_READ) {
-			int32_t p = page_alloc(m);
+			int32_t p = page_alloc_for(m, s);
 
 			page_get(m, p);
 			s->pages[i] = p;

@@ -12,7 +12,9 @@
  *   4. per KV element type: requests, KV held and read per token;
  *   5. per requester (uid): tokens evicted by cause (a prefix evicted and
  *      then recomputed counts for the uid that recomputes it: the index is
- *      scoped by owner, so it was that uid's own prefix) and waits;
+ *      scoped by owner, so it was that uid's own prefix), the recomputed
+ *      prefix tokens its own allocations had evicted, whoever recomputed
+ *      them (records' evicted_tokens.prefix_evicted_by), and waits;
  *   6. rejections by cause.
  *
  * Everything comes from kvc_ledger() and kvc_stats() (libkvclient only);
@@ -41,6 +43,7 @@ struct split { uint64_t n, kv_bytes, read_bytes; };
 struct who {
 	uint64_t uid, n, preemptions, recompute, swapped, dropped, compute_wait_ns, mem_wait_ns;
 	uint64_t prefix_again; /* prompt tokens recomputed after their cached prefix was evicted */
+	uint64_t prefix_caused; /* prefix_again tokens of any uid that this uid's allocations evicted */
 };
 
 struct ktype { char name[16]; uint64_t n, kv_bytes, read_bytes, generated; };
@@ -50,6 +53,10 @@ struct cause { int64_t code; uint64_t n; char example[160]; };
 struct report {
 	uint64_t n, done, rejected, prompt, cached, generated;
 	uint64_t prefix_again, prefix_measured; /* the sum, and records that carry it (kvd 0.9.0 on) */
+	/* Of prefix_again: tokens whose record names no evictor (null: an
+	 * explicit drop, a tenant's allocation), and tokens of records from a
+	 * kvd that did not record it (no prefix_evicted_by member). */
+	uint64_t by_unknown, by_not_recorded;
 	struct split by_len[3], by_batch[2];
 	uint64_t kv_alloc, slack, kv_read, read_max;
 	uint64_t kv_heads, query_heads;
@@ -190,6 +197,18 @@ static void add_done(struct report *rp, const char *json, const struct kvc_stats
 			w->prefix_again += again;
 			rp->prefix_again += again;
 			rp->prefix_measured++;
+			if (!again) {
+				/* nothing recomputed: no evictor to name */
+			} else if (ledger_member(ev, "prefix_evicted_by")) {
+				uint64_t by;
+
+				if (ledger_member_u64(ev, "prefix_evicted_by", &by))
+					who_of(rp, by)->prefix_caused += again;
+				else
+					rp->by_unknown += again;
+			} else {
+				rp->by_not_recorded += again;
+			}
 		}
 	}
 }
@@ -265,24 +284,34 @@ static void print_text(const struct report *rp, const struct kvc_stats *st)
 	printf("  quality per type: not in the ledger; the evaluation reports measure it (docs/eval/, bench/eval/report.py)\n\n");
 
 	printf("5. Evictions by requester (tokens)\n");
-	printf("  %10s %6s %11s %12s %14s %8s %12s %14s %12s\n", "UID", "REQS", "PREEMPTIONS", "RECOMPUTED",
-	       "PREFIX_AGAIN", "SWAPPED", "CTX_DROPPED", "COMPUTE_WAIT_MS", "MEM_WAIT_MS");
+	printf("  %10s %6s %11s %12s %14s %14s %8s %12s %14s %12s\n", "UID", "REQS", "PREEMPTIONS", "RECOMPUTED",
+	       "PREFIX_AGAIN", "PREFIX_CAUSED", "SWAPPED", "CTX_DROPPED", "COMPUTE_WAIT_MS", "MEM_WAIT_MS");
 	for (size_t i = 0; i <= rp->n_who; i++) {
 		const struct who *w = &rp->who[i];
-		char uid[24];
+		char uid[24], caused[24] = "-";
 
-		if (i == rp->n_who && !(i == REPORT_MAX_UIDS && w->n))
+		if (i == rp->n_who && !((i == REPORT_MAX_UIDS && w->n) || w->prefix_caused))
 			break;
 		if (w->uid == UINT64_MAX)
 			snprintf(uid, sizeof(uid), "others");
 		else
 			snprintf(uid, sizeof(uid), "%" PRIu64, w->uid);
-		printf("  %10s %6" PRIu64 " %11" PRIu64 " %12" PRIu64 " %14" PRIu64 " %8" PRIu64 " %12" PRIu64
-		       " %14.1f %12.1f\n", uid, w->n, w->preemptions, w->recompute, w->prefix_again, w->swapped, w->dropped,
-		       (double)w->compute_wait_ns / 1e6, (double)w->mem_wait_ns / 1e6);
+		if (rp->prefix_measured)
+			snprintf(caused, sizeof(caused), "%" PRIu64, w->prefix_caused);
+		printf("  %10s %6" PRIu64 " %11" PRIu64 " %12" PRIu64 " %14" PRIu64 " %14s %8" PRIu64 " %12" PRIu64
+		       " %14.1f %12.1f\n", uid, w->n, w->preemptions, w->recompute, w->prefix_again, caused, w->swapped,
+		       w->dropped, (double)w->compute_wait_ns / 1e6, (double)w->mem_wait_ns / 1e6);
 	}
 	printf("  RECOMPUTED: K/V dropped by a preemption and computed again; PREFIX_AGAIN: prompt tokens\n"
-	       "  computed again because the requester's identical cached prefix had been evicted\n");
+	       "  computed again because the requester's identical cached prefix had been evicted;\n"
+	       "  PREFIX_CAUSED: PREFIX_AGAIN tokens of any requester (itself included) whose prefix this\n"
+	       "  uid's allocations evicted\n");
+	if (rp->prefix_measured)
+		printf("  PREFIX_AGAIN tokens with no requester as evictor (explicit drops, tenants): %" PRIu64 "\n",
+		       rp->by_unknown);
+	if (rp->by_not_recorded)
+		printf("  PREFIX_AGAIN tokens whose evictor is not recorded (records from an older kvd): %" PRIu64 "\n",
+		       rp->by_not_recorded);
 	printf("\n6. Rejections by cause\n");
 	if (!rp->n_causes)
 		printf("  none\n");
@@ -318,7 +347,12 @@ static void print_json(const struct report *rp, const struct kvc_stats *st)
 		printf("%" PRIu64, rp->prefix_again);
 	else
 		printf("null");
-	printf(",\"pages_evicted\":%" PRIu64 "},", st->pages_evicted);
+	printf(",\"pages_evicted\":%" PRIu64 ",\"evictor_unknown_tokens\":", st->pages_evicted);
+	if (rp->prefix_measured)
+		printf("%" PRIu64, rp->by_unknown);
+	else
+		printf("null");
+	printf(",\"evictor_not_recorded_tokens\":%" PRIu64 "},", rp->by_not_recorded);
 	printf("\"slack\":{\"slack_bytes\":%" PRIu64 ",\"kv_bytes_allocated\":%" PRIu64 ",\"ratio\":%.4f,\"ignorable\":%s},",
 	       rp->slack, rp->kv_alloc, ratio(rp->slack, rp->kv_alloc),
 	       ratio(rp->slack, rp->kv_alloc) < REPORT_SLACK_IGNORE ? "true" : "false");
@@ -331,7 +365,7 @@ static void print_json(const struct report *rp, const struct kvc_stats *st)
 	for (size_t i = 0, k = 0; i <= rp->n_who; i++) {
 		const struct who *w = &rp->who[i];
 
-		if (i == rp->n_who && !(i == REPORT_MAX_UIDS && w->n))
+		if (i == rp->n_who && !((i == REPORT_MAX_UIDS && w->n) || w->prefix_caused))
 			break;
 		printf("%s{\"uid\":", k++ ? "," : "");
 		if (w->uid == UINT64_MAX)
@@ -340,8 +374,12 @@ static void print_json(const struct report *rp, const struct kvc_stats *st)
 			printf("%" PRIu64, w->uid);
 		printf(",\"requests\":%" PRIu64 ",\"preemptions\":%" PRIu64 ",\"recompute_tokens\":%" PRIu64
 		       ",\"prefix_eviction_tokens\":%" PRIu64 ",\"swap_tokens\":%" PRIu64 ",\"context_drop_tokens\":%" PRIu64
-		       ",\"compute_wait_ns\":%" PRIu64 ",\"mem_wait_ns\":%" PRIu64 "}", w->n, w->preemptions, w->recompute,
+		       ",\"compute_wait_ns\":%" PRIu64 ",\"mem_wait_ns\":%" PRIu64, w->n, w->preemptions, w->recompute,
 		       w->prefix_again, w->swapped, w->dropped, w->compute_wait_ns, w->mem_wait_ns);
+		if (rp->prefix_measured)
+			printf(",\"prefix_evictions_caused_tokens\":%" PRIu64 "}", w->prefix_caused);
+		else
+			printf(",\"prefix_evictions_caused_tokens\":null}");
 	}
 	printf("],\"rejections\":[");
 	for (size_t i = 0; i < rp->n_causes; i++) {

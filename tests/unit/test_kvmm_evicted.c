@@ -4,8 +4,11 @@
  * prompt whose identical prefix was cached and evicted counts the tokens
  * it recomputes; a hit, a never-seen prompt and another scope's eviction
  * count nothing; a partial eviction counts only the dropped tail; the
- * memory is bounded and keeps the latest evictions.
+ * memory is bounded and keeps the latest evictions; it names the owner
+ * whose allocation evicted the page (kvmm_seq_record.evicted_prefix_by),
+ * another owner or the same, and no one for an explicit drop.
  */
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -41,15 +44,19 @@ static void done(struct kvmm *m)
 	assert_null(kvmm_destroy(m));
 }
 
-/* A request in scope: attach the prompt, compute the rest, publish, finish.
- * Returns its evicted_prefix_tokens; *ret_hit gets the cached tokens. */
-static uint32_t request(struct kvmm *m, uint64_t scope, const int32_t *t, uint32_t n, uint32_t *ret_hit)
+/* A request of owner in scope: attach the prompt, compute the rest,
+ * publish, finish. Returns its evicted_prefix_tokens; *ret_hit gets the
+ * cached tokens, *ret_by (when not NULL) its evicted_prefix_by. */
+static uint32_t request_as(struct kvmm *m, uint64_t scope, uint32_t owner, const int32_t *t, uint32_t n,
+			   uint32_t *ret_hit, uint32_t *ret_by)
 {
 	struct kvmm_seq_record rec;
 	uint32_t s, hit = 0;
 
 	assert_int_equal(kvmm_seq_new(m, &s), 0);
 	assert_int_equal(kvmm_seq_set_scope(m, s, scope), 0);
+	if (owner != KVMM_OWNER_NONE)
+		assert_int_equal(kvmm_seq_set_owner(m, s, owner), 0);
 	assert_int_equal(kvmm_prefix_attach(m, s, t, n, &hit), 0);
 	struct kvmm_grow g = { s, n - hit, t + hit };
 	assert_int_equal(kvmm_commit(m, &g, 1), 0);
@@ -57,7 +64,16 @@ static uint32_t request(struct kvmm *m, uint64_t scope, const int32_t *t, uint32
 	assert_int_equal(kvmm_seq_finish(m, s, &rec), 0);
 	if (ret_hit)
 		*ret_hit = hit;
+	if (ret_by)
+		*ret_by = rec.evicted_prefix_by;
+	if (!rec.evicted_prefix_tokens)
+		assert_int_equal(rec.evicted_prefix_by, KVMM_OWNER_NONE);
 	return rec.evicted_prefix_tokens;
+}
+
+static uint32_t request(struct kvmm *m, uint64_t scope, const int32_t *t, uint32_t n, uint32_t *ret_hit)
+{
+	return request_as(m, scope, KVMM_OWNER_NONE, t, n, ret_hit, NULL);
 }
 
 static void iota(int32_t *t, uint32_t n, int32_t base)
@@ -125,7 +141,7 @@ static void test_memory_is_bounded_and_keeps_the_latest(void **state)
 	uint32_t hit, dropped;
 
 	(void)state;
-	/* far more dropped pages than the memory's 1,024 keys */
+	/* far more dropped pages than the memory's 512 entries */
 	for (int32_t k = 0; k < 5000; k++) {
 		iota(t, 5, 10 * k);
 		request(m, 3, t, 5, &hit);
@@ -143,12 +159,60 @@ static void test_memory_is_bounded_and_keeps_the_latest(void **state)
 	done(m);
 }
 
+/* Eight pages: A's 13-token prompt caches three; B's 32-token prompt needs
+ * all eight, so its allocations reclaim A's; then A recomputes 12 tokens
+ * that B evicted. A's own long prompt evicting its short one names A. */
+static void test_evictor_is_the_allocating_owner(void **state)
+{
+	struct kvmm *m = make(8);
+	int32_t a[13], along[32], b[32];
+	uint32_t hit, by, dropped, s, c;
+
+	(void)state;
+	iota(a, 13, 100);
+	iota(along, 32, 3000);
+	iota(b, 32, 7000);
+	assert_int_equal(kvmm_seq_set_owner(m, 999, 1), -ENOENT);
+	assert_int_equal(request_as(m, 1, 1000, a, 13, &hit, &by), 0);
+	assert_int_equal(by, KVMM_OWNER_NONE); /* nothing evicted: no evictor */
+	assert_int_equal(request_as(m, 2, 2000, b, 32, &hit, &by), 0); /* another owner, another scope */
+	assert_int_equal(request_as(m, 1, 1000, a, 13, &hit, &by), 12);
+	assert_int_equal(hit, 0);
+	assert_int_equal(by, 2000);
+	/* self-eviction: A's long prompt reclaims A's short one */
+	assert_int_equal(request_as(m, 1, 1000, along, 32, &hit, &by), 0);
+	assert_int_equal(request_as(m, 1, 1000, a, 13, &hit, &by), 12);
+	assert_int_equal(by, 1000);
+	/* an explicit drop has no requester to name */
+	assert_int_equal(kvmm_cache_evict(m, 100, &dropped), 0);
+	assert_true(dropped >= 3);
+	assert_int_equal(request_as(m, 1, 1000, a, 13, &hit, &by), 12);
+	assert_int_equal(by, KVMM_OWNER_NONE);
+	/* a sequence with no owner evicts as no one; a fork inherits the owner */
+	iota(b, 32, 9000); /* never sent: nothing of its own evicted */
+	assert_int_equal(request_as(m, 2, KVMM_OWNER_NONE, b, 32, &hit, &by), 0);
+	assert_int_equal(request_as(m, 1, 1000, a, 13, &hit, &by), 12);
+	assert_int_equal(by, KVMM_OWNER_NONE);
+	assert_int_equal(kvmm_seq_new(m, &s), 0);
+	assert_int_equal(kvmm_seq_set_owner(m, s, 3000), 0);
+	assert_int_equal(kvmm_seq_set_scope(m, s, 2), 0);
+	assert_int_equal(kvmm_seq_fork(m, s, &c), 0);
+	struct kvmm_grow g = { c, 32, b };
+	assert_int_equal(kvmm_commit(m, &g, 1), 0);
+	assert_int_equal(kvmm_seq_finish(m, c, NULL), 0);
+	assert_int_equal(kvmm_seq_finish(m, s, NULL), 0);
+	assert_int_equal(request_as(m, 1, 1000, a, 13, &hit, &by), 12);
+	assert_int_equal(by, 3000);
+	done(m);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_recompute_after_eviction_counted),
 		cmocka_unit_test(test_partial_eviction_counts_the_tail),
 		cmocka_unit_test(test_memory_is_bounded_and_keeps_the_latest),
+		cmocka_unit_test(test_evictor_is_the_allocating_owner),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

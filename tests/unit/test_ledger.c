@@ -274,7 +274,7 @@ static void test_record_accounting_fields(void **state)
 	struct kvd_ledger_who who = {.client_id = 1, .pid = 2, .uid = 3};
 	struct kvmm_seq_record k = {.kv_bytes_allocated = 3 * 4096, .kv_bytes_useful = 2 * 4096 + 1000,
 				    .steps = 4, .kv_read_bytes = 4000, .kv_read_bytes_max_step = 1300,
-				    .swap_out_pages = 2, .evicted_prefix_tokens = 9};
+				    .swap_out_pages = 2, .evicted_prefix_tokens = 9, .evicted_prefix_by = 1000};
 	struct kvd_request_result res = {.finish = KVD_FINISH_LENGTH, .prompt_tokens = 5, .generated_tokens = 3,
 					 .ledger = &k, .context_policy = 3, .context_window = 64, .context_sinks = 4,
 					 .context_dropped_tokens = 17, .compute_wait_ns = 123456, .batch_width_sum = 10,
@@ -292,7 +292,7 @@ static void test_record_accounting_fields(void **state)
 				    "\"decode_read_bytes_mean\":1000,\"decode_read_bytes_max\":1300,"));
 	/* no model described: no block size, so swapped pages count 0 tokens */
 	assert_non_null(strstr(buf, "\"evicted_tokens\":{\"context_drop\":17,\"swap\":0,\"preemption_recompute\":21,"
-				    "\"prefix_eviction\":9},\"model\":null,\"kv\":{"));
+				    "\"prefix_eviction\":9,\"prefix_evicted_by\":1000},\"model\":null,\"kv\":{"));
 	assert_non_null(strstr(buf, "\"evicted_prefix_tokens\":9}"));
 	assert_non_null(strstr(buf, "\"kv_read_bytes\":4000,\"kv_read_bytes_max_step\":1300,"));
 	kvd_ledger_free(l);
