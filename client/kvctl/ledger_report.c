@@ -57,6 +57,7 @@ struct report {
 	 * explicit drop, a tenant's allocation), and tokens of records from a
 	 * kvd that did not record it (no prefix_evicted_by member). */
 	uint64_t by_unknown, by_not_recorded;
+	uint64_t by_recorded; /* records with prefix_again tokens that carry prefix_evicted_by */
 	struct split by_len[3], by_batch[2];
 	uint64_t kv_alloc, slack, kv_read, read_max;
 	uint64_t kv_heads, query_heads;
@@ -202,6 +203,7 @@ static void add_done(struct report *rp, const char *json, const struct kvc_stats
 			} else if (ledger_member(ev, "prefix_evicted_by")) {
 				uint64_t by;
 
+				rp->by_recorded++;
 				if (ledger_member_u64(ev, "prefix_evicted_by", &by))
 					who_of(rp, by)->prefix_caused += again;
 				else
@@ -214,6 +216,13 @@ static void add_done(struct report *rp, const char *json, const struct kvc_stats
 }
 
 static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0.0; }
+
+/* Whether the evictors are known: records carry prefix_eviction, and some
+ * of its tokens name an evictor or none came from an older kvd. */
+static bool caused_known(const struct report *rp)
+{
+	return rp->prefix_measured && (rp->by_recorded || !rp->by_not_recorded);
+}
 
 static void print_split(const char *name, const struct split *s, uint64_t kv_all, uint64_t read_all)
 {
@@ -296,7 +305,7 @@ static void print_text(const struct report *rp, const struct kvc_stats *st)
 			snprintf(uid, sizeof(uid), "others");
 		else
 			snprintf(uid, sizeof(uid), "%" PRIu64, w->uid);
-		if (rp->prefix_measured)
+		if (caused_known(rp))
 			snprintf(caused, sizeof(caused), "%" PRIu64, w->prefix_caused);
 		printf("  %10s %6" PRIu64 " %11" PRIu64 " %12" PRIu64 " %14" PRIu64 " %14s %8" PRIu64 " %12" PRIu64
 		       " %14.1f %12.1f\n", uid, w->n, w->preemptions, w->recompute, w->prefix_again, caused, w->swapped,
@@ -306,7 +315,9 @@ static void print_text(const struct report *rp, const struct kvc_stats *st)
 	       "  computed again because the requester's identical cached prefix had been evicted;\n"
 	       "  PREFIX_CAUSED: PREFIX_AGAIN tokens of any requester (itself included) whose prefix this\n"
 	       "  uid's allocations evicted\n");
-	if (rp->prefix_measured)
+	if (rp->prefix_measured && !caused_known(rp))
+		printf("  PREFIX_CAUSED: not recorded (records from an older kvd)\n");
+	else if (rp->prefix_measured)
 		printf("  PREFIX_AGAIN tokens with no requester as evictor (explicit drops, tenants): %" PRIu64 "\n",
 		       rp->by_unknown);
 	if (rp->by_not_recorded)
@@ -348,7 +359,7 @@ static void print_json(const struct report *rp, const struct kvc_stats *st)
 	else
 		printf("null");
 	printf(",\"pages_evicted\":%" PRIu64 ",\"evictor_unknown_tokens\":", st->pages_evicted);
-	if (rp->prefix_measured)
+	if (caused_known(rp))
 		printf("%" PRIu64, rp->by_unknown);
 	else
 		printf("null");
@@ -376,7 +387,7 @@ static void print_json(const struct report *rp, const struct kvc_stats *st)
 		       ",\"prefix_eviction_tokens\":%" PRIu64 ",\"swap_tokens\":%" PRIu64 ",\"context_drop_tokens\":%" PRIu64
 		       ",\"compute_wait_ns\":%" PRIu64 ",\"mem_wait_ns\":%" PRIu64, w->n, w->preemptions, w->recompute,
 		       w->prefix_again, w->swapped, w->dropped, w->compute_wait_ns, w->mem_wait_ns);
-		if (rp->prefix_measured)
+		if (caused_known(rp))
 			printf(",\"prefix_evictions_caused_tokens\":%" PRIu64 "}", w->prefix_caused);
 		else
 			printf(",\"prefix_evictions_caused_tokens\":null}");
