@@ -230,7 +230,7 @@ setup:
 	scripts/setup
 
 test: setup
-	$(MAKE) all
+	$(MAKE) -j$$(nproc) all
 	tests/run.sh
 
 # Unit tests under AddressSanitizer and UBSan, in a separate build tree, with

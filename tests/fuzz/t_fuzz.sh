@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tests/fuzz/t_fuzz.sh — every libFuzzer target briefly (FUZZ_TEST_SECONDS,
-# default 3 s each), after replaying its committed corpus; part of
+# default 1 s each), after replaying its committed corpus; part of
 # `make test`. Skipped (exit 77) when clang with libFuzzer is not installed.
 # `make fuzz` is the longer run.
 set -uo pipefail
@@ -16,4 +16,4 @@ printf '#include <stdint.h>\n#include <stddef.h>\nint LLVMFuzzerTestOneInput(con
 echo "building the fuzz targets in $FUZZ_BUILD"
 make -s -j2 fuzz-build FUZZ_CC="$FUZZ_CC" FUZZ_BUILD="$FUZZ_BUILD" >"$probe/build" 2>&1 ||
 	{ tail -30 "$probe/build"; echo "FAIL: make fuzz-build"; exit 1; }
-FUZZ_BUILD=$FUZZ_BUILD tests/fuzz/run.sh "${FUZZ_TEST_SECONDS:-3}"
+FUZZ_BUILD=$FUZZ_BUILD tests/fuzz/run.sh "${FUZZ_TEST_SECONDS:-1}"

@@ -19,7 +19,7 @@ A="setpriv --reuid=65534 --regid=65534 --clear-groups"
 B="setpriv --reuid=65533 --regid=65533 --clear-groups"
 C="setpriv --reuid=65532 --regid=65534 --clear-groups"
 ORACLE=$ROOT/tests/integration/prefix_oracle.py
-TRIALS=${KVD_ORACLE_TRIALS:-200}
+TRIALS=${KVD_ORACLE_TRIALS:-120}
 
 printf '[server]\nsocket_mode = 0666\n[kv]\nprefix_sharing = user\n' >"$T/kvd.conf"
 start_kvd scope "$S" --config "$T/kvd.conf" --model "$REAL_MODEL" --pool-size 256M
