@@ -9,19 +9,12 @@
 #include <string.h>
 
 #include "attention.h"
+#include "grow.h"
 
 #define ATTN_CHUNK 128 /* positions per attention chunk (see below) */
 #define ATTN_TILE 16   /* tokens of one sequence sharing a pass over K/V */
 #define ATTN_PF_ALL_ROWS_Q 8 /* attn_rows_q: a call of at most this many rows prefetches its chunk */
 #define ATTN_SPLIT_MAX_T_Q 4 /* quantized K/V: steps of at most this many tokens split by chunk */
-
-#define GROW(ptr, n)                                                  \
-	do {                                                          \
-		void *np_ = realloc((ptr), (size_t)(n) * sizeof(*(ptr))); \
-		if (!np_)                                             \
-			return -ENOMEM;                               \
-		(ptr) = np_;                                          \
-	} while (0)
 
 /* one forward step's attention, for the workers */
 struct attn_step {

@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "cpu_impl.h"
+#include "grow.h"
 #include "kvquant.h"
 #include "kvshift.h"
 
@@ -59,14 +60,6 @@ struct fwd {
 	const float *rope_fr, *alt_fr;
 	int rope_ok, alt_ok;
 };
-
-#define GROW(ptr, n)                                                  \
-	do {                                                          \
-		void *np_ = realloc((ptr), (size_t)(n) * sizeof(*(ptr))); \
-		if (!np_)                                             \
-			return -ENOMEM;                               \
-		(ptr) = np_;                                          \
-	} while (0)
 
 static int ensure_scratch(struct cpu_ctx *c, int T, int max_pos, int n_logit_rows)
 {
