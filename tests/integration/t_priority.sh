@@ -17,8 +17,14 @@ gen() { # NAME PRIORITY MAX_TOKENS: finish time (ns) in $T/NAME.t
 		>"$T/$1.out" 2>"$T/$1.err"
 	date +%s%N >"$T/$1.t"
 }
+long() { # the request the two queue behind: 400 tokens under a constraint that no
+	# end-of-sequence token can finish early (it is cut by --max-tokens: exit 8)
+	KVD_SOCKET=$S "$KVCTL" generate --raw --temperature 0 --max-tokens 400 --regex '(la ){500}' "Sing" \
+		>"$T/long.out" 2>"$T/long.err"
+	[ $? = 8 ] || fail "the long request did not run to --max-tokens: $(cat "$T/long.err")"
+}
 order() { # FIRST SECOND PRIO_FIRST_ARRIVAL PRIO_SECOND_ARRIVAL: which of the two queued ends first
-	gen long 0 160 &
+	long &
 	local pl=$!
 	for i in $(seq 1 100); do [ "$(stat_of "$S" requests_running)" = 1 ] && break; sleep 0.05; done
 	gen "$1" "$3" 8 & local p1=$!
