@@ -147,7 +147,7 @@ static const char *const cache_types[] = { "auto", KVD_KV_TYPES(CACHE_TYPE_NAME)
 #define CACHE_TYPE_BAD_MSG "cache_type must be auto" KVD_KV_TYPES_(CACHE_TYPE_LIST, CACHE_TYPE_LAST) ", not '%s'"
 static const char *const prefix_sharings[] = { "user", "group", "all", NULL };
 static const char *const context_policies[] = { "error", "truncate-oldest", "sliding-window", "sinks", NULL };
-static const char *const spec_modes[] = { "off", "lookup", "auto", NULL };
+static const char *const spec_modes[] = { "off", "lookup", "auto", "draft", NULL };
 static const char *const log_levels[] = {"emerg", "alert", "crit", "err", "warning", "notice", "info", "debug"};
 #define N_LOG_LEVELS (sizeof(log_levels) / sizeof(log_levels[0]))
 
@@ -244,9 +244,10 @@ const struct kvd_conf_key kvd_conf_keys[] = {
 	{ "speculative", "mode", KVD_CONF_STR, "off",
 	  1, STR_MAX(spec_mode), KVD_CONF_LIVE,
 	  "speculative decoding: off; lookup (draft from n-gram matches in the request's own prompt and output, "
-	  "draft length learnt from each sequence's acceptance); or auto (lookup, each draft token only where its "
-	  "measured acceptance beats its measured cost); outputs stay byte-identical",
-	  OPT("--speculative", 0, "MODE"), spec_modes, "speculative mode must be off, lookup or auto, not '%s'",
+	  "draft length learnt from each sequence's acceptance); draft (the draft model drafts); or auto (lookup, "
+	  "and the draft model where lookup finds nothing, each draft token only where its measured acceptance "
+	  "beats its measured cost); outputs stay byte-identical",
+	  OPT("--speculative", 0, "MODE"), spec_modes, "speculative mode must be off, lookup, auto or draft, not '%s'",
 	  FIELD(spec_mode), NO_FIELD2 },
 	{ "speculative", "draft_tokens", KVD_CONF_U32, "8",
 	  1, KVD_SPEC_MAX_DRAFT, KVD_CONF_LIVE, "tokens drafted for one sequence in a step at most", NO_OPT,
@@ -254,6 +255,13 @@ const struct kvd_conf_key kvd_conf_keys[] = {
 	{ "speculative", "min_match", KVD_CONF_U32, "3",
 	  1, KVD_SPEC_MAX_MIN_MATCH, KVD_CONF_LIVE, "last tokens that must match earlier in the sequence for a lookup draft",
 	  NO_OPT, NULL, NULL, FIELD(spec_min_match), NO_FIELD2 },
+	{ "speculative", "draft_model", KVD_CONF_STR, "",
+	  0, STR_MAX(spec_draft_model), KVD_CONF_RESTART,
+	  "draft model GGUF (the target's vocabulary; loaded beside it, same backend and threads); \"\" = none",
+	  OPT("--draft-model", 0, "PATH"), NULL, NULL, FIELD(spec_draft_model), NO_FIELD2 },
+	{ "speculative", "draft_pool_size", KVD_CONF_SIZE, "64M",
+	  1, UINT64_MAX, KVD_CONF_RESTART, "the draft model's KV pool (a cache: a full one drops draft sequences)",
+	  OPT("--draft-pool-size", 0, "SIZE"), NULL, NULL, FIELD(spec_draft_pool_bytes), NO_FIELD2 },
 	{ "server", "socket", KVD_CONF_STR, "/run/kvd/kvd.sock",
 	  1, 107, KVD_CONF_RESTART, "Unix socket path; \"@name\" for the abstract namespace",
 	  OPT("--socket", 's', "PATH"), NULL, NULL, FIELD(socket), NO_FIELD2 },
@@ -555,6 +563,14 @@ int kvd_config_validate(const struct kvd_config *c, char *err, size_t errlen)
 	}
 	if (!S_ISREG(st.st_mode)) {
 		snprintf(err, errlen, "%s: model '%s' is not a regular file", origin, c->model);
+		return -EINVAL;
+	}
+	if (c->spec_draft_model[0] && stat(c->spec_draft_model, &st) < 0) {
+		snprintf(err, errlen, "[speculative] draft_model '%s': %s", c->spec_draft_model, strerror(errno));
+		return -EINVAL;
+	}
+	if (!strcmp(c->spec_mode, "draft") && !c->spec_draft_model[0]) {
+		snprintf(err, errlen, "[speculative] mode = draft needs a draft model ([speculative] draft_model, --draft-model)");
 		return -EINVAL;
 	}
 	if (c->swap_file[0] && c->swap_bytes == 0) {

@@ -46,9 +46,11 @@ struct kvd_config {
 	char context_policy[16];   /* error | truncate-oldest | sliding-window | sinks */
 	uint32_t context_window;   /* window policies: tokens; 0 = as many as fit */
 	uint32_t context_sinks;    /* sinks: first tokens kept */
-	char spec_mode[8];         /* [speculative] mode: off | lookup | auto */
+	char spec_mode[8];         /* [speculative] mode: off | lookup | auto | draft */
 	uint32_t spec_draft_tokens; /* tokens drafted per step at most */
 	uint32_t spec_min_match;   /* n-gram length a prompt-lookup draft needs */
+	char spec_draft_model[KVD_CONF_PATH_MAX]; /* draft model GGUF; empty: none */
+	uint64_t spec_draft_pool_bytes; /* the draft model's KV pool */
 	char socket[KVD_CONF_PATH_MAX];
 	mode_t socket_mode;
 	char socket_group[64];     /* empty: leave the group alone */

@@ -40,6 +40,7 @@ struct kvd_engine {
 	size_t cap_items;
 	int32_t *ptab;         /* page tables with released entries, as the backend takes them */
 	size_t cap_ptab;
+	struct kvd_engine *draft; /* speculative decoding's draft model, owned (kvd_engine_set_draft) */
 };
 
 static int engine_page_copy(void *ud, uint32_t dst, uint32_t src, uint32_t n_tokens)
@@ -557,6 +558,7 @@ struct kvd_engine *kvd_engine_close(struct kvd_engine *e)
 {
 	if (!e)
 		return NULL;
+	kvd_engine_close(e->draft);
 	kvmm_destroy(e->kv);
 	if (e->ops)
 		e->ops->destroy(e->be);
@@ -572,6 +574,13 @@ struct kvd_engine *kvd_engine_close(struct kvd_engine *e)
 	return NULL;
 }
 
+void kvd_engine_set_draft(struct kvd_engine *e, struct kvd_engine *draft)
+{
+	if (e->draft != draft)
+		kvd_engine_close(e->draft);
+	e->draft = draft;
+}
+struct kvd_engine *kvd_engine_draft(const struct kvd_engine *e) { return e->draft; }
 const struct kvd_model *kvd_engine_model(const struct kvd_engine *e) { return e->model; }
 struct kvmm *kvd_engine_kvmm(struct kvd_engine *e) { return e->kv; }
 const struct kvd_kv_layout *kvd_engine_kv_layout(const struct kvd_engine *e) { return &e->layout; }

@@ -97,6 +97,13 @@ int kvd_engine_open_backend(const struct kvd_engine_config *cfg, const struct kv
 /* Accepts NULL; returns NULL. */
 struct kvd_engine *kvd_engine_close(struct kvd_engine *e);
 
+/* Speculative decoding's draft model (spec_draft.h): a second engine the
+ * target engine e owns from the call on (closed with it; a draft already
+ * set is closed). NULL takes none. The scheduler finds it here. */
+void kvd_engine_set_draft(struct kvd_engine *e, struct kvd_engine *draft);
+/* The draft engine set, or NULL. */
+struct kvd_engine *kvd_engine_draft(const struct kvd_engine *e);
+
 /* The loaded model; NULL on an engine from kvd_engine_open_backend. */
 const struct kvd_model *kvd_engine_model(const struct kvd_engine *e);
 struct kvmm *kvd_engine_kvmm(struct kvd_engine *e);

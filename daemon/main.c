@@ -32,6 +32,7 @@
 
 #include "config.h"
 #include "engine.h"
+#include "spec_draft.h"
 #include "ipc.h"
 #include "kvmm.h"
 #include "log.h"
@@ -661,6 +662,18 @@ int main(int argc, char **argv)
 			 kvd_kv_type_name(kvd_engine_kv_layout(e)->type), kv_auto ? " (cache_type auto)" : "",
 			 (double)kvmm_n_pages(kv) * (double)kvmm_page_bytes(kv) / 1048576.0,
 			 cfg.prefix_caching ? "on" : "off", cfg.swap_file[0] ? cfg.swap_file : "none");
+	}
+	if (cfg.spec_draft_model[0]) {
+		r = kvd_spec_draft_open(e, cfg.spec_draft_model, cfg.spec_draft_pool_bytes, &ec, err, sizeof(err));
+		if (r < 0) {
+			log_error("%s", err);
+			sd_notifyf(0, "STATUS=failed: %s", err);
+			goto out;
+		}
+		struct kvmm *dkv = kvd_engine_kvmm(kvd_engine_draft(e));
+		log_info("draft model '%s' for speculative decoding (mode %s): %u KV pages of %u tokens (%.1f MiB)",
+			 kvd_model_name(kvd_engine_model(kvd_engine_draft(e))), cfg.spec_mode, kvmm_n_pages(dkv),
+			 kvmm_block_size(dkv), (double)kvmm_n_pages(dkv) * (double)kvmm_page_bytes(dkv) / 1048576.0);
 	}
 	kvd_persist_adopt(persist, e);
 	kvd_persist_hib_open(persist, e);

@@ -138,6 +138,7 @@ static int find_ptr(const struct kvd_sched *s, const struct req *r, size_t *ret_
 
 void sched_drop_seq(struct kvd_sched *s, struct req *r)
 {
+	sched_spec_forget(s, r);
 	if (r->has_seq) {
 		kvmm_seq_free(s->kv, r->seq);
 		r->has_seq = 0;
@@ -182,6 +183,7 @@ void sched_finish(struct kvd_sched *s, struct req *r, enum kvd_finish why, int e
 
 	if (r->spec_cut) /* ended while its drafts were verified */
 		sched_spec_cut_back(s, r);
+	sched_spec_forget(s, r);
 	r->res.sample = r->sample;
 	r->res.n_samples = r->n_samples;
 	r->res.finish = why;
@@ -314,6 +316,7 @@ static void preempt(struct kvd_sched *s, struct req *r)
 {
 	s->st.preemptions++;
 	r->res.preemptions++;
+	sched_spec_forget(s, r);
 	if (r->has_seq && kvmm_seq_swap_out(s->kv, r->seq) == 0) {
 		r->state = RS_SWAPPED;
 		r->res.swaps++;

@@ -14,6 +14,7 @@
 #include "grammar.h"
 #include "sched.h"
 #include "spec.h"
+#include "spec_draft.h"
 #include "step_model.h"
 
 enum req_state {
@@ -72,6 +73,9 @@ struct req {
 	int spec_cut;
 	int no_spec;             /* the request opted out (kvd_request_params.no_speculate) */
 	struct kvd_spec_seq spec; /* what its draft length is learnt from (spec.h) */
+	struct kvd_spec_dseq dseq; /* its draft model's sequence (spec_draft.h) */
+	uint32_t dwant;          /* this step: draft tokens the draft model is to fill in */
+	int dcatch;              /* this step: its draft sequence catches up, no draft */
 };
 
 /*
@@ -152,6 +156,13 @@ struct kvd_sched {
 	struct kvd_gram_state spec_gst; /* a constrained draft's check runs on this copy of the state */
 	double spec_threshold;   /* this step's: a draft token must be accepted more often (kvd_spec_next_len) */
 	uint32_t spec_room;      /* this step's draft tokens at most (SCHED_SPEC_STEP_TOKENS, max_step_ms) */
+	/* the draft model (spec_draft.h), made on the first step from the
+	 * engine's draft engine (kvd_engine_draft) */
+	struct kvd_spec_drafter *drafter;
+	int drafter_tried, drafter_warned;
+	struct kvd_spec_djob *djobs;
+	size_t cap_djobs;
+	uint64_t spec_draft_ns;  /* the draft model's time in this step */
 };
 
 /* ---- sched.c ---- */
@@ -214,8 +225,11 @@ void sched_spec_verify(struct kvd_sched *s, struct req *r, const float *rows);
  * tokens filled are published (also called by sched_finish while a
  * verification runs). */
 void sched_spec_cut_back(struct kvd_sched *s, struct req *r);
-/* At the end: the logits rows go, and one log line says how many tokens
- * were drafted and accepted. */
+/* r's draft sequence goes (preemption, swap, the end): the draft model's
+ * KV is a cache, caught up again at a later draft. */
+void sched_spec_forget(struct kvd_sched *s, struct req *r);
+/* At the end: the logits rows and the drafter go, and one log line says
+ * how many tokens were drafted and accepted. */
 void sched_spec_free(struct kvd_sched *s);
 
 /* ---- sched_fair.c ---- */

@@ -41,9 +41,27 @@
  * from which a step is compute-bound and drafts give way to them. */
 #define SCHED_SPEC_PREFILL_TOKENS 64
 
+/* The draft model, made from the engine's draft engine on first use. */
+static struct kvd_spec_drafter *spec_drafter(struct kvd_sched *s)
+{
+	if (!s->drafter_tried) {
+		struct kvd_engine *de = kvd_engine_draft(s->e);
+		s->drafter_tried = 1;
+		if (de && !(s->drafter = kvd_spec_drafter_new(de)))
+			log_warning("speculative decoding: out of memory for the draft model's drafter; not drafting with it");
+	}
+	return s->drafter;
+}
+
 void sched_spec_begin(struct kvd_sched *s, uint64_t target_ns)
 {
 	uint32_t decodes = 0, pending = 0;
+
+	if (s->cfg.spec.mode == KVD_SPEC_DRAFT && !spec_drafter(s) && !s->drafter_warned) {
+		s->drafter_warned = 1;
+		log_warning("speculative decoding: mode draft, but no draft model is loaded "
+			    "([speculative] draft_model takes effect at a restart); not drafting");
+	}
 
 	for (size_t i = 0; i < s->n_reqs; i++) {
 		const struct req *r = s->reqs[i];
@@ -58,6 +76,8 @@ void sched_spec_begin(struct kvd_sched *s, uint64_t target_ns)
 		s->spec_threshold = 1.0;
 		return;
 	}
+	/* lookup and draft: the fixed threshold (the operator chose to
+	 * draft); auto: the measured one, the draft model's time included */
 	s->spec_threshold = s->cfg.spec.mode == KVD_SPEC_AUTO ? kvd_spec_threshold(&s->spec_cost, decodes)
 							      : KVD_SPEC_LOOKUP_THRESHOLD;
 	/* max_step_ms: where other streams share the step, drafts get only
@@ -90,7 +110,7 @@ void sched_spec_step_done(struct kvd_sched *s, size_t n_items, uint64_t dt_ns)
 		else if (it->n_tokens != 1 || !r->n_generated)
 			return; /* prefill in it: not a step of decodes */
 	}
-	kvd_spec_cost_step(&s->spec_cost, drafted, dt_ns);
+	kvd_spec_cost_step(&s->spec_cost, drafted, dt_ns + s->spec_draft_ns); /* a draft's cost is both models' */
 }
 
 /* A constrained sequence's draft of k tokens, cut before the first token
@@ -120,7 +140,8 @@ void sched_spec_draft(struct kvd_sched *s, struct req *r, struct kvd_engine_item
 	const struct kvd_spec_config *c = &s->cfg.spec;
 	uint32_t k, room = r->max_tokens - r->n_generated;
 
-	r->n_draft = 0;
+	r->n_draft = r->dwant = 0;
+	r->dcatch = 0;
 	if (c->mode == KVD_SPEC_OFF || r->no_spec || !it->logits || it->n_tokens != 1 || r->windowed || !r->forked ||
 	    !r->n_generated || room <= 1 || *budget <= left)
 		return;
@@ -136,9 +157,23 @@ void sched_spec_draft(struct kvd_sched *s, struct req *r, struct kvd_engine_item
 	if (!k || reserve_toks(r, r->n_toks + k) < 0)
 		return;
 	it->tokens = r->toks + r->n_computed; /* (reserve_toks may move them) */
-	k = kvd_spec_draft(r->toks, r->n_toks, c->min_match, k, r->draft);
+	uint32_t want = k;
+	k = c->mode == KVD_SPEC_DRAFT ? 0 : kvd_spec_draft(r->toks, r->n_toks, c->min_match, k, r->draft);
 	if (k && r->gram)
 		k = spec_gram_cut(s, r, k);
+	if (!k && (c->mode == KVD_SPEC_DRAFT || c->mode == KVD_SPEC_AUTO) && spec_drafter(s)) {
+		/* the draft model's turn: k places now (so the step is planned
+		 * with them), its tokens at sched_spec_bind; a draft sequence far
+		 * behind catches up there first, drafting nothing this step */
+		if (kvd_spec_dseq_sync(s->drafter, &r->dseq, r->toks, r->n_toks) > KVD_SPEC_CATCHUP_TOKENS) {
+			r->dcatch = 1;
+			return;
+		}
+		k = want;
+		for (uint32_t j = 0; j < k; j++)
+			r->draft[j] = r->toks[r->n_toks - 1];
+		r->dwant = k;
+	}
 	if (!k)
 		return;
 	memcpy(r->toks + r->n_toks, r->draft, k * sizeof(*r->draft));
@@ -169,9 +204,90 @@ int sched_spec_strip(struct kvd_sched *s, size_t n_items, uint32_t *budget, uint
 	return any;
 }
 
+/* Item i drafts k tokens fewer than planned (the draft model gave fewer). */
+static void spec_shrink(struct kvd_sched *s, size_t i, uint32_t k, uint32_t *budget, uint32_t *drafted)
+{
+	struct kvd_engine_item *it = &s->items[i];
+	struct req *r = s->item_req[i];
+
+	r->n_draft -= k;
+	it->n_tokens -= (int32_t)k;
+	*budget += k;
+	*drafted -= k;
+	if (!r->n_draft) { /* a plain decode after all */
+		it->all_logits = it->defer_publish = 0;
+		it->logits = r->logits;
+	}
+}
+
+/* The draft model fills in the drafts planned for it (sched_spec_draft),
+ * all drafting requests batched; draft sequences that only catch up ride
+ * along. A draft pool too full for them drops the draft sequences of
+ * requests not drafting in this step, for the next step's drafts. */
+static void spec_model_drafts(struct kvd_sched *s, size_t n_items, uint32_t *budget, uint32_t *drafted)
+{
+	size_t n = 0;
+	uint64_t t0 = sched_now_ns(s);
+
+	s->spec_draft_ns = 0;
+	for (size_t i = 0; i < n_items; i++) {
+		struct req *r = s->item_req[i];
+		if ((r->dwant && s->items[i].all_logits) || r->dcatch)
+			n++;
+	}
+	if (!n || !s->drafter)
+		goto out;
+	if (n > s->cap_djobs) {
+		struct kvd_spec_djob *j = realloc(s->djobs, n * sizeof(*j));
+		if (!j)
+			goto out;
+		s->djobs = j;
+		s->cap_djobs = n;
+	}
+	n = 0;
+	for (size_t i = 0; i < n_items; i++) {
+		struct req *r = s->item_req[i];
+		int wants = r->dwant && s->items[i].all_logits;
+		if (wants || r->dcatch)
+			s->djobs[n++] = (struct kvd_spec_djob){
+				.d = &r->dseq, .toks = r->toks, .n_toks = r->n_toks, .k = wants ? r->dwant : 0, .out = r->draft,
+			};
+	}
+	int left_out = kvd_spec_drafter_run(s->drafter, s->djobs, n, s->ev.is_eog, s->ev.ud);
+	for (size_t i = 0, jn = 0; i < n_items; i++) {
+		struct req *r = s->item_req[i];
+		int wants = r->dwant && s->items[i].all_logits;
+		if (!wants && !r->dcatch)
+			continue;
+		uint32_t got = left_out < 0 ? 0 : s->djobs[jn].n_out;
+		jn++;
+		if (!wants)
+			continue;
+		if (got && r->gram)
+			got = spec_gram_cut(s, r, got);
+		memcpy(r->toks + r->n_toks, r->draft, got * sizeof(*r->draft));
+		if (got < r->dwant)
+			spec_shrink(s, i, r->dwant - got, budget, drafted);
+	}
+	if (left_out > 0) /* make room for the next drafts */
+		for (size_t i = 0; i < s->n_reqs; i++) {
+			struct req *r = s->reqs[i];
+			if (r->dseq.has && !r->dwant && !r->dcatch)
+				kvd_spec_dseq_drop(s->drafter, &r->dseq);
+		}
+out:
+	for (size_t i = 0; i < n_items; i++) {
+		s->item_req[i]->dwant = 0;
+		s->item_req[i]->dcatch = 0;
+	}
+	s->spec_draft_ns = sched_now_ns(s) - t0;
+}
+
 void sched_spec_bind(struct kvd_sched *s, size_t n_items, uint32_t *budget, uint32_t *drafted)
 {
 	size_t rows = 0;
+
+	spec_model_drafts(s, n_items, budget, drafted);
 
 	for (size_t i = 0; i < n_items; i++)
 		rows += s->items[i].all_logits ? (size_t)s->items[i].n_tokens : 0;
@@ -249,8 +365,19 @@ void sched_spec_verify(struct kvd_sched *s, struct req *r, const float *rows)
 	sched_spec_cut_back(s, r);
 }
 
+void sched_spec_forget(struct kvd_sched *s, struct req *r)
+{
+	if (s->drafter)
+		kvd_spec_dseq_drop(s->drafter, &r->dseq);
+}
+
 void sched_spec_free(struct kvd_sched *s)
 {
+	for (size_t i = 0; i < s->n_reqs; i++) /* (every request has ended by now) */
+		sched_spec_forget(s, s->reqs[i]);
+	s->drafter = kvd_spec_drafter_free(s->drafter);
+	free(s->djobs);
+	s->djobs = NULL;
 	free(s->spec_logits);
 	s->spec_logits = NULL;
 	kvd_gram_state_fini(&s->spec_gst);

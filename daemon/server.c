@@ -37,6 +37,7 @@
 
 static struct kvd_sched_config sched_config(const struct kvd_config *cfg, uint32_t n_ctx)
 {
+	enum kvd_spec_mode mode;
 	return (struct kvd_sched_config){
 		.max_num_seqs = cfg->max_num_seqs,
 		.max_tokens_per_step = cfg->max_tokens_per_step,
@@ -45,9 +46,7 @@ static struct kvd_sched_config sched_config(const struct kvd_config *cfg, uint32
 		.session_idle_s = cfg->session_idle_s,
 		.max_step_ms = cfg->max_step_ms,
 		.spec = {
-			.mode = !strcmp(cfg->spec_mode, "lookup") ? KVD_SPEC_LOOKUP
-				: !strcmp(cfg->spec_mode, "auto")  ? KVD_SPEC_AUTO
-								   : KVD_SPEC_OFF,
+			.mode = kvd_spec_mode_parse(cfg->spec_mode, &mode) == 0 ? mode : KVD_SPEC_OFF,
 			.draft_tokens = cfg->spec_draft_tokens,
 			.min_match = cfg->spec_min_match,
 		},

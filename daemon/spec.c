@@ -8,8 +8,28 @@
  */
 #include "spec.h"
 
+#include <errno.h>
 #include <math.h>
 #include <string.h>
+
+static const char *const spec_mode_names[] = {
+	[KVD_SPEC_OFF] = "off", [KVD_SPEC_LOOKUP] = "lookup", [KVD_SPEC_AUTO] = "auto", [KVD_SPEC_DRAFT] = "draft",
+};
+
+int kvd_spec_mode_parse(const char *name, enum kvd_spec_mode *ret)
+{
+	for (unsigned i = 0; i < sizeof(spec_mode_names) / sizeof(spec_mode_names[0]); i++)
+		if (name && !strcmp(name, spec_mode_names[i])) {
+			*ret = (enum kvd_spec_mode)i;
+			return 0;
+		}
+	return -EINVAL;
+}
+
+const char *kvd_spec_mode_name(enum kvd_spec_mode m)
+{
+	return (unsigned)m < sizeof(spec_mode_names) / sizeof(spec_mode_names[0]) ? spec_mode_names[m] : "?";
+}
 
 uint32_t kvd_spec_draft(const int32_t *toks, uint32_t n, uint32_t min_match, uint32_t max_draft, int32_t *draft)
 {

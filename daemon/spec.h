@@ -31,8 +31,15 @@ static inline unsigned kvd_spec_run_bucket(uint32_t accepted)
 enum kvd_spec_mode {
 	KVD_SPEC_OFF = 0,
 	KVD_SPEC_LOOKUP = 1, /* n-gram match against the sequence's own tokens */
-	KVD_SPEC_AUTO = 2,   /* lookup, each draft token only where its measured worth beats its measured cost */
+	KVD_SPEC_AUTO = 2,   /* lookup, each draft token only where its measured worth beats its measured cost;
+			      * with a draft model loaded, the draft model where lookup finds no match */
+	KVD_SPEC_DRAFT = 3,  /* a draft model (spec_draft.h) drafts greedily */
 };
+
+/* "off", "lookup", "auto" or "draft" ([speculative] mode); -EINVAL for
+ * anything else. */
+int kvd_spec_mode_parse(const char *name, enum kvd_spec_mode *ret);
+const char *kvd_spec_mode_name(enum kvd_spec_mode m);
 
 struct kvd_spec_config {
 	enum kvd_spec_mode mode;

@@ -9,6 +9,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -194,6 +195,24 @@ static void test_run_buckets(void **state)
 		assert_int_equal(kvd_spec_run_bucket(i), want[i]);
 }
 
+/* [speculative] mode names round-trip, draft included; others are refused */
+static void test_mode_names(void **state)
+{
+	(void)state;
+	static const char *const names[] = { "off", "lookup", "auto", "draft" };
+	for (unsigned i = 0; i < 4; i++) {
+		enum kvd_spec_mode m = KVD_SPEC_OFF;
+		assert_int_equal(kvd_spec_mode_parse(names[i], &m), 0);
+		assert_int_equal((int)m, (int)i);
+		assert_string_equal(kvd_spec_mode_name(m), names[i]);
+	}
+	enum kvd_spec_mode m = KVD_SPEC_LOOKUP;
+	assert_int_equal(kvd_spec_mode_parse("Draft", &m), -EINVAL);
+	assert_int_equal(kvd_spec_mode_parse("", &m), -EINVAL);
+	assert_int_equal(kvd_spec_mode_parse(NULL, &m), -EINVAL);
+	assert_int_equal((int)m, (int)KVD_SPEC_LOOKUP); /* untouched on failure */
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -206,6 +225,7 @@ int main(void)
 		cmocka_unit_test(test_backs_off_and_probes_again),
 		cmocka_unit_test(test_cost_fit_and_threshold),
 		cmocka_unit_test(test_run_buckets),
+		cmocka_unit_test(test_mode_names),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
