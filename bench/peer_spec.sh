@@ -14,16 +14,29 @@
 # ratio of each program, kvd's check that its two outputs are identical, and
 # llama-lookup's acceptance.
 #
+# SPEC_MODE=draft compares draft-model speculation instead: kvd with
+# [speculative] mode = draft and llama.cpp's llama-speculative, both given
+# SPEC_DRAFT (default models/'s Q4_1) as the draft model of SPEC_MODEL (the
+# target; default models/'s Q4_1), e.g. the F16 target made by
+# scripts/build-peer --models drafted for by its Q4_1.
+#
 #   bench/peer_spec.sh [ROUNDS [MAX_TOKENS [THREADS]]]   (default 3, 200, 2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}; MAXT=${2:-200}; THREADS=${3:-2}
 KVD=build/bin/kvd; KVCTL=build/bin/kvctl; RAW=build/tests/kvd_raw
-MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
+MODEL=${SPEC_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+DRAFT=${SPEC_DRAFT:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+SPEC_MODE=${SPEC_MODE:-lookup}
+case $SPEC_MODE in
+lookup) PEER_SPEC=llama-lookup ;;
+draft) PEER_SPEC=llama-speculative ;;
+*) echo "peer_spec: SPEC_MODE must be lookup or draft, not '$SPEC_MODE'" >&2; exit 2 ;;
+esac
 PEER_BIN=${PEER_BIN:-$HOME/.cache/kvd/peer-${PEER_PY_VERSION:-0.3.36}/build/bin}
 for b in "$KVD" "$KVCTL" "$RAW"; do [ -x "$b" ] || { echo "peer_spec: $b is missing: run make first" >&2; exit 1; }; done
 PEER=1
-for t in llama-lookup llama-completion; do
+for t in $PEER_SPEC llama-completion; do
 	if [ ! -x "$PEER_BIN/$t" ]; then
 		echo "peer_spec: llama.cpp absent ($PEER_BIN/$t not built: scripts/build-peer builds it): kvd's columns only"
 		PEER=0
@@ -33,8 +46,11 @@ done
 T=$(mktemp -d); PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait; rm -rf "$T"' EXIT
 for m in off lookup; do
+	# the "lookup" daemon speculates in SPEC_MODE
+	mode=off extra=(); [ $m = lookup ] && mode=$SPEC_MODE
+	[ "$mode" = draft ] && extra=(--draft-model "$DRAFT")
 	"$KVD" --config /dev/null --socket "$T/$m.sock" --model "$MODEL" --pool-size 256M --threads "$THREADS" \
-		--speculative "$m" 2>"$T/$m.log" &
+		--speculative "$mode" "${extra[@]}" 2>"$T/$m.log" &
 	PIDS+=($!)
 done
 for m in off lookup; do
@@ -55,7 +71,8 @@ PY
 }
 peer_one() { # plain|lookup TASK
 	local tool=llama-completion extra=(-no-cnv --no-display-prompt)
-	[ "$1" = lookup ] && tool=llama-lookup extra=(--spec-draft-n-max 8)
+	[ "$1" = lookup ] && tool=$PEER_SPEC extra=(--spec-draft-n-max 8)
+	[ "$1" = lookup ] && [ "$SPEC_MODE" = draft ] && extra+=(-md "$DRAFT" -td "$THREADS")
 	# the prompt as it is: llama.cpp expands backslash escapes unless --no-escape
 	turn "${PROMPT[$2]}" >"$T/prompt.txt"
 	if ! "$PEER_BIN/$tool" -m "$MODEL" -t "$THREADS" -f "$T/prompt.txt" -n "$MAXT" --temp 0 -c 2048 --no-escape \
@@ -69,7 +86,7 @@ if sys.argv[3] == "lookup":
     m = re.search(r"decoded\s+(\d+) tokens in\s+([0-9.]+) seconds", t)
     d = re.search(r"n_drafted\s*=\s*(\d+)", t); a = re.search(r"n_accept\s*=\s*(\d+)", t)
     if not m:
-        sys.exit("peer_spec: no 'decoded' line from llama-lookup")
+        sys.exit("peer_spec: no 'decoded' line from the speculating tool")
     n, rate = int(m.group(1)), int(m.group(1)) / float(m.group(2))
     extra = "%s %s" % (d.group(1) if d else "-", a.group(1) if a else "-")
 else:
@@ -83,7 +100,7 @@ open(sys.argv[2], "a").write("%.3f %d %s\n" % (rate, n, extra))
 PY
 }
 TASKS="quote rewrite story"
-echo "peer_spec: $(basename "$MODEL"), $ROUNDS rounds, at most $MAXT tokens, $THREADS threads, $(date -u +%FT%TZ)"
+echo "peer_spec: $SPEC_MODE, $(basename "$MODEL")$([ "$SPEC_MODE" = draft ] && echo " drafted for by $(basename "$DRAFT")"), $ROUNDS rounds, at most $MAXT tokens, $THREADS threads, $(date -u +%FT%TZ)"
 for r in $(seq "$ROUNDS"); do
 	for task in $TASKS; do
 		if [ $((r % 2)) = 1 ]; then kvd_one off $task $r; kvd_one lookup $task $r

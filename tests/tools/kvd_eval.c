@@ -17,6 +17,7 @@
 #include "kvmm.h"
 #include "model.h"
 #include "tokenizer.h"
+#include "tool_util.h"
 
 #define MAX_SEQS 256
 
@@ -104,14 +105,6 @@ static int parse_ids(const char *s, int32_t **ret, int *ret_n)
 	return 0;
 }
 
-static int32_t argmax(const float *x, int n)
-{
-	int32_t best = 0;
-	for (int i = 1; i < n; i++)
-		if (x[i] > x[best])
-			best = i;
-	return best;
-}
 
 /*
  * --swap-each-step: every sequence out to the swap store, a filler sequence
@@ -380,7 +373,7 @@ int main(int argc, char **argv)
 				fprintf(stderr, "kvd_eval: writing logits: %s\n", strerror(errno));
 				goto out;
 			}
-			seqs[i].toks[seqs[i].n++] = argmax(seqs[i].logits, n_vocab);
+			seqs[i].toks[seqs[i].n++] = tool_argmax(seqs[i].logits, n_vocab);
 			if (step + 1 < n_predict)
 				items[n_items++] = (struct kvd_engine_item){
 					.seq = seqs[i].id,

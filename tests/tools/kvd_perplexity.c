@@ -29,6 +29,7 @@
 #include "kvmm.h"
 #include "model.h"
 #include "tokenizer.h"
+#include "tool_util.h"
 
 #define MAX_TYPES 5 /* every enum kvd_kv_type, indexed by its value */
 #define PIECE 32 /* scored positions computed per step */
@@ -74,26 +75,6 @@ static int argmax_d(const double *x, int n)
 	return b;
 }
 
-static char *read_file(const char *path, size_t *ret_len)
-{
-	FILE *f = fopen(path, "rb");
-	char *buf = NULL;
-	long n;
-	if (!f)
-		return NULL;
-	if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && n <= (long)KVD_TOKENIZE_MAX_BYTES &&
-	    fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1)) != NULL) {
-		if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
-			free(buf);
-			buf = NULL;
-		} else {
-			buf[n] = 0;
-			*ret_len = (size_t)n;
-		}
-	}
-	fclose(f);
-	return buf;
-}
 
 /* Run one window of tokens through engine tr, scoring positions [h, ctx):
  * the rows of logits predicting tokens h .. ctx - 1 come in pieces, and
@@ -204,7 +185,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	size_t len = 0;
-	char *buf = read_file(text, &len);
+	char *buf = tool_read_file(text, KVD_TOKENIZE_MAX_BYTES, &len);
 	if (!buf) {
 		fprintf(stderr, "kvd_perplexity: %s: cannot read (or over %u bytes)\n", text, KVD_TOKENIZE_MAX_BYTES);
 		kvd_model_free(m);

@@ -48,6 +48,7 @@
 #include "kvmm.h"
 #include "model.h"
 #include "tokenizer.h"
+#include "tool_util.h"
 
 #define MAX_RUNS 24
 #define BS 16
@@ -71,32 +72,6 @@ struct run {
 	long n, top1, slots_max, restarts;
 };
 
-static int read_ids(const char *path, int32_t **ret, int *ret_n)
-{
-	FILE *f = fopen(path, "r");
-	int32_t *v = NULL;
-	int n = 0, cap = 0;
-	long x;
-
-	if (!f)
-		return -errno;
-	while (fscanf(f, " %ld ,", &x) == 1) {
-		if (n == cap) {
-			int32_t *nv = realloc(v, sizeof(*v) * (size_t)(cap = cap ? 2 * cap : 1024));
-			if (!nv) {
-				free(v);
-				fclose(f);
-				return -ENOMEM;
-			}
-			v = nv;
-		}
-		v[n++] = (int32_t)x;
-	}
-	fclose(f);
-	*ret = v;
-	*ret_n = n;
-	return 0;
-}
 
 /* Print the token ids of each part of the file (parts separated by the
  * byte 0x1e), one line each; BOS before the first part when bos. */
@@ -149,15 +124,6 @@ static void log_softmax(const float *x, float *y, int n)
 		y[i] = (float)((double)x[i] - s);
 }
 
-static int argmax(const float *x, int n)
-{
-	int b = 0;
-
-	for (int i = 1; i < n; i++)
-		if (x[i] > x[b])
-			b = i;
-	return b;
-}
 
 static int parse_run(const char *s, struct run *r)
 {
@@ -535,7 +501,7 @@ int main(int argc, char **argv)
 			fprintf(stderr, "kvd_policy_eval: %s: %s\n", tok_text, strerror(-r));
 		return r < 0;
 	}
-	if (read_ids(tokfile, &toks, &n) < 0 || n < 2) {
+	if (tool_read_ids(tokfile, &toks, &n) < 0 || n < 2) {
 		fprintf(stderr, "kvd_policy_eval: cannot read token ids from %s\n", tokfile);
 		goto out;
 	}
@@ -647,7 +613,7 @@ int main(int argc, char **argv)
 				r->kl += kl;
 				if (kl > r->kl_max)
 					r->kl_max = kl;
-				r->top1 += argmax(lsm, nv) == argmax(pr, nv);
+				r->top1 += tool_argmax(lsm, nv) == tool_argmax(pr, nv);
 				r->slots += slots;
 				if ((long)slots > r->slots_max)
 					r->slots_max = slots;
@@ -655,7 +621,7 @@ int main(int argc, char **argv)
 				r->n++;
 				if (rows)
 					fprintf(rows, "%s,%ld,%.6f,%.6f,%.8f,%d,%d\n", r->spec, t + j + 1, -lsm[next], -pr[next], kl,
-						argmax(lsm, nv) == argmax(pr, nv), argmax(lsm, nv) == next);
+						tool_argmax(lsm, nv) == tool_argmax(pr, nv), tool_argmax(lsm, nv) == next);
 			}
 		}
 		t += c;

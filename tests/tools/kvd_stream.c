@@ -26,6 +26,7 @@
 #include "kvmm.h"
 #include "model.h"
 #include "tokenizer.h"
+#include "tool_util.h"
 
 static const char usage[] =
 	"usage: kvd_stream --model PATH (--tokens-file FILE | --text-file FILE)\n"
@@ -44,65 +45,16 @@ static const char usage[] =
 	"  --chunk N           input tokens per step at most (default 1)\n"
 	"  --segment N         tokens per perplexity segment (default 256)\n";
 
-static int read_ids(const char *path, int32_t **ret, int *ret_n)
-{
-	FILE *f = fopen(path, "r");
-	int32_t *v = NULL;
-	int n = 0, cap = 0;
-	long x;
-
-	if (!f)
-		return -errno;
-	for (;;) {
-		int c = fgetc(f);
-		if (c == EOF)
-			break;
-		if (c == ',' || c == ' ' || c == '\n' || c == '\t' || c == '\r')
-			continue;
-		ungetc(c, f);
-		if (fscanf(f, "%ld", &x) != 1 || x < 0 || x > INT32_MAX) {
-			free(v);
-			fclose(f);
-			return -EINVAL;
-		}
-		if (n == cap) {
-			cap = cap ? cap * 2 : 1024;
-			int32_t *nv = realloc(v, sizeof(*v) * (size_t)cap);
-			if (!nv) {
-				free(v);
-				fclose(f);
-				return -ENOMEM;
-			}
-			v = nv;
-		}
-		v[n++] = (int32_t)x;
-	}
-	fclose(f);
-	*ret = v;
-	*ret_n = n;
-	return 0;
-}
 
 static int read_text_ids(const struct kvd_tokenizer *tk, const char *path, int32_t **ret, int *ret_n)
 {
-	FILE *f = fopen(path, "r");
-	char *buf;
-	long len;
+	size_t len;
+	char *buf = tool_read_file(path, KVD_TOKENIZE_MAX_BYTES, &len);
 	int need;
 
-	if (!f)
+	if (!buf)
 		return -errno;
-	fseek(f, 0, SEEK_END);
-	len = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	buf = malloc((size_t)len + 1);
-	if (!buf || fread(buf, 1, (size_t)len, f) != (size_t)len) {
-		free(buf);
-		fclose(f);
-		return -EIO;
-	}
-	fclose(f);
-	need = kvd_tokenize(tk, buf, (size_t)len, kvd_tokenizer_add_bos(tk), 0, NULL, 0);
+	need = kvd_tokenize(tk, buf, len, kvd_tokenizer_add_bos(tk), 0, NULL, 0);
 	if (need < 0) {
 		free(buf);
 		return need;
@@ -112,7 +64,7 @@ static int read_text_ids(const struct kvd_tokenizer *tk, const char *path, int32
 		free(buf);
 		return -ENOMEM;
 	}
-	*ret_n = kvd_tokenize(tk, buf, (size_t)len, kvd_tokenizer_add_bos(tk), 0, *ret, need);
+	*ret_n = kvd_tokenize(tk, buf, len, kvd_tokenizer_add_bos(tk), 0, *ret, need);
 	free(buf);
 	return *ret_n < 0 ? *ret_n : 0;
 }
@@ -182,7 +134,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kvd_stream: %s\n", err);
 		return 1;
 	}
-	r = tokfile ? read_ids(tokfile, &toks, &n_in) : read_text_ids(kvd_model_tokenizer(m), textfile, &toks, &n_in);
+	r = tokfile ? tool_read_ids(tokfile, &toks, &n_in) : read_text_ids(kvd_model_tokenizer(m), textfile, &toks, &n_in);
 	int32_t n_vocab = kvd_model_hparams(m)->n_vocab;
 	struct kvd_kv_layout l0;
 	kvd_kv_layout_init(&l0, kvd_model_hparams(m), (uint32_t)bs);
