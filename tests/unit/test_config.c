@@ -106,7 +106,7 @@ static void test_reload_classes(void **state)
 	static const char *const restart[] = { "model.path", "engine.backend", "engine.threads", "kv.pool_size",
 					       "kv.block_size", "kv.cache_type", "kv.prefix_caching", "kv.swap_file", "kv.swap_size", "kv.keep_on_restart", "kv.release_local", "kv.persist_path", "kv.persist_size", "kv.persist_timeout",
 					       "scheduler.max_model_len", "server.socket", "server.socket_mode",
-					       "server.socket_group" };
+					       "server.socket_group", "speculative.draft_model", "speculative.draft_pool_size" };
 	size_t n_restart = 0;
 	char name[96];
 
