@@ -15,6 +15,13 @@
 #   tests/run.sh               everything
 #   tests/run.sh --unit-only   cmocka binaries only (used by make asan)
 #   tests/run.sh PATTERN       only tests whose name contains PATTERN
+#
+# Scripts run TEST_JOBS at a time (default 2), each one's output shown whole
+# when it ends; a script whose first 30 lines hold "# test-run: alone" runs
+# with nothing beside it (fairness, latency and timing-oracle tests, tests
+# with a real systemd). Those marked "# test-run: long" start first, so the
+# longest ones do not end the run alone. TEST_JOBS=1 runs everything in
+# order, streaming. Unit binaries run one at a time.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -52,15 +59,10 @@ skip_reason() {
 	echo "${r:-no reason printed}"
 }
 
-run_one() { # name timeout cmd...
-	local name=$1 to=$2; shift 2
-	[ -n "$pattern" ] && [[ "$name" != *"$pattern"* ]] && return
-	echo "=== $name"
-	local t0=$(date +%s%N) out
-	out=$(mktemp)
-	timeout -k 10 "$to" "$@" 2>&1 | tee "$out"
-	local rc=${PIPESTATUS[0]}
-	local ms=$(( ($(date +%s%N) - t0) / 1000000 )); local dt="$((ms / 1000)).$(( (ms % 1000) / 100 ))"
+# account NAME TIMEOUT OUTFILE RC MS: records and prints one test's result
+account() {
+	local name=$1 to=$2 out=$3 rc=$4 ms=$5
+	local dt="$((ms / 1000)).$(( (ms % 1000) / 100 ))"
 	case $rc in
 	0) pass+=("$name"); echo "=== $name: PASS (${dt}s)" ;;
 	77) skip+=("$name: $(skip_reason "$out")"); echo "=== $name: SKIPPED (${dt}s)" ;;
@@ -82,18 +84,69 @@ run_one() { # name timeout cmd...
 		n=$(skipped_cases "$out" | awk -F'\t' -v oc="$only_cases" '!oc || $2 != ""' | grep -c .)
 		n_cases_skipped=$((n_cases_skipped + n))
 	fi
+}
+
+selected() { [ -z "$pattern" ] || [[ "$1" == *"$pattern"* ]]; }
+
+run_one() { # name timeout cmd... : in the foreground, output streamed
+	local name=$1 to=$2; shift 2
+	selected "$name" || return 0
+	echo "=== $name"
+	local t0=$(date +%s%N) out
+	out=$(mktemp)
+	timeout -k 10 "$to" "$@" 2>&1 | tee "$out"
+	local rc=${PIPESTATUS[0]}
+	account "$name" "$to" "$out" "$rc" $(( ($(date +%s%N) - t0) / 1000000 ))
 	rm -f "$out"
 }
+
+# background runs: name, output and start time by pid
+declare -A bg_name=() bg_out=() bg_t0=()
+run_bg() { # name timeout cmd...
+	local name=$1 to=$2; shift 2
+	local out
+	out=$(mktemp)
+	timeout -k 10 "$to" "$@" >"$out" 2>&1 </dev/null &
+	bg_name[$!]=$name; bg_out[$!]=$out; bg_t0[$!]=$(date +%s%N)
+	echo "=== $name: started"
+}
+reap_one() { # waits for any background run and reports it whole
+	local pid rc
+	wait -n -p pid "${!bg_name[@]}"
+	rc=$?
+	local name=${bg_name[$pid]} out=${bg_out[$pid]} t0=${bg_t0[$pid]}
+	unset "bg_name[$pid]" "bg_out[$pid]" "bg_t0[$pid]"
+	echo "=== $name"
+	cat "$out"
+	account "$name" "$SCRIPT_TIMEOUT" "$out" "$rc" $(( ($(date +%s%N) - t0) / 1000000 ))
+	rm -f "$out"
+}
+tagged() { head -n 30 "$1" | grep -q "^# test-run:.*\b$2\b"; }
 
 for t in "$BUILD"/tests/test_*; do
 	[ -x "$t" ] || continue
 	run_one "unit/$(basename "$t")" "$UNIT_TIMEOUT" "$t"
 done
 if [ $unit_only = 0 ]; then
+	JOBS=${TEST_JOBS:-2}
+	long=() rest=() alone=()
 	for t in tests/*/t_*.sh; do
 		[ -x "$t" ] || continue
-		run_one "${t#tests/}" "$SCRIPT_TIMEOUT" "$t"
+		selected "${t#tests/}" || continue
+		if tagged "$t" alone; then alone+=("$t")
+		elif tagged "$t" long; then long+=("$t")
+		else rest+=("$t"); fi
 	done
+	if [ "$JOBS" -le 1 ]; then
+		for t in "${long[@]}" "${rest[@]}" "${alone[@]}"; do run_one "${t#tests/}" "$SCRIPT_TIMEOUT" "$t"; done
+	else
+		for t in "${long[@]}" "${rest[@]}"; do
+			[ ${#bg_name[@]} -ge "$JOBS" ] && reap_one
+			run_bg "${t#tests/}" "$SCRIPT_TIMEOUT" "$t"
+		done
+		while [ ${#bg_name[@]} -gt 0 ]; do reap_one; done
+		for t in "${alone[@]}"; do run_one "${t#tests/}" "$SCRIPT_TIMEOUT" "$t"; done
+	fi
 fi
 
 echo

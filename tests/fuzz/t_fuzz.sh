@@ -3,6 +3,7 @@
 # default 1 s each), after replaying its committed corpus; part of
 # `make test`. Skipped (exit 77) when clang with libFuzzer is not installed.
 # `make fuzz` is the longer run.
+# test-run: long
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 FUZZ_CC=${FUZZ_CC:-clang}

@@ -12,6 +12,7 @@
 # engine check (tests/gpu/engine_check.sh) cannot run, e.g. without NumPy in
 # .venv: the kernel conformance part then passed, but the test as a whole
 # did not run, and the summary of tests/run.sh says why.
+# test-run: long
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${KVD_BUILD:-build}

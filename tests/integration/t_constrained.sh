@@ -14,6 +14,7 @@
 #    dropped and recomputed without a swap file (the parse state must not
 #    take the recomputed tokens a second time) — give exactly the outputs
 #    they give alone in a big one.
+# test-run: long
 source "$(dirname "$0")/lib.sh"
 need_bins
 VPY=$ROOT/.venv/bin/python

@@ -12,6 +12,7 @@
 # (single pairs' wall-clock ratios swung from 64 % to 159 % under such
 # load). Whatever the flood costs kvd lands inside it. The wall-clock ratio
 # is printed too. The flooders must still get replies: limited, not starved.
+# test-run: alone (fairness between owners is measured in step time)
 source "$(dirname "$0")/lib.sh"
 need_bins
 HOSTILE=$ROOT/$BUILD/tests/kvd_hostile

@@ -11,6 +11,7 @@
 # shared machine, and give the same text as alone. Before the scheduler
 # shared between owners it waited behind every older request of the flood
 # (minutes). The flood must still be served.
+# test-run: alone (fairness between owners is measured in step time)
 source "$(dirname "$0")/lib.sh"
 need_bins
 command -v setpriv >/dev/null || skip "setpriv missing"

@@ -14,6 +14,7 @@
 # one upload that may be tokenized as the stream begins (an upload is not
 # cut in pieces) is a small part of a stream of N tokens. The flooders
 # must still get answers: limited, not starved.
+# test-run: alone (fairness between owners is measured in step time)
 source "$(dirname "$0")/lib.sh"
 need_bins
 HOSTILE=$ROOT/$BUILD/tests/kvd_hostile

@@ -9,6 +9,7 @@
 # shared machine, with the same text as alone. Without gateway_users every
 # HTTP request is kvd-http's one uid and B's request waits behind the whole
 # flood (GATEWAY_OFF=1 runs that case and expects the limit to be missed).
+# test-run: alone (fairness between owners is measured in step time)
 source "$(dirname "$0")/lib.sh"
 need_bins
 HTTPD=${KVD_HTTP:-$ROOT/$BUILD/bin/kvd-http}

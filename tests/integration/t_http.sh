@@ -24,6 +24,7 @@
 #   - systemd-analyze verify accepts kvd-http.service and kvd-http.socket,
 #     and rates the service's exposure "OK"; --help lists every key of
 #     etc/kvd-http.conf, which kvd-http accepts as shipped
+# test-run: long
 source "$(dirname "$0")/lib.sh"
 need_bins
 HTTPD=${KVD_HTTP:-$ROOT/$BUILD/bin/kvd-http} # KVD_HTTP: another build (e.g. under ASan)

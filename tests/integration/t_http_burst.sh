@@ -12,6 +12,7 @@
 #   - beyond its bounded queue (max_queued) a request gets 429
 #     rate_limit_exceeded — never 503: with kvd_connections = 1 and
 #     max_queued = 4, 40 concurrent requests give only 200s and 429s
+# test-run: alone (measures queueing under a burst)
 source "$(dirname "$0")/lib.sh"
 need_bins
 HTTPD=${KVD_HTTP:-$ROOT/$BUILD/bin/kvd-http}

@@ -9,6 +9,7 @@
 # /health all succeed (a failure on a pooled connection is retried once on
 # a fresh one, and the stale connections are dropped), and so does a second
 # lull followed by a lone /health.
+# test-run: alone (measures idle timeouts)
 source "$(dirname "$0")/lib.sh"
 need_bins
 HTTPD=${KVD_HTTP:-$ROOT/$BUILD/bin/kvd-http}

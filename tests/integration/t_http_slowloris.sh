@@ -12,6 +12,7 @@
 #     read) is cut after client_timeout without progress, long before its
 #     max_tokens, and its request is cancelled in kvd (requests_running
 #     back to 0, counted in /metrics).
+# test-run: alone (measures how long connections are held)
 source "$(dirname "$0")/lib.sh"
 need_bins
 HTTPD=${KVD_HTTP:-$ROOT/$BUILD/bin/kvd-http}

@@ -16,6 +16,7 @@
 # through it starts kvd through kvd.socket and answers; systemctl stop
 # kvd-http.service ends it cleanly. Skips (77) where namespaces or cgroups
 # are refused.
+# test-run: alone (a real systemd as PID 1 of private namespaces)
 source "$(dirname "$0")/lib.sh"
 need_bins
 HTTPD=$ROOT/$BUILD/bin/kvd-http

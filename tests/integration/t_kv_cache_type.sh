@@ -16,6 +16,7 @@
 #   - the default, auto, is bf16 where the CPU has AVX-512 BF16 (and the
 #     model's head size a bf16 kernel), f16 with KVD_CPU_NO_AVX512.
 # Their quality is measured by t_kv_quality.sh.
+# test-run: long
 source "$(dirname "$0")/lib.sh"
 need_bins
 [ -x "$KVCTL" ] || skip "$KVCTL not built"

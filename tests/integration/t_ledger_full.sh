@@ -11,6 +11,7 @@
 #   - every line of the ledger is one whole JSON object (a short write is cut
 #     back, so no record is glued to the half of another)
 #   - written + dropped = requests, and writing resumes (and is logged)
+# test-run: alone (a private mount namespace and a full tmpfs)
 if [ -z "${KVD_LEDGER_FULL_NS:-}" ]; then
 	if ! unshare -m --propagation private true 2>/dev/null; then
 		echo "SKIP: cannot create a private mount namespace (unshare -m needs root or user namespaces)"

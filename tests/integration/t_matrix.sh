@@ -25,6 +25,7 @@
 #     (neither the CPU's kv_shift nor the plug-in's quantizes keys again).
 # A path the CPU lacks (no AVX-512 VNNI, no AVX2) is printed as n/a; no g++
 # for the plug-in likewise. The matrix is printed; any unexpected cell fails.
+# test-run: long
 . "$(dirname "$0")/lib.sh"
 need_bins
 [ -x "$KVCTL" ] || skip "$KVCTL not built"

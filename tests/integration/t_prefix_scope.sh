@@ -9,6 +9,7 @@
 #  * STATS' prefix counters are the caller's own for users, machine-wide for root;
 #  * a tenant narrows a user's scope (same tenant shares, another does not);
 #  * prefix_sharing = group shares within a primary group only (SIGHUP reload).
+# test-run: alone (a timing oracle: first-token times are compared)
 source "$(dirname "$0")/lib.sh"
 need_bins
 [ -x "$KVCTL" ] || fail "$KVCTL not built"

@@ -6,6 +6,7 @@
 # arrival. A priority never ranks a request against another user's (that
 # is the fair scheduler's, t_fair_flood.sh). Bad values are refused by
 # kvctl before anything is sent.
+# test-run: alone (queue order depends on a request still running)
 source "$(dirname "$0")/lib.sh"
 need_bins
 [ -x "$KVCTL" ] || fail "$KVCTL not built"

@@ -18,6 +18,7 @@
 #     the unit fully stops);
 #   - the pool and index are memfds: nothing new under /var/lib/kvd.
 # Skips (77) where namespaces or cgroups are refused.
+# test-run: alone (a real systemd as PID 1 of private namespaces)
 source "$(dirname "$0")/lib.sh"
 need_bins
 source "$(dirname "$0")/lib_systemd.sh"

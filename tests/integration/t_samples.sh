@@ -23,6 +23,7 @@
 # On the CUDA plug-in, emulated on the CPU (tests/gpu/emu), greedy -n 3
 # gives the CPU backend's tokens (the fork's copy-on-write goes through the
 # plug-in's page copy).
+# test-run: alone (samples the pool while a generation runs)
 source "$(dirname "$0")/lib.sh"
 need_bins
 [ -x "$KVCTL" ] || skip "$KVCTL not built"

@@ -12,6 +12,7 @@
 #   - SIGTERM: STOPPING=1, new connections refused, a running request ends
 #     with an ERROR IPC_ERR_SHUTDOWN after drain_timeout (never silence), and
 #     kvd exits 0
+# test-run: alone (a request must still be running at the drain timeout)
 source "$(dirname "$0")/lib.sh"
 need_bins
 command -v systemd-socket-activate >/dev/null || skip "systemd-socket-activate not installed"

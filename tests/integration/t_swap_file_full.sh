@@ -5,6 +5,7 @@
 # namespaces, else the test is skipped) plays a full file system: kvd asked
 # for an 8 MiB swap file there must exit 1 with "cannot preallocate", the
 # errno text, and the free space, and leave no file behind.
+# test-run: alone (a private mount namespace and a full tmpfs)
 source "$(dirname "$0")/lib.sh"
 need_bins
 TINY=$(tiny_model gqa)

@@ -17,6 +17,7 @@
 # a generation through /run/kvd/kvd.sock; a watchdog restart (SIGSTOP the
 # main process: systemd kills and restarts it); systemctl stop (clean exit,
 # socket file removed). Skips (77) where namespaces or cgroups are refused.
+# test-run: alone (a real systemd as PID 1 of private namespaces)
 source "$(dirname "$0")/lib.sh"
 need_bins
 source "$(dirname "$0")/lib_systemd.sh"

@@ -7,6 +7,7 @@
 # the check robust on a loaded 2-core machine, where gaps of 300 ms come
 # from other processes alone.) The flooders still
 # get exact counts, and kvd stops cleanly with jobs in flight.
+# test-run: alone (bounds the stream's largest gap in milliseconds)
 source "$(dirname "$0")/lib.sh"
 need_bins
 HOSTILE=$ROOT/$BUILD/tests/kvd_hostile

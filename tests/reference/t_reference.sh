@@ -9,6 +9,7 @@
 # scripts/setup (.venv, with numpy and gguf) and models/. A missing build
 # output, venv or model is a failure, not a skip: `make test` provides all.
 # Extra arguments go to check.py (e.g. --part tiny,inv-tiny).
+# test-run: long
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${KVD_BUILD:-build}

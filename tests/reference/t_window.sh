@@ -7,6 +7,7 @@
 #
 # Needs build/tests/kvd_stream and the Python venv of scripts/setup; a
 # missing one is a failure, not a skip: `make test` provides both.
+# test-run: long
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${KVD_BUILD:-build}
