@@ -11,9 +11,10 @@
 # tokens_per_s: generated tokens over the time from the first to the last),
 # the median of the per-round mode/off ratios with their range (the
 # spread), and whether the outputs were identical to off's (they must be).
-# SPEC_MODEL picks the target model, SPEC_DRAFT the draft model of mode
-# "draft" (default: models/'s Q4_1), e.g. the F16 target drafted for
-# by its Q4_1: SPEC_MODEL=...F16.gguf SPEC_MODES="lookup draft".
+# SPEC_MODEL picks the target model, SPEC_DRAFT the draft model of modes
+# "draft" and "auto-draft" (auto with that draft model loaded; default:
+# models/'s Q4_1), e.g. the F16 target drafted for by its Q4_1:
+# SPEC_MODEL=...F16.gguf SPEC_MODES="lookup draft auto-draft".
 # With STREAMS=N (default 32; 0: left out) it then runs N requests at once
 # per mode and round (the three tasks in turn, SMAX tokens each, default
 # 64) and prints the aggregate tokens/s (all generated tokens over the wall
@@ -29,9 +30,9 @@ DRAFT=${SPEC_DRAFT:-models/SmolLM2-135M-Instruct.Q4_1.gguf} # the draft model of
 T=$(mktemp -d); PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait; rm -rf "$T"' EXIT
 for m in "${MODES[@]}"; do
-	extra=(); [ "$m" = draft ] && extra=(--draft-model "$DRAFT")
+	extra=(); case $m in draft | *-draft) extra=(--draft-model "$DRAFT") ;; esac
 	"$KVD" --config /dev/null --socket "$T/$m.sock" --model "$MODEL" --pool-size 256M --threads "$THREADS" \
-		--speculative "$m" "${extra[@]}" 2>"$T/$m.log" &
+		--speculative "${m%-draft}" "${extra[@]}" 2>"$T/$m.log" &
 	PIDS+=($!)
 done
 for m in "${MODES[@]}"; do

@@ -145,7 +145,15 @@
 	X(spec_runs_4_7, COUNTER, "steps", "spec_runs_4_7", "speculation", "  accepting 4-7", "spec_verify_steps", \
 	  "Verify steps that accepted 4 to 7 draft tokens.") \
 	X(spec_runs_8_16, COUNTER, "steps", "spec_runs_8_16", "speculation", "  accepting 8-16", "spec_verify_steps", \
-	  "Verify steps that accepted 8 to 16 draft tokens.")
+	  "Verify steps that accepted 8 to 16 draft tokens.") \
+	X(spec_mode, GAUGE, "mode", "spec_mode", "speculation", "mode", "", \
+	  "The drafter in use: 1 off, 2 lookup, 3 draft, 4 auto (0: a daemon before 0.10.0).") \
+	X(spec_draft_pages_total, GAUGE, "pages", "spec_draft_pool_pages", "speculation", "draft model's pool", "", \
+	  "Pages of the draft model's own KV pool (0: no draft model loaded).") \
+	X(spec_draft_pages_used, GAUGE, "pages", "spec_draft_pool_pages_used", "speculation", "  held by drafts", \
+	  "spec_draft_pages_total", "Draft-pool pages held by draft sequences (of spec_draft_pages_total).") \
+	X(spec_draft_reclaims, COUNTER, "sequences", "spec_draft_reclaims", "speculation", "draft seqs reclaimed", "", \
+	  "Draft sequences given up so that an owner under its share of the draft pool could draft.")
 
 /* One row of the list, for code that walks it at run time. */
 struct kvc_metric {
@@ -174,6 +182,14 @@ static inline const struct kvc_metric *kvc_metrics(void)
 }
 
 /* A row's value in s. */
+/* A spec_mode value's name: "off", "lookup", "draft", "auto"; NULL for 0
+ * (a daemon that does not say) and values this build does not know. */
+static inline const char *kvc_spec_mode_name(uint64_t mode)
+{
+	static const char *const names[] = { NULL, "off", "lookup", "draft", "auto" };
+	return mode < sizeof(names) / sizeof(names[0]) ? names[mode] : NULL;
+}
+
 static inline uint64_t kvc_metric_value(const struct kvc_metric *m, const struct kvc_stats *s)
 {
 	return *(const uint64_t *)(const void *)((const char *)s + m->off);

@@ -86,9 +86,9 @@ extern "C" {
 /* ---- version ----------------------------------------------------------- */
 
 #define KVC_VERSION_MAJOR 0
-#define KVC_VERSION_MINOR 9
+#define KVC_VERSION_MINOR 10
 #define KVC_VERSION_PATCH 0
-#define KVC_VERSION_STRING "0.9.0"
+#define KVC_VERSION_STRING "0.10.0"
 /* One number, comparable: (major << 16) | (minor << 8) | patch.
  * 0.2.0 added conversations (kvc_gen_params.messages, struct kvc_chat_msg).
  * 0.3.0 added parallel samples and log-probabilities (kvc_gen_params.n_samples,
@@ -107,7 +107,10 @@ extern "C" {
  * kvc_result.spec_drafted_tokens and .spec_accepted_tokens), the
  * per-request opt-out KVC_GEN_NO_SPECULATE, and the tool roles of
  * conversations ("tools", "tool_calls", "tool" in struct kvc_chat_msg),
- * rendered in the model family's own tool format. */
+ * rendered in the model family's own tool format.
+ * 0.10.0 added kvc_stats.spec_mode, .spec_draft_pages_total,
+ * .spec_draft_pages_used and .spec_draft_reclaims (the drafter in use and
+ * the draft model's pool). */
 #define KVC_VERSION ((KVC_VERSION_MAJOR << 16) | (KVC_VERSION_MINOR << 8) | KVC_VERSION_PATCH)
 
 /* The version of the library actually loaded, as KVC_VERSION. */
@@ -690,6 +693,11 @@ struct kvc_stats {
 	uint64_t spec_drafted_tokens;
 	uint64_t spec_accepted_tokens;
 	uint64_t spec_runs_0, spec_runs_1, spec_runs_2_3, spec_runs_4_7, spec_runs_8_16;
+	/* since 0.10.0 (0 from older daemons) */
+	uint64_t spec_mode;              /* 1 off, 2 lookup, 3 draft, 4 auto (kvc_spec_mode_name); 0: not said */
+	uint64_t spec_draft_pages_total; /* the draft model's KV pool in pages; 0: none loaded */
+	uint64_t spec_draft_pages_used;  /* of those, held by draft sequences */
+	uint64_t spec_draft_reclaims;    /* draft sequences given up to an owner under its share of that pool */
 };
 KVC_EXPORT int kvc_stats(kvc_client *c, struct kvc_stats *ret);
 /*

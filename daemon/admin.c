@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "hist.h"
+#include "ipc_spec.h"
 #include "kvmap.h"
 #include "kvmm.h"
 
@@ -134,6 +135,15 @@ void fill_stats(struct kvd_server *srv, const struct client *c, struct ipc_stats
 	st->gram_checked = ss.gram_checked;
 	st->gram_masked = ss.gram_masked;
 	stats_spec(st, ss.spec_verifies, ss.spec_drafted, ss.spec_accepted, ss.spec_runs);
+	switch ((enum kvd_spec_mode)ss.spec_mode) {
+	case KVD_SPEC_OFF: st->spec_mode = IPC_SPEC_MODE_OFF; break;
+	case KVD_SPEC_LOOKUP: st->spec_mode = IPC_SPEC_MODE_LOOKUP; break;
+	case KVD_SPEC_DRAFT: st->spec_mode = IPC_SPEC_MODE_DRAFT; break;
+	case KVD_SPEC_AUTO: st->spec_mode = IPC_SPEC_MODE_AUTO; break;
+	}
+	st->spec_draft_pages_total = ss.spec_draft_pages_total;
+	st->spec_draft_pages_used = ss.spec_draft_pages_used;
+	st->spec_draft_reclaims = ss.spec_draft_reclaims;
 	if (c && !c->admin) {
 		const struct user_counters *u = user_counters_find(srv, c->cred.uid, false);
 		static const uint64_t none[KVD_SPEC_RUN_BUCKETS];

@@ -249,6 +249,12 @@ struct kvd_sched_stats {
 	 * their own). */
 	uint64_t spec_verifies, spec_drafted, spec_accepted;
 	uint64_t spec_runs[KVD_SPEC_RUN_BUCKETS]; /* verify steps by accepted run (kvd_spec_run_bucket) */
+	/* The mode in effect, the draft model's pool (pages; 0 without a
+	 * draft model) and the draft sequences given up to an owner under
+	 * its share of that pool. */
+	int spec_mode;            /* enum kvd_spec_mode */
+	uint64_t spec_draft_pages_total, spec_draft_pages_used;
+	uint64_t spec_draft_reclaims;
 };
 
 int kvd_sched_create(const struct kvd_sched_config *cfg, struct kvd_engine *e, const struct kvd_sched_events *ev,

@@ -96,6 +96,7 @@ struct sched_owner {
 	int contending;          /* has work a step could do: running, waiting or swapped */
 	int throttled;           /* ran ahead: its requests sit this step out */
 	uint32_t step_tokens;    /* tokens of its items in the step being built */
+	uint32_t dpages;         /* draft-pool pages its requests' draft sequences hold (sched_spec.c) */
 };
 
 /* A request's place in a step's fair order (sched_fair.c). */
@@ -161,8 +162,10 @@ struct kvd_sched {
 	struct kvd_spec_drafter *drafter;
 	int drafter_tried, drafter_warned;
 	struct kvd_spec_djob *djobs;
+	size_t *djob_item;       /* each job's item in the step */
 	size_t cap_djobs;
 	uint64_t spec_draft_ns;  /* the draft model's time in this step */
+	uint32_t spec_dshare;    /* an owner's share of the draft pool, in pages, at the last draft (0: none yet) */
 };
 
 /* ---- sched.c ---- */

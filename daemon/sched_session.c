@@ -124,6 +124,14 @@ void kvd_sched_get_stats(const struct kvd_sched *s, struct kvd_sched_stats *ret)
 		case RS_SESSION: st.sessions++; break;
 		}
 	}
+	st.spec_mode = (int)s->cfg.spec.mode;
+	struct kvd_engine *de = kvd_engine_draft(s->e);
+	if (de) {
+		struct kvmm_stats ks;
+		kvmm_get_stats(kvd_engine_kvmm(de), &ks);
+		st.spec_draft_pages_total = ks.pages_total;
+		st.spec_draft_pages_used = ks.pages_used;
+	}
 	*ret = st;
 }
 

@@ -165,6 +165,14 @@ void sched_spec_draft(struct kvd_sched *s, struct req *r, struct kvd_engine_item
 		/* the draft model's turn: k places now (so the step is planned
 		 * with them), its tokens at sched_spec_bind; a draft sequence far
 		 * behind catches up there first, drafting nothing this step */
+		/* a draft sequence that would outgrow its owner's share of the
+		 * draft pool is not kept: it would be cut out again and again */
+		uint64_t total, used;
+		kvd_spec_drafter_pages(s->drafter, &total, &used);
+		if (kvd_spec_drafter_pages_for(s->drafter, r->n_toks + want) > (s->spec_dshare ? s->spec_dshare : total)) {
+			kvd_spec_dseq_drop(s->drafter, &r->dseq);
+			return;
+		}
 		if (kvd_spec_dseq_sync(s->drafter, &r->dseq, r->toks, r->n_toks) > KVD_SPEC_CATCHUP_TOKENS) {
 			r->dcatch = 1;
 			return;
@@ -220,10 +228,82 @@ static void spec_shrink(struct kvd_sched *s, size_t i, uint32_t k, uint32_t *bud
 	}
 }
 
+/* Each owner's draft-pool pages (o->dpages); returns how many owners hold
+ * some or have an item among s->item_req[0, n_items) that drafts. */
+static uint32_t spec_owner_dpages(struct kvd_sched *s, size_t n_items)
+{
+	uint32_t n = 0;
+
+	for (size_t i = 0; i < s->n_owners; i++)
+		s->owners[i].dpages = 0;
+	for (size_t i = 0; i < s->n_reqs; i++) {
+		const struct req *r = s->reqs[i];
+		if (r->state != RS_SESSION && r->dseq.has)
+			s->owners[r->oi].dpages += kvd_spec_dseq_pages(s->drafter, &r->dseq);
+	}
+	for (size_t o = 0; o < s->n_owners; o++) {
+		int drafting = s->owners[o].dpages > 0;
+		for (size_t i = 0; i < n_items && !drafting; i++)
+			drafting = s->item_req[i]->oi == o && (s->item_req[i]->dwant || s->item_req[i]->dcatch);
+		n += drafting;
+	}
+	return n;
+}
+
+/* The draft pool is divided by owner as the step's time is: a job that
+ * was left out for lack of draft pages while its owner holds less than
+ * its share (the pool over the owners drafting) takes pages from the
+ * owner furthest over its share, that owner's largest draft sequences
+ * first. Draft sequences are a cache, so this costs their owner a
+ * catch-up, never an output. */
+static void spec_draft_reclaim(struct kvd_sched *s, size_t n, uint32_t n_drafting)
+{
+	int needy = 0;
+
+	if (n_drafting < 2)
+		return;
+	uint64_t share = s->spec_dshare;
+	for (size_t jn = 0; jn < n && !needy; jn++) {
+		const struct req *r = s->item_req[s->djob_item[jn]];
+		needy = !s->djobs[jn].n_fed && s->owners[r->oi].dpages < share; /* left out */
+	}
+	if (!needy)
+		return;
+	struct sched_owner *q = NULL;
+	for (size_t i = 0; i < s->n_owners; i++)
+		if (s->owners[i].dpages > share && (!q || s->owners[i].dpages > q->dpages))
+			q = &s->owners[i];
+	while (q && q->dpages > share) {
+		struct req *big = NULL;
+		uint32_t big_pages = 0;
+		for (size_t i = 0; i < s->n_reqs; i++) {
+			struct req *r = s->reqs[i];
+			uint32_t p;
+			if (r->state == RS_SESSION || !r->dseq.has || &s->owners[r->oi] != q)
+				continue;
+			p = kvd_spec_dseq_pages(s->drafter, &r->dseq);
+			if (!big || p > big_pages) {
+				big = r;
+				big_pages = p;
+			}
+		}
+		if (!big)
+			break;
+		kvd_spec_dseq_drop(s->drafter, &big->dseq);
+		q->dpages -= big_pages < q->dpages ? big_pages : q->dpages;
+		s->st.spec_draft_reclaims++;
+	}
+}
+
 /* The draft model fills in the drafts planned for it (sched_spec_draft),
  * all drafting requests batched; draft sequences that only catch up ride
- * along. A draft pool too full for them drops the draft sequences of
- * requests not drafting in this step, for the next step's drafts. */
+ * along. The jobs go in the order of their owners' draft pages, fewest
+ * first, so a pool too full for all of them leaves out the owner holding
+ * most; then idle draft sequences are dropped and an owner under its
+ * share takes pages from the one furthest over it (spec_draft_reclaim).
+ * The draft model's time is charged to the owners (their virtual time,
+ * as a step's is) and to the requests' ledger records, by the tokens it
+ * computed for each. */
 static void spec_model_drafts(struct kvd_sched *s, size_t n_items, uint32_t *budget, uint32_t *drafted)
 {
 	size_t n = 0;
@@ -242,26 +322,43 @@ static void spec_model_drafts(struct kvd_sched *s, size_t n_items, uint32_t *bud
 		if (!j)
 			goto out;
 		s->djobs = j;
+		size_t *ji = realloc(s->djob_item, n * sizeof(*ji));
+		if (!ji)
+			goto out;
+		s->djob_item = ji;
 		s->cap_djobs = n;
 	}
+	uint32_t n_drafting = spec_owner_dpages(s, n_items);
+	uint64_t total, used;
+	kvd_spec_drafter_pages(s->drafter, &total, &used);
+	s->spec_dshare = (uint32_t)(total / (n_drafting ? n_drafting : 1));
 	n = 0;
 	for (size_t i = 0; i < n_items; i++) {
 		struct req *r = s->item_req[i];
 		int wants = r->dwant && s->items[i].all_logits;
-		if (wants || r->dcatch)
-			s->djobs[n++] = (struct kvd_spec_djob){
-				.d = &r->dseq, .toks = r->toks, .n_toks = r->n_toks, .k = wants ? r->dwant : 0, .out = r->draft,
-			};
-	}
-	int left_out = kvd_spec_drafter_run(s->drafter, s->djobs, n, s->ev.is_eog, s->ev.ud);
-	for (size_t i = 0, jn = 0; i < n_items; i++) {
-		struct req *r = s->item_req[i];
-		int wants = r->dwant && s->items[i].all_logits;
 		if (!wants && !r->dcatch)
 			continue;
+		/* insertion by the owner's draft pages, stable */
+		uint32_t mine = s->owners[r->oi].dpages;
+		size_t at = n;
+		while (at && s->owners[s->item_req[s->djob_item[at - 1]]->oi].dpages > mine)
+			at--;
+		memmove(&s->djobs[at + 1], &s->djobs[at], (n - at) * sizeof(*s->djobs));
+		memmove(&s->djob_item[at + 1], &s->djob_item[at], (n - at) * sizeof(*s->djob_item));
+		s->djobs[at] = (struct kvd_spec_djob){
+			.d = &r->dseq, .toks = r->toks, .n_toks = r->n_toks, .k = wants ? r->dwant : 0, .out = r->draft,
+		};
+		s->djob_item[at] = i;
+		n++;
+	}
+	int left_out = kvd_spec_drafter_run(s->drafter, s->djobs, n, s->ev.is_eog, s->ev.ud);
+	uint64_t fed = 0, dt = sched_now_ns(s) - t0;
+	for (size_t jn = 0; jn < n; jn++) {
+		size_t i = s->djob_item[jn];
+		struct req *r = s->item_req[i];
 		uint32_t got = left_out < 0 ? 0 : s->djobs[jn].n_out;
-		jn++;
-		if (!wants)
+		fed += s->djobs[jn].n_fed;
+		if (!(r->dwant && s->items[i].all_logits))
 			continue;
 		if (got && r->gram)
 			got = spec_gram_cut(s, r, got);
@@ -269,12 +366,21 @@ static void spec_model_drafts(struct kvd_sched *s, size_t n_items, uint32_t *bud
 		if (got < r->dwant)
 			spec_shrink(s, i, r->dwant - got, budget, drafted);
 	}
-	if (left_out > 0) /* make room for the next drafts */
+	for (size_t jn = 0; fed && jn < n; jn++) {
+		struct req *r = s->item_req[s->djob_item[jn]];
+		double ns = (double)dt * s->djobs[jn].n_fed / (double)fed;
+		s->owners[r->oi].vtime_ns += ns;
+		kvmm_seq_add_time(s->kv, r->seq, 0, (uint64_t)ns);
+	}
+	if (left_out > 0) { /* make room for the next drafts */
 		for (size_t i = 0; i < s->n_reqs; i++) {
 			struct req *r = s->reqs[i];
 			if (r->dseq.has && !r->dwant && !r->dcatch)
 				kvd_spec_dseq_drop(s->drafter, &r->dseq);
 		}
+		spec_owner_dpages(s, 0);
+		spec_draft_reclaim(s, n, n_drafting);
+	}
 out:
 	for (size_t i = 0; i < n_items; i++) {
 		s->item_req[i]->dwant = 0;
@@ -377,6 +483,7 @@ void sched_spec_free(struct kvd_sched *s)
 		sched_spec_forget(s, s->reqs[i]);
 	s->drafter = kvd_spec_drafter_free(s->drafter);
 	free(s->djobs);
+	free(s->djob_item);
 	s->djobs = NULL;
 	free(s->spec_logits);
 	s->spec_logits = NULL;

@@ -35,9 +35,11 @@
  * 0.9.0: speculative decoding seen and chosen (IPC_SPEC_VERSION): DONE's
  * drafted and accepted tokens, STATS' spec_* counters, IPC_GEN_NO_SPECULATE;
  * chat turns may carry tools, tool calls and tool results
- * (IPC_CHAT_TOOLS_SERVER_VERSION), rendered in the family's tool format. */
-#define KVD_VERSION     "0.9.0"
-#define KVD_VERSION_NUM ((0u << 16) | (9u << 8) | 0u) /* as in ipc_welcome.server_version */
+ * (IPC_CHAT_TOOLS_SERVER_VERSION), rendered in the family's tool format.
+ * 0.10.0: STATS says which drafter is in use and how full the draft
+ * model's pool is (IPC_SPEC_DRAFT_STATS_VERSION). */
+#define KVD_VERSION     "0.10.0"
+#define KVD_VERSION_NUM ((0u << 16) | (10u << 8) | 0u) /* as in ipc_welcome.server_version */
 
 struct kvd_engine;
 struct kvd_server;

@@ -138,6 +138,25 @@ const char *kvd_spec_drafter_model(const struct kvd_spec_drafter *dr)
 
 uint32_t kvd_spec_drafter_n_ctx(const struct kvd_spec_drafter *dr) { return dr->n_ctx; }
 
+uint32_t kvd_spec_drafter_pages_for(const struct kvd_spec_drafter *dr, uint32_t n_tokens)
+{
+	uint32_t bs = kvd_engine_kv_layout(dr->de)->block_size;
+	return (n_tokens + bs - 1) / bs;
+}
+
+uint32_t kvd_spec_dseq_pages(const struct kvd_spec_drafter *dr, const struct kvd_spec_dseq *d)
+{
+	return d->has ? kvmm_seq_pages_held(dr->kv, d->seq) : 0;
+}
+
+void kvd_spec_drafter_pages(const struct kvd_spec_drafter *dr, uint64_t *ret_total, uint64_t *ret_used)
+{
+	struct kvmm_stats st;
+	kvmm_get_stats(dr->kv, &st);
+	*ret_total = st.pages_total;
+	*ret_used = st.pages_used;
+}
+
 void kvd_spec_dseq_drop(struct kvd_spec_drafter *dr, struct kvd_spec_dseq *d)
 {
 	if (d->has)
@@ -200,9 +219,10 @@ static int32_t argmax(const float *l, int32_t n)
 	return best;
 }
 
-/* Run the items built, dropping jobs from the end until they fit the
- * draft pool; their sequences go. Returns the jobs dropped, or a backend
- * error (the sequences of the items are then dropped too). */
+/* Run the items built, leaving jobs out from the end until they fit the
+ * draft pool; their sequences stay as they are (cut back, not caught up),
+ * for a later run. Returns the jobs left out, or a backend error (the
+ * sequences of the items are then dropped). */
 static int step_fitting(struct kvd_spec_drafter *dr, struct kvd_spec_djob *jobs, size_t *n_items)
 {
 	int dropped = 0;
@@ -210,7 +230,6 @@ static int step_fitting(struct kvd_spec_drafter *dr, struct kvd_spec_djob *jobs,
 
 	while (*n_items && kvd_engine_plan(dr->de, dr->items, *n_items, &need) == -ENOMEM) {
 		struct kvd_spec_djob *j = &jobs[dr->item_job[--*n_items]];
-		kvd_spec_dseq_drop(dr, j->d);
 		j->k = j->n_out = 0;
 		dropped++;
 	}
@@ -240,7 +259,7 @@ int kvd_spec_drafter_run(struct kvd_spec_drafter *dr, struct kvd_spec_djob *jobs
 	/* step 1: catch up, with logits where a draft follows */
 	for (size_t i = 0; i < n; i++) {
 		struct kvd_spec_djob *j = &jobs[i];
-		j->n_out = 0;
+		j->n_out = j->n_fed = 0;
 		if (j->n_toks + (j->k ? j->k : 1) > dr->n_ctx) { /* never past the draft model's context */
 			j->k = 0;
 			continue;
@@ -277,6 +296,7 @@ int kvd_spec_drafter_run(struct kvd_spec_drafter *dr, struct kvd_spec_djob *jobs
 		struct kvd_spec_djob *j = &jobs[dr->item_job[i]];
 		j->d->n += (uint32_t)dr->items[i].n_tokens;
 		j->d->base = j->d->n;
+		j->n_fed += (uint32_t)dr->items[i].n_tokens;
 		if (j->k)
 			j->out[j->n_out++] = argmax(dr->items[i].logits, dr->n_vocab);
 	}
@@ -314,6 +334,7 @@ int kvd_spec_drafter_run(struct kvd_spec_drafter *dr, struct kvd_spec_djob *jobs
 			struct kvd_spec_djob *j = &jobs[dr->item_job[i]];
 			j->d->tail[j->d->n_tail++] = j->out[step - 1];
 			j->d->n++;
+			j->n_fed++;
 			j->out[j->n_out++] = argmax(dr->items[i].logits, dr->n_vocab);
 		}
 	}

@@ -55,6 +55,7 @@ struct kvd_spec_djob {
 	uint32_t k;
 	int32_t *out;    /* k tokens of room */
 	uint32_t n_out;
+	uint32_t n_fed;  /* out: tokens the draft engine computed for it in this run */
 };
 
 /*
@@ -96,6 +97,12 @@ uint32_t kvd_spec_dseq_sync(struct kvd_spec_drafter *dr, struct kvd_spec_dseq *d
 			    uint32_t n_toks);
 /* Give up d's sequence and pages; accepts one without. */
 void kvd_spec_dseq_drop(struct kvd_spec_drafter *dr, struct kvd_spec_dseq *d);
+/* Pages a draft sequence of n_tokens tokens takes in the draft pool. */
+uint32_t kvd_spec_drafter_pages_for(const struct kvd_spec_drafter *dr, uint32_t n_tokens);
+/* Pages d's sequence holds in the draft pool (0 without one). */
+uint32_t kvd_spec_dseq_pages(const struct kvd_spec_drafter *dr, const struct kvd_spec_dseq *d);
+/* The draft pool's pages: all of them, and those held by draft sequences. */
+void kvd_spec_drafter_pages(const struct kvd_spec_drafter *dr, uint64_t *ret_total, uint64_t *ret_used);
 
 /*
  * Draft for jobs[0, n): each job's sequence (made where it has none)
@@ -103,9 +110,10 @@ void kvd_spec_dseq_drop(struct kvd_spec_drafter *dr, struct kvd_spec_dseq *d);
  * KVD_SPEC_CATCHUP_TOKENS and k > 0, drafts up to k tokens by argmax
  * (stopping after a token is_eog says ends generation; is_eog may be
  * NULL), batched across the jobs, k draft-engine steps at most. A job
- * that does not fit the draft pool, or whose sequence no slot is left
- * for, drafts nothing (n_out 0) and its sequence is dropped; the others go
- * on. Returns how many jobs were left out for lack of draft pages or
+ * that does not fit the draft pool (the last jobs of jobs[] are left out
+ * first), or whose sequence no slot is left for, drafts nothing (n_out 0)
+ * and its sequence stays as it is, for a later run; the others go on.
+ * Returns how many jobs were left out for lack of draft pages or
  * sequences (the caller may drop idle draft sequences and draft again
  * next time), or -ENOMEM for scratch memory (nothing drafted, sequences
  * kept or dropped, all consistent).

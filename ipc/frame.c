@@ -36,7 +36,7 @@ static_assert(sizeof(struct ipc_done) == 56, "ipc_done size");
 static_assert(offsetof(struct ipc_done, queue_ns) == 24, "ipc_done layout");
 static_assert(sizeof(struct ipc_error) == 8, "ipc_error size");
 static_assert(IPC_STATS_V070_BYTES == 40 * 8, "ipc_stats: 0.7.0's fields are fixed");
-static_assert(sizeof(struct ipc_stats) == 50 * 8 && sizeof(struct ipc_stats) <= IPC_MAX_STATS_BYTES, "ipc_stats size");
+static_assert(sizeof(struct ipc_stats) == 54 * 8 && sizeof(struct ipc_stats) <= IPC_MAX_STATS_BYTES, "ipc_stats size");
 static_assert(sizeof(struct ipc_tokenize) == 8, "ipc_tokenize size");
 static_assert(sizeof(struct ipc_tokenize_reply) == 16, "ipc_tokenize_reply size");
 static_assert(sizeof(struct ipc_session_open) == 8, "ipc_session_open size");

@@ -18,6 +18,17 @@
  *                         0, 1, 2-3, 4-7, 8-16 (their sum is spec_verify_steps)
  * For a client that is not an administrator they are its own uid's
  * requests' (finished ones), as the prefix counters are.
+ *
+ * From IPC_SPEC_DRAFT_STATS_VERSION (kvd 0.10.0), machine-wide for every
+ * client (the configuration and the draft pool's occupancy, as the main
+ * pool's pages are shown):
+ *   spec_mode               the drafter in use: IPC_SPEC_MODE_OFF .. _AUTO
+ *                           (0: a daemon that does not say)
+ *   spec_draft_pages_total  the draft model's own KV pool, in its pages
+ *                           (0: no draft model loaded)
+ *   spec_draft_pages_used   of those, held by draft sequences
+ *   spec_draft_reclaims     draft sequences given up so that an owner under
+ *                           its share of the draft pool could draft
  */
 #ifndef KVD_IPC_SPEC_H
 #define KVD_IPC_SPEC_H
@@ -25,6 +36,13 @@
 #include <stdint.h>
 
 #define IPC_SPEC_VERSION ((0u << 16) | (9u << 8) | 0u) /* kvd 0.9.0 */
+#define IPC_SPEC_DRAFT_STATS_VERSION ((0u << 16) | (10u << 8) | 0u) /* kvd 0.10.0 */
+
+/* ipc_stats.spec_mode */
+#define IPC_SPEC_MODE_OFF    1u
+#define IPC_SPEC_MODE_LOOKUP 2u
+#define IPC_SPEC_MODE_DRAFT  3u
+#define IPC_SPEC_MODE_AUTO   4u
 
 /* With IPC_F_SPEC, after struct ipc_done (and its struct ipc_sample, if any). */
 struct ipc_done_spec {

@@ -64,7 +64,9 @@ static const char help_stats[] =
 	"                    adopted_hit_tokens, gram_checked, gram_masked,\n"
 	"                    spec_verify_steps, spec_drafted_tokens, spec_accepted_tokens,\n"
 	"                    spec_runs_0, spec_runs_1, spec_runs_2_3, spec_runs_4_7,\n"
-	"                    spec_runs_8_16,\n"
+	"                    spec_runs_8_16, spec_mode (1 off, 2 lookup, 3 draft, 4 auto),\n"
+	"                    spec_draft_pages_total, spec_draft_pages_used,\n"
+	"                    spec_draft_reclaims,\n"
 	"                    and the strings model and server_version\n"
 	"    --watch [SECS]  repeat every SECS seconds (default 1) until interrupted; with\n"
 	"                    --json, one object per line\n"
@@ -131,10 +133,13 @@ static void print_metric_row(const char *group, const struct kvc_metric *m, cons
 	size_t n = 0;
 
 #define ADD(...) (n += (size_t)snprintf(line + n, n < sizeof(line) ? sizeof(line) - n : 0, __VA_ARGS__))
-	ADD("%-10s%-26s", group, m->label);
+	ADD("%-10s%s%-26s", group, strlen(group) >= 10 ? " " : "", m->label);
 	if (!strcmp(m->unit, "bytes")) {
 		fmt_bytes(b, sizeof(b), (double)x);
 		ADD("%12s %-9s", b, "");
+	} else if (!strcmp(m->unit, "mode")) {
+		const char *mn = kvc_spec_mode_name(x);
+		ADD("%12s %-9s", mn ? mn : "-", "");
 	} else if (!strcmp(m->unit, "ns")) {
 		uint64_t sec = x / 1000000000u;
 		snprintf(b, sizeof(b), "%" PRIu64 "h%02" PRIu64 "m%02" PRIu64 "s", sec / 3600, (sec / 60) % 60, sec % 60);
@@ -143,7 +148,8 @@ static void print_metric_row(const char *group, const struct kvc_metric *m, cons
 		ADD("%12" PRIu64 " %-9s", x, m->unit);
 	}
 	const struct kvc_metric *of = m->of[0] ? metric_named(m->of) : NULL;
-	if (!strcmp(m->unit, "pages") && m->kind == KVC_METRIC_GAUGE && s->page_bytes) {
+	/* (the draft model's pages are of another size than the pool's) */
+	if (!strcmp(m->unit, "pages") && m->kind == KVC_METRIC_GAUGE && s->page_bytes && strncmp(m->field, "spec_draft_", 11)) {
 		fmt_bytes(b, sizeof(b), (double)x * (double)s->page_bytes);
 		ADD(" %10s", b);
 	} else if (of) {

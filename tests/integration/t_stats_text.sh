@@ -41,5 +41,7 @@ ok "grammar: $checked fast-path and $masked full-mask tokens of $gen generated, 
 raw_stats() { KVD_RAW_CLIENT_VERSION=$1 "$RAW" -s "$S" stats >"$T/raw" || fail "kvd_raw stats as $1"
 	$PY -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["reply_bytes"], d["gram_masked"])' "$T/raw"; }
 [ "$(raw_stats 0x000700)" = "320 0" ] || fail "a 0.7.0 client's STATS reply: $(cat "$T/raw")"
-[ "$(raw_stats 0x000800)" = "400 $masked" ] || fail "a 0.8.0 client's STATS reply: $(cat "$T/raw")"
-ok "STATS: 320 bytes for a 0.7.0 client, 400 with the grammar and speculation counters for 0.8.0 and later"
+read -r len m8 < <(raw_stats 0x000800)
+[ "$len" -ge 400 ] && [ $((len % 8)) = 0 ] && [ "$m8" = "$masked" ] ||
+	fail "a 0.8.0 client's STATS reply: $(cat "$T/raw")"
+ok "STATS: 320 bytes for a 0.7.0 client, $len with the grammar and speculation counters for 0.8.0 and later"

@@ -325,6 +325,8 @@ static int cmd_stats(struct conn *c)
 	F(ledger_records_dropped); F(swap_errors); F(swap_fallback_recomputes); F(pages_demoted);
 	F(samples_forked); F(pages_adopted); F(pages_packed); F(pages_released);
 	F(adopted_hit_tokens); F(gram_checked); F(gram_masked);
+	F(spec_verify_steps); F(spec_drafted_tokens); F(spec_accepted_tokens); F(spec_mode);
+	F(spec_draft_pages_total); F(spec_draft_pages_used); F(spec_draft_reclaims);
 	printf(",\"reply_bytes\":%" PRIu32 "}\n", f.hdr.length); /* the reply's length on the wire */
 #undef F
 	return 0;

@@ -40,6 +40,7 @@
 
 #include "daemon/engine.h"
 #include "daemon/sched.h"
+#include "daemon/spec_draft.h"
 #include "daemon/step_model.h"
 #include "kvmm.h"
 
@@ -307,6 +308,39 @@ static const struct kvd_backend_ops stub_dev_batched_ops = {
 	.caps = KVD_CAP_DEVICE_POOL | KVD_CAP_BATCHED_SWAP,
 };
 
+/* The draft model of the draft tests: the stub, except that after every
+ * position p with p % 5 == 3 its argmax is a token the copying target
+ * never takes there, so some drafts are rejected and the draft sequence is
+ * cut back. */
+static int stub_draft_forward(void *ctx, const struct kvd_batch *b)
+{
+	int r = stub_forward(ctx, b);
+	if (r < 0)
+		return r;
+	for (int32_t i = 0; i < b->n_seqs; i++) {
+		const struct kvd_batch_seq *q = &b->seqs[i];
+		for (int32_t j = 0; j < q->n_tokens; j++) {
+			float *lg = q->all_logits ? q->logits + (size_t)j * N_VOCAB : j == q->n_tokens - 1 ? q->logits : NULL;
+			if (q->logits && lg && (q->pos0 + j) % 5 == 3)
+				lg[((uint32_t)q->tokens[j] * 3u + 2u) % N_VOCAB] += 100.0f;
+		}
+	}
+	return 0;
+}
+
+static const struct kvd_backend_ops stub_draft_ops = {
+	.name = "stub-draft",
+	.version = KVD_BACKEND_ABI_VERSION,
+	.init = stub_init,
+	.load = stub_load,
+	.attach_kv = stub_attach,
+	.forward = stub_draft_forward,
+	.page_copy = stub_page_copy,
+	.page_read = stub_page_read,
+	.page_write = stub_page_write,
+	.destroy = stub_destroy,
+};
+
 /* The tokens greedy decoding must give after prompt p[0..n). */
 static void expected(const int32_t *p, uint32_t n, uint32_t gen, int32_t *out)
 {
@@ -451,34 +485,46 @@ struct setup {
 	uint32_t max_step_ms;
 	int samples;        /* report through on_sample_token (struct srec) */
 	struct kvd_spec_config spec;
+	uint32_t draft_pages; /* > 0: a draft engine (stub_draft_ops) with this many pages */
 };
 
-static void open_ctx(struct ctx *c, const struct setup *su)
+/* A stub engine of `pages` pages of block_size tokens, over ops. */
+static struct kvd_engine *open_stub(const struct kvd_backend_ops *ops, uint32_t block_size, uint32_t pages,
+				    int prefix_cache, const char *swap)
 {
 	char err[256];
+	struct kvd_engine *e = NULL;
 	struct kvd_hparams hp = { .n_vocab = N_VOCAB, .n_embd = 4, .n_layer = 1, .n_head = 1, .n_head_kv = 1,
 				  .head_dim = 4, .n_ff = 4, .n_ctx_train = 4096 };
 	struct kvd_kv_layout l;
-	kvd_kv_layout_init(&l, &hp, su->block_size);
+	kvd_kv_layout_init(&l, &hp, block_size);
 	struct kvd_engine_config ec = {
-		.block_size = su->block_size,
-		.kv_pool_bytes = (uint64_t)su->pages * l.page_bytes,
+		.block_size = block_size,
+		.kv_pool_bytes = (uint64_t)pages * l.page_bytes,
 		.max_seqs = 64,
-		.prefix_cache = su->prefix_cache,
+		.prefix_cache = prefix_cache,
 		.shuffle_seed = 7,
-		.swap_path = su->swap,
-		.swap_bytes = su->swap ? 4u << 20 : 0,
+		.swap_path = swap,
+		.swap_bytes = swap ? 4u << 20 : 0,
 	};
+	int r = kvd_engine_open_backend(&ec, ops, &hp, &e, err, sizeof(err));
+	if (r < 0)
+		print_error("engine: %s\n", err);
+	assert_int_equal(r, 0);
+	assert_null(kvd_engine_model(e));
+	assert_int_equal(kvmm_n_pages(kvd_engine_kvmm(e)), pages);
+	return e;
+}
+
+static void open_ctx(struct ctx *c, const struct setup *su)
+{
 	memset(c, 0, sizeof(*c));
 	c->samples = su->samples;
 	c->eog = -1;
 	c->clock_ns = 1000000000ull;
-	int r = kvd_engine_open_backend(&ec, su->ops ? su->ops : &stub_ops, &hp, &c->e, err, sizeof(err));
-	if (r < 0)
-		print_error("engine: %s\n", err);
-	assert_int_equal(r, 0);
-	assert_null(kvd_engine_model(c->e));
-	assert_int_equal(kvmm_n_pages(kvd_engine_kvmm(c->e)), su->pages);
+	c->e = open_stub(su->ops ? su->ops : &stub_ops, su->block_size, su->pages, su->prefix_cache, su->swap);
+	if (su->draft_pages)
+		kvd_engine_set_draft(c->e, open_stub(&stub_draft_ops, su->block_size, su->draft_pages, 0, NULL));
 	struct kvd_sched_config sc = {
 		.max_num_seqs = su->max_seqs ? su->max_seqs : 32,
 		.max_tokens_per_step = su->per_step ? su->per_step : 512,
@@ -1476,6 +1522,166 @@ static void test_spec_lookup_exact(void **state)
 	g_copying = 0;
 }
 
+/* The draft sequence of one request, driven directly: a request 300
+ * tokens ahead catches up KVD_SPEC_CATCHUP_TOKENS at a time without
+ * drafting; then it drafts k tokens (one fed back per later draft step);
+ * when the target accepts two and emits another token, the sequence is
+ * cut back to exactly the agreeing prefix (its KV length in the draft
+ * pool too); a draft that was accepted whole is cut back by one (the last
+ * token is fed again for its logits); dropping gives every page back. */
+static void test_spec_draft_dseq(void **state)
+{
+	(void)state;
+	struct kvd_engine *de = open_stub(&stub_ops, 4, 200, 0, NULL);
+	struct kvd_spec_drafter *dr = kvd_spec_drafter_new(de);
+	struct kvmm *kv = kvd_engine_kvmm(de);
+	struct kvd_spec_dseq d = { 0 };
+	int32_t toks[400], out[8];
+	struct kvd_spec_djob j;
+	uint64_t total, used;
+
+	assert_non_null(dr);
+	for (int i = 0; i < 300; i++)
+		toks[i] = (int32_t)((i * 37) % N_VOCAB);
+	j = (struct kvd_spec_djob){ .d = &d, .toks = toks, .n_toks = 300, .k = 4, .out = out };
+	assert_int_equal(kvd_spec_drafter_run(dr, &j, 1, NULL, NULL), 0);
+	assert_int_equal(j.n_fed, KVD_SPEC_CATCHUP_TOKENS);
+	assert_int_equal(j.n_out, 0); /* too far behind to draft yet */
+	assert_true(d.has);
+	assert_int_equal(d.n, KVD_SPEC_CATCHUP_TOKENS);
+	assert_int_equal(kvmm_seq_len(kv, d.seq), KVD_SPEC_CATCHUP_TOKENS);
+
+	j = (struct kvd_spec_djob){ .d = &d, .toks = toks, .n_toks = 300, .k = 4, .out = out };
+	assert_int_equal(kvd_spec_drafter_run(dr, &j, 1, NULL, NULL), 0);
+	assert_int_equal(j.n_out, 4);
+	assert_int_equal(j.n_fed, 300 - KVD_SPEC_CATCHUP_TOKENS + 3);
+	assert_int_equal(d.n, 303);
+	assert_int_equal(d.base, 300);
+	assert_int_equal(d.n_tail, 3);
+	/* the drafts are the stub's greedy continuation */
+	int32_t want[4];
+	expected(toks, 300, 4, want);
+	assert_memory_equal(out, want, sizeof(want));
+
+	/* the target accepts two drafts and emits another token */
+	toks[300] = out[0];
+	toks[301] = out[1];
+	toks[302] = (out[2] + 1) % N_VOCAB;
+	assert_int_equal(kvd_spec_dseq_sync(dr, &d, toks, 303), 1);
+	assert_int_equal(d.n, 302);
+	assert_int_equal(kvmm_seq_len(kv, d.seq), 302);
+	assert_int_equal(d.n_tail, 0);
+
+	/* drafted again from there, and every draft accepted */
+	j = (struct kvd_spec_djob){ .d = &d, .toks = toks, .n_toks = 303, .k = 3, .out = out };
+	assert_int_equal(kvd_spec_drafter_run(dr, &j, 1, NULL, NULL), 0);
+	assert_int_equal(j.n_out, 3);
+	assert_int_equal(j.n_fed, 1 + 2);
+	memcpy(&toks[303], out, 3 * sizeof(*out));
+	assert_int_equal(kvd_spec_dseq_sync(dr, &d, toks, 306), 1);
+	assert_int_equal(d.n, 305); /* toks[303], toks[304] kept; toks[305] is fed again */
+	assert_int_equal(kvmm_seq_len(kv, d.seq), 305);
+
+	kvd_spec_drafter_pages(dr, &total, &used);
+	assert_int_equal(total, 200);
+	assert_int_equal(used, 77); /* 305 tokens of 4-token pages */
+	assert_int_equal(kvd_spec_dseq_pages(dr, &d), 77);
+	kvd_spec_dseq_drop(dr, &d);
+	assert_false(d.has);
+	assert_int_equal(kvd_spec_dseq_pages(dr, &d), 0);
+	kvd_spec_drafter_pages(dr, &total, &used);
+	assert_int_equal(used, 0);
+	/* dropped (as preemption does): it starts again from the first token */
+	assert_int_equal(kvd_spec_dseq_sync(dr, &d, toks, 306), 306);
+	kvd_spec_drafter_free(dr);
+	kvd_engine_close(de);
+}
+
+/* Draft-model speculation changes no token: the stub copying, a draft
+ * engine that disagrees after every fifth position (stub_draft_ops), so
+ * drafts are both accepted and rejected; greedy and seeded requests of two
+ * owners get the same tokens with mode = draft and auto as with off: with
+ * a roomy draft pool, beside a tight main pool with swap (preemptions
+ * between drafting steps), and with a draft pool the first owner's six
+ * requests overfill (drafts left out, and the second owner, under its
+ * share, taking pages from the first). The owner with two requests among
+ * eight drafts every time; every draft page and every pool page comes
+ * back. */
+static void test_spec_draft_exact(void **state)
+{
+	static struct rec ref[MAX_REQ];
+	static const struct setup mixes[] = {
+		{ .block_size = 16, .pages = 400, .prefix_cache = 1, .draft_pages = 400 },
+		{ .block_size = 4, .pages = 40, .prefix_cache = 1, .swap = "mem", .draft_pages = 60 },
+		{ .block_size = 4, .pages = 400, .prefix_cache = 1, .draft_pages = 40 },
+	};
+	const int n = 8;
+	int32_t p[64];
+	(void)state;
+
+	g_copying = 1;
+	for (int m = 0; m < 3; m++)
+		for (int mode = 0; mode < 3; mode++) { /* off, draft, auto */
+			struct setup su = mixes[m];
+			struct ctx c;
+			struct kvd_sched_stats st;
+			char dir[] = "/tmp/kvd-test-spec-XXXXXX", swap[64];
+			if (su.swap) {
+				assert_non_null(mkdtemp(dir));
+				snprintf(swap, sizeof(swap), "%s/swap", dir);
+				su.swap = swap;
+			}
+			su.spec = (struct kvd_spec_config){ .mode = mode == 2 ? KVD_SPEC_AUTO : mode ? KVD_SPEC_DRAFT : KVD_SPEC_OFF,
+							    .draft_tokens = 8, .min_match = 2 };
+			open_ctx(&c, &su);
+			for (int i = 0; i < n; i++) {
+				uint32_t np = prompt_of(i, 0, p);
+				struct kvd_request_params rp = greedy(40, 0);
+				if (i % 2) {
+					rp.sampling.temperature = 1.0f;
+					rp.sampling.top_k = 0;
+					rp.sampling.min_p = 0;
+					rp.sampling.seed = (uint64_t)i * 7919u;
+				}
+				rp.owner = i < 6 ? 1000 : 1001;
+				assert_int_equal(kvd_sched_submit(c.s, (uint64_t)i, p, np, &rp), 0);
+			}
+			run_until_idle(&c);
+			kvd_sched_get_stats(c.s, &st);
+			for (int i = 0; i < n; i++) {
+				assert_true(c.r[i].done);
+				assert_int_equal(c.r[i].n, 40);
+				if (mode == 0)
+					ref[i] = c.r[i];
+				else if (memcmp(c.r[i].toks, ref[i].toks, c.r[i].n * sizeof(int32_t)))
+					fail_msg("mix %d mode %d request %d: tokens differ with a draft model", m, mode, i);
+				assert_int_equal(c.r[i].res.finish, ref[i].res.finish);
+			}
+			if (mode == 0) {
+				assert_int_equal(st.spec_drafted, 0);
+			} else {
+				assert_true(st.spec_accepted > 0);
+				assert_true(st.spec_accepted < st.spec_drafted); /* some rejected: cut back */
+				assert_true(c.r[6].res.spec_drafted_tokens + c.r[7].res.spec_drafted_tokens > 0);
+			}
+			if (m == 2 && mode) { /* under its share of the overfilled draft pool: */
+				if (mode == 1)
+					assert_true(st.spec_draft_reclaims > 0);
+				/* the second owner drafts for at least half its tokens */
+				assert_true(c.r[6].res.spec_drafted_tokens + c.r[7].res.spec_drafted_tokens >= 40);
+			}
+			assert_int_equal(st.spec_draft_pages_total, su.draft_pages);
+			assert_int_equal(st.spec_draft_pages_used, 0);
+			assert_int_equal(pages_used(&c), 0);
+			close_ctx(&c);
+			if (su.swap) {
+				unlink(swap);
+				rmdir(dir);
+			}
+		}
+	g_copying = 0;
+}
+
 /* ---- parallel samples -------------------------------------------------------- */
 
 static struct kvd_request_params sampled(uint32_t max_tokens, uint32_t n_samples, uint64_t seed)
@@ -1966,6 +2172,8 @@ int main(void)
 		cmocka_unit_test(test_step_model_margin),
 		cmocka_unit_test(test_sampling_same_under_any_load),
 		cmocka_unit_test(test_spec_lookup_exact),
+		cmocka_unit_test(test_spec_draft_dseq),
+		cmocka_unit_test(test_spec_draft_exact),
 		cmocka_unit_test(test_samples_share_prompt_pages),
 		cmocka_unit_test(test_samples_seeded),
 		cmocka_unit_test(test_samples_logprobs),
