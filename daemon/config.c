@@ -241,7 +241,7 @@ const struct kvd_conf_key kvd_conf_keys[] = {
 	{ "scheduler", "context_sinks", KVD_CONF_U32, "4",
 	  1, 1u << 24, KVD_CONF_LIVE, "first tokens the sinks policy keeps (rounded up to KV pages)", NO_OPT,
 	  NULL, NULL, FIELD(context_sinks), NO_FIELD2 },
-	{ "speculative", "mode", KVD_CONF_STR, "off",
+	{ "speculative", "mode", KVD_CONF_STR, "auto",
 	  1, STR_MAX(spec_mode), KVD_CONF_LIVE,
 	  "speculative decoding: off; lookup (draft from n-gram matches in the request's own prompt and output, "
 	  "draft length learnt from each sequence's acceptance); draft (the draft model drafts); or auto (lookup, "

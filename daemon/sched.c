@@ -912,7 +912,7 @@ int kvd_sched_step(struct kvd_sched *s)
 	uint64_t t1 = sched_now_ns(s);
 	s->st.steps++;
 	sched_learn_step_time(s, n_items, t1 - t0);
-	if (s->cfg.spec.mode == KVD_SPEC_AUTO)
+	if (sched_spec_measured(s))
 		sched_spec_step_done(s, n_items, t1 - t0);
 	sched_fair_charge(s, n_items, t1 - t0);
 	for (size_t i = 0; i < n_items; i++) {

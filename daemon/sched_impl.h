@@ -200,13 +200,16 @@ int sched_emit_token(struct kvd_sched *s, struct req *r, int32_t t);
 /* ---- sched_spec.c: speculative decoding ---- */
 /* Before a step's decodes are planned: whether and how much its decodes
  * may draft (no drafts when a long prefill waits; the measured threshold
- * with mode auto; with target_ns, max_step_ms' step, only as many draft
+ * with modes auto and draft; with target_ns, max_step_ms' step, only as many draft
  * tokens as the decodes leave time for). */
 void sched_spec_begin(struct kvd_sched *s, uint64_t target_ns);
 /* The time one draft token adds to a step, as measured (0: not yet). */
 double sched_spec_token_ns(const struct kvd_sched *s);
 /* A step ran in dt_ns: a step of decodes only is folded into the cost fit. */
 void sched_spec_step_done(struct kvd_sched *s, size_t n_items, uint64_t dt_ns);
+/* Whether the mode drafts on measured costs (auto and draft; lookup keeps
+ * the fixed threshold), folding each step in (sched_spec_step_done). */
+int sched_spec_measured(const struct kvd_sched *s);
 /* r's decode, the step's item `it` (one token, logits), grows by a
  * prompt-lookup draft when r may speculate (not opted out, no window
  * policy; its samples forked; more than one token to go), leaving

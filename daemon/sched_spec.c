@@ -53,6 +53,29 @@ static struct kvd_spec_drafter *spec_drafter(struct kvd_sched *s)
 	return s->drafter;
 }
 
+int sched_spec_measured(const struct kvd_sched *s)
+{
+	return s->cfg.spec.mode == KVD_SPEC_AUTO || s->cfg.spec.mode == KVD_SPEC_DRAFT;
+}
+
+/*
+ * mode = auto's and draft's threshold for a step of n decodes: the acceptance a draft
+ * token needs to pay for itself. It costs draft_ns (measured over drafting
+ * steps, the draft model's time included); accepted, it saves its
+ * sequence's part of a later decode step: the fixed part shared by the n
+ * sequences plus its own per-token part (the plain decode steps' fit of
+ * sched_fair.c). So one stream drafts freely, and a wide batch, where
+ * the per-token part dominates, only where drafts are nearly always
+ * accepted. Before both fits exist: spec.c's own estimate.
+ */
+static double spec_auto_threshold(const struct kvd_sched *s, uint32_t n)
+{
+	const struct kvd_spec_cost *c = &s->spec_cost;
+	if (c->n_drafting >= KVD_SPEC_COST_MIN_STEPS && c->draft_ns > 0 && s->fit.token_ns > 0)
+		return c->draft_ns / (s->fit.fixed_ns / (n ? n : 1) + s->fit.token_ns);
+	return kvd_spec_threshold(c, n);
+}
+
 void sched_spec_begin(struct kvd_sched *s, uint64_t target_ns)
 {
 	uint32_t decodes = 0, pending = 0;
@@ -76,10 +99,12 @@ void sched_spec_begin(struct kvd_sched *s, uint64_t target_ns)
 		s->spec_threshold = 1.0;
 		return;
 	}
-	/* lookup and draft: the fixed threshold (the operator chose to
-	 * draft); auto: the measured one, the draft model's time included */
-	s->spec_threshold = s->cfg.spec.mode == KVD_SPEC_AUTO ? kvd_spec_threshold(&s->spec_cost, decodes)
-							      : KVD_SPEC_LOOKUP_THRESHOLD;
+	/* lookup: the fixed threshold (the operator chose to draft, and a
+	 * lookup costs only the rows it adds); auto and draft: the measured
+	 * one, the draft model's time included (it runs k steps for every
+	 * drafting sequence, so a wide batch would pay more than it saves:
+	 * 32 streams ran at 0.46x of off on the fixed threshold) */
+	s->spec_threshold = sched_spec_measured(s) ? spec_auto_threshold(s, decodes) : KVD_SPEC_LOOKUP_THRESHOLD;
 	/* max_step_ms: where other streams share the step, drafts get only
 	 * what the decodes leave of it (a stream alone waits for nobody but
 	 * itself, and its accepted drafts are what its wait buys) */
@@ -92,8 +117,7 @@ void sched_spec_begin(struct kvd_sched *s, uint64_t target_ns)
 
 double sched_spec_token_ns(const struct kvd_sched *s)
 {
-	if (s->cfg.spec.mode == KVD_SPEC_AUTO && s->spec_cost.n_drafting >= KVD_SPEC_COST_MIN_STEPS &&
-	    s->spec_cost.draft_ns > 0)
+	if (sched_spec_measured(s) && s->spec_cost.n_drafting >= KVD_SPEC_COST_MIN_STEPS && s->spec_cost.draft_ns > 0)
 		return s->spec_cost.draft_ns;
 	return s->model.a; /* a draft token is scored as a prefill token is (0: not measured) */
 }
@@ -360,8 +384,12 @@ static void spec_model_drafts(struct kvd_sched *s, size_t n_items, uint32_t *bud
 		fed += s->djobs[jn].n_fed;
 		if (!(r->dwant && s->items[i].all_logits))
 			continue;
-		if (got && r->gram)
+		if (got && r->gram) {
+			uint32_t made = got;
 			got = spec_gram_cut(s, r, got);
+			if (!got) /* the constraint refused every draft: learnt as a rejected one, to back off */
+				kvd_spec_learn(&r->spec, made, 0);
+		}
 		memcpy(r->toks + r->n_toks, r->draft, got * sizeof(*r->draft));
 		if (got < r->dwant)
 			spec_shrink(s, i, r->dwant - got, budget, drafted);
