@@ -111,8 +111,8 @@ for r in $(seq "$ROUNDS"); do
 		fi
 	done
 done
-printf '%-8s %9s %9s %7s %6s %9s | %9s %9s %7s %6s %s\n' task kvd_off kvd_look ratio tokens identical \
-	llama_off llama_look ratio tokens "drafted/accepted"
+printf '%-8s %9s %9s %7s %6s %9s | %9s %9s %7s %6s %s\n' task kvd_off "kvd_$SPEC_MODE" ratio tokens identical \
+	llama_off "llama_$SPEC_MODE" ratio tokens "drafted/accepted"
 for task in $TASKS; do
 	same=yes
 	for r in $(seq "$ROUNDS"); do cmp -s "$T/kvd-off.$task.$r" "$T/kvd-lookup.$task.$r" || same=NO; done

@@ -15,7 +15,6 @@
 #include <string.h>
 
 #include "hist.h"
-#include "ipc_spec.h"
 #include "kvmap.h"
 #include "kvmm.h"
 

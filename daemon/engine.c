@@ -717,6 +717,12 @@ int kvd_engine_step(struct kvd_engine *e, const struct kvd_engine_item *items, s
 	}
 	for (size_t i = 0; e->release && i < n; i++) {
 		uint32_t len = kvmm_seq_len(e->kv, items[i].seq);
+		/* a tail the caller may cut back (speculative drafts) does not
+		 * count: only the step's first token is sure to stay, and a page
+		 * released for positions that are then cut would be one the
+		 * next token still reads */
+		if (items[i].defer_publish)
+			len = (uint32_t)e->bseq[i].pos0 + 1;
 		if (items[i].keep_local || len < e->max_window + e->layout.block_size)
 			continue;
 		/* page k is dead once (k + 1) * block_size + max_window <= len */

@@ -428,11 +428,8 @@ struct ipc_stats {
 	uint64_t gram_masked;         /* constrained tokens drawn over a full mask of allowed tokens */
 	uint64_t spec_verify_steps, spec_drafted_tokens, spec_accepted_tokens; /* IPC_SPEC_VERSION: ipc_spec.h */
 	uint64_t spec_runs_0, spec_runs_1, spec_runs_2_3, spec_runs_4_7, spec_runs_8_16;
-	/* since IPC_SPEC_DRAFT_STATS_VERSION (0 from older daemons): ipc_spec.h */
-	uint64_t spec_mode;              /* IPC_SPEC_MODE_*: the drafter in use */
-	uint64_t spec_draft_pages_total; /* the draft model's KV pool; 0: no draft model loaded */
-	uint64_t spec_draft_pages_used;
-	uint64_t spec_draft_reclaims;    /* draft sequences given up to an owner under its share */
+	/* IPC_SPEC_DRAFT_STATS_VERSION (ipc_spec.h; 0 from older daemons): the drafter and its pool */
+	uint64_t spec_mode, spec_draft_pages_total, spec_draft_pages_used, spec_draft_reclaims;
 };
 /*
  * STATS_REPLY's length. Up to kvd 0.7.0 the reply was exactly
@@ -994,12 +991,10 @@ int ipc_chan_ack(struct ipc_chan *c);
  */
 int ipc_chan_wake_peer(struct ipc_chan *c);
 
-/* The payloads of KVMAP, HIST and LEDGER (the daemon's bookkeeping, shown
- * by kvctl stats --map / --prometheus and kvctl ledger), and their decoders. */
+/* KVMAP, HIST and LEDGER payloads (kvctl stats --map / --prometheus, kvctl ledger) */
 #include "ipc_views.h"
 
-/* Samples and log-probabilities: the IPC_F_SAMPLE stream, its log-probability
- * area and their helpers. */
+/* samples and log-probabilities: the IPC_F_SAMPLE stream and its helpers */
 #include "ipc_samples.h"
 
 #endif /* KVD_IPC_H */
