@@ -154,8 +154,9 @@ static int build_generate(const kvc_client *c, const char *prompt, size_t len, c
 	memset(m, 0, sizeof(*m));
 	if (p->flags & ~(KVC_GEN_RAW | KVC_GEN_WANT_IDS | KVC_GEN_PARSE_SPECIAL | KVC_GEN_LOGPROBS | KVC_GEN_NO_SPECULATE))
 		return -EINVAL;
-	if ((p->flags & KVC_GEN_NO_SPECULATE) && c->info.server_version < IPC_SPEC_VERSION)
-		return -EOPNOTSUPP;
+	/* (a daemon older than the opt-out never speculates: the flag is
+	 * honoured by not sending it, which that daemon would refuse) */
+	bool no_spec = (p->flags & KVC_GEN_NO_SPECULATE) && c->info.server_version >= IPC_SPEC_VERSION;
 	if (p->n_samples > KVC_MAX_SAMPLES || p->top_logprobs > KVC_MAX_TOP_LOGPROBS ||
 	    (p->top_logprobs && !(p->flags & KVC_GEN_LOGPROBS)) || (p->n_samples > 1 && p->session_id))
 		return -EINVAL;
@@ -173,7 +174,8 @@ static int build_generate(const kvc_client *c, const char *prompt, size_t len, c
 	bool windowed = p->context_policy == KVC_CONTEXT_SLIDING_WINDOW || p->context_policy == KVC_CONTEXT_SINKS;
 	if (p->max_tokens > c->info.max_tokens && c->info.max_tokens && !windowed)
 		return -E2BIG;
-	m->g.gen_flags = p->flags | (turns ? IPC_GEN_CHAT_TURNS : 0);
+	m->g.gen_flags = (p->flags & ~(uint32_t)KVC_GEN_NO_SPECULATE) | (no_spec ? IPC_GEN_NO_SPECULATE : 0) |
+			 (turns ? IPC_GEN_CHAT_TURNS : 0);
 	m->g.max_tokens = p->max_tokens;
 	m->g.temperature = p->temperature;
 	m->g.top_p = p->top_p;

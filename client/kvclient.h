@@ -242,8 +242,9 @@ KVC_EXPORT const char *kvc_last_message(const kvc_client *c);
 #define KVC_GEN_LOGPROBS 0x20u
 /* No speculative decoding for this request, whatever the daemon's
  * [speculative] mode (0.9.0). Speculation never changes an output; this
- * only chooses the plain path's speed. A daemon older than 0.9.0:
- * -EOPNOTSUPP, nothing sent. */
+ * only chooses the plain path's speed. A daemon older than 0.9.0 never
+ * speculates: the flag is not sent to it (it would refuse it), and the
+ * request goes as asked. */
 #define KVC_GEN_NO_SPECULATE 0x400u
 
 /*

@@ -112,7 +112,7 @@ static void handle_hello(struct client *c, const struct ipc_frame *f)
 		client_close(c, "channel creation failed");
 		return;
 	}
-	w.server_version = KVD_VERSION_NUM;
+	w.server_version = srv->server_version;
 	w.capabilities = IPC_CAP_SESSIONS;
 	w.client_id = c->id;
 	w.n_vocab = (uint32_t)hp->n_vocab;

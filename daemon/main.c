@@ -479,7 +479,8 @@ static int open_swap(const struct kvd_config *cfg, struct kvmm_swap_io **ret, ch
 #ifdef KVD_FAULT_INJECTION
 /*
  * Test builds only (build/tests/kvd-faulty, this file compiled with
- * -DKVD_FAULT_INJECTION; the kvd that is installed never reads it):
+ * -DKVD_FAULT_INJECTION; the kvd that is installed never reads it; also
+ * KVD_TEST_FAULTS and KVD_TEST_SERVER_VERSION, arm_server_faults):
  * KVD_TEST_SWAP_FAULT=OP:ERROR[:AFTER[:COUNT]] puts kvmm's fault layer
  * between kvmm and the swap file. OP is read, write or any; ERROR is EIO,
  * ENOSPC or short (half the bytes); the first AFTER matching page transfers
@@ -543,6 +544,13 @@ static void arm_server_faults(struct kvd_server_hooks *hooks)
 	hooks->fault_peercred = faults && strstr(faults, "peercred");
 	if (hooks->fault_peercred)
 		log_warning("TEST BUILD: KVD_TEST_FAULTS: reading peer credentials fails on purpose");
+	/* KVD_TEST_SERVER_VERSION=MAJOR.MINOR.PATCH: WELCOME says that version */
+	const char *v = getenv("KVD_TEST_SERVER_VERSION");
+	unsigned maj, min, pat;
+	if (v && sscanf(v, "%u.%u.%u", &maj, &min, &pat) == 3 && maj < 256 && min < 256 && pat < 256) {
+		hooks->fault_server_version = (maj << 16) | (min << 8) | pat;
+		log_warning("TEST BUILD: KVD_TEST_SERVER_VERSION: WELCOME says kvd %u.%u.%u", maj, min, pat);
+	}
 }
 #endif
 

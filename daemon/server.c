@@ -222,6 +222,7 @@ int kvd_server_create(const struct kvd_config *cfg, struct kvd_engine *e, int li
 		srv->hooks = *hooks;
 	srv->t_start = now_ns();
 	srv->fault_peercred = srv->hooks.fault_peercred;
+	srv->server_version = srv->hooks.fault_server_version ? srv->hooks.fault_server_version : KVD_VERSION_NUM;
 	uint32_t n_train = (uint32_t)kvd_model_hparams(kvd_engine_model(e))->n_ctx_train;
 	if (!n_train)
 		n_train = 2048;

@@ -72,8 +72,11 @@ struct kvd_server_hooks {
 	int (*cache_drop)(void *ud, struct kvd_engine *e, struct kvd_cache_op_result *ret, char *why, size_t why_size);
 	void *cache_ud;
 	/* Fault injection, set only by the test build (kvd-faulty, compiled
-	 * with -DKVD_FAULT_INJECTION): every SO_PEERCRED read fails. */
+	 * with -DKVD_FAULT_INJECTION): every SO_PEERCRED read fails; WELCOME
+	 * says this version instead of KVD_VERSION_NUM (0: the real one), so
+	 * clients' fallbacks for older daemons can be tested. */
 	bool fault_peercred;
+	uint32_t fault_server_version;
 };
 
 /*

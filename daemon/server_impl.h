@@ -302,6 +302,7 @@ struct kvd_server {
 	bool stopping, cancelled_all;
 	/* fault injection for tests (kvd_server_hooks.fault_peercred) */
 	bool fault_peercred;
+	uint32_t server_version; /* WELCOME's: KVD_VERSION_NUM, or the test build's fault_server_version */
 	uint64_t drain_deadline, final_deadline;
 };
 

@@ -63,7 +63,10 @@ c=$(field warm1 cached_tokens); h=$(kstat adopted_hit_tokens); a=$(last_ledger a
 [ "$c" -ge 16 ] || fail "warm: $c cached tokens"
 [ "$h" -ge 16 ] && [ "$h" -le "$(kstat prefix_hit_tokens)" ] || fail "warm: adopted_hit_tokens $h"
 [ "$a" = "$c" ] || fail "warm: the ledger says adopted_tokens $a, cached_tokens $c"
-"${K[@]}" stats --prometheus | grep -q "^kvd_adopted_hit_tokens_total $h\$" || fail "prometheus: no kvd_adopted_hit_tokens_total $h"
+# (to a file first: grep -q stops reading at its match, and kvctl, still
+# writing, would then die of SIGPIPE and fail the pipeline)
+"${K[@]}" stats --prometheus >"$T/prom.txt" || fail "kvctl stats --prometheus"
+grep -q "^kvd_adopted_hit_tokens_total $h\$" "$T/prom.txt" || fail "prometheus: no kvd_adopted_hit_tokens_total $h"
 gen fresh "$P3"
 [ "$(last_ledger adopted_tokens)" = 0 ] || fail "a fresh prompt: adopted_tokens $(last_ledger adopted_tokens)"
 [ "$(kstat adopted_hit_tokens)" = "$h" ] || fail "a fresh prompt moved adopted_hit_tokens to $(kstat adopted_hit_tokens)"

@@ -59,9 +59,9 @@ assert b["pages"] == b["memory_bytes"] // p["page_bytes"]
 assert b["sequences"] == b["pages"] // p["pages_per_request"]
 EOF
 	case $ty in bf16) line="x 2 bytes ($ty) = $want B" ;; *) line="x $per32/32 bytes ($ty) = $want B" ;; esac
-	KVD_SOCKET=$S "$KVCTL" plan --context 2048 | grep -qF "$line" ||
+	grep -qF "$line" <<<"$(KVD_SOCKET=$S "$KVCTL" plan --context 2048)" ||
 		fail "$ty: kvctl plan does not show the block size: $(KVD_SOCKET=$S "$KVCTL" plan)"
-	KVD_SOCKET=$S "$KVCTL" stats | grep -q "per token, $ty)" ||
+	grep -q "per token, $ty)" <<<"$(KVD_SOCKET=$S "$KVCTL" stats)" ||
 		fail "$ty: kvctl stats does not name the type: $(KVD_SOCKET=$S "$KVCTL" stats | head -2)"
 	# WELCOME names the type (enum + 1) to 0.5 clients, and says 0 to older ones
 	case $ty in q8_0) kt=3 ;; q4_0) kt=4 ;; bf16) kt=5 ;; esac
@@ -89,7 +89,7 @@ for env in "" KVD_CPU_NO_AVX512=1; do
 	PIDS+=("$KVD_PID")
 	for _ in $(seq 1 600); do "$RAW" -s "$S" hello >/dev/null 2>&1 && break; sleep 0.1; done
 	grep -q "$want K/V (cache_type auto)" "$T/auto.log" || fail "auto${env:+ with $env}: expected $want: $(grep 'KV pool' "$T/auto.log")"
-	KVD_SOCKET=$S "$KVCTL" stats | grep -q "per token, $want)" || fail "auto: kvctl stats does not say $want"
+	grep -q "per token, $want)" <<<"$(KVD_SOCKET=$S "$KVCTL" stats)" || fail "auto: kvctl stats does not say $want"
 	stop_kvd "$KVD_PID" || fail "auto: kvd exited with status $?"
 	ok "cache_type auto${env:+ with $env}: $want"
 done
