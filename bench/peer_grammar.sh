@@ -17,6 +17,11 @@
 # seeded, plain and constrained interleaved, best of 3). Prints each side's
 # plain and constrained tokens/s and the constrained / plain ratio.
 #
+# kvd runs with [speculative] mode = off (SPEC=auto for the default): the
+# cost of the constraint alone, as llama-completion does not speculate
+# either (a constrained document repeats itself, and lookup drafts would
+# make it faster than the plain run). STREAMS=32 adds kvd's 32-stream row.
+#
 #   bench/peer_grammar.sh [ROUNDS [TOKENS [THREADS]]]   (default 3, 128, 2)
 #   KVD_GRAMMAR_MODELS="a.gguf b.gguf" replaces the list of models
 set -euo pipefail
@@ -83,10 +88,11 @@ print("  llama.cpp llama-completion: plain %.1f (%.1f..%.1f)  --json-schema %.1f
 PY
 	fi
 	"$KVD" --config /dev/null --socket "$T/kvd.sock" --model "$m" --pool-size 256M --threads "$THREADS" \
-		2>"$T/kvd.log" &
+		--speculative "${SPEC:-off}" 2>"$T/kvd.log" &
 	PID=$!
 	for i in $(seq 300); do "$RAW" -s "$T/kvd.sock" hello >/dev/null 2>&1 && break; sleep 0.1; done
-	"$GB" --socket "$T/kvd.sock" 1 "$T/schema.json" | awk '$1 == 1 && !seen[$2]++ { printf "  kvd grammar_bench, 1 stream, %s: plain %s  constrained %s  ratio %s  (best of 3)\n", $2, $3, $4, $5 }'
+	"$GB" --socket "$T/kvd.sock" "${STREAMS:-1}" "$T/schema.json" |
+		awk '($1 == 1 || $1 == '"${STREAMS:-1}"') && !seen[$1 " " $2]++ { printf "  kvd grammar_bench, %s stream(s), %s: plain %s  constrained %s  ratio %s  (best of 3)\n", $1, $2, $3, $4, $5 }'
 	kill -TERM "$PID"; wait "$PID" || true; PID=
 	rm -f "$T/kvd.sock"
 done
