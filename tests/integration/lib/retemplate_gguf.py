@@ -35,6 +35,17 @@ class Reader:
         self.o += n
         return s
 
+    def header(self):
+        """The GGUF v3 header from the start: (tensor count, [[key, type, value], ...])."""
+        assert self.take("I") == 0x46554747 and self.take("I") == 3, "not a GGUF v3 file"
+        n_t, n_kv = self.take("Q"), self.take("Q")
+        kvs = []
+        for _ in range(n_kv):
+            k = self.string()
+            t = self.take("I")
+            kvs.append([k, t, self.value(t)])
+        return n_t, kvs
+
     def value(self, t):
         if t == T_STR:
             return self.string()
@@ -64,13 +75,7 @@ def main():
     src, dst, tmpl_file, markers = argv[0], argv[1], argv[2], argv[3:]
     b = open(src, "rb").read()
     r = Reader(b)
-    assert r.take("I") == 0x46554747 and r.take("I") == 3, "not a GGUF v3 file"
-    n_t, n_kv = r.take("Q"), r.take("Q")
-    kvs = []
-    for _ in range(n_kv):
-        k = r.string()
-        t = r.take("I")
-        kvs.append([k, t, r.value(t)])
+    n_t, kvs = r.header()
     ti_start = r.o
     for _ in range(n_t):  # tensor infos: name, n_dims, dims, type, offset
         r.string()

@@ -22,13 +22,7 @@ def main():
     src, dst, keep = sys.argv[1], sys.argv[2], int(sys.argv[3])
     b = open(src, "rb").read()
     r = Reader(b)
-    assert r.take("I") == 0x46554747 and r.take("I") == 3, "not a GGUF v3 file"
-    n_t, n_kv = r.take("Q"), r.take("Q")
-    kvs = []
-    for _ in range(n_kv):
-        k = r.string()
-        t = r.take("I")
-        kvs.append([k, t, r.value(t)])
+    n_t, kvs = r.header()
     infos = []  # name, dims, type, offset
     for _ in range(n_t):
         name = r.string()
