@@ -191,8 +191,8 @@ void sched_spec_draft(struct kvd_sched *s, struct req *r, struct kvd_engine_item
 		 * behind catches up there first, drafting nothing this step */
 		/* a draft sequence that would outgrow its owner's share of the
 		 * draft pool is not kept: it would be cut out again and again */
-		uint64_t total, used;
-		kvd_spec_drafter_pages(s->drafter, &total, &used);
+		uint64_t total;
+		kvd_spec_drafter_pages(s->drafter, &total, NULL);
 		if (kvd_spec_drafter_pages_for(s->drafter, r->n_toks + want) > (s->spec_dshare ? s->spec_dshare : total)) {
 			kvd_spec_dseq_drop(s->drafter, &r->dseq);
 			return;
@@ -353,8 +353,8 @@ static void spec_model_drafts(struct kvd_sched *s, size_t n_items, uint32_t *bud
 		s->cap_djobs = n;
 	}
 	uint32_t n_drafting = spec_owner_dpages(s, n_items);
-	uint64_t total, used;
-	kvd_spec_drafter_pages(s->drafter, &total, &used);
+	uint64_t total;
+	kvd_spec_drafter_pages(s->drafter, &total, NULL);
 	s->spec_dshare = (uint32_t)(total / (n_drafting ? n_drafting : 1));
 	n = 0;
 	for (size_t i = 0; i < n_items; i++) {

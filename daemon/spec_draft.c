@@ -151,10 +151,12 @@ uint32_t kvd_spec_dseq_pages(const struct kvd_spec_drafter *dr, const struct kvd
 
 void kvd_spec_drafter_pages(const struct kvd_spec_drafter *dr, uint64_t *ret_total, uint64_t *ret_used)
 {
-	struct kvmm_stats st;
-	kvmm_get_stats(dr->kv, &st);
-	*ret_total = st.pages_total;
-	*ret_used = st.pages_used;
+	*ret_total = kvmm_n_pages(dr->kv);
+	if (ret_used) {
+		struct kvmm_stats st;
+		kvmm_get_stats(dr->kv, &st);
+		*ret_used = st.pages_used;
+	}
 }
 
 void kvd_spec_dseq_drop(struct kvd_spec_drafter *dr, struct kvd_spec_dseq *d)

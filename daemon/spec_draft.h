@@ -101,7 +101,8 @@ void kvd_spec_dseq_drop(struct kvd_spec_drafter *dr, struct kvd_spec_dseq *d);
 uint32_t kvd_spec_drafter_pages_for(const struct kvd_spec_drafter *dr, uint32_t n_tokens);
 /* Pages d's sequence holds in the draft pool (0 without one). */
 uint32_t kvd_spec_dseq_pages(const struct kvd_spec_drafter *dr, const struct kvd_spec_dseq *d);
-/* The draft pool's pages: all of them, and those held by draft sequences. */
+/* The draft pool's pages: all of them, and (ret_used may be NULL: then
+ * cheap, for the scheduler's every step) those held by draft sequences. */
 void kvd_spec_drafter_pages(const struct kvd_spec_drafter *dr, uint64_t *ret_total, uint64_t *ret_used);
 
 /*
