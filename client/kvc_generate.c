@@ -119,12 +119,16 @@ static int encode_turns(const kvc_client *c, const struct kvc_gen_params *p, cha
 			n = -EINVAL;
 			goto out;
 		}
-		if (t[i].role >= IPC_CHAT_TOOLS && c->info.server_version < IPC_CHAT_TOOLS_SERVER_VERSION) {
+		if ((t[i].role >= IPC_CHAT_TOOLS && c->info.server_version < IPC_CHAT_TOOLS_SERVER_VERSION) ||
+		    (t[i].role == IPC_CHAT_CALL_OPEN && c->info.server_version < IPC_CHAT_CALL_OPEN_SERVER_VERSION)) {
 			n = -EOPNOTSUPP;
 			goto out;
 		}
 	}
-	if (t[p->n_messages - 1].role != IPC_CHAT_USER && t[p->n_messages - 1].role != IPC_CHAT_TOOL) {
+	uint32_t last = t[p->n_messages - 1].role;
+	if (last == IPC_CHAT_CALL_OPEN) /* the reply's start, after the turn it answers */
+		last = p->n_messages > 1 && t[p->n_messages - 1].bytes == 0 ? t[p->n_messages - 2].role : 0;
+	if (last != IPC_CHAT_USER && last != IPC_CHAT_TOOL) {
 		n = -EINVAL;
 		goto out;
 	}

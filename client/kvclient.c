@@ -66,6 +66,8 @@ static void fill_info(struct kvc_info *i, const struct ipc_welcome *w)
 	i->server_version = w->server_version;
 	memcpy(i->model_name, w->model_name, sizeof(i->model_name));
 	memcpy(i->model_id, w->model_id, sizeof(i->model_id)); /* zeros from older daemons */
+	_Static_assert(sizeof(i->chat_format) == sizeof(w->chat_format), "chat_format fits");
+	memcpy(i->chat_format, w->chat_format, sizeof(i->chat_format)); /* zeros likewise */
 	i->n_vocab = w->n_vocab;
 	i->n_ctx = w->n_ctx;
 	i->block_size = w->block_size;

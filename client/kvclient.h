@@ -86,9 +86,9 @@ extern "C" {
 /* ---- version ----------------------------------------------------------- */
 
 #define KVC_VERSION_MAJOR 0
-#define KVC_VERSION_MINOR 10
+#define KVC_VERSION_MINOR 11
 #define KVC_VERSION_PATCH 0
-#define KVC_VERSION_STRING "0.10.0"
+#define KVC_VERSION_STRING "0.11.0"
 /* One number, comparable: (major << 16) | (minor << 8) | patch.
  * 0.2.0 added conversations (kvc_gen_params.messages, struct kvc_chat_msg).
  * 0.3.0 added parallel samples and log-probabilities (kvc_gen_params.n_samples,
@@ -110,7 +110,10 @@ extern "C" {
  * rendered in the model family's own tool format.
  * 0.10.0 added kvc_stats.spec_mode, .spec_draft_pages_total,
  * .spec_draft_pages_used and .spec_draft_reclaims (the drafter in use and
- * the draft model's pool). */
+ * the draft model's pool).
+ * 0.11.0 added kvc_info.chat_format and the "call_open" turn of
+ * conversations (a reply that begins with a tool call, in the family's
+ * shape). */
 #define KVC_VERSION ((KVC_VERSION_MAJOR << 16) | (KVC_VERSION_MINOR << 8) | KVC_VERSION_PATCH)
 
 /* The version of the library actually loaded, as KVC_VERSION. */
@@ -206,7 +209,11 @@ struct kvc_info {
 	                               * "q4_0", "f32"; 0.5.0, "" from older daemons) */
 	char model_id[32];            /* a short, stable id: the model file's base name without
 	                               * ".gguf" (at most 31 bytes; 0.8.0, "" from older daemons) */
-	uint64_t reserved[3];
+	char chat_format[16];         /* the chat template's family, which says how the model
+	                               * writes a tool call: "chatml", "llama3", "llama2", "zephyr",
+	                               * "gemma", "mistral"; "" when kvd renders no conversations for
+	                               * the model, and from daemons before 0.11.0 */
+	uint64_t reserved[1];
 };
 /* Valid until kvc_close(); never NULL. */
 KVC_EXPORT const struct kvc_info *kvc_server_info(const kvc_client *c);
@@ -266,7 +273,19 @@ KVC_EXPORT const char *kvc_last_message(const kvc_client *c);
  *                text turn of the same reply, or stands for the reply;
  *   "tool"       content is one tool result; the results after a
  *                "tool_calls" turn answer its calls in order.
- * The last message is a "user" or a "tool" one.
+ *   "call_open"  (0.11.0; -EOPNOTSUPP from an older daemon) content "",
+ *                the last message, after a "user" or "tool" one, in a
+ *                conversation with tools: the reply begins with a tool
+ *                call. The prompt ends with what the family writes before
+ *                a call's JSON (chatml and the generic format of llama2,
+ *                zephyr and gemma: "<tool_call>\n", then the call object
+ *                {"name", "arguments"}; mistral: its [TOOL_CALLS] token,
+ *                then a JSON array of such objects; llama3: nothing, the
+ *                call object {"name", "parameters"} is the whole reply), so
+ *                a constraint to a call of that shape (a forced call) is
+ *                written the way the model was trained to write it.
+ *                kvc_info.chat_format names the family.
+ * The last message is a "user" or a "tool" one (or "call_open" after one).
  */
 struct kvc_chat_msg {
 	const char *role;

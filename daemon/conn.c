@@ -20,6 +20,7 @@
 #include "kvmm.h"
 #include "log.h"
 #include "model.h"
+#include "tokenizer.h"
 
 /* ---- small helpers -------------------------------------------------------- */
 
@@ -135,9 +136,15 @@ static void handle_hello(struct client *c, const struct ipc_frame *f)
 	snprintf(w.model_name, sizeof(w.model_name), "%s", kvd_model_name(kvd_engine_model(srv->e)));
 	if (h.client_version >= IPC_MODEL_ID_CLIENT_VERSION) /* older clients check it is zero */
 		model_id_from_path(srv->cfg.model, w.model_id);
+	size_t wlen = IPC_WELCOME_V080_BYTES; /* all an older client accepts */
+	if (h.client_version >= IPC_CHAT_FORMAT_CLIENT_VERSION) {
+		snprintf(w.chat_format, sizeof(w.chat_format), "%s",
+			 kvd_tokenizer_chat_format(kvd_model_tokenizer(kvd_engine_model(srv->e))));
+		wlen = sizeof(w);
+	}
 	r = ipc_chan_fds(c->chan, fds);
 	if (r == 0)
-		r = ipc_send_nowait(c->fd, IPC_MSG_WELCOME, 0, 0, &w, sizeof(w), fds, IPC_WELCOME_N_FDS);
+		r = ipc_send_nowait(c->fd, IPC_MSG_WELCOME, 0, 0, &w, wlen, fds, IPC_WELCOME_N_FDS);
 	if (r < 0) {
 		client_close(c, "cannot send WELCOME");
 		return;

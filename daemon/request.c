@@ -201,6 +201,10 @@ int kvd_request_chat_turns(const struct kvd_tokenizer *tok, const char *turns, s
 			return why_set(why, why_cap, n, "%d chat turns; at most %u are allowed", k, IPC_MAX_CHAT_TURNS);
 		if (k == 0)
 			return why_set(why, why_cap, n, "the conversation has no turns");
+		if (t.role == IPC_CHAT_CALL_OPEN)
+			return why_set(why, why_cap, n,
+				       "the last chat turn opens a tool call; it must be empty and follow the user's "
+				       "turn or a tool result");
 		return why_set(why, why_cap, n, "the last chat turn is the %s's; it must be the user's or a tool result",
 			       ipc_chat_role_name(t.role));
 	}

@@ -37,9 +37,12 @@
  * chat turns may carry tools, tool calls and tool results
  * (IPC_CHAT_TOOLS_SERVER_VERSION), rendered in the family's tool format.
  * 0.10.0: STATS says which drafter is in use and how full the draft
- * model's pool is (IPC_SPEC_DRAFT_STATS_VERSION). */
-#define KVD_VERSION     "0.10.0"
-#define KVD_VERSION_NUM ((0u << 16) | (10u << 8) | 0u) /* as in ipc_welcome.server_version */
+ * model's pool is (IPC_SPEC_DRAFT_STATS_VERSION).
+ * 0.11.0: WELCOME names the chat format (IPC_CHAT_FORMAT_CLIENT_VERSION);
+ * a conversation may end with a call-open turn (IPC_CHAT_CALL_OPEN,
+ * IPC_CHAT_CALL_OPEN_SERVER_VERSION): a forced call in the family's shape. */
+#define KVD_VERSION     "0.11.0"
+#define KVD_VERSION_NUM ((0u << 16) | (11u << 8) | 0u) /* as in ipc_welcome.server_version */
 
 struct kvd_engine;
 struct kvd_server;

@@ -23,10 +23,12 @@
 static_assert(sizeof(struct ipc_hdr) == IPC_HDR_BYTES, "ipc_hdr size");
 static_assert(offsetof(struct ipc_hdr, request_id) == 16, "ipc_hdr layout");
 static_assert(sizeof(struct ipc_hello) == 40, "ipc_hello size");
-static_assert(sizeof(struct ipc_welcome) == 176, "ipc_welcome size");
 static_assert(offsetof(struct ipc_welcome, kv_bytes_per_token) == 64, "ipc_welcome layout");
 static_assert(offsetof(struct ipc_welcome, model_name) == 80, "ipc_welcome layout");
 static_assert(offsetof(struct ipc_welcome, model_id) == 144, "ipc_welcome layout");
+static_assert(offsetof(struct ipc_welcome, chat_format) == 176 && IPC_WELCOME_V080_BYTES == 176,
+	      "ipc_welcome layout");
+static_assert(sizeof(struct ipc_welcome) == 208, "ipc_welcome size");
 static_assert(sizeof(struct ipc_generate) == 64, "ipc_generate size");
 static_assert(offsetof(struct ipc_generate, seed) == 32, "ipc_generate layout");
 static_assert(offsetof(struct ipc_generate, n_stop) == 56, "ipc_generate layout");
@@ -80,7 +82,7 @@ struct type_info {
 
 static const struct type_info types[IPC_MSG_TYPE_MAX + 1] = {
 	[IPC_MSG_HELLO] = { "HELLO", C2S_SOCK, sizeof(struct ipc_hello), false, 0, 0 },
-	[IPC_MSG_WELCOME] = { "WELCOME", S2C_SOCK, sizeof(struct ipc_welcome), false, 0, IPC_WELCOME_N_FDS },
+	[IPC_MSG_WELCOME] = { "WELCOME", S2C_SOCK, IPC_WELCOME_V080_BYTES, true, 0, IPC_WELCOME_N_FDS },
 	[IPC_MSG_GENERATE] = { "GENERATE", C2S_SOCK, sizeof(struct ipc_generate), true, 0, 0 },
 	[IPC_MSG_PROMPT_DATA] = { "PROMPT_DATA", IPC_FROM_CLIENT | IPC_VIA_RING, sizeof(struct ipc_prompt_data),
 				  true, 0, 0 },
@@ -260,16 +262,19 @@ int ipc_decode_hello(const struct ipc_frame *f, struct ipc_hello *ret)
 
 int ipc_decode_welcome(const struct ipc_frame *f, struct ipc_welcome *ret)
 {
-	struct ipc_welcome w;
+	struct ipc_welcome w = { 0 };
 
-	assert(f->hdr.type == IPC_MSG_WELCOME && f->hdr.length == sizeof(w));
-	memcpy(&w, f->payload, sizeof(w));
+	assert(f->hdr.type == IPC_MSG_WELCOME && f->hdr.length >= IPC_WELCOME_V080_BYTES);
+	/* 0.8.0 to 0.10.0 send the first part only; a later daemon may send
+	 * more than this client knows */
+	memcpy(&w, f->payload, f->hdr.length < sizeof(w) ? f->hdr.length : sizeof(w));
 	if (w.capabilities & ~IPC_CAP_ALL)
 		return -EPROTO;
 	if (w.kv_type > IPC_KV_TYPE_MAX)
 		return -EPROTO;
 	if (!nul_terminated_name(w.model_name, sizeof(w.model_name)) ||
-	    !nul_terminated_name(w.model_id, sizeof(w.model_id)))
+	    !nul_terminated_name(w.model_id, sizeof(w.model_id)) ||
+	    !nul_terminated_name(w.chat_format, sizeof(w.chat_format)))
 		return -EBADMSG;
 	if (w.max_text_bytes > IPC_MAX_TEXT_BYTES || w.max_gen_tokens > IPC_MAX_GEN_TOKENS)
 		return -E2BIG;
@@ -507,13 +512,14 @@ const char *ipc_chat_role_name(uint32_t role)
 	case IPC_CHAT_TOOLS: return "tools";
 	case IPC_CHAT_TOOL_CALLS: return "tool_calls";
 	case IPC_CHAT_TOOL: return "tool";
+	case IPC_CHAT_CALL_OPEN: return "call_open";
 	}
 	return NULL;
 }
 
 uint32_t ipc_chat_role_parse(const char *name, size_t len)
 {
-	for (uint32_t r = IPC_CHAT_SYSTEM; r <= IPC_CHAT_TOOL; r++) {
+	for (uint32_t r = IPC_CHAT_SYSTEM; r <= IPC_CHAT_CALL_OPEN; r++) {
 		const char *s = ipc_chat_role_name(r);
 		if (strlen(s) == len && !memcmp(s, name, len))
 			return r;
@@ -551,17 +557,25 @@ int ipc_chat_turn_next(const void *buf, size_t len, size_t *off, struct ipc_chat
 int ipc_chat_turns_check(const void *buf, size_t len)
 {
 	struct ipc_chat_turn t = { 0 };
+	uint32_t before = 0; /* the role of the turn before the last */
 	size_t off = 0;
 	int n = 0, r;
 
 	if (len > IPC_MAX_TEXT_BYTES)
 		return -E2BIG;
-	while ((r = ipc_chat_turn_next(buf, len, &off, &t)) > 0)
+	while ((r = ipc_chat_turn_next(buf, len, &off, &t)) > 0) {
 		if ((unsigned)++n > IPC_MAX_CHAT_TURNS)
 			return -E2BIG;
+		if (off < len)
+			before = t.role;
+	}
 	if (r < 0)
 		return r;
-	if (n == 0 || (t.role != IPC_CHAT_USER && t.role != IPC_CHAT_TOOL))
+	if (n == 0)
+		return -EINVAL;
+	if (t.role == IPC_CHAT_CALL_OPEN)
+		t.role = n > 1 && t.bytes == 0 ? before : 0;
+	if (t.role != IPC_CHAT_USER && t.role != IPC_CHAT_TOOL)
 		return -EINVAL;
 	return n;
 }

@@ -137,6 +137,7 @@
 #define IPC_MAX_PIECE_BYTES      128u        /* bytes of one token's text in a log-probability entry */
 #define IPC_MODEL_NAME_BYTES     64u         /* NUL-padded field */
 #define IPC_MODEL_ID_BYTES       32u         /* NUL-padded field (ipc_welcome.model_id) */
+#define IPC_CHAT_FORMAT_BYTES    16u         /* NUL-padded field (ipc_welcome.chat_format) */
 #define IPC_CLIENT_NAME_BYTES    32u         /* NUL-padded field */
 /* Token ids in one TOKENIZE_REPLY frame, PS entries in one PS_REPLY. */
 #define IPC_MAX_IDS_PER_FRAME    ((IPC_MAX_PAYLOAD_BYTES - 16u) / 4u)
@@ -274,7 +275,19 @@ struct ipc_welcome {
 	 * clients of IPC_MODEL_ID_CLIENT_VERSION or later; all zeros for older
 	 * ones, whose reserved field it was, and from older servers. */
 	char model_id[IPC_MODEL_ID_BYTES];
+	/* Sent to clients of IPC_CHAT_FORMAT_CLIENT_VERSION or later only (kvd
+	 * 0.11.0): older ones accept exactly IPC_WELCOME_V080_BYTES, and a
+	 * client reads a WELCOME of that size from an older daemon as these
+	 * fields all zero. */
+	/* The chat template's family, which says how the model writes a tool
+	 * call (kvd_chat_render): "chatml", "llama3", "llama2", "zephyr",
+	 * "gemma", "mistral"; "" when the model has no template kvd renders.
+	 * NUL-terminated and -padded. */
+	char chat_format[IPC_CHAT_FORMAT_BYTES];
+	uint32_t reserved[4];     /* zero */
 };
+/* The WELCOME of kvd 0.8.0 to 0.10.0, and what older clients get. */
+#define IPC_WELCOME_V080_BYTES ((uint32_t)offsetof(struct ipc_welcome, chat_format))
 
 /* GENERATE flags (struct ipc_generate.gen_flags). */
 #define IPC_GEN_RAW            0x1u /* complete the text as given; default: chat template */
@@ -444,6 +457,9 @@ struct ipc_stats {
 #define IPC_STATS_GROW_VERSION ((0u << 16) | (8u << 8) | 0u) /* kvd 0.8.0 */
 #define IPC_STATS_V070_BYTES   ((uint32_t)offsetof(struct ipc_stats, gram_checked))
 #define IPC_MAX_STATS_BYTES    4096u
+/* kvd 0.11.0: ipc_welcome.chat_format and the longer WELCOME, sent to clients
+ * saying this version or later. */
+#define IPC_CHAT_FORMAT_CLIENT_VERSION ((0u << 16) | (11u << 8) | 0u)
 /* kvd 0.8.0: ipc_welcome.model_id, sent to clients saying this version or later. */
 #define IPC_MODEL_ID_CLIENT_VERSION ((0u << 16) | (8u << 8) | 0u)
 /* kvd 0.5.0: ipc_welcome.kv_type, sent to clients saying this version or later. */

@@ -50,6 +50,14 @@ enum ipc_chat_role {
 				  * "arguments" (an object)} */
 	IPC_CHAT_TOOL = 6,       /* one tool result (the text the tool returned); the
 				  * results after a TOOL_CALLS turn answer its calls in order */
+	/* kvd 0.11.0: the reply begins with a tool call. Empty text; the last
+	 * turn, after a user or tool turn, in a conversation with a TOOLS
+	 * turn. The prompt then ends with what the family writes before a
+	 * call's JSON (ChatML and the generic format: "<tool_call>\n";
+	 * Mistral: its [TOOL_CALLS] token; Llama 3: nothing, a call is the
+	 * whole reply), so a client constraining the reply to a call (a forced
+	 * tool call) has the model write it in its own shape. */
+	IPC_CHAT_CALL_OPEN = 7,
 };
 #define IPC_CHAT_TURN_HEAD_BYTES      8u
 #define IPC_MAX_CHAT_TURNS            1024u
@@ -62,8 +70,10 @@ enum ipc_chat_role {
  * otherwise.
  */
 #define IPC_CHAT_TOOLS_SERVER_VERSION ((0u << 16) | (9u << 8) | 0u)
+/* IPC_CHAT_CALL_OPEN likewise: sent only to kvd 0.11.0 or later. */
+#define IPC_CHAT_CALL_OPEN_SERVER_VERSION ((0u << 16) | (11u << 8) | 0u)
 
-/* "system", "user", "assistant", "tools", "tool_calls", "tool", or NULL
+/* "system", "user", "assistant", "tools", "tool_calls", "tool", "call_open", or NULL
  * for another value. */
 const char *ipc_chat_role_name(uint32_t role);
 /* The role named by name[0 .. len) (exact, lower case), or 0 when none. */
@@ -86,7 +96,8 @@ int ipc_chat_turn_next(const void *buf, size_t len, size_t *off, struct ipc_chat
 /*
  * Check a whole turn list: every record as ipc_chat_turn_next() does, at
  * least one turn (-EINVAL when empty), at most IPC_MAX_CHAT_TURNS (-E2BIG),
- * the last one a user or tool turn (-EINVAL). Returns the number of turns.
+ * the last one a user or tool turn, or a call-open turn right after one
+ * (-EINVAL). Returns the number of turns.
  */
 int ipc_chat_turns_check(const void *buf, size_t len);
 /*

@@ -56,6 +56,7 @@
 #define HTTP_MAX_TOOLS               128         /* entries of 'tools' */
 #define HTTP_MAX_TOOL_NAME           64          /* bytes of a function name (OpenAI's bound) */
 #define HTTP_TOOL_TURNS_VERSION      0x000900u   /* kvd that renders tool roles itself (0.9.0) */
+#define HTTP_CALL_OPEN_VERSION       0x000b00u   /* kvd that names its chat format and opens calls (0.11.0) */
 #define HTTP_MAX_PARALLEL_CALLS      8           /* calls a forced parallel answer holds at most */
 #define HTTP_MAX_ERROR_POINTER       128         /* bytes of a schema error's JSON pointer */
 
@@ -133,6 +134,22 @@ enum http_tool_mode {
 
 /* A checked generation request. Strings are owned (free with
  * http_gen_req_clear); the absent ones are NULL. */
+/*
+ * How a forced call is written, by the model family kvd names
+ * (kvc_info.chat_format, kvd 0.11.0):
+ *   BARE     the call object {"name", "arguments"} alone (a JSON array of
+ *            them with parallel_tool_calls): what kvd before 0.11.0 gets
+ *   TAGGED   ChatML (Qwen) and the generic format: the prompt ends with
+ *            "<tool_call>\n" (a "call_open" turn), then the call object;
+ *            with parallel_tool_calls, BARE's array
+ *   LLAMA3   {"name", "parameters"}: the whole reply (an array of them
+ *            with parallel_tool_calls)
+ *   MISTRAL  the prompt ends with [TOOL_CALLS], then a JSON array of one
+ *            call object (1 to HTTP_MAX_PARALLEL_CALLS with
+ *            parallel_tool_calls)
+ */
+enum http_call_shape { HTTP_CALL_BARE, HTTP_CALL_TAGGED, HTTP_CALL_LLAMA3, HTTP_CALL_MISTRAL };
+
 struct http_gen_req {
 	int endpoint;
 	char *model;
@@ -174,7 +191,10 @@ struct http_gen_req {
 	char *tool_name;         /* HTTP_TOOLS_NAMED: the function */
 	bool parallel_tool_calls; /* 'parallel_tool_calls' (default true): more than one call kept */
 	bool parallel_forced;     /* 'parallel_tool_calls' true given with a forced call: one or more */
+	enum http_call_shape call_shape; /* how a forced call is written (http_set_call_shape) */
+	bool call_open_turn;      /* tool_turns ends with a "call_open" turn */
 };
+
 
 /*
  * Parse and check a request body for endpoint ep. Every parameter the
@@ -207,6 +227,17 @@ int http_parse_constraint(json_t *o, struct http_gen_req *r, struct http_error *
  * is refused. 0, or -EINVAL/-ENOMEM with e filled.
  */
 int http_parse_tools(json_t *o, struct http_gen_req *r, struct http_error *e);
+
+/* The call shape for a kvd of server_version naming chat_format. */
+enum http_call_shape http_call_shape_for(unsigned server_version, const char *chat_format);
+/*
+ * A forced call's constraint (and, where the shape has one, the closing
+ * "call_open" turn of r->tool_turns) for shape; nothing for a request
+ * without a forced call. 0, or -ENOMEM with e filled.
+ */
+int http_set_call_shape(struct http_gen_req *r, enum http_call_shape shape, struct http_error *e);
+/* Whether a forced answer is a JSON array of calls (not one object). */
+bool http_forced_array(const struct http_gen_req *r);
 
 /*
  * The text of a message of the conversation as kvd's chat template sees it:

@@ -343,6 +343,12 @@ static int start_generation(struct conn *c, uint64_t min_serial, struct http_err
 		}
 		const struct kvc_info *info = kvc_server_info(lane_lock(c->lane, -1));
 		lane_unlock(c->lane);
+		/* a forced call in the shape of the family this kvd names */
+		if ((r = http_set_call_shape(&c->req, http_call_shape_for(info->server_version, info->chat_format), e)) < 0) {
+			pool_release(s, c->lane, c->weight, false);
+			c->lane = NULL;
+			return r;
+		}
 		fill_params(c, info, &p);
 		if (info->max_tokens && p.max_tokens > info->max_tokens) {
 			http_fail(e, 400, "invalid_request_error", "context_length_exceeded",

@@ -46,8 +46,12 @@
  * "arguments": the function's parameters} (anyOf over the functions for
  * "required"; with parallel_tool_calls true given, a JSON array of 1 to
  * HTTP_MAX_PARALLEL_CALLS of them), so even a small model returns calls
- * that validate; the gateway reads it as the calls (toolcall.c) rather
- * than asking the grammar for a family's tags around them. With "auto"
+ * that validate; the gateway reads it as the calls (toolcall.c). From kvd
+ * 0.11.0, which names the model's chat format, the call is written in the
+ * family's own shape (enum http_call_shape): kvd ends the prompt with the
+ * family's opener (Qwen's and the generic "<tool_call>\n", Mistral's
+ * [TOOL_CALLS]) and the schema is the family's (Llama 3.1's "parameters",
+ * Mistral's array). With "auto"
  * nothing is constrained and the calls are parsed from any family's shape
  * when the model writes one.
  *
@@ -292,45 +296,84 @@ static int parse_tool(json_t *t, size_t idx, json_t *out, struct http_error *e)
 	return json_array_append_new(out, fn) < 0 ? oom(e) : 0;
 }
 
-/* The schema of one call object of function fn. */
-static json_t *call_schema(json_t *fn)
+/* The schema of one call object of function fn, its arguments under key. */
+static json_t *call_schema(json_t *fn, const char *key)
 {
 	return json_pack("{s:s, s:{s:{s:O}, s:O}, s:[s,s], s:b}", "type", "object", "properties", "name", "const",
-			 json_object_get(fn, "name"), "arguments", json_object_get(fn, "parameters"), "required", "name",
-			 "arguments", "additionalProperties", 0);
+			 json_object_get(fn, "name"), key, json_object_get(fn, "parameters"), "required", "name", key,
+			 "additionalProperties", 0);
 }
 
-/* required / named: the output is one call, constrained by its schema. */
+bool http_forced_array(const struct http_gen_req *r)
+{
+	return r->parallel_forced || r->call_shape == HTTP_CALL_MISTRAL;
+}
+
+enum http_call_shape http_call_shape_for(unsigned server_version, const char *chat_format)
+{
+	if (server_version < HTTP_CALL_OPEN_VERSION || !chat_format[0])
+		return HTTP_CALL_BARE;
+	if (!strcmp(chat_format, "llama3"))
+		return HTTP_CALL_LLAMA3;
+	if (!strcmp(chat_format, "mistral"))
+		return HTTP_CALL_MISTRAL;
+	return HTTP_CALL_TAGGED; /* Qwen's own, and the generic format of the others */
+}
+
+/* required / named: the output is one call (or a list of them), constrained by its schema. */
 static int set_call_constraint(struct http_gen_req *r, struct http_error *e)
 {
+	const char *key = r->call_shape == HTTP_CALL_LLAMA3 ? "parameters" : "arguments";
 	json_t *schema = NULL, *fn;
 	size_t i;
 
 	if (r->tool_mode == HTTP_TOOLS_NAMED) {
 		json_array_foreach(r->tools, i, fn) {
 			if (!strcmp(json_string_value(json_object_get(fn, "name")), r->tool_name))
-				schema = call_schema(fn);
+				schema = call_schema(fn, key);
 		}
 	} else if (json_array_size(r->tools) == 1) {
-		schema = call_schema(json_array_get(r->tools, 0));
+		schema = call_schema(json_array_get(r->tools, 0), key);
 	} else {
 		json_t *any = json_array();
 		json_array_foreach(r->tools, i, fn) {
-			if (any && json_array_append_new(any, call_schema(fn)) < 0) {
+			if (any && json_array_append_new(any, call_schema(fn, key)) < 0) {
 				json_decref(any);
 				any = NULL;
 			}
 		}
 		schema = any ? json_pack("{s:o}", "anyOf", any) : NULL;
 	}
-	if (schema && r->parallel_forced) /* one or more calls, as a JSON array */
+	if (schema && http_forced_array(r)) /* one or more calls, as a JSON array */
 		schema = json_pack("{s:s, s:o, s:i, s:i}", "type", "array", "items", schema, "minItems", 1, "maxItems",
-				   HTTP_MAX_PARALLEL_CALLS);
+				   r->parallel_forced ? HTTP_MAX_PARALLEL_CALLS : 1);
 	if (!schema)
 		return oom(e);
 	int x = set_json_constraint(r, KVC_CONSTRAINT_JSON_SCHEMA, "tools", schema, e);
 	json_decref(schema);
 	return x;
+}
+
+int http_set_call_shape(struct http_gen_req *r, enum http_call_shape shape, struct http_error *e)
+{
+	if (r->tool_mode != HTTP_TOOLS_REQUIRED && r->tool_mode != HTTP_TOOLS_NAMED)
+		return 0;
+	if (shape == r->call_shape && r->constraint.kind)
+		return 0;
+	r->call_shape = shape;
+	/* the family's text before a call ends the prompt: kvd writes it */
+	bool opener = r->tool_turns && ((shape == HTTP_CALL_TAGGED && !r->parallel_forced) || shape == HTTP_CALL_MISTRAL);
+	if (opener && !r->call_open_turn) {
+		char *none = strdup("");
+		if (!none)
+			return oom(e);
+		r->tool_turns[r->n_tool_turns++] = (struct kvc_chat_msg){ "call_open", none };
+		r->call_open_turn = true;
+	} else if (!opener && r->call_open_turn) {
+		free((char *)r->tool_turns[--r->n_tool_turns].content);
+		r->call_open_turn = false;
+	}
+	return set_call_constraint(r, e);
 }
 
 static int parse_tool_choice(json_t *o, struct http_gen_req *r, struct http_error *e)
@@ -418,6 +461,7 @@ int http_parse_tools(json_t *o, struct http_gen_req *r, struct http_error *e)
 	 * for: then one or more (a small model asked for "one or more" may
 	 * well write more than were wanted, up to HTTP_MAX_PARALLEL_CALLS). */
 	r->parallel_forced = parallel_given;
+	r->call_shape = HTTP_CALL_BARE; /* until the kvd that answers names its family */
 	return set_call_constraint(r, e);
 }
 
@@ -625,7 +669,8 @@ int http_tool_turns(json_t *m, struct http_gen_req *r, struct http_error *e)
 
 	if (!has_tool_turns(m, r))
 		return 0;
-	if (!(r->tool_turns = calloc(2 * n + 1, sizeof(*r->tool_turns))) || !(ids = json_array()))
+	/* per message its text and calls, the tools, a closing call_open */
+	if (!(r->tool_turns = calloc(2 * n + 2, sizeof(*r->tool_turns))) || !(ids = json_array()))
 		return oom(e);
 	json_t *role0 = json_object_get(json_array_get(m, 0), "role");
 	const char *r0 = json_string_value(role0);

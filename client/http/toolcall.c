@@ -2,9 +2,12 @@
  * client/http/toolcall.c — a model's text read back as OpenAI tool calls.
  *
  * With tool_choice "required" or a named function the output was
- * constrained to one bare call object, {"name": ..., "arguments": {...}}
- * (structured.c), and the whole text is that call; with parallel_tool_calls
- * true given, a JSON array of such calls. With "auto" the text is free and
+ * constrained to one call object, {"name": ..., "arguments": {...}}
+ * (structured.c; Llama 3.1's key is "parameters"), and the whole text is
+ * that call (the family's opener, "<tool_call>\n", is the prompt's end,
+ * not text); Mistral's, after its [TOOL_CALLS] token, is a JSON array of
+ * that one call; with parallel_tool_calls true given, a JSON array of such
+ * calls. With "auto" the text is free and
  * read in every family's shape: each <tool_call>{...}</tool_call> block
  * naming one of the request's tools is a call (a last block whose closing
  * tag the model never wrote counts when its JSON is whole; Qwen, and the
@@ -89,25 +92,29 @@ static bool json_ws(char ch)
 
 /*
  * The head of a call as the forced constraint writes it (and models mostly
- * do): {"name": "NAME", "arguments": — any JSON whitespace between tokens.
- * 1 with the name's offset and length and the offset where the arguments
- * object begins; 0 when s (n bytes so far) may still become one; -1 when
- * it cannot.
+ * do): {"name": "NAME", "arguments": (or Llama 3.1's "parameters":) — any
+ * JSON whitespace between tokens. 1 with the name's offset and length and
+ * the offset where the arguments object begins; 0 when s (n bytes so far)
+ * may still become one; -1 when it cannot.
  */
 static int call_head(const char *s, size_t n, size_t *ret_name, size_t *ret_name_len, size_t *ret_args)
 {
 	static const char *const before[] = { "{", "\"name\"", ":", "\"" }, *const after[] = { "\"", ",", "\"arguments\"", ":" };
+	static const char params[] = "\"parameters\"";
 	size_t i = 0;
 
 	for (int part = 0; part < 2; part++) {
 		const char *const *lit = part ? after : before;
 		for (size_t k = 0; k < 4; k++) {
-			size_t len = strlen(lit[k]);
+			const char *want = lit[k];
 			while (i < n && json_ws(s[i]) && !(part == 1 && k == 0)) /* none inside the name's quotes */
 				i++;
+			if (part == 1 && k == 2 && i + 1 < n && s[i + 1] == 'p')
+				want = params;
+			size_t len = strlen(want);
 			if (n - i < len)
-				return memcmp(s + i, lit[k], n - i) == 0 ? 0 : -1;
-			if (memcmp(s + i, lit[k], len) != 0)
+				return memcmp(s + i, want, n - i) == 0 ? 0 : -1;
+			if (memcmp(s + i, want, len) != 0)
 				return -1;
 			i += len;
 		}
@@ -135,14 +142,20 @@ static int call_head(const char *s, size_t n, size_t *ret_name, size_t *ret_name
 }
 
 /* Where a call's arguments end: before the trailing whitespace, the call
- * object's closing brace and the whitespace before it (from is the
- * arguments' start, or what was sent of them). */
-static size_t args_end(const char *s, size_t n, size_t from)
+ * object's closing brace and the whitespace before it, and, for a call in
+ * a list (Mistral's forced one), the list's closing bracket before those
+ * (from is the arguments' start, or what was sent of them). */
+static size_t args_end(const char *s, size_t n, size_t from, bool listed)
 {
 	size_t e = n;
 
 	while (e > from && json_ws(s[e - 1]))
 		e--;
+	if (listed && e > from && s[e - 1] == ']') {
+		e--;
+		while (e > from && json_ws(s[e - 1]))
+			e--;
+	}
 	if (e > from && s[e - 1] == '}')
 		e--;
 	while (e > from && json_ws(s[e - 1]))
@@ -166,7 +179,7 @@ static bool add_call(const struct http_gen_req *q, const char *s, size_t n, json
 		size_t nm = 0, nl = 0, as = 0;
 		json_t *a = NULL;
 		if (call_head(s, n, &nm, &nl, &as) == 1) {
-			size_t end = args_end(s, n, as);
+			size_t end = args_end(s, n, as, false);
 			json_t *raw = json_loadb(s + as, end - as, 0, NULL);
 			if (raw && json_equal(raw, args))
 				a = http_text_json(s + as, end - as);
@@ -186,6 +199,39 @@ static bool add_call(const struct http_gen_req *q, const char *s, size_t n, json
 	}
 	json_decref(o);
 	return ok;
+}
+
+/* Mistral's forced call is a list of one: where its object starts in s
+ * (n bytes so far), past the whitespace and '[' before it; 0 for the other
+ * shapes; n while s may still be that lead. */
+static size_t listed_lead(const struct http_gen_req *q, const char *s, size_t n)
+{
+	size_t i = 0;
+
+	if (q->call_shape != HTTP_CALL_MISTRAL || q->parallel_forced)
+		return 0;
+	while (i < n && json_ws(s[i]))
+		i++;
+	if (i < n && s[i] == '[')
+		for (i++; i < n && json_ws(s[i]); i++)
+			;
+	return i;
+}
+
+/* The single forced call's text without the list around it (Mistral's):
+ * s[*ret_a .. *ret_e). */
+static void listed_span(const struct http_gen_req *q, const char *s, size_t n, size_t *ret_a, size_t *ret_e)
+{
+	size_t a = listed_lead(q, s, n), e = n;
+
+	if (a && q->call_shape == HTTP_CALL_MISTRAL) {
+		while (e > a && json_ws(s[e - 1]))
+			e--;
+		if (e > a && s[e - 1] == ']')
+			e--;
+	}
+	*ret_a = a;
+	*ret_e = e;
 }
 
 static void append(char **buf, size_t *len, const char *s, size_t n)
@@ -276,7 +322,9 @@ static int parse_calls(const struct http_gen_req *q, const char *text, size_t le
 		if (!json_calls(q, text, len, calls, HTTP_MAX_PARALLEL_CALLS))
 			append(&content, &clen, text, len);
 	} else if (q->tool_mode == HTTP_TOOLS_REQUIRED || q->tool_mode == HTTP_TOOLS_NAMED) {
-		if (!add_call(q, text, len, calls))
+		size_t a, e;
+		listed_span(q, text, len, &a, &e);
+		if (!add_call(q, text + a, e - a, calls))
 			append(&content, &clen, text, len);
 	} else if (!memmem(text, len, open_tag, sizeof(open_tag) - 1)) {
 		/* no <tool_call> block: the JSON-only shapes, or plain content */
@@ -402,8 +450,12 @@ static int stream_forced(struct conn *c)
 	if (c->tool_seen)
 		return 0;
 	if (!c->call_open) {
-		size_t nm = 0, nl = 0, as = 0;
-		int h = call_head(t, c->tool_len, &nm, &nl, &as);
+		size_t nm = 0, nl = 0, as = 0, lead = listed_lead(&c->req, t, c->tool_len);
+		if (lead == c->tool_len)
+			return 0;
+		int h = call_head(t + lead, c->tool_len - lead, &nm, &nl, &as);
+		nm += lead;
+		as += lead;
 		char name[HTTP_MAX_TOOL_NAME + 1];
 		if (h == 0)
 			return 0;
@@ -423,7 +475,7 @@ static int stream_forced(struct conn *c)
 		if ((r = head_delta(c, 0, c->tool_call_id, json_string(name))) < 0)
 			return r;
 	}
-	size_t end = args_end(t, c->tool_len, c->tool_sent);
+	size_t end = args_end(t, c->tool_len, c->tool_sent, c->req.call_shape == HTTP_CALL_MISTRAL);
 	if (end > c->tool_sent) {
 		r = args_delta(c, 0, t + c->tool_sent, end - c->tool_sent);
 		c->tool_sent = end;
@@ -440,10 +492,11 @@ static int finish_forced(struct conn *c, const struct kvc_result *res, const cha
 
 	if (!calls)
 		return -ENOMEM;
-	size_t end = args_end(c->tool_text, c->tool_len, c->tool_sent);
+	size_t end = args_end(c->tool_text, c->tool_len, c->tool_sent, c->req.call_shape == HTTP_CALL_MISTRAL), a, e;
 	if (end > c->tool_sent)
 		r = args_delta(c, 0, c->tool_text + c->tool_sent, end - c->tool_sent);
-	bool whole = add_call(&c->req, c->tool_text, c->tool_len, calls);
+	listed_span(&c->req, c->tool_text, c->tool_len, &a, &e);
+	bool whole = add_call(&c->req, c->tool_text + a, e - a, calls);
 	*ret_finish = whole ? "tool_calls" : http_finish_reason(res->finish_reason);
 	json_decref(calls);
 	return r;

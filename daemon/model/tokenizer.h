@@ -148,7 +148,7 @@ int kvd_detok_flush(struct kvd_detok *d, char *out, size_t cap);
 /* ---- chat template ----------------------------------------------------- */
 
 struct kvd_chat_msg {
-	const char *role;    /* "system", "user", "assistant", "tools", "tool_calls", "tool" */
+	const char *role;    /* "system", "user", "assistant", "tools", "tool_calls", "tool", "call_open" */
 	const char *content;
 };
 
@@ -161,7 +161,11 @@ struct kvd_chat_msg {
  *                the assistant's reply (after its text, when the message
  *                before is the same reply's assistant turn);
  *   "tool"       one tool result; the results after a "tool_calls" turn
- *                answer its calls in order.
+ *                answer its calls in order;
+ *   "call_open"  empty, the last turn, after a user or tool turn, in a
+ *                conversation with tools: the reply begins with a call
+ *                (below: what each family writes before the call's JSON
+ *                ends the prompt).
  * Each family renders them in its own tool format (see kvd_chat_render).
  * Whether msgs are well formed: 0, or -EINVAL with the reason in why
  * (cap bytes, may be NULL) — a NULL role or content, an unknown role, a
@@ -217,6 +221,12 @@ int kvd_chat_check(const struct kvd_chat_msg *msgs, size_t n_msgs, char *why, si
  *    by 4; a call is the assistant's whole turn, {"name": "f",
  *    "parameters": {...}} (several: joined by "; "); a result is an
  *    "ipython" turn holding the result as a JSON string.
+ *  - A last "call_open" turn ends the prompt (always with the reply's
+ *    prompt, add_assistant or not) with the family's call opener: ChatML,
+ *    Gemma and Zephyr "<tool_call>\n", Llama 2 " <tool_call>\n" (then the
+ *    call object {"name", "arguments"}); Llama 3 nothing (the call object
+ *    {"name", "parameters"} is the reply); Mistral its [TOOL_CALLS] token
+ *    (then the JSON array of call objects).
  *  - Mistral: "[AVAILABLE_TOOLS] [...][/AVAILABLE_TOOLS]" before the last
  *    user turn, "[TOOL_CALLS] [{"name": ..., "arguments": ..., "id":
  *    "…"}]" + EOS, "[TOOL_RESULTS] {"content": result, "call_id": "…"}
@@ -278,6 +288,11 @@ int kvd_chat_render(const struct kvd_tokenizer *t, const struct kvd_chat_msg *ms
  */
 int kvd_chat_tokenize(const struct kvd_tokenizer *t, const struct kvd_chat_msg *msgs, size_t n_msgs,
 		      unsigned flags, int32_t *out, size_t max_out);
+
+/* The family kvd_chat_render() renders this model's conversations in, as
+ * WELCOME names it: "chatml", "llama3", "llama2", "zephyr", "gemma",
+ * "mistral"; "" when kvd_chat_tokenize() refuses them. Static, never NULL. */
+const char *kvd_tokenizer_chat_format(const struct kvd_tokenizer *t);
 
 /* Why kvd_chat_tokenize() refuses this model's conversations (a sentence
  * naming the template and the missing token, owned by t), or NULL when it

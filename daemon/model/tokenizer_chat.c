@@ -406,6 +406,17 @@ static const struct {
 					      MK_BIT(MK_TOOL_RESULTS) | MK_BIT(MK_TOOL_RESULTS_END), 0 },
 };
 
+const char *kvd_tokenizer_chat_format(const struct kvd_tokenizer *t)
+{
+	static const char *const names[] = {
+		[CHAT_CHATML] = "chatml", [CHAT_LLAMA3] = "llama3", [CHAT_LLAMA2] = "llama2",
+		[CHAT_ZEPHYR] = "zephyr", [CHAT_GEMMA] = "gemma",   [CHAT_MISTRAL] = "mistral",
+	};
+	if (t->chat_problem[0] || t->chat <= CHAT_UNKNOWN || (size_t)t->chat >= sizeof(names) / sizeof(names[0]))
+		return "";
+	return names[t->chat];
+}
+
 void tok_chat_markers(struct kvd_tokenizer *t, bool have_template)
 {
 	t->chat_problem[0] = '\0';

@@ -200,6 +200,16 @@ int kvd_chat_check(const struct kvd_chat_msg *msgs, size_t n_msgs, char *why, si
 			if (r < 0)
 				return r;
 			jdoc_free(d);
+		} else if (is_role(role, "call_open")) {
+			const char *before = i ? msgs[i - 1].role : NULL;
+			const char *bad = i + 1 != n_msgs ? "is not the last turn"
+					  : msgs[i].content[0] ? "has text (it must be empty)"
+					  : !tools_seen ? "comes in a conversation without tools"
+					  : !before || !(is_role(before, "user") || is_role(before, "tool"))
+						  ? "does not follow a user or tool turn"
+						  : NULL;
+			if (bad)
+				return why_fail(why, cap, "chat turn %zu (call_open) %s", i, bad);
 		} else if (!is_role(role, "system") && !is_role(role, "assistant") && !is_role(role, "tool")) {
 			return why_fail(why, cap, "chat turn %zu has the unknown role '%.32s'", i, role);
 		}
@@ -210,7 +220,8 @@ int kvd_chat_check(const struct kvd_chat_msg *msgs, size_t n_msgs, char *why, si
 bool tok_chat_has_tools(const struct kvd_chat_msg *msgs, size_t n_msgs)
 {
 	for (size_t i = 0; i < n_msgs; i++)
-		if (is_role(msgs[i].role, "tools") || is_role(msgs[i].role, "tool_calls") || is_role(msgs[i].role, "tool"))
+		if (is_role(msgs[i].role, "tools") || is_role(msgs[i].role, "tool_calls") || is_role(msgs[i].role, "tool") ||
+		    is_role(msgs[i].role, "call_open"))
 			return true;
 	return false;
 }
@@ -533,11 +544,29 @@ static int render_mistral(struct render *b, const struct kvd_chat_msg *msgs, siz
 
 /* ---- entry --------------------------------------------------------------------- */
 
+/* What the family writes before a call's JSON, for a reply that begins
+ * with a call (a last "call_open" turn). */
+static void call_opener(struct render *b)
+{
+	switch (b->t->chat) {
+	case CHAT_MISTRAL: chat_mark(b, MK_TOOL_CALLS); break; /* then its array of calls */
+	case CHAT_LLAMA3: break;                               /* the call object is the reply */
+	case CHAT_LLAMA2: chat_str(b, " <tool_call>\n"); break; /* a reply starts after " " */
+	default: chat_str(b, "<tool_call>\n"); break;         /* Qwen's, and the generic format */
+	}
+}
+
 int tok_chat_render_tools(struct render *b, const struct kvd_chat_msg *msgs, size_t n_msgs, bool add_assistant)
 {
 	struct jdoc *td = NULL;
 	const struct jv *tools = NULL;
 	int r;
+	bool open_call = n_msgs && is_role(msgs[n_msgs - 1].role, "call_open");
+
+	if (open_call) { /* the reply's start: after the prompt for it */
+		n_msgs--;
+		add_assistant = true;
+	}
 
 	b->tools = tok_chat_has_tools(msgs, n_msgs);
 	for (size_t i = 0; i < n_msgs && !td; i++)
@@ -550,12 +579,18 @@ int tok_chat_render_tools(struct render *b, const struct kvd_chat_msg *msgs, siz
 	if (b->t->chat == CHAT_MISTRAL) {
 		r = render_mistral(b, msgs, n_msgs, tools);
 		jdoc_free(td);
-		return r;
+		if (r == 0 && open_call)
+			call_opener(b);
+		return r ? r : b->err;
 	}
 	struct plain p = { .m = calloc(n_msgs + 1, sizeof(*p.m)), .verbatim = calloc(n_msgs + 1, sizeof(bool)) };
 	r = p.m && p.verbatim ? rewrite(b->t, msgs, n_msgs, tools, &p) : -ENOMEM;
 	if (r == 0)
 		r = tok_chat_render_plain(b, p.m, p.n, add_assistant, p.verbatim);
+	if (r == 0 && open_call) {
+		call_opener(b);
+		r = b->err;
+	}
 	for (size_t i = 0; i < p.n; i++)
 		free((char *)p.m[i].content);
 	free(p.m);

@@ -13,7 +13,11 @@ Checked (any failure raises):
     tokenized by kvd with special tokens parsed (kvctl tokenize --special)
   - tool_choice naming a function: one call of it whose arguments validate
     against its parameters (jsonschema), finish_reason tool_calls; streamed,
-    the argument deltas join to arguments that validate
+    the argument deltas join to arguments that validate; the call is
+    written in the family's shape: the prompt has the tokens of the
+    reference rendering up to where the call's JSON begins (Qwen's and the
+    generic format's "<tool_call>\n", Mistral's [TOOL_CALLS], nothing for
+    Llama 3.1, whose call object has "parameters")
   - tool_choice required: one call of one of the tools, validating,
     streamed the same
   - tool_choice required with parallel_tool_calls true: 1 to 8 calls, each
@@ -151,8 +155,22 @@ def streamed(**kw):
 
 named = {"type": "function", "function": {"name": "get_weather"}}
 msgs = CONVO[:2]
+
+
+def opened():
+    # the reference rendering of msgs with the call's opener: the rendering
+    # with the call in it, cut where the call's JSON begins
+    if family == "mistral":  # the system message joins the user turn, last here
+        return want.split("[INST]", 1)[0] + "[INST] Be brief.\n\nWeather in Paris for 2 days?[/INST][TOOL_CALLS]"
+    return want[:want.index('{"name": "get_weather", "' + ("parameters" if family == "llama3" else "arguments"))]
+
+
+tok = subprocess.run([kvctl, "tokenize", "--special", "--json", *bos, "-"], input=opened().encode(),
+                     capture_output=True, check=True)
+open_n = json.loads(tok.stdout)["count"]
 r = client.chat.completions.create(model=model, messages=msgs, tools=TOOLS, tool_choice=named, max_tokens=800,
                                    temperature=0)
+assert r.usage.prompt_tokens == open_n, (r.usage.prompt_tokens, open_n, opened())
 ch = r.choices[0]
 assert ch.finish_reason == "tool_calls" and len(ch.message.tool_calls) == 1, ch
 call = ch.message.tool_calls[0]
@@ -161,7 +179,8 @@ check_call(call.function.name, call.function.arguments)
 s_calls, s_finish = streamed(messages=msgs, tools=TOOLS, tool_choice=named, max_tokens=800, temperature=0)
 assert s_finish == "tool_calls" and len(s_calls) == 1 and s_calls[0]["name"] == "get_weather", s_calls
 assert json.loads(s_calls[0]["args"]) == json.loads(call.function.arguments), (s_calls, call)
-ok(f"named: get_weather({json.dumps(json.loads(call.function.arguments))}) validates, streamed the same")
+ok(f"named: get_weather({json.dumps(json.loads(call.function.arguments))}) validates, streamed the same; "
+   f"its prompt ({open_n} tokens) ends with the family's call opener")
 
 r = client.chat.completions.create(model=model, messages=msgs, tools=TOOLS, tool_choice="required", max_tokens=800,
                                    temperature=0)

@@ -4,10 +4,18 @@
 # (KVD_TEST_SERVER_VERSION), so what the clients gate on the daemon's
 # version is checked against a daemon that answers as the old one would
 # have been asked:
+#  * WELCOME names the chat format ("mistral") to a 0.11.0 client in 208
+#    bytes; a 0.10.0 client gets the 176 bytes it accepts;
+#  * the daemon as it is (0.11.0) ends a forced call's prompt with the
+#    family's call opener (Mistral's [TOOL_CALLS] token: one token more
+#    than the same conversation with tool_choice none) and the call is an
+#    array of one; a daemon saying 0.10.0 predates the opener: the prompt
+#    is the conversation's alone and the call a bare object; both come back
+#    as a tool call;
 #  * a daemon saying 0.8.0 predates tool roles in conversations: kvd-http
 #    renders the tools, the call and its result itself, as text in the
 #    generic (Hermes-style) format, and the request succeeds — with another
-#    prompt than the same request to a 0.10.0 daemon, which renders a tiny
+#    prompt than the same request to a 0.11.0 daemon, which renders a tiny
 #    Mistral's own [AVAILABLE_TOOLS] / [TOOL_CALLS] / [TOOL_RESULTS] format; "speculative": false is not sent to it (a 0.8.0
 #    daemon would refuse the unknown flag) and the request succeeds;
 #  * a daemon saying 0.6.0 predates constraints: response_format
@@ -56,13 +64,44 @@ TURNS='"messages":[{"role":"user","content":"what time is it in Oslo?"},{"role":
 TOOLREQ="{\"model\":\"mistral\",$TURNS,$TOOLS,\"max_tokens\":4,\"temperature\":0}"
 
 prompt_of() { $PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["usage"]["prompt_tokens"])' "$1"; }
+ASK='"messages":[{"role":"user","content":"time in Oslo?"}]'
+# the city an enum: a tiny byte-level model's free strings run long
+ETOOLS='"tools":[{"type":"function","function":{"name":"get_time","description":"the time in a city","parameters":{"type":"object","properties":{"city":{"enum":["Oslo","Rome"]}},"required":["city"],"additionalProperties":false}}}]'
+forced_call() { # TAG: a forced call's prompt tokens, less those of the same conversation with tool_choice none
+	[ "$(post /v1/chat/completions "{\"model\":\"mistral\",$ASK,$ETOOLS,\"tool_choice\":\"none\",\"max_tokens\":1}" "$T/$1n.json")" = 200 ] ||
+		fail "tool_choice none ($1): $(cat "$T/$1n.json")"
+	[ "$(post /v1/chat/completions "{\"model\":\"mistral\",$ASK,$ETOOLS,\"tool_choice\":\"required\",\"max_tokens\":200,\"temperature\":0}" "$T/$1f.json")" = 200 ] ||
+		fail "a forced call ($1): $(cat "$T/$1f.json")"
+	$PY - "$T/$1f.json" <<'PYEOF' || fail "a forced call ($1) is not a get_time call: $(cat "$T/$1f.json")"
+import json, sys
+c = json.load(open(sys.argv[1]))["choices"][0]
+assert c["finish_reason"] == "tool_calls" and len(c["message"]["tool_calls"]) == 1, c
+f = c["message"]["tool_calls"][0]["function"]
+assert f["name"] == "get_time" and json.loads(f["arguments"])["city"] in ("Oslo", "Rome"), f
+PYEOF
+	echo $(($(prompt_of "$T/$1f.json") - $(prompt_of "$T/$1n.json")))
+}
 
 # ---- the real version: the daemon renders the tool turns --------------------------
 start_old new ""
 grep -q "KVD_TEST_SERVER_VERSION" "$T/kvd-new.log" && fail "kvd-faulty said another version without being asked"
-[ "$(post /v1/chat/completions "$TOOLREQ" "$T/new.json")" = 200 ] || fail "tool turns (0.10.0): $(cat "$T/new.json")"
+# WELCOME names the chat format to 0.11.0 clients (208 bytes); older ones get 0.8.0's 176
+w=$("$RAW" -s "$T/new.sock" hello)
+case $w in *" bytes 208 chat_format 'mistral' "*) ;; *) fail "WELCOME to a 0.11.0 client: $w" ;; esac
+w=$(KVD_RAW_CLIENT_VERSION=0x000a00 "$RAW" -s "$T/new.sock" hello)
+case $w in *" bytes 176 chat_format '' "*) ;; *) fail "WELCOME to a 0.10.0 client: $w" ;; esac
+[ "$(post /v1/chat/completions "$TOOLREQ" "$T/new.json")" = 200 ] || fail "tool turns (0.11.0): $(cat "$T/new.json")"
 p_new=$(prompt_of "$T/new.json")
+d_new=$(forced_call new) || exit 1
+[ "$d_new" = 1 ] || fail "a forced call's prompt (0.11.0) has $d_new tokens more than tool_choice none's, not the one of [TOOL_CALLS]"
 stop_both
+
+# ---- 0.10.0: a forced call without the family's opener --------------------------------
+start_old v10 0.10.0
+d_old=$(forced_call v10) || exit 1
+[ "$d_old" = 0 ] || fail "a forced call's prompt (0.10.0) has $d_old tokens more than tool_choice none's (an opener sent to a daemon without it)"
+stop_both
+ok "a forced call: [TOOL_CALLS] ends its prompt on 0.11.0 (an array of one call back), not on 0.10.0 (a bare call object back)"
 
 # ---- 0.8.0: kvd-http renders them, as text ----------------------------------------
 start_old v08 0.8.0
@@ -72,11 +111,11 @@ grep -q "WELCOME says kvd 0.8.0" "$T/kvd-v08.log" || fail "kvd-faulty does not s
 [ "$(post /v1/chat/completions "$TOOLREQ" "$T/v08.json")" = 200 ] || fail "tool turns (0.8.0): $(cat "$T/v08.json")"
 p_old=$(prompt_of "$T/v08.json")
 [ "$p_old" != "$p_new" ] ||
-	fail "the tool turns gave the same $p_new prompt tokens from a 0.8.0 daemon as from a 0.10.0 one (not rendered by kvd-http)"
+	fail "the tool turns gave the same $p_new prompt tokens from a 0.8.0 daemon as from a 0.11.0 one (not rendered by kvd-http)"
 req="{\"model\":\"mistral\",\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}],\"max_tokens\":4,\"temperature\":0,\"speculative\":false}"
 [ "$(post /v1/chat/completions "$req" "$T/v08ns.json")" = 200 ] || fail "\"speculative\": false (0.8.0): $(cat "$T/v08ns.json")"
 stop_both
-ok "0.8.0: tool turns rendered by kvd-http as text ($p_old prompt tokens, $p_new in the daemon's own format from 0.10.0);" \
+ok "0.8.0: tool turns rendered by kvd-http as text ($p_old prompt tokens, $p_new in the daemon's own format from 0.11.0);" \
 	"\"speculative\": false not sent, answered"
 
 # ---- 0.6.0: no constraints -----------------------------------------------------------

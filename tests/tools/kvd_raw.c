@@ -51,6 +51,7 @@ struct conn {
 	int fd;
 	struct ipc_chan *chan;
 	struct ipc_welcome w;
+	uint32_t welcome_bytes; /* the WELCOME's payload length */
 };
 
 static int print_error_frame(const struct ipc_frame *f)
@@ -77,7 +78,7 @@ static int conn_open(struct conn *c, bool say_hello)
 	}
 	if (!say_hello)
 		return 0;
-	struct ipc_hello h = { .client_version = IPC_KV_TYPE_CLIENT_VERSION, .capabilities = IPC_CAP_RING_PROMPT };
+	struct ipc_hello h = { .client_version = IPC_CHAT_FORMAT_CLIENT_VERSION, .capabilities = IPC_CAP_RING_PROMPT };
 	/* KVD_RAW_CLIENT_VERSION=0x000300: say an older version (tests of what
 	 * the daemon holds back from older clients) */
 	if (getenv("KVD_RAW_CLIENT_VERSION"))
@@ -97,6 +98,7 @@ static int conn_open(struct conn *c, bool say_hello)
 		print_error_frame(&f);
 		return 2;
 	}
+	c->welcome_bytes = f.hdr.length;
 	if (f.hdr.type != IPC_MSG_WELCOME || ipc_decode_welcome(&f, &c->w) < 0) {
 		fprintf(stderr, "expected WELCOME, got %s\n", ipc_type_name(f.hdr.type));
 		return 1;
@@ -562,8 +564,10 @@ int main(int argc, char **argv)
 	if (r)
 		return r;
 	if (!strcmp(cmd, "hello")) {
-		printf("WELCOME client %" PRIu64 " model '%s' n_ctx %u block %u pool %" PRIu64 " kv_type %u\n",
-		       cn.w.client_id, cn.w.model_name, cn.w.n_ctx, cn.w.block_size, cn.w.pool_bytes, cn.w.kv_type);
+		printf("WELCOME client %" PRIu64 " model '%s' n_ctx %u block %u pool %" PRIu64
+		       " bytes %u chat_format '%s' kv_type %u\n",
+		       cn.w.client_id, cn.w.model_name, cn.w.n_ctx, cn.w.block_size, cn.w.pool_bytes, cn.welcome_bytes,
+		       cn.w.chat_format, cn.w.kv_type);
 		return 0;
 	}
 	if (!strcmp(cmd, "stats"))

@@ -12,7 +12,9 @@
  * tokenizer is a small GGUF written here: its markers as control tokens,
  * the 256 GPT-2 byte tokens, its template (or none, for Gemma). Also
  * checked: the markers come out as their token ids and marker text in a
- * message stays text; malformed tool turns are refused with a reason.
+ * message stays text; a last call_open turn ends the prompt where each
+ * family's call JSON begins; malformed tool turns are refused with a
+ * reason.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -283,6 +285,89 @@ static void test_gemma_generic(void **state)
 	kvd_tokenizer_free(t);
 }
 
+/* A last call_open turn ends the prompt with the family's call opener:
+ * for the families whose call follows the reply's prompt, exactly the
+ * rendering of the same conversation with the call in it, cut where the
+ * call's JSON begins; for Mistral the [TOOL_CALLS] token. */
+static void expect_opener(const char *const *ctl, size_t n_ctl, const char *tmpl, const char *format)
+{
+	static char with_call[8192], open[8192];
+	struct kvd_tokenizer *t = make_tokenizer(ctl, n_ctl, tmpl);
+	const struct kvd_chat_msg call[] = { { "system", "Be brief." }, { "tools", TOOLS }, { "user", "Weather in Paris?" },
+					     { "tool_calls", CALLS } };
+	const struct kvd_chat_msg opened[] = { { "system", "Be brief." }, { "tools", TOOLS }, { "user", "Weather in Paris?" },
+					       { "call_open", "" } };
+
+	assert_string_equal(kvd_tokenizer_chat_format(t), format);
+	int k = kvd_chat_render(t, call, N(call), 0, with_call, sizeof(with_call));
+	assert_true(k > 0);
+	char *json = NULL; /* the call's, the last: the tools list spells the name too */
+	for (char *p = with_call; (p = strstr(p, "{\"name\": \"get_weather\"")); p++)
+		json = p;
+	assert_non_null(json);
+	*json = '\0';
+	/* with or without add_assistant: the opener comes after the reply's prompt */
+	for (int add = 0; add < 2; add++) {
+		k = kvd_chat_render(t, opened, N(opened), add, open, sizeof(open));
+		if (strcmp(format, "mistral") == 0) {
+			/* the system message joins the last user turn, which is last here */
+			assert_string_equal(open, "[AVAILABLE_TOOLS] [{\"type\": \"function\", \"function\": {\"name\": "
+					    "\"get_weather\", \"description\": \"Weather in a city\", \"parameters\": "
+					    "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, "
+					    "\"required\": [\"city\"]}}}][/AVAILABLE_TOOLS][INST] Be brief.\n\nWeather in "
+					    "Paris?[/INST][TOOL_CALLS]");
+		} else {
+			if (strcmp(open, with_call) != 0)
+				print_error("%s: got  %s\nwant %s\n", format, open, with_call);
+			assert_string_equal(open, with_call);
+		}
+		assert_int_equal(k, (int)strlen(open));
+	}
+	/* the tokens end as the text does: Mistral's opener is its control token */
+	static int32_t ids[16384];
+	k = kvd_chat_tokenize(t, opened, N(opened), KVD_CHAT_ADD_ASSISTANT, ids, 16384);
+	assert_true(k > 0);
+	if (strcmp(format, "mistral") == 0)
+		assert_int_equal(ids[k - 1], 4); /* [TOOL_CALLS] */
+	kvd_tokenizer_free(t);
+}
+
+static void test_call_open(void **state)
+{
+	(void)state;
+	expect_opener(chatml_ctl, N(chatml_ctl),
+		      "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+		      "'<|im_end|>' + '\\n'}}{% endfor %}",
+		      "chatml");
+	expect_opener(llama3_ctl, N(llama3_ctl),
+		      "{{- bos_token }}{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}"
+		      "{%- if tools is not none %}{{- 'Environment: ipython\\n' }}{%- endif %}",
+		      "llama3");
+	expect_opener(mistral_ctl, N(mistral_ctl),
+		      "{{- bos_token }}{%- for message in loop_messages %}{{- '[AVAILABLE_TOOLS] [' }}{{- '[INST] ' + "
+		      "message['content'] + '[/INST]' }}",
+		      "mistral");
+	expect_opener(gemma_ctl, N(gemma_ctl), NULL, "gemma");
+
+	/* misplaced: refused with the reason */
+	char why[256];
+	const struct kvd_chat_msg text[] = { { "tools", TOOLS }, { "user", "u" }, { "call_open", "x" } };
+	assert_int_equal(kvd_chat_check(text, 3, why, sizeof(why)), -EINVAL);
+	assert_string_equal(why, "chat turn 2 (call_open) has text (it must be empty)");
+	const struct kvd_chat_msg notlast[] = { { "tools", TOOLS }, { "user", "u" }, { "call_open", "" }, { "user", "u" } };
+	assert_int_equal(kvd_chat_check(notlast, 4, why, sizeof(why)), -EINVAL);
+	assert_string_equal(why, "chat turn 2 (call_open) is not the last turn");
+	const struct kvd_chat_msg notools[] = { { "user", "u" }, { "call_open", "" } };
+	assert_int_equal(kvd_chat_check(notools, 2, why, sizeof(why)), -EINVAL);
+	assert_string_equal(why, "chat turn 1 (call_open) comes in a conversation without tools");
+	const struct kvd_chat_msg after[] = { { "tools", TOOLS }, { "user", "u" }, { "assistant", "a" }, { "call_open", "" } };
+	assert_int_equal(kvd_chat_check(after, 4, why, sizeof(why)), -EINVAL);
+	assert_string_equal(why, "chat turn 3 (call_open) does not follow a user or tool turn");
+	const struct kvd_chat_msg result[] = { { "tools", TOOLS }, { "user", "u" }, { "tool_calls", CALLS }, { "tool", "1" },
+					       { "call_open", "" } };
+	assert_int_equal(kvd_chat_check(result, 5, why, sizeof(why)), 0);
+}
+
 /* Malformed tool turns are refused, naming the turn and the fault. */
 static void test_check(void **state)
 {
@@ -322,7 +407,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_qwen_chatml), cmocka_unit_test(test_llama31), cmocka_unit_test(test_mistral),
-		cmocka_unit_test(test_gemma_generic), cmocka_unit_test(test_check),
+		cmocka_unit_test(test_gemma_generic), cmocka_unit_test(test_call_open), cmocka_unit_test(test_check),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -527,14 +527,16 @@ static void test_chat_turns(void **state)
 	assert_int_equal(ipc_chat_turn_next(buf, (size_t)n, &off, &t), 0);
 	assert_string_equal(ipc_chat_role_name(IPC_CHAT_ASSISTANT), "assistant");
 	assert_string_equal(ipc_chat_role_name(IPC_CHAT_TOOL_CALLS), "tool_calls");
-	assert_null(ipc_chat_role_name(7));
+	assert_string_equal(ipc_chat_role_name(IPC_CHAT_CALL_OPEN), "call_open");
+	assert_int_equal(ipc_chat_role_parse("call_open", 9), IPC_CHAT_CALL_OPEN);
+	assert_null(ipc_chat_role_name(8));
 	assert_int_equal(ipc_chat_role_parse("user", 4), IPC_CHAT_USER);
 	assert_int_equal(ipc_chat_role_parse("users", 5), 0);
 	assert_int_equal(ipc_chat_role_parse("tool", 4), IPC_CHAT_TOOL);
 	assert_int_equal(ipc_chat_role_parse("ipython", 7), 0);
 
 	/* encoder refusals */
-	struct ipc_chat_turn bad = { 7, 1, "x" };
+	struct ipc_chat_turn bad = { 8, 1, "x" };
 	assert_int_equal(ipc_chat_turns_encode(NULL, 0, &bad, 1), -EINVAL);
 	bad = (struct ipc_chat_turn){ IPC_CHAT_USER, 3, "a\0b" };
 	assert_int_equal(ipc_chat_turns_encode(NULL, 0, &bad, 1), -EINVAL);
@@ -554,7 +556,7 @@ static void test_chat_turns(void **state)
 	assert_int_equal(ipc_chat_turns_check(r, k), -EPROTO);
 	k = turn_rec(r, 0, 0, 2, "hi", 2); /* role 0 */
 	assert_int_equal(ipc_chat_turns_check(r, k), -EINVAL);
-	k = turn_rec(r, 7, 0, 2, "hi", 2); /* role past tool */
+	k = turn_rec(r, 8, 0, 2, "hi", 2); /* role past call_open */
 	assert_int_equal(ipc_chat_turns_check(r, k), -EINVAL);
 	k = turn_rec(r, IPC_CHAT_USER, 0, 3, "hi", 2); /* text runs past the end */
 	assert_int_equal(ipc_chat_turns_check(r, k), -EBADMSG);
@@ -570,6 +572,21 @@ static void test_chat_turns(void **state)
 	k += turn_rec(r + k, IPC_CHAT_ASSISTANT, 0, 2, "yo", 2); /* last turn not the user's */
 	assert_int_equal(ipc_chat_turns_check(r, k), -EINVAL);
 	k = turn_rec(r, IPC_CHAT_SYSTEM, 0, 2, "be", 2); /* only a system turn */
+	assert_int_equal(ipc_chat_turns_check(r, k), -EINVAL);
+	/* a call-open turn: last, empty, after a user or tool turn */
+	k = turn_rec(r, IPC_CHAT_USER, 0, 2, "hi", 2);
+	k += turn_rec(r + k, IPC_CHAT_CALL_OPEN, 0, 0, "", 0);
+	assert_int_equal(ipc_chat_turns_check(r, k), 2);
+	k = turn_rec(r, IPC_CHAT_TOOL, 0, 2, "21", 2);
+	k += turn_rec(r + k, IPC_CHAT_CALL_OPEN, 0, 0, "", 0);
+	assert_int_equal(ipc_chat_turns_check(r, k), 2);
+	k = turn_rec(r, IPC_CHAT_USER, 0, 2, "hi", 2);
+	k += turn_rec(r + k, IPC_CHAT_CALL_OPEN, 0, 1, "x", 1); /* with text */
+	assert_int_equal(ipc_chat_turns_check(r, k), -EINVAL);
+	k = turn_rec(r, IPC_CHAT_CALL_OPEN, 0, 0, "", 0); /* alone */
+	assert_int_equal(ipc_chat_turns_check(r, k), -EINVAL);
+	k = turn_rec(r, IPC_CHAT_ASSISTANT, 0, 2, "yo", 2); /* after the assistant */
+	k += turn_rec(r + k, IPC_CHAT_CALL_OPEN, 0, 0, "", 0);
 	assert_int_equal(ipc_chat_turns_check(r, k), -EINVAL);
 	/* more than IPC_MAX_CHAT_TURNS empty user turns */
 	static uint8_t many[(IPC_MAX_CHAT_TURNS + 1) * 8];
@@ -867,6 +884,28 @@ static void test_reject_payloads(void **state)
 	w.model_id[30] = 'x'; /* garbage after the NUL */
 	check1(IPC_MSG_WELCOME, 0, &w, sizeof(w), IPC_FROM_SERVER, IPC_VIA_SOCKET, &f);
 	assert_int_equal(ipc_decode_welcome(&f, &ww), -EBADMSG);
+	memset(w.model_id, 0, sizeof(w.model_id));
+	/* chat_format (0.11.0): the longer WELCOME; 0.8.0's size reads as no
+	 * format; a later daemon's longer one is read as far as known */
+	strcpy(w.chat_format, "chatml");
+	check1(IPC_MSG_WELCOME, 0, &w, sizeof(w), IPC_FROM_SERVER, IPC_VIA_SOCKET, &f);
+	assert_int_equal(ipc_decode_welcome(&f, &ww), 0);
+	assert_string_equal(ww.chat_format, "chatml");
+	check1(IPC_MSG_WELCOME, 0, &w, IPC_WELCOME_V080_BYTES, IPC_FROM_SERVER, IPC_VIA_SOCKET, &f);
+	assert_int_equal(ipc_decode_welcome(&f, &ww), 0);
+	assert_string_equal(ww.chat_format, "");
+	assert_string_equal(ww.model_name, "m");
+	uint8_t longer[sizeof(w) + 16] = { 0 };
+	memcpy(longer, &w, sizeof(w));
+	check1(IPC_MSG_WELCOME, 0, longer, sizeof(longer), IPC_FROM_SERVER, IPC_VIA_SOCKET, &f);
+	assert_int_equal(ipc_decode_welcome(&f, &ww), 0);
+	assert_string_equal(ww.chat_format, "chatml");
+	assert_int_equal(check1(IPC_MSG_WELCOME, 0, &w, IPC_WELCOME_V080_BYTES - 4, IPC_FROM_SERVER, IPC_VIA_SOCKET, &f),
+			 -EBADMSG);
+	w.chat_format[10] = 'x'; /* garbage after the NUL */
+	check1(IPC_MSG_WELCOME, 0, &w, sizeof(w), IPC_FROM_SERVER, IPC_VIA_SOCKET, &f);
+	assert_int_equal(ipc_decode_welcome(&f, &ww), -EBADMSG);
+	memset(w.chat_format, 0, sizeof(w.chat_format));
 	memset(w.model_id, 'x', sizeof(w.model_id)); /* no NUL */
 	check1(IPC_MSG_WELCOME, 0, &w, sizeof(w), IPC_FROM_SERVER, IPC_VIA_SOCKET, &f);
 	assert_int_equal(ipc_decode_welcome(&f, &ww), -EBADMSG);

@@ -725,9 +725,12 @@ static void test_request_render_turns(void **state)
 	assert_int_equal(kvd_request_chat_turns(t, list, (size_t)n, KVD_REQUEST_ALL, &got, why, sizeof(why)), -EPROTO);
 	assert_string_equal(why, "chat turn 1 is malformed (non-zero padding)");
 	list[17 + 1] = 0;
-	list[17] = 7; /* role of turn 1 */
+	list[17] = 8; /* role of turn 1 */
 	assert_int_equal(kvd_request_chat_turns(t, list, (size_t)n, KVD_REQUEST_ALL, &got, why, sizeof(why)), -EINVAL);
 	assert_string_equal(why, "chat turn 1 is malformed (unknown role or a NUL byte in its text)");
+	list[17] = IPC_CHAT_CALL_OPEN; /* a call-open turn that is not last */
+	assert_int_equal(kvd_request_chat_turns(t, list, (size_t)n, KVD_REQUEST_ALL, &got, why, sizeof(why)), -EINVAL);
+	assert_string_equal(why, "chat turn 1 (call_open) is not the last turn");
 	list[17] = IPC_CHAT_USER;
 	assert_int_equal(kvd_request_chat_turns(t, list, (size_t)n - 1, KVD_REQUEST_ALL, &got, why, sizeof(why)), -EBADMSG);
 	assert_string_equal(why, "chat turn 3 is malformed (it runs past the end of the prompt)");
