@@ -43,26 +43,31 @@ TGT static inline __attribute__((always_inline)) __m256i bcast4(const int8_t *p)
 	return _mm256_set1_epi32(v);
 }
 
-/* Rows h*8 .. h*8+7 of a group times C tokens. */
+/* Rows h*8 .. h*8+7 of a group times C tokens; with HH = 2 (h = 0) both
+ * halves in one pass over the weights, each lane's steps as with HH = 1. */
 TGT static inline __attribute__((always_inline)) void half(enum gemm_kind kind, const uint8_t *wp, int64_t nb,
-							    int h, int R, const struct q8_block *xq, size_t ldq,
-							    const int C, float *y, size_t ldy)
+							    const int h0, int R, const struct q8_block *xq, size_t ldq,
+							    const int C, float *y, size_t ldy, const int HH)
 {
 	const size_t gb = kind == K_Q8_0 ? GEMM_ROWS * 34 : kind == K_Q5_1 ? GEMM_ROWS * 36
 			  : kind == K_Q4_1 ? GEMM_ROWS * 20 : GEMM_ROWS * 18;
 	const int qbytes = kind == K_Q8_0 || kind == K_Q5_1 ? 512 : 256;
 	const int has_m = kind == K_Q4_1 || kind == K_Q5_1;
 	const __m256i lo4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
-	__m256 acc[SUB_COLS];
+	__m256 acc2[2][SUB_COLS];
 
-	UNROLL for (int t = 0; t < C; t++)
-		acc[t] = _mm256_setzero_ps();
+	UNROLL for (int hh = 0; hh < HH; hh++)
+		UNROLL for (int t = 0; t < C; t++)
+			acc2[hh][t] = _mm256_setzero_ps();
 	for (int64_t b = 0; b < nb; b++, wp += gb) {
-		__m256i is[SUB_COLS];
-		if (C <= 2 && h == 0) {
+		if (C <= 2 && h0 == 0) {
 			UNROLL for (size_t o = 0; o < gb; o += 64)
 				_mm_prefetch((const char *)wp + GEMM_PF_DIST + o, _MM_HINT_T0);
 		}
+		UNROLL for (int hh = 0; hh < HH; hh++) {
+		const int h = h0 + hh;
+		__m256 *acc = acc2[hh];
+		__m256i is[SUB_COLS];
 		if (kind == K_Q8_0) {
 			UNROLL for (int t = 0; t < C; t++)
 				is[t] = _mm256_setzero_si256();
@@ -114,17 +119,21 @@ TGT static inline __attribute__((always_inline)) void half(enum gemm_kind kind, 
 			if (has_m)
 				acc[t] = _mm256_fmadd_ps(wm, _mm256_set1_ps(x->s), acc[t]);
 		}
-	}
-	UNROLL for (int t = 0; t < C; t++) {
-		if (R >= 8) {
-			_mm256_storeu_ps(y + (size_t)t * ldy, acc[t]);
-		} else {
-			float tmp[8];
-			_mm256_storeu_ps(tmp, acc[t]);
-			for (int r = 0; r < R; r++)
-				y[(size_t)t * ldy + r] = tmp[r];
 		}
 	}
+	UNROLL for (int hh = 0; hh < HH; hh++)
+		UNROLL for (int t = 0; t < C; t++) {
+			int rr = R - 8 * hh;
+			float *yy = y + (size_t)t * ldy + 8 * hh;
+			if (rr >= 8) {
+				_mm256_storeu_ps(yy, acc2[hh][t]);
+			} else if (rr > 0) {
+				float tmp[8];
+				_mm256_storeu_ps(tmp, acc2[hh][t]);
+				for (int r = 0; r < rr; r++)
+					yy[r] = tmp[r];
+			}
+		}
 }
 
 /* The result of a half's accumulators: rows 0..R-1 of 8. */
@@ -148,31 +157,39 @@ TGT static inline __attribute__((always_inline)) __m256 scale8(const uint8_t *p,
 	return _mm256_mul_ps(d, _mm256_cvtepi32_ps(v));
 }
 
-/* K-quants: rows h*8 .. h*8+7 of a group times C tokens. */
+/* K-quants: rows h*8 .. h*8+7 of a group times C tokens; HH as half(). */
 TGT static inline __attribute__((always_inline)) void half_k(enum gemm_kind kind, const uint8_t *wp, int64_t nb,
-							      int h, int R, const struct q8_block *xq, size_t ldq,
-							      const int C, float *y, size_t ldy)
+							      const int h0, int R, const struct q8_block *xq, size_t ldq,
+							      const int C, float *y, size_t ldy, const int HH)
 {
 	const int qb = kind == K_Q4_K ? 256 : 512;
 	const size_t gsb = kind == K_Q4_K ? GSB_Q4_K : kind == K_Q5_K ? GSB_Q5_K : GSB_Q6_K;
 	const __m256i lo4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-	__m256 acc[SUB_COLS];
+	__m256 acc2[2][SUB_COLS];
 
-	UNROLL for (int t = 0; t < C; t++)
-		acc[t] = _mm256_setzero_ps();
+	UNROLL for (int hh = 0; hh < HH; hh++)
+		UNROLL for (int t = 0; t < C; t++)
+			acc2[hh][t] = _mm256_setzero_ps();
 	for (int64_t s = 0; s < nb / 8; s++, wp += gsb) {
 		const uint8_t *tail = wp + 8 * qb;
-		__m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tail + 256 + 16 * h)));
-		__m256 dmin = kind == K_Q6_K ? _mm256_setzero_ps()
-					     : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tail + 288 + 16 * h)));
+		__m256 d2[2], dmin2[2];
+		UNROLL for (int hh = 0; hh < HH; hh++) {
+			d2[hh] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tail + 256 + 16 * (h0 + hh))));
+			dmin2[hh] = kind == K_Q6_K ? _mm256_setzero_ps()
+				    : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tail + 288 + 16 * (h0 + hh))));
+		}
 		for (int j = 0; j < 8; j++) {
 			const int64_t b = 8 * s + j;
-			const uint8_t *wq = wp + (size_t)qb * j + 32 * h;
-			__m256i ia[SUB_COLS], ib[SUB_COLS];
-			if (C <= 2 && h == 0) {
+			if (C <= 2 && h0 == 0) {
 				UNROLL for (size_t o = 0; o < gsb / 8; o += 64)
 					_mm_prefetch((const char *)wp + GEMM_PF_DIST + gsb / 8 * j + o, _MM_HINT_T0);
 			}
+			UNROLL for (int hh = 0; hh < HH; hh++) {
+			const int h = h0 + hh;
+			const __m256 d = d2[hh], dmin = dmin2[hh];
+			__m256 *acc = acc2[hh];
+			const uint8_t *wq = wp + (size_t)qb * j + 32 * h;
+			__m256i ia[SUB_COLS], ib[SUB_COLS];
 			if (kind == K_Q4_K) {
 				__m256i s16[SUB_COLS];
 				UNROLL for (int t = 0; t < C; t++)
@@ -195,9 +212,9 @@ TGT static inline __attribute__((always_inline)) void half_k(enum gemm_kind kind
 				UNROLL for (int t = 0; t < C; t++) {
 					if (kind == K_Q6_K) {
 						const struct q8_block *row = xq + (size_t)t * ldq;
-						int32_t h0 = q8_row_half_sums(row, nb)[b], h1 = q8_row_sums(row, nb)[b] - h0;
-						ia[t] = _mm256_set1_epi32(-32 * h0);
-						ib[t] = _mm256_set1_epi32(-32 * h1);
+						int32_t s0 = q8_row_half_sums(row, nb)[b], s1 = q8_row_sums(row, nb)[b] - s0;
+						ia[t] = _mm256_set1_epi32(-32 * s0);
+						ib[t] = _mm256_set1_epi32(-32 * s1);
 					} else {
 						ia[t] = _mm256_setzero_si256();
 						ib[t] = _mm256_setzero_si256();
@@ -231,10 +248,13 @@ TGT static inline __attribute__((always_inline)) void half_k(enum gemm_kind kind
 					acc[t] = _mm256_fnmadd_ps(mn, _mm256_set1_ps(x->s), acc[t]);
 				}
 			}
+			}
 		}
 	}
-	UNROLL for (int t = 0; t < C; t++)
-		store_half(y + (size_t)t * ldy, R, acc[t]);
+	UNROLL for (int hh = 0; hh < HH; hh++)
+		if (R > 8 * hh)
+			UNROLL for (int t = 0; t < C; t++)
+				store_half(y + (size_t)t * ldy + 8 * hh, R - 8 * hh, acc2[hh][t]);
 }
 
 TGT static inline __attribute__((always_inline)) __m256 load_f(enum gemm_kind kind, const uint8_t *p)
@@ -280,13 +300,13 @@ TGT static inline __attribute__((always_inline)) void half_f(enum gemm_kind kind
 	TGT static void half_##KIND##_##CC(const uint8_t *wp, int64_t nb, int h, int R, const struct q8_block *xq, \
 					   size_t ldq, float *y, size_t ldy)                                     \
 	{                                                                                                     \
-		half(KIND, wp, nb, h, R, xq, ldq, CC, y, ldy);                                               \
+		half(KIND, wp, nb, h, R, xq, ldq, CC, y, ldy, 1);                                            \
 	}
 #define INSTQ(KIND, CC)                                                                                         \
 	TGT static void half_##KIND##_##CC(const uint8_t *wp, int64_t nb, int h, int R, const struct q8_block *xq, \
 					   size_t ldq, float *y, size_t ldy)                                     \
 	{                                                                                                     \
-		half_k(KIND, wp, nb, h, R, xq, ldq, CC, y, ldy);                                             \
+		half_k(KIND, wp, nb, h, R, xq, ldq, CC, y, ldy, 1);                                          \
 	}
 #define INSTF(KIND, CC)                                                                                        \
 	TGT static void half_##KIND##_##CC(const uint8_t *wp, int64_t nb, int h, int R, const float *x, size_t ldx, \
@@ -307,8 +327,34 @@ INST4(INSTF, K_F32)
 INST4(INSTF, K_F16)
 INST4(INSTF, K_BF16)
 
+/* One token, both halves in one pass (decode): a weight line is used
+ * whole as it arrives, the stream from memory never waits for a second
+ * pass over the group (which would find it in L2 with nothing fetched
+ * ahead meanwhile). */
+#define BOTH(KIND)                                                                                              \
+	TGT static void both_##KIND(const uint8_t *wp, int64_t nb, int h, int R, const struct q8_block *xq,     \
+				    size_t ldq, float *y, size_t ldy)                                           \
+	{                                                                                                       \
+		half(KIND, wp, nb, h, R, xq, ldq, 1, y, ldy, 2);                                              \
+	}
+#define BOTHK(KIND)                                                                                             \
+	TGT static void both_##KIND(const uint8_t *wp, int64_t nb, int h, int R, const struct q8_block *xq,     \
+				    size_t ldq, float *y, size_t ldy)                                           \
+	{                                                                                                       \
+		half_k(KIND, wp, nb, h, R, xq, ldq, 1, y, ldy, 2);                                            \
+	}
+BOTH(K_Q4_0)
+BOTH(K_Q4_1)
+BOTH(K_Q8_0)
+BOTH(K_Q5_1)
+BOTHK(K_Q4_K)
+BOTHK(K_Q5_K)
+BOTHK(K_Q6_K)
+
 typedef void (*half_fn)(const uint8_t *wp, int64_t nb, int h, int R, const struct q8_block *xq, size_t ldq,
 			float *y, size_t ldy);
+static const half_fn boths[7] = {both_K_Q4_0, both_K_Q4_1, both_K_Q8_0, both_K_Q5_1,
+				 both_K_Q4_K, both_K_Q5_K, both_K_Q6_K};
 #define TABLE(KIND) {half_##KIND##_1, half_##KIND##_2, half_##KIND##_3, half_##KIND##_4}
 static const half_fn halves[7][SUB_COLS] = {TABLE(K_Q4_0), TABLE(K_Q4_1), TABLE(K_Q8_0), TABLE(K_Q5_1),
 					    TABLE(K_Q4_K), TABLE(K_Q5_K), TABLE(K_Q6_K)};
@@ -330,6 +376,10 @@ static inline void run_f(enum gemm_kind kind, const void *wp, int64_t nb, int R,
 static inline void run(enum gemm_kind kind, const void *wp, int64_t nb, int R, const struct q8_block *xq,
 		       size_t ldq, int C, float *y, size_t ldy)
 {
+	if (C == 1 && R > 8) {
+		boths[kind](wp, nb, 0, R, xq, ldq, y, ldy);
+		return;
+	}
 	for (int t = 0; t < C; t += SUB_COLS) {
 		int c = C - t < SUB_COLS ? C - t : SUB_COLS;
 		for (int h = 0; h < 2 && 8 * h < R; h++)
