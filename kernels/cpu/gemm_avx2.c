@@ -327,34 +327,36 @@ INST4(INSTF, K_F32)
 INST4(INSTF, K_F16)
 INST4(INSTF, K_BF16)
 
-/* One token, both halves in one pass (decode): a weight line is used
+/* One or two tokens, both halves in one pass (decode): a weight line is used
  * whole as it arrives, the stream from memory never waits for a second
  * pass over the group (which would find it in L2 with nothing fetched
  * ahead meanwhile). */
-#define BOTH(KIND)                                                                                              \
-	TGT static void both_##KIND(const uint8_t *wp, int64_t nb, int h, int R, const struct q8_block *xq,     \
-				    size_t ldq, float *y, size_t ldy)                                           \
+#define BOTH(KIND, CC)                                                                                          \
+	TGT static void both_##KIND##_##CC(const uint8_t *wp, int64_t nb, int h, int R, const struct q8_block *xq, \
+					   size_t ldq, float *y, size_t ldy)                                    \
 	{                                                                                                       \
-		half(KIND, wp, nb, h, R, xq, ldq, 1, y, ldy, 2);                                              \
+		half(KIND, wp, nb, h, R, xq, ldq, CC, y, ldy, 2);                                             \
 	}
-#define BOTHK(KIND)                                                                                             \
-	TGT static void both_##KIND(const uint8_t *wp, int64_t nb, int h, int R, const struct q8_block *xq,     \
-				    size_t ldq, float *y, size_t ldy)                                           \
+#define BOTHK(KIND, CC)                                                                                         \
+	TGT static void both_##KIND##_##CC(const uint8_t *wp, int64_t nb, int h, int R, const struct q8_block *xq, \
+					   size_t ldq, float *y, size_t ldy)                                    \
 	{                                                                                                       \
-		half_k(KIND, wp, nb, h, R, xq, ldq, 1, y, ldy, 2);                                            \
+		half_k(KIND, wp, nb, h, R, xq, ldq, CC, y, ldy, 2);                                           \
 	}
-BOTH(K_Q4_0)
-BOTH(K_Q4_1)
-BOTH(K_Q8_0)
-BOTH(K_Q5_1)
-BOTHK(K_Q4_K)
-BOTHK(K_Q5_K)
-BOTHK(K_Q6_K)
+#define BOTH2(I, KIND) I(KIND, 1) I(KIND, 2)
+BOTH2(BOTH, K_Q4_0)
+BOTH2(BOTH, K_Q4_1)
+BOTH2(BOTH, K_Q8_0)
+BOTH2(BOTH, K_Q5_1)
+BOTH2(BOTHK, K_Q4_K)
+BOTH2(BOTHK, K_Q5_K)
+BOTH2(BOTHK, K_Q6_K)
 
 typedef void (*half_fn)(const uint8_t *wp, int64_t nb, int h, int R, const struct q8_block *xq, size_t ldq,
 			float *y, size_t ldy);
-static const half_fn boths[7] = {both_K_Q4_0, both_K_Q4_1, both_K_Q8_0, both_K_Q5_1,
-				 both_K_Q4_K, both_K_Q5_K, both_K_Q6_K};
+#define PAIR(KIND) {both_##KIND##_1, both_##KIND##_2}
+static const half_fn boths[7][2] = {PAIR(K_Q4_0), PAIR(K_Q4_1), PAIR(K_Q8_0), PAIR(K_Q5_1),
+				    PAIR(K_Q4_K), PAIR(K_Q5_K), PAIR(K_Q6_K)};
 #define TABLE(KIND) {half_##KIND##_1, half_##KIND##_2, half_##KIND##_3, half_##KIND##_4}
 static const half_fn halves[7][SUB_COLS] = {TABLE(K_Q4_0), TABLE(K_Q4_1), TABLE(K_Q8_0), TABLE(K_Q5_1),
 					    TABLE(K_Q4_K), TABLE(K_Q5_K), TABLE(K_Q6_K)};
@@ -376,8 +378,8 @@ static inline void run_f(enum gemm_kind kind, const void *wp, int64_t nb, int R,
 static inline void run(enum gemm_kind kind, const void *wp, int64_t nb, int R, const struct q8_block *xq,
 		       size_t ldq, int C, float *y, size_t ldy)
 {
-	if (C == 1 && R > 8) {
-		boths[kind](wp, nb, 0, R, xq, ldq, y, ldy);
+	if (C <= 2 && R > 8) {
+		boths[kind][C - 1](wp, nb, 0, R, xq, ldq, y, ldy);
 		return;
 	}
 	for (int t = 0; t < C; t += SUB_COLS) {
