@@ -269,31 +269,36 @@ TGT static inline __attribute__((always_inline)) __m256 load_f(enum gemm_kind ki
 
 /* Float weights: rows h*8 .. h*8+7 of a group times C float tokens. */
 TGT static inline __attribute__((always_inline)) void half_f(enum gemm_kind kind, const uint8_t *wp, int64_t nb,
-							      int h, int R, const float *x, size_t ldx, const int C,
-							      float *y, size_t ldy)
+							      const int h0, int R, const float *x, size_t ldx, const int C,
+							      float *y, size_t ldy, const int HH)
 {
 	const size_t cb = kind == K_F32 ? 64 : 32; /* bytes of a column */
-	__m256 a0[SUB_COLS], a1[SUB_COLS];
+	__m256 a0[2][SUB_COLS], a1[2][SUB_COLS];
 
-	UNROLL for (int t = 0; t < C; t++) {
-		a0[t] = _mm256_setzero_ps();
-		a1[t] = _mm256_setzero_ps();
-	}
-	wp += cb / 2 * (size_t)h;
+	UNROLL for (int hh = 0; hh < HH; hh++)
+		UNROLL for (int t = 0; t < C; t++) {
+			a0[hh][t] = _mm256_setzero_ps();
+			a1[hh][t] = _mm256_setzero_ps();
+		}
 	for (int64_t i = 0; i < nb * QK; i += 2, wp += 2 * cb) {
-		if (C <= 2 && h == 0) {
+		if (C <= 2 && h0 == 0) {
 			UNROLL for (size_t o = 0; o < 2 * cb; o += 64)
 				_mm_prefetch((const char *)wp + GEMM_PF_DIST + o, _MM_HINT_T0);
 		}
-		__m256 w0 = load_f(kind, wp), w1 = load_f(kind, wp + cb);
-		UNROLL for (int t = 0; t < C; t++) {
-			const float *xt = x + (size_t)t * ldx + i;
-			a0[t] = _mm256_fmadd_ps(w0, _mm256_set1_ps(xt[0]), a0[t]);
-			a1[t] = _mm256_fmadd_ps(w1, _mm256_set1_ps(xt[1]), a1[t]);
+		UNROLL for (int hh = 0; hh < HH; hh++) {
+			const uint8_t *wh = wp + cb / 2 * (size_t)(h0 + hh);
+			__m256 w0 = load_f(kind, wh), w1 = load_f(kind, wh + cb);
+			UNROLL for (int t = 0; t < C; t++) {
+				const float *xt = x + (size_t)t * ldx + i;
+				a0[hh][t] = _mm256_fmadd_ps(w0, _mm256_set1_ps(xt[0]), a0[hh][t]);
+				a1[hh][t] = _mm256_fmadd_ps(w1, _mm256_set1_ps(xt[1]), a1[hh][t]);
+			}
 		}
 	}
-	UNROLL for (int t = 0; t < C; t++)
-		store_half(y + (size_t)t * ldy, R, _mm256_add_ps(a0[t], a1[t]));
+	UNROLL for (int hh = 0; hh < HH; hh++)
+		if (R > 8 * hh)
+			UNROLL for (int t = 0; t < C; t++)
+				store_half(y + (size_t)t * ldy + 8 * hh, R - 8 * hh, _mm256_add_ps(a0[hh][t], a1[hh][t]));
 }
 
 #define INST(KIND, CC)                                                                                        \
@@ -312,7 +317,7 @@ TGT static inline __attribute__((always_inline)) void half_f(enum gemm_kind kind
 	TGT static void half_##KIND##_##CC(const uint8_t *wp, int64_t nb, int h, int R, const float *x, size_t ldx, \
 					   float *y, size_t ldy)                                                 \
 	{                                                                                                      \
-		half_f(KIND, wp, nb, h, R, x, ldx, CC, y, ldy);                                               \
+		half_f(KIND, wp, nb, h, R, x, ldx, CC, y, ldy, 1);                                            \
 	}
 #define INSTK(KIND) INST(KIND, 1) INST(KIND, 2) INST(KIND, 3) INST(KIND, 4)
 #define INST4(I, KIND) I(KIND, 1) I(KIND, 2) I(KIND, 3) I(KIND, 4)
@@ -363,10 +368,24 @@ static const half_fn halves[7][SUB_COLS] = {TABLE(K_Q4_0), TABLE(K_Q4_1), TABLE(
 typedef void (*halff_fn)(const uint8_t *wp, int64_t nb, int h, int R, const float *x, size_t ldx, float *y,
 			 size_t ldy);
 static const halff_fn halves_f[3][SUB_COLS] = {TABLE(K_F32), TABLE(K_F16), TABLE(K_BF16)};
+#define BOTHF(KIND, CC)                                                                                         \
+	TGT static void both_##KIND##_##CC(const uint8_t *wp, int64_t nb, int h, int R, const float *x, size_t ldx, \
+					   float *y, size_t ldy)                                                \
+	{                                                                                                       \
+		half_f(KIND, wp, nb, h, R, x, ldx, CC, y, ldy, 2);                                            \
+	}
+BOTH2(BOTHF, K_F32)
+BOTH2(BOTHF, K_F16)
+BOTH2(BOTHF, K_BF16)
+static const halff_fn boths_f[3][2] = {PAIR(K_F32), PAIR(K_F16), PAIR(K_BF16)};
 
 static inline void run_f(enum gemm_kind kind, const void *wp, int64_t nb, int R, const float *x, size_t ldx, int C,
 			 float *y, size_t ldy)
 {
+	if (C <= 2 && R > 8) {
+		boths_f[kind - K_F32][C - 1](wp, nb, 0, R, x, ldx, y, ldy);
+		return;
+	}
 	for (int t = 0; t < C; t += SUB_COLS) {
 		int c = C - t < SUB_COLS ? C - t : SUB_COLS;
 		for (int h = 0; h < 2 && 8 * h < R; h++)
