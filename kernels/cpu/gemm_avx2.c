@@ -301,24 +301,23 @@ TGT static inline __attribute__((always_inline)) void half_f(enum gemm_kind kind
 				store_half(y + (size_t)t * ldy + 8 * hh, R - 8 * hh, _mm256_add_ps(a0[hh][t], a1[hh][t]));
 }
 
-#define INST(KIND, CC)                                                                                        \
-	TGT static void half_##KIND##_##CC(const uint8_t *wp, int64_t nb, int h, int R, const struct q8_block *xq, \
-					   size_t ldq, float *y, size_t ldy)                                     \
+/* The entry points: PFX_KIND_CC runs FN for CC tokens, HH halves per pass
+ * (half_*: one half, h = 0 or 1; both_*: both, h = 0). */
+#define ENTRY_Q(PFX, FN, KIND, CC, HH)                                                                        \
+	TGT static void PFX##_##KIND##_##CC(const uint8_t *wp, int64_t nb, int h, int R, const struct q8_block *xq, \
+					    size_t ldq, float *y, size_t ldy)                                    \
 	{                                                                                                     \
-		half(KIND, wp, nb, h, R, xq, ldq, CC, y, ldy, 1);                                            \
+		FN(KIND, wp, nb, h, R, xq, ldq, CC, y, ldy, HH);                                             \
 	}
-#define INSTQ(KIND, CC)                                                                                         \
-	TGT static void half_##KIND##_##CC(const uint8_t *wp, int64_t nb, int h, int R, const struct q8_block *xq, \
-					   size_t ldq, float *y, size_t ldy)                                     \
+#define ENTRY_F(PFX, KIND, CC, HH)                                                                            \
+	TGT static void PFX##_##KIND##_##CC(const uint8_t *wp, int64_t nb, int h, int R, const float *x, size_t ldx, \
+					    float *y, size_t ldy)                                                \
 	{                                                                                                     \
-		half_k(KIND, wp, nb, h, R, xq, ldq, CC, y, ldy, 1);                                          \
+		half_f(KIND, wp, nb, h, R, x, ldx, CC, y, ldy, HH);                                          \
 	}
-#define INSTF(KIND, CC)                                                                                        \
-	TGT static void half_##KIND##_##CC(const uint8_t *wp, int64_t nb, int h, int R, const float *x, size_t ldx, \
-					   float *y, size_t ldy)                                                 \
-	{                                                                                                      \
-		half_f(KIND, wp, nb, h, R, x, ldx, CC, y, ldy, 1);                                            \
-	}
+#define INST(KIND, CC) ENTRY_Q(half, half, KIND, CC, 1)
+#define INSTQ(KIND, CC) ENTRY_Q(half, half_k, KIND, CC, 1)
+#define INSTF(KIND, CC) ENTRY_F(half, KIND, CC, 1)
 #define INSTK(KIND) INST(KIND, 1) INST(KIND, 2) INST(KIND, 3) INST(KIND, 4)
 #define INST4(I, KIND) I(KIND, 1) I(KIND, 2) I(KIND, 3) I(KIND, 4)
 INSTK(K_Q4_0)
@@ -336,18 +335,9 @@ INST4(INSTF, K_BF16)
  * whole as it arrives, the stream from memory never waits for a second
  * pass over the group (which would find it in L2 with nothing fetched
  * ahead meanwhile). */
-#define BOTH(KIND, CC)                                                                                          \
-	TGT static void both_##KIND##_##CC(const uint8_t *wp, int64_t nb, int h, int R, const struct q8_block *xq, \
-					   size_t ldq, float *y, size_t ldy)                                    \
-	{                                                                                                       \
-		half(KIND, wp, nb, h, R, xq, ldq, CC, y, ldy, 2);                                             \
-	}
-#define BOTHK(KIND, CC)                                                                                         \
-	TGT static void both_##KIND##_##CC(const uint8_t *wp, int64_t nb, int h, int R, const struct q8_block *xq, \
-					   size_t ldq, float *y, size_t ldy)                                    \
-	{                                                                                                       \
-		half_k(KIND, wp, nb, h, R, xq, ldq, CC, y, ldy, 2);                                           \
-	}
+#define BOTH(KIND, CC) ENTRY_Q(both, half, KIND, CC, 2)
+#define BOTHK(KIND, CC) ENTRY_Q(both, half_k, KIND, CC, 2)
+#define BOTHF(KIND, CC) ENTRY_F(both, KIND, CC, 2)
 #define BOTH2(I, KIND) I(KIND, 1) I(KIND, 2)
 BOTH2(BOTH, K_Q4_0)
 BOTH2(BOTH, K_Q4_1)
@@ -368,12 +358,6 @@ static const half_fn halves[7][SUB_COLS] = {TABLE(K_Q4_0), TABLE(K_Q4_1), TABLE(
 typedef void (*halff_fn)(const uint8_t *wp, int64_t nb, int h, int R, const float *x, size_t ldx, float *y,
 			 size_t ldy);
 static const halff_fn halves_f[3][SUB_COLS] = {TABLE(K_F32), TABLE(K_F16), TABLE(K_BF16)};
-#define BOTHF(KIND, CC)                                                                                         \
-	TGT static void both_##KIND##_##CC(const uint8_t *wp, int64_t nb, int h, int R, const float *x, size_t ldx, \
-					   float *y, size_t ldy)                                                \
-	{                                                                                                       \
-		half_f(KIND, wp, nb, h, R, x, ldx, CC, y, ldy, 2);                                            \
-	}
 BOTH2(BOTHF, K_F32)
 BOTH2(BOTHF, K_F16)
 BOTH2(BOTHF, K_BF16)
