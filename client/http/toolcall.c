@@ -224,7 +224,7 @@ static void listed_span(const struct http_gen_req *q, const char *s, size_t n, s
 {
 	size_t a = listed_lead(q, s, n), e = n;
 
-	if (a && q->call_shape == HTTP_CALL_MISTRAL) {
+	if (a) { /* only Mistral's forced call has a lead */
 		while (e > a && json_ws(s[e - 1]))
 			e--;
 		if (e > a && s[e - 1] == ']')

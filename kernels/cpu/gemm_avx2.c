@@ -43,6 +43,19 @@ TGT static inline __attribute__((always_inline)) __m256i bcast4(const int8_t *p)
 	return _mm256_set1_epi32(v);
 }
 
+/* The result of a half's accumulators: rows 0..R-1 of 8. */
+TGT static inline __attribute__((always_inline)) void store_half(float *y, int R, __m256 acc)
+{
+	if (R >= 8) {
+		_mm256_storeu_ps(y, acc);
+	} else {
+		float tmp[8];
+		_mm256_storeu_ps(tmp, acc);
+		for (int r = 0; r < R; r++)
+			y[r] = tmp[r];
+	}
+}
+
 /* Rows h*8 .. h*8+7 of a group times C tokens; with HH = 2 (h = 0) both
  * halves in one pass over the weights, each lane's steps as with HH = 1. */
 TGT static inline __attribute__((always_inline)) void half(enum gemm_kind kind, const uint8_t *wp, int64_t nb,
@@ -122,31 +135,9 @@ TGT static inline __attribute__((always_inline)) void half(enum gemm_kind kind, 
 		}
 	}
 	UNROLL for (int hh = 0; hh < HH; hh++)
-		UNROLL for (int t = 0; t < C; t++) {
-			int rr = R - 8 * hh;
-			float *yy = y + (size_t)t * ldy + 8 * hh;
-			if (rr >= 8) {
-				_mm256_storeu_ps(yy, acc2[hh][t]);
-			} else if (rr > 0) {
-				float tmp[8];
-				_mm256_storeu_ps(tmp, acc2[hh][t]);
-				for (int r = 0; r < rr; r++)
-					yy[r] = tmp[r];
-			}
-		}
-}
-
-/* The result of a half's accumulators: rows 0..R-1 of 8. */
-TGT static inline __attribute__((always_inline)) void store_half(float *y, int R, __m256 acc)
-{
-	if (R >= 8) {
-		_mm256_storeu_ps(y, acc);
-	} else {
-		float tmp[8];
-		_mm256_storeu_ps(tmp, acc);
-		for (int r = 0; r < R; r++)
-			y[r] = tmp[r];
-	}
+		if (R > 8 * hh)
+			UNROLL for (int t = 0; t < C; t++)
+				store_half(y + (size_t)t * ldy + 8 * hh, R - 8 * hh, acc2[hh][t]);
 }
 
 /* 8 bytes of per-lane integer scales as 8 floats times d (exact). */
