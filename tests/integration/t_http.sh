@@ -237,13 +237,18 @@ stop_kvd "$KVD_PID"
 [ "$(code "http://127.0.0.1:$P4/health")" = 503 ] || fail "/health with kvd down: not 503"
 ok "kvd's queue full ($n429 of 6) -> 429 rate_limit_exceeded; prompt + max_tokens beyond the context ($CTX) -> 400 context_length_exceeded; kvd down -> 503"
 
-# ---- slow client, connection limit (a second instance with tight limits)
+# ---- slow client, connection limit (two more instances with tight limits: a
+# one-second client_timeout would also cut the idle connections that fill the
+# connection limit if the machine is slow, so the limit gets its own instance)
 P2=$(free_port)
-start_http tight --listen "127.0.0.1:$P2" --client-timeout 1 --max-connections 2
+start_http tight --listen "127.0.0.1:$P2" --client-timeout 1
+P2B=$(free_port)
+start_http limit --listen "127.0.0.1:$P2B" --max-connections 2 --client-timeout 60
 wait_health "http://127.0.0.1:$P2"
-$PY - "$P2" <<'PYEOF' || fail "limits"
+wait_health "http://127.0.0.1:$P2B"
+$PY - "$P2" "$P2B" <<'PYEOF' || fail "limits"
 import socket, sys, time
-port = int(sys.argv[1])
+port, port_limit = int(sys.argv[1]), int(sys.argv[2])
 # a client that sends half a request line and stalls is cut off
 s = socket.create_connection(("127.0.0.1", port))
 s.sendall(b"GET /hea")
@@ -252,10 +257,11 @@ s.settimeout(10)
 assert s.recv(1024) == b"", "slow client got data"
 dt = time.time() - t0
 assert 0.5 < dt < 5, dt
+s.close()
 # two idle connections fill max_connections = 2: a third is closed unanswered
-a = socket.create_connection(("127.0.0.1", port)); b = socket.create_connection(("127.0.0.1", port))
+a = socket.create_connection(("127.0.0.1", port_limit)); b = socket.create_connection(("127.0.0.1", port_limit))
 time.sleep(0.3)
-c = socket.create_connection(("127.0.0.1", port))
+c = socket.create_connection(("127.0.0.1", port_limit))
 c.settimeout(5)
 c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
 try:
@@ -263,7 +269,23 @@ try:
 except ConnectionResetError:
     got = b""
 assert got == b"", got
-print(f"ok: a stalled client was cut off after {dt:.1f} s; a third connection over max_connections = 2 was refused")
+# and once one of the two goes, a new connection is served
+a.close(); c.close()
+for i in range(50):
+    d = socket.create_connection(("127.0.0.1", port_limit))
+    d.settimeout(5)
+    try:
+        d.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = d.recv(1024)
+    except (ConnectionResetError, BrokenPipeError):
+        got = b""
+    d.close()
+    if got.startswith(b"HTTP/1.1 200"):
+        break
+    time.sleep(0.1)
+assert got.startswith(b"HTTP/1.1 200"), got
+b.close()
+print(f"ok: a stalled client was cut off after {dt:.1f} s; a third connection over max_connections = 2 was refused, and served once one closed")
 PYEOF
 
 # ---- socket activation
