@@ -39,6 +39,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -100,7 +101,9 @@ def run_peer(bindir, spec, model, threads):
         return rows[-1]["avg_ts"], cmd
     cmd = [os.path.join(bindir, "llama-batched-bench"), "-m", model, "-t", str(threads), "-tb", str(threads),
            "--output-format", "jsonl"] + args
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    # ik_llama.cpp's batched bench writes llama.log into its working directory
+    with tempfile.TemporaryDirectory() as scratch:
+        p = subprocess.run(cmd, capture_output=True, text=True, cwd=scratch)
     out = p.stdout + "\n" + p.stderr
     for line in out.splitlines():
         line = line.strip()
