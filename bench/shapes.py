@@ -99,7 +99,7 @@ def run_peer(bindir, spec, model, threads):
         # the one test asked for: the row that generated or prefilled tokens
         rows = [r for r in rows if r.get("n_gen", 0) > 0 or r.get("n_prompt", 0) > 0]
         return rows[-1]["avg_ts"], cmd
-    cmd = [os.path.join(bindir, "llama-batched-bench"), "-m", model, "-t", str(threads), "-tb", str(threads),
+    cmd = [os.path.abspath(os.path.join(bindir, "llama-batched-bench")), "-m", os.path.abspath(model), "-t", str(threads), "-tb", str(threads),
            "--output-format", "jsonl"] + args
     # ik_llama.cpp's batched bench writes llama.log into its working directory
     with tempfile.TemporaryDirectory() as scratch:
