@@ -110,9 +110,16 @@ void req_gram_release(struct req *r)
 
 struct kvd_gram_scratch *sched_gram_scratch(struct kvd_sched *s)
 {
-	if (!s->gscratch)
-		s->gscratch = kvd_gram_scratch_new();
-	return s->gscratch;
+	if (!s->lane.gs)
+		s->lane.gs = kvd_gram_scratch_new();
+	return s->lane.gs;
+}
+
+void sched_lane_fini(struct sched_lane *L)
+{
+	kvd_gram_scratch_free(L->gs);
+	free(L->mask);
+	*L = (struct sched_lane){ 0 };
 }
 
 void req_free(struct req *r)
@@ -268,8 +275,8 @@ struct kvd_sched *kvd_sched_destroy(struct kvd_sched *s)
 	free(s->item_req);
 	free(s->cand);
 	sched_fair_free(s);
-	kvd_gram_scratch_free(s->gscratch);
-	free(s->gmask);
+	sched_draw_fini(s);
+	sched_lane_fini(&s->lane);
 	sched_spec_free(s);
 	free(s);
 	return NULL;
@@ -395,7 +402,7 @@ static void resume_swapped(struct kvd_sched *s, uint32_t n_running)
 	}
 }
 
-int sched_next_token(struct kvd_sched *s, struct req *r, int32_t *ret)
+int sched_draw_token(struct kvd_sched *s, struct req *r, struct sched_lane *L, int32_t *ret, int *ret_fast)
 {
 	if (!r->gram) {
 		*ret = kvd_sampler_sample(r->sampler, r->logits, r->toks, r->n_toks);
@@ -404,20 +411,33 @@ int sched_next_token(struct kvd_sched *s, struct req *r, int32_t *ret)
 	size_t words = ((size_t)s->n_vocab + 31) / 32, vw = kvd_gram_vocab_mask_words(r->gvocab);
 	if (vw > words)
 		words = vw;
-	if (words > s->gmask_words) {
-		uint32_t *m = realloc(s->gmask, words * sizeof(*m));
+	if (words > L->words) {
+		uint32_t *m = realloc(L->mask, words * sizeof(*m));
 		if (!m)
 			return -ENOMEM;
-		s->gmask = m;
-		s->gmask_words = words;
+		L->mask = m;
+		L->words = words;
 	}
-	if (!sched_gram_scratch(s))
+	if (!L->gs && !(L->gs = kvd_gram_scratch_new()))
 		return -ENOMEM;
-	int fast = 0;
-	int rc = kvd_gram_sample(r->sampler, r->logits, r->toks, r->n_toks, r->gram, r->gvocab, s->gscratch, &r->gst,
-				 s->gmask, s->gmask_words, ret, &fast);
-	if (rc == 0)
+	*ret_fast = 0;
+	return kvd_gram_sample(r->sampler, r->logits, r->toks, r->n_toks, r->gram, r->gvocab, L->gs, &r->gst, L->mask,
+			       L->words, ret, ret_fast);
+}
+
+/* Count a constrained draw: checked only, or masked for. */
+static void count_draw(struct kvd_sched *s, const struct req *r, int fast)
+{
+	if (r->gram)
 		fast ? s->st.gram_checked++ : s->st.gram_masked++;
+}
+
+int sched_next_token(struct kvd_sched *s, struct req *r, int32_t *ret)
+{
+	int fast = 0;
+	int rc = sched_draw_token(s, r, &s->lane, ret, &fast);
+	if (rc == 0)
+		count_draw(s, r, fast);
 	return rc;
 }
 
@@ -427,7 +447,7 @@ int sched_emit_token(struct kvd_sched *s, struct req *r, int32_t t)
 	int eog = s->ev.is_eog && s->ev.is_eog(s->ev.ud, t);
 	int complete = 0; /* the constraint is complete and nothing can follow */
 	if (r->gram && !eog) {
-		rc = kvd_gram_accept_token(r->gram, r->gvocab, s->gscratch, &r->gst, t);
+		rc = kvd_gram_accept_token(r->gram, r->gvocab, sched_gram_scratch(s), &r->gst, t);
 		if (rc < 0) { /* the mask and the matcher disagree, or memory */
 			sched_finish(s, r, KVD_FINISH_ERROR, rc == -ENOENT ? -EPROTO : rc);
 			return 1;
@@ -477,7 +497,15 @@ int sched_emit_token(struct kvd_sched *s, struct req *r, int32_t t)
 static void emit(struct kvd_sched *s, struct req *r)
 {
 	int32_t t;
-	int rc = sched_next_token(s, r, &t);
+	int rc;
+	if (r->drawn) { /* drawn with the step's others (sched_draw_batch) */
+		r->drawn = 0;
+		t = r->drawn_tok;
+		if ((rc = r->drawn_rc) == 0)
+			count_draw(s, r, r->drawn_fast);
+	} else {
+		rc = sched_next_token(s, r, &t);
+	}
 	if (rc < 0) {
 		sched_finish(s, r, KVD_FINISH_ERROR, rc);
 		return;
@@ -940,6 +968,7 @@ int kvd_sched_step(struct kvd_sched *s)
 		}
 	}
 	s->t_step_end = t1;
+	sched_draw_step(s, n_items); /* the plain decodes' tokens, drawn together, reported in order below */
 	/* emit after the bookkeeping: emit may finish and free requests */
 	for (size_t i = 0; i < n_items; i++)
 		if (s->items[i].logits) {

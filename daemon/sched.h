@@ -60,6 +60,9 @@ struct kvd_sched_config {
 	uint32_t max_step_ms;         /* a step carrying decodes takes about this long at
 	                               * most (its prefill share is cut to fit); 0: no limit */
 	struct kvd_spec_config spec;  /* speculative decoding ([speculative]); mode 0: off */
+	uint32_t draw_threads;        /* threads drawing a step's tokens at once (masks
+	                               * and sampling, sched_draw.c); 0 or 1: the
+	                               * scheduler's thread alone. Set at creation. */
 };
 
 enum kvd_finish {
@@ -244,6 +247,8 @@ struct kvd_sched_stats {
 	/* Constrained tokens drawn: answered by the greedy check alone, and
 	 * drawn over a full mask of the allowed tokens. */
 	uint64_t gram_checked, gram_masked;
+	/* Tokens drawn on the draw pool (several of a step at once, sched_draw.c). */
+	uint64_t draws_parallel;
 	/* Speculative decoding: decodes that carried a draft, the draft tokens
 	 * scored, and of those the ones accepted (emitted without a step of
 	 * their own). */

@@ -58,6 +58,10 @@ struct req {
 	struct kvd_grammar *gram;
 	const struct kvd_gram_vocab *gvocab;
 	struct kvd_gram_state gst;
+	/* the step's draw (sched_draw.c), made before any token is reported:
+	 * drawn set, drawn_rc and drawn_tok are what sched_next_token gave */
+	int drawn, drawn_fast, drawn_rc;
+	int32_t drawn_tok;
 	struct kvd_request_result res;
 	uint64_t t_submit, t_admit, t_first, t_last, t_used;
 	uint64_t last_step;      /* s->st.steps of the last step it took part in (ledger) */
@@ -114,6 +118,14 @@ struct sched_cost_fit {
 	double fixed_ns, token_ns;   /* token_ns == 0: not fitted (charge by tokens) */
 };
 
+/* What one thread draws tokens with (sched_next_token): the matcher's
+ * scratch and a mask, made on first use. */
+struct sched_lane {
+	struct kvd_gram_scratch *gs;
+	uint32_t *mask;
+	size_t words;
+};
+
 /* The scheduler; its functions are in sched.c, sched_session.c (sessions,
  * listing) and sched_samples.c. */
 struct kvd_sched {
@@ -144,11 +156,16 @@ struct kvd_sched {
 	struct sched_cost_fit fit;
 	struct sched_slot *order; /* this step's requests in fair order */
 	size_t n_order, cap_order;
-	/* constrained sampling (emit): the matcher's scratch and one mask,
-	 * shared by every sequence since tokens are drawn one at a time */
-	struct kvd_gram_scratch *gscratch;
-	uint32_t *gmask;
-	size_t gmask_words;
+	/* constrained sampling: the scheduler thread's lane (its scratch
+	 * also serves every constraint update, which run on this thread) */
+	struct sched_lane lane;
+	/* a step's draws in parallel (sched_draw.c): the pool, made on the
+	 * first step with two draws, and its other threads' lanes */
+	struct kvd_pool *draw_tp;
+	struct sched_lane *draw_lanes; /* [tp_size(draw_tp)]; [0] unused (the lane above) */
+	int draw_tried;          /* the pool was tried (made or failed) */
+	struct req **draws;      /* this step's drawing requests */
+	size_t cap_draws;
 	/* speculative decoding: one logits row per token of the drafting
 	 * items of a step (theirs back to back) */
 	float *spec_logits;
@@ -190,9 +207,24 @@ void sched_remove_at(struct kvd_sched *s, size_t i);
 void sched_drop_seq(struct kvd_sched *s, struct req *r);
 
 /* r's next token: its sampler's draw, under its constraint if it has one
- * (kvd_gram_sample, sampler.h). 0, -ENOENT (the constraint allows
- * nothing), -ENOMEM. */
+ * (kvd_gram_sample, sampler.h), with lane L's scratch and mask; *ret_fast
+ * is set when the sampled token was only checked, not masked for (untouched
+ * without a constraint). 0, -ENOENT (the constraint allows nothing),
+ * -ENOMEM. Reads and writes r and L only, so draws of different requests
+ * with different lanes may run at once. */
+int sched_draw_token(struct kvd_sched *s, struct req *r, struct sched_lane *L, int32_t *ret, int *ret_fast);
+/* The same on the scheduler's own lane, counting the draw in the stats. */
 int sched_next_token(struct kvd_sched *s, struct req *r, int32_t *ret);
+
+/* ---- sched_draw.c: a step's draws in parallel ---- */
+/* Draw the next token of each of the step's n_items items that decodes
+ * plainly (into each request's drawn fields), at once on the draw pool;
+ * nothing when the pool is one thread or fewer than two items draw. */
+void sched_draw_step(struct kvd_sched *s, size_t n_items);
+/* Stops the pool and frees the lanes. */
+void sched_draw_fini(struct kvd_sched *s);
+/* Frees a lane's scratch and mask. */
+void sched_lane_fini(struct sched_lane *L);
 /* Report t, r's next token (drawn by sched_next_token); end the request
  * when it ends here. Returns 1 when it ended (r may be freed), else 0. */
 int sched_emit_token(struct kvd_sched *s, struct req *r, int32_t t);

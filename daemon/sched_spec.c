@@ -150,7 +150,7 @@ static uint32_t spec_gram_cut(struct kvd_sched *s, struct req *r, uint32_t k)
 	for (uint32_t j = 0; j < k; j++) {
 		int32_t t = r->draft[j];
 		if ((s->ev.is_eog && s->ev.is_eog(s->ev.ud, t)) ||
-		    kvd_gram_accept_token(r->gram, r->gvocab, s->gscratch, &s->spec_gst, t) < 0)
+		    kvd_gram_accept_token(r->gram, r->gvocab, sched_gram_scratch(s), &s->spec_gst, t) < 0)
 			return j;
 		if (!kvd_gram_can_continue(&s->spec_gst))
 			return j + 1;

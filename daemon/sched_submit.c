@@ -108,7 +108,7 @@ int kvd_sched_submit(struct kvd_sched *s, uint64_t req_id, const int32_t *prompt
 	if (p->grammar) {
 		r->gram = kvd_grammar_ref(p->grammar);
 		r->gvocab = p->gram_vocab;
-		rc = sched_gram_scratch(s) ? kvd_gram_state_init(r->gram, s->gscratch, &r->gst) : -ENOMEM;
+		rc = sched_gram_scratch(s) ? kvd_gram_state_init(r->gram, sched_gram_scratch(s), &r->gst) : -ENOMEM;
 		if (rc < 0)
 			goto fail;
 	}

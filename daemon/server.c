@@ -35,6 +35,12 @@
 
 /* ---- configuration, signals, systemd ---------------------------------------- */
 
+static uint32_t online_cpus(void)
+{
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	return n > 0 ? (uint32_t)n : 1;
+}
+
 static struct kvd_sched_config sched_config(const struct kvd_config *cfg, uint32_t n_ctx)
 {
 	enum kvd_spec_mode mode;
@@ -45,6 +51,7 @@ static struct kvd_sched_config sched_config(const struct kvd_config *cfg, uint32
 		.max_waiting = cfg->max_waiting,
 		.session_idle_s = cfg->session_idle_s,
 		.max_step_ms = cfg->max_step_ms,
+		.draw_threads = cfg->threads > 0 ? (uint32_t)cfg->threads : online_cpus(),
 		.spec = {
 			.mode = kvd_spec_mode_parse(cfg->spec_mode, &mode) == 0 ? mode : KVD_SPEC_OFF,
 			.draft_tokens = cfg->spec_draft_tokens,

@@ -780,4 +780,21 @@ static inline int kvd_model_weights_check(const struct kvd_model_weights *w, int
 /* Name of a weight type ("q4_1"), or "unknown". */
 const char *kvd_wtype_name(enum kvd_wtype t);
 
+/*
+ * A pool of host threads for work beside the backend, whatever the backend
+ * (the scheduler draws a batch's next tokens on one: daemon/sched_draw.c).
+ * It is the CPU backend's worker pool: kvd_pool_for runs fn(arg, i, tid)
+ * for every i in [0, n) on the pool's threads, the caller taking part as
+ * tid 0, the others 1 .. size - 1, and returns when all have finished; an
+ * idle pool sleeps. One thread drives a pool; calls are not reentrant.
+ */
+struct kvd_pool;
+typedef void (*kvd_pool_fn)(void *arg, uint32_t i, int tid);
+/* n_threads >= 1. Returns 0 or -errno. */
+int kvd_pool_create(int n_threads, struct kvd_pool **ret);
+/* Stops and joins the threads; accepts NULL; returns NULL. */
+struct kvd_pool *kvd_pool_destroy(struct kvd_pool *p);
+int kvd_pool_size(const struct kvd_pool *p);
+void kvd_pool_for(struct kvd_pool *p, kvd_pool_fn fn, void *arg, uint32_t n);
+
 #endif /* KVD_BACKEND_H */

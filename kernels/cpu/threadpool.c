@@ -36,6 +36,7 @@
  * with release order; the driver's acquire load of done == n makes every
  * chunk's writes visible to it.
  */
+#include "backend.h"
 #include "threadpool.h"
 
 #include <errno.h>
@@ -282,4 +283,25 @@ void tp_run(struct tp *p, tp_fn fn, void *arg)
 {
 	struct run_adapter a = {fn, arg, p->n};
 	tp_for(p, run_chunk, &a, (uint32_t)p->n);
+}
+
+/* kernels/backend.h's host pool is this pool. */
+int kvd_pool_create(int n_threads, struct kvd_pool **ret)
+{
+	return tp_create(n_threads, (struct tp **)ret);
+}
+
+struct kvd_pool *kvd_pool_destroy(struct kvd_pool *p)
+{
+	return (struct kvd_pool *)tp_destroy((struct tp *)p);
+}
+
+int kvd_pool_size(const struct kvd_pool *p)
+{
+	return tp_size((const struct tp *)p);
+}
+
+void kvd_pool_for(struct kvd_pool *p, kvd_pool_fn fn, void *arg, uint32_t n)
+{
+	tp_for((struct tp *)p, fn, arg, n);
 }

@@ -39,6 +39,7 @@
 #include <cmocka.h>
 
 #include "daemon/engine.h"
+#include "daemon/model/grammar.h"
 #include "daemon/sched.h"
 #include "daemon/spec_draft.h"
 #include "daemon/step_model.h"
@@ -486,6 +487,7 @@ struct setup {
 	int samples;        /* report through on_sample_token (struct srec) */
 	struct kvd_spec_config spec;
 	uint32_t draft_pages; /* > 0: a draft engine (stub_draft_ops) with this many pages */
+	uint32_t draw_threads; /* kvd_sched_config.draw_threads */
 };
 
 /* A stub engine of `pages` pages of block_size tokens, over ops. */
@@ -533,6 +535,7 @@ static void open_ctx(struct ctx *c, const struct setup *su)
 		.session_idle_s = su->session_idle_s,
 		.max_step_ms = su->max_step_ms,
 		.spec = su->spec,
+		.draw_threads = su->draw_threads,
 	};
 	struct kvd_sched_events ev = { .on_token = on_token, .on_done = on_done, .is_eog = is_eog,
 				       .now_ns = clock_of, .on_session_expired = on_expired, .ud = c,
@@ -1418,6 +1421,96 @@ static void test_sampling_same_under_any_load(void **state)
 	}
 }
 
+/* A step's tokens drawn on the draw pool (daemon/sched_draw.c) are the ones
+ * drawn one at a time: twelve requests, unconstrained seeded, constrained
+ * greedy and constrained seeded (a regex that lets through 64 of the 512
+ * tokens, so most draws build a mask and some pass the sampled-token
+ * check), each alone with one draw thread as the reference, then all at
+ * once with one, two and three threads, roomy and tight (preemption with
+ * swap): the same tokens, the same count of checked and masked draws, and
+ * with more than one thread the draws really ran on the pool. */
+static void test_draws_parallel_exact(void **state)
+{
+	static struct rec ref[MAX_REQ];
+	static const struct setup mixes[] = {
+		{ .block_size = 16, .pages = 400, .draw_threads = 1 }, /* reference, alone */
+		{ .block_size = 16, .pages = 400, .draw_threads = 1 },
+		{ .block_size = 16, .pages = 400, .draw_threads = 2 },
+		{ .block_size = 4, .pages = 40, .swap = "mem", .draw_threads = 3 },
+	};
+	uint8_t bytes[N_VOCAB][2];
+	const uint8_t *bp[N_VOCAB];
+	uint32_t lens[N_VOCAB];
+	struct kvd_gram_vocab *v = NULL;
+	struct kvd_grammar *g = NULL;
+	struct kvd_sched_stats st, st_serial = { 0 };
+	int32_t p[64];
+	const int n = 12, toks = 24;
+	(void)state;
+
+	for (int t = 0; t < N_VOCAB; t++) { /* token t: two letters a..p, of which a..h pass */
+		bytes[t][0] = (uint8_t)('a' + t % 16);
+		bytes[t][1] = (uint8_t)('a' + t / 32);
+		bp[t] = bytes[t];
+		lens[t] = 2;
+	}
+	assert_int_equal(kvd_gram_vocab_new(N_VOCAB, bp, lens, NULL, &v), 0);
+	assert_int_equal(kvd_grammar_compile(KVD_GRAMMAR_REGEX, "[a-h]+", 6, &g, NULL), 0);
+	for (int m = 0; m < 4; m++) {
+		struct ctx c;
+		open_ctx(&c, &mixes[m]);
+		for (int i = 0; i < n; i++) {
+			uint32_t np = prompt_of(i, 1, p);
+			struct kvd_request_params rp = { .max_tokens = (uint32_t)toks };
+			kvd_sampler_params_default(&rp.sampling);
+			if (i % 3 != 1) {
+				rp.sampling.temperature = 1.5f;
+				rp.sampling.top_k = 0;
+				rp.sampling.min_p = 0;
+				rp.sampling.seed = (uint64_t)i * 7919u + 1;
+			} else {
+				rp.sampling.temperature = 0; /* greedy */
+			}
+			if (i % 3) {
+				rp.grammar = g;
+				rp.gram_vocab = v;
+			}
+			assert_int_equal(kvd_sched_submit(c.s, (uint64_t)i, p, np, &rp), 0);
+			if (m == 0)
+				run_until_idle(&c);
+		}
+		run_until_idle(&c);
+		kvd_sched_get_stats(c.s, &st);
+		for (int i = 0; i < n; i++) {
+			assert_int_equal(c.r[i].n, toks);
+			if (m == 0) {
+				ref[i] = c.r[i];
+				for (int k = 0; k < toks && i % 3; k++) /* the constraint held */
+					assert_true(ref[i].toks[k] % 16 < 8 && ref[i].toks[k] / 32 < 8);
+			} else {
+				assert_memory_equal(c.r[i].toks, ref[i].toks, (size_t)toks * 4);
+			}
+		}
+		if (m == 0) {
+			print_message("draws: %llu checked, %llu masked\n", (unsigned long long)st.gram_checked, (unsigned long long)st.gram_masked);
+			assert_true(st.gram_masked > 0 && st.gram_checked > 0); /* both paths ran */
+			assert_int_equal(st.draws_parallel, 0);
+			st_serial = st;
+		} else {
+			assert_int_equal(st.gram_masked + st.gram_checked, st_serial.gram_masked + st_serial.gram_checked);
+			if (m < 3)
+				assert_int_equal(st.gram_masked, st_serial.gram_masked);
+			if (mixes[m].draw_threads > 1)
+				assert_true(st.draws_parallel > (uint64_t)(n * toks) / 2);
+			else
+				assert_int_equal(st.draws_parallel, 0);
+		}
+		close_ctx(&c);
+	}
+	kvd_grammar_unref(g);
+	kvd_gram_vocab_free(v);
+}
+
 /* ---- speculative decoding -------------------------------------------------- */
 
 /* Prompt-lookup drafts change no token: with the stub copying (its logits
@@ -2171,6 +2264,7 @@ int main(void)
 		cmocka_unit_test(test_step_model_collinear),
 		cmocka_unit_test(test_step_model_margin),
 		cmocka_unit_test(test_sampling_same_under_any_load),
+		cmocka_unit_test(test_draws_parallel_exact),
 		cmocka_unit_test(test_spec_lookup_exact),
 		cmocka_unit_test(test_spec_draft_dseq),
 		cmocka_unit_test(test_spec_draft_exact),
