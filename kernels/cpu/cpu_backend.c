@@ -97,7 +97,8 @@ static void pack_one(void *arg, uint32_t i, int tid)
 	(void)tid;
 	if (!j->c->packed[i])
 		return;
-	cpu_gemm_pack(t->type, t->data, t->row_bytes, t->rows, t->cols, (void *)j->c->packed[i]);
+	cpu_gemm_pack(t->type, t->data, t->row_bytes, t->rows, t->cols, (void *)j->c->packed[i],
+		      j->c->k.pack_flags);
 #ifdef MADV_PAGEOUT
 	/* (a tied embedding table too: the few token rows a step reads
 	 * fault back in) */
@@ -115,7 +116,7 @@ static void pack_one(void *arg, uint32_t i, int tid)
  * packed copy is as large as the stored one for q4_0, q4_1, q8_0 and the
  * float types, about 3% larger for q4_K, and larger where quants are
  * widened to bytes: q5_0 (packed as q8_0) and q5_1 by half, q5_K by 57%,
- * q6_K by 30%; once a matrix is
+ * q6_K by 30% (as large as stored for the AVX2 kernel's 4 + 2 bits); once a matrix is
  * packed, its stored pages are handed back to the kernel (MADV_PAGEOUT: a
  * residency hint that never changes their contents — a file mapping
  * rereads, anonymous memory would swap) so peak memory stays near one copy.
@@ -131,7 +132,9 @@ static int pack_weights(struct cpu_ctx *c, const struct kvd_model_weights *w)
 		return -ENOMEM;
 	for (int i = 0; i < n; i++) {
 		const struct kvd_tensor *t = pk_tensor(w, i);
-		size_t b = c->k.gemm[t->type] || c->k.gemmf[t->type] ? cpu_gemm_packed_bytes(t->type, t->rows, t->cols) : 0;
+		size_t b = c->k.gemm[t->type] || c->k.gemmf[t->type]
+				   ? cpu_gemm_packed_bytes(t->type, t->rows, t->cols, c->k.pack_flags)
+				   : 0;
 		total += (b + 63) & ~(size_t)63;
 		any |= b != 0;
 	}
@@ -146,7 +149,9 @@ static int pack_weights(struct cpu_ctx *c, const struct kvd_model_weights *w)
 	madvise(c->pack_mem, c->pack_len, MADV_HUGEPAGE);
 	for (int i = 0; i < n; i++) {
 		const struct kvd_tensor *t = pk_tensor(w, i);
-		size_t b = c->k.gemm[t->type] || c->k.gemmf[t->type] ? cpu_gemm_packed_bytes(t->type, t->rows, t->cols) : 0;
+		size_t b = c->k.gemm[t->type] || c->k.gemmf[t->type]
+				   ? cpu_gemm_packed_bytes(t->type, t->rows, t->cols, c->k.pack_flags)
+				   : 0;
 		if (!b)
 			continue;
 		c->packed[i] = (char *)c->pack_mem + off;
@@ -248,7 +253,7 @@ static void mm_range(const struct mm_job *j, int64_t r0, int64_t r1)
 		/* strips of MM_ROW_TILE rows stay in L1 while all tokens pass
 		 * over them, GEMM_COLS tokens at a time */
 		int64_t nb = n / QK;
-		size_t gbytes = cpu_gemm_group_block_bytes(j->w->type) * (size_t)nb;
+		size_t gbytes = cpu_gemm_group_block_bytes(j->w->type, j->c->k.pack_flags) * (size_t)nb;
 		for (int64_t rt = r0; rt < r1; rt += MM_ROW_TILE) {
 			int64_t re = rt + MM_ROW_TILE < r1 ? rt + MM_ROW_TILE : r1;
 			for (int t = 0; t < j->T; t += GEMM_COLS) {

@@ -24,7 +24,11 @@
  * K-quants are packed per "group super-block" of 256 columns: first, per
  * sub-block j of 32 columns, its quants as a q4_1 group block's four
  * nibble vectors (q4_K) or as eight byte vectors of unsigned quants (q5_K
- * 0..31, q6_K 0..63); then the integer scales, lane r of sub-block j at
+ * 0..31, q6_K 0..63; for the AVX2 kernel, CPU_PACK_Q6_SPLIT, q6_K is as
+ * q4_K's four nibble vectors of the quants' low 4 bits followed by two
+ * 64-byte vectors of their top 2 bits, vector u holding in bits 2v, 2v+1
+ * of lane r's byte i those of element 16u + 4v + i: 384 bytes against
+ * 512, as many as the file's); then the integer scales, lane r of sub-block j at
  * 16 j + r (q4_K, q5_K: 8 x 16 6-bit scales then 8 x 16 6-bit mins; q6_K:
  * 16 x 16 int8 scales, one per 16 columns); then the 16 rows' f16 d (and
  * dmin for q4_K and q5_K). Per lane and sub-block the kernels form the
@@ -59,12 +63,22 @@
 
 #include "ops.h"
 
-/* bytes of a group super-block of the K-quants (256 columns, 16 rows) */
+/* bytes of a group super-block of the K-quants (256 columns, 16 rows);
+ * GSB_Q6_KS: q6_K split into 4 + 2 bits (CPU_PACK_Q6_SPLIT) */
 #define GSB_Q4_K (8 * 256 + 256 + 64)
 #define GSB_Q5_K (8 * 512 + 256 + 64)
 #define GSB_Q6_K (8 * 512 + 256 + 32)
+#define GSB_Q6_KS (8 * 384 + 256 + 32)
 
-size_t cpu_gemm_group_block_bytes(enum kvd_wtype t)
+static size_t gsb_of(enum kvd_wtype t, unsigned pack)
+{
+	return t == KVD_WTYPE_Q4_K ? GSB_Q4_K
+	       : t == KVD_WTYPE_Q5_K ? GSB_Q5_K
+	       : pack & CPU_PACK_Q6_SPLIT ? GSB_Q6_KS
+					 : GSB_Q6_K;
+}
+
+size_t cpu_gemm_group_block_bytes(enum kvd_wtype t, unsigned pack)
 {
 	switch (t) {
 	case KVD_WTYPE_Q4_0: return GEMM_ROWS * 18;
@@ -75,7 +89,7 @@ size_t cpu_gemm_group_block_bytes(enum kvd_wtype t)
 	/* K-quants: per 32 columns, an eighth of a super-block */
 	case KVD_WTYPE_Q4_K: return GSB_Q4_K / 8;
 	case KVD_WTYPE_Q5_K: return GSB_Q5_K / 8;
-	case KVD_WTYPE_Q6_K: return GSB_Q6_K / 8;
+	case KVD_WTYPE_Q6_K: return gsb_of(t, pack) / 8;
 	case KVD_WTYPE_F32: return GEMM_ROWS * QK * 4;
 	case KVD_WTYPE_F16:
 	case KVD_WTYPE_BF16: return GEMM_ROWS * QK * 2;
@@ -88,9 +102,9 @@ static int is_kquant(enum kvd_wtype t)
 	return t == KVD_WTYPE_Q4_K || t == KVD_WTYPE_Q5_K || t == KVD_WTYPE_Q6_K;
 }
 
-size_t cpu_gemm_packed_bytes(enum kvd_wtype t, int64_t rows, int64_t cols)
+size_t cpu_gemm_packed_bytes(enum kvd_wtype t, int64_t rows, int64_t cols, unsigned pack)
 {
-	size_t gb = cpu_gemm_group_block_bytes(t);
+	size_t gb = cpu_gemm_group_block_bytes(t, pack);
 	if (!gb || rows <= 0 || cols <= 0 || cols % (is_kquant(t) ? 256 : QK))
 		return 0;
 	return (size_t)((rows + GEMM_ROWS - 1) / GEMM_ROWS) * (size_t)(cols / QK) * gb;
@@ -98,10 +112,11 @@ size_t cpu_gemm_packed_bytes(enum kvd_wtype t, int64_t rows, int64_t cols)
 
 /* One group super-block of a K-quant type from rows[0..nr) (NULL past the
  * matrix: zero). */
-static void pack_kquant(enum kvd_wtype t, const uint8_t *const *blk, int nr, uint8_t *out)
+static void pack_kquant(enum kvd_wtype t, unsigned pack, const uint8_t *const *blk, int nr, uint8_t *out)
 {
-	const int qb = t == KVD_WTYPE_Q4_K ? 256 : 512;
-	const size_t gsb = t == KVD_WTYPE_Q4_K ? GSB_Q4_K : t == KVD_WTYPE_Q5_K ? GSB_Q5_K : GSB_Q6_K;
+	const int split = t == KVD_WTYPE_Q6_K && (pack & CPU_PACK_Q6_SPLIT);
+	const int qb = t == KVD_WTYPE_Q4_K ? 256 : split ? 384 : 512;
+	const size_t gsb = gsb_of(t, pack);
 	uint8_t *tail = out + 8 * qb;
 	uint16_t *dd = (uint16_t *)(void *)(tail + 256);
 
@@ -113,11 +128,20 @@ static void pack_kquant(enum kvd_wtype t, const uint8_t *const *blk, int nr, uin
 		for (int j = 0; j < 8; j++) {
 			const uint8_t *qj = q + 32 * j;
 			uint8_t *o = out + (size_t)qb * j;
-			if (t == KVD_WTYPE_Q4_K) /* byte 4v+i: elements 4v+i and 16+4v+i */
+			if (t == KVD_WTYPE_Q4_K || split) /* byte 4v+i: elements 4v+i and 16+4v+i */
 				for (int v = 0; v < 4; v++)
 					for (int i = 0; i < 4; i++)
-						o[64 * v + 4 * r + i] = (uint8_t)(qj[4 * v + i] | qj[16 + 4 * v + i] << 4);
-			else
+						o[64 * v + 4 * r + i] =
+							(uint8_t)((qj[4 * v + i] & 15) | (qj[16 + 4 * v + i] & 15) << 4);
+			if (split) /* then their top two bits: bits 2v, 2v+1 of byte 4r+i */
+				for (int u = 0; u < 2; u++)
+					for (int i = 0; i < 4; i++) {
+						uint8_t hb = 0;
+						for (int v = 0; v < 4; v++)
+							hb = (uint8_t)(hb | (qj[16 * u + 4 * v + i] >> 4) << 2 * v);
+						o[256 + 64 * u + 4 * r + i] = hb;
+					}
+			else if (t != KVD_WTYPE_Q4_K)
 				for (int v = 0; v < 8; v++)
 					for (int i = 0; i < 4; i++)
 						o[64 * v + 4 * r + i] = qj[4 * v + i];
@@ -146,9 +170,10 @@ static void pack_float(size_t es, const uint8_t *const *row, int nr, int64_t col
 			memcpy(out + ((size_t)i * GEMM_ROWS + (size_t)r) * es, row[r] + (size_t)i * es, es);
 }
 
-void cpu_gemm_pack(enum kvd_wtype t, const void *src, size_t row_bytes, int64_t rows, int64_t cols, void *dst)
+void cpu_gemm_pack(enum kvd_wtype t, const void *src, size_t row_bytes, int64_t rows, int64_t cols, void *dst,
+		   unsigned pack)
 {
-	const size_t gb = cpu_gemm_group_block_bytes(t);
+	const size_t gb = cpu_gemm_group_block_bytes(t, pack);
 	const int64_t nb = cols / QK, ng = (rows + GEMM_ROWS - 1) / GEMM_ROWS;
 	const size_t sb = row_bytes / (size_t)nb; /* source block bytes */
 	const int nq = t == KVD_WTYPE_Q8_0 || t == KVD_WTYPE_Q5_0 || t == KVD_WTYPE_Q5_1 ? 8 : 4; /* quant vectors */
@@ -172,7 +197,7 @@ void cpu_gemm_pack(enum kvd_wtype t, const void *src, size_t row_bytes, int64_t 
 				const uint8_t *blk[GEMM_ROWS];
 				for (int r = 0; r < nr; r++)
 					blk[r] = rowp[r] + (size_t)s * kb;
-				pack_kquant(t, blk, nr, out);
+				pack_kquant(t, pack, blk, nr, out);
 			}
 			continue;
 		}
@@ -214,7 +239,7 @@ void cpu_gemm_pack(enum kvd_wtype t, const void *src, size_t row_bytes, int64_t 
 
 int cpu_gemm_unpack_row(enum kvd_wtype t, const void *packed, int64_t cols, int64_t r, void *row)
 {
-	const size_t gb = cpu_gemm_group_block_bytes(t);
+	const size_t gb = cpu_gemm_group_block_bytes(t, 0); /* (no K-quant is unpacked) */
 	const int64_t nb = cols / QK, g = r / GEMM_ROWS;
 	const int lane = (int)(r % GEMM_ROWS);
 	const uint8_t *grp = (const uint8_t *)packed + (size_t)g * (size_t)nb * gb;
@@ -344,7 +369,7 @@ TGT static inline __attribute__((always_inline)) void tile_k(enum gemm_kind kind
 							      const int C, float *y, size_t ldy)
 {
 	const int qb = kind == K_Q4_K ? 256 : 512;
-	const size_t gsb = kind == K_Q4_K ? GSB_Q4_K : kind == K_Q5_K ? GSB_Q5_K : GSB_Q6_K;
+	const size_t gsb = gsb_of(kind == K_Q4_K ? KVD_WTYPE_Q4_K : kind == K_Q5_K ? KVD_WTYPE_Q5_K : KVD_WTYPE_Q6_K, 0);
 	const __m512i lo4 = _mm512_set1_epi8(0x0f);
 	__m512 acc[GEMM_COLS];
 
@@ -558,6 +583,7 @@ int cpu_kernels_init_gemm_avx512(struct cpu_kernels *k)
 	k->gemmf[KVD_WTYPE_F32] = gemm_f32;
 	k->gemmf[KVD_WTYPE_F16] = gemm_f16;
 	k->gemmf[KVD_WTYPE_BF16] = gemm_bf16;
+	k->pack_flags = 0; /* q6_K widened to bytes */
 	k->isa = "avx512-vnni";
 	return 1;
 }

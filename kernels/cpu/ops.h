@@ -82,9 +82,13 @@ typedef void (*gemm_fn)(const void *wp, int64_t nb, int R, const struct q8_block
 typedef void (*gemmf_fn)(const void *wp, int64_t nb, int R, const float *x, size_t ldx, int C, float *y, size_t ldy);
 
 /* Bytes of one packed group block of type t (0: t is not packed), of a
- * whole packed matrix, and the packing itself (portable C). */
-size_t cpu_gemm_group_block_bytes(enum kvd_wtype t);
-size_t cpu_gemm_packed_bytes(enum kvd_wtype t, int64_t rows, int64_t cols);
+ * whole packed matrix, and the packing itself (portable C). pack: the
+ * layout's variant, what the kernel set in use reads (cpu_kernels.pack_flags):
+ * CPU_PACK_Q6_SPLIT keeps q6_K's quants as 4 + 2 bits (the AVX2 kernel)
+ * instead of a byte each (the AVX-512 one). */
+#define CPU_PACK_Q6_SPLIT 1u
+size_t cpu_gemm_group_block_bytes(enum kvd_wtype t, unsigned pack);
+size_t cpu_gemm_packed_bytes(enum kvd_wtype t, int64_t rows, int64_t cols, unsigned pack);
 /* The 32 five-bit quants (0..31) of a q5_0/q5_1 block in element order,
  * from its 4 bytes qh and 16 bytes of nibbles. */
 void cpu_q5_block_quants(const uint8_t qh[4], const uint8_t *qs, uint8_t q[32]);
@@ -95,7 +99,8 @@ void cpu_q5_block_quants(const uint8_t qh[4], const uint8_t *qs, uint8_t q[32]);
  * uint8 bits), and the f16 d and dmin (0 for q6_K). */
 void kq_block_ints(enum kvd_wtype t, const void *blk, uint8_t q[256], uint8_t sc[16], uint8_t mn[8], uint16_t *d,
 		   uint16_t *dmin);
-void cpu_gemm_pack(enum kvd_wtype t, const void *src, size_t row_bytes, int64_t rows, int64_t cols, void *dst);
+void cpu_gemm_pack(enum kvd_wtype t, const void *src, size_t row_bytes, int64_t rows, int64_t cols, void *dst,
+		   unsigned pack);
 /* The stored bytes of row r (row_bytes of them) back from a matrix packed
  * by cpu_gemm_pack, exactly as they were; returns 0, or -1 for the types
  * whose packing does not keep their bytes (q5_0, q5_1, the K-quants). */
@@ -127,6 +132,7 @@ struct cpu_kernels {
 	vec_dot_fn dot[KVD_WTYPE_BF16 + 1]; /* by enum kvd_wtype */
 	gemm_fn gemm[KVD_WTYPE_BF16 + 1];     /* NULL: use dot row by row on unpacked weights */
 	gemmf_fn gemmf[KVD_WTYPE_BF16 + 1];   /* float weights: NULL likewise */
+	unsigned pack_flags; /* the packed layout gemm reads (CPU_PACK_*, cpu_gemm_pack) */
 	/* quantize n floats to a q8 row: n/32 blocks, then their sums */
 	void (*quantize_q8)(const float *x, struct q8_block *y, int64_t n);
 	/* sum_i q[i] * k[i] with k stored as f16 */

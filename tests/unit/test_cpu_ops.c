@@ -206,21 +206,25 @@ static void test_dot_products(void **state)
 
 /* Packing: a group block holds lane r's bytes where the kernels expect
  * them (checked through the scales and the first quant vector), and rows
- * past the matrix's end are zero. */
+ * past the matrix's end are zero. q6_K split into 4 + 2 bits takes the
+ * file's bytes; widened, 1.3 times as many. */
 static void test_gemm_pack_layout(void **state)
 {
 	(void)state;
+	assert_int_equal(cpu_gemm_packed_bytes(KVD_WTYPE_Q6_K, 32, 512, CPU_PACK_Q6_SPLIT),
+			 kvd_wtype_row_bytes(KVD_WTYPE_Q6_K, 512) * 32);
+	assert_int_equal(cpu_gemm_packed_bytes(KVD_WTYPE_Q6_K, 32, 512, 0), 2 * 2 * (8 * 512 + 256 + 32));
 	for (int t = KVD_WTYPE_Q4_0; t <= KVD_WTYPE_Q8_0; t++) {
-		if (!cpu_gemm_group_block_bytes((enum kvd_wtype)t))
+		if (!cpu_gemm_group_block_bytes((enum kvd_wtype)t, 0))
 			continue;
 		int64_t rows = 19, n = 64;
-		size_t rb = kvd_wtype_row_bytes((enum kvd_wtype)t, n), gb = cpu_gemm_group_block_bytes((enum kvd_wtype)t);
+		size_t rb = kvd_wtype_row_bytes((enum kvd_wtype)t, n), gb = cpu_gemm_group_block_bytes((enum kvd_wtype)t, 0);
 		uint8_t w[19 * 68], p[2 * 2 * GEMM_ROWS * 36];
-		assert_int_equal(cpu_gemm_packed_bytes((enum kvd_wtype)t, rows, n), 2 * 2 * gb);
+		assert_int_equal(cpu_gemm_packed_bytes((enum kvd_wtype)t, rows, n, 0), 2 * 2 * gb);
 		for (size_t i = 0; i < rows * rb; i++)
 			w[i] = (uint8_t)next_u32();
 		memset(p, 0x5a, sizeof(p));
-		cpu_gemm_pack((enum kvd_wtype)t, w, rb, rows, n, p);
+		cpu_gemm_pack((enum kvd_wtype)t, w, rb, rows, n, p, 0);
 		int q51 = t == KVD_WTYPE_Q5_1;
 		int nq = t == KVD_WTYPE_Q8_0 || t == KVD_WTYPE_Q5_0 || q51 ? 8 : 4, hdr = t == KVD_WTYPE_Q4_1 ? 4 : 2;
 		for (int64_t r = 0; r < 2 * GEMM_ROWS; r++)
@@ -283,10 +287,10 @@ static void gemm_tiles(struct cpu_kernels *kv, const float *want, float *keep)
 		assert_true(kv->gemm[t] || kv->gemmf[t]);
 		for (int it = 0; it < 40; it++) {
 			int64_t n = kq ? 256 * (1 + next_u32() % 3) : 32 * (1 + next_u32() % 24), nb = n / 32;
-			size_t rb = kvd_wtype_row_bytes(t, n), gbytes = cpu_gemm_group_block_bytes(t) * (size_t)nb;
+			size_t rb = kvd_wtype_row_bytes(t, n), gbytes = cpu_gemm_group_block_bytes(t, kv->pack_flags) * (size_t)nb;
 			for (int r = 0; r < NR; r++)
 				fill_weights(t, w + r * rb, n);
-			cpu_gemm_pack(t, w, rb, NR, n, wp);
+			cpu_gemm_pack(t, w, rb, NR, n, wp, kv->pack_flags);
 			/* the stored rows come back from the packed copy, byte for
 			 * byte, for the types whose packing keeps them */
 			for (int r = 0; r < NR; r++) {
