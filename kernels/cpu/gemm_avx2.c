@@ -13,9 +13,10 @@
  *   q8_0:       the stored bytes are flipped back to signed, and |w| times
  *               x with w's sign keeps each pair within int16 (<= 32512);
  *   q5_1, q5_K, q6_K: unsigned bytes of at most 63, each pair within
- *               int16 (<= 16002), widened to int32 per vector; q6_K's
- *               are packed as 4 + 2 bits here (CPU_PACK_Q6_SPLIT: 0.82
- *               bytes a weight, as in the file, against the byte of the
+ *               int16 (<= 16002), widened to int32 per vector; q5_K's
+ *               and q6_K's are packed as 4 + 1 and 4 + 2 bits here
+ *               (CPU_PACK_Q5_SPLIT, CPU_PACK_Q6_SPLIT: 0.70 and 0.82
+ *               bytes a weight, about the file's, against the byte of the
  *               VNNI kernel's layout) and joined in registers;
  *   q4_K:       as q4_0 and q4_1, per sub-block of 32.
  * Float weights run the VNNI file's two FMA chains per lane.
@@ -36,7 +37,7 @@
 
 enum gemm_kind { K_Q4_0, K_Q4_1, K_Q8_0, K_Q5_1, K_Q4_K, K_Q5_K, K_Q6_K, K_F32, K_F16, K_BF16 };
 #define GSB_Q4_K (8 * 256 + 256 + 64)
-#define GSB_Q5_K (8 * 512 + 256 + 64)
+#define GSB_Q5_KS (8 * 320 + 256 + 64) /* q5_K as 4 + 1 bits (CPU_PACK_Q5_SPLIT) */
 #define GSB_Q6_KS (8 * 384 + 256 + 32) /* q6_K as 4 + 2 bits (CPU_PACK_Q6_SPLIT) */
 
 TGT static inline __attribute__((always_inline)) __m256i bcast4(const int8_t *p)
@@ -156,9 +157,10 @@ TGT static inline __attribute__((always_inline)) void half_k(enum gemm_kind kind
 							      const int h0, int R, const struct q8_block *xq, size_t ldq,
 							      const int C, float *y, size_t ldy, const int HH)
 {
-	const int qb = kind == K_Q4_K ? 256 : kind == K_Q6_K ? 384 : 512;
-	const size_t gsb = kind == K_Q4_K ? GSB_Q4_K : kind == K_Q5_K ? GSB_Q5_K : GSB_Q6_KS;
-	const __m256i lo4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), top2 = _mm256_set1_epi8(0x30);
+	const int qb = kind == K_Q4_K ? 256 : kind == K_Q6_K ? 384 : 320;
+	const size_t gsb = kind == K_Q4_K ? GSB_Q4_K : kind == K_Q5_K ? GSB_Q5_KS : GSB_Q6_KS;
+	const __m256i lo4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+	const __m256i top = _mm256_set1_epi8(kind == K_Q6_K ? 0x30 : 0x10);
 	__m256 acc2[2][SUB_COLS];
 
 	UNROLL for (int hh = 0; hh < HH; hh++)
@@ -214,26 +216,28 @@ TGT static inline __attribute__((always_inline)) void half_k(enum gemm_kind kind
 						ib[t] = _mm256_setzero_si256();
 					}
 				}
-				__m256i hb0 = _mm256_setzero_si256(), hb1 = hb0;
-				if (kind == K_Q6_K) { /* the top two bits of elements 0..15 and 16..31 */
-					hb0 = _mm256_loadu_si256((const __m256i *)(wq + 256));
+				/* the top bits of elements 0..15 (hb0) and 16..31 (hb1:
+				 * q6_K's; q5_K's are in hb0 too, bits 4..7) */
+				__m256i hb0 = _mm256_loadu_si256((const __m256i *)(wq + 256)), hb1 = hb0;
+				if (kind == K_Q6_K)
 					hb1 = _mm256_loadu_si256((const __m256i *)(wq + 320));
-				}
 				UNROLL for (int v = 0; v < 4; v++) {
-					__m256i w0, w1;
-					if (kind == K_Q6_K) { /* low nibbles as q4_K's, bits 2v, 2v+1 to 4, 5 */
-						__m256i raw = _mm256_loadu_si256((const __m256i *)(wq + 64 * v));
-						__m256i t0 = v < 2 ? _mm256_slli_epi16(hb0, 4 - 2 * v)
-							     : v == 2 ? hb0 : _mm256_srli_epi16(hb0, 2);
-						__m256i t1 = v < 2 ? _mm256_slli_epi16(hb1, 4 - 2 * v)
-							     : v == 2 ? hb1 : _mm256_srli_epi16(hb1, 2);
-						w0 = _mm256_or_si256(_mm256_and_si256(raw, lo4), _mm256_and_si256(t0, top2));
-						w1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4),
-								     _mm256_and_si256(t1, top2));
+					/* the low nibbles as q4_K's, the top bits moved to
+					 * bit 4 (q5_K: bits v and 4 + v; q6_K: bits 2v, 2v+1) */
+					__m256i raw = _mm256_loadu_si256((const __m256i *)(wq + 64 * v)), t0, t1;
+					if (kind == K_Q6_K && v < 2) {
+						t0 = _mm256_slli_epi16(hb0, 4 - 2 * v);
+						t1 = _mm256_slli_epi16(hb1, 4 - 2 * v);
+					} else if (kind == K_Q6_K) {
+						t0 = v == 2 ? hb0 : _mm256_srli_epi16(hb0, 2);
+						t1 = v == 2 ? hb1 : _mm256_srli_epi16(hb1, 2);
 					} else {
-						w0 = _mm256_loadu_si256((const __m256i *)(wq + 64 * v));
-						w1 = _mm256_loadu_si256((const __m256i *)(wq + 64 * (v + 4)));
+						t0 = _mm256_slli_epi16(hb0, 4 - v);
+						t1 = v ? _mm256_srli_epi16(hb0, v) : hb0;
 					}
+					__m256i w0 = _mm256_or_si256(_mm256_and_si256(raw, lo4), _mm256_and_si256(t0, top));
+					__m256i w1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4),
+								     _mm256_and_si256(t1, top));
 					UNROLL for (int t = 0; t < C; t++) {
 						const int8_t *q = xq[(size_t)t * ldq + b].q;
 						ia[t] = _mm256_add_epi32(ia[t], _mm256_madd_epi16(
@@ -457,7 +461,7 @@ int cpu_kernels_init_gemm_avx2(struct cpu_kernels *k)
 	k->gemmf[KVD_WTYPE_F32] = gemm_f32;
 	k->gemmf[KVD_WTYPE_F16] = gemm_f16;
 	k->gemmf[KVD_WTYPE_BF16] = gemm_bf16;
-	k->pack_flags = CPU_PACK_Q6_SPLIT; /* q6_K as 4 + 2 bits */
+	k->pack_flags = CPU_PACK_Q6_SPLIT | CPU_PACK_Q5_SPLIT; /* q6_K as 4 + 2 bits, q5_K as 4 + 1 */
 	return 1;
 }
 #else

@@ -28,7 +28,9 @@
  * q4_K's four nibble vectors of the quants' low 4 bits followed by two
  * 64-byte vectors of their top 2 bits, vector u holding in bits 2v, 2v+1
  * of lane r's byte i those of element 16u + 4v + i: 384 bytes against
- * 512, as many as the file's); then the integer scales, lane r of sub-block j at
+ * 512, as many as the file's; CPU_PACK_Q5_SPLIT likewise q5_K's with one
+ * vector of their fifth bits, bit v of lane r's byte i element 4v + i's
+ * and bit 4 + v element 16 + 4v + i's: 320 bytes); then the integer scales, lane r of sub-block j at
  * 16 j + r (q4_K, q5_K: 8 x 16 6-bit scales then 8 x 16 6-bit mins; q6_K:
  * 16 x 16 int8 scales, one per 16 columns); then the 16 rows' f16 d (and
  * dmin for q4_K and q5_K). Per lane and sub-block the kernels form the
@@ -64,16 +66,18 @@
 #include "ops.h"
 
 /* bytes of a group super-block of the K-quants (256 columns, 16 rows);
- * GSB_Q6_KS: q6_K split into 4 + 2 bits (CPU_PACK_Q6_SPLIT) */
+ * GSB_Q5_KS, GSB_Q6_KS: split into 4 + 1 and 4 + 2 bits (CPU_PACK_Q5_SPLIT,
+ * CPU_PACK_Q6_SPLIT) */
 #define GSB_Q4_K (8 * 256 + 256 + 64)
 #define GSB_Q5_K (8 * 512 + 256 + 64)
 #define GSB_Q6_K (8 * 512 + 256 + 32)
+#define GSB_Q5_KS (8 * 320 + 256 + 64)
 #define GSB_Q6_KS (8 * 384 + 256 + 32)
 
 static size_t gsb_of(enum kvd_wtype t, unsigned pack)
 {
 	return t == KVD_WTYPE_Q4_K ? GSB_Q4_K
-	       : t == KVD_WTYPE_Q5_K ? GSB_Q5_K
+	       : t == KVD_WTYPE_Q5_K ? (pack & CPU_PACK_Q5_SPLIT ? GSB_Q5_KS : GSB_Q5_K)
 	       : pack & CPU_PACK_Q6_SPLIT ? GSB_Q6_KS
 					 : GSB_Q6_K;
 }
@@ -88,7 +92,7 @@ size_t cpu_gemm_group_block_bytes(enum kvd_wtype t, unsigned pack)
 	case KVD_WTYPE_Q5_1: return GEMM_ROWS * 36;
 	/* K-quants: per 32 columns, an eighth of a super-block */
 	case KVD_WTYPE_Q4_K: return GSB_Q4_K / 8;
-	case KVD_WTYPE_Q5_K: return GSB_Q5_K / 8;
+	case KVD_WTYPE_Q5_K:
 	case KVD_WTYPE_Q6_K: return gsb_of(t, pack) / 8;
 	case KVD_WTYPE_F32: return GEMM_ROWS * QK * 4;
 	case KVD_WTYPE_F16:
@@ -115,7 +119,8 @@ size_t cpu_gemm_packed_bytes(enum kvd_wtype t, int64_t rows, int64_t cols, unsig
 static void pack_kquant(enum kvd_wtype t, unsigned pack, const uint8_t *const *blk, int nr, uint8_t *out)
 {
 	const int split = t == KVD_WTYPE_Q6_K && (pack & CPU_PACK_Q6_SPLIT);
-	const int qb = t == KVD_WTYPE_Q4_K ? 256 : split ? 384 : 512;
+	const int split5 = t == KVD_WTYPE_Q5_K && (pack & CPU_PACK_Q5_SPLIT);
+	const int qb = t == KVD_WTYPE_Q4_K ? 256 : split ? 384 : split5 ? 320 : 512;
 	const size_t gsb = gsb_of(t, pack);
 	uint8_t *tail = out + 8 * qb;
 	uint16_t *dd = (uint16_t *)(void *)(tail + 256);
@@ -128,7 +133,7 @@ static void pack_kquant(enum kvd_wtype t, unsigned pack, const uint8_t *const *b
 		for (int j = 0; j < 8; j++) {
 			const uint8_t *qj = q + 32 * j;
 			uint8_t *o = out + (size_t)qb * j;
-			if (t == KVD_WTYPE_Q4_K || split) /* byte 4v+i: elements 4v+i and 16+4v+i */
+			if (t == KVD_WTYPE_Q4_K || split || split5) /* byte 4v+i: elements 4v+i and 16+4v+i */
 				for (int v = 0; v < 4; v++)
 					for (int i = 0; i < 4; i++)
 						o[64 * v + 4 * r + i] =
@@ -141,6 +146,13 @@ static void pack_kquant(enum kvd_wtype t, unsigned pack, const uint8_t *const *b
 							hb = (uint8_t)(hb | (qj[16 * u + 4 * v + i] >> 4) << 2 * v);
 						o[256 + 64 * u + 4 * r + i] = hb;
 					}
+			else if (split5) /* then their fifth bits: bit v and 4+v of byte 4r+i */
+				for (int i = 0; i < 4; i++) {
+					uint8_t hb = 0;
+					for (int v = 0; v < 4; v++)
+						hb = (uint8_t)(hb | (qj[4 * v + i] >> 4) << v | (qj[16 + 4 * v + i] >> 4) << (4 + v));
+					o[256 + 4 * r + i] = hb;
+				}
 			else if (t != KVD_WTYPE_Q4_K)
 				for (int v = 0; v < 8; v++)
 					for (int i = 0; i < 4; i++)

@@ -207,13 +207,15 @@ static void test_dot_products(void **state)
 /* Packing: a group block holds lane r's bytes where the kernels expect
  * them (checked through the scales and the first quant vector), and rows
  * past the matrix's end are zero. q6_K split into 4 + 2 bits takes the
- * file's bytes; widened, 1.3 times as many. */
+ * file's bytes, widened 1.3 times as many; q5_K split into 4 + 1, 2.5 %
+ * more than the file's. */
 static void test_gemm_pack_layout(void **state)
 {
 	(void)state;
 	assert_int_equal(cpu_gemm_packed_bytes(KVD_WTYPE_Q6_K, 32, 512, CPU_PACK_Q6_SPLIT),
 			 kvd_wtype_row_bytes(KVD_WTYPE_Q6_K, 512) * 32);
 	assert_int_equal(cpu_gemm_packed_bytes(KVD_WTYPE_Q6_K, 32, 512, 0), 2 * 2 * (8 * 512 + 256 + 32));
+	assert_int_equal(cpu_gemm_packed_bytes(KVD_WTYPE_Q5_K, 32, 512, CPU_PACK_Q5_SPLIT), 2 * 2 * (8 * 320 + 256 + 64));
 	for (int t = KVD_WTYPE_Q4_0; t <= KVD_WTYPE_Q8_0; t++) {
 		if (!cpu_gemm_group_block_bytes((enum kvd_wtype)t, 0))
 			continue;
