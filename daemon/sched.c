@@ -498,7 +498,7 @@ static void emit(struct kvd_sched *s, struct req *r)
 {
 	int32_t t;
 	int rc;
-	if (r->drawn) { /* drawn with the step's others (sched_draw_batch) */
+	if (r->drawn) { /* drawn with the step's others (sched_draw_step) */
 		r->drawn = 0;
 		t = r->drawn_tok;
 		if ((rc = r->drawn_rc) == 0)

@@ -15,11 +15,11 @@
  * not depend on the pool's size.
  *
  * This is where a 262k vocabulary's masks and a seeded sampler's softmax go
- * on a wide batch: one draw is 0.1-2 ms there, so 32 of them one after
- * another are a step's sizeable part while the engine's threads sit idle.
- * The pool is kernels/backend.h's host pool (the CPU backend's worker
- * pool type), a second instance: the engine's and this one never run at the same time
- * (one thread drives both in turn), and an idle pool sleeps on a futex.
+ * on a wide batch: 32 of them one after another are a sizeable part of a
+ * step while the engine's threads sit idle. The pool is kernels/backend.h's
+ * host pool (the CPU backend's worker pool type), a second instance: the
+ * engine's and this one never run at the same time (one thread drives both
+ * in turn), and an idle pool sleeps on a futex.
  */
 #include <errno.h>
 #include <stdlib.h>
