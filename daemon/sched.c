@@ -971,14 +971,12 @@ int kvd_sched_step(struct kvd_sched *s)
 	sched_draw_step(s, n_items); /* the plain decodes' tokens, drawn together, reported in order below */
 	/* emit after the bookkeeping: emit may finish and free requests */
 	for (size_t i = 0; i < n_items; i++)
-		if (s->items[i].logits) {
-			if (!s->item_req[i]->forked)
-				start_samples(s, s->item_req[i]);
-			else if (s->items[i].all_logits)
-				sched_spec_verify(s, s->item_req[i], s->items[i].logits);
-			else
-				emit(s, s->item_req[i]);
-		}
+		if (sched_item_draws(s, i))
+			emit(s, s->item_req[i]);
+		else if (s->items[i].logits && !s->item_req[i]->forked)
+			start_samples(s, s->item_req[i]);
+		else if (s->items[i].logits)
+			sched_spec_verify(s, s->item_req[i], s->items[i].logits);
 	return (int)n_items;
 fail:
 	for (size_t i = 0; i < n_items; i++)

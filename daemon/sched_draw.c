@@ -87,8 +87,8 @@ void sched_draw_step(struct kvd_sched *s, size_t n_items)
 
 	if (s->cfg.draw_threads < 2 || n_items < 2 || (s->cap_draws < n_items && !grow_draws(s, n_items)))
 		return;
-	for (size_t i = 0; i < n_items; i++) /* as emit's callers in kvd_sched_step choose */
-		if (s->items[i].logits && s->item_req[i]->forked && !s->items[i].all_logits)
+	for (size_t i = 0; i < n_items; i++)
+		if (sched_item_draws(s, i))
 			s->draws[n++] = s->item_req[i];
 	struct kvd_pool *p = n > 1 ? draw_pool(s) : NULL;
 	if (!p)

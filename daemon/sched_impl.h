@@ -217,6 +217,13 @@ int sched_draw_token(struct kvd_sched *s, struct req *r, struct sched_lane *L, i
 int sched_next_token(struct kvd_sched *s, struct req *r, int32_t *ret);
 
 /* ---- sched_draw.c: a step's draws in parallel ---- */
+/* Item i of the step just run reports one plainly drawn token (emit):
+ * it has logits, its samples are forked, it is no speculative
+ * verification. The step's draws and its reports both choose by this. */
+static inline int sched_item_draws(const struct kvd_sched *s, size_t i)
+{
+	return s->items[i].logits && s->item_req[i]->forked && !s->items[i].all_logits;
+}
 /* Draw the next token of each of the step's n_items items that decodes
  * plainly (into each request's drawn fields), at once on the draw pool;
  * nothing when the pool is one thread or fewer than two items draw. */

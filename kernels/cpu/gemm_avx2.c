@@ -36,9 +36,6 @@
 #define SUB_COLS 4 /* tokens per pass: the accumulators fit the 16 registers */
 
 enum gemm_kind { K_Q4_0, K_Q4_1, K_Q8_0, K_Q5_1, K_Q4_K, K_Q5_K, K_Q6_K, K_F32, K_F16, K_BF16 };
-#define GSB_Q4_K (8 * 256 + 256 + 64)
-#define GSB_Q5_KS (8 * 320 + 256 + 64) /* q5_K as 4 + 1 bits (CPU_PACK_Q5_SPLIT) */
-#define GSB_Q6_KS (8 * 384 + 256 + 32) /* q6_K as 4 + 2 bits (CPU_PACK_Q6_SPLIT) */
 
 TGT static inline __attribute__((always_inline)) __m256i bcast4(const int8_t *p)
 {

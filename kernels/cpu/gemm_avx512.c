@@ -30,9 +30,10 @@
  * of lane r's byte i those of element 16u + 4v + i: 384 bytes against
  * 512, as many as the file's; CPU_PACK_Q5_SPLIT likewise q5_K's with one
  * vector of their fifth bits, bit v of lane r's byte i element 4v + i's
- * and bit 4 + v element 16 + 4v + i's: 320 bytes); then the integer scales, lane r of sub-block j at
- * 16 j + r (q4_K, q5_K: 8 x 16 6-bit scales then 8 x 16 6-bit mins; q6_K:
- * 16 x 16 int8 scales, one per 16 columns); then the 16 rows' f16 d (and
+ * and bit 4 + v element 16 + 4v + i's: 320 bytes); then the integer
+ * scales, lane r of sub-block j at 16 j + r (q4_K, q5_K: 8 x 16 6-bit
+ * scales then 8 x 16 6-bit mins; q6_K: 16 x 16 int8 scales, one per 16
+ * columns); then the 16 rows' f16 d (and
  * dmin for q4_K and q5_K). Per lane and sub-block the kernels form the
  * exact float scale d * sc (and min dmin * m) and scale the exact int32
  * sum once per 32 columns:
@@ -65,15 +66,7 @@
 
 #include "ops.h"
 
-/* bytes of a group super-block of the K-quants (256 columns, 16 rows);
- * GSB_Q5_KS, GSB_Q6_KS: split into 4 + 1 and 4 + 2 bits (CPU_PACK_Q5_SPLIT,
- * CPU_PACK_Q6_SPLIT) */
-#define GSB_Q4_K (8 * 256 + 256 + 64)
-#define GSB_Q5_K (8 * 512 + 256 + 64)
-#define GSB_Q6_K (8 * 512 + 256 + 32)
-#define GSB_Q5_KS (8 * 320 + 256 + 64)
-#define GSB_Q6_KS (8 * 384 + 256 + 32)
-
+/* a K-quant type's group super-block bytes (GSB_*, ops.h) in layout pack */
 static size_t gsb_of(enum kvd_wtype t, unsigned pack)
 {
 	return t == KVD_WTYPE_Q4_K ? GSB_Q4_K
@@ -118,9 +111,9 @@ size_t cpu_gemm_packed_bytes(enum kvd_wtype t, int64_t rows, int64_t cols, unsig
  * matrix: zero). */
 static void pack_kquant(enum kvd_wtype t, unsigned pack, const uint8_t *const *blk, int nr, uint8_t *out)
 {
-	const int split = t == KVD_WTYPE_Q6_K && (pack & CPU_PACK_Q6_SPLIT);
+	const int split6 = t == KVD_WTYPE_Q6_K && (pack & CPU_PACK_Q6_SPLIT);
 	const int split5 = t == KVD_WTYPE_Q5_K && (pack & CPU_PACK_Q5_SPLIT);
-	const int qb = t == KVD_WTYPE_Q4_K ? 256 : split ? 384 : split5 ? 320 : 512;
+	const int qb = t == KVD_WTYPE_Q4_K ? 256 : split6 ? 384 : split5 ? 320 : 512;
 	const size_t gsb = gsb_of(t, pack);
 	uint8_t *tail = out + 8 * qb;
 	uint16_t *dd = (uint16_t *)(void *)(tail + 256);
@@ -133,12 +126,12 @@ static void pack_kquant(enum kvd_wtype t, unsigned pack, const uint8_t *const *b
 		for (int j = 0; j < 8; j++) {
 			const uint8_t *qj = q + 32 * j;
 			uint8_t *o = out + (size_t)qb * j;
-			if (t == KVD_WTYPE_Q4_K || split || split5) /* byte 4v+i: elements 4v+i and 16+4v+i */
+			if (t == KVD_WTYPE_Q4_K || split6 || split5) /* byte 4v+i: elements 4v+i and 16+4v+i */
 				for (int v = 0; v < 4; v++)
 					for (int i = 0; i < 4; i++)
 						o[64 * v + 4 * r + i] =
 							(uint8_t)((qj[4 * v + i] & 15) | (qj[16 + 4 * v + i] & 15) << 4);
-			if (split) /* then their top two bits: bits 2v, 2v+1 of byte 4r+i */
+			if (split6) /* then their top two bits: bits 2v, 2v+1 of byte 4r+i */
 				for (int u = 0; u < 2; u++)
 					for (int i = 0; i < 4; i++) {
 						uint8_t hb = 0;
@@ -150,7 +143,8 @@ static void pack_kquant(enum kvd_wtype t, unsigned pack, const uint8_t *const *b
 				for (int i = 0; i < 4; i++) {
 					uint8_t hb = 0;
 					for (int v = 0; v < 4; v++)
-						hb = (uint8_t)(hb | (qj[4 * v + i] >> 4) << v | (qj[16 + 4 * v + i] >> 4) << (4 + v));
+						hb = (uint8_t)(hb | (qj[4 * v + i] >> 4) << v |
+							       (qj[16 + 4 * v + i] >> 4) << (4 + v));
 					o[256 + 4 * r + i] = hb;
 				}
 			else if (t != KVD_WTYPE_Q4_K)

@@ -89,6 +89,14 @@ typedef void (*gemmf_fn)(const void *wp, int64_t nb, int R, const float *x, size
  * one). */
 #define CPU_PACK_Q6_SPLIT 1u
 #define CPU_PACK_Q5_SPLIT 2u
+/* Bytes of a K-quant group super-block (256 columns of 16 rows): quants,
+ * then 256 bytes of integer scales (and mins), then f16 d (and dmin);
+ * _KS: the split layouts. */
+#define GSB_Q4_K (8 * 256 + 256 + 64)
+#define GSB_Q5_K (8 * 512 + 256 + 64)
+#define GSB_Q6_K (8 * 512 + 256 + 32)
+#define GSB_Q5_KS (8 * 320 + 256 + 64)
+#define GSB_Q6_KS (8 * 384 + 256 + 32)
 size_t cpu_gemm_group_block_bytes(enum kvd_wtype t, unsigned pack);
 size_t cpu_gemm_packed_bytes(enum kvd_wtype t, int64_t rows, int64_t cols, unsigned pack);
 /* The 32 five-bit quants (0..31) of a q5_0/q5_1 block in element order,
