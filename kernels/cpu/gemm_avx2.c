@@ -13,7 +13,8 @@
  *   q8_0:       the stored bytes are flipped back to signed, and |w| times
  *               x with w's sign keeps each pair within int16 (<= 32512);
  *   q5_1, q5_K, q6_K: unsigned bytes of at most 63, each pair within
- *               int16 (<= 16002), widened to int32 per vector; q5_K's
+ *               int16 (<= 16002), widened to int32 per vector (q5_K,
+ *               q6_K: per two vectors, two pairs <= 32004); q5_K's
  *               and q6_K's are packed as 4 + 1 and 4 + 2 bits here
  *               (CPU_PACK_Q5_SPLIT, CPU_PACK_Q6_SPLIT: 0.70 and 0.82
  *               bytes a weight, about the file's, against the byte of the
@@ -34,6 +35,11 @@
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define UNROLL _Pragma("GCC unroll 8")
 #define SUB_COLS 4 /* tokens per pass: the accumulators fit the 16 registers */
+/* An accumulator's chain of additions stays a chain: the compiler would
+ * otherwise regroup it into a tree, holding every product of a block at
+ * once in more than the 16 registers and spilling them (a third of the
+ * tile's time) */
+#define KEEP(v) __asm__("" : "+x"(v))
 
 enum gemm_kind { K_Q4_0, K_Q4_1, K_Q8_0, K_Q5_1, K_Q4_K, K_Q5_K, K_Q6_K, K_F32, K_F16, K_BF16 };
 
@@ -92,6 +98,7 @@ TGT static inline __attribute__((always_inline)) void half(enum gemm_kind kind, 
 					__m256i x = bcast4(xq[(size_t)t * ldq + b].q + 4 * j);
 					__m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
 					is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(p, ones));
+					KEEP(is[t]);
 				}
 			}
 		} else if (kind == K_Q5_1) {
@@ -102,6 +109,7 @@ TGT static inline __attribute__((always_inline)) void half(enum gemm_kind kind, 
 				UNROLL for (int t = 0; t < C; t++) {
 					__m256i p = _mm256_maddubs_epi16(w, bcast4(xq[(size_t)t * ldq + b].q + 4 * j));
 					is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(p, ones));
+					KEEP(is[t]);
 				}
 			}
 		} else {
@@ -115,7 +123,9 @@ TGT static inline __attribute__((always_inline)) void half(enum gemm_kind kind, 
 				UNROLL for (int t = 0; t < C; t++) {
 					const int8_t *q = xq[(size_t)t * ldq + b].q;
 					s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(wl, bcast4(q + 4 * j)));
+					KEEP(s16[t]);
 					s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(wh, bcast4(q + 16 + 4 * j)));
+					KEEP(s16[t]);
 				}
 			}
 			UNROLL for (int t = 0; t < C; t++) {
@@ -194,7 +204,9 @@ TGT static inline __attribute__((always_inline)) void half_k(enum gemm_kind kind
 					UNROLL for (int t = 0; t < C; t++) {
 						const int8_t *q = xq[(size_t)t * ldq + b].q;
 						s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(wl, bcast4(q + 4 * v)));
+						KEEP(s16[t]);
 						s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(wh, bcast4(q + 16 + 4 * v)));
+						KEEP(s16[t]);
 					}
 				}
 				UNROLL for (int t = 0; t < C; t++) {
@@ -218,29 +230,40 @@ TGT static inline __attribute__((always_inline)) void half_k(enum gemm_kind kind
 				__m256i hb0 = _mm256_loadu_si256((const __m256i *)(wq + 256)), hb1 = hb0;
 				if (kind == K_Q6_K)
 					hb1 = _mm256_loadu_si256((const __m256i *)(wq + 320));
-				UNROLL for (int v = 0; v < 4; v++) {
-					/* the low nibbles as q4_K's, the top bits moved to
-					 * bit 4 (q5_K: bits v and 4 + v; q6_K: bits 2v, 2v+1) */
-					__m256i raw = _mm256_loadu_si256((const __m256i *)(wq + 64 * v)), t0, t1;
-					if (kind == K_Q6_K && v < 2) {
-						t0 = _mm256_slli_epi16(hb0, 4 - 2 * v);
-						t1 = _mm256_slli_epi16(hb1, 4 - 2 * v);
-					} else if (kind == K_Q6_K) {
-						t0 = v == 2 ? hb0 : _mm256_srli_epi16(hb0, 2);
-						t1 = v == 2 ? hb1 : _mm256_srli_epi16(hb1, 2);
-					} else {
-						t0 = _mm256_slli_epi16(hb0, 4 - v);
-						t1 = v ? _mm256_srli_epi16(hb0, v) : hb0;
+				/* two vectors' products added in int16 before widening:
+				 * each pair sum is at most 2 * 63 * 127, two of them
+				 * 32004 */
+				UNROLL for (int v2 = 0; v2 < 4; v2 += 2) {
+					__m256i w0[2], w1[2];
+					UNROLL for (int u = 0; u < 2; u++) {
+						/* the low nibbles as q4_K's, the top bits moved to
+						 * bit 4 (q5_K: bits v and 4 + v; q6_K: bits 2v, 2v+1) */
+						const int v = v2 + u;
+						__m256i raw = _mm256_loadu_si256((const __m256i *)(wq + 64 * v)), t0, t1;
+						if (kind == K_Q6_K && v < 2) {
+							t0 = _mm256_slli_epi16(hb0, 4 - 2 * v);
+							t1 = _mm256_slli_epi16(hb1, 4 - 2 * v);
+						} else if (kind == K_Q6_K) {
+							t0 = v == 2 ? hb0 : _mm256_srli_epi16(hb0, 2);
+							t1 = v == 2 ? hb1 : _mm256_srli_epi16(hb1, 2);
+						} else {
+							t0 = _mm256_slli_epi16(hb0, 4 - v);
+							t1 = v ? _mm256_srli_epi16(hb0, v) : hb0;
+						}
+						w0[u] = _mm256_or_si256(_mm256_and_si256(raw, lo4), _mm256_and_si256(t0, top));
+						w1[u] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4),
+									_mm256_and_si256(t1, top));
 					}
-					__m256i w0 = _mm256_or_si256(_mm256_and_si256(raw, lo4), _mm256_and_si256(t0, top));
-					__m256i w1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4),
-								     _mm256_and_si256(t1, top));
 					UNROLL for (int t = 0; t < C; t++) {
 						const int8_t *q = xq[(size_t)t * ldq + b].q;
-						ia[t] = _mm256_add_epi32(ia[t], _mm256_madd_epi16(
-							_mm256_maddubs_epi16(w0, bcast4(q + 4 * v)), ones));
-						ib[t] = _mm256_add_epi32(ib[t], _mm256_madd_epi16(
-							_mm256_maddubs_epi16(w1, bcast4(q + 16 + 4 * v)), ones));
+						__m256i pa = _mm256_add_epi16(_mm256_maddubs_epi16(w0[0], bcast4(q + 4 * v2)),
+									      _mm256_maddubs_epi16(w0[1], bcast4(q + 4 * v2 + 4)));
+						ia[t] = _mm256_add_epi32(ia[t], _mm256_madd_epi16(pa, ones));
+						KEEP(ia[t]);
+						__m256i pb = _mm256_add_epi16(_mm256_maddubs_epi16(w1[0], bcast4(q + 16 + 4 * v2)),
+									      _mm256_maddubs_epi16(w1[1], bcast4(q + 20 + 4 * v2)));
+						ib[t] = _mm256_add_epi32(ib[t], _mm256_madd_epi16(pb, ones));
+						KEEP(ib[t]);
 					}
 				}
 			}
