@@ -62,8 +62,9 @@ static size_t attn_scratch_per(const struct cpu_attn *c, int nc)
  * the chunk is computed here from the f16 helpers. Either way a given
  * build computes a token's attention one way only. K/V stored as bf16 go
  * through the bfloat16 kernel (kernels/cpu/attn_bf16.c) where the CPU has
- * AVX-512 BF16. K/V stored in another type (f32, q8_0, q4_0, and bf16
- * elsewhere: kvquant.h) go through attn_rows_q, the same contract over the
+ * AVX-512 BF16, else through the AVX2 kernel widening them to floats
+ * (attn_avx2.c). K/V stored in another type (f32, q8_0, q4_0, and bf16
+ * without AVX2: kvquant.h) go through attn_rows_q, the same contract over the
  * stored rows, in every build and both paths (a prefill's tokens sharing
  * chunks, or one token's chunks alone).
  */
@@ -572,6 +573,8 @@ void cpu_attn_setup(struct cpu_attn *c, struct tp *pool, const struct cpu_kernel
 	int level = !strcmp(k->isa, "generic") ? 0 : k->isa_level;
 	cpu_kvq_kernels_init(&c->kq, level);
 	c->rows_bf16 = level == 2 ? cpu_attn_rows_bf16(hp->head_dim) : NULL;
+	if (!c->rows_bf16 && level >= 1)
+		c->rows_bf16 = cpu_attn_rows_bf16_avx2(hp->head_dim);
 }
 
 int cpu_attn_reserve(struct cpu_attn *c, int max_pos)

@@ -25,7 +25,7 @@ struct cpu_attn {
 	struct cpu_kernels k;
 	const struct kvd_hparams *hp;
 	attn_rows_fn rows;    /* the tiled attention kernel (f16 K/V), or NULL */
-	attn_rows_fn rows_bf16; /* the same for bf16 K/V (AVX-512 BF16), or NULL */
+	attn_rows_fn rows_bf16; /* the same for bf16 K/V (AVX-512 BF16, else AVX2), or NULL */
 	struct kvq_kernels kq; /* products over K/V rows of the other types */
 	float scale;          /* scores are q·k times this */
 	/* the step being computed (cpu_attn_run) */

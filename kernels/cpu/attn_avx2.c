@@ -46,9 +46,14 @@ TGT static inline float hsum8(__m256 v)
 	return _mm_cvtss_f32(b);
 }
 
-TGT static inline __m256 load_f16x8(const uint16_t *p)
+/* 8 stored elements as floats: f16 (BF = 0) or bfloat16 (BF = 1, exact:
+ * the bits moved to a float's top half) */
+TGT static inline __attribute__((always_inline)) __m256 load16x8(const int BF, const uint16_t *p)
 {
-	return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+	__m128i h = _mm_loadu_si128((const __m128i *)p);
+	if (BF)
+		return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+	return _mm256_cvtph_ps(h);
 }
 
 /* first `left` lanes set (all when left >= 8), as a blend mask */
@@ -62,7 +67,7 @@ TGT static inline __m256 tail8(int left)
  * sharing each K row's conversion, four positions sharing a reduction.
  * Slots past the longest row's end read the last position and are never
  * used. */
-TGT static inline __attribute__((always_inline)) void scores8(const int HD, int nr, const float *const *q,
+TGT static inline __attribute__((always_inline)) void scores8(const int HD, const int BF, int nr, const float *const *q,
 							      const int *len, const uint16_t *const *k, int n,
 							      float scale, float *sc, int ld)
 {
@@ -85,7 +90,7 @@ TGT static inline __attribute__((always_inline)) void scores8(const int HD, int 
 			UNROLL for (int i = 0; i < P; i++) {
 				const uint16_t *kr = k[p0 + i < n ? p0 + i : n - 1];
 				UNROLL for (int j = 0; j < V; j++) {
-					__m256 kv = load_f16x8(kr + 8 * j);
+					__m256 kv = load16x8(BF, kr + 8 * j);
 					UNROLL for (int rr = 0; rr < RS; rr++) {
 						__m256 qv = _mm256_loadu_ps(qr[rr] + 8 * j);
 						acc[rr][i] = j ? _mm256_fmadd_ps(qv, kv, acc[rr][i]) : _mm256_mul_ps(qv, kv);
@@ -101,8 +106,9 @@ TGT static inline __attribute__((always_inline)) void scores8(const int HD, int 
 	}
 }
 
-/* HD (head size) is 64, 128 or 256. */
-TGT static inline __attribute__((always_inline)) void attn_rows8(const int HD, int nr, const float *const *q,
+/* HD (head size) is 64, 128 or 256; BF: K and V stored as bfloat16, else
+ * f16. */
+TGT static inline __attribute__((always_inline)) void attn_rows8(const int HD, const int BF, int nr, const float *const *q,
 								 const int *len, const uint16_t *const *k,
 								 const uint16_t *const *v, float scale,
 								 float *const *ml, float *const *o, float *scratch)
@@ -114,7 +120,7 @@ TGT static inline __attribute__((always_inline)) void attn_rows8(const int HD, i
 	const int n16 = (n + 15) & ~15;
 	float *sc = scratch; /* nr x n16 scores, then weights */
 
-	scores8(HD, nr, q, len, k, n, scale, sc, n16);
+	scores8(HD, BF, nr, q, len, k, n, scale, sc, n16);
 
 	for (int r = 0; r < nr; r++) {
 		float *s = sc + (size_t)r * n16;
@@ -148,7 +154,7 @@ TGT static inline __attribute__((always_inline)) void attn_rows8(const int HD, i
 					UNROLL for (int b = 0; b < HD * 2; b += 64)
 						_mm_prefetch((const char *)v[p + ATTN_PF] + b, _MM_HINT_T0);
 				UNROLL for (int j = 0; j < CB; j++)
-					vv[j] = load_f16x8(v[p] + c0 + 8 * j);
+					vv[j] = load16x8(BF, v[p] + c0 + 8 * j);
 				UNROLL for (int rr = 0; rr < RT; rr++) {
 					if (rr < nt && p < len[r0 + rr]) {
 						__m256 e = _mm256_set1_ps(sc[(size_t)(r0 + rr) * n16 + p]);
@@ -165,38 +171,45 @@ TGT static inline __attribute__((always_inline)) void attn_rows8(const int HD, i
 	}
 }
 
-TGT static void attn_rows8_64(int nr, const float *const *q, const int *len, const uint16_t *const *k,
-			      const uint16_t *const *v, float scale, float *const *ml, float *const *o, float *scratch)
-{
-	attn_rows8(64, nr, q, len, k, v, scale, ml, o, scratch);
-}
+#define ATTN_ENTRY(NAME, HD, BF)                                                                             \
+	TGT static void NAME(int nr, const float *const *q, const int *len, const uint16_t *const *k,              \
+			     const uint16_t *const *v, float scale, float *const *ml, float *const *o, float *scratch) \
+	{                                                                                                     \
+		attn_rows8(HD, BF, nr, q, len, k, v, scale, ml, o, scratch);                                  \
+	}
+ATTN_ENTRY(attn_rows8_64, 64, 0)
+ATTN_ENTRY(attn_rows8_128, 128, 0)
+ATTN_ENTRY(attn_rows8_256, 256, 0)
+ATTN_ENTRY(attn_rows8_bf16_64, 64, 1)
+ATTN_ENTRY(attn_rows8_bf16_128, 128, 1)
+ATTN_ENTRY(attn_rows8_bf16_256, 256, 1)
 
-TGT static void attn_rows8_128(int nr, const float *const *q, const int *len, const uint16_t *const *k,
-			       const uint16_t *const *v, float scale, float *const *ml, float *const *o, float *scratch)
+static int have_avx2(void)
 {
-	attn_rows8(128, nr, q, len, k, v, scale, ml, o, scratch);
-}
-
-TGT static void attn_rows8_256(int nr, const float *const *q, const int *len, const uint16_t *const *k,
-			       const uint16_t *const *v, float scale, float *const *ml, float *const *o, float *scratch)
-{
-	attn_rows8(256, nr, q, len, k, v, scale, ml, o, scratch);
+	return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 
 attn_rows_fn cpu_attn_rows_avx2(int hd)
 {
-	if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("f16c"))
+	if (!have_avx2())
 		return NULL;
 	return hd == 64 ? attn_rows8_64 : hd == 128 ? attn_rows8_128 : hd == 256 ? attn_rows8_256 : NULL;
 }
-#else
-TGT static void attn_rows8_256(int nr, const float *const *q, const int *len, const uint16_t *const *k,
-			       const uint16_t *const *v, float scale, float *const *ml, float *const *o, float *scratch)
+
+attn_rows_fn cpu_attn_rows_bf16_avx2(int hd)
 {
-	attn_rows8(256, nr, q, len, k, v, scale, ml, o, scratch);
+	if (!have_avx2())
+		return NULL;
+	return hd == 64 ? attn_rows8_bf16_64 : hd == 128 ? attn_rows8_bf16_128 : hd == 256 ? attn_rows8_bf16_256 : NULL;
+}
+#else
+attn_rows_fn cpu_attn_rows_avx2(int hd)
+{
+	(void)hd;
+	return NULL;
 }
 
-attn_rows_fn cpu_attn_rows_avx2(int hd)
+attn_rows_fn cpu_attn_rows_bf16_avx2(int hd)
 {
 	(void)hd;
 	return NULL;

@@ -134,6 +134,9 @@ attn_rows_fn cpu_attn_rows_avx2(int hd);
  * AVX-512 BF16 products (kernels/cpu/attn_bf16.c for the arithmetic), or
  * NULL (other head sizes, other CPUs). */
 attn_rows_fn cpu_attn_rows_bf16(int hd);
+/* The AVX2 kernel over bf16 K/V rows (each element widened to a float
+ * exactly, then the f16 kernel's float arithmetic), or NULL. */
+attn_rows_fn cpu_attn_rows_bf16_avx2(int hd);
 
 struct cpu_kernels {
 	const char *isa; /* "avx512-vnni", "avx2" or "generic": what was installed */

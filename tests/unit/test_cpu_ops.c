@@ -397,7 +397,7 @@ static void fill_kv(uint16_t kv[2][128][256], int hd, uint16_t (*to16)(float), c
 
 /* The tiled attention kernel: each row's max, sum and weighted V rows
  * match float64, and a row alone gives the same bits as in any tile. */
-static void check_attn_rows(attn_rows_fn (*kernel_for)(int hd))
+static void check_attn_rows_as(attn_rows_fn (*kernel_for)(int hd), uint16_t (*to16)(float), float (*from16)(uint16_t))
 {
 	for (int hd = 64; hd <= 256; hd *= 2) {
 		attn_rows_fn fn = kernel_for(hd);
@@ -413,7 +413,7 @@ static void check_attn_rows(attn_rows_fn (*kernel_for)(int hd))
 			const float *qp[12];
 			float ml[12][2], *mlp[12], *op[12], ml1[2], *ml1p = ml1, *o1p = o1;
 			float scale = 1.0f / sqrtf((float)hd);
-			fill_kv(kv, hd, cpu_f32_to_fp16, kp, vp);
+			fill_kv(kv, hd, to16, kp, vp);
 			for (int r = 0; r < nr; r++) {
 				len[r] = 1 + (int)(next_u32() % 128);
 				for (int i = 0; i < hd; i++)
@@ -428,7 +428,7 @@ static void check_attn_rows(attn_rows_fn (*kernel_for)(int hd))
 				for (int p = 0; p < len[r]; p++) {
 					double d = 0;
 					for (int i = 0; i < hd; i++)
-						d += (double)q[r][i] * cpu_fp16_to_f32(kv[0][p][i]);
+						d += (double)q[r][i] * from16(kv[0][p][i]);
 					sc[p] = d * scale;
 					mx = sc[p] > mx ? sc[p] : mx;
 				}
@@ -439,8 +439,8 @@ static void check_attn_rows(attn_rows_fn (*kernel_for)(int hd))
 				for (int i = 0; i < hd; i++) {
 					double acc = 0, mag = 0;
 					for (int p = 0; p < len[r]; p++) {
-						acc += exp(sc[p] - mx) * cpu_fp16_to_f32(kv[1][p][i]);
-						mag += exp(sc[p] - mx) * fabs(cpu_fp16_to_f32(kv[1][p][i]));
+						acc += exp(sc[p] - mx) * from16(kv[1][p][i]);
+						mag += exp(sc[p] - mx) * fabs(from16(kv[1][p][i]));
 					}
 					if (fabs(o[r][i] - acc) > 1e-5 * mag + 1e-6)
 						fail_msg("hd %d row %d len %d elem %d: %g vs %g", hd, r, len[r], i, o[r][i], acc);
@@ -452,6 +452,11 @@ static void check_attn_rows(attn_rows_fn (*kernel_for)(int hd))
 			}
 		}
 	}
+}
+
+static void check_attn_rows(attn_rows_fn (*kernel_for)(int hd))
+{
+	check_attn_rows_as(kernel_for, cpu_f32_to_fp16, cpu_fp16_to_f32);
 }
 
 /* The AVX-512 and AVX2 attention kernels (whose bits differ: other
@@ -581,6 +586,15 @@ static void test_attn_rows_avx2(void **state)
 	check_attn_rows(cpu_attn_rows_avx2);
 }
 
+/* The AVX2 kernel over bf16 K/V ([kv] cache_type = bf16 without AVX-512
+ * BF16): the f16 kernel's arithmetic on the exactly widened elements, so
+ * the same float64 checks and tolerances as f16's */
+static void test_attn_rows_bf16_avx2(void **state)
+{
+	(void)state;
+	check_attn_rows_as(cpu_attn_rows_bf16_avx2, cpu_f32_to_bf16, cpu_bf16_to_f32);
+}
+
 /* silu(g) * u in both tables against float64, over the whole range of
  * gates, tails of every length included */
 static void test_swiglu(void **state)
@@ -698,6 +712,7 @@ int main(void)
 		cmocka_unit_test(test_attn_rows_avx2),
 		cmocka_unit_test(test_attn_rows_avx2_avx512_agree),
 		cmocka_unit_test(test_attn_rows_bf16),
+		cmocka_unit_test(test_attn_rows_bf16_avx2),
 		cmocka_unit_test(test_attention_helpers),
 		cmocka_unit_test(test_swiglu),
 		cmocka_unit_test(test_rmsnorm),
