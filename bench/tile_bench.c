@@ -13,7 +13,8 @@
  * (cpu_gemm_pack), times T activation rows (default 256) quantized as the
  * engine quantizes them, C tokens per call (default 8, GEMM_COLS: what the
  * engine's matrix product passes; 1 is decode's shape) and 16 rows
- * (GEMM_ROWS) per call, in the engine's order. Prints the best of R
+ * (GEMM_ROWS) per call, token chunks outer and row groups inner (the
+ * engine's order within a strip of 32 rows). Prints the best of R
  * (default 7) passes as multiply-adds per second, and a checksum of the
  * outputs (the same bits for every kernel set that claims them).
  */
