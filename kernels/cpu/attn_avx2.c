@@ -108,8 +108,9 @@ TGT static inline __attribute__((always_inline)) void scores8(const int HD, cons
 
 /* HD (head size) is 64, 128 or 256; BF: K and V stored as bfloat16, else
  * f16. */
-TGT static inline __attribute__((always_inline)) void attn_rows8(const int HD, const int BF, int nr, const float *const *q,
-								 const int *len, const uint16_t *const *k,
+TGT static inline __attribute__((always_inline)) void attn_rows8(const int HD, const int BF, int nr,
+								 const float *const *q, const int *len,
+								 const uint16_t *const *k,
 								 const uint16_t *const *v, float scale,
 								 float *const *ml, float *const *o, float *scratch)
 {
