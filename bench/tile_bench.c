@@ -37,13 +37,12 @@ static double now_s(void)
 static const struct {
 	const char *name;
 	enum kvd_wtype type;
-	size_t block, elems; /* bytes and elements of a stored block */
-	int d_at, m_at;      /* offsets of its f16 scales (-1: none) */
+	int64_t elems;  /* elements of a stored block */
+	int d_at, m_at; /* offsets of its f16 scales (-1: none) */
 } types[] = {
-	{"q4_0", KVD_WTYPE_Q4_0, 18, 32, 0, -1},    {"q4_1", KVD_WTYPE_Q4_1, 20, 32, 0, 2},
-	{"q5_0", KVD_WTYPE_Q5_0, 22, 32, 0, -1},    {"q5_1", KVD_WTYPE_Q5_1, 24, 32, 0, 2},
-	{"q8_0", KVD_WTYPE_Q8_0, 34, 32, 0, -1},    {"q4_K", KVD_WTYPE_Q4_K, 144, 256, 0, 2},
-	{"q5_K", KVD_WTYPE_Q5_K, 176, 256, 0, 2},   {"q6_K", KVD_WTYPE_Q6_K, 210, 256, 208, -1},
+	{"q4_0", KVD_WTYPE_Q4_0, 32, 0, -1},  {"q4_1", KVD_WTYPE_Q4_1, 32, 0, 2},  {"q5_0", KVD_WTYPE_Q5_0, 32, 0, -1},
+	{"q5_1", KVD_WTYPE_Q5_1, 32, 0, 2},   {"q8_0", KVD_WTYPE_Q8_0, 32, 0, -1}, {"q4_K", KVD_WTYPE_Q4_K, 256, 0, 2},
+	{"q5_K", KVD_WTYPE_Q5_K, 256, 0, 2},  {"q6_K", KVD_WTYPE_Q6_K, 256, 208, -1},
 };
 #define N_TYPES (sizeof types / sizeof types[0])
 
@@ -76,7 +75,8 @@ static int run(const struct cpu_kernels *k, size_t ti, int64_t K, int64_t rows, 
 	for (size_t i = 0; i < rb * (size_t)rows; i++)
 		src[i] = (uint8_t)next();
 	uint16_t d = cpu_f32_to_fp16(1.0f / 256);
-	for (size_t o = 0; o + types[ti].block <= rb * (size_t)rows; o += types[ti].block) {
+	size_t block = kvd_wtype_row_bytes(t, types[ti].elems);
+	for (size_t o = 0; o + block <= rb * (size_t)rows; o += block) {
 		memcpy(src + o + types[ti].d_at, &d, 2);
 		if (types[ti].m_at >= 0)
 			memcpy(src + o + types[ti].m_at, &d, 2);
