@@ -34,6 +34,7 @@
 #define QROWS 16 /* query rows quantized at a time */
 #define MAXB (KVQ_INT8_MAX_HD / QB)
 #define INLINE static inline __attribute__((always_inline))
+#define UNROLL _Pragma("GCC unroll 8")
 
 
 void cpu_kvq_quant_query(const float *x, int n, int8_t *qs, float *d, int32_t *sum)
@@ -149,6 +150,54 @@ AVX2 INLINE __m256i k_bytes_avx2(enum kvd_kv_type t, const uint8_t *blk)
 	return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x, 4), m), _mm_and_si128(x, m));
 }
 
+/* cpu_kvq_quant_query with AVX2, the same operations on 8 lanes (so the
+ * same bits; amax ignores NaN as the scalar comparison does): qs, d and
+ * sum (the AVX2 scores do not read qu) */
+AVX2 static void quant_rows_avx2(const float *const *q, int m, int hd, struct qrow *qr)
+{
+	const __m256 lo = _mm256_set1_ps(-128.0f), hi = _mm256_set1_ps(128.0f), half = _mm256_set1_ps(0.5f);
+	const __m256 mhalf = _mm256_set1_ps(-0.5f), absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+	const __m256i q127 = _mm256_set1_epi32(127), qm127 = _mm256_set1_epi32(-127);
+	for (int r = 0; r < m; r++)
+		for (int b = 0; b < hd / QB; b++) {
+			__m256 x[4], amax8 = _mm256_setzero_ps();
+			UNROLL for (int j = 0; j < 4; j++) {
+				x[j] = _mm256_loadu_ps(q[r] + b * QB + 8 * j);
+				__m256 a = _mm256_and_ps(x[j], absm);
+				/* max_ps returns its second operand when either is NaN */
+				amax8 = _mm256_max_ps(a, amax8);
+			}
+			__m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax8), _mm256_extractf128_ps(amax8, 1));
+			m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+			m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+			float amax = _mm_cvtss_f32(m4);
+			float db = amax / 127.0f, id = db != 0 ? 1.0f / db : 0.0f;
+			__m256i sum = _mm256_setzero_si256(), qi[4];
+			UNROLL for (int j = 0; j < 4; j++) {
+				__m256 v = _mm256_mul_ps(x[j], _mm256_set1_ps(id));
+				v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));
+				v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+				__m256i t = _mm256_cvttps_epi32(v);
+				__m256 f = _mm256_sub_ps(v, _mm256_cvtepi32_ps(t));
+				/* the compare masks are -1 where true */
+				t = _mm256_sub_epi32(t, _mm256_castps_si256(_mm256_cmp_ps(f, half, _CMP_GE_OQ)));
+				t = _mm256_add_epi32(t, _mm256_castps_si256(_mm256_cmp_ps(f, mhalf, _CMP_LE_OQ)));
+				qi[j] = _mm256_min_epi32(_mm256_max_epi32(t, qm127), q127);
+				sum = _mm256_add_epi32(sum, qi[j]);
+			}
+			/* 32 int32 to 32 int8 in element order: the packs work per
+			 * 128-bit lane, a dword permutation puts them back */
+			__m256i w = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+			w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+			_mm256_storeu_si256((__m256i *)(qr[r].qs + b * QB), w);
+			__m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+			s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+			s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+			qr[r].d[b] = db;
+			qr[r].sum[b] = _mm_cvtsi128_si32(s4);
+		}
+}
+
 AVX2 void cpu_kvq8_scores_avx2(enum kvd_kv_type t, const float *const *q, int nr, const unsigned char *const *k, int n,
 			  int hd, float scale, float *sc, int ldsc)
 {
@@ -160,7 +209,7 @@ AVX2 void cpu_kvq8_scores_avx2(enum kvd_kv_type t, const float *const *q, int nr
 
 	for (int r0 = 0; r0 < nr; r0 += QROWS) {
 		int m = nr - r0 < QROWS ? nr - r0 : QROWS;
-		quant_rows(q + r0, m, hd, qr);
+		quant_rows_avx2(q + r0, m, hd, qr);
 		for (int i0 = 0; i0 < n; i0 += 8) {
 			int cnt = n - i0 < 8 ? n - i0 : 8;
 			const uint8_t *kr[8];
@@ -173,20 +222,22 @@ AVX2 void cpu_kvq8_scores_avx2(enum kvd_kv_type t, const float *const *q, int nr
 			for (int r = 0; r < m; r++)
 				acc[r] = _mm256_setzero_ps();
 			for (int b = 0; b < nb; b++) {
-				__m256i kb[8];
+				/* the unsigned operand of each position's products,
+				 * formed once for all rows (q8_0: |k|, the rows' q
+				 * taking k's sign) */
+				__m256i kb[8], ku[8];
 				float dk[8];
 				for (int j = 0; j < 8; j++) {
 					kb[j] = k_bytes_avx2(t, kr[j] + (size_t)b * bb);
+					ku[j] = t == KVD_KV_Q8_0 ? _mm256_sign_epi8(kb[j], kb[j]) : kb[j];
 					dk[j] = _cvtsh_ss((unsigned short)(kr[j][b * bb] | kr[j][b * bb + 1] << 8));
 				}
 				__m256 vdk = _mm256_loadu_ps(dk);
 				for (int r = 0; r < m; r++) {
 					__m256i qv = _mm256_loadu_si256((const __m256i *)(qr[r].qs + b * QB)), part[8];
 					for (int j = 0; j < 8; j++) {
-						__m256i p16 = t == KVD_KV_Q8_0
-								      ? _mm256_maddubs_epi16(_mm256_sign_epi8(kb[j], kb[j]),
-											     _mm256_sign_epi8(qv, kb[j]))
-								      : _mm256_maddubs_epi16(kb[j], qv);
+						__m256i p16 = _mm256_maddubs_epi16(
+							ku[j], t == KVD_KV_Q8_0 ? _mm256_sign_epi8(qv, kb[j]) : qv);
 						part[j] = _mm256_madd_epi16(p16, ones);
 					}
 					__m256i is = hsum8x8_epi32(part);

@@ -426,10 +426,91 @@ AVX2 static void scores_avx2(enum kvd_kv_type t, const float *const *q, int nr, 
 	scores_body(block_floats_avx2, fma8_avx2, hsum8x8_avx2, t, q, nr, k, n, hd, scale, sc, ldsc);
 }
 
+/* Elements 16h .. 16h + 15 of a block as two 8-lane vectors (the lanes of
+ * vectors 2h and 2h + 1 of block_floats_avx2), and the block's scale. */
+AVX2 INLINE void half_floats_avx2(enum kvd_kv_type t, const uint8_t *blk, int h, __m256 kf[2], float *d)
+{
+	__m128i x;
+	if (t == KVD_KV_BF16) {
+		UNROLL for (int j = 0; j < 2; j++)
+			kf[j] = _mm256_castsi256_ps(_mm256_slli_epi32(
+				_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(blk + 32 * h + 16 * j))), 16));
+		*d = 1.0f;
+		return;
+	}
+	if (t == KVD_KV_F32) {
+		UNROLL for (int j = 0; j < 2; j++)
+			kf[j] = _mm256_loadu_ps((const float *)(const void *)blk + 16 * h + 8 * j);
+		*d = 1.0f;
+		return;
+	}
+	*d = cpu_kvq_h2f(blk);
+	if (t == KVD_KV_Q4_0) {
+		const __m128i m = _mm_set1_epi8(15), e = _mm_set1_epi8(8);
+		x = _mm_loadu_si128((const __m128i *)(blk + 2));
+		x = _mm_sub_epi8(_mm_and_si128(h ? _mm_srli_epi16(x, 4) : x, m), e);
+	} else {
+		x = _mm_loadu_si128((const __m128i *)(blk + 2 + 16 * h));
+	}
+	kf[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x));
+	kf[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(x, 8)));
+}
+
+/* accum_rows for four rows over half h of block b: the four rows share
+ * each conversion of 16 elements (8 accumulators), where three rows over
+ * a whole block would take 12 and a fourth row a second conversion. The
+ * same operations per element as accum_rows. */
+AVX2 INLINE void accum_rows4h_avx2(enum kvd_kv_type t, float *const *o, const int *len, const float *w, int ldw,
+				   const unsigned char *const *v, int b, int h, size_t bb, size_t rb)
+{
+	int n = 0, nc = len[0];
+	for (int rr = 0; rr < 4; rr++) {
+		n = len[rr] > n ? len[rr] : n;
+		nc = len[rr] < nc ? len[rr] : nc;
+	}
+	__m256 acc[4][2];
+	UNROLL for (int rr = 0; rr < 4; rr++)
+		UNROLL for (int j = 0; j < 2; j++)
+			acc[rr][j] = _mm256_loadu_ps(o[rr] + b * QB + 16 * h + 8 * j);
+	for (int i = 0; i < n; i++) {
+		__m256 vf[2];
+		float d;
+		if (b == 0 && h == 0 && i + KVQ_PF < n)
+			prefetch_row(v[i + KVQ_PF], rb);
+		half_floats_avx2(t, v[i] + (size_t)b * bb, h, vf, &d);
+		UNROLL for (int rr = 0; rr < 4; rr++) {
+			if (i >= nc && i >= len[rr]) /* past this row's end */
+				continue;
+			/* 0 + w d, as accum_rows forms it (the sign of a zero too) */
+			__m256 a = _mm256_add_ps(_mm256_setzero_ps(), _mm256_set1_ps(w[(size_t)rr * ldw + i] * d));
+			UNROLL for (int j = 0; j < 2; j++)
+				acc[rr][j] = _mm256_fmadd_ps(a, vf[j], acc[rr][j]);
+		}
+	}
+	UNROLL for (int rr = 0; rr < 4; rr++)
+		UNROLL for (int j = 0; j < 2; j++)
+			_mm256_storeu_ps(o[rr] + b * QB + 16 * h + 8 * j, acc[rr][j]);
+}
+
+/* accum_body with groups of four rows by half blocks, the last one to
+ * three rows as there */
 AVX2 static void accum_avx2(enum kvd_kv_type t, float *const *o, int nr, const int *len, const float *w, int ldw,
 			    const unsigned char *const *v, int hd)
 {
-	accum_body(block_floats_avx2, fma8_avx2, t, o, nr, len, w, ldw, v, hd);
+	size_t bb = block_bytes(t), rb = bb * (size_t)(hd / QB);
+	for (int b = 0; b < hd / QB; b++) {
+		int r0 = 0;
+		for (; nr - r0 >= 4; r0 += 4)
+			for (int h = 0; h < 2; h++)
+				accum_rows4h_avx2(t, o + r0, len + r0, w + (size_t)r0 * ldw, ldw, v, b, h, bb, rb);
+		const float *wr = w + (size_t)r0 * ldw;
+		switch (nr - r0) {
+		case 0: break;
+		case 1: accum_rows(1, block_floats_avx2, fma8_avx2, t, o + r0, len + r0, wr, ldw, v, b, bb, rb); break;
+		case 2: accum_rows(2, block_floats_avx2, fma8_avx2, t, o + r0, len + r0, wr, ldw, v, b, bb, rb); break;
+		default: accum_rows(3, block_floats_avx2, fma8_avx2, t, o + r0, len + r0, wr, ldw, v, b, bb, rb); break;
+		}
+	}
 }
 
 /* ---- AVX-512: two 8-lane computations per instruction ---------------------
