@@ -1,0 +1,139 @@
+/*
+ * bench/attn_bench.c — the CPU backend's attention kernel (attn_rows_fn,
+ * kernels/cpu/ops.h) alone, on one thread: one query group's pass over a
+ * chunk of 128 positions, as a decode step makes it for each (KV head,
+ * chunk), one JSON object per run.
+ *
+ *   attn_bench [--isa best|avx2] [--type f16|bf16] [--hd 64|128|256]
+ *              [--rows NR] [--heads H] [--chunks C] [--reps R]
+ *
+ * NR query rows (default 4: a Llama 3.2 group) over K and V rows of head
+ * size hd (default 64) laid out as the KV pool lays out one layer (pages of
+ * 16 tokens, each page's K rows then its V rows, a token's row holding H
+ * heads, default 8): C chunks (default 1, which stays in cache; 512 spans
+ * 64 MiB at hd 64, beyond any cache, as a decode at depth reads them), each
+ * chunk's heads one after another, a pass covering at least 4,096 chunks
+ * (the span again and again). Prints the best of R (default 5) passes as
+ * nanoseconds per position of a group and the bytes of K and V read per
+ * second.
+ */
+#include <getopt.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cpu/ops.h"
+
+#define CHUNK 128
+#define PAGE_TOKENS 16
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static uint32_t rng = 12345;
+static float frand(void)
+{
+	rng = rng * 1103515245u + 12345u;
+	return (float)((rng >> 8) & 0xffff) / 32768.0f - 1.0f;
+}
+
+int main(int argc, char **argv)
+{
+	const char *isa = "best", *type = "f16";
+	int hd = 64, nr = 4, heads = 8, chunks = 1, reps = 5;
+	static const struct option opts[] = {{"isa", 1, 0, 'i'},   {"type", 1, 0, 't'},   {"hd", 1, 0, 'd'},
+					     {"rows", 1, 0, 'r'},  {"heads", 1, 0, 'H'},  {"chunks", 1, 0, 'c'},
+					     {"reps", 1, 0, 'R'},  {0, 0, 0, 0}};
+	for (int o; (o = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
+		switch (o) {
+		case 'i': isa = optarg; break;
+		case 't': type = optarg; break;
+		case 'd': hd = atoi(optarg); break;
+		case 'r': nr = atoi(optarg); break;
+		case 'H': heads = atoi(optarg); break;
+		case 'c': chunks = atoi(optarg); break;
+		case 'R': reps = atoi(optarg); break;
+		default: fprintf(stderr, "usage: see the comment at the top of bench/attn_bench.c\n"); return 2;
+		}
+	}
+	int bf = !strcmp(type, "bf16");
+	if ((!bf && strcmp(type, "f16")) || (hd != 64 && hd != 128 && hd != 256) || nr < 1 || nr > 64 || heads < 1 ||
+	    chunks < 1 || reps < 1 || (strcmp(isa, "best") && strcmp(isa, "avx2"))) {
+		fprintf(stderr, "attn_bench: bad arguments (see the comment at the top of bench/attn_bench.c)\n");
+		return 2;
+	}
+	struct cpu_kernels k;
+	cpu_kernels_init_isa(&k, strcmp(isa, "avx2") ? KVD_CPU_ISA_BEST : KVD_CPU_ISA_AVX2);
+	attn_rows_fn f = NULL;
+	if (bf)
+		f = strcmp(isa, "avx2") && cpu_attn_rows_bf16(hd) ? cpu_attn_rows_bf16(hd) : cpu_attn_rows_bf16_avx2(hd);
+	else if (k.attn_rows_for)
+		f = k.attn_rows_for(hd);
+	if (!f) {
+		fprintf(stderr, "attn_bench: no %s attention kernel for head size %d in the %s set\n", type, hd, k.isa);
+		return 1;
+	}
+
+	size_t row = (size_t)heads * hd * 2, page = 2 * PAGE_TOKENS * row;
+	size_t npos = (size_t)chunks * CHUNK, bytes = npos / PAGE_TOKENS * page;
+	uint16_t *mem = aligned_alloc(4096, bytes);
+	float *q = malloc(sizeof(float) * (size_t)nr * hd), *o = malloc(sizeof(float) * (size_t)nr * hd);
+	float *ml = malloc(sizeof(float) * 2 * (size_t)nr);
+	float *scratch = malloc(sizeof(float) * ATTN_ROWS_SCRATCH(nr, hd));
+	if (!mem || !q || !o || !ml || !scratch) {
+		fprintf(stderr, "attn_bench: out of memory\n");
+		return 1;
+	}
+	for (size_t i = 0; i < bytes / 2; i++)
+		mem[i] = bf ? cpu_f32_to_bf16(frand()) : cpu_f32_to_fp16(frand());
+	for (int i = 0; i < nr * hd; i++)
+		q[i] = frand();
+	const float *qp[64];
+	float *op[64], *mlp[64];
+	int len[64];
+	for (int r = 0; r < nr; r++) {
+		qp[r] = q + (size_t)r * hd;
+		op[r] = o + (size_t)r * hd;
+		mlp[r] = ml + 2 * r;
+		len[r] = CHUNK;
+	}
+	const uint16_t *kp[CHUNK], *vp[CHUNK];
+	double best = 1e30, check = 0;
+	int laps = chunks >= 4096 ? 1 : (4096 + chunks - 1) / chunks;
+	for (int rep = 0; rep < reps; rep++) {
+		double t0 = now_s();
+		for (int lap = 0; lap < laps; lap++) {
+			for (int c = 0; c < chunks; c++)
+				for (int g = 0; g < heads; g++) {
+					for (int i = 0; i < CHUNK; i++) {
+						size_t p = (size_t)c * CHUNK + i;
+						const char *pg = (const char *)mem + p / PAGE_TOKENS * page;
+						kp[i] = (const uint16_t *)(pg + p % PAGE_TOKENS * row) + (size_t)g * hd;
+						vp[i] = (const uint16_t *)(pg + PAGE_TOKENS * row + p % PAGE_TOKENS * row) +
+							(size_t)g * hd;
+					}
+					f(nr, qp, len, kp, vp, 0.125f, mlp, op, scratch);
+					check += o[0] + ml[1];
+				}
+		}
+		double t = now_s() - t0;
+		if (t < best)
+			best = t;
+	}
+	double per = best / ((double)laps * chunks * heads * CHUNK);
+	printf("{\"figure\":\"attn\",\"isa\":\"%s\",\"type\":\"%s\",\"hd\":%d,\"rows\":%d,\"heads\":%d,\"chunks\":%d,"
+	       "\"ns_per_position\":%.2f,\"kv_gb_per_s\":%.2f,\"check\":%.6g}\n",
+	       k.isa, type, hd, nr, heads, chunks, per * 1e9, 4.0 * hd / per / 1e9, check / reps / laps);
+	free(mem);
+	free(q);
+	free(o);
+	free(ml);
+	free(scratch);
+	return 0;
+}
