@@ -134,11 +134,19 @@ EOF
 # ---- the version gate: DONE's IPC_F_SPEC block only for clients of 0.9.0 ----
 KVD_RAW_CLIENT_VERSION=0x000800 "$RAW" -s "$S" generate --temperature 0 --max-tokens 40 "$QUOTE" >/dev/null 2>"$T/raw8" ||
 	fail "a 0.8.0 client's GENERATE: $(cat "$T/raw8")"
-KVD_RAW_CLIENT_VERSION=0x000900 "$RAW" -s "$S" generate --temperature 0 --max-tokens 40 "$QUOTE" >/dev/null 2>"$T/raw9" ||
-	fail "a 0.9.0 client's GENERATE: $(cat "$T/raw9")"
 grep -q "spec_block=0 drafted=0 accepted=0" "$T/raw8" || fail "a 0.8.0 client got DONE with IPC_F_SPEC: $(grep DONE "$T/raw8")"
-d9=$(sed -n 's/.*spec_block=1 drafted=\([0-9]*\) accepted=.*/\1/p' "$T/raw9")
-[ -n "$d9" ] && [ "$d9" -gt 0 ] || fail "a 0.9.0 client's DONE has no drafted tokens: $(grep DONE "$T/raw9")"
+# mode = auto drafts only where its measured costs say a draft pays, and
+# other load on the machine moves those measurements: the block must be
+# there every time, with drafted tokens in it in one of three requests
+d9=0
+for try in 1 2 3; do
+	KVD_RAW_CLIENT_VERSION=0x000900 "$RAW" -s "$S" generate --temperature 0 --max-tokens 40 "$QUOTE" >/dev/null 2>"$T/raw9" ||
+		fail "a 0.9.0 client's GENERATE: $(cat "$T/raw9")"
+	d=$(sed -n 's/.*spec_block=1 drafted=\([0-9]*\) accepted=.*/\1/p' "$T/raw9")
+	[ -n "$d" ] || fail "a 0.9.0 client's DONE has no IPC_F_SPEC block: $(grep DONE "$T/raw9")"
+	[ "$d" -gt 0 ] && d9=$d && break
+done
+[ "$d9" -gt 0 ] || fail "a 0.9.0 client's DONE has no drafted tokens in 3 requests: $(grep DONE "$T/raw9")"
 ok "DONE: no IPC_F_SPEC block for a 0.8.0 client, $d9 drafted tokens in it for 0.9.0"
 
 # ---- kvd-http: "speculative": false opts out, anything but a boolean is refused ----
