@@ -105,6 +105,12 @@ void sched_spec_begin(struct kvd_sched *s, uint64_t target_ns)
 	 * drafting sequence, so a wide batch would pay more than it saves:
 	 * 32 streams ran at 0.46x of off on the fixed threshold) */
 	s->spec_threshold = sched_spec_measured(s) ? spec_auto_threshold(s, decodes) : KVD_SPEC_LOOKUP_THRESHOLD;
+	/* a fit that has declined every draft for a while is measured again,
+	 * a few draft tokens a step (spec.h) */
+	if (sched_spec_measured(s) && s->spec_threshold >= 1.0 && kvd_spec_cost_reprobe(&s->spec_cost)) {
+		kvd_spec_cost_forget(&s->spec_cost);
+		s->spec_threshold = spec_auto_threshold(s, decodes);
+	}
 	/* max_step_ms: where other streams share the step, drafts get only
 	 * what the decodes leave of it (a stream alone waits for nobody but
 	 * itself, and its accepted drafts are what its wait buys) */
@@ -113,6 +119,8 @@ void sched_spec_begin(struct kvd_sched *s, uint64_t target_ns)
 		double room = per > 0 ? left / per : KVD_STEP_PROBE_CHUNK;
 		s->spec_room = room <= 0 ? 0 : room < SCHED_SPEC_STEP_TOKENS ? (uint32_t)room : SCHED_SPEC_STEP_TOKENS;
 	}
+	if (sched_spec_measured(s) && s->spec_cost.relearning && s->spec_room > KVD_SPEC_REPROBE_TOKENS)
+		s->spec_room = KVD_SPEC_REPROBE_TOKENS;
 }
 
 double sched_spec_token_ns(const struct kvd_sched *s)

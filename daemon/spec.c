@@ -104,6 +104,16 @@ void kvd_spec_cost_step(struct kvd_spec_cost *c, uint32_t drafted, uint64_t dt_n
 	c->sdy = c->sdy * d + x * y;
 	if (drafted && c->n_drafting < UINT32_MAX)
 		c->n_drafting++;
+	if (drafted) {
+		c->since_draft = 0;
+		if (c->n_drafting >= KVD_SPEC_COST_MIN_STEPS) {
+			if (!c->relearning) /* the fit in use drafts: the next re-probe is near again */
+				c->reprobe_after = 0;
+			c->relearning = 0;
+		}
+	} else if (c->since_draft < UINT32_MAX) {
+		c->since_draft++;
+	}
 	double det = c->s1 * c->sdd - c->sd * c->sd;
 	if (det <= 1e-3 * c->s1 * c->sdd) /* drafts of one length only, or none: no slope yet */
 		return;
@@ -113,6 +123,19 @@ void kvd_spec_cost_step(struct kvd_spec_cost *c, uint32_t drafted, uint64_t dt_n
 		return;
 	c->plain_ns = plain;
 	c->draft_ns = slope > 0 ? slope : 0;
+}
+
+int kvd_spec_cost_reprobe(const struct kvd_spec_cost *c)
+{
+	return c->n_drafting >= KVD_SPEC_COST_MIN_STEPS &&
+	       c->since_draft >= (c->reprobe_after ? c->reprobe_after : KVD_SPEC_REPROBE_STEPS);
+}
+
+void kvd_spec_cost_forget(struct kvd_spec_cost *c)
+{
+	uint32_t next = c->reprobe_after ? 2 * c->reprobe_after : 2 * KVD_SPEC_REPROBE_STEPS;
+	*c = (struct kvd_spec_cost){ .reprobe_after = next < KVD_SPEC_REPROBE_MAX ? next : KVD_SPEC_REPROBE_MAX,
+				     .relearning = 1 };
 }
 
 double kvd_spec_threshold(const struct kvd_spec_cost *c, uint32_t n_decodes)

@@ -112,13 +112,35 @@ struct kvd_spec_cost {
 	double s1, sd, sdd, sy, sdy; /* decayed sums over decode steps (d: draft tokens, y: ns) */
 	double plain_ns, draft_ns;   /* the fit; draft_ns 0: not measured yet */
 	uint32_t n_drafting;         /* steps with drafts folded in (saturates) */
+	uint32_t since_draft;        /* decode steps since the last one with drafts (saturates) */
+	uint32_t reprobe_after;      /* since_draft at which the fit is measured again (0: KVD_SPEC_REPROBE_STEPS) */
+	int relearning;              /* measuring again: KVD_SPEC_REPROBE_TOKENS a step until the fit is in use */
 };
 #define KVD_SPEC_COST_DECAY 0.97
 #define KVD_SPEC_COST_MIN_STEPS 8u /* drafting steps before the fit is used */
+/*
+ * A fit that declines every draft is never measured again, and a few steps
+ * slowed by other load on the machine can make it do so. So after
+ * KVD_SPEC_REPROBE_STEPS decode steps without drafts the fit is forgotten
+ * and measured again (KVD_SPEC_COST_MIN_STEPS drafting steps at the lookup
+ * threshold, each with at most KVD_SPEC_REPROBE_TOKENS draft tokens); where
+ * the new fit declines too, the next time is twice as far, up to
+ * KVD_SPEC_REPROBE_MAX steps, so a batch too wide to draft pays for
+ * almost none.
+ */
+#define KVD_SPEC_REPROBE_STEPS 64u
+#define KVD_SPEC_REPROBE_MAX 4096u
+#define KVD_SPEC_REPROBE_TOKENS 4u
 /* Fold in a step of decodes only that carried `drafted` draft tokens. */
 void kvd_spec_cost_step(struct kvd_spec_cost *c, uint32_t drafted, uint64_t dt_ns);
 /* The threshold for a step of n_decodes decodes; KVD_SPEC_LOOKUP_THRESHOLD
  * until the fit is measured. */
 double kvd_spec_threshold(const struct kvd_spec_cost *c, uint32_t n_decodes);
+/* 1 when the fit is in use and no step has carried drafts for the
+ * re-probe interval: time to kvd_spec_cost_forget it. */
+int kvd_spec_cost_reprobe(const struct kvd_spec_cost *c);
+/* Drop the fit and measure it again (relearning), the next re-probe twice
+ * as far off. */
+void kvd_spec_cost_forget(struct kvd_spec_cost *c);
 
 #endif

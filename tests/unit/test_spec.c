@@ -186,6 +186,67 @@ static void test_cost_fit_and_threshold(void **state)
 	assert_int_equal(kvd_spec_next_len(&q, 8, kvd_spec_threshold(&c, 32)), 0);
 }
 
+/* Steps slowed by other load make the fit decline every draft, so no step
+ * drafts and the fit would never change: after KVD_SPEC_REPROBE_STEPS
+ * plain steps it asks to be measured again; forgotten, it is lookup's
+ * threshold until KVD_SPEC_COST_MIN_STEPS drafting steps at the usual cost
+ * bring it back to what drafting pays at. A fit that declines again waits
+ * twice as long, up to KVD_SPEC_REPROBE_MAX; one that drafts, the least. */
+static void busy_steps(struct kvd_spec_cost *c, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++) { /* drafts cost 20 ms each */
+		uint32_t d = 1 + i % 4;
+		kvd_spec_cost_step(c, d, 10000000u + 20000000u * d);
+	}
+}
+
+static void test_cost_reprobe(void **state)
+{
+	struct kvd_spec_cost c = { 0 };
+
+	(void)state;
+	for (uint32_t i = 0; i < 40; i++) {
+		uint32_t d = (i * 7) % 9;
+		kvd_spec_cost_step(&c, d, 10000000u + 500000u * d);
+	}
+	assert_false(kvd_spec_cost_reprobe(&c));
+	busy_steps(&c, 200);
+	assert_true(kvd_spec_threshold(&c, 1) >= 1.0);
+	for (uint32_t i = 0; i + 1 < KVD_SPEC_REPROBE_STEPS; i++) {
+		kvd_spec_cost_step(&c, 0, 10000000u);
+		assert_false(kvd_spec_cost_reprobe(&c));
+	}
+	kvd_spec_cost_step(&c, 0, 10000000u);
+	assert_true(kvd_spec_cost_reprobe(&c));
+	kvd_spec_cost_forget(&c);
+	assert_true(c.relearning);
+	assert_false(kvd_spec_cost_reprobe(&c));
+	assert_true(kvd_spec_threshold(&c, 1) == KVD_SPEC_LOOKUP_THRESHOLD);
+	for (uint32_t i = 0; i < KVD_SPEC_COST_MIN_STEPS; i++) {
+		uint32_t d = 1 + i % KVD_SPEC_REPROBE_TOKENS;
+		kvd_spec_cost_step(&c, 0, 10000000u);
+		kvd_spec_cost_step(&c, d, 10000000u + 500000u * d);
+	}
+	assert_false(c.relearning);
+	assert_true(fabs(kvd_spec_threshold(&c, 1) - 0.05) < 1e-3);
+
+	/* re-measured as still too dear: the next re-probe is twice as far */
+	busy_steps(&c, 200);
+	for (uint32_t i = 0; i < KVD_SPEC_REPROBE_STEPS; i++)
+		kvd_spec_cost_step(&c, 0, 10000000u);
+	kvd_spec_cost_forget(&c);
+	busy_steps(&c, KVD_SPEC_COST_MIN_STEPS);
+	assert_true(kvd_spec_threshold(&c, 1) >= 1.0);
+	for (uint32_t i = 0; i < 2 * KVD_SPEC_REPROBE_STEPS; i++) {
+		assert_false(kvd_spec_cost_reprobe(&c));
+		kvd_spec_cost_step(&c, 0, 10000000u);
+	}
+	assert_true(kvd_spec_cost_reprobe(&c));
+	for (uint32_t i = 0; i < 8; i++)
+		kvd_spec_cost_forget(&c);
+	assert_int_equal(c.reprobe_after, KVD_SPEC_REPROBE_MAX);
+}
+
 static void test_run_buckets(void **state)
 {
 	static const unsigned want[17] = { 0, 1, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 4, 4, 4, 4, 4 };
@@ -224,6 +285,7 @@ int main(void)
 		cmocka_unit_test(test_length_follows_acceptance),
 		cmocka_unit_test(test_backs_off_and_probes_again),
 		cmocka_unit_test(test_cost_fit_and_threshold),
+		cmocka_unit_test(test_cost_reprobe),
 		cmocka_unit_test(test_run_buckets),
 		cmocka_unit_test(test_mode_names),
 	};
