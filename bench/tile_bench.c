@@ -4,7 +4,7 @@
  * kernel reaches where nothing waits for memory (what prefill and batched
  * decode run into), one JSON object per weight type.
  *
- *   tile_bench [--isa best|avx2|generic] [--cols K] [--rows N]
+ *   tile_bench [--isa best|avx512|avx2|generic] [--cols K] [--rows N]
  *              [--tokens T] [--chunk C] [--reps R] [TYPE...]
  *
  * TYPE: q4_0 q4_1 q5_0 q5_1 q8_0 q4_K q5_K q6_K (default: all of them).
@@ -12,7 +12,8 @@
  * finite scales, packed as the kernel set in use reads them
  * (cpu_gemm_pack), times T activation rows (default 256) quantized as the
  * engine quantizes them, C tokens per call (default 8, GEMM_COLS: what the
- * engine's matrix product passes; 1 is decode's shape) and 16 rows
+ * engine's matrix product passes; 1 is decode's shape; 16 takes the AMX
+ * tiles where the set has them, as the engine does) and 16 rows
  * (GEMM_ROWS) per call, token chunks outer and row groups inner (the
  * engine's order within a strip of 32 rows). Prints the best of R
  * (default 7) passes as multiply-adds per second, and a checksum of the
@@ -89,8 +90,20 @@ static int run(const struct cpu_kernels *k, size_t ti, int64_t K, int64_t rows, 
 	double best = 1e30;
 	for (int r = 0; r < reps; r++) {
 		double t0 = now_s();
-		for (int i = 0; i < T; i += C) {
+		int i0 = 0;
+		if (C == GEMM16_COLS && k->gemm16[t] && T >= GEMM16_COLS) {
+			/* as the engine calls it: a group of rows with all its tiles */
+			for (int64_t g = 0; g < rows; g += GEMM_ROWS) {
+				int R = rows - g < GEMM_ROWS ? (int)(rows - g) : GEMM_ROWS;
+				k->gemm16[t]((const char *)wp + (size_t)(g / GEMM_ROWS) * gb, K / QK, R, xq, (size_t)ldq,
+					     T / GEMM16_COLS, y + g, (size_t)rows);
+			}
+			i0 = T / GEMM16_COLS * GEMM16_COLS;
+		}
+		for (int i = i0; i < T; i += C) {
 			int c = T - i < C ? T - i : C;
+			if (c > GEMM_COLS)
+				c = GEMM_COLS;
 			for (int64_t g = 0; g < rows; g += GEMM_ROWS) {
 				int R = rows - g < GEMM_ROWS ? (int)(rows - g) : GEMM_ROWS;
 				k->gemm[t]((const char *)wp + (size_t)(g / GEMM_ROWS) * gb, K / QK, R, xq + i * ldq,
@@ -130,6 +143,8 @@ int main(int argc, char **argv)
 		case 'i':
 			if (!strcmp(optarg, "generic"))
 				isa = KVD_CPU_ISA_GENERIC;
+			else if (!strcmp(optarg, "avx512"))
+				isa = KVD_CPU_ISA_AVX512;
 			else if (!strcmp(optarg, "avx2"))
 				isa = KVD_CPU_ISA_AVX2;
 			else if (!strcmp(optarg, "best"))
@@ -145,9 +160,10 @@ int main(int argc, char **argv)
 		default: goto usage;
 		}
 	}
-	if (K <= 0 || K % 256 || rows <= 0 || T <= 0 || C < 1 || C > GEMM_COLS || reps < 1) {
-		fprintf(stderr, "tile_bench: --cols must be a positive multiple of 256, --chunk 1..%d, the rest positive\n",
-			GEMM_COLS);
+	if (K <= 0 || K % 256 || rows <= 0 || T <= 0 || C < 1 || (C > GEMM_COLS && C != GEMM16_COLS) || reps < 1) {
+		fprintf(stderr,
+			"tile_bench: --cols must be a positive multiple of 256, --chunk 1..%d or %d, the rest positive\n",
+			GEMM_COLS, GEMM16_COLS);
 		return 2;
 	}
 	struct cpu_kernels k;

@@ -284,14 +284,16 @@ fail:
 }
 
 /* The widest instruction set the CPU backend may use: cfg's, lowered by
- * $KVD_CPU_GENERIC or $KVD_CPU_NO_AVX512 (switches for tests and
+ * $KVD_CPU_GENERIC, $KVD_CPU_NO_AVX512 or $KVD_CPU_NO_AMX (switches for tests and
  * debugging, read here once so that every program built on the engine
  * honours them; the backend itself reads only its config). */
 static enum kvd_cpu_isa engine_cpu_isa(const struct kvd_engine_config *cfg)
 {
 	enum kvd_cpu_isa isa = cfg->cpu_isa;
 
-	if (getenv("KVD_CPU_NO_AVX512") && isa < KVD_CPU_ISA_AVX2)
+	if (getenv("KVD_CPU_NO_AMX") && isa == KVD_CPU_ISA_BEST)
+		isa = KVD_CPU_ISA_AVX512;
+	if (getenv("KVD_CPU_NO_AVX512") && (isa == KVD_CPU_ISA_BEST || isa == KVD_CPU_ISA_AVX512))
 		isa = KVD_CPU_ISA_AVX2;
 	if (getenv("KVD_CPU_GENERIC"))
 		isa = KVD_CPU_ISA_GENERIC;

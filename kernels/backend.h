@@ -428,17 +428,19 @@ struct kvd_batch {
 /* The widest instruction set the CPU backend may use (struct
  * kvd_backend_config.cpu_isa); it uses the widest the CPU has up to it. */
 enum kvd_cpu_isa {
-	KVD_CPU_ISA_BEST = 0,    /* AVX-512 (VNNI, BF16) where the CPU has it, else AVX2, else C */
+	KVD_CPU_ISA_BEST = 0,    /* AMX tiles, AVX-512 (VNNI, BF16) where the CPU has them, else AVX2, else C */
 	KVD_CPU_ISA_AVX2 = 1,    /* at most AVX2 + FMA + F16C: no AVX-512 kernel */
 	KVD_CPU_ISA_GENERIC = 2, /* portable C only */
+	KVD_CPU_ISA_AVX512 = 3,  /* at most AVX-512: no AMX tile kernel (the same bits) */
 };
-/* "best", "avx2", "generic"; NULL for an unknown value. */
+/* "best", "avx2", "generic", "avx512"; NULL for an unknown value. */
 static inline const char *kvd_cpu_isa_name(enum kvd_cpu_isa i)
 {
 	switch (i) {
 	case KVD_CPU_ISA_BEST: return "best";
 	case KVD_CPU_ISA_AVX2: return "avx2";
 	case KVD_CPU_ISA_GENERIC: return "generic";
+	case KVD_CPU_ISA_AVX512: return "avx512";
 	}
 	return NULL;
 }

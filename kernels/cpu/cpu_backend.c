@@ -249,14 +249,28 @@ static void mm_range(const struct mm_job *j, int64_t r0, int64_t r1)
 
 	gemm_fn gemm = j->xq && j->wp ? j->c->k.gemm[j->w->type] : NULL;
 	gemmf_fn gemmf = !j->xq && j->wp ? j->c->k.gemmf[j->w->type] : NULL;
+	gemm16_fn gemm16 = gemm ? j->c->k.gemm16[j->w->type] : NULL;
 	if (gemm || gemmf) {
 		/* strips of MM_ROW_TILE rows stay in L1 while all tokens pass
-		 * over them, GEMM_COLS tokens at a time */
+		 * over them, GEMM16_COLS tokens at a time where gemm16 has them
+		 * (the same bits), else GEMM_COLS */
 		int64_t nb = n / QK;
 		size_t gbytes = cpu_gemm_group_block_bytes(j->w->type, j->c->k.pack_flags) * (size_t)nb;
 		for (int64_t rt = r0; rt < r1; rt += MM_ROW_TILE) {
 			int64_t re = rt + MM_ROW_TILE < r1 ? rt + MM_ROW_TILE : r1;
-			for (int t = 0; t < j->T; t += GEMM_COLS) {
+			int t = 0, ntile = gemm16 ? j->T / GEMM16_COLS : 0, ok = 1;
+			/* each group of rows with all the tiles of 16 tokens */
+			for (int64_t r = rt; ntile && r < re; r += GEMM_ROWS) {
+				int R = re - r < GEMM_ROWS ? (int)(re - r) : GEMM_ROWS;
+				const char *g = (const char *)j->wp + (size_t)(r / GEMM_ROWS) * gbytes;
+				if (gemm16(g, nb, R, j->xq, (size_t)j->ldq, ntile, j->y + r, (size_t)j->ldy) < 0) {
+					ok = 0; /* out of memory for its scratch: the tiles of 8 below */
+					break;
+				}
+			}
+			if (ntile && ok)
+				t = ntile * GEMM16_COLS;
+			for (; t < j->T; t += GEMM_COLS) {
 				int C = j->T - t < GEMM_COLS ? j->T - t : GEMM_COLS;
 				for (int64_t r = rt; r < re; r += GEMM_ROWS) {
 					int R = re - r < GEMM_ROWS ? (int)(re - r) : GEMM_ROWS;

@@ -564,7 +564,7 @@ void cpu_kernels_init_isa(struct cpu_kernels *k, enum kvd_cpu_isa isa)
 {
 	memset(k, 0, sizeof(*k));
 	k->isa = "generic";
-	k->isa_level = isa == KVD_CPU_ISA_GENERIC ? 0 : isa == KVD_CPU_ISA_AVX2 ? 1 : 2;
+	k->isa_level = isa == KVD_CPU_ISA_GENERIC ? 0 : isa == KVD_CPU_ISA_AVX2 ? 1 : isa == KVD_CPU_ISA_AVX512 ? 2 : 3;
 	k->dot[KVD_WTYPE_F32] = dot_f32_generic;
 	k->dot[KVD_WTYPE_F16] = dot_f16_generic;
 	k->dot[KVD_WTYPE_BF16] = dot_bf16_generic;
@@ -593,6 +593,8 @@ void cpu_kernels_init_isa(struct cpu_kernels *k, enum kvd_cpu_isa isa)
 		/* the tiled AVX-512 VNNI kernels, where the CPU has them */
 		if (k->isa_level >= 2 && cpu_kernels_init_gemm_avx512(k)) {
 			k->attn_rows_for = cpu_attn_rows_avx512;
+			if (k->isa_level >= 3 && cpu_kernels_init_gemm_amx(k))
+				k->isa = "avx512-vnni+amx";
 		} else {
 			cpu_kernels_init_gemm_avx2(k);
 			k->attn_rows_for = cpu_attn_rows_avx2;

@@ -77,6 +77,12 @@ typedef float (*vec_dot_fn)(const void *w, const float *x, const struct q8_block
 #endif
 typedef void (*gemm_fn)(const void *wp, int64_t nb, int R, const struct q8_block *xq, size_t ldq, int C, float *y,
 			size_t ldy);
+/* gemm for ntile tiles of GEMM16_COLS tokens (ldq blocks apart, tile i
+ * at xq + i * 16 * ldq, its results at y + i * 16 * ldy), with the same
+ * bits (gemm_amx.c); 0, or -ENOMEM with nothing written (use gemm). */
+#define GEMM16_COLS 16
+typedef int (*gemm16_fn)(const void *wp, int64_t nb, int R, const struct q8_block *xq, size_t ldq, int ntile,
+			 float *y, size_t ldy);
 /* The same for float weights (f32, f16, bf16) times float activation rows
  * (ldx floats apart), nb = columns / 32. */
 typedef void (*gemmf_fn)(const void *wp, int64_t nb, int R, const float *x, size_t ldx, int C, float *y, size_t ldy);
@@ -139,12 +145,14 @@ attn_rows_fn cpu_attn_rows_bf16(int hd);
 attn_rows_fn cpu_attn_rows_bf16_avx2(int hd);
 
 struct cpu_kernels {
-	const char *isa; /* "avx512-vnni", "avx2" or "generic": what was installed */
+	const char *isa; /* "avx512-vnni+amx", "avx512-vnni", "avx2" or "generic": what was installed */
 	int isa_level;   /* what the backend allows (0 portable C, 1 AVX2 at most,
+	                  * 2 AVX-512 at most, 3 AMX tiles too
 	                  * 2 AVX-512 too): kernels chosen later follow it */
 	vec_dot_fn dot[KVD_WTYPE_BF16 + 1]; /* by enum kvd_wtype */
 	gemm_fn gemm[KVD_WTYPE_BF16 + 1];     /* NULL: use dot row by row on unpacked weights */
 	gemmf_fn gemmf[KVD_WTYPE_BF16 + 1];   /* float weights: NULL likewise */
+	gemm16_fn gemm16[KVD_WTYPE_BF16 + 1]; /* tiles of 16 tokens with gemm's bits, or NULL */
 	unsigned pack_flags; /* the packed layout gemm reads (CPU_PACK_*, cpu_gemm_pack) */
 	/* quantize n floats to a q8 row: n/32 blocks, then their sums */
 	void (*quantize_q8)(const float *x, struct q8_block *y, int64_t n);
@@ -184,6 +192,10 @@ void cpu_kernels_init(struct cpu_kernels *k, int force_generic);
 int cpu_kernels_init_gemm_avx512(struct cpu_kernels *k);
 /* The same tiled kernels with AVX2 only (bit-identical results). */
 int cpu_kernels_init_gemm_avx2(struct cpu_kernels *k);
+/* Beside the AVX-512 ones (their packed layout): gemm16, the same
+ * products for tiles of 16 tokens on AMX-INT8 (bit-identical); returns 1
+ * if the CPU has AMX and the kernel allows this process to use it. */
+int cpu_kernels_init_gemm_amx(struct cpu_kernels *k);
 
 /* Whether a weight type needs quantized activations. */
 static inline int wtype_is_quantized(enum kvd_wtype t)

@@ -380,6 +380,71 @@ static void test_gemm_tiles(void **state)
 	free(saved);
 }
 
+/* The AMX tiles of 16 tokens (gemm16, two tiles a call): for every type it
+ * takes, every
+ * (row, token) result bit-identical to the AVX-512 VNNI kernel's for that
+ * token alone, for full and partial row groups and K from one block (or
+ * super-block) to 24 (or 3). */
+static void test_gemm16_amx(void **state)
+{
+	enum { NR = 2 * GEMM_ROWS + 5, NC = 2 * GEMM16_COLS + 3, LDQ = 29 /* q8_row_len(768) */ };
+	struct cpu_kernels k, kg;
+	(void)state;
+	memset(&k, 0, sizeof(k));
+	if (!cpu_kernels_init_gemm_avx512(&k) || !cpu_kernels_init_gemm_amx(&k)) {
+		printf("skipped: this CPU (or kernel) offers no AMX-INT8 tiles beside AVX-512 VNNI: nothing to compare\n");
+		skip();
+	}
+	cpu_kernels_init(&kg, 1);
+	rng = 0x9e3779b97f4a7c15ull;
+	static uint8_t w[NR * 24 * 32 * 4], wp[3 * 24 * GEMM_ROWS * 32 * 4];
+	static float x[24 * 32], one[NC][3 * GEMM_ROWS], tile16[NC][3 * GEMM_ROWS];
+	static struct q8_block xq[NC][LDQ];
+	int checked = 0;
+	for (size_t ti = 0; ti < N_TILE_TYPES; ti++) {
+		enum kvd_wtype t = tile_types[ti];
+		int kq = t == KVD_WTYPE_Q4_K || t == KVD_WTYPE_Q5_K || t == KVD_WTYPE_Q6_K;
+		if (!k.gemm[t] || !k.gemm16[t]) /* q6_K, float weights: the VNNI kernel */
+			continue;
+		for (int it = 0; it < 12; it++) {
+			int64_t n = kq ? 256 * (1 + next_u32() % 3) : 32 * (1 + next_u32() % 24), nb = n / 32;
+			size_t rb = kvd_wtype_row_bytes(t, n), gbytes = cpu_gemm_group_block_bytes(t, k.pack_flags) * (size_t)nb;
+			for (int r = 0; r < NR; r++)
+				fill_weights(t, w + r * rb, n);
+			cpu_gemm_pack(t, w, rb, NR, n, wp, k.pack_flags);
+			for (int c = 0; c < NC; c++) {
+				for (int64_t i = 0; i < n; i++)
+					x[i] = c == 1 ? 0.0f : c == 2 ? 0.75f : frand() * (c == 5 ? 40.0f : 1.0f);
+				kg.quantize_q8(x, xq[c], n);
+			}
+			for (int c = 0; c < NC; c++)
+				for (int g = 0; g < 3; g++)
+					k.gemm[t](wp + g * gbytes, nb, GEMM_ROWS, xq[c], LDQ, 1, &one[c][g * GEMM_ROWS],
+						  3 * GEMM_ROWS);
+			for (int c0 = 0; c0 + 2 * GEMM16_COLS <= NC; c0 += 3)
+				for (int g = 0; g < 3; g++) {
+					int R = g == 2 ? NR - 2 * GEMM_ROWS : GEMM_ROWS - (c0 + it) % 4;
+					memset(tile16, 0x7f, sizeof(tile16));
+					assert_int_equal(k.gemm16[t](wp + g * gbytes, nb, R, xq[c0], LDQ, 2,
+								     &tile16[c0][g * GEMM_ROWS], 3 * GEMM_ROWS), 0);
+					for (int c = c0; c < c0 + 2 * GEMM16_COLS; c++) {
+						if (memcmp(&tile16[c][g * GEMM_ROWS], &one[c][g * GEMM_ROWS],
+							   sizeof(float) * (size_t)R))
+							fail_msg("%s n=%lld group %d token %d: AMX tile differs from VNNI",
+								 kvd_wtype_name(t), (long long)n, g, c);
+						if (R < GEMM_ROWS) {
+							uint32_t u;
+							memcpy(&u, &tile16[c][g * GEMM_ROWS + R], 4);
+							assert_int_equal(u, 0x7f7f7f7fu);
+						}
+					}
+					checked++;
+				}
+		}
+	}
+	printf("AMX: %d calls of two tiles of 16 tokens bit-identical to the VNNI kernel\n", checked);
+}
+
 /* 128 positions of random K (in [-2, 2)) and V (in [-1, 1)) rows of hd
  * elements stored by to16 (f16 or bf16), and their row pointers. */
 static void fill_kv(uint16_t kv[2][128][256], int hd, uint16_t (*to16)(float), const uint16_t **kp,
@@ -708,6 +773,7 @@ int main(void)
 		cmocka_unit_test(test_dot_products),
 		cmocka_unit_test(test_gemm_pack_layout),
 		cmocka_unit_test(test_gemm_tiles),
+		cmocka_unit_test(test_gemm16_amx),
 		cmocka_unit_test(test_attn_rows_avx512),
 		cmocka_unit_test(test_attn_rows_avx2),
 		cmocka_unit_test(test_attn_rows_avx2_avx512_agree),
