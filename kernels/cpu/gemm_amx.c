@@ -323,12 +323,19 @@ static int amx_usable(void)
 	return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
 }
 
+static pthread_once_t amx_usable_once = PTHREAD_ONCE_INIT;
+static int amx_ok;
+
+static void amx_usable_check(void)
+{
+	amx_ok = amx_usable();
+}
+
 int cpu_kernels_init_gemm_amx(struct cpu_kernels *k)
 {
-	static int usable = -1; /* the permission is the process's: asked once */
-	if (usable < 0)
-		usable = amx_usable();
-	if (!usable)
+	/* the permission is the process's: asked once */
+	pthread_once(&amx_usable_once, amx_usable_check);
+	if (!amx_ok)
 		return 0;
 	k->gemm16[KVD_WTYPE_Q4_0] = gemm16_q4_0;
 	k->gemm16[KVD_WTYPE_Q4_1] = gemm16_q4_1;
