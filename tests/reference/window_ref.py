@@ -62,26 +62,38 @@ class StreamCache:
 
     def __init__(self, m, rerotate):
         self.m = m
-        self.k = [[] for _ in range(m.n_layer)]
-        self.kr = [[] for _ in range(m.n_layer)]
-        self.v = [[] for _ in range(m.n_layer)]
+        # arrays grown by doubling, the first n[l] rows in use (a list of
+        # rows stacked at every step cost more than the arithmetic)
+        shape = (64, m.n_head_kv, m.head_dim)
+        self.k = [np.empty(shape) for _ in range(m.n_layer)]
+        self.kr = [np.empty(shape) for _ in range(m.n_layer)]
+        self.v = [np.empty(shape) for _ in range(m.n_layer)]
+        self.n = [0] * m.n_layer
         self.idx = []
         self.rerotate = rerotate
 
     def __len__(self):
         return len(self.idx)
 
+    def append(self, l, k, kr, v):
+        n = self.n[l]
+        if n == len(self.k[l]):
+            for a in (self.k, self.kr, self.v):
+                a[l] = np.concatenate([a[l], np.empty_like(a[l])])
+        self.k[l][n], self.kr[l][n], self.v[l][n] = k, kr, v
+        self.n[l] = n + 1
+
     def drop(self, first, n):
         for l in range(len(self.k)):
-            del self.k[l][first:first + n]
-            del self.kr[l][first:first + n]
-            del self.v[l][first:first + n]
-            if self.rerotate and len(self.kr[l]) > first:
+            cnt = self.n[l]
+            for a in (self.k, self.kr, self.v):
+                a[l][first:cnt - n] = a[l][first + n:cnt].copy()
+            cnt -= n
+            self.n[l] = cnt
+            if self.rerotate and cnt > first:
                 _, base, pos_scale = self.m.layer_attn[l]
-                moved = np.stack(self.kr[l][first:])
-                moved = self.m._rope(moved, np.full(len(moved), -n), base, pos_scale)
-                moved = moved.astype(np.float16).astype(np.float64)
-                self.kr[l][first:] = list(moved)
+                moved = self.m._rope(self.kr[l][first:cnt].copy(), np.full(cnt - first, -n), base, pos_scale)
+                self.kr[l][first:cnt] = moved.astype(np.float16).astype(np.float64)
         del self.idx[first:first + n]
 
 
@@ -104,16 +116,15 @@ def stream_step(m, tok, stream_index, cache, act_q8=True):
         if L["q_norm"] is not None:
             q = m._rmsnorm(q, L["q_norm"])
             k = m._rmsnorm(k, L["k_norm"])
-        cache.k[li].append(k[0].astype(np.float64))
-        cache.v[li].append(v[0].astype(np.float16).astype(np.float64))
         kr = m._rope(k, np.array([pos]), base, pos_scale)
-        cache.kr[li].append(kr[0].astype(np.float16).astype(np.float64))
+        cache.append(li, k[0].astype(np.float64), kr[0].astype(np.float16).astype(np.float64),
+                     v[0].astype(np.float16).astype(np.float64))
+        n = cache.n[li]
         if cache.rerotate:
-            K = np.stack(cache.kr[li])
+            K = cache.kr[li][:n]
         else:  # every key rotated afresh at its current index
-            n = len(cache.k[li])
-            K = m._rope(np.stack(cache.k[li]), np.arange(n), base, pos_scale).astype(np.float16).astype(np.float64)
-        V = np.stack(cache.v[li])
+            K = m._rope(cache.k[li][:n], np.arange(n), base, pos_scale).astype(np.float16).astype(np.float64)
+        V = cache.v[li][:n]
         q = m._rope(q, np.array([pos]), base, pos_scale)
         att = np.empty((1, H, D))
         for kh in range(HKV):
