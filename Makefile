@@ -76,7 +76,13 @@ obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 
 LIBKVMM    := $(BUILD)/libkvmm.a
 LIBIPC     := $(BUILD)/libipc.a
+# KERNELS_FROM: a libkernels.a built elsewhere, used as it is (the fuzz
+# build links the main build's)
+ifdef KERNELS_FROM
+LIBKERNELS := $(KERNELS_FROM)
+else
 LIBKERNELS := $(BUILD)/libkernels.a
+endif
 LIBCORE    := $(BUILD)/libkvdcore.a
 LIBCLIENT_A  := $(BUILD)/libkvclient.a
 LIBCLIENT_SO := $(BUILD)/libkvclient.so
@@ -125,8 +131,10 @@ $(LIBKVMM): $(call obj,$(KVMM_SRC)) Makefile
 	$(call export-only,$^,kvmm_*)
 # the backend table and kvd_wtype_name (kvd_), and the CPU kernels' entry
 # points the kernel tests and benchmarks call (cpu_)
+ifndef KERNELS_FROM
 $(LIBKERNELS): $(call obj,$(KERNELS_SRC)) Makefile
 	$(call export-only,$^,kvd_* cpu_*)
+endif
 $(LIBIPC): $(call obj,$(IPC_SRC)) Makefile
 	$(call export-only,$^,ipc_*)
 $(LIBCLIENT_A): $(call obj,$(CLIENT_SRC)) $(call obj,$(IPC_SRC)) Makefile
@@ -257,16 +265,16 @@ FUZZ_JANSSON := $(shell pkg-config --exists jansson 2>/dev/null && echo y)
 FUZZ_TARGET_SRC := $(if $(FUZZ_JANSSON),$(FUZZ_SRC),$(filter-out tests/fuzz/fuzz_http_request.c,$(FUZZ_SRC)))
 FUZZ_BINS     = $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/fuzz/%,$(FUZZ_TARGET_SRC))
 .PHONY: fuzz-build
-fuzz-build:
+fuzz-build: $(LIBKERNELS)
 	$(MAKE) BUILD=$(FUZZ_BUILD) CC=$(FUZZ_CC) OPT="-O1 -g" SAN="$(FUZZ_SAN)" CUDA_SRC= \
 	    WARN="-Wall -Wno-unused-parameter -Wno-unused-command-line-argument" \
-	    $(FUZZ_BINS)
+	    KERNELS_FROM=$(abspath $(LIBKERNELS)) $(FUZZ_BINS)
 fuzz: fuzz-build
 	FUZZ_BUILD=$(FUZZ_BUILD) tests/fuzz/run.sh $(FUZZ_SECONDS) $(FUZZ_TARGETS)
-# The compute kernels stay uninstrumented gcc objects: clang 14 lacks some
-# of their __builtin_cpu_supports() features, and no input reaches their math.
-$(FUZZ_BUILD)/obj/kernels/%.o: override CC = gcc
-$(FUZZ_BUILD)/obj/kernels/%.o: override CFLAGS_ALL := $(filter-out -fsanitize=%,$(CFLAGS_ALL))
+# The compute kernels are the main build's library, uninstrumented gcc
+# objects: clang 14 lacks some of their __builtin_cpu_supports() features,
+# no input reaches their math, and compiling them again was a third of the
+# fuzz build.
 $(BUILD)/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(CORE_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -fsanitize=fuzzer -o $@ $^ $(LIBS_ALL)

@@ -380,6 +380,19 @@ def invariance(eng, model_path, label, prompts, base, n_predict, batch_prompts, 
 # --------------------------------------------------------------------------
 
 
+_MODELS = {}
+
+
+def load_ref(path, dtype):
+    """ref.Model(path, dtype), read once per run: the parts compare against
+    the same reference, and the default model's tokenizer and weights take
+    seconds to read."""
+    key = (os.path.abspath(path), np.dtype(dtype).name)
+    if key not in _MODELS:
+        _MODELS[key] = ref.Model(path, dtype=dtype)
+    return _MODELS[key]
+
+
 def part_tiny(eng, tiny, stats, do_ref, do_inv):
     fails = []
     n_inv = 0
@@ -544,7 +557,7 @@ def part_isa(eng, tiny, model_path, stats):
             fails += compare("%s: tiny-%s, %d-token prompt" % (isa, name, len(p)), m, r, tol, tie,
                              stats, "%s tiny" % isa)
         if isa == "avx2" and model_path and os.path.exists(model_path):
-            m = ref.Model(model_path, dtype=np.float32)
+            m = load_ref(model_path, np.float32)
             tag, text = REAL_PROMPTS[0]
             r = eng.run(model_path, prompt=text, n_predict=N_INV_REAL * 2, env=env)[0]
             fails += compare("%s: %s" % (isa, _short(text, 24)), m, r, TOL_REAL, TIE_REAL, stats,
@@ -621,7 +634,7 @@ def part_real(eng, model_path, stats, do_ref, do_inv):
     name = os.path.basename(model_path)
     if do_ref:
         t0 = time.time()
-        m = ref.Model(model_path, dtype=np.float32)
+        m = load_ref(model_path, np.float32)
         log("%s: %s (reference load + dequantize %.1fs, engine %.1fs for %d prompts)" % (
             name, m.describe(), time.time() - t0, t_eng, len(runs)))
         for (tag, text), r in zip(REAL_PROMPTS, runs):
