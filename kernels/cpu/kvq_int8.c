@@ -439,21 +439,40 @@ A512 INLINE void accum4(const int NT, enum kvd_kv_type t, float *const *o, const
 	for (int rr = 0; rr < NT; rr++)
 		for (int j = 0; j < nv; j++)
 			acc[rr][j] = _mm512_loadu_ps(o[rr] + b0 * QB + 16 * j);
-	for (int i = 0; i < n; i++) {
-		__m512 vf[4];
-		float d[2];
-		if (b0 == 0 && i + 16 < n)
-			for (size_t x = 0; x < rb; x += 64)
-				_mm_prefetch((const char *)v[i + 16] + x, _MM_HINT_T0);
-		v_blocks(t, v[i] + (size_t)b0 * bb, nb2, bb, vf, d);
-		for (int rr = 0; rr < NT; rr++) {
-			if (i >= nc && i >= len[rr]) /* past this row's end */
-				continue;
-			float wi = w[(size_t)rr * ldw + i];
+	/* the products w[i] * d[i] of 16 positions at a time, one vector
+	 * multiply for 16 (each the same float product as one at a time), so
+	 * the loop over positions broadcasts them from memory */
+	_Alignas(64) float wd[4][2][16];
+	for (int i0 = 0; i0 < n; i0 += 16) {
+		int m16 = n - i0 < 16 ? n - i0 : 16;
+		__mmask16 mk = (__mmask16)((1u << m16) - 1);
+		_Alignas(64) float dv[2][16];
+		for (int k = 0; k < m16; k++)
 			for (int h = 0; h < nb2; h++) {
-				__m512 a = _mm512_set1_ps(wi * d[h]);
-				acc[rr][2 * h] = _mm512_fmadd_ps(a, vf[2 * h], acc[rr][2 * h]);
-				acc[rr][2 * h + 1] = _mm512_fmadd_ps(a, vf[2 * h + 1], acc[rr][2 * h + 1]);
+				const uint8_t *x = v[i0 + k] + (size_t)(b0 + h) * bb;
+				dv[h][k] = _cvtsh_ss((unsigned short)(x[0] | x[1] << 8));
+			}
+		for (int rr = 0; rr < NT; rr++) {
+			__m512 wv = _mm512_maskz_loadu_ps(mk, w + (size_t)rr * ldw + i0);
+			for (int h = 0; h < nb2; h++)
+				_mm512_store_ps(wd[rr][h], _mm512_mul_ps(wv, _mm512_maskz_load_ps(mk, dv[h])));
+		}
+		for (int k = 0; k < m16; k++) {
+			const int i = i0 + k;
+			__m512 vf[4];
+			float d[2];
+			if (b0 == 0 && i + 16 < n)
+				for (size_t x = 0; x < rb; x += 64)
+					_mm_prefetch((const char *)v[i + 16] + x, _MM_HINT_T0);
+			v_blocks(t, v[i] + (size_t)b0 * bb, nb2, bb, vf, d);
+			for (int rr = 0; rr < NT; rr++) {
+				if (i >= nc && i >= len[rr]) /* past this row's end */
+					continue;
+				for (int h = 0; h < nb2; h++) {
+					__m512 a = _mm512_set1_ps(wd[rr][h][k]);
+					acc[rr][2 * h] = _mm512_fmadd_ps(a, vf[2 * h], acc[rr][2 * h]);
+					acc[rr][2 * h + 1] = _mm512_fmadd_ps(a, vf[2 * h + 1], acc[rr][2 * h + 1]);
+				}
 			}
 		}
 	}
