@@ -404,12 +404,11 @@ A512 void cpu_kvq8_scores_avx512(enum kvd_kv_type t, const float *const *q, int 
 }
 
 /* V block b0 and b0 + 1 (nb2 of them, 1 or 2) of a row as floats, 16 a
- * register, and their scales */
-A512 INLINE void v_blocks(enum kvd_kv_type t, const uint8_t *blk, int nb2, size_t bb, __m512 vf[4], float d[2])
+ * register (their scales are accum4's, 16 positions at a time) */
+A512 INLINE void v_blocks(enum kvd_kv_type t, const uint8_t *blk, int nb2, size_t bb, __m512 vf[4])
 {
 	for (int h = 0; h < nb2; h++) {
 		const uint8_t *x = blk + (size_t)h * bb;
-		d[h] = _cvtsh_ss((unsigned short)(x[0] | x[1] << 8));
 		__m128i lo, hi;
 		if (t == KVD_KV_Q8_0) {
 			lo = _mm_loadu_si128((const __m128i *)(x + 2));
@@ -460,11 +459,10 @@ A512 INLINE void accum4(const int NT, enum kvd_kv_type t, float *const *o, const
 		for (int k = 0; k < m16; k++) {
 			const int i = i0 + k;
 			__m512 vf[4];
-			float d[2];
 			if (b0 == 0 && i + 16 < n)
 				for (size_t x = 0; x < rb; x += 64)
 					_mm_prefetch((const char *)v[i + 16] + x, _MM_HINT_T0);
-			v_blocks(t, v[i] + (size_t)b0 * bb, nb2, bb, vf, d);
+			v_blocks(t, v[i] + (size_t)b0 * bb, nb2, bb, vf);
 			for (int rr = 0; rr < NT; rr++) {
 				if (i >= nc && i >= len[rr]) /* past this row's end */
 					continue;
