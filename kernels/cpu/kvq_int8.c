@@ -198,62 +198,185 @@ AVX2 static void quant_rows_avx2(const float *const *q, int m, int hd, struct qr
 		}
 }
 
+/* The f16 scales (the first two bytes) of 8 blocks as floats (exact). */
+AVX2 INLINE __m256 scales8_avx2(const uint8_t *const *blk, size_t off)
+{
+#define H16(j) (short)(blk[j][off] | blk[j][off + 1] << 8)
+	return _mm256_cvtph_ps(_mm_setr_epi16(H16(0), H16(1), H16(2), H16(3), H16(4), H16(5), H16(6), H16(7)));
+#undef H16
+}
+
+/* Rows r0 .. r0 + NR - 1 (NR <= 4, compile-time) of qr against positions
+ * [0, n), eight at a time: each position's unsigned operand (q8_0 |k|, q4_0
+ * the nibbles) is formed once for the rows, in L1 scratch, the rows'
+ * accumulators stay in registers. */
+AVX2 INLINE void scores_rows_avx2(const int NR, enum kvd_kv_type t, const struct qrow *qr, int r0,
+				  const unsigned char *const *k, int n, int nb, float scale, float *sc, int ldsc)
+{
+	const size_t bb = blk_bytes(t);
+	const __m256i ones = _mm256_set1_epi16(1);
+	const __m256 vscale = _mm256_set1_ps(scale);
+	_Alignas(32) uint8_t ku[8][32];
+	_Alignas(32) int8_t ks[8][32];
+
+	for (int i0 = 0; i0 < n; i0 += 8) {
+		int cnt = n - i0 < 8 ? n - i0 : 8;
+		const uint8_t *kr[8];
+		UNROLL for (int j = 0; j < 8; j++)
+			kr[j] = k[i0 + j < n ? i0 + j : n - 1];
+		for (int j = 0; j < 8 && i0 + j + 16 < n; j++)
+			_mm_prefetch((const char *)k[i0 + j + 16], _MM_HINT_T0),
+				_mm_prefetch((const char *)k[i0 + j + 16] + 64, _MM_HINT_T0);
+		__m256 acc[4];
+		UNROLL for (int r = 0; r < NR; r++)
+			acc[r] = _mm256_setzero_ps();
+		for (int b = 0; b < nb; b++) {
+			UNROLL for (int j = 0; j < 8; j++) {
+				__m256i kb = k_bytes_avx2(t, kr[j] + (size_t)b * bb);
+				_mm256_store_si256((__m256i *)ku[j], t == KVD_KV_Q8_0 ? _mm256_sign_epi8(kb, kb) : kb);
+				if (t == KVD_KV_Q8_0)
+					_mm256_store_si256((__m256i *)ks[j], kb);
+			}
+			__m256 vdk = scales8_avx2(kr, (size_t)b * bb);
+			UNROLL for (int r = 0; r < NR; r++) {
+				const struct qrow *q = &qr[r0 + r];
+				__m256i qv = _mm256_loadu_si256((const __m256i *)(q->qs + b * QB)), part[8];
+				UNROLL for (int j = 0; j < 8; j++) {
+					__m256i u = _mm256_load_si256((const __m256i *)ku[j]);
+					__m256i sq = t == KVD_KV_Q8_0
+						     ? _mm256_sign_epi8(qv, _mm256_load_si256((const __m256i *)ks[j]))
+						     : qv;
+					part[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(u, sq), ones);
+				}
+				__m256i is = hsum8x8_epi32(part);
+				if (t == KVD_KV_Q4_0)
+					is = _mm256_sub_epi32(is, _mm256_set1_epi32(8 * q->sum[b]));
+				__m256 dd = _mm256_mul_ps(_mm256_set1_ps(q->d[b]), vdk);
+				acc[r] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(is), acc[r]);
+			}
+		}
+		UNROLL for (int r = 0; r < NR; r++) {
+			__m256 o = _mm256_mul_ps(acc[r], vscale);
+			float *dst = sc + (size_t)(r0 + r) * ldsc + i0;
+			if (cnt == 8) {
+				_mm256_storeu_ps(dst, o);
+			} else {
+				float tmp[8];
+				_mm256_storeu_ps(tmp, o);
+				memcpy(dst, tmp, sizeof(float) * (size_t)cnt);
+			}
+		}
+	}
+}
+
 AVX2 void cpu_kvq8_scores_avx2(enum kvd_kv_type t, const float *const *q, int nr, const unsigned char *const *k, int n,
 			  int hd, float scale, float *sc, int ldsc)
 {
 	struct qrow qr[QROWS];
-	size_t bb = blk_bytes(t);
 	int nb = hd / QB;
-	const __m256i ones = _mm256_set1_epi16(1);
-	const __m256 vscale = _mm256_set1_ps(scale);
 
 	for (int r0 = 0; r0 < nr; r0 += QROWS) {
 		int m = nr - r0 < QROWS ? nr - r0 : QROWS;
 		quant_rows_avx2(q + r0, m, hd, qr);
-		for (int i0 = 0; i0 < n; i0 += 8) {
-			int cnt = n - i0 < 8 ? n - i0 : 8;
-			const uint8_t *kr[8];
-			for (int j = 0; j < 8; j++)
-				kr[j] = k[i0 + j < n ? i0 + j : n - 1];
-			for (int j = 0; j < 8 && i0 + j + 16 < n; j++)
-				_mm_prefetch((const char *)k[i0 + j + 16], _MM_HINT_T0),
-					_mm_prefetch((const char *)k[i0 + j + 16] + 64, _MM_HINT_T0);
-			__m256 acc[QROWS];
-			for (int r = 0; r < m; r++)
-				acc[r] = _mm256_setzero_ps();
-			for (int b = 0; b < nb; b++) {
-				/* the unsigned operand of each position's products,
-				 * formed once for all rows (q8_0: |k|, the rows' q
-				 * taking k's sign) */
-				__m256i kb[8], ku[8];
-				float dk[8];
-				for (int j = 0; j < 8; j++) {
-					kb[j] = k_bytes_avx2(t, kr[j] + (size_t)b * bb);
-					ku[j] = t == KVD_KV_Q8_0 ? _mm256_sign_epi8(kb[j], kb[j]) : kb[j];
-					dk[j] = _cvtsh_ss((unsigned short)(kr[j][b * bb] | kr[j][b * bb + 1] << 8));
-				}
-				__m256 vdk = _mm256_loadu_ps(dk);
-				for (int r = 0; r < m; r++) {
-					__m256i qv = _mm256_loadu_si256((const __m256i *)(qr[r].qs + b * QB)), part[8];
-					for (int j = 0; j < 8; j++) {
-						__m256i p16 = _mm256_maddubs_epi16(
-							ku[j], t == KVD_KV_Q8_0 ? _mm256_sign_epi8(qv, kb[j]) : qv);
-						part[j] = _mm256_madd_epi16(p16, ones);
-					}
-					__m256i is = hsum8x8_epi32(part);
-					if (t == KVD_KV_Q4_0)
-						is = _mm256_sub_epi32(is, _mm256_set1_epi32(8 * qr[r].sum[b]));
-					__m256 dd = _mm256_mul_ps(_mm256_set1_ps(qr[r].d[b]), vdk);
-					acc[r] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(is), acc[r]);
-				}
-			}
-			for (int r = 0; r < m; r++) {
-				float o[8];
-				_mm256_storeu_ps(o, _mm256_mul_ps(acc[r], vscale));
-				memcpy(sc + (size_t)(r0 + r) * ldsc + i0, o, sizeof(float) * (size_t)cnt);
-			}
+		float *scr = sc + (size_t)r0 * ldsc;
+		for (int r = 0; r < m; r += 4) {
+			int left = m - r;
+			if (left >= 4)
+				scores_rows_avx2(4, t, qr, r, k, n, nb, scale, scr, ldsc);
+			else if (left == 3)
+				scores_rows_avx2(3, t, qr, r, k, n, nb, scale, scr, ldsc);
+			else if (left == 2)
+				scores_rows_avx2(2, t, qr, r, k, n, nb, scale, scr, ldsc);
+			else
+				scores_rows_avx2(1, t, qr, r, k, n, nb, scale, scr, ldsc);
 		}
 	}
+}
+
+/* V block b of a row, elements 16h .. 16h + 15, as two float vectors */
+AVX2 INLINE void v_half_avx2(enum kvd_kv_type t, const uint8_t *blk, int h, __m256 vf[2])
+{
+	__m128i x;
+	if (t == KVD_KV_Q8_0) {
+		x = _mm_loadu_si128((const __m128i *)(blk + 2 + 16 * h));
+	} else {
+		const __m128i m = _mm_set1_epi8(15), e = _mm_set1_epi8(8);
+		x = _mm_loadu_si128((const __m128i *)(blk + 2));
+		x = _mm_sub_epi8(_mm_and_si128(h ? _mm_srli_epi16(x, 4) : x, m), e);
+	}
+	vf[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x));
+	vf[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(x, 8)));
+}
+
+#define ACC_POS 32 /* positions whose products w d are formed at a time */
+
+/* rows 0 .. NT - 1 (NT <= 4, compile-time) over block b: for each run of
+ * ACC_POS positions the products w[i] * d[i] (8 a vector multiply, each
+ * the same float product as alone), then each half of the block with the
+ * rows' 8 accumulators in registers, positions in order */
+AVX2 INLINE void accum4_avx2(const int NT, enum kvd_kv_type t, float *const *o, const int *len, const float *w,
+			     int ldw, const unsigned char *const *v, int b, size_t bb, size_t rb)
+{
+	int n = 0, nc = len[0];
+	for (int rr = 0; rr < NT; rr++) {
+		n = len[rr] > n ? len[rr] : n;
+		nc = len[rr] < nc ? len[rr] : nc;
+	}
+	const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+	_Alignas(32) float wd[4][ACC_POS];
+	for (int i0 = 0; i0 < n; i0 += ACC_POS) {
+		int m = n - i0 < ACC_POS ? n - i0 : ACC_POS;
+		for (int k0 = 0; k0 < m; k0 += 8) {
+			const uint8_t *x[8];
+			UNROLL for (int j = 0; j < 8; j++)
+				x[j] = v[i0 + (k0 + j < m ? k0 + j : m - 1)];
+			__m256 dv = scales8_avx2(x, (size_t)b * bb);
+			__m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(m - k0), idx);
+			UNROLL for (int rr = 0; rr < NT; rr++)
+				_mm256_store_ps(wd[rr] + k0,
+						_mm256_mul_ps(_mm256_maskload_ps(w + (size_t)rr * ldw + i0 + k0, live), dv));
+		}
+		for (int h = 0; h < 2; h++) {
+			__m256 acc[4][2];
+			UNROLL for (int rr = 0; rr < NT; rr++)
+				UNROLL for (int j = 0; j < 2; j++)
+					acc[rr][j] = _mm256_loadu_ps(o[rr] + b * QB + 16 * h + 8 * j);
+			for (int k = 0; k < m; k++) {
+				const int i = i0 + k;
+				__m256 vf[2];
+				if (b == 0 && h == 0 && i + 16 < n)
+					for (size_t a = 0; a < rb; a += 64)
+						_mm_prefetch((const char *)v[i + 16] + a, _MM_HINT_T0);
+				v_half_avx2(t, v[i] + (size_t)b * bb, h, vf);
+				UNROLL for (int rr = 0; rr < NT; rr++) {
+					if (i >= nc && i >= len[rr]) /* past this row's end */
+						continue;
+					__m256 a = _mm256_broadcast_ss(&wd[rr][k]);
+					UNROLL for (int j = 0; j < 2; j++)
+						acc[rr][j] = _mm256_fmadd_ps(a, vf[j], acc[rr][j]);
+				}
+			}
+			UNROLL for (int rr = 0; rr < NT; rr++)
+				UNROLL for (int j = 0; j < 2; j++)
+					_mm256_storeu_ps(o[rr] + b * QB + 16 * h + 8 * j, acc[rr][j]);
+		}
+	}
+}
+
+AVX2 void cpu_kvq8_accum_avx2(enum kvd_kv_type t, float *const *o, int nr, const int *len, const float *w, int ldw,
+			 const unsigned char *const *v, int hd)
+{
+	size_t bb = blk_bytes(t), rb = bb * (size_t)(hd / QB);
+	for (int b = 0; b < hd / QB; b++)
+		for (int r0 = 0; r0 < nr; r0 += 4) {
+			const float *wr = w + (size_t)r0 * ldw;
+			switch (nr - r0 < 4 ? nr - r0 : 4) {
+			case 1: accum4_avx2(1, t, o + r0, len + r0, wr, ldw, v, b, bb, rb); break;
+			case 2: accum4_avx2(2, t, o + r0, len + r0, wr, ldw, v, b, bb, rb); break;
+			case 3: accum4_avx2(3, t, o + r0, len + r0, wr, ldw, v, b, bb, rb); break;
+			default: accum4_avx2(4, t, o + r0, len + r0, wr, ldw, v, b, bb, rb); break;
+			}
+		}
 }
 
 #define A512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))

@@ -28,6 +28,10 @@ void cpu_kvq8_scores_avx2(enum kvd_kv_type t, const float *const *q, int nr, con
 			  int hd, float scale, float *sc, int ldsc);
 void cpu_kvq8_scores_avx512(enum kvd_kv_type t, const float *const *q, int nr, const unsigned char *const *k, int n,
 			    int hd, float scale, float *sc, int ldsc);
+/* kvq_accum_fn for t q8_0 or q4_0 with AVX2: one conversion of each half
+ * V block serves four rows (the same bits as every version). */
+void cpu_kvq8_accum_avx2(enum kvd_kv_type t, float *const *o, int nr, const int *len, const float *w, int ldw,
+			 const unsigned char *const *v, int hd);
 /* kvq_accum_fn for t q8_0 or q4_0 with AVX-512: one conversion of a V
  * row's two blocks serves four rows (the same bits as every version). */
 void cpu_kvq8_accum_avx512(enum kvd_kv_type t, float *const *o, int nr, const int *len, const float *w, int ldw,

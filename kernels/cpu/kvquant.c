@@ -497,6 +497,10 @@ AVX2 INLINE void accum_rows4h_avx2(enum kvd_kv_type t, float *const *o, const in
 AVX2 static void accum_avx2(enum kvd_kv_type t, float *const *o, int nr, const int *len, const float *w, int ldw,
 			    const unsigned char *const *v, int hd)
 {
+	if (t == KVD_KV_Q8_0 || t == KVD_KV_Q4_0) {
+		cpu_kvq8_accum_avx2(t, o, nr, len, w, ldw, v, hd);
+		return;
+	}
 	size_t bb = block_bytes(t), rb = bb * (size_t)(hd / QB);
 	for (int b = 0; b < hd / QB; b++) {
 		int r0 = 0;
