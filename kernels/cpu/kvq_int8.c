@@ -1,6 +1,6 @@
 /*
  * kernels/cpu/kvq_int8.c — attention scores over q8_0 and q4_0 K rows with
- * integer products, and the AVX-512 weighted V sum over those rows.
+ * integer products, and the AVX2 and AVX-512 weighted V sums over those rows.
  *
  * A score is q . k for a query row q (floats) and a K row k (blocks of 32
  * quants with an f16 scale). Converting every K block to floats costs

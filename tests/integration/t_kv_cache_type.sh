@@ -11,6 +11,9 @@
 #     page sizes, shuffled pages, chunked prefill, other thread counts, and in
 #     a batch, and for q8_0 and q4_0 the AVX2 build's are the AVX-512 build's
 #     (where the CPU has both);
+#   - at depth (1,130 tokens, f16 and q8_0) a prompt's logits are the same bits
+#     prefilled in one tile or token by token, on 1 or 2 threads (single
+#     tokens deep in a context take whole attention chunks a thread);
 #   - a bf16 daemon names its type to 0.5 clients (kvctl stats and plan say
 #     bf16, not f16, whose size it has), and 0 to older ones;
 #   - the default, auto, is bf16 where the CPU has AVX-512 BF16 (and the
@@ -73,6 +76,21 @@ EOF
 	[ -s "$T/gen.out" ] || fail "$ty: empty generation"
 	stop_kvd "$KVD_PID" || fail "$ty: kvd exited with status $?"
 	ok "$ty: $want bytes per token in stats and plan; generated '$(head -c 60 "$T/gen.out" | tr '\n' ' ')'"
+done
+
+# ---- deep contexts: a token decoded alone far into its context takes whole ----
+# attention chunks a thread (all KV heads), one in a prefill tile a chunk of one
+# head at a time; the logits must be the same bits either way
+deep=$(seq -s, 100 1 1229)   # 1,130 tokens: 9 chunks of 128 positions
+for ty in f16 q8_0; do
+	base=(--model "$REAL_MODEL" --tokens "$deep" --n-predict 3 --cache-type $ty --threads 2)
+	"$EVAL" "${base[@]}" --logits-out "$T/deep.bin" >/dev/null || fail "$ty deep: kvd_eval failed"
+	for v in "--chunk 1" "--threads 1"; do
+		# shellcheck disable=SC2086
+		"$EVAL" "${base[@]}" $v --logits-out "$T/deepv.bin" >/dev/null || fail "$ty deep $v: kvd_eval failed"
+		cmp -s "$T/deep.bin" "$T/deepv.bin" || fail "$ty: logits at depth 1,130 differ under $v"
+	done
+	ok "$ty: logits at depth 1,130 bit-identical prefilled in one tile, token by token, on 1 and 2 threads"
 done
 
 # ---- the default, cache_type = auto: bf16 where the CPU backend has bfloat16 products ----
