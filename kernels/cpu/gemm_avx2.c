@@ -49,9 +49,9 @@ enum gemm_kind { K_Q4_0, K_Q4_1, K_Q8_0, K_Q5_1, K_Q4_K, K_Q5_K, K_Q6_K, K_F32, 
  * AMD cores (measured on Zen 2, bench/tile_bench --rows 65536 --tokens 1
  * --chunk 1 and kvd_bench decode) prefetchnta, and the distance depends on
  * the kernel: the 512-byte blocks of q8_0 and q5_1 and the float rows
- * stream fastest 512 bytes ahead (4 KiB: 12-17 % slower), q4_0 and q4_1
+ * stream fastest 512 bytes ahead (4 KiB: 12-14 % slower), q4_0 and q4_1
  * 1 KiB, while the K-quants, which read each super-block's scales 2 KiB
- * past its first quants, need 16 KiB (4 KiB: 8-20 % slower). */
+ * past its first quants, need 16 KiB (4 KiB: 5-16 % slower). */
 static const int pf_dist[2][K_BF16 + 1] = {
 	{GEMM_PF_DIST, GEMM_PF_DIST, GEMM_PF_DIST, GEMM_PF_DIST, GEMM_PF_DIST, GEMM_PF_DIST, GEMM_PF_DIST,
 	 GEMM_PF_DIST, GEMM_PF_DIST, GEMM_PF_DIST},
