@@ -508,10 +508,8 @@ int cpu_kernels_init_gemm_avx2(struct cpu_kernels *k)
 	k->gemmf[KVD_WTYPE_F16] = gemm_f16;
 	k->gemmf[KVD_WTYPE_BF16] = gemm_bf16;
 	k->pack_flags = CPU_PACK_Q6_SPLIT | CPU_PACK_Q5_SPLIT; /* q6_K as 4 + 2 bits, q5_K as 4 + 1 */
-	/* CPUID vendor "AuthenticAMD": the prefetch distances above */
-	unsigned a, b, c, d;
-	__asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
-	__atomic_store_n(&pf_amd, b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u, __ATOMIC_RELAXED);
+	/* the prefetch distances above */
+	__atomic_store_n(&pf_amd, cpu_vendor() == CPU_VENDOR_AMD, __ATOMIC_RELAXED);
 	return 1;
 }
 #else

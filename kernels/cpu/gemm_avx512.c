@@ -591,14 +591,6 @@ ENTRYF(f32)
 ENTRYF(f16)
 ENTRYF(bf16)
 
-/* CPUID vendor "GenuineIntel": prefetcht0 for the weights (above) */
-static int cpu_is_intel(void)
-{
-	unsigned a, b, c, d;
-	__asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
-	return b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu;
-}
-
 int cpu_kernels_init_gemm_avx512(struct cpu_kernels *k)
 {
 	if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
@@ -606,7 +598,7 @@ int cpu_kernels_init_gemm_avx512(struct cpu_kernels *k)
 	    !__builtin_cpu_supports("avx512dq") || !__builtin_cpu_supports("f16c") ||
 	    !__builtin_cpu_supports("fma"))
 		return 0;
-	const int t0 = cpu_is_intel();
+	const int t0 = cpu_vendor() == CPU_VENDOR_INTEL; /* prefetcht0 for the weights (above) */
 	k->gemm[KVD_WTYPE_Q4_0] = t0 ? gemm_q4_0_t0 : gemm_q4_0;
 	k->gemm[KVD_WTYPE_Q4_1] = t0 ? gemm_q4_1_t0 : gemm_q4_1;
 	k->gemm[KVD_WTYPE_Q8_0] = t0 ? gemm_q8_0_t0 : gemm_q8_0;

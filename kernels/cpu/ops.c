@@ -555,6 +555,19 @@ void cpu_rmsnorm_generic(float *dst, const float *x, const float *g, int64_t n, 
 		dst[i] = x[i] * scale * g[i];
 }
 
+enum cpu_vendor cpu_vendor(void)
+{
+#if defined(__x86_64__)
+	unsigned a, b, c, d;
+	__asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
+	if (b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu) /* "GenuineIntel" */
+		return CPU_VENDOR_INTEL;
+	if (b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u) /* "AuthenticAMD" */
+		return CPU_VENDOR_AMD;
+#endif
+	return CPU_VENDOR_OTHER;
+}
+
 void cpu_kernels_init(struct cpu_kernels *k, int force_generic)
 {
 	cpu_kernels_init_isa(k, force_generic ? KVD_CPU_ISA_GENERIC : KVD_CPU_ISA_BEST);

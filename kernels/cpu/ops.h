@@ -197,6 +197,11 @@ int cpu_kernels_init_gemm_avx2(struct cpu_kernels *k);
  * if the CPU has AMX and the kernel allows this process to use it. */
 int cpu_kernels_init_gemm_amx(struct cpu_kernels *k);
 
+/* The CPU's vendor (CPUID leaf 0), for the tiles' prefetch hints and
+ * distances, which are measured per vendor. */
+enum cpu_vendor { CPU_VENDOR_OTHER, CPU_VENDOR_INTEL, CPU_VENDOR_AMD };
+enum cpu_vendor cpu_vendor(void);
+
 /* Whether a weight type needs quantized activations. */
 static inline int wtype_is_quantized(enum kvd_wtype t)
 {
