@@ -5,7 +5,7 @@
  * chunk), one JSON object per run.
  *
  *   attn_bench [--isa best|avx2] [--type f16|bf16] [--hd 64|128|256]
- *              [--rows NR] [--heads H] [--chunks C] [--reps R]
+ *              [--rows NR] [--heads H] [--chunks C] [--reps R] [--whole]
  *
  * NR query rows (default 4: a Llama 3.2 group) over K and V rows of head
  * size hd (default 64) laid out as the KV pool lays out one layer (pages of
@@ -15,7 +15,9 @@
  * chunk's heads one after another, a pass covering at least 4,096 chunks
  * (the span again and again). Prints the best of R (default 5) passes as
  * nanoseconds per position of a group and the bytes of K and V read per
- * second.
+ * second. --whole: each chunk's heads in one call of the heads kernel
+ * (attn_heads_fn, position by position through the heads) instead of one
+ * call a head.
  */
 #include <getopt.h>
 #include <stdint.h>
@@ -46,10 +48,10 @@ static float frand(void)
 int main(int argc, char **argv)
 {
 	const char *isa = "best", *type = "f16";
-	int hd = 64, nr = 4, heads = 8, chunks = 1, reps = 5;
+	int hd = 64, nr = 4, heads = 8, chunks = 1, reps = 5, whole = 0;
 	static const struct option opts[] = {{"isa", 1, 0, 'i'},   {"type", 1, 0, 't'},   {"hd", 1, 0, 'd'},
 					     {"rows", 1, 0, 'r'},  {"heads", 1, 0, 'H'},  {"chunks", 1, 0, 'c'},
-					     {"reps", 1, 0, 'R'},  {0, 0, 0, 0}};
+					     {"reps", 1, 0, 'R'},  {"whole", 0, 0, 'w'},  {0, 0, 0, 0}};
 	for (int o; (o = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
 		switch (o) {
 		case 'i': isa = optarg; break;
@@ -59,6 +61,7 @@ int main(int argc, char **argv)
 		case 'H': heads = atoi(optarg); break;
 		case 'c': chunks = atoi(optarg); break;
 		case 'R': reps = atoi(optarg); break;
+		case 'w': whole = 1; break;
 		default: fprintf(stderr, "usage: see the comment at the top of bench/attn_bench.c\n"); return 2;
 		}
 	}
@@ -79,25 +82,32 @@ int main(int argc, char **argv)
 		fprintf(stderr, "attn_bench: no %s attention kernel for head size %d in the %s set\n", type, hd, k.isa);
 		return 1;
 	}
+	attn_heads_fn fh = whole ? cpu_attn_heads_avx2(hd, bf) : NULL;
+	if (whole && (!fh || heads * nr > ATTN_HEADS_MAX_ROWS)) {
+		fprintf(stderr, "attn_bench: no heads kernel for %d heads of %d rows, %s, head size %d\n", heads, nr,
+			type, hd);
+		return 1;
+	}
 
 	size_t row = (size_t)heads * hd * 2, page = 2 * PAGE_TOKENS * row;
 	size_t npos = (size_t)chunks * CHUNK, bytes = npos / PAGE_TOKENS * page;
 	uint16_t *mem = aligned_alloc(4096, bytes);
-	float *q = malloc(sizeof(float) * (size_t)nr * hd), *o = malloc(sizeof(float) * (size_t)nr * hd);
-	float *ml = malloc(sizeof(float) * 2 * (size_t)nr);
-	float *scratch = malloc(sizeof(float) * ATTN_ROWS_SCRATCH(nr, hd));
+	int nq = whole ? heads * nr : nr; /* query rows of one call */
+	float *q = malloc(sizeof(float) * (size_t)nq * hd), *o = malloc(sizeof(float) * (size_t)nq * hd);
+	float *ml = malloc(sizeof(float) * 2 * (size_t)nq);
+	float *scratch = malloc(sizeof(float) * ATTN_ROWS_SCRATCH(nq, hd));
 	if (!mem || !q || !o || !ml || !scratch) {
 		fprintf(stderr, "attn_bench: out of memory\n");
 		return 1;
 	}
 	for (size_t i = 0; i < bytes / 2; i++)
 		mem[i] = bf ? cpu_f32_to_bf16(frand()) : cpu_f32_to_fp16(frand());
-	for (int i = 0; i < nr * hd; i++)
+	for (int i = 0; i < nq * hd; i++)
 		q[i] = frand();
 	const float *qp[64];
 	float *op[64], *mlp[64];
 	int len[64];
-	for (int r = 0; r < nr; r++) {
+	for (int r = 0; r < nq; r++) {
 		qp[r] = q + (size_t)r * hd;
 		op[r] = o + (size_t)r * hd;
 		mlp[r] = ml + 2 * r;
@@ -110,7 +120,7 @@ int main(int argc, char **argv)
 		double t0 = now_s();
 		for (int lap = 0; lap < laps; lap++) {
 			for (int c = 0; c < chunks; c++)
-				for (int g = 0; g < heads; g++) {
+				for (int g = 0; g < (whole ? 1 : heads); g++) {
 					for (int i = 0; i < CHUNK; i++) {
 						size_t p = (size_t)c * CHUNK + i;
 						const char *pg = (const char *)mem + p / PAGE_TOKENS * page;
@@ -118,7 +128,10 @@ int main(int argc, char **argv)
 						vp[i] = (const uint16_t *)(pg + PAGE_TOKENS * row + p % PAGE_TOKENS * row) +
 							(size_t)g * hd;
 					}
-					f(nr, qp, len, kp, vp, 0.125f, mlp, op, scratch);
+					if (whole)
+						fh(heads, nr, CHUNK, qp, kp, vp, 0.125f, mlp, op, scratch);
+					else
+						f(nr, qp, len, kp, vp, 0.125f, mlp, op, scratch);
 					check += o[0] + ml[1];
 				}
 		}
@@ -128,8 +141,8 @@ int main(int argc, char **argv)
 	}
 	double per = best / ((double)laps * chunks * heads * CHUNK);
 	printf("{\"figure\":\"attn\",\"isa\":\"%s\",\"type\":\"%s\",\"hd\":%d,\"rows\":%d,\"heads\":%d,\"chunks\":%d,"
-	       "\"ns_per_position\":%.2f,\"kv_gb_per_s\":%.2f,\"check\":%.6g}\n",
-	       k.isa, type, hd, nr, heads, chunks, per * 1e9, 4.0 * hd / per / 1e9, check / reps / laps);
+	       "\"whole\":%d,\"ns_per_position\":%.2f,\"kv_gb_per_s\":%.2f,\"check\":%.6g}\n",
+	       k.isa, type, hd, nr, heads, chunks, whole, per * 1e9, 4.0 * hd / per / 1e9, check / reps / laps);
 	free(mem);
 	free(q);
 	free(o);

@@ -26,6 +26,9 @@ struct cpu_attn {
 	const struct kvd_hparams *hp;
 	attn_rows_fn rows;    /* the tiled attention kernel (f16 K/V), or NULL */
 	attn_rows_fn rows_bf16; /* the same for bf16 K/V (AVX-512 BF16, else AVX2), or NULL */
+	/* the kernels of rows and rows_bf16 over a chunk of every KV head at
+	 * once (attn_heads_fn: the same bits for each head), where they exist */
+	attn_heads_fn heads, heads_bf16;
 	struct kvq_kernels kq; /* products over K/V rows of the other types */
 	float scale;          /* scores are q·k times this */
 	/* the step being computed (cpu_attn_run) */

@@ -143,6 +143,24 @@ attn_rows_fn cpu_attn_rows_bf16(int hd);
 /* The AVX2 kernel over bf16 K/V rows (each element widened to a float
  * exactly, then the f16 kernel's float arithmetic), or NULL. */
 attn_rows_fn cpu_attn_rows_bf16_avx2(int hd);
+/* attn_rows_fn's work for G KV heads of one chunk at once, as a decode
+ * step deep in its context makes it: position p's K and V rows of head g
+ * at k[p] + g * hd and v[p] + g * hd (a token's heads side by side, as the
+ * KV pool stores them), head g's nr query rows q[g * nr + r], all seeing
+ * the chunk's n positions, results to ml[g * nr + r] and o[g * nr + r].
+ * Read a head at a time, a position's rows give each head 1/G of their
+ * cache lines, an order memory serves at about half the speed of address
+ * order (Zen 2: 6.5-7.3 GB/s against 14.5-15.7 from one core); this one
+ * reads them in address order. Each head's results are the same bits as
+ * attn_rows_fn's for its rows. G * nr <= ATTN_HEADS_MAX_ROWS; scratch:
+ * ATTN_ROWS_SCRATCH(G * nr, hd) floats. */
+#define ATTN_HEADS_MAX_ROWS 64
+typedef void (*attn_heads_fn)(int G, int nr, int n, const float *const *q, const uint16_t *const *k,
+			      const uint16_t *const *v, float scale, float *const *ml, float *const *o,
+			      float *scratch);
+/* The AVX2 one over f16 (bf16 = 0) or bfloat16 rows, or NULL (head sizes
+ * other than 64, 128 and 256; CPUs without AVX2) */
+attn_heads_fn cpu_attn_heads_avx2(int hd, int bf16);
 
 struct cpu_kernels {
 	const char *isa; /* "avx512-vnni+amx", "avx512-vnni", "avx2" or "generic": what was installed */

@@ -11,7 +11,7 @@
 #     page sizes, shuffled pages, chunked prefill, other thread counts, and in
 #     a batch, and for q8_0 and q4_0 the AVX2 build's are the AVX-512 build's
 #     (where the CPU has both);
-#   - at depth (1,130 tokens, f16 and q8_0) a prompt's logits are the same bits
+#   - at depth (1,130 tokens, f16, bf16 and q8_0) a prompt's logits are the same bits
 #     prefilled in one tile or token by token, on 1 or 2 threads (single
 #     tokens deep in a context take whole attention chunks a thread);
 #   - a bf16 daemon names its type to 0.5 clients (kvctl stats and plan say
@@ -79,10 +79,11 @@ EOF
 done
 
 # ---- deep contexts: a token decoded alone far into its context takes whole ----
-# attention chunks a thread (all KV heads), one in a prefill tile a chunk of one
-# head at a time; the logits must be the same bits either way
+# attention chunks a thread (all KV heads; f16 and bf16 through the heads
+# kernel, position by position), one in a prefill tile a chunk of one head at
+# a time; the logits must be the same bits either way
 deep=$(seq -s, 100 1 1229)   # 1,130 tokens: 9 chunks of 128 positions
-for ty in f16 q8_0; do
+for ty in f16 bf16 q8_0; do
 	base=(--model "$REAL_MODEL" --tokens "$deep" --n-predict 3 --cache-type $ty --threads 2)
 	"$EVAL" "${base[@]}" --logits-out "$T/deep.bin" >/dev/null || fail "$ty deep: kvd_eval failed"
 	for v in "--chunk 1" "--threads 1"; do

@@ -660,6 +660,78 @@ static void test_attn_rows_bf16_avx2(void **state)
 	check_attn_rows_as(cpu_attn_rows_bf16_avx2, cpu_f32_to_bf16, cpu_bf16_to_f32);
 }
 
+/* The heads kernel (a chunk of G KV heads at once, their rows side by
+ * side in each position's K and V rows): each head's max, sum and V sums
+ * the same bits as the per-head kernel's for its rows, f16 and bf16, head
+ * sizes 64-256, 1-8 heads of 1-8 rows, every chunk length. */
+static void test_attn_heads_avx2(void **state)
+{
+	(void)state;
+	enum { GM = 8, NP = 128 };
+	static uint16_t kv[2][NP][GM * 256];
+	static float q[ATTN_HEADS_MAX_ROWS][256], o[ATTN_HEADS_MAX_ROWS][256], o1[8][256];
+	static float scratch[ATTN_HEADS_MAX_ROWS * (128 + 128) + 16 * 256];
+	int checked = 0;
+	for (int bf = 0; bf < 2; bf++)
+		for (int hd = 64; hd <= 256; hd *= 2) {
+			attn_heads_fn fh = cpu_attn_heads_avx2(hd, bf);
+			attn_rows_fn fr = bf ? cpu_attn_rows_bf16_avx2(hd) : cpu_attn_rows_avx2(hd);
+			if (!fh || !fr) {
+				printf("skipped: this CPU lacks AVX2: no heads kernel\n");
+				skip();
+			}
+			uint16_t (*to16)(float) = bf ? cpu_f32_to_bf16 : cpu_f32_to_fp16;
+			for (int it = 0; it < 24; it++) {
+				int G = 1 + (int)(next_u32() % GM), nr = 1 + (int)(next_u32() % 8);
+				int n = it % 3 ? 1 + (int)(next_u32() % NP) : NP - (int)(next_u32() % 3);
+				const uint16_t *kp[NP], *vp[NP];
+				const float *qp[ATTN_HEADS_MAX_ROWS];
+				float ml[ATTN_HEADS_MAX_ROWS][2], *mlp[ATTN_HEADS_MAX_ROWS], *op[ATTN_HEADS_MAX_ROWS];
+				float scale = 1.0f / sqrtf((float)hd);
+				for (int p = 0; p < n; p++) {
+					for (int i = 0; i < G * hd; i++) {
+						kv[0][p][i] = to16(frand() * 2.0f);
+						kv[1][p][i] = to16(frand());
+					}
+					kp[p] = kv[0][p];
+					vp[p] = kv[1][p];
+				}
+				for (int r = 0; r < G * nr; r++) {
+					for (int i = 0; i < hd; i++)
+						q[r][i] = frand() * 3.0f;
+					qp[r] = q[r];
+					mlp[r] = ml[r];
+					op[r] = o[r];
+				}
+				fh(G, nr, n, qp, kp, vp, scale, mlp, op, scratch);
+				for (int g = 0; g < G; g++) {
+					const uint16_t *kg[NP], *vg[NP];
+					float ml1[8][2], *ml1p[8], *o1p[8];
+					int len[8];
+					for (int p = 0; p < n; p++) {
+						kg[p] = kp[p] + g * hd;
+						vg[p] = vp[p] + g * hd;
+					}
+					for (int r = 0; r < nr; r++) {
+						len[r] = n;
+						ml1p[r] = ml1[r];
+						o1p[r] = o1[r];
+					}
+					fr(nr, qp + g * nr, len, kg, vg, scale, ml1p, o1p, scratch);
+					for (int r = 0; r < nr; r++) {
+						if (memcmp(ml1[r], ml[g * nr + r], sizeof(ml1[r])) ||
+						    memcmp(o1[r], o[g * nr + r], sizeof(float) * (size_t)hd))
+							fail_msg("%s hd %d: %d heads of %d rows over %d positions: head %d row %d "
+								 "differs from the per-head kernel",
+								 bf ? "bf16" : "f16", hd, G, nr, n, g, r);
+						checked++;
+					}
+				}
+			}
+		}
+	printf("heads kernel: %d rows bit-identical to the per-head kernel\n", checked);
+}
+
 /* silu(g) * u in both tables against float64, over the whole range of
  * gates, tails of every length included */
 static void test_swiglu(void **state)
@@ -779,6 +851,7 @@ int main(void)
 		cmocka_unit_test(test_attn_rows_avx2_avx512_agree),
 		cmocka_unit_test(test_attn_rows_bf16),
 		cmocka_unit_test(test_attn_rows_bf16_avx2),
+		cmocka_unit_test(test_attn_heads_avx2),
 		cmocka_unit_test(test_attention_helpers),
 		cmocka_unit_test(test_swiglu),
 		cmocka_unit_test(test_rmsnorm),
