@@ -4,7 +4,7 @@
  * chunk of 128 positions, as a decode step makes it for each (KV head,
  * chunk), one JSON object per run.
  *
- *   attn_bench [--isa best|avx2] [--type f16|bf16] [--hd 64|128|256]
+ *   attn_bench [--isa best|avx2] [--type f16|bf16|q8_0|q4_0] [--hd 64|128|256]
  *              [--rows NR] [--heads H] [--chunks C] [--reps R] [--whole]
  *
  * NR query rows (default 4: a Llama 3.2 group) over K and V rows of head
@@ -17,7 +17,9 @@
  * nanoseconds per position of a group and the bytes of K and V read per
  * second. --whole: each chunk's heads in one call of the heads kernel
  * (attn_heads_fn, position by position through the heads) instead of one
- * call a head.
+ * call a head. q8_0 and q4_0 rows go through the quantized cache's
+ * products (kvquant.h: scores, softmax, V sums) as kernels/cpu/attention.c
+ * calls them for a query group, its prefetch of the chunk's rows included.
  */
 #include <getopt.h>
 #include <stdint.h>
@@ -26,6 +28,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cpu/kvquant.h"
 #include "cpu/ops.h"
 
 #define CHUNK 128
@@ -43,6 +46,36 @@ static float frand(void)
 {
 	rng = rng * 1103515245u + 12345u;
 	return (float)((rng >> 8) & 0xffff) / 32768.0f - 1.0f;
+}
+
+/* never called: marks the quantized path */
+static void kvq_rows(int nr, const float *const *q, const int *len, const uint16_t *const *k,
+		     const uint16_t *const *v, float scale, float *const *ml, float *const *o, float *scratch)
+{
+	(void)nr, (void)q, (void)len, (void)k, (void)v, (void)scale, (void)ml, (void)o, (void)scratch;
+}
+
+/* A query group over one chunk of q8_0 or q4_0 rows, as attention.c's
+ * attn_rows_q makes it for a decode: the chunk's rows requested into L2,
+ * the scores, each row's softmax, the V sums. */
+static void kvq_group(const struct kvq_kernels *kq, enum kvd_kv_type t, int hd, int nr, const float *const *q,
+		      const unsigned char *const *k, const unsigned char *const *v, float *const *ml, float *const *o,
+		      float *sc)
+{
+	size_t rb = kvd_kv_row_bytes(t, (uint32_t)hd);
+	int len[64];
+	for (int i = 0; i < CHUNK; i++)
+		for (size_t b = 0; b < rb + 63; b += 64) {
+			__builtin_prefetch(k[i] + (b < rb ? b : rb - 1), 0, 2);
+			__builtin_prefetch(v[i] + (b < rb ? b : rb - 1), 0, 2);
+		}
+	kq->scores(t, q, nr, k, CHUNK, hd, 0.125f, sc, CHUNK);
+	for (int r = 0; r < nr; r++) {
+		kq->softmax(sc + (size_t)r * CHUNK, CHUNK, &ml[r][0], &ml[r][1]);
+		memset(o[r], 0, sizeof(float) * (size_t)hd);
+		len[r] = CHUNK;
+	}
+	kq->accum(t, o, nr, len, sc, CHUNK, v, hd);
 }
 
 int main(int argc, char **argv)
@@ -66,7 +99,8 @@ int main(int argc, char **argv)
 		}
 	}
 	int bf = !strcmp(type, "bf16");
-	if ((!bf && strcmp(type, "f16")) || (hd != 64 && hd != 128 && hd != 256) || nr < 1 || nr > 64 || heads < 1 ||
+	enum kvd_kv_type qt = !strcmp(type, "q8_0") ? KVD_KV_Q8_0 : !strcmp(type, "q4_0") ? KVD_KV_Q4_0 : KVD_KV_F16;
+	if ((!bf && qt == KVD_KV_F16 && strcmp(type, "f16")) || (qt != KVD_KV_F16 && whole) || (hd != 64 && hd != 128 && hd != 256) || nr < 1 || nr > 64 || heads < 1 ||
 	    chunks < 1 || reps < 1 || (strcmp(isa, "best") && strcmp(isa, "avx2"))) {
 		fprintf(stderr, "attn_bench: bad arguments (see the comment at the top of bench/attn_bench.c)\n");
 		return 2;
@@ -74,7 +108,11 @@ int main(int argc, char **argv)
 	struct cpu_kernels k;
 	cpu_kernels_init_isa(&k, strcmp(isa, "avx2") ? KVD_CPU_ISA_BEST : KVD_CPU_ISA_AVX2);
 	attn_rows_fn f = NULL;
-	if (bf)
+	struct kvq_kernels kq;
+	cpu_kvq_kernels_init(&kq, strcmp(isa, "avx2") ? 2 : 1);
+	if (qt != KVD_KV_F16)
+		f = kvq_rows; /* any non-NULL: the quantized path below */
+	else if (bf)
 		f = strcmp(isa, "avx2") && cpu_attn_rows_bf16(hd) ? cpu_attn_rows_bf16(hd) : cpu_attn_rows_bf16_avx2(hd);
 	else if (k.attn_rows_for)
 		f = k.attn_rows_for(hd);
@@ -89,7 +127,8 @@ int main(int argc, char **argv)
 		return 1;
 	}
 
-	size_t row = (size_t)heads * hd * 2, page = 2 * PAGE_TOKENS * row;
+	size_t hb = qt != KVD_KV_F16 ? kvd_kv_row_bytes(qt, (uint32_t)hd) : (size_t)hd * 2; /* a head's row */
+	size_t row = (size_t)heads * hb, page = 2 * PAGE_TOKENS * row;
 	size_t npos = (size_t)chunks * CHUNK, bytes = npos / PAGE_TOKENS * page;
 	uint16_t *mem = aligned_alloc(4096, bytes);
 	int nq = whole ? heads * nr : nr; /* query rows of one call */
@@ -100,8 +139,17 @@ int main(int argc, char **argv)
 		fprintf(stderr, "attn_bench: out of memory\n");
 		return 1;
 	}
-	for (size_t i = 0; i < bytes / 2; i++)
-		mem[i] = bf ? cpu_f32_to_bf16(frand()) : cpu_f32_to_fp16(frand());
+	if (qt != KVD_KV_F16) {
+		float x[256];
+		for (size_t r = 0; r < bytes / hb; r++) {
+			for (int i = 0; i < hd; i++)
+				x[i] = frand();
+			cpu_kvq_store_row(qt, (char *)mem + r * hb, x, hd);
+		}
+	} else {
+		for (size_t i = 0; i < bytes / 2; i++)
+			mem[i] = bf ? cpu_f32_to_bf16(frand()) : cpu_f32_to_fp16(frand());
+	}
 	for (int i = 0; i < nq * hd; i++)
 		q[i] = frand();
 	const float *qp[64];
@@ -124,11 +172,14 @@ int main(int argc, char **argv)
 					for (int i = 0; i < CHUNK; i++) {
 						size_t p = (size_t)c * CHUNK + i;
 						const char *pg = (const char *)mem + p / PAGE_TOKENS * page;
-						kp[i] = (const uint16_t *)(pg + p % PAGE_TOKENS * row) + (size_t)g * hd;
-						vp[i] = (const uint16_t *)(pg + PAGE_TOKENS * row + p % PAGE_TOKENS * row) +
-							(size_t)g * hd;
+						kp[i] = (const uint16_t *)(pg + p % PAGE_TOKENS * row + (size_t)g * hb);
+						vp[i] = (const uint16_t *)(pg + PAGE_TOKENS * row + p % PAGE_TOKENS * row +
+									   (size_t)g * hb);
 					}
-					if (whole)
+					if (qt != KVD_KV_F16)
+						kvq_group(&kq, qt, hd, nr, qp, (const unsigned char *const *)kp,
+							  (const unsigned char *const *)vp, mlp, op, scratch);
+					else if (whole)
 						fh(heads, nr, CHUNK, qp, kp, vp, 0.125f, mlp, op, scratch);
 					else
 						f(nr, qp, len, kp, vp, 0.125f, mlp, op, scratch);
@@ -142,7 +193,7 @@ int main(int argc, char **argv)
 	double per = best / ((double)laps * chunks * heads * CHUNK);
 	printf("{\"figure\":\"attn\",\"isa\":\"%s\",\"type\":\"%s\",\"hd\":%d,\"rows\":%d,\"heads\":%d,\"chunks\":%d,"
 	       "\"whole\":%d,\"ns_per_position\":%.2f,\"kv_gb_per_s\":%.2f,\"check\":%.6g}\n",
-	       k.isa, type, hd, nr, heads, chunks, whole, per * 1e9, 4.0 * hd / per / 1e9, check / reps / laps);
+	       k.isa, type, hd, nr, heads, chunks, whole, per * 1e9, 2.0 * hb / per / 1e9, check / reps / laps);
 	free(mem);
 	free(q);
 	free(o);
