@@ -461,6 +461,55 @@ static void split_heads(const struct attn_split *a, attn_heads_fn heads, int k, 
 	}
 }
 
+/* Whole index k over K/V of a quantized type: the chunk's rows found once
+ * (kv_rows_q for head 0; head g's lie g rows of a head further on), then
+ * the heads in turn through attn_rows_q, each head's count and merge as in
+ * split_one. */
+static void split_heads_q(const struct attn_split *a, int k, int tid)
+{
+	const struct attn_step *s = a->s;
+	struct cpu_attn *c = s->c;
+	const struct kvd_hparams *hp = c->hp;
+	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv, hkv = hp->n_head_kv, qd = hp->n_head * hd;
+	size_t hb = kvd_kv_row_bytes(c->kv.layout.type, (uint32_t)hd);
+	int gk = k * hkv, lo = 0, hi = a->n_items - 1;
+	while (lo < hi) {
+		int mid = (lo + hi + 1) / 2;
+		if (a->item_first[mid] <= gk)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	int t = lo / hkv, f0 = a->item_first[t * hkv], pos = c->tok_pos[t];
+	int ci = (gk - f0) / hkv, p0 = ci * ATTN_CHUNK, n = chunk_end(ci, pos) - p0;
+	const unsigned char *kq0[ATTN_CHUNK], *vq0[ATTN_CHUNK], *kq[ATTN_CHUNK], *vq[ATTN_CHUNK];
+	const float *qp[64] = {0};
+	float *mlp[64] = {0}, *op[64] = {0};
+	int len[64] = {0};
+	float *sc = c->scores + (size_t)tid * attn_scratch_per(c, c->cap_chunks);
+
+	kv_rows_q(c, s->layer, &s->b->seqs[c->tok_seq[t]], 0, p0, n, kq0, vq0);
+	for (int g = 0; g < hkv; g++) {
+		int it = t * hkv + g, gc = a->item_first[it] + ci;
+		for (int i = 0; i < n; i++) {
+			kq[i] = kq0[i] + (size_t)g * hb;
+			vq[i] = vq0[i] + (size_t)g * hb;
+		}
+		for (int r = 0; r < n_rep; r++) {
+			qp[r] = c->q + (int64_t)t * qd + (int64_t)(g * n_rep + r) * hd;
+			mlp[r] = &c->attn_pm[(size_t)gc * n_rep + r].m;
+			op[r] = c->attn_po + ((size_t)gc * n_rep + r) * hd;
+			len[r] = n;
+		}
+		attn_rows_q(c, n_rep, qp, len, kq, vq, mlp, op, sc);
+		if (atomic_fetch_sub_explicit(&a->left[it], 1, memory_order_acq_rel) == 1) {
+			int f = a->item_first[it];
+			attn_merge(c, t, g, n_chunks(pos), c->attn_pm + (size_t)f * n_rep,
+				   c->attn_po + (size_t)f * n_rep * hd);
+		}
+	}
+}
+
 /* Index k: one chunk of one KV head, or (a->whole) one chunk of all of a
  * token's KV heads, k * n_head_kv .. k * n_head_kv + n_head_kv - 1. */
 static void attn_chunk_task(void *arg, uint32_t k, int tid)
@@ -470,6 +519,10 @@ static void attn_chunk_task(void *arg, uint32_t k, int tid)
 	int hkv = c->hp->n_head_kv;
 	if (!a->whole) {
 		split_one(a, (int)k, tid);
+		return;
+	}
+	if (via_kvq(c)) {
+		split_heads_q(a, (int)k, tid);
 		return;
 	}
 	attn_heads_fn heads = heads_fn(c);
@@ -600,7 +653,8 @@ static int attention(struct cpu_attn *c, const struct attn_step *s)
 	if (s->T <= ATTN_SPLIT_MAX_T_Q)
 		for (int t = 0; t < s->T; t++)
 			deep_chunks += n_chunks(c->tok_pos[t]);
-	int deep = !via_kvq(c) && s->T <= ATTN_SPLIT_MAX_T_Q && deep_chunks >= ATTN_WHOLE_MIN * nth;
+	int deep_any = s->T <= ATTN_SPLIT_MAX_T_Q && deep_chunks >= ATTN_WHOLE_MIN * nth;
+	int deep = !via_kvq(c) && deep_any;
 	if (n_items >= 2 * nth && tiled(c) && !few_q && !deep) {
 		int nt = 0;
 		if (s->T + 1 > c->cap_tiles) {
@@ -641,9 +695,10 @@ static int attention(struct cpu_attn *c, const struct attn_step *s)
 		c->cap_split = total;
 	}
 	/* whole chunks: the rows of a position's KV heads lie together, so
-	 * a core reads a chunk's K and V rows of every head in turn */
-	struct attn_split a = {s, n_items, c->item_first, c->item_left, deep};
-	tp_for(c->pool, attn_chunk_task, &a, (uint32_t)(deep ? total / hp->n_head_kv : total));
+	 * a core reads a chunk's K and V rows of every head in turn (q8_0 and
+	 * q4_0 too, their row pointers found once a chunk: split_heads_q) */
+	struct attn_split a = {s, n_items, c->item_first, c->item_left, deep_any};
+	tp_for(c->pool, attn_chunk_task, &a, (uint32_t)(deep_any ? total / hp->n_head_kv : total));
 	return 0;
 }
 
