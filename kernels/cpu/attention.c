@@ -386,20 +386,28 @@ struct attn_split {
 	int whole;            /* an index takes a chunk of all KV heads */
 };
 
-static void split_one(const struct attn_split *a, int gk, int tid)
+/* The item holding global chunk index gk: the last whose first index is
+ * at most gk (item_first ascends). */
+static int split_item(const struct attn_split *a, int gk)
 {
-	const struct attn_step *s = a->s;
-	struct cpu_attn *c = s->c;
-	const struct kvd_hparams *hp = c->hp;
-	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv, hkv = hp->n_head_kv;
 	int lo = 0, hi = a->n_items - 1;
-	while (lo < hi) { /* the item holding index gk */
+	while (lo < hi) {
 		int mid = (lo + hi + 1) / 2;
 		if (a->item_first[mid] <= gk)
 			lo = mid;
 		else
 			hi = mid - 1;
 	}
+	return lo;
+}
+
+static void split_one(const struct attn_split *a, int gk, int tid)
+{
+	const struct attn_step *s = a->s;
+	struct cpu_attn *c = s->c;
+	const struct kvd_hparams *hp = c->hp;
+	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv, hkv = hp->n_head_kv;
+	int lo = split_item(a, gk);
 	/* a token's items (its KV heads) have the same chunks; its indexes
 	 * take them chunk by chunk, the heads of a chunk one after another,
 	 * so that cache lines two heads' rows share are read once (rows of
@@ -426,14 +434,7 @@ static void split_heads(const struct attn_split *a, attn_heads_fn heads, int k, 
 	struct cpu_attn *c = s->c;
 	const struct kvd_hparams *hp = c->hp;
 	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv, hkv = hp->n_head_kv, qd = hp->n_head * hd;
-	int gk = k * hkv, lo = 0, hi = a->n_items - 1;
-	while (lo < hi) { /* the item holding index gk: head 0 of the token */
-		int mid = (lo + hi + 1) / 2;
-		if (a->item_first[mid] <= gk)
-			lo = mid;
-		else
-			hi = mid - 1;
-	}
+	int gk = k * hkv, lo = split_item(a, gk); /* head 0 of the token */
 	int t = lo / hkv, f0 = a->item_first[t * hkv], pos = c->tok_pos[t];
 	int ci = (gk - f0) / hkv, p0 = ci * ATTN_CHUNK, n = chunk_end(ci, pos) - p0;
 	const uint16_t *kp[ATTN_CHUNK], *vp[ATTN_CHUNK];
@@ -472,14 +473,7 @@ static void split_heads_q(const struct attn_split *a, int k, int tid)
 	const struct kvd_hparams *hp = c->hp;
 	int hd = hp->head_dim, n_rep = hp->n_head / hp->n_head_kv, hkv = hp->n_head_kv, qd = hp->n_head * hd;
 	size_t hb = kvd_kv_row_bytes(c->kv.layout.type, (uint32_t)hd);
-	int gk = k * hkv, lo = 0, hi = a->n_items - 1;
-	while (lo < hi) {
-		int mid = (lo + hi + 1) / 2;
-		if (a->item_first[mid] <= gk)
-			lo = mid;
-		else
-			hi = mid - 1;
-	}
+	int gk = k * hkv, lo = split_item(a, gk);
 	int t = lo / hkv, f0 = a->item_first[t * hkv], pos = c->tok_pos[t];
 	int ci = (gk - f0) / hkv, p0 = ci * ATTN_CHUNK, n = chunk_end(ci, pos) - p0;
 	const unsigned char *kq0[ATTN_CHUNK], *vq0[ATTN_CHUNK], *kq[ATTN_CHUNK], *vq[ATTN_CHUNK];
