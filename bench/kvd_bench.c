@@ -21,6 +21,17 @@
  *       (prefetchnta 512, 1,024 or 4,096 bytes ahead, prefetcht0 512 or
  *       2,048: which one, `prefetch`)
  *
+ *   kvd_bench [--threads N] peak
+ *       compute ceilings over N threads at once, multiply-adds per second
+ *       (GMAC/s) of the instructions the matrix products are built on:
+ *       f32 FMA (ymm, and zmm where AVX-512 is), AVX2's vpmaddubsw alone
+ *       and with the vpmaddwd that widens its sums (one of each per 32
+ *       products: the ceiling of an exact int8 dot that widens every
+ *       product vector, as q8_0's does), AVX-512 VNNI's vpdpbusd; int8_gmacs
+ *       is the int8 peak of the kernel set in use (VNNI, else vpmaddubsw).
+ *       prefill, decode and batch print macs_per_token (macs_per_token()),
+ *       so that tokens/s times it sets a figure against these peaks
+ *
  * --cache-type f16|bf16|q8_0|q4_0|f32 (before the figure) sets the K/V element
  * type (default f16). --fast-depth (decode, batch): the first D - 1
  * positions of each context are only allocated (kvmm_commit), their K/V
@@ -185,6 +196,120 @@ static double bandwidth(size_t mib, int threads, int read_only, int pf)
 	return best;
 }
 
+/* The compute ceilings the matrix products run into: each thread issues
+ * one instruction again and again into 12 independent accumulators (so
+ * that only its throughput, not its latency, sets the pace), written in
+ * assembly so that no compiler folds or reorders it. Multiply-adds per
+ * instruction: vfmadd231ps 8 (ymm) or 16 (zmm); vpmaddubsw 32 (ymm: 32
+ * byte products into 16 int16 pair sums); vpmaddubsw followed by the
+ * vpmaddwd that widens its pairs to int32, 32 per pair of instructions
+ * (what an exact int8 dot costs on AVX2 where every product vector must be
+ * widened, as q8_0's must); vpdpbusd 64 (zmm, AVX-512 VNNI: products
+ * summed into int32 in one instruction). */
+enum peak_kind { PK_FMA_YMM, PK_MADDUBS, PK_MADDUBS_WD, PK_FMA_ZMM, PK_DPBUSD, PK_N };
+
+static const struct {
+	const char *name;
+	int macs; /* per iteration of the loop below: 12 accumulators */
+} peak_kinds[PK_N] = {
+	{"f32_fma_ymm", 12 * 8}, {"int8_maddubs", 12 * 32}, {"int8_maddubs_maddwd", 12 * 32},
+	{"f32_fma_zmm", 12 * 16}, {"int8_vnni", 12 * 64},
+};
+
+struct peak_arg {
+	enum peak_kind kind;
+	long iters;
+};
+
+#define R12(op) op(0) op(1) op(2) op(3) op(4) op(5) op(6) op(7) op(8) op(9) op(10) op(11)
+#define CLOBBER12 "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11"
+
+#if defined(__x86_64__)
+#define I_FMA_Y(i) "vfmadd231ps %%ymm12, %%ymm13, %%ymm" #i "\n\t"
+#define I_MUB(i) "vpmaddubsw %%ymm12, %%ymm13, %%ymm" #i "\n\t"
+#define I_MUBWD(i) "vpmaddubsw %%ymm12, %%ymm13, %%ymm" #i "\n\tvpmaddwd %%ymm" #i ", %%ymm13, %%ymm" #i "\n\t"
+#define I_FMA_Z(i) "vfmadd231ps %%zmm12, %%zmm13, %%zmm" #i "\n\t"
+#define I_DPB(i) "vpdpbusd %%zmm12, %%zmm13, %%zmm" #i "\n\t"
+#define PEAK_LOOP(PRE, BODY)                                                                        \
+	__asm__ volatile(PRE "1:\n\t" R12(BODY) "dec %0\n\tjnz 1b\n\tvzeroupper" : "+r"(n) : : CLOBBER12, \
+			 "xmm12", "xmm13", "cc")
+#define ZERO_Y "vpxor %%xmm12, %%xmm12, %%xmm12\n\tvpxor %%xmm13, %%xmm13, %%xmm13\n\t"
+#endif
+
+static void *peak_part(void *p)
+{
+	struct peak_arg *a = p;
+	long n = a->iters;
+#if defined(__x86_64__)
+	switch (a->kind) {
+	case PK_FMA_YMM: PEAK_LOOP(ZERO_Y, I_FMA_Y); break;
+	case PK_MADDUBS: PEAK_LOOP(ZERO_Y, I_MUB); break;
+	case PK_MADDUBS_WD: PEAK_LOOP(ZERO_Y, I_MUBWD); break;
+	case PK_FMA_ZMM: PEAK_LOOP(ZERO_Y, I_FMA_Z); break;
+	case PK_DPBUSD: PEAK_LOOP(ZERO_Y, I_DPB); break;
+	default: break;
+	}
+#else
+	(void)n;
+#endif
+	return NULL;
+}
+
+static int peak_supported(enum peak_kind k)
+{
+#if defined(__x86_64__)
+	switch (k) {
+	case PK_FMA_YMM: return __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2");
+	case PK_MADDUBS:
+	case PK_MADDUBS_WD: return __builtin_cpu_supports("avx2");
+	case PK_FMA_ZMM: return __builtin_cpu_supports("avx512f");
+	case PK_DPBUSD: return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni");
+	default: return 0;
+	}
+#else
+	(void)k;
+	return 0;
+#endif
+}
+
+/* Multiply-adds per second of kind k over `threads` threads at once, best
+ * of 5 runs of about a tenth of a second each; -1 when the CPU lacks it. */
+static double peak_rate(enum peak_kind k, int threads)
+{
+	if (!peak_supported(k) || threads < 1 || threads > 64)
+		return -1;
+	pthread_t th[64];
+	struct peak_arg pa[64];
+	long iters = 1000;
+	double best = 0;
+	for (;;) { /* about 0.1 s on one thread */
+		struct peak_arg one = {k, iters};
+		double t0 = now_s();
+		peak_part(&one);
+		double dt = now_s() - t0;
+		if (dt > 0.02 || iters > (1L << 40)) {
+			iters = (long)(iters * (0.1 / (dt > 0 ? dt : 1e-9))) + 1;
+			break;
+		}
+		iters *= 4;
+	}
+	for (int rep = 0; rep < 5; rep++) {
+		double t0 = now_s();
+		for (int i = 0; i < threads; i++) {
+			pa[i] = (struct peak_arg){k, iters};
+			if (i)
+				pthread_create(&th[i], NULL, peak_part, &pa[i]);
+		}
+		peak_part(&pa[0]);
+		for (int i = 1; i < threads; i++)
+			pthread_join(th[i], NULL);
+		double r = (double)threads * (double)iters * peak_kinds[k].macs / (now_s() - t0);
+		if (r > best)
+			best = r;
+	}
+	return best;
+}
+
 /* Every row of the sequence's first n_pages pages: pseudo-random K/V in
  * the pool's type (see --fast-depth). */
 static int fill_pages(struct kvd_engine *e, uint32_t seq, uint32_t n_tokens)
@@ -217,6 +342,19 @@ struct run {
 	int32_t n_vocab;
 	float *logits;
 };
+
+/* Multiply-adds of one token's matrix products (what the int8 and f32
+ * peaks bound): per layer q, k, v, o and the FFN's three matrices, and
+ * attention's q.k and weighted V sums over ctx positions of every query
+ * head (every layer taken as full causal: a windowed layer at a depth past
+ * its window does fewer); with logits, the output matrix. Norms, RoPE and
+ * softmax are left out: no multiply-adds of a matrix. */
+static double macs_per_token(const struct kvd_hparams *hp, double ctx, int logits)
+{
+	double d = hp->n_embd, qd = (double)hp->n_head * hp->head_dim, kd = (double)hp->n_head_kv * hp->head_dim;
+	double layer = 2 * d * qd + 2 * d * kd + 3 * d * hp->n_ff + 2 * qd * ctx;
+	return hp->n_layer * layer + (logits ? d * hp->n_vocab : 0);
+}
 
 /* Prefill `n` tokens into seq in chunks of `chunk`; logits of the last. */
 static int prefill(struct run *R, uint32_t seq, const int32_t *toks, int n, int chunk)
@@ -271,7 +409,7 @@ int main(int argc, char **argv)
 		}
 	}
 	if (optind >= argc) {
-		fprintf(stderr, "kvd_bench: which figure? decode | prefill | batch | prefix | triad | read\n");
+		fprintf(stderr, "kvd_bench: which figure? decode | prefill | batch | prefix | triad | read | peak\n");
 		return 2;
 	}
 	const char *what = argv[optind];
@@ -302,6 +440,29 @@ int main(int argc, char **argv)
 		       "\"prefetch\":\"%s%d\"}\n",
 		       threads, mib, gbs, plain, best_pf > 0 ? "nta" : best_pf < 0 ? "t0" : "none",
 		       best_pf < 0 ? -best_pf : best_pf);
+		return 0;
+	}
+	if (!strcmp(what, "peak")) {
+		if (threads < 1 || threads > 64) {
+			fprintf(stderr, "kvd_bench: peak: --threads 1..64\n");
+			return 2;
+		}
+		double r[PK_N];
+		for (int k = 0; k < PK_N; k++)
+			r[k] = peak_rate((enum peak_kind)k, threads);
+		/* the int8 peak of the kernel set in use: VNNI's where the CPU
+		 * has it (gemm_avx512.c), else AVX2's vpmaddubsw */
+		double int8 = r[PK_DPBUSD] > 0 ? r[PK_DPBUSD] : r[PK_MADDUBS];
+		if (int8 <= 0) {
+			fprintf(stderr, "kvd_bench: peak: this CPU has neither AVX2 nor AVX-512 VNNI\n");
+			return 1;
+		}
+		printf("{\"figure\":\"peak\",\"threads\":%d,\"int8_kind\":\"%s\",\"int8_gmacs\":%.2f", threads,
+		       r[PK_DPBUSD] > 0 ? "vnni" : "maddubs", int8 / 1e9);
+		for (int k = 0; k < PK_N; k++)
+			if (r[k] > 0)
+				printf(",\"%s_gmacs\":%.2f", peak_kinds[k].name, r[k] / 1e9);
+		printf("}\n");
 		return 0;
 	}
 	if (!model || seqs < 1 || seqs > 256 || tokens < 1 || depth < 1) {
@@ -355,8 +516,13 @@ int main(int argc, char **argv)
 		if (prefill(&R, s, toks, tokens, chunk) < 0)
 			goto out;
 		double dt = now_s() - t0;
-		printf("{\"figure\":\"prefill\",\"tokens\":%d,\"threads\":%d,\"seconds\":%.6f,\"tokens_per_s\":%.3f,\"peak_rss_kib\":%ld}\n",
-		       tokens, threads, dt, tokens / dt, peak_rss_kib());
+		/* token i attends to i + 1 positions; logits of the last only */
+		double macs = macs_per_token(kvd_model_hparams(kvd_engine_model(R.e)), (tokens + 1) / 2.0, 0) +
+			      macs_per_token(kvd_model_hparams(kvd_engine_model(R.e)), 0, 1) / tokens -
+			      macs_per_token(kvd_model_hparams(kvd_engine_model(R.e)), 0, 0) / tokens;
+		printf("{\"figure\":\"prefill\",\"tokens\":%d,\"threads\":%d,\"seconds\":%.6f,\"tokens_per_s\":%.3f,"
+		       "\"macs_per_token\":%.0f,\"peak_rss_kib\":%ld}\n",
+		       tokens, threads, dt, tokens / dt, macs, peak_rss_kib());
 	} else if (!strcmp(what, "decode") || !strcmp(what, "batch")) {
 		uint32_t sid[256];
 		struct kvd_engine_item it[256];
@@ -406,10 +572,13 @@ int main(int argc, char **argv)
 		double kv_tok = (double)L->page_bytes / L->block_size;
 		double step_bytes = (double)kvd_model_weight_bytes(kvd_engine_model(R.e)) +
 				    kv_tok * seqs * (depth + tokens / 2.0);
+		/* a generated token's products: at the mean depth, with logits */
+		double macs = macs_per_token(kvd_model_hparams(kvd_engine_model(R.e)), depth + (tokens + 1) / 2.0, 1);
 		printf("{\"figure\":\"%s\",\"cache_type\":\"%s\",\"depth\":%d,\"seqs\":%d,\"tokens\":%d,\"threads\":%d,\"seconds\":%.6f,"
-		       "\"tokens_per_s\":%.3f,\"cpu_seconds\":%.6f,\"bytes_per_step\":%.0f,\"fast_depth\":%s,\"peak_rss_kib\":%ld}\n",
+		       "\"tokens_per_s\":%.3f,\"cpu_seconds\":%.6f,\"bytes_per_step\":%.0f,\"macs_per_token\":%.0f,"
+		       "\"fast_depth\":%s,\"peak_rss_kib\":%ld}\n",
 		       what, kvd_kv_type_name(L->type), depth, seqs, tokens, threads, dt, (double)tokens * seqs / dt, dc,
-		       step_bytes, fast_depth ? "true" : "false", peak_rss_kib());
+		       step_bytes, macs, fast_depth ? "true" : "false", peak_rss_kib());
 	} else if (!strcmp(what, "prefix")) {
 		/* cold: prefix + suffix A; warm: same prefix + suffix B */
 		uint32_t a, b;

@@ -29,6 +29,15 @@ network where its source would come from) is said so once, and its columns
 are left out. Each figure is the median of its rounds; the spread (min..max)
 is printed beside it. Raw results go to bench/results/shapes-<time>.json.
 
+Before each round of prefill 512 and 32 seqs, `kvd_bench peak` measures the
+machine's compute ceilings on the same threads (multiply-adds per second of
+the int8 instruction the kernel set is built on: AVX-512 VNNI's vpdpbusd,
+else AVX2's vpmaddubsw; and, on AVX2, the vpmaddubsw + vpmaddwd pair an
+exact int8 dot needs where every product vector is widened, as q8_0's
+is): those rows print each program's multiply-adds per second (its
+tokens/s times kvd_bench's macs_per_token for the model: the same work
+whichever program does it) as a fraction of the int8 peak.
+
   bench/shapes.py --files F1,F2 [--mainline DIR] [--ik DIR] [--threads 2]
                   [--reps 2] [--deep-reps N] [--only FIGURES] [--depth-files SUBSTR]
 """
@@ -89,6 +98,10 @@ def run_kvd(model, threads, args):
 
 def probe(threads):
     return json.loads(run([KVD, "--threads", str(threads), "read", "--mib", str(PROBE_MIB)]).stdout)["gb_per_s"]
+
+
+def peak(threads):
+    return json.loads(run([KVD, "--threads", str(threads), "peak"]).stdout)
 
 
 def run_peer(bindir, spec, model, threads):
@@ -154,13 +167,17 @@ def main():
                 continue
             dec = fig.startswith("decode")
             kv, bw, eff, pv = [], [], [], {n: [] for n, _ in peers}
+            pk, macs = [], []
             cmds = {}
             reps = a.deep_reps if a.deep_reps and fig.startswith("decode d%d" % DEEP) else a.reps
             for _ in range(reps):
                 if dec:
                     bw.append(probe(a.threads))
+                else:
+                    pk.append(peak(a.threads))
                 r, cmds["kvd"] = run_kvd(model, a.threads, kargs)
                 kv.append(r["tokens_per_s"])
+                macs.append(r["macs_per_token"])
                 if dec:
                     eff.append(r["tokens_per_s"] * r["bytes_per_step"] / 1e9)
                 for (n, d), spec in zip((("mainline", a.mainline), ("ik", a.ik)), specs):
@@ -174,6 +191,21 @@ def main():
                     row[n] = pv[n]
                     row[n + "_median"] = statistics.median(pv[n])
                     row["kvd/" + n] = row["kvd_median"] / row[n + "_median"]
+            if pk:
+                # each round's multiply-adds against the peak just before it
+                row["peak"] = pk
+                row["macs_per_token"] = macs[0]
+                i8 = [p["int8_gmacs"] for p in pk]
+                row["int8_kind"] = pk[0]["int8_kind"]
+                row["int8_peak_gmacs"] = statistics.median(i8)
+                row["kvd_gmacs"] = statistics.median(v * m / 1e9 for v, m in zip(kv, macs))
+                row["of_int8_peak"] = statistics.median(v * m / 1e9 / p for v, m, p in zip(kv, macs, i8))
+                if "int8_maddubs_maddwd_gmacs" in pk[0] and row["int8_kind"] == "maddubs":
+                    row["widened_pair_gmacs"] = statistics.median(p["int8_maddubs_maddwd_gmacs"] for p in pk)
+                for n in pv:
+                    if pv[n]:
+                        row[n + "_of_int8_peak"] = statistics.median(
+                            v * macs[0] / 1e9 / p for v, p in zip(pv[n], i8))
             if dec:
                 row["read_gb_per_s"] = bw
                 row["kvd_gb_per_s"] = eff
@@ -189,6 +221,14 @@ def main():
             if dec:
                 line += "  | kvd reads %.1f GB/s, probe %s GB/s: %.0f%%" % (
                     statistics.median(eff), spread(bw), 100 * row["of_probe"])
+            if pk:
+                line += "  | kvd %.0f GMAC/s, int8 peak (%s) %s: %.0f%%" % (
+                    row["kvd_gmacs"], row["int8_kind"], spread(i8), 100 * row["of_int8_peak"])
+                for n, _ in peers:
+                    if n + "_of_int8_peak" in row:
+                        line += ", %s %.0f%%" % (n, 100 * row[n + "_of_int8_peak"])
+                if "widened_pair_gmacs" in row:
+                    line += " (maddubs+maddwd pair %.0f)" % row["widened_pair_gmacs"]
             print(line + "  (load %.1f)" % row["load_avg_1min"], flush=True)
     os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
     path = os.path.join(ROOT, "bench", "results", "shapes-" + time.strftime("%Y%m%d-%H%M%S") + ".json")
@@ -197,11 +237,13 @@ def main():
     if rows:
         print()
         print("tokens/s, %d threads, median of %d alternating rounds (kvd, mainline, ik_llama.cpp); "
-              "decode rows: kvd's weight+cache reads per second over the read probe of the same round"
+              "decode rows: kvd's weight+cache reads per second over the read probe of the same round; "
+              "prefill and 32 seqs: multiply-adds per second over the int8 peak of the same round"
               % (a.threads, a.reps))
         print("load average (1 min) during the rows: %.1f..%.1f" % (min(r["load_avg_1min"] for r in rows),
                                                                     max(r["load_avg_1min"] for r in rows)))
-        head = "| file | figure | kvd |" + "".join(" %s | kvd / %s |" % (n, n) for n, _ in peers) + " reads / probe |"
+        head = "| file | figure | kvd |" + "".join(" %s | kvd / %s |" % (n, n) for n, _ in peers) + \
+            " reads / probe | MAC/s / int8 peak (kvd%s) |" % "".join(", " + n for n, _ in peers)
         print(head)
         print("|" + "---|" * (head.count("|") - 1))
         for r in rows:
@@ -209,6 +251,12 @@ def main():
             for n, _ in peers:
                 s += (" %.1f | %.2f× |" % (r[n + "_median"], r["kvd/" + n])) if n + "_median" in r else " | |"
             s += (" %.0f %% |" % (100 * r["of_probe"])) if "of_probe" in r else " |"
+            if "of_int8_peak" in r:
+                s += " " + ", ".join(["%.0f %%" % (100 * r["of_int8_peak"])] +
+                                     ["%.0f %%" % (100 * r[n + "_of_int8_peak"]) for n, _ in peers
+                                      if n + "_of_int8_peak" in r]) + " |"
+            else:
+                s += " |"
             print(s)
     print("raw results: %s" % os.path.relpath(path, ROOT))
 

@@ -24,11 +24,13 @@
  * K-quants are packed per "group super-block" of 256 columns: first, per
  * sub-block j of 32 columns, its quants as a q4_1 group block's four
  * nibble vectors (q4_K) or as eight byte vectors of unsigned quants (q5_K
- * 0..31, q6_K 0..63; for the AVX2 kernel, CPU_PACK_Q6_SPLIT, q6_K is as
+ * 0..31, q6_K 0..63 without CPU_PACK_Q6_SPLIT; with it, as both kernels
+ * read them, q6_K is as
  * q4_K's four nibble vectors of the quants' low 4 bits followed by two
  * 64-byte vectors of their top 2 bits, vector u holding in bits 2v, 2v+1
  * of lane r's byte i those of element 16u + 4v + i: 384 bytes against
- * 512, as many as the file's; CPU_PACK_Q5_SPLIT likewise q5_K's with one
+ * 512, as many as the file's; CPU_PACK_Q5_SPLIT (the AVX2 kernel's: the
+ * AMX tiles read q5_K as bytes) likewise q5_K's with one
  * vector of their fifth bits, bit v of lane r's byte i element 4v + i's
  * and bit 4 + v element 16 + 4v + i's: 320 bytes); then the integer
  * scales, lane r of sub-block j at 16 j + r (q4_K, q5_K: 8 x 16 6-bit
@@ -389,9 +391,10 @@ TGT static inline __attribute__((always_inline)) void tile_k(enum gemm_kind kind
 							      __mmask16 m, const struct q8_block *xq, size_t ldq,
 							      const int C, const int t0, float *y, size_t ldy)
 {
-	const int qb = kind == K_Q4_K ? 256 : 512;
-	const size_t gsb = gsb_of(kind == K_Q4_K ? KVD_WTYPE_Q4_K : kind == K_Q5_K ? KVD_WTYPE_Q5_K : KVD_WTYPE_Q6_K, 0);
-	const __m512i lo4 = _mm512_set1_epi8(0x0f);
+	/* q6_K as 4 + 2 bits (CPU_PACK_Q6_SPLIT), q5_K as bytes */
+	const int qb = kind == K_Q4_K ? 256 : kind == K_Q6_K ? 384 : 512;
+	const size_t gsb = kind == K_Q4_K ? GSB_Q4_K : kind == K_Q6_K ? GSB_Q6_KS : GSB_Q5_K;
+	const __m512i lo4 = _mm512_set1_epi8(0x0f), top = _mm512_set1_epi8(0x30);
 	__m512 acc[GEMM_COLS];
 
 	UNROLL for (int t = 0; t < C; t++)
@@ -431,9 +434,33 @@ TGT static inline __attribute__((always_inline)) void tile_k(enum gemm_kind kind
 						ib[t] = _mm512_dpbusd_epi32(ib[t], wh, bcast4(q + 16 + 4 * v));
 					}
 				}
+			} else if (kind == K_Q6_K) {
+				/* ia sums elements 0..15, ib 16..31 (two scales). The
+				 * low nibbles as q4_K's, joined with their top two bits
+				 * (hb0: elements 0..15, hb1: 16..31; bits 2v, 2v+1 of a
+				 * byte those of vector v's element) moved to bits 4, 5:
+				 * (a & 0x0f) | b in one vpternlogd (0xec: a & c | b) */
+				const __m512i hb0 = _mm512_loadu_si512(wq + 256), hb1 = _mm512_loadu_si512(wq + 320);
+				UNROLL for (int v = 0; v < 4; v++) {
+					__m512i raw = _mm512_loadu_si512(wq + 64 * v), h0, h1;
+					if (v < 2) {
+						h0 = _mm512_slli_epi16(hb0, 4 - 2 * v);
+						h1 = _mm512_slli_epi16(hb1, 4 - 2 * v);
+					} else {
+						h0 = v == 2 ? hb0 : _mm512_srli_epi16(hb0, 2);
+						h1 = v == 2 ? hb1 : _mm512_srli_epi16(hb1, 2);
+					}
+					__m512i w0 = _mm512_ternarylogic_epi32(raw, _mm512_and_si512(h0, top), lo4, 0xec);
+					__m512i w1 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(raw, 4),
+									       _mm512_and_si512(h1, top), lo4, 0xec);
+					UNROLL for (int t = 0; t < C; t++) {
+						const int8_t *q = xq[(size_t)t * ldq + b].q;
+						ia[t] = _mm512_dpbusd_epi32(ia[t], w0, bcast4(q + 4 * v));
+						ib[t] = _mm512_dpbusd_epi32(ib[t], w1, bcast4(q + 16 + 4 * v));
+					}
+				}
 			} else {
-				/* q6_K: ia sums elements 0..15, ib 16..31 (two
-				 * scales); q5_K: either, the scale is one */
+				/* q5_K: unsigned bytes, ia elements 0..15, ib 16..31 */
 				UNROLL for (int v = 0; v < 4; v++) {
 					__m512i w0 = _mm512_loadu_si512(wq + 64 * v);
 					__m512i w1 = _mm512_loadu_si512(wq + 64 * (v + 4));
@@ -610,7 +637,7 @@ int cpu_kernels_init_gemm_avx512(struct cpu_kernels *k)
 	k->gemmf[KVD_WTYPE_F32] = t0 ? gemm_f32_t0 : gemm_f32;
 	k->gemmf[KVD_WTYPE_F16] = t0 ? gemm_f16_t0 : gemm_f16;
 	k->gemmf[KVD_WTYPE_BF16] = t0 ? gemm_bf16_t0 : gemm_bf16;
-	k->pack_flags = 0; /* q6_K widened to bytes */
+	k->pack_flags = CPU_PACK_Q6_SPLIT; /* q6_K as 4 + 2 bits, q5_K widened to bytes */
 	k->isa = "avx512-vnni";
 	return 1;
 }

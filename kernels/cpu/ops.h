@@ -90,9 +90,9 @@ typedef void (*gemmf_fn)(const void *wp, int64_t nb, int R, const float *x, size
 /* Bytes of one packed group block of type t (0: t is not packed), of a
  * whole packed matrix, and the packing itself (portable C). pack: the
  * layout's variant, what the kernel set in use reads (cpu_kernels.pack_flags):
- * CPU_PACK_Q6_SPLIT keeps q6_K's quants as 4 + 2 bits, CPU_PACK_Q5_SPLIT
- * q5_K's as 4 + 1 (the AVX2 kernel), instead of a byte each (the AVX-512
- * one). */
+ * CPU_PACK_Q6_SPLIT keeps q6_K's quants as 4 + 2 bits (the AVX2 and the
+ * AVX-512 kernels), CPU_PACK_Q5_SPLIT q5_K's as 4 + 1 (the AVX2 kernel),
+ * instead of a byte each (q5_K on AVX-512, whose AMX tiles read bytes). */
 #define CPU_PACK_Q6_SPLIT 1u
 #define CPU_PACK_Q5_SPLIT 2u
 /* Bytes of a K-quant group super-block (256 columns of 16 rows): quants,
