@@ -385,7 +385,7 @@ AVX2 void cpu_kvq8_accum_avx2(enum kvd_kv_type t, float *const *o, int nr, const
  * a | 1 << s trade lane bit s for register bit s. */
 A512 INLINE void tstage(__m512i *z, int nreg, int s, __m512i i0, __m512i i1)
 {
-	for (int a = 0; a < nreg; a++) {
+	UNROLL for (int a = 0; a < nreg; a++) {
 		if (a & (1 << s))
 			continue;
 		__m512i A = z[a], B = z[a | (1 << s)];
@@ -475,28 +475,28 @@ A512 void cpu_kvq8_scores_avx512(enum kvd_kv_type t, const float *const *q, int 
 					_mm512_cvtepi32_epi16(_mm512_inserti64x4(_mm512_castsi256_si512(g_lo), g_hi, 1)));
 				if (q8) {
 					/* z[j]: position j in lanes 0-7, j + 8 in lanes 8-15 */
-					for (int j = 0; j < 8; j++)
+					UNROLL for (int j = 0; j < 8; j++)
 						z[j] = _mm512_inserti64x4(
 							_mm512_castsi256_si512(_mm256_loadu_si256(
 								(const __m256i *)(kr[j] + (size_t)b * bb + 2))),
 							_mm256_loadu_si256((const __m256i *)(kr[j + 8] + (size_t)b * bb + 2)), 1);
-					for (int s = 0; s < 3; s++)
+					UNROLL for (int s = 0; s < 3; s++)
 						tstage(z, 8, s, ix0[s], ix1[s]);
-					for (int j = 0; j < 8; j++)
+					UNROLL for (int j = 0; j < 8; j++)
 						corr = _mm512_dpbusd_epi32(corr, c128, z[j]);
 				} else {
 					/* z[j]: positions j, j + 4, j + 8, j + 12 by 128-bit lane */
-					for (int j = 0; j < 4; j++) {
+					UNROLL for (int j = 0; j < 4; j++) {
 						__m512i x = _mm512_castsi128_si512(
 							_mm_loadu_si128((const __m128i *)(kr[j] + (size_t)b * bb + 2)));
 						x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(kr[j + 4] + (size_t)b * bb + 2)), 1);
 						x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(kr[j + 8] + (size_t)b * bb + 2)), 2);
 						z[j] = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(kr[j + 12] + (size_t)b * bb + 2)), 3);
 					}
-					for (int s = 0; s < 2; s++)
+					UNROLL for (int s = 0; s < 2; s++)
 						tstage(z, 4, s, ix0[s], ix1[s]);
 					/* elements 4m.. (low nibbles), 16 + 4m.. (high) */
-					for (int j = 0; j < 4; j++) {
+					UNROLL for (int j = 0; j < 4; j++) {
 						z[4 + j] = _mm512_and_si512(_mm512_srli_epi32(z[j], 4), nib);
 						z[j] = _mm512_and_si512(z[j], nib);
 					}
@@ -507,12 +507,12 @@ A512 void cpu_kvq8_scores_avx512(enum kvd_kv_type t, const float *const *q, int 
 					if (q8) {
 						qd = (const int32_t *)(const void *)(qr[r].qu + b * QB);
 						acc = _mm512_sub_epi32(_mm512_setzero_si512(), corr);
-						for (int j = 0; j < 8; j++)
+						UNROLL for (int j = 0; j < 8; j++)
 							acc = _mm512_dpbusd_epi32(acc, _mm512_set1_epi32(qd[j]), z[j]);
 					} else {
 						qd = (const int32_t *)(const void *)(qr[r].qs + b * QB);
 						acc = _mm512_set1_epi32(-8 * qr[r].sum[b]);
-						for (int j = 0; j < 8; j++)
+						UNROLL for (int j = 0; j < 8; j++)
 							acc = _mm512_dpbusd_epi32(acc, z[j], _mm512_set1_epi32(qd[j]));
 					}
 					float *out = sc + (size_t)(r0 + r) * ldsc + i0;
@@ -526,11 +526,12 @@ A512 void cpu_kvq8_scores_avx512(enum kvd_kv_type t, const float *const *q, int 
 	}
 }
 
-/* V block b0 and b0 + 1 (nb2 of them, 1 or 2) of a row as floats, 16 a
- * register (their scales are accum4's, 16 positions at a time) */
-A512 INLINE void v_blocks(enum kvd_kv_type t, const uint8_t *blk, int nb2, size_t bb, __m512 vf[4])
+/* V block b0 and b0 + 1 (NB2 of them, 1 or 2, compile-time) of a row as
+ * floats, 16 a register (their scales are accum4's, 16 positions at a
+ * time) */
+A512 INLINE void v_blocks(enum kvd_kv_type t, const uint8_t *blk, const int NB2, size_t bb, __m512 vf[4])
 {
-	for (int h = 0; h < nb2; h++) {
+	UNROLL for (int h = 0; h < NB2; h++) {
 		const uint8_t *x = blk + (size_t)h * bb;
 		__m128i lo, hi;
 		if (t == KVD_KV_Q8_0) {
@@ -547,19 +548,21 @@ A512 INLINE void v_blocks(enum kvd_kv_type t, const uint8_t *blk, int nb2, size_
 	}
 }
 
-/* rows r0 .. r0 + NT - 1 (NT <= 4, compile-time), blocks b0 .. b0 + nb2 - 1 */
-A512 INLINE void accum4(const int NT, enum kvd_kv_type t, float *const *o, const int *len, const float *w, int ldw,
-			const unsigned char *const *v, int b0, int nb2, size_t bb, size_t rb)
+/* rows r0 .. r0 + NT - 1 (NT <= 4), blocks b0 .. b0 + NB2 - 1 (NB2 <= 2);
+ * NT, NB2 and t compile-time, so that the 4 x 4 accumulators and the
+ * converted V vectors are registers */
+A512 INLINE void accum4(const int NT, const int NB2, enum kvd_kv_type t, float *const *o, const int *len,
+			const float *w, int ldw, const unsigned char *const *v, int b0, size_t bb, size_t rb)
 {
 	int n = 0, nc = len[0];
-	for (int rr = 0; rr < NT; rr++) {
+	UNROLL for (int rr = 0; rr < NT; rr++) {
 		n = len[rr] > n ? len[rr] : n;
 		nc = len[rr] < nc ? len[rr] : nc;
 	}
 	__m512 acc[4][4];
-	const int nv = 2 * nb2;
-	for (int rr = 0; rr < NT; rr++)
-		for (int j = 0; j < nv; j++)
+	const int nv = 2 * NB2;
+	UNROLL for (int rr = 0; rr < NT; rr++)
+		UNROLL for (int j = 0; j < nv; j++)
 			acc[rr][j] = _mm512_loadu_ps(o[rr] + b0 * QB + 16 * j);
 	/* the products w[i] * d[i] of 16 positions at a time, one vector
 	 * multiply for 16 (each the same float product as one at a time), so
@@ -570,26 +573,42 @@ A512 INLINE void accum4(const int NT, enum kvd_kv_type t, float *const *o, const
 		__mmask16 mk = (__mmask16)((1u << m16) - 1);
 		_Alignas(64) float dv[2][16];
 		for (int k = 0; k < m16; k++)
-			for (int h = 0; h < nb2; h++) {
+			UNROLL for (int h = 0; h < NB2; h++) {
 				const uint8_t *x = v[i0 + k] + (size_t)(b0 + h) * bb;
 				dv[h][k] = _cvtsh_ss((unsigned short)(x[0] | x[1] << 8));
 			}
-		for (int rr = 0; rr < NT; rr++) {
+		UNROLL for (int rr = 0; rr < NT; rr++) {
 			__m512 wv = _mm512_maskz_loadu_ps(mk, w + (size_t)rr * ldw + i0);
-			for (int h = 0; h < nb2; h++)
+			UNROLL for (int h = 0; h < NB2; h++)
 				_mm512_store_ps(wd[rr][h], _mm512_mul_ps(wv, _mm512_maskz_load_ps(mk, dv[h])));
 		}
-		for (int k = 0; k < m16; k++) {
+		/* positions every row reaches, then the ragged end */
+		const int full = i0 + m16 <= nc ? m16 : nc > i0 ? nc - i0 : 0;
+		for (int k = 0; k < full; k++) {
 			const int i = i0 + k;
 			__m512 vf[4];
 			if (b0 == 0 && i + 16 < n)
 				for (size_t x = 0; x < rb; x += 64)
 					_mm_prefetch((const char *)v[i + 16] + x, _MM_HINT_T0);
-			v_blocks(t, v[i] + (size_t)b0 * bb, nb2, bb, vf);
-			for (int rr = 0; rr < NT; rr++) {
-				if (i >= nc && i >= len[rr]) /* past this row's end */
+			v_blocks(t, v[i] + (size_t)b0 * bb, NB2, bb, vf);
+			UNROLL for (int rr = 0; rr < NT; rr++)
+				UNROLL for (int h = 0; h < NB2; h++) {
+					__m512 a = _mm512_set1_ps(wd[rr][h][k]);
+					acc[rr][2 * h] = _mm512_fmadd_ps(a, vf[2 * h], acc[rr][2 * h]);
+					acc[rr][2 * h + 1] = _mm512_fmadd_ps(a, vf[2 * h + 1], acc[rr][2 * h + 1]);
+				}
+		}
+		for (int k = full; k < m16; k++) {
+			const int i = i0 + k;
+			__m512 vf[4];
+			if (b0 == 0 && i + 16 < n)
+				for (size_t x = 0; x < rb; x += 64)
+					_mm_prefetch((const char *)v[i + 16] + x, _MM_HINT_T0);
+			v_blocks(t, v[i] + (size_t)b0 * bb, NB2, bb, vf);
+			UNROLL for (int rr = 0; rr < NT; rr++) {
+				if (i >= len[rr]) /* past this row's end */
 					continue;
-				for (int h = 0; h < nb2; h++) {
+				UNROLL for (int h = 0; h < NB2; h++) {
 					__m512 a = _mm512_set1_ps(wd[rr][h][k]);
 					acc[rr][2 * h] = _mm512_fmadd_ps(a, vf[2 * h], acc[rr][2 * h]);
 					acc[rr][2 * h + 1] = _mm512_fmadd_ps(a, vf[2 * h + 1], acc[rr][2 * h + 1]);
@@ -597,10 +616,27 @@ A512 INLINE void accum4(const int NT, enum kvd_kv_type t, float *const *o, const
 			}
 		}
 	}
-	for (int rr = 0; rr < NT; rr++)
-		for (int j = 0; j < nv; j++)
+	UNROLL for (int rr = 0; rr < NT; rr++)
+		UNROLL for (int j = 0; j < nv; j++)
 			_mm512_storeu_ps(o[rr] + b0 * QB + 16 * j, acc[rr][j]);
 }
+
+#define ACCUM_T(NT, NB2)                                                                                       \
+	do {                                                                                                   \
+		if (t == KVD_KV_Q8_0)                                                                          \
+			accum4(NT, NB2, KVD_KV_Q8_0, o + r0, len + r0, wr, ldw, v, b0, bb, rb);                \
+		else                                                                                           \
+			accum4(NT, NB2, KVD_KV_Q4_0, o + r0, len + r0, wr, ldw, v, b0, bb, rb);                \
+	} while (0)
+#define ACCUM_NT(NB2)                                                                                          \
+	do {                                                                                                   \
+		switch (nr - r0 < 4 ? nr - r0 : 4) {                                                           \
+		case 1: ACCUM_T(1, NB2); break;                                                                \
+		case 2: ACCUM_T(2, NB2); break;                                                                \
+		case 3: ACCUM_T(3, NB2); break;                                                                \
+		default: ACCUM_T(4, NB2); break;                                                               \
+		}                                                                                              \
+	} while (0)
 
 A512 void cpu_kvq8_accum_avx512(enum kvd_kv_type t, float *const *o, int nr, const int *len, const float *w, int ldw,
 			   const unsigned char *const *v, int hd)
@@ -611,12 +647,10 @@ A512 void cpu_kvq8_accum_avx512(enum kvd_kv_type t, float *const *o, int nr, con
 		int nb2 = nb - b0 < 2 ? nb - b0 : 2;
 		for (int r0 = 0; r0 < nr; r0 += 4) {
 			const float *wr = w + (size_t)r0 * ldw;
-			switch (nr - r0 < 4 ? nr - r0 : 4) {
-			case 1: accum4(1, t, o + r0, len + r0, wr, ldw, v, b0, nb2, bb, rb); break;
-			case 2: accum4(2, t, o + r0, len + r0, wr, ldw, v, b0, nb2, bb, rb); break;
-			case 3: accum4(3, t, o + r0, len + r0, wr, ldw, v, b0, nb2, bb, rb); break;
-			default: accum4(4, t, o + r0, len + r0, wr, ldw, v, b0, nb2, bb, rb); break;
-			}
+			if (nb2 == 2)
+				ACCUM_NT(2);
+			else
+				ACCUM_NT(1);
 		}
 	}
 }
