@@ -548,6 +548,28 @@ A512 INLINE void v_blocks(enum kvd_kv_type t, const uint8_t *blk, const int NB2,
 	}
 }
 
+/* Position i (k-th of its 16) into the accumulators of accum4's rows;
+ * RAGGED (compile-time): some rows end before i, and those are left out */
+A512 INLINE void accum_pos(const int NT, const int NB2, enum kvd_kv_type t, const int RAGGED, __m512 acc[4][4],
+			   float wd[4][2][16], int k, const unsigned char *const *v, int i, int n, const int *len,
+			   int b0, size_t bb, size_t rb)
+{
+	__m512 vf[4];
+	if (b0 == 0 && i + 16 < n)
+		for (size_t x = 0; x < rb; x += 64)
+			_mm_prefetch((const char *)v[i + 16] + x, _MM_HINT_T0);
+	v_blocks(t, v[i] + (size_t)b0 * bb, NB2, bb, vf);
+	UNROLL for (int rr = 0; rr < NT; rr++) {
+		if (RAGGED && i >= len[rr]) /* past this row's end */
+			continue;
+		UNROLL for (int h = 0; h < NB2; h++) {
+			__m512 a = _mm512_set1_ps(wd[rr][h][k]);
+			acc[rr][2 * h] = _mm512_fmadd_ps(a, vf[2 * h], acc[rr][2 * h]);
+			acc[rr][2 * h + 1] = _mm512_fmadd_ps(a, vf[2 * h + 1], acc[rr][2 * h + 1]);
+		}
+	}
+}
+
 /* rows r0 .. r0 + NT - 1 (NT <= 4), blocks b0 .. b0 + NB2 - 1 (NB2 <= 2);
  * NT, NB2 and t compile-time, so that the 4 x 4 accumulators and the
  * converted V vectors are registers */
@@ -584,37 +606,10 @@ A512 INLINE void accum4(const int NT, const int NB2, enum kvd_kv_type t, float *
 		}
 		/* positions every row reaches, then the ragged end */
 		const int full = i0 + m16 <= nc ? m16 : nc > i0 ? nc - i0 : 0;
-		for (int k = 0; k < full; k++) {
-			const int i = i0 + k;
-			__m512 vf[4];
-			if (b0 == 0 && i + 16 < n)
-				for (size_t x = 0; x < rb; x += 64)
-					_mm_prefetch((const char *)v[i + 16] + x, _MM_HINT_T0);
-			v_blocks(t, v[i] + (size_t)b0 * bb, NB2, bb, vf);
-			UNROLL for (int rr = 0; rr < NT; rr++)
-				UNROLL for (int h = 0; h < NB2; h++) {
-					__m512 a = _mm512_set1_ps(wd[rr][h][k]);
-					acc[rr][2 * h] = _mm512_fmadd_ps(a, vf[2 * h], acc[rr][2 * h]);
-					acc[rr][2 * h + 1] = _mm512_fmadd_ps(a, vf[2 * h + 1], acc[rr][2 * h + 1]);
-				}
-		}
-		for (int k = full; k < m16; k++) {
-			const int i = i0 + k;
-			__m512 vf[4];
-			if (b0 == 0 && i + 16 < n)
-				for (size_t x = 0; x < rb; x += 64)
-					_mm_prefetch((const char *)v[i + 16] + x, _MM_HINT_T0);
-			v_blocks(t, v[i] + (size_t)b0 * bb, NB2, bb, vf);
-			UNROLL for (int rr = 0; rr < NT; rr++) {
-				if (i >= len[rr]) /* past this row's end */
-					continue;
-				UNROLL for (int h = 0; h < NB2; h++) {
-					__m512 a = _mm512_set1_ps(wd[rr][h][k]);
-					acc[rr][2 * h] = _mm512_fmadd_ps(a, vf[2 * h], acc[rr][2 * h]);
-					acc[rr][2 * h + 1] = _mm512_fmadd_ps(a, vf[2 * h + 1], acc[rr][2 * h + 1]);
-				}
-			}
-		}
+		for (int k = 0; k < full; k++)
+			accum_pos(NT, NB2, t, 0, acc, wd, k, v, i0 + k, n, len, b0, bb, rb);
+		for (int k = full; k < m16; k++)
+			accum_pos(NT, NB2, t, 1, acc, wd, k, v, i0 + k, n, len, b0, bb, rb);
 	}
 	UNROLL for (int rr = 0; rr < NT; rr++)
 		UNROLL for (int j = 0; j < nv; j++)
