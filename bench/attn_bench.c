@@ -120,7 +120,9 @@ int main(int argc, char **argv)
 		fprintf(stderr, "attn_bench: no %s attention kernel for head size %d in the %s set\n", type, hd, k.isa);
 		return 1;
 	}
-	attn_heads_fn fh = whole ? cpu_attn_heads_avx2(hd, bf) : NULL;
+	/* the heads kernel matching f bit for bit */
+	attn_heads_fn fh = !whole ? NULL : bf && f == cpu_attn_rows_bf16(hd) ? cpu_attn_heads_bf16(hd)
+								: cpu_attn_heads_avx2(hd, bf);
 	if (whole && (!fh || heads * nr > ATTN_HEADS_MAX_ROWS)) {
 		fprintf(stderr, "attn_bench: no heads kernel for %d heads of %d rows, %s, head size %d\n", heads, nr,
 			type, hd);

@@ -710,15 +710,16 @@ void cpu_attn_setup(struct cpu_attn *c, struct tp *pool, const struct cpu_kernel
 	 * without AVX2 has the portable kernels only */
 	int level = !strcmp(k->isa, "generic") ? 0 : k->isa_level;
 	cpu_kvq_kernels_init(&c->kq, level);
-	c->rows_bf16 = level == 2 ? cpu_attn_rows_bf16(hp->head_dim) : NULL;
+	c->rows_bf16 = level >= 2 ? cpu_attn_rows_bf16(hp->head_dim) : NULL;
 	if (!c->rows_bf16 && level >= 1)
 		c->rows_bf16 = cpu_attn_rows_bf16_avx2(hp->head_dim);
-	/* the heads kernel where the per-head one is the AVX2 kernel it
-	 * matches bit for bit */
+	/* the heads kernel where the per-head one is a kernel it matches bit
+	 * for bit: AVX2's, or the bfloat16 products' */
 	c->heads = c->rows && c->rows == cpu_attn_rows_avx2(hp->head_dim) ? cpu_attn_heads_avx2(hp->head_dim, 0) : NULL;
-	c->heads_bf16 = c->rows_bf16 && c->rows_bf16 == cpu_attn_rows_bf16_avx2(hp->head_dim)
-				? cpu_attn_heads_avx2(hp->head_dim, 1)
-				: NULL;
+	c->heads_bf16 = !c->rows_bf16 ? NULL
+			: c->rows_bf16 == cpu_attn_rows_bf16_avx2(hp->head_dim) ? cpu_attn_heads_avx2(hp->head_dim, 1)
+			: c->rows_bf16 == cpu_attn_rows_bf16(hp->head_dim) ? cpu_attn_heads_bf16(hp->head_dim)
+									    : NULL;
 }
 
 int cpu_attn_reserve(struct cpu_attn *c, int max_pos)

@@ -161,6 +161,8 @@ typedef void (*attn_heads_fn)(int G, int nr, int n, const float *const *q, const
 /* The AVX2 one over f16 (bf16 = 0) or bfloat16 rows, or NULL (head sizes
  * other than 64, 128 and 256; CPUs without AVX2) */
 attn_heads_fn cpu_attn_heads_avx2(int hd, int bf16);
+/* The one of cpu_attn_rows_bf16 (AVX-512 BF16 products), or NULL */
+attn_heads_fn cpu_attn_heads_bf16(int hd);
 
 struct cpu_kernels {
 	const char *isa; /* "avx512-vnni+amx", "avx512-vnni", "avx2" or "generic": what was installed */

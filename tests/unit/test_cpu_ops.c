@@ -15,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include "cpu/attention.h"
 #include "cpu/ops.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
@@ -524,6 +525,46 @@ static void check_attn_rows(attn_rows_fn (*kernel_for)(int hd))
 	check_attn_rows_as(kernel_for, cpu_f32_to_fp16, cpu_fp16_to_f32);
 }
 
+/* Which kernel a bf16 cache's attention takes for each cpu_isa: with
+ * AVX-512 BF16 allowed ("avx512", and "best", which also allows AMX tiles,
+ * whether or not the CPU has them) the bfloat16 products that
+ * KVD_CAPQ_KV_FAST and the reference's "bf16-products" describe; with
+ * "avx2" the AVX2 kernel; with "generic" neither (the float products).
+ * (Regression: "best" took the AVX2 kernel on AVX-512 BF16 hosts.) */
+static void test_attn_bf16_kernel_choice(void **state)
+{
+	(void)state;
+	struct kvd_hparams hp;
+	memset(&hp, 0, sizeof(hp));
+	hp.n_head = 4;
+	hp.n_head_kv = 1;
+	hp.head_dim = 64;
+	const enum kvd_cpu_isa isas[] = {KVD_CPU_ISA_BEST, KVD_CPU_ISA_AVX512, KVD_CPU_ISA_AVX2, KVD_CPU_ISA_GENERIC};
+	int checked = 0;
+	for (size_t i = 0; i < sizeof(isas) / sizeof(isas[0]); i++) {
+		struct cpu_kernels k;
+		struct cpu_attn a;
+		memset(&k, 0, sizeof(k));
+		memset(&a, 0, sizeof(a));
+		cpu_kernels_init_isa(&k, isas[i]);
+		cpu_attn_setup(&a, NULL, &k, &hp, 0.125f);
+		attn_rows_fn want = NULL;
+		if (strcmp(k.isa, "generic")) {
+			if (isas[i] != KVD_CPU_ISA_AVX2)
+				want = cpu_attn_rows_bf16(64);
+			if (!want)
+				want = cpu_attn_rows_bf16_avx2(64);
+		}
+		if (a.rows_bf16 != want)
+			fail_msg("cpu_isa %s (kernels %s): the bf16 attention kernel is not the one it allows",
+				 kvd_cpu_isa_name(isas[i]), k.isa);
+		checked += want != NULL && want == cpu_attn_rows_bf16(64);
+		cpu_attn_free(&a);
+	}
+	if (!checked)
+		printf("note: this CPU has no AVX-512 BF16: only the AVX2 and portable choices were checked\n");
+}
+
 /* The AVX-512 and AVX2 attention kernels (whose bits differ: other
  * reduction trees, another exp) agree within float tolerance on tiles as
  * large as a prefill's, lengths from 1 to a whole chunk; and the AVX-512
@@ -660,6 +701,68 @@ static void test_attn_rows_bf16_avx2(void **state)
 	check_attn_rows_as(cpu_attn_rows_bf16_avx2, cpu_f32_to_bf16, cpu_bf16_to_f32);
 }
 
+/* A heads kernel (attn_heads_fn) against its per-head kernel fr: 24
+ * random cases of G heads of nr rows over n positions (full chunks and
+ * ragged ones), every head's (m, l) and output bit for bit; the number of
+ * rows compared. */
+static int heads_vs_rows(attn_heads_fn fh, attn_rows_fn fr, int bf, int hd, const char *what)
+{
+	enum { GM = 8, NP = 128 };
+	static uint16_t kv[2][NP][GM * 256];
+	static float q[ATTN_HEADS_MAX_ROWS][256], o[ATTN_HEADS_MAX_ROWS][256], o1[8][256];
+	static float scratch[ATTN_HEADS_MAX_ROWS * (128 + 128) + 16 * 256];
+	int checked = 0;
+	uint16_t (*to16)(float) = bf ? cpu_f32_to_bf16 : cpu_f32_to_fp16;
+	for (int it = 0; it < 24; it++) {
+		int G = 1 + (int)(next_u32() % GM), nr = 1 + (int)(next_u32() % 8);
+		int n = it % 3 ? 1 + (int)(next_u32() % NP) : NP - (int)(next_u32() % 3);
+		const uint16_t *kp[NP], *vp[NP];
+		const float *qp[ATTN_HEADS_MAX_ROWS];
+		float ml[ATTN_HEADS_MAX_ROWS][2], *mlp[ATTN_HEADS_MAX_ROWS], *op[ATTN_HEADS_MAX_ROWS];
+		float scale = 1.0f / sqrtf((float)hd);
+		for (int p = 0; p < n; p++) {
+			for (int i = 0; i < G * hd; i++) {
+				kv[0][p][i] = to16(frand() * 2.0f);
+				kv[1][p][i] = to16(frand());
+			}
+			kp[p] = kv[0][p];
+			vp[p] = kv[1][p];
+		}
+		for (int r = 0; r < G * nr; r++) {
+			for (int i = 0; i < hd; i++)
+				q[r][i] = frand() * 3.0f;
+			qp[r] = q[r];
+			mlp[r] = ml[r];
+			op[r] = o[r];
+		}
+		fh(G, nr, n, qp, kp, vp, scale, mlp, op, scratch);
+		for (int g = 0; g < G; g++) {
+			const uint16_t *kg[NP], *vg[NP];
+			float ml1[8][2], *ml1p[8], *o1p[8];
+			int len[8];
+			for (int p = 0; p < n; p++) {
+				kg[p] = kp[p] + g * hd;
+				vg[p] = vp[p] + g * hd;
+			}
+			for (int r = 0; r < nr; r++) {
+				len[r] = n;
+				ml1p[r] = ml1[r];
+				o1p[r] = o1[r];
+			}
+			fr(nr, qp + g * nr, len, kg, vg, scale, ml1p, o1p, scratch);
+			for (int r = 0; r < nr; r++) {
+				if (memcmp(ml1[r], ml[g * nr + r], sizeof(ml1[r])) ||
+				    memcmp(o1[r], o[g * nr + r], sizeof(float) * (size_t)hd))
+					fail_msg("%s hd %d: %d heads of %d rows over %d positions: head %d row %d "
+						 "differs from the per-head kernel",
+						 what, hd, G, nr, n, g, r);
+				checked++;
+			}
+		}
+	}
+	return checked;
+}
+
 /* The heads kernel (a chunk of G KV heads at once, their rows side by
  * side in each position's K and V rows): each head's max, sum and V sums
  * the same bits as the per-head kernel's for its rows, f16 and bf16, head
@@ -667,10 +770,6 @@ static void test_attn_rows_bf16_avx2(void **state)
 static void test_attn_heads_avx2(void **state)
 {
 	(void)state;
-	enum { GM = 8, NP = 128 };
-	static uint16_t kv[2][NP][GM * 256];
-	static float q[ATTN_HEADS_MAX_ROWS][256], o[ATTN_HEADS_MAX_ROWS][256], o1[8][256];
-	static float scratch[ATTN_HEADS_MAX_ROWS * (128 + 128) + 16 * 256];
 	int checked = 0;
 	for (int bf = 0; bf < 2; bf++)
 		for (int hd = 64; hd <= 256; hd *= 2) {
@@ -680,56 +779,26 @@ static void test_attn_heads_avx2(void **state)
 				printf("skipped: this CPU lacks AVX2: no heads kernel\n");
 				skip();
 			}
-			uint16_t (*to16)(float) = bf ? cpu_f32_to_bf16 : cpu_f32_to_fp16;
-			for (int it = 0; it < 24; it++) {
-				int G = 1 + (int)(next_u32() % GM), nr = 1 + (int)(next_u32() % 8);
-				int n = it % 3 ? 1 + (int)(next_u32() % NP) : NP - (int)(next_u32() % 3);
-				const uint16_t *kp[NP], *vp[NP];
-				const float *qp[ATTN_HEADS_MAX_ROWS];
-				float ml[ATTN_HEADS_MAX_ROWS][2], *mlp[ATTN_HEADS_MAX_ROWS], *op[ATTN_HEADS_MAX_ROWS];
-				float scale = 1.0f / sqrtf((float)hd);
-				for (int p = 0; p < n; p++) {
-					for (int i = 0; i < G * hd; i++) {
-						kv[0][p][i] = to16(frand() * 2.0f);
-						kv[1][p][i] = to16(frand());
-					}
-					kp[p] = kv[0][p];
-					vp[p] = kv[1][p];
-				}
-				for (int r = 0; r < G * nr; r++) {
-					for (int i = 0; i < hd; i++)
-						q[r][i] = frand() * 3.0f;
-					qp[r] = q[r];
-					mlp[r] = ml[r];
-					op[r] = o[r];
-				}
-				fh(G, nr, n, qp, kp, vp, scale, mlp, op, scratch);
-				for (int g = 0; g < G; g++) {
-					const uint16_t *kg[NP], *vg[NP];
-					float ml1[8][2], *ml1p[8], *o1p[8];
-					int len[8];
-					for (int p = 0; p < n; p++) {
-						kg[p] = kp[p] + g * hd;
-						vg[p] = vp[p] + g * hd;
-					}
-					for (int r = 0; r < nr; r++) {
-						len[r] = n;
-						ml1p[r] = ml1[r];
-						o1p[r] = o1[r];
-					}
-					fr(nr, qp + g * nr, len, kg, vg, scale, ml1p, o1p, scratch);
-					for (int r = 0; r < nr; r++) {
-						if (memcmp(ml1[r], ml[g * nr + r], sizeof(ml1[r])) ||
-						    memcmp(o1[r], o[g * nr + r], sizeof(float) * (size_t)hd))
-							fail_msg("%s hd %d: %d heads of %d rows over %d positions: head %d row %d "
-								 "differs from the per-head kernel",
-								 bf ? "bf16" : "f16", hd, G, nr, n, g, r);
-						checked++;
-					}
-				}
-			}
+			checked += heads_vs_rows(fh, fr, bf, hd, bf ? "bf16" : "f16");
 		}
 	printf("heads kernel: %d rows bit-identical to the per-head kernel\n", checked);
+}
+
+/* The same for the heads kernel of the bfloat16 products (AVX-512 BF16) */
+static void test_attn_heads_bf16(void **state)
+{
+	(void)state;
+	int checked = 0;
+	for (int hd = 64; hd <= 256; hd *= 2) {
+		attn_heads_fn fh = cpu_attn_heads_bf16(hd);
+		attn_rows_fn fr = cpu_attn_rows_bf16(hd);
+		if (!fh || !fr) {
+			printf("skipped: this CPU lacks AVX-512 BF16: no bfloat16 heads kernel\n");
+			skip();
+		}
+		checked += heads_vs_rows(fh, fr, 1, hd, "bf16 products");
+	}
+	printf("bfloat16 heads kernel: %d rows bit-identical to the per-head kernel\n", checked);
 }
 
 /* silu(g) * u in both tables against float64, over the whole range of
@@ -848,10 +917,12 @@ int main(void)
 		cmocka_unit_test(test_gemm16_amx),
 		cmocka_unit_test(test_attn_rows_avx512),
 		cmocka_unit_test(test_attn_rows_avx2),
+		cmocka_unit_test(test_attn_bf16_kernel_choice),
 		cmocka_unit_test(test_attn_rows_avx2_avx512_agree),
 		cmocka_unit_test(test_attn_rows_bf16),
 		cmocka_unit_test(test_attn_rows_bf16_avx2),
 		cmocka_unit_test(test_attn_heads_avx2),
+		cmocka_unit_test(test_attn_heads_bf16),
 		cmocka_unit_test(test_attention_helpers),
 		cmocka_unit_test(test_swiglu),
 		cmocka_unit_test(test_rmsnorm),
