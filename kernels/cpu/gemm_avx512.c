@@ -293,6 +293,12 @@ int cpu_gemm_unpack_row(enum kvd_wtype t, const void *packed, int64_t cols, int6
  * decode of a 1B Q8_0 model ran at 7.2-8.9 tokens/s with it and about 25 with
  * prefetcht0 on a Sapphire Rapids-class host. So the tiles of one and two
  * tokens come in both, and cpu_kernels_init_gemm_avx512 picks by vendor.
+ * On AMD the wider tiles prefetch too: a batch's first tile over a group
+ * finds its weights in DRAM (32 sequences decoding, 1B Q4_K_M on Zen 4:
+ * 190.9 -> 242.9 tokens/s, Q8_0 219.6 -> 241.3; prefill, whose later
+ * tiles find them in L2, level); on Intel tiles of three or more tokens
+ * do not prefetch (their prefetchnta lines would go to L1 alone).
+ * The kernels' t0: 0 prefetchnta, 1 prefetcht0, 2 none.
  * PF(t0, p) fetches ahead of p: GEMM_PF_DIST bytes (NTA), GEMM_PF_DIST_T0
  * with prefetcht0, whose lines land in L2 and L1, where a shorter lead
  * suffices (on that host 1B Q8_0 decode 25.0 tokens/s at 4 KiB, 26.8 at
@@ -302,7 +308,7 @@ int cpu_gemm_unpack_row(enum kvd_wtype t, const void *packed, int64_t cols, int6
 #endif
 #define PF(t0, p)                                                          \
 	do {                                                               \
-		if (t0)                                                    \
+		if (t0 == 1)                                               \
 			_mm_prefetch((p) + GEMM_PF_DIST_T0, _MM_HINT_T0);  \
 		else                                                       \
 			_mm_prefetch((p) + GEMM_PF_DIST, _MM_HINT_NTA);    \
@@ -338,7 +344,7 @@ TGT static inline __attribute__((always_inline)) void tile(enum gemm_kind kind, 
 		acc[t] = _mm512_setzero_ps();
 	for (int64_t b = 0; b < nb; b++, wp += gb) {
 		__m512i ia[GEMM_COLS], ib[GEMM_COLS];
-		if (C <= 2) {
+		if (t0 != 2) {
 			UNROLL for (size_t o = 0; o < gb; o += 64)
 				PF(t0, (const char *)wp + o);
 		}
@@ -408,7 +414,7 @@ TGT static inline __attribute__((always_inline)) void tile_k(enum gemm_kind kind
 			const int64_t b = 8 * s + j;
 			const uint8_t *wq = wp + (size_t)qb * j;
 			__m512i ia[GEMM_COLS], ib[GEMM_COLS];
-			if (C <= 2) {
+			if (t0 != 2) {
 				UNROLL for (size_t o = 0; o < gsb / 8; o += 64)
 					PF(t0, (const char *)wp + gsb / 8 * j + o);
 			}
@@ -522,7 +528,7 @@ TGT static inline __attribute__((always_inline)) void tile_f(enum gemm_kind kind
 		a1[t] = _mm512_setzero_ps();
 	}
 	for (int64_t i = 0; i < nb * QK; i += 2, wp += 2 * cb) {
-		if (C <= 2) {
+		if (t0 != 2) {
 			UNROLL for (size_t o = 0; o < 2 * cb; o += 64)
 				PF(t0, (const char *)wp + o);
 		}
@@ -555,10 +561,12 @@ TGT static inline __attribute__((always_inline)) void tile_f(enum gemm_kind kind
 	{                                                                                                      \
 		tile_f(KIND, wp, nb, m, x, ldx, CC, T0, y, ldy);                                              \
 	}
-/* widths 1..8 (non-temporal prefetches), and 1, 2 with prefetcht0 (_t0) */
+/* widths 1..8 with non-temporal prefetches (AMD); for Intel (_t0) 1 and 2
+ * with prefetcht0, 3..8 without prefetches */
 #define INST8(I, KIND)                                                                                        \
 	I(KIND, 1, 0, ) I(KIND, 2, 0, ) I(KIND, 3, 0, ) I(KIND, 4, 0, ) I(KIND, 5, 0, ) I(KIND, 6, 0, )          \
-		I(KIND, 7, 0, ) I(KIND, 8, 0, ) I(KIND, 1, 1, _t0) I(KIND, 2, 1, _t0)
+		I(KIND, 7, 0, ) I(KIND, 8, 0, ) I(KIND, 1, 1, _t0) I(KIND, 2, 1, _t0) I(KIND, 3, 2, _t0)       \
+		I(KIND, 4, 2, _t0) I(KIND, 5, 2, _t0) I(KIND, 6, 2, _t0) I(KIND, 7, 2, _t0) I(KIND, 8, 2, _t0)
 INST8(INST1, K_Q4_0)
 INST8(INST1, K_Q4_1)
 INST8(INST1, K_Q8_0)
@@ -575,8 +583,8 @@ typedef void (*tile_fn)(const void *wp, int64_t nb, __mmask16 m, const struct q8
 			size_t ldy);
 #define TABLE(KIND, S1)                                                                                  \
 	{                                                                                                \
-		gemm_##KIND##_1##S1, gemm_##KIND##_2##S1, gemm_##KIND##_3, gemm_##KIND##_4,              \
-			gemm_##KIND##_5, gemm_##KIND##_6, gemm_##KIND##_7, gemm_##KIND##_8               \
+		gemm_##KIND##_1##S1, gemm_##KIND##_2##S1, gemm_##KIND##_3##S1, gemm_##KIND##_4##S1,      \
+			gemm_##KIND##_5##S1, gemm_##KIND##_6##S1, gemm_##KIND##_7##S1, gemm_##KIND##_8##S1 \
 	}
 #define TABLES(TYPE, T, KIND)                                                                            \
 	static const TYPE tiles_##T[GEMM_COLS] = TABLE(KIND, );                                         \
