@@ -351,13 +351,14 @@ struct run {
  * peaks bound): per layer q, k, v, o and the FFN's three matrices, and
  * attention's q.k and weighted V sums over ctx positions of every query
  * head (every layer taken as full causal: a windowed layer at a depth past
- * its window does fewer); with logits, the output matrix. Norms, RoPE and
- * softmax are left out: no multiply-adds of a matrix. */
-static double macs_per_token(const struct kvd_hparams *hp, double ctx, int logits)
+ * its window does fewer); and the output matrix for the share of tokens
+ * that want logits (1 in a decode, 1 / P in a P-token prefill). Norms,
+ * RoPE and softmax are left out: no multiply-adds of a matrix. */
+static double macs_per_token(const struct kvd_hparams *hp, double ctx, double logit_share)
 {
 	double d = hp->n_embd, qd = (double)hp->n_head * hp->head_dim, kd = (double)hp->n_head_kv * hp->head_dim;
 	double layer = 2 * d * qd + 2 * d * kd + 3 * d * hp->n_ff + 2 * qd * ctx;
-	return hp->n_layer * layer + (logits ? d * hp->n_vocab : 0);
+	return hp->n_layer * layer + logit_share * d * hp->n_vocab;
 }
 
 /* Prefill `n` tokens into seq in chunks of `chunk`; logits of the last. */
@@ -529,9 +530,7 @@ int main(int argc, char **argv)
 			goto out;
 		double dt = now_s() - t0;
 		/* token i attends to i + 1 positions; logits of the last only */
-		double macs = macs_per_token(kvd_model_hparams(kvd_engine_model(R.e)), (tokens + 1) / 2.0, 0) +
-			      macs_per_token(kvd_model_hparams(kvd_engine_model(R.e)), 0, 1) / tokens -
-			      macs_per_token(kvd_model_hparams(kvd_engine_model(R.e)), 0, 0) / tokens;
+		double macs = macs_per_token(kvd_model_hparams(kvd_engine_model(R.e)), (tokens + 1) / 2.0, 1.0 / tokens);
 		printf("{\"figure\":\"prefill\",\"tokens\":%d,\"threads\":%d,\"seconds\":%.6f,\"tokens_per_s\":%.3f,"
 		       "\"cold_tokens_per_s\":%.3f,\"macs_per_token\":%.0f,\"peak_rss_kib\":%ld}\n",
 		       tokens, threads, dt, tokens / dt, tokens / cold, macs, peak_rss_kib());

@@ -149,15 +149,6 @@ TGT static inline __attribute__((always_inline)) void scores_direct16(const int 
 	}
 }
 
-/* scores_direct16 over all positions [0, n) */
-TGT static inline __attribute__((always_inline)) void scores_direct(const int HD, const int R,
-								    const uint16_t *const *qb, const uint16_t *const *k,
-								    int n, __m512 vs, float *sc, int ld)
-{
-	for (int p = 0; p < n; p += 16)
-		scores_direct16(HD, R, qb, k, 0, p, n, vs, sc, ld);
-}
-
 /* o[rr] = sum over position pairs below pe of the rows' bfloat16 weights
  * (w[rr], pairs as 32-bit words) times V, for RT rows (NT of them live,
  * the others' weights are zeros), the head by 32-element blocks. */

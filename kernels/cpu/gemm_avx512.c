@@ -284,6 +284,8 @@ int cpu_gemm_unpack_row(enum kvd_wtype t, const void *packed, int64_t cols, int6
 #include <immintrin.h>
 
 #define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,f16c,fma")))
+/* the packed layout these kernels read (cpu_kernels.pack_flags) */
+#define AVX512_PACK CPU_PACK_Q6_SPLIT
 /* Weights are streamed once per step, far more of them than the caches
  * hold: on AMD cores non-temporal prefetches (which bring a line close to
  * the core without making it displace the cache's other contents, as a
@@ -397,9 +399,10 @@ TGT static inline __attribute__((always_inline)) void tile_k(enum gemm_kind kind
 							      __mmask16 m, const struct q8_block *xq, size_t ldq,
 							      const int C, const int t0, float *y, size_t ldy)
 {
-	/* q6_K as 4 + 2 bits (CPU_PACK_Q6_SPLIT), q5_K as bytes */
+	/* the layout AVX512_PACK names: q6_K as 4 + 2 bits, q5_K as bytes */
 	const int qb = kind == K_Q4_K ? 256 : kind == K_Q6_K ? 384 : 512;
-	const size_t gsb = kind == K_Q4_K ? GSB_Q4_K : kind == K_Q6_K ? GSB_Q6_KS : GSB_Q5_K;
+	const size_t gsb =
+		gsb_of(kind == K_Q4_K ? KVD_WTYPE_Q4_K : kind == K_Q5_K ? KVD_WTYPE_Q5_K : KVD_WTYPE_Q6_K, AVX512_PACK);
 	const __m512i lo4 = _mm512_set1_epi8(0x0f), top = _mm512_set1_epi8(0x30);
 	__m512 acc[GEMM_COLS];
 
@@ -645,7 +648,7 @@ int cpu_kernels_init_gemm_avx512(struct cpu_kernels *k)
 	k->gemmf[KVD_WTYPE_F32] = t0 ? gemm_f32_t0 : gemm_f32;
 	k->gemmf[KVD_WTYPE_F16] = t0 ? gemm_f16_t0 : gemm_f16;
 	k->gemmf[KVD_WTYPE_BF16] = t0 ? gemm_bf16_t0 : gemm_bf16;
-	k->pack_flags = CPU_PACK_Q6_SPLIT; /* q6_K as 4 + 2 bits, q5_K widened to bytes */
+	k->pack_flags = AVX512_PACK; /* q6_K as 4 + 2 bits, q5_K widened to bytes */
 	k->isa = "avx512-vnni";
 	return 1;
 }
