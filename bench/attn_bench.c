@@ -17,9 +17,10 @@
  * nanoseconds per position of a group and the bytes of K and V read per
  * second. --whole: each chunk's heads in one call of the heads kernel
  * (attn_heads_fn, position by position through the heads) instead of one
- * call a head. q8_0 and q4_0 rows go through the quantized cache's
- * products (kvquant.h: scores, softmax, V sums) as kernels/cpu/attention.c
- * calls them for a query group, its prefetch of the chunk's rows included.
+ * call a head. q8_0 and q4_0 rows go through the quantized cache's products
+ * (kvquant.h: query rows quantized once, scores, softmax, V sums) as
+ * kernels/cpu/attention.c calls them for a query group, its prefetch of
+ * the chunk's rows included.
  */
 #include <getopt.h>
 #include <stdint.h>
@@ -59,8 +60,8 @@ static void kvq_rows(int nr, const float *const *q, const int *len, const uint16
  * attn_rows_q makes it for a decode: the chunk's rows requested into L2,
  * the scores, each row's softmax, the V sums. */
 static void kvq_group(const struct kvq_kernels *kq, enum kvd_kv_type t, int hd, int nr, const float *const *q,
-		      const unsigned char *const *k, const unsigned char *const *v, float *const *ml, float *const *o,
-		      float *sc)
+		      const struct kvq_qrow *const *qq, const unsigned char *const *k, const unsigned char *const *v,
+		      float *const *ml, float *const *o, float *sc)
 {
 	size_t rb = kvd_kv_row_bytes(t, (uint32_t)hd);
 	int len[64];
@@ -69,7 +70,10 @@ static void kvq_group(const struct kvq_kernels *kq, enum kvd_kv_type t, int hd, 
 			__builtin_prefetch(k[i] + (b < rb ? b : rb - 1), 0, 2);
 			__builtin_prefetch(v[i] + (b < rb ? b : rb - 1), 0, 2);
 		}
-	kq->scores(t, q, nr, k, CHUNK, hd, 0.125f, sc, CHUNK);
+	if (qq)
+		kq->scores_i8(t, qq, nr, k, CHUNK, hd, 0.125f, sc, CHUNK);
+	else
+		kq->scores(t, q, nr, k, CHUNK, hd, 0.125f, sc, CHUNK);
 	for (int r = 0; r < nr; r++) {
 		kq->softmax(sc + (size_t)r * CHUNK, CHUNK, &ml[r][0], &ml[r][1]);
 		memset(o[r], 0, sizeof(float) * (size_t)hd);
@@ -163,6 +167,16 @@ int main(int argc, char **argv)
 		mlp[r] = ml + 2 * r;
 		len[r] = CHUNK;
 	}
+	/* the query rows quantized once, as attention.c does per step */
+	struct kvq_qrow *qrows = malloc(sizeof(*qrows) * (size_t)nq);
+	const struct kvq_qrow *qq[ATTN_HEADS_MAX_ROWS];
+	if (!qrows) {
+		fprintf(stderr, "attn_bench: out of memory\n");
+		return 1;
+	}
+	kq.quant(q, nq, hd, qrows);
+	for (int r = 0; r < nq; r++)
+		qq[r] = &qrows[r];
 	const uint16_t *kp[CHUNK], *vp[CHUNK];
 	double best = 1e30, check = 0;
 	int laps = chunks >= 4096 ? 1 : (4096 + chunks - 1) / chunks;
@@ -179,7 +193,8 @@ int main(int argc, char **argv)
 									   (size_t)g * hb);
 					}
 					if (qt != KVD_KV_F16)
-						kvq_group(&kq, qt, hd, nr, qp, (const unsigned char *const *)kp,
+						kvq_group(&kq, qt, hd, nr, qp, hd <= KVQ_INT8_MAX_HD ? qq : NULL,
+							  (const unsigned char *const *)kp,
 							  (const unsigned char *const *)vp, mlp, op, scratch);
 					else if (whole)
 						fh(heads, nr, CHUNK, qp, kp, vp, 0.125f, mlp, op, scratch);
@@ -197,6 +212,7 @@ int main(int argc, char **argv)
 	       "\"whole\":%d,\"ns_per_position\":%.2f,\"kv_gb_per_s\":%.2f,\"check\":%.6g}\n",
 	       k.isa, type, hd, nr, heads, chunks, whole, per * 1e9, 2.0 * hb / per / 1e9, check / reps / laps);
 	free(mem);
+	free(qrows);
 	free(q);
 	free(o);
 	free(ml);

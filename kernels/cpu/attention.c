@@ -176,7 +176,15 @@ static void attn_rows_q(const struct cpu_attn *c, int nr, const float *const *qp
 				__builtin_prefetch(kp[i] + (o < rb ? o : rb - 1), 0, 2);
 				__builtin_prefetch(vp[i] + (o < rb ? o : rb - 1), 0, 2);
 			}
-	c->kq.scores(kt, qp, nr, kp, n, hd, c->scale, sc, ATTN_CHUNK);
+	if (c->qq_live) {
+		/* the rows quantized at the step's start: q's row index */
+		const struct kvq_qrow *qr[ATTN_TILE * 64];
+		for (int r = 0; r < nr; r++)
+			qr[r] = c->qq + (qp[r] - c->q) / hd;
+		c->kq.scores_i8(kt, qr, nr, kp, n, hd, c->scale, sc, ATTN_CHUNK);
+	} else {
+		c->kq.scores(kt, qp, nr, kp, n, hd, c->scale, sc, ATTN_CHUNK);
+	}
 	for (int r = 0; r < nr; r++) {
 		float m = -INFINITY, sum = 0, *sr = sc + (size_t)r * ATTN_CHUNK;
 		if (kt == KVD_KV_Q8_0 || kt == KVD_KV_Q4_0) { /* vectorised (kvquant.h) */
@@ -732,6 +740,47 @@ int cpu_attn_reserve(struct cpu_attn *c, int max_pos)
 	return 0;
 }
 
+/* Rows [16k, 16k + 16) of the step's queries quantized (quant_rows) */
+struct quant_job {
+	struct cpu_attn *c;
+	int rows;
+};
+
+static void quant_rows_task(void *arg, uint32_t k, int tid)
+{
+	const struct quant_job *j = arg;
+	int r0 = (int)k * 16, m = j->rows - r0 < 16 ? j->rows - r0 : 16, hd = j->c->hp->head_dim;
+	(void)tid;
+	j->c->kq.quant(j->c->q + (size_t)r0 * hd, m, hd, j->c->qq + r0);
+}
+
+/* q8_0/q4_0 K (integer scores): the step's query rows quantized once,
+ * for every chunk of their contexts (attn_rows_q). 0 or -ENOMEM. */
+static int quant_rows(struct cpu_attn *c, int T)
+{
+	enum kvd_kv_type kt = c->kv.layout.type;
+	int hd = c->hp->head_dim, rows = T * c->hp->n_head;
+
+	c->qq_live = via_kvq(c) && (kt == KVD_KV_Q8_0 || kt == KVD_KV_Q4_0) && hd <= KVQ_INT8_MAX_HD;
+	if (!c->qq_live)
+		return 0;
+	if (rows > c->cap_qq) {
+		struct kvq_qrow *n = realloc(c->qq, sizeof(*n) * (size_t)rows);
+		if (!n) {
+			c->qq_live = 0;
+			return -ENOMEM;
+		}
+		c->qq = n;
+		c->cap_qq = rows;
+	}
+	struct quant_job j = {c, rows};
+	if (rows <= 64)
+		c->kq.quant(c->q, rows, hd, c->qq);
+	else
+		tp_for(c->pool, quant_rows_task, &j, (uint32_t)((rows + 15) / 16));
+	return 0;
+}
+
 int cpu_attn_run(struct cpu_attn *c, const struct kvd_paged_view *kv, const struct kvd_batch *b, int layer, int window,
 		 int T, const int32_t *tok_seq, const int32_t *tok_pos, const float *q, float *att)
 {
@@ -741,6 +790,9 @@ int cpu_attn_run(struct cpu_attn *c, const struct kvd_paged_view *kv, const stru
 	c->tok_pos = tok_pos;
 	c->q = q;
 	c->att = att;
+	int rc = quant_rows(c, T);
+	if (rc)
+		return rc;
 	return attention(c, &s);
 }
 
@@ -792,5 +844,6 @@ void cpu_attn_free(struct cpu_attn *c)
 	free(c->item_left);
 	free(c->attn_pm);
 	free(c->attn_po);
+	free(c->qq);
 	memset(c, 0, sizeof(*c));
 }

@@ -35,6 +35,10 @@ struct cpu_attn {
 	struct kvd_paged_view kv;
 	const int32_t *tok_seq, *tok_pos; /* [T] sequence index, position */
 	const float *q;       /* [T][n_head * head_dim] */
+	/* q8_0/q4_0 K with the integer scores: q's rows quantized once a
+	 * step (kvq_quant_fn), row i of q at qq[i], when qq_live */
+	struct kvq_qrow *qq;
+	int cap_qq, qq_live;
 	float *att;           /* [T][n_head * head_dim] output */
 	/* scratch */
 	int *tile_first;      /* tiled attention: first row of each tile, then T */

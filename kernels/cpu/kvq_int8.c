@@ -1,6 +1,7 @@
 /*
  * kernels/cpu/kvq_int8.c — attention scores over q8_0 and q4_0 K rows with
- * integer products, and the AVX2 and AVX-512 weighted V sums over those rows.
+ * integer products, and their softmax (the weighted V sums over those
+ * rows: kvq_vsum.c).
  *
  * A score is q . k for a query row q (floats) and a K row k (blocks of 32
  * quants with an f16 scale). Converting every K block to floats costs
@@ -22,6 +23,12 @@
  *     nibbles) and the query signed, minus 8 sum(q) per block.
  * The float part (the per-block scale and the running sum over blocks) is
  * the same operations in all three, vectorised over positions.
+ *
+ * A step quantizes its query rows once (kvq_quant_fn, attention.c) and the
+ * scores of every chunk take them as they are (kvq_scores_i8_fn): a decode
+ * at depth 8,192 has 64 chunks a head. The float-row entry points quantize
+ * and call the same code. A decode's query group (4 rows or fewer) keeps
+ * each row's running sum over blocks in a register with AVX-512.
  */
 #include <math.h>
 #include <stdint.h>
@@ -66,21 +73,47 @@ void cpu_kvq_quant_query(const float *x, int n, int8_t *qs, float *d, int32_t *s
 	}
 }
 
-/* one query row, quantized */
-struct qrow {
-	int8_t qs[KVQ_INT8_MAX_HD];
-	uint8_t qu[KVQ_INT8_MAX_HD]; /* qs + 128 (q8_0 on AVX-512) */
-	float d[MAXB];
-	int32_t sum[MAXB];
-};
-
-static void quant_rows(const float *const *q, int m, int hd, struct qrow *qr)
+static void quant_rows(const float *const *q, int m, int hd, struct kvq_qrow *qr)
 {
 	for (int r = 0; r < m; r++) {
 		cpu_kvq_quant_query(q[r], hd, qr[r].qs, qr[r].d, qr[r].sum);
 		for (int i = 0; i < hd; i++)
 			qr[r].qu[i] = (uint8_t)(qr[r].qs[i] + 128);
 	}
+}
+
+/* The float-row entry points: the rows quantized QROWS at a time, then the
+ * integer products (scores_i8, an i8 version below) */
+typedef void (*quant_rows_fn)(const float *const *q, int m, int hd, struct kvq_qrow *qr);
+static void scores_via(quant_rows_fn quant, kvq_scores_i8_fn i8, enum kvd_kv_type t, const float *const *q, int nr,
+		       const unsigned char *const *k, int n, int hd, float scale, float *sc, int ldsc)
+{
+	struct kvq_qrow qr[QROWS];
+	const struct kvq_qrow *qp[QROWS];
+	for (int r = 0; r < QROWS; r++)
+		qp[r] = &qr[r];
+	for (int r0 = 0; r0 < nr; r0 += QROWS) {
+		int m = nr - r0 < QROWS ? nr - r0 : QROWS;
+		quant(q + r0, m, hd, qr);
+		i8(t, qp, m, k, n, hd, scale, sc + (size_t)r0 * ldsc, ldsc);
+	}
+}
+
+/* kvq_quant_fn over nr rows at x (stride hd) through a quant_rows_fn */
+static void quant_via(quant_rows_fn quant, const float *x, int nr, int hd, struct kvq_qrow *out)
+{
+	const float *q[QROWS];
+	for (int r0 = 0; r0 < nr; r0 += QROWS) {
+		int m = nr - r0 < QROWS ? nr - r0 : QROWS;
+		for (int r = 0; r < m; r++)
+			q[r] = x + (size_t)(r0 + r) * hd;
+		quant(q, m, hd, out + r0);
+	}
+}
+
+void cpu_kvq8_quant_generic(const float *x, int nr, int hd, struct kvq_qrow *out)
+{
+	quant_via(quant_rows, x, nr, hd, out);
 }
 
 INLINE size_t blk_bytes(enum kvd_kv_type t)
@@ -103,27 +136,28 @@ static int32_t idot_generic(enum kvd_kv_type t, const uint8_t *blk, const int8_t
 	return s;
 }
 
-void cpu_kvq8_scores_generic(enum kvd_kv_type t, const float *const *q, int nr, const unsigned char *const *k, int n,
-			     int hd, float scale, float *sc, int ldsc)
+void cpu_kvq8_scores_i8_generic(enum kvd_kv_type t, const struct kvq_qrow *const *qr, int nr,
+				const unsigned char *const *k, int n, int hd, float scale, float *sc, int ldsc)
 {
-	struct qrow qr[QROWS];
 	size_t bb = blk_bytes(t);
 	int nb = hd / QB;
 
-	for (int r0 = 0; r0 < nr; r0 += QROWS) {
-		int m = nr - r0 < QROWS ? nr - r0 : QROWS;
-		quant_rows(q + r0, m, hd, qr);
-		for (int r = 0; r < m; r++)
-			for (int p = 0; p < n; p++) {
-				float acc = 0;
-				for (int b = 0; b < nb; b++) {
-					const uint8_t *blk = k[p] + (size_t)b * bb;
-					float dd = qr[r].d[b] * cpu_kvq_h2f(blk);
-					acc = fmaf(dd, (float)idot_generic(t, blk, qr[r].qs + b * QB), acc);
-				}
-				sc[(size_t)(r0 + r) * ldsc + p] = acc * scale;
+	for (int r = 0; r < nr; r++)
+		for (int p = 0; p < n; p++) {
+			float acc = 0;
+			for (int b = 0; b < nb; b++) {
+				const uint8_t *blk = k[p] + (size_t)b * bb;
+				float dd = qr[r]->d[b] * cpu_kvq_h2f(blk);
+				acc = fmaf(dd, (float)idot_generic(t, blk, qr[r]->qs + b * QB), acc);
 			}
-	}
+			sc[(size_t)r * ldsc + p] = acc * scale;
+		}
+}
+
+void cpu_kvq8_scores_generic(enum kvd_kv_type t, const float *const *q, int nr, const unsigned char *const *k, int n,
+			     int hd, float scale, float *sc, int ldsc)
+{
+	scores_via(quant_rows, cpu_kvq8_scores_i8_generic, t, q, nr, k, n, hd, scale, sc, ldsc);
 }
 
 #if defined(__x86_64__)
@@ -151,9 +185,9 @@ AVX2 INLINE __m256i k_bytes_avx2(enum kvd_kv_type t, const uint8_t *blk)
 }
 
 /* cpu_kvq_quant_query with AVX2, the same operations on 8 lanes (so the
- * same bits; amax ignores NaN as the scalar comparison does): qs, d and
- * sum (the AVX2 scores do not read qu) */
-AVX2 static void quant_rows_avx2(const float *const *q, int m, int hd, struct qrow *qr)
+ * same bits; amax ignores NaN as the scalar comparison does), and qu =
+ * qs + 128 (which the AVX-512 scores read) */
+AVX2 static void quant_rows_avx2(const float *const *q, int m, int hd, struct kvq_qrow *qr)
 {
 	const __m256 lo = _mm256_set1_ps(-128.0f), hi = _mm256_set1_ps(128.0f), half = _mm256_set1_ps(0.5f);
 	const __m256 mhalf = _mm256_set1_ps(-0.5f), absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
@@ -190,6 +224,7 @@ AVX2 static void quant_rows_avx2(const float *const *q, int m, int hd, struct qr
 			__m256i w = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
 			w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 			_mm256_storeu_si256((__m256i *)(qr[r].qs + b * QB), w);
+			_mm256_storeu_si256((__m256i *)(qr[r].qu + b * QB), _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80)));
 			__m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
 			s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
 			s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
@@ -210,7 +245,7 @@ AVX2 INLINE __m256 scales8_avx2(const uint8_t *const *blk, size_t off)
  * [0, n), eight at a time: each position's unsigned operand (q8_0 |k|, q4_0
  * the nibbles) is formed once for the rows, in L1 scratch, the rows'
  * accumulators stay in registers. */
-AVX2 INLINE void scores_rows_avx2(const int NR, enum kvd_kv_type t, const struct qrow *qr, int r0,
+AVX2 INLINE void scores_rows_avx2(const int NR, enum kvd_kv_type t, const struct kvq_qrow *const *qr, int r0,
 				  const unsigned char *const *k, int n, int nb, float scale, float *sc, int ldsc)
 {
 	const size_t bb = blk_bytes(t);
@@ -239,7 +274,7 @@ AVX2 INLINE void scores_rows_avx2(const int NR, enum kvd_kv_type t, const struct
 			}
 			__m256 vdk = scales8_avx2(kr, (size_t)b * bb);
 			UNROLL for (int r = 0; r < NR; r++) {
-				const struct qrow *q = &qr[r0 + r];
+				const struct kvq_qrow *q = qr[r0 + r];
 				__m256i qv = _mm256_loadu_si256((const __m256i *)(q->qs + b * QB)), part[8];
 				UNROLL for (int j = 0; j < 8; j++) {
 					__m256i u = _mm256_load_si256((const __m256i *)ku[j]);
@@ -269,114 +304,32 @@ AVX2 INLINE void scores_rows_avx2(const int NR, enum kvd_kv_type t, const struct
 	}
 }
 
+AVX2 void cpu_kvq8_scores_i8_avx2(enum kvd_kv_type t, const struct kvq_qrow *const *qr, int nr,
+				  const unsigned char *const *k, int n, int hd, float scale, float *sc, int ldsc)
+{
+	int nb = hd / QB;
+	for (int r = 0; r < nr; r += 4) {
+		int left = nr - r;
+		if (left >= 4)
+			scores_rows_avx2(4, t, qr, r, k, n, nb, scale, sc, ldsc);
+		else if (left == 3)
+			scores_rows_avx2(3, t, qr, r, k, n, nb, scale, sc, ldsc);
+		else if (left == 2)
+			scores_rows_avx2(2, t, qr, r, k, n, nb, scale, sc, ldsc);
+		else
+			scores_rows_avx2(1, t, qr, r, k, n, nb, scale, sc, ldsc);
+	}
+}
+
 AVX2 void cpu_kvq8_scores_avx2(enum kvd_kv_type t, const float *const *q, int nr, const unsigned char *const *k, int n,
 			  int hd, float scale, float *sc, int ldsc)
 {
-	struct qrow qr[QROWS];
-	int nb = hd / QB;
-
-	for (int r0 = 0; r0 < nr; r0 += QROWS) {
-		int m = nr - r0 < QROWS ? nr - r0 : QROWS;
-		quant_rows_avx2(q + r0, m, hd, qr);
-		float *scr = sc + (size_t)r0 * ldsc;
-		for (int r = 0; r < m; r += 4) {
-			int left = m - r;
-			if (left >= 4)
-				scores_rows_avx2(4, t, qr, r, k, n, nb, scale, scr, ldsc);
-			else if (left == 3)
-				scores_rows_avx2(3, t, qr, r, k, n, nb, scale, scr, ldsc);
-			else if (left == 2)
-				scores_rows_avx2(2, t, qr, r, k, n, nb, scale, scr, ldsc);
-			else
-				scores_rows_avx2(1, t, qr, r, k, n, nb, scale, scr, ldsc);
-		}
-	}
+	scores_via(quant_rows_avx2, cpu_kvq8_scores_i8_avx2, t, q, nr, k, n, hd, scale, sc, ldsc);
 }
 
-/* V block b of a row, elements 16h .. 16h + 15, as two float vectors */
-AVX2 INLINE void v_half_avx2(enum kvd_kv_type t, const uint8_t *blk, int h, __m256 vf[2])
+void cpu_kvq8_quant_avx2(const float *x, int nr, int hd, struct kvq_qrow *out)
 {
-	__m128i x;
-	if (t == KVD_KV_Q8_0) {
-		x = _mm_loadu_si128((const __m128i *)(blk + 2 + 16 * h));
-	} else {
-		const __m128i m = _mm_set1_epi8(15), e = _mm_set1_epi8(8);
-		x = _mm_loadu_si128((const __m128i *)(blk + 2));
-		x = _mm_sub_epi8(_mm_and_si128(h ? _mm_srli_epi16(x, 4) : x, m), e);
-	}
-	vf[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x));
-	vf[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(x, 8)));
-}
-
-#define ACC_POS 32 /* positions whose products w d are formed at a time */
-
-/* rows 0 .. NT - 1 (NT <= 4, compile-time) over block b: for each run of
- * ACC_POS positions the products w[i] * d[i] (8 a vector multiply, each
- * the same float product as alone), then each half of the block with the
- * rows' 8 accumulators in registers, positions in order */
-AVX2 INLINE void accum4_avx2(const int NT, enum kvd_kv_type t, float *const *o, const int *len, const float *w,
-			     int ldw, const unsigned char *const *v, int b, size_t bb, size_t rb)
-{
-	int n = 0, nc = len[0];
-	for (int rr = 0; rr < NT; rr++) {
-		n = len[rr] > n ? len[rr] : n;
-		nc = len[rr] < nc ? len[rr] : nc;
-	}
-	const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-	_Alignas(32) float wd[4][ACC_POS];
-	for (int i0 = 0; i0 < n; i0 += ACC_POS) {
-		int m = n - i0 < ACC_POS ? n - i0 : ACC_POS;
-		for (int k0 = 0; k0 < m; k0 += 8) {
-			const uint8_t *x[8];
-			UNROLL for (int j = 0; j < 8; j++)
-				x[j] = v[i0 + (k0 + j < m ? k0 + j : m - 1)];
-			__m256 dv = scales8_avx2(x, (size_t)b * bb);
-			__m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(m - k0), idx);
-			UNROLL for (int rr = 0; rr < NT; rr++)
-				_mm256_store_ps(wd[rr] + k0,
-						_mm256_mul_ps(_mm256_maskload_ps(w + (size_t)rr * ldw + i0 + k0, live), dv));
-		}
-		for (int h = 0; h < 2; h++) {
-			__m256 acc[4][2];
-			UNROLL for (int rr = 0; rr < NT; rr++)
-				UNROLL for (int j = 0; j < 2; j++)
-					acc[rr][j] = _mm256_loadu_ps(o[rr] + b * QB + 16 * h + 8 * j);
-			for (int k = 0; k < m; k++) {
-				const int i = i0 + k;
-				__m256 vf[2];
-				if (b == 0 && h == 0 && i + 16 < n)
-					for (size_t a = 0; a < rb; a += 64)
-						_mm_prefetch((const char *)v[i + 16] + a, _MM_HINT_T0);
-				v_half_avx2(t, v[i] + (size_t)b * bb, h, vf);
-				UNROLL for (int rr = 0; rr < NT; rr++) {
-					if (i >= nc && i >= len[rr]) /* past this row's end */
-						continue;
-					__m256 a = _mm256_broadcast_ss(&wd[rr][k]);
-					UNROLL for (int j = 0; j < 2; j++)
-						acc[rr][j] = _mm256_fmadd_ps(a, vf[j], acc[rr][j]);
-				}
-			}
-			UNROLL for (int rr = 0; rr < NT; rr++)
-				UNROLL for (int j = 0; j < 2; j++)
-					_mm256_storeu_ps(o[rr] + b * QB + 16 * h + 8 * j, acc[rr][j]);
-		}
-	}
-}
-
-AVX2 void cpu_kvq8_accum_avx2(enum kvd_kv_type t, float *const *o, int nr, const int *len, const float *w, int ldw,
-			 const unsigned char *const *v, int hd)
-{
-	size_t bb = blk_bytes(t), rb = bb * (size_t)(hd / QB);
-	for (int b = 0; b < hd / QB; b++)
-		for (int r0 = 0; r0 < nr; r0 += 4) {
-			const float *wr = w + (size_t)r0 * ldw;
-			switch (nr - r0 < 4 ? nr - r0 : 4) {
-			case 1: accum4_avx2(1, t, o + r0, len + r0, wr, ldw, v, b, bb, rb); break;
-			case 2: accum4_avx2(2, t, o + r0, len + r0, wr, ldw, v, b, bb, rb); break;
-			case 3: accum4_avx2(3, t, o + r0, len + r0, wr, ldw, v, b, bb, rb); break;
-			default: accum4_avx2(4, t, o + r0, len + r0, wr, ldw, v, b, bb, rb); break;
-			}
-		}
+	quant_via(quant_rows_avx2, x, nr, hd, out);
 }
 
 #define A512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
@@ -397,7 +350,7 @@ A512 INLINE void tstage(__m512i *z, int nreg, int s, __m512i i0, __m512i i1)
 /* cpu_kvq_quant_query with AVX-512, the same operations on 16 lanes (so
  * the same bits; amax ignores NaN as the scalar comparison does), and
  * qu = qs + 128 */
-A512 static void quant_rows_avx512(const float *const *q, int m, int hd, struct qrow *qr)
+A512 static void quant_rows_avx512(const float *const *q, int m, int hd, struct kvq_qrow *qr)
 {
 	const __m512 lo = _mm512_set1_ps(-128.0f), hi = _mm512_set1_ps(128.0f), half = _mm512_set1_ps(0.5f);
 	const __m512 mhalf = _mm512_set1_ps(-0.5f);
@@ -430,10 +383,121 @@ A512 static void quant_rows_avx512(const float *const *q, int m, int hd, struct 
 		}
 }
 
-A512 void cpu_kvq8_scores_avx512(enum kvd_kv_type t, const float *const *q, int nr, const unsigned char *const *k, int n,
-			    int hd, float scale, float *sc, int ldsc)
+/* The 16 positions' K rows kr, block b as 8 registers: lane p of z[m]
+ * holds bytes 4m..4m+3 of position p's block (q4_0: z[m] the low
+ * nibbles' bytes 4m.., z[4 + m] the high ones', as bytes 0..15); corr the
+ * positions' sums 128 sum(k) (q8_0) */
+A512 INLINE void k_block16(const int Q8, const uint8_t *const *kr, int b, size_t bb, const __m512i *ix0,
+			   const __m512i *ix1, __m512i z[8], __m512i *corr)
 {
-	struct qrow qr[QROWS];
+	const __m512i c128 = _mm512_set1_epi32((int)0x80808080u), nib = _mm512_set1_epi32(0x0f0f0f0f);
+	if (Q8) {
+		/* z[j]: position j in lanes 0-7, j + 8 in lanes 8-15 */
+		UNROLL for (int j = 0; j < 8; j++)
+			z[j] = _mm512_inserti64x4(
+				_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(kr[j] + (size_t)b * bb + 2))),
+				_mm256_loadu_si256((const __m256i *)(kr[j + 8] + (size_t)b * bb + 2)), 1);
+		UNROLL for (int s = 0; s < 3; s++)
+			tstage(z, 8, s, ix0[s], ix1[s]);
+		/* two chains: the sum is exact whatever its order */
+		__m512i c0 = _mm512_setzero_si512(), c1 = _mm512_setzero_si512();
+		UNROLL for (int j = 0; j < 8; j += 2) {
+			c0 = _mm512_dpbusd_epi32(c0, c128, z[j]);
+			c1 = _mm512_dpbusd_epi32(c1, c128, z[j + 1]);
+		}
+		*corr = _mm512_add_epi32(c0, c1);
+		return;
+	}
+	/* z[j]: positions j, j + 4, j + 8, j + 12 by 128-bit lane */
+	UNROLL for (int j = 0; j < 4; j++) {
+		__m512i x = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(kr[j] + (size_t)b * bb + 2)));
+		x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(kr[j + 4] + (size_t)b * bb + 2)), 1);
+		x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(kr[j + 8] + (size_t)b * bb + 2)), 2);
+		z[j] = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(kr[j + 12] + (size_t)b * bb + 2)), 3);
+	}
+	UNROLL for (int s = 0; s < 2; s++)
+		tstage(z, 4, s, ix0[s], ix1[s]);
+	/* elements 4m.. (low nibbles), 16 + 4m.. (high) */
+	UNROLL for (int j = 0; j < 4; j++) {
+		z[4 + j] = _mm512_and_si512(_mm512_srli_epi32(z[j], 4), nib);
+		z[j] = _mm512_and_si512(z[j], nib);
+	}
+	*corr = _mm512_setzero_si512();
+}
+
+/* Row qr's integer dots of block b with the 16 positions of z (k_block16) */
+A512 INLINE __m512i row_idots16(const int Q8, const struct kvq_qrow *qr, int b, const __m512i z[8], __m512i corr)
+{
+	__m512i a0, a1 = _mm512_setzero_si512();
+	const int32_t *qd;
+	if (Q8) {
+		qd = (const int32_t *)(const void *)(qr->qu + b * QB);
+		a0 = _mm512_sub_epi32(_mm512_setzero_si512(), corr);
+		UNROLL for (int j = 0; j < 8; j += 2) {
+			a0 = _mm512_dpbusd_epi32(a0, _mm512_set1_epi32(qd[j]), z[j]);
+			a1 = _mm512_dpbusd_epi32(a1, _mm512_set1_epi32(qd[j + 1]), z[j + 1]);
+		}
+	} else {
+		qd = (const int32_t *)(const void *)(qr->qs + b * QB);
+		a0 = _mm512_set1_epi32(-8 * qr->sum[b]);
+		UNROLL for (int j = 0; j < 8; j += 2) {
+			a0 = _mm512_dpbusd_epi32(a0, z[j], _mm512_set1_epi32(qd[j]));
+			a1 = _mm512_dpbusd_epi32(a1, z[j + 1], _mm512_set1_epi32(qd[j + 1]));
+		}
+	}
+	return _mm512_add_epi32(a0, a1);
+}
+
+/* The 16 positions' block scales (f16 at the start of each block b) as
+ * floats; off_lo/off_hi: the rows' offsets from kr[0] */
+A512 INLINE __m512 k_scales16(const uint8_t *const *kr, int b, size_t bb, __m512i off_lo, __m512i off_hi)
+{
+	const uint8_t *b0 = kr[0] + (size_t)b * bb;
+	__m256i g_lo = _mm512_i64gather_epi32(off_lo, (const void *)b0, 1);
+	__m256i g_hi = _mm512_i64gather_epi32(off_hi, (const void *)b0, 1);
+	return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_inserti64x4(_mm512_castsi256_si512(g_lo), g_hi, 1)));
+}
+
+/* A decode's query group (NT <= 4 rows, compile-time, as Q8): each row's
+ * running sum over blocks stays in a register (the same operations as the
+ * general path below: acc = fma(e_b d_b, s_b, acc) from +0, then * scale) */
+A512 INLINE void scores_few(const int NT, const int Q8, const struct kvq_qrow *const *qr, const unsigned char *const *k, int n,
+			    int nb, size_t bb, float scale, float *sc, int ldsc, const __m512i *ix0, const __m512i *ix1)
+{
+	const __m512 vscale = _mm512_set1_ps(scale);
+	for (int i0 = 0; i0 < n; i0 += 16) {
+		int cnt = n - i0 < 16 ? n - i0 : 16;
+		__mmask16 live = (__mmask16)((1u << cnt) - 1);
+		const uint8_t *kr[16];
+		for (int j = 0; j < 16; j++)
+			kr[j] = k[i0 + j < n ? i0 + j : n - 1];
+		for (int j = 0; j < 16 && i0 + j + 16 < n; j++)
+			for (size_t o = 0; o < bb * (size_t)nb; o += 64)
+				_mm_prefetch((const char *)k[i0 + j + 16] + o, _MM_HINT_T0);
+		__m512i base = _mm512_set1_epi64((long long)(uintptr_t)kr[0]);
+		__m512i off_lo = _mm512_sub_epi64(_mm512_loadu_si512((const void *)kr), base);
+		__m512i off_hi = _mm512_sub_epi64(_mm512_loadu_si512((const void *)(kr + 8)), base);
+		__m512 acc[4];
+		UNROLL for (int r = 0; r < NT; r++)
+			acc[r] = _mm512_setzero_ps();
+		for (int b = 0; b < nb; b++) {
+			__m512i z[8], corr;
+			__m512 dk = k_scales16(kr, b, bb, off_lo, off_hi);
+			k_block16(Q8, kr, b, bb, ix0, ix1, z, &corr);
+			UNROLL for (int r = 0; r < NT; r++) {
+				__m512 s = _mm512_cvtepi32_ps(row_idots16(Q8, qr[r], b, z, corr));
+				__m512 dd = _mm512_mul_ps(_mm512_set1_ps(qr[r]->d[b]), dk);
+				acc[r] = _mm512_fmadd_ps(dd, s, acc[r]);
+			}
+		}
+		UNROLL for (int r = 0; r < NT; r++)
+			_mm512_mask_storeu_ps(sc + (size_t)r * ldsc + i0, live, _mm512_mul_ps(acc[r], vscale));
+	}
+}
+
+A512 void cpu_kvq8_scores_i8_avx512(enum kvd_kv_type t, const struct kvq_qrow *const *qr, int nr,
+				    const unsigned char *const *k, int n, int hd, float scale, float *sc, int ldsc)
+{
 	size_t bb = blk_bytes(t);
 	int nb = hd / QB, q8 = t == KVD_KV_Q8_0;
 	const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -445,209 +509,69 @@ A512 void cpu_kvq8_scores_avx512(enum kvd_kv_type t, const float *const *q, int 
 		ix0[s] = _mm512_or_si512(_mm512_andnot_si512(_mm512_set1_epi32(1 << s), iota), bit);
 		ix1[s] = _mm512_or_si512(_mm512_or_si512(iota, _mm512_set1_epi32(1 << s)), bit);
 	}
-	const __m512i c128 = _mm512_set1_epi32((int)0x80808080u), nib = _mm512_set1_epi32(0x0f0f0f0f);
 	const __m512 vscale = _mm512_set1_ps(scale);
 
-	for (int r0 = 0; r0 < nr; r0 += QROWS) {
-		int m = nr - r0 < QROWS ? nr - r0 : QROWS;
-		quant_rows_avx512(q + r0, m, hd, qr);
-		for (int i0 = 0; i0 < n; i0 += 16) {
-			int cnt = n - i0 < 16 ? n - i0 : 16;
-			__mmask16 live = (__mmask16)((1u << cnt) - 1);
-			const uint8_t *kr[16];
-			for (int j = 0; j < 16; j++)
-				kr[j] = k[i0 + j < n ? i0 + j : n - 1];
-			if (r0 == 0)
-				for (int j = 0; j < 16 && i0 + j + 16 < n; j++)
-					for (size_t o = 0; o < bb * (size_t)nb; o += 64)
-						_mm_prefetch((const char *)k[i0 + j + 16] + o, _MM_HINT_T0);
-			/* the rows' block scales are gathered as dwords at offsets
-			 * from the first row */
-			__m512i base = _mm512_set1_epi64((long long)(uintptr_t)kr[0]);
-			__m512i off_lo = _mm512_sub_epi64(_mm512_loadu_si512((const void *)kr), base);
-			__m512i off_hi = _mm512_sub_epi64(_mm512_loadu_si512((const void *)(kr + 8)), base);
-			for (int b = 0; b < nb; b++) {
-				const uint8_t *b0 = kr[0] + (size_t)b * bb;
-				__m512i z[8], corr = _mm512_setzero_si512();
-				__m256i g_lo = _mm512_i64gather_epi32(off_lo, (const void *)b0, 1);
-				__m256i g_hi = _mm512_i64gather_epi32(off_hi, (const void *)b0, 1);
-				__m512 dk = _mm512_cvtph_ps(
-					_mm512_cvtepi32_epi16(_mm512_inserti64x4(_mm512_castsi256_si512(g_lo), g_hi, 1)));
-				if (q8) {
-					/* z[j]: position j in lanes 0-7, j + 8 in lanes 8-15 */
-					UNROLL for (int j = 0; j < 8; j++)
-						z[j] = _mm512_inserti64x4(
-							_mm512_castsi256_si512(_mm256_loadu_si256(
-								(const __m256i *)(kr[j] + (size_t)b * bb + 2))),
-							_mm256_loadu_si256((const __m256i *)(kr[j + 8] + (size_t)b * bb + 2)), 1);
-					UNROLL for (int s = 0; s < 3; s++)
-						tstage(z, 8, s, ix0[s], ix1[s]);
-					UNROLL for (int j = 0; j < 8; j++)
-						corr = _mm512_dpbusd_epi32(corr, c128, z[j]);
-				} else {
-					/* z[j]: positions j, j + 4, j + 8, j + 12 by 128-bit lane */
-					UNROLL for (int j = 0; j < 4; j++) {
-						__m512i x = _mm512_castsi128_si512(
-							_mm_loadu_si128((const __m128i *)(kr[j] + (size_t)b * bb + 2)));
-						x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(kr[j + 4] + (size_t)b * bb + 2)), 1);
-						x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(kr[j + 8] + (size_t)b * bb + 2)), 2);
-						z[j] = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(kr[j + 12] + (size_t)b * bb + 2)), 3);
-					}
-					UNROLL for (int s = 0; s < 2; s++)
-						tstage(z, 4, s, ix0[s], ix1[s]);
-					/* elements 4m.. (low nibbles), 16 + 4m.. (high) */
-					UNROLL for (int j = 0; j < 4; j++) {
-						z[4 + j] = _mm512_and_si512(_mm512_srli_epi32(z[j], 4), nib);
-						z[j] = _mm512_and_si512(z[j], nib);
-					}
-				}
-				for (int r = 0; r < m; r++) {
-					const int32_t *qd;
-					__m512i acc;
-					if (q8) {
-						qd = (const int32_t *)(const void *)(qr[r].qu + b * QB);
-						acc = _mm512_sub_epi32(_mm512_setzero_si512(), corr);
-						UNROLL for (int j = 0; j < 8; j++)
-							acc = _mm512_dpbusd_epi32(acc, _mm512_set1_epi32(qd[j]), z[j]);
-					} else {
-						qd = (const int32_t *)(const void *)(qr[r].qs + b * QB);
-						acc = _mm512_set1_epi32(-8 * qr[r].sum[b]);
-						UNROLL for (int j = 0; j < 8; j++)
-							acc = _mm512_dpbusd_epi32(acc, z[j], _mm512_set1_epi32(qd[j]));
-					}
-					float *out = sc + (size_t)(r0 + r) * ldsc + i0;
-					__m512 dd = _mm512_mul_ps(_mm512_set1_ps(qr[r].d[b]), dk);
-					__m512 prev = b ? _mm512_maskz_loadu_ps(live, out) : _mm512_setzero_ps();
-					__m512 a = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(acc), prev);
-					_mm512_mask_storeu_ps(out, live, b == nb - 1 ? _mm512_mul_ps(a, vscale) : a);
-				}
-			}
-		}
-	}
-}
-
-/* V block b0 and b0 + 1 (NB2 of them, 1 or 2, compile-time) of a row as
- * floats, 16 a register (their scales are accum4's, 16 positions at a
- * time) */
-A512 INLINE void v_blocks(enum kvd_kv_type t, const uint8_t *blk, const int NB2, size_t bb, __m512 vf[4])
-{
-	UNROLL for (int h = 0; h < NB2; h++) {
-		const uint8_t *x = blk + (size_t)h * bb;
-		__m128i lo, hi;
-		if (t == KVD_KV_Q8_0) {
-			lo = _mm_loadu_si128((const __m128i *)(x + 2));
-			hi = _mm_loadu_si128((const __m128i *)(x + 18));
-		} else {
-			const __m128i m = _mm_set1_epi8(15), e = _mm_set1_epi8(8);
-			__m128i y = _mm_loadu_si128((const __m128i *)(x + 2));
-			lo = _mm_sub_epi8(_mm_and_si128(y, m), e);
-			hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(y, 4), m), e);
-		}
-		vf[2 * h] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo));
-		vf[2 * h + 1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi));
-	}
-}
-
-/* Position i (k-th of its 16) into the accumulators of accum4's rows;
- * RAGGED (compile-time): some rows end before i, and those are left out */
-A512 INLINE void accum_pos(const int NT, const int NB2, enum kvd_kv_type t, const int RAGGED, __m512 acc[4][4],
-			   float wd[4][2][16], int k, const unsigned char *const *v, int i, int n, const int *len,
-			   int b0, size_t bb, size_t rb)
-{
-	__m512 vf[4];
-	if (b0 == 0 && i + 16 < n)
-		for (size_t x = 0; x < rb; x += 64)
-			_mm_prefetch((const char *)v[i + 16] + x, _MM_HINT_T0);
-	v_blocks(t, v[i] + (size_t)b0 * bb, NB2, bb, vf);
-	UNROLL for (int rr = 0; rr < NT; rr++) {
-		if (RAGGED && i >= len[rr]) /* past this row's end */
-			continue;
-		UNROLL for (int h = 0; h < NB2; h++) {
-			__m512 a = _mm512_set1_ps(wd[rr][h][k]);
-			acc[rr][2 * h] = _mm512_fmadd_ps(a, vf[2 * h], acc[rr][2 * h]);
-			acc[rr][2 * h + 1] = _mm512_fmadd_ps(a, vf[2 * h + 1], acc[rr][2 * h + 1]);
-		}
-	}
-}
-
-/* rows r0 .. r0 + NT - 1 (NT <= 4), blocks b0 .. b0 + NB2 - 1 (NB2 <= 2);
- * NT, NB2 and t compile-time, so that the 4 x 4 accumulators and the
- * converted V vectors are registers */
-A512 INLINE void accum4(const int NT, const int NB2, enum kvd_kv_type t, float *const *o, const int *len,
-			const float *w, int ldw, const unsigned char *const *v, int b0, size_t bb, size_t rb)
-{
-	int n = 0, nc = len[0];
-	UNROLL for (int rr = 0; rr < NT; rr++) {
-		n = len[rr] > n ? len[rr] : n;
-		nc = len[rr] < nc ? len[rr] : nc;
-	}
-	__m512 acc[4][4];
-	const int nv = 2 * NB2;
-	UNROLL for (int rr = 0; rr < NT; rr++)
-		UNROLL for (int j = 0; j < nv; j++)
-			acc[rr][j] = _mm512_loadu_ps(o[rr] + b0 * QB + 16 * j);
-	/* the products w[i] * d[i] of 16 positions at a time, one vector
-	 * multiply for 16 (each the same float product as one at a time), so
-	 * the loop over positions broadcasts them from memory */
-	_Alignas(64) float wd[4][2][16];
-	for (int i0 = 0; i0 < n; i0 += 16) {
-		int m16 = n - i0 < 16 ? n - i0 : 16;
-		__mmask16 mk = (__mmask16)((1u << m16) - 1);
-		_Alignas(64) float dv[2][16];
-		for (int k = 0; k < m16; k++)
-			UNROLL for (int h = 0; h < NB2; h++) {
-				const uint8_t *x = v[i0 + k] + (size_t)(b0 + h) * bb;
-				dv[h][k] = _cvtsh_ss((unsigned short)(x[0] | x[1] << 8));
-			}
-		UNROLL for (int rr = 0; rr < NT; rr++) {
-			__m512 wv = _mm512_maskz_loadu_ps(mk, w + (size_t)rr * ldw + i0);
-			UNROLL for (int h = 0; h < NB2; h++)
-				_mm512_store_ps(wd[rr][h], _mm512_mul_ps(wv, _mm512_maskz_load_ps(mk, dv[h])));
-		}
-		/* positions every row reaches, then the ragged end */
-		const int full = i0 + m16 <= nc ? m16 : nc > i0 ? nc - i0 : 0;
-		for (int k = 0; k < full; k++)
-			accum_pos(NT, NB2, t, 0, acc, wd, k, v, i0 + k, n, len, b0, bb, rb);
-		for (int k = full; k < m16; k++)
-			accum_pos(NT, NB2, t, 1, acc, wd, k, v, i0 + k, n, len, b0, bb, rb);
-	}
-	UNROLL for (int rr = 0; rr < NT; rr++)
-		UNROLL for (int j = 0; j < nv; j++)
-			_mm512_storeu_ps(o[rr] + b0 * QB + 16 * j, acc[rr][j]);
-}
-
-#define ACCUM_T(NT, NB2)                                                                                       \
+	if (nr <= 4) {
+#define SCORES_FEW(NT)                                                                                         \
 	do {                                                                                                   \
-		if (t == KVD_KV_Q8_0)                                                                          \
-			accum4(NT, NB2, KVD_KV_Q8_0, o + r0, len + r0, wr, ldw, v, b0, bb, rb);                \
+		if (q8)                                                                                        \
+			scores_few(NT, 1, qr, k, n, nb, bb, scale, sc, ldsc, ix0, ix1);                        \
 		else                                                                                           \
-			accum4(NT, NB2, KVD_KV_Q4_0, o + r0, len + r0, wr, ldw, v, b0, bb, rb);                \
+			scores_few(NT, 0, qr, k, n, nb, bb, scale, sc, ldsc, ix0, ix1);                        \
 	} while (0)
-#define ACCUM_NT(NB2)                                                                                          \
-	do {                                                                                                   \
-		switch (nr - r0 < 4 ? nr - r0 : 4) {                                                           \
-		case 1: ACCUM_T(1, NB2); break;                                                                \
-		case 2: ACCUM_T(2, NB2); break;                                                                \
-		case 3: ACCUM_T(3, NB2); break;                                                                \
-		default: ACCUM_T(4, NB2); break;                                                               \
-		}                                                                                              \
-	} while (0)
-
-A512 void cpu_kvq8_accum_avx512(enum kvd_kv_type t, float *const *o, int nr, const int *len, const float *w, int ldw,
-			   const unsigned char *const *v, int hd)
-{
-	size_t bb = blk_bytes(t), rb = bb * (size_t)(hd / QB);
-	int nb = hd / QB;
-	for (int b0 = 0; b0 < nb; b0 += 2) {
-		int nb2 = nb - b0 < 2 ? nb - b0 : 2;
-		for (int r0 = 0; r0 < nr; r0 += 4) {
-			const float *wr = w + (size_t)r0 * ldw;
-			if (nb2 == 2)
-				ACCUM_NT(2);
+		switch (nr) {
+		case 1: SCORES_FEW(1); break;
+		case 2: SCORES_FEW(2); break;
+		case 3: SCORES_FEW(3); break;
+		default: SCORES_FEW(4); break;
+		}
+#undef SCORES_FEW
+		return;
+	}
+	/* more rows (a prefill tile's): each block's transpose serves them
+	 * all, the running sums in sc */
+	for (int i0 = 0; i0 < n; i0 += 16) {
+		int cnt = n - i0 < 16 ? n - i0 : 16;
+		__mmask16 live = (__mmask16)((1u << cnt) - 1);
+		const uint8_t *kr[16];
+		for (int j = 0; j < 16; j++)
+			kr[j] = k[i0 + j < n ? i0 + j : n - 1];
+		for (int j = 0; j < 16 && i0 + j + 16 < n; j++)
+			for (size_t o = 0; o < bb * (size_t)nb; o += 64)
+				_mm_prefetch((const char *)k[i0 + j + 16] + o, _MM_HINT_T0);
+		/* the rows' block scales are gathered as dwords at offsets
+		 * from the first row */
+		__m512i base = _mm512_set1_epi64((long long)(uintptr_t)kr[0]);
+		__m512i off_lo = _mm512_sub_epi64(_mm512_loadu_si512((const void *)kr), base);
+		__m512i off_hi = _mm512_sub_epi64(_mm512_loadu_si512((const void *)(kr + 8)), base);
+		for (int b = 0; b < nb; b++) {
+			__m512i z[8], corr;
+			__m512 dk = k_scales16(kr, b, bb, off_lo, off_hi);
+			if (q8)
+				k_block16(1, kr, b, bb, ix0, ix1, z, &corr);
 			else
-				ACCUM_NT(1);
+				k_block16(0, kr, b, bb, ix0, ix1, z, &corr);
+			for (int r = 0; r < nr; r++) {
+				__m512i acc = q8 ? row_idots16(1, qr[r], b, z, corr) : row_idots16(0, qr[r], b, z, corr);
+				float *out = sc + (size_t)r * ldsc + i0;
+				__m512 dd = _mm512_mul_ps(_mm512_set1_ps(qr[r]->d[b]), dk);
+				__m512 prev = b ? _mm512_maskz_loadu_ps(live, out) : _mm512_setzero_ps();
+				__m512 a = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(acc), prev);
+				_mm512_mask_storeu_ps(out, live, b == nb - 1 ? _mm512_mul_ps(a, vscale) : a);
+			}
 		}
 	}
+}
+
+A512 void cpu_kvq8_scores_avx512(enum kvd_kv_type t, const float *const *q, int nr, const unsigned char *const *k, int n,
+			    int hd, float scale, float *sc, int ldsc)
+{
+	scores_via(quant_rows_avx512, cpu_kvq8_scores_i8_avx512, t, q, nr, k, n, hd, scale, sc, ldsc);
+}
+
+void cpu_kvq8_quant_avx512(const float *x, int nr, int hd, struct kvq_qrow *out)
+{
+	quant_via(quant_rows_avx512, x, nr, hd, out);
 }
 
 int cpu_kvq8_have_vnni(void)

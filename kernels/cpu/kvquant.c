@@ -359,6 +359,10 @@ static void scores_generic(enum kvd_kv_type t, const float *const *q, int nr, co
 static void accum_generic(enum kvd_kv_type t, float *const *o, int nr, const int *len, const float *w, int ldw,
 			  const unsigned char *const *v, int hd)
 {
+	if (t == KVD_KV_Q8_0 || t == KVD_KV_Q4_0) {
+		cpu_kvq8_accum_generic(t, o, nr, len, w, ldw, v, hd);
+		return;
+	}
 	accum_body(block_floats_generic, fma8_generic, t, o, nr, len, w, ldw, v, hd);
 }
 
@@ -692,12 +696,16 @@ void cpu_kvq_kernels_init(struct kvq_kernels *k, int level)
 	k->scores = scores_generic;
 	k->accum = accum_generic;
 	k->softmax = cpu_kvq8_softmax_generic;
+	k->quant = cpu_kvq8_quant_generic;
+	k->scores_i8 = cpu_kvq8_scores_i8_generic;
 #if defined(__x86_64__)
 	if (level >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
 		k->isa = "avx2";
 		k->scores = scores_avx2;
 		k->accum = accum_avx2;
 		k->softmax = cpu_kvq8_softmax_avx2;
+		k->quant = cpu_kvq8_quant_avx2;
+		k->scores_i8 = cpu_kvq8_scores_i8_avx2;
 	}
 	if (level >= 2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
 	    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma")) {
@@ -705,6 +713,11 @@ void cpu_kvq_kernels_init(struct kvq_kernels *k, int level)
 		k->scores = scores_avx512;
 		k->accum = accum_avx512;
 		k->softmax = cpu_kvq8_softmax_avx512;
+		/* without VNNI, the AVX2 integer products (the same bits) */
+		if (cpu_kvq8_have_vnni()) {
+			k->quant = cpu_kvq8_quant_avx512;
+			k->scores_i8 = cpu_kvq8_scores_i8_avx512;
+		}
 	}
 #else
 	(void)level;

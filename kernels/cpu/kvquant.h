@@ -5,7 +5,8 @@
  * stored rows in place (nothing is staged per page): for f32 and bf16 each
  * 32-element block is converted to floats in registers and scaled once;
  * for q8_0 and q4_0 the scores are integer products against the query
- * quantized to int8 (kernels/cpu/kvq_int8.c), the weighted V sum float.
+ * quantized to int8 and the weighted V sums integer products against the
+ * weights quantized to int16 (kernels/cpu/kvq_int8.c).
  *
  * Exact arithmetic, the same in every build (so the portable, AVX2 and
  * AVX-512 versions give the same bits, and a token's attention does not depend on
@@ -25,8 +26,18 @@
  *     s_b = sum_i qi_i k_i                          (exact, in integers)
  *     acc = fma(e_b * d_b, s_b, acc)                (acc = 0 before block 0)
  *     result = acc
- *   axpy, y += a * v for a V row v, per block b:
+ *   axpy, y += a * v for a V row v of f32 or bf16, per block b:
  *     y_i = fma(a * d_b, v_i, y_i)
+ *   weighted V sum of q8_0 and q4_0 rows, y += sum_p a_p v_p over a row's
+ *   positions p in groups of KVQ_VSUM_GROUP (from the first), per group
+ *   and block b, with v_{p,i} the stored quants and d_{p,b} the scales:
+ *     x_p = a_p * d_{p,b}                    (NaN counts as 0)
+ *     P = max_p |x_p|; if P < 2^-96 or P is not finite, nothing is added
+ *     u_p = nearest-even integer to x_p * (32767 / P)    (|u_p| <= 32767)
+ *     S_i = sum_p u_p v_{p,i}                (exact, in integers)
+ *     y_i = fma(P / 32767, S_i, y_i)
+ *   (the weights' error is at most P / 65534 each; two products a lane
+ *   per instruction instead of a float multiply-add per element)
  *
  * No other multiply and add is contracted: the sources are ISO C, whose
  * default forbids it.
@@ -75,8 +86,9 @@ void cpu_kvq_quant_query(const float *x, int n, int8_t *qs, float *d, int32_t *s
 typedef void (*kvq_scores_fn)(enum kvd_kv_type t, const float *const *q, int nr, const unsigned char *const *k,
 			      int n, int hd, float scale, float *sc, int ldsc);
 /* For rows r < nr: o[r] += w[r * ldw + i] * v[i] for positions i < len[r]
- * in position order (each an axpy as stated above), v[i] V rows of one
- * head (hd elements) of type t != f16. */
+ * (f32, bf16: in position order, each an axpy as stated above; q8_0,
+ * q4_0: the integer weighted V sum stated above), v[i] V rows of one head
+ * (hd elements) of type t != f16. */
 typedef void (*kvq_accum_fn)(enum kvd_kv_type t, float *const *o, int nr, const int *len, const float *w, int ldw,
 			     const unsigned char *const *v, int hd);
 
@@ -86,9 +98,39 @@ typedef void (*kvq_accum_fn)(enum kvd_kv_type t, float *const *o, int nr, const 
  * exp and 16 partial sums, the same bits in every version). */
 typedef void (*kvq_softmax_fn)(float *s, int n, float *ret_m, float *ret_l);
 
+/* The integer V sums (kvquant.h's statement): positions a group covers,
+ * and the largest weight's integer. */
+#define KVQ_VSUM_GROUP 256
+#define KVQ_VSUM_UMAX 32767.0f
+
+/* The largest head the integer scores take (struct kvq_qrow); larger
+ * heads go through the float products. */
+#define KVQ_INT8_MAX_HD 256
+
+/* A query row as the q8_0 and q4_0 scores use it (cpu_kvq_quant_query):
+ * its int8 quants qs, qu = qs + 128 (as unsigned bytes), and per block of
+ * 32 the scale d and the sum of the quants. */
+struct kvq_qrow {
+	int8_t qs[KVQ_INT8_MAX_HD];
+	uint8_t qu[KVQ_INT8_MAX_HD];
+	float d[KVQ_INT8_MAX_HD / 32];
+	int32_t sum[KVQ_INT8_MAX_HD / 32];
+};
+
+/* nr query rows at x (hd floats apart, hd <= KVQ_INT8_MAX_HD and a
+ * multiple of 32) quantized into out[0 .. nr - 1]. */
+typedef void (*kvq_quant_fn)(const float *x, int nr, int hd, struct kvq_qrow *out);
+/* kvq_scores_fn for t q8_0 or q4_0 (hd <= KVQ_INT8_MAX_HD) over query rows
+ * already quantized (quant): a query quantized once serves every chunk
+ * of its context; the same bits as scores. */
+typedef void (*kvq_scores_i8_fn)(enum kvd_kv_type t, const struct kvq_qrow *const *q, int nr,
+				 const unsigned char *const *k, int n, int hd, float scale, float *sc, int ldsc);
+
 struct kvq_kernels {
 	const char *isa; /* "avx512", "avx2" or "generic" */
 	kvq_scores_fn scores;
+	kvq_quant_fn quant;
+	kvq_scores_i8_fn scores_i8;
 	kvq_accum_fn accum;
 	kvq_softmax_fn softmax;
 };

@@ -280,12 +280,54 @@ static void query_as_scored(enum kvd_kv_type t, const float *q, int hd, double *
 	}
 }
 
+enum { PROD_MAXN = 40, PROD_MAXR = 9, PROD_MAXHD = 256 };
+
+/* The scale of the q8_0/q4_0 block holding element i of row */
+static double block_scale(enum kvd_kv_type t, const uint8_t *row, int i)
+{
+	const uint8_t *blk = row + (i / 32) * (t == KVD_KV_Q8_0 ? 34 : 18);
+	return cpu_fp16_to_f32((uint16_t)(blk[0] | blk[1] << 8));
+}
+
+/* The query rows quantized once (kvq_quant_fn) are the same bytes in every
+ * version (qu = qs + 128 too), and the scores over them (kvq_scores_i8_fn)
+ * are the float entry's, sc. */
+static void check_quantized_query(const struct kvq_kernels *g, const struct kvq_kernels *s,
+				  const struct kvq_kernels *x, enum kvd_kv_type t, const float *q, int nr,
+				  const unsigned char *const *kp, int n, int hd, const float *sc)
+{
+	static struct kvq_qrow qg[PROD_MAXR], qs[PROD_MAXR], qx[PROD_MAXR];
+	static float out[PROD_MAXR * PROD_MAXN];
+	const struct kvq_kernels *ks[3] = {g, s, x};
+	const struct kvq_qrow *ptr[PROD_MAXR];
+	memset(qg, 0, sizeof(qg));
+	memset(qs, 0, sizeof(qs));
+	memset(qx, 0, sizeof(qx));
+	g->quant(q, nr, hd, qg);
+	s->quant(q, nr, hd, qs);
+	x->quant(q, nr, hd, qx);
+	assert_memory_equal(qg, qs, sizeof(qg));
+	assert_memory_equal(qg, qx, sizeof(qg));
+	for (int r = 0; r < nr; r++) {
+		for (int i = 0; i < hd; i++)
+			assert_int_equal(qg[r].qu[i], (uint8_t)(qg[r].qs[i] + 128));
+		/* the rows given in another order than they lie */
+		ptr[r] = &qg[nr - 1 - r];
+	}
+	for (int k = 0; k < 3; k++) {
+		memset(out, 0, sizeof(out));
+		ks[k]->scores_i8(t, ptr, nr, kp, n, hd, 0.125f, out, n);
+		for (int r = 0; r < nr; r++)
+			assert_memory_equal(out + r * n, sc + (nr - 1 - r) * n, sizeof(float) * (size_t)n);
+	}
+}
+
 /* scores and accum against float64 over the stored values (the query as
  * scored: query_as_scored); portable, AVX2 and AVX-512 versions identical */
 static void test_products(void **state)
 {
 	(void)state;
-	enum { MAXN = 40, MAXR = 9, MAXHD = 256 };
+	enum { MAXN = PROD_MAXN, MAXR = PROD_MAXR, MAXHD = PROD_MAXHD };
 	struct kvq_kernels g, s, x;
 	cpu_kvq_kernels_init(&g, 0);
 	cpu_kvq_kernels_init(&s, 1);
@@ -345,6 +387,8 @@ static void test_products(void **state)
 					assert_memory_equal(sc_g, sc_x, sizeof(float) * (size_t)(nr * n));
 					assert_memory_equal(o_g, o_s, sizeof(float) * (size_t)(nr * hd));
 					assert_memory_equal(o_g, o_x, sizeof(float) * (size_t)(nr * hd));
+					if (t == KVD_KV_Q8_0 || t == KVD_KV_Q4_0)
+						check_quantized_query(&g, &s, &x, t, q, nr, kp, n, hd, sc_g);
 					for (int r = 0; r < nr; r++) {
 						/* q8_0 and q4_0 scores are products with the
 						 * query as quantized (kvquant.h) */
@@ -363,13 +407,26 @@ static void test_products(void **state)
 									 sc_g[r * n + p], d * 0.125);
 						}
 						for (int i = 0; i < hd; i++) {
-							double y = o0[r * hd + i], a = fabs(y);
+							double y = o0[r * hd + i], a = fabs(y), wq = 0;
 							for (int p = 0; p < len[r]; p++) {
 								double e = (double)w[r * n + p] * ref_element(t, vp[p], i);
 								y += e;
 								a += fabs(e);
 							}
-							if (!(fabs(o_g[r * hd + i] - y) <= a * 1e-6))
+							/* q8_0/q4_0: each weight a d within
+							 * P / 65534 (kvquant.h), P = max |a d| */
+							if (t == KVD_KV_Q8_0 || t == KVD_KV_Q4_0) {
+								double P = 0, qa = 0;
+								for (int p = 0; p < len[r]; p++) {
+									double d = block_scale(t, vp[p], i);
+									double ad = fabs((double)w[r * n + p] * d);
+									P = ad > P ? ad : P;
+									if (d != 0)
+										qa += fabs(ref_element(t, vp[p], i) / d);
+								}
+								wq = P / 65534 * qa * 1.05; /* and the scales rounding */
+							}
+							if (!(fabs(o_g[r * hd + i] - y) <= a * 1e-6 + wq))
 								fail_msg("%s hd %d: accum %d,%d: %g vs %g", kvd_kv_type_name(t), hd, r, i,
 									 o_g[r * hd + i], y);
 						}
