@@ -47,6 +47,13 @@
  * real, distinct memory (untouched pages of the pool's memfd could all be
  * read from one zero page, and caches would flatter the figure).
  *
+ * --probe (decode, batch): the read probe (as `read`, --mib N, default 1024)
+ * just before and just after the timed steps, in the same process, so that
+ * the step's reads per second (reads_gb_per_s: bytes_per_step times steps
+ * per second) can be set against the bandwidth of the same window
+ * (probe_before_gb_per_s, probe_after_gb_per_s; this host's moves by half
+ * within minutes).
+ *
  * Prompts are deterministic pseudo-random token ids (the same ones the
  * llama.cpp side uses, from the same generator: x = x * 1103515245 + 12345,
  * id = 100 + (x >> 8) % (n_vocab - 200)). Greedy decoding, EOS ignored.
@@ -145,6 +152,28 @@ static void *read_part(void *p)
 	s0 += s1 + s2 + s3;
 	t->sum = s0[0] + s0[1];
 	return NULL;
+}
+
+static double bandwidth(size_t mib, int threads, int read_only, int pf);
+
+/* The read bandwidth, the best the machine gives: with the hardware
+ * prefetchers alone (*plain) and with software prefetches of either kind
+ * at a few distances (*best_pf: 0 none, > 0 prefetchnta, < 0 prefetcht0
+ * that many bytes ahead). -1 when the memory cannot be had. */
+static double read_probe(size_t mib, int threads, double *plain, int *best_pf)
+{
+	static const int pfs[] = {512, 1024, 4096, -512, -2048};
+	double gbs = bandwidth(mib, threads, 1, 0);
+	*plain = gbs;
+	*best_pf = 0;
+	for (size_t i = 0; gbs >= 0 && i < sizeof pfs / sizeof pfs[0]; i++) {
+		double g = bandwidth(mib, threads, 1, pfs[i]);
+		if (g > gbs) {
+			gbs = g;
+			*best_pf = pfs[i];
+		}
+	}
+	return gbs;
 }
 
 /* Memory bandwidth over `threads` threads (each its own slice), best of 5:
@@ -383,13 +412,14 @@ int main(int argc, char **argv)
 		{"seqs", required_argument, 0, 's'},  {"suffix", required_argument, 0, 'k'},
 		{"mib", required_argument, 0, 'M'},   {"chunk", required_argument, 0, 'c'},
 		{"cache-type", required_argument, 0, 'K'}, {"fast-depth", no_argument, 0, 'F'},
+		{"probe", no_argument, 0, 'P'},
 		{0, 0, 0, 0},
 	};
 	const char *model = NULL;
 	int threads = 1, depth = 128, tokens = 64, seqs = 1, suffix = 16, chunk = 512;
 	size_t mib = 1024;
 	enum kvd_kv_type kv_type = KVD_KV_F16;
-	int c, fast_depth = 0;
+	int c, fast_depth = 0, probe = 0;
 
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (c) {
@@ -402,6 +432,7 @@ int main(int argc, char **argv)
 		case 'M': mib = (size_t)atol(optarg); break;
 		case 'c': chunk = atoi(optarg); break;
 		case 'F': fast_depth = 1; break;
+		case 'P': probe = 1; break;
 		case 'K':
 			if (kvd_kv_type_parse(optarg, &kv_type) < 0) {
 				fprintf(stderr, "kvd_bench: --cache-type: '%s' is not f16, bf16, q8_0, q4_0 or f32\n", optarg);
@@ -419,8 +450,8 @@ int main(int argc, char **argv)
 	}
 	const char *what = argv[optind];
 	if (!strcmp(what, "triad") || !strcmp(what, "read")) {
-		int ro = !strcmp(what, "read");
-		double gbs = bandwidth(mib, threads, ro, 0), plain = gbs;
+		int ro = !strcmp(what, "read"), best_pf = 0;
+		double plain = 0, gbs = ro ? read_probe(mib, threads, &plain, &best_pf) : bandwidth(mib, threads, 0, 0);
 		if (gbs < 0) {
 			fprintf(stderr, "kvd_bench: %s: cannot allocate %zu MiB (or --threads out of 1..64)\n", what, mib);
 			return 1;
@@ -428,18 +459,6 @@ int main(int argc, char **argv)
 		if (!ro) {
 			printf("{\"figure\":\"triad\",\"threads\":%d,\"mib\":%zu,\"gb_per_s\":%.3f}\n", threads, mib, gbs);
 			return 0;
-		}
-		/* the read bandwidth is the best the machine gives: with the
-		 * hardware prefetchers alone and with software prefetches of
-		 * either kind at a few distances */
-		static const int pfs[] = {512, 1024, 4096, -512, -2048};
-		int best_pf = 0;
-		for (size_t i = 0; i < sizeof pfs / sizeof pfs[0]; i++) {
-			double g = bandwidth(mib, threads, 1, pfs[i]);
-			if (g > gbs) {
-				gbs = g;
-				best_pf = pfs[i];
-			}
 		}
 		printf("{\"figure\":\"read\",\"threads\":%d,\"mib\":%zu,\"gb_per_s\":%.3f,\"plain_gb_per_s\":%.3f,"
 		       "\"prefetch\":\"%s%d\"}\n",
@@ -563,6 +582,15 @@ int main(int argc, char **argv)
 			}
 			next[i] = kvd_sampler_sample(smp, R.logits, NULL, 0);
 		}
+		/* --probe: the read probe just before and just after the timed
+		 * steps, the same window of this host's bandwidth */
+		double pb = 0, pa = 0, plain;
+		int pf;
+		if (probe && (pb = read_probe(mib, threads, &plain, &pf)) < 0) {
+			fprintf(stderr, "kvd_bench: --probe: cannot allocate %zu MiB\n", mib);
+			kvd_sampler_free(smp);
+			goto out;
+		}
 		double t0 = now_s(), c0 = cpu_s();
 		for (int step = 0; step < tokens; step++) {
 			for (int i = 0; i < seqs; i++)
@@ -577,6 +605,10 @@ int main(int argc, char **argv)
 		}
 		double dt = now_s() - t0, dc = cpu_s() - c0;
 		kvd_sampler_free(smp);
+		if (probe && (pa = read_probe(mib, threads, &plain, &pf)) < 0) {
+			fprintf(stderr, "kvd_bench: --probe: cannot allocate %zu MiB\n", mib);
+			goto out;
+		}
 		/* bytes one decode step must read: every weight once, plus each
 		 * sequence's K and V at its mean depth during the run */
 		const struct kvd_kv_layout *L = kvd_engine_kv_layout(R.e);
@@ -587,9 +619,13 @@ int main(int argc, char **argv)
 		double macs = macs_per_token(kvd_model_hparams(kvd_engine_model(R.e)), depth + (tokens + 1) / 2.0, 1);
 		printf("{\"figure\":\"%s\",\"cache_type\":\"%s\",\"depth\":%d,\"seqs\":%d,\"tokens\":%d,\"threads\":%d,\"seconds\":%.6f,"
 		       "\"tokens_per_s\":%.3f,\"cpu_seconds\":%.6f,\"bytes_per_step\":%.0f,\"macs_per_token\":%.0f,"
-		       "\"fast_depth\":%s,\"peak_rss_kib\":%ld}\n",
+		       "\"fast_depth\":%s,\"peak_rss_kib\":%ld",
 		       what, kvd_kv_type_name(L->type), depth, seqs, tokens, threads, dt, (double)tokens * seqs / dt, dc,
 		       step_bytes, macs, fast_depth ? "true" : "false", peak_rss_kib());
+		if (probe)
+			printf(",\"probe_before_gb_per_s\":%.3f,\"probe_after_gb_per_s\":%.3f,\"reads_gb_per_s\":%.3f",
+			       pb, pa, step_bytes * tokens / dt / 1e9);
+		printf("}\n");
 	} else if (!strcmp(what, "prefix")) {
 		/* cold: prefix + suffix A; warm: same prefix + suffix B */
 		uint32_t a, b;

@@ -21,10 +21,15 @@ alternating, --reps times:
                    together, aggregate tokens/s (kvd_bench batch;
                    llama-batched-bench -npp 128 -ntg 16 -npl 32, its S_TG)
 
-Before each round of a decode figure, `kvd_bench read` measures the
-machine's read bandwidth (2 threads, 1 GiB, best of 5): each decode figure
-is printed with the bytes kvd reads per step times its tokens/s, as GB/s
-and as a fraction of that probe. A peer that is absent (not built: no
+In each round of a decode figure, kvd_bench --probe measures the machine's
+read bandwidth (as `kvd_bench read`: 2 threads, 1 GiB, best of 5) just
+before and just after its timed steps, in the same process: each decode
+figure is printed with the bytes kvd reads per step times its tokens/s, as
+GB/s and as a fraction of the mean of the two probes. This host's
+bandwidth moves by half within seconds (other guests' traffic), so a round
+whose two probes differ by more than a tenth is unsteady: the fraction is
+the median over the steady rounds where there are any (how many is
+printed), else over all. A peer that is absent (not built: no
 network where its source would come from) is said so once, and its columns
 are left out. Each figure is the median of its rounds; the spread (min..max)
 is printed beside it. Raw results go to bench/results/shapes-<time>.json.
@@ -55,7 +60,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KVD = os.path.join(ROOT, os.environ.get("KVD_BUILD", "build"), "bench", "kvd_bench")
 SEQS, SEQ_PROMPT, SEQ_TOKENS = 32, 128, 16
 DEC, DEEP, DEEP_TOKENS = 64, 8192, 32
-PROBE_MIB = 1024
 
 
 def figures(deep):
@@ -94,10 +98,6 @@ def run(cmd):
 def run_kvd(model, threads, args):
     cmd = [KVD, "--model", model, "--threads", str(threads)] + args
     return json.loads(run(cmd).stdout.strip().splitlines()[-1]), cmd
-
-
-def probe(threads):
-    return json.loads(run([KVD, "--threads", str(threads), "read", "--mib", str(PROBE_MIB)]).stdout)["gb_per_s"]
 
 
 def peak(threads):
@@ -171,11 +171,11 @@ def main():
             cmds = {}
             reps = a.deep_reps if a.deep_reps and fig.startswith("decode d%d" % DEEP) else a.reps
             for _ in range(reps):
-                if dec:
-                    bw.append(probe(a.threads))
-                else:
+                if not dec:
                     pk.append(peak(a.threads))
-                r, cmds["kvd"] = run_kvd(model, a.threads, kargs)
+                r, cmds["kvd"] = run_kvd(model, a.threads, (["--probe"] if dec else []) + kargs)
+                if dec:
+                    bw.append((r["probe_before_gb_per_s"], r["probe_after_gb_per_s"]))
                 kv.append(r["tokens_per_s"])
                 macs.append(r["macs_per_token"])
                 if dec:
@@ -209,8 +209,12 @@ def main():
             if dec:
                 row["read_gb_per_s"] = bw
                 row["kvd_gb_per_s"] = eff
-                # each round's reads against the probe just before it
-                row["of_probe"] = statistics.median(e / b for e, b in zip(eff, bw))
+                # each round's reads against the mean of its two probes;
+                # the steady rounds (probes within a tenth) where there are any
+                steady = [abs(b0 - b1) <= 0.1 * (b0 + b1) / 2 for b0, b1 in bw]
+                ratios = [e / ((b0 + b1) / 2) for e, (b0, b1) in zip(eff, bw)]
+                row["steady_rounds"] = sum(steady)
+                row["of_probe"] = statistics.median([x for x, st in zip(ratios, steady) if st] or ratios)
             row["load_avg_1min"] = os.getloadavg()[0]
             rows.append(row)
             results["figures"].append(row)
@@ -219,8 +223,9 @@ def main():
                 if n + "_median" in row:
                     line += "  %s %7.1f (%s) x%.2f" % (n, row[n + "_median"], spread(pv[n]), row["kvd/" + n])
             if dec:
-                line += "  | kvd reads %.1f GB/s, probe %s GB/s: %.0f%%" % (
-                    statistics.median(eff), spread(bw), 100 * row["of_probe"])
+                line += "  | kvd reads %.1f GB/s, probes %s GB/s: %.0f%% (%d of %d rounds steady)" % (
+                    statistics.median(eff), spread([x for b in bw for x in b]), 100 * row["of_probe"],
+                    row["steady_rounds"], len(bw))
             if pk:
                 line += "  | kvd %.0f GMAC/s, int8 peak (%s) %s: %.0f%%" % (
                     row["kvd_gmacs"], row["int8_kind"], spread(i8), 100 * row["of_int8_peak"])
@@ -237,7 +242,7 @@ def main():
     if rows:
         print()
         print("tokens/s, %d threads, median of %d alternating rounds (kvd, mainline, ik_llama.cpp); "
-              "decode rows: kvd's weight+cache reads per second over the read probe of the same round; "
+              "decode rows: kvd's weight+cache reads per second over the read probes just before and after its steps; "
               "prefill and 32 seqs: multiply-adds per second over the int8 peak of the same round"
               % (a.threads, a.reps))
         print("load average (1 min) during the rows: %.1f..%.1f" % (min(r["load_avg_1min"] for r in rows),
