@@ -18,9 +18,11 @@ gen() { # NAME PRIORITY MAX_TOKENS: finish time (ns) in $T/NAME.t
 		>"$T/$1.out" 2>"$T/$1.err"
 	date +%s%N >"$T/$1.t"
 }
-long() { # the request the two queue behind: 400 tokens under a constraint that no
-	# end-of-sequence token can finish early (it is cut by --max-tokens: exit 8)
-	KVD_SOCKET=$S "$KVCTL" generate --raw --temperature 0 --max-tokens 400 --regex '(la ){500}' "Sing" \
+long() { # the request the two queue behind: 1,200 tokens under a constraint that no
+	# end-of-sequence token can finish early (it is cut by --max-tokens: exit 8);
+	# long enough that both others are queued behind it on a fast machine too
+	# (400 tokens ended before the second arrived once)
+	KVD_SOCKET=$S "$KVCTL" generate --raw --temperature 0 --max-tokens 1200 --regex '(la ){1500}' "Sing" \
 		>"$T/long.out" 2>"$T/long.err"
 	[ $? = 8 ] || fail "the long request did not run to --max-tokens: $(cat "$T/long.err")"
 }

@@ -69,8 +69,11 @@ ok "hardening in force: NoNewPrivs 1, CapEff 0, uid $KUID, /usr and /etc read-on
 IN /run/stage/bin/kvd_raw -s /run/kvd/kvd.sock generate --raw -n 16 "hello from systemd" >"$T/gen.out" 2>"$T/gen.err" ||
 	inner_fail "generate: $(cat "$T/gen.err")"
 grep -q "^DONE" "$T/gen.err" || inner_fail "generate: no DONE"
+# each client's sequence grows to about 26 of the pool's 40 pages, so any
+# two of them running at once make the scheduler swap (with 120 tokens a
+# client, six had to overlap, and under load they sometimes did not)
 for i in 1 2 3 4 5 6 7 8; do
-	IN /run/stage/bin/kvd_raw -s /run/kvd/kvd.sock generate --raw -n 120 "swap test $i under systemd" >/dev/null 2>"$T/sw$i.err" &
+	IN /run/stage/bin/kvd_raw -s /run/kvd/kvd.sock generate --raw -n 400 "swap test $i under systemd" >/dev/null 2>"$T/sw$i.err" &
 	SW[$i]=$!
 done
 for i in 1 2 3 4 5 6 7 8; do wait "${SW[$i]}" || inner_fail "swap client $i: $(cat "$T/sw$i.err")"; done
