@@ -458,6 +458,25 @@ A512 INLINE __m512 k_scales16(const uint8_t *const *kr, int b, size_t bb, __m512
 	return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_inserti64x4(_mm512_castsi256_si512(g_lo), g_hi, 1)));
 }
 
+/* Positions i0 .. i0 + 15 of the n K rows k (rb bytes each; past n, the
+ * last row again) into kr, the next 16 rows requested into L1, and the
+ * rows' offsets from kr[0] (k_scales16's gather); returns the mask of the
+ * positions that exist */
+A512 INLINE __mmask16 k_rows16(const unsigned char *const *k, int n, int i0, size_t rb, const uint8_t **kr,
+			       __m512i *off_lo, __m512i *off_hi)
+{
+	int cnt = n - i0 < 16 ? n - i0 : 16;
+	for (int j = 0; j < 16; j++)
+		kr[j] = k[i0 + j < n ? i0 + j : n - 1];
+	for (int j = 0; j < 16 && i0 + j + 16 < n; j++)
+		for (size_t o = 0; o < rb; o += 64)
+			_mm_prefetch((const char *)k[i0 + j + 16] + o, _MM_HINT_T0);
+	__m512i base = _mm512_set1_epi64((long long)(uintptr_t)kr[0]);
+	*off_lo = _mm512_sub_epi64(_mm512_loadu_si512((const void *)kr), base);
+	*off_hi = _mm512_sub_epi64(_mm512_loadu_si512((const void *)(kr + 8)), base);
+	return (__mmask16)((1u << cnt) - 1);
+}
+
 /* A decode's query group (NT <= 4 rows, compile-time, as Q8): each row's
  * running sum over blocks stays in a register (the same operations as the
  * general path below: acc = fma(e_b d_b, s_b, acc) from +0, then * scale) */
@@ -466,17 +485,9 @@ A512 INLINE void scores_few(const int NT, const int Q8, const struct kvq_qrow *c
 {
 	const __m512 vscale = _mm512_set1_ps(scale);
 	for (int i0 = 0; i0 < n; i0 += 16) {
-		int cnt = n - i0 < 16 ? n - i0 : 16;
-		__mmask16 live = (__mmask16)((1u << cnt) - 1);
 		const uint8_t *kr[16];
-		for (int j = 0; j < 16; j++)
-			kr[j] = k[i0 + j < n ? i0 + j : n - 1];
-		for (int j = 0; j < 16 && i0 + j + 16 < n; j++)
-			for (size_t o = 0; o < bb * (size_t)nb; o += 64)
-				_mm_prefetch((const char *)k[i0 + j + 16] + o, _MM_HINT_T0);
-		__m512i base = _mm512_set1_epi64((long long)(uintptr_t)kr[0]);
-		__m512i off_lo = _mm512_sub_epi64(_mm512_loadu_si512((const void *)kr), base);
-		__m512i off_hi = _mm512_sub_epi64(_mm512_loadu_si512((const void *)(kr + 8)), base);
+		__m512i off_lo, off_hi;
+		__mmask16 live = k_rows16(k, n, i0, bb * (size_t)nb, kr, &off_lo, &off_hi);
 		__m512 acc[4];
 		UNROLL for (int r = 0; r < NT; r++)
 			acc[r] = _mm512_setzero_ps();
@@ -531,19 +542,9 @@ A512 void cpu_kvq8_scores_i8_avx512(enum kvd_kv_type t, const struct kvq_qrow *c
 	/* more rows (a prefill tile's): each block's transpose serves them
 	 * all, the running sums in sc */
 	for (int i0 = 0; i0 < n; i0 += 16) {
-		int cnt = n - i0 < 16 ? n - i0 : 16;
-		__mmask16 live = (__mmask16)((1u << cnt) - 1);
 		const uint8_t *kr[16];
-		for (int j = 0; j < 16; j++)
-			kr[j] = k[i0 + j < n ? i0 + j : n - 1];
-		for (int j = 0; j < 16 && i0 + j + 16 < n; j++)
-			for (size_t o = 0; o < bb * (size_t)nb; o += 64)
-				_mm_prefetch((const char *)k[i0 + j + 16] + o, _MM_HINT_T0);
-		/* the rows' block scales are gathered as dwords at offsets
-		 * from the first row */
-		__m512i base = _mm512_set1_epi64((long long)(uintptr_t)kr[0]);
-		__m512i off_lo = _mm512_sub_epi64(_mm512_loadu_si512((const void *)kr), base);
-		__m512i off_hi = _mm512_sub_epi64(_mm512_loadu_si512((const void *)(kr + 8)), base);
+		__m512i off_lo, off_hi;
+		__mmask16 live = k_rows16(k, n, i0, bb * (size_t)nb, kr, &off_lo, &off_hi);
 		for (int b = 0; b < nb; b++) {
 			__m512i z[8], corr;
 			__m512 dk = k_scales16(kr, b, bb, off_lo, off_hi);
