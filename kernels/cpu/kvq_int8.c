@@ -116,11 +116,6 @@ void cpu_kvq8_quant_generic(const float *x, int nr, int hd, struct kvq_qrow *out
 	quant_via(quant_rows, x, nr, hd, out);
 }
 
-INLINE size_t blk_bytes(enum kvd_kv_type t)
-{
-	return t == KVD_KV_Q8_0 ? 34 : 18;
-}
-
 /* block b's integer dot: sum_i q_i k_i over the stored quants (q4_0: the
  * nibble minus 8) */
 static int32_t idot_generic(enum kvd_kv_type t, const uint8_t *blk, const int8_t *q)
@@ -139,7 +134,7 @@ static int32_t idot_generic(enum kvd_kv_type t, const uint8_t *blk, const int8_t
 void cpu_kvq8_scores_i8_generic(enum kvd_kv_type t, const struct kvq_qrow *const *qr, int nr,
 				const unsigned char *const *k, int n, int hd, float scale, float *sc, int ldsc)
 {
-	size_t bb = blk_bytes(t);
+	size_t bb = kvq8_blk_bytes(t);
 	int nb = hd / QB;
 
 	for (int r = 0; r < nr; r++)
@@ -248,7 +243,7 @@ AVX2 INLINE __m256 scales8_avx2(const uint8_t *const *blk, size_t off)
 AVX2 INLINE void scores_rows_avx2(const int NR, enum kvd_kv_type t, const struct kvq_qrow *const *qr, int r0,
 				  const unsigned char *const *k, int n, int nb, float scale, float *sc, int ldsc)
 {
-	const size_t bb = blk_bytes(t);
+	const size_t bb = kvq8_blk_bytes(t);
 	const __m256i ones = _mm256_set1_epi16(1);
 	const __m256 vscale = _mm256_set1_ps(scale);
 	_Alignas(32) uint8_t ku[8][32];
@@ -509,7 +504,7 @@ A512 INLINE void scores_few(const int NT, const int Q8, const struct kvq_qrow *c
 A512 void cpu_kvq8_scores_i8_avx512(enum kvd_kv_type t, const struct kvq_qrow *const *qr, int nr,
 				    const unsigned char *const *k, int n, int hd, float scale, float *sc, int ldsc)
 {
-	size_t bb = blk_bytes(t);
+	size_t bb = kvq8_blk_bytes(t);
 	int nb = hd / QB, q8 = t == KVD_KV_Q8_0;
 	const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 	__m512i ix0[3], ix1[3];

@@ -10,6 +10,12 @@
 
 #include "kvquant.h"
 
+/* A q8_0 or q4_0 block's bytes: the f16 scale and 32 quants */
+static inline size_t kvq8_blk_bytes(enum kvd_kv_type t)
+{
+	return t == KVD_KV_Q8_0 ? 34 : 18;
+}
+
 /* kvq_scores_fn for t q8_0 or q4_0 and hd <= KVQ_INT8_MAX_HD, in portable
  * C, with AVX2 and with AVX-512 VNNI: the same bits. */
 void cpu_kvq8_scores_generic(enum kvd_kv_type t, const float *const *q, int nr, const unsigned char *const *k, int n,

@@ -20,17 +20,12 @@
 #define INLINE static inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 8")
 
-INLINE size_t blk_bytes(enum kvd_kv_type t)
-{
-	return t == KVD_KV_Q8_0 ? 34 : 18;
-}
-
 /* The weighted V sums over q8_0 and q4_0 rows in integers, as kvquant.h
  * states them, one position at a time. */
 void cpu_kvq8_accum_generic(enum kvd_kv_type t, float *const *o, int nr, const int *len, const float *w, int ldw,
 			    const unsigned char *const *v, int hd)
 {
-	size_t bb = blk_bytes(t);
+	size_t bb = kvq8_blk_bytes(t);
 	float p[KVQ_VSUM_GROUP];
 	for (int r = 0; r < nr; r++)
 		for (int g0 = 0; g0 < len[r]; g0 += KVQ_VSUM_GROUP) {
@@ -171,7 +166,7 @@ AVX2 INLINE void vsum_group_avx2(const int NT, const int Q8, float *const *o, co
 AVX2 void cpu_kvq8_accum_avx2(enum kvd_kv_type t, float *const *o, int nr, const int *len, const float *w, int ldw,
 			 const unsigned char *const *v, int hd)
 {
-	size_t bb = blk_bytes(t), rb = bb * (size_t)(hd / QB);
+	size_t bb = kvq8_blk_bytes(t), rb = bb * (size_t)(hd / QB);
 	int n = 0, q8 = t == KVD_KV_Q8_0;
 	for (int r = 0; r < nr; r++)
 		n = len[r] > n ? len[r] : n;
@@ -334,7 +329,7 @@ A512 INLINE void vsum_group(const int NT, const int NB2, const int Q8, const int
 A512 void cpu_kvq8_accum_avx512(enum kvd_kv_type t, float *const *o, int nr, const int *len, const float *w, int ldw,
 			   const unsigned char *const *v, int hd)
 {
-	size_t bb = blk_bytes(t), rb = bb * (size_t)(hd / QB);
+	size_t bb = kvq8_blk_bytes(t), rb = bb * (size_t)(hd / QB);
 	int nb = hd / QB, n = 0, q8 = t == KVD_KV_Q8_0, vnni = cpu_kvq8_have_vnni();
 	for (int r = 0; r < nr; r++)
 		n = len[r] > n ? len[r] : n;

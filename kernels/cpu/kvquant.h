@@ -6,7 +6,7 @@
  * 32-element block is converted to floats in registers and scaled once;
  * for q8_0 and q4_0 the scores are integer products against the query
  * quantized to int8 and the weighted V sums integer products against the
- * weights quantized to int16 (kernels/cpu/kvq_int8.c).
+ * weights quantized to int16 (kernels/cpu/kvq_int8.c, kvq_vsum.c).
  *
  * Exact arithmetic, the same in every build (so the portable, AVX2 and
  * AVX-512 versions give the same bits, and a token's attention does not depend on
@@ -98,8 +98,8 @@ typedef void (*kvq_accum_fn)(enum kvd_kv_type t, float *const *o, int nr, const 
  * exp and 16 partial sums, the same bits in every version). */
 typedef void (*kvq_softmax_fn)(float *s, int n, float *ret_m, float *ret_l);
 
-/* The integer V sums (kvquant.h's statement): positions a group covers,
- * and the largest weight's integer. */
+/* The integer V sums stated above: positions a group covers, and the
+ * largest weight's integer. */
 #define KVQ_VSUM_GROUP 256
 #define KVQ_VSUM_UMAX 32767.0f
 
