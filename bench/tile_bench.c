@@ -11,7 +11,7 @@
  * N rows (default 32) of K columns (default 2048) of random quants with
  * finite scales, packed as the kernel set in use reads them
  * (cpu_gemm_pack), times T activation rows (default 256) quantized as the
- * engine quantizes them, C tokens per call (default 8, GEMM_COLS: what the
+ * engine quantizes them (one scale per 256 for the K-quants), C tokens per call (default 8, GEMM_COLS: what the
  * engine's matrix product passes; 1 is decode's shape; 16 takes the AMX
  * tiles where the set has them, as the engine does) and 16 rows
  * (GEMM_ROWS) per call, token chunks outer and row groups inner (the
@@ -86,7 +86,7 @@ static int run(const struct cpu_kernels *k, size_t ti, int64_t K, int64_t rows, 
 	for (int64_t i = 0; i < K * T; i++)
 		x[i] = (float)((int)(next() % 2001) - 1000) / 500.0f;
 	for (int i = 0; i < T; i++)
-		k->quantize_q8(x + K * i, xq + ldq * i, K);
+		(wtype_wants_q8k(t) ? k->quantize_q8k : k->quantize_q8)(x + K * i, xq + ldq * i, K);
 	double best = 1e30;
 	for (int r = 0; r < reps; r++) {
 		double t0 = now_s();

@@ -349,13 +349,15 @@ struct q8_job {
 	int64_t ldq;
 	int T;
 	int64_t n;
+	int k;
 };
 
 static void q8_worker(void *arg, int ith, int nth)
 {
 	const struct q8_job *j = arg;
+	void (*quant)(const float *, struct q8_block *, int64_t) = j->k ? j->c->k.quantize_q8k : j->c->k.quantize_q8;
 	for (int t = ith; t < j->T; t += nth)
-		j->c->k.quantize_q8(j->x + t * j->ldx, j->xq + t * j->ldq, j->n);
+		quant(j->x + t * j->ldx, j->xq + t * j->ldq, j->n);
 }
 
 void be_run_rows(struct cpu_ctx *c, tp_fn fn, void *arg, int T)
@@ -367,9 +369,9 @@ void be_run_rows(struct cpu_ctx *c, tp_fn fn, void *arg, int T)
 }
 
 void be_quantize_rows(struct cpu_ctx *c, const float *x, int64_t ldx, struct q8_block *xq, int64_t ldq, int T,
-		      int64_t n)
+		      int64_t n, int k)
 {
-	struct q8_job j = {c, x, ldx, xq, ldq, T, n};
+	struct q8_job j = {c, x, ldx, xq, ldq, T, n, k};
 	be_run_rows(c, q8_worker, &j, T);
 }
 

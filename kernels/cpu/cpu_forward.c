@@ -52,6 +52,9 @@ struct fwd {
 	int n_run;
 	enum xq_src quant;
 	enum xq_src xq_holds;
+	/* ... with one scale per 256 (quantize_q8k): quant_k for the pass's,
+	 * xq_k for what xq holds */
+	int quant_k, xq_k;
 	/* c->rope holds the table of (rope_th, rope_sc, rope_fr) when
 	 * rope_ok; c->rope_alt that of the (alt_*) when alt_ok: a model
 	 * alternating between two RoPEs (Gemma 3's local and global layers)
@@ -252,10 +255,12 @@ static void row_worker(void *arg, int ith, int nth)
 	for (int t = ith; t < f->T; t += nth) {
 		for (int i = 0; i < f->n_run; i++)
 			row_op(f, &f->run[i], t);
+		void (*quant)(const float *, struct q8_block *, int64_t) = f->quant_k ? c->k.quantize_q8k
+										     : c->k.quantize_q8;
 		if (f->quant == XQ_XN)
-			c->k.quantize_q8(c->xn + t * ne, c->xq + t * q8_row_len(ne), ne);
+			quant(c->xn + t * ne, c->xq + t * q8_row_len(ne), ne);
 		else if (f->quant == XQ_GATE)
-			c->k.quantize_q8(c->gate + t * nff, c->xq + t * q8_row_len(nff), nff);
+			quant(c->gate + t * nff, c->xq + t * q8_row_len(nff), nff);
 	}
 }
 
@@ -308,6 +313,17 @@ static int any_quantized(const struct kvd_op *op)
 	return 0;
 }
 
+/* Whether op's products take their activations with one scale per 256:
+ * where any of its matrices is a K-quant (whose tiles need them; the
+ * others' kernels take such rows too, with the coarser scale). */
+static int wants_q8k(const struct kvd_op *op)
+{
+	for (int i = 0; i < 3; i++)
+		if (op->w[i] && wtype_wants_q8k(op->w[i]->type))
+			return 1;
+	return 0;
+}
+
 /* What a row run's pass quantizes for the operation after it. */
 static enum xq_src quant_for(const struct kvd_op *next)
 {
@@ -326,10 +342,12 @@ static enum xq_src quant_for(const struct kvd_op *next)
 /* xq made the q8 form of activation src (n floats a row) when op reads it. */
 static void need_q8(struct fwd *f, const struct kvd_op *op, enum xq_src src, const float *x, int64_t n)
 {
-	if (!any_quantized(op) || f->xq_holds == src)
+	int k = wants_q8k(op);
+	if (!any_quantized(op) || (f->xq_holds == src && f->xq_k == k))
 		return;
-	be_quantize_rows(f->c, x, n, f->c->xq, q8_row_len(n), f->T, n);
+	be_quantize_rows(f->c, x, n, f->c->xq, q8_row_len(n), f->T, n, k);
 	f->xq_holds = src;
+	f->xq_k = k;
 }
 
 static void op_embed(struct fwd *f, const struct kvd_op *op)
@@ -377,7 +395,7 @@ static void op_logits(struct fwd *f, const struct kvd_op *op)
 	int n = f->n_logit_rows;
 
 	if (wtype_is_quantized(op->w[0]->type))
-		be_quantize_rows(c, c->logit_rows, ne, c->xq, q8_row_len(ne), n, ne);
+		be_quantize_rows(c, c->logit_rows, ne, c->xq, q8_row_len(ne), n, ne, wants_q8k(op));
 	/* one pass over the output matrix for every row that wants logits,
 	 * then each sequence's rows to its buffer */
 	float *out = c->logits_tmp;
@@ -529,8 +547,10 @@ int be_forward(void *ctx, const struct kvd_batch *b)
 			f.run = op;
 			f.n_run = j - i;
 			f.quant = quant_for(j < p->n_ops ? &p->ops[j] : NULL);
+			f.quant_k = f.quant != XQ_NONE && wants_q8k(&p->ops[j]);
 			be_run_rows(c, row_worker, &f, T);
 			f.xq_holds = f.quant;
+			f.xq_k = f.quant_k;
 			i = j;
 			continue;
 		}

@@ -105,9 +105,10 @@ void be_mm_run(struct cpu_ctx *c, struct mm_multi *m);
  * quantized, x (ldx floats a row) otherwise; wp its packed copy or NULL. */
 void be_matmul(struct cpu_ctx *c, const struct kvd_tensor *w, const void *wp, int T, const float *x, int64_t ldx,
 	       const struct q8_block *xq, int64_t ldq, float *y, int64_t ldy);
-/* xq = the q8 form of T rows of n floats (x row stride ldx, xq ldq blocks). */
+/* xq = the q8 form of T rows of n floats (x row stride ldx, xq ldq
+ * blocks): with one scale per 256 (quantize_q8k) where k, else per 32. */
 void be_quantize_rows(struct cpu_ctx *c, const float *x, int64_t ldx, struct q8_block *xq, int64_t ldq, int T,
-		      int64_t n);
+		      int64_t n, int k);
 /* fn over T rows of activations: inline for one or two rows, where a
  * parallel region costs more than the work; every worker's rows are
  * computed the same way either way. */

@@ -19,14 +19,16 @@
  * q4_0's and q8_0's B rows are made signed (their offsets of 8 and 128
  * taken off each quant, once a group for all its token tiles), so their
  * sums are exact without a correction (TDPBSSD); the other types' quants
- * are unsigned (TDPBSUD, their minimums applied in floats as in the VNNI
- * kernel). q6_K, whose scales change every 16 columns, is left to the
- * VNNI kernel (products of K = 16 cost as much as those of 32 here).
- * Every (row, token) value then goes through the same
- * float operations in the same order as in gemm_avx512.c's tile() and
- * tile_k(): the results are bit-identical to that kernel's, so a token's
- * logits do not depend on whether its step was a prefill (tiles of 16,
- * here) or a decode (the VNNI kernel).
+ * are unsigned (TDPBSUD, their minimums applied as in the VNNI kernel:
+ * q4_1's and q5_1's in floats, the K-quants' in integers). q6_K, whose
+ * scales change every 16 columns, is left to the VNNI kernel (products of
+ * K = 16 cost as much as those of 32 here). Every (row, token) value then
+ * goes through the same integer and float operations in the same order as
+ * in gemm_avx512.c's tile() and tile_k() (the K-quants' sub-block scales
+ * and mins applied to the exact sums over each super-block, then one
+ * conversion): the results are bit-identical to that kernel's, so a
+ * token's logits do not depend on whether its step was a prefill (tiles
+ * of 16, here) or a decode (the VNNI kernel).
  *
  * AMX needs the kernel's permission (arch_prctl ARCH_REQ_XCOMP_PERM for
  * the tile data state, Linux 5.16 and later) and a tile configuration in
@@ -158,11 +160,12 @@ TGT static inline __attribute__((always_inline)) void amx_make_b(enum amx_kind k
 			_tile_dpbsud(TC, TA, TB);                                                            \
 	} while (0)
 
-/* Block b's scaling from its exact sums c: the float operations of
- * gemm_avx512.c's tile() and tile_k(), in their order. */
+/* Block b's scaling from its exact sums c: the integer and float
+ * operations of gemm_avx512.c's tile() and tile_k(), in their order (is:
+ * the K-quants' sums S of the super-block so far; nb: the row's blocks). */
 TGT static inline __attribute__((always_inline)) void amx_epilogue(enum amx_kind kind, const uint8_t *wp, int64_t b,
-								   const struct q8_block *xq, size_t ldq,
-								   const int32_t (*c)[16], __m512 *acc)
+								   int64_t nb, const struct q8_block *xq, size_t ldq,
+								   const int32_t (*c)[16], int32_t (*is)[16], __m512 *acc)
 {
 	if (!amx_kquant(kind)) {
 		const int has_m = kind == A_Q4_1 || kind == A_Q5_1;
@@ -178,19 +181,36 @@ TGT static inline __attribute__((always_inline)) void amx_epilogue(enum amx_kind
 		}
 		return;
 	}
-	const int64_t j = b % 8;
+	/* the K-quants: S and M over the super-block (gemm_avx512.c), S
+	 * kept in is between its sub-blocks */
+	const int64_t j = b % 8, s0 = b - j;
 	const uint8_t *tail = wp + (size_t)(b / 8) * amx_gb(kind) + 8 * amx_qbytes(kind);
+	const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(tail + 16 * j)));
+	UNROLL for (int t = 0; t < AMX_T; t++) {
+		__m512i p = _mm512_mullo_epi32(_mm512_load_si512(c[t]), sc);
+		_mm512_store_si512(is[t], j ? _mm512_add_epi32(_mm512_load_si512(is[t]), p) : p);
+	}
+	if (j != 7)
+		return;
 	__m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tail + 256)));
 	__m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tail + 288)));
-	__m512 sc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-					    _mm_loadu_si128((const __m128i *)(tail + 16 * j)))));
-	__m512 mn = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-						_mm_loadu_si128((const __m128i *)(tail + 128 + 16 * j)))));
+	__m512i mp[4];
+	UNROLL for (int k = 0; k < 4; k++) {
+		__m512i a0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(tail + 128 + 32 * k)));
+		__m512i a1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(tail + 144 + 32 * k)));
+		mp[k] = _mm512_or_si512(a0, _mm512_slli_epi32(a1, 16));
+	}
 	UNROLL for (int t = 0; t < AMX_T; t++) {
-		const struct q8_block *x = xq + (size_t)t * ldq + b;
-		__m512 p = _mm512_cvtepi32_ps(_mm512_load_si512(c[t]));
-		acc[t] = _mm512_fmadd_ps(p, _mm512_mul_ps(sc, _mm512_set1_ps(x->d)), acc[t]);
-		acc[t] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(x->s), acc[t]);
+		const struct q8_block *row = xq + (size_t)t * ldq;
+		const int32_t *xs = q8_row_sums(row, nb) + s0;
+		__m512i ms = _mm512_setzero_si512();
+		UNROLL for (int k = 0; k < 4; k++)
+			ms = _mm512_dpwssd_epi32(ms, mp[k],
+						 _mm512_set1_epi32((int32_t)((uint32_t)(uint16_t)xs[2 * k] |
+									     (uint32_t)xs[2 * k + 1] << 16)));
+		__m512 dx = _mm512_set1_ps(row[s0].d);
+		acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(is[t])), _mm512_mul_ps(d, dx), acc[t]);
+		acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(dmin, dx), acc[t]);
 	}
 }
 
@@ -203,8 +223,11 @@ TGT static inline __attribute__((always_inline)) void amx_tile(enum amx_kind kin
 							       const uint8_t *bts, float *y, size_t ldy)
 {
 	const size_t lda = ldq * sizeof(struct q8_block);
-	_Alignas(64) int32_t c[2][AMX_T][16];
+	_Alignas(64) int32_t c[2][AMX_T][16], is[AMX_T][16];
 	__m512 acc[AMX_T];
+
+	if (amx_kquant(kind)) /* (each super-block's first sub-block sets it) */
+		memset(is, 0, sizeof(is));
 
 	UNROLL for (int t = 0; t < AMX_T; t++)
 		acc[t] = _mm512_setzero_ps();
@@ -213,12 +236,12 @@ TGT static inline __attribute__((always_inline)) void amx_tile(enum amx_kind kin
 		if (b + 1 < nb)
 			AMX_ISSUE(kind, b + 1, 1, 3, 5);
 		_tile_stored(0, c[0], 64);
-		amx_epilogue(kind, wp, b, xq, ldq, c[0], acc);
+		amx_epilogue(kind, wp, b, nb, xq, ldq, c[0], is, acc);
 		if (b + 2 < nb)
 			AMX_ISSUE(kind, b + 2, 0, 2, 4);
 		if (b + 1 < nb) {
 			_tile_stored(1, c[1], 64);
-			amx_epilogue(kind, wp, b + 1, xq, ldq, c[1], acc);
+			amx_epilogue(kind, wp, b + 1, nb, xq, ldq, c[1], is, acc);
 		}
 	}
 	UNROLL for (int t = 0; t < AMX_T; t++)

@@ -22,8 +22,9 @@
  *   q4_K:       as q4_0 and q4_1, per sub-block of 32.
  * Float weights run the VNNI file's two FMA chains per lane.
  * Either way the block's int32 sum is exact — the same integer the VNNI
- * kernel forms — and the float steps per lane are the VNNI kernel's, so
- * both produce the same bits.
+ * kernel forms (for the K-quants, the super-block's sums S and M, the
+ * sub-block scales applied in integers: half_k) — and the float steps per
+ * lane are the VNNI kernel's, so both produce the same bits.
  */
 #include <string.h>
 
@@ -179,15 +180,19 @@ TGT static inline __attribute__((always_inline)) void half(enum gemm_kind kind, 
 				store_half(y + (size_t)t * ldy + 8 * hh, R - 8 * hh, acc2[hh][t]);
 }
 
-/* 8 bytes of per-lane integer scales as 8 floats times d (exact). */
-TGT static inline __attribute__((always_inline)) __m256 scale8(const uint8_t *p, int is_signed, __m256 d)
+/* 8 lanes' 8-bit integer scales as int16 pairs (s, s) per 32-bit lane */
+TGT static inline __attribute__((always_inline)) __m256i scale16(const uint8_t *p)
 {
-	__m128i b = _mm_loadl_epi64((const __m128i *)p);
-	__m256i v = is_signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
-	return _mm256_mul_ps(d, _mm256_cvtepi32_ps(v));
+	__m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+	return _mm256_or_si256(v, _mm256_slli_epi32(v, 16));
 }
 
-/* K-quants: rows h*8 .. h*8+7 of a group times C tokens; HH as half(). */
+/* K-quants: rows h*8 .. h*8+7 of a group times C tokens; HH as half().
+ * The VNNI kernel's integer sums S and M (gemm_avx512.c) and its two
+ * float steps per super-block: the pairs of vpmaddubsw go through
+ * vpmaddwd against the sub-block's scale instead of ones (q4_K, q5_K:
+ * sc * pair sum, exact), q6_K's two halves (their offset included) are
+ * multiplied by their scales in int32. */
 TGT static inline __attribute__((always_inline)) void half_k(enum gemm_kind kind, const uint8_t *wp, int64_t nb,
 							      const int h0, int R, const struct q8_block *xq, size_t ldq,
 							      const int C, float *y, size_t ldy, const int HH)
@@ -204,22 +209,18 @@ TGT static inline __attribute__((always_inline)) void half_k(enum gemm_kind kind
 			acc2[hh][t] = _mm256_setzero_ps();
 	for (int64_t s = 0; s < nb / 8; s++, wp += gsb) {
 		const uint8_t *tail = wp + 8 * qb;
-		__m256 d2[2], dmin2[2];
-		UNROLL for (int hh = 0; hh < HH; hh++) {
-			d2[hh] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tail + 256 + 16 * (h0 + hh))));
-			dmin2[hh] = kind == K_Q6_K ? _mm256_setzero_ps()
-				    : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tail + 288 + 16 * (h0 + hh))));
-		}
+		__m256i is2[2][SUB_COLS]; /* S per half and token */
+		UNROLL for (int hh = 0; hh < HH; hh++)
+			UNROLL for (int t = 0; t < C; t++)
+				is2[hh][t] = _mm256_setzero_si256();
 		for (int j = 0; j < 8; j++) {
 			const int64_t b = 8 * s + j;
 			if (C <= 2 && h0 == 0)
 				prefetch_ahead(kind, amd, wp + gsb / 8 * j, gsb / 8);
 			UNROLL for (int hh = 0; hh < HH; hh++) {
 			const int h = h0 + hh;
-			const __m256 d = d2[hh], dmin = dmin2[hh];
-			__m256 *acc = acc2[hh];
+			__m256i *is = is2[hh];
 			const uint8_t *wq = wp + (size_t)qb * j + 32 * h;
-			__m256i ia[SUB_COLS], ib[SUB_COLS];
 			if (kind == K_Q4_K) {
 				__m256i s16[SUB_COLS];
 				UNROLL for (int t = 0; t < C; t++)
@@ -236,20 +237,21 @@ TGT static inline __attribute__((always_inline)) void half_k(enum gemm_kind kind
 						KEEP(s16[t]);
 					}
 				}
-				UNROLL for (int t = 0; t < C; t++) {
-					ia[t] = _mm256_madd_epi16(s16[t], ones);
-					ib[t] = _mm256_setzero_si256();
-				}
+				const __m256i sc = scale16(tail + 16 * j + 8 * h);
+				UNROLL for (int t = 0; t < C; t++)
+					is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(s16[t], sc));
 			} else {
+				/* q5_K: pairs against the scale into is; q6_K: ia, ib
+				 * (elements 0..15, 16..31) from their offsets, scaled
+				 * after */
+				__m256i ia[SUB_COLS], ib[SUB_COLS];
+				const __m256i sc = kind == K_Q5_K ? scale16(tail + 16 * j + 8 * h) : ones;
 				UNROLL for (int t = 0; t < C; t++) {
 					if (kind == K_Q6_K) {
 						const struct q8_block *row = xq + (size_t)t * ldq;
 						int32_t s0 = q8_row_half_sums(row, nb)[b], s1 = q8_row_sums(row, nb)[b] - s0;
 						ia[t] = _mm256_set1_epi32(-32 * s0);
 						ib[t] = _mm256_set1_epi32(-32 * s1);
-					} else {
-						ia[t] = _mm256_setzero_si256();
-						ib[t] = _mm256_setzero_si256();
 					}
 				}
 				/* the top bits of elements 0..15 (hb0) and 16..31 (hb1:
@@ -285,31 +287,59 @@ TGT static inline __attribute__((always_inline)) void half_k(enum gemm_kind kind
 						const int8_t *q = xq[(size_t)t * ldq + b].q;
 						__m256i pa = _mm256_add_epi16(_mm256_maddubs_epi16(w0[0], bcast4(q + 4 * v2)),
 									      _mm256_maddubs_epi16(w0[1], bcast4(q + 4 * v2 + 4)));
-						ia[t] = _mm256_add_epi32(ia[t], _mm256_madd_epi16(pa, ones));
-						KEEP(ia[t]);
 						__m256i pb = _mm256_add_epi16(_mm256_maddubs_epi16(w1[0], bcast4(q + 16 + 4 * v2)),
 									      _mm256_maddubs_epi16(w1[1], bcast4(q + 20 + 4 * v2)));
-						ib[t] = _mm256_add_epi32(ib[t], _mm256_madd_epi16(pb, ones));
-						KEEP(ib[t]);
+						if (kind == K_Q6_K) {
+							ia[t] = _mm256_add_epi32(ia[t], _mm256_madd_epi16(pa, ones));
+							KEEP(ia[t]);
+							ib[t] = _mm256_add_epi32(ib[t], _mm256_madd_epi16(pb, ones));
+							KEEP(ib[t]);
+						} else {
+							is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(pa, sc));
+							KEEP(is[t]);
+							is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(pb, sc));
+							KEEP(is[t]);
+						}
+					}
+				}
+				if (kind == K_Q6_K) {
+					const __m256i s0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(tail + 32 * j + 8 * h)));
+					const __m256i s1 =
+						_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(tail + 32 * j + 16 + 8 * h)));
+					UNROLL for (int t = 0; t < C; t++) {
+						is[t] = _mm256_add_epi32(is[t], _mm256_mullo_epi32(ia[t], s0));
+						is[t] = _mm256_add_epi32(is[t], _mm256_mullo_epi32(ib[t], s1));
 					}
 				}
 			}
-			if (kind == K_Q6_K) {
-				__m256 sc0 = scale8(tail + 32 * j + 8 * h, 1, d), sc1 = scale8(tail + 32 * j + 16 + 8 * h, 1, d);
-				UNROLL for (int t = 0; t < C; t++) {
-					__m256 dx = _mm256_set1_ps(xq[(size_t)t * ldq + b].d);
-					acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[t]), _mm256_mul_ps(sc0, dx), acc[t]);
-					acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ib[t]), _mm256_mul_ps(sc1, dx), acc[t]);
-				}
-			} else {
-				__m256 sc = scale8(tail + 16 * j + 8 * h, 0, d), mn = scale8(tail + 128 + 16 * j + 8 * h, 0, dmin);
-				UNROLL for (int t = 0; t < C; t++) {
-					const struct q8_block *x = xq + (size_t)t * ldq + b;
-					__m256 p = _mm256_cvtepi32_ps(_mm256_add_epi32(ia[t], ib[t]));
-					acc[t] = _mm256_fmadd_ps(p, _mm256_mul_ps(sc, _mm256_set1_ps(x->d)), acc[t]);
-					acc[t] = _mm256_fnmadd_ps(mn, _mm256_set1_ps(x->s), acc[t]);
-				}
 			}
+		}
+		UNROLL for (int hh = 0; hh < HH; hh++) {
+			const int h = h0 + hh;
+			const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tail + 256 + 16 * h)));
+			__m256i mp[4];
+			if (kind != K_Q6_K) /* mins of sub-blocks 2k, 2k+1 as int16 pairs per lane */
+				UNROLL for (int k = 0; k < 4; k++) {
+					__m256i a0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(tail + 128 + 32 * k + 8 * h)));
+					__m256i a1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(tail + 144 + 32 * k + 8 * h)));
+					mp[k] = _mm256_or_si256(a0, _mm256_slli_epi32(a1, 16));
+				}
+			UNROLL for (int t = 0; t < C; t++) {
+				const struct q8_block *row = xq + (size_t)t * ldq;
+				const __m256 dx = _mm256_set1_ps(row[8 * s].d);
+				acc2[hh][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is2[hh][t]), _mm256_mul_ps(d, dx), acc2[hh][t]);
+				if (kind != K_Q6_K) {
+					const __m256 dmin =
+						_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tail + 288 + 16 * h)));
+					const int32_t *xs = q8_row_sums(row, nb) + 8 * s;
+					__m256i ms = _mm256_setzero_si256();
+					UNROLL for (int k = 0; k < 4; k++)
+						ms = _mm256_add_epi32(
+							ms, _mm256_madd_epi16(mp[k], _mm256_set1_epi32((int32_t)(
+											     (uint32_t)(uint16_t)xs[2 * k] |
+											     (uint32_t)xs[2 * k + 1] << 16))));
+					acc2[hh][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms), _mm256_mul_ps(dmin, dx), acc2[hh][t]);
+				}
 			}
 		}
 	}

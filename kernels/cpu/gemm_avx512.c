@@ -36,14 +36,23 @@
  * scales, lane r of sub-block j at 16 j + r (q4_K, q5_K: 8 x 16 6-bit
  * scales then 8 x 16 6-bit mins; q6_K: 16 x 16 int8 scales, one per 16
  * columns); then the 16 rows' f16 d (and
- * dmin for q4_K and q5_K). Per lane and sub-block the kernels form the
- * exact float scale d * sc (and min dmin * m) and scale the exact int32
- * sum once per 32 columns:
- *   q4_K, q5_K: acc += float(isum) * (d*sc * d_x); acc -= (dmin*m) * s_x
- *   q6_K:       acc += float(isum0) * (d*sc0 * d_x);
- *               acc += float(isum1) * (d*sc1 * d_x)
+ * dmin for q4_K and q5_K). The K-quants' activations have one scale d_x
+ * per super-block (quantize_q8k), so the sub-block scales and mins apply
+ * in integers and one sum per lane and super-block is converted:
+ *   q4_K, q5_K: S = sum_j sc_j * isum_j, M = sum_j m_j * xsum_j (exact
+ *               int32; xsum_j the activation's integer sum over
+ *               sub-block j, from the row's sums);
+ *               acc += float(S) * (d * d_x); acc -= float(M) * (dmin * d_x)
+ *   q6_K:       S = sum_j sc0_j * isum0_j + sc1_j * isum1_j (the two
+ *               halves of 16, each with its own int8 scale);
+ *               acc += float(S) * (d * d_x)
  * with q6_K's offset -32 applied in integers to the two halves of 16
- * (the activation row carries each block's first-half sum).
+ * (the activation row carries each block's first-half sum). Bounds: a
+ * q5_K sub-block's |isum| <= 32 * 31 * 127, times 63 and 8 sub-blocks
+ * 6.4e7; q6_K's halves 16 * 32 * 127 times 128 and 16: 1.3e8; M <= 8 *
+ * 63 * 32 * 127: all within int32. Per 32 columns: 8 vpdpbusd and one
+ * vpmulld a token (q6_K two), against 8 vpdpbusd and three float
+ * products when each sub-block was converted and scaled in floats.
  *
  * Float weights (f32, f16, bf16) are packed column by column: for each
  * column, the 16 rows' values in their stored type (64 or 32 bytes), and
@@ -399,7 +408,6 @@ TGT static inline __attribute__((always_inline)) void tile_k(enum gemm_kind kind
 							      __mmask16 m, const struct q8_block *xq, size_t ldq,
 							      const int C, const int t0, float *y, size_t ldy)
 {
-	/* the layout AVX512_PACK names: q6_K as 4 + 2 bits, q5_K as bytes */
 	const int qb = kind == K_Q4_K ? 256 : kind == K_Q6_K ? 384 : 512;
 	const size_t gsb =
 		gsb_of(kind == K_Q4_K ? KVD_WTYPE_Q4_K : kind == K_Q5_K ? KVD_WTYPE_Q5_K : KVD_WTYPE_Q6_K, AVX512_PACK);
@@ -413,9 +421,14 @@ TGT static inline __attribute__((always_inline)) void tile_k(enum gemm_kind kind
 		__m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tail + 256)));
 		__m512 dmin = kind == K_Q6_K ? _mm512_setzero_ps()
 					     : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tail + 288)));
+		__m512i is[GEMM_COLS]; /* S, per token */
+		UNROLL for (int t = 0; t < C; t++)
+			is[t] = _mm512_setzero_si512();
 		for (int j = 0; j < 8; j++) {
 			const int64_t b = 8 * s + j;
 			const uint8_t *wq = wp + (size_t)qb * j;
+			/* the sub-block's exact sums: ia all 32 columns (q6_K:
+			 * 0..15, ib 16..31) */
 			__m512i ia[GEMM_COLS], ib[GEMM_COLS];
 			if (t0 != 2) {
 				UNROLL for (size_t o = 0; o < gsb / 8; o += 64)
@@ -429,7 +442,6 @@ TGT static inline __attribute__((always_inline)) void tile_k(enum gemm_kind kind
 					ib[t] = _mm512_set1_epi32(-32 * h1);
 				} else {
 					ia[t] = _mm512_setzero_si512();
-					ib[t] = _mm512_setzero_si512();
 				}
 			}
 			if (kind == K_Q4_K) {
@@ -440,12 +452,12 @@ TGT static inline __attribute__((always_inline)) void tile_k(enum gemm_kind kind
 					UNROLL for (int t = 0; t < C; t++) {
 						const int8_t *q = xq[(size_t)t * ldq + b].q;
 						ia[t] = _mm512_dpbusd_epi32(ia[t], wl, bcast4(q + 4 * v));
-						ib[t] = _mm512_dpbusd_epi32(ib[t], wh, bcast4(q + 16 + 4 * v));
+						ia[t] = _mm512_dpbusd_epi32(ia[t], wh, bcast4(q + 16 + 4 * v));
 					}
 				}
 			} else if (kind == K_Q6_K) {
-				/* ia sums elements 0..15, ib 16..31 (two scales). The
-				 * low nibbles as q4_K's, joined with their top two bits
+				/* ia elements 0..15, ib 16..31 (two scales). The low
+				 * nibbles as q4_K's, joined with their top two bits
 				 * (hb0: elements 0..15, hb1: 16..31; bits 2v, 2v+1 of a
 				 * byte those of vector v's element) moved to bits 4, 5:
 				 * (a & 0x0f) | b in one vpternlogd (0xec: a & c | b) */
@@ -468,39 +480,55 @@ TGT static inline __attribute__((always_inline)) void tile_k(enum gemm_kind kind
 						ib[t] = _mm512_dpbusd_epi32(ib[t], w1, bcast4(q + 16 + 4 * v));
 					}
 				}
+				const __m512i s0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(tail + 32 * j)));
+				const __m512i s1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(tail + 32 * j + 16)));
+				UNROLL for (int t = 0; t < C; t++) {
+					is[t] = _mm512_add_epi32(is[t], _mm512_mullo_epi32(ia[t], s0));
+					is[t] = _mm512_add_epi32(is[t], _mm512_mullo_epi32(ib[t], s1));
+				}
 			} else {
-				/* q5_K: unsigned bytes, ia elements 0..15, ib 16..31 */
+				/* q5_K: unsigned bytes, elements 0..15 then 16..31 */
 				UNROLL for (int v = 0; v < 4; v++) {
 					__m512i w0 = _mm512_loadu_si512(wq + 64 * v);
 					__m512i w1 = _mm512_loadu_si512(wq + 64 * (v + 4));
 					UNROLL for (int t = 0; t < C; t++) {
 						const int8_t *q = xq[(size_t)t * ldq + b].q;
 						ia[t] = _mm512_dpbusd_epi32(ia[t], w0, bcast4(q + 4 * v));
-						ib[t] = _mm512_dpbusd_epi32(ib[t], w1, bcast4(q + 16 + 4 * v));
+						ia[t] = _mm512_dpbusd_epi32(ia[t], w1, bcast4(q + 16 + 4 * v));
 					}
 				}
 			}
-			if (kind == K_Q6_K) {
-				__m512 sc0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-								     _mm_loadu_si128((const __m128i *)(tail + 32 * j)))));
-				__m512 sc1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-								     _mm_loadu_si128((const __m128i *)(tail + 32 * j + 16)))));
-				UNROLL for (int t = 0; t < C; t++) {
-					__m512 dx = _mm512_set1_ps(xq[(size_t)t * ldq + b].d);
-					acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[t]), _mm512_mul_ps(sc0, dx), acc[t]);
-					acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ib[t]), _mm512_mul_ps(sc1, dx), acc[t]);
-				}
-			} else {
-				__m512 sc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-								    _mm_loadu_si128((const __m128i *)(tail + 16 * j)))));
-				__m512 mn = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-									_mm_loadu_si128((const __m128i *)(tail + 128 + 16 * j)))));
-				UNROLL for (int t = 0; t < C; t++) {
-					const struct q8_block *x = xq + (size_t)t * ldq + b;
-					__m512 p = _mm512_cvtepi32_ps(_mm512_add_epi32(ia[t], ib[t]));
-					acc[t] = _mm512_fmadd_ps(p, _mm512_mul_ps(sc, _mm512_set1_ps(x->d)), acc[t]);
-					acc[t] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(x->s), acc[t]);
-				}
+			if (kind != K_Q6_K) {
+				__m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(tail + 16 * j)));
+				UNROLL for (int t = 0; t < C; t++)
+					is[t] = _mm512_add_epi32(is[t], _mm512_mullo_epi32(ia[t], sc));
+			}
+		}
+		if (kind == K_Q6_K) {
+			UNROLL for (int t = 0; t < C; t++) {
+				__m512 dx = _mm512_set1_ps(xq[(size_t)t * ldq + 8 * s].d);
+				acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[t]), _mm512_mul_ps(d, dx), acc[t]);
+			}
+		} else {
+			/* M: the mins of sub-blocks 2k, 2k+1 as int16 pairs per
+			 * lane, times the activation's sums over those sub-blocks */
+			__m512i mp[4];
+			UNROLL for (int k = 0; k < 4; k++) {
+				__m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(tail + 128 + 32 * k)));
+				__m512i bb = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(tail + 144 + 32 * k)));
+				mp[k] = _mm512_or_si512(a, _mm512_slli_epi32(bb, 16));
+			}
+			UNROLL for (int t = 0; t < C; t++) {
+				const struct q8_block *row = xq + (size_t)t * ldq;
+				const int32_t *bs = q8_row_sums(row, nb) + 8 * s;
+				__m512i ms = _mm512_setzero_si512();
+				UNROLL for (int k = 0; k < 4; k++)
+					ms = _mm512_dpwssd_epi32(ms, mp[k],
+								 _mm512_set1_epi32((int32_t)((uint32_t)(uint16_t)bs[2 * k] |
+											     (uint32_t)bs[2 * k + 1] << 16)));
+				__m512 dx = _mm512_set1_ps(row[8 * s].d);
+				acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[t]), _mm512_mul_ps(d, dx), acc[t]);
+				acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(dmin, dx), acc[t]);
 			}
 		}
 	}

@@ -336,28 +336,47 @@ void cpu_dequantize_row(enum kvd_wtype t, const void *src, float *dst, int64_t n
 
 /* ---- portable versions ------------------------------------------------- */
 
-static void quantize_q8_generic(const float *x, struct q8_block *y, int64_t n)
+/* Block b of a row of nb blocks (xb its 32 floats) with scale d and
+ * inverse id. */
+static void q8_block_of(const float *xb, float d, float id, struct q8_block *y, int64_t b, int64_t nb)
 {
-	for (int64_t b = 0; b < n / QK; b++) {
-		const float *xb = x + b * QK;
+	int sum = 0, half = 0;
+	for (int i = 0; i < QK; i++) {
+		int q = (int)nearbyintf(xb[i] * id);
+		y[b].q[i] = (int8_t)q;
+		sum += q;
+		if (i == QK / 2 - 1)
+			half = sum;
+	}
+	y[b].d = d;
+	y[b].s = d * (float)sum;
+	((int32_t *)(void *)(y + nb))[b] = sum;
+	((int32_t *)(void *)(y + nb))[nb + b] = half;
+}
+
+/* quantize_q8 (span 32) and quantize_q8k (span 256): one scale per span */
+static void quantize_span_generic(const float *x, struct q8_block *y, int64_t n, int64_t span)
+{
+	for (int64_t s0 = 0; s0 < n / QK * QK; s0 += span) {
+		int64_t e = s0 + span < n / QK * QK ? s0 + span : n / QK * QK;
 		float amax = 0;
-		int sum = 0, half = 0;
-		for (int i = 0; i < QK; i++)
-			amax = fmaxf(amax, fabsf(xb[i]));
+		for (int64_t i = s0; i < e; i++)
+			amax = fmaxf(amax, fabsf(x[i]));
 		float d = amax / 127.0f;
 		float id = d != 0.0f ? 1.0f / d : 0.0f;
-		for (int i = 0; i < QK; i++) {
-			int q = (int)nearbyintf(xb[i] * id);
-			y[b].q[i] = (int8_t)q;
-			sum += q;
-			if (i == QK / 2 - 1)
-				half = sum;
-		}
-		y[b].d = d;
-		y[b].s = d * (float)sum;
-		((int32_t *)(void *)(y + n / QK))[b] = sum;
-		((int32_t *)(void *)(y + n / QK))[n / QK + b] = half;
+		for (int64_t b = s0 / QK; b < e / QK; b++)
+			q8_block_of(x + b * QK, d, id, y, b, n / QK);
 	}
+}
+
+static void quantize_q8_generic(const float *x, struct q8_block *y, int64_t n)
+{
+	quantize_span_generic(x, y, n, QK);
+}
+
+static void quantize_q8k_generic(const float *x, struct q8_block *y, int64_t n)
+{
+	quantize_span_generic(x, y, n, 256);
 }
 
 static float dot_f32_generic(const void *w, const float *x, const struct q8_block *xq, int64_t n)
@@ -591,6 +610,7 @@ void cpu_kernels_init_isa(struct cpu_kernels *k, enum kvd_cpu_isa isa)
 	k->dot[KVD_WTYPE_Q5_K] = dot_q5_K_generic;
 	k->dot[KVD_WTYPE_Q6_K] = dot_q6_K_generic;
 	k->quantize_q8 = quantize_q8_generic;
+	k->quantize_q8k = quantize_q8k_generic;
 	k->dot_f32_f16 = dot_f32_f16_generic;
 	k->axpy_f16 = axpy_f16_generic;
 	k->dot4_f32_f16 = dot4_f32_f16_generic;

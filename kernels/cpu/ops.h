@@ -8,7 +8,11 @@
  * nearest even of x / d), as llama.cpp does; the integer part of each
  * block's dot product is exact, and float accumulation happens in a fixed
  * order, so a row's result depends only on the row and the activation, never
- * on which other rows or tokens are computed alongside it.
+ * on which other rows or tokens are computed alongside it. The K-quants
+ * (q4_K, q5_K, q6_K) take activations whose scale is shared by each
+ * super-block of 256 (quantize_q8k, llama.cpp's Q8_K granularity), so that
+ * their tiled kernels apply the sub-block scales to exact integer sums and
+ * convert one sum per super-block.
  *
  * Each entry point has a portable C version and, where the CPU has them,
  * AVX2/FMA/F16C versions; cpu_kernels_init() picks once per backend.
@@ -176,6 +180,12 @@ struct cpu_kernels {
 	unsigned pack_flags; /* the packed layout gemm reads (CPU_PACK_*, cpu_gemm_pack) */
 	/* quantize n floats to a q8 row: n/32 blocks, then their sums */
 	void (*quantize_q8)(const float *x, struct q8_block *y, int64_t n);
+	/* the same with one scale per 256 elements (a shorter tail: one for
+	 * the tail): d = max|x| over the 256 / 127, every one of their 8
+	 * blocks holding that d, the quants and sums formed as above. What
+	 * the K-quants' tiled kernels read (each super-block's d from its
+	 * first block); the other kernels take such a row as any other. */
+	void (*quantize_q8k)(const float *x, struct q8_block *y, int64_t n);
 	/* sum_i q[i] * k[i] with k stored as f16 */
 	float (*dot_f32_f16)(const float *q, const uint16_t *k, int n);
 	/* y[i] += a * v[i] with v stored as f16 */
@@ -227,6 +237,13 @@ static inline int wtype_is_quantized(enum kvd_wtype t)
 {
 	return t == KVD_WTYPE_Q4_0 || t == KVD_WTYPE_Q4_1 || t == KVD_WTYPE_Q5_0 || t == KVD_WTYPE_Q5_1 ||
 	       t == KVD_WTYPE_Q8_0 || t == KVD_WTYPE_Q4_K || t == KVD_WTYPE_Q5_K || t == KVD_WTYPE_Q6_K;
+}
+
+/* Whether a weight type's kernels read activations with one scale per
+ * super-block of 256 (quantize_q8k). */
+static inline int wtype_wants_q8k(enum kvd_wtype t)
+{
+	return t == KVD_WTYPE_Q4_K || t == KVD_WTYPE_Q5_K || t == KVD_WTYPE_Q6_K;
 }
 
 /* Decode n elements of a stored row to floats (embedding lookups). */

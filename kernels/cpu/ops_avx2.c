@@ -52,49 +52,77 @@ AVX2 static inline __m256 mul_sum_i8(__m256i a, __m256i b)
 	return mul_sum_us8(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
 }
 
-AVX2 static void quantize_q8_avx2(const float *x, struct q8_block *y, int64_t n)
+/* max |x| over 32 floats */
+AVX2 static inline float amax32(const float *xb)
 {
 	const __m256 signbit = _mm256_set1_ps(-0.0f);
-	for (int64_t b = 0; b < n / QK; b++) {
-		const float *xb = x + b * QK;
-		__m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
-		__m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
-		__m256 m = _mm256_andnot_ps(signbit, v0);
-		m = _mm256_max_ps(m, _mm256_andnot_ps(signbit, v1));
-		m = _mm256_max_ps(m, _mm256_andnot_ps(signbit, v2));
-		m = _mm256_max_ps(m, _mm256_andnot_ps(signbit, v3));
-		__m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
-		m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-		m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-		float amax = _mm_cvtss_f32(m4);
+	__m256 m = _mm256_andnot_ps(signbit, _mm256_loadu_ps(xb));
+	m = _mm256_max_ps(m, _mm256_andnot_ps(signbit, _mm256_loadu_ps(xb + 8)));
+	m = _mm256_max_ps(m, _mm256_andnot_ps(signbit, _mm256_loadu_ps(xb + 16)));
+	m = _mm256_max_ps(m, _mm256_andnot_ps(signbit, _mm256_loadu_ps(xb + 24)));
+	__m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+	m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+	m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+	return _mm_cvtss_f32(m4);
+}
+
+/* Block b of a row of nb blocks (xb its 32 floats) with scale d and
+ * inverse id: ops.c's q8_block_of. */
+AVX2 static inline void q8_block_avx2(const float *xb, float d, float id, struct q8_block *y, int64_t b, int64_t nb)
+{
+	__m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
+	__m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
+	__m256 mul = _mm256_set1_ps(id);
+	const int rnd = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+	__m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, mul), rnd));
+	__m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, mul), rnd));
+	__m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, mul), rnd));
+	__m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, mul), rnd));
+	__m256i h01 = _mm256_add_epi32(i0, i1);
+	__m256i sum = _mm256_add_epi32(h01, _mm256_add_epi32(i2, i3));
+	__m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+	s4 = _mm_hadd_epi32(s4, s4);
+	s4 = _mm_hadd_epi32(s4, s4);
+	__m128i h4 = _mm_add_epi32(_mm256_castsi256_si128(h01), _mm256_extracti128_si256(h01, 1));
+	h4 = _mm_hadd_epi32(h4, h4);
+	h4 = _mm_hadd_epi32(h4, h4);
+	/* pack to int8 in element order */
+	i0 = _mm256_packs_epi32(i0, i1);
+	i2 = _mm256_packs_epi32(i2, i3);
+	i0 = _mm256_packs_epi16(i0, i2);
+	i0 = _mm256_permutevar8x32_epi32(i0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+	_mm256_storeu_si256((__m256i *)y[b].q, i0);
+	int isum = _mm_cvtsi128_si32(s4);
+	y[b].d = d;
+	y[b].s = d * (float)isum;
+	((int32_t *)(void *)(y + nb))[b] = isum;
+	((int32_t *)(void *)(y + nb))[nb + b] = _mm_cvtsi128_si32(h4);
+}
+
+/* one scale per span of 32 (quantize_q8) or 256 (quantize_q8k) */
+AVX2 static inline void quantize_span_avx2(const float *x, struct q8_block *y, int64_t n, int64_t span)
+{
+	const int64_t nb = n / QK, bs = span / QK;
+	for (int64_t b0 = 0; b0 < nb; b0 += bs) {
+		int64_t e = b0 + bs < nb ? b0 + bs : nb;
+		float amax = 0;
+		for (int64_t b = b0; b < e; b++)
+			amax = fmaxf(amax, amax32(x + b * QK));
 		float d = amax / 127.0f;
 		float id = d != 0.0f ? 1.0f / d : 0.0f;
-		__m256 mul = _mm256_set1_ps(id);
-		const int rnd = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-		__m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, mul), rnd));
-		__m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, mul), rnd));
-		__m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, mul), rnd));
-		__m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, mul), rnd));
-		__m256i h01 = _mm256_add_epi32(i0, i1);
-		__m256i sum = _mm256_add_epi32(h01, _mm256_add_epi32(i2, i3));
-		__m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-		s4 = _mm_hadd_epi32(s4, s4);
-		s4 = _mm_hadd_epi32(s4, s4);
-		__m128i h4 = _mm_add_epi32(_mm256_castsi256_si128(h01), _mm256_extracti128_si256(h01, 1));
-		h4 = _mm_hadd_epi32(h4, h4);
-		h4 = _mm_hadd_epi32(h4, h4);
-		/* pack to int8 in element order */
-		i0 = _mm256_packs_epi32(i0, i1);
-		i2 = _mm256_packs_epi32(i2, i3);
-		i0 = _mm256_packs_epi16(i0, i2);
-		i0 = _mm256_permutevar8x32_epi32(i0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-		_mm256_storeu_si256((__m256i *)y[b].q, i0);
-		int isum = _mm_cvtsi128_si32(s4);
-		y[b].d = d;
-		y[b].s = d * (float)isum;
-		((int32_t *)(void *)(y + n / QK))[b] = isum;
-		((int32_t *)(void *)(y + n / QK))[n / QK + b] = _mm_cvtsi128_si32(h4);
+		for (int64_t b = b0; b < e; b++)
+			q8_block_avx2(x + b * QK, d, id, y, b, nb);
 	}
+}
+
+AVX2 static void quantize_q8_avx2(const float *x, struct q8_block *y, int64_t n)
+{
+	quantize_span_avx2(x, y, n, QK);
+}
+
+AVX2 static void quantize_q8k_avx2(const float *x, struct q8_block *y, int64_t n)
+{
+	quantize_span_avx2(x, y, n, 256);
 }
 
 AVX2 static float dot_q4_0_avx2(const void *w, const float *x, const struct q8_block *xq, int64_t n)
@@ -429,6 +457,7 @@ void cpu_kernels_init_avx2(struct cpu_kernels *k)
 	k->dot[KVD_WTYPE_Q5_K] = dot_q5_K_avx2;
 	k->dot[KVD_WTYPE_Q6_K] = dot_q6_K_avx2;
 	k->quantize_q8 = quantize_q8_avx2;
+	k->quantize_q8k = quantize_q8k_avx2;
 	k->dot_f32_f16 = dot_f32_f16_avx2;
 	k->axpy_f16 = axpy_f16_avx2;
 	k->dot4_f32_f16 = dot4_f32_f16_avx2;

@@ -53,10 +53,14 @@ that the remaining differences are only rounding of sums:
   do (head sizes up to 256, kernels/cpu/kvquant.h): per block of 32,
   d = float32(max|q| / 127), q' = round-half-away(q * float32(1/d)) clipped
   to [-127, 127], the dot taken with q' * d (d kept in float32).
-* `act_q8=True`: the input vector of every matmul whose weight is Q4_0, Q4_1
-  or Q8_0 is quantized per block of 32 elements, as integer dot-product
-  kernels do: d = float32(max|x| / 127), q = rint(x * float32(1/d)) clipped
-  to [-127, 127], and the matmul sees x' = q * d (d kept in float32).
+* `act_q8=True`: the input vector of every matmul whose weight is quantized
+  (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants) is quantized per block of 32
+  elements, as integer dot-product kernels do: d = float32(max|x| / 127),
+  q = rint(x * float32(1/d)) clipped to [-127, 127], and the matmul sees
+  x' = q * d (d kept in float32). Where a K-quant reads the vector (any of
+  the matrices that share it: Q, K and V; gate and up), d is that of the
+  whole super-block of 256 (llama.cpp's Q8_K granularity, kvd's
+  quantize_q8k), for every matrix that reads it.
 
 Usage as a library:
 
@@ -218,14 +222,17 @@ def dequantize(raw, ggml_type, n_elements):
     return out.astype(np.float32, copy=False)
 
 
-def quantize_act_q8(x):
-    """Emulate per-block int8 quantization of matmul inputs (last axis, blocks of 32):
+def quantize_act_q8(x, span=QK):
+    """Emulate per-block int8 quantization of matmul inputs (last axis, one
+    scale per span of 32, or of 256 for the K-quants' inputs):
     d = float32(max|x| / 127), q = rint(x * float32(1 / d)) (ties to even) in
     [-127, 127], result q * d. Multiplying by the float32 reciprocal rather
     than dividing is how kvd's kernels (like llama.cpp's) form q; the two can
     differ in the last bit, which matters only at a rounding boundary."""
     shp = x.shape
-    xb = x.astype(np.float32).reshape(-1, shp[-1] // QK, QK)
+    if shp[-1] % span:
+        span = QK
+    xb = x.astype(np.float32).reshape(-1, shp[-1] // span, span)
     amax = np.max(np.abs(xb), axis=-1, keepdims=True)
     d = (amax / np.float32(127)).astype(np.float32)
     inv = np.float32(1) / np.where(d == 0, np.float32(1), d)
@@ -249,9 +256,11 @@ class Weight:
         self.mat = mat
         self.ggml_type = ggml_type
 
-    def __call__(self, x, act_q8):
+    def __call__(self, x, act_q8, group=()):
+        """group: the other matrices that read the same input vector."""
         if act_q8 and self.ggml_type in QUANTIZED:
-            x = quantize_act_q8(x)
+            k = any(w.ggml_type in KQUANTS for w in (self,) + tuple(group))
+            x = quantize_act_q8(x, QK_K if k else QK)
         return x @ self.mat.T
 
 
@@ -496,7 +505,8 @@ class Model:
             if window:  # and keys at or before p - window are out of the window
                 mask = causal | (kpos[None, :] <= pos[:, None] - window)
             h = self._rmsnorm(x, L["attn_norm"])
-            q, k, v = L["wq"](h, act_q8), L["wk"](h, act_q8), L["wv"](h, act_q8)
+            qkv = (L["wq"], L["wk"], L["wv"])
+            q, k, v = (w(h, act_q8, qkv) for w in qkv)
             if L["bq"] is not None:
                 q, k, v = q + L["bq"], k + L["bk"], v + L["bv"]
             q = q.reshape(T, H, D).astype(self.dtype)
@@ -531,8 +541,9 @@ class Model:
                 o = self._rmsnorm(o, L["post_attn_norm"])
             x = x + o
             h = self._rmsnorm(x, L["ffn_norm"])
-            g = L["gate"](h, act_q8).astype(np.float64)
-            u = L["up"](h, act_q8).astype(np.float64)
+            gu = (L["gate"], L["up"])
+            g = L["gate"](h, act_q8, gu).astype(np.float64)
+            u = L["up"](h, act_q8, gu).astype(np.float64)
             if self.geglu:  # gelu_tanh(gate) * up
                 act = 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g ** 3)))
             else:           # silu(gate) * up

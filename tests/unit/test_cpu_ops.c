@@ -79,40 +79,51 @@ static void test_bf16(void **state)
 	assert_true(cpu_bf16_to_f32(0xc040) == -3.0f);
 }
 
-/* q8 quantization: |x - q*d| <= d/2, sums consistent, SIMD == portable. */
+/* q8 quantization: |x - q*d| <= d/2, sums consistent, SIMD == portable;
+ * quantize_q8 with a scale per block of 32 (max |x| / 127 of its own),
+ * quantize_q8k with one per 256 (and per shorter tail), every block of
+ * the span holding it. */
 static void test_quantize_q8(void **state)
 {
 	struct cpu_kernels kg, kv;
 	(void)state;
 	assert_int_equal(q8_row_len(256), 10);
 	assert_int_equal(q8_row_len(768), 29);
+	assert_int_equal(q8_row_len(320), 12);
 	cpu_kernels_init(&kg, 1);
 	cpu_kernels_init(&kv, 0);
-	for (int it = 0; it < 1000; it++) {
-		float x[256];
-		struct q8_block a[10], b[10]; /* q8_row_len(256) */
+	for (int it = 0; it < 2000; it++) {
+		const int kform = it & 1, n = it % 3 == 2 ? 320 : 256, nb = n / 32;
+		float x[320];
+		struct q8_block a[12], b[12]; /* q8_row_len(320) */
 		float scale = (float)(next_u32() % 1000) * 0.01f;
-		for (int i = 0; i < 256; i++)
+		for (int i = 0; i < n; i++)
 			x[i] = frand() * scale;
-		if (it == 0)
+		if (it < 2)
 			memset(x, 0, sizeof(x));
 		memset(a, 0, sizeof(a));
 		memset(b, 0xa5, sizeof(b));
-		kg.quantize_q8(x, a, 256);
-		kv.quantize_q8(x, b, 256);
-		assert_memory_equal(a, b, 8 * sizeof(a[0]) + 16 * sizeof(int32_t));
-		for (int bl = 0; bl < 8; bl++) {
+		(kform ? kg.quantize_q8k : kg.quantize_q8)(x, a, n);
+		(kform ? kv.quantize_q8k : kv.quantize_q8)(x, b, n);
+		assert_memory_equal(a, b, (size_t)nb * sizeof(a[0]) + 2 * (size_t)nb * sizeof(int32_t));
+		for (int bl = 0; bl < nb; bl++) {
+			/* the span's scale: max |x| over it / 127 */
+			int s0 = kform ? bl / 8 * 8 : bl, s1 = kform ? (s0 + 8 < nb ? s0 + 8 : nb) : bl + 1;
+			float amax = 0;
+			for (int i = 32 * s0; i < 32 * s1; i++)
+				amax = fmaxf(amax, fabsf(x[i]));
+			assert_true(a[bl].d == amax / 127.0f);
 			int sum = 0;
 			for (int i = 0; i < 32; i++) {
 				if (i == 16)
-					assert_int_equal(q8_row_half_sums(a, 8)[bl], sum);
+					assert_int_equal(q8_row_half_sums(a, nb)[bl], sum);
 				float err = fabsf(x[bl * 32 + i] - a[bl].q[i] * a[bl].d);
 				assert_true(err <= a[bl].d * 0.5f * 1.0001f + 1e-30f);
 				assert_true(a[bl].q[i] >= -127 && a[bl].q[i] <= 127);
 				sum += a[bl].q[i];
 			}
 			assert_true(a[bl].s == a[bl].d * (float)sum);
-			assert_int_equal(q8_row_sums(a, 8)[bl], sum);
+			assert_int_equal(q8_row_sums(a, nb)[bl], sum);
 		}
 	}
 }
@@ -184,7 +195,7 @@ static void test_dot_products(void **state)
 			fill_weights(t, w, n);
 			for (int64_t i = 0; i < n; i++)
 				x[i] = frand();
-			kg.quantize_q8(x, xq, n);
+			(kq ? kg.quantize_q8k : kg.quantize_q8)(x, xq, n);
 			cpu_dequantize_row(t, w, wf, n);
 			double ref = 0, mag = 0;
 			for (int64_t i = 0; i < n; i++) {
@@ -313,7 +324,7 @@ static void gemm_tiles(struct cpu_kernels *kv, const float *want, float *keep)
 				if (c == 2)
 					for (int64_t i = 0; i < n; i++)
 						x[c][i] = 0.75f;
-				kg.quantize_q8(x[c], xq[c], n);
+				(kq ? kg.quantize_q8k : kg.quantize_q8)(x[c], xq[c], n);
 			}
 			/* reference: one token at a time, full groups */
 			for (int c = 0; c < NC; c++)
@@ -416,7 +427,7 @@ static void test_gemm16_amx(void **state)
 			for (int c = 0; c < NC; c++) {
 				for (int64_t i = 0; i < n; i++)
 					x[i] = c == 1 ? 0.0f : c == 2 ? 0.75f : frand() * (c == 5 ? 40.0f : 1.0f);
-				kg.quantize_q8(x, xq[c], n);
+				(kq ? kg.quantize_q8k : kg.quantize_q8)(x, xq[c], n);
 			}
 			for (int c = 0; c < NC; c++)
 				for (int g = 0; g < 3; g++)
