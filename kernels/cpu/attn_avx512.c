@@ -38,6 +38,10 @@
 #ifndef ATTN_PF_ALL_ROWS
 #define ATTN_PF_ALL_ROWS 8
 #endif
+/* a tile of at least this many rows converts its chunk's K and V once */
+#ifndef ATTN_STAGE_MIN_ROWS
+#define ATTN_STAGE_MIN_ROWS 12
+#endif
 
 /* Level 1 and 2 of the reduction for positions a[0..3]: lanes i + 8, then
  * i + 4 are added in; 128-bit lane k of the result holds position k's four
@@ -69,8 +73,8 @@ TGT static inline __m512 reduce16_rest(const __m512 t[4])
  * used (the scores rows are padded to 16). */
 TGT static inline __attribute__((always_inline)) void scores_t(const int HD, const int RS, int nr,
 							       const float *const *q, const int *len,
-							       const uint16_t *const *k, int n, float scale,
-							       float *sc, int ld)
+							       const uint16_t *const *k, const float *kf, int n,
+							       float scale, float *sc, int ld)
 {
 	enum { MAXV = 16, MAXRS = 3, P = 4, G = 4 };
 	const int V = HD / 16;
@@ -89,14 +93,16 @@ TGT static inline __attribute__((always_inline)) void scores_t(const int HD, con
 			UNROLL for (int g = 0; g < G; g++) {
 				int p0 = p16 + P * g;
 				__m512 acc[MAXRS][P];
-				if (p0 + ATTN_PF + P <= n)
+				if (!kf && p0 + ATTN_PF + P <= n)
 					UNROLL for (int i = 0; i < P; i++)
 						UNROLL for (int b = 0; b < HD * 2; b += 64)
 							_mm_prefetch((const char *)k[p0 + ATTN_PF + i] + b, _MM_HINT_T0);
 				UNROLL for (int i = 0; i < P; i++) {
-					const uint16_t *kr = k[p0 + i < n ? p0 + i : n - 1];
+					const int pi = p0 + i < n ? p0 + i : n - 1;
 					UNROLL for (int j = 0; j < V; j++) {
-						__m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kr + 16 * j)));
+						__m512 kv = kf ? _mm512_loadu_ps(kf + (size_t)pi * HD + 16 * j)
+							       : _mm512_cvtph_ps(_mm256_loadu_si256(
+									 (const __m256i *)(k[pi] + 16 * j)));
 						UNROLL for (int rr = 0; rr < RS; rr++)
 							acc[rr][i] = j ? _mm512_fmadd_ps(qv[rr][j], kv, acc[rr][i]) : _mm512_mul_ps(qv[rr][0], kv);
 					}
@@ -171,18 +177,19 @@ TGT static inline __attribute__((always_inline)) void scores_wide(const int HD, 
 /* acc[rr] += e[rr][p] * v[p] for positions [p0, p1) and rows rr < NT (all
  * RT rows when NT is 0), V rows converted once per position. */
 TGT static inline __attribute__((always_inline)) void pv_rows(const int HD, const int RT, const int NT, int p0,
-							      int p1, int pe, const uint16_t *const *v,
+							      int p1, int pe, const uint16_t *const *v, const float *vf,
 							      const float *e0, int n16, __m512 acc[][16])
 {
 	enum { MAXV = 16 };
 	const int V = HD / 16;
 	for (int p = p0; p < p1; p++) {
 		__m512 vv[MAXV];
-		if (p + ATTN_PF < pe)
+		if (!vf && p + ATTN_PF < pe)
 			UNROLL for (int b = 0; b < HD * 2; b += 64)
 				_mm_prefetch((const char *)v[p + ATTN_PF] + b, _MM_HINT_T0);
 		UNROLL for (int j = 0; j < V; j++)
-			vv[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v[p] + 16 * j)));
+			vv[j] = vf ? _mm512_loadu_ps(vf + (size_t)p * HD + 16 * j)
+				   : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v[p] + 16 * j)));
 		UNROLL for (int rr = 0; rr < RT; rr++) {
 			if (NT && rr >= NT)
 				break;
@@ -244,6 +251,53 @@ TGT static inline __attribute__((always_inline)) void pv_quarters(const int HD, 
 	}
 }
 
+/* o[r] = sum e[r][p] v[p] for the nr rows (weights e in sc, rows n16
+ * apart), RT rows at a time (vf: the V rows as floats, else converted per
+ * position). */
+TGT static inline __attribute__((always_inline)) void pv_all(const int HD, const int RT, int nr, const int *len,
+							     int n, const uint16_t *const *v, const float *vf,
+							     const float *sc, int n16, float *const *o)
+{
+	enum { MAXV = 16 };
+	const int V = HD / 16;
+	for (int r0 = 0; r0 < nr; r0 += RT) {
+		__m512 acc[6][MAXV];
+		int nt = nr - r0 < RT ? nr - r0 : RT, pe = 0, pc = n;
+		for (int rr = 0; rr < nt; rr++) {
+			pe = len[r0 + rr] > pe ? len[r0 + rr] : pe;
+			pc = len[r0 + rr] < pc ? len[r0 + rr] : pc;
+		}
+		const float *e0 = sc + (size_t)r0 * n16;
+		UNROLL for (int rr = 0; rr < RT; rr++) UNROLL for (int j = 0; j < V; j++) acc[rr][j] = _mm512_setzero_ps();
+		/* positions every row of the group uses: no per-position tests
+		 * (a full group without per-row tests either) */
+		if (nt == RT)
+			pv_rows(HD, RT, 0, 0, pc, pe, v, vf, e0, n16, acc);
+		else
+			pv_rows(HD, RT, nt, 0, pc, pe, v, vf, e0, n16, acc);
+		for (int p = pc; p < pe; p++) {
+			__m512 vv[MAXV];
+			if (!vf && p + ATTN_PF < pe)
+				UNROLL for (int b = 0; b < HD * 2; b += 64)
+					_mm_prefetch((const char *)v[p + ATTN_PF] + b, _MM_HINT_T0);
+			UNROLL for (int j = 0; j < V; j++)
+				vv[j] = vf ? _mm512_loadu_ps(vf + (size_t)p * HD + 16 * j)
+					   : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v[p] + 16 * j)));
+			UNROLL for (int rr = 0; rr < RT; rr++) {
+				if (rr < nt && p < len[r0 + rr]) {
+					__m512 e = _mm512_set1_ps(e0[(size_t)rr * n16 + p]);
+					UNROLL for (int j = 0; j < V; j++)
+						acc[rr][j] = _mm512_fmadd_ps(e, vv[j], acc[rr][j]);
+				}
+			}
+		}
+		UNROLL for (int rr = 0; rr < RT; rr++)
+			if (rr < nt)
+				UNROLL for (int j = 0; j < V; j++)
+					_mm512_storeu_ps(o[r0 + rr] + 16 * j, acc[rr][j]);
+	}
+}
+
 /* HD (head size) is 64, 128 or 256; RS rows share each K row's conversion,
  * RT rows each V row's (256: pv_quarters instead). */
 TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, const int RS, const int RT, int nr,
@@ -259,6 +313,30 @@ TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, 
 		n = len[r] > n ? len[r] : n;
 	const int n16 = (n + 15) & ~15;
 	float *sc = scratch; /* nr x n16 scores, then weights */
+	/* a prefill tile's many rows: the chunk's K and V rows converted to
+	 * floats once (ATTN_STAGE_FLOATS of the scratch, past the scores),
+	 * where each K row's conversion otherwise served RS rows and each V
+	 * row's RT: for 48 rows of 128 those conversions took 28 % of the
+	 * kernel's time. The same values (the conversion is exact), the same
+	 * operations on them: the same bits. */
+	float *kf = NULL, *vf = NULL;
+	if (HD != 256 && nr >= ATTN_STAGE_MIN_ROWS && n <= 128) {
+		kf = scratch + (size_t)nr * 128;
+		vf = kf + (size_t)128 * HD;
+		for (int p = 0; p < n; p++) {
+			if (p + ATTN_PF < n)
+				UNROLL for (int b = 0; b < HD * 2; b += 64) {
+					_mm_prefetch((const char *)k[p + ATTN_PF] + b, _MM_HINT_T0);
+					_mm_prefetch((const char *)v[p + ATTN_PF] + b, _MM_HINT_T0);
+				}
+			UNROLL for (int j = 0; j < V; j++) {
+				_mm512_storeu_ps(kf + (size_t)p * HD + 16 * j,
+						 _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k[p] + 16 * j))));
+				_mm512_storeu_ps(vf + (size_t)p * HD + 16 * j,
+						 _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v[p] + 16 * j))));
+			}
+		}
+	}
 
 	/* few rows (a decode's query group): the chunk's K and V rows, in
 	 * pages all over memory, are requested into L2 at once, so their
@@ -276,7 +354,7 @@ TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, 
 	if (HD == 256)
 		scores_wide(HD, nr, q, len, k, n, scale, sc, n16);
 	else
-		scores_t(HD, RS, nr, q, len, k, n, scale, sc, n16);
+		scores_t(HD, RS, nr, q, len, k, kf, n, scale, sc, n16);
 
 	for (int r = 0; r < nr; r++) {
 		float *s = sc + (size_t)r * n16;
@@ -298,41 +376,7 @@ TGT static inline __attribute__((always_inline)) void attn_rows_t(const int HD, 
 		pv_quarters(HD, nr, len, v, sc, n16, o);
 		return;
 	}
-	for (int r0 = 0; r0 < nr; r0 += RT) {
-		__m512 acc[6][MAXV];
-		int nt = nr - r0 < RT ? nr - r0 : RT, pe = 0, pc = n;
-		for (int rr = 0; rr < nt; rr++) {
-			pe = len[r0 + rr] > pe ? len[r0 + rr] : pe;
-			pc = len[r0 + rr] < pc ? len[r0 + rr] : pc;
-		}
-		const float *e0 = sc + (size_t)r0 * n16;
-		UNROLL for (int rr = 0; rr < RT; rr++) UNROLL for (int j = 0; j < V; j++) acc[rr][j] = _mm512_setzero_ps();
-		/* positions every row of the group uses: no per-position tests
-		 * (a full group without per-row tests either) */
-		if (nt == RT)
-			pv_rows(HD, RT, 0, 0, pc, pe, v, e0, n16, acc);
-		else
-			pv_rows(HD, RT, nt, 0, pc, pe, v, e0, n16, acc);
-		for (int p = pc; p < pe; p++) {
-			__m512 vv[MAXV];
-			if (p + ATTN_PF < pe)
-				UNROLL for (int b = 0; b < HD * 2; b += 64)
-					_mm_prefetch((const char *)v[p + ATTN_PF] + b, _MM_HINT_T0);
-			UNROLL for (int j = 0; j < V; j++)
-				vv[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v[p] + 16 * j)));
-			UNROLL for (int rr = 0; rr < RT; rr++) {
-				if (rr < nt && p < len[r0 + rr]) {
-					__m512 e = _mm512_set1_ps(e0[(size_t)rr * n16 + p]);
-					UNROLL for (int j = 0; j < V; j++)
-						acc[rr][j] = _mm512_fmadd_ps(e, vv[j], acc[rr][j]);
-				}
-			}
-		}
-		UNROLL for (int rr = 0; rr < RT; rr++)
-			if (rr < nt)
-				UNROLL for (int j = 0; j < V; j++)
-					_mm512_storeu_ps(o[r0 + rr] + 16 * j, acc[rr][j]);
-	}
+	pv_all(HD, RT, nr, len, n, v, vf, sc, n16, o);
 }
 
 TGT static void attn_rows_64(int nr, const float *const *q, const int *len, const uint16_t *const *k,

@@ -126,14 +126,15 @@ void cpu_gemm_pack(enum kvd_wtype t, const void *src, size_t row_bytes, int64_t 
  * whose packing does not keep their bytes (q5_0, q5_1, the K-quants). */
 int cpu_gemm_unpack_row(enum kvd_wtype t, const void *packed, int64_t cols, int64_t r, void *row);
 
-/* Attention of nr query rows over one chunk of positions (K and V rows in
- * f16, k[p] and v[p] pointing at position p's head): row r (query q[r])
- * sees the first len[r] >= 1 positions. Writes ml[r][0] = max score,
- * ml[r][1] = sum of exp(score - max), o[r] = that sum's weighted V rows
- * (unnormalised). scratch: ATTN_ROWS_SCRATCH(nr, head size) floats.
- * A row's result depends only on its query, its length and the keys and
- * values it sees. */
-#define ATTN_ROWS_SCRATCH(nr, hd) ((size_t)(nr) * (128 + (size_t)(hd) / 2) + 16 * (size_t)(hd))
+/* Attention of nr query rows over one chunk of at most 128 positions (K
+ * and V rows in f16, k[p] and v[p] pointing at position p's head): row r
+ * (query q[r]) sees the first len[r] >= 1 positions. Writes ml[r][0] = max
+ * score, ml[r][1] = sum of exp(score - max), o[r] = that sum's weighted V
+ * rows (unnormalised). scratch: ATTN_ROWS_SCRATCH(nr, head size) floats
+ * (room for the chunk's K and V rows as floats included). A row's result
+ * depends only on its query, its length and the keys and values it sees. */
+#define ATTN_ROWS_SCRATCH(nr, hd) \
+	((size_t)(nr) * (128 + (size_t)(hd) / 2) + 16 * (size_t)(hd) + 2 * 128 * (size_t)(hd))
 typedef void (*attn_rows_fn)(int nr, const float *const *q, const int *len, const uint16_t *const *k,
 			     const uint16_t *const *v, float scale, float *const *ml, float *const *o, float *scratch);
 /* The AVX-512 version for head size hd, or NULL (other sizes, other CPUs). */

@@ -483,7 +483,7 @@ static void check_attn_rows_as(attn_rows_fn (*kernel_for)(int hd), uint16_t (*to
 			skip();
 		}
 		static uint16_t kv[2][128][256];
-		static float q[12][256], o[12][256], o1[256], scratch[128 * (128 + 12)];
+		static float q[12][256], o[12][256], o1[256], scratch[ATTN_ROWS_SCRATCH(12, 256)];
 		const uint16_t *kp[128], *vp[128];
 		for (int it = 0; it < 30; it++) {
 			int nr = 1 + (int)(next_u32() % 12), len[12];
@@ -591,7 +591,7 @@ static void test_attn_rows_avx2_avx512_agree(void **state)
 			skip();
 		}
 		static uint16_t kv[2][NP][256];
-		static float q[NR][256], o[2][NR][256], ml[2][NR][2], scratch[NP * (NP + NR)];
+		static float q[NR][256], o[2][NR][256], ml[2][NR][2], scratch[ATTN_ROWS_SCRATCH(NR, 256)];
 		const uint16_t *kp[NP], *vp[NP];
 		for (int it = 0; it < 20; it++) {
 			int nr = 1 + (int)(next_u32() % NR), len[NR];
@@ -642,7 +642,7 @@ static void test_attn_rows_bf16(void **state)
 		}
 		enum { NR = 40, NP = 128 };
 		static uint16_t kv[2][NP][256];
-		static float q[NR][256], o[NR][256], o1[256], scratch[NP * (NP + NR)];
+		static float q[NR][256], o[NR][256], o1[256], scratch[ATTN_ROWS_SCRATCH(NR, 256)];
 		const uint16_t *kp[NP], *vp[NP];
 		for (int it = 0; it < 30; it++) {
 			int nr = 1 + (int)(next_u32() % NR), len[NR];
