@@ -47,6 +47,8 @@
 
 #if defined(__x86_64__) && defined(__linux__)
 #include <immintrin.h>
+
+#include "gemm_kq512.h"
 #include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -195,19 +197,10 @@ TGT static inline __attribute__((always_inline)) void amx_epilogue(enum amx_kind
 	__m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tail + 256)));
 	__m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tail + 288)));
 	__m512i mp[4];
-	UNROLL for (int k = 0; k < 4; k++) {
-		__m512i a0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(tail + 128 + 32 * k)));
-		__m512i a1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(tail + 144 + 32 * k)));
-		mp[k] = _mm512_or_si512(a0, _mm512_slli_epi32(a1, 16));
-	}
+	kq512_min_pairs(tail, mp);
 	UNROLL for (int t = 0; t < AMX_T; t++) {
 		const struct q8_block *row = xq + (size_t)t * ldq;
-		const int32_t *xs = q8_row_sums(row, nb) + s0;
-		__m512i ms = _mm512_setzero_si512();
-		UNROLL for (int k = 0; k < 4; k++)
-			ms = _mm512_dpwssd_epi32(ms, mp[k],
-						 _mm512_set1_epi32((int32_t)((uint32_t)(uint16_t)xs[2 * k] |
-									     (uint32_t)xs[2 * k + 1] << 16)));
+		__m512i ms = kq512_min_sum(mp, q8_row_sums(row, nb) + s0);
 		__m512 dx = _mm512_set1_ps(row[s0].d);
 		acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(is[t])), _mm512_mul_ps(d, dx), acc[t]);
 		acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(dmin, dx), acc[t]);

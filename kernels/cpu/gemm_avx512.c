@@ -292,6 +292,8 @@ int cpu_gemm_unpack_row(enum kvd_wtype t, const void *packed, int64_t cols, int6
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include "gemm_kq512.h"
+
 #define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,f16c,fma")))
 /* the packed layout these kernels read (cpu_kernels.pack_flags) */
 #define AVX512_PACK CPU_PACK_Q6_SPLIT
@@ -513,19 +515,10 @@ TGT static inline __attribute__((always_inline)) void tile_k(enum gemm_kind kind
 			/* M: the mins of sub-blocks 2k, 2k+1 as int16 pairs per
 			 * lane, times the activation's sums over those sub-blocks */
 			__m512i mp[4];
-			UNROLL for (int k = 0; k < 4; k++) {
-				__m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(tail + 128 + 32 * k)));
-				__m512i bb = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(tail + 144 + 32 * k)));
-				mp[k] = _mm512_or_si512(a, _mm512_slli_epi32(bb, 16));
-			}
+			kq512_min_pairs(tail, mp);
 			UNROLL for (int t = 0; t < C; t++) {
 				const struct q8_block *row = xq + (size_t)t * ldq;
-				const int32_t *bs = q8_row_sums(row, nb) + 8 * s;
-				__m512i ms = _mm512_setzero_si512();
-				UNROLL for (int k = 0; k < 4; k++)
-					ms = _mm512_dpwssd_epi32(ms, mp[k],
-								 _mm512_set1_epi32((int32_t)((uint32_t)(uint16_t)bs[2 * k] |
-											     (uint32_t)bs[2 * k + 1] << 16)));
+				__m512i ms = kq512_min_sum(mp, q8_row_sums(row, nb) + 8 * s);
 				__m512 dx = _mm512_set1_ps(row[8 * s].d);
 				acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[t]), _mm512_mul_ps(d, dx), acc[t]);
 				acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(dmin, dx), acc[t]);
