@@ -200,6 +200,21 @@ TGT static inline __attribute__((always_inline)) void pv_rows(const int HD, cons
 	}
 }
 
+/* acc[rr] += e[rr][p] * vv for the rows rr < nt of R whose length takes in
+ * position p (len: the rows' lengths, e0: their weights, n16 apart) */
+TGT static inline __attribute__((always_inline)) void acc_rows_at(const int R, const int NV, int nt, int p,
+								  const int *len, const float *e0, int n16,
+								  const __m512 *vv, __m512 acc[][16])
+{
+	UNROLL for (int rr = 0; rr < R; rr++) {
+		if (rr < nt && p < len[rr]) {
+			__m512 e = _mm512_set1_ps(e0[(size_t)rr * n16 + p]);
+			UNROLL for (int j = 0; j < NV; j++)
+				acc[rr][j] = _mm512_fmadd_ps(e, vv[j], acc[rr][j]);
+		}
+	}
+}
+
 /* o[r] = sum e[r][p] v[p] for the nr rows, for a head too large for a
  * row's accumulators and a V row's conversion to stay in registers (256):
  * a quarter of the head (64 lanes) at a time, so that one conversion of
@@ -218,7 +233,7 @@ TGT static inline __attribute__((always_inline)) void pv_quarters(const int HD, 
 		}
 		const float *e0 = sc + (size_t)r0 * n16;
 		for (int d0 = 0; d0 < HD; d0 += 16 * VQ) {
-			__m512 acc[RQ][VQ];
+			__m512 acc[RQ][16]; /* (VQ of 16 used) */
 			UNROLL for (int rr = 0; rr < RQ; rr++) UNROLL for (int j = 0; j < VQ; j++) acc[rr][j] = _mm512_setzero_ps();
 			for (int p = 0; p < pe; p++) {
 				__m512 vv[VQ];
@@ -234,13 +249,7 @@ TGT static inline __attribute__((always_inline)) void pv_quarters(const int HD, 
 							acc[rr][j] = _mm512_fmadd_ps(e, vv[j], acc[rr][j]);
 					}
 				} else {
-					UNROLL for (int rr = 0; rr < RQ; rr++) {
-						if (rr < nt && p < len[r0 + rr]) {
-							__m512 e = _mm512_set1_ps(e0[(size_t)rr * n16 + p]);
-							UNROLL for (int j = 0; j < VQ; j++)
-								acc[rr][j] = _mm512_fmadd_ps(e, vv[j], acc[rr][j]);
-						}
-					}
+					acc_rows_at(RQ, VQ, nt, p, len + r0, e0, n16, vv, acc);
 				}
 			}
 			UNROLL for (int rr = 0; rr < RQ; rr++)
@@ -283,13 +292,7 @@ TGT static inline __attribute__((always_inline)) void pv_all(const int HD, const
 			UNROLL for (int j = 0; j < V; j++)
 				vv[j] = vf ? _mm512_loadu_ps(vf + (size_t)p * HD + 16 * j)
 					   : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v[p] + 16 * j)));
-			UNROLL for (int rr = 0; rr < RT; rr++) {
-				if (rr < nt && p < len[r0 + rr]) {
-					__m512 e = _mm512_set1_ps(e0[(size_t)rr * n16 + p]);
-					UNROLL for (int j = 0; j < V; j++)
-						acc[rr][j] = _mm512_fmadd_ps(e, vv[j], acc[rr][j]);
-				}
-			}
+			acc_rows_at(RT, V, nt, p, len + r0, e0, n16, vv, acc);
 		}
 		UNROLL for (int rr = 0; rr < RT; rr++)
 			if (rr < nt)
