@@ -174,6 +174,19 @@ TGT static inline __attribute__((always_inline)) void scores_wide(const int HD, 
 }
 
 
+/* Position p's V row as floats into vv (vf: the staged rows, else the f16
+ * row converted, the row ATTN_PF ahead requested while pe allows) */
+TGT static inline __attribute__((always_inline)) void v_row(const int HD, int p, int pe, const uint16_t *const *v,
+							    const float *vf, __m512 *vv)
+{
+	if (!vf && p + ATTN_PF < pe)
+		UNROLL for (int b = 0; b < HD * 2; b += 64)
+			_mm_prefetch((const char *)v[p + ATTN_PF] + b, _MM_HINT_T0);
+	UNROLL for (int j = 0; j < HD / 16; j++)
+		vv[j] = vf ? _mm512_loadu_ps(vf + (size_t)p * HD + 16 * j)
+			   : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v[p] + 16 * j)));
+}
+
 /* acc[rr] += e[rr][p] * v[p] for positions [p0, p1) and rows rr < NT (all
  * RT rows when NT is 0), V rows converted once per position. */
 TGT static inline __attribute__((always_inline)) void pv_rows(const int HD, const int RT, const int NT, int p0,
@@ -184,12 +197,7 @@ TGT static inline __attribute__((always_inline)) void pv_rows(const int HD, cons
 	const int V = HD / 16;
 	for (int p = p0; p < p1; p++) {
 		__m512 vv[MAXV];
-		if (!vf && p + ATTN_PF < pe)
-			UNROLL for (int b = 0; b < HD * 2; b += 64)
-				_mm_prefetch((const char *)v[p + ATTN_PF] + b, _MM_HINT_T0);
-		UNROLL for (int j = 0; j < V; j++)
-			vv[j] = vf ? _mm512_loadu_ps(vf + (size_t)p * HD + 16 * j)
-				   : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v[p] + 16 * j)));
+		v_row(HD, p, pe, v, vf, vv);
 		UNROLL for (int rr = 0; rr < RT; rr++) {
 			if (NT && rr >= NT)
 				break;
@@ -286,12 +294,7 @@ TGT static inline __attribute__((always_inline)) void pv_all(const int HD, const
 			pv_rows(HD, RT, nt, 0, pc, pe, v, vf, e0, n16, acc);
 		for (int p = pc; p < pe; p++) {
 			__m512 vv[MAXV];
-			if (!vf && p + ATTN_PF < pe)
-				UNROLL for (int b = 0; b < HD * 2; b += 64)
-					_mm_prefetch((const char *)v[p + ATTN_PF] + b, _MM_HINT_T0);
-			UNROLL for (int j = 0; j < V; j++)
-				vv[j] = vf ? _mm512_loadu_ps(vf + (size_t)p * HD + 16 * j)
-					   : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v[p] + 16 * j)));
+			v_row(HD, p, pe, v, vf, vv);
 			acc_rows_at(RT, V, nt, p, len + r0, e0, n16, vv, acc);
 		}
 		UNROLL for (int rr = 0; rr < RT; rr++)
